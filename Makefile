@@ -1,0 +1,40 @@
+# redis-lock: `make run` and `make test` are all a fresh Debian machine needs.
+.DEFAULT_GOAL := help
+SHELL := /bin/bash
+
+CARGO ?= cargo
+PORT ?= 6379
+RELEASE_SO := target/release/libredis_lock.so
+DEBUG_SO := target/debug/libredis_lock.so
+
+.PHONY: help deps build release run test lint fmt clean
+
+help: ## Show this help
+	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
+
+deps: ## Install redis-server, redis-tools, libclang-dev, a C compiler when missing
+	@scripts/deps.sh
+
+build: deps ## Build the debug module (target/debug/libredis_lock.so)
+	$(CARGO) build
+
+release: deps ## Build the release module (target/release/libredis_lock.so)
+	$(CARGO) build --release
+
+run: release ## Start redis-server on 127.0.0.1:$(PORT) with the module (foreground)
+	@mkdir -p target/run
+	redis-server redis.conf.example --port $(PORT) --dir target/run \
+		--loadmodule $(CURDIR)/$(RELEASE_SO)
+
+test: build ## Run every test: core unit/property tests and integration tests
+	REDIS_LOCK_MODULE=$(CURDIR)/$(DEBUG_SO) $(CARGO) test
+
+lint: deps ## rustfmt check and clippy with -D warnings
+	$(CARGO) fmt --check
+	$(CARGO) clippy --all-targets -- -D warnings
+
+fmt: ## Format the code
+	$(CARGO) fmt
+
+clean: ## Remove build output
+	$(CARGO) clean

@@ -1,0 +1,129 @@
+//! Command handlers: parse, run the core transition, reply. Replication and
+//! the key's expiry are `store::update`'s job; waiting is `waiting`'s.
+
+use std::os::raw::c_long;
+
+use redis_module::{Context, RedisResult, RedisString, RedisValue};
+
+use crate::args;
+use crate::clock;
+use crate::core::{Attempt, Kind, Lock, Mode, Release};
+use crate::errors::LockError;
+use crate::keys::{api, LockKey};
+use crate::store;
+use crate::waiting;
+
+/// `LOCK.ACQUIRE key owner ttl [WAIT ms]`
+pub fn acquire(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
+    grant(ctx, args, Kind::Acquire)
+}
+
+/// `LOCK.RACQUIRE key owner ttl [WAIT ms]`
+pub fn racquire(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
+    grant(ctx, args, Kind::Racquire)
+}
+
+/// `LOCK.READ key owner ttl [WAIT ms]`
+pub fn read(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
+    grant(ctx, args, Kind::Read)
+}
+
+fn grant(ctx: &Context, args: Vec<RedisString>, kind: Kind) -> RedisResult {
+    let grant = args::grant(args, kind)?;
+    let attempt = store::update(ctx, &grant.key, |txn| {
+        let queued = waiting::has_waiters(ctx, &grant.key);
+        txn.lock
+            .try_acquire(&grant.request, queued, txn.now, txn.tokens, txn.changes)
+    })?;
+    match attempt {
+        Attempt::Busy => match grant.wait {
+            Some(ms) if waiting::can_block(ctx) => {
+                waiting::block(ctx, grant.key, grant.request, ms)
+            }
+            _ => Ok(RedisValue::Null),
+        },
+        other => answer(other),
+    }
+}
+
+/// The reply to a decided grant request (a waiter's too).
+pub fn answer(attempt: Attempt) -> RedisResult {
+    match attempt {
+        Attempt::Granted(token) => Ok(args::int(token)),
+        Attempt::Busy => Ok(RedisValue::Null),
+        Attempt::Conflict(Mode::Shared) => Err(LockError::HeldShared.into()),
+        Attempt::Conflict(Mode::Exclusive) => Err(LockError::HeldExclusive.into()),
+        Attempt::TooManyHolds => Err(LockError::TooManyHolds.into()),
+        Attempt::TokensExhausted => Err(LockError::TokensExhausted.into()),
+    }
+}
+
+/// `LOCK.RELEASE key owner`
+pub fn release(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
+    let release = args::release(args)?;
+    let outcome = store::update(ctx, &release.key, |txn| {
+        txn.lock.release(&release.owner, txn.now, txn.changes)
+    })?;
+    Ok(match outcome {
+        Release::Last => RedisValue::Integer(1),
+        Release::Remaining => RedisValue::Integer(0),
+        Release::NotHeld => RedisValue::Null,
+    })
+}
+
+/// `LOCK.RENEW key owner ttl`
+pub fn renew(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
+    let renew = args::renew(args)?;
+    let renewed = store::update(ctx, &renew.key, |txn| {
+        txn.lock
+            .renew(&renew.owner, renew.ttl, txn.now, txn.changes)
+    })?;
+    Ok(RedisValue::Integer(i64::from(renewed)))
+}
+
+/// `LOCK.INFO key`: read-only, so expired holders are hidden, not removed.
+pub fn info(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
+    let name = args::key_only(args)?;
+    let mut key = LockKey::open(ctx, &name, false)?;
+    let now = clock::now_ms();
+    match key.lock()? {
+        Some(lock) if lock.is_held(now) => {
+            reply_info(ctx, lock, now, waiting::waiters(ctx, &name));
+            Ok(RedisValue::NoReply)
+        }
+        _ => Ok(RedisValue::Null),
+    }
+}
+
+/// `mode`, `holders` (`[owner, holds, ttl-ms-left, token]` each), `waiters`:
+/// a map in RESP3, a flat array in RESP2, in that order.
+fn reply_info(ctx: &Context, lock: &Lock, now: u64, waiters: usize) {
+    let c = ctx.ctx;
+    let int = |n: u64| i64::try_from(n).unwrap_or(i64::MAX);
+    let bulk = |s: &[u8]| {
+        api!(RedisModule_ReplyWithStringBuffer(
+            c,
+            s.as_ptr().cast(),
+            s.len()
+        ))
+    };
+    let len = |n: usize| c_long::try_from(n).unwrap_or(c_long::MAX);
+    api!(RedisModule_ReplyWithMap(c, 3));
+    bulk(b"mode");
+    bulk(lock.mode().name().as_bytes());
+    bulk(b"holders");
+    let live: Vec<_> = lock.live(now).collect();
+    api!(RedisModule_ReplyWithArray(c, len(live.len())));
+    for h in live {
+        api!(RedisModule_ReplyWithArray(c, 4));
+        bulk(&h.owner);
+        api!(RedisModule_ReplyWithLongLong(c, i64::from(h.holds)));
+        api!(RedisModule_ReplyWithLongLong(
+            c,
+            int(h.deadline.saturating_sub(now))
+        ));
+        api!(RedisModule_ReplyWithLongLong(c, int(h.token)));
+    }
+    bulk(b"waiters");
+    api!(RedisModule_ReplyWithLongLong(c, int(waiters as u64)));
+}

@@ -1,0 +1,531 @@
+//! One lock key's state and its transitions.
+//!
+//! A [`Lock`] is either empty (the key does not exist), held exclusively by one
+//! owner, or shared by any number of readers. Every holder has its own hold
+//! count, fencing token and absolute deadline (unix milliseconds). Time is
+//! always an argument: a holder whose deadline is `<= now` holds nothing.
+//!
+//! Every transition records the owners whose state it changed in a
+//! [`Changes`] list, so the shell can replicate exactly those (see
+//! `replication.rs`).
+
+use super::tokens::Tokens;
+
+/// A holder's identity: a non-empty, binary-safe string chosen by the client.
+pub type Owner = Box<[u8]>;
+
+/// How a lock is held.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub enum Mode {
+    Exclusive,
+    Shared,
+}
+
+impl Mode {
+    /// The name used in replies and in the replication stream.
+    pub fn name(self) -> &'static str {
+        match self {
+            Mode::Exclusive => "exclusive",
+            Mode::Shared => "shared",
+        }
+    }
+}
+
+/// What a grant command asks for.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub enum Kind {
+    /// `LOCK.ACQUIRE`: exclusive; a repeat by the holder is an idempotent retry.
+    Acquire,
+    /// `LOCK.RACQUIRE`: exclusive and reentrant; a repeat adds a hold.
+    Racquire,
+    /// `LOCK.READ`: shared and reentrant per reader.
+    Read,
+}
+
+impl Kind {
+    pub fn mode(self) -> Mode {
+        match self {
+            Kind::Acquire | Kind::Racquire => Mode::Exclusive,
+            Kind::Read => Mode::Shared,
+        }
+    }
+}
+
+/// One holder of a lock.
+#[derive(Clone, PartialEq, Eq, Debug)]
+pub struct Holder {
+    pub owner: Owner,
+    pub holds: u32,
+    pub token: u64,
+    /// Absolute deadline, unix milliseconds; the holder holds while `now < deadline`.
+    pub deadline: u64,
+}
+
+impl Holder {
+    pub fn is_live(&self, now: u64) -> bool {
+        now < self.deadline
+    }
+}
+
+/// A grant request: what is asked, by whom, for how long.
+#[derive(Clone, PartialEq, Eq, Debug)]
+pub struct Request {
+    pub kind: Kind,
+    pub owner: Owner,
+    pub ttl: u64,
+}
+
+/// The outcome of a grant request.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub enum Attempt {
+    /// Granted (or re-entered): the holder's fencing token.
+    Granted(u64),
+    /// Held by others, or others wait ahead: refused now (or wait).
+    Busy,
+    /// The owner already holds this key in the given, other, mode.
+    Conflict(Mode),
+    /// The owner's hold count would overflow.
+    TooManyHolds,
+    /// No fencing token is left to issue.
+    TokensExhausted,
+}
+
+/// The reply to `LOCK.RELEASE`.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub enum Release {
+    /// The owner's last hold is gone.
+    Last,
+    /// One hold removed; the owner still holds.
+    Remaining,
+    /// The owner held nothing here.
+    NotHeld,
+}
+
+/// Owners whose state a transition changed, in order, without repeats.
+#[derive(Default, Debug)]
+pub struct Changes {
+    owners: Vec<Owner>,
+}
+
+impl Changes {
+    pub fn touch(&mut self, owner: &[u8]) {
+        if !self.owners.iter().any(|o| o.as_ref() == owner) {
+            self.owners.push(owner.into());
+        }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.owners.is_empty()
+    }
+
+    pub fn owners(&self) -> &[Owner] {
+        &self.owners
+    }
+}
+
+/// Why a state read from a file or the replication stream was refused.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub enum Invalid {
+    EmptyOwner,
+    ZeroHolds,
+    ZeroToken,
+    DuplicateOwner,
+    SecondExclusiveHolder,
+    ModeMismatch,
+}
+
+/// The state of one lock key. Empty means free (the key should not exist).
+#[derive(Clone, PartialEq, Eq, Debug)]
+pub struct Lock {
+    mode: Mode,
+    holders: Vec<Holder>,
+}
+
+impl Default for Lock {
+    fn default() -> Self {
+        Lock {
+            mode: Mode::Exclusive,
+            holders: Vec::new(),
+        }
+    }
+}
+
+impl Lock {
+    /// Builds a lock from stored holders, checking every invariant.
+    pub fn from_holders(mode: Mode, holders: Vec<Holder>) -> Result<Lock, Invalid> {
+        let mut lock = Lock {
+            mode,
+            holders: Vec::with_capacity(holders.len()),
+        };
+        for holder in holders {
+            if lock.holder(&holder.owner).is_some() {
+                return Err(Invalid::DuplicateOwner);
+            }
+            lock.put(mode, holder)?;
+        }
+        Ok(lock)
+    }
+
+    pub fn mode(&self) -> Mode {
+        self.mode
+    }
+
+    /// Every stored holder, expired ones included (they go at the next purge).
+    pub fn holders(&self) -> &[Holder] {
+        &self.holders
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.holders.is_empty()
+    }
+
+    /// The holders that still hold at `now`.
+    pub fn live(&self, now: u64) -> impl Iterator<Item = &Holder> {
+        self.holders.iter().filter(move |h| h.is_live(now))
+    }
+
+    pub fn is_held(&self, now: u64) -> bool {
+        self.live(now).next().is_some()
+    }
+
+    pub fn holder(&self, owner: &[u8]) -> Option<&Holder> {
+        self.holders.iter().find(|h| h.owner.as_ref() == owner)
+    }
+
+    fn holder_mut(&mut self, owner: &[u8], now: u64) -> Option<&mut Holder> {
+        self.holders
+            .iter_mut()
+            .find(|h| h.owner.as_ref() == owner && h.is_live(now))
+    }
+
+    /// The latest deadline of any holder: the key's Redis expiry.
+    pub fn latest_deadline(&self) -> Option<u64> {
+        self.holders.iter().map(|h| h.deadline).max()
+    }
+
+    /// The earliest deadline of any holder: when this lock next changes by itself.
+    pub fn earliest_deadline(&self) -> Option<u64> {
+        self.holders.iter().map(|h| h.deadline).min()
+    }
+
+    /// Drops every holder whose deadline has passed.
+    pub fn purge(&mut self, now: u64, changes: &mut Changes) {
+        self.holders.retain(|h| {
+            if h.is_live(now) {
+                true
+            } else {
+                changes.touch(&h.owner);
+                false
+            }
+        });
+    }
+
+    /// Would a request of `kind` by someone not holding the lock be granted now?
+    pub fn admits(&self, kind: Kind, now: u64) -> bool {
+        match self.live(now).next() {
+            None => true,
+            Some(_) => self.mode == Mode::Shared && kind == Kind::Read,
+        }
+    }
+
+    /// A grant request arriving at `now`. `queued_ahead` says whether other
+    /// requests wait for this key: a non-holder never jumps ahead of them,
+    /// while a current holder's repeat is answered at once.
+    pub fn try_acquire(
+        &mut self,
+        req: &Request,
+        queued_ahead: bool,
+        now: u64,
+        tokens: &mut Tokens,
+        changes: &mut Changes,
+    ) -> Attempt {
+        self.purge(now, changes);
+        let mode = self.mode;
+        let deadline = now.saturating_add(req.ttl);
+        if let Some(holder) = self.holder_mut(&req.owner, now) {
+            if mode != req.kind.mode() {
+                return Attempt::Conflict(mode);
+            }
+            if req.kind != Kind::Acquire {
+                match holder.holds.checked_add(1) {
+                    Some(holds) => holder.holds = holds,
+                    None => return Attempt::TooManyHolds,
+                }
+            }
+            holder.deadline = deadline;
+            let token = holder.token;
+            changes.touch(&req.owner);
+            return Attempt::Granted(token);
+        }
+        if queued_ahead || !self.admits(req.kind, now) {
+            return Attempt::Busy;
+        }
+        let Some(token) = tokens.issue() else {
+            return Attempt::TokensExhausted;
+        };
+        self.mode = req.kind.mode();
+        self.holders.push(Holder {
+            owner: req.owner.clone(),
+            holds: 1,
+            token,
+            deadline,
+        });
+        changes.touch(&req.owner);
+        Attempt::Granted(token)
+    }
+
+    /// `LOCK.RELEASE`: removes one of the owner's holds.
+    pub fn release(&mut self, owner: &[u8], now: u64, changes: &mut Changes) -> Release {
+        self.purge(now, changes);
+        let Some(index) = self.holders.iter().position(|h| h.owner.as_ref() == owner) else {
+            return Release::NotHeld;
+        };
+        changes.touch(owner);
+        let last = match self.holders.get_mut(index) {
+            Some(holder) if holder.holds > 1 => {
+                holder.holds -= 1;
+                false
+            }
+            _ => true,
+        };
+        if last {
+            self.holders.swap_remove(index);
+            Release::Last
+        } else {
+            Release::Remaining
+        }
+    }
+
+    /// `LOCK.RENEW`: the owner's deadline becomes `now + ttl`; false when it holds nothing.
+    pub fn renew(&mut self, owner: &[u8], ttl: u64, now: u64, changes: &mut Changes) -> bool {
+        self.purge(now, changes);
+        match self.holder_mut(owner, now) {
+            Some(holder) => {
+                holder.deadline = now.saturating_add(ttl);
+                changes.touch(owner);
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// Bytes this lock's value occupies (the key itself is Redis's to count).
+    pub fn memory_usage(&self) -> usize {
+        std::mem::size_of::<Lock>()
+            + self.holders.capacity() * std::mem::size_of::<Holder>()
+            + self.holders.iter().map(|h| h.owner.len()).sum::<usize>()
+    }
+
+    /// Sets one holder's exact state (a replicated effect or a loaded record).
+    pub fn put(&mut self, mode: Mode, holder: Holder) -> Result<(), Invalid> {
+        if holder.owner.is_empty() {
+            return Err(Invalid::EmptyOwner);
+        }
+        if holder.holds == 0 {
+            return Err(Invalid::ZeroHolds);
+        }
+        if holder.token == 0 {
+            return Err(Invalid::ZeroToken);
+        }
+        let existing = self.holders.iter().position(|h| h.owner == holder.owner);
+        let others = self.holders.len() - usize::from(existing.is_some());
+        if others > 0 && mode != self.mode {
+            return Err(Invalid::ModeMismatch);
+        }
+        if others > 0 && mode == Mode::Exclusive {
+            return Err(Invalid::SecondExclusiveHolder);
+        }
+        self.mode = mode;
+        match existing.and_then(|i| self.holders.get_mut(i)) {
+            Some(slot) => *slot = holder,
+            None => self.holders.push(holder),
+        }
+        Ok(())
+    }
+
+    /// Removes one holder whatever its holds (a replicated effect); false when absent.
+    pub fn remove(&mut self, owner: &[u8]) -> bool {
+        let before = self.holders.len();
+        self.holders.retain(|h| h.owner.as_ref() != owner);
+        self.holders.len() != before
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn req(kind: Kind, owner: &str, ttl: u64) -> Request {
+        Request {
+            kind,
+            owner: owner.as_bytes().into(),
+            ttl,
+        }
+    }
+
+    fn acquire(lock: &mut Lock, tokens: &mut Tokens, r: Request, now: u64) -> Attempt {
+        lock.try_acquire(&r, false, now, tokens, &mut Changes::default())
+    }
+
+    #[test]
+    fn exclusive_grant_refuse_and_idempotent_retry() {
+        let mut lock = Lock::default();
+        let mut tokens = Tokens::starting_after(10);
+        let a = acquire(&mut lock, &mut tokens, req(Kind::Acquire, "a", 100), 1000);
+        assert_eq!(a, Attempt::Granted(11));
+        assert_eq!(
+            acquire(&mut lock, &mut tokens, req(Kind::Acquire, "b", 100), 1001),
+            Attempt::Busy
+        );
+        // Retry by the holder: same token, deadline reset, holds unchanged.
+        assert_eq!(
+            acquire(&mut lock, &mut tokens, req(Kind::Acquire, "a", 500), 1050),
+            Attempt::Granted(11)
+        );
+        let h = lock.holder(b"a").cloned();
+        assert_eq!(h.map(|h| (h.holds, h.deadline)), Some((1, 1550)));
+    }
+
+    #[test]
+    fn expiry_is_at_the_deadline() {
+        let mut lock = Lock::default();
+        let mut tokens = Tokens::starting_after(0);
+        acquire(&mut lock, &mut tokens, req(Kind::Acquire, "a", 100), 1000);
+        assert!(lock.is_held(1099));
+        assert!(!lock.is_held(1100));
+        let mut changes = Changes::default();
+        assert_eq!(lock.release(b"a", 1100, &mut changes), Release::NotHeld);
+        assert!(lock.is_empty());
+        assert_eq!(changes.owners().len(), 1, "the purge is a change");
+        assert_eq!(
+            acquire(&mut lock, &mut tokens, req(Kind::Acquire, "b", 100), 1100),
+            Attempt::Granted(2)
+        );
+    }
+
+    #[test]
+    fn reentrant_holds_count_down() {
+        let mut lock = Lock::default();
+        let mut tokens = Tokens::starting_after(0);
+        for _ in 0..3 {
+            assert_eq!(
+                acquire(&mut lock, &mut tokens, req(Kind::Racquire, "a", 100), 0),
+                Attempt::Granted(1)
+            );
+        }
+        // ACQUIRE by the same owner adds nothing.
+        acquire(&mut lock, &mut tokens, req(Kind::Acquire, "a", 100), 0);
+        let mut c = Changes::default();
+        assert_eq!(lock.release(b"a", 1, &mut c), Release::Remaining);
+        assert_eq!(lock.release(b"a", 1, &mut c), Release::Remaining);
+        assert_eq!(lock.release(b"a", 1, &mut c), Release::Last);
+        assert_eq!(lock.release(b"a", 1, &mut c), Release::NotHeld);
+    }
+
+    #[test]
+    fn readers_share_and_exclude_writers() {
+        let mut lock = Lock::default();
+        let mut tokens = Tokens::starting_after(0);
+        assert_eq!(
+            acquire(&mut lock, &mut tokens, req(Kind::Read, "r1", 100), 0),
+            Attempt::Granted(1)
+        );
+        assert_eq!(
+            acquire(&mut lock, &mut tokens, req(Kind::Read, "r2", 200), 0),
+            Attempt::Granted(2)
+        );
+        assert_eq!(
+            acquire(&mut lock, &mut tokens, req(Kind::Acquire, "w", 100), 0),
+            Attempt::Busy
+        );
+        // r1 expires, r2 still holds: still shared.
+        assert_eq!(lock.live(150).count(), 1);
+        assert_eq!(
+            acquire(&mut lock, &mut tokens, req(Kind::Acquire, "w", 100), 150),
+            Attempt::Busy
+        );
+        assert_eq!(
+            acquire(&mut lock, &mut tokens, req(Kind::Acquire, "w", 100), 200),
+            Attempt::Granted(3)
+        );
+        assert_eq!(
+            acquire(&mut lock, &mut tokens, req(Kind::Read, "r3", 100), 201),
+            Attempt::Busy
+        );
+    }
+
+    #[test]
+    fn mode_change_is_a_conflict_and_changes_nothing() {
+        let mut lock = Lock::default();
+        let mut tokens = Tokens::starting_after(0);
+        acquire(&mut lock, &mut tokens, req(Kind::Read, "a", 100), 0);
+        let before = lock.clone();
+        assert_eq!(
+            acquire(&mut lock, &mut tokens, req(Kind::Acquire, "a", 100), 1),
+            Attempt::Conflict(Mode::Shared)
+        );
+        assert_eq!(lock, before);
+        let mut lock = Lock::default();
+        acquire(&mut lock, &mut tokens, req(Kind::Racquire, "b", 100), 0);
+        assert_eq!(
+            acquire(&mut lock, &mut tokens, req(Kind::Read, "b", 100), 1),
+            Attempt::Conflict(Mode::Exclusive)
+        );
+    }
+
+    #[test]
+    fn holders_are_answered_even_with_waiters_ahead() {
+        let mut lock = Lock::default();
+        let mut tokens = Tokens::starting_after(0);
+        acquire(&mut lock, &mut tokens, req(Kind::Read, "r", 100), 0);
+        let mut c = Changes::default();
+        let again = lock.try_acquire(&req(Kind::Read, "r", 100), true, 1, &mut tokens, &mut c);
+        assert_eq!(again, Attempt::Granted(1));
+        let other = lock.try_acquire(&req(Kind::Read, "s", 100), true, 1, &mut tokens, &mut c);
+        assert_eq!(other, Attempt::Busy, "a newcomer never jumps the queue");
+    }
+
+    #[test]
+    fn renew_sets_the_deadline_from_now() {
+        let mut lock = Lock::default();
+        let mut tokens = Tokens::starting_after(0);
+        acquire(&mut lock, &mut tokens, req(Kind::Read, "a", 100), 0);
+        acquire(&mut lock, &mut tokens, req(Kind::Read, "b", 100), 0);
+        let mut c = Changes::default();
+        assert!(lock.renew(b"a", 1000, 50, &mut c));
+        assert_eq!(lock.holder(b"a").map(|h| h.deadline), Some(1050));
+        assert_eq!(lock.holder(b"b").map(|h| h.deadline), Some(100));
+        assert!(
+            !lock.renew(b"b", 1000, 100, &mut c),
+            "expired: nothing to renew"
+        );
+        assert!(!lock.renew(b"zz", 1000, 100, &mut c));
+    }
+
+    #[test]
+    fn put_checks_invariants() {
+        let h = |o: &str, t: u64| Holder {
+            owner: o.as_bytes().into(),
+            holds: 1,
+            token: t,
+            deadline: 10,
+        };
+        assert!(Lock::from_holders(Mode::Shared, vec![h("a", 1), h("b", 2)]).is_ok());
+        assert_eq!(
+            Lock::from_holders(Mode::Exclusive, vec![h("a", 1), h("b", 2)]),
+            Err(Invalid::SecondExclusiveHolder)
+        );
+        assert_eq!(
+            Lock::from_holders(Mode::Shared, vec![h("", 1)]),
+            Err(Invalid::EmptyOwner)
+        );
+        let mut lock = Lock::from_holders(Mode::Shared, vec![h("a", 1)]).unwrap_or_default();
+        assert_eq!(
+            lock.put(Mode::Exclusive, h("b", 3)),
+            Err(Invalid::ModeMismatch)
+        );
+        // Replacing the only holder may change the mode.
+        assert_eq!(lock.put(Mode::Exclusive, h("a", 4)), Ok(()));
+        assert_eq!(lock.mode(), Mode::Exclusive);
+    }
+}

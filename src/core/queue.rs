@@ -1,0 +1,153 @@
+//! The wait queue of one key: first come, first served.
+//!
+//! The queue holds requests that could not be granted when they arrived. When
+//! the lock changes, [`Queue::settle`] grants from the head for as long as the
+//! head can be granted: consecutive readers at the head go together, and a
+//! waiting exclusive request holds back every request behind it (writer
+//! preference). A request whose owner now holds the other mode is answered
+//! with the conflict and leaves the queue.
+
+use std::collections::VecDeque;
+
+use super::lock::{Attempt, Changes, Lock, Request};
+use super::tokens::Tokens;
+
+/// A waiting request, identified by the shell's waiter id `W`.
+#[derive(Debug)]
+pub struct Waiter<W> {
+    pub id: W,
+    pub request: Request,
+}
+
+#[derive(Debug)]
+pub struct Queue<W> {
+    waiters: VecDeque<Waiter<W>>,
+}
+
+impl<W> Default for Queue<W> {
+    fn default() -> Self {
+        Queue {
+            waiters: VecDeque::new(),
+        }
+    }
+}
+
+impl<W: PartialEq + Copy> Queue<W> {
+    pub fn len(&self) -> usize {
+        self.waiters.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.waiters.is_empty()
+    }
+
+    pub fn push(&mut self, id: W, request: Request) {
+        self.waiters.push_back(Waiter { id, request });
+    }
+
+    /// Removes a waiter that timed out or went away; false when it was not queued.
+    pub fn remove(&mut self, id: W) -> bool {
+        match self.waiters.iter().position(|w| w.id == id) {
+            Some(index) => self.waiters.remove(index).is_some(),
+            None => false,
+        }
+    }
+
+    pub fn iter(&self) -> impl Iterator<Item = &Waiter<W>> {
+        self.waiters.iter()
+    }
+
+    /// Grants from the head while the head can be granted. Returns each
+    /// answered waiter with its outcome, in queue order; they have left the
+    /// queue.
+    pub fn settle(
+        &mut self,
+        lock: &mut Lock,
+        now: u64,
+        tokens: &mut Tokens,
+        changes: &mut Changes,
+    ) -> Vec<(W, Attempt)> {
+        let mut answered = Vec::new();
+        lock.purge(now, changes);
+        while let Some(head) = self.waiters.front() {
+            let attempt = lock.try_acquire(&head.request, false, now, tokens, changes);
+            if attempt == Attempt::Busy {
+                break;
+            }
+            answered.push((head.id, attempt));
+            self.waiters.pop_front();
+        }
+        answered
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::core::lock::{Kind, Mode};
+
+    fn req(kind: Kind, owner: &str) -> Request {
+        Request {
+            kind,
+            owner: owner.as_bytes().into(),
+            ttl: 100,
+        }
+    }
+
+    fn held_by_writer() -> (Lock, Tokens) {
+        let mut lock = Lock::default();
+        let mut tokens = Tokens::starting_after(0);
+        let mut c = Changes::default();
+        lock.try_acquire(&req(Kind::Acquire, "w0"), false, 0, &mut tokens, &mut c);
+        (lock, tokens)
+    }
+
+    #[test]
+    fn readers_at_the_head_go_together_and_stop_at_a_writer() {
+        let (mut lock, mut tokens) = held_by_writer();
+        let mut q = Queue::default();
+        q.push(1, req(Kind::Read, "r1"));
+        q.push(2, req(Kind::Read, "r2"));
+        q.push(3, req(Kind::Acquire, "w1"));
+        q.push(4, req(Kind::Read, "r3"));
+        let mut c = Changes::default();
+        assert!(q.settle(&mut lock, 50, &mut tokens, &mut c).is_empty());
+        lock.release(b"w0", 50, &mut c);
+        let answered = q.settle(&mut lock, 50, &mut tokens, &mut c);
+        assert_eq!(
+            answered,
+            vec![(1, Attempt::Granted(2)), (2, Attempt::Granted(3))]
+        );
+        assert_eq!(lock.mode(), Mode::Shared);
+        assert_eq!(q.len(), 2);
+        // When the readers expire the writer goes, then the last reader waits for it.
+        let answered = q.settle(&mut lock, 150, &mut tokens, &mut c);
+        assert_eq!(answered, vec![(3, Attempt::Granted(4))]);
+        assert_eq!(q.iter().map(|w| w.id).collect::<Vec<_>>(), vec![4]);
+    }
+
+    #[test]
+    fn removed_waiters_are_never_granted() {
+        let (mut lock, mut tokens) = held_by_writer();
+        let mut q = Queue::default();
+        q.push(1, req(Kind::Acquire, "a"));
+        q.push(2, req(Kind::Acquire, "b"));
+        assert!(q.remove(1));
+        assert!(!q.remove(1));
+        let mut c = Changes::default();
+        let answered = q.settle(&mut lock, 100, &mut tokens, &mut c);
+        assert_eq!(answered, vec![(2, Attempt::Granted(2))]);
+    }
+
+    #[test]
+    fn a_waiter_whose_owner_holds_the_other_mode_gets_the_conflict() {
+        let mut lock = Lock::default();
+        let mut tokens = Tokens::starting_after(0);
+        let mut c = Changes::default();
+        lock.try_acquire(&req(Kind::Read, "a"), false, 0, &mut tokens, &mut c);
+        let mut q = Queue::default();
+        q.push(7, req(Kind::Acquire, "a"));
+        let answered = q.settle(&mut lock, 1, &mut tokens, &mut c);
+        assert_eq!(answered, vec![(7, Attempt::Conflict(Mode::Shared))]);
+    }
+}

@@ -1,0 +1,67 @@
+//! Every error reply the module sends, in one place.
+
+use redis_module::RedisError;
+
+/// The longest WAIT, in milliseconds (about 31 years).
+pub const MAX_WAIT_MS: i64 = 1_000_000_000_000;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LockError {
+    WrongType,
+    /// Missing or extra arguments (Redis checks the arity first; this is the backstop).
+    Arity,
+    EmptyOwner,
+    /// The ttl is not an integer from 1 to the configured maximum (carried here).
+    BadTtl(i64),
+    BadWait,
+    Syntax,
+    /// The owner holds the key shared and asked for it exclusively.
+    HeldShared,
+    /// The owner holds the key exclusively and asked to read it.
+    HeldExclusive,
+    TooManyHolds,
+    TokensExhausted,
+    /// `LOCK.SYNC` sent by an ordinary client.
+    InternalCommand,
+    /// A replicated state that breaks an invariant.
+    BadState,
+    /// A bug caught before it could reach Redis (the log has the details).
+    Internal,
+}
+
+impl LockError {
+    pub fn message(self) -> String {
+        match self {
+            LockError::WrongType => {
+                "WRONGTYPE Operation against a key holding the wrong kind of value".into()
+            }
+            LockError::Arity => "ERR wrong number of arguments".into(),
+            LockError::EmptyOwner => "ERR owner must not be empty".into(),
+            LockError::BadTtl(max) => format!("ERR ttl must be an integer from 1 to {max}"),
+            LockError::BadWait => format!("ERR WAIT must be an integer from 0 to {MAX_WAIT_MS}"),
+            LockError::Syntax => "ERR syntax error".into(),
+            LockError::HeldShared => {
+                "ERR owner holds this lock shared: release it before acquiring it exclusively"
+                    .into()
+            }
+            LockError::HeldExclusive => {
+                "ERR owner holds this lock exclusively: release it before reading it".into()
+            }
+            LockError::TooManyHolds => "ERR owner has too many holds on this lock".into(),
+            LockError::TokensExhausted => "ERR no fencing token left to issue".into(),
+            LockError::InternalCommand => {
+                "ERR LOCK.SYNC is internal: accepted only from the master or the AOF".into()
+            }
+            LockError::BadState => "ERR invalid lock state".into(),
+            LockError::Internal => {
+                "ERR internal error in the lock module (see the server log)".into()
+            }
+        }
+    }
+}
+
+impl From<LockError> for RedisError {
+    fn from(e: LockError) -> Self {
+        RedisError::String(e.message())
+    }
+}

@@ -1,0 +1,109 @@
+//! Raw access to a lock key, kept small: open, read the lock, store, delete,
+//! set the absolute expiry. The `redis-module` wrapper has no absolute expiry
+//! and panics on missing API entries; this file returns errors instead.
+
+use std::os::raw::{c_int, c_longlong, c_void};
+use std::ptr::NonNull;
+
+use redis_module::{raw, Context, RedisString};
+
+use crate::core::Lock;
+use crate::errors::LockError;
+use crate::persistence::LOCK_TYPE;
+
+/// Calls a Redis module API entry, or yields `None` when the server lacks it.
+macro_rules! api {
+    ($f:ident($($arg:expr),* $(,)?)) => {
+        // SAFETY: the entry was filled by RedisModule_Init; arguments are live
+        // handles owned by the calling context.
+        match unsafe { redis_module::raw::$f } {
+            Some(f) => Some(unsafe { f($($arg),*) }),
+            None => None,
+        }
+    };
+}
+pub(crate) use api;
+
+/// An open key, closed on drop. `None` inside: a missing key opened read-only
+/// (Redis returns no handle for it).
+pub struct LockKey {
+    key: Option<NonNull<raw::RedisModuleKey>>,
+}
+
+impl LockKey {
+    pub fn open(ctx: &Context, name: &RedisString, writable: bool) -> Result<LockKey, LockError> {
+        let mode = if writable {
+            raw::REDISMODULE_READ | raw::REDISMODULE_WRITE
+        } else {
+            raw::REDISMODULE_READ
+        };
+        let mode = c_int::try_from(mode).map_err(|_| LockError::Internal)?;
+        let key =
+            api!(RedisModule_OpenKey(ctx.ctx, name.inner, mode)).ok_or(LockError::Internal)?;
+        let key = NonNull::new(key.cast::<raw::RedisModuleKey>());
+        if key.is_none() && writable {
+            return Err(LockError::Internal);
+        }
+        Ok(LockKey { key })
+    }
+
+    fn raw(&self) -> *mut raw::RedisModuleKey {
+        self.key.map_or(std::ptr::null_mut(), NonNull::as_ptr)
+    }
+
+    /// The lock stored here; `None` when the key does not exist, `WRONGTYPE`
+    /// when it holds something else.
+    pub fn lock(&mut self) -> Result<Option<&mut Lock>, LockError> {
+        if self.key.is_none() {
+            return Ok(None);
+        }
+        let key_type = api!(RedisModule_KeyType(self.raw())).ok_or(LockError::Internal)?;
+        if key_type == raw::REDISMODULE_KEYTYPE_EMPTY as c_int {
+            return Ok(None);
+        }
+        if key_type != raw::REDISMODULE_KEYTYPE_MODULE as c_int {
+            return Err(LockError::WrongType);
+        }
+        let ours = *LOCK_TYPE.raw_type.borrow();
+        let its = api!(RedisModule_ModuleTypeGetType(self.raw())).ok_or(LockError::Internal)?;
+        if its != ours {
+            return Err(LockError::WrongType);
+        }
+        let value = api!(RedisModule_ModuleTypeGetValue(self.raw())).ok_or(LockError::Internal)?;
+        // SAFETY: a value of our type is always a `Box<Lock>` we stored, alive
+        // while the key is open.
+        Ok(unsafe { value.cast::<Lock>().as_mut() })
+    }
+
+    /// Stores a new lock in an empty key.
+    pub fn store(&self, lock: Lock) -> Result<(), LockError> {
+        let ours = *LOCK_TYPE.raw_type.borrow();
+        let value = Box::into_raw(Box::new(lock)).cast::<c_void>();
+        let status = api!(RedisModule_ModuleTypeSetValue(self.raw(), ours, value));
+        if status == Some(raw::REDISMODULE_OK as c_int) {
+            Ok(())
+        } else {
+            // SAFETY: Redis did not take the value; it is still ours to free.
+            drop(unsafe { Box::from_raw(value.cast::<Lock>()) });
+            Err(LockError::Internal)
+        }
+    }
+
+    pub fn delete(&self) {
+        api!(RedisModule_DeleteKey(self.raw()));
+    }
+
+    /// The key expires at `deadline_ms` (unix ms): when its last holder does.
+    pub fn expire_at(&self, deadline_ms: u64) {
+        let at = c_longlong::try_from(deadline_ms).unwrap_or(c_longlong::MAX);
+        api!(RedisModule_SetAbsExpire(self.raw(), at));
+    }
+}
+
+impl Drop for LockKey {
+    fn drop(&mut self) {
+        if self.key.is_some() {
+            api!(RedisModule_CloseKey(self.raw()));
+        }
+    }
+}

@@ -1,0 +1,79 @@
+//! redis-lock: native distributed locks for Redis.
+//!
+//! This file is the table of contents: the module, its data type and its
+//! commands, one line each. The lock state machine is in `core` (pure Rust);
+//! the shell around it parses (`args`), runs and writes back (`commands`,
+//! `store`), replicates (`replication`), persists (`persistence`), waits
+//! (`waiting`) and describes itself to Redis (`metadata`).
+
+#![deny(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    clippy::indexing_slicing
+)]
+#![cfg_attr(
+    test,
+    allow(
+        clippy::unwrap_used,
+        clippy::expect_used,
+        clippy::panic,
+        clippy::indexing_slicing
+    )
+)]
+
+pub mod core;
+
+mod args;
+mod clock;
+mod commands;
+mod config;
+mod errors;
+mod fencing;
+mod guard;
+mod keys;
+mod metadata;
+mod persistence;
+mod replication;
+mod store;
+mod waiting;
+
+use redis_module::{redis_module, Context, ModuleOptions, RedisString, Status};
+
+use crate::guard::command as guarded;
+use crate::persistence::LOCK_TYPE;
+
+// Under `cargo test` the Redis allocator does not exist: use the system's.
+#[cfg(not(test))]
+type Allocator = redis_module::alloc::RedisAlloc;
+#[cfg(not(test))]
+const ALLOCATOR: Allocator = redis_module::alloc::RedisAlloc;
+#[cfg(test)]
+type Allocator = std::alloc::System;
+#[cfg(test)]
+const ALLOCATOR: Allocator = std::alloc::System;
+
+fn on_load(ctx: &Context, _args: &[RedisString]) -> Status {
+    ctx.set_module_options(ModuleOptions::HANDLE_IO_ERRORS);
+    metadata::describe(ctx)
+}
+
+redis_module! {
+    name: "lock",
+    version: 1,
+    allocator: (Allocator, ALLOCATOR),
+    data_types: [LOCK_TYPE],
+    init: on_load,
+    commands: [
+        // name, handler, flags, first key, last key, key step, ACL categories.
+        // Arity, key specs and COMMAND DOCS are in `metadata`.
+        ["lock.acquire", guarded("lock.acquire", commands::acquire), "write deny-oom fast", 1, 1, 1, ""],
+        ["lock.racquire", guarded("lock.racquire", commands::racquire), "write deny-oom fast", 1, 1, 1, ""],
+        ["lock.read", guarded("lock.read", commands::read), "write deny-oom fast", 1, 1, 1, ""],
+        ["lock.release", guarded("lock.release", commands::release), "write fast", 1, 1, 1, ""],
+        ["lock.renew", guarded("lock.renew", commands::renew), "write fast", 1, 1, 1, ""],
+        ["lock.info", guarded("lock.info", commands::info), "readonly fast", 1, 1, 1, ""],
+        // Internal: applies one replicated effect (replicas and AOF only).
+        ["lock.sync", guarded("lock.sync", replication::sync), "write", 1, 1, 1, ""],
+    ],
+}

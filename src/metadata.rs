@@ -1,0 +1,209 @@
+//! What each command tells Redis about itself: arity, key specs and the text
+//! of `COMMAND DOCS`, set with `RedisModule_SetCommandInfo` (Redis 7.0+).
+//! Flags are in the command table in `lib.rs`.
+//!
+//! Key specs make `COMMAND GETKEYS`, cluster routing and ACL key patterns work:
+//! LOCK.INFO only reads its key (`RO`), so an ACL `%R~pattern` allows it.
+
+use std::ffi::CStr;
+use std::os::raw::c_int;
+
+use redis_module::raw;
+use redis_module::{Context, Status};
+
+use crate::keys::api;
+
+const KEY: u32 = raw::RedisModuleCommandArgType_REDISMODULE_ARG_TYPE_KEY;
+const STRING: u32 = raw::RedisModuleCommandArgType_REDISMODULE_ARG_TYPE_STRING;
+const INTEGER: u32 = raw::RedisModuleCommandArgType_REDISMODULE_ARG_TYPE_INTEGER;
+
+const RO: u32 = raw::REDISMODULE_CMD_KEY_RO | raw::REDISMODULE_CMD_KEY_ACCESS;
+// INSERT, UPDATE and DELETE are mutually exclusive: a grant or a renewal
+// updates the lock, a release deletes from it.
+const GRANT: u32 = raw::REDISMODULE_CMD_KEY_RW | raw::REDISMODULE_CMD_KEY_UPDATE;
+const RENEW: u32 = GRANT;
+const RELEASE: u32 = raw::REDISMODULE_CMD_KEY_RW | raw::REDISMODULE_CMD_KEY_DELETE;
+const SYNC: u32 = GRANT;
+
+struct Arg {
+    name: &'static CStr,
+    kind: u32,
+    token: Option<&'static CStr>,
+    optional: bool,
+}
+
+const fn arg(name: &'static CStr, kind: u32) -> Arg {
+    Arg {
+        name,
+        kind,
+        token: None,
+        optional: false,
+    }
+}
+
+const K: Arg = arg(c"key", KEY);
+const OWNER: Arg = arg(c"owner", STRING);
+const TTL: Arg = arg(c"ttl", INTEGER);
+const WAIT: Arg = Arg {
+    name: c"timeout",
+    kind: INTEGER,
+    token: Some(c"WAIT"),
+    optional: true,
+};
+
+struct Doc {
+    name: &'static CStr,
+    summary: &'static CStr,
+    complexity: &'static CStr,
+    arity: c_int,
+    key_flags: u32,
+    args: &'static [Arg],
+}
+
+const GRANT_ARGS: &[Arg] = &[K, OWNER, TTL, WAIT];
+
+const DOCS: &[Doc] = &[
+    Doc {
+        name: c"lock.acquire",
+        summary: c"Acquires an exclusive, non-reentrant lock for ttl milliseconds; returns a fencing token, or nil when the lock is held. WAIT blocks up to timeout ms (0: no limit).",
+        complexity: c"O(1)",
+        arity: -4,
+        key_flags: GRANT,
+        args: GRANT_ARGS,
+    },
+    Doc {
+        name: c"lock.racquire",
+        summary: c"Acquires an exclusive, reentrant lock: the holder asking again adds a hold. Returns a fencing token, or nil when the lock is held.",
+        complexity: c"O(1)",
+        arity: -4,
+        key_flags: GRANT,
+        args: GRANT_ARGS,
+    },
+    Doc {
+        name: c"lock.read",
+        summary: c"Acquires the shared (read) side of a read-write lock, reentrant per reader; returns the reader's fencing token, or nil while a writer holds or waits.",
+        complexity: c"O(R), R the readers holding the lock",
+        arity: -4,
+        key_flags: GRANT,
+        args: GRANT_ARGS,
+    },
+    Doc {
+        name: c"lock.release",
+        summary: c"Removes one of the owner's holds: 1 when its last hold is gone, 0 when it still holds, nil when it held nothing.",
+        complexity: c"O(R + G), R the holders, G the waiters granted as a result",
+        arity: 3,
+        key_flags: RELEASE,
+        args: &[K, OWNER],
+    },
+    Doc {
+        name: c"lock.renew",
+        summary: c"Sets the owner's lease to ttl milliseconds from now (holds unchanged): 1, or 0 when it holds nothing.",
+        complexity: c"O(R), R the holders",
+        arity: 4,
+        key_flags: RENEW,
+        args: &[K, OWNER, TTL],
+    },
+    Doc {
+        name: c"lock.info",
+        summary: c"Describes a lock: mode, holders ([owner, holds, ttl-ms-left, token] each) and waiters; nil when free.",
+        complexity: c"O(R), R the holders",
+        arity: 2,
+        key_flags: RO,
+        args: &[K],
+    },
+    Doc {
+        name: c"lock.sync",
+        summary: c"Internal: applies one replicated lock effect (SET owner mode holds token deadline, or DROP owner). Accepted only from the master or the AOF.",
+        complexity: c"O(R), R the holders",
+        arity: -4,
+        key_flags: SYNC,
+        args: &[K, arg(c"effect", STRING)],
+    },
+];
+
+static INFO_VERSION: raw::RedisModuleCommandInfoVersion = raw::RedisModuleCommandInfoVersion {
+    version: 1,
+    sizeof_historyentry: std::mem::size_of::<raw::RedisModuleCommandHistoryEntry>(),
+    sizeof_keyspec: std::mem::size_of::<raw::RedisModuleCommandKeySpec>(),
+    sizeof_arg: std::mem::size_of::<raw::RedisModuleCommandArg>(),
+};
+
+fn raw_args(args: &[Arg]) -> Vec<raw::RedisModuleCommandArg> {
+    let mut out: Vec<raw::RedisModuleCommandArg> = args
+        .iter()
+        .map(|a| {
+            // SAFETY: an all-zero C struct is its documented "absent" value.
+            let mut r: raw::RedisModuleCommandArg = unsafe { std::mem::zeroed() };
+            r.name = a.name.as_ptr();
+            r.type_ = a.kind;
+            r.key_spec_index = if a.kind == KEY { 0 } else { -1 };
+            r.token = a.token.map_or(std::ptr::null(), CStr::as_ptr);
+            r.flags = if a.optional {
+                raw::REDISMODULE_CMD_ARG_OPTIONAL as c_int
+            } else {
+                raw::REDISMODULE_CMD_ARG_NONE as c_int
+            };
+            r
+        })
+        .collect();
+    // SAFETY: as above; the zeroed entry ends the array.
+    out.push(unsafe { std::mem::zeroed() });
+    out
+}
+
+/// One key, the first argument.
+fn raw_key_specs(flags: u32) -> Vec<raw::RedisModuleCommandKeySpec> {
+    // SAFETY: as above.
+    let mut spec: raw::RedisModuleCommandKeySpec = unsafe { std::mem::zeroed() };
+    spec.flags = u64::from(flags);
+    spec.begin_search_type = raw::RedisModuleKeySpecBeginSearchType_REDISMODULE_KSPEC_BS_INDEX;
+    spec.bs = raw::RedisModuleCommandKeySpec__bindgen_ty_1 {
+        index: raw::RedisModuleCommandKeySpec__bindgen_ty_1__bindgen_ty_1 { pos: 1 },
+    };
+    spec.find_keys_type = raw::RedisModuleKeySpecFindKeysType_REDISMODULE_KSPEC_FK_RANGE;
+    spec.fk = raw::RedisModuleCommandKeySpec__bindgen_ty_2 {
+        range: raw::RedisModuleCommandKeySpec__bindgen_ty_2__bindgen_ty_1 {
+            lastkey: 0,
+            keystep: 1,
+            limit: 0,
+        },
+    };
+    // SAFETY: as above; the zeroed entry ends the array.
+    vec![spec, unsafe { std::mem::zeroed() }]
+}
+
+fn describe_one(ctx: &Context, doc: &Doc) -> Result<(), String> {
+    let name = doc.name.to_string_lossy();
+    let command = api!(RedisModule_GetCommand(ctx.ctx, doc.name.as_ptr()))
+        .filter(|c| !c.is_null())
+        .ok_or_else(|| format!("command {name} is not registered"))?;
+    let mut args = raw_args(doc.args);
+    let mut key_specs = raw_key_specs(doc.key_flags);
+    // SAFETY: as above.
+    let mut info: raw::RedisModuleCommandInfo = unsafe { std::mem::zeroed() };
+    info.version = &INFO_VERSION;
+    info.summary = doc.summary.as_ptr();
+    info.complexity = doc.complexity.as_ptr();
+    info.since = c"0.1.0".as_ptr();
+    info.arity = doc.arity;
+    info.key_specs = key_specs.as_mut_ptr();
+    info.args = args.as_mut_ptr();
+    // Redis copies what it keeps; the vectors may go when this returns.
+    match api!(RedisModule_SetCommandInfo(command, &info)) {
+        Some(status) if status == raw::REDISMODULE_OK as c_int => Ok(()),
+        Some(_) => Err(format!("Redis refused the command info of {name}")),
+        // Servers before 7.0 have no command info; the commands still work.
+        None => Ok(()),
+    }
+}
+
+/// Sets arity, key specs and docs of every command.
+pub fn describe(ctx: &Context) -> Status {
+    for doc in DOCS {
+        if let Err(e) = describe_one(ctx, doc) {
+            ctx.log_warning(&format!("lock: {e}"));
+            return Status::Err;
+        }
+    }
+    Status::Ok
+}

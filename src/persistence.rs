@@ -1,0 +1,244 @@
+//! The lock data type and its persistence callbacks: RDB save/load (versioned),
+//! AOF rewrite, memory usage, digest, free, and the token counter saved
+//! beside the keys (aux data) so it outlives them.
+//!
+//! Encoding version 1, per key:
+//! `mode (0 exclusive, 1 shared)`, `count`, then `count` times
+//! `owner (string)`, `holds`, `token`, `deadline (unix ms)`, all unsigned.
+//! Aux data (before the keys): `last token issued`.
+//!
+//! A short or corrupt read returns an error (never a panic): Redis then
+//! refuses the file or the RESTORE payload.
+
+use std::os::raw::{c_int, c_void};
+
+use redis_module::native_types::RedisType;
+use redis_module::{raw, RedisString};
+
+use crate::core::{Holder, Lock, Mode};
+use crate::fencing;
+use crate::guard::callback as guard;
+use crate::keys::api;
+use crate::replication;
+
+/// The encoding version this build writes; it reads every version up to it.
+pub const ENCODING_VERSION: i32 = 1;
+
+pub static LOCK_TYPE: RedisType = RedisType::new(
+    "redislock",
+    ENCODING_VERSION,
+    raw::RedisModuleTypeMethods {
+        version: raw::REDISMODULE_TYPE_METHOD_VERSION as u64,
+        rdb_load: Some(rdb_load),
+        rdb_save: Some(rdb_save),
+        aof_rewrite: Some(aof_rewrite),
+        mem_usage: Some(mem_usage),
+        digest: Some(digest),
+        free: Some(free),
+        aux_load: Some(aux_load),
+        aux_save: Some(aux_save),
+        aux_save2: None,
+        aux_save_triggers: raw::REDISMODULE_AUX_BEFORE_RDB as c_int,
+        free_effort: None,
+        unlink: None,
+        // COPY would duplicate holders and their tokens: refused.
+        copy: None,
+        defrag: None,
+        copy2: None,
+        free_effort2: None,
+        mem_usage2: None,
+        unlink2: None,
+    },
+);
+
+fn mode_code(mode: Mode) -> u64 {
+    match mode {
+        Mode::Exclusive => 0,
+        Mode::Shared => 1,
+    }
+}
+
+unsafe extern "C" fn rdb_save(rdb: *mut raw::RedisModuleIO, value: *mut c_void) {
+    guard("rdb_save", (), || {
+        // SAFETY: Redis hands back a value of this type: a `Lock` we stored.
+        let Some(lock) = (unsafe { value.cast::<Lock>().as_ref() }) else {
+            return;
+        };
+        raw::save_unsigned(rdb, mode_code(lock.mode()));
+        raw::save_unsigned(rdb, lock.holders().len() as u64);
+        for h in lock.holders() {
+            raw::save_slice(rdb, &h.owner);
+            raw::save_unsigned(rdb, u64::from(h.holds));
+            raw::save_unsigned(rdb, h.token);
+            raw::save_unsigned(rdb, h.deadline);
+        }
+    })
+}
+
+fn load_lock(rdb: *mut raw::RedisModuleIO) -> Option<Lock> {
+    let mode = match raw::load_unsigned(rdb).ok()? {
+        0 => Mode::Exclusive,
+        1 => Mode::Shared,
+        _ => return None,
+    };
+    let count = raw::load_unsigned(rdb).ok()?;
+    // Never trust a count for an allocation: a corrupt one would abort.
+    let mut holders = Vec::with_capacity(usize::try_from(count.min(64)).ok()?);
+    for _ in 0..count {
+        let owner: Box<[u8]> = raw::load_string_buffer(rdb).ok()?.as_ref().into();
+        let holds = u32::try_from(raw::load_unsigned(rdb).ok()?).ok()?;
+        let token = raw::load_unsigned(rdb).ok()?;
+        let deadline = raw::load_unsigned(rdb).ok()?;
+        holders.push(Holder {
+            owner,
+            holds,
+            token,
+            deadline,
+        });
+    }
+    let lock = Lock::from_holders(mode, holders).ok()?;
+    if lock.is_empty() {
+        return None;
+    }
+    let mut tokens = fencing::counter();
+    for h in lock.holders() {
+        tokens.observe(h.token);
+    }
+    Some(lock)
+}
+
+unsafe extern "C" fn rdb_load(rdb: *mut raw::RedisModuleIO, encver: c_int) -> *mut c_void {
+    guard("rdb_load", std::ptr::null_mut(), || {
+        if !(1..=ENCODING_VERSION).contains(&encver) {
+            redis_module::logging::log_warning(format!(
+                "lock: cannot load encoding version {encver} (this build reads 1 to {ENCODING_VERSION})"
+            ));
+            return std::ptr::null_mut();
+        }
+        match load_lock(rdb) {
+            Some(lock) => Box::into_raw(Box::new(lock)).cast::<c_void>(),
+            None => {
+                redis_module::logging::log_warning("lock: refused a corrupt or short lock value");
+                std::ptr::null_mut()
+            }
+        }
+    })
+}
+
+unsafe extern "C" fn aof_rewrite(
+    aof: *mut raw::RedisModuleIO,
+    key: *mut raw::RedisModuleString,
+    value: *mut c_void,
+) {
+    guard("aof_rewrite", (), || {
+        // SAFETY: as in rdb_save.
+        let Some(lock) = (unsafe { value.cast::<Lock>().as_ref() }) else {
+            return;
+        };
+        let Ok(cmd) = std::ffi::CString::new(replication::SYNC) else {
+            return;
+        };
+        let key = RedisString::string_as_slice(key);
+        let mode = lock.mode().name();
+        for h in lock.holders() {
+            let [holds, token, deadline] = replication::set_fields(lock.mode(), h);
+            let args: [&[u8]; 7] = [
+                key,
+                b"SET",
+                &h.owner,
+                mode.as_bytes(),
+                holds.as_bytes(),
+                token.as_bytes(),
+                deadline.as_bytes(),
+            ];
+            emit(aof, &cmd, &args);
+        }
+    })
+}
+
+/// `RedisModule_EmitAOF(aof, cmd, "bbbbbbb", ...)`: seven binary-safe arguments.
+fn emit(aof: *mut raw::RedisModuleIO, cmd: &std::ffi::CStr, a: &[&[u8]; 7]) {
+    let [a0, a1, a2, a3, a4, a5, a6] = a;
+    api!(RedisModule_EmitAOF(
+        aof,
+        cmd.as_ptr(),
+        c"bbbbbbb".as_ptr(),
+        a0.as_ptr(),
+        a0.len(),
+        a1.as_ptr(),
+        a1.len(),
+        a2.as_ptr(),
+        a2.len(),
+        a3.as_ptr(),
+        a3.len(),
+        a4.as_ptr(),
+        a4.len(),
+        a5.as_ptr(),
+        a5.len(),
+        a6.as_ptr(),
+        a6.len()
+    ));
+}
+
+unsafe extern "C" fn mem_usage(value: *const c_void) -> usize {
+    guard("mem_usage", 0, || {
+        // SAFETY: as in rdb_save.
+        unsafe { value.cast::<Lock>().as_ref() }.map_or(0, Lock::memory_usage)
+    })
+}
+
+unsafe extern "C" fn digest(md: *mut raw::RedisModuleDigest, value: *mut c_void) {
+    guard("digest", (), || {
+        // SAFETY: as in rdb_save.
+        let Some(lock) = (unsafe { value.cast::<Lock>().as_ref() }) else {
+            return;
+        };
+        let n = |v: u64| i64::try_from(v).unwrap_or(i64::MAX);
+        api!(RedisModule_DigestAddLongLong(md, n(mode_code(lock.mode()))));
+        for h in lock.holders() {
+            api!(RedisModule_DigestAddStringBuffer(
+                md,
+                h.owner.as_ptr().cast_mut().cast(),
+                h.owner.len()
+            ));
+            api!(RedisModule_DigestAddLongLong(md, n(u64::from(h.holds))));
+            api!(RedisModule_DigestAddLongLong(md, n(h.token)));
+            api!(RedisModule_DigestAddLongLong(md, n(h.deadline)));
+        }
+        api!(RedisModule_DigestEndSequence(md));
+    })
+}
+
+unsafe extern "C" fn free(value: *mut c_void) {
+    guard("free", (), || {
+        if !value.is_null() {
+            // SAFETY: a value of this type is a `Box<Lock>` we created.
+            drop(unsafe { Box::from_raw(value.cast::<Lock>()) });
+        }
+    })
+}
+
+unsafe extern "C" fn aux_save(rdb: *mut raw::RedisModuleIO, when: c_int) {
+    guard("aux_save", (), || {
+        if when == raw::REDISMODULE_AUX_BEFORE_RDB as c_int {
+            raw::save_unsigned(rdb, fencing::counter().last());
+        }
+    })
+}
+
+unsafe extern "C" fn aux_load(rdb: *mut raw::RedisModuleIO, encver: c_int, when: c_int) -> c_int {
+    guard("aux_load", raw::REDISMODULE_ERR as c_int, || {
+        if when != raw::REDISMODULE_AUX_BEFORE_RDB as c_int
+            || !(1..=ENCODING_VERSION).contains(&encver)
+        {
+            return raw::REDISMODULE_ERR as c_int;
+        }
+        match raw::load_unsigned(rdb) {
+            Ok(last) => {
+                fencing::counter().observe(last);
+                raw::REDISMODULE_OK as c_int
+            }
+            Err(_) => raw::REDISMODULE_ERR as c_int,
+        }
+    })
+}

@@ -1,0 +1,116 @@
+//! Replication and the AOF: every change is sent as its effect, the exact
+//! state of each changed holder with its absolute deadline, through the
+//! internal command
+//!
+//! ```text
+//! LOCK.SYNC key SET owner exclusive|shared holds token deadline-unix-ms
+//! LOCK.SYNC key DROP owner
+//! ```
+//!
+//! so a replica or an AOF replay never recomputes anything from its own clock.
+//! Drops go first: a replica never holds two modes at once, even midway.
+
+use redis_module::{Context, ContextFlags, RedisResult, RedisString, RedisValue};
+
+use crate::core::{Changes, Holder, Lock, Mode};
+use crate::errors::LockError;
+use crate::fencing;
+use crate::store;
+
+pub const SYNC: &str = "LOCK.SYNC";
+
+/// Sends the effect of one transition to replicas and the AOF.
+pub fn replicate(ctx: &Context, key: &RedisString, lock: &Lock, changes: &Changes) {
+    let key = key.as_slice();
+    for owner in changes.owners() {
+        if lock.holder(owner).is_none() {
+            ctx.replicate(SYNC, &[key, b"DROP", owner]);
+        }
+    }
+    for owner in changes.owners() {
+        if let Some(holder) = lock.holder(owner) {
+            let fields = set_fields(lock.mode(), holder);
+            let [holds, token, deadline] = &fields;
+            ctx.replicate(
+                SYNC,
+                &[
+                    key,
+                    b"SET",
+                    owner,
+                    lock.mode().name().as_bytes(),
+                    holds.as_bytes(),
+                    token.as_bytes(),
+                    deadline.as_bytes(),
+                ],
+            );
+        }
+    }
+}
+
+/// The numbers of a `SET` effect, as decimal text.
+pub fn set_fields(_mode: Mode, holder: &Holder) -> [String; 3] {
+    [
+        holder.holds.to_string(),
+        holder.token.to_string(),
+        holder.deadline.to_string(),
+    ]
+}
+
+enum Effect {
+    Set(Mode, Holder),
+    Drop(Box<[u8]>),
+}
+
+fn parse(args: &[RedisString]) -> Result<(&RedisString, Effect), LockError> {
+    let number = |s: &RedisString| -> Result<u64, LockError> {
+        let n = s.parse_integer().map_err(|_| LockError::BadState)?;
+        u64::try_from(n).map_err(|_| LockError::BadState)
+    };
+    match args {
+        [_, key, op, owner] if op.as_slice().eq_ignore_ascii_case(b"DROP") => {
+            Ok((key, Effect::Drop(owner.as_slice().into())))
+        }
+        [_, key, op, owner, mode, holds, token, deadline]
+            if op.as_slice().eq_ignore_ascii_case(b"SET") =>
+        {
+            let mode = match mode.as_slice() {
+                b"exclusive" => Mode::Exclusive,
+                b"shared" => Mode::Shared,
+                _ => return Err(LockError::BadState),
+            };
+            let holder = Holder {
+                owner: owner.as_slice().into(),
+                holds: u32::try_from(number(holds)?).map_err(|_| LockError::BadState)?,
+                token: number(token)?,
+                deadline: number(deadline)?,
+            };
+            Ok((key, Effect::Set(mode, holder)))
+        }
+        _ => Err(LockError::Syntax),
+    }
+}
+
+/// `LOCK.SYNC`: applies one replicated effect, exactly, whatever the time.
+pub fn sync(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
+    let flags = ctx.get_flags();
+    if !flags.intersects(ContextFlags::REPLICATED | ContextFlags::LOADING) {
+        return Err(LockError::InternalCommand.into());
+    }
+    let (name, effect) = parse(&args)?;
+    store::modify(ctx, name, |lock| {
+        match effect {
+            Effect::Set(mode, holder) => {
+                let token = holder.token;
+                lock.put(mode, holder).map_err(|_| LockError::BadState)?;
+                fencing::counter().observe(token);
+            }
+            Effect::Drop(owner) => {
+                lock.remove(&owner);
+            }
+        }
+        Ok(((), true))
+    })?;
+    // Our own replicas and AOF get the effect as it came.
+    ctx.replicate_verbatim();
+    Ok(RedisValue::SimpleStringStatic("OK"))
+}
