@@ -30,15 +30,17 @@ pub fn read(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
 
 fn grant(ctx: &Context, args: Vec<RedisString>, kind: Kind) -> RedisResult {
     let grant = args::grant(args, kind)?;
-    let attempt = store::update(ctx, &grant.key, |txn| {
+    let (attempt, next_expiry) = store::update(ctx, &grant.key, |txn| {
         let queued = waiting::has_waiters(ctx, &grant.key);
-        txn.lock
-            .try_acquire(&grant.request, queued, txn.now, txn.tokens, txn.changes)
+        let attempt =
+            txn.lock
+                .try_acquire(&grant.request, queued, txn.now, txn.tokens, txn.changes);
+        (attempt, txn.lock.earliest_deadline())
     })?;
     match attempt {
         Attempt::Busy => match grant.wait {
             Some(ms) if waiting::can_block(ctx) => {
-                waiting::block(ctx, grant.key, grant.request, ms)
+                waiting::block(ctx, grant.key, grant.request, ms, next_expiry)
             }
             _ => Ok(RedisValue::Null),
         },

@@ -1,10 +1,12 @@
 //! redis-lock: native distributed locks for Redis.
 //!
 //! This file is the table of contents: the module, its data type and its
-//! commands, one line each. The lock state machine is in `core` (pure Rust);
-//! the shell around it parses (`args`), runs and writes back (`commands`,
-//! `store`), replicates (`replication`), persists (`persistence`), waits
-//! (`waiting`) and describes itself to Redis (`metadata`).
+//! commands, one line each. The lock state machine is in `core` (pure Rust,
+//! no FFI). The shell around it parses (`args`), runs and writes back
+//! (`commands`, `store`, `keys`), replicates (`replication`), persists
+//! (`persistence`), waits (`waiting`), keeps time (`timers`), hears about
+//! keys freed by other commands (`events`) and describes itself to Redis
+//! (`metadata`). Every entry point Redis calls is guarded (`guard`).
 
 #![deny(
     clippy::unwrap_used,
@@ -29,6 +31,7 @@ mod clock;
 mod commands;
 mod config;
 mod errors;
+mod events;
 mod fencing;
 mod guard;
 mod keys;
@@ -36,6 +39,7 @@ mod metadata;
 mod persistence;
 mod replication;
 mod store;
+mod timers;
 mod waiting;
 
 use redis_module::{redis_module, Context, ModuleOptions, RedisString, Status};
@@ -55,7 +59,10 @@ const ALLOCATOR: Allocator = std::alloc::System;
 
 fn on_load(ctx: &Context, _args: &[RedisString]) -> Status {
     ctx.set_module_options(ModuleOptions::HANDLE_IO_ERRORS);
-    metadata::describe(ctx)
+    if metadata::describe(ctx) == Status::Err || events::subscribe(ctx) == Status::Err {
+        return Status::Err;
+    }
+    Status::Ok
 }
 
 redis_module! {

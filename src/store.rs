@@ -4,11 +4,13 @@
 use redis_module::{Context, RedisString};
 
 use crate::clock;
-use crate::core::{Changes, Lock, Tokens};
+use crate::core::{Changes, Lock, Mode, Tokens};
 use crate::errors::LockError;
 use crate::fencing;
 use crate::keys::LockKey;
 use crate::replication;
+use crate::timers;
+use crate::waiting;
 
 /// What a transition sees: the lock (empty when the key does not exist), the
 /// token counter, the change list to fill and the time.
@@ -26,19 +28,37 @@ pub fn update<R>(
     name: &RedisString,
     op: impl FnOnce(&mut Txn) -> R,
 ) -> Result<R, LockError> {
-    modify(ctx, name, |lock| {
+    let (result, visit) = modify(ctx, name, |lock| {
         let mut changes = Changes::default();
-        let result = op(&mut Txn {
+        let mut txn = Txn {
             lock,
             tokens: &mut fencing::counter(),
             changes: &mut changes,
             now: clock::now_ms(),
-        });
+        };
+        let result = op(&mut txn);
+        let waited_on = waiting::settle(ctx, name, &mut txn);
+        let visit = next_visit(txn.lock, waited_on);
         if !changes.is_empty() {
             replication::replicate(ctx, name, lock, &changes);
         }
-        Ok((result, !changes.is_empty()))
-    })
+        Ok(((result, visit), !changes.is_empty()))
+    })?;
+    if visit.is_some() || timers::any() {
+        let (db, key) = waiting::db_key(ctx, name.as_slice());
+        timers::schedule(ctx, db, &key, visit);
+    }
+    Ok(result)
+}
+
+/// When this lock must next be looked at without anyone asking: at its
+/// earliest deadline if requests wait for it, or if it is shared and some
+/// reader expires before the key does. Otherwise Redis's own key expiry is
+/// all it needs.
+fn next_visit(lock: &Lock, waited_on: bool) -> Option<u64> {
+    let earliest = lock.earliest_deadline()?;
+    let sweep = lock.mode() == Mode::Shared && Some(earliest) != lock.latest_deadline();
+    (waited_on || sweep).then_some(earliest)
 }
 
 /// Opens `name`, runs `op` on its lock (empty when the key does not exist)

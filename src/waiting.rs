@@ -1,22 +1,323 @@
-//! Waiting inside the server (`WAIT ms`). Placeholder until blocking lands:
-//! no queue yet, so a WAIT request is an immediate try.
+//! Waiting inside the server: `WAIT ms` on LOCK.ACQUIRE, LOCK.RACQUIRE and
+//! LOCK.READ.
+//!
+//! A request that cannot be granted blocks its client (`RM_BlockClient`, with
+//! reply, timeout, free and disconnect callbacks) and joins its key's FIFO
+//! queue (`core::Queue`). Whenever a key with waiters changes (`store::update`
+//! calls [`settle`]), the core grants from the head, and each answered waiter
+//! is unblocked with its outcome; its grant is replicated with the
+//! transition that caused it. Locks freed by other means (expiry, DEL, FLUSH,
+//! RENAME ...) reach [`settle`] through the timer (`timers`, `events`).
+//!
+//! One place decides whether a client still waits: this registry. A waiter
+//! leaves it exactly once: granted (then Redis will not time it out), timed
+//! out or disconnected (then it is no longer in any queue, so it is never
+//! granted). A grant whose client vanished before its reply is revoked.
 
-use redis_module::{Context, RedisResult, RedisString, RedisValue};
+use std::collections::HashMap;
+use std::os::raw::{c_int, c_longlong, c_void};
+use std::sync::{LazyLock, Mutex, MutexGuard};
 
-use crate::core::Request;
+use redis_module::{raw, Context, ContextFlags, RedisResult, RedisString, RedisValue};
 
-pub fn has_waiters(_ctx: &Context, _key: &RedisString) -> bool {
-    false
+use crate::commands;
+use crate::core::{Attempt, Owner, Queue, Request};
+use crate::errors::LockError;
+use crate::guard;
+use crate::keys::api;
+use crate::store::Txn;
+use crate::timers::{self, DbKey};
+
+/// A blocked client's handle, unique while it is blocked.
+type WaiterId = usize;
+
+struct Waiter {
+    handle: *mut raw::RedisModuleBlockedClient,
+    key: DbKey,
+    owner: Owner,
 }
 
-pub fn waiters(_ctx: &Context, _key: &RedisString) -> usize {
-    0
+/// A grant whose client disconnected before its reply: undone at the next visit.
+struct Revocation {
+    owner: Owner,
+    token: u64,
 }
 
-pub fn can_block(_ctx: &Context) -> bool {
-    false
+/// What an unblocked waiter is told (the blocked client's private data).
+struct Decision {
+    outcome: Result<Attempt, LockError>,
+    key: DbKey,
+    owner: Owner,
+    replied: bool,
 }
 
-pub fn block(_ctx: &Context, _key: RedisString, _request: Request, _ms: u64) -> RedisResult {
-    Ok(RedisValue::Null)
+#[derive(Default)]
+struct Registry {
+    queues: HashMap<DbKey, Queue<WaiterId>>,
+    waiters: HashMap<WaiterId, Waiter>,
+    revocations: HashMap<DbKey, Vec<Revocation>>,
+}
+
+// SAFETY: blocked-client handles are only used on Redis's main thread; the
+// mutex only makes the static well-formed.
+unsafe impl Send for Registry {}
+
+static REGISTRY: LazyLock<Mutex<Registry>> = LazyLock::new(Mutex::default);
+
+fn registry() -> MutexGuard<'static, Registry> {
+    REGISTRY.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+fn db_of(ctx: &Context) -> i32 {
+    api!(RedisModule_GetSelectedDb(ctx.ctx)).unwrap_or(0)
+}
+
+pub fn db_key(ctx: &Context, key: &[u8]) -> DbKey {
+    (db_of(ctx), key.to_vec())
+}
+
+/// How many requests wait for `key` in the current database.
+pub fn waiters(ctx: &Context, key: &RedisString) -> usize {
+    let registry = registry();
+    if registry.queues.is_empty() {
+        return 0;
+    }
+    registry
+        .queues
+        .get(&db_key(ctx, key.as_slice()))
+        .map_or(0, Queue::len)
+}
+
+pub fn has_waiters(ctx: &Context, key: &RedisString) -> bool {
+    waiters(ctx, key) > 0
+}
+
+/// Inside MULTI/EXEC, a script or a function, on a replica's stream or while
+/// loading, a client cannot block: WAIT becomes an immediate try.
+pub fn can_block(ctx: &Context) -> bool {
+    !ctx.get_flags().intersects(
+        ContextFlags::MULTI
+            | ContextFlags::LUA
+            | ContextFlags::DENY_BLOCKING
+            | ContextFlags::REPLICATED
+            | ContextFlags::LOADING,
+    )
+}
+
+/// Blocks the calling client until its request is granted, `ms` pass (0: no
+/// limit), or it disconnects. `next_expiry` is the lock's earliest deadline:
+/// the key is visited then.
+pub fn block(
+    ctx: &Context,
+    key: RedisString,
+    request: Request,
+    ms: u64,
+    next_expiry: Option<u64>,
+) -> RedisResult {
+    let timeout = c_longlong::try_from(ms).unwrap_or(c_longlong::MAX);
+    let handle = api!(RedisModule_BlockClient(
+        ctx.ctx,
+        Some(on_reply),
+        Some(on_timeout),
+        Some(free_decision),
+        timeout
+    ))
+    .filter(|h| !h.is_null())
+    .ok_or(LockError::Internal)?;
+    api!(RedisModule_SetDisconnectCallback(
+        handle,
+        Some(on_disconnect)
+    ));
+    let id = handle as WaiterId;
+    let key = db_key(ctx, key.as_slice());
+    let owner = request.owner.clone();
+    {
+        let mut registry = registry();
+        registry
+            .queues
+            .entry(key.clone())
+            .or_default()
+            .push(id, request);
+        registry.waiters.insert(
+            id,
+            Waiter {
+                handle,
+                key: key.clone(),
+                owner,
+            },
+        );
+    }
+    timers::schedule_earlier(ctx, key.0, &key.1, next_expiry);
+    Ok(RedisValue::NoReply)
+}
+
+/// Grants what can be granted on a key that just changed (called by
+/// `store::update` inside the transition, so grants replicate with it), and
+/// undoes grants whose clients vanished. Returns whether requests still wait.
+pub fn settle(ctx: &Context, name: &RedisString, txn: &mut Txn) -> bool {
+    let mut registry = registry();
+    if registry.queues.is_empty() && registry.revocations.is_empty() {
+        return false;
+    }
+    let key = &db_key(ctx, name.as_slice());
+    if let Some(revoked) = registry.revocations.remove(key) {
+        for r in revoked {
+            if txn.lock.holder(&r.owner).map(|h| h.token) == Some(r.token) {
+                txn.lock.release(&r.owner, txn.now, txn.changes);
+            }
+        }
+    }
+    let Some(queue) = registry.queues.get_mut(key) else {
+        return false;
+    };
+    let answered = queue.settle(txn.lock, txn.now, txn.tokens, txn.changes);
+    let still_waiting = !queue.is_empty();
+    if !still_waiting {
+        registry.queues.remove(key);
+    }
+    for (id, attempt) in answered {
+        if let Some(waiter) = registry.waiters.remove(&id) {
+            unblock(waiter, Ok(attempt));
+        }
+    }
+    still_waiting
+}
+
+/// Answers every waiter of a key with an error (the key now holds another type).
+pub fn fail_all(_ctx: &Context, db: i32, key: &[u8], error: LockError) {
+    let mut registry = registry();
+    let id = (db, key.to_vec());
+    let Some(queue) = registry.queues.remove(&id) else {
+        return;
+    };
+    for w in queue.iter() {
+        if let Some(waiter) = registry.waiters.remove(&w.id) {
+            unblock(waiter, Err(error));
+        }
+    }
+}
+
+/// Every key with waiters in database `db` (all databases when `db` is -1).
+pub fn keys_with_waiters(db: i32) -> Vec<DbKey> {
+    registry()
+        .queues
+        .keys()
+        .filter(|(d, _)| db == -1 || *d == db)
+        .cloned()
+        .collect()
+}
+
+/// Whether requests wait for this key.
+pub fn is_waited_on(key: &DbKey) -> bool {
+    let registry = registry();
+    !registry.queues.is_empty() && registry.queues.contains_key(key)
+}
+
+fn unblock(waiter: Waiter, outcome: Result<Attempt, LockError>) {
+    let decision = Box::new(Decision {
+        outcome,
+        key: waiter.key,
+        owner: waiter.owner,
+        replied: false,
+    });
+    let data = Box::into_raw(decision).cast::<c_void>();
+    api!(RedisModule_UnblockClient(waiter.handle, data));
+}
+
+/// Removes a waiter that timed out or disconnected; the request behind it
+/// may now be grantable (a writer holding back readers), so its key is
+/// visited at once.
+fn leave(ctx: &Context, handle: *mut raw::RedisModuleBlockedClient) {
+    let key = {
+        let mut registry = registry();
+        let id = handle as WaiterId;
+        let Some(waiter) = registry.waiters.remove(&id) else {
+            return;
+        };
+        if let Some(queue) = registry.queues.get_mut(&waiter.key) {
+            queue.remove(id);
+            if queue.is_empty() {
+                registry.queues.remove(&waiter.key);
+            }
+        }
+        waiter.key
+    };
+    timers::schedule(ctx, key.0, &key.1, Some(crate::clock::now_ms()));
+}
+
+extern "C" fn on_reply(
+    raw_ctx: *mut raw::RedisModuleCtx,
+    _argv: *mut *mut raw::RedisModuleString,
+    _argc: c_int,
+) -> c_int {
+    guard::callback("the WAIT reply", raw::REDISMODULE_OK as c_int, || {
+        let ctx = Context::new(raw_ctx);
+        let data =
+            api!(RedisModule_GetBlockedClientPrivateData(raw_ctx)).unwrap_or(std::ptr::null_mut());
+        // SAFETY: the private data is the `Decision` boxed in `unblock`.
+        let reply = match unsafe { data.cast::<Decision>().as_mut() } {
+            Some(decision) => {
+                decision.replied = true;
+                decision
+                    .outcome
+                    .map_or_else(|e| Err(e.into()), commands::answer)
+            }
+            None => Err(LockError::Internal.into()),
+        };
+        ctx.reply(reply);
+        raw::REDISMODULE_OK as c_int
+    })
+}
+
+extern "C" fn on_timeout(
+    raw_ctx: *mut raw::RedisModuleCtx,
+    _argv: *mut *mut raw::RedisModuleString,
+    _argc: c_int,
+) -> c_int {
+    guard::callback("the WAIT timeout", raw::REDISMODULE_OK as c_int, || {
+        let ctx = Context::new(raw_ctx);
+        if let Some(handle) = api!(RedisModule_GetBlockedClientHandle(raw_ctx)) {
+            leave(&ctx, handle);
+        }
+        ctx.reply(Ok(RedisValue::Null));
+        raw::REDISMODULE_OK as c_int
+    })
+}
+
+extern "C" fn on_disconnect(
+    raw_ctx: *mut raw::RedisModuleCtx,
+    handle: *mut raw::RedisModuleBlockedClient,
+) {
+    guard::callback("the WAIT disconnect", (), || {
+        leave(&Context::new(raw_ctx), handle);
+    })
+}
+
+extern "C" fn free_decision(raw_ctx: *mut raw::RedisModuleCtx, data: *mut c_void) {
+    guard::callback("the WAIT cleanup", (), || {
+        if data.is_null() {
+            return;
+        }
+        // SAFETY: the private data is the `Decision` boxed in `unblock`; Redis
+        // frees it exactly once.
+        let decision = unsafe { Box::from_raw(data.cast::<Decision>()) };
+        if let (false, Ok(Attempt::Granted(token))) = (decision.replied, decision.outcome) {
+            // Granted, but the client went away before hearing it: undo.
+            let (db, key) = decision.key;
+            registry()
+                .revocations
+                .entry((db, key.clone()))
+                .or_default()
+                .push(Revocation {
+                    owner: decision.owner,
+                    token,
+                });
+            timers::schedule(
+                &Context::new(raw_ctx),
+                db,
+                &key,
+                Some(crate::clock::now_ms()),
+            );
+        }
+    })
 }

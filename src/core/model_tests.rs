@@ -1,0 +1,876 @@
+//! Property tests: the core ([`Lock`], [`Queue`], [`Tokens`]) against a naive
+//! reference model written here, independently of the core's logic.
+//!
+//! Random sequences of up to 60 operations over 3 keys and 4 owners are run
+//! on both the core (as the shell drives it: grant requests are made with
+//! `queued_ahead = !queue.is_empty()`) and the model, and after every step the
+//! two are compared and the contract's invariants are checked.
+
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    clippy::indexing_slicing
+)]
+
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
+
+use proptest::prelude::*;
+use proptest::sample::Index;
+use proptest::test_runner::TestCaseError;
+
+use super::lock::{Attempt, Changes, Holder, Invalid, Kind, Lock, Mode, Owner, Release, Request};
+use super::queue::Queue;
+use super::tokens::{Tokens, MAX_TOKEN};
+
+const KEYS: usize = 3;
+const OWNERS: u8 = 4;
+const MAX_STEPS: usize = 60;
+/// The model's own largest token: replies are signed 64-bit integers.
+const LAST_TOKEN: u64 = i64::MAX as u64;
+
+/// Owner names are binary (a NUL byte inside) to keep them binary-safe.
+fn name(owner: u8) -> Owner {
+    vec![b'o', 0, b'0' + owner].into_boxed_slice()
+}
+
+fn wants_exclusive(kind: Kind) -> bool {
+    match kind {
+        Kind::Acquire | Kind::Racquire => true,
+        Kind::Read => false,
+    }
+}
+
+fn mode_name(exclusive: bool) -> Mode {
+    if exclusive {
+        Mode::Exclusive
+    } else {
+        Mode::Shared
+    }
+}
+
+// ---------------------------------------------------------------------------
+// The reference model: per key, a map owner -> hold, and a FIFO of waiters.
+// ---------------------------------------------------------------------------
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct MHold {
+    exclusive: bool,
+    holds: u32,
+    token: u64,
+    deadline: u64,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct MWait {
+    id: u32,
+    kind: Kind,
+    owner: u8,
+    ttl: u64,
+}
+
+#[derive(Debug, Default)]
+struct Model {
+    now: u64,
+    last_token: u64,
+    holders: [BTreeMap<u8, MHold>; KEYS],
+    queues: [VecDeque<MWait>; KEYS],
+}
+
+impl Model {
+    /// A holder at or past its deadline holds nothing: forget it.
+    fn forget_expired(&mut self, key: usize) {
+        let now = self.now;
+        self.holders[key].retain(|_, h| now < h.deadline);
+    }
+
+    /// The owner's hold on the key if it still holds at `now`.
+    fn live(&self, key: usize, owner: u8) -> Option<MHold> {
+        self.holders[key]
+            .get(&owner)
+            .copied()
+            .filter(|h| self.now < h.deadline)
+    }
+
+    fn grant(
+        &mut self,
+        key: usize,
+        kind: Kind,
+        owner: u8,
+        ttl: u64,
+        queued_ahead: bool,
+    ) -> Attempt {
+        self.forget_expired(key);
+        let now = self.now;
+        let exclusive = wants_exclusive(kind);
+        if let Some(h) = self.holders[key].get_mut(&owner) {
+            // A holder's repeat: answered at once, whatever waits.
+            if h.exclusive != exclusive {
+                return Attempt::Conflict(mode_name(h.exclusive));
+            }
+            if kind != Kind::Acquire {
+                if h.holds == u32::MAX {
+                    return Attempt::TooManyHolds;
+                }
+                h.holds += 1;
+            }
+            h.deadline = now + ttl;
+            return Attempt::Granted(h.token);
+        }
+        if queued_ahead {
+            return Attempt::Busy;
+        }
+        // Free, or only readers and this is a reader.
+        let compatible = self.holders[key]
+            .values()
+            .all(|h| !h.exclusive && !exclusive);
+        if !compatible {
+            return Attempt::Busy;
+        }
+        if self.last_token == LAST_TOKEN {
+            return Attempt::TokensExhausted;
+        }
+        self.last_token += 1;
+        let token = self.last_token;
+        self.holders[key].insert(
+            owner,
+            MHold {
+                exclusive,
+                holds: 1,
+                token,
+                deadline: now + ttl,
+            },
+        );
+        Attempt::Granted(token)
+    }
+
+    fn release(&mut self, key: usize, owner: u8) -> Release {
+        self.forget_expired(key);
+        let Some(h) = self.holders[key].get_mut(&owner) else {
+            return Release::NotHeld;
+        };
+        if h.holds > 1 {
+            h.holds -= 1;
+            Release::Remaining
+        } else {
+            self.holders[key].remove(&owner);
+            Release::Last
+        }
+    }
+
+    fn renew(&mut self, key: usize, owner: u8, ttl: u64) -> bool {
+        self.forget_expired(key);
+        let now = self.now;
+        match self.holders[key].get_mut(&owner) {
+            Some(h) => {
+                h.deadline = now + ttl;
+                true
+            }
+            None => false,
+        }
+    }
+
+    fn settle(&mut self, key: usize) -> Vec<(u32, Attempt)> {
+        self.forget_expired(key);
+        let mut answered = Vec::new();
+        while let Some(w) = self.queues[key].front().copied() {
+            let outcome = self.grant(key, w.kind, w.owner, w.ttl, false);
+            if outcome == Attempt::Busy {
+                break;
+            }
+            self.queues[key].pop_front();
+            answered.push((w.id, outcome));
+        }
+        answered
+    }
+
+    /// owner -> (mode, holds, token, deadline) of the live holders.
+    fn live_view(&self, key: usize) -> BTreeMap<Owner, (Mode, u32, u64, u64)> {
+        self.holders[key]
+            .iter()
+            .filter(|(_, h)| self.now < h.deadline)
+            .map(|(&o, h)| {
+                (
+                    name(o),
+                    (mode_name(h.exclusive), h.holds, h.token, h.deadline),
+                )
+            })
+            .collect()
+    }
+
+    fn queue_view(&self, key: usize) -> Vec<(u32, Kind, Owner, u64)> {
+        self.queues[key]
+            .iter()
+            .map(|w| (w.id, w.kind, name(w.owner), w.ttl))
+            .collect()
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Views of the core.
+// ---------------------------------------------------------------------------
+
+type Stored = BTreeMap<Owner, (u32, u64, u64)>;
+
+/// Every stored holder (expired ones included) by owner.
+fn stored(lock: &Lock) -> Stored {
+    lock.holders()
+        .iter()
+        .map(|h| (h.owner.clone(), (h.holds, h.token, h.deadline)))
+        .collect()
+}
+
+fn live_view(lock: &Lock, now: u64) -> BTreeMap<Owner, (Mode, u32, u64, u64)> {
+    lock.live(now)
+        .map(|h| (h.owner.clone(), (lock.mode(), h.holds, h.token, h.deadline)))
+        .collect()
+}
+
+fn queue_view(queue: &Queue<u32>) -> Vec<(u32, Kind, Owner, u64)> {
+    queue
+        .iter()
+        .map(|w| (w.id, w.request.kind, w.request.owner.clone(), w.request.ttl))
+        .collect()
+}
+
+fn request(kind: Kind, owner: u8, ttl: u64) -> Request {
+    Request {
+        kind,
+        owner: name(owner),
+        ttl,
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Operations.
+// ---------------------------------------------------------------------------
+
+/// Who sends a command: any owner, or one of the key's current holders (so
+/// that releases, renewals and re-entries hit holders often).
+#[derive(Clone, Copy, Debug)]
+enum Who {
+    Owner(u8),
+    Holder(Index),
+}
+
+impl Who {
+    fn resolve(self, model: &Model, key: usize) -> u8 {
+        match self {
+            Who::Owner(owner) => owner,
+            Who::Holder(pick) => {
+                let live: Vec<u8> = model.holders[key]
+                    .iter()
+                    .filter(|(_, h)| model.now < h.deadline)
+                    .map(|(&o, _)| o)
+                    .collect();
+                if live.is_empty() {
+                    // Nobody holds: any owner.
+                    u8::try_from(pick.index(usize::from(OWNERS))).unwrap()
+                } else {
+                    live[pick.index(live.len())]
+                }
+            }
+        }
+    }
+}
+
+#[derive(Clone, Debug)]
+enum Op {
+    /// ACQUIRE / RACQUIRE / READ without WAIT: an immediate try.
+    Grant {
+        key: usize,
+        kind: Kind,
+        who: Who,
+        ttl: u64,
+    },
+    Release {
+        key: usize,
+        who: Who,
+    },
+    Renew {
+        key: usize,
+        who: Who,
+        ttl: u64,
+    },
+    Advance(u64),
+    /// A request with WAIT. `try_first`: as the shell does, try at once and
+    /// queue only when busy; otherwise push it unconditionally (exercises
+    /// `settle` on queues the shell would not build, e.g. a holder's repeat).
+    Enqueue {
+        key: usize,
+        kind: Kind,
+        owner: u8,
+        ttl: u64,
+        try_first: bool,
+    },
+    /// A queued waiter times out or disconnects.
+    Remove {
+        key: usize,
+        pick: Index,
+    },
+    /// Removing an id that may be long gone (answered or removed already).
+    RemoveId {
+        key: usize,
+        id: u32,
+    },
+    Settle {
+        key: usize,
+    },
+}
+
+impl Op {
+    fn key(&self) -> Option<usize> {
+        match *self {
+            Op::Advance(_) => None,
+            Op::Grant { key, .. }
+            | Op::Release { key, .. }
+            | Op::Renew { key, .. }
+            | Op::Enqueue { key, .. }
+            | Op::Remove { key, .. }
+            | Op::RemoveId { key, .. }
+            | Op::Settle { key } => Some(key),
+        }
+    }
+}
+
+fn kind() -> impl Strategy<Value = Kind> {
+    // Readers a little more often: shared states with several readers.
+    prop_oneof![1 => Just(Kind::Acquire), 1 => Just(Kind::Racquire), 2 => Just(Kind::Read)]
+}
+
+fn op() -> impl Strategy<Value = Op> {
+    // Key 0 is the busiest, so that states with several readers and several
+    // holds arise often; keys 1 and 2 still see every operation.
+    let key = || prop_oneof![2 => Just(0usize), 1 => 1..KEYS];
+    let owner = || 0..OWNERS;
+    let ttl = || 1u64..=50;
+    let who = move || {
+        prop_oneof![
+            3 => owner().prop_map(Who::Owner),
+            2 => any::<Index>().prop_map(Who::Holder),
+        ]
+    };
+    prop_oneof![
+        5 => (key(), kind(), who(), ttl())
+            .prop_map(|(key, kind, who, ttl)| Op::Grant { key, kind, who, ttl }),
+        3 => (key(), who()).prop_map(|(key, who)| Op::Release { key, who }),
+        2 => (key(), who(), ttl()).prop_map(|(key, who, ttl)| Op::Renew { key, who, ttl }),
+        // Time moves by 0..=40 ms, small steps more often than large ones.
+        2 => prop_oneof![0u64..=5, 0u64..=40].prop_map(Op::Advance),
+        4 => (key(), kind(), owner(), ttl(), prop::bool::weighted(0.8)).prop_map(
+            |(key, kind, owner, ttl, try_first)| Op::Enqueue { key, kind, owner, ttl, try_first }
+        ),
+        1 => (key(), any::<Index>()).prop_map(|(key, pick)| Op::Remove { key, pick }),
+        1 => (key(), 0u32..64).prop_map(|(key, id)| Op::RemoveId { key, id }),
+        3 => key().prop_map(|key| Op::Settle { key }),
+    ]
+}
+
+fn start_token() -> impl Strategy<Value = u64> {
+    prop_oneof![
+        4 => 0u64..1000,
+        // Close to exhaustion: TokensExhausted must refuse and change nothing.
+        1 => (LAST_TOKEN - 6)..=LAST_TOKEN,
+    ]
+}
+
+// ---------------------------------------------------------------------------
+// The run.
+// ---------------------------------------------------------------------------
+
+struct Core {
+    now: u64,
+    tokens: Tokens,
+    locks: Vec<Lock>,
+    queues: Vec<Queue<u32>>,
+    /// Each key as a replica sees it, built only from `Changes` (put/remove).
+    replicas: Vec<Lock>,
+}
+
+/// What one step did, for the checks that follow it.
+#[derive(Default)]
+struct Step {
+    changes: Changes,
+    /// Owners answered with a grant/renewal: they may be listed in `changes`
+    /// although a same-deadline re-entry leaves their state equal.
+    answered_ok: BTreeSet<Owner>,
+    /// Tokens in this step's replies.
+    replied: Vec<u64>,
+}
+
+#[allow(clippy::too_many_lines)]
+fn run(first_token: u64, start: u64, ops: &[Op]) -> Result<(), TestCaseError> {
+    prop_assert_eq!(MAX_TOKEN, LAST_TOKEN);
+    let mut core = Core {
+        now: start,
+        tokens: Tokens::starting_after(first_token),
+        locks: vec![Lock::default(); KEYS],
+        queues: (0..KEYS).map(|_| Queue::default()).collect(),
+        replicas: vec![Lock::default(); KEYS],
+    };
+    let mut model = Model {
+        now: start,
+        last_token: first_token,
+        ..Model::default()
+    };
+    let mut next_id: u32 = 0;
+    // Every token seen so far (issued, in a reply or a state); the highest.
+    let mut seen_tokens: BTreeSet<u64> = BTreeSet::new();
+    let mut highest = first_token;
+    let mut removed_ids: BTreeSet<u32> = BTreeSet::new();
+    let mut answered_ids: BTreeSet<u32> = BTreeSet::new();
+
+    for (n, op) in ops.iter().enumerate() {
+        let stored_before: Vec<Stored> = core.locks.iter().map(stored).collect();
+        let mut step = Step::default();
+        let now = core.now;
+
+        match *op {
+            Op::Advance(ms) => {
+                core.now += ms;
+                model.now += ms;
+            }
+
+            Op::Grant {
+                key,
+                kind,
+                who,
+                ttl,
+            } => {
+                let owner = who.resolve(&model, key);
+                let live_before = live_view(&core.locks[key], now);
+                let held = model.live(key, owner);
+                let queued = !core.queues[key].is_empty();
+                let got = core.locks[key].try_acquire(
+                    &request(kind, owner, ttl),
+                    queued,
+                    now,
+                    &mut core.tokens,
+                    &mut step.changes,
+                );
+                let want = model.grant(key, kind, owner, ttl, !model.queues[key].is_empty());
+                prop_assert_eq!(got, want, "step {}: {:?} (owner {})", n, op, owner);
+                match held {
+                    Some(h) if h.exclusive != wants_exclusive(kind) => {
+                        // Upgrade/downgrade: an error, and nothing changes.
+                        prop_assert_eq!(got, Attempt::Conflict(mode_name(h.exclusive)));
+                        prop_assert_eq!(&live_view(&core.locks[key], now), &live_before);
+                    }
+                    Some(h) => {
+                        // A holder's repeat is answered at once, even behind waiters.
+                        prop_assert_eq!(got, Attempt::Granted(h.token));
+                    }
+                    None if queued => {
+                        // A newcomer never jumps the queue.
+                        prop_assert_eq!(got, Attempt::Busy);
+                    }
+                    None => {}
+                }
+                if let Attempt::Granted(t) = got {
+                    step.answered_ok.insert(name(owner));
+                    step.replied.push(t);
+                }
+            }
+
+            Op::Release { key, who } => {
+                let owner = who.resolve(&model, key);
+                let got = core.locks[key].release(&name(owner), now, &mut step.changes);
+                let want = model.release(key, owner);
+                prop_assert_eq!(got, want, "step {}: {:?} (owner {})", n, op, owner);
+            }
+
+            Op::Renew { key, who, ttl } => {
+                let owner = who.resolve(&model, key);
+                let got = core.locks[key].renew(&name(owner), ttl, now, &mut step.changes);
+                let want = model.renew(key, owner, ttl);
+                prop_assert_eq!(got, want, "step {}: {:?} (owner {})", n, op, owner);
+                if got {
+                    step.answered_ok.insert(name(owner));
+                }
+            }
+
+            Op::Enqueue {
+                key,
+                kind,
+                owner,
+                ttl,
+                try_first,
+            } => {
+                let id = next_id;
+                next_id += 1;
+                let waiter = MWait {
+                    id,
+                    kind,
+                    owner,
+                    ttl,
+                };
+                if try_first {
+                    let queued = !core.queues[key].is_empty();
+                    let got = core.locks[key].try_acquire(
+                        &request(kind, owner, ttl),
+                        queued,
+                        now,
+                        &mut core.tokens,
+                        &mut step.changes,
+                    );
+                    let want = model.grant(key, kind, owner, ttl, !model.queues[key].is_empty());
+                    prop_assert_eq!(got, want, "step {}: {:?}", n, op);
+                    match got {
+                        Attempt::Busy => {
+                            core.queues[key].push(id, request(kind, owner, ttl));
+                            model.queues[key].push_back(waiter);
+                        }
+                        Attempt::Granted(t) => {
+                            step.answered_ok.insert(name(owner));
+                            step.replied.push(t);
+                        }
+                        _ => {}
+                    }
+                } else {
+                    core.queues[key].push(id, request(kind, owner, ttl));
+                    model.queues[key].push_back(waiter);
+                }
+            }
+
+            Op::Remove { key, pick } => {
+                if model.queues[key].is_empty() {
+                    prop_assert!(!core.queues[key].remove(u32::MAX));
+                } else {
+                    let at = pick.index(model.queues[key].len());
+                    let id = model.queues[key][at].id;
+                    prop_assert!(core.queues[key].remove(id), "step {}: remove {}", n, id);
+                    model.queues[key].remove(at);
+                    removed_ids.insert(id);
+                    prop_assert!(!core.queues[key].remove(id), "removed twice");
+                }
+            }
+
+            Op::RemoveId { key, id } => {
+                let present = model.queues[key].iter().position(|w| w.id == id);
+                prop_assert_eq!(core.queues[key].remove(id), present.is_some(), "step {}", n);
+                if let Some(at) = present {
+                    model.queues[key].remove(at);
+                    removed_ids.insert(id);
+                }
+            }
+
+            Op::Settle { key } => {
+                let before: Vec<(u32, Owner)> = core.queues[key]
+                    .iter()
+                    .map(|w| (w.id, w.request.owner.clone()))
+                    .collect();
+                let got = core.queues[key].settle(
+                    &mut core.locks[key],
+                    now,
+                    &mut core.tokens,
+                    &mut step.changes,
+                );
+                let want = model.settle(key);
+                prop_assert_eq!(&got, &want, "step {}: {:?}", n, op);
+                // FIFO: the answered waiters are the head of the queue, in
+                // order, so nobody behind a waiting request is answered.
+                prop_assert!(got.len() <= before.len());
+                for (&(id, outcome), (queued_id, owner)) in got.iter().zip(&before) {
+                    prop_assert_eq!(id, *queued_id, "step {}: answered out of order", n);
+                    prop_assert!(!removed_ids.contains(&id), "removed waiter {} answered", id);
+                    prop_assert!(answered_ids.insert(id), "waiter {} answered twice", id);
+                    prop_assert_ne!(outcome, Attempt::Busy);
+                    if let Attempt::Granted(t) = outcome {
+                        step.replied.push(t);
+                        step.answered_ok.insert(owner.clone());
+                    }
+                }
+                // The new head, if any, really cannot be granted: readers at
+                // the head went together, and a waiting writer blocks the rest.
+                let lock = &core.locks[key];
+                if let Some(head) = core.queues[key].iter().next() {
+                    let owner = &head.request.owner;
+                    prop_assert!(lock.live(now).all(|h| &h.owner != owner));
+                    prop_assert!(!lock.admits(head.request.kind, now));
+                    prop_assert!(lock.is_held(now));
+                    if head.request.kind == Kind::Read {
+                        prop_assert_eq!(lock.mode(), Mode::Exclusive);
+                    }
+                }
+            }
+        }
+
+        check_step(
+            n,
+            op,
+            &mut core,
+            &model,
+            &stored_before,
+            &step,
+            &mut seen_tokens,
+            &mut highest,
+        )?;
+    }
+    Ok(())
+}
+
+#[allow(clippy::too_many_arguments)]
+fn check_step(
+    n: usize,
+    op: &Op,
+    core: &mut Core,
+    model: &Model,
+    stored_before: &[Stored],
+    step: &Step,
+    seen_tokens: &mut BTreeSet<u64>,
+    highest: &mut u64,
+) -> Result<(), TestCaseError> {
+    let now = core.now;
+    prop_assert_eq!(now, model.now);
+    prop_assert_eq!(core.tokens.last(), model.last_token, "step {}: {:?}", n, op);
+
+    for key in 0..KEYS {
+        let lock = &core.locks[key];
+        // The live holders equal the model's.
+        prop_assert_eq!(
+            live_view(lock, now),
+            model.live_view(key),
+            "step {}: {:?}: key {} live holders",
+            n,
+            op,
+            key
+        );
+        prop_assert_eq!(
+            queue_view(&core.queues[key]),
+            model.queue_view(key),
+            "step {}: queue",
+            n
+        );
+        // `live` never reports an expired holder.
+        prop_assert!(lock.live(now).all(|h| h.deadline > now));
+        prop_assert_eq!(lock.is_held(now), lock.live(now).next().is_some());
+        // No owner twice; at most one exclusive holder, and (one mode per
+        // lock) never an exclusive holder beside a live reader.
+        let all = stored(lock);
+        prop_assert_eq!(all.len(), lock.holders().len(), "duplicate owner");
+        if lock.mode() == Mode::Exclusive {
+            prop_assert!(
+                lock.holders().len() <= 1,
+                "two exclusive holders: {:?}",
+                lock
+            );
+        }
+        prop_assert!(lock.holders().iter().all(|h| h.holds >= 1 && h.token >= 1));
+        // The key's Redis expiry is the latest deadline: that of a live holder
+        // while any holds; the next self-change is no later than any live deadline.
+        let live_deadlines: Vec<u64> = model.live_view(key).values().map(|v| v.3).collect();
+        if let Some(&latest) = live_deadlines.iter().max() {
+            prop_assert_eq!(lock.latest_deadline(), Some(latest));
+            let earliest = live_deadlines.iter().min().copied();
+            prop_assert!(lock.earliest_deadline() <= earliest);
+        }
+
+        // Round trips: from_holders and put rebuild an equal lock.
+        let rebuilt = Lock::from_holders(lock.mode(), lock.holders().to_vec());
+        prop_assert_eq!(rebuilt.as_ref(), Ok(lock));
+        let mut put_back = Lock::default();
+        for h in lock.holders() {
+            prop_assert_eq!(put_back.put(lock.mode(), h.clone()), Ok(()));
+        }
+        if lock.is_empty() {
+            prop_assert!(put_back.is_empty());
+        } else {
+            prop_assert_eq!(&put_back, lock);
+        }
+
+        // Only the operated key may change.
+        if op.key() != Some(key) {
+            prop_assert_eq!(&all, &stored_before[key], "step {}: key {} changed", n, key);
+        }
+    }
+
+    // Live tokens are distinct across keys (each grant issues a new one).
+    let mut live_tokens = BTreeSet::new();
+    for lock in &core.locks {
+        for h in lock.live(now) {
+            prop_assert!(live_tokens.insert(h.token), "token {} twice", h.token);
+        }
+    }
+
+    // Every newly issued token is above every token issued before.
+    let mut new_tokens: BTreeSet<u64> = step.replied.iter().copied().collect();
+    for lock in &core.locks {
+        new_tokens.extend(lock.holders().iter().map(|h| h.token));
+    }
+    new_tokens.retain(|t| !seen_tokens.contains(t));
+    for &t in &new_tokens {
+        prop_assert!(
+            t > *highest,
+            "step {}: new token {} not above {}",
+            n,
+            t,
+            *highest
+        );
+        prop_assert!(t <= MAX_TOKEN);
+    }
+    // Tokens issued in one step are consecutive: the counter only moves by issuing.
+    prop_assert!(new_tokens.len() as u64 <= core.tokens.last() - *highest);
+    if let Some(&top) = new_tokens.iter().next_back() {
+        *highest = top;
+    }
+    *highest = (*highest).max(core.tokens.last());
+    seen_tokens.extend(new_tokens);
+
+    // Changes: exactly the owners whose stored state changed, plus possibly
+    // owners answered with a grant or renewal that left their state equal
+    // (a re-entry at the same `now` with the same ttl).
+    if let Some(key) = op.key() {
+        let before = &stored_before[key];
+        let after = stored(&core.locks[key]);
+        let owners: BTreeSet<&Owner> = before.keys().chain(after.keys()).collect();
+        let differ: BTreeSet<Owner> = owners
+            .into_iter()
+            .filter(|o| before.get(*o) != after.get(*o))
+            .cloned()
+            .collect();
+        let listed: BTreeSet<Owner> = step.changes.owners().iter().cloned().collect();
+        prop_assert_eq!(
+            listed.len(),
+            step.changes.owners().len(),
+            "repeats in Changes"
+        );
+        prop_assert!(
+            differ.is_subset(&listed),
+            "step {}: {:?}: changed {:?} but Changes lists {:?}",
+            n,
+            op,
+            differ,
+            listed
+        );
+        let extra: BTreeSet<&Owner> = listed.difference(&differ).collect();
+        prop_assert!(
+            extra.iter().all(|o| step.answered_ok.contains(*o)),
+            "step {}: {:?}: Changes lists unchanged {:?}",
+            n,
+            op,
+            extra
+        );
+
+        // A replica applying exactly the listed owners' state stays equal.
+        // As replication.rs does, drops go first: `Changes` may list a
+        // re-granted owner before an expired one it purged in the same step.
+        let master = &core.locks[key];
+        let replica = &mut core.replicas[key];
+        for owner in step.changes.owners() {
+            if master.holder(owner).is_none() {
+                prop_assert!(replica.remove(owner), "step {}: drop of an absent owner", n);
+            }
+        }
+        for owner in step.changes.owners() {
+            if let Some(h) = master.holder(owner) {
+                prop_assert_eq!(replica.put(master.mode(), h.clone()), Ok(()), "step {}", n);
+            }
+        }
+        prop_assert_eq!(stored(replica), after, "step {}: replica differs", n);
+        if !master.is_empty() {
+            prop_assert_eq!(replica.mode(), master.mode());
+        }
+    } else {
+        prop_assert!(step.changes.is_empty());
+    }
+    Ok(())
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(256))]
+
+    /// The core follows the model step by step, and every invariant holds.
+    #[test]
+    fn core_matches_the_model(
+        first_token in start_token(),
+        start in 1_000_000u64..2_000_000,
+        ops in prop::collection::vec(op(), 0..=MAX_STEPS),
+    ) {
+        run(first_token, start, &ops)?;
+    }
+
+    /// from_holders accepts exactly the consistent states and keeps them as given.
+    #[test]
+    fn from_holders_round_trips(
+        exclusive in any::<bool>(),
+        raw in prop::collection::btree_map(0u8..6, (1u32..5, 1u64..1000, 0u64..100), 0..5),
+        zero in prop::option::of(0usize..3),
+    ) {
+        let mode = mode_name(exclusive);
+        let mut holders: Vec<Holder> = raw
+            .iter()
+            .map(|(&o, &(holds, token, deadline))| Holder { owner: name(o), holds, token, deadline })
+            .collect();
+        let mut expected: Result<(), Invalid> = Ok(());
+        if exclusive && holders.len() > 1 {
+            expected = Err(Invalid::SecondExclusiveHolder);
+        }
+        // Spoil the first holder in one of three ways.
+        match (zero, holders.first_mut()) {
+            (Some(0), Some(h)) => { h.owner = Box::default(); expected = Err(Invalid::EmptyOwner); }
+            (Some(1), Some(h)) => { h.holds = 0; expected = Err(Invalid::ZeroHolds); }
+            (Some(2), Some(h)) => { h.token = 0; expected = Err(Invalid::ZeroToken); }
+            _ => {}
+        }
+        let built = Lock::from_holders(mode, holders.clone());
+        match expected {
+            Ok(()) => {
+                let lock = built.unwrap();
+                prop_assert_eq!(lock.holders(), &holders[..]);
+                prop_assert_eq!(lock.mode(), mode);
+                let again = Lock::from_holders(lock.mode(), lock.holders().to_vec());
+                prop_assert_eq!(again, Ok(lock));
+            }
+            Err(e) => prop_assert_eq!(built, Err(e)),
+        }
+        // A duplicate owner is refused.
+        if let Some(h) = holders.first().cloned() {
+            if expected.is_ok() && !exclusive {
+                let mut dup = holders.clone();
+                dup.push(h);
+                prop_assert_eq!(Lock::from_holders(mode, dup), Err(Invalid::DuplicateOwner));
+            }
+        }
+    }
+}
+
+/// A re-entry that would overflow the hold count is refused and changes nothing.
+#[test]
+fn too_many_holds_changes_nothing() {
+    for (kind, mode) in [
+        (Kind::Racquire, Mode::Exclusive),
+        (Kind::Read, Mode::Shared),
+    ] {
+        let holder = Holder {
+            owner: name(1),
+            holds: u32::MAX - 1,
+            token: 7,
+            deadline: 100,
+        };
+        let mut lock = Lock::from_holders(mode, vec![holder]).unwrap();
+        let mut tokens = Tokens::starting_after(7);
+        let mut c = Changes::default();
+        let r = request(kind, 1, 50);
+        assert_eq!(
+            lock.try_acquire(&r, true, 10, &mut tokens, &mut c),
+            Attempt::Granted(7)
+        );
+        let before = lock.clone();
+        let mut c = Changes::default();
+        assert_eq!(
+            lock.try_acquire(&r, false, 20, &mut tokens, &mut c),
+            Attempt::TooManyHolds
+        );
+        assert_eq!(lock, before);
+        assert!(c.is_empty());
+        assert_eq!(tokens.last(), 7);
+        if kind == Kind::Racquire {
+            // ACQUIRE adds no hold, so it still succeeds.
+            let a = request(Kind::Acquire, 1, 50);
+            assert_eq!(
+                lock.try_acquire(&a, false, 20, &mut tokens, &mut c),
+                Attempt::Granted(7)
+            );
+        }
+    }
+}
