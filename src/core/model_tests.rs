@@ -414,9 +414,10 @@ fn run(first_token: u64, start: u64, ops: &[Op]) -> Result<(), TestCaseError> {
         ..Model::default()
     };
     let mut next_id: u32 = 0;
-    // Every token seen so far (issued, in a reply or a state); the highest.
-    let mut seen_tokens: BTreeSet<u64> = BTreeSet::new();
-    let mut highest = first_token;
+    let mut tokens_seen = TokensSeen {
+        seen: BTreeSet::new(),
+        highest: first_token,
+    };
     let mut removed_ids: BTreeSet<u32> = BTreeSet::new();
     let mut answered_ids: BTreeSet<u32> = BTreeSet::new();
 
@@ -595,38 +596,77 @@ fn run(first_token: u64, start: u64, ops: &[Op]) -> Result<(), TestCaseError> {
             }
         }
 
-        check_step(
-            n,
-            op,
-            &mut core,
-            &model,
-            &stored_before,
-            &step,
-            &mut seen_tokens,
-            &mut highest,
-        )?;
+        check_keys(n, op, &core, &model, &stored_before)?;
+        tokens_seen.check(n, &core, &step)?;
+        if let Some(key) = op.key() {
+            check_changes(n, op, &mut core, key, &stored_before[key], &step)?;
+        } else {
+            prop_assert!(step.changes.is_empty());
+        }
     }
     Ok(())
 }
 
-#[allow(clippy::too_many_arguments)]
-fn check_step(
+/// Every token seen so far (issued, in a reply or in a state).
+struct TokensSeen {
+    seen: BTreeSet<u64>,
+    /// The counter after the previous step: every new token must be above it.
+    highest: u64,
+}
+
+impl TokensSeen {
+    /// Every newly issued token is above every token issued before (across
+    /// keys, releases and expiries), and live tokens are all distinct.
+    fn check(&mut self, n: usize, core: &Core, step: &Step) -> Result<(), TestCaseError> {
+        let mut live_tokens = BTreeSet::new();
+        for lock in &core.locks {
+            for h in lock.live(core.now) {
+                prop_assert!(
+                    live_tokens.insert(h.token),
+                    "step {}: token {} twice",
+                    n,
+                    h.token
+                );
+            }
+        }
+        let mut new_tokens: BTreeSet<u64> = step.replied.iter().copied().collect();
+        for lock in &core.locks {
+            new_tokens.extend(lock.holders().iter().map(|h| h.token));
+        }
+        new_tokens.retain(|t| !self.seen.contains(t));
+        for &t in &new_tokens {
+            prop_assert!(
+                t > self.highest,
+                "step {}: new token {} not above {}",
+                n,
+                t,
+                self.highest
+            );
+            prop_assert!(t <= MAX_TOKEN);
+        }
+        // The counter moves only by issuing, one token per new grant.
+        let last = core.tokens.last();
+        prop_assert!(last >= self.highest);
+        prop_assert!(new_tokens.len() as u64 <= last - self.highest);
+        self.highest = last;
+        self.seen.extend(new_tokens);
+        Ok(())
+    }
+}
+
+/// The state checks after any step, on every key.
+fn check_keys(
     n: usize,
     op: &Op,
-    core: &mut Core,
+    core: &Core,
     model: &Model,
     stored_before: &[Stored],
-    step: &Step,
-    seen_tokens: &mut BTreeSet<u64>,
-    highest: &mut u64,
 ) -> Result<(), TestCaseError> {
     let now = core.now;
     prop_assert_eq!(now, model.now);
     prop_assert_eq!(core.tokens.last(), model.last_token, "step {}: {:?}", n, op);
-
-    for key in 0..KEYS {
-        let lock = &core.locks[key];
-        // The live holders equal the model's.
+    for (key, (lock, queue)) in core.locks.iter().zip(&core.queues).enumerate() {
+        // The live holders and the waiters equal the model's.
         prop_assert_eq!(
             live_view(lock, now),
             model.live_view(key),
@@ -636,7 +676,7 @@ fn check_step(
             key
         );
         prop_assert_eq!(
-            queue_view(&core.queues[key]),
+            queue_view(queue),
             model.queue_view(key),
             "step {}: queue",
             n
@@ -683,95 +723,69 @@ fn check_step(
             prop_assert_eq!(&all, &stored_before[key], "step {}: key {} changed", n, key);
         }
     }
+    Ok(())
+}
 
-    // Live tokens are distinct across keys (each grant issues a new one).
-    let mut live_tokens = BTreeSet::new();
-    for lock in &core.locks {
-        for h in lock.live(now) {
-            prop_assert!(live_tokens.insert(h.token), "token {} twice", h.token);
+/// `Changes` lists exactly the owners whose stored state (holds, token,
+/// deadline, presence) changed, plus possibly owners answered with a grant or
+/// renewal that left their state equal (a re-entry at the same `now` with the
+/// same ttl rewrites an equal deadline). A replica fed with them stays equal.
+fn check_changes(
+    n: usize,
+    op: &Op,
+    core: &mut Core,
+    key: usize,
+    before: &Stored,
+    step: &Step,
+) -> Result<(), TestCaseError> {
+    let after = stored(&core.locks[key]);
+    let owners: BTreeSet<&Owner> = before.keys().chain(after.keys()).collect();
+    let differ: BTreeSet<Owner> = owners
+        .into_iter()
+        .filter(|o| before.get(*o) != after.get(*o))
+        .cloned()
+        .collect();
+    let listed: BTreeSet<Owner> = step.changes.owners().iter().cloned().collect();
+    prop_assert_eq!(
+        listed.len(),
+        step.changes.owners().len(),
+        "repeats in Changes"
+    );
+    prop_assert!(
+        differ.is_subset(&listed),
+        "step {}: {:?}: changed {:?} but Changes lists {:?}",
+        n,
+        op,
+        differ,
+        listed
+    );
+    let extra: BTreeSet<&Owner> = listed.difference(&differ).collect();
+    prop_assert!(
+        extra.iter().all(|o| step.answered_ok.contains(*o)),
+        "step {}: {:?}: Changes lists unchanged {:?}",
+        n,
+        op,
+        extra
+    );
+
+    // A replica applying exactly the listed owners' state stays equal.
+    // As replication.rs does, drops go first: `Changes` may list a
+    // re-granted owner before an expired one it purged in the same step.
+    let master = &core.locks[key];
+    let replica = &mut core.replicas[key];
+    for owner in step.changes.owners() {
+        if master.holder(owner).is_none() {
+            prop_assert!(replica.remove(owner), "step {}: drop of an absent owner", n);
         }
     }
-
-    // Every newly issued token is above every token issued before.
-    let mut new_tokens: BTreeSet<u64> = step.replied.iter().copied().collect();
-    for lock in &core.locks {
-        new_tokens.extend(lock.holders().iter().map(|h| h.token));
-    }
-    new_tokens.retain(|t| !seen_tokens.contains(t));
-    for &t in &new_tokens {
-        prop_assert!(
-            t > *highest,
-            "step {}: new token {} not above {}",
-            n,
-            t,
-            *highest
-        );
-        prop_assert!(t <= MAX_TOKEN);
-    }
-    // Tokens issued in one step are consecutive: the counter only moves by issuing.
-    prop_assert!(new_tokens.len() as u64 <= core.tokens.last() - *highest);
-    if let Some(&top) = new_tokens.iter().next_back() {
-        *highest = top;
-    }
-    *highest = (*highest).max(core.tokens.last());
-    seen_tokens.extend(new_tokens);
-
-    // Changes: exactly the owners whose stored state changed, plus possibly
-    // owners answered with a grant or renewal that left their state equal
-    // (a re-entry at the same `now` with the same ttl).
-    if let Some(key) = op.key() {
-        let before = &stored_before[key];
-        let after = stored(&core.locks[key]);
-        let owners: BTreeSet<&Owner> = before.keys().chain(after.keys()).collect();
-        let differ: BTreeSet<Owner> = owners
-            .into_iter()
-            .filter(|o| before.get(*o) != after.get(*o))
-            .cloned()
-            .collect();
-        let listed: BTreeSet<Owner> = step.changes.owners().iter().cloned().collect();
-        prop_assert_eq!(
-            listed.len(),
-            step.changes.owners().len(),
-            "repeats in Changes"
-        );
-        prop_assert!(
-            differ.is_subset(&listed),
-            "step {}: {:?}: changed {:?} but Changes lists {:?}",
-            n,
-            op,
-            differ,
-            listed
-        );
-        let extra: BTreeSet<&Owner> = listed.difference(&differ).collect();
-        prop_assert!(
-            extra.iter().all(|o| step.answered_ok.contains(*o)),
-            "step {}: {:?}: Changes lists unchanged {:?}",
-            n,
-            op,
-            extra
-        );
-
-        // A replica applying exactly the listed owners' state stays equal.
-        // As replication.rs does, drops go first: `Changes` may list a
-        // re-granted owner before an expired one it purged in the same step.
-        let master = &core.locks[key];
-        let replica = &mut core.replicas[key];
-        for owner in step.changes.owners() {
-            if master.holder(owner).is_none() {
-                prop_assert!(replica.remove(owner), "step {}: drop of an absent owner", n);
-            }
+    for owner in step.changes.owners() {
+        if let Some(h) = master.holder(owner) {
+            prop_assert_eq!(replica.put(master.mode(), h.clone()), Ok(()), "step {}", n);
         }
-        for owner in step.changes.owners() {
-            if let Some(h) = master.holder(owner) {
-                prop_assert_eq!(replica.put(master.mode(), h.clone()), Ok(()), "step {}", n);
-            }
-        }
-        prop_assert_eq!(stored(replica), after, "step {}: replica differs", n);
-        if !master.is_empty() {
-            prop_assert_eq!(replica.mode(), master.mode());
-        }
-    } else {
-        prop_assert!(step.changes.is_empty());
+    }
+    prop_assert_eq!(stored(replica), after, "step {}: replica differs", n);
+    if !master.is_empty() {
+        prop_assert_eq!(replica.mode(), master.mode());
     }
     Ok(())
 }
