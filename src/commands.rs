@@ -10,6 +10,7 @@ use crate::clock;
 use crate::core::{Attempt, Kind, Lock, Mode, Release};
 use crate::errors::LockError;
 use crate::keys::{api, LockKey};
+use crate::stats;
 use crate::store;
 use crate::waiting;
 
@@ -32,9 +33,16 @@ fn grant(ctx: &Context, args: Vec<RedisString>, kind: Kind) -> RedisResult {
     let grant = args::grant(args, kind)?;
     let (attempt, next_expiry) = store::update(ctx, &grant.key, |txn| {
         let queued = waiting::has_waiters(ctx, &grant.key);
+        let before = txn.tokens.last();
         let attempt =
             txn.lock
                 .try_acquire(&grant.request, queued, txn.now, txn.tokens, txn.changes);
+        if txn.tokens.last() != before {
+            stats::GRANTS.incr();
+        }
+        if matches!(attempt, Attempt::Granted(_)) {
+            txn.events.push(event_of(kind));
+        }
         (attempt, txn.lock.earliest_deadline())
     })?;
     match attempt {
@@ -42,9 +50,21 @@ fn grant(ctx: &Context, args: Vec<RedisString>, kind: Kind) -> RedisResult {
             Some(ms) if waiting::can_block(ctx) => {
                 waiting::block(ctx, grant.key, grant.request, ms, next_expiry)
             }
-            _ => Ok(RedisValue::Null),
+            _ => {
+                stats::REFUSALS.incr();
+                Ok(RedisValue::Null)
+            }
         },
         other => answer(other),
+    }
+}
+
+/// The keyspace event of a grant.
+pub fn event_of(kind: Kind) -> &'static str {
+    match kind {
+        Kind::Acquire => "lock.acquire",
+        Kind::Racquire => "lock.racquire",
+        Kind::Read => "lock.read",
     }
 }
 
@@ -64,12 +84,19 @@ pub fn answer(attempt: Attempt) -> RedisResult {
 pub fn release(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
     let release = args::release(args)?;
     let outcome = store::update(ctx, &release.key, |txn| {
-        txn.lock.release(&release.owner, txn.now, txn.changes)
+        let outcome = txn.lock.release(&release.owner, txn.now, txn.changes);
+        if outcome != Release::NotHeld {
+            txn.events.push("lock.release");
+        }
+        outcome
     })?;
     Ok(match outcome {
         Release::Last => RedisValue::Integer(1),
         Release::Remaining => RedisValue::Integer(0),
-        Release::NotHeld => RedisValue::Null,
+        Release::NotHeld => {
+            stats::RELEASES_NOT_HELD.incr();
+            RedisValue::Null
+        }
     })
 }
 
@@ -77,8 +104,13 @@ pub fn release(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
 pub fn renew(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
     let renew = args::renew(args)?;
     let renewed = store::update(ctx, &renew.key, |txn| {
-        txn.lock
-            .renew(&renew.owner, renew.ttl, txn.now, txn.changes)
+        let renewed = txn
+            .lock
+            .renew(&renew.owner, renew.ttl, txn.now, txn.changes);
+        if renewed {
+            txn.events.push("lock.renew");
+        }
+        renewed
     })?;
     Ok(RedisValue::Integer(i64::from(renewed)))
 }

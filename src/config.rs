@@ -1,13 +1,136 @@
-//! Module settings.
+//! Module settings, through the module config API (Redis 7.0+): set as
+//! `loadmodule` arguments (`loadmodule libredis_lock.so max-ttl 60000`), as
+//! `lock.<name> value` lines in redis.conf, or with `CONFIG SET lock.<name>`;
+//! read with `CONFIG GET lock.*`. Bounds are checked by Redis.
 
+use std::ffi::{c_char, c_int, c_longlong, c_void, CStr};
 use std::sync::atomic::{AtomicI64, Ordering};
 
-/// The default longest lease: 30 days, in milliseconds (inclusive).
-pub const DEFAULT_MAX_TTL_MS: i64 = 30 * 24 * 3600 * 1000;
+use redis_module::{raw, Context, RedisString, Status};
 
-static MAX_TTL_MS: AtomicI64 = AtomicI64::new(DEFAULT_MAX_TTL_MS);
+use crate::keys::api;
 
-/// The longest lease a grant or renewal may ask for.
+/// One numeric setting.
+pub struct Setting {
+    /// The name after `lock.`.
+    pub name: &'static CStr,
+    pub min: i64,
+    pub max: i64,
+    value: AtomicI64,
+}
+
+impl Setting {
+    const fn new(name: &'static CStr, default: i64, min: i64, max: i64) -> Setting {
+        Setting {
+            name,
+            min,
+            max,
+            value: AtomicI64::new(default),
+        }
+    }
+
+    pub fn get(&self) -> i64 {
+        self.value.load(Ordering::Relaxed)
+    }
+}
+
+/// The longest lease a grant or renewal may ask for, in ms (default 30 days).
+pub static MAX_TTL: Setting = Setting::new(c"max-ttl", 30 * 24 * 3600 * 1000, 1, 3_153_600_000_000);
+
+/// The most requests that may wait for one key; a WAIT beyond it is refused
+/// with an error (0: nobody may wait).
+pub static MAX_WAITERS: Setting = Setting::new(c"max-waiters", 10_000, 0, 1_000_000_000);
+
+const SETTINGS: [&Setting; 2] = [&MAX_TTL, &MAX_WAITERS];
+
 pub fn max_ttl_ms() -> i64 {
-    MAX_TTL_MS.load(Ordering::Relaxed)
+    MAX_TTL.get()
+}
+
+pub fn max_waiters() -> usize {
+    usize::try_from(MAX_WAITERS.get()).unwrap_or(0)
+}
+
+extern "C" fn get(_name: *const c_char, privdata: *mut c_void) -> c_longlong {
+    // SAFETY: privdata is one of the static settings above.
+    unsafe { privdata.cast::<Setting>().as_ref() }.map_or(0, Setting::get)
+}
+
+extern "C" fn set(
+    _name: *const c_char,
+    value: c_longlong,
+    privdata: *mut c_void,
+    _err: *mut *mut raw::RedisModuleString,
+) -> c_int {
+    // SAFETY: as in `get`. Redis has checked the bounds.
+    if let Some(setting) = unsafe { privdata.cast::<Setting>().as_ref() } {
+        setting.value.store(value, Ordering::Relaxed);
+    }
+    raw::REDISMODULE_OK as c_int
+}
+
+/// Reads `name value` pairs given to `loadmodule`; an unknown name or a value
+/// that is not an integer in range fails the load, with the reason logged.
+fn defaults_from_args(args: &[RedisString]) -> Result<(), String> {
+    let mut it = args.iter();
+    while let Some(name) = it.next() {
+        let setting = SETTINGS
+            .iter()
+            .find(|s| s.name.to_bytes().eq_ignore_ascii_case(name.as_slice()))
+            .ok_or_else(|| format!("unknown module argument '{}'", name.to_string_lossy()))?;
+        let value = it
+            .next()
+            .ok_or_else(|| format!("'{}' needs a value", name.to_string_lossy()))?
+            .parse_integer()
+            .ok()
+            .filter(|v| (setting.min..=setting.max).contains(v))
+            .ok_or_else(|| {
+                format!(
+                    "'{}' must be an integer from {} to {}",
+                    name.to_string_lossy(),
+                    setting.min,
+                    setting.max
+                )
+            })?;
+        setting.value.store(value, Ordering::Relaxed);
+    }
+    Ok(())
+}
+
+/// Registers every setting (defaults from the `loadmodule` arguments), then
+/// applies `lock.*` lines of the config file.
+pub fn register(ctx: &Context, args: &[RedisString]) -> Status {
+    if let Err(e) = defaults_from_args(args) {
+        ctx.log_warning(&format!("lock: {e}"));
+        return Status::Err;
+    }
+    if unsafe { raw::RedisModule_RegisterNumericConfig }.is_none() {
+        // Before Redis 7.0: the settings keep their defaults.
+        return Status::Ok;
+    }
+    for setting in SETTINGS {
+        let status = api!(RedisModule_RegisterNumericConfig(
+            ctx.ctx,
+            setting.name.as_ptr(),
+            setting.get(),
+            raw::REDISMODULE_CONFIG_DEFAULT,
+            setting.min,
+            setting.max,
+            Some(get),
+            Some(set),
+            None,
+            std::ptr::from_ref(setting).cast_mut().cast::<c_void>()
+        ));
+        if status != Some(raw::REDISMODULE_OK as c_int) {
+            ctx.log_warning(&format!(
+                "lock: could not register the setting {}",
+                setting.name.to_string_lossy()
+            ));
+            return Status::Err;
+        }
+    }
+    match api!(RedisModule_LoadConfigs(ctx.ctx)) {
+        Some(status) if status != raw::REDISMODULE_OK as c_int => Status::Err,
+        _ => Status::Ok,
+    }
 }

@@ -20,6 +20,8 @@ pub enum LockError {
     /// The owner holds the key exclusively and asked to read it.
     HeldExclusive,
     TooManyHolds,
+    /// The key already has `lock.max-waiters` (carried here) waiting requests.
+    TooManyWaiters(i64),
     TokensExhausted,
     /// `LOCK.SYNC` sent by an ordinary client.
     InternalCommand,
@@ -48,6 +50,9 @@ impl LockError {
                 "ERR owner holds this lock exclusively: release it before reading it".into()
             }
             LockError::TooManyHolds => "ERR owner has too many holds on this lock".into(),
+            LockError::TooManyWaiters(max) => {
+                format!("ERR too many clients wait for this lock (lock.max-waiters is {max})")
+            }
             LockError::TokensExhausted => "ERR no fencing token left to issue".into(),
             LockError::InternalCommand => {
                 "ERR LOCK.SYNC is internal: accepted only from the master or the AOF".into()

@@ -2,7 +2,9 @@
 //! MOVE, expiry or eviction of the key, FLUSHDB, FLUSHALL): their waiters are
 //! woken. Event callbacks must not write, so each affected key is handed to
 //! the timer (`timers::schedule` at "now"), which visits it right after.
+//! A lock Redis expires is also announced as the module event `lock.expired`.
 
+use std::cell::RefCell;
 use std::os::raw::{c_char, c_int, c_void};
 
 use redis_module::{raw, Context, RedisString, Status};
@@ -40,15 +42,38 @@ pub fn subscribe(ctx: &Context) -> Status {
     }
 }
 
+thread_local! {
+    /// The lock key Redis is deleting because every lease in it expired.
+    static EXPIRING: RefCell<Option<Vec<u8>>> = const { RefCell::new(None) };
+}
+
+/// Called by the type's unlink callback when Redis removes a lock whose
+/// leases all ran out; the `expired` event that follows announces it.
+pub fn expiring(key: &[u8]) {
+    EXPIRING.with(|e| *e.borrow_mut() = Some(key.to_vec()));
+}
+
 extern "C" fn on_key_event(
     raw_ctx: *mut raw::RedisModuleCtx,
-    _type: c_int,
+    class: c_int,
     _event: *const c_char,
     key: *mut raw::RedisModuleString,
 ) -> c_int {
     guard::callback("a keyspace event", raw::REDISMODULE_OK as c_int, || {
         let ctx = Context::new(raw_ctx);
-        let id = waiting::db_key(&ctx, RedisString::string_as_slice(key));
+        let name = RedisString::string_as_slice(key);
+        if class == raw::REDISMODULE_NOTIFY_EXPIRED {
+            let expired_lock = EXPIRING.with(|e| e.borrow_mut().take_if(|k| k.as_slice() == name));
+            if expired_lock.is_some() {
+                api!(RedisModule_NotifyKeyspaceEvent(
+                    raw_ctx,
+                    raw::REDISMODULE_NOTIFY_MODULE,
+                    c"lock.expired".as_ptr(),
+                    key
+                ));
+            }
+        }
+        let id = waiting::db_key(&ctx, name);
         if waiting::is_waited_on(&id) {
             timers::schedule(&ctx, id.0, &id.1, Some(clock::now_ms()));
         }

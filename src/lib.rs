@@ -38,6 +38,7 @@ mod keys;
 mod metadata;
 mod persistence;
 mod replication;
+mod stats;
 mod store;
 mod timers;
 mod waiting;
@@ -57,9 +58,15 @@ type Allocator = std::alloc::System;
 #[cfg(test)]
 const ALLOCATOR: Allocator = std::alloc::System;
 
-fn on_load(ctx: &Context, _args: &[RedisString]) -> Status {
+fn on_load(ctx: &Context, args: &[RedisString]) -> Status {
     ctx.set_module_options(ModuleOptions::HANDLE_IO_ERRORS);
-    if metadata::describe(ctx) == Status::Err || events::subscribe(ctx) == Status::Err {
+    let steps = [
+        config::register(ctx, args),
+        metadata::describe(ctx),
+        events::subscribe(ctx),
+        stats::register(ctx),
+    ];
+    if steps.contains(&Status::Err) {
         return Status::Err;
     }
     Status::Ok

@@ -1,6 +1,7 @@
 //! What each command tells Redis about itself: arity, key specs and the text
 //! of `COMMAND DOCS`, set with `RedisModule_SetCommandInfo` (Redis 7.0+).
-//! Flags are in the command table in `lib.rs`.
+//! ACL categories too, where the server has them. Flags are in the command
+//! table in `lib.rs`.
 //!
 //! Key specs make `COMMAND GETKEYS`, cluster routing and ACL key patterns work:
 //! LOCK.INFO only reads its key (`RO`), so an ACL `%R~pattern` allows it.
@@ -53,6 +54,9 @@ const WAIT: Arg = Arg {
 
 struct Doc {
     name: &'static CStr,
+    /// ACL categories where the server supports them (7.2+); `lock` is the
+    /// module's own category where the server can add one (7.4+, Valkey).
+    acl: &'static CStr,
     summary: &'static CStr,
     complexity: &'static CStr,
     arity: c_int,
@@ -65,6 +69,7 @@ const GRANT_ARGS: &[Arg] = &[K, OWNER, TTL, WAIT];
 const DOCS: &[Doc] = &[
     Doc {
         name: c"lock.acquire",
+        acl: c"write fast blocking",
         summary: c"Acquires an exclusive, non-reentrant lock for ttl milliseconds; returns a fencing token, or nil when the lock is held. WAIT blocks up to timeout ms (0: no limit).",
         complexity: c"O(1)",
         arity: -4,
@@ -73,6 +78,7 @@ const DOCS: &[Doc] = &[
     },
     Doc {
         name: c"lock.racquire",
+        acl: c"write fast blocking",
         summary: c"Acquires an exclusive, reentrant lock: the holder asking again adds a hold. Returns a fencing token, or nil when the lock is held.",
         complexity: c"O(1)",
         arity: -4,
@@ -81,6 +87,7 @@ const DOCS: &[Doc] = &[
     },
     Doc {
         name: c"lock.read",
+        acl: c"write fast blocking",
         summary: c"Acquires the shared (read) side of a read-write lock, reentrant per reader; returns the reader's fencing token, or nil while a writer holds or waits.",
         complexity: c"O(R), R the readers holding the lock",
         arity: -4,
@@ -89,6 +96,7 @@ const DOCS: &[Doc] = &[
     },
     Doc {
         name: c"lock.release",
+        acl: c"write fast",
         summary: c"Removes one of the owner's holds: 1 when its last hold is gone, 0 when it still holds, nil when it held nothing.",
         complexity: c"O(R + G), R the holders, G the waiters granted as a result",
         arity: 3,
@@ -97,6 +105,7 @@ const DOCS: &[Doc] = &[
     },
     Doc {
         name: c"lock.renew",
+        acl: c"write fast",
         summary: c"Sets the owner's lease to ttl milliseconds from now (holds unchanged): 1, or 0 when it holds nothing.",
         complexity: c"O(R), R the holders",
         arity: 4,
@@ -105,6 +114,7 @@ const DOCS: &[Doc] = &[
     },
     Doc {
         name: c"lock.info",
+        acl: c"read fast",
         summary: c"Describes a lock: mode, holders ([owner, holds, ttl-ms-left, token] each) and waiters; nil when free.",
         complexity: c"O(R), R the holders",
         arity: 2,
@@ -113,6 +123,7 @@ const DOCS: &[Doc] = &[
     },
     Doc {
         name: c"lock.sync",
+        acl: c"write",
         summary: c"Internal: applies one replicated lock effect (SET owner mode holds token deadline, or DROP owner). Accepted only from the master or the AOF.",
         complexity: c"O(R), R the holders",
         arity: -4,
@@ -190,15 +201,56 @@ fn describe_one(ctx: &Context, doc: &Doc) -> Result<(), String> {
     info.args = args.as_mut_ptr();
     // Redis copies what it keeps; the vectors may go when this returns.
     match api!(RedisModule_SetCommandInfo(command, &info)) {
-        Some(status) if status == raw::REDISMODULE_OK as c_int => Ok(()),
-        Some(_) => Err(format!("Redis refused the command info of {name}")),
+        Some(status) if status != raw::REDISMODULE_OK as c_int => {
+            return Err(format!("Redis refused the command info of {name}"));
+        }
         // Servers before 7.0 have no command info; the commands still work.
-        None => Ok(()),
+        _ => {}
+    }
+    set_acl_categories(ctx, command, doc);
+    Ok(())
+}
+
+/// `write fast lock` (say) where the server knows every category; the
+/// standard ones alone where it has no `lock` category; nothing on 7.0,
+/// which has no ACL categories for module commands.
+fn set_acl_categories(ctx: &Context, command: *mut raw::RedisModuleCommand, doc: &Doc) {
+    if unsafe { raw::RedisModule_SetCommandACLCategories }.is_none() {
+        return;
+    }
+    let standard = doc.acl.to_string_lossy();
+    let with_module = format!("{standard} lock");
+    for categories in [with_module.as_str(), &standard] {
+        let Ok(categories) = std::ffi::CString::new(categories) else {
+            continue;
+        };
+        let status = api!(RedisModule_SetCommandACLCategories(
+            command,
+            categories.as_ptr()
+        ));
+        if status == Some(raw::REDISMODULE_OK as c_int) {
+            return;
+        }
+    }
+    ctx.log_warning(&format!(
+        "lock: ACL categories '{standard}' refused for {}",
+        doc.name.to_string_lossy()
+    ));
+}
+
+/// The module's own ACL category, `@lock`, where the server can add one.
+fn add_acl_category(ctx: &Context) {
+    if unsafe { raw::RedisModule_AddACLCategory }.is_some()
+        && api!(RedisModule_AddACLCategory(ctx.ctx, c"lock".as_ptr()))
+            != Some(raw::REDISMODULE_OK as c_int)
+    {
+        ctx.log_warning("lock: could not add the ACL category 'lock'");
     }
 }
 
 /// Sets arity, key specs and docs of every command.
 pub fn describe(ctx: &Context) -> Status {
+    add_acl_category(ctx);
     for doc in DOCS {
         if let Err(e) = describe_one(ctx, doc) {
             ctx.log_warning(&format!("lock: {e}"));

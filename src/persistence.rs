@@ -16,10 +16,12 @@ use redis_module::native_types::RedisType;
 use redis_module::{raw, RedisString};
 
 use crate::core::{Holder, Lock, Mode};
+use crate::events;
 use crate::fencing;
 use crate::guard::callback as guard;
 use crate::keys::api;
 use crate::replication;
+use crate::stats;
 
 /// The encoding version this build writes; it reads every version up to it.
 pub const ENCODING_VERSION: i32 = 1;
@@ -40,7 +42,7 @@ pub static LOCK_TYPE: RedisType = RedisType::new(
         aux_save2: None,
         aux_save_triggers: raw::REDISMODULE_AUX_BEFORE_RDB as c_int,
         free_effort: None,
-        unlink: None,
+        unlink: Some(unlink),
         // COPY would duplicate holders and their tokens: refused.
         copy: None,
         defrag: None,
@@ -116,7 +118,10 @@ unsafe extern "C" fn rdb_load(rdb: *mut raw::RedisModuleIO, encver: c_int) -> *m
             return std::ptr::null_mut();
         }
         match load_lock(rdb) {
-            Some(lock) => Box::into_raw(Box::new(lock)).cast::<c_void>(),
+            Some(lock) => {
+                stats::value(1, lock.census());
+                Box::into_raw(Box::new(lock)).cast::<c_void>()
+            }
             None => {
                 redis_module::logging::log_warning("lock: refused a corrupt or short lock value");
                 std::ptr::null_mut()
@@ -213,7 +218,8 @@ unsafe extern "C" fn free(value: *mut c_void) {
     guard("free", (), || {
         if !value.is_null() {
             // SAFETY: a value of this type is a `Box<Lock>` we created.
-            drop(unsafe { Box::from_raw(value.cast::<Lock>()) });
+            let lock = unsafe { Box::from_raw(value.cast::<Lock>()) };
+            stats::value(-1, lock.census());
         }
     })
 }
@@ -239,6 +245,23 @@ unsafe extern "C" fn aux_load(rdb: *mut raw::RedisModuleIO, encver: c_int, when:
                 raw::REDISMODULE_OK as c_int
             }
             Err(_) => raw::REDISMODULE_ERR as c_int,
+        }
+    })
+}
+
+/// A lock key is leaving the keyspace. If every holder's lease had run out,
+/// Redis is expiring it: count the leases and let the `expired` event that
+/// follows announce `lock.expired` (`events.rs`).
+unsafe extern "C" fn unlink(key: *mut raw::RedisModuleString, value: *const c_void) {
+    guard("unlink", (), || {
+        // SAFETY: as in rdb_save.
+        let Some(lock) = (unsafe { value.cast::<Lock>().as_ref() }) else {
+            return;
+        };
+        let now = crate::clock::now_ms();
+        if !lock.is_empty() && !lock.is_held(now) {
+            stats::EXPIRED_LEASES.add(lock.holders().len());
+            events::expiring(RedisString::string_as_slice(key));
         }
     })
 }

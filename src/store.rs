@@ -7,8 +7,10 @@ use crate::clock;
 use crate::core::{Changes, Lock, Mode, Tokens};
 use crate::errors::LockError;
 use crate::fencing;
+use crate::keys::api;
 use crate::keys::LockKey;
 use crate::replication;
+use crate::stats;
 use crate::timers;
 use crate::waiting;
 
@@ -19,6 +21,8 @@ pub struct Txn<'a> {
     pub tokens: &'a mut Tokens,
     pub changes: &'a mut Changes,
     pub now: u64,
+    /// Keyspace events to fire once the key is written back.
+    pub events: Vec<&'static str>,
 }
 
 /// Runs a core transition on the lock at `name`, replicates its effect and
@@ -28,22 +32,31 @@ pub fn update<R>(
     name: &RedisString,
     op: impl FnOnce(&mut Txn) -> R,
 ) -> Result<R, LockError> {
-    let (result, visit) = modify(ctx, name, |lock| {
+    let (result, visit, events) = modify(ctx, name, |lock| {
         let mut changes = Changes::default();
         let mut txn = Txn {
             lock,
             tokens: &mut fencing::counter(),
             changes: &mut changes,
             now: clock::now_ms(),
+            events: Vec::new(),
         };
         let result = op(&mut txn);
         let waited_on = waiting::settle(ctx, name, &mut txn);
         let visit = next_visit(txn.lock, waited_on);
+        let mut events = txn.events;
+        if changes.expired() > 0 {
+            stats::EXPIRED_LEASES.add(changes.expired());
+            events.insert(0, "lock.expired");
+        }
         if !changes.is_empty() {
             replication::replicate(ctx, name, lock, &changes);
         }
-        Ok(((result, visit), !changes.is_empty()))
+        Ok(((result, visit, events), !changes.is_empty()))
     })?;
+    for event in events {
+        notify(ctx, event, name);
+    }
     if visit.is_some() || timers::any() {
         let (db, key) = waiting::db_key(ctx, name.as_slice());
         timers::schedule(ctx, db, &key, visit);
@@ -74,19 +87,39 @@ pub fn modify<R>(
     let existed = stored.is_some();
     let mut fresh = Lock::default();
     let lock = stored.unwrap_or(&mut fresh);
+    let before = lock.census();
     let (result, changed) = op(lock)?;
     if !changed {
         return Ok(result);
     }
+    stats::holders(-1, before);
+    stats::holders(1, lock.census());
     match lock.latest_deadline() {
         None if existed => key.delete(),
         None => {}
         Some(deadline) => {
             if !existed {
                 key.store(fresh)?;
+                stats::value(1, (0, 0));
             }
             key.expire_at(deadline);
         }
     }
     Ok(result)
+}
+
+/// Fires a module keyspace event (`notify-keyspace-events` class `d`), e.g.
+/// `__keyevent@0__:lock.acquire`.
+fn notify(ctx: &Context, event: &'static str, key: &RedisString) {
+    let Ok(event) = std::ffi::CString::new(event) else {
+        return;
+    };
+    let class =
+        std::ffi::c_int::try_from(redis_module::raw::REDISMODULE_NOTIFY_MODULE).unwrap_or(0);
+    api!(RedisModule_NotifyKeyspaceEvent(
+        ctx.ctx,
+        class,
+        event.as_ptr(),
+        key.inner
+    ));
 }

@@ -45,6 +45,11 @@ fn index() -> MutexGuard<'static, Index> {
     INDEX.lock().unwrap_or_else(|p| p.into_inner())
 }
 
+/// How many keys are indexed.
+pub fn len() -> usize {
+    index().by_key.len()
+}
+
 /// Whether any key is indexed (so a change may have to unindex one).
 pub fn any() -> bool {
     !index().by_key.is_empty()
@@ -138,7 +143,7 @@ fn visit(ctx: &Context, db: i32, key: &[u8]) {
         return;
     }
     let name = ctx.create_string(key);
-    if let Err(e) = store::update(ctx, &name, |_| ()) {
+    if let Err(e) = store::update(ctx, &name, |txn| txn.lock.purge(txn.now, txn.changes)) {
         crate::waiting::fail_all(ctx, db, key, e);
     }
 }

@@ -21,10 +21,12 @@ use std::sync::{LazyLock, Mutex, MutexGuard};
 use redis_module::{raw, Context, ContextFlags, RedisResult, RedisString, RedisValue};
 
 use crate::commands;
-use crate::core::{Attempt, Owner, Queue, Request};
+use crate::config;
+use crate::core::{Attempt, Kind, Owner, Queue, Request};
 use crate::errors::LockError;
 use crate::guard;
 use crate::keys::api;
+use crate::stats;
 use crate::store::Txn;
 use crate::timers::{self, DbKey};
 
@@ -35,6 +37,7 @@ struct Waiter {
     handle: *mut raw::RedisModuleBlockedClient,
     key: DbKey,
     owner: Owner,
+    kind: Kind,
 }
 
 /// A grant whose client disconnected before its reply: undone at the next visit.
@@ -76,6 +79,11 @@ pub fn db_key(ctx: &Context, key: &[u8]) -> DbKey {
     (db_of(ctx), key.to_vec())
 }
 
+/// How many requests wait, on every key.
+pub fn total() -> usize {
+    registry().waiters.len()
+}
+
 /// How many requests wait for `key` in the current database.
 pub fn waiters(ctx: &Context, key: &RedisString) -> usize {
     let registry = registry();
@@ -114,6 +122,10 @@ pub fn block(
     ms: u64,
     next_expiry: Option<u64>,
 ) -> RedisResult {
+    let key = db_key(ctx, key.as_slice());
+    if registry().queues.get(&key).map_or(0, Queue::len) >= config::max_waiters() {
+        return Err(LockError::TooManyWaiters(config::MAX_WAITERS.get()).into());
+    }
     let timeout = c_longlong::try_from(ms).unwrap_or(c_longlong::MAX);
     let handle = api!(RedisModule_BlockClient(
         ctx.ctx,
@@ -128,9 +140,10 @@ pub fn block(
         handle,
         Some(on_disconnect)
     ));
+    stats::WAITS.incr();
     let id = handle as WaiterId;
-    let key = db_key(ctx, key.as_slice());
     let owner = request.owner.clone();
+    let kind = request.kind;
     {
         let mut registry = registry();
         registry
@@ -144,6 +157,7 @@ pub fn block(
                 handle,
                 key: key.clone(),
                 owner,
+                kind,
             },
         );
     }
@@ -164,19 +178,26 @@ pub fn settle(ctx: &Context, name: &RedisString, txn: &mut Txn) -> bool {
         for r in revoked {
             if txn.lock.holder(&r.owner).map(|h| h.token) == Some(r.token) {
                 txn.lock.release(&r.owner, txn.now, txn.changes);
+                txn.events.push("lock.release");
             }
         }
     }
     let Some(queue) = registry.queues.get_mut(key) else {
         return false;
     };
+    let before = txn.tokens.last();
     let answered = queue.settle(txn.lock, txn.now, txn.tokens, txn.changes);
+    stats::GRANTS.add(usize::try_from(txn.tokens.last() - before).unwrap_or(0));
     let still_waiting = !queue.is_empty();
     if !still_waiting {
         registry.queues.remove(key);
     }
     for (id, attempt) in answered {
         if let Some(waiter) = registry.waiters.remove(&id) {
+            if let Attempt::Granted(_) = attempt {
+                stats::GRANTS_AFTER_WAIT.incr();
+                txn.events.push(commands::event_of(waiter.kind));
+            }
             unblock(waiter, Ok(attempt));
         }
     }
@@ -279,6 +300,7 @@ extern "C" fn on_timeout(
         if let Some(handle) = api!(RedisModule_GetBlockedClientHandle(raw_ctx)) {
             leave(&ctx, handle);
         }
+        stats::WAIT_TIMEOUTS.incr();
         ctx.reply(Ok(RedisValue::Null));
         raw::REDISMODULE_OK as c_int
     })

@@ -101,10 +101,12 @@ pub enum Release {
     NotHeld,
 }
 
-/// Owners whose state a transition changed, in order, without repeats.
+/// Owners whose state a transition changed, in order, without repeats, and
+/// how many of them left because their lease expired.
 #[derive(Default, Debug)]
 pub struct Changes {
     owners: Vec<Owner>,
+    expired: usize,
 }
 
 impl Changes {
@@ -120,6 +122,11 @@ impl Changes {
 
     pub fn owners(&self) -> &[Owner] {
         &self.owners
+    }
+
+    /// Holders dropped because their deadline had passed.
+    pub fn expired(&self) -> usize {
+        self.expired
     }
 }
 
@@ -215,6 +222,7 @@ impl Lock {
                 true
             } else {
                 changes.touch(&h.owner);
+                changes.expired += 1;
                 false
             }
         });
@@ -306,6 +314,15 @@ impl Lock {
                 true
             }
             None => false,
+        }
+    }
+
+    /// How many holders hold exclusively and how many share (expired ones
+    /// not yet dropped included).
+    pub fn census(&self) -> (usize, usize) {
+        match self.mode {
+            Mode::Exclusive => (self.holders.len(), 0),
+            Mode::Shared => (0, self.holders.len()),
         }
     }
 

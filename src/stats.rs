@@ -1,0 +1,115 @@
+//! The `INFO lock` section: what is held and waited for now, and counters
+//! since the server started.
+//!
+//! Gauges of stored state (keys, holders by mode) move with every write of a
+//! lock value, its load and its free (which Redis may run on a background
+//! thread, hence atomics). Holders whose lease expired but whom no command or
+//! timer has dropped yet still count.
+
+use std::ffi::{c_int, CStr};
+use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
+
+use redis_module::raw;
+
+use crate::guard;
+use crate::keys::api;
+use crate::{timers, waiting};
+
+pub struct Counter(AtomicU64);
+
+impl Counter {
+    const fn new() -> Counter {
+        Counter(AtomicU64::new(0))
+    }
+
+    pub fn add(&self, n: usize) {
+        self.0
+            .fetch_add(u64::try_from(n).unwrap_or(u64::MAX), Ordering::Relaxed);
+    }
+
+    pub fn incr(&self) {
+        self.add(1);
+    }
+
+    fn get(&self) -> u64 {
+        self.0.load(Ordering::Relaxed)
+    }
+}
+
+/// New holders granted (re-entries and retries not counted).
+pub static GRANTS: Counter = Counter::new();
+/// Of those, granted to a waiting client.
+pub static GRANTS_AFTER_WAIT: Counter = Counter::new();
+/// Grant requests answered nil at once (held, or others waiting).
+pub static REFUSALS: Counter = Counter::new();
+/// Requests that started waiting.
+pub static WAITS: Counter = Counter::new();
+/// Waiting requests that timed out.
+pub static WAIT_TIMEOUTS: Counter = Counter::new();
+/// Holders whose lease ended by expiry, not release: the sign of a ttl too short.
+pub static EXPIRED_LEASES: Counter = Counter::new();
+/// RELEASE by an owner holding nothing (never held, expired, someone else's).
+pub static RELEASES_NOT_HELD: Counter = Counter::new();
+
+static KEYS: AtomicI64 = AtomicI64::new(0);
+static HOLDERS_EXCLUSIVE: AtomicI64 = AtomicI64::new(0);
+static HOLDERS_SHARED: AtomicI64 = AtomicI64::new(0);
+
+fn delta(n: usize) -> i64 {
+    i64::try_from(n).unwrap_or(i64::MAX)
+}
+
+/// A lock value appeared (`+1`) or went (`-1`) with these holders.
+pub fn value(sign: i64, census: (usize, usize)) {
+    KEYS.fetch_add(sign, Ordering::Relaxed);
+    holders(sign, census);
+}
+
+/// Holders added (`+1`) or removed (`-1`) in a stored value.
+pub fn holders(sign: i64, (exclusive, shared): (usize, usize)) {
+    HOLDERS_EXCLUSIVE.fetch_add(sign * delta(exclusive), Ordering::Relaxed);
+    HOLDERS_SHARED.fetch_add(sign * delta(shared), Ordering::Relaxed);
+}
+
+/// Makes `INFO lock` (and `INFO everything`) show this section.
+pub fn register(ctx: &redis_module::Context) -> redis_module::Status {
+    match api!(RedisModule_RegisterInfoFunc(ctx.ctx, Some(info))) {
+        Some(status) if status == raw::REDISMODULE_OK as c_int => redis_module::Status::Ok,
+        _ => redis_module::Status::Err,
+    }
+}
+
+/// The `INFO lock` section.
+extern "C" fn info(ctx: *mut raw::RedisModuleInfoCtx, _for_crash_report: c_int) {
+    guard::callback("INFO", (), || {
+        let gauge = |g: &AtomicI64| g.load(Ordering::Relaxed);
+        let count = |n: usize| i64::try_from(n).unwrap_or(i64::MAX);
+        let fields: [(&CStr, i64); 13] = [
+            (c"keys", gauge(&KEYS)),
+            (c"holders_exclusive", gauge(&HOLDERS_EXCLUSIVE)),
+            (c"holders_shared", gauge(&HOLDERS_SHARED)),
+            (c"waiters", count(waiting::total())),
+            (c"timer_keys", count(timers::len())),
+            (c"grants", count_u(GRANTS.get())),
+            (c"grants_after_wait", count_u(GRANTS_AFTER_WAIT.get())),
+            (c"refusals", count_u(REFUSALS.get())),
+            (c"waits", count_u(WAITS.get())),
+            (c"wait_timeouts", count_u(WAIT_TIMEOUTS.get())),
+            (c"expired_leases", count_u(EXPIRED_LEASES.get())),
+            (c"releases_not_held", count_u(RELEASES_NOT_HELD.get())),
+            (c"last_token", count_u(crate::fencing::counter().last())),
+        ];
+        api!(RedisModule_InfoAddSection(ctx, c"".as_ptr().cast_mut()));
+        for (name, value) in fields {
+            api!(RedisModule_InfoAddFieldLongLong(
+                ctx,
+                name.as_ptr().cast_mut(),
+                value
+            ));
+        }
+    })
+}
+
+fn count_u(n: u64) -> i64 {
+    i64::try_from(n).unwrap_or(i64::MAX)
+}
