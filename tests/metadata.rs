@@ -1,0 +1,330 @@
+//! Command metadata: COMMAND INFO, COMMAND DOCS, COMMAND GETKEYS, COMMAND COUNT
+//! and MODULE LIST.
+
+mod common;
+
+use common::*;
+
+const GRANTS: [&str; 3] = ["lock.acquire", "lock.racquire", "lock.read"];
+const ALL: [&str; 6] = [
+    "lock.acquire",
+    "lock.racquire",
+    "lock.read",
+    "lock.release",
+    "lock.renew",
+    "lock.info",
+];
+
+fn arity(cmd: &str) -> i64 {
+    match cmd {
+        "lock.acquire" | "lock.racquire" | "lock.read" => -4,
+        "lock.release" => 3,
+        "lock.renew" => 4,
+        "lock.info" => 2,
+        other => panic!("unknown command {other}"),
+    }
+}
+
+fn strings(r: &Reply) -> Vec<String> {
+    r.array().iter().map(|x| x.str().to_lowercase()).collect()
+}
+
+#[test]
+fn command_info_for_every_command() {
+    let s = Server::start();
+    let mut c = s.conn();
+    for cmd in ALL {
+        let r = c.cmd(&["COMMAND", "INFO", cmd]);
+        let entries = r.array();
+        assert_eq!(entries.len(), 1, "COMMAND INFO {cmd}: {r:?}");
+        assert!(!entries[0].is_nil(), "COMMAND INFO {cmd}: unknown command");
+        let e = entries[0].array();
+        assert!(
+            e.len() >= 10,
+            "COMMAND INFO {cmd} has 10 fields in 7.0: {r:?}"
+        );
+        assert_eq!(e[0].str().to_lowercase(), cmd, "name");
+        assert_eq!(e[1].int(), arity(cmd), "{cmd}: arity");
+        let flags = strings(&e[2]);
+        let has = |f: &str| flags.iter().any(|x| x == f);
+        if cmd == "lock.info" {
+            assert!(has("readonly"), "{cmd}: flags {flags:?}");
+            assert!(!has("write"), "{cmd}: flags {flags:?}");
+        } else {
+            assert!(has("write"), "{cmd}: flags {flags:?}");
+            assert!(!has("readonly"), "{cmd}: flags {flags:?}");
+        }
+        if GRANTS.contains(&cmd) {
+            assert!(has("denyoom"), "{cmd}: flags {flags:?}");
+        }
+        if cmd == "lock.release" {
+            assert!(
+                !has("denyoom"),
+                "RELEASE must work when memory is full: {flags:?}"
+            );
+        }
+        if ["lock.release", "lock.renew", "lock.acquire"].contains(&cmd) {
+            assert!(has("fast"), "{cmd}: flags {flags:?}");
+        }
+        assert_eq!(e[3].int(), 1, "{cmd}: first key");
+        assert_eq!(e[4].int(), 1, "{cmd}: last key");
+        assert_eq!(e[5].int(), 1, "{cmd}: step");
+        // Key specs (field 9).
+        let specs = e[8].array();
+        assert_eq!(specs.len(), 1, "{cmd}: one key spec: {:?}", e[8]);
+        let spec = &specs[0];
+        let spec_flags: Vec<String> = spec
+            .get("flags")
+            .unwrap_or_else(|| panic!("{cmd}: key spec without flags: {spec:?}"))
+            .array()
+            .iter()
+            .map(|f| f.str())
+            .collect();
+        if cmd == "lock.info" {
+            assert!(
+                spec_flags.iter().any(|f| f == "RO"),
+                "{cmd}: {spec_flags:?}"
+            );
+            assert!(
+                !spec_flags.iter().any(|f| f == "RW"),
+                "{cmd}: {spec_flags:?}"
+            );
+        } else {
+            assert!(
+                spec_flags.iter().any(|f| f == "RW"),
+                "{cmd}: {spec_flags:?}"
+            );
+        }
+        let begin = spec.get("begin_search").expect("begin_search");
+        assert_eq!(
+            begin.get("type").map(|t| t.str()).as_deref(),
+            Some("index"),
+            "{cmd}: {begin:?}"
+        );
+        let spec_idx = begin.get("spec").expect("begin_search spec");
+        assert_eq!(
+            spec_idx.get("index"),
+            Some(Reply::Int(1)),
+            "{cmd}: {begin:?}"
+        );
+        let find = spec.get("find_keys").expect("find_keys");
+        assert_eq!(
+            find.get("type").map(|t| t.str()).as_deref(),
+            Some("range"),
+            "{cmd}: {find:?}"
+        );
+        let range = find.get("spec").expect("find_keys spec");
+        assert_eq!(range.get("lastkey"), Some(Reply::Int(0)), "{cmd}: {find:?}");
+    }
+    // Upper case names work too.
+    let r = c.cmd(&["COMMAND", "INFO", "LOCK.ACQUIRE"]);
+    assert!(!r.array()[0].is_nil());
+}
+
+/// Every argument name in a COMMAND DOCS argument list, nested blocks included,
+/// with its token (if any) and whether it is optional.
+fn collect_args(args: &Reply, out: &mut Vec<(String, Option<String>, bool)>) {
+    for a in args.array() {
+        let name = a.get("name").map(|n| n.str()).unwrap_or_default();
+        let token = a.get("token").map(|t| t.str());
+        let optional = a
+            .get("flags")
+            .map(|f| strings(&f).iter().any(|x| x == "optional"))
+            .unwrap_or(false);
+        out.push((name.to_lowercase(), token, optional));
+        if let Some(inner) = a.get("arguments") {
+            collect_args(&inner, out);
+        }
+    }
+}
+
+#[test]
+fn command_docs_for_every_command() {
+    let s = Server::start();
+    let mut c = s.conn();
+    for cmd in ALL {
+        let r = c.cmd(&["COMMAND", "DOCS", cmd]);
+        let pairs = r.pairs();
+        assert_eq!(pairs.len(), 1, "COMMAND DOCS {cmd}: {r:?}");
+        assert_eq!(pairs[0].0.to_lowercase(), cmd);
+        let doc = &pairs[0].1;
+        let summary = doc
+            .get("summary")
+            .unwrap_or_else(|| panic!("{cmd}: no summary: {doc:?}"));
+        assert!(!summary.str().trim().is_empty(), "{cmd}: empty summary");
+        let args = doc
+            .get("arguments")
+            .unwrap_or_else(|| panic!("{cmd}: no arguments: {doc:?}"));
+        let mut names = Vec::new();
+        collect_args(&args, &mut names);
+        let has = |n: &str| names.iter().any(|(x, _, _)| x == n);
+        assert!(has("key"), "{cmd}: arguments {names:?}");
+        if cmd != "lock.info" {
+            assert!(has("owner"), "{cmd}: arguments {names:?}");
+        }
+        if GRANTS.contains(&cmd) || cmd == "lock.renew" {
+            assert!(has("ttl"), "{cmd}: arguments {names:?}");
+        }
+        let wait = names.iter().find(|(n, t, _)| {
+            n == "wait" || t.as_deref().map(|t| t.eq_ignore_ascii_case("WAIT")) == Some(true)
+        });
+        if GRANTS.contains(&cmd) {
+            let (_, _, optional) =
+                wait.unwrap_or_else(|| panic!("{cmd}: no WAIT argument: {names:?}"));
+            assert!(optional, "{cmd}: WAIT is optional: {names:?}");
+            assert!(
+                names.iter().any(
+                    |(_, t, _)| t.as_deref().map(|t| t.eq_ignore_ascii_case("WAIT")) == Some(true)
+                ),
+                "{cmd}: the WAIT argument has the token WAIT: {names:?}"
+            );
+        } else {
+            assert!(wait.is_none(), "{cmd}: no WAIT here: {names:?}");
+        }
+        // The key argument is tied to the key spec.
+        let first = &args.array()[0];
+        assert_eq!(
+            first.get("type").map(|t| t.str()).as_deref(),
+            Some("key"),
+            "{cmd}: {first:?}"
+        );
+    }
+    // In RESP3 it is a map.
+    let mut c3 = s.conn();
+    c3.hello3();
+    let r = c3.cmd(&["COMMAND", "DOCS", "lock.acquire"]);
+    assert!(matches!(r, Reply::Map(_)), "{r:?}");
+}
+
+#[test]
+fn command_getkeys_returns_the_key() {
+    let s = Server::start();
+    let mut c = s.conn();
+    for args in [
+        vec!["LOCK.ACQUIRE", "the-key", "o", "1000"],
+        vec!["LOCK.ACQUIRE", "the-key", "o", "1000", "WAIT", "10"],
+        vec!["LOCK.RACQUIRE", "the-key", "o", "1000"],
+        vec!["LOCK.READ", "the-key", "o", "1000", "WAIT", "0"],
+        vec!["LOCK.RELEASE", "the-key", "o"],
+        vec!["LOCK.RENEW", "the-key", "o", "1000"],
+        vec!["LOCK.INFO", "the-key"],
+    ] {
+        let mut full = vec!["COMMAND", "GETKEYS"];
+        full.extend(&args);
+        let r = c.cmd(&full);
+        assert_eq!(
+            r,
+            Reply::Array(vec![Reply::Bulk(b"the-key".to_vec())]),
+            "{args:?}"
+        );
+    }
+    // COMMAND GETKEYSANDFLAGS tells the access.
+    let r = c.cmd(&["COMMAND", "GETKEYSANDFLAGS", "LOCK.INFO", "k"]);
+    let e = r.array()[0].array();
+    assert!(strings(&e[1]).contains(&"ro".to_string()), "{r:?}");
+    let r = c.cmd(&["COMMAND", "GETKEYSANDFLAGS", "LOCK.ACQUIRE", "k", "o", "10"]);
+    let e = r.array()[0].array();
+    assert!(strings(&e[1]).contains(&"rw".to_string()), "{r:?}");
+}
+
+#[test]
+fn command_count_grows_and_module_list_shows_lock() {
+    let plain = Server::builder().without_module().start();
+    let with = Server::start();
+    let base = plain.conn().cmd(&["COMMAND", "COUNT"]).int();
+    let n = with.conn().cmd(&["COMMAND", "COUNT"]).int();
+    assert!(
+        n >= base + 6,
+        "COMMAND COUNT {n} with the module, {base} without"
+    );
+    let r = with.conn().cmd(&["MODULE", "LIST"]);
+    let names: Vec<String> = r
+        .array()
+        .iter()
+        .map(|m| m.get("name").expect("module name").str())
+        .collect();
+    assert!(names.iter().any(|n| n == "lock"), "MODULE LIST: {r:?}");
+    // Every command is listed by COMMAND LIST FILTERBY MODULE.
+    let r = with
+        .conn()
+        .cmd(&["COMMAND", "LIST", "FILTERBY", "MODULE", "lock"]);
+    let listed: Vec<String> = strings(&r);
+    for cmd in ALL {
+        assert!(listed.contains(&cmd.to_string()), "{cmd} not in {listed:?}");
+    }
+}
+
+#[test]
+fn acl_key_patterns_follow_the_key_specs() {
+    let s = Server::start();
+    let mut admin = s.conn();
+    admin
+        .cmd(&[
+            "ACL",
+            "SETUSER",
+            "reader",
+            "on",
+            ">pw",
+            "%R~lock:*",
+            "+@all",
+        ])
+        .ok();
+    admin
+        .cmd(&["ACL", "SETUSER", "writer", "on", ">pw", "~lock:*", "+@all"])
+        .ok();
+    let t = admin.acquire("lock:a", "o", 60_000).int();
+    admin.acquire("other:a", "o", 60_000).int();
+
+    // Read-only key access: LOCK.INFO only.
+    let mut r = s.conn();
+    r.cmd(&["AUTH", "reader", "pw"]).ok();
+    let info = r
+        .lock_info("lock:a")
+        .expect("LOCK.INFO allowed by %R~lock:*");
+    assert_eq!(info.holder("o").token, t);
+    for args in [
+        vec!["LOCK.ACQUIRE", "lock:b", "o", "1000"],
+        vec!["LOCK.RACQUIRE", "lock:b", "o", "1000"],
+        vec!["LOCK.READ", "lock:b", "o", "1000"],
+        vec!["LOCK.RELEASE", "lock:a", "o"],
+        vec!["LOCK.RENEW", "lock:a", "o", "1000"],
+        vec!["LOCK.INFO", "other:a"],
+    ] {
+        let reply = r.cmd(&args);
+        assert!(
+            matches!(&reply, Reply::Error(e) if e.starts_with("NOPERM")),
+            "{args:?} as reader: {reply:?}"
+        );
+    }
+    // Full access to lock:* only.
+    let mut w = s.conn();
+    w.cmd(&["AUTH", "writer", "pw"]).ok();
+    assert!(w.acquire("lock:b", "o", 1_000).int() > t);
+    assert_eq!(w.release("lock:b", "o").int(), 1);
+    let reply = w.acquire("other:b", "o", 1_000);
+    assert!(
+        matches!(&reply, Reply::Error(e) if e.starts_with("NOPERM")),
+        "{reply:?}"
+    );
+    assert_eq!(
+        admin
+            .lock_info("lock:a")
+            .expect("unchanged")
+            .holder("o")
+            .token,
+        t
+    );
+}
+
+#[test]
+fn scan_finds_lock_keys_by_type() {
+    let s = Server::start();
+    let mut c = s.conn();
+    c.acquire("l1", "o", 60_000).int();
+    c.read("l2", "o", 60_000).int();
+    c.cmd(&["SET", "str", "v"]).ok();
+    let r = c.cmd(&["SCAN", "0", "COUNT", "1000", "TYPE", TYPE_NAME]);
+    let mut keys: Vec<String> = r.array()[1].array().iter().map(|k| k.str()).collect();
+    keys.sort();
+    assert_eq!(keys, ["l1", "l2"]);
+}

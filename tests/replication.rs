@@ -1,0 +1,346 @@
+//! Replication: a replica's LOCK.INFO and PTTL equal the master's after every
+//! kind of change; refused and bad requests replicate nothing; a replica refuses
+//! writes; a promoted replica issues tokens above everything it received.
+
+mod common;
+
+use common::*;
+
+/// ttl-ms-left on the master and the replica may differ by the time between
+/// the two reads; generous for a noisy machine.
+const SLACK_MS: i64 = 100;
+
+#[track_caller]
+fn token(r: Reply) -> i64 {
+    let t = r.int();
+    assert!(t > 0, "a token is a positive integer, got {t}");
+    t
+}
+
+/// A master whose replication offset moves only with what it replicates (no
+/// periodic PING to replicas during a test).
+fn quiet_master() -> Server {
+    Server::builder()
+        .config("repl-ping-replica-period 3600")
+        .start()
+}
+
+/// Asserts LOCK.INFO and PTTL of `keys` are the same on both servers.
+#[track_caller]
+fn assert_replicated(master: &Server, replica: &Server, keys: &[&[u8]], what: &str) {
+    wait_for_sync(master, replica);
+    let mut m = master.conn();
+    let mut r = replica.conn();
+    for k in keys {
+        let mi = m.lock_info(k);
+        let ri = r.lock_info(k);
+        let what_k = format!("{what}: key {}", show(k));
+        assert_same_lock(&mi, &ri, SLACK_MS, &what_k);
+        let mp = m.pttl(k);
+        let rp = r.pttl(k);
+        if mp < 0 || rp < 0 {
+            // -2: no key (or expired), -1: no TTL. An expired key may still be
+            // listed by one side before its expiry reaches the other.
+            if mi.is_some() {
+                assert_eq!(mp, rp, "{what_k}: PTTL on master and replica");
+            }
+        } else {
+            assert!(
+                (mp - rp).abs() <= SLACK_MS,
+                "{what_k}: PTTL {mp} (master) vs {rp} (replica)"
+            );
+        }
+    }
+}
+
+#[test]
+fn the_replicas_lock_info_equals_the_masters() {
+    let master = Server::start();
+    let replica = Server::start();
+    replica.replicaof(&master);
+    let mut m = master.conn();
+    let keys: &[&[u8]] = &[b"x", b"r", b"s", b"e", b"bin\0"];
+
+    let t = token(m.acquire("x", "a", 60_000));
+    assert_replicated(&master, &replica, keys, "ACQUIRE");
+    // Idempotent retry: deadline reset.
+    sleep_ms(50);
+    assert_eq!(token(m.acquire("x", "a", 90_000)), t);
+    assert_replicated(&master, &replica, keys, "ACQUIRE retry");
+    // Reentrant holds.
+    for _ in 0..3 {
+        token(m.racquire("r", "a", 50_000));
+    }
+    assert_replicated(&master, &replica, keys, "RACQUIRE x3");
+    assert_eq!(
+        replica.conn().lock_info("r").expect("r").holder("a").holds,
+        3
+    );
+    assert_eq!(m.release("r", "a").int(), 0);
+    assert_replicated(&master, &replica, keys, "RELEASE (0)");
+    assert_eq!(
+        replica.conn().lock_info("r").expect("r").holder("a").holds,
+        2
+    );
+    // Readers.
+    token(m.read("s", "r1", 40_000));
+    token(m.read("s", "r2", 70_000));
+    token(m.read("s", "r1", 45_000));
+    assert_replicated(&master, &replica, keys, "READ");
+    assert_eq!(m.release("s", "r2").int(), 1);
+    assert_replicated(&master, &replica, keys, "RELEASE of a reader");
+    // RENEW.
+    assert_eq!(m.renew("x", "a", 120_000).int(), 1);
+    assert_eq!(m.renew("s", "r1", 10_000).int(), 1);
+    assert_replicated(&master, &replica, keys, "RENEW");
+    // Binary owner.
+    token(m.cmd(&[b"LOCK.ACQUIRE".as_slice(), b"bin\0", b"o\0\xff", b"30000"]));
+    assert_replicated(&master, &replica, keys, "binary owner");
+    // Release to free.
+    assert_eq!(m.release("r", "a").int(), 0);
+    assert_eq!(m.release("r", "a").int(), 1);
+    assert_replicated(&master, &replica, keys, "RELEASE (1)");
+    assert!(replica.conn().lock_info("r").is_none());
+    assert_eq!(replica.conn().cmd(&["EXISTS", "r"]).int(), 0);
+    // Expiry.
+    token(m.acquire("e", "a", 400));
+    assert_replicated(&master, &replica, keys, "short lease");
+    sleep_ms(600);
+    assert!(
+        replica.conn().lock_info("e").is_none(),
+        "expired on the replica"
+    );
+    assert!(m.lock_info("e").is_none(), "expired on the master");
+    // A new grant after the expiry.
+    let t2 = token(m.acquire("e", "b", 30_000));
+    assert_replicated(&master, &replica, keys, "grant after expiry");
+    assert_eq!(
+        replica.conn().lock_info("e").expect("e").holder("b").token,
+        t2
+    );
+    // DEL frees on both.
+    m.cmd(&["DEL", "x"]).int();
+    assert_replicated(&master, &replica, keys, "DEL");
+    assert!(replica.conn().lock_info("x").is_none());
+}
+
+#[test]
+fn expiry_on_the_replica_needs_no_delete_from_the_master() {
+    let master = Server::start();
+    let replica = Server::start();
+    replica.replicaof(&master);
+    let mut m = master.conn();
+    m.cmd(&["DEBUG", "SET-ACTIVE-EXPIRE", "0"]).ok();
+    let start = std::time::Instant::now();
+    token(m.acquire("k", "a", 500));
+    // No Redis TTL: the master never deletes the key, so the replica must judge
+    // the deadline itself.
+    assert_eq!(m.cmd(&["PERSIST", "k"]).int(), 1);
+    token(m.read("s", "r1", 500));
+    let t2 = token(m.read("s", "r2", 60_000));
+    wait_for_sync(&master, &replica);
+    let mut r = replica.conn();
+    let listed = r.lock_info("k").is_some();
+    assert!(
+        listed || start.elapsed().as_millis() >= 500,
+        "the replica got the lock"
+    );
+    sleep_ms(700);
+    assert!(
+        r.lock_info("k").is_none(),
+        "the replica still lists an expired holder"
+    );
+    let s = r.lock_info("s").expect("r2 still reads");
+    assert_eq!(s.holders.len(), 1, "{s:?}");
+    assert_eq!(s.holder("r2").token, t2);
+}
+
+#[test]
+fn a_replica_that_syncs_late_gets_the_same_state() {
+    // Full sync (RDB transfer) rather than the command stream.
+    let master = Server::start();
+    let mut m = master.conn();
+    let mut max = 0;
+    max = max.max(token(m.racquire("r", "a", 60_000)));
+    token(m.racquire("r", "a", 60_000));
+    max = max.max(token(m.read("s", "r1", 50_000)));
+    max = max.max(token(m.read("s", "r2", 80_000)));
+    max = max.max(token(m.acquire("x", "a", 70_000)));
+    assert_eq!(m.cmd(&["PERSIST", "x"]).int(), 1);
+    for i in 0..5 {
+        max = max.max(token(m.acquire(&format!("gone{i}"), "a", 60_000)));
+        assert_eq!(m.release(&format!("gone{i}"), "a").int(), 1);
+    }
+    let replica = Server::start();
+    replica.replicaof(&master);
+    assert_replicated(
+        &master,
+        &replica,
+        &[b"r", b"s", b"x", b"gone0"],
+        "full sync",
+    );
+    replica.promote();
+    let mut r = replica.conn();
+    let t = token(r.acquire("new", "b", 10_000));
+    assert!(
+        t > max,
+        "promoted replica issued {t}, master had issued up to {max}"
+    );
+}
+
+#[test]
+fn a_refused_or_bad_request_replicates_nothing() {
+    let master = quiet_master();
+    let replica = Server::start();
+    replica.replicaof(&master);
+    let mut m = master.conn();
+    m.cmd(&["SET", "str", "v"]).ok();
+    token(m.racquire("k", "o", 100_000));
+    token(m.racquire("k", "o", 100_000));
+    token(m.read("sh", "o", 100_000));
+    token(m.read("sh", "r2", 100_000));
+    wait_for_sync(&master, &replica);
+    let offset = master.repl_offset();
+
+    // Refusals.
+    assert!(m.acquire("k", "b", 10_000).is_nil());
+    assert!(m.racquire("k", "b", 10_000).is_nil());
+    assert!(m.read("k", "b", 10_000).is_nil());
+    assert!(m.acquire("sh", "w", 10_000).is_nil());
+    assert_eq!(
+        master.repl_offset(),
+        offset,
+        "a refused grant was replicated"
+    );
+    // Nothing held: RELEASE nil, RENEW 0.
+    assert!(m.release("k", "b").is_nil());
+    assert!(m.release("free", "b").is_nil());
+    assert_eq!(m.renew("k", "b", 10_000).int(), 0);
+    assert_eq!(m.renew("free", "b", 10_000).int(), 0);
+    assert_eq!(
+        master.repl_offset(),
+        offset,
+        "a RELEASE/RENEW of nothing was replicated"
+    );
+    // Mode-change errors.
+    assert!(m.acquire("sh", "o", 10_000).is_err());
+    assert!(m.read("k", "o", 10_000).is_err());
+    // LOCK.INFO.
+    m.lock_info("k");
+    m.lock_info("free");
+    assert_eq!(
+        master.repl_offset(),
+        offset,
+        "an error or LOCK.INFO was replicated"
+    );
+    // Every bad input, on a held, a shared and a free key.
+    for (key, holder) in [("k", "o"), ("sh", "o"), ("free", "o")] {
+        for (args, expect) in bad_inputs(key, holder, "str") {
+            let r = m.cmdv(&args);
+            expect.check(&args, &r);
+            let now = master.repl_offset();
+            assert_eq!(
+                now,
+                offset,
+                "{:?} was replicated",
+                args.iter().map(|a| show(a)).collect::<Vec<_>>()
+            );
+        }
+    }
+    // The replica agrees, and a real change does move the offset.
+    assert_replicated(
+        &master,
+        &replica,
+        &[b"k", b"sh", b"free"],
+        "after bad input",
+    );
+    assert_eq!(m.release("k", "o").int(), 0);
+    assert!(
+        master.repl_offset() > offset,
+        "a RELEASE was not replicated"
+    );
+    assert_replicated(&master, &replica, &[b"k"], "after a RELEASE");
+    m.ping();
+    replica.conn().ping();
+}
+
+#[test]
+fn a_replica_refuses_writes_and_answers_lock_info() {
+    let master = Server::start();
+    let replica = Server::start();
+    replica.replicaof(&master);
+    let mut m = master.conn();
+    let t = token(m.acquire("k", "a", 60_000));
+    wait_for_sync(&master, &replica);
+    let mut r = replica.conn();
+    for args in [
+        vec!["LOCK.ACQUIRE", "k", "a", "1000"],
+        vec!["LOCK.ACQUIRE", "free", "a", "1000"],
+        vec!["LOCK.RACQUIRE", "free", "a", "1000"],
+        vec!["LOCK.READ", "free", "a", "1000"],
+        vec!["LOCK.ACQUIRE", "free", "a", "1000", "WAIT", "0"],
+        vec!["LOCK.RELEASE", "k", "a"],
+        vec!["LOCK.RENEW", "k", "a", "1000"],
+    ] {
+        let reply = r.cmd(&args);
+        assert!(
+            matches!(&reply, Reply::Error(e) if e.starts_with("READONLY")),
+            "{args:?} on a replica: {reply:?}"
+        );
+    }
+    let i = r.lock_info("k").expect("LOCK.INFO on the replica");
+    assert_eq!(i.holder("a").token, t);
+    assert!(r.lock_info("free").is_none());
+    assert_replicated(&master, &replica, &[b"k", b"free"], "after refused writes");
+    // In RESP3 too.
+    let mut r3 = replica.conn();
+    r3.hello3();
+    assert!(matches!(r3.cmd(&["LOCK.INFO", "k"]), Reply::Map(_)));
+}
+
+#[test]
+fn a_promoted_replica_issues_tokens_above_every_token_it_received() {
+    let mut master = Server::start();
+    let replica = Server::start();
+    replica.replicaof(&master);
+    let mut m = master.conn();
+    let mut max = 0;
+    for i in 0..10 {
+        let key = format!("k{i}");
+        max = max.max(token(m.acquire(&key, "a", 60_000)));
+        if i % 2 == 0 {
+            assert_eq!(m.release(&key, "a").int(), 1);
+        }
+    }
+    max = max.max(token(m.read("s", "r1", 60_000)));
+    max = max.max(token(m.read("s", "r2", 60_000)));
+    assert_eq!(m.release("s", "r2").int(), 1);
+    // The last tokens issued are released ones.
+    for i in 0..5 {
+        max = max.max(token(m.acquire("last", &format!("o{i}"), 60_000)));
+        assert_eq!(m.release("last", &format!("o{i}")).int(), 1);
+    }
+    max = max.max(token(m.acquire("short", "a", 100)));
+    wait_for_sync(&master, &replica);
+    let keys: &[&[u8]] = &[b"k1", b"k3", b"s", b"last"];
+    let mut r = replica.conn();
+    let before: Vec<_> = keys.iter().map(|k| r.lock_info(k)).collect();
+    master.kill9();
+    replica.promote();
+    sleep_ms(200); // "short" expires
+    let mut r = replica.conn();
+    // The locks it received still hold.
+    for (k, b) in keys.iter().zip(&before) {
+        let a = r.lock_info(k);
+        assert_same_lock(b, &a, 1_000, &format!("key {} after promotion", show(k)));
+    }
+    assert!(r.acquire("k1", "b", 10_000).is_nil());
+    assert!(r.lock_info("short").is_none());
+    let t1 = token(r.acquire("short", "b", 10_000));
+    let t2 = token(r.acquire("k0", "b", 10_000));
+    let t3 = token(r.read("s", "r3", 10_000));
+    assert!(
+        t1 > max && t2 > t1 && t3 > t2,
+        "{t1}, {t2}, {t3} after {max}"
+    );
+}
