@@ -1,6 +1,6 @@
 //! Locks freed by something other than a lock command (DEL, UNLINK, RENAME,
-//! MOVE, expiry or eviction of the key, FLUSHDB, FLUSHALL): their waiters are
-//! woken. Event callbacks must not write, so each affected key is handed to
+//! MOVE, expiry or eviction of the key, a write of another type over it,
+//! FLUSHDB, FLUSHALL, SWAPDB): their waiters are woken. Event callbacks must not write, so each affected key is handed to
 //! the timer (`timers::schedule` at "now"), which visits it right after.
 //! A lock Redis expires is also announced as the module event `lock.expired`.
 
@@ -15,27 +15,26 @@ use crate::keys::api;
 use crate::timers;
 use crate::waiting;
 
-/// Subscribes to the keyspace and flush events that can free a lock.
+/// Subscribes to the keyspace and server events that can free a lock. Every
+/// class of keyspace event but the module's own is heard (a `SET` over a lock
+/// key is a `string` event), and while nobody waits the callback returns at once.
 pub fn subscribe(ctx: &Context) -> Status {
-    let types = raw::REDISMODULE_NOTIFY_GENERIC
-        | raw::REDISMODULE_NOTIFY_EXPIRED
-        | raw::REDISMODULE_NOTIFY_EVICTED;
     let keyspace = api!(RedisModule_SubscribeToKeyspaceEvents(
         ctx.ctx,
-        types,
+        raw::REDISMODULE_NOTIFY_ALL & !raw::REDISMODULE_NOTIFY_MODULE,
         Some(on_key_event)
     ));
-    let flush = raw::RedisModuleEvent {
-        id: raw::REDISMODULE_EVENT_FLUSHDB,
-        dataver: 1,
+    let server_event = |id, callback| {
+        api!(RedisModule_SubscribeToServerEvent(
+            ctx.ctx,
+            raw::RedisModuleEvent { id, dataver: 1 },
+            Some(callback)
+        ))
     };
-    let server = api!(RedisModule_SubscribeToServerEvent(
-        ctx.ctx,
-        flush,
-        Some(on_flush)
-    ));
+    let flush = server_event(raw::REDISMODULE_EVENT_FLUSHDB, on_flush);
+    let swap = server_event(raw::REDISMODULE_EVENT_SWAPDB, on_swapdb);
     let ok = Some(raw::REDISMODULE_OK as c_int);
-    if keyspace == ok && server == ok {
+    if keyspace == ok && flush == ok && swap == ok {
         Status::Ok
     } else {
         Status::Err
@@ -73,6 +72,9 @@ extern "C" fn on_key_event(
                 ));
             }
         }
+        if !waiting::anyone_waits() {
+            return raw::REDISMODULE_OK as c_int;
+        }
         let id = waiting::db_key(&ctx, name);
         if waiting::is_waited_on(&id) {
             timers::schedule(&ctx, id.0, &id.1, Some(clock::now_ms()));
@@ -94,10 +96,35 @@ extern "C" fn on_flush(
         // SAFETY: for this event Redis passes a `RedisModuleFlushInfo`.
         let db =
             unsafe { data.cast::<raw::RedisModuleFlushInfo>().as_ref() }.map_or(-1, |i| i.dbnum);
-        let ctx = Context::new(raw_ctx);
-        let now = clock::now_ms();
-        for (db, key) in waiting::keys_with_waiters(db) {
-            timers::schedule(&ctx, db, &key, Some(now));
-        }
+        wake(&Context::new(raw_ctx), &[db]);
     })
+}
+
+/// After SWAPDB every waited key of both databases holds another value.
+extern "C" fn on_swapdb(
+    raw_ctx: *mut raw::RedisModuleCtx,
+    _event: raw::RedisModuleEvent,
+    _subevent: u64,
+    data: *mut c_void,
+) {
+    guard::callback("a swapdb event", (), || {
+        // SAFETY: for this event Redis passes a `RedisModuleSwapDbInfo`.
+        let Some(info) = (unsafe { data.cast::<raw::RedisModuleSwapDbInfo>().as_ref() }) else {
+            return;
+        };
+        wake(
+            &Context::new(raw_ctx),
+            &[info.dbnum_first, info.dbnum_second],
+        );
+    })
+}
+
+/// Visits, at once, every key with waiters in these databases (-1: all).
+fn wake(ctx: &Context, dbs: &[i32]) {
+    let now = clock::now_ms();
+    for db in dbs {
+        for (db, key) in waiting::keys_with_waiters(*db) {
+            timers::schedule(ctx, db, &key, Some(now));
+        }
+    }
 }

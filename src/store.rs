@@ -42,8 +42,8 @@ pub fn update<R>(
             events: Vec::new(),
         };
         let result = op(&mut txn);
-        let waited_on = waiting::settle(ctx, name, &mut txn);
-        let visit = next_visit(txn.lock, waited_on);
+        let pending = waiting::settle(ctx, name, &mut txn);
+        let visit = next_visit(txn.lock, &pending);
         let mut events = txn.events;
         if changes.expired() > 0 {
             stats::EXPIRED_LEASES.add(changes.expired());
@@ -66,12 +66,17 @@ pub fn update<R>(
 
 /// When this lock must next be looked at without anyone asking: at its
 /// earliest deadline if requests wait for it, or if it is shared and some
-/// reader expires before the key does. Otherwise Redis's own key expiry is
-/// all it needs.
-fn next_visit(lock: &Lock, waited_on: bool) -> Option<u64> {
-    let earliest = lock.earliest_deadline()?;
-    let sweep = lock.mode() == Mode::Shared && Some(earliest) != lock.latest_deadline();
-    (waited_on || sweep).then_some(earliest)
+/// reader expires before the key does; at the first WAIT deadline of its
+/// waiters. Otherwise Redis's own key expiry is all it needs.
+fn next_visit(lock: &Lock, pending: &waiting::Pending) -> Option<u64> {
+    let expiry = lock.earliest_deadline().filter(|&earliest| {
+        let sweep = lock.mode() == Mode::Shared && Some(earliest) != lock.latest_deadline();
+        pending.waiting || sweep
+    });
+    match (expiry, pending.next_timeout) {
+        (Some(a), Some(b)) => Some(a.min(b)),
+        (a, b) => a.or(b),
+    }
 }
 
 /// Opens `name`, runs `op` on its lock (empty when the key does not exist)

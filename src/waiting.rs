@@ -15,7 +15,7 @@
 //! granted). A grant whose client vanished before its reply is revoked.
 
 use std::collections::HashMap;
-use std::os::raw::{c_int, c_longlong, c_void};
+use std::os::raw::{c_int, c_void};
 use std::sync::{LazyLock, Mutex, MutexGuard};
 
 use redis_module::{raw, Context, ContextFlags, RedisResult, RedisString, RedisValue};
@@ -38,6 +38,8 @@ struct Waiter {
     key: DbKey,
     owner: Owner,
     kind: Kind,
+    /// When its WAIT runs out (unix ms); `None` for `WAIT 0`.
+    deadline: Option<u64>,
 }
 
 /// A grant whose client disconnected before its reply: undone at the next visit.
@@ -79,6 +81,11 @@ pub fn db_key(ctx: &Context, key: &[u8]) -> DbKey {
     (db_of(ctx), key.to_vec())
 }
 
+/// Whether any request waits anywhere (cheap: for callbacks on every write).
+pub fn anyone_waits() -> bool {
+    !registry().queues.is_empty()
+}
+
 /// How many requests wait, on every key.
 pub fn total() -> usize {
     registry().waiters.len()
@@ -114,7 +121,14 @@ pub fn can_block(ctx: &Context) -> bool {
 
 /// Blocks the calling client until its request is granted, `ms` pass (0: no
 /// limit), or it disconnects. `next_expiry` is the lock's earliest deadline:
-/// the key is visited then.
+/// the key is visited then, or at the WAIT deadline if that comes first.
+///
+/// The WAIT deadline is the module's, not Redis's block timeout: Redis checks
+/// block timeouts only when its event loop wakes, and a grant made between
+/// the deadline and that check would be swallowed (Redis skips the reply of a
+/// client it times out after it was unblocked). Here the key's visit at the
+/// deadline answers nil through the same unblock-and-reply path as a grant,
+/// so every waiter gets exactly one reply.
 pub fn block(
     ctx: &Context,
     key: RedisString,
@@ -126,13 +140,14 @@ pub fn block(
     if registry().queues.get(&key).map_or(0, Queue::len) >= config::max_waiters() {
         return Err(LockError::TooManyWaiters(config::MAX_WAITERS.get()).into());
     }
-    let timeout = c_longlong::try_from(ms).unwrap_or(c_longlong::MAX);
+    let now = crate::clock::now_ms();
+    let deadline = (ms > 0).then(|| now.saturating_add(ms));
     let handle = api!(RedisModule_BlockClient(
         ctx.ctx,
         Some(on_reply),
         Some(on_timeout),
         Some(free_decision),
-        timeout
+        0
     ))
     .filter(|h| !h.is_null())
     .ok_or(LockError::Internal)?;
@@ -158,20 +173,38 @@ pub fn block(
                 key: key.clone(),
                 owner,
                 kind,
+                deadline,
             },
         );
     }
-    timers::schedule_earlier(ctx, key.0, &key.1, next_expiry);
+    let visit = match (next_expiry, deadline) {
+        (Some(a), Some(b)) => Some(a.min(b)),
+        (a, b) => a.or(b),
+    };
+    timers::schedule_earlier(ctx, key.0, &key.1, visit);
     Ok(RedisValue::NoReply)
 }
 
-/// Grants what can be granted on a key that just changed (called by
-/// `store::update` inside the transition, so grants replicate with it), and
-/// undoes grants whose clients vanished. Returns whether requests still wait.
-pub fn settle(ctx: &Context, name: &RedisString, txn: &mut Txn) -> bool {
+/// What a key's queue needs after [`settle`].
+pub struct Pending {
+    /// Requests still wait: visit the key at the lock's next expiry.
+    pub waiting: bool,
+    /// The earliest WAIT deadline among them: visit the key then too.
+    pub next_timeout: Option<u64>,
+}
+
+/// Settles a key that just changed (called by `store::update` inside the
+/// transition, so grants replicate with it): undoes grants whose clients
+/// vanished, answers nil to waiters whose WAIT ran out, then grants from the
+/// head of the queue.
+pub fn settle(ctx: &Context, name: &RedisString, txn: &mut Txn) -> Pending {
+    let none = Pending {
+        waiting: false,
+        next_timeout: None,
+    };
     let mut registry = registry();
     if registry.queues.is_empty() && registry.revocations.is_empty() {
-        return false;
+        return none;
     }
     let key = &db_key(ctx, name.as_slice());
     if let Some(revoked) = registry.revocations.remove(key) {
@@ -182,18 +215,34 @@ pub fn settle(ctx: &Context, name: &RedisString, txn: &mut Txn) -> bool {
             }
         }
     }
-    let Some(queue) = registry.queues.get_mut(key) else {
-        return false;
+    let Registry {
+        queues, waiters, ..
+    } = &mut *registry;
+    let Some(queue) = queues.get_mut(key) else {
+        return none;
     };
+    let timed_out: Vec<WaiterId> = queue
+        .iter()
+        .map(|w| w.id)
+        .filter(|id| {
+            waiters
+                .get(id)
+                .and_then(|w| w.deadline)
+                .is_some_and(|d| d <= txn.now)
+        })
+        .collect();
+    for id in timed_out {
+        queue.remove(id);
+        if let Some(waiter) = waiters.remove(&id) {
+            stats::WAIT_TIMEOUTS.incr();
+            unblock(waiter, Ok(Attempt::Busy));
+        }
+    }
     let before = txn.tokens.last();
     let answered = queue.settle(txn.lock, txn.now, txn.tokens, txn.changes);
     stats::GRANTS.add(usize::try_from(txn.tokens.last() - before).unwrap_or(0));
-    let still_waiting = !queue.is_empty();
-    if !still_waiting {
-        registry.queues.remove(key);
-    }
     for (id, attempt) in answered {
-        if let Some(waiter) = registry.waiters.remove(&id) {
+        if let Some(waiter) = waiters.remove(&id) {
             if let Attempt::Granted(_) = attempt {
                 stats::GRANTS_AFTER_WAIT.incr();
                 txn.events.push(commands::event_of(waiter.kind));
@@ -201,7 +250,18 @@ pub fn settle(ctx: &Context, name: &RedisString, txn: &mut Txn) -> bool {
             unblock(waiter, Ok(attempt));
         }
     }
-    still_waiting
+    let next_timeout = queue
+        .iter()
+        .filter_map(|w| waiters.get(&w.id).and_then(|w| w.deadline))
+        .min();
+    let waiting = !queue.is_empty();
+    if !waiting {
+        queues.remove(key);
+    }
+    Pending {
+        waiting,
+        next_timeout,
+    }
 }
 
 /// Answers every waiter of a key with an error (the key now holds another type).
@@ -290,6 +350,8 @@ extern "C" fn on_reply(
     })
 }
 
+/// Redis's own block timeout: not used for WAIT (blocked with no timeout),
+/// but `CLIENT UNBLOCK id TIMEOUT` lands here.
 extern "C" fn on_timeout(
     raw_ctx: *mut raw::RedisModuleCtx,
     _argv: *mut *mut raw::RedisModuleString,

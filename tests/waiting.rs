@@ -1,0 +1,1175 @@
+//! Waiting (`WAIT ms` on LOCK.ACQUIRE, LOCK.RACQUIRE, LOCK.READ) against a live
+//! redis-server: the contract's "Waiting" section. Each test starts its own
+//! server. Timing bounds are generous (a noisy 2-core machine): a wake-up must
+//! come within hundreds of milliseconds, never the seconds a WAIT would last.
+
+mod common;
+
+use std::collections::{HashMap, HashSet};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Barrier, Mutex};
+use std::thread;
+use std::time::{Duration, Instant};
+
+use common::*;
+
+/// How long a prompt wake-up may take at most (release, DEL, FLUSH ...).
+const PROMPT: Duration = Duration::from_millis(1000);
+
+/// The lease a waiter asks for.
+const WAITER_TTL: i64 = 10_000;
+
+/// A grant's token: a positive integer.
+#[track_caller]
+fn token(r: Reply) -> i64 {
+    let t = r.int();
+    assert!(t > 0, "a token is a positive integer, got {t}");
+    t
+}
+
+#[track_caller]
+fn info(c: &mut Conn, key: &str) -> LockInfo {
+    c.lock_info(key)
+        .unwrap_or_else(|| panic!("LOCK.INFO {key} is nil, expected a held lock"))
+}
+
+/// The owners holding `key` (empty when free).
+fn holders(c: &mut Conn, key: &str) -> Vec<String> {
+    c.lock_info(key)
+        .map(|i| {
+            i.holders
+                .iter()
+                .map(|h| String::from_utf8_lossy(&h.owner).into_owned())
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// Sends `CMD key owner ttl WAIT ms` without reading the reply.
+fn send_wait(c: &mut Conn, cmd: &str, key: &str, owner: &str, ttl: i64, wait_ms: i64) -> Instant {
+    let start = Instant::now();
+    c.send(&[
+        cmd,
+        key,
+        owner,
+        &ttl.to_string(),
+        "WAIT",
+        &wait_ms.to_string(),
+    ])
+    .unwrap_or_else(|e| panic!("send {cmd} {key} {owner}: {e}"));
+    start
+}
+
+/// A new connection that sends `CMD key owner 10000 WAIT ms` and, once the
+/// server has queued it (LOCK.INFO's waiters reaches `queued`, seen from
+/// `observer`), is returned with the instant it sent its request.
+fn waiter(
+    s: &Server,
+    observer: &mut Conn,
+    cmd: &str,
+    key: &str,
+    owner: &str,
+    wait_ms: i64,
+    queued: i64,
+) -> (Conn, Instant) {
+    let mut c = s.conn();
+    let sent = send_wait(&mut c, cmd, key, owner, WAITER_TTL, wait_ms);
+    wait_for_waiters(observer, key, queued);
+    (c, sent)
+}
+
+/// Waits until LOCK.INFO `key` reports `n` waiters.
+#[track_caller]
+fn wait_for_waiters(c: &mut Conn, key: &str, n: i64) {
+    let start = Instant::now();
+    loop {
+        let i = c.lock_info(key);
+        if i.as_ref().map(|i| i.waiters) == Some(n) {
+            return;
+        }
+        if start.elapsed() > Duration::from_secs(5) {
+            panic!("LOCK.INFO {key} never reported {n} waiters; last: {i:?}");
+        }
+        sleep_ms(2);
+    }
+}
+
+/// Reads the reply to a request sent earlier, failing after `limit`.
+#[track_caller]
+fn reply_within(c: &mut Conn, limit: Duration, what: &str) -> Reply {
+    c.set_timeout(limit);
+    let r = c
+        .read_reply()
+        .unwrap_or_else(|e| panic!("{what}: no reply within {limit:?} ({e})"));
+    c.set_timeout(DEFAULT_TIMEOUT);
+    r
+}
+
+/// Asserts no reply arrives on `c` for `ms` (the client is still blocked).
+#[track_caller]
+fn assert_still_blocked(c: &mut Conn, ms: u64, what: &str) {
+    c.set_timeout(Duration::from_millis(ms));
+    match c.read_reply() {
+        Ok(r) => panic!("{what}: expected the client to be still blocked, got {r:?}"),
+        Err(e) => assert!(
+            matches!(
+                e.kind(),
+                std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+            ),
+            "{what}: expected a read timeout, got {e}"
+        ),
+    }
+    c.set_timeout(DEFAULT_TIMEOUT);
+}
+
+/// A holder `a` on `key` (ttl 30 s) and a waiter `b` (WAIT 5000) queued behind
+/// it: (holder's connection, its token, waiter's connection).
+fn held_and_waited(s: &Server, key: &str) -> (Conn, i64, Conn) {
+    let mut a = s.conn();
+    let ta = token(a.acquire(key, "a", 30_000));
+    let (b, _) = waiter(s, &mut a, "LOCK.ACQUIRE", key, "b", 5_000, 1);
+    (a, ta, b)
+}
+
+/// After something freed `key` behind a waiter `b`: b gets a token above `ta`
+/// promptly, and holds the lock alone with no waiter left.
+#[track_caller]
+fn assert_woken_and_granted(b: &mut Conn, observer: &mut Conn, key: &str, ta: i64, what: &str) {
+    let r = reply_within(b, PROMPT, what);
+    let tb = match r {
+        Reply::Int(t) => t,
+        other => panic!("{what}: the waiter expected a token, got {other:?}"),
+    };
+    assert!(
+        tb > ta,
+        "{what}: waiter's token {tb} must exceed the holder's {ta}"
+    );
+    let i = info(observer, key);
+    assert_eq!(i.mode, "exclusive", "{what}: {i:?}");
+    assert_eq!(i.holders.len(), 1, "{what}: {i:?}");
+    assert_eq!(i.holder("b").token, tb, "{what}: {i:?}");
+    assert_eq!(i.waiters, 0, "{what}: {i:?}");
+}
+
+// ---------------------------------------------------------------------------
+// Hand-off, timeout, WAIT 0, expiry
+// ---------------------------------------------------------------------------
+
+#[test]
+fn a_waiter_gets_the_lock_right_after_release() {
+    let s = Server::start();
+    let mut a = s.conn();
+    let ta = token(a.acquire("k", "a", 30_000));
+    let (mut b, _) = waiter(&s, &mut a, "LOCK.ACQUIRE", "k", "b", 5_000, 1);
+    let i = info(&mut a, "k");
+    assert_eq!(i.holders.len(), 1);
+    assert_eq!(i.holder("a").token, ta);
+    assert_eq!(i.waiters, 1);
+    assert_still_blocked(&mut b, 100, "B while A holds");
+
+    let released = Instant::now();
+    assert_eq!(a.release("k", "a").int(), 1);
+    let tb = token(reply_within(
+        &mut b,
+        Duration::from_secs(3),
+        "B after A's release",
+    ));
+    let took = released.elapsed();
+    assert!(
+        took < PROMPT,
+        "B's token came {took:?} after A's RELEASE (bound {PROMPT:?})"
+    );
+    assert!(tb > ta, "B's token {tb} must exceed A's {ta}");
+    let i = info(&mut a, "k");
+    assert_eq!(i.mode, "exclusive");
+    assert_eq!(i.holders.len(), 1, "{i:?}");
+    let h = i.holder("b");
+    assert_eq!((h.holds, h.token), (1, tb));
+    // The waiter's lease starts when it is granted.
+    assert!(
+        h.ttl > 10_000 - 2_000 && h.ttl <= 10_000,
+        "ttl-ms-left {}",
+        h.ttl
+    );
+    assert_eq!(i.waiters, 0);
+    // B holds it for real: B can release it, A cannot.
+    assert!(a.release("k", "a").is_nil());
+    assert_eq!(b.release("k", "b").int(), 1);
+    assert!(a.lock_info("k").is_none());
+}
+
+#[test]
+fn each_grant_command_waits_and_is_handed_the_lock() {
+    let s = Server::start();
+    let mut a = s.conn();
+    for (i, cmd) in ["LOCK.ACQUIRE", "LOCK.RACQUIRE", "LOCK.READ"]
+        .iter()
+        .enumerate()
+    {
+        let key = format!("k{i}");
+        let ta = token(a.acquire(&key, "a", 30_000));
+        let (mut b, _) = waiter(&s, &mut a, cmd, &key, "b", 5_000, 1);
+        assert_eq!(a.release(&key, "a").int(), 1);
+        let tb = token(reply_within(&mut b, PROMPT, cmd));
+        assert!(tb > ta, "{cmd}: {tb} > {ta}");
+        let info = info(&mut a, &key);
+        let want_mode = if *cmd == "LOCK.READ" {
+            "shared"
+        } else {
+            "exclusive"
+        };
+        assert_eq!(info.mode, want_mode, "{cmd}: {info:?}");
+        assert_eq!(info.holder("b").token, tb, "{cmd}: {info:?}");
+        assert_eq!(info.waiters, 0, "{cmd}: {info:?}");
+    }
+}
+
+#[test]
+fn a_wait_times_out_with_nil_and_the_client_holds_nothing() {
+    let s = Server::start();
+    let mut a = s.conn();
+    let ta = token(a.acquire("k", "a", 30_000));
+    for wait in [150_i64, 400] {
+        let mut b = s.conn();
+        let sent = send_wait(&mut b, "LOCK.ACQUIRE", "k", "b", 10_000, wait);
+        wait_for_waiters(&mut a, "k", 1);
+        let r = reply_within(&mut b, Duration::from_secs(5), "B's timed-out WAIT");
+        let took = sent.elapsed();
+        assert!(
+            r.is_nil(),
+            "WAIT {wait}: expected nil on timeout, got {r:?}"
+        );
+        assert!(
+            took >= Duration::from_millis(wait as u64 - 5),
+            "WAIT {wait}: nil came too early, after {took:?}"
+        );
+        assert!(
+            took <= Duration::from_millis(wait as u64 + 500),
+            "WAIT {wait}: nil came too late, after {took:?}"
+        );
+        let i = info(&mut a, "k");
+        assert_eq!(i.holders.len(), 1, "{i:?}");
+        assert_eq!(i.holder("a").token, ta);
+        assert_eq!(
+            i.waiters, 0,
+            "WAIT {wait}: the timed-out waiter left the queue"
+        );
+        // B holds nothing now, nor after A releases.
+        assert!(b.release("k", "b").is_nil());
+        assert_eq!(b.renew("k", "b", 1_000).int(), 0);
+    }
+    assert_eq!(a.release("k", "a").int(), 1);
+    sleep_ms(50);
+    assert!(
+        a.lock_info("k").is_none(),
+        "no one was granted after the timeouts"
+    );
+    // The same client can wait again on the same connection.
+    let tc = token(a.acquire("k", "c", 30_000));
+    let mut b = s.conn();
+    send_wait(&mut b, "LOCK.ACQUIRE", "k", "b", 10_000, 5_000);
+    wait_for_waiters(&mut a, "k", 1);
+    assert_eq!(a.release("k", "c").int(), 1);
+    assert!(token(reply_within(&mut b, PROMPT, "B's second wait")) > tc);
+}
+
+#[test]
+fn wait_zero_waits_without_limit() {
+    let s = Server::start();
+    let mut a = s.conn();
+    let ta = token(a.acquire("k", "a", 30_000));
+    let (mut b, _) = waiter(&s, &mut a, "LOCK.ACQUIRE", "k", "b", 0, 1);
+    assert_still_blocked(&mut b, 700, "WAIT 0 after 700 ms");
+    assert_eq!(info(&mut a, "k").waiters, 1);
+    assert_eq!(a.release("k", "a").int(), 1);
+    let tb = token(reply_within(&mut b, PROMPT, "WAIT 0 after the release"));
+    assert!(tb > ta);
+    assert_eq!(info(&mut a, "k").holder("b").token, tb);
+}
+
+/// Waits behind a holder with a short lease: granted promptly at its deadline,
+/// not when Redis's lazy or active expiry would get round to it.
+fn wake_at_expiry(active_expire: bool) {
+    let s = Server::start();
+    let mut a = s.conn();
+    if !active_expire {
+        a.cmd(&["DEBUG", "SET-ACTIVE-EXPIRE", "0"]).ok();
+    }
+    let ttl = 300_u64;
+    let before = Instant::now();
+    let ta = token(a.acquire("k", "a", ttl as i64));
+    let after = Instant::now();
+    let mut b = s.conn();
+    send_wait(&mut b, "LOCK.ACQUIRE", "k", "b", 10_000, 5_000);
+    let r = reply_within(&mut b, Duration::from_secs(5), "B waiting for A's expiry");
+    let got = Instant::now();
+    let tb = token(r);
+    assert!(tb > ta);
+    // The deadline is between before + ttl and after + ttl (1 ms of clock rounding).
+    let earliest = before + Duration::from_millis(ttl - 2);
+    let latest = after + Duration::from_millis(ttl + 100);
+    assert!(
+        got >= earliest,
+        "B was granted {:?} before A's lease ended",
+        earliest - got
+    );
+    assert!(
+        got <= latest,
+        "B was granted {:?} after A's deadline (bound 100 ms; active expire {active_expire})",
+        got - (after + Duration::from_millis(ttl))
+    );
+    let i = info(&mut a, "k");
+    assert_eq!(i.holders.len(), 1, "{i:?}");
+    assert_eq!(i.holder("b").token, tb);
+    assert_eq!(i.waiters, 0);
+}
+
+#[test]
+fn a_waiter_is_granted_at_the_holders_deadline() {
+    wake_at_expiry(true);
+}
+
+#[test]
+fn a_waiter_is_granted_at_the_holders_deadline_without_active_expire() {
+    wake_at_expiry(false);
+}
+
+// ---------------------------------------------------------------------------
+// Freed by other commands
+// ---------------------------------------------------------------------------
+
+#[test]
+fn del_wakes_the_waiter() {
+    let s = Server::start();
+    let (mut a, ta, mut b) = held_and_waited(&s, "k");
+    assert_eq!(a.cmd(&["DEL", "k"]).int(), 1);
+    assert_woken_and_granted(&mut b, &mut a, "k", ta, "after DEL");
+}
+
+#[test]
+fn unlink_wakes_the_waiter() {
+    let s = Server::start();
+    let (mut a, ta, mut b) = held_and_waited(&s, "k");
+    assert_eq!(a.cmd(&["UNLINK", "k"]).int(), 1);
+    assert_woken_and_granted(&mut b, &mut a, "k", ta, "after UNLINK");
+}
+
+#[test]
+fn flushall_wakes_the_waiter() {
+    let s = Server::start();
+    let (mut a, ta, mut b) = held_and_waited(&s, "k");
+    a.cmd(&["FLUSHALL"]).ok();
+    assert_woken_and_granted(&mut b, &mut a, "k", ta, "after FLUSHALL");
+}
+
+#[test]
+fn flushall_async_wakes_the_waiter() {
+    let s = Server::start();
+    let (mut a, ta, mut b) = held_and_waited(&s, "k");
+    a.cmd(&["FLUSHALL", "ASYNC"]).ok();
+    assert_woken_and_granted(&mut b, &mut a, "k", ta, "after FLUSHALL ASYNC");
+}
+
+#[test]
+fn flushdb_wakes_the_waiters_of_that_database_only() {
+    let s = Server::start();
+    // Database 0: a lock with a waiter that FLUSHDB in database 1 must not wake.
+    let (mut a0, ta0, mut b0) = held_and_waited(&s, "k");
+    // Database 1: the same name, another lock, another waiter.
+    let mut a1 = s.conn();
+    a1.cmd(&["SELECT", "1"]).ok();
+    let ta1 = token(a1.acquire("k", "a", 30_000));
+    let mut b1 = s.conn();
+    b1.cmd(&["SELECT", "1"]).ok();
+    send_wait(&mut b1, "LOCK.ACQUIRE", "k", "b", 10_000, 5_000);
+    wait_for_waiters(&mut a1, "k", 1);
+
+    a1.cmd(&["FLUSHDB"]).ok();
+    assert_woken_and_granted(&mut b1, &mut a1, "k", ta1, "after FLUSHDB in db 1");
+    // Database 0 is untouched: still A's, still one waiter.
+    assert_still_blocked(&mut b0, 200, "the waiter in db 0 after FLUSHDB in db 1");
+    let i = info(&mut a0, "k");
+    assert_eq!(i.holder("a").token, ta0);
+    assert_eq!(i.waiters, 1);
+    // And FLUSHDB in database 0 wakes it.
+    a0.cmd(&["FLUSHDB"]).ok();
+    assert_woken_and_granted(&mut b0, &mut a0, "k", ta0, "after FLUSHDB in db 0");
+}
+
+#[test]
+fn rename_wakes_the_waiter_on_the_old_name() {
+    let s = Server::start();
+    let (mut a, ta, mut b) = held_and_waited(&s, "k");
+    a.cmd(&["RENAME", "k", "k2"]).ok();
+    assert_woken_and_granted(&mut b, &mut a, "k", ta, "after RENAME k k2");
+    // The lock went with its state to the new name.
+    let i = info(&mut a, "k2");
+    assert_eq!(i.holder("a").token, ta);
+    assert_eq!(i.waiters, 0);
+}
+
+#[test]
+fn move_wakes_the_waiter_in_the_source_database() {
+    let s = Server::start();
+    let (mut a, ta, mut b) = held_and_waited(&s, "k");
+    assert_eq!(a.cmd(&["MOVE", "k", "1"]).int(), 1);
+    assert_woken_and_granted(&mut b, &mut a, "k", ta, "after MOVE k 1");
+    a.cmd(&["SELECT", "1"]).ok();
+    assert_eq!(info(&mut a, "k").holder("a").token, ta);
+}
+
+#[test]
+fn swapdb_that_frees_the_lock_wakes_the_waiter() {
+    let s = Server::start();
+    let (mut a, ta, mut b) = held_and_waited(&s, "k");
+    // Database 1 has no key `k`: after the swap, `k` in database 0 is free.
+    a.cmd(&["SWAPDB", "0", "1"]).ok();
+    assert_woken_and_granted(&mut b, &mut a, "k", ta, "after SWAPDB 0 1");
+}
+
+#[test]
+fn set_over_the_key_answers_the_waiters_with_wrongtype() {
+    let s = Server::start();
+    let (mut a, _ta, mut b) = held_and_waited(&s, "k");
+    let mut c = s.conn();
+    send_wait(&mut c, "LOCK.READ", "k", "c", 10_000, 0);
+    wait_for_waiters(&mut a, "k", 2);
+    a.cmd(&["SET", "k", "x"]).ok();
+    let wrongtype = Reply::Error(LockError::WrongType.message());
+    for (conn, who) in [(&mut b, "ACQUIRE WAIT 5000"), (&mut c, "READ WAIT 0")] {
+        let r = reply_within(conn, PROMPT, &format!("{who} after SET over the key"));
+        assert_eq!(r, wrongtype, "{who} after SET over the key");
+    }
+    // The string is untouched, and the lock commands see another type.
+    assert_eq!(a.cmd(&["GET", "k"]).str(), "x");
+    assert_eq!(a.cmd(&["LOCK.INFO", "k"]), wrongtype);
+}
+
+// ---------------------------------------------------------------------------
+// Order
+// ---------------------------------------------------------------------------
+
+#[test]
+fn waiters_are_granted_first_come_first_served() {
+    let s = Server::start();
+    let mut a = s.conn();
+    let mut last = token(a.acquire("k", "w0", 30_000));
+    let mut waiters = Vec::new();
+    for n in 1..=4 {
+        let owner = format!("w{n}");
+        // RACQUIRE and ACQUIRE mixed: both are exclusive requests in one queue.
+        let cmd = if n % 2 == 0 {
+            "LOCK.RACQUIRE"
+        } else {
+            "LOCK.ACQUIRE"
+        };
+        let (c, _) = waiter(&s, &mut a, cmd, "k", &owner, 5_000, n);
+        waiters.push((owner, c));
+    }
+    let mut holder = "w0".to_string();
+    for (n, (owner, c)) in waiters.iter_mut().enumerate() {
+        assert_eq!(a.release("k", &holder).int(), 1, "{holder} releases");
+        let t = token(reply_within(c, PROMPT, &format!("{owner}'s grant")));
+        assert!(t > last, "{owner}'s token {t} must exceed {last}");
+        let i = info(&mut a, "k");
+        assert_eq!(i.holders.len(), 1, "{i:?}");
+        assert_eq!(i.holder(owner.as_str()).token, t, "{owner} is next: {i:?}");
+        assert_eq!(i.waiters, 3 - n as i64, "{i:?}");
+        last = t;
+        holder = owner.clone();
+    }
+    assert_eq!(a.release("k", &holder).int(), 1);
+    assert!(a.lock_info("k").is_none());
+}
+
+#[test]
+fn a_new_request_never_jumps_the_queue() {
+    let s = Server::start();
+    let mut a = s.conn();
+    let ta = token(a.acquire("k", "a", 30_000));
+    let (mut b, _) = waiter(&s, &mut a, "LOCK.ACQUIRE", "k", "b", 5_000, 1);
+    let mut c = s.conn();
+    // C's immediate tries are refused while A holds and B waits.
+    assert!(c.acquire("k", "c", 10_000).is_nil());
+    assert!(c.racquire("k", "c", 10_000).is_nil());
+    assert!(c.read("k", "c", 10_000).is_nil());
+    assert_eq!(info(&mut a, "k").waiters, 1, "refused tries do not queue");
+    // A releases and C tries in the same breath (pipelined right behind the
+    // RELEASE on A's connection): B is first in line, so C gets nothing.
+    a.send(&["LOCK.RELEASE", "k", "a"]).unwrap();
+    a.send(&["LOCK.ACQUIRE", "k", "c", "10000"]).unwrap();
+    assert_eq!(a.read_reply().unwrap().int(), 1);
+    let r = a.read_reply().unwrap();
+    assert!(r.is_nil(), "C jumped ahead of waiting B: {r:?}");
+    let tb = token(reply_within(&mut b, PROMPT, "B after A's release"));
+    assert!(tb > ta);
+    let i = info(&mut a, "k");
+    assert_eq!(i.holders.len(), 1, "{i:?}");
+    assert_eq!(i.holder("b").token, tb);
+    assert!(c.acquire("k", "c", 10_000).is_nil());
+}
+
+#[test]
+fn a_new_request_never_jumps_the_queue_at_the_holders_expiry() {
+    // The lease ends with a waiter queued; a newcomer arriving around that
+    // instant must still be behind the waiter.
+    let s = Server::start();
+    a_new_request_at_expiry(&s, true);
+    a_new_request_at_expiry(&s, false);
+}
+
+fn a_new_request_at_expiry(s: &Server, active_expire: bool) {
+    let mut a = s.conn();
+    a.cmd(&[
+        "DEBUG",
+        "SET-ACTIVE-EXPIRE",
+        if active_expire { "1" } else { "0" },
+    ])
+    .ok();
+    let key = format!("exp-{active_expire}");
+    token(a.acquire(&key, "a", 200));
+    let (mut b, _) = waiter(s, &mut a, "LOCK.ACQUIRE", &key, "b", 5_000, 1);
+    let mut c = s.conn();
+    // C hammers the key until B has it; every try must be refused.
+    let start = Instant::now();
+    loop {
+        let r = c.acquire(&key, "c", 10_000);
+        assert!(
+            r.is_nil(),
+            "C was granted {r:?} while B waited (active expire {active_expire})"
+        );
+        if holders(&mut c, &key) == ["b"] {
+            break;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(3),
+            "B was never granted"
+        );
+    }
+    token(reply_within(&mut b, PROMPT, "B at A's expiry"));
+    assert_eq!(info(&mut c, &key).waiters, 0);
+}
+
+#[test]
+fn a_holders_repeat_and_renew_are_answered_at_once_while_others_wait() {
+    let s = Server::start();
+    let mut a = s.conn();
+    // Exclusive, reentrant holder with a waiter behind it.
+    let ta = token(a.racquire("k", "a", 30_000));
+    let (mut b, _) = waiter(&s, &mut a, "LOCK.ACQUIRE", "k", "b", 5_000, 1);
+    let t0 = Instant::now();
+    let r = a.cmd(&["LOCK.RACQUIRE", "k", "a", "30000", "WAIT", "5000"]);
+    assert_eq!(token(r), ta, "the holder's RACQUIRE re-entry");
+    let r = a.cmd(&["LOCK.ACQUIRE", "k", "a", "30000", "WAIT", "5000"]);
+    assert_eq!(token(r), ta, "the holder's ACQUIRE retry");
+    assert_eq!(a.renew("k", "a", 30_000).int(), 1);
+    assert!(
+        t0.elapsed() < PROMPT,
+        "the holder's requests were not answered at once"
+    );
+    let i = info(&mut a, "k");
+    assert_eq!(i.holder("a").holds, 2, "{i:?}");
+    assert_eq!(i.waiters, 1);
+    // A mode change by the holder is an error at once, never a wait on itself.
+    let r = a.cmd(&["LOCK.READ", "k", "a", "30000", "WAIT", "5000"]);
+    assert_eq!(r, Reply::Error(LockError::HeldExclusive.message()));
+    assert_eq!(a.release("k", "a").int(), 0);
+    assert_still_blocked(&mut b, 100, "B while A still holds once");
+    assert_eq!(a.release("k", "a").int(), 1);
+    assert!(token(reply_within(&mut b, PROMPT, "B")) > ta);
+
+    // Shared holder with a writer waiting: its READ re-entry is at once too.
+    let tr = token(a.read("r", "r1", 30_000));
+    let (mut w, _) = waiter(&s, &mut a, "LOCK.ACQUIRE", "r", "w", 5_000, 1);
+    let t0 = Instant::now();
+    let r = a.cmd(&["LOCK.READ", "r", "r1", "30000", "WAIT", "5000"]);
+    assert_eq!(token(r), tr, "the reader's re-entry");
+    assert_eq!(a.renew("r", "r1", 30_000).int(), 1);
+    assert!(t0.elapsed() < PROMPT);
+    let r = a.cmd(&["LOCK.ACQUIRE", "r", "r1", "30000", "WAIT", "5000"]);
+    assert_eq!(r, Reply::Error(LockError::HeldShared.message()));
+    assert_eq!(info(&mut a, "r").holder("r1").holds, 2);
+    assert_eq!(a.release("r", "r1").int(), 0);
+    assert_eq!(a.release("r", "r1").int(), 1);
+    assert!(token(reply_within(&mut w, PROMPT, "W")) > tr);
+}
+
+// ---------------------------------------------------------------------------
+// Readers and writers
+// ---------------------------------------------------------------------------
+
+#[test]
+fn a_waiting_writer_holds_back_new_readers() {
+    let s = Server::start();
+    let mut r1 = s.conn();
+    let t1 = token(r1.read("k", "r1", 30_000));
+    let (mut w, _) = waiter(&s, &mut r1, "LOCK.ACQUIRE", "k", "w", 5_000, 1);
+    // A new reader without WAIT is refused (writer preference) ...
+    let mut r2 = s.conn();
+    assert!(r2.read("k", "r2", 30_000).is_nil(), "R2 jumped ahead of W");
+    // ... and with WAIT it queues behind the writer.
+    send_wait(&mut r2, "LOCK.READ", "k", "r2", 10_000, 5_000);
+    wait_for_waiters(&mut r1, "k", 2);
+    let i = info(&mut r1, "k");
+    assert_eq!(i.mode, "shared");
+    assert_eq!(i.holders.len(), 1, "{i:?}");
+    assert_eq!(i.holder("r1").token, t1);
+
+    assert_eq!(r1.release("k", "r1").int(), 1);
+    let tw = token(reply_within(&mut w, PROMPT, "W after R1's release"));
+    assert!(tw > t1);
+    assert_still_blocked(&mut r2, 150, "R2 while W holds");
+    let i = info(&mut r1, "k");
+    assert_eq!(i.mode, "exclusive");
+    assert_eq!(i.holder("w").token, tw);
+    assert_eq!(i.waiters, 1);
+
+    assert_eq!(w.release("k", "w").int(), 1);
+    let t2 = token(reply_within(&mut r2, PROMPT, "R2 after W's release"));
+    assert!(t2 > tw);
+    let i = info(&mut r1, "k");
+    assert_eq!(i.mode, "shared");
+    assert_eq!(i.holders.len(), 1, "{i:?}");
+    assert_eq!(i.holder("r2").token, t2);
+    assert_eq!(i.waiters, 0);
+}
+
+#[test]
+fn readers_at_the_head_of_the_queue_are_granted_together() {
+    let s = Server::start();
+    let mut w = s.conn();
+    let tw = token(w.acquire("k", "w", 30_000));
+    let mut readers = Vec::new();
+    for n in 1..=3 {
+        let owner = format!("r{n}");
+        let (c, _) = waiter(&s, &mut w, "LOCK.READ", "k", &owner, 5_000, n);
+        readers.push((owner, c));
+    }
+    // A writer behind them stays queued once they are in.
+    let (mut w2, _) = waiter(&s, &mut w, "LOCK.ACQUIRE", "k", "w2", 5_000, 4);
+    assert_eq!(w.release("k", "w").int(), 1);
+    let mut tokens = Vec::new();
+    for (owner, c) in readers.iter_mut() {
+        let t = token(reply_within(
+            c,
+            PROMPT,
+            &format!("{owner} after W's release"),
+        ));
+        assert!(t > tw);
+        tokens.push((owner.clone(), t));
+    }
+    let i = info(&mut w, "k");
+    assert_eq!(i.mode, "shared");
+    assert_eq!(i.holders.len(), 3, "{i:?}");
+    for (owner, t) in &tokens {
+        assert_eq!(i.holder(owner.as_str()).token, *t, "{i:?}");
+    }
+    let distinct: HashSet<i64> = tokens.iter().map(|(_, t)| *t).collect();
+    assert_eq!(
+        distinct.len(),
+        3,
+        "each reader has its own token: {tokens:?}"
+    );
+    assert_eq!(i.waiters, 1);
+    assert_still_blocked(&mut w2, 100, "W2 while the readers hold");
+    for (owner, c) in readers.iter_mut() {
+        assert_eq!(c.release("k", owner).int(), 1);
+    }
+    let t2 = token(reply_within(&mut w2, PROMPT, "W2 after the readers"));
+    assert!(tokens.iter().all(|(_, t)| t2 > *t));
+}
+
+#[test]
+fn a_writer_timing_out_at_the_head_lets_the_readers_behind_it_through() {
+    let s = Server::start();
+    let mut r0 = s.conn();
+    let t0 = token(r0.read("k", "r0", 30_000));
+    let wait = 300_u64;
+    let (mut w, _) = waiter(&s, &mut r0, "LOCK.ACQUIRE", "k", "w", wait as i64, 1);
+    let (mut r1, _) = waiter(&s, &mut r0, "LOCK.READ", "k", "r1", 5_000, 2);
+    let (mut r2, _) = waiter(&s, &mut r0, "LOCK.READ", "k", "r2", 5_000, 3);
+    let r = reply_within(&mut w, Duration::from_secs(3), "W's timeout");
+    let timed_out = Instant::now();
+    assert!(r.is_nil(), "W: expected nil on timeout, got {r:?}");
+    let mut tokens = Vec::new();
+    for (c, who) in [(&mut r1, "r1"), (&mut r2, "r2")] {
+        let t = token(reply_within(c, PROMPT, &format!("{who} after W timed out")));
+        assert!(t > t0);
+        tokens.push(t);
+    }
+    let took = timed_out.elapsed();
+    assert!(
+        took < Duration::from_millis(300),
+        "the readers came {took:?} after W's timeout: not at once"
+    );
+    let i = info(&mut r0, "k");
+    assert_eq!(i.mode, "shared");
+    assert_eq!(i.holders.len(), 3, "{i:?}");
+    assert_eq!(i.holder("r1").token, tokens[0]);
+    assert_eq!(i.holder("r2").token, tokens[1]);
+    assert_eq!(i.waiters, 0);
+    assert!(!i.holders.iter().any(|h| h.owner == b"w"));
+}
+
+#[test]
+fn a_writer_disconnecting_at_the_head_lets_the_readers_behind_it_through() {
+    let s = Server::start();
+    let mut r0 = s.conn();
+    let t0 = token(r0.read("k", "r0", 30_000));
+    let (w, _) = waiter(&s, &mut r0, "LOCK.ACQUIRE", "k", "w", 0, 1);
+    let (mut r1, _) = waiter(&s, &mut r0, "LOCK.READ", "k", "r1", 5_000, 2);
+    drop(w);
+    let t1 = token(reply_within(&mut r1, PROMPT, "R1 after W disconnected"));
+    assert!(t1 > t0);
+    let i = info(&mut r0, "k");
+    assert_eq!(i.holders.len(), 2, "{i:?}");
+    assert_eq!(i.waiters, 0);
+}
+
+// ---------------------------------------------------------------------------
+// Disconnects, transactions and scripts
+// ---------------------------------------------------------------------------
+
+#[test]
+fn a_disconnected_waiter_is_never_granted() {
+    let s = Server::start();
+    let mut a = s.conn();
+    // Alone in the queue: the lock is free after the release.
+    token(a.acquire("k", "a", 30_000));
+    let (b, _) = waiter(&s, &mut a, "LOCK.ACQUIRE", "k", "b", 0, 1);
+    drop(b);
+    wait_for_waiters(&mut a, "k", 0);
+    assert_eq!(a.release("k", "a").int(), 1);
+    sleep_ms(100);
+    assert!(
+        a.lock_info("k").is_none(),
+        "granted to a disconnected waiter"
+    );
+
+    // Ahead of another waiter: the next one gets it.
+    let ta = token(a.acquire("k2", "a", 30_000));
+    let (b, _) = waiter(&s, &mut a, "LOCK.ACQUIRE", "k2", "b", 5_000, 1);
+    let (mut c, _) = waiter(&s, &mut a, "LOCK.ACQUIRE", "k2", "c", 5_000, 2);
+    drop(b);
+    wait_for_waiters(&mut a, "k2", 1);
+    assert_eq!(a.release("k2", "a").int(), 1);
+    let tc = token(reply_within(&mut c, PROMPT, "C after B left"));
+    assert!(tc > ta);
+    sleep_ms(50);
+    let i = info(&mut a, "k2");
+    assert_eq!(holders(&mut a, "k2"), ["c"], "{i:?}");
+    assert_eq!(i.holder("c").token, tc);
+    assert_eq!(i.waiters, 0);
+}
+
+#[test]
+fn a_waiter_disconnecting_as_the_lock_is_released_holds_nothing() {
+    // The disconnect and the release race; whichever wins, B (gone) never
+    // ends up holding the lock.
+    let s = Server::start();
+    let mut a = s.conn();
+    for n in 0..10 {
+        let key = format!("k{n}");
+        token(a.acquire(&key, "a", 30_000));
+        let (b, _) = waiter(&s, &mut a, "LOCK.ACQUIRE", &key, "b", 0, 1);
+        drop(b);
+        assert_eq!(a.release(&key, "a").int(), 1);
+        wait_until(Duration::from_secs(2), "B's grant undone", || {
+            !holders(&mut a, &key).contains(&"b".to_string())
+        });
+        assert_eq!(a.lock_info(&key).map(|i| i.waiters).unwrap_or(0), 0);
+    }
+}
+
+#[test]
+fn wait_inside_multi_exec_is_an_immediate_try() {
+    let s = Server::start();
+    let mut a = s.conn();
+    token(a.acquire("k", "a", 30_000));
+    let mut b = s.conn();
+    b.cmd(&["MULTI"]).ok();
+    for (cmd, wait) in [
+        ("LOCK.ACQUIRE", "0"),
+        ("LOCK.RACQUIRE", "5000"),
+        ("LOCK.READ", "0"),
+    ] {
+        let r = b.cmd(&[cmd, "k", "b", "1000", "WAIT", wait]);
+        assert_eq!(r, Reply::Status("QUEUED".into()));
+    }
+    b.set_timeout(Duration::from_secs(3));
+    let t0 = Instant::now();
+    let r = b.cmd(&["EXEC"]);
+    assert!(t0.elapsed() < PROMPT, "EXEC took {:?}", t0.elapsed());
+    assert_eq!(r, Reply::Array(vec![Reply::Nil, Reply::Nil, Reply::Nil]));
+    assert_eq!(info(&mut a, "k").waiters, 0);
+    // Granted inside MULTI when free.
+    b.cmd(&["MULTI"]).ok();
+    b.cmd(&["LOCK.ACQUIRE", "free", "b", "1000", "WAIT", "0"]);
+    let r = b.cmd(&["EXEC"]);
+    token(r.array()[0].clone());
+}
+
+#[test]
+fn wait_inside_a_script_is_an_immediate_try() {
+    let s = Server::start();
+    let mut a = s.conn();
+    token(a.acquire("k", "a", 30_000));
+    let mut b = s.conn();
+    b.set_timeout(Duration::from_secs(3));
+    let script = "return redis.call('LOCK.ACQUIRE', KEYS[1], 'b', 1000, 'WAIT', 0)";
+    let t0 = Instant::now();
+    let r = b.cmd(&["EVAL", script, "1", "k"]);
+    assert!(t0.elapsed() < PROMPT, "EVAL took {:?}", t0.elapsed());
+    assert!(r.is_nil(), "EVAL: expected nil (false), got {r:?}");
+    let script = "return redis.call('LOCK.READ', KEYS[1], 'b', 1000, 'WAIT', 5000)";
+    assert!(b.cmd(&["EVAL", script, "1", "k"]).is_nil());
+    // A script granted a free lock gets the token.
+    let script = "return redis.call('LOCK.ACQUIRE', KEYS[1], 'b', 1000, 'WAIT', 0)";
+    token(b.cmd(&["EVAL", script, "1", "free"]));
+    assert_eq!(info(&mut a, "k").waiters, 0);
+    assert_eq!(holders(&mut a, "k"), ["a"]);
+}
+
+#[test]
+fn wait_inside_a_function_is_an_immediate_try() {
+    let s = Server::start();
+    let mut a = s.conn();
+    token(a.acquire("k", "a", 30_000));
+    let lib = "#!lua name=lockwait\n\
+        redis.register_function('try_lock', function(keys, args) \
+        return redis.call('LOCK.ACQUIRE', keys[1], args[1], 1000, 'WAIT', 0) end)";
+    let r = a.cmd(&["FUNCTION", "LOAD", lib]);
+    assert_eq!(r.str(), "lockwait");
+    let mut b = s.conn();
+    b.set_timeout(Duration::from_secs(3));
+    let t0 = Instant::now();
+    let r = b.cmd(&["FCALL", "try_lock", "1", "k", "b"]);
+    assert!(t0.elapsed() < PROMPT, "FCALL took {:?}", t0.elapsed());
+    assert!(r.is_nil(), "FCALL: expected nil, got {r:?}");
+    assert_eq!(info(&mut a, "k").waiters, 0);
+}
+
+// ---------------------------------------------------------------------------
+// Replication
+// ---------------------------------------------------------------------------
+
+#[test]
+fn a_grant_to_a_waiter_is_replicated() {
+    let master = Server::start();
+    let replica = Server::start();
+    replica.replicaof(&master);
+    let mut m = master.conn();
+    let mut r = replica.conn();
+
+    // Hand-off by RELEASE.
+    let ta = token(m.acquire("k", "a", 30_000));
+    let (mut b, _) = waiter(&master, &mut m, "LOCK.ACQUIRE", "k", "b", 5_000, 1);
+    assert_eq!(m.release("k", "a").int(), 1);
+    let tb = token(reply_within(&mut b, PROMPT, "B after the release"));
+    assert!(tb > ta);
+    wait_for_sync(&master, &replica);
+    let mi = m.lock_info("k");
+    let ri = r.lock_info("k");
+    assert_eq!(
+        ri.as_ref().map(|i| i.holder("b").token),
+        Some(tb),
+        "replica: {ri:?}"
+    );
+    assert_same_lock(&mi, &ri, 200, "after a hand-off by RELEASE");
+
+    // Hand-off at the holder's expiry (the module's timer grants it).
+    let tc = token(m.acquire("e", "c", 300));
+    let (mut d, _) = waiter(&master, &mut m, "LOCK.READ", "e", "d", 5_000, 1);
+    let td = token(reply_within(
+        &mut d,
+        Duration::from_secs(3),
+        "D at C's expiry",
+    ));
+    assert!(td > tc);
+    wait_for_sync(&master, &replica);
+    let mi = m.lock_info("e");
+    let ri = r.lock_info("e");
+    assert_eq!(
+        ri.as_ref().map(|i| i.holder("d").token),
+        Some(td),
+        "replica: {ri:?}"
+    );
+    assert_eq!(
+        ri.as_ref().map(|i| i.holders.len()),
+        Some(1),
+        "replica: {ri:?}"
+    );
+    assert_same_lock(&mi, &ri, 200, "after a hand-off at expiry");
+
+    // Hand-off after DEL (granted by the timer right after the event).
+    let (mut f, _) = waiter(&master, &mut m, "LOCK.ACQUIRE", "k", "f", 5_000, 1);
+    m.cmd(&["DEL", "k"]);
+    let tf = token(reply_within(&mut f, PROMPT, "F after DEL"));
+    wait_for_sync(&master, &replica);
+    let ri = r.lock_info("k");
+    assert_eq!(
+        ri.as_ref().map(|i| i.holder("f").token),
+        Some(tf),
+        "replica: {ri:?}"
+    );
+    assert_eq!(
+        ri.as_ref().map(|i| i.holders.len()),
+        Some(1),
+        "replica: {ri:?}"
+    );
+    assert_same_lock(&m.lock_info("k"), &ri, 200, "after a hand-off by DEL");
+}
+
+// ---------------------------------------------------------------------------
+// A grant racing the waiter's own deadline
+// ---------------------------------------------------------------------------
+
+/// A holds `key` with lease `ttl`; B waits with `WAIT wait` sent right after,
+/// so A's expiry and B's timeout fall (almost) together. B's one reply must be
+/// truthful, and must come.
+fn race_once(s: &Server, a: &mut Conn, key: &str, ttl: i64, wait: i64) -> bool {
+    let ta = token(a.acquire(key, "a", ttl));
+    let mut b = s.conn();
+    send_wait(&mut b, "LOCK.ACQUIRE", key, "b", 10_000, wait);
+    let what = format!("{key}: A ttl {ttl}, B WAIT {wait}");
+    one_truthful_reply(a, &mut b, key, ta, &what)
+}
+
+/// B (owner `b`) has a WAIT request pending on `key`, which A held with token
+/// `ta`: B gets exactly one reply, within 3 s, and it tells the truth: a token
+/// and B holds the lock, or nil and B holds nothing. Returns whether B was granted.
+fn one_truthful_reply(a: &mut Conn, b: &mut Conn, key: &str, ta: i64, what: &str) -> bool {
+    let r = reply_within(
+        b,
+        Duration::from_secs(3),
+        &format!("{what}: B's reply (a hang)"),
+    );
+    // Nothing more comes on B's connection: exactly one reply.
+    b.set_timeout(Duration::from_millis(20));
+    let extra = b.read_reply();
+    assert!(extra.is_err(), "{what}: a second reply {extra:?}");
+    b.set_timeout(DEFAULT_TIMEOUT);
+    b.ping();
+    let granted = match r {
+        Reply::Int(tb) => {
+            assert!(tb > ta, "{what}: B's token {tb} vs A's {ta}");
+            let i = a.lock_info(key);
+            let h = i.as_ref().map(|i| i.holders.clone()).unwrap_or_default();
+            assert!(
+                h.len() == 1 && h[0].owner == b"b" && h[0].token == tb,
+                "{what}: B was told {tb} but LOCK.INFO is {i:?}"
+            );
+            assert_eq!(b.release(key, "b").int(), 1, "{what}: B releases");
+            true
+        }
+        Reply::Nil => {
+            sleep_ms(10);
+            let h = holders(a, key);
+            assert!(
+                !h.contains(&"b".to_string()),
+                "{what}: B was told nil but holds: {h:?}"
+            );
+            assert!(b.release(key, "b").is_nil(), "{what}: B holds nothing");
+            false
+        }
+        other => panic!("{what}: B got {other:?}"),
+    };
+    assert_eq!(a.lock_info(key).map(|i| i.waiters).unwrap_or(0), 0);
+    granted
+}
+
+#[test]
+fn a_grant_racing_the_waiters_deadline_gives_one_truthful_reply() {
+    let s = Server::start();
+    let mut a = s.conn();
+    let (mut granted, mut nil) = (0, 0);
+    for n in 0..30 {
+        if race_once(&s, &mut a, &format!("race{n}"), 50, 50) {
+            granted += 1;
+        } else {
+            nil += 1;
+        }
+    }
+    eprintln!("race (same ttl and WAIT): {granted} granted, {nil} nil");
+}
+
+#[test]
+fn a_grant_racing_the_waiters_deadline_with_offsets_gives_one_truthful_reply() {
+    let s = Server::start();
+    let mut a = s.conn();
+    let (mut granted, mut nil) = (0, 0);
+    for n in 0..35_i64 {
+        let wait = 50 + (n % 7) - 3;
+        if race_once(&s, &mut a, &format!("race{n}"), 50, wait) {
+            granted += 1;
+        } else {
+            nil += 1;
+        }
+    }
+    eprintln!("race (WAIT = ttl -3..+3): {granted} granted, {nil} nil");
+}
+
+#[test]
+fn a_release_just_after_the_waiters_deadline_gives_one_truthful_reply() {
+    // B's WAIT deadline has passed but Redis has not yet timed it out (it
+    // checks blocked clients when its event loop wakes up) when A releases.
+    let s = Server::start();
+    let mut a = s.conn();
+    let (mut granted, mut nil) = (0, 0);
+    for n in 0..8_u64 {
+        let key = format!("late{n}");
+        let ta = token(a.acquire(&key, "a", 30_000));
+        let mut b = s.conn();
+        let sent = send_wait(&mut b, "LOCK.ACQUIRE", &key, "b", 10_000, 100);
+        let release_at = sent + Duration::from_millis(103 + n % 4 * 3);
+        thread::sleep(release_at.saturating_duration_since(Instant::now()));
+        assert_eq!(a.release(&key, "a").int(), 1);
+        let what = format!(
+            "{key}: B WAIT 100, A's RELEASE {:?} after B's request",
+            sent.elapsed()
+        );
+        if one_truthful_reply(&mut a, &mut b, &key, ta, &what) {
+            granted += 1;
+        } else {
+            nil += 1;
+        }
+    }
+    eprintln!("release after the deadline: {granted} granted, {nil} nil");
+}
+
+// ---------------------------------------------------------------------------
+// Stress
+// ---------------------------------------------------------------------------
+
+/// key -> (the owner inside its critical section, the last token seen).
+type Registry = HashMap<String, (Option<String>, i64)>;
+
+#[test]
+fn many_clients_waiting_on_a_few_keys_never_share_a_lock() {
+    const THREADS: usize = 8;
+    const KEYS: usize = 3;
+    const ROUNDS: usize = 50;
+    let s = Server::start();
+    let registry: Arc<Mutex<Registry>> = Arc::new(Mutex::new(HashMap::new()));
+    let all_tokens: Arc<Mutex<HashSet<i64>>> = Arc::new(Mutex::new(HashSet::new()));
+    let violations: Arc<Mutex<Vec<String>>> = Arc::new(Mutex::new(Vec::new()));
+    let grants = Arc::new(AtomicUsize::new(0));
+    // Requests that found the lock taken and were queued (took over 1 ms).
+    let waited = Arc::new(AtomicUsize::new(0));
+    let barrier = Arc::new(Barrier::new(THREADS));
+    let start = Instant::now();
+    let handles: Vec<_> = (0..THREADS)
+        .map(|t| {
+            let port = s.port;
+            let registry = Arc::clone(&registry);
+            let all_tokens = Arc::clone(&all_tokens);
+            let violations = Arc::clone(&violations);
+            let grants = Arc::clone(&grants);
+            let waited = Arc::clone(&waited);
+            let barrier = Arc::clone(&barrier);
+            thread::spawn(move || {
+                let mut c = Conn::connect(port);
+                barrier.wait();
+                let me = format!("t{t}");
+                let mut seed = (t as u64 + 1).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+                for round in 0..ROUNDS {
+                    seed ^= seed << 13;
+                    seed ^= seed >> 7;
+                    seed ^= seed << 17;
+                    let key = format!("s{}", (seed as usize + round) % KEYS);
+                    let asked = Instant::now();
+                    let r = c.cmd(&["LOCK.ACQUIRE", &key, &me, "2000", "WAIT", "5000"]);
+                    if asked.elapsed() > Duration::from_millis(1) {
+                        waited.fetch_add(1, Ordering::Relaxed);
+                    }
+                    let tok = match r {
+                        Reply::Int(tok) if tok > 0 => tok,
+                        other => {
+                            violations
+                                .lock()
+                                .unwrap()
+                                .push(format!("{me} round {round} {key}: ACQUIRE got {other:?}"));
+                            continue;
+                        }
+                    };
+                    grants.fetch_add(1, Ordering::Relaxed);
+                    {
+                        let mut reg = registry.lock().unwrap();
+                        let entry = reg.entry(key.clone()).or_insert((None, 0));
+                        if let Some(other) = &entry.0 {
+                            violations.lock().unwrap().push(format!(
+                                "{me} round {round}: granted {key} (token {tok}) while {other} holds it"
+                            ));
+                        }
+                        if tok <= entry.1 {
+                            violations.lock().unwrap().push(format!(
+                                "{me} round {round}: token {tok} on {key} not above the last {}",
+                                entry.1
+                            ));
+                        }
+                        *entry = (Some(me.clone()), tok.max(entry.1));
+                    }
+                    if !all_tokens.lock().unwrap().insert(tok) {
+                        violations
+                            .lock()
+                            .unwrap()
+                            .push(format!("{me} round {round}: token {tok} issued twice"));
+                    }
+                    // A short critical section.
+                    if round % 2 == 0 {
+                        thread::sleep(Duration::from_millis(1));
+                    } else {
+                        thread::yield_now();
+                    }
+                    {
+                        let mut reg = registry.lock().unwrap();
+                        let entry = reg.get_mut(&key).expect("entry");
+                        if entry.0.as_deref() != Some(me.as_str()) {
+                            violations.lock().unwrap().push(format!(
+                                "{me} round {round}: {key} taken over by {:?} during the critical section",
+                                entry.0
+                            ));
+                        }
+                        entry.0 = None;
+                    }
+                    let r = c.cmd(&["LOCK.RELEASE", &key, &me]);
+                    if r != Reply::Int(1) {
+                        violations
+                            .lock()
+                            .unwrap()
+                            .push(format!("{me} round {round}: RELEASE {key} got {r:?}"));
+                    }
+                }
+            })
+        })
+        .collect();
+    for h in handles {
+        h.join().expect("a stress thread panicked");
+    }
+    let took = start.elapsed();
+    let violations = violations.lock().unwrap();
+    assert!(
+        violations.is_empty(),
+        "{} violations, first ones: {:#?}",
+        violations.len(),
+        &violations[..violations.len().min(20)]
+    );
+    assert_eq!(grants.load(Ordering::Relaxed), THREADS * ROUNDS);
+    assert!(
+        took < Duration::from_secs(30),
+        "the stress run took {took:?}"
+    );
+    eprintln!(
+        "stress: {} grants in {took:?}, {} of them after a wait",
+        THREADS * ROUNDS,
+        waited.load(Ordering::Relaxed)
+    );
+    assert!(
+        waited.load(Ordering::Relaxed) > 0,
+        "no request ever waited: the stress test exercised no hand-off"
+    );
+    let mut c = s.conn();
+    for k in 0..KEYS {
+        assert!(c.lock_info(format!("s{k}")).is_none(), "s{k} left held");
+    }
+}
