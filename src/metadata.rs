@@ -54,8 +54,8 @@ const WAIT: Arg = Arg {
 
 struct Doc {
     name: &'static CStr,
-    /// ACL categories where the server supports them (7.2+); `lock` is the
-    /// module's own category where the server can add one (7.4+, Valkey).
+    /// ACL categories where the server supports them (7.2+); `lock`, the
+    /// module's own category, is dropped where the server cannot add it.
     acl: &'static CStr,
     summary: &'static CStr,
     complexity: &'static CStr,
@@ -69,7 +69,7 @@ const GRANT_ARGS: &[Arg] = &[K, OWNER, TTL, WAIT];
 const DOCS: &[Doc] = &[
     Doc {
         name: c"lock.acquire",
-        acl: c"write fast blocking",
+        acl: c"write fast blocking lock",
         summary: c"Acquires an exclusive, non-reentrant lock for ttl milliseconds; returns a fencing token, or nil when the lock is held. WAIT blocks up to timeout ms (0: no limit).",
         complexity: c"O(1)",
         arity: -4,
@@ -78,7 +78,7 @@ const DOCS: &[Doc] = &[
     },
     Doc {
         name: c"lock.racquire",
-        acl: c"write fast blocking",
+        acl: c"write fast blocking lock",
         summary: c"Acquires an exclusive, reentrant lock: the holder asking again adds a hold. Returns a fencing token, or nil when the lock is held.",
         complexity: c"O(1)",
         arity: -4,
@@ -87,7 +87,7 @@ const DOCS: &[Doc] = &[
     },
     Doc {
         name: c"lock.read",
-        acl: c"write fast blocking",
+        acl: c"write fast blocking lock",
         summary: c"Acquires the shared (read) side of a read-write lock, reentrant per reader; returns the reader's fencing token, or nil while a writer holds or waits.",
         complexity: c"O(R), R the readers holding the lock",
         arity: -4,
@@ -96,7 +96,7 @@ const DOCS: &[Doc] = &[
     },
     Doc {
         name: c"lock.release",
-        acl: c"write fast",
+        acl: c"write fast lock",
         summary: c"Removes one of the owner's holds: 1 when its last hold is gone, 0 when it still holds, nil when it held nothing.",
         complexity: c"O(R + G), R the holders, G the waiters granted as a result",
         arity: 3,
@@ -105,7 +105,7 @@ const DOCS: &[Doc] = &[
     },
     Doc {
         name: c"lock.renew",
-        acl: c"write fast",
+        acl: c"write fast lock",
         summary: c"Sets the owner's lease to ttl milliseconds from now (holds unchanged): 1, or 0 when it holds nothing.",
         complexity: c"O(R), R the holders",
         arity: 4,
@@ -114,7 +114,7 @@ const DOCS: &[Doc] = &[
     },
     Doc {
         name: c"lock.info",
-        acl: c"read fast",
+        acl: c"read fast lock",
         summary: c"Describes a lock: mode, holders ([owner, holds, ttl-ms-left, token] each) and waiters; nil when free.",
         complexity: c"O(R), R the holders",
         arity: 2,
@@ -213,14 +213,15 @@ fn describe_one(ctx: &Context, doc: &Doc) -> Result<(), String> {
 
 /// `write fast lock` (say) where the server knows every category; the
 /// standard ones alone where it has no `lock` category; nothing on 7.0,
-/// which has no ACL categories for module commands.
+/// which has no ACL categories for module commands. The internal LOCK.SYNC
+/// is not in `@lock`.
 fn set_acl_categories(ctx: &Context, command: *mut raw::RedisModuleCommand, doc: &Doc) {
     if unsafe { raw::RedisModule_SetCommandACLCategories }.is_none() {
         return;
     }
-    let standard = doc.acl.to_string_lossy();
-    let with_module = format!("{standard} lock");
-    for categories in [with_module.as_str(), &standard] {
+    let wanted = doc.acl.to_string_lossy();
+    let standard = wanted.trim_end_matches(" lock");
+    for categories in [wanted.as_ref(), standard] {
         let Ok(categories) = std::ffi::CString::new(categories) else {
             continue;
         };

@@ -1,0 +1,68 @@
+#!/usr/bin/env bash
+# Installs what the client examples' tests need (tests/clients.rs), only when
+# missing, project-local and never system-wide:
+#   - redis-py into target/clients/python (pip install --target),
+#   - ioredis into target/clients/node (npm install --prefix),
+#   - Node.js and npm from Debian when they are not on the machine.
+# The Rust example's `redis` crate is a dev-dependency: cargo fetches it.
+# Quiet and quick when everything is there; safe to run again.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+REDIS_PY_VERSION=7.4.1
+IOREDIS_VERSION=5.11.1
+dir=target/clients
+
+say() { echo "client-deps: $*" >&2; }
+
+need_root() {
+  if [ "$(id -u)" -eq 0 ]; then
+    echo ""
+  elif command -v sudo >/dev/null 2>&1; then
+    echo "sudo"
+  else
+    say "need root (or sudo) to install $*"
+    exit 1
+  fi
+}
+
+# Python 3 and pip.
+if ! command -v python3 >/dev/null 2>&1 || ! python3 -m pip --version >/dev/null 2>&1; then
+  say "installing python3 and pip (Debian)"
+  sudo=$(need_root python3-pip)
+  export DEBIAN_FRONTEND=noninteractive
+  $sudo apt-get update -qq
+  $sudo apt-get install -y -qq --no-install-recommends python3 python3-pip >/dev/null
+fi
+
+# redis-py.
+if ! PYTHONPATH="$dir/python" python3 -c \
+    "import sys, redis; sys.exit(redis.__version__ != '$REDIS_PY_VERSION')" >/dev/null 2>&1; then
+  say "installing redis-py $REDIS_PY_VERSION into $dir/python"
+  rm -rf "$dir/python"
+  mkdir -p "$dir/python"
+  # --break-system-packages is harmless with --target; Debian's pip needs it.
+  python3 -m pip install --quiet --disable-pip-version-check --no-input \
+    --target "$dir/python" "redis==$REDIS_PY_VERSION" 2>/dev/null \
+  || python3 -m pip install --quiet --disable-pip-version-check --no-input \
+    --break-system-packages --target "$dir/python" "redis==$REDIS_PY_VERSION"
+fi
+
+# Node.js and npm.
+if ! command -v node >/dev/null 2>&1 || ! command -v npm >/dev/null 2>&1; then
+  say "installing nodejs and npm (Debian)"
+  sudo=$(need_root nodejs npm)
+  export DEBIAN_FRONTEND=noninteractive
+  $sudo apt-get update -qq
+  $sudo apt-get install -y -qq --no-install-recommends nodejs npm >/dev/null
+fi
+
+# ioredis.
+if ! NODE_PATH="$dir/node/node_modules" node -e \
+    "process.exit(require('ioredis/package.json').version === '$IOREDIS_VERSION' ? 0 : 1)" \
+    >/dev/null 2>&1; then
+  say "installing ioredis $IOREDIS_VERSION into $dir/node"
+  mkdir -p "$dir/node"
+  npm install --prefix "$dir/node" --no-audit --no-fund --no-save --silent \
+    --no-package-lock "ioredis@$IOREDIS_VERSION" >/dev/null
+fi
