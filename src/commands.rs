@@ -60,11 +60,11 @@ fn grant(ctx: &Context, args: Vec<RedisString>, kind: Kind) -> RedisResult {
 }
 
 /// The keyspace event of a grant.
-pub fn event_of(kind: Kind) -> &'static str {
+pub fn event_of(kind: Kind) -> &'static std::ffi::CStr {
     match kind {
-        Kind::Acquire => "lock.acquire",
-        Kind::Racquire => "lock.racquire",
-        Kind::Read => "lock.read",
+        Kind::Acquire => c"lock.acquire",
+        Kind::Racquire => c"lock.racquire",
+        Kind::Read => c"lock.read",
     }
 }
 
@@ -86,7 +86,7 @@ pub fn release(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
     let outcome = store::update(ctx, &release.key, |txn| {
         let outcome = txn.lock.release(&release.owner, txn.now, txn.changes);
         if outcome != Release::NotHeld {
-            txn.events.push("lock.release");
+            txn.events.push(c"lock.release");
         }
         outcome
     })?;
@@ -108,7 +108,7 @@ pub fn renew(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
             .lock
             .renew(&renew.owner, renew.ttl, txn.now, txn.changes);
         if renewed {
-            txn.events.push("lock.renew");
+            txn.events.push(c"lock.renew");
         }
         renewed
     })?;

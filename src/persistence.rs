@@ -140,49 +140,24 @@ unsafe extern "C" fn aof_rewrite(
         let Some(lock) = (unsafe { value.cast::<Lock>().as_ref() }) else {
             return;
         };
-        let Ok(cmd) = std::ffi::CString::new(replication::SYNC) else {
-            return;
-        };
-        let key = RedisString::string_as_slice(key);
-        let mode = lock.mode().name();
+        // The same effect replication sends: one `LOCK.SYNC key SET ...` per holder.
         for h in lock.holders() {
-            let [holds, token, deadline] = replication::set_fields(lock.mode(), h);
-            let args: [&[u8]; 7] = [
+            let [holds, token, deadline] = replication::numbers(h);
+            api!(RedisModule_EmitAOF(
+                aof,
+                replication::SYNC.as_ptr(),
+                replication::SET_FORMAT.as_ptr(),
                 key,
-                b"SET",
-                &h.owner,
-                mode.as_bytes(),
-                holds.as_bytes(),
-                token.as_bytes(),
-                deadline.as_bytes(),
-            ];
-            emit(aof, &cmd, &args);
+                c"SET".as_ptr(),
+                h.owner.as_ptr(),
+                h.owner.len(),
+                replication::mode_arg(lock.mode()).as_ptr(),
+                holds,
+                token,
+                deadline
+            ));
         }
     })
-}
-
-/// `RedisModule_EmitAOF(aof, cmd, "bbbbbbb", ...)`: seven binary-safe arguments.
-fn emit(aof: *mut raw::RedisModuleIO, cmd: &std::ffi::CStr, a: &[&[u8]; 7]) {
-    let [a0, a1, a2, a3, a4, a5, a6] = a;
-    api!(RedisModule_EmitAOF(
-        aof,
-        cmd.as_ptr(),
-        c"bbbbbbb".as_ptr(),
-        a0.as_ptr(),
-        a0.len(),
-        a1.as_ptr(),
-        a1.len(),
-        a2.as_ptr(),
-        a2.len(),
-        a3.as_ptr(),
-        a3.len(),
-        a4.as_ptr(),
-        a4.len(),
-        a5.as_ptr(),
-        a5.len(),
-        a6.as_ptr(),
-        a6.len()
-    ));
 }
 
 unsafe extern "C" fn mem_usage(value: *const c_void) -> usize {

@@ -10,50 +10,77 @@
 //! so a replica or an AOF replay never recomputes anything from its own clock.
 //! Drops go first: a replica never holds two modes at once, even midway.
 
+use std::ffi::{c_longlong, CStr};
+
 use redis_module::{Context, ContextFlags, RedisResult, RedisString, RedisValue};
 
 use crate::core::{Changes, Holder, Lock, Mode};
 use crate::errors::LockError;
 use crate::fencing;
+use crate::keys::api;
 use crate::store;
 
-pub const SYNC: &str = "LOCK.SYNC";
+pub const SYNC: &CStr = c"LOCK.SYNC";
 
-/// Sends the effect of one transition to replicas and the AOF.
+/// `LOCK.SYNC key SET owner mode holds token deadline`, as `RedisModule_Replicate`
+/// and `RedisModule_EmitAOF` format their arguments.
+pub const SET_FORMAT: &CStr = c"scbclll";
+/// `LOCK.SYNC key DROP owner`.
+pub const DROP_FORMAT: &CStr = c"scb";
+
+/// A holder's numbers as the `l` (long long) arguments of a `SET` effect.
+pub fn numbers(holder: &Holder) -> [c_longlong; 3] {
+    let n = |v: u64| c_longlong::try_from(v).unwrap_or(c_longlong::MAX);
+    [
+        n(u64::from(holder.holds)),
+        n(holder.token),
+        n(holder.deadline),
+    ]
+}
+
+/// The mode as the `c` (C string) argument of a `SET` effect.
+pub fn mode_arg(mode: Mode) -> &'static CStr {
+    match mode {
+        Mode::Exclusive => c"exclusive",
+        Mode::Shared => c"shared",
+    }
+}
+
+/// Sends the effect of one transition to replicas and the AOF, straight
+/// through `RedisModule_Replicate` (no argument strings are built).
 pub fn replicate(ctx: &Context, key: &RedisString, lock: &Lock, changes: &Changes) {
-    let key = key.as_slice();
+    let c = ctx.ctx;
     for owner in changes.owners() {
         if lock.holder(owner).is_none() {
-            ctx.replicate(SYNC, &[key, b"DROP", owner]);
+            api!(RedisModule_Replicate(
+                c,
+                SYNC.as_ptr(),
+                DROP_FORMAT.as_ptr(),
+                key.inner,
+                c"DROP".as_ptr(),
+                owner.as_ptr(),
+                owner.len()
+            ));
         }
     }
     for owner in changes.owners() {
         if let Some(holder) = lock.holder(owner) {
-            let fields = set_fields(lock.mode(), holder);
-            let [holds, token, deadline] = &fields;
-            ctx.replicate(
-                SYNC,
-                &[
-                    key,
-                    b"SET",
-                    owner,
-                    lock.mode().name().as_bytes(),
-                    holds.as_bytes(),
-                    token.as_bytes(),
-                    deadline.as_bytes(),
-                ],
-            );
+            let [holds, token, deadline] = numbers(holder);
+            api!(RedisModule_Replicate(
+                c,
+                SYNC.as_ptr(),
+                SET_FORMAT.as_ptr(),
+                key.inner,
+                c"SET".as_ptr(),
+                owner.as_ptr(),
+                owner.len(),
+                mode_arg(lock.mode()).as_ptr(),
+                holds,
+                token,
+                deadline
+            ));
         }
     }
-}
-
-/// The numbers of a `SET` effect, as decimal text.
-pub fn set_fields(_mode: Mode, holder: &Holder) -> [String; 3] {
-    [
-        holder.holds.to_string(),
-        holder.token.to_string(),
-        holder.deadline.to_string(),
-    ]
 }
 
 enum Effect {

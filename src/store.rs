@@ -1,6 +1,8 @@
 //! Reading and writing a lock key: open it, run a core transition, then write
 //! back exactly what changed (value, key expiry, deletion, replication).
 
+use std::ffi::CStr;
+
 use redis_module::{Context, RedisString};
 
 use crate::clock;
@@ -22,7 +24,7 @@ pub struct Txn<'a> {
     pub changes: &'a mut Changes,
     pub now: u64,
     /// Keyspace events to fire once the key is written back.
-    pub events: Vec<&'static str>,
+    pub events: Vec<&'static CStr>,
 }
 
 /// Runs a core transition on the lock at `name`, replicates its effect and
@@ -47,7 +49,7 @@ pub fn update<R>(
         let mut events = txn.events;
         if changes.expired() > 0 {
             stats::EXPIRED_LEASES.add(changes.expired());
-            events.insert(0, "lock.expired");
+            events.insert(0, c"lock.expired");
         }
         if !changes.is_empty() {
             replication::replicate(ctx, name, lock, &changes);
@@ -115,10 +117,7 @@ pub fn modify<R>(
 
 /// Fires a module keyspace event (`notify-keyspace-events` class `d`), e.g.
 /// `__keyevent@0__:lock.acquire`.
-fn notify(ctx: &Context, event: &'static str, key: &RedisString) {
-    let Ok(event) = std::ffi::CString::new(event) else {
-        return;
-    };
+fn notify(ctx: &Context, event: &CStr, key: &RedisString) {
     let class =
         std::ffi::c_int::try_from(redis_module::raw::REDISMODULE_NOTIFY_MODULE).unwrap_or(0);
     api!(RedisModule_NotifyKeyspaceEvent(

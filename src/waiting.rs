@@ -142,10 +142,15 @@ pub fn block(
     }
     let now = crate::clock::now_ms();
     let deadline = (ms > 0).then(|| now.saturating_add(ms));
+    // No timeout callback: Redis's block timeout is not used (see above),
+    // and with one, a `CLIENT UNBLOCK id TIMEOUT` arriving after the module
+    // unblocked the client with a grant, but before Redis handled that
+    // unblock, made Redis drop the reply: the client never got one. Without
+    // it, `CLIENT UNBLOCK` leaves lock waiters alone (it answers 0).
     let handle = api!(RedisModule_BlockClient(
         ctx.ctx,
         Some(on_reply),
-        Some(on_timeout),
+        None,
         Some(free_decision),
         0
     ))
@@ -211,7 +216,7 @@ pub fn settle(ctx: &Context, name: &RedisString, txn: &mut Txn) -> Pending {
         for r in revoked {
             if txn.lock.holder(&r.owner).map(|h| h.token) == Some(r.token) {
                 txn.lock.release(&r.owner, txn.now, txn.changes);
-                txn.events.push("lock.release");
+                txn.events.push(c"lock.release");
             }
         }
     }
@@ -305,9 +310,14 @@ fn unblock(waiter: Waiter, outcome: Result<Attempt, LockError>) {
     api!(RedisModule_UnblockClient(waiter.handle, data));
 }
 
-/// Removes a waiter that timed out or disconnected; the request behind it
-/// may now be grantable (a writer holding back readers), so its key is
-/// visited at once.
+/// Removes a waiter whose client went away (or that Redis unblocked itself,
+/// e.g. on a switch to replica); the request behind it may now be grantable
+/// (a writer holding back readers), so its key is visited at once.
+///
+/// Redis frees a blocked-client handle only once the module has called
+/// `RM_UnblockClient` on it, even when the client is gone: without that call
+/// the handle and its two temporary clients (about 35 KB) leaked for every
+/// waiter that disconnected.
 fn leave(ctx: &Context, handle: *mut raw::RedisModuleBlockedClient) {
     let key = {
         let mut registry = registry();
@@ -323,6 +333,8 @@ fn leave(ctx: &Context, handle: *mut raw::RedisModuleBlockedClient) {
         }
         waiter.key
     };
+    // No private data: nothing is replied (the client is gone) or revoked.
+    api!(RedisModule_UnblockClient(handle, std::ptr::null_mut()));
     timers::schedule(ctx, key.0, &key.1, Some(crate::clock::now_ms()));
 }
 
@@ -346,24 +358,6 @@ extern "C" fn on_reply(
             None => Err(LockError::Internal.into()),
         };
         ctx.reply(reply);
-        raw::REDISMODULE_OK as c_int
-    })
-}
-
-/// Redis's own block timeout: not used for WAIT (blocked with no timeout),
-/// but `CLIENT UNBLOCK id TIMEOUT` lands here.
-extern "C" fn on_timeout(
-    raw_ctx: *mut raw::RedisModuleCtx,
-    _argv: *mut *mut raw::RedisModuleString,
-    _argc: c_int,
-) -> c_int {
-    guard::callback("the WAIT timeout", raw::REDISMODULE_OK as c_int, || {
-        let ctx = Context::new(raw_ctx);
-        if let Some(handle) = api!(RedisModule_GetBlockedClientHandle(raw_ctx)) {
-            leave(&ctx, handle);
-        }
-        stats::WAIT_TIMEOUTS.incr();
-        ctx.reply(Ok(RedisValue::Null));
         raw::REDISMODULE_OK as c_int
     })
 }

@@ -272,6 +272,8 @@ impl Lock {
             return Attempt::TokensExhausted;
         };
         self.mode = req.kind.mode();
+        // Most locks have one holder: no room for three more (memory per lock).
+        self.holders.reserve_exact(1);
         self.holders.push(Holder {
             owner: req.owner.clone(),
             holds: 1,
