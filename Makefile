@@ -7,7 +7,7 @@ PORT ?= 6379
 RELEASE_SO := target/release/libredis_lock.so
 DEBUG_SO := target/debug/libredis_lock.so
 
-.PHONY: help deps client-deps build release run test test-matrix lint fmt clean
+.PHONY: help deps client-deps build release run test test-matrix bench bench-profile lint fmt clean
 
 help: ## Show this help
 	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
@@ -37,6 +37,12 @@ test-matrix: build client-deps ## Run the integration tests on Redis 7.0 (Debian
 	REDIS_LOCK_MODULE=$(CURDIR)/$(DEBUG_SO) $(CARGO) test --tests
 	@valkey=$$(scripts/valkey.sh) && echo "== Valkey: $$($$valkey --version)" && \
 		REDIS_SERVER=$$valkey REDIS_LOCK_MODULE=$(CURDIR)/$(DEBUG_SO) $(CARGO) test --tests
+
+bench: release ## Benchmarks vs SET NX PX and Lua lock scripts (~2 min; BENCH_QUICK=1: ~20 s); writes docs/bench/contention.svg
+	REDIS_LOCK_MODULE=$(CURDIR)/$(RELEASE_SO) $(CARGO) bench --bench lockbench
+
+bench-profile: release ## Instructions per request of each benchmarked command under callgrind (~30 s)
+	REDIS_LOCK_MODULE=$(CURDIR)/$(RELEASE_SO) $(CARGO) bench --bench lockbench -- --callgrind
 
 lint: deps ## rustfmt check and clippy with -D warnings
 	$(CARGO) fmt --check

@@ -1,0 +1,402 @@
+//! `make bench` / `cargo bench --bench lockbench`: redis-lock side by side with
+//! `SET NX PX` and the lock libraries' Lua scripts, on one redis-server that
+//! this program starts itself (127.0.0.1, a free port, its own temporary
+//! directory, the release module), measured in one run and printed as one
+//! report (Markdown) with the machine and the server version on top.
+//!
+//! 1. throughput, uncontended, unique keys (`throughput`);
+//! 2. contention on one key: WAIT vs polling vs back-off (`contention`);
+//! 3. latency of a hand-off and of a grant after an expiry (`latency`);
+//! 4. memory and 5. persistence of many held locks (`memory`).
+//!
+//! Options: `--quick` (or `BENCH_QUICK=1`): a ~20 s smoke run with small
+//! counts. `--only 1,3`: some sections only. `--callgrind`: instructions per
+//! request of each command under `valgrind --tool=callgrind` instead (slow,
+//! repeatable). Environment: `REDIS_LOCK_MODULE` (the module to load; else
+//! target/release/libredis_lock.so, built when missing or stale).
+//!
+//! The full run writes the chart to docs/bench/contention.svg; every run
+//! writes its report to target/lockbench/.
+
+mod chart;
+mod contention;
+mod latency;
+mod memory;
+mod profile;
+mod resp;
+mod server;
+mod stats;
+mod throughput;
+
+use std::fs;
+use std::io;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::{Instant, SystemTime, UNIX_EPOCH};
+
+use server::{Options, Server};
+
+/// How much to measure.
+struct Plan {
+    name: &'static str,
+    rounds: usize,
+    requests: usize,
+    conns: usize,
+    pipeline: usize,
+    contention_secs: f64,
+    workers: Vec<usize>,
+    latency: latency::Samples,
+    mem_keys: usize,
+    shared_grants: usize,
+    callgrind_requests: usize,
+}
+
+impl Plan {
+    fn full() -> Plan {
+        Plan {
+            name: "full",
+            rounds: 5,
+            requests: 300_000,
+            conns: 50,
+            pipeline: 16,
+            contention_secs: 3.0,
+            workers: vec![8, 64, 256],
+            latency: latency::Samples {
+                handoff: 2000,
+                handoff_poll: 300,
+                expiry: 300,
+                expiry_poll: 150,
+            },
+            mem_keys: 1_000_000,
+            shared_grants: 100_000,
+            callgrind_requests: 20_000,
+        }
+    }
+
+    fn quick() -> Plan {
+        Plan {
+            name: "quick",
+            rounds: 3,
+            requests: 30_000,
+            contention_secs: 0.5,
+            latency: latency::Samples {
+                handoff: 200,
+                handoff_poll: 30,
+                expiry: 30,
+                expiry_poll: 15,
+            },
+            mem_keys: 100_000,
+            shared_grants: 10_000,
+            callgrind_requests: 2000,
+            ..Plan::full()
+        }
+    }
+}
+
+fn main() {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let quick = args.iter().any(|a| a == "--quick")
+        || std::env::var("BENCH_QUICK").is_ok_and(|v| !v.is_empty() && v != "0");
+    let callgrind = args.iter().any(|a| a == "--callgrind");
+    let only: Option<Vec<u32>> = args
+        .iter()
+        .position(|a| a == "--only")
+        .and_then(|i| args.get(i + 1))
+        .map(|v| v.split(',').filter_map(|s| s.trim().parse().ok()).collect());
+    let plan = if quick { Plan::quick() } else { Plan::full() };
+    let result = if callgrind {
+        run_callgrind(&plan)
+    } else {
+        run(&plan, only.as_deref())
+    };
+    if let Err(e) = result {
+        eprintln!("lockbench: {e}");
+        std::process::exit(1);
+    }
+}
+
+fn root() -> &'static Path {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+}
+
+fn first_line(path: &str, prefix: &str) -> Option<String> {
+    fs::read_to_string(path)
+        .ok()?
+        .lines()
+        .find(|l| l.starts_with(prefix))
+        .and_then(|l| l.split(':').nth(1))
+        .map(|v| v.trim().to_string())
+}
+
+/// `2026-04-30 12:34 UTC`.
+fn utc_now() -> String {
+    let secs = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_secs() as i64)
+        .unwrap_or(0);
+    let (days, rem) = (secs.div_euclid(86_400), secs.rem_euclid(86_400));
+    // Civil date from days since 1970-01-01 (Howard Hinnant's algorithm).
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = doy - (153 * mp + 2) / 5 + 1;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 };
+    let y = yoe + era * 400 + i64::from(m <= 2);
+    format!(
+        "{y:04}-{m:02}-{d:02} {:02}:{:02} UTC",
+        rem / 3600,
+        (rem % 3600) / 60
+    )
+}
+
+fn loadavg() -> String {
+    fs::read_to_string("/proc/loadavg")
+        .ok()
+        .map(|s| s.split_whitespace().take(3).collect::<Vec<_>>().join(" "))
+        .unwrap_or_else(|| "?".into())
+}
+
+fn machine() -> String {
+    let cpu = first_line("/proc/cpuinfo", "model name").unwrap_or_else(|| "?".into());
+    let cores = std::thread::available_parallelism().map_or(0, |n| n.get());
+    let mem_kb: f64 = first_line("/proc/meminfo", "MemTotal")
+        .and_then(|v| v.split_whitespace().next()?.parse().ok())
+        .unwrap_or(0.0);
+    let kernel = fs::read_to_string("/proc/sys/kernel/osrelease")
+        .map(|s| s.trim().to_string())
+        .unwrap_or_else(|_| "?".into());
+    format!(
+        "{cpu}, {cores} cores, {:.0} GiB RAM, Linux {kernel} {}",
+        mem_kb / 1024.0 / 1024.0,
+        std::env::consts::ARCH
+    )
+}
+
+fn server_version() -> String {
+    Command::new("redis-server")
+        .arg("--version")
+        .output()
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
+        .unwrap_or_else(|_| "?".into())
+}
+
+fn out_dir() -> io::Result<PathBuf> {
+    let dir = root().join("target/lockbench");
+    fs::create_dir_all(&dir)?;
+    Ok(dir)
+}
+
+fn fmt_wall(secs: f64) -> String {
+    let s = secs.round() as u64;
+    format!("{}m {:02}s", s / 60, s % 60)
+}
+
+fn run(plan: &Plan, only: Option<&[u32]>) -> io::Result<()> {
+    let started = Instant::now();
+    let wants = |n: u32| only.is_none_or(|o| o.contains(&n));
+    let module = server::module_path()?;
+    let dir = server::TempDir::new()?;
+    let opts = Options {
+        module: module.clone(),
+        dir: dir.0.clone(),
+        callgrind: false,
+    };
+    let load_start = loadavg();
+    let mut server = Server::start(&opts)?;
+    let mut c = server.conn()?;
+    let version = c.info_field("server", "redis_version")?;
+    let allocator = c.info_field("memory", "mem_allocator")?;
+    let scripts = throughput::Scripts::load(&mut c)?;
+    eprintln!(
+        "lockbench ({} run): redis {version} on 127.0.0.1:{}, module {}",
+        plan.name,
+        server.port,
+        module.display()
+    );
+
+    let mut body = String::new();
+    let mut goals: Vec<(String, String, bool)> = Vec::new();
+
+    if wants(1) {
+        eprintln!("1. throughput");
+        let mut pool = throughput::Pool::new(server.port, plan.conns, plan.pipeline)?;
+        let r = throughput::run(&mut c, &mut pool, &scripts, plan.requests, plan.rounds)?;
+        body.push_str(&throughput::table(&r));
+        body.push('\n');
+        use throughput::Op;
+        for (op, base, goal) in [
+            (Op::Acquire, Op::Set, 0.95),
+            (Op::Acquire, Op::LuaAcquire, 1.6),
+            (Op::Racquire, Op::Redisson, 2.0),
+        ] {
+            let ratio = r.paired_ratio(op, base);
+            goals.push((
+                format!("{} >= {goal} x {}", op.label(), base.label()),
+                format!("{ratio:.2}x"),
+                ratio >= goal,
+            ));
+        }
+    }
+
+    if wants(2) {
+        eprintln!("2. contention");
+        let rows = contention::run(server.port, &plan.workers, plan.contention_secs)?;
+        body.push_str(&contention::table(&rows, plan.contention_secs));
+        let subtitle = format!(
+            "{}; redis {version}; {} s per point; {} run, {}",
+            machine(),
+            plan.contention_secs,
+            plan.name,
+            utc_now()
+        );
+        let svg = chart::contention_svg(&rows, &subtitle);
+        let chart_path = if plan.name == "full" {
+            let d = root().join("docs/bench");
+            fs::create_dir_all(&d)?;
+            d.join("contention.svg")
+        } else {
+            out_dir()?.join("contention-quick.svg")
+        };
+        fs::write(&chart_path, svg)?;
+        body.push_str(&format!(
+            "\nChart: `{}`\n\n",
+            chart_path
+                .strip_prefix(root())
+                .unwrap_or(&chart_path)
+                .display()
+        ));
+        let find =
+            |s: contention::Strategy| rows.iter().find(|r| r.workers == 64 && r.strategy == s);
+        if let (Some(w), Some(p)) = (
+            find(contention::Strategy::Wait),
+            find(contention::Strategy::Poll),
+        ) {
+            let ratio = w.waits.at(99.0) / p.waits.at(99.0);
+            goals.push((
+                "64 workers: WAIT p99 wait <= 1/10 of 1 ms polling".into(),
+                format!(
+                    "{} vs {} = 1/{:.1}",
+                    stats::dur_us(w.waits.at(99.0)),
+                    stats::dur_us(p.waits.at(99.0)),
+                    1.0 / ratio
+                ),
+                ratio <= 0.1,
+            ));
+            goals.push((
+                "64 workers: WAIT commands per grant <= 4.0".into(),
+                format!(
+                    "{:.2} (polling {:.2})",
+                    w.commands_per_grant(),
+                    p.commands_per_grant()
+                ),
+                w.commands_per_grant() <= 4.0,
+            ));
+        }
+    }
+
+    if wants(3) {
+        eprintln!("3. latency");
+        let rows = latency::run(server.port, &scripts, &plan.latency)?;
+        body.push_str(&latency::table(&rows));
+        body.push('\n');
+    }
+
+    if wants(4) || wants(5) {
+        eprintln!("4. memory and 5. persistence");
+        drop(c);
+        let r = memory::run(&mut server, plan.mem_keys, plan.shared_grants)?;
+        let (mem, persist) = memory::tables(&r);
+        body.push_str(&mem);
+        body.push('\n');
+        body.push_str(&persist);
+        body.push('\n');
+        let set = r.mem.iter().find(|m| m.kind == memory::Kind::Strings);
+        let lock = r.mem.iter().find(|m| m.kind == memory::Kind::Locks);
+        if let (Some(s), Some(l)) = (set, lock) {
+            let ratio = l.per_key / s.per_key;
+            goals.push((
+                "memory per exclusive lock <= 1.2 x a `SET NX PX` key".into(),
+                format!(
+                    "{} vs {} = {ratio:.2}x",
+                    stats::bytes(l.per_key),
+                    stats::bytes(s.per_key)
+                ),
+                ratio <= 1.2,
+            ));
+        }
+    }
+    drop(server);
+    drop(dir);
+
+    let wall = started.elapsed().as_secs_f64();
+    let mut report = String::new();
+    report.push_str(&format!(
+        "## redis-lock benchmarks ({} run, {})\n\n",
+        plan.name,
+        utc_now()
+    ));
+    report.push_str(&format!("- machine: {}\n", machine()));
+    report.push_str(&format!(
+        "- load average (1/5/15 min): {load_start} at start, {} at end\n",
+        loadavg()
+    ));
+    report.push_str(&format!(
+        "- server: redis {version} ({allocator}), one instance on 127.0.0.1 started by the bench, no AOF, no replicas; `{}`\n",
+        server_version()
+    ));
+    report.push_str(&format!(
+        "- module: `{}`\n",
+        module.strip_prefix(root()).unwrap_or(&module).display()
+    ));
+    report.push_str(&format!(
+        "- client: lockbench (Rust, std only, same machine); wall time of this run: {}\n\n",
+        fmt_wall(wall)
+    ));
+    if !goals.is_empty() {
+        report.push_str("### Goals\n\n| goal | measured | status |\n|---|---|---|\n");
+        for (goal, measured, met) in &goals {
+            report.push_str(&format!(
+                "| {goal} | {measured} | {} |\n",
+                if *met { "met" } else { "**not met**" }
+            ));
+        }
+        report.push('\n');
+    }
+    report.push_str(&body);
+    println!("{report}");
+    let path = out_dir()?.join(format!("report-{}.md", plan.name));
+    fs::write(&path, &report)?;
+    eprintln!("report written to {}", path.display());
+    Ok(())
+}
+
+fn run_callgrind(plan: &Plan) -> io::Result<()> {
+    let module = server::module_path()?;
+    let dir = out_dir()?.join("callgrind");
+    let _ = fs::remove_dir_all(&dir);
+    fs::create_dir_all(&dir)?;
+    let opts = Options {
+        module,
+        dir: dir.clone(),
+        callgrind: true,
+    };
+    eprintln!(
+        "lockbench --callgrind: {} requests per command under valgrind (slow)",
+        plan.callgrind_requests
+    );
+    let rows = profile::run(&opts, plan.callgrind_requests)?;
+    let mut report = format!(
+        "## redis-lock: instructions per request ({})\n\n- machine: {}\n- server: `{}`\n- dumps: `{}` (`callgrind_annotate --inclusive=yes <dump>`)\n\n",
+        utc_now(),
+        machine(),
+        server_version(),
+        dir.strip_prefix(root()).unwrap_or(&dir).display()
+    );
+    report.push_str(&profile::table(&rows, plan.callgrind_requests));
+    println!("{report}");
+    fs::write(out_dir()?.join("callgrind.md"), &report)?;
+    Ok(())
+}

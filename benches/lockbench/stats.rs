@@ -1,0 +1,107 @@
+//! Medians, percentiles and number formatting.
+
+use std::time::Duration;
+
+pub fn median(values: &[f64]) -> f64 {
+    let mut v: Vec<f64> = values.iter().copied().filter(|x| x.is_finite()).collect();
+    if v.is_empty() {
+        return f64::NAN;
+    }
+    v.sort_by(f64::total_cmp);
+    let n = v.len();
+    if n % 2 == 1 {
+        v[n / 2]
+    } else {
+        (v[n / 2 - 1] + v[n / 2]) / 2.0
+    }
+}
+
+pub fn min_max(values: &[f64]) -> (f64, f64) {
+    values
+        .iter()
+        .fold((f64::INFINITY, f64::NEG_INFINITY), |(lo, hi), &x| {
+            (lo.min(x), hi.max(x))
+        })
+}
+
+/// Percentiles of durations in microseconds (nearest rank).
+pub struct Percentiles {
+    sorted: Vec<u64>,
+}
+
+impl Percentiles {
+    pub fn new(mut us: Vec<u64>) -> Percentiles {
+        us.sort_unstable();
+        Percentiles { sorted: us }
+    }
+
+    pub fn len(&self) -> usize {
+        self.sorted.len()
+    }
+
+    /// The `p`-th percentile (0..=100), in microseconds; NaN when empty.
+    pub fn at(&self, p: f64) -> f64 {
+        if self.sorted.is_empty() {
+            return f64::NAN;
+        }
+        let rank = ((p / 100.0) * self.sorted.len() as f64).ceil() as usize;
+        let i = rank.clamp(1, self.sorted.len()) - 1;
+        self.sorted[i] as f64
+    }
+
+    pub fn max(&self) -> f64 {
+        self.sorted.last().map_or(f64::NAN, |&x| x as f64)
+    }
+}
+
+pub fn micros(d: Duration) -> u64 {
+    u64::try_from(d.as_micros()).unwrap_or(u64::MAX)
+}
+
+/// `123456.7` -> `123k`, `1234567` -> `1.23M`.
+pub fn rate(x: f64) -> String {
+    if !x.is_finite() {
+        "-".into()
+    } else if x >= 1e6 {
+        format!("{:.2}M", x / 1e6)
+    } else if x >= 1e4 {
+        format!("{:.0}k", x / 1e3)
+    } else if x >= 100.0 {
+        format!("{x:.0}")
+    } else {
+        format!("{x:.1}")
+    }
+}
+
+/// Microseconds as a readable duration: `850 µs`, `12.3 ms`, `1.20 s`.
+pub fn dur_us(us: f64) -> String {
+    if !us.is_finite() {
+        "-".into()
+    } else if us < 1000.0 {
+        format!("{us:.0} µs")
+    } else if us < 100_000.0 {
+        format!("{:.1} ms", us / 1000.0)
+    } else if us < 1_000_000.0 {
+        format!("{:.0} ms", us / 1000.0)
+    } else {
+        format!("{:.2} s", us / 1e6)
+    }
+}
+
+pub fn ratio(x: f64) -> String {
+    if x.is_finite() {
+        format!("{x:.2}x")
+    } else {
+        "-".into()
+    }
+}
+
+pub fn bytes(x: f64) -> String {
+    if !x.is_finite() {
+        "-".into()
+    } else if x >= 1e7 {
+        format!("{:.1} MB", x / 1e6)
+    } else {
+        format!("{x:.0} B")
+    }
+}
