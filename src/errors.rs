@@ -23,6 +23,8 @@ pub enum LockError {
     /// The key already has `lock.max-waiters` (carried here) waiting requests.
     TooManyWaiters(i64),
     TokensExhausted,
+    /// The awaited key moved to another node with its slot (cluster MIGRATE).
+    Migrating,
     /// `LOCK.SYNC` sent by an ordinary client.
     InternalCommand,
     /// A replicated state that breaks an invariant.
@@ -52,6 +54,9 @@ impl LockError {
             LockError::TooManyHolds => "ERR owner has too many holds on this lock".into(),
             LockError::TooManyWaiters(max) => {
                 format!("ERR too many clients wait for this lock (lock.max-waiters is {max})")
+            }
+            LockError::Migrating => {
+                "TRYAGAIN the lock moved with its slot to another node: retry the request".into()
             }
             LockError::TokensExhausted => "ERR no fencing token left to issue".into(),
             LockError::InternalCommand => {

@@ -7,9 +7,10 @@
 use std::cell::RefCell;
 use std::os::raw::{c_char, c_int, c_void};
 
-use redis_module::{raw, Context, RedisString, Status};
+use redis_module::{raw, Context, ContextFlags, RedisString, RedisValue, Status};
 
 use crate::clock;
+use crate::errors::LockError;
 use crate::guard;
 use crate::keys::api;
 use crate::timers;
@@ -77,7 +78,13 @@ extern "C" fn on_key_event(
         }
         let id = waiting::db_key(&ctx, name);
         if waiting::is_waited_on(&id) {
-            timers::schedule(&ctx, id.0, &id.1, Some(clock::now_ms()));
+            if migrating_away(&ctx, name) {
+                // MIGRATE moved the lock, holders and all, to another node:
+                // the waiters retry there (Redis answers them ASK).
+                waiting::fail_all(&ctx, id.0, &id.1, LockError::Migrating);
+            } else {
+                timers::schedule(&ctx, id.0, &id.1, Some(clock::now_ms()));
+            }
         }
         raw::REDISMODULE_OK as c_int
     })
@@ -98,6 +105,31 @@ extern "C" fn on_flush(
             unsafe { data.cast::<raw::RedisModuleFlushInfo>().as_ref() }.map_or(-1, |i| i.dbnum);
         wake(&Context::new(raw_ctx), &[db]);
     })
+}
+
+/// In a cluster, whether this key's slot is being migrated away from this
+/// node (so the key vanished because MIGRATE moved it, not because the lock
+/// was freed). Only asked for keys that clients wait for.
+fn migrating_away(ctx: &Context, key: &[u8]) -> bool {
+    if !ctx.get_flags().contains(ContextFlags::CLUSTER) {
+        return false;
+    }
+    let key = ctx.create_string(key);
+    let Ok(RedisValue::Integer(slot)) =
+        ctx.call("CLUSTER", &[&RedisString::create(None, "KEYSLOT"), &key])
+    else {
+        return false;
+    };
+    let nodes = match ctx.call("CLUSTER", &["NODES"]) {
+        Ok(RedisValue::SimpleString(s) | RedisValue::BulkString(s)) => s,
+        Ok(RedisValue::StringBuffer(b)) => String::from_utf8_lossy(&b).into_owned(),
+        Ok(RedisValue::VerbatimString((_, b))) => String::from_utf8_lossy(&b).into_owned(),
+        _ => return false,
+    };
+    let marker = format!("[{slot}->-");
+    nodes
+        .lines()
+        .any(|line| line.contains("myself") && line.contains(&marker))
 }
 
 /// After SWAPDB every waited key of both databases holds another value.

@@ -8,6 +8,16 @@ use crate::core::Tokens;
 static TOKENS: LazyLock<Mutex<Tokens>> =
     LazyLock::new(|| Mutex::new(Tokens::from_clock(clock::now_ms())));
 
+/// Keeps every new token at or above `now_ms * 1000` (a hybrid clock). A
+/// promoted replica then issues tokens above those its old master granted in
+/// its last moments but never replicated, and a slot's new master issues
+/// tokens above those its old master gave to locks released before the
+/// slot moved: both hold as long as servers issue fewer than a thousand
+/// tokens per millisecond on average and their clocks roughly agree.
+pub fn follow_clock(tokens: &mut Tokens, now_ms: u64) {
+    tokens.observe(Tokens::from_clock(now_ms).last());
+}
+
 /// The counter. Only Redis's main thread (and a fork's single thread) uses it.
 pub fn counter() -> MutexGuard<'static, Tokens> {
     TOKENS

@@ -36,11 +36,14 @@ pub fn update<R>(
 ) -> Result<R, LockError> {
     let (result, visit, events) = modify(ctx, name, |lock| {
         let mut changes = Changes::default();
+        let now = clock::now_ms();
+        let mut tokens = fencing::counter();
+        fencing::follow_clock(&mut tokens, now);
         let mut txn = Txn {
             lock,
-            tokens: &mut fencing::counter(),
+            tokens: &mut tokens,
             changes: &mut changes,
-            now: clock::now_ms(),
+            now,
             events: Vec::new(),
         };
         let result = op(&mut txn);

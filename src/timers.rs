@@ -127,14 +127,42 @@ fn take_due(now: u64) -> Vec<DbKey> {
     due
 }
 
+/// How long to wait before looking again while Redis pauses writes.
+const PAUSED_RETRY_MS: u64 = 10;
+
 extern "C" fn on_timer(raw_ctx: *mut raw::RedisModuleCtx, _data: *mut c_void) {
     guard::callback("the lock timer", (), || {
         let ctx = Context::new(raw_ctx);
+        if writes_paused() {
+            // CLIENT PAUSE WRITE, FAILOVER, CLUSTER FAILOVER: Redis neither
+            // deletes expired keys nor accepts writes or replication now, and
+            // a write here aborts the server. Keep every entry; look again soon.
+            let mut index = index();
+            index.armed = None;
+            let retry = clock::now_ms().saturating_add(PAUSED_RETRY_MS);
+            let at = index.by_time.first().map(|(at, _, _)| (*at).max(retry));
+            if let Some(at) = at {
+                let delay = i64::try_from(at.saturating_sub(clock::now_ms())).unwrap_or(i64::MAX);
+                let id = api!(RedisModule_CreateTimer(
+                    ctx.ctx,
+                    delay,
+                    Some(on_timer),
+                    std::ptr::null_mut()
+                ));
+                index.armed = id.map(|id| (id, at));
+            }
+            return;
+        }
         for (db, key) in take_due(clock::now_ms()) {
             visit(&ctx, db, &key);
         }
         arm(&ctx, &mut index());
     });
+}
+
+/// Whether Redis pauses writes (and with them expiry and replication).
+fn writes_paused() -> bool {
+    api!(RedisModule_AvoidReplicaTraffic()).is_some_and(|paused| paused != 0)
 }
 
 /// Looks at one key: drops expired holders, grants waiters, re-indexes it.
