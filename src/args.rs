@@ -4,7 +4,7 @@
 //! no `+`, no leading zeros, no spaces, no `-0`, nothing past 64 bits.
 //! Option names are case-insensitive. Extra arguments are an error.
 
-use redis_module::{RedisString, RedisValue};
+use redis_module::RedisString;
 
 use crate::config;
 use crate::core::{Kind, Owner, Request};
@@ -123,9 +123,4 @@ pub fn key_only(args: Vec<RedisString>) -> Result<RedisString, LockError> {
     let key = args.next()?;
     args.done()?;
     Ok(key)
-}
-
-/// A token or a count as a reply integer (tokens never exceed `i64::MAX`).
-pub fn int(n: u64) -> RedisValue {
-    RedisValue::Integer(i64::try_from(n).unwrap_or(i64::MAX))
 }

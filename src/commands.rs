@@ -71,7 +71,10 @@ pub fn event_of(kind: Kind) -> &'static std::ffi::CStr {
 /// The reply to a decided grant request (a waiter's too).
 pub fn answer(attempt: Attempt) -> RedisResult {
     match attempt {
-        Attempt::Granted(token) => Ok(args::int(token)),
+        // Tokens never exceed i64::MAX (core::tokens::MAX_TOKEN).
+        Attempt::Granted(token) => Ok(RedisValue::Integer(
+            i64::try_from(token).unwrap_or(i64::MAX),
+        )),
         Attempt::Busy => Ok(RedisValue::Null),
         Attempt::Conflict(Mode::Shared) => Err(LockError::HeldShared.into()),
         Attempt::Conflict(Mode::Exclusive) => Err(LockError::HeldExclusive.into()),
