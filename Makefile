@@ -6,8 +6,11 @@ CARGO ?= cargo
 PORT ?= 6379
 RELEASE_SO := target/release/libredis_lock.so
 DEBUG_SO := target/debug/libredis_lock.so
+FUZZ_SECS ?= 600
+LIVE_FUZZ_COMMANDS ?= 5000000
+SOAK_SECS ?= 180
 
-.PHONY: help deps client-deps build release run test test-matrix bench bench-profile lint fmt clean
+.PHONY: help deps client-deps build release run test test-matrix bench bench-profile fuzz soak valgrind lint fmt clean
 
 help: ## Show this help
 	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
@@ -43,6 +46,17 @@ bench: release ## Benchmarks vs SET NX PX and Lua lock scripts (~2 min; BENCH_QU
 
 bench-profile: release ## Instructions per request of each benchmarked command under callgrind (~30 s)
 	REDIS_LOCK_MODULE=$(CURDIR)/$(RELEASE_SO) $(CARGO) bench --bench lockbench -- --callgrind
+
+fuzz: build ## Long fuzz: cargo-fuzz on the core (FUZZ_SECS), then the live-server fuzz (LIVE_FUZZ_COMMANDS)
+	@command -v cargo-fuzz >/dev/null || $(CARGO) install cargo-fuzz
+	RUSTC_BOOTSTRAP=1 $(CARGO) fuzz run core_ops -- -max_total_time=$(FUZZ_SECS) -print_final_stats=1
+	LIVE_FUZZ_COMMANDS=$(LIVE_FUZZ_COMMANDS) REDIS_LOCK_MODULE=$(CURDIR)/$(DEBUG_SO) $(CARGO) test --test live_fuzz -- --nocapture
+
+soak: release ## Soak: 64 clients, fencing, mutual exclusion, memory back to baseline (SOAK_SECS)
+	SOAK_SECS=$(SOAK_SECS) REDIS_LOCK_MODULE=$(CURDIR)/$(RELEASE_SO) $(CARGO) test --release --test soak -- --ignored --nocapture
+
+valgrind: build ## Integration tests with redis-server under valgrind memcheck (target/valgrind/summary.txt)
+	scripts/valgrind.sh
 
 lint: deps ## rustfmt check and clippy with -D warnings
 	$(CARGO) fmt --check

@@ -8,6 +8,8 @@ pub mod queue;
 pub mod tokens;
 
 #[cfg(test)]
+pub mod fuzz_ops;
+#[cfg(test)]
 mod model_tests;
 
 pub use lock::{Attempt, Changes, Holder, Invalid, Kind, Lock, Mode, Owner, Release, Request};

@@ -12,7 +12,8 @@
 //! - The exact error texts come from the module's own `src/errors.rs`.
 //!
 //! Environment: `REDIS_LOCK_MODULE` (the module's path, else
-//! `target/debug/libredis_lock.so`), `REDIS_SERVER` (else `redis-server`).
+//! `target/debug/libredis_lock.so`), `REDIS_SERVER` (else `redis-server`),
+//! `REDIS_LOCK_TEST_STARTUP_SECS` (the start-up deadline, else 15 s).
 
 #![allow(dead_code)]
 
@@ -40,6 +41,16 @@ pub const TYPE_NAME: &str = "redislock";
 
 /// How long a server may take to answer PING after it is started.
 const STARTUP_DEADLINE: Duration = Duration::from_secs(15);
+
+/// [`STARTUP_DEADLINE`], or `REDIS_LOCK_TEST_STARTUP_SECS` seconds when set
+/// (a server under valgrind starts tens of times slower).
+fn startup_deadline() -> Duration {
+    std::env::var("REDIS_LOCK_TEST_STARTUP_SECS")
+        .ok()
+        .and_then(|v| v.trim().parse().ok())
+        .map_or(STARTUP_DEADLINE, Duration::from_secs)
+}
+
 /// How long a replica may take to catch up with its master.
 const SYNC_DEADLINE: Duration = Duration::from_secs(20);
 /// The default read timeout of a connection.
@@ -284,9 +295,9 @@ impl Server {
             if self.ping_once() {
                 return Ok(());
             }
-            if start.elapsed() > STARTUP_DEADLINE {
+            if start.elapsed() > startup_deadline() {
                 self.kill_child();
-                return Err(format!("no PONG within {STARTUP_DEADLINE:?}"));
+                return Err(format!("no PONG within {:?}", startup_deadline()));
             }
             thread::sleep(Duration::from_millis(10));
         }
