@@ -23,6 +23,8 @@ pub enum LockError {
     /// The key already has `lock.max-waiters` (carried here) waiting requests.
     TooManyWaiters(i64),
     TokensExhausted,
+    /// This server became a replica while the client waited.
+    Replica,
     /// The awaited key moved to another node with its slot (cluster MIGRATE).
     Migrating,
     /// `LOCK.SYNC` sent by an ordinary client.
@@ -55,6 +57,7 @@ impl LockError {
             LockError::TooManyWaiters(max) => {
                 format!("ERR too many clients wait for this lock (lock.max-waiters is {max})")
             }
+            LockError::Replica => "READONLY You can't write against a read only replica.".into(),
             LockError::Migrating => {
                 "TRYAGAIN the lock moved with its slot to another node: retry the request".into()
             }

@@ -21,9 +21,10 @@ use std::collections::{BTreeSet, HashMap};
 use std::os::raw::{c_int, c_void};
 use std::sync::{LazyLock, Mutex, MutexGuard};
 
-use redis_module::{raw, Context};
+use redis_module::{raw, Context, ContextFlags};
 
 use crate::clock;
+use crate::errors::LockError;
 use crate::guard;
 use crate::keys::api;
 use crate::store;
@@ -153,8 +154,16 @@ extern "C" fn on_timer(raw_ctx: *mut raw::RedisModuleCtx, _data: *mut c_void) {
             }
             return;
         }
+        let replica = ctx.get_flags().contains(ContextFlags::SLAVE);
         for (db, key) in take_due(clock::now_ms()) {
-            visit(&ctx, db, &key);
+            if replica {
+                // Demoted while clients waited (a server that keeps them
+                // blocked across the role change, as Valkey does): a replica
+                // must not write, so they are told to go to the master.
+                crate::waiting::fail_all(&ctx, db, &key, LockError::Replica);
+            } else {
+                visit(&ctx, db, &key);
+            }
         }
         arm(&ctx, &mut index());
     });

@@ -28,6 +28,13 @@ const NKEYS: usize = 32;
 
 /// 32 keys; on the first 4 leases are 150-400 ms, so they run out under load
 /// and the module's timer grants them to waiters.
+/// These tests load the machine (client threads, a server, kills and
+/// restarts); on a 2-core machine two at once starve each other's deadlines.
+fn serial() -> std::sync::MutexGuard<'static, ()> {
+    static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    SERIAL.lock().unwrap_or_else(|p| p.into_inner())
+}
+
 fn cfg() -> LoadCfg {
     let mut cfg = LoadCfg::new(LoadCfg::numbered("k", NKEYS));
     cfg.short_keys = 4;
@@ -159,6 +166,7 @@ fn assert_busy(ledgers: &[Ledger], what: &str) {
 
 #[test]
 fn aof_always_sigkill_under_load_keeps_every_acknowledged_grant() {
+    let _one_at_a_time = serial();
     let seed = test_seed("aof_always_sigkill");
     let mut rng = Rng::new(seed);
     let cfg = cfg();
@@ -214,6 +222,7 @@ fn aof_always_sigkill_under_load_keeps_every_acknowledged_grant() {
 
 #[test]
 fn rdb_sigkill_under_load_brings_back_what_save_wrote() {
+    let _one_at_a_time = serial();
     let seed = test_seed("rdb_sigkill");
     let mut rng = Rng::new(seed);
     let cfg = cfg();
@@ -273,6 +282,7 @@ fn wait_rewrite_done(c: &mut Conn) {
 
 #[test]
 fn bgrewriteaof_under_load_then_sigkill_keeps_every_acknowledged_grant() {
+    let _one_at_a_time = serial();
     let seed = test_seed("bgrewriteaof_sigkill");
     let mut rng = Rng::new(seed);
     let cfg = cfg();
@@ -400,6 +410,7 @@ fn confirmed_max(ledgers: &[Ledger], confirmed_before: Option<Instant>) -> i64 {
 
 #[test]
 fn replica_promoted_after_master_sigkill_keeps_what_it_received() {
+    let _one_at_a_time = serial();
     let seed = test_seed("failover_after_sigkill");
     let mut rng = Rng::new(seed);
     let mut cfg = cfg();
@@ -441,6 +452,7 @@ fn replica_promoted_after_master_sigkill_keeps_what_it_received() {
 
 #[test]
 fn replica_promoted_while_the_master_takes_requests_keeps_what_it_received() {
+    let _one_at_a_time = serial();
     let seed = test_seed("promotion_under_load");
     let mut rng = Rng::new(seed);
     let mut cfg = cfg();
@@ -500,6 +512,7 @@ fn replica_promoted_while_the_master_takes_requests_keeps_what_it_received() {
 /// master issued.
 #[test]
 fn a_promoted_replica_does_not_reissue_a_token_the_old_master_granted() {
+    let _one_at_a_time = serial();
     let mut master = Server::start();
     let replica = Server::start();
     replica.replicaof(&master);
@@ -576,6 +589,7 @@ fn assertion(s: &mut Server) -> String {
 /// module sees no lock and creates the key again.)
 #[test]
 fn a_lease_ending_with_a_waiter_while_writes_are_paused_does_not_crash_the_server() {
+    let _one_at_a_time = serial();
     let mut s = aof_server("yes");
     let mut c = s.conn();
     token(c.acquire("k", "a", 300));
@@ -615,6 +629,7 @@ fn a_lease_ending_with_a_waiter_while_writes_are_paused_does_not_crash_the_serve
 /// the reader and replicates the drop).
 #[test]
 fn a_reader_expiring_while_writes_are_paused_does_not_crash_a_master_with_aof_and_replica() {
+    let _one_at_a_time = serial();
     let mut master = aof_server("yes");
     let replica = Server::start();
     replica.replicaof(&master);

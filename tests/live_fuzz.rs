@@ -392,6 +392,9 @@ fn allowed_error(e: &str) -> bool {
         // Lua's own wording for these, inside EVAL.
         "ERR Unknown Redis command called from script",
         "ERR Wrong number of args calling Redis command from script",
+        // Valkey's wording of the same.
+        "ERR Unknown command called from script",
+        "ERR Wrong number of args calling command from script",
     ];
     // Errors raised inside a script carry the script's location after them.
     module
