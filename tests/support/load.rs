@@ -600,7 +600,12 @@ fn step<C: LockClient>(
         dl_hi: acked_ms + ttl,
     };
     if let Reply::Error(e) = &reply {
-        if e.starts_with("UNBLOCKED") && cur.is_none() && blocking.is_some() {
+        // A waiter of a demoted master: Redis answers UNBLOCKED, and on
+        // Valkey (which keeps it blocked) the module answers READONLY.
+        if (e.starts_with("UNBLOCKED") || e.starts_with("READONLY"))
+            && cur.is_none()
+            && blocking.is_some()
+        {
             // A waiter force-unblocked by a role change: not granted.
             l.stats.unblocked += 1;
             return true;
