@@ -81,7 +81,7 @@ extern "C" fn on_key_event(
             if migrating_away(&ctx, name) {
                 // MIGRATE moved the lock, holders and all, to another node:
                 // the waiters retry there (Redis answers them ASK).
-                waiting::fail_all(&ctx, id.0, &id.1, LockError::Migrating);
+                waiting::fail_all(id.0, &id.1, LockError::Migrating);
             } else {
                 timers::schedule(&ctx, id.0, &id.1, Some(clock::now_ms()));
             }

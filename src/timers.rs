@@ -89,7 +89,15 @@ pub fn schedule_earlier(ctx: &Context, db: i32, key: &[u8], when: Option<u64>) {
 
 /// Keeps exactly one Redis timer armed, for the earliest entry.
 fn arm(ctx: &Context, index: &mut Index) {
-    let first = index.by_time.first().map(|(at, _, _)| *at);
+    arm_not_before(ctx, index, 0);
+}
+
+/// As `arm`, but the timer fires no sooner than `not_before` (unix ms).
+fn arm_not_before(ctx: &Context, index: &mut Index, not_before: u64) {
+    let first = index
+        .by_time
+        .first()
+        .map(|(at, _, _)| (*at).max(not_before));
     match (index.armed, first) {
         (Some((_, armed_at)), Some(at)) if armed_at <= at => return,
         (None, None) => return,
@@ -141,17 +149,7 @@ extern "C" fn on_timer(raw_ctx: *mut raw::RedisModuleCtx, _data: *mut c_void) {
             let mut index = index();
             index.armed = None;
             let retry = clock::now_ms().saturating_add(PAUSED_RETRY_MS);
-            let at = index.by_time.first().map(|(at, _, _)| (*at).max(retry));
-            if let Some(at) = at {
-                let delay = i64::try_from(at.saturating_sub(clock::now_ms())).unwrap_or(i64::MAX);
-                let id = api!(RedisModule_CreateTimer(
-                    ctx.ctx,
-                    delay,
-                    Some(on_timer),
-                    std::ptr::null_mut()
-                ));
-                index.armed = id.map(|id| (id, at));
-            }
+            arm_not_before(&ctx, &mut index, retry);
             return;
         }
         let replica = ctx.get_flags().contains(ContextFlags::SLAVE);
@@ -160,7 +158,7 @@ extern "C" fn on_timer(raw_ctx: *mut raw::RedisModuleCtx, _data: *mut c_void) {
                 // Demoted while clients waited (a server that keeps them
                 // blocked across the role change, as Valkey does): a replica
                 // must not write, so they are told to go to the master.
-                crate::waiting::fail_all(&ctx, db, &key, LockError::Replica);
+                crate::waiting::fail_all(db, &key, LockError::Replica);
             } else {
                 visit(&ctx, db, &key);
             }
@@ -181,6 +179,6 @@ fn visit(ctx: &Context, db: i32, key: &[u8]) {
     }
     let name = ctx.create_string(key);
     if let Err(e) = store::update(ctx, &name, |txn| txn.lock.purge(txn.now, txn.changes)) {
-        crate::waiting::fail_all(ctx, db, key, e);
+        crate::waiting::fail_all(db, key, e);
     }
 }

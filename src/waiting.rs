@@ -270,7 +270,7 @@ pub fn settle(ctx: &Context, name: &RedisString, txn: &mut Txn) -> Pending {
 }
 
 /// Answers every waiter of a key with an error (the key now holds another type).
-pub fn fail_all(_ctx: &Context, db: i32, key: &[u8], error: LockError) {
+pub fn fail_all(db: i32, key: &[u8], error: LockError) {
     let mut registry = registry();
     let id = (db, key.to_vec());
     let Some(queue) = registry.queues.remove(&id) else {
