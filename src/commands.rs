@@ -3,7 +3,7 @@
 
 use std::os::raw::c_long;
 
-use redis_module::{Context, RedisResult, RedisString, RedisValue};
+use redis_module::{Context, ContextFlags, RedisResult, RedisString, RedisValue};
 
 use crate::args;
 use crate::clock;
@@ -29,7 +29,20 @@ pub fn read(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
     grant(ctx, args, Kind::Read)
 }
 
+/// A replica never writes a lock itself, even with `replica-read-only no`:
+/// its tokens would repeat the master's and its state would diverge. Only the
+/// master's stream (`LOCK.SYNC`) writes there.
+fn master_only(ctx: &Context) -> Result<(), LockError> {
+    let flags = ctx.get_flags();
+    let from_master = flags.intersects(ContextFlags::REPLICATED | ContextFlags::LOADING);
+    if flags.contains(ContextFlags::SLAVE) && !from_master {
+        return Err(LockError::Replica);
+    }
+    Ok(())
+}
+
 fn grant(ctx: &Context, args: Vec<RedisString>, kind: Kind) -> RedisResult {
+    master_only(ctx)?;
     let grant = args::grant(args, kind)?;
     let (attempt, next_expiry) = store::update(ctx, &grant.key, |txn| {
         let queued = waiting::has_waiters(ctx, &grant.key);
@@ -85,6 +98,7 @@ pub fn answer(attempt: Attempt) -> RedisResult {
 
 /// `LOCK.RELEASE key owner`
 pub fn release(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
+    master_only(ctx)?;
     let release = args::release(args)?;
     let outcome = store::update(ctx, &release.key, |txn| {
         let outcome = txn.lock.release(&release.owner, txn.now, txn.changes);
@@ -105,6 +119,7 @@ pub fn release(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
 
 /// `LOCK.RENEW key owner ttl`
 pub fn renew(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
+    master_only(ctx)?;
     let renew = args::renew(args)?;
     let renewed = store::update(ctx, &renew.key, |txn| {
         let renewed = txn

@@ -17,8 +17,10 @@ use redis_module::{Context, ContextFlags, RedisResult, RedisString, RedisValue};
 use crate::core::{Changes, Holder, Lock, Mode};
 use crate::errors::LockError;
 use crate::fencing;
-use crate::keys::api;
+use crate::keys::{api, LockKey};
 use crate::store;
+use crate::timers;
+use crate::waiting;
 
 pub const SYNC: &CStr = c"LOCK.SYNC";
 
@@ -117,26 +119,43 @@ fn parse(args: &[RedisString]) -> Result<(&RedisString, Effect), LockError> {
     }
 }
 
-/// `LOCK.SYNC`: applies one replicated effect, exactly, whatever the time.
+/// `LOCK.SYNC`: applies one replicated effect, exactly, whatever the time and
+/// whatever this server held before: the master's stream is authoritative, as
+/// it is for Redis's own types (a key of another type is replaced, holders
+/// that cannot coexist with the one it sets are dropped).
 pub fn sync(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
     let flags = ctx.get_flags();
     if !flags.intersects(ContextFlags::REPLICATED | ContextFlags::LOADING) {
         return Err(LockError::InternalCommand.into());
     }
     let (name, effect) = parse(&args)?;
-    store::modify(ctx, name, |lock| {
+    if let Effect::Set(mode, holder) = &effect {
+        // Checked before anything is replaced: a bad effect changes nothing.
+        Lock::default()
+            .put(*mode, holder.clone())
+            .map_err(|_| LockError::BadState)?;
+        let mut key = LockKey::open(ctx, name, true)?;
+        if matches!(key.lock(), Err(LockError::WrongType)) {
+            key.delete();
+        }
+    }
+    let sweep = store::modify(ctx, name, |lock| {
         match effect {
             Effect::Set(mode, holder) => {
                 let token = holder.token;
-                lock.put(mode, holder).map_err(|_| LockError::BadState)?;
+                lock.force(mode, holder).map_err(|_| LockError::BadState)?;
                 fencing::counter().observe(token);
             }
             Effect::Drop(owner) => {
                 lock.remove(&owner);
             }
         }
-        Ok(((), true))
+        Ok((lock.sweep_at(), true))
     })?;
+    if sweep.is_some() || timers::any() {
+        let (db, key) = waiting::db_key(ctx, name.as_slice());
+        timers::schedule(db, &key, sweep);
+    }
     // Our own replicas and AOF get the effect as it came.
     ctx.replicate_verbatim();
     Ok(RedisValue::SimpleStringStatic("OK"))

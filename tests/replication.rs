@@ -344,3 +344,64 @@ fn a_promoted_replica_issues_tokens_above_every_token_it_received() {
         "{t1}, {t2}, {t3} after {max}"
     );
 }
+
+/// `replica-read-only no` makes Redis accept writes on a replica; a lock
+/// granted there would issue the master's tokens to other owners.
+#[test]
+fn a_writable_replica_still_refuses_every_lock_write() {
+    let master = Server::start();
+    let replica = Server::builder().config("replica-read-only no").start();
+    replica.replicaof(&master);
+    let mut m = master.conn();
+    token(m.acquire("k", "a", 60_000));
+    wait_for_sync(&master, &replica);
+    let mut r = replica.conn();
+    for args in [
+        vec!["LOCK.ACQUIRE", "free", "a", "1000"],
+        vec!["LOCK.RACQUIRE", "free", "a", "1000"],
+        vec!["LOCK.READ", "free", "a", "1000"],
+        vec!["LOCK.ACQUIRE", "k", "a", "1000", "WAIT", "100"],
+        vec!["LOCK.RELEASE", "k", "a"],
+        vec!["LOCK.RENEW", "k", "a", "1000"],
+    ] {
+        let reply = r.cmd(&args);
+        assert!(
+            matches!(&reply, Reply::Error(e) if e.starts_with("READONLY")),
+            "{args:?} on a writable replica: {reply:?}"
+        );
+    }
+    // Plain writes are still the user's choice.
+    r.cmd(&["SET", "plain", "1"]).ok();
+    assert!(r.lock_info("free").is_none());
+    assert_replicated(&master, &replica, &[b"k", b"free"], "after refused writes");
+}
+
+/// The master's stream is authoritative: an effect sets the state it carries
+/// whatever stale state the replica had (here: a lock Redis 7.0's DEBUG
+/// RELOAD dropped on the master without telling the replica).
+#[test]
+fn the_masters_effect_overrides_stale_state_on_the_replica() {
+    let master = quiet_master();
+    let replica = Server::builder().config("replica-read-only no").start();
+    replica.replicaof(&master);
+    let mut m = master.conn();
+    m.cmd(&["DEBUG", "SET-ACTIVE-EXPIRE", "0"]).ok();
+    token(m.acquire("x", "A", 100));
+    // Stale state written on the replica itself (writable replica), which the
+    // master never hears of: another type, and a lock in the other mode.
+    wait_for_sync(&master, &replica);
+    let mut r = replica.conn();
+    r.cmd(&["SET", "y", "stale"]).ok();
+    sleep_ms(200);
+    m.cmd(&["DEBUG", "RELOAD"]).ok();
+    m.cmd(&["DEBUG", "SET-ACTIVE-EXPIRE", "1"]).ok();
+    let tb = token(m.acquire("x", "B", 100_000));
+    token(m.read("y", "R", 100_000));
+    assert_eq!(m.cmd(&["WAIT", "1", "2000"]).int(), 1);
+    wait_for_sync(&master, &replica);
+    let i = r.lock_info("x").expect("the replica has B's lock");
+    assert_eq!(i.holders.len(), 1);
+    assert_eq!(i.holder("B").token, tb);
+    assert_replicated(&master, &replica, &[b"x", b"y"], "after stale state");
+    assert!(!replica.log_tail(200).contains("invalid lock state"));
+}

@@ -215,6 +215,22 @@ impl Lock {
         self.holders.iter().map(|h| h.deadline).min()
     }
 
+    /// When this lock must be visited although nobody asks: the earliest
+    /// deadline, when some holder's lease ends before the key expires (readers
+    /// expiring apart). `None` when the key's own expiry is all it needs.
+    pub fn sweep_at(&self) -> Option<u64> {
+        let earliest = self.earliest_deadline()?;
+        (Some(earliest) != self.latest_deadline()).then_some(earliest)
+    }
+
+    /// Lists every holder as changed, so the whole state is written back and
+    /// replicated (after something outside the module altered the key).
+    pub fn touch_all(&self, changes: &mut Changes) {
+        for h in &self.holders {
+            changes.touch(&h.owner);
+        }
+    }
+
     /// Drops every holder whose deadline has passed.
     pub fn purge(&mut self, now: u64, changes: &mut Changes) {
         self.holders.retain(|h| {
@@ -360,6 +376,18 @@ impl Lock {
             None => self.holders.push(holder),
         }
         Ok(())
+    }
+
+    /// Sets one holder's exact state as the master's stream carries it,
+    /// whatever this copy held before: holders it cannot coexist with (another
+    /// mode, or another exclusive holder) are dropped first. The holder itself
+    /// must still be valid.
+    pub fn force(&mut self, mode: Mode, holder: Holder) -> Result<(), Invalid> {
+        Lock::default().put(mode, holder.clone())?;
+        if mode == Mode::Exclusive || mode != self.mode {
+            self.holders.retain(|h| h.owner == holder.owner);
+        }
+        self.put(mode, holder)
     }
 
     /// Removes one holder whatever its holds (a replicated effect); false when absent.
@@ -519,6 +547,53 @@ mod tests {
             "expired: nothing to renew"
         );
         assert!(!lock.renew(b"zz", 1000, 100, &mut c));
+    }
+
+    #[test]
+    fn force_overrides_whatever_state_conflicts() {
+        let h = |o: &str, t: u64| Holder {
+            owner: o.as_bytes().into(),
+            holds: 1,
+            token: t,
+            deadline: 10,
+        };
+        let mut lock = Lock::from_holders(Mode::Exclusive, vec![h("a", 1)]).unwrap();
+        assert_eq!(lock.force(Mode::Exclusive, h("b", 2)), Ok(()));
+        assert_eq!(lock.holders(), &[h("b", 2)]);
+        assert_eq!(lock.force(Mode::Shared, h("r", 3)), Ok(()));
+        assert_eq!(
+            (lock.mode(), lock.holders()),
+            (Mode::Shared, &[h("r", 3)][..])
+        );
+        assert_eq!(lock.force(Mode::Shared, h("s", 4)), Ok(()));
+        assert_eq!(lock.holders().len(), 2, "readers coexist");
+        let before = lock.clone();
+        assert_eq!(
+            lock.force(Mode::Exclusive, h("", 5)),
+            Err(Invalid::EmptyOwner)
+        );
+        assert_eq!(
+            lock.force(Mode::Exclusive, h("w", 0)),
+            Err(Invalid::ZeroToken)
+        );
+        assert_eq!(lock, before, "an invalid effect changes nothing");
+    }
+
+    #[test]
+    fn sweep_only_when_holders_expire_apart() {
+        let h = |o: &str, d: u64| Holder {
+            owner: o.as_bytes().into(),
+            holds: 1,
+            token: d,
+            deadline: d,
+        };
+        assert_eq!(Lock::default().sweep_at(), None);
+        let one = Lock::from_holders(Mode::Exclusive, vec![h("a", 10)]).unwrap();
+        assert_eq!(one.sweep_at(), None);
+        let apart = Lock::from_holders(Mode::Shared, vec![h("a", 10), h("b", 20)]).unwrap();
+        assert_eq!(apart.sweep_at(), Some(10));
+        let together = Lock::from_holders(Mode::Shared, vec![h("a", 20), h("b", 20)]).unwrap();
+        assert_eq!(together.sweep_at(), None);
     }
 
     #[test]
