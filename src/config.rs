@@ -9,6 +9,7 @@ use std::sync::atomic::{AtomicI64, Ordering};
 use redis_module::{raw, Context, RedisString, Status};
 
 use crate::keys::api;
+use crate::log;
 
 /// One numeric setting.
 pub struct Setting {
@@ -77,17 +78,17 @@ fn defaults_from_args(args: &[RedisString]) -> Result<(), String> {
         let setting = SETTINGS
             .iter()
             .find(|s| s.name.to_bytes().eq_ignore_ascii_case(name.as_slice()))
-            .ok_or_else(|| format!("unknown module argument '{}'", name.to_string_lossy()))?;
+            .ok_or_else(|| format!("unknown module argument '{}'", log::quoted(name.as_slice())))?;
         let value = it
             .next()
-            .ok_or_else(|| format!("'{}' needs a value", name.to_string_lossy()))?
+            .ok_or_else(|| format!("'{}' needs a value", log::quoted(name.as_slice())))?
             .parse_integer()
             .ok()
             .filter(|v| (setting.min..=setting.max).contains(v))
             .ok_or_else(|| {
                 format!(
                     "'{}' must be an integer from {} to {}",
-                    name.to_string_lossy(),
+                    log::quoted(name.as_slice()),
                     setting.min,
                     setting.max
                 )
@@ -101,7 +102,7 @@ fn defaults_from_args(args: &[RedisString]) -> Result<(), String> {
 /// applies `lock.*` lines of the config file.
 pub fn register(ctx: &Context, args: &[RedisString]) -> Status {
     if let Err(e) = defaults_from_args(args) {
-        ctx.log_warning(&format!("lock: {e}"));
+        log::warning(&format!("lock: {e}"));
         return Status::Err;
     }
     if unsafe { raw::RedisModule_RegisterNumericConfig }.is_none() {
@@ -122,7 +123,7 @@ pub fn register(ctx: &Context, args: &[RedisString]) -> Status {
             std::ptr::from_ref(setting).cast_mut().cast::<c_void>()
         ));
         if status != Some(raw::REDISMODULE_OK as c_int) {
-            ctx.log_warning(&format!(
+            log::warning(&format!(
                 "lock: could not register the setting {}",
                 setting.name.to_string_lossy()
             ));

@@ -1,29 +1,48 @@
-//! Locks freed by something other than a lock command (DEL, UNLINK, RENAME,
-//! MOVE, expiry or eviction of the key, a write of another type over it,
-//! FLUSHDB, FLUSHALL, SWAPDB): their waiters are woken. Event callbacks must not write, so each affected key is handed to
-//! the timer (`timers::schedule` at "now"), which visits it right after.
-//! A lock Redis expires is also announced as the module event `lock.expired`.
+//! What the module hears about lock keys from the server, and what it pays
+//! for it on other keys' writes (docs/design.md, "What the module hears").
+//!
+//! - The type's unlink callback ([`unlinked`]) fires only for lock values,
+//!   whatever removes them: DEL, UNLINK, a write of another type over the key,
+//!   expiry, eviction, MIGRATE, and the old name of RENAME and MOVE. It wakes
+//!   the key's waiters and, when every lease in it had run out, has the
+//!   leases counted and `lock.expired` announced.
+//! - The type's load callback indexes a loaded lock whose readers expire
+//!   apart (start-up, DEBUG RELOAD, a replica's full sync): `persistence`.
+//! - Server events, once per flush, swap or role change, not per write:
+//!   FLUSHDB/FLUSHALL and SWAPDB wake waiters, SWAPDB moves the timer's
+//!   entries with their keys, and a promotion visits what came due while
+//!   the server was a replica.
+//! - One keyspace class, `generic` (`g`): the only way to hear that a lock
+//!   appeared under a new name or database (`rename_to`, `move_to`,
+//!   `restore`) or that its Redis TTL was changed (`expire`, `persist`), and
+//!   that MIGRATE moved a waited-for key away (`del`). Its cost falls on
+//!   generic commands (DEL, EXPIRE, RENAME ...) and on writes that set a TTL
+//!   (`SET ... PX` fires `expire`); writes without a TTL (SET, INCR, HSET,
+//!   LPUSH, scripts) fire no generic event and pay nothing.
+//!
+//! Event callbacks must not write: every visit they ask for is made by the
+//! timer (`timers`), right after.
 
-use std::cell::RefCell;
+use std::ffi::CStr;
 use std::os::raw::{c_char, c_int, c_void};
 
 use redis_module::{raw, Context, ContextFlags, RedisString, RedisValue, Status};
 
 use crate::clock;
+use crate::core::Lock;
 use crate::errors::LockError;
 use crate::guard;
-use crate::keys::api;
+use crate::keys::{self, api};
+use crate::stats;
 use crate::timers;
 use crate::waiting;
 
-/// Subscribes to the keyspace and server events that can free a lock. Every
-/// class of keyspace event but the module's own is heard (a `SET` over a lock
-/// key is a `string` event), and while nobody waits the callback returns at once.
+/// Subscribes to the generic keyspace class and to the server events above.
 pub fn subscribe(ctx: &Context) -> Status {
     let keyspace = api!(RedisModule_SubscribeToKeyspaceEvents(
         ctx.ctx,
-        raw::REDISMODULE_NOTIFY_ALL & !raw::REDISMODULE_NOTIFY_MODULE,
-        Some(on_key_event)
+        raw::REDISMODULE_NOTIFY_GENERIC,
+        Some(on_generic)
     ));
     let server_event = |id, callback| {
         api!(RedisModule_SubscribeToServerEvent(
@@ -32,66 +51,78 @@ pub fn subscribe(ctx: &Context) -> Status {
             Some(callback)
         ))
     };
-    let flush = server_event(raw::REDISMODULE_EVENT_FLUSHDB, on_flush);
-    let swap = server_event(raw::REDISMODULE_EVENT_SWAPDB, on_swapdb);
     let ok = Some(raw::REDISMODULE_OK as c_int);
-    if keyspace == ok && flush == ok && swap == ok {
+    let all = [
+        keyspace,
+        server_event(raw::REDISMODULE_EVENT_FLUSHDB, on_flush),
+        server_event(raw::REDISMODULE_EVENT_SWAPDB, on_swapdb),
+        server_event(raw::REDISMODULE_EVENT_REPLICATION_ROLE_CHANGED, on_role),
+    ];
+    if all.iter().all(|s| *s == ok) {
         Status::Ok
     } else {
         Status::Err
     }
 }
 
-thread_local! {
-    /// The lock key Redis is deleting because every lease in it expired.
-    static EXPIRING: RefCell<Option<Vec<u8>>> = const { RefCell::new(None) };
+/// A lock value is leaving key `key` of database `db` (the type's unlink).
+pub fn unlinked(db: i32, key: &[u8], lock: &Lock) {
+    let now = clock::now_ms();
+    if !lock.is_empty() && !lock.is_held(now) {
+        // Every lease had run out: Redis is expiring it (or a DEL, a write
+        // over it, removes what was left). A RENAME or MOVE that follows
+        // takes this back (`moved_away`).
+        timers::expired(db, key, lock.holders().len());
+    }
+    if waiting::is_waited_on(&(db, key.to_vec())) {
+        timers::schedule(db, key, Some(now));
+    }
 }
 
-/// Called by the type's unlink callback when Redis removes a lock whose
-/// leases all ran out; the `expired` event that follows announces it.
-pub fn expiring(key: &[u8]) {
-    EXPIRING.with(|e| *e.borrow_mut() = Some(key.to_vec()));
-}
-
-extern "C" fn on_key_event(
+extern "C" fn on_generic(
     raw_ctx: *mut raw::RedisModuleCtx,
-    class: c_int,
-    _event: *const c_char,
+    _class: c_int,
+    event: *const c_char,
     key: *mut raw::RedisModuleString,
 ) -> c_int {
     guard::callback("a keyspace event", raw::REDISMODULE_OK as c_int, || {
-        let ctx = Context::new(raw_ctx);
-        let name = RedisString::string_as_slice(key);
-        if class == raw::REDISMODULE_NOTIFY_EXPIRED {
-            let expired_lock = EXPIRING.with(|e| e.borrow_mut().take_if(|k| k.as_slice() == name));
-            if expired_lock.is_some() {
-                api!(RedisModule_NotifyKeyspaceEvent(
-                    raw_ctx,
-                    raw::REDISMODULE_NOTIFY_MODULE,
-                    c"lock.expired".as_ptr(),
-                    key
-                ));
-            }
-        }
-        if !waiting::anyone_waits() {
+        if event.is_null() {
             return raw::REDISMODULE_OK as c_int;
         }
-        let id = waiting::db_key(&ctx, name);
-        if waiting::is_waited_on(&id) {
-            if migrating_away(&ctx, name) {
-                // MIGRATE moved the lock, holders and all, to another node:
-                // the waiters retry there (Redis answers them ASK).
-                waiting::fail_all(id.0, &id.1, LockError::Migrating);
-            } else {
-                timers::schedule(&ctx, id.0, &id.1, Some(clock::now_ms()));
+        // SAFETY: Redis passes the event's name as a NUL-terminated string.
+        let event = unsafe { CStr::from_ptr(event) }.to_bytes();
+        match event {
+            b"rename_to" | b"move_to" | b"restore" | b"expire" | b"persist" => {
+                // Most of these are not about locks: look at the key only
+                // while some lock exists at all.
+                let ctx = Context::new(raw_ctx);
+                if stats::lock_keys() > 0 && keys::is_lock(&ctx, key) {
+                    let (db, name) = waiting::db_key(&ctx, RedisString::string_as_slice(key));
+                    timers::refresh(db, &name);
+                }
             }
+            b"rename_from" | b"move_from" => {
+                let ctx = Context::new(raw_ctx);
+                let (db, name) = waiting::db_key(&ctx, RedisString::string_as_slice(key));
+                timers::moved_away(db, &name);
+            }
+            b"del" if waiting::anyone_waits() => {
+                let ctx = Context::new(raw_ctx);
+                let id = waiting::db_key(&ctx, RedisString::string_as_slice(key));
+                if waiting::is_waited_on(&id) && migrating_away(&ctx, key) {
+                    // MIGRATE moved the lock, holders and all, to another
+                    // node: the waiters retry there (Redis answers them ASK).
+                    waiting::fail_all(id.0, &id.1, LockError::Migrating);
+                }
+            }
+            _ => {}
         }
         raw::REDISMODULE_OK as c_int
     })
 }
 
 extern "C" fn on_flush(
-    raw_ctx: *mut raw::RedisModuleCtx,
+    _raw_ctx: *mut raw::RedisModuleCtx,
     _event: raw::RedisModuleEvent,
     subevent: u64,
     data: *mut c_void,
@@ -103,38 +134,43 @@ extern "C" fn on_flush(
         // SAFETY: for this event Redis passes a `RedisModuleFlushInfo`.
         let db =
             unsafe { data.cast::<raw::RedisModuleFlushInfo>().as_ref() }.map_or(-1, |i| i.dbnum);
-        wake(&Context::new(raw_ctx), &[db]);
+        wake(&[db]);
     })
 }
 
 /// In a cluster, whether this key's slot is being migrated away from this
 /// node (so the key vanished because MIGRATE moved it, not because the lock
 /// was freed). Only asked for keys that clients wait for.
-fn migrating_away(ctx: &Context, key: &[u8]) -> bool {
+fn migrating_away(ctx: &Context, key: *mut raw::RedisModuleString) -> bool {
     if !ctx.get_flags().contains(ContextFlags::CLUSTER) {
         return false;
     }
-    let key = ctx.create_string(key);
-    let Ok(RedisValue::Integer(slot)) =
-        ctx.call("CLUSTER", &[&RedisString::create(None, "KEYSLOT"), &key])
-    else {
+    let keyslot = keys::name(ctx, b"KEYSLOT");
+    let key = keys::name(ctx, RedisString::string_as_slice(key));
+    let Ok(RedisValue::Integer(slot)) = ctx.call("CLUSTER", &[&keyslot, &key]) else {
         return false;
     };
+    // CLUSTER NODES is the server's own text (addresses, ids, slot ranges).
     let nodes = match ctx.call("CLUSTER", &["NODES"]) {
-        Ok(RedisValue::SimpleString(s) | RedisValue::BulkString(s)) => s,
-        Ok(RedisValue::StringBuffer(b)) => String::from_utf8_lossy(&b).into_owned(),
-        Ok(RedisValue::VerbatimString((_, b))) => String::from_utf8_lossy(&b).into_owned(),
+        Ok(RedisValue::SimpleString(s) | RedisValue::BulkString(s)) => s.into_bytes(),
+        Ok(RedisValue::StringBuffer(b)) => b,
+        Ok(RedisValue::VerbatimString((_, b))) => b,
         _ => return false,
     };
     let marker = format!("[{slot}->-");
     nodes
-        .lines()
-        .any(|line| line.contains("myself") && line.contains(&marker))
+        .split(|&b| b == b'\n')
+        .any(|line| contains(line, b"myself") && contains(line, marker.as_bytes()))
 }
 
-/// After SWAPDB every waited key of both databases holds another value.
+fn contains(haystack: &[u8], needle: &[u8]) -> bool {
+    haystack.windows(needle.len()).any(|w| w == needle)
+}
+
+/// After SWAPDB the timer's entries follow their keys, and every waited key
+/// of both databases holds another value.
 extern "C" fn on_swapdb(
-    raw_ctx: *mut raw::RedisModuleCtx,
+    _raw_ctx: *mut raw::RedisModuleCtx,
     _event: raw::RedisModuleEvent,
     _subevent: u64,
     data: *mut c_void,
@@ -144,19 +180,31 @@ extern "C" fn on_swapdb(
         let Some(info) = (unsafe { data.cast::<raw::RedisModuleSwapDbInfo>().as_ref() }) else {
             return;
         };
-        wake(
-            &Context::new(raw_ctx),
-            &[info.dbnum_first, info.dbnum_second],
-        );
+        timers::swap_dbs(info.dbnum_first, info.dbnum_second);
+        wake(&[info.dbnum_first, info.dbnum_second]);
+    })
+}
+
+/// A replica became a master: what came due meanwhile is visited now.
+extern "C" fn on_role(
+    _raw_ctx: *mut raw::RedisModuleCtx,
+    _event: raw::RedisModuleEvent,
+    subevent: u64,
+    _data: *mut c_void,
+) {
+    guard::callback("a role change", (), || {
+        if subevent == raw::REDISMODULE_EVENT_REPLROLECHANGED_NOW_MASTER {
+            timers::promoted();
+        }
     })
 }
 
 /// Visits, at once, every key with waiters in these databases (-1: all).
-fn wake(ctx: &Context, dbs: &[i32]) {
+fn wake(dbs: &[i32]) {
     let now = clock::now_ms();
     for db in dbs {
         for (db, key) in waiting::keys_with_waiters(*db) {
-            timers::schedule(ctx, db, &key, Some(now));
+            timers::schedule(db, &key, Some(now));
         }
     }
 }

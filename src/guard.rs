@@ -7,6 +7,7 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 use redis_module::{Context, RedisResult, RedisString};
 
 use crate::errors::LockError;
+use crate::log;
 
 type Handler = fn(&Context, Vec<RedisString>) -> RedisResult;
 
@@ -17,9 +18,7 @@ pub fn command(
 ) -> impl Fn(&Context, Vec<RedisString>) -> RedisResult {
     move |ctx, args| {
         catch_unwind(AssertUnwindSafe(|| handler(ctx, args))).unwrap_or_else(|_| {
-            ctx.log_warning(&format!(
-                "lock: panic caught in {name}; state left as it was"
-            ));
+            log::warning(&format!("lock: panic caught in {name}"));
             Err(LockError::Internal.into())
         })
     }
@@ -28,7 +27,7 @@ pub fn command(
 /// A callback body whose panic is logged and turned into `fallback`.
 pub fn callback<T>(what: &str, fallback: T, body: impl FnOnce() -> T) -> T {
     catch_unwind(AssertUnwindSafe(body)).unwrap_or_else(|_| {
-        redis_module::logging::log_warning(format!("lock: panic caught in {what}"));
+        log::warning(&format!("lock: panic caught in {what}"));
         fallback
     })
 }

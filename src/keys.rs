@@ -37,9 +37,17 @@ impl LockKey {
         } else {
             raw::REDISMODULE_READ
         };
+        LockKey::open_raw(ctx, name.inner, mode, writable)
+    }
+
+    fn open_raw(
+        ctx: &Context,
+        name: *mut raw::RedisModuleString,
+        mode: u32,
+        writable: bool,
+    ) -> Result<LockKey, LockError> {
         let mode = c_int::try_from(mode).map_err(|_| LockError::Internal)?;
-        let key =
-            api!(RedisModule_OpenKey(ctx.ctx, name.inner, mode)).ok_or(LockError::Internal)?;
+        let key = api!(RedisModule_OpenKey(ctx.ctx, name, mode)).ok_or(LockError::Internal)?;
         let key = NonNull::new(key.cast::<raw::RedisModuleKey>());
         if key.is_none() && writable {
             return Err(LockError::Internal);
@@ -98,6 +106,23 @@ impl LockKey {
         let at = c_longlong::try_from(deadline_ms).unwrap_or(c_longlong::MAX);
         api!(RedisModule_SetAbsExpire(self.raw(), at));
     }
+}
+
+/// A key name as a module string, binary-safe (NUL bytes included), freed on drop.
+pub fn name(ctx: &Context, key: &[u8]) -> RedisString {
+    RedisString::create_from_slice(ctx.ctx, key)
+}
+
+/// Whether `name` holds a lock, looked up with as few side effects as the
+/// server allows (Redis 7.2+: no LRU touch, no hit counted, no lazy expiry;
+/// Redis 7.0 ignores the flags it does not know and counts a keyspace hit).
+pub fn is_lock(ctx: &Context, name: *mut raw::RedisModuleString) -> bool {
+    let known = api!(RedisModule_GetOpenKeyModesAll()).unwrap_or(0);
+    let noeffects = raw::REDISMODULE_OPEN_KEY_NOEFFECTS & u32::try_from(known).unwrap_or(0);
+    let mode = raw::REDISMODULE_READ | raw::REDISMODULE_OPEN_KEY_NOTOUCH | noeffects;
+    LockKey::open_raw(ctx, name, mode, false)
+        .and_then(|mut key| key.lock().map(|lock| lock.is_some()))
+        .unwrap_or(false)
 }
 
 impl Drop for LockKey {

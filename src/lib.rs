@@ -35,6 +35,7 @@ mod events;
 mod fencing;
 mod guard;
 mod keys;
+mod log;
 mod metadata;
 mod persistence;
 mod replication;
@@ -59,17 +60,22 @@ type Allocator = std::alloc::System;
 const ALLOCATOR: Allocator = std::alloc::System;
 
 fn on_load(ctx: &Context, args: &[RedisString]) -> Status {
-    ctx.set_module_options(ModuleOptions::HANDLE_IO_ERRORS);
-    let steps = [
-        config::register(ctx, args),
-        metadata::describe(ctx),
-        events::subscribe(ctx),
-        stats::register(ctx),
-    ];
-    if steps.contains(&Status::Err) {
-        return Status::Err;
-    }
-    Status::Ok
+    guard::callback("loading the module", Status::Err, || {
+        ctx.set_module_options(ModuleOptions::HANDLE_IO_ERRORS);
+        if !timers::init(ctx) {
+            return Status::Err;
+        }
+        let steps = [
+            config::register(ctx, args),
+            metadata::describe(ctx),
+            events::subscribe(ctx),
+            stats::register(ctx),
+        ];
+        if steps.contains(&Status::Err) {
+            return Status::Err;
+        }
+        Status::Ok
+    })
 }
 
 redis_module! {

@@ -22,6 +22,7 @@ use crate::guard::callback as guard;
 use crate::keys::api;
 use crate::replication;
 use crate::stats;
+use crate::timers;
 
 /// The encoding version this build writes; it reads every version up to it.
 pub const ENCODING_VERSION: i32 = 1;
@@ -42,14 +43,14 @@ pub static LOCK_TYPE: RedisType = RedisType::new(
         aux_save2: None,
         aux_save_triggers: raw::REDISMODULE_AUX_BEFORE_RDB as c_int,
         free_effort: None,
-        unlink: Some(unlink),
+        unlink: None,
         // COPY would duplicate holders and their tokens: refused.
         copy: None,
         defrag: None,
         copy2: None,
         free_effort2: None,
         mem_usage2: None,
-        unlink2: None,
+        unlink2: Some(unlink2),
     },
 );
 
@@ -112,7 +113,7 @@ fn load_lock(rdb: *mut raw::RedisModuleIO) -> Option<Lock> {
 unsafe extern "C" fn rdb_load(rdb: *mut raw::RedisModuleIO, encver: c_int) -> *mut c_void {
     guard("rdb_load", std::ptr::null_mut(), || {
         if !(1..=ENCODING_VERSION).contains(&encver) {
-            redis_module::logging::log_warning(format!(
+            crate::log::warning(&format!(
                 "lock: cannot load encoding version {encver} (this build reads 1 to {ENCODING_VERSION})"
             ));
             return std::ptr::null_mut();
@@ -120,10 +121,11 @@ unsafe extern "C" fn rdb_load(rdb: *mut raw::RedisModuleIO, encver: c_int) -> *m
         match load_lock(rdb) {
             Some(lock) => {
                 stats::value(1, lock.census());
+                index_loaded(rdb, &lock);
                 Box::into_raw(Box::new(lock)).cast::<c_void>()
             }
             None => {
-                redis_module::logging::log_warning("lock: refused a corrupt or short lock value");
+                crate::log::warning("lock: refused a corrupt or short lock value");
                 std::ptr::null_mut()
             }
         }
@@ -224,19 +226,33 @@ unsafe extern "C" fn aux_load(rdb: *mut raw::RedisModuleIO, encver: c_int, when:
     })
 }
 
-/// A lock key is leaving the keyspace. If every holder's lease had run out,
-/// Redis is expiring it: count the leases and let the `expired` event that
-/// follows announce `lock.expired` (`events.rs`).
-unsafe extern "C" fn unlink(key: *mut raw::RedisModuleString, value: *const c_void) {
+/// A lock value is leaving its key, whatever removes it (`events::unlinked`).
+unsafe extern "C" fn unlink2(ctx: *mut raw::RedisModuleKeyOptCtx, value: *const c_void) {
     guard("unlink", (), || {
         // SAFETY: as in rdb_save.
         let Some(lock) = (unsafe { value.cast::<Lock>().as_ref() }) else {
             return;
         };
-        let now = crate::clock::now_ms();
-        if !lock.is_empty() && !lock.is_held(now) {
-            stats::EXPIRED_LEASES.add(lock.holders().len());
-            events::expiring(RedisString::string_as_slice(key));
+        let key = api!(RedisModule_GetKeyNameFromOptCtx(ctx)).unwrap_or(std::ptr::null());
+        let Some(db) = api!(RedisModule_GetDbIdFromOptCtx(ctx)) else {
+            return;
+        };
+        if !key.is_null() {
+            events::unlinked(db, RedisString::string_as_slice(key), lock);
         }
     })
+}
+
+/// A loaded lock whose readers expire apart is visited at its earliest
+/// deadline, as a command would have arranged (start-up, DEBUG RELOAD, a
+/// replica's full sync; a RESTORE is refreshed by its keyspace event).
+fn index_loaded(rdb: *mut raw::RedisModuleIO, lock: &Lock) {
+    let Some(at) = lock.sweep_at() else {
+        return;
+    };
+    let key = api!(RedisModule_GetKeyNameFromIO(rdb)).unwrap_or(std::ptr::null());
+    let db = api!(RedisModule_GetDbIdFromIO(rdb));
+    if let (false, Some(db)) = (key.is_null(), db) {
+        timers::schedule_earlier(db, RedisString::string_as_slice(key), Some(at));
+    }
 }

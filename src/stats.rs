@@ -59,6 +59,11 @@ fn delta(n: usize) -> i64 {
     i64::try_from(n).unwrap_or(i64::MAX)
 }
 
+/// How many lock keys exist (values stored, loaded and not yet freed).
+pub fn lock_keys() -> i64 {
+    KEYS.load(Ordering::Relaxed)
+}
+
 /// A lock value appeared (`+1`) or went (`-1`) with these holders.
 pub fn value(sign: i64, census: (usize, usize)) {
     KEYS.fetch_add(sign, Ordering::Relaxed);

@@ -6,7 +6,7 @@ use std::ffi::CStr;
 use redis_module::{Context, RedisString};
 
 use crate::clock;
-use crate::core::{Changes, Lock, Mode, Tokens};
+use crate::core::{Changes, Lock, Tokens};
 use crate::errors::LockError;
 use crate::fencing;
 use crate::keys::api;
@@ -59,12 +59,13 @@ pub fn update<R>(
         }
         Ok(((result, visit, events), !changes.is_empty()))
     })?;
+    timers::announce_expired_now(ctx);
     for event in events {
         notify(ctx, event, name);
     }
     if visit.is_some() || timers::any() {
         let (db, key) = waiting::db_key(ctx, name.as_slice());
-        timers::schedule(ctx, db, &key, visit);
+        timers::schedule(db, &key, visit);
     }
     Ok(result)
 }
@@ -74,10 +75,10 @@ pub fn update<R>(
 /// reader expires before the key does; at the first WAIT deadline of its
 /// waiters. Otherwise Redis's own key expiry is all it needs.
 fn next_visit(lock: &Lock, pending: &waiting::Pending) -> Option<u64> {
-    let expiry = lock.earliest_deadline().filter(|&earliest| {
-        let sweep = lock.mode() == Mode::Shared && Some(earliest) != lock.latest_deadline();
-        pending.waiting || sweep
-    });
+    let expiry = match pending.waiting {
+        true => lock.earliest_deadline(),
+        false => lock.sweep_at(),
+    };
     match (expiry, pending.next_timeout) {
         (Some(a), Some(b)) => Some(a.min(b)),
         (a, b) => a.or(b),
@@ -120,7 +121,7 @@ pub fn modify<R>(
 
 /// Fires a module keyspace event (`notify-keyspace-events` class `d`), e.g.
 /// `__keyevent@0__:lock.acquire`.
-fn notify(ctx: &Context, event: &CStr, key: &RedisString) {
+pub fn notify(ctx: &Context, event: &CStr, key: &RedisString) {
     let class =
         std::ffi::c_int::try_from(redis_module::raw::REDISMODULE_NOTIFY_MODULE).unwrap_or(0);
     api!(RedisModule_NotifyKeyspaceEvent(

@@ -6,19 +6,31 @@
 //! the moment a lease expires, not when Redis's lazy or active expiry gets
 //! round to it); a shared lock whose readers expire at different times, at its
 //! earliest deadline (so dead readers leave memory, LOCK.INFO and replicas);
-//! and a key whose lock something else freed (DEL, FLUSH*, RENAME ...), at
-//! once. Exactly one Redis timer is armed, for the earliest entry. Cost per
-//! indexed key: one set entry and one map entry, O(log n) to move; keys that
-//! need no visit (an exclusive lock nobody waits for) are not indexed at all.
+//! and a key whose lock something else freed or moved (DEL, FLUSH*, RENAME,
+//! RESTORE ...), at once. Exactly one Redis timer is armed, for the earliest
+//! entry. Cost per indexed key: one set entry and one map entry, O(log n) to
+//! move; keys that need no visit (an exclusive lock nobody waits for) are not
+//! indexed at all.
 //!
 //! When the timer fires, each due key is visited through `store::update` with
 //! no transition of its own: expired holders are dropped (and the drop
 //! replicated), waiters are granted, and the key is indexed again if needed.
-//! An entry that no longer matches its key is harmless: the visit finds
-//! nothing to do.
+//! A key marked for a refresh also has its whole state written back and
+//! replicated (its Redis TTL again the latest deadline). An entry that no
+//! longer matches its key is harmless: the visit finds nothing to do. Each
+//! visit is guarded on its own, and the timer is re-armed whatever a visit
+//! did, so one key can never hold up another.
+//!
+//! The timer can be armed from anywhere, even from callbacks Redis gives no
+//! context (a value's unlink, its load): it uses a context of the module's
+//! own, made once at load.
+//!
+//! A replica does not write: keys that come due there wait in `deferred`
+//! until it becomes a master, and are visited then.
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::{BTreeSet, HashMap, HashSet};
 use std::os::raw::{c_int, c_void};
+use std::sync::atomic::{AtomicPtr, Ordering};
 use std::sync::{LazyLock, Mutex, MutexGuard};
 
 use redis_module::{raw, Context, ContextFlags};
@@ -26,7 +38,8 @@ use redis_module::{raw, Context, ContextFlags};
 use crate::clock;
 use crate::errors::LockError;
 use crate::guard;
-use crate::keys::api;
+use crate::keys::{self, api};
+use crate::stats;
 use crate::store;
 
 /// A key in one database.
@@ -36,14 +49,32 @@ pub type DbKey = (i32, Vec<u8>);
 struct Index {
     by_time: BTreeSet<(u64, i32, Vec<u8>)>,
     by_key: HashMap<DbKey, u64>,
+    /// Keys whose next visit also writes back and replicates their whole state.
+    refresh: HashSet<DbKey>,
+    /// Locks Redis removed after every lease in them ran out, with how many
+    /// leases: counted and announced (`lock.expired`) at the next tick.
+    expired: Vec<(DbKey, usize)>,
+    /// Keys that came due while this server was a replica.
+    deferred: HashSet<DbKey>,
     /// The armed Redis timer and when it fires.
     armed: Option<(raw::RedisModuleTimerID, u64)>,
 }
 
 static INDEX: LazyLock<Mutex<Index>> = LazyLock::new(Mutex::default);
 
+/// The module's own context (a detached thread-safe context, used on the main
+/// thread only), for arming the timer where Redis hands no context.
+static MODULE_CTX: AtomicPtr<raw::RedisModuleCtx> = AtomicPtr::new(std::ptr::null_mut());
+
 fn index() -> MutexGuard<'static, Index> {
     INDEX.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// Makes the module's own context; called once at load.
+pub fn init(ctx: &Context) -> bool {
+    let own = api!(RedisModule_GetDetachedThreadSafeContext(ctx.ctx)).unwrap_or_default();
+    MODULE_CTX.store(own, Ordering::Relaxed);
+    !own.is_null()
 }
 
 /// How many keys are indexed.
@@ -57,7 +88,7 @@ pub fn any() -> bool {
 }
 
 /// Visit `key` at `when` (unix ms), or never (`None`). Replaces any earlier plan.
-pub fn schedule(ctx: &Context, db: i32, key: &[u8], when: Option<u64>) {
+pub fn schedule(db: i32, key: &[u8], when: Option<u64>) {
     let mut index = index();
     let id = (db, key.to_vec());
     let old = match when {
@@ -73,45 +104,133 @@ pub fn schedule(ctx: &Context, db: i32, key: &[u8], when: Option<u64>) {
     if let Some(at) = when {
         index.by_time.insert((at, db, key.to_vec()));
     }
-    arm(ctx, &mut index);
+    arm(&mut index, 0);
 }
 
 /// Visit `key` at `when` unless a visit is already planned before it.
-pub fn schedule_earlier(ctx: &Context, db: i32, key: &[u8], when: Option<u64>) {
+pub fn schedule_earlier(db: i32, key: &[u8], when: Option<u64>) {
     let Some(when) = when else {
         return;
     };
     let planned = index().by_key.get(&(db, key.to_vec())).copied();
     if planned.is_none_or(|at| when < at) {
-        schedule(ctx, db, key, Some(when));
+        schedule(db, key, Some(when));
     }
 }
 
-/// Keeps exactly one Redis timer armed, for the earliest entry.
-fn arm(ctx: &Context, index: &mut Index) {
-    arm_not_before(ctx, index, 0);
+/// Visit `key` at once and write its whole state back: something outside the
+/// module put the lock there or changed its Redis TTL.
+pub fn refresh(db: i32, key: &[u8]) {
+    index().refresh.insert((db, key.to_vec()));
+    schedule(db, key, Some(clock::now_ms()));
 }
 
-/// As `arm`, but the timer fires no sooner than `not_before` (unix ms).
-fn arm_not_before(ctx: &Context, index: &mut Index, not_before: u64) {
-    let first = index
-        .by_time
-        .first()
-        .map(|(at, _, _)| (*at).max(not_before));
+/// Redis removed this lock after all its `leases` had run out: count them and
+/// announce `lock.expired` at the next tick (a value's unlink may not notify).
+pub fn expired(db: i32, key: &[u8], leases: usize) {
+    let mut index = index();
+    index.expired.push(((db, key.to_vec()), leases));
+    arm(&mut index, 0);
+}
+
+/// Announces now the expired locks of the calling client's database, so a
+/// command's own events follow the announcement of what expired before it
+/// (Redis may expire the key inside the command's own lookup).
+pub fn announce_expired_now(ctx: &Context) {
+    let Some(db) = api!(RedisModule_GetSelectedDb(ctx.ctx)) else {
+        return;
+    };
+    let mine = {
+        let mut index = index();
+        if index.expired.is_empty() {
+            return;
+        }
+        let (mine, others) = std::mem::take(&mut index.expired)
+            .into_iter()
+            .partition(|((d, _), _)| *d == db);
+        index.expired = others;
+        mine
+    };
+    let replica = ctx.get_flags().contains(ContextFlags::SLAVE);
+    for ((_, key), leases) in mine {
+        announce(ctx, &key, leases, replica);
+    }
+}
+
+/// The lock left this name by RENAME or MOVE, with its holders: not an expiry.
+pub fn moved_away(db: i32, key: &[u8]) {
+    index()
+        .expired
+        .retain(|((d, k), _)| !(*d == db && k == key));
+}
+
+/// SWAPDB: the entries of two databases follow their keys.
+pub fn swap_dbs(a: i32, b: i32) {
+    let swap = |db: i32| match db {
+        d if d == a => b,
+        d if d == b => a,
+        d => d,
+    };
+    let mut index = index();
+    let index = &mut *index;
+    index.by_time = std::mem::take(&mut index.by_time)
+        .into_iter()
+        .map(|(at, db, key)| (at, swap(db), key))
+        .collect();
+    index.by_key = std::mem::take(&mut index.by_key)
+        .into_iter()
+        .map(|((db, key), at)| ((swap(db), key), at))
+        .collect();
+    for set in [&mut index.refresh, &mut index.deferred] {
+        *set = std::mem::take(set)
+            .into_iter()
+            .map(|(db, key)| (swap(db), key))
+            .collect();
+    }
+}
+
+/// This server became a master: every key that came due while it was a
+/// replica is visited now.
+pub fn promoted() {
+    let mut index = index();
+    let now = clock::now_ms();
+    for (db, key) in std::mem::take(&mut index.deferred) {
+        if let Some(old) = index.by_key.insert((db, key.clone()), now) {
+            index.by_time.remove(&(old, db, key.clone()));
+        }
+        index.by_time.insert((now, db, key));
+    }
+    arm(&mut index, 0);
+}
+
+/// Keeps exactly one Redis timer armed, for the earliest entry, no sooner
+/// than `not_before` (unix ms).
+fn arm(index: &mut Index, not_before: u64) {
+    let first = index.by_time.first().map(|(at, _, _)| *at);
+    let first = match (first, index.expired.is_empty()) {
+        (first, true) => first,
+        (Some(at), false) => Some(at.min(clock::now_ms())),
+        (None, false) => Some(clock::now_ms()),
+    }
+    .map(|at| at.max(not_before));
     match (index.armed, first) {
         (Some((_, armed_at)), Some(at)) if armed_at <= at => return,
         (None, None) => return,
         _ => {}
     }
+    let ctx = MODULE_CTX.load(Ordering::Relaxed);
+    if ctx.is_null() {
+        return;
+    }
     if let Some((id, _)) = index.armed.take() {
         let mut data: *mut c_void = std::ptr::null_mut();
-        api!(RedisModule_StopTimer(ctx.ctx, id, &mut data));
+        api!(RedisModule_StopTimer(ctx, id, &mut data));
     }
     if let Some(at) = first {
         let delay = at.saturating_sub(clock::now_ms());
         let delay = i64::try_from(delay).unwrap_or(i64::MAX);
         let id = api!(RedisModule_CreateTimer(
-            ctx.ctx,
+            ctx,
             delay,
             Some(on_timer),
             std::ptr::null_mut()
@@ -120,51 +239,78 @@ fn arm_not_before(ctx: &Context, index: &mut Index, not_before: u64) {
     }
 }
 
-/// Takes every entry due at `now` out of the index.
-fn take_due(now: u64) -> Vec<DbKey> {
+/// What a tick has to do.
+struct Due {
+    /// Keys to visit, and whether each is a refresh.
+    visits: Vec<(DbKey, bool)>,
+    expired: Vec<(DbKey, usize)>,
+}
+
+/// Takes every entry due at `now` out of the index; on a replica they are
+/// deferred instead, and only their waiters are answered.
+fn take_due(now: u64, replica: bool) -> Due {
     let mut index = index();
-    index.armed = None;
-    let mut due = Vec::new();
+    let index = &mut *index;
+    let mut visits = Vec::new();
     while let Some((at, db, key)) = index.by_time.first().cloned() {
         if at > now {
             break;
         }
         index.by_time.remove(&(at, db, key.clone()));
-        index.by_key.remove(&(db, key.clone()));
-        due.push((db, key));
+        let id = (db, key);
+        index.by_key.remove(&id);
+        let refresh = index.refresh.remove(&id);
+        if replica {
+            index.deferred.insert(id.clone());
+        }
+        visits.push((id, refresh));
     }
-    due
+    Due {
+        visits,
+        expired: std::mem::take(&mut index.expired),
+    }
 }
 
-/// How long to wait before looking again while Redis pauses writes.
-const PAUSED_RETRY_MS: u64 = 10;
+/// How long to wait before looking again while Redis pauses writes or loads.
+const RETRY_MS: u64 = 10;
 
 extern "C" fn on_timer(raw_ctx: *mut raw::RedisModuleCtx, _data: *mut c_void) {
-    guard::callback("the lock timer", (), || {
-        let ctx = Context::new(raw_ctx);
-        if writes_paused() {
-            // CLIENT PAUSE WRITE, FAILOVER, CLUSTER FAILOVER: Redis neither
-            // deletes expired keys nor accepts writes or replication now, and
-            // a write here aborts the server. Keep every entry; look again soon.
-            let mut index = index();
-            index.armed = None;
-            let retry = clock::now_ms().saturating_add(PAUSED_RETRY_MS);
-            arm_not_before(&ctx, &mut index, retry);
-            return;
-        }
-        let replica = ctx.get_flags().contains(ContextFlags::SLAVE);
-        for (db, key) in take_due(clock::now_ms()) {
-            if replica {
-                // Demoted while clients waited (a server that keeps them
-                // blocked across the role change, as Valkey does): a replica
-                // must not write, so they are told to go to the master.
-                crate::waiting::fail_all(db, &key, LockError::Replica);
-            } else {
-                visit(&ctx, db, &key);
+    // The timer that fired is spent, whatever happens next.
+    index().armed = None;
+    guard::callback("the lock timer", (), || tick(&Context::new(raw_ctx)));
+    guard::callback("arming the lock timer", (), || arm(&mut index(), 0));
+}
+
+fn tick(ctx: &Context) {
+    let flags = ctx.get_flags();
+    if writes_paused() || flags.contains(ContextFlags::LOADING) {
+        // CLIENT PAUSE WRITE, FAILOVER, CLUSTER FAILOVER: Redis neither
+        // deletes expired keys nor accepts writes or replication now, and
+        // a write here aborts the server. Keep every entry; look again soon.
+        arm(&mut index(), clock::now_ms().saturating_add(RETRY_MS));
+        return;
+    }
+    let replica = flags.contains(ContextFlags::SLAVE);
+    let due = take_due(clock::now_ms(), replica);
+    for ((db, key), leases) in due.expired {
+        guard::callback("announcing an expired lock", (), || {
+            if select(ctx, db) {
+                announce(ctx, &key, leases, replica);
             }
+        });
+    }
+    for ((db, key), refresh) in due.visits {
+        if replica {
+            // Demoted while clients waited (a server that keeps them
+            // blocked across the role change, as Valkey does): a replica
+            // must not write, so they are told to go to the master.
+            crate::waiting::fail_all(db, &key, LockError::Replica);
+        } else {
+            guard::callback("a lock key's visit", (), || {
+                visit(ctx, db, &key, refresh);
+            });
         }
-        arm(&ctx, &mut index());
-    });
+    }
 }
 
 /// Whether Redis pauses writes (and with them expiry and replication).
@@ -172,13 +318,34 @@ fn writes_paused() -> bool {
     api!(RedisModule_AvoidReplicaTraffic()).is_some_and(|paused| paused != 0)
 }
 
-/// Looks at one key: drops expired holders, grants waiters, re-indexes it.
-fn visit(ctx: &Context, db: i32, key: &[u8]) {
-    if api!(RedisModule_SelectDb(ctx.ctx, db)) != Some(raw::REDISMODULE_OK as c_int) {
+fn select(ctx: &Context, db: i32) -> bool {
+    api!(RedisModule_SelectDb(ctx.ctx, db)) == Some(raw::REDISMODULE_OK as c_int)
+}
+
+/// Counts the leases of a lock Redis expired and fires `lock.expired` in the
+/// context's database (a replica, which hears of the removal as a DEL from
+/// its master, only counts).
+fn announce(ctx: &Context, key: &[u8], leases: usize, replica: bool) {
+    stats::EXPIRED_LEASES.add(leases);
+    if !replica {
+        store::notify(ctx, c"lock.expired", &keys::name(ctx, key));
+    }
+}
+
+/// Looks at one key: drops expired holders, grants waiters, re-indexes it;
+/// on a refresh, writes its whole state back.
+fn visit(ctx: &Context, db: i32, key: &[u8], refresh: bool) {
+    if !select(ctx, db) {
         return;
     }
-    let name = ctx.create_string(key);
-    if let Err(e) = store::update(ctx, &name, |txn| txn.lock.purge(txn.now, txn.changes)) {
+    let name = keys::name(ctx, key);
+    let result = store::update(ctx, &name, |txn| {
+        txn.lock.purge(txn.now, txn.changes);
+        if refresh {
+            txn.lock.touch_all(txn.changes);
+        }
+    });
+    if let Err(e) = result {
         crate::waiting::fail_all(db, key, e);
     }
 }

@@ -186,7 +186,7 @@ pub fn block(
         (Some(a), Some(b)) => Some(a.min(b)),
         (a, b) => a.or(b),
     };
-    timers::schedule_earlier(ctx, key.0, &key.1, visit);
+    timers::schedule_earlier(key.0, &key.1, visit);
     Ok(RedisValue::NoReply)
 }
 
@@ -318,7 +318,7 @@ fn unblock(waiter: Waiter, outcome: Result<Attempt, LockError>) {
 /// `RM_UnblockClient` on it, even when the client is gone: without that call
 /// the handle and its two temporary clients (about 35 KB) leaked for every
 /// waiter that disconnected.
-fn leave(ctx: &Context, handle: *mut raw::RedisModuleBlockedClient) {
+fn leave(handle: *mut raw::RedisModuleBlockedClient) {
     let key = {
         let mut registry = registry();
         let id = handle as WaiterId;
@@ -335,7 +335,7 @@ fn leave(ctx: &Context, handle: *mut raw::RedisModuleBlockedClient) {
     };
     // No private data: nothing is replied (the client is gone) or revoked.
     api!(RedisModule_UnblockClient(handle, std::ptr::null_mut()));
-    timers::schedule(ctx, key.0, &key.1, Some(crate::clock::now_ms()));
+    timers::schedule(key.0, &key.1, Some(crate::clock::now_ms()));
 }
 
 extern "C" fn on_reply(
@@ -363,15 +363,15 @@ extern "C" fn on_reply(
 }
 
 extern "C" fn on_disconnect(
-    raw_ctx: *mut raw::RedisModuleCtx,
+    _raw_ctx: *mut raw::RedisModuleCtx,
     handle: *mut raw::RedisModuleBlockedClient,
 ) {
     guard::callback("the WAIT disconnect", (), || {
-        leave(&Context::new(raw_ctx), handle);
+        leave(handle);
     })
 }
 
-extern "C" fn free_decision(raw_ctx: *mut raw::RedisModuleCtx, data: *mut c_void) {
+extern "C" fn free_decision(_raw_ctx: *mut raw::RedisModuleCtx, data: *mut c_void) {
     guard::callback("the WAIT cleanup", (), || {
         if data.is_null() {
             return;
@@ -390,12 +390,7 @@ extern "C" fn free_decision(raw_ctx: *mut raw::RedisModuleCtx, data: *mut c_void
                     owner: decision.owner,
                     token,
                 });
-            timers::schedule(
-                &Context::new(raw_ctx),
-                db,
-                &key,
-                Some(crate::clock::now_ms()),
-            );
+            timers::schedule(db, &key, Some(crate::clock::now_ms()));
         }
     })
 }

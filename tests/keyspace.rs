@@ -1,0 +1,331 @@
+//! How the module follows lock keys through what other commands do to them:
+//! binary key names in every path the timer and the events take, locks that
+//! appear under a new name or in a new database (RENAME, MOVE, SWAPDB,
+//! RESTORE, a restart from the AOF, a promotion) and a key's Redis TTL that
+//! PERSIST or RESTORE changed. Each of these once went wrong (issue 10).
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::*;
+
+fn token(r: Reply) -> i64 {
+    match r {
+        Reply::Int(t) => t,
+        other => panic!("expected a token, got {other:?}"),
+    }
+}
+
+fn stat(c: &mut Conn, field: &str) -> i64 {
+    c.info_field("lock", &format!("lock_{field}"))
+        .parse()
+        .unwrap_or_else(|_| panic!("lock_{field} is an integer"))
+}
+
+/// Sends a grant with WAIT on `c` without reading the reply.
+fn send_wait(c: &mut Conn, key: &[u8], owner: &str, ttl: i64, wait_ms: i64) {
+    c.send(&[
+        b"LOCK.ACQUIRE".as_slice(),
+        key,
+        owner.as_bytes(),
+        ttl.to_string().as_bytes(),
+        b"WAIT",
+        wait_ms.to_string().as_bytes(),
+    ])
+    .expect("send");
+}
+
+/// Reads the reply to a blocked request, which must come within `limit`.
+fn reply_within(c: &mut Conn, limit: Duration, what: &str) -> (Reply, Duration) {
+    let start = Instant::now();
+    c.set_timeout(limit);
+    let r = c
+        .read_reply()
+        .unwrap_or_else(|e| panic!("{what}: no reply within {limit:?} ({e})"));
+    c.set_timeout(DEFAULT_TIMEOUT);
+    (r, start.elapsed())
+}
+
+fn wait_for_waiters(c: &mut Conn, n: i64) {
+    wait_until(Duration::from_secs(5), "the request to wait", || {
+        stat(c, "waiters") >= n
+    });
+}
+
+fn assert_no_panic(s: &Server) {
+    let log = s.log_tail(400);
+    assert!(
+        !log.contains("panic caught"),
+        "the module caught a panic:\n{log}"
+    );
+}
+
+// ---------------------------------------------------------------------------
+// Key names with a NUL byte
+// ---------------------------------------------------------------------------
+
+#[test]
+fn a_key_name_with_a_nul_byte_is_woken_at_expiry_and_by_del() {
+    let s = Server::start();
+    let mut a = s.conn();
+    let key: &[u8] = b"a\x00b";
+    token(a.cmd(&[b"LOCK.ACQUIRE".as_slice(), key, b"o1", b"300"]));
+    let mut b = s.conn();
+    send_wait(&mut b, key, "o2", 5_000, 3_000);
+    let (r, took) = reply_within(&mut b, Duration::from_secs(4), "the NUL-key waiter");
+    assert!(matches!(r, Reply::Int(_)), "granted at expiry: {r:?}");
+    assert!(
+        took < Duration::from_millis(2_500),
+        "granted at the holder's deadline, not at the WAIT deadline ({took:?})"
+    );
+    // DEL wakes it too.
+    let mut c = s.conn();
+    send_wait(&mut c, key, "o3", 5_000, 0);
+    wait_for_waiters(&mut a, 1);
+    a.cmd(&[b"DEL".as_slice(), key]).int();
+    let (r, _) = reply_within(&mut c, Duration::from_secs(3), "the waiter after DEL");
+    assert!(matches!(r, Reply::Int(_)), "granted after DEL: {r:?}");
+    assert_no_panic(&s);
+}
+
+/// A shared lock on a NUL key whose readers expire apart is visited by the
+/// timer; that visit must never stall the visits of other keys.
+#[test]
+fn a_nul_key_never_stalls_the_timer_for_other_keys() {
+    let s = Server::start();
+    let mut a = s.conn();
+    let shared: &[u8] = b"cfg\x00v2";
+    token(a.cmd(&[b"LOCK.READ".as_slice(), shared, b"r1", b"100"]));
+    token(a.cmd(&[b"LOCK.READ".as_slice(), shared, b"r2", b"60000"]));
+    token(a.acquire("orders", "x", 400));
+    let mut w = s.conn();
+    send_wait(&mut w, b"orders", "w", 1_000, 3_000);
+    let (r, took) = reply_within(&mut w, Duration::from_secs(4), "the waiter on orders");
+    assert!(matches!(r, Reply::Int(_)), "granted: {r:?}");
+    assert!(
+        took < Duration::from_millis(2_500),
+        "granted at the holder's deadline ({took:?})"
+    );
+    // The dead reader left the NUL key.
+    wait_until(Duration::from_secs(3), "the dead reader to go", || {
+        stat(&mut a, "holders_shared") == 1
+    });
+    assert_no_panic(&s);
+}
+
+// ---------------------------------------------------------------------------
+// Locks that appear under a new name or in another database
+// ---------------------------------------------------------------------------
+
+/// Two readers expiring apart: r1 after 500 ms, r2 after a minute.
+fn two_readers(c: &mut Conn, key: &str) {
+    two_readers_for(c, key, 500);
+}
+
+fn two_readers_for(c: &mut Conn, key: &str, r1_ms: i64) {
+    token(c.read(key, "r1", r1_ms));
+    token(c.read(key, "r2", 60_000));
+}
+
+fn assert_dead_reader_dropped(c: &mut Conn, db: &str, key: &str, what: &str) {
+    c.cmd(&["SELECT", db]).ok();
+    wait_until(Duration::from_secs(4), what, || {
+        stat(c, "holders_shared") == 1
+    });
+    let i = c
+        .lock_info(key)
+        .unwrap_or_else(|| panic!("{what}: lock gone"));
+    assert_eq!(i.holders.len(), 1, "{what}");
+    assert_eq!(i.holders[0].owner, b"r2", "{what}");
+    let expired = stat(c, "expired_leases");
+    assert!(
+        expired >= 1,
+        "{what}: counted ({expired})\n{}",
+        c.info("lock")
+    );
+}
+
+#[test]
+fn dead_readers_leave_after_rename() {
+    let s = Server::start();
+    let mut c = s.conn();
+    two_readers(&mut c, "k");
+    c.cmd(&["RENAME", "k", "k2"]).ok();
+    assert_dead_reader_dropped(&mut c, "0", "k2", "after RENAME");
+}
+
+#[test]
+fn dead_readers_leave_after_move_and_swapdb() {
+    let s = Server::start();
+    let mut c = s.conn();
+    two_readers(&mut c, "k");
+    assert_eq!(c.cmd(&["MOVE", "k", "3"]).int(), 1);
+    assert_dead_reader_dropped(&mut c, "3", "k", "after MOVE");
+    c.cmd(&["SELECT", "0"]).ok();
+    two_readers(&mut c, "s");
+    c.cmd(&["SWAPDB", "0", "5"]).ok();
+    wait_until(Duration::from_secs(4), "after SWAPDB", || {
+        stat(&mut c, "holders_shared") == 2
+    });
+    c.cmd(&["SELECT", "5"]).ok();
+    assert_eq!(c.lock_info("s").expect("lock in db 5").holders.len(), 1);
+}
+
+#[test]
+fn dead_readers_leave_after_restore_under_a_new_name() {
+    let s = Server::start();
+    let mut c = s.conn();
+    two_readers(&mut c, "k");
+    let payload = c.cmd(&["DUMP", "k"]).bulk().to_vec();
+    let pttl = c.pttl("k");
+    c.cmd(&["DEL", "k"]).int();
+    c.cmdv(&[
+        b"RESTORE".to_vec(),
+        b"k2".to_vec(),
+        pttl.to_string().into_bytes(),
+        payload,
+    ])
+    .ok();
+    assert_dead_reader_dropped(&mut c, "0", "k2", "after RESTORE");
+}
+
+#[test]
+fn dead_readers_leave_after_a_restart_from_the_aof() {
+    let mut s = Server::builder()
+        .config("appendonly yes")
+        .config("aof-use-rdb-preamble no")
+        .config("appendfsync always")
+        .start();
+    let mut c = s.conn();
+    two_readers(&mut c, "k");
+    s.kill9();
+    s.restart();
+    let mut c = s.conn();
+    assert_dead_reader_dropped(&mut c, "0", "k", "after an AOF restart");
+}
+
+#[test]
+fn dead_readers_leave_after_a_restart_from_the_rdb() {
+    let mut s = Server::start();
+    let mut c = s.conn();
+    two_readers(&mut c, "k");
+    c.cmd(&["SAVE"]).ok();
+    s.kill9();
+    s.restart();
+    let mut c = s.conn();
+    assert_dead_reader_dropped(&mut c, "0", "k", "after an RDB restart");
+}
+
+#[test]
+fn dead_readers_leave_after_a_promotion() {
+    let mut master = Server::start();
+    let replica = Server::start();
+    replica.replicaof(&master);
+    let mut m = master.conn();
+    let start = Instant::now();
+    two_readers_for(&mut m, "k", 2_000);
+    wait_for_sync(&master, &replica);
+    // Still both on the replica: the master's own timer has not dropped r1.
+    assert_eq!(stat(&mut replica.conn(), "holders_shared"), 2);
+    master.kill9();
+    assert!(
+        start.elapsed() < Duration::from_millis(1_900),
+        "set-up too slow"
+    );
+    // r1's lease ends while nobody is master.
+    sleep_ms(2_200_u64.saturating_sub(start.elapsed().as_millis() as u64));
+    replica.promote();
+    let mut r = replica.conn();
+    assert_dead_reader_dropped(&mut r, "0", "k", "after a promotion");
+}
+
+// ---------------------------------------------------------------------------
+// The key's Redis TTL is the latest deadline in it
+// ---------------------------------------------------------------------------
+
+#[test]
+fn persist_cannot_keep_a_lock_key_beyond_its_last_holder() {
+    let s = Server::start();
+    let mut c = s.conn();
+    token(c.acquire("k", "a", 800));
+    assert_eq!(c.cmd(&["PERSIST", "k"]).int(), 1);
+    wait_until(Duration::from_secs(3), "the TTL to come back", || {
+        let p = c.pttl("k");
+        p > 0 && p <= 800
+    });
+    wait_until(Duration::from_secs(4), "the key to go", || {
+        c.cmd(&["EXISTS", "k"]).int() == 0
+    });
+    assert_eq!(stat(&mut c, "keys"), 0);
+}
+
+#[test]
+fn pexpire_cannot_move_a_lock_keys_ttl_away_from_its_last_deadline() {
+    let s = Server::start();
+    let mut c = s.conn();
+    token(c.acquire("k", "a", 5_000));
+    assert_eq!(c.cmd(&["PEXPIRE", "k", "100000"]).int(), 1);
+    wait_until(Duration::from_secs(3), "the TTL to come back", || {
+        c.pttl("k") <= 5_000
+    });
+}
+
+#[test]
+fn restore_with_ttl_zero_gets_the_latest_deadline_as_its_ttl() {
+    let s = Server::start();
+    let mut c = s.conn();
+    // An exclusive lock: nothing else schedules a visit of it.
+    token(c.acquire("k", "a", 900));
+    let payload = c.cmd(&["DUMP", "k"]).bulk().to_vec();
+    c.cmd(&["DEL", "k"]).int();
+    c.cmdv(&[b"RESTORE".to_vec(), b"k".to_vec(), b"0".to_vec(), payload])
+        .ok();
+    wait_until(Duration::from_secs(3), "the TTL to be set", || {
+        let p = c.pttl("k");
+        p > 0 && p <= 900
+    });
+    wait_until(Duration::from_secs(4), "the key to go", || {
+        c.cmd(&["DBSIZE"]).int() == 0
+    });
+    assert_eq!(stat(&mut c, "keys"), 0);
+}
+
+// ---------------------------------------------------------------------------
+// Module arguments are quoted in the log, never interpreted
+// ---------------------------------------------------------------------------
+
+/// A bad `MODULE LOAD` argument is logged as text: a NUL byte once panicked
+/// outside any guard, and a `%` was read as a printf directive.
+#[test]
+fn bad_module_arguments_with_nul_or_percent_fail_the_load_cleanly() {
+    let s = Server::builder()
+        .without_module()
+        .config("enable-module-command yes")
+        .start();
+    let mut c = s.conn();
+    let module = module_path().to_string_lossy().into_owned().into_bytes();
+    for (name, value) in [
+        (b"max\x00ttl".as_slice(), b"5".as_slice()),
+        (b"%s%s%s%s%s%n".as_slice(), b"5".as_slice()),
+        (b"max-ttl".as_slice(), b"%s%n".as_slice()),
+    ] {
+        let r = c.cmdv(&[
+            b"MODULE".to_vec(),
+            b"LOAD".to_vec(),
+            module.clone(),
+            name.to_vec(),
+            value.to_vec(),
+        ]);
+        assert!(r.is_err(), "the load fails: {r:?}");
+        c.ping();
+    }
+    let log = s.log_tail(50);
+    assert!(log.contains("unknown module argument 'max\\0ttl'"), "{log}");
+    assert!(
+        log.contains("unknown module argument '%s%s%s%s%s%n'"),
+        "{log}"
+    );
+    assert!(log.contains("'max-ttl' must be an integer"), "{log}");
+    assert!(!log.contains("panic"), "{log}");
+}
