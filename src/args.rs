@@ -10,12 +10,14 @@ use crate::config;
 use crate::core::{Kind, Owner, Request};
 use crate::errors::{LockError, MAX_WAIT_MS};
 
-/// `LOCK.ACQUIRE | LOCK.RACQUIRE | LOCK.READ key owner ttl [WAIT ms]`.
+/// `LOCK.ACQUIRE | LOCK.RACQUIRE | LOCK.READ key owner ttl [WAIT ms] [BIND]`.
 pub struct Grant {
     pub key: RedisString,
     pub request: Request,
     /// `None`: answer at once; `Some(0)`: wait without limit; `Some(ms)`: up to `ms`.
     pub wait: Option<u64>,
+    /// `BIND`: the holder also ends when this connection closes.
+    pub bind: bool,
 }
 
 /// `LOCK.RELEASE key owner`.
@@ -79,8 +81,14 @@ pub fn grant(args: Vec<RedisString>, kind: Kind) -> Result<Grant, LockError> {
     let owner = args.owner()?;
     let ttl = args.ttl()?;
     let mut wait = None;
+    let mut bind = false;
     while let Some(option) = args.0.next() {
-        if !option.as_slice().eq_ignore_ascii_case(b"WAIT") || wait.is_some() {
+        let option = option.as_slice();
+        if option.eq_ignore_ascii_case(b"BIND") && !bind {
+            bind = true;
+            continue;
+        }
+        if !option.eq_ignore_ascii_case(b"WAIT") || wait.is_some() {
             return Err(LockError::Syntax);
         }
         let ms = args.0.next().ok_or(LockError::Syntax)?;
@@ -94,6 +102,7 @@ pub fn grant(args: Vec<RedisString>, kind: Kind) -> Result<Grant, LockError> {
         key,
         request: Request { kind, owner, ttl },
         wait,
+        bind,
     })
 }
 
@@ -116,6 +125,14 @@ pub fn renew(args: Vec<RedisString>) -> Result<Renew, LockError> {
     };
     args.done()?;
     Ok(parsed)
+}
+
+/// `LOCK.KEEPALIVE ttl`.
+pub fn keepalive(args: Vec<RedisString>) -> Result<u64, LockError> {
+    let mut args = Args::new(args);
+    let ttl = args.ttl()?;
+    args.done()?;
+    Ok(ttl)
 }
 
 pub fn key_only(args: Vec<RedisString>) -> Result<RedisString, LockError> {

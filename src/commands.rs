@@ -1,15 +1,16 @@
 //! Command handlers: parse, run the core transition, reply. Replication and
 //! the key's expiry are `store::update`'s job; waiting is `waiting`'s.
 
-use std::os::raw::c_long;
+use std::os::raw::{c_int, c_long};
 
-use redis_module::{Context, ContextFlags, RedisResult, RedisString, RedisValue};
+use redis_module::{raw, Context, ContextFlags, RedisResult, RedisString, RedisValue};
 
 use crate::args;
+use crate::bindings::{self, ClientId};
 use crate::clock;
 use crate::core::{Attempt, Kind, Lock, Mode, Release};
 use crate::errors::LockError;
-use crate::keys::{api, LockKey};
+use crate::keys::{self, api, LockKey};
 use crate::stats;
 use crate::store;
 use crate::waiting;
@@ -44,6 +45,10 @@ fn master_only(ctx: &Context) -> Result<(), LockError> {
 fn grant(ctx: &Context, args: Vec<RedisString>, kind: Kind) -> RedisResult {
     master_only(ctx)?;
     let grant = args::grant(args, kind)?;
+    let bind = match grant.bind {
+        true => Some(bound_connection(ctx)?),
+        false => None,
+    };
     let (attempt, next_expiry) = store::update(ctx, &grant.key, |txn| {
         let queued = waiting::has_waiters(ctx, &grant.key);
         let before = txn.tokens.last();
@@ -61,15 +66,72 @@ fn grant(ctx: &Context, args: Vec<RedisString>, kind: Kind) -> RedisResult {
     match attempt {
         Attempt::Busy => match grant.wait {
             Some(ms) if waiting::can_block(ctx) => {
-                waiting::block(ctx, grant.key, grant.request, ms, next_expiry)
+                waiting::block(ctx, grant.key, grant.request, ms, next_expiry, bind)
             }
             _ => {
                 stats::REFUSALS.incr();
                 Ok(RedisValue::Null)
             }
         },
+        Attempt::Granted(token) => {
+            if let Some(client) = bind {
+                let key = waiting::db_key(ctx, grant.key.as_slice());
+                bindings::bind(client, key, &grant.request.owner, token);
+            }
+            answer(attempt)
+        }
         other => answer(other),
     }
+}
+
+/// The connection a `BIND` binds to: the caller's (inside MULTI/EXEC, the
+/// connection running the transaction). A script or a function has no
+/// connection of its own to outlive: `BIND` there is an error.
+fn bound_connection(ctx: &Context) -> Result<ClientId, LockError> {
+    if ctx.get_flags().contains(ContextFlags::LUA) {
+        return Err(LockError::BindInScript);
+    }
+    match api!(RedisModule_GetClientId(ctx.ctx)) {
+        Some(id) if id != 0 => Ok(id),
+        _ => Err(LockError::BindInScript),
+    }
+}
+
+/// `LOCK.KEEPALIVE ttl`: renews every holder bound to the calling
+/// connection; the reply is how many.
+pub fn keepalive(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
+    master_only(ctx)?;
+    let ttl = args::keepalive(args)?;
+    let Some(client) = api!(RedisModule_GetClientId(ctx.ctx)) else {
+        return Ok(RedisValue::Integer(0));
+    };
+    let bound = bindings::of_client(client);
+    if bound.is_empty() {
+        return Ok(RedisValue::Integer(0));
+    }
+    let home = api!(RedisModule_GetSelectedDb(ctx.ctx)).unwrap_or(0);
+    let mut renewed = 0i64;
+    for b in bound {
+        if api!(RedisModule_SelectDb(ctx.ctx, b.key.0)) != Some(raw::REDISMODULE_OK as c_int) {
+            continue;
+        }
+        let name = keys::name(ctx, &b.key.1);
+        let done = store::update(ctx, &name, |txn| {
+            let ours = txn.lock.holder(&b.owner).map(|h| h.token) == Some(b.token);
+            let renewed = ours && txn.lock.renew(&b.owner, ttl, txn.now, txn.changes);
+            if renewed {
+                txn.events.push(c"lock.renew");
+            }
+            renewed
+        });
+        match done {
+            Ok(true) => renewed += 1,
+            // Released, expired, deleted, or another grant now: stale.
+            _ => bindings::forget(&b.key, &b.owner),
+        }
+    }
+    api!(RedisModule_SelectDb(ctx.ctx, home));
+    Ok(RedisValue::Integer(renewed))
 }
 
 /// The keyspace event of a grant.

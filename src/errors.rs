@@ -23,6 +23,8 @@ pub enum LockError {
     /// The key already has `lock.max-waiters` (carried here) waiting requests.
     TooManyWaiters(i64),
     TokensExhausted,
+    /// `BIND` where no connection of the caller's own can hold it.
+    BindInScript,
     /// This server became a replica while the client waited.
     Replica,
     /// The awaited key moved to another node with its slot (cluster MIGRATE).
@@ -56,6 +58,10 @@ impl LockError {
             LockError::TooManyHolds => "ERR owner has too many holds on this lock".into(),
             LockError::TooManyWaiters(max) => {
                 format!("ERR too many clients wait for this lock (lock.max-waiters is {max})")
+            }
+            LockError::BindInScript => {
+                "ERR BIND is not allowed in scripts and functions: they have no connection of their own"
+                    .into()
             }
             LockError::Replica => "READONLY You can't write against a read only replica.".into(),
             LockError::Migrating => {

@@ -23,18 +23,20 @@
 //! Event callbacks must not write: every visit they ask for is made by the
 //! timer (`timers`), right after.
 
+use std::cell::RefCell;
 use std::ffi::CStr;
 use std::os::raw::{c_char, c_int, c_void};
 
 use redis_module::{raw, Context, ContextFlags, RedisString, RedisValue, Status};
 
+use crate::bindings;
 use crate::clock;
 use crate::core::Lock;
 use crate::errors::LockError;
 use crate::guard;
 use crate::keys::{self, api};
 use crate::stats;
-use crate::timers;
+use crate::timers::{self, DbKey};
 use crate::waiting;
 
 /// Subscribes to the generic keyspace class and to the server events above.
@@ -57,6 +59,7 @@ pub fn subscribe(ctx: &Context) -> Status {
         server_event(raw::REDISMODULE_EVENT_FLUSHDB, on_flush),
         server_event(raw::REDISMODULE_EVENT_SWAPDB, on_swapdb),
         server_event(raw::REDISMODULE_EVENT_REPLICATION_ROLE_CHANGED, on_role),
+        server_event(raw::REDISMODULE_EVENT_CLIENT_CHANGE, on_client),
     ];
     if all.iter().all(|s| *s == ok) {
         Status::Ok
@@ -79,6 +82,12 @@ pub fn unlinked(db: i32, key: &[u8], lock: &Lock) {
     }
 }
 
+thread_local! {
+    /// The old place of a lock RENAME or MOVE is carrying (`*_from` comes
+    /// right before `*_to`).
+    static MOVED_FROM: RefCell<Option<DbKey>> = const { RefCell::new(None) };
+}
+
 extern "C" fn on_generic(
     raw_ctx: *mut raw::RedisModuleCtx,
     _class: c_int,
@@ -93,6 +102,13 @@ extern "C" fn on_generic(
         let event = unsafe { CStr::from_ptr(event) }.to_bytes();
         match event {
             b"rename_to" | b"move_to" | b"restore" | b"expire" | b"persist" => {
+                if matches!(event, b"rename_to" | b"move_to") {
+                    let ctx = Context::new(raw_ctx);
+                    let to = waiting::db_key(&ctx, RedisString::string_as_slice(key));
+                    if let Some(from) = MOVED_FROM.with(|m| m.borrow_mut().take()) {
+                        bindings::moved(&from, &to);
+                    }
+                }
                 // Most of these are not about locks: look at the key only
                 // while some lock exists at all.
                 let ctx = Context::new(raw_ctx);
@@ -105,6 +121,7 @@ extern "C" fn on_generic(
                 let ctx = Context::new(raw_ctx);
                 let (db, name) = waiting::db_key(&ctx, RedisString::string_as_slice(key));
                 timers::moved_away(db, &name);
+                MOVED_FROM.with(|m| *m.borrow_mut() = Some((db, name)));
             }
             b"del" if waiting::anyone_waits() => {
                 let ctx = Context::new(raw_ctx);
@@ -134,6 +151,7 @@ extern "C" fn on_flush(
         // SAFETY: for this event Redis passes a `RedisModuleFlushInfo`.
         let db =
             unsafe { data.cast::<raw::RedisModuleFlushInfo>().as_ref() }.map_or(-1, |i| i.dbnum);
+        bindings::flushed(db);
         wake(&[db]);
     })
 }
@@ -181,6 +199,7 @@ extern "C" fn on_swapdb(
             return;
         };
         timers::swap_dbs(info.dbnum_first, info.dbnum_second);
+        bindings::swap_dbs(info.dbnum_first, info.dbnum_second);
         wake(&[info.dbnum_first, info.dbnum_second]);
     })
 }
@@ -195,6 +214,30 @@ extern "C" fn on_role(
     guard::callback("a role change", (), || {
         if subevent == raw::REDISMODULE_EVENT_REPLROLECHANGED_NOW_MASTER {
             timers::promoted();
+        }
+    })
+}
+
+/// A connection closed: every grant bound to it ends at its key's next
+/// visit (now), all holds at once, as by LOCK.RELEASE.
+extern "C" fn on_client(
+    _raw_ctx: *mut raw::RedisModuleCtx,
+    _event: raw::RedisModuleEvent,
+    subevent: u64,
+    data: *mut c_void,
+) {
+    guard::callback("a client event", (), || {
+        if subevent != raw::REDISMODULE_SUBEVENT_CLIENT_CHANGE_DISCONNECTED
+            || bindings::count() == 0
+        {
+            return;
+        }
+        // SAFETY: for this event Redis passes a `RedisModuleClientInfo`.
+        let Some(info) = (unsafe { data.cast::<raw::RedisModuleClientInfo>().as_ref() }) else {
+            return;
+        };
+        for b in bindings::take_client(info.id) {
+            waiting::revoke(b.key, b.owner, b.token, true);
         }
     })
 }

@@ -27,6 +27,7 @@
 pub mod core;
 
 mod args;
+mod bindings;
 mod clock;
 mod commands;
 mod config;
@@ -93,6 +94,7 @@ redis_module! {
         ["lock.release", guarded("lock.release", commands::release), "write fast", 1, 1, 1, ""],
         ["lock.renew", guarded("lock.renew", commands::renew), "write fast", 1, 1, 1, ""],
         ["lock.info", guarded("lock.info", commands::info), "readonly fast", 1, 1, 1, ""],
+        ["lock.keepalive", guarded("lock.keepalive", commands::keepalive), "write fast", 0, 0, 0, ""],
         // Internal: applies one replicated effect (replicas and AOF only).
         ["lock.sync", guarded("lock.sync", replication::sync), "write", 1, 1, 1, ""],
     ],

@@ -17,6 +17,7 @@ use crate::keys::api;
 const KEY: u32 = raw::RedisModuleCommandArgType_REDISMODULE_ARG_TYPE_KEY;
 const STRING: u32 = raw::RedisModuleCommandArgType_REDISMODULE_ARG_TYPE_STRING;
 const INTEGER: u32 = raw::RedisModuleCommandArgType_REDISMODULE_ARG_TYPE_INTEGER;
+const PURE_TOKEN: u32 = raw::RedisModuleCommandArgType_REDISMODULE_ARG_TYPE_PURE_TOKEN;
 
 const RO: u32 = raw::REDISMODULE_CMD_KEY_RO | raw::REDISMODULE_CMD_KEY_ACCESS;
 // INSERT, UPDATE and DELETE are mutually exclusive: a grant or a renewal
@@ -25,6 +26,8 @@ const GRANT: u32 = raw::REDISMODULE_CMD_KEY_RW | raw::REDISMODULE_CMD_KEY_UPDATE
 const RENEW: u32 = GRANT;
 const RELEASE: u32 = raw::REDISMODULE_CMD_KEY_RW | raw::REDISMODULE_CMD_KEY_DELETE;
 const SYNC: u32 = GRANT;
+/// A command without keys (LOCK.KEEPALIVE): no key spec.
+const NO_KEYS: u32 = 0;
 
 struct Arg {
     name: &'static CStr,
@@ -64,7 +67,14 @@ struct Doc {
     args: &'static [Arg],
 }
 
-const GRANT_ARGS: &[Arg] = &[K, OWNER, TTL, WAIT];
+const BIND: Arg = Arg {
+    name: c"bind",
+    kind: PURE_TOKEN,
+    token: Some(c"BIND"),
+    optional: true,
+};
+
+const GRANT_ARGS: &[Arg] = &[K, OWNER, TTL, WAIT, BIND];
 
 const DOCS: &[Doc] = &[
     Doc {
@@ -122,6 +132,15 @@ const DOCS: &[Doc] = &[
         args: &[K],
     },
     Doc {
+        name: c"lock.keepalive",
+        acl: c"write fast lock",
+        summary: c"Renews every holder bound (BIND) to the calling connection to ttl milliseconds from now; returns how many.",
+        complexity: c"O(B), B the holders bound to this connection",
+        arity: 2,
+        key_flags: NO_KEYS,
+        args: &[TTL],
+    },
+    Doc {
         name: c"lock.sync",
         acl: c"write",
         summary: c"Internal: applies one replicated lock effect (SET owner mode holds token deadline, or DROP owner). Accepted only from the master or the AOF.",
@@ -162,8 +181,12 @@ fn raw_args(args: &[Arg]) -> Vec<raw::RedisModuleCommandArg> {
     out
 }
 
-/// One key, the first argument.
+/// One key, the first argument (none for [`NO_KEYS`]).
 fn raw_key_specs(flags: u32) -> Vec<raw::RedisModuleCommandKeySpec> {
+    if flags == NO_KEYS {
+        // SAFETY: as above; the zeroed entry ends the (empty) array.
+        return vec![unsafe { std::mem::zeroed() }];
+    }
     // SAFETY: as above.
     let mut spec: raw::RedisModuleCommandKeySpec = unsafe { std::mem::zeroed() };
     spec.flags = u64::from(flags);

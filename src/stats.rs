@@ -13,7 +13,7 @@ use redis_module::raw;
 
 use crate::guard;
 use crate::keys::api;
-use crate::{timers, waiting};
+use crate::{bindings, timers, waiting};
 
 pub struct Counter(AtomicU64);
 
@@ -48,6 +48,8 @@ pub static WAITS: Counter = Counter::new();
 pub static WAIT_TIMEOUTS: Counter = Counter::new();
 /// Holders whose lease ended by expiry, not release: the sign of a ttl too short.
 pub static EXPIRED_LEASES: Counter = Counter::new();
+/// Holders released because the connection they were bound to (`BIND`) closed.
+pub static RELEASES_ON_DISCONNECT: Counter = Counter::new();
 /// RELEASE by an owner holding nothing (never held, expired, someone else's).
 pub static RELEASES_NOT_HELD: Counter = Counter::new();
 
@@ -89,7 +91,7 @@ extern "C" fn info(ctx: *mut raw::RedisModuleInfoCtx, _for_crash_report: c_int) 
     guard::callback("INFO", (), || {
         let gauge = |g: &AtomicI64| g.load(Ordering::Relaxed);
         let count = |n: usize| i64::try_from(n).unwrap_or(i64::MAX);
-        let fields: [(&CStr, i64); 13] = [
+        let fields: [(&CStr, i64); 16] = [
             (c"keys", gauge(&KEYS)),
             (c"holders_exclusive", gauge(&HOLDERS_EXCLUSIVE)),
             (c"holders_shared", gauge(&HOLDERS_SHARED)),
@@ -102,6 +104,12 @@ extern "C" fn info(ctx: *mut raw::RedisModuleInfoCtx, _for_crash_report: c_int) 
             (c"wait_timeouts", count_u(WAIT_TIMEOUTS.get())),
             (c"expired_leases", count_u(EXPIRED_LEASES.get())),
             (c"releases_not_held", count_u(RELEASES_NOT_HELD.get())),
+            (c"bound_holders", count(bindings::count())),
+            (c"bindings_memory", count(bindings::memory())),
+            (
+                c"releases_on_disconnect",
+                count_u(RELEASES_ON_DISCONNECT.get()),
+            ),
             (c"last_token", count_u(crate::fencing::counter().last())),
         ];
         api!(RedisModule_InfoAddSection(ctx, c"".as_ptr().cast_mut()));

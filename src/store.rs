@@ -5,6 +5,7 @@ use std::ffi::CStr;
 
 use redis_module::{Context, RedisString};
 
+use crate::bindings;
 use crate::clock;
 use crate::core::{Changes, Lock, Tokens};
 use crate::errors::LockError;
@@ -55,6 +56,7 @@ pub fn update<R>(
             events.insert(0, c"lock.expired");
         }
         if !changes.is_empty() {
+            forget_bindings(ctx, name, lock, &changes);
             replication::replicate(ctx, name, lock, &changes);
         }
         Ok(((result, visit, events), !changes.is_empty()))
@@ -68,6 +70,19 @@ pub fn update<R>(
         timers::schedule(db, &key, visit);
     }
     Ok(result)
+}
+
+/// Holders that left in this transaction take their `BIND` with them.
+fn forget_bindings(ctx: &Context, name: &RedisString, lock: &Lock, changes: &Changes) {
+    if bindings::count() == 0 {
+        return;
+    }
+    let key = waiting::db_key(ctx, name.as_slice());
+    for owner in changes.owners() {
+        if lock.holder(owner).is_none() {
+            bindings::forget(&key, owner);
+        }
+    }
 }
 
 /// When this lock must next be looked at without anyone asking: at its

@@ -253,7 +253,7 @@ fn take_due(now: u64, replica: bool) -> Due {
     let index = &mut *index;
     let mut visits = Vec::new();
     while let Some((at, db, key)) = index.by_time.first().cloned() {
-        if at > now {
+        if at > now || visits.len() >= VISITS_PER_TICK {
             break;
         }
         index.by_time.remove(&(at, db, key.clone()));
@@ -270,6 +270,11 @@ fn take_due(now: u64, replica: bool) -> Due {
         expired: std::mem::take(&mut index.expired),
     }
 }
+
+/// The most keys one tick visits: more (a connection with 100,000 bound
+/// locks closing, a mass expiry) wait for the next tick, right after Redis
+/// has served its clients once, so no tick stalls the server for long.
+const VISITS_PER_TICK: usize = 1000;
 
 /// How long to wait before looking again while Redis pauses writes or loads.
 const RETRY_MS: u64 = 10;

@@ -20,6 +20,7 @@ use std::sync::{LazyLock, Mutex, MutexGuard};
 
 use redis_module::{raw, Context, ContextFlags, RedisResult, RedisString, RedisValue};
 
+use crate::bindings::{self, ClientId};
 use crate::commands;
 use crate::config;
 use crate::core::{Attempt, Kind, Owner, Queue, Request};
@@ -40,12 +41,18 @@ struct Waiter {
     kind: Kind,
     /// When its WAIT runs out (unix ms); `None` for `WAIT 0`.
     deadline: Option<u64>,
+    /// `BIND`: the connection its grant is bound to.
+    bind: Option<ClientId>,
 }
 
-/// A grant whose client disconnected before its reply: undone at the next visit.
+/// A grant to end at the key's next visit, all its holds at once: its
+/// client disconnected before hearing of it, or it was bound to a connection
+/// that closed. Matched by token, so a later grant to the same owner stays.
 struct Revocation {
     owner: Owner,
     token: u64,
+    /// Its bound connection closed (counted in `INFO lock`).
+    disconnect: bool,
 }
 
 /// What an unblocked waiter is told (the blocked client's private data).
@@ -135,6 +142,7 @@ pub fn block(
     request: Request,
     ms: u64,
     next_expiry: Option<u64>,
+    bind: Option<ClientId>,
 ) -> RedisResult {
     let key = db_key(ctx, key.as_slice());
     if registry().queues.get(&key).map_or(0, Queue::len) >= config::max_waiters() {
@@ -179,6 +187,7 @@ pub fn block(
                 owner,
                 kind,
                 deadline,
+                bind,
             },
         );
     }
@@ -214,9 +223,14 @@ pub fn settle(ctx: &Context, name: &RedisString, txn: &mut Txn) -> Pending {
     let key = &db_key(ctx, name.as_slice());
     if let Some(revoked) = registry.revocations.remove(key) {
         for r in revoked {
-            if txn.lock.holder(&r.owner).map(|h| h.token) == Some(r.token) {
-                txn.lock.release(&r.owner, txn.now, txn.changes);
+            if txn
+                .lock
+                .release_all(&r.owner, r.token, txn.now, txn.changes)
+            {
                 txn.events.push(c"lock.release");
+                if r.disconnect {
+                    stats::RELEASES_ON_DISCONNECT.incr();
+                }
             }
         }
     }
@@ -248,9 +262,12 @@ pub fn settle(ctx: &Context, name: &RedisString, txn: &mut Txn) -> Pending {
     stats::GRANTS.add(usize::try_from(txn.tokens.last() - before).unwrap_or(0));
     for (id, attempt) in answered {
         if let Some(waiter) = waiters.remove(&id) {
-            if let Attempt::Granted(_) = attempt {
+            if let Attempt::Granted(token) = attempt {
                 stats::GRANTS_AFTER_WAIT.incr();
                 txn.events.push(commands::event_of(waiter.kind));
+                if let Some(client) = waiter.bind {
+                    bindings::bind(client, key.clone(), &waiter.owner, token);
+                }
             }
             unblock(waiter, Ok(attempt));
         }
@@ -267,6 +284,21 @@ pub fn settle(ctx: &Context, name: &RedisString, txn: &mut Txn) -> Pending {
         waiting,
         next_timeout,
     }
+}
+
+/// Ends the grant `token` of `owner` on `key` at the key's next visit (now).
+pub fn revoke(key: DbKey, owner: Owner, token: u64, disconnect: bool) {
+    let at = Some(crate::clock::now_ms());
+    timers::schedule(key.0, &key.1, at);
+    registry()
+        .revocations
+        .entry(key)
+        .or_default()
+        .push(Revocation {
+            owner,
+            token,
+            disconnect,
+        });
 }
 
 /// Answers every waiter of a key with an error (the key now holds another type).
@@ -382,15 +414,8 @@ extern "C" fn free_decision(_raw_ctx: *mut raw::RedisModuleCtx, data: *mut c_voi
         if let (false, Ok(Attempt::Granted(token))) = (decision.replied, decision.outcome) {
             // Granted, but the client went away before hearing it: undo.
             let (db, key) = decision.key;
-            registry()
-                .revocations
-                .entry((db, key.clone()))
-                .or_default()
-                .push(Revocation {
-                    owner: decision.owner,
-                    token,
-                });
-            timers::schedule(db, &key, Some(crate::clock::now_ms()));
+            bindings::forget(&(db, key.clone()), &decision.owner);
+            revoke((db, key), decision.owner, token, false);
         }
     })
 }

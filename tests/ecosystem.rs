@@ -23,7 +23,7 @@ use common::*;
 // INFO lock
 // ---------------------------------------------------------------------------
 
-const INFO_FIELDS: [&str; 13] = [
+const INFO_FIELDS: [&str; 16] = [
     "lock_keys",
     "lock_holders_exclusive",
     "lock_holders_shared",
@@ -37,6 +37,9 @@ const INFO_FIELDS: [&str; 13] = [
     "lock_expired_leases",
     "lock_releases_not_held",
     "lock_last_token",
+    "lock_bound_holders",
+    "lock_bindings_memory",
+    "lock_releases_on_disconnect",
 ];
 
 /// `INFO lock` as field -> value; checks the section has exactly the documented fields.

@@ -322,6 +322,27 @@ impl Lock {
         }
     }
 
+    /// Removes every hold of the owner's grant with this `token` (its
+    /// connection closed, or it never heard of the grant); false when that
+    /// grant no longer holds (released, expired, or since granted anew).
+    pub fn release_all(
+        &mut self,
+        owner: &[u8],
+        token: u64,
+        now: u64,
+        changes: &mut Changes,
+    ) -> bool {
+        self.purge(now, changes);
+        let before = self.holders.len();
+        self.holders
+            .retain(|h| h.owner.as_ref() != owner || h.token != token);
+        if self.holders.len() == before {
+            return false;
+        }
+        changes.touch(owner);
+        true
+    }
+
     /// `LOCK.RENEW`: the owner's deadline becomes `now + ttl`; false when it holds nothing.
     pub fn renew(&mut self, owner: &[u8], ttl: u64, now: u64, changes: &mut Changes) -> bool {
         self.purge(now, changes);
@@ -547,6 +568,25 @@ mod tests {
             "expired: nothing to renew"
         );
         assert!(!lock.renew(b"zz", 1000, 100, &mut c));
+    }
+
+    #[test]
+    fn release_all_takes_every_hold_of_that_grant_only() {
+        let mut lock = Lock::default();
+        let mut tokens = Tokens::starting_after(0);
+        for _ in 0..3 {
+            acquire(&mut lock, &mut tokens, req(Kind::Racquire, "a", 100), 0);
+        }
+        let mut c = Changes::default();
+        assert!(
+            !lock.release_all(b"a", 99, 1, &mut c),
+            "another grant's token"
+        );
+        assert!(c.is_empty());
+        assert!(lock.release_all(b"a", 1, 1, &mut c));
+        assert!(lock.is_empty());
+        assert_eq!(c.owners().len(), 1);
+        assert!(!lock.release_all(b"a", 1, 1, &mut c));
     }
 
     #[test]

@@ -1,0 +1,244 @@
+//! Locks bound to their connection (`BIND`) and `LOCK.KEEPALIVE`
+//! (shared/CONTRACT.md, "Locks bound to their connection").
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::*;
+
+fn token(r: Reply) -> i64 {
+    match r {
+        Reply::Int(t) if t > 0 => t,
+        other => panic!("expected a token, got {other:?}"),
+    }
+}
+
+fn stat(c: &mut Conn, field: &str) -> i64 {
+    c.info_field("lock", &format!("lock_{field}"))
+        .parse()
+        .unwrap_or_else(|_| panic!("lock_{field} is an integer"))
+}
+
+/// Waits until `key` is free (LOCK.INFO nil), within a generous bound.
+fn freed(c: &mut Conn, key: &str, what: &str) -> Duration {
+    let start = Instant::now();
+    wait_until(Duration::from_secs(5), what, || c.lock_info(key).is_none());
+    start.elapsed()
+}
+
+#[test]
+fn a_bound_holder_ends_when_its_connection_closes_and_the_waiter_gets_the_lock() {
+    let s = Server::start();
+    let mut holder = s.conn();
+    token(holder.cmd(&["LOCK.ACQUIRE", "k", "a", "60000", "BIND"]));
+    assert_eq!(stat(&mut holder, "bound_holders"), 1);
+    let mut w = s.conn();
+    w.send(&["LOCK.ACQUIRE", "k", "b", "60000", "WAIT", "5000"])
+        .unwrap();
+    let mut obs = s.conn();
+    wait_until(Duration::from_secs(5), "the waiter to queue", || {
+        stat(&mut obs, "waiters") == 1
+    });
+    let start = Instant::now();
+    drop(holder);
+    w.set_timeout(Duration::from_secs(5));
+    let r = w.read_reply().expect("the waiter is answered");
+    token(r);
+    assert!(
+        start.elapsed() < Duration::from_secs(3),
+        "granted on disconnect, not at the lease ({:?})",
+        start.elapsed()
+    );
+    assert_eq!(obs.lock_info("k").unwrap().holders[0].owner, b"b");
+    assert_eq!(stat(&mut obs, "releases_on_disconnect"), 1);
+    assert_eq!(stat(&mut obs, "bound_holders"), 0);
+}
+
+#[test]
+fn client_kill_releases_every_hold_and_the_release_is_replicated() {
+    let master = Server::start();
+    let replica = Server::start();
+    replica.replicaof(&master);
+    let mut a = master.conn();
+    let id = a.cmd(&["CLIENT", "ID"]).int();
+    for _ in 0..3 {
+        token(a.cmd(&["LOCK.RACQUIRE", "k", "a", "60000", "BIND"]));
+    }
+    token(a.cmd(&["LOCK.READ", "r", "a", "60000", "BIND"]));
+    let mut c = master.conn();
+    assert_eq!(c.lock_info("k").unwrap().holders[0].holds, 3);
+    c.cmd(&["CLIENT", "KILL", "ID", &id.to_string()]).int();
+    freed(&mut c, "k", "k freed by CLIENT KILL");
+    freed(&mut c, "r", "r freed by CLIENT KILL");
+    wait_for_sync(&master, &replica);
+    let mut r = replica.conn();
+    assert!(r.lock_info("k").is_none() && r.lock_info("r").is_none());
+    assert_eq!(stat(&mut c, "releases_on_disconnect"), 2);
+}
+
+#[test]
+fn without_bind_a_lock_outlives_its_connection_and_the_lease_still_applies_with_it() {
+    let s = Server::start();
+    let mut a = s.conn();
+    token(a.acquire("plain", "a", 60_000));
+    token(a.cmd(&["LOCK.ACQUIRE", "short", "a", "200", "BIND"]));
+    let mut c = s.conn();
+    sleep_ms(400);
+    assert!(c.lock_info("short").is_none(), "the lease ended first");
+    drop(a);
+    sleep_ms(200);
+    assert!(
+        c.lock_info("plain").is_some(),
+        "unbound: only the lease ends it"
+    );
+    assert_eq!(stat(&mut c, "releases_on_disconnect"), 0);
+}
+
+#[test]
+fn a_repeat_with_bind_moves_the_binding_and_one_without_leaves_it() {
+    let s = Server::start();
+    let mut a = s.conn();
+    let mut b = s.conn();
+    let t = token(a.cmd(&["LOCK.ACQUIRE", "k", "o", "60000", "BIND"]));
+    // Without BIND, from another connection: the binding stays with `a`.
+    assert_eq!(token(b.acquire("k", "o", 60_000)), t);
+    // With BIND from `b`: it moves to `b`.
+    assert_eq!(
+        token(b.cmd(&["LOCK.ACQUIRE", "k", "o", "60000", "BIND"])),
+        t
+    );
+    drop(a);
+    let mut c = s.conn();
+    sleep_ms(300);
+    assert!(c.lock_info("k").is_some(), "a's close no longer ends it");
+    drop(b);
+    freed(&mut c, "k", "b's close ends it");
+}
+
+#[test]
+fn a_waiter_with_bind_is_bound_when_granted() {
+    let s = Server::start();
+    let mut a = s.conn();
+    token(a.acquire("k", "a", 60_000));
+    let mut w = s.conn();
+    w.send(&["LOCK.READ", "k", "r", "60000", "BIND", "WAIT", "0"])
+        .unwrap();
+    wait_until(Duration::from_secs(5), "the waiter to queue", || {
+        stat(&mut a, "waiters") == 1
+    });
+    assert_eq!(a.release("k", "a").int(), 1);
+    token(w.read_reply().unwrap());
+    assert_eq!(stat(&mut a, "bound_holders"), 1);
+    drop(w);
+    freed(&mut a, "k", "the bound reader's close");
+}
+
+#[test]
+fn keepalive_renews_the_holders_bound_to_this_connection_only() {
+    let s = Server::start();
+    let mut a = s.conn();
+    token(a.cmd(&["LOCK.ACQUIRE", "x", "a", "1000", "BIND"]));
+    token(a.cmd(&["LOCK.READ", "y", "a", "1000", "BIND"]));
+    a.cmd(&["SELECT", "2"]).ok();
+    token(a.cmd(&["LOCK.RACQUIRE", "z", "a", "1000", "BIND"]));
+    token(a.cmd(&["LOCK.ACQUIRE", "unbound", "a", "1000"]));
+    let mut b = s.conn();
+    token(b.cmd(&["LOCK.ACQUIRE", "other", "b", "1000", "BIND"]));
+    assert_eq!(a.cmd(&["LOCK.KEEPALIVE", "60000"]).int(), 3);
+    // The caller's database is unchanged.
+    assert!(a.lock_info("z").is_some());
+    let ttl = |c: &mut Conn, db: &str, key: &str| {
+        c.cmd(&["SELECT", db]).ok();
+        c.lock_info(key).map_or(-1, |i| i.holders[0].ttl)
+    };
+    assert!(ttl(&mut b, "0", "x") > 50_000);
+    assert!(ttl(&mut b, "0", "y") > 50_000);
+    assert!(ttl(&mut b, "2", "z") > 50_000);
+    assert!(ttl(&mut b, "2", "unbound") <= 1_000);
+    assert!(ttl(&mut b, "0", "other") <= 1_000);
+    // A released holder is no longer renewed.
+    a.cmd(&["SELECT", "0"]).ok();
+    assert_eq!(a.release("x", "a").int(), 1);
+    assert_eq!(a.cmd(&["LOCK.KEEPALIVE", "60000"]).int(), 2);
+    // A deleted one neither (its binding is found stale and dropped).
+    a.cmd(&["DEL", "y"]).int();
+    assert_eq!(a.cmd(&["LOCK.KEEPALIVE", "60000"]).int(), 1);
+    assert_eq!(stat(&mut a, "bound_holders"), 2);
+    assert_eq!(s.conn().cmd(&["LOCK.KEEPALIVE", "1000"]).int(), 0);
+    // Bad input.
+    for bad in [
+        vec!["LOCK.KEEPALIVE"],
+        vec!["LOCK.KEEPALIVE", "0"],
+        vec!["LOCK.KEEPALIVE", "x"],
+        vec!["LOCK.KEEPALIVE", "1", "2"],
+    ] {
+        assert!(a.cmd(&bad).is_err(), "{bad:?}");
+    }
+}
+
+#[test]
+fn bind_inside_a_script_is_an_error_and_inside_multi_binds_the_connection() {
+    let s = Server::start();
+    let mut a = s.conn();
+    let r = a.cmd(&[
+        "EVAL",
+        "return redis.call('LOCK.ACQUIRE', KEYS[1], 'a', 1000, 'BIND')",
+        "1",
+        "k",
+    ]);
+    assert!(r.is_err(), "{r:?}");
+    assert!(a.lock_info("k").is_none(), "nothing granted");
+    a.cmd(&["MULTI"]).ok();
+    a.cmd(&["LOCK.ACQUIRE", "k", "a", "60000", "BIND"]);
+    let r = a.cmd(&["EXEC"]);
+    token(r.array()[0].clone());
+    let mut c = s.conn();
+    drop(a);
+    freed(&mut c, "k", "the transaction's connection closed");
+}
+
+#[test]
+fn bind_is_an_option_in_any_order_once() {
+    let s = Server::start();
+    let mut a = s.conn();
+    token(a.cmd(&["LOCK.ACQUIRE", "k1", "a", "1000", "bind", "wait", "10"]));
+    token(a.cmd(&["LOCK.ACQUIRE", "k2", "a", "1000", "WAIT", "10", "BIND"]));
+    for bad in [
+        vec!["LOCK.ACQUIRE", "k3", "a", "1000", "BIND", "BIND"],
+        vec!["LOCK.ACQUIRE", "k3", "a", "1000", "BINDX"],
+    ] {
+        let r = a.cmd(&bad);
+        assert!(r.is_err(), "{bad:?}: {r:?}");
+    }
+    assert!(a.lock_info("k3").is_none());
+}
+
+#[test]
+fn rename_and_swapdb_carry_the_binding() {
+    let s = Server::start();
+    let mut a = s.conn();
+    token(a.cmd(&["LOCK.ACQUIRE", "k", "a", "60000", "BIND"]));
+    token(a.cmd(&["LOCK.ACQUIRE", "m", "a", "60000", "BIND"]));
+    let mut c = s.conn();
+    c.cmd(&["RENAME", "k", "k2"]).ok();
+    c.cmd(&["SWAPDB", "0", "1"]).ok();
+    drop(a);
+    c.cmd(&["SELECT", "1"]).ok();
+    freed(&mut c, "k2", "the renamed lock");
+    freed(&mut c, "m", "the swapped lock");
+}
+
+#[test]
+fn the_servers_idle_timeout_releases_a_bound_lock() {
+    let s = Server::builder().config("timeout 1").start();
+    let mut a = s.conn();
+    token(a.cmd(&["LOCK.ACQUIRE", "k", "a", "60000", "BIND"]));
+    let mut c = s.conn();
+    // `c` keeps talking; `a` stays idle and is closed by the server.
+    let start = Instant::now();
+    while c.lock_info("k").is_some() {
+        assert!(start.elapsed() < Duration::from_secs(8), "never released");
+        sleep_ms(100);
+    }
+}
