@@ -7,8 +7,8 @@
 use redis_module::RedisString;
 
 use crate::config;
-use crate::core::{Kind, Owner, Request};
 use crate::errors::{LockError, MAX_WAIT_MS};
+use lock_core::{Kind, Owner, Request};
 
 /// `LOCK.ACQUIRE | LOCK.RACQUIRE | LOCK.READ key owner ttl [WAIT ms] [BIND]`.
 pub struct Grant {

@@ -18,8 +18,8 @@ use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{LazyLock, Mutex, MutexGuard};
 
-use crate::core::Owner;
 use crate::timers::DbKey;
+use lock_core::Owner;
 
 /// A client id (`CLIENT ID`).
 pub type ClientId = u64;

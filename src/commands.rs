@@ -8,12 +8,12 @@ use redis_module::{raw, Context, ContextFlags, RedisResult, RedisString, RedisVa
 use crate::args;
 use crate::bindings::{self, ClientId};
 use crate::clock;
-use crate::core::{Attempt, Kind, Lock, Mode, Release};
 use crate::errors::LockError;
 use crate::keys::{self, api, LockKey};
 use crate::stats;
 use crate::store;
 use crate::waiting;
+use lock_core::{Attempt, Kind, Lock, Mode, Release};
 
 /// `LOCK.ACQUIRE key owner ttl [WAIT ms]`
 pub fn acquire(ctx: &Context, args: Vec<RedisString>) -> RedisResult {

@@ -31,13 +31,13 @@ use redis_module::{raw, Context, ContextFlags, RedisString, RedisValue, Status};
 
 use crate::bindings;
 use crate::clock;
-use crate::core::Lock;
 use crate::errors::LockError;
 use crate::guard;
 use crate::keys::{self, api};
 use crate::stats;
 use crate::timers::{self, DbKey};
 use crate::waiting;
+use lock_core::Lock;
 
 /// Subscribes to the generic keyspace class and to the server events above.
 pub fn subscribe(ctx: &Context) -> Status {

@@ -3,7 +3,7 @@
 use std::sync::{LazyLock, Mutex, MutexGuard};
 
 use crate::clock;
-use crate::core::Tokens;
+use lock_core::Tokens;
 
 static TOKENS: LazyLock<Mutex<Tokens>> =
     LazyLock::new(|| Mutex::new(Tokens::from_clock(clock::now_ms())));

@@ -7,9 +7,9 @@ use std::ptr::NonNull;
 
 use redis_module::{raw, Context, RedisString};
 
-use crate::core::Lock;
 use crate::errors::LockError;
 use crate::persistence::LOCK_TYPE;
+use lock_core::Lock;
 
 /// Calls a Redis module API entry, or yields `None` when the server lacks it.
 macro_rules! api {

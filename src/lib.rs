@@ -1,8 +1,8 @@
 //! redis-lock: native distributed locks for Redis.
 //!
 //! This file is the table of contents: the module, its data type and its
-//! commands, one line each. The lock state machine is in `core` (pure Rust,
-//! no FFI). The shell around it parses (`args`), runs and writes back
+//! commands, one line each. The lock state machine is the `lock-core` crate
+//! (pure Rust, no FFI). The shell around it parses (`args`), runs and writes back
 //! (`commands`, `store`, `keys`), replicates (`replication`), persists
 //! (`persistence`), waits (`waiting`), keeps time (`timers`), hears about
 //! keys freed by other commands (`events`) and describes itself to Redis
@@ -23,8 +23,6 @@
         clippy::indexing_slicing
     )
 )]
-
-pub mod core;
 
 mod args;
 mod bindings;

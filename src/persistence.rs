@@ -15,7 +15,6 @@ use std::os::raw::{c_int, c_void};
 use redis_module::native_types::RedisType;
 use redis_module::{raw, RedisString};
 
-use crate::core::{Holder, Lock, Mode};
 use crate::events;
 use crate::fencing;
 use crate::guard::callback as guard;
@@ -23,6 +22,7 @@ use crate::keys::api;
 use crate::replication;
 use crate::stats;
 use crate::timers;
+use lock_core::{Holder, Lock, Mode};
 
 /// The encoding version this build writes; it reads every version up to it.
 pub const ENCODING_VERSION: i32 = 1;

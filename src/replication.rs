@@ -14,13 +14,13 @@ use std::ffi::{c_longlong, CStr};
 
 use redis_module::{Context, ContextFlags, RedisResult, RedisString, RedisValue};
 
-use crate::core::{Changes, Holder, Lock, Mode};
 use crate::errors::LockError;
 use crate::fencing;
 use crate::keys::{api, LockKey};
 use crate::store;
 use crate::timers;
 use crate::waiting;
+use lock_core::{Changes, Holder, Lock, Mode};
 
 pub const SYNC: &CStr = c"LOCK.SYNC";
 

@@ -7,7 +7,6 @@ use redis_module::{Context, RedisString};
 
 use crate::bindings;
 use crate::clock;
-use crate::core::{Changes, Lock, Tokens};
 use crate::errors::LockError;
 use crate::fencing;
 use crate::keys::api;
@@ -16,6 +15,7 @@ use crate::replication;
 use crate::stats;
 use crate::timers;
 use crate::waiting;
+use lock_core::{Changes, Lock, Tokens};
 
 /// What a transition sees: the lock (empty when the key does not exist), the
 /// token counter, the change list to fill and the time.

@@ -23,13 +23,13 @@ use redis_module::{raw, Context, ContextFlags, RedisResult, RedisString, RedisVa
 use crate::bindings::{self, ClientId};
 use crate::commands;
 use crate::config;
-use crate::core::{Attempt, Kind, Owner, Queue, Request};
 use crate::errors::LockError;
 use crate::guard;
 use crate::keys::api;
 use crate::stats;
 use crate::store::Txn;
 use crate::timers::{self, DbKey};
+use lock_core::{Attempt, Kind, Owner, Queue, Request};
 
 /// A blocked client's handle, unique while it is blocked.
 type WaiterId = usize;

@@ -19,9 +19,9 @@ use proptest::prelude::*;
 use proptest::sample::Index;
 use proptest::test_runner::TestCaseError;
 
-use super::lock::{Attempt, Changes, Holder, Invalid, Kind, Lock, Mode, Owner, Release, Request};
-use super::queue::Queue;
-use super::tokens::{Tokens, MAX_TOKEN};
+use crate::lock::{Attempt, Changes, Holder, Invalid, Kind, Lock, Mode, Owner, Release, Request};
+use crate::queue::Queue;
+use crate::tokens::{Tokens, MAX_TOKEN};
 
 const KEYS: usize = 3;
 const OWNERS: u8 = 4;

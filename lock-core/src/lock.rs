@@ -9,7 +9,7 @@
 //! [`Changes`] list, so the shell can replicate exactly those (see
 //! `replication.rs`).
 
-use super::tokens::Tokens;
+use crate::tokens::Tokens;
 
 /// A holder's identity: a non-empty, binary-safe string chosen by the client.
 pub type Owner = Box<[u8]>;

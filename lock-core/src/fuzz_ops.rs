@@ -3,9 +3,8 @@
 //! contract's invariants after every step.
 //!
 //! One decoder and one checker, used by two drivers:
-//! - the libFuzzer target `fuzz/fuzz_targets/core_ops.rs` (`cargo fuzz`,
-//!   compiled with `--cfg fuzzing`; `make fuzz`), which includes this core by
-//!   path;
+//! - the libFuzzer target `fuzz/fuzz_targets/core_ops.rs` (`cargo fuzz`;
+//!   `make fuzz`), which depends on this crate with the feature `fuzzing`;
 //! - the bounded `#[test]` below (part of `cargo test`), which feeds
 //!   pseudo-random inputs from a seeded xorshift for `CORE_FUZZ_SECS` seconds
 //!   (default 10; `CORE_FUZZ_SEED` replays a run).
@@ -39,9 +38,9 @@
 
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 
-use super::lock::{Attempt, Changes, Holder, Invalid, Kind, Lock, Mode, Owner, Release, Request};
-use super::queue::Queue;
-use super::tokens::{Tokens, MAX_TOKEN};
+use crate::lock::{Attempt, Changes, Holder, Invalid, Kind, Lock, Mode, Owner, Release, Request};
+use crate::queue::Queue;
+use crate::tokens::{Tokens, MAX_TOKEN};
 
 /// How many lock keys an input drives.
 pub const KEYS: usize = 3;

@@ -9,8 +9,8 @@
 
 use std::collections::VecDeque;
 
-use super::lock::{Attempt, Changes, Lock, Request};
-use super::tokens::Tokens;
+use crate::lock::{Attempt, Changes, Lock, Request};
+use crate::tokens::Tokens;
 
 /// A waiting request, identified by the shell's waiter id `W`.
 #[derive(Debug)]
@@ -84,7 +84,7 @@ impl<W: PartialEq + Copy> Queue<W> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::core::lock::{Kind, Mode};
+    use crate::lock::{Kind, Mode};
 
     fn req(kind: Kind, owner: &str) -> Request {
         Request {

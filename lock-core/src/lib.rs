@@ -1,0 +1,38 @@
+//! The pure core of redis-lock: lock state, wait-queue order and fencing
+//! tokens.
+//!
+//! Plain Rust with no FFI and no clock: time is always an argument (`now`,
+//! unix milliseconds), so every transition is tested without a server. This
+//! crate does not depend on `redis-module`: the compiler, not a convention,
+//! keeps it pure.
+
+#![deny(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    clippy::indexing_slicing
+)]
+#![cfg_attr(
+    test,
+    allow(
+        clippy::unwrap_used,
+        clippy::expect_used,
+        clippy::panic,
+        clippy::indexing_slicing
+    )
+)]
+
+pub mod lock;
+pub mod queue;
+pub mod tokens;
+
+/// The fuzz decoder and its reference model, shared by the bounded run in
+/// `cargo test` and the cargo-fuzz target (`fuzz/`, feature `fuzzing`).
+#[cfg(any(test, feature = "fuzzing"))]
+pub mod fuzz_ops;
+#[cfg(test)]
+mod model_tests;
+
+pub use lock::{Attempt, Changes, Holder, Invalid, Kind, Lock, Mode, Owner, Release, Request};
+pub use queue::Queue;
+pub use tokens::Tokens;
