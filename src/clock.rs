@@ -1,10 +1,58 @@
-//! The server's clock: unix milliseconds, the same clock Redis uses for key expiry.
+//! The server's clock: unix milliseconds, the same clock Redis uses for key
+//! expiry. Leases are absolute deadlines on it.
+//!
+//! A wall clock can be stepped (an NTP correction, an operator, a VM
+//! restored from a snapshot). [`check_steps`] compares how far it moved with
+//! how far the monotonic clock moved since the last look: a step of more than
+//! a second either way is logged and counted (`INFO lock`), never silent. A
+//! step forward ends at once every lease it passed; a step back lengthens
+//! every lease by as much. Fencing tokens stay unique and increasing either
+//! way (`fencing`).
 
-use std::time::{SystemTime, UNIX_EPOCH};
+use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
+use std::sync::OnceLock;
+use std::time::{Instant, SystemTime, UNIX_EPOCH};
+
+use crate::log;
 
 pub fn now_ms() -> u64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
         .unwrap_or(0)
+}
+
+/// A step smaller than this is noise (scheduling, a slow event loop).
+const STEP_MS: i64 = 1_000;
+
+static STARTED: OnceLock<Instant> = OnceLock::new();
+/// Wall clock minus monotonic clock at the last look (ms); `i64::MIN`: never looked.
+static SKEW: AtomicI64 = AtomicI64::new(i64::MIN);
+/// Steps seen, forward and back.
+pub static STEPS_FORWARD: AtomicU64 = AtomicU64::new(0);
+pub static STEPS_BACK: AtomicU64 = AtomicU64::new(0);
+
+/// Looks whether the wall clock `now` (ms) was stepped since the last look.
+pub fn check_steps(now: u64) {
+    let mono = STARTED.get_or_init(Instant::now).elapsed().as_millis();
+    let skew = i64::try_from(now)
+        .unwrap_or(i64::MAX)
+        .saturating_sub(i64::try_from(mono).unwrap_or(i64::MAX));
+    let before = SKEW.swap(skew, Ordering::Relaxed);
+    if before == i64::MIN {
+        return;
+    }
+    let step = skew.saturating_sub(before);
+    if step > STEP_MS {
+        STEPS_FORWARD.fetch_add(1, Ordering::Relaxed);
+        log::warning(&format!(
+            "lock: the wall clock stepped forward by {step} ms: every lease whose deadline it passed has ended"
+        ));
+    } else if step < -STEP_MS {
+        STEPS_BACK.fetch_add(1, Ordering::Relaxed);
+        log::warning(&format!(
+            "lock: the wall clock stepped back by {} ms: every lease is that much longer; fencing tokens keep increasing",
+            step.unsigned_abs()
+        ));
+    }
 }

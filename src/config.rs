@@ -42,10 +42,19 @@ pub static MAX_TTL: Setting = Setting::new(c"max-ttl", 30 * 24 * 3600 * 1000, 1,
 /// with an error (0: nobody may wait).
 pub static MAX_WAITERS: Setting = Setting::new(c"max-waiters", 10_000, 0, 1_000_000_000);
 
-const SETTINGS: [&Setting; 2] = [&MAX_TTL, &MAX_WAITERS];
+/// How far (ms) a server's wall clock may be behind another's, or behind its
+/// own earlier run, without a fencing token ever repeating or going back: at
+/// start-up and at promotion the token counter jumps this far ahead.
+pub static CLOCK_SKEW: Setting = Setting::new(c"clock-skew-ms", 60_000, 0, 86_400_000);
+
+const SETTINGS: [&Setting; 3] = [&MAX_TTL, &MAX_WAITERS, &CLOCK_SKEW];
 
 pub fn max_ttl_ms() -> i64 {
     MAX_TTL.get()
+}
+
+pub fn clock_skew_ms() -> u64 {
+    u64::try_from(CLOCK_SKEW.get()).unwrap_or(0)
 }
 
 pub fn max_waiters() -> usize {

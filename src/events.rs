@@ -8,10 +8,12 @@
 //!   leases counted and `lock.expired` announced.
 //! - The type's load callback indexes a loaded lock whose readers expire
 //!   apart (start-up, DEBUG RELOAD, a replica's full sync): `persistence`.
-//! - Server events, once per flush, swap or role change, not per write:
-//!   FLUSHDB/FLUSHALL and SWAPDB wake waiters, SWAPDB moves the timer's
-//!   entries with their keys, and a promotion visits what came due while
-//!   the server was a replica.
+//! - Server events, once per flush, swap, role change, load or closed
+//!   connection, not per write: FLUSHDB/FLUSHALL and SWAPDB wake waiters,
+//!   SWAPDB moves the timer's entries and bindings with their keys, a
+//!   promotion or the end of a load jumps the token counter ahead
+//!   (`fencing`) and a promotion visits what came due while the server was a
+//!   replica; a closed connection releases what was bound to it.
 //! - One keyspace class, `generic` (`g`): the only way to hear that a lock
 //!   appeared under a new name or database (`rename_to`, `move_to`,
 //!   `restore`) or that its Redis TTL was changed (`expire`, `persist`), and
@@ -31,7 +33,9 @@ use redis_module::{raw, Context, ContextFlags, RedisString, RedisValue, Status};
 
 use crate::bindings;
 use crate::clock;
+use crate::config;
 use crate::errors::LockError;
+use crate::fencing;
 use crate::guard;
 use crate::keys::{self, api};
 use crate::stats;
@@ -60,6 +64,7 @@ pub fn subscribe(ctx: &Context) -> Status {
         server_event(raw::REDISMODULE_EVENT_SWAPDB, on_swapdb),
         server_event(raw::REDISMODULE_EVENT_REPLICATION_ROLE_CHANGED, on_role),
         server_event(raw::REDISMODULE_EVENT_CLIENT_CHANGE, on_client),
+        server_event(raw::REDISMODULE_EVENT_LOADING, on_loaded),
     ];
     if all.iter().all(|s| *s == ok) {
         Status::Ok
@@ -204,7 +209,23 @@ extern "C" fn on_swapdb(
     })
 }
 
-/// A replica became a master: what came due meanwhile is visited now.
+/// A file (RDB, AOF, a replica's full sync) was loaded: the token counter
+/// jumps past what it holds (`fencing::jump_ahead`).
+extern "C" fn on_loaded(
+    _raw_ctx: *mut raw::RedisModuleCtx,
+    _event: raw::RedisModuleEvent,
+    subevent: u64,
+    _data: *mut c_void,
+) {
+    guard::callback("a loading event", (), || {
+        if subevent == raw::REDISMODULE_SUBEVENT_LOADING_ENDED {
+            fencing::jump_ahead(clock::now_ms(), config::clock_skew_ms());
+        }
+    })
+}
+
+/// A replica became a master: its token counter jumps ahead, and what came
+/// due meanwhile is visited now.
 extern "C" fn on_role(
     _raw_ctx: *mut raw::RedisModuleCtx,
     _event: raw::RedisModuleEvent,
@@ -213,6 +234,9 @@ extern "C" fn on_role(
 ) {
     guard::callback("a role change", (), || {
         if subevent == raw::REDISMODULE_EVENT_REPLROLECHANGED_NOW_MASTER {
+            // Above every token the old master can have issued, even those
+            // this server never received (`fencing::jump_ahead`).
+            fencing::jump_ahead(clock::now_ms(), config::clock_skew_ms());
             timers::promoted();
         }
     })

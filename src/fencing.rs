@@ -24,3 +24,18 @@ pub fn counter() -> MutexGuard<'static, Tokens> {
         .lock()
         .unwrap_or_else(|poisoned| poisoned.into_inner())
 }
+
+/// Jumps the counter ahead (`Tokens::jump`) by the configured margin
+/// (`lock.clock-skew-ms`): at load, after loading a file (RDB, AOF, a
+/// replica's full sync) and when this server becomes a master.
+///
+/// Why: the counter follows `now_ms * 1000` and issues fewer than 1000 tokens
+/// per ms, so tokens issued after the last one saved or replicated are at
+/// most `margin * 1000` above it (while a jump keeps the counter ahead of the
+/// clock) or at most about `t * 1000` at wall time `t`. A server starting
+/// again, or a replica taking over, whose clock is less than `margin` behind
+/// the one that issued them starts above both: past what it knows by the
+/// margin, and past its own clock by the margin.
+pub fn jump_ahead(now_ms: u64, margin_ms: u64) {
+    counter().jump(now_ms, margin_ms);
+}

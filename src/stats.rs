@@ -11,6 +11,7 @@ use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 
 use redis_module::raw;
 
+use crate::clock;
 use crate::guard;
 use crate::keys::api;
 use crate::{bindings, timers, waiting};
@@ -91,7 +92,7 @@ extern "C" fn info(ctx: *mut raw::RedisModuleInfoCtx, _for_crash_report: c_int) 
     guard::callback("INFO", (), || {
         let gauge = |g: &AtomicI64| g.load(Ordering::Relaxed);
         let count = |n: usize| i64::try_from(n).unwrap_or(i64::MAX);
-        let fields: [(&CStr, i64); 16] = [
+        let fields: [(&CStr, i64); 18] = [
             (c"keys", gauge(&KEYS)),
             (c"holders_exclusive", gauge(&HOLDERS_EXCLUSIVE)),
             (c"holders_shared", gauge(&HOLDERS_SHARED)),
@@ -104,13 +105,15 @@ extern "C" fn info(ctx: *mut raw::RedisModuleInfoCtx, _for_crash_report: c_int) 
             (c"wait_timeouts", count_u(WAIT_TIMEOUTS.get())),
             (c"expired_leases", count_u(EXPIRED_LEASES.get())),
             (c"releases_not_held", count_u(RELEASES_NOT_HELD.get())),
+            (c"last_token", count_u(crate::fencing::counter().last())),
             (c"bound_holders", count(bindings::count())),
             (c"bindings_memory", count(bindings::memory())),
             (
                 c"releases_on_disconnect",
                 count_u(RELEASES_ON_DISCONNECT.get()),
             ),
-            (c"last_token", count_u(crate::fencing::counter().last())),
+            (c"clock_steps_forward", steps(&clock::STEPS_FORWARD)),
+            (c"clock_steps_back", steps(&clock::STEPS_BACK)),
         ];
         api!(RedisModule_InfoAddSection(ctx, c"".as_ptr().cast_mut()));
         for (name, value) in fields {
@@ -121,6 +124,10 @@ extern "C" fn info(ctx: *mut raw::RedisModuleInfoCtx, _for_crash_report: c_int) 
             ));
         }
     })
+}
+
+fn steps(n: &AtomicU64) -> i64 {
+    count_u(n.load(Ordering::Relaxed))
 }
 
 fn count_u(n: u64) -> i64 {

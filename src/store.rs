@@ -38,6 +38,7 @@ pub fn update<R>(
     let (result, visit, events) = modify(ctx, name, |lock| {
         let mut changes = Changes::default();
         let now = clock::now_ms();
+        clock::check_steps(now);
         let mut tokens = fencing::counter();
         fencing::follow_clock(&mut tokens, now);
         let mut txn = Txn {

@@ -296,7 +296,9 @@ fn tick(ctx: &Context) {
         return;
     }
     let replica = flags.contains(ContextFlags::SLAVE);
-    let due = take_due(clock::now_ms(), replica);
+    let now = clock::now_ms();
+    clock::check_steps(now);
+    let due = take_due(now, replica);
     for ((db, key), leases) in due.expired {
         guard::callback("announcing an expired lock", (), || {
             if select(ctx, db) {

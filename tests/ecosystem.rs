@@ -23,7 +23,7 @@ use common::*;
 // INFO lock
 // ---------------------------------------------------------------------------
 
-const INFO_FIELDS: [&str; 16] = [
+const INFO_FIELDS: [&str; 18] = [
     "lock_keys",
     "lock_holders_exclusive",
     "lock_holders_shared",
@@ -40,6 +40,8 @@ const INFO_FIELDS: [&str; 16] = [
     "lock_bound_holders",
     "lock_bindings_memory",
     "lock_releases_on_disconnect",
+    "lock_clock_steps_forward",
+    "lock_clock_steps_back",
 ];
 
 /// `INFO lock` as field -> value; checks the section has exactly the documented fields.
@@ -400,7 +402,7 @@ fn config_lines_in_redis_conf_after_loadmodule() {
 fn config_set_and_get_with_bounds() {
     let s = Server::start();
     let mut c = s.conn();
-    // Defaults; CONFIG GET lock.* lists both.
+    // Defaults; CONFIG GET lock.* lists all three.
     let all = c.cmd(&["CONFIG", "GET", "lock.*"]);
     let mut pairs: Vec<(String, String)> =
         all.pairs().into_iter().map(|(k, v)| (k, v.str())).collect();
@@ -408,6 +410,7 @@ fn config_set_and_get_with_bounds() {
     assert_eq!(
         pairs,
         [
+            ("lock.clock-skew-ms".to_string(), "60000".to_string()),
             ("lock.max-ttl".to_string(), MAX_TTL.to_string()),
             ("lock.max-waiters".to_string(), "10000".to_string())
         ]

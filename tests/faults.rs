@@ -505,11 +505,10 @@ fn replica_promoted_while_the_master_takes_requests_keeps_what_it_received() {
 /// accepts two holders of one lock with one token. Not a contract violation
 /// (tokens are unique per server), hence ignored; run with `--ignored`.
 ///
-/// The plainest setup: a master and a replica started together. The replica's
-/// counter is seeded when it loads the first sync (the master's own counter
-/// is first used by its first grant, later), so from then on it is exactly
-/// the last token received, and the next one it issues is the next one the
-/// master issued.
+/// The plainest setup: a master and a replica started together; the master
+/// grants one last lock the replica never receives. Without the clock floor
+/// and the skew margin the promoted replica would issue the very next number
+/// the master issued.
 #[test]
 fn a_promoted_replica_does_not_reissue_a_token_the_old_master_granted() {
     let _one_at_a_time = serial();
@@ -520,10 +519,9 @@ fn a_promoted_replica_does_not_reissue_a_token_the_old_master_granted() {
     let mut r = replica.conn();
     let t0 = token(m.acquire("x", "old", 60_000));
     wait_for_sync(&master, &replica);
-    assert_eq!(
-        last_token(&mut r),
-        t0,
-        "the replica's counter is the last token it received"
+    assert!(
+        last_token(&mut r) >= t0,
+        "the replica's counter is at least the last token it received"
     );
     // The link breaks (the replica cannot authenticate any more) ...
     m.cmd(&["CONFIG", "SET", "requirepass", "s3cret"]).ok();

@@ -36,6 +36,18 @@ impl Tokens {
         Some(next)
     }
 
+    /// Jumps past everything this counter knows of, and past the clock
+    /// `now_ms`, by `margin_ms` of tokens (a thousand a millisecond): at
+    /// start-up after loading and at promotion, so that tokens issued
+    /// elsewhere (an earlier run, the old master) but never received are
+    /// below the next one, as long as the clocks involved are less than
+    /// `margin_ms` apart. Never past half the token space.
+    pub fn jump(&mut self, now_ms: u64, margin_ms: u64) {
+        let base = self.last.max(Tokens::from_clock(now_ms).last);
+        let jumped = base.saturating_add(margin_ms.saturating_mul(1000));
+        self.last = self.last.max(jumped.min(MAX_TOKEN / 2));
+    }
+
     /// Raises the counter to a token issued elsewhere (a file, a master).
     pub fn observe(&mut self, token: u64) {
         self.last = self.last.max(token.min(MAX_TOKEN));
@@ -55,6 +67,22 @@ mod tests {
         assert!(b > a);
         t.observe(1_800_000_000_000_000);
         assert_eq!(t.issue(), Some(1_800_000_000_000_001));
+    }
+
+    #[test]
+    fn a_jump_clears_the_counter_and_the_clock_by_the_margin() {
+        // Ahead of the clock (an earlier jump): past the counter.
+        let mut t = Tokens::starting_after(2_000_000);
+        t.jump(1_000, 60);
+        assert_eq!(t.last(), 2_060_000);
+        // Behind the clock: past the clock.
+        let mut t = Tokens::starting_after(5);
+        t.jump(1_000, 60);
+        assert_eq!(t.last(), 1_060_000);
+        // Never past half the token space, and never down.
+        let mut t = Tokens::starting_after(MAX_TOKEN - 1);
+        t.jump(u64::MAX, u64::MAX);
+        assert_eq!(t.last(), MAX_TOKEN - 1);
     }
 
     #[test]

@@ -154,6 +154,7 @@ pub struct ServerBuilder {
     lines: Vec<String>,
     module: bool,
     save_default: bool,
+    env: Vec<(String, String)>,
 }
 
 impl ServerBuilder {
@@ -163,6 +164,13 @@ impl ServerBuilder {
             self.save_default = false;
         }
         self.lines.push(line.to_string());
+        self
+    }
+
+    /// Runs the server with its wall clock shifted by `clock` (which the test
+    /// can step while the server runs).
+    pub fn clock(mut self, clock: &ShiftedClock) -> Self {
+        self.env = clock.env();
         self
     }
 
@@ -196,6 +204,7 @@ impl ServerBuilder {
                 conf: dir.join("redis.conf"),
                 child: None,
                 keep_dir: false,
+                env: self.env.clone(),
             };
             server.write_conf(module.as_deref(), &self.lines, self.save_default);
             match server.spawn_and_wait() {
@@ -227,6 +236,8 @@ pub struct Server {
     conf: PathBuf,
     child: Option<Child>,
     keep_dir: bool,
+    /// Extra environment of the process (a shifted clock).
+    env: Vec<(String, String)>,
 }
 
 impl Server {
@@ -235,6 +246,7 @@ impl Server {
             lines: Vec::new(),
             module: true,
             save_default: true,
+            env: Vec::new(),
         }
     }
 
@@ -278,6 +290,7 @@ impl Server {
     fn spawn_and_wait(&mut self) -> Result<(), String> {
         let child = Command::new(server_binary())
             .arg(&self.conf)
+            .envs(self.env.iter().map(|(k, v)| (k, v)))
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::null())
@@ -458,6 +471,73 @@ impl Drop for Server {
             let _ = fs::remove_dir_all(&self.dir);
         }
     }
+}
+
+/// A wall clock shifted by an offset the test sets, and can step while the
+/// server runs: the LD_PRELOAD library `tests/clockshim/clockshim.c` (built
+/// here with `cc` on first use) reads the offset from a small file.
+/// libfaketime cannot be used: Debian's redis-server hangs under it.
+pub struct ShiftedClock {
+    file: PathBuf,
+}
+
+impl ShiftedClock {
+    pub fn new(offset_ms: i64) -> ShiftedClock {
+        let file = fresh_dir().join("clock-offset");
+        fs::write(&file, offset_ms.to_le_bytes()).expect("write the clock offset");
+        ShiftedClock { file }
+    }
+
+    /// Steps the clock of every server using it to `offset_ms` from now.
+    pub fn set(&self, offset_ms: i64) {
+        use std::os::unix::fs::FileExt;
+        let f = fs::OpenOptions::new()
+            .write(true)
+            .open(&self.file)
+            .expect("open the clock offset");
+        f.write_all_at(&offset_ms.to_le_bytes(), 0)
+            .expect("write the clock offset");
+    }
+
+    fn env(&self) -> Vec<(String, String)> {
+        vec![
+            (
+                "LD_PRELOAD".into(),
+                clock_shim().to_string_lossy().into_owned(),
+            ),
+            (
+                "CLOCKSHIM_FILE".into(),
+                self.file.to_string_lossy().into_owned(),
+            ),
+        ]
+    }
+}
+
+impl Drop for ShiftedClock {
+    fn drop(&mut self) {
+        if let Some(dir) = self.file.parent() {
+            let _ = fs::remove_dir_all(dir);
+        }
+    }
+}
+
+/// Builds the clock shim once per test binary.
+fn clock_shim() -> PathBuf {
+    static SHIM: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
+    SHIM.get_or_init(|| {
+        let root = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
+        let src = root.join("tests/clockshim/clockshim.c");
+        let out = fresh_dir().join("libclockshim.so");
+        let status = Command::new("cc")
+            .args(["-O2", "-shared", "-fPIC", "-o"])
+            .arg(&out)
+            .arg(&src)
+            .status()
+            .expect("run cc (make deps installs a C compiler)");
+        assert!(status.success(), "building {} failed", src.display());
+        out
+    })
+    .clone()
 }
 
 /// Waits until `replica` is linked to `master` and has processed everything the

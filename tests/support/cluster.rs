@@ -135,15 +135,23 @@ pub struct Cluster {
 impl Cluster {
     /// Six nodes, three masters with one replica each, ready.
     pub fn start() -> Cluster {
+        Cluster::start_with(&[])
+    }
+
+    /// Six nodes with these extra redis.conf lines each.
+    pub fn start_with(lines: &[&str]) -> Cluster {
         let mut nodes = Vec::new();
         for _ in 0..6 {
             let bus = free_port();
-            let s = Server::builder()
+            let mut b = Server::builder()
                 .config("cluster-enabled yes")
                 .config("cluster-config-file nodes.conf")
                 .config("cluster-node-timeout 5000")
-                .config(&format!("cluster-port {bus}"))
-                .start();
+                .config(&format!("cluster-port {bus}"));
+            for line in lines {
+                b = b.config(line);
+            }
+            let s = b.start();
             nodes.push(s);
         }
         for s in nodes.iter().rev() {
