@@ -15,7 +15,19 @@ use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
 use crate::log;
 
+/// Unix milliseconds from the server (`RM_Milliseconds`): the clock its own
+/// key expiry uses. Outside a server (unit tests), the system clock.
+///
+/// Asking the server rather than the C library also keeps the module on the
+/// server's clock where the server loads modules with `RTLD_DEEPBIND`
+/// (Valkey, Redis 7.2+): there the module's own libc calls would bypass an
+/// interposed clock the server itself uses.
 pub fn now_ms() -> u64 {
+    // SAFETY: a Redis API entry filled by RedisModule_Init; no arguments.
+    if let Some(ms) = unsafe { redis_module::raw::RedisModule_Milliseconds }.map(|f| unsafe { f() })
+    {
+        return u64::try_from(ms).unwrap_or(0);
+    }
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))

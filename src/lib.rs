@@ -82,16 +82,17 @@ fn on_load(ctx: &Context, args: &[RedisString]) -> Status {
 
 redis_module! {
     name: "lock",
-    version: 1,
+    version: metadata::MODULE_VERSION,
     allocator: (Allocator, ALLOCATOR),
     data_types: [LOCK_TYPE],
     init: on_load,
     commands: [
         // name, handler, flags, first key, last key, key step, ACL categories.
         // Arity, key specs and COMMAND DOCS are in `metadata`.
-        ["lock.acquire", guarded("lock.acquire", commands::acquire), "write deny-oom fast", 1, 1, 1, ""],
-        ["lock.racquire", guarded("lock.racquire", commands::racquire), "write deny-oom fast", 1, 1, 1, ""],
-        ["lock.read", guarded("lock.read", commands::read), "write deny-oom fast", 1, 1, 1, ""],
+        // The grants may block (WAIT): flagged as Redis flags BLPOP, not `fast`.
+        ["lock.acquire", guarded("lock.acquire", commands::acquire), "write deny-oom blocking", 1, 1, 1, ""],
+        ["lock.racquire", guarded("lock.racquire", commands::racquire), "write deny-oom blocking", 1, 1, 1, ""],
+        ["lock.read", guarded("lock.read", commands::read), "write deny-oom blocking", 1, 1, 1, ""],
         ["lock.release", guarded("lock.release", commands::release), "write fast", 1, 1, 1, ""],
         ["lock.renew", guarded("lock.renew", commands::renew), "write fast", 1, 1, 1, ""],
         ["lock.info", guarded("lock.info", commands::info), "readonly fast", 1, 1, 1, ""],

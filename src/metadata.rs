@@ -14,6 +14,36 @@ use redis_module::{Context, Status};
 
 use crate::keys::api;
 
+/// The crate's version (Cargo.toml), the one version everywhere.
+pub const VERSION: &CStr =
+    match CStr::from_bytes_with_nul(concat!(env!("CARGO_PKG_VERSION"), "\0").as_bytes()) {
+        Ok(v) => v,
+        Err(_) => c"0.0.0",
+    };
+
+/// The version as `MODULE LIST` shows it, encoded as Redis modules do:
+/// major * 10000 + minor * 100 + patch.
+pub const MODULE_VERSION: i32 = {
+    let major = parse(env!("CARGO_PKG_VERSION_MAJOR"));
+    let minor = parse(env!("CARGO_PKG_VERSION_MINOR"));
+    let patch = parse(env!("CARGO_PKG_VERSION_PATCH"));
+    major * 10_000 + minor * 100 + patch
+};
+
+/// A version number part (digits only; anything else counts as 0).
+const fn parse(digits: &str) -> i32 {
+    let mut rest = digits.as_bytes();
+    let mut n = 0;
+    while let [d, tail @ ..] = rest {
+        if !d.is_ascii_digit() {
+            return 0;
+        }
+        n = n * 10 + (*d - b'0') as i32;
+        rest = tail;
+    }
+    n
+}
+
 const KEY: u32 = raw::RedisModuleCommandArgType_REDISMODULE_ARG_TYPE_KEY;
 const STRING: u32 = raw::RedisModuleCommandArgType_REDISMODULE_ARG_TYPE_STRING;
 const INTEGER: u32 = raw::RedisModuleCommandArgType_REDISMODULE_ARG_TYPE_INTEGER;
@@ -49,7 +79,7 @@ const K: Arg = arg(c"key", KEY);
 const OWNER: Arg = arg(c"owner", STRING);
 const TTL: Arg = arg(c"ttl", INTEGER);
 const WAIT: Arg = Arg {
-    name: c"timeout",
+    name: c"ms",
     kind: INTEGER,
     token: Some(c"WAIT"),
     optional: true,
@@ -79,8 +109,8 @@ const GRANT_ARGS: &[Arg] = &[K, OWNER, TTL, WAIT, BIND];
 const DOCS: &[Doc] = &[
     Doc {
         name: c"lock.acquire",
-        acl: c"write fast blocking lock",
-        summary: c"Acquires an exclusive, non-reentrant lock for ttl milliseconds; returns a fencing token, or nil when the lock is held. WAIT blocks up to timeout ms (0: no limit).",
+        acl: c"write blocking lock",
+        summary: c"Acquires an exclusive, non-reentrant lock for ttl milliseconds; returns a fencing token, or nil when the lock is held. WAIT blocks up to ms milliseconds (0: no limit); BIND ends the holder when this connection closes.",
         complexity: c"O(1)",
         arity: -4,
         key_flags: GRANT,
@@ -88,7 +118,7 @@ const DOCS: &[Doc] = &[
     },
     Doc {
         name: c"lock.racquire",
-        acl: c"write fast blocking lock",
+        acl: c"write blocking lock",
         summary: c"Acquires an exclusive, reentrant lock: the holder asking again adds a hold. Returns a fencing token, or nil when the lock is held.",
         complexity: c"O(1)",
         arity: -4,
@@ -97,7 +127,7 @@ const DOCS: &[Doc] = &[
     },
     Doc {
         name: c"lock.read",
-        acl: c"write fast blocking lock",
+        acl: c"write blocking lock",
         summary: c"Acquires the shared (read) side of a read-write lock, reentrant per reader; returns the reader's fencing token, or nil while a writer holds or waits.",
         complexity: c"O(R), R the readers holding the lock",
         arity: -4,
@@ -218,7 +248,7 @@ fn describe_one(ctx: &Context, doc: &Doc) -> Result<(), String> {
     info.version = &INFO_VERSION;
     info.summary = doc.summary.as_ptr();
     info.complexity = doc.complexity.as_ptr();
-    info.since = c"0.1.0".as_ptr();
+    info.since = VERSION.as_ptr();
     info.arity = doc.arity;
     info.key_specs = key_specs.as_mut_ptr();
     info.args = args.as_mut_ptr();

@@ -6,6 +6,7 @@ mod common;
 use common::*;
 
 const GRANTS: [&str; 3] = ["lock.acquire", "lock.racquire", "lock.read"];
+/// The commands with a key (LOCK.KEEPALIVE has none: its own test).
 const ALL: [&str; 6] = [
     "lock.acquire",
     "lock.racquire",
@@ -63,8 +64,13 @@ fn command_info_for_every_command() {
                 "RELEASE must work when memory is full: {flags:?}"
             );
         }
-        if ["lock.release", "lock.renew", "lock.acquire"].contains(&cmd) {
+        if GRANTS.contains(&cmd) {
+            // They may block (WAIT): flagged as Redis flags BLPOP and XREAD.
+            assert!(has("blocking"), "{cmd}: flags {flags:?}");
+            assert!(!has("fast"), "{cmd}: flags {flags:?}");
+        } else {
             assert!(has("fast"), "{cmd}: flags {flags:?}");
+            assert!(!has("blocking"), "{cmd}: flags {flags:?}");
         }
         assert_eq!(e[3].int(), 1, "{cmd}: first key");
         assert_eq!(e[4].int(), 1, "{cmd}: last key");
@@ -173,10 +179,15 @@ fn command_docs_for_every_command() {
                 wait.unwrap_or_else(|| panic!("{cmd}: no WAIT argument: {names:?}"));
             assert!(optional, "{cmd}: WAIT is optional: {names:?}");
             assert!(
-                names.iter().any(
-                    |(_, t, _)| t.as_deref().map(|t| t.eq_ignore_ascii_case("WAIT")) == Some(true)
-                ),
-                "{cmd}: the WAIT argument has the token WAIT: {names:?}"
+                names.iter().any(|(n, t, _)| n == "ms"
+                    && t.as_deref().map(|t| t.eq_ignore_ascii_case("WAIT")) == Some(true)),
+                "{cmd}: the argument `WAIT ms`, as the docs write it: {names:?}"
+            );
+            assert!(
+                names.iter().any(|(n, t, optional)| n == "bind"
+                    && *optional
+                    && t.as_deref() == Some("BIND")),
+                "{cmd}: the optional BIND token: {names:?}"
             );
         } else {
             assert!(wait.is_none(), "{cmd}: no WAIT here: {names:?}");
@@ -189,11 +200,42 @@ fn command_docs_for_every_command() {
             "{cmd}: {first:?}"
         );
     }
+    // The version is the crate's, everywhere.
+    let r = c.cmd(&["COMMAND", "DOCS", "lock.acquire"]);
+    let doc = &r.pairs()[0].1;
+    assert_eq!(
+        doc.get("since").map(|v| v.str()).as_deref(),
+        Some(env!("CARGO_PKG_VERSION"))
+    );
     // In RESP3 it is a map.
     let mut c3 = s.conn();
     c3.hello3();
     let r = c3.cmd(&["COMMAND", "DOCS", "lock.acquire"]);
     assert!(matches!(r, Reply::Map(_)), "{r:?}");
+}
+
+#[test]
+fn keepalive_has_no_key_and_is_a_fast_write() {
+    let s = Server::start();
+    let mut c = s.conn();
+    let r = c.cmd(&["COMMAND", "INFO", "lock.keepalive"]);
+    let e = r.array()[0].array();
+    assert_eq!(e[1].int(), 2, "arity");
+    let flags = strings(&e[2]);
+    assert!(
+        flags.contains(&"write".to_string()) && flags.contains(&"fast".to_string()),
+        "{flags:?}"
+    );
+    assert_eq!((e[3].int(), e[4].int(), e[5].int()), (0, 0, 0), "no keys");
+    assert!(e[8].array().is_empty(), "no key spec: {:?}", e[8]);
+    let r = c.cmd(&["COMMAND", "DOCS", "lock.keepalive"]);
+    let doc = &r.pairs()[0].1;
+    let mut names = Vec::new();
+    collect_args(&doc.get("arguments").expect("arguments"), &mut names);
+    assert_eq!(names, vec![("ttl".to_string(), None, false)]);
+    assert!(c
+        .cmd(&["COMMAND", "GETKEYS", "LOCK.KEEPALIVE", "1000"])
+        .is_err());
 }
 
 #[test]
@@ -244,6 +286,18 @@ fn command_count_grows_and_module_list_shows_lock() {
         .map(|m| m.get("name").expect("module name").str())
         .collect();
     assert!(names.iter().any(|n| n == "lock"), "MODULE LIST: {r:?}");
+    let ver = r
+        .array()
+        .iter()
+        .find(|m| m.get("name").map(|n| n.str()).as_deref() == Some("lock"))
+        .and_then(|m| m.get("ver"))
+        .expect("MODULE LIST ver")
+        .int();
+    let part = |s: &str| s.parse::<i64>().unwrap();
+    let want = part(env!("CARGO_PKG_VERSION_MAJOR")) * 10_000
+        + part(env!("CARGO_PKG_VERSION_MINOR")) * 100
+        + part(env!("CARGO_PKG_VERSION_PATCH"));
+    assert_eq!(ver, want, "MODULE LIST ver is the crate's version");
     // Every command is listed by COMMAND LIST FILTERBY MODULE.
     let r = with
         .conn()
