@@ -44,6 +44,12 @@ static SKEW: AtomicI64 = AtomicI64::new(i64::MIN);
 pub static STEPS_FORWARD: AtomicU64 = AtomicU64::new(0);
 pub static STEPS_BACK: AtomicU64 = AtomicU64::new(0);
 
+/// `CONFIG RESETSTAT`: the step counters start again from 0.
+pub fn reset_steps() {
+    STEPS_FORWARD.store(0, Ordering::Relaxed);
+    STEPS_BACK.store(0, Ordering::Relaxed);
+}
+
 /// Looks whether the wall clock `now` (ms) was stepped since the last look.
 pub fn check_steps(now: u64) {
     let mono = STARTED.get_or_init(Instant::now).elapsed().as_millis();

@@ -65,6 +65,7 @@ pub fn subscribe(ctx: &Context) -> Status {
         server_event(raw::REDISMODULE_EVENT_REPLICATION_ROLE_CHANGED, on_role),
         server_event(raw::REDISMODULE_EVENT_CLIENT_CHANGE, on_client),
         server_event(raw::REDISMODULE_EVENT_LOADING, on_loaded),
+        server_event(raw::REDISMODULE_EVENT_CRON_LOOP, on_cron),
     ];
     if all.iter().all(|s| *s == ok) {
         Status::Ok
@@ -221,6 +222,18 @@ extern "C" fn on_loaded(
         if subevent == raw::REDISMODULE_SUBEVENT_LOADING_ENDED {
             fencing::jump_ahead(clock::now_ms(), config::clock_skew_ms());
         }
+    })
+}
+
+/// The server's cron (`hz` times a second): follows `CONFIG RESETSTAT`.
+extern "C" fn on_cron(
+    raw_ctx: *mut raw::RedisModuleCtx,
+    _event: raw::RedisModuleEvent,
+    _subevent: u64,
+    _data: *mut c_void,
+) {
+    guard::callback("the cron event", (), || {
+        stats::follow_resetstat(&Context::new(raw_ctx));
     })
 }
 

@@ -22,7 +22,7 @@ use crate::keys::api;
 use crate::replication;
 use crate::stats;
 use crate::timers;
-use lock_core::{Holder, Lock, Mode};
+use lock_core::{Holder, Lock, Mode, Tokens};
 
 /// The encoding version this build writes; it reads every version up to it.
 pub const ENCODING_VERSION: i32 = 1;
@@ -99,13 +99,18 @@ fn load_lock(rdb: *mut raw::RedisModuleIO) -> Option<Lock> {
             deadline,
         });
     }
+    // Tokens no server can have issued (zero, past the horizon, two
+    // holders with one) are refused, on this path as on the AOF's.
+    let now = crate::clock::now_ms();
+    if !holders.iter().all(|h| Tokens::plausible(h.token, now)) {
+        return None;
+    }
     let lock = Lock::from_holders(mode, holders).ok()?;
     if lock.is_empty() {
         return None;
     }
-    let mut tokens = fencing::counter();
     for h in lock.holders() {
-        tokens.observe(h.token);
+        fencing::observe(h.token);
     }
     Some(lock)
 }
@@ -204,7 +209,7 @@ unsafe extern "C" fn free(value: *mut c_void) {
 unsafe extern "C" fn aux_save(rdb: *mut raw::RedisModuleIO, when: c_int) {
     guard("aux_save", (), || {
         if when == raw::REDISMODULE_AUX_BEFORE_RDB as c_int {
-            raw::save_unsigned(rdb, fencing::counter().last());
+            raw::save_unsigned(rdb, fencing::to_save());
         }
     })
 }
@@ -217,9 +222,16 @@ unsafe extern "C" fn aux_load(rdb: *mut raw::RedisModuleIO, encver: c_int, when:
             return raw::REDISMODULE_ERR as c_int;
         }
         match raw::load_unsigned(rdb) {
-            Ok(last) => {
-                fencing::counter().observe(last);
+            // 0: a counter that never issued anything.
+            Ok(last) if last == 0 || Tokens::plausible(last, crate::clock::now_ms()) => {
+                fencing::observe(last);
                 raw::REDISMODULE_OK as c_int
+            }
+            Ok(last) => {
+                crate::log::warning(&format!(
+                    "lock: refused a saved token counter no server can have reached ({last})"
+                ));
+                raw::REDISMODULE_ERR as c_int
             }
             Err(_) => raw::REDISMODULE_ERR as c_int,
         }

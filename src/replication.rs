@@ -14,13 +14,14 @@ use std::ffi::{c_longlong, CStr};
 
 use redis_module::{Context, ContextFlags, RedisResult, RedisString, RedisValue};
 
+use crate::clock;
 use crate::errors::LockError;
 use crate::fencing;
 use crate::keys::{api, LockKey};
 use crate::store;
 use crate::timers;
 use crate::waiting;
-use lock_core::{Changes, Holder, Lock, Mode};
+use lock_core::{Changes, Holder, Lock, Mode, Tokens};
 
 pub const SYNC: &CStr = c"LOCK.SYNC";
 
@@ -113,6 +114,10 @@ fn parse(args: &[RedisString]) -> Result<(&RedisString, Effect), LockError> {
                 token: number(token)?,
                 deadline: number(deadline)?,
             };
+            // As on the RDB path: no token a server cannot have issued.
+            if !Tokens::plausible(holder.token, clock::now_ms()) {
+                return Err(LockError::BadState);
+            }
             Ok((key, Effect::Set(mode, holder)))
         }
         _ => Err(LockError::Syntax),
@@ -144,7 +149,7 @@ pub fn sync(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
             Effect::Set(mode, holder) => {
                 let token = holder.token;
                 lock.force(mode, holder).map_err(|_| LockError::BadState)?;
-                fencing::counter().observe(token);
+                fencing::observe(token);
             }
             Effect::Drop(owner) => {
                 lock.remove(&owner);

@@ -35,6 +35,63 @@ impl Counter {
     fn get(&self) -> u64 {
         self.0.load(Ordering::Relaxed)
     }
+
+    fn reset(&self) {
+        self.0.store(0, Ordering::Relaxed);
+    }
+}
+
+/// Every counter `CONFIG RESETSTAT` resets (the gauges are state, not stats).
+fn counters() -> [&'static Counter; 8] {
+    [
+        &GRANTS,
+        &GRANTS_AFTER_WAIT,
+        &REFUSALS,
+        &WAITS,
+        &WAIT_TIMEOUTS,
+        &EXPIRED_LEASES,
+        &RELEASES_NOT_HELD,
+        &RELEASES_ON_DISCONNECT,
+    ]
+}
+
+/// Stats of the server's that only grow, except when `CONFIG RESETSTAT` sets
+/// them back to 0, as last seen.
+const MONOTONIC_STATS: [&CStr; 2] = [c"total_connections_received", c"total_commands_processed"];
+static SERVER_STATS_SEEN: [AtomicU64; 2] = [AtomicU64::new(0), AtomicU64::new(0)];
+
+/// `CONFIG RESETSTAT` resets Redis's own stats and fires no module event (nor
+/// does anything else a module can hear without taxing every command), so
+/// the module sees it as the server's own growing stats going down, and
+/// resets its counters too. Called from the server's cron (`hz` times a
+/// second, never per command): the counters follow within one cron tick. A
+/// reset can only be missed on a server so young that both stats climb back
+/// past their old values within that tick.
+pub fn follow_resetstat(ctx: &redis_module::Context) {
+    let info = api!(RedisModule_GetServerInfo(ctx.ctx, c"stats".as_ptr())).unwrap_or_default();
+    if info.is_null() {
+        return;
+    }
+    let mut went_down = false;
+    for (name, seen) in MONOTONIC_STATS.iter().zip(&SERVER_STATS_SEEN) {
+        let field =
+            api!(RedisModule_ServerInfoGetFieldC(info, name.as_ptr())).unwrap_or(std::ptr::null());
+        if field.is_null() {
+            continue;
+        }
+        // SAFETY: a NUL-terminated string owned by `info`, read before it is freed.
+        let text = unsafe { CStr::from_ptr(field) };
+        if let Some(now) = text.to_str().ok().and_then(|t| t.parse::<u64>().ok()) {
+            went_down |= now < seen.swap(now, Ordering::Relaxed);
+        }
+    }
+    api!(RedisModule_FreeServerInfo(ctx.ctx, info));
+    if went_down {
+        for c in counters() {
+            c.reset();
+        }
+        crate::clock::reset_steps();
+    }
 }
 
 /// New holders granted (re-entries and retries not counted).
@@ -96,8 +153,10 @@ extern "C" fn info(ctx: *mut raw::RedisModuleInfoCtx, _for_crash_report: c_int) 
             (c"keys", gauge(&KEYS)),
             (c"holders_exclusive", gauge(&HOLDERS_EXCLUSIVE)),
             (c"holders_shared", gauge(&HOLDERS_SHARED)),
-            (c"waiters", count(waiting::total())),
-            (c"timer_keys", count(timers::len())),
+            // Never blocks (INFO also runs while a crash report is written,
+            // when a lock may be held): -1 when the count is not available.
+            (c"waiters", waiting::total().map_or(-1, count)),
+            (c"timer_keys", timers::len().map_or(-1, count)),
             (c"grants", count_u(GRANTS.get())),
             (c"grants_after_wait", count_u(GRANTS_AFTER_WAIT.get())),
             (c"refusals", count_u(REFUSALS.get())),
@@ -105,7 +164,7 @@ extern "C" fn info(ctx: *mut raw::RedisModuleInfoCtx, _for_crash_report: c_int) 
             (c"wait_timeouts", count_u(WAIT_TIMEOUTS.get())),
             (c"expired_leases", count_u(EXPIRED_LEASES.get())),
             (c"releases_not_held", count_u(RELEASES_NOT_HELD.get())),
-            (c"last_token", count_u(crate::fencing::counter().last())),
+            (c"last_token", count_u(crate::fencing::last())),
             (c"bound_holders", count(bindings::count())),
             (c"bindings_memory", count(bindings::memory())),
             (

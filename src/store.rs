@@ -39,8 +39,8 @@ pub fn update<R>(
         let mut changes = Changes::default();
         let now = clock::now_ms();
         clock::check_steps(now);
-        let mut tokens = fencing::counter();
-        fencing::follow_clock(&mut tokens, now);
+        let mut tokens = fencing::for_transaction(now);
+        let start = tokens;
         let mut txn = Txn {
             lock,
             tokens: &mut tokens,
@@ -52,6 +52,7 @@ pub fn update<R>(
         let pending = waiting::settle(ctx, name, &mut txn);
         let visit = next_visit(txn.lock, &pending);
         let mut events = txn.events;
+        fencing::issued(&start, &tokens);
         if changes.expired() > 0 {
             stats::EXPIRED_LEASES.add(changes.expired());
             events.insert(0, c"lock.expired");

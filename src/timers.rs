@@ -77,9 +77,10 @@ pub fn init(ctx: &Context) -> bool {
     !own.is_null()
 }
 
-/// How many keys are indexed.
-pub fn len() -> usize {
-    index().by_key.len()
+/// How many keys are indexed; `None` rather than wait for the index (INFO
+/// during a crash report).
+pub fn len() -> Option<usize> {
+    INDEX.try_lock().ok().map(|i| i.by_key.len())
 }
 
 /// Whether any key is indexed (so a change may have to unindex one).
@@ -354,5 +355,21 @@ fn visit(ctx: &Context, db: i32, key: &[u8], refresh: bool) {
     });
     if let Err(e) = result {
         crate::waiting::fail_all(db, key, e);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// As `waiting::total`: INFO must never wait for the index.
+    #[test]
+    fn counting_keys_never_waits_for_the_index() {
+        let held = index();
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || tx.send(len()));
+        let answer = rx.recv_timeout(std::time::Duration::from_secs(5));
+        drop(held);
+        assert_eq!(answer, Ok(None));
     }
 }

@@ -93,9 +93,10 @@ pub fn anyone_waits() -> bool {
     !registry().queues.is_empty()
 }
 
-/// How many requests wait, on every key.
-pub fn total() -> usize {
-    registry().waiters.len()
+/// How many requests wait, on every key; `None` rather than wait for the
+/// registry (INFO during a crash report).
+pub fn total() -> Option<usize> {
+    REGISTRY.try_lock().ok().map(|r| r.waiters.len())
 }
 
 /// How many requests wait for `key` in the current database.
@@ -418,4 +419,22 @@ extern "C" fn free_decision(_raw_ctx: *mut raw::RedisModuleCtx, data: *mut c_voi
             revoke((db, key), decision.owner, token, false);
         }
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// INFO runs during a crash report too, maybe while the crashing code
+    /// holds the registry: counting must not wait for it.
+    #[test]
+    fn counting_waiters_never_waits_for_the_registry() {
+        let held = registry();
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || tx.send(total()));
+        let answer = rx.recv_timeout(std::time::Duration::from_secs(5));
+        drop(held);
+        assert_eq!(answer, Ok(None), "answered at once, without the count");
+        assert_eq!(total(), Some(0));
+    }
 }

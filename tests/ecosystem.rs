@@ -274,6 +274,64 @@ fn hold_three(c: &mut Conn) {
     c.racquire("r", "t", 60_000).int();
 }
 
+/// `CONFIG RESETSTAT` resets the module's counters as it resets Redis's own
+/// stats; the gauges (what is held now) and the last token stay.
+#[test]
+fn config_resetstat_resets_the_counters_not_the_gauges() {
+    let s = Server::start();
+    let mut c = s.conn();
+    c.acquire("k", "a", 60_000).int();
+    assert!(c.acquire("k", "b", 60_000).is_nil());
+    c.release("nothing", "a");
+    let before = stats(&mut c);
+    assert_eq!(before["lock_grants"], 1);
+    assert_eq!(before["lock_refusals"], 1);
+    c.cmd(&["CONFIG", "RESETSTAT"]).ok();
+    wait_until(Duration::from_secs(5), "the counters to reset", || {
+        stats(&mut c)["lock_grants"] == 0
+    });
+    let after = stats(&mut c);
+    for f in INFO_FIELDS {
+        let gauge = [
+            "lock_keys",
+            "lock_holders_exclusive",
+            "lock_holders_shared",
+            "lock_waiters",
+            "lock_timer_keys",
+            "lock_last_token",
+            "lock_bound_holders",
+            "lock_bindings_memory",
+        ]
+        .contains(&f);
+        if gauge {
+            assert_eq!(after[f], before[f], "{f} is state, kept");
+        } else {
+            assert_eq!(after[f], 0, "{f} reset");
+        }
+    }
+    // Counting goes on from 0.
+    c.acquire("k2", "a", 60_000).int();
+    assert_eq!(stats(&mut c)["lock_grants"], 1);
+}
+
+/// INFO (the module's section included) is written into a crash report
+/// without waiting for anything the crash may hold.
+#[test]
+fn a_crash_report_includes_info_lock() {
+    let mut s = Server::start();
+    let mut c = s.conn();
+    c.acquire("k", "a", 60_000).int();
+    let _ = c.try_cmd(&["DEBUG", "SEGFAULT"]);
+    wait_until(Duration::from_secs(20), "the server to exit", || {
+        !s.is_running()
+    });
+    let log = s.log_tail(2000);
+    assert!(
+        log.contains("lock_keys:1"),
+        "INFO lock in the crash report:\n{log}"
+    );
+}
+
 #[test]
 fn info_lock_gauges_back_to_zero_after_release_del_flushall_and_reload() {
     let s = Server::start();

@@ -677,3 +677,89 @@ fn the_aof_gets_effects_not_clock_dependent_commands() {
     rewrite_aof(&mut c);
     check(&aof_files(&s, ".base.aof"), "rewritten AOF (no preamble)");
 }
+
+/// `payload` (a DUMP of a lock) with every occurrence of the 8-byte
+/// big-endian encoding of `from` replaced by `to`, and the CRC fixed: a
+/// payload Redis accepts as well-formed.
+fn with_token(payload: &[u8], from: i64, to: u64) -> Vec<u8> {
+    let needle = (from as u64).to_be_bytes();
+    let mut body = payload[..payload.len() - 8].to_vec();
+    let mut found = false;
+    let mut i = 0;
+    while i + 8 <= body.len() {
+        if body[i..i + 8] == needle {
+            body[i..i + 8].copy_from_slice(&to.to_be_bytes());
+            found = true;
+        }
+        i += 1;
+    }
+    assert!(found, "token {from} not found in the payload");
+    let crc = crc64_redis(&body);
+    body.extend_from_slice(&crc.to_le_bytes());
+    body
+}
+
+/// Issue 10: one RESTORE of a payload with a token of 2^63-1 used up the
+/// token counter for good (every grant then failed, a restart kept it).
+#[test]
+fn restore_of_tokens_no_server_can_have_issued_is_refused_and_grants_go_on() {
+    let mut s = Server::start();
+    let mut c = s.conn();
+    let t = token(c.acquire("x", "a", 100_000));
+    let payload = dump(&mut c, "x");
+    for bad in [i64::MAX as u64, 1 << 63, u64::MAX, 0] {
+        let crafted = with_token(&payload, t, bad);
+        let r = c.cmd(&[b"RESTORE".as_slice(), b"t", b"0", &crafted]);
+        assert!(r.is_err(), "token {bad}: {r:?}");
+        assert_eq!(c.cmd(&["EXISTS", "t"]).int(), 0);
+    }
+    // Two readers with one token.
+    let r1 = token(c.read("sh", "r1", 100_000));
+    let r2 = token(c.read("sh", "r2", 100_000));
+    let payload = dump(&mut c, "sh");
+    let crafted = with_token(&payload, r2, r1 as u64);
+    let r = c.cmd(&[b"RESTORE".as_slice(), b"t", b"0", &crafted]);
+    assert!(r.is_err(), "duplicate tokens: {r:?}");
+    // The counter is untouched: grants go on, after a restart too.
+    let next = token(c.acquire("y", "a", 100_000));
+    assert!(next > r2 && next < i64::MAX / 2);
+    c.cmd(&["SAVE"]).ok();
+    s.restart();
+    let mut c = s.conn();
+    assert!(token(c.acquire("z", "a", 100_000)) > next);
+    still_alive(&mut s, &mut c, "after the refused payloads");
+}
+
+/// The same bound on the AOF path: a LOCK.SYNC line with such a token is
+/// refused (Redis goes on loading the rest of the AOF): no lock, and the
+/// counter untouched.
+#[test]
+fn an_aof_line_with_an_impossible_token_is_refused() {
+    let mut s = aof_server("no");
+    let mut c = s.conn();
+    let t = token(c.acquire("k", "a", 100_000));
+    s.shutdown_save();
+    let aof = std::fs::read_dir(s.dir.join("appendonlydir"))
+        .expect("appendonlydir")
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .find(|p| p.to_string_lossy().ends_with(".incr.aof"))
+        .expect("the incremental AOF");
+    let mut text = std::fs::read(&aof).unwrap();
+    let deadline = (now_ms() + 100_000).to_string();
+    let line = format!(
+        "*8\r\n$9\r\nLOCK.SYNC\r\n$1\r\nq\r\n$3\r\nSET\r\n$1\r\no\r\n$9\r\nexclusive\r\n$1\r\n1\r\n$19\r\n{}\r\n${}\r\n{deadline}\r\n",
+        i64::MAX,
+        deadline.len()
+    );
+    text.extend_from_slice(line.as_bytes());
+    std::fs::write(&aof, text).unwrap();
+    s.restart();
+    let mut c = s.conn();
+    assert!(
+        c.lock_info("q").is_none(),
+        "the impossible grant was refused"
+    );
+    assert_eq!(c.lock_info("k").expect("k loaded").holders[0].token, t);
+    let next = token(c.acquire("z", "a", 100_000));
+    assert!(next > t && next < i64::MAX / 2, "{next}");
+}

@@ -137,6 +137,8 @@ pub enum Invalid {
     ZeroHolds,
     ZeroToken,
     DuplicateOwner,
+    /// Two holders with one token: no server issues a token twice.
+    DuplicateToken,
     SecondExclusiveHolder,
     ModeMismatch,
 }
@@ -383,6 +385,13 @@ impl Lock {
         if holder.token == 0 {
             return Err(Invalid::ZeroToken);
         }
+        if self
+            .holders
+            .iter()
+            .any(|h| h.token == holder.token && h.owner != holder.owner)
+        {
+            return Err(Invalid::DuplicateToken);
+        }
         let existing = self.holders.iter().position(|h| h.owner == holder.owner);
         let others = self.holders.len() - usize::from(existing.is_some());
         if others > 0 && mode != self.mode {
@@ -408,6 +417,9 @@ impl Lock {
         if mode == Mode::Exclusive || mode != self.mode {
             self.holders.retain(|h| h.owner == holder.owner);
         }
+        // A stale holder with this grant's token cannot be right either.
+        self.holders
+            .retain(|h| h.owner == holder.owner || h.token != holder.token);
         self.put(mode, holder)
     }
 
@@ -607,6 +619,8 @@ mod tests {
         );
         assert_eq!(lock.force(Mode::Shared, h("s", 4)), Ok(()));
         assert_eq!(lock.holders().len(), 2, "readers coexist");
+        assert_eq!(lock.force(Mode::Shared, h("t", 4)), Ok(()));
+        assert_eq!(lock.holders().len(), 2, "the stale holder of token 4 went");
         let before = lock.clone();
         assert_eq!(
             lock.force(Mode::Exclusive, h("", 5)),
@@ -632,7 +646,9 @@ mod tests {
         assert_eq!(one.sweep_at(), None);
         let apart = Lock::from_holders(Mode::Shared, vec![h("a", 10), h("b", 20)]).unwrap();
         assert_eq!(apart.sweep_at(), Some(10));
-        let together = Lock::from_holders(Mode::Shared, vec![h("a", 20), h("b", 20)]).unwrap();
+        let mut b = h("b", 20);
+        b.token = 99;
+        let together = Lock::from_holders(Mode::Shared, vec![h("a", 20), b]).unwrap();
         assert_eq!(together.sweep_at(), None);
     }
 
@@ -645,6 +661,10 @@ mod tests {
             deadline: 10,
         };
         assert!(Lock::from_holders(Mode::Shared, vec![h("a", 1), h("b", 2)]).is_ok());
+        assert_eq!(
+            Lock::from_holders(Mode::Shared, vec![h("a", 1), h("b", 1)]),
+            Err(Invalid::DuplicateToken)
+        );
         assert_eq!(
             Lock::from_holders(Mode::Exclusive, vec![h("a", 1), h("b", 2)]),
             Err(Invalid::SecondExclusiveHolder)

@@ -813,7 +813,8 @@ proptest! {
         let mode = mode_name(exclusive);
         let mut holders: Vec<Holder> = raw
             .iter()
-            .map(|(&o, &(holds, token, deadline))| Holder { owner: name(o), holds, token, deadline })
+            // Distinct tokens (no server issues one twice): base * 8 + owner.
+            .map(|(&o, &(holds, token, deadline))| Holder { owner: name(o), holds, token: token * 8 + u64::from(o), deadline })
             .collect();
         let mut expected: Result<(), Invalid> = Ok(());
         if exclusive && holders.len() > 1 {
@@ -836,6 +837,12 @@ proptest! {
                 prop_assert_eq!(again, Ok(lock));
             }
             Err(e) => prop_assert_eq!(built, Err(e)),
+        }
+        // Two holders with one token are refused.
+        if expected.is_ok() && !exclusive && holders.len() >= 2 {
+            let mut dup = holders.clone();
+            dup[1].token = dup[0].token;
+            prop_assert_eq!(Lock::from_holders(mode, dup), Err(Invalid::DuplicateToken));
         }
         // A duplicate owner is refused.
         if let Some(h) = holders.first().cloned() {

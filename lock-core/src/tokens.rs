@@ -8,6 +8,13 @@
 /// The largest token: replies are signed 64-bit integers.
 pub const MAX_TOKEN: u64 = i64::MAX as u64;
 
+/// How far past the clock a real token can be, in ms of tokens: the counter
+/// follows `now_ms * 1000` and runs ahead of it only by the skew-margin
+/// jumps (a minute each by default, at most a day each), so ten years of
+/// them is far beyond anything a server issues, while the token space left
+/// above it lasts for about 290,000 years of the clock.
+pub const HORIZON_MS: u64 = 10 * 365 * 24 * 3600 * 1000;
+
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Tokens {
     last: u64,
@@ -48,6 +55,15 @@ impl Tokens {
         self.last = self.last.max(jumped.min(MAX_TOKEN / 2));
     }
 
+    /// Whether `token` can have been issued by a server whose clock reads
+    /// `now_ms`: at least 1 and at most `(now_ms + HORIZON_MS) * 1000`. A file,
+    /// a RESTORE payload or a replicated effect carrying another is refused:
+    /// accepting it would let one value use up the token space for good.
+    pub fn plausible(token: u64, now_ms: u64) -> bool {
+        let limit = now_ms.saturating_add(HORIZON_MS).saturating_mul(1000);
+        (1..=limit.min(MAX_TOKEN)).contains(&token)
+    }
+
     /// Raises the counter to a token issued elsewhere (a file, a master).
     pub fn observe(&mut self, token: u64) {
         self.last = self.last.max(token.min(MAX_TOKEN));
@@ -83,6 +99,22 @@ mod tests {
         let mut t = Tokens::starting_after(MAX_TOKEN - 1);
         t.jump(u64::MAX, u64::MAX);
         assert_eq!(t.last(), MAX_TOKEN - 1);
+    }
+
+    #[test]
+    fn only_tokens_a_server_can_have_issued_are_plausible() {
+        let now = 1_800_000_000_000;
+        assert!(Tokens::plausible(1, now));
+        assert!(Tokens::plausible(now * 1000, now));
+        assert!(Tokens::plausible((now + HORIZON_MS) * 1000, now));
+        assert!(!Tokens::plausible((now + HORIZON_MS) * 1000 + 1, now));
+        assert!(!Tokens::plausible(0, now));
+        for t in [MAX_TOKEN, MAX_TOKEN + 1, u64::MAX] {
+            assert!(!Tokens::plausible(t, now), "{t}");
+        }
+        // Room left above the horizon: hundreds of thousands of years.
+        let room_ms = (MAX_TOKEN - (now + HORIZON_MS) * 1000) / 1000;
+        assert!(room_ms / (365 * 24 * 3600 * 1000) > 200_000);
     }
 
     #[test]
