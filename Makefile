@@ -10,7 +10,7 @@ FUZZ_SECS ?= 600
 LIVE_FUZZ_COMMANDS ?= 5000000
 SOAK_SECS ?= 180
 
-.PHONY: help deps client-deps build release run test test-matrix bench bench-profile fuzz soak valgrind lint fmt clean
+.PHONY: help deps client-deps build release run test test-matrix bench bench-profile bench-check fuzz soak valgrind lint fmt clean
 
 help: ## Show this help
 	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
@@ -46,8 +46,11 @@ test-matrix: build client-deps ## Integration tests on Redis 7.0 (Debian), Redis
 bench: release ## Benchmarks vs SET NX PX and Lua lock scripts (~2 min; BENCH_QUICK=1: ~20 s); writes docs/bench/contention.svg
 	REDIS_LOCK_MODULE=$(CURDIR)/$(RELEASE_SO) $(CARGO) bench --bench lockbench
 
-bench-profile: release ## Instructions per request of each benchmarked command under callgrind (~30 s)
-	REDIS_LOCK_MODULE=$(CURDIR)/$(RELEASE_SO) $(CARGO) bench --bench lockbench -- --callgrind
+bench-profile: release ## Instructions per request under callgrind, 3 runs with each row's spread (~10 min)
+	REDIS_LOCK_MODULE=$(CURDIR)/$(RELEASE_SO) $(CARGO) bench --bench lockbench -- --callgrind --repeat 3
+
+bench-check: release ## Fail when a command costs >3% more instructions than benches/baseline.tsv (~3 min)
+	REDIS_LOCK_MODULE=$(CURDIR)/$(RELEASE_SO) $(CARGO) bench --bench lockbench -- --callgrind --check
 
 fuzz: build ## Long fuzz: cargo-fuzz on the core (FUZZ_SECS), then the live-server fuzz (LIVE_FUZZ_COMMANDS)
 	@command -v cargo-fuzz >/dev/null || $(CARGO) install cargo-fuzz

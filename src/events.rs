@@ -227,13 +227,13 @@ extern "C" fn on_loaded(
 
 /// The server's cron (`hz` times a second): follows `CONFIG RESETSTAT`.
 extern "C" fn on_cron(
-    raw_ctx: *mut raw::RedisModuleCtx,
+    _raw_ctx: *mut raw::RedisModuleCtx,
     _event: raw::RedisModuleEvent,
     _subevent: u64,
     _data: *mut c_void,
 ) {
     guard::callback("the cron event", (), || {
-        stats::follow_resetstat(&Context::new(raw_ctx));
+        stats::follow_resetstat();
     })
 }
 

@@ -66,9 +66,12 @@ static SERVER_STATS_SEEN: [AtomicU64; 2] = [AtomicU64::new(0), AtomicU64::new(0)
 /// resets its counters too. Called from the server's cron (`hz` times a
 /// second, never per command): the counters follow within one cron tick. A
 /// reset can only be missed on a server so young that both stats climb back
-/// past their old values within that tick.
-pub fn follow_resetstat(ctx: &redis_module::Context) {
-    let info = api!(RedisModule_GetServerInfo(ctx.ctx, c"stats".as_ptr())).unwrap_or_default();
+/// past their old values within that tick. `INFO lock`, the only reader of
+/// the counters, looks too, so a reset between two reads is always seen.
+pub fn follow_resetstat() {
+    // No context: the caller frees the data (as below).
+    let null = std::ptr::null_mut();
+    let info = api!(RedisModule_GetServerInfo(null, c"stats".as_ptr())).unwrap_or_default();
     if info.is_null() {
         return;
     }
@@ -85,7 +88,7 @@ pub fn follow_resetstat(ctx: &redis_module::Context) {
             went_down |= now < seen.swap(now, Ordering::Relaxed);
         }
     }
-    api!(RedisModule_FreeServerInfo(ctx.ctx, info));
+    api!(RedisModule_FreeServerInfo(null, info));
     if went_down {
         for c in counters() {
             c.reset();
@@ -145,8 +148,11 @@ pub fn register(ctx: &redis_module::Context) -> redis_module::Status {
 }
 
 /// The `INFO lock` section.
-extern "C" fn info(ctx: *mut raw::RedisModuleInfoCtx, _for_crash_report: c_int) {
+extern "C" fn info(ctx: *mut raw::RedisModuleInfoCtx, for_crash_report: c_int) {
     guard::callback("INFO", (), || {
+        if for_crash_report == 0 {
+            follow_resetstat();
+        }
         let gauge = |g: &AtomicI64| g.load(Ordering::Relaxed);
         let count = |n: usize| i64::try_from(n).unwrap_or(i64::MAX);
         let fields: [(&CStr, i64); 18] = [

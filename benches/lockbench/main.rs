@@ -105,7 +105,7 @@ fn main() {
         .map(|v| v.split(',').filter_map(|s| s.trim().parse().ok()).collect());
     let plan = if quick { Plan::quick() } else { Plan::full() };
     let result = if callgrind {
-        run_callgrind(&plan)
+        run_callgrind(&plan, &args)
     } else {
         run(&plan, only.as_deref())
     };
@@ -200,9 +200,10 @@ fn run(plan: &Plan, only: Option<&[u32]>) -> io::Result<()> {
     let module = server::module_path()?;
     let dir = server::TempDir::new()?;
     let opts = Options {
-        module: module.clone(),
+        module: Some(module.clone()),
         dir: dir.0.clone(),
         callgrind: false,
+        extra: Vec::new(),
     };
     let load_start = loadavg();
     let mut server = Server::start(&opts)?;
@@ -223,7 +224,33 @@ fn run(plan: &Plan, only: Option<&[u32]>) -> io::Result<()> {
     if wants(1) {
         eprintln!("1. throughput");
         let mut pool = throughput::Pool::new(server.port, plan.conns, plan.pipeline)?;
-        let r = throughput::run(&mut c, &mut pool, &scripts, plan.requests, plan.rounds)?;
+        // The baselines on a server without the module: the SET a user compares with.
+        let plain_dir = server::TempDir::new()?;
+        let plain = Server::start(&Options {
+            module: None,
+            dir: plain_dir.0.clone(),
+            callgrind: false,
+            extra: Vec::new(),
+        })?;
+        let mut plain_c = plain.conn()?;
+        let plain_scripts = throughput::Scripts::load(&mut plain_c)?;
+        let mut plain_pool = throughput::Pool::new(plain.port, plan.conns, plan.pipeline)?;
+        let r = throughput::run(
+            throughput::Side {
+                c: &mut c,
+                pool: &mut pool,
+                scripts: &scripts,
+            },
+            throughput::Side {
+                c: &mut plain_c,
+                pool: &mut plain_pool,
+                scripts: &plain_scripts,
+            },
+            plan.requests,
+            plan.rounds,
+        )?;
+        drop(plain_pool);
+        drop(plain);
         body.push_str(&throughput::table(&r));
         body.push('\n');
         use throughput::Op;
@@ -373,30 +400,68 @@ fn run(plan: &Plan, only: Option<&[u32]>) -> io::Result<()> {
     Ok(())
 }
 
-fn run_callgrind(plan: &Plan) -> io::Result<()> {
+/// `--callgrind [--repeat N] [--write-baseline] [--check]`.
+fn run_callgrind(plan: &Plan, args: &[String]) -> io::Result<()> {
+    let repeat: usize = args
+        .iter()
+        .position(|a| a == "--repeat")
+        .and_then(|i| args.get(i + 1)?.parse().ok())
+        .unwrap_or(1)
+        .max(1);
+    let write_baseline = args.iter().any(|a| a == "--write-baseline");
+    let check = args.iter().any(|a| a == "--check");
     let module = server::module_path()?;
     let dir = out_dir()?.join("callgrind");
     let _ = fs::remove_dir_all(&dir);
     fs::create_dir_all(&dir)?;
-    let opts = Options {
-        module,
-        dir: dir.clone(),
-        callgrind: true,
-    };
     eprintln!(
-        "lockbench --callgrind: {} requests per command under valgrind (slow)",
+        "lockbench --callgrind: {} requests per command under valgrind (slow), {repeat} run(s)",
         plan.callgrind_requests
     );
-    let rows = profile::run(&opts, plan.callgrind_requests)?;
+    let started = Instant::now();
+    let mut runs = Vec::new();
+    for n in 1..=repeat {
+        eprintln!(" run {n}/{repeat}");
+        runs.push(profile::run(
+            &dir.join(format!("run{n}")),
+            &module,
+            plan.callgrind_requests,
+        )?);
+    }
     let mut report = format!(
-        "## redis-lock: instructions per request ({})\n\n- machine: {}\n- server: `{}`\n- dumps: `{}` (`callgrind_annotate --inclusive=yes <dump>`)\n\n",
+        "## redis-lock: instructions per request ({})\n\n- machine: {}\n- server: `{}`\n- dumps: `{}` (`callgrind_annotate --inclusive=yes <dump>`)\n- wall time: {}\n\n",
         utc_now(),
         machine(),
         server_version(),
-        dir.strip_prefix(root()).unwrap_or(&dir).display()
+        dir.strip_prefix(root()).unwrap_or(&dir).display(),
+        fmt_wall(started.elapsed().as_secs_f64())
     );
-    report.push_str(&profile::table(&rows, plan.callgrind_requests));
+    report.push_str(&profile::table(&runs, plan.callgrind_requests));
+    if repeat > 1 {
+        report.push_str(&format!(
+            "\nLargest spread of any row over the {repeat} runs: {:.2}%\n",
+            profile::max_spread(&runs)
+        ));
+    }
     println!("{report}");
     fs::write(out_dir()?.join("callgrind.md"), &report)?;
+    let baseline_path = root().join("benches/baseline.tsv");
+    let last = runs.last().cloned().unwrap_or_default();
+    if write_baseline {
+        fs::write(&baseline_path, profile::baseline_text(&last))?;
+        eprintln!("baseline written to {}", baseline_path.display());
+    }
+    if check {
+        let baseline = fs::read_to_string(&baseline_path)
+            .map_err(|e| io::Error::other(format!("{}: {e}", baseline_path.display())))?;
+        let worse = profile::regressions(&last, &baseline, 0.03);
+        if !worse.is_empty() {
+            return Err(io::Error::other(format!(
+                "more than 3% more instructions than benches/baseline.tsv:\n{}",
+                worse.join("\n")
+            )));
+        }
+        eprintln!("bench-check: no row more than 3% over benches/baseline.tsv");
+    }
     Ok(())
 }

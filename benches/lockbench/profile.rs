@@ -1,16 +1,33 @@
-//! `--callgrind`: the same commands as section 1, a fixed number of each, on
-//! a redis-server running under `valgrind --tool=callgrind`. Instruction
-//! counts do not depend on what else the machine is doing, so this is the
-//! repeatable comparison (and the dumps say where the instructions go:
-//! `callgrind_annotate --inclusive=yes <dump>`).
+//! `--callgrind`: server instructions per request, on redis-servers running
+//! under `valgrind --tool=callgrind`. Instruction counts do not depend on
+//! what else the machine is doing, so this is the repeatable comparison (and
+//! the dumps say where the instructions go: `callgrind_annotate
+//! --inclusive=yes <dump>`).
+//!
+//! Two servers from the same binary, one at a time: a plain one (what a user
+//! compares with) and one with the module. Every row is one measured step:
+//!
+//! 1. `FLUSHALL SYNC`, then the keys the step needs (held locks for a
+//!    renewal, plain keys for `DEL`), with leases of an hour: nothing expires
+//!    during a step on any machine, and `hz 1` keeps the server's cron out of
+//!    the way;
+//! 2. a warm-up of the same command on other keys;
+//! 3. the counters zeroed (`callgrind_control -z`), the measured requests,
+//!    and a dump (`-d`): only those requests are counted.
+//!
+//! `--repeat N` measures everything N times and shows each row's spread;
+//! `--write-baseline` stores the figures in benches/baseline.tsv and
+//! `--check` compares with it (`make bench-check`: fails when a row got more
+//! than 3% more expensive).
 
 use std::fs;
 use std::io;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
+use crate::resp::{encode, Arg, Conn, Reply};
 use crate::server::{Options, Server};
-use crate::throughput::{round_plan, Op, Pool, Scripts, Step};
+use crate::throughput::{Op, Pool, Scripts, KEY_PREFIX, OWNER, TTL};
 
 fn control(args: &[&str]) -> io::Result<()> {
     let out = Command::new("callgrind_control").args(args).output()?;
@@ -48,107 +65,450 @@ fn instructions(dump: &Path) -> io::Result<u64> {
         .ok_or_else(|| io::Error::other(format!("no summary in {}", dump.display())))
 }
 
-pub struct Row {
-    pub op: Op,
-    pub per_request: f64,
-    pub dump: PathBuf,
+/// A command on keys that are not locks: what loading the module adds to it.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub enum Plain {
+    Set,
+    SetNxPx,
+    Incr,
+    Hset,
+    Lpush,
+    Del,
+    Expire,
+    LuaSetNxPx,
+    LuaSet,
 }
 
-pub fn run(opts: &Options, requests: usize) -> io::Result<Vec<Row>> {
-    let server = Server::start(opts)?;
-    let pid = server.pid().to_string();
-    control(&["-i", "on", &pid])?;
-    let mut c = server.conn()?;
-    let scripts = Scripts::load(&mut c)?;
-    let mut pool = Pool::new(server.port, 50, 16)?;
-    // Warm-up: every command once through its code paths.
-    for step in round_plan(1) {
-        match step {
-            Step::FlushAll => {
-                c.ok(&[b"FLUSHALL"])?;
-            }
-            Step::Run(op) => {
-                pool.select(op.db())?;
-                pool.run(1000, &|i, b| op.encode(&scripts, i, b), &|_, _| true)?;
+const LUA_SET: &str = "return redis.call('SET', KEYS[1], ARGV[1])";
+
+impl Plain {
+    pub const ALL: [Plain; 9] = [
+        Plain::Set,
+        Plain::SetNxPx,
+        Plain::Incr,
+        Plain::Hset,
+        Plain::Lpush,
+        Plain::Del,
+        Plain::Expire,
+        Plain::LuaSetNxPx,
+        Plain::LuaSet,
+    ];
+
+    pub fn label(self) -> &'static str {
+        match self {
+            Plain::Set => "`SET k v`",
+            Plain::SetNxPx => "`SET k v NX PX 3600000`",
+            Plain::Incr => "`INCR k`",
+            Plain::Hset => "`HSET h f v`",
+            Plain::Lpush => "`LPUSH l v`",
+            Plain::Del => "`DEL k` (a string)",
+            Plain::Expire => "`EXPIRE k 3600` (a string)",
+            Plain::LuaSetNxPx => "Lua `SET NX PX` (EVALSHA)",
+            Plain::LuaSet => "Lua `SET` (EVALSHA)",
+        }
+    }
+
+    pub fn short(self) -> &'static str {
+        match self {
+            Plain::Set => "set",
+            Plain::SetNxPx => "set-nx-px-plain",
+            Plain::Incr => "incr",
+            Plain::Hset => "hset",
+            Plain::Lpush => "lpush",
+            Plain::Del => "del",
+            Plain::Expire => "expire",
+            Plain::LuaSetNxPx => "lua-set-nx-px",
+            Plain::LuaSet => "lua-set",
+        }
+    }
+
+    /// Whether the step needs a string at each key first.
+    fn needs_strings(self) -> bool {
+        matches!(self, Plain::Del | Plain::Expire)
+    }
+
+    fn encode(self, s: &Sha, i: usize, buf: &mut Vec<u8>) {
+        let k = Arg::K(KEY_PREFIX, i);
+        let b = Arg::B;
+        match self {
+            Plain::Set => encode(buf, &[b(b"SET"), k, b(OWNER)]),
+            Plain::SetNxPx => encode(buf, &[b(b"SET"), k, b(OWNER), b(b"NX"), b(b"PX"), b(TTL)]),
+            Plain::Incr => encode(buf, &[b(b"INCR"), k]),
+            Plain::Hset => encode(buf, &[b(b"HSET"), k, b(b"f"), b(OWNER)]),
+            Plain::Lpush => encode(buf, &[b(b"LPUSH"), k, b(OWNER)]),
+            Plain::Del => encode(buf, &[b(b"DEL"), k]),
+            Plain::Expire => encode(buf, &[b(b"EXPIRE"), k, b(b"3600")]),
+            Plain::LuaSetNxPx => encode(
+                buf,
+                &[
+                    b(b"EVALSHA"),
+                    b(&s.scripts.acquire),
+                    b(b"1"),
+                    k,
+                    b(OWNER),
+                    b(TTL),
+                ],
+            ),
+            Plain::LuaSet => encode(buf, &[b(b"EVALSHA"), b(&s.set), b(b"1"), k, b(OWNER)]),
+        }
+    }
+
+    fn expected(self, r: &Reply) -> bool {
+        match self {
+            Plain::Set | Plain::SetNxPx | Plain::LuaSetNxPx | Plain::LuaSet => r.is("OK"),
+            Plain::Incr | Plain::Hset | Plain::Lpush | Plain::Del | Plain::Expire => {
+                *r == Reply::Int(1)
             }
         }
     }
+}
+
+/// The scripts, loaded on each server.
+struct Sha {
+    scripts: Scripts,
+    set: Vec<u8>,
+}
+
+impl Sha {
+    fn load(c: &mut Conn) -> io::Result<Sha> {
+        let scripts = Scripts::load(c)?;
+        let set = match c.ok(&[b"SCRIPT", b"LOAD", LUA_SET.as_bytes()])? {
+            Reply::Str(sha) => sha,
+            r => return Err(io::Error::other(format!("SCRIPT LOAD: {}", r.show()))),
+        };
+        Ok(Sha { scripts, set })
+    }
+}
+
+/// Warm-up requests, on keys far from the measured ones.
+const WARM: usize = 1000;
+const WARM_OFFSET: usize = 100_000_000;
+
+/// One server under callgrind, instrumented, with a pool of connections.
+struct Profiled {
+    server: Server,
+    pid: String,
+    c: Conn,
+    pool: Pool,
+    sha: Sha,
+}
+
+impl Profiled {
+    fn start(opts: &Options) -> io::Result<Profiled> {
+        let server = Server::start(opts)?;
+        let pid = server.pid().to_string();
+        control(&["-i", "on", &pid])?;
+        let mut c = server.conn()?;
+        let sha = Sha::load(&mut c)?;
+        let pool = Pool::new(server.port, 50, 16)?;
+        Ok(Profiled {
+            server,
+            pid,
+            c,
+            pool,
+            sha,
+        })
+    }
+
+    /// Runs `n` requests from key `offset` on, checking every reply.
+    fn run(
+        &mut self,
+        what: &str,
+        n: usize,
+        offset: usize,
+        encode: &dyn Fn(&Sha, usize, &mut Vec<u8>),
+        check: &dyn Fn(&Reply) -> bool,
+    ) -> io::Result<()> {
+        let sha = &self.sha;
+        let out = self
+            .pool
+            .run(n, &|i, b| encode(sha, i + offset, b), &|_, r| check(r))?;
+        if out.unexpected > 0 {
+            return Err(io::Error::other(format!(
+                "{what}: {} unexpected replies ({})",
+                out.unexpected,
+                out.example.unwrap_or_default()
+            )));
+        }
+        Ok(())
+    }
+
+    /// Steps 1 to 3 above for one command; instructions per request.
+    fn measure(
+        &mut self,
+        name: &str,
+        n: usize,
+        prepare: &dyn Fn(&mut Profiled, usize, usize) -> io::Result<()>,
+        encode: &dyn Fn(&Sha, usize, &mut Vec<u8>),
+        check: &dyn Fn(&Reply) -> bool,
+    ) -> io::Result<f64> {
+        self.c.ok(&[b"FLUSHALL", b"SYNC"])?;
+        prepare(self, WARM_OFFSET, WARM)?;
+        prepare(self, 0, n)?;
+        self.run(name, WARM, WARM_OFFSET, encode, check)?;
+        control(&["-z", &self.pid])?;
+        self.run(name, n, 0, encode, check)?;
+        control(&["-d", name, &self.pid])?;
+        let dump = newest_dump(self.server.dir())
+            .ok_or_else(|| io::Error::other("callgrind wrote no dump"))?;
+        let per_request = instructions(&dump)? as f64 / n as f64;
+        eprintln!("  {name}: {per_request:.0} instructions/request");
+        Ok(per_request)
+    }
+}
+
+/// Keys a lock step works on: held locks for renewals and releases.
+fn prepare_lock(op: Op) -> impl Fn(&mut Profiled, usize, usize) -> io::Result<()> {
+    move |p, offset, n| {
+        let holder = match op {
+            Op::Renew | Op::ReleaseHit => Op::Acquire,
+            Op::LuaRenew | Op::LuaReleaseHit => Op::LuaAcquire,
+            _ => return Ok(()),
+        };
+        p.run(
+            "prepare",
+            n,
+            offset,
+            &|s, i, b| holder.encode(&s.scripts, i, b),
+            &|r| holder.expected(r),
+        )
+    }
+}
+
+fn prepare_plain(op: Plain) -> impl Fn(&mut Profiled, usize, usize) -> io::Result<()> {
+    move |p, offset, n| {
+        if !op.needs_strings() {
+            return Ok(());
+        }
+        p.run(
+            "prepare",
+            n,
+            offset,
+            &|s, i, b| Plain::Set.encode(s, i, b),
+            &|r| r.is("OK"),
+        )
+    }
+}
+
+/// One measured row.
+#[derive(Clone, Debug)]
+pub struct Row {
+    /// `lock-acquire`, or `plain:set` / `module:set` for the added-cost rows.
+    pub name: String,
+    pub per_request: f64,
+}
+
+/// One full measurement: every lock command on the module's server, the
+/// baselines and the plain commands on the plain server, the plain commands
+/// again on the module's server.
+pub fn run(dir: &Path, module: &Path, requests: usize) -> io::Result<Vec<Row>> {
     let mut rows = Vec::new();
-    for step in round_plan(1) {
-        match step {
-            Step::FlushAll => {
-                c.ok(&[b"FLUSHALL"])?;
+    let extra: Vec<String> = ["--hz", "1"].iter().map(|s| s.to_string()).collect();
+    for with_module in [false, true] {
+        let sub = dir.join(if with_module { "module" } else { "plain" });
+        fs::create_dir_all(&sub)?;
+        let opts = Options {
+            module: with_module.then(|| module.to_path_buf()),
+            dir: sub,
+            callgrind: true,
+            extra: extra.clone(),
+        };
+        let mut p = Profiled::start(&opts)?;
+        let side = if with_module { "module" } else { "plain" };
+        // The commands on other keys first, on a fresh server: both servers
+        // then run them with the same allocator history, which the lock
+        // commands' work would change.
+        for op in Plain::ALL {
+            let name = format!("{side}:{}", op.short());
+            let per_request = p.measure(
+                &name,
+                requests,
+                &prepare_plain(op),
+                &|s, i, b| op.encode(s, i, b),
+                &|r| op.expected(r),
+            )?;
+            rows.push(Row { name, per_request });
+        }
+        for op in Op::ALL {
+            if op.needs_module() != with_module {
+                continue;
             }
-            Step::Run(op) => {
-                pool.select(op.db())?;
-                control(&["-z", &pid])?;
-                let out = pool.run(requests, &|i, b| op.encode(&scripts, i, b), &|_, r| {
-                    op.expected(r)
-                })?;
-                control(&["-d", op.short(), &pid])?;
-                if out.unexpected > 0 {
-                    return Err(io::Error::other(format!(
-                        "{}: {} unexpected replies",
-                        op.short(),
-                        out.unexpected
-                    )));
-                }
-                let dump = newest_dump(server.dir())
-                    .ok_or_else(|| io::Error::other("callgrind wrote no dump"))?;
-                let per_request = instructions(&dump)? as f64 / requests as f64;
-                eprintln!("  {}: {per_request:.0} instructions/request", op.short());
-                rows.push(Row {
-                    op,
-                    per_request,
-                    dump,
-                });
-            }
+            let per_request = p.measure(
+                op.short(),
+                requests,
+                &prepare_lock(op),
+                &|s, i, b| op.encode(&s.scripts, i, b),
+                &|r| op.expected(r),
+            )?;
+            rows.push(Row {
+                name: op.short().to_string(),
+                per_request,
+            });
         }
     }
     Ok(rows)
 }
 
-pub fn table(rows: &[Row], requests: usize) -> String {
-    let get = |op: Op| {
-        rows.iter()
-            .find(|r| r.op == op)
-            .map_or(f64::NAN, |r| r.per_request)
+fn get(rows: &[Row], name: &str) -> f64 {
+    rows.iter()
+        .find(|r| r.name == name)
+        .map_or(f64::NAN, |r| r.per_request)
+}
+
+/// `| a | b | c |` from cells.
+fn line(cells: &[String]) -> String {
+    format!("| {} |\n", cells.join(" | "))
+}
+
+/// The lock commands against their baselines (on the plain server), then
+/// what loading the module adds to other commands. With several runs, each
+/// row's spread (max - min) / min over them.
+pub fn table(runs: &[Vec<Row>], requests: usize) -> String {
+    let Some(rows) = runs.first() else {
+        return String::new();
+    };
+    let many = runs.len() > 1;
+    let spread = |name: &str| -> Vec<String> {
+        if !many {
+            return Vec::new();
+        }
+        let v: Vec<f64> = runs.iter().map(|r| get(r, name)).collect();
+        let lo = v.iter().cloned().fold(f64::MAX, f64::min);
+        let hi = v.iter().cloned().fold(f64::MIN, f64::max);
+        vec![format!("{:.2}%", (hi - lo) / lo * 100.0)]
+    };
+    let head = |cols: &[&str], right: usize| -> String {
+        let mut cols: Vec<String> = cols.iter().map(|c| c.to_string()).collect();
+        if many {
+            cols.push(format!("spread over {} runs", runs.len()));
+        }
+        let mut sep: Vec<String> = (0..cols.len())
+            .map(|i| {
+                if i >= right {
+                    "---:".into()
+                } else {
+                    "---".into()
+                }
+            })
+            .collect();
+        if many {
+            if let Some(last) = sep.last_mut() {
+                *last = "---:".into();
+            }
+        }
+        line(&cols) + &line(&sep)
     };
     let mut s = format!(
-        "### Instructions per request (callgrind, server side, {requests} requests each, 50 connections x pipeline 16)\n\n"
+        "### Instructions per request (callgrind, server side, {requests} requests each, 50 connections x pipeline 16, `hz 1`, leases of an hour)\n\n\
+         Each baseline runs on the same redis-server binary without the module: the command a user compares with.\n\n"
     );
-    s.push_str("| command | instructions/request | compared with | ratio (lower is better) | dump |\n|---|---:|---|---:|---|\n");
+    s.push_str(&head(
+        &[
+            "command",
+            "instructions/request",
+            "compared with (no module)",
+            "ratio (lower is better)",
+        ],
+        1,
+    ));
     for op in Op::ALL {
-        let Some(row) = rows.iter().find(|r| r.op == op) else {
+        let Some(row) = rows.iter().find(|r| r.name == op.short()) else {
             continue;
         };
-        let dump = row
-            .dump
-            .file_name()
-            .map(|n| n.to_string_lossy().into_owned())
-            .unwrap_or_default();
         let bases = op.baselines();
-        if bases.is_empty() {
-            s.push_str(&format!(
-                "| {} | {:.0} | | | {dump} |\n",
-                op.label(),
-                row.per_request
-            ));
+        let mut cells = vec![op.label().to_string(), format!("{:.0}", row.per_request)];
+        match bases.first() {
+            None => cells.extend([String::new(), String::new()]),
+            Some((base, _)) => {
+                let b = get(rows, base.short());
+                cells.push(format!("{} ({b:.0})", base.label()));
+                cells.push(format!("{:.2}x", row.per_request / b));
+            }
         }
-        for (i, (base, _)) in bases.iter().enumerate() {
-            let first = if i == 0 {
-                format!("| {} | {:.0} ", op.label(), row.per_request)
-            } else {
-                "| | ".into()
-            };
-            s.push_str(&format!(
-                "{first}| {} ({:.0}) | {:.2}x | {} |\n",
-                base.label(),
-                get(*base),
-                row.per_request / get(*base),
-                if i == 0 { dump.as_str() } else { "" }
+        cells.extend(spread(&row.name));
+        s.push_str(&line(&cells));
+        for (base, _) in bases.iter().skip(1) {
+            let b = get(rows, base.short());
+            let mut cells = vec![
+                String::new(),
+                String::new(),
+                format!("{} ({b:.0})", base.label()),
+                format!("{:.2}x", row.per_request / b),
+            ];
+            if many {
+                cells.push(String::new());
+            }
+            s.push_str(&line(&cells));
+        }
+    }
+    s.push_str("\n### What loading the module adds to other commands (callgrind, same binary)\n\n");
+    s.push_str(&head(
+        &[
+            "command (keys that are not locks)",
+            "without the module",
+            "with the module",
+            "added",
+        ],
+        1,
+    ));
+    for op in Plain::ALL {
+        let plain = get(rows, &format!("plain:{}", op.short()));
+        let module = get(rows, &format!("module:{}", op.short()));
+        let mut cells = vec![
+            op.label().to_string(),
+            format!("{plain:.0}"),
+            format!("{module:.0}"),
+            format!("{:+.1}%", (module - plain) / plain * 100.0),
+        ];
+        cells.extend(spread(&format!("module:{}", op.short())));
+        s.push_str(&line(&cells));
+    }
+    s
+}
+
+/// The largest spread of any row over the runs, in percent.
+pub fn max_spread(runs: &[Vec<Row>]) -> f64 {
+    let Some(first) = runs.first() else {
+        return 0.0;
+    };
+    first
+        .iter()
+        .map(|row| {
+            let v: Vec<f64> = runs.iter().map(|r| get(r, &row.name)).collect();
+            let lo = v.iter().cloned().fold(f64::MAX, f64::min);
+            let hi = v.iter().cloned().fold(f64::MIN, f64::max);
+            (hi - lo) / lo * 100.0
+        })
+        .fold(0.0, f64::max)
+}
+
+/// `name<TAB>instructions per request`, one row a line.
+pub fn baseline_text(rows: &[Row]) -> String {
+    let mut s = String::from("# make bench-check compares with these (instructions per request)\n");
+    for r in rows {
+        s.push_str(&format!("{}\t{:.0}\n", r.name, r.per_request));
+    }
+    s
+}
+
+/// Rows more than `tolerance` (0.03 = 3%) more expensive than the baseline.
+pub fn regressions(rows: &[Row], baseline: &str, tolerance: f64) -> Vec<String> {
+    let mut out = Vec::new();
+    for line in baseline.lines().filter(|l| !l.starts_with('#')) {
+        let mut parts = line.split('\t');
+        let (Some(name), Some(Ok(base))) = (parts.next(), parts.next().map(str::parse::<f64>))
+        else {
+            continue;
+        };
+        let now = get(rows, name);
+        if now.is_nan() {
+            out.push(format!("{name}: no longer measured"));
+        } else if now > base * (1.0 + tolerance) {
+            out.push(format!(
+                "{name}: {now:.0} instructions/request, {:+.1}% over the baseline {base:.0}",
+                (now - base) / base * 100.0
             ));
         }
     }
-    s
+    out
 }

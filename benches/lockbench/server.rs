@@ -100,10 +100,14 @@ fn free_port() -> io::Result<u16> {
 /// How the server is run.
 #[derive(Clone)]
 pub struct Options {
-    pub module: PathBuf,
+    /// The module to load; `None`: a plain redis-server, the baseline a user
+    /// compares with.
+    pub module: Option<PathBuf>,
     pub dir: PathBuf,
     /// Run under `valgrind --tool=callgrind` (instrumentation off at start).
     pub callgrind: bool,
+    /// Extra `--name value` arguments (e.g. `--hz 1`).
+    pub extra: Vec<String>,
 }
 
 pub struct Server {
@@ -172,11 +176,13 @@ impl Server {
                 .args(["--daemonize", "no", "--enable-debug-command", "yes"])
                 .arg("--logfile")
                 .arg(&log)
-                .arg("--loadmodule")
-                .arg(&self.opts.module)
+                .args(&self.opts.extra)
                 .stdin(Stdio::null())
                 .stdout(Stdio::null())
                 .stderr(Stdio::null());
+            if let Some(module) = &self.opts.module {
+                cmd.arg("--loadmodule").arg(module);
+            }
             let child = cmd.spawn().map_err(|e| {
                 io::Error::other(format!("cannot start redis-server (is it on PATH?): {e}"))
             })?;

@@ -21,7 +21,8 @@ use crate::stats;
 pub const OWNER: &[u8] = b"8c1f6a52-3d47-4b8e-9f10-5a7e2c9d0b31";
 /// Redisson's hash field: `<client uuid>:<thread id>`.
 pub const REDISSON_FIELD: &[u8] = b"8c1f6a52-3d47-4b8e-9f10-5a7e2c9d0b31:1";
-pub const TTL: &[u8] = b"30000";
+/// An hour: nothing a bench creates expires while it runs, on any machine.
+pub const TTL: &[u8] = b"3600000";
 pub const KEY_PREFIX: &[u8] = b"lk:";
 
 /// The acquire script of Lua-based lock libraries: `SET ... NX PX` in a script.
@@ -106,14 +107,14 @@ impl Op {
     pub fn label(self) -> &'static str {
         match self {
             Op::Ping => "PING (client ceiling)",
-            Op::Set => "`SET k v NX PX 30000`",
+            Op::Set => "`SET k v NX PX 3600000`",
             Op::LuaAcquire => "Lua acquire (`SET NX PX` in EVALSHA)",
-            Op::Acquire => "`LOCK.ACQUIRE k o 30000`",
+            Op::Acquire => "`LOCK.ACQUIRE k o 3600000`",
             Op::Redisson => "Redisson reentrant lock script (hash)",
-            Op::Racquire => "`LOCK.RACQUIRE k o 30000`",
-            Op::Read => "`LOCK.READ k o 30000`",
+            Op::Racquire => "`LOCK.RACQUIRE k o 3600000`",
+            Op::Read => "`LOCK.READ k o 3600000`",
             Op::LuaRenew => "Lua compare-and-pexpire (held)",
-            Op::Renew => "`LOCK.RENEW k o 30000` (held)",
+            Op::Renew => "`LOCK.RENEW k o 3600000` (held)",
             Op::LuaReleaseHit => "Lua compare-and-delete (held)",
             Op::ReleaseHit => "`LOCK.RELEASE k o` (held)",
             Op::LuaReleaseMiss => "Lua compare-and-delete (missing key)",
@@ -137,6 +138,15 @@ impl Op {
             Op::LuaReleaseMiss => "lua-release-miss",
             Op::ReleaseMiss => "lock-release-miss",
         }
+    }
+
+    /// Whether this command needs the module; the others (`SET`, the Lua
+    /// scripts, PING) run on a server without it, as a user compares them.
+    pub fn needs_module(self) -> bool {
+        matches!(
+            self,
+            Op::Acquire | Op::Racquire | Op::Read | Op::Renew | Op::ReleaseHit | Op::ReleaseMiss
+        )
     }
 
     /// What this row is compared with, and the goal for the ratio, if any.
@@ -239,7 +249,7 @@ pub fn round_plan(round: usize) -> Vec<Step> {
             Op::Racquire,
             Op::Read,
         ],
-        // On the keys just created (held for 30 s).
+        // On the keys just created (held for an hour).
         &[Op::LuaRenew, Op::Renew],
         &[Op::LuaReleaseHit, Op::ReleaseHit],
         // The keys are gone now.
@@ -389,14 +399,24 @@ impl Results {
     }
 }
 
-/// Runs `rounds` interleaved rounds of every command, `requests` each.
-pub fn run(
-    c: &mut Conn,
-    pool: &mut Pool,
-    scripts: &Scripts,
-    requests: usize,
-    rounds: usize,
-) -> io::Result<Results> {
+/// One server the section drives: a connection for FLUSHALL, the pool, the
+/// scripts loaded there.
+pub struct Side<'a> {
+    pub c: &'a mut Conn,
+    pub pool: &'a mut Pool,
+    pub scripts: &'a Scripts,
+}
+
+/// Runs `rounds` interleaved rounds of every command, `requests` each: the
+/// lock commands on `module`, their baselines (`SET`, the scripts) on
+/// `plain`, a server without the module, as a user compares them.
+pub fn run(module: Side, plain: Side, requests: usize, rounds: usize) -> io::Result<Results> {
+    let Side { c, pool, scripts } = module;
+    let Side {
+        c: plain_c,
+        pool: plain_pool,
+        scripts: plain_scripts,
+    } = plain;
     let mut results = Results {
         rates: HashMap::new(),
         requests,
@@ -411,8 +431,14 @@ pub fn run(
             match step {
                 Step::FlushAll => {
                     c.ok(&[b"FLUSHALL"])?;
+                    plain_c.ok(&[b"FLUSHALL"])?;
                 }
                 Step::Run(op) => {
+                    let (pool, scripts) = if op.needs_module() {
+                        (&mut *pool, scripts)
+                    } else {
+                        (&mut *plain_pool, plain_scripts)
+                    };
                     pool.select(op.db())?;
                     let out =
                         pool.run(requests, &|i, buf| op.encode(scripts, i, buf), &|_, r| {
