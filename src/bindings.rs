@@ -137,13 +137,35 @@ pub fn of_client(client: ClientId) -> Vec<Bound> {
         .collect()
 }
 
-/// The connection `client` closed: its bindings, taken out of the registry.
+/// The connection `client` closed: its bindings, taken out of the registry
+/// in one pass (no copies: a connection may hold 100,000 of them).
 pub fn take_client(client: ClientId) -> Vec<Bound> {
-    let bound = of_client(client);
-    for b in &bound {
-        forget(&b.key, &b.owner);
+    if count() == 0 {
+        return Vec::new();
     }
-    bound
+    let mut r = registry();
+    let Some(set) = r.by_client.remove(&client) else {
+        return Vec::new();
+    };
+    let mut taken = Vec::with_capacity(set.len());
+    for (key, owner) in set {
+        let mut token = None;
+        let mut now_empty = false;
+        if let Some(owners) = r.by_key.get_mut(&key) {
+            token = owners.remove(&owner).map(|(_, t)| t);
+            now_empty = owners.is_empty();
+        }
+        if now_empty {
+            r.by_key.remove(&key);
+        }
+        let Some(token) = token else {
+            continue;
+        };
+        COUNT.fetch_sub(1, Ordering::Relaxed);
+        BYTES.fetch_sub(cost(&key, &owner), Ordering::Relaxed);
+        taken.push(Bound { key, owner, token });
+    }
+    taken
 }
 
 /// RENAME or MOVE carried the lock at `from` to `to` with its holders.

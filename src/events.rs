@@ -273,9 +273,7 @@ extern "C" fn on_client(
         let Some(info) = (unsafe { data.cast::<raw::RedisModuleClientInfo>().as_ref() }) else {
             return;
         };
-        for b in bindings::take_client(info.id) {
-            waiting::revoke(b.key, b.owner, b.token, true);
-        }
+        timers::release_bound(bindings::take_client(info.id));
     })
 }
 

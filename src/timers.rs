@@ -28,13 +28,14 @@
 //! A replica does not write: keys that come due there wait in `deferred`
 //! until it becomes a master, and are visited then.
 
-use std::collections::{BTreeSet, HashMap, HashSet};
+use std::collections::{BTreeSet, HashMap, HashSet, VecDeque};
 use std::os::raw::{c_int, c_void};
 use std::sync::atomic::{AtomicPtr, Ordering};
 use std::sync::{LazyLock, Mutex, MutexGuard};
 
 use redis_module::{raw, Context, ContextFlags};
 
+use crate::bindings::Bound;
 use crate::clock;
 use crate::errors::LockError;
 use crate::guard;
@@ -56,6 +57,8 @@ struct Index {
     expired: Vec<(DbKey, usize)>,
     /// Keys that came due while this server was a replica.
     deferred: HashSet<DbKey>,
+    /// Grants bound to connections that closed, to end at the next ticks.
+    released: VecDeque<Bound>,
     /// The armed Redis timer and when it fires.
     armed: Option<(raw::RedisModuleTimerID, u64)>,
 }
@@ -158,6 +161,17 @@ pub fn announce_expired_now(ctx: &Context) {
     }
 }
 
+/// A connection closed: end the grants that were bound to it, over the next
+/// ticks (a connection may hold 100,000: no tick does more than its share).
+pub fn release_bound(grants: Vec<Bound>) {
+    if grants.is_empty() {
+        return;
+    }
+    let mut index = index();
+    index.released.extend(grants);
+    arm(&mut index, 0);
+}
+
 /// The lock left this name by RENAME or MOVE, with its holders: not an expiry.
 pub fn moved_away(db: i32, key: &[u8]) {
     index()
@@ -208,7 +222,8 @@ pub fn promoted() {
 /// than `not_before` (unix ms).
 fn arm(index: &mut Index, not_before: u64) {
     let first = index.by_time.first().map(|(at, _, _)| *at);
-    let first = match (first, index.expired.is_empty()) {
+    let now_too = !index.expired.is_empty() || !index.released.is_empty();
+    let first = match (first, !now_too) {
         (first, true) => first,
         (Some(at), false) => Some(at.min(clock::now_ms())),
         (None, false) => Some(clock::now_ms()),
@@ -245,6 +260,8 @@ struct Due {
     /// Keys to visit, and whether each is a refresh.
     visits: Vec<(DbKey, bool)>,
     expired: Vec<(DbKey, usize)>,
+    /// Bound grants whose connection closed, within this tick's budget.
+    released: Vec<Bound>,
 }
 
 /// Takes every entry due at `now` out of the index; on a replica they are
@@ -266,9 +283,13 @@ fn take_due(now: u64, replica: bool) -> Due {
         }
         visits.push((id, refresh));
     }
+    let budget = VISITS_PER_TICK.saturating_sub(visits.len());
+    let n = budget.min(index.released.len());
+    let released = index.released.drain(..n).collect();
     Due {
         visits,
         expired: std::mem::take(&mut index.expired),
+        released,
     }
 }
 
@@ -305,6 +326,17 @@ fn tick(ctx: &Context) {
             if select(ctx, db) {
                 announce(ctx, &key, leases, replica);
             }
+        });
+    }
+    for b in due.released {
+        // A replica has no bindings (they are the master's); a demoted
+        // master's closed connections leave their holders to the lease.
+        if replica {
+            continue;
+        }
+        guard::callback("releasing a bound grant", (), || {
+            crate::waiting::add_revocation(b.key.clone(), b.owner, b.token, true);
+            visit(ctx, b.key.0, &b.key.1, false);
         });
     }
     for ((db, key), refresh) in due.visits {

@@ -291,6 +291,12 @@ pub fn settle(ctx: &Context, name: &RedisString, txn: &mut Txn) -> Pending {
 pub fn revoke(key: DbKey, owner: Owner, token: u64, disconnect: bool) {
     let at = Some(crate::clock::now_ms());
     timers::schedule(key.0, &key.1, at);
+    add_revocation(key, owner, token, disconnect);
+}
+
+/// Ends the grant `token` of `owner` on `key` at the key's next visit,
+/// which the caller makes.
+pub fn add_revocation(key: DbKey, owner: Owner, token: u64, disconnect: bool) {
     registry()
         .revocations
         .entry(key)

@@ -80,7 +80,14 @@ fn assert_only_load_keys(c: &mut Conn, cfg: &LoadCfg, extra: &[&str], what: &str
                 "{what}: unexpected key {}",
                 show(&k)
             );
-            assert_eq!(c.type_of(&k), TYPE_NAME, "{what}: TYPE {}", show(&k));
+            // A lease may end between SCAN and TYPE ("none": the key
+            // expired by itself); anything else is a lock or a bug.
+            let t = c.type_of(&k);
+            assert!(
+                t == TYPE_NAME || t == "none",
+                "{what}: TYPE {} is {t}",
+                show(&k)
+            );
         }
         if cursor == "0" {
             return;
@@ -372,6 +379,14 @@ fn promote_and_compare(replica: &Server, cfg: &LoadCfg, what: &str) -> Promotion
     let after = observe(&mut Single(replica.conn()), &cfg.keys);
     let slack = t.elapsed().as_millis() as i64 + 200;
     for (b, a) in before.iter().zip(&after) {
+        // A lease that can end between the two looks is not a lost grant.
+        let ending = b
+            .info
+            .as_ref()
+            .is_some_and(|i| i.holders.iter().any(|h| h.ttl <= slack));
+        if ending {
+            continue;
+        }
         assert_same_lock(
             &b.info,
             &a.info,
@@ -499,11 +514,11 @@ fn replica_promoted_while_the_master_takes_requests_keeps_what_it_received() {
     check_server(&replica, &ledgers, &cfg, w, received, "fresh", what);
 }
 
-/// design.md: "a token the old master issued in its last moments may not be"
-/// above the new master's. Worse: the new master issues the very same
-/// numbers, so a resource that refuses only *smaller* tokens (commands.md)
-/// accepts two holders of one lock with one token. Not a contract violation
-/// (tokens are unique per server), hence ignored; run with `--ignored`.
+/// Without the clock floor and the skew margin, a promoted replica issues the
+/// very numbers its old master issued in its last moments (grants it never
+/// received), and a resource that refuses only *smaller* tokens
+/// (commands.md) accepts two holders of one lock with one token. The
+/// contract (v2, "Clock steps") forbids it; this test checks it.
 ///
 /// The plainest setup: a master and a replica started together; the master
 /// grants one last lock the replica never receives. Without the clock floor

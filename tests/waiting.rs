@@ -978,35 +978,37 @@ fn one_truthful_reply(a: &mut Conn, b: &mut Conn, key: &str, ta: i64, what: &str
     granted
 }
 
-#[test]
-fn a_grant_racing_the_waiters_deadline_gives_one_truthful_reply() {
-    let s = Server::start();
+/// Runs races until both outcomes (granted, nil) were seen, at most `cap`
+/// of them: a race test that never hits the race proves nothing.
+fn race_until_both(s: &Server, what: &str, cap: i64, wait_of: impl Fn(i64) -> i64) {
     let mut a = s.conn();
     let (mut granted, mut nil) = (0, 0);
-    for n in 0..30 {
-        if race_once(&s, &mut a, &format!("race{n}"), 50, 50) {
+    let mut n = 0;
+    while n < cap && (granted < 3 || nil < 3) {
+        if race_once(s, &mut a, &format!("race{n}"), 50, wait_of(n)) {
             granted += 1;
         } else {
             nil += 1;
         }
+        n += 1;
     }
-    eprintln!("race (same ttl and WAIT): {granted} granted, {nil} nil");
+    eprintln!("race ({what}): {granted} granted, {nil} nil in {n} races");
+    assert!(
+        granted > 0 && nil > 0,
+        "{what}: the race was not exercised ({granted} granted, {nil} nil in {n} races)"
+    );
+}
+
+#[test]
+fn a_grant_racing_the_waiters_deadline_gives_one_truthful_reply() {
+    let s = Server::start();
+    race_until_both(&s, "same ttl and WAIT", 300, |_| 50);
 }
 
 #[test]
 fn a_grant_racing_the_waiters_deadline_with_offsets_gives_one_truthful_reply() {
     let s = Server::start();
-    let mut a = s.conn();
-    let (mut granted, mut nil) = (0, 0);
-    for n in 0..35_i64 {
-        let wait = 50 + (n % 7) - 3;
-        if race_once(&s, &mut a, &format!("race{n}"), 50, wait) {
-            granted += 1;
-        } else {
-            nil += 1;
-        }
-    }
-    eprintln!("race (WAIT = ttl -3..+3): {granted} granted, {nil} nil");
+    race_until_both(&s, "WAIT = ttl -3..+3", 300, |n| 50 + (n % 7) - 3);
 }
 
 #[test]
@@ -1016,6 +1018,7 @@ fn a_release_just_after_the_waiters_deadline_gives_one_truthful_reply() {
     let s = Server::start();
     let mut a = s.conn();
     let (mut granted, mut nil) = (0, 0);
+    let mut after_deadline = 0;
     for n in 0..8_u64 {
         let key = format!("late{n}");
         let ta = token(a.acquire(&key, "a", 30_000));
@@ -1024,6 +1027,9 @@ fn a_release_just_after_the_waiters_deadline_gives_one_truthful_reply() {
         let release_at = sent + Duration::from_millis(103 + n % 4 * 3);
         thread::sleep(release_at.saturating_duration_since(Instant::now()));
         assert_eq!(a.release(&key, "a").int(), 1);
+        if sent.elapsed() > Duration::from_millis(100) {
+            after_deadline += 1;
+        }
         let what = format!(
             "{key}: B WAIT 100, A's RELEASE {:?} after B's request",
             sent.elapsed()
@@ -1034,7 +1040,13 @@ fn a_release_just_after_the_waiters_deadline_gives_one_truthful_reply() {
             nil += 1;
         }
     }
-    eprintln!("release after the deadline: {granted} granted, {nil} nil");
+    eprintln!(
+        "release after the deadline: {granted} granted, {nil} nil, {after_deadline} of 8 released after B's deadline"
+    );
+    assert!(
+        after_deadline > 0,
+        "no RELEASE came after B's WAIT deadline: the race was not exercised"
+    );
 }
 
 // ---------------------------------------------------------------------------

@@ -7,7 +7,9 @@
 //! 1. throughput, uncontended, unique keys (`throughput`);
 //! 2. contention on one key: WAIT vs polling vs back-off (`contention`);
 //! 3. latency of a hand-off and of a grant after an expiry (`latency`);
-//! 4. memory and 5. persistence of many held locks (`memory`).
+//! 4. memory and 5. persistence of many held locks (`memory`);
+//! 6. locks bound to their connection: kill to grant, keepalive, the stall
+//!    of a disconnect with many bound locks (`bind`).
 //!
 //! Options: `--quick` (or `BENCH_QUICK=1`): a ~20 s smoke run with small
 //! counts. `--only 1,3`: some sections only. `--callgrind`: instructions per
@@ -18,6 +20,7 @@
 //! The full run writes the chart to docs/bench/contention.svg; every run
 //! writes its report to target/lockbench/.
 
+mod bind;
 mod chart;
 mod contention;
 mod latency;
@@ -49,6 +52,8 @@ struct Plan {
     mem_keys: usize,
     shared_grants: usize,
     callgrind_requests: usize,
+    bind_samples: usize,
+    stall_locks: usize,
 }
 
 impl Plan {
@@ -70,6 +75,8 @@ impl Plan {
             mem_keys: 1_000_000,
             shared_grants: 100_000,
             callgrind_requests: 20_000,
+            bind_samples: 100,
+            stall_locks: 100_000,
         }
     }
 
@@ -88,6 +95,8 @@ impl Plan {
             mem_keys: 100_000,
             shared_grants: 10_000,
             callgrind_requests: 2000,
+            bind_samples: 10,
+            stall_locks: 10_000,
             ..Plan::full()
         }
     }
@@ -95,6 +104,14 @@ impl Plan {
 
 fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
+    if args.first().is_some_and(|a| a == "--hold") {
+        // Section 6's holder process.
+        if let Err(e) = bind::hold(args.get(1..).unwrap_or(&[])) {
+            eprintln!("lockbench --hold: {e}");
+            std::process::exit(1);
+        }
+        return;
+    }
     let quick = args.iter().any(|a| a == "--quick")
         || std::env::var("BENCH_QUICK").is_ok_and(|v| !v.is_empty() && v != "0");
     let callgrind = args.iter().any(|a| a == "--callgrind");
@@ -329,6 +346,22 @@ fn run(plan: &Plan, only: Option<&[u32]>) -> io::Result<()> {
         let rows = latency::run(server.port, &scripts, &plan.latency)?;
         body.push_str(&latency::table(&rows));
         body.push('\n');
+    }
+
+    if wants(6) {
+        eprintln!("6. bound locks");
+        let r = bind::run(server.port, plan.bind_samples, plan.stall_locks)?;
+        body.push_str(&bind::table(&r));
+        body.push('\n');
+        goals.push((
+            "a killed holder's bound lock granted to its waiter: p99 < 50 ms".into(),
+            format!(
+                "{} (without BIND: the lease, {})",
+                stats::dur_us(r.bound.at(99.0)),
+                stats::dur_us(r.lease.at(50.0))
+            ),
+            r.bound.at(99.0) < 50_000.0,
+        ));
     }
 
     if wants(4) || wants(5) {
