@@ -67,6 +67,17 @@ pub fn memory() -> usize {
     BYTES.load(Ordering::Relaxed)
 }
 
+/// Bytes the bindings of the holders of `key` take.
+pub fn memory_of(key: &DbKey) -> usize {
+    if count() == 0 {
+        return 0;
+    }
+    registry()
+        .by_key
+        .get(key)
+        .map_or(0, |owners| owners.keys().map(|o| cost(key, o)).sum())
+}
+
 /// Binds a grant to `client`, moving it from any earlier connection.
 pub fn bind(client: ClientId, key: DbKey, owner: &[u8], token: u64) {
     let mut r = registry();

@@ -15,6 +15,7 @@ use std::os::raw::{c_int, c_void};
 use redis_module::native_types::RedisType;
 use redis_module::{raw, RedisString};
 
+use crate::bindings;
 use crate::events;
 use crate::fencing;
 use crate::guard::callback as guard;
@@ -49,7 +50,7 @@ pub static LOCK_TYPE: RedisType = RedisType::new(
         defrag: None,
         copy2: None,
         free_effort2: None,
-        mem_usage2: None,
+        mem_usage2: Some(mem_usage2),
         unlink2: Some(unlink2),
     },
 );
@@ -171,6 +172,28 @@ unsafe extern "C" fn mem_usage(value: *const c_void) -> usize {
     guard("mem_usage", 0, || {
         // SAFETY: as in rdb_save.
         unsafe { value.cast::<Lock>().as_ref() }.map_or(0, Lock::memory_usage)
+    })
+}
+
+/// `MEMORY USAGE`: the value, plus the bindings (`BIND`) of its holders,
+/// which live beside it in the module's memory.
+unsafe extern "C" fn mem_usage2(
+    ctx: *mut raw::RedisModuleKeyOptCtx,
+    value: *const c_void,
+    _sample_size: usize,
+) -> usize {
+    guard("mem_usage", 0, || {
+        // SAFETY: as in rdb_save.
+        let own = unsafe { value.cast::<Lock>().as_ref() }.map_or(0, Lock::memory_usage);
+        let key = api!(RedisModule_GetKeyNameFromOptCtx(ctx)).unwrap_or(std::ptr::null());
+        let db = api!(RedisModule_GetDbIdFromOptCtx(ctx));
+        let bound = match (key.is_null(), db) {
+            (false, Some(db)) => {
+                bindings::memory_of(&(db, RedisString::string_as_slice(key).to_vec()))
+            }
+            _ => 0,
+        };
+        own + bound
     })
 }
 

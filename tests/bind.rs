@@ -242,3 +242,18 @@ fn the_servers_idle_timeout_releases_a_bound_lock() {
         sleep_ms(100);
     }
 }
+
+#[test]
+fn memory_usage_and_info_count_the_bindings() {
+    let s = Server::start();
+    let mut a = s.conn();
+    token(a.acquire("plain", "owner-1", 60_000));
+    token(a.cmd(&["LOCK.ACQUIRE", "bound", "owner-1", "60000", "BIND"]));
+    let plain = a.cmd(&["MEMORY", "USAGE", "plain"]).int();
+    let bound = a.cmd(&["MEMORY", "USAGE", "bound"]).int();
+    let per_binding = stat(&mut a, "bindings_memory");
+    assert!(per_binding > 0);
+    assert_eq!(bound - plain, per_binding, "MEMORY USAGE includes the binding");
+    assert_eq!(a.release("bound", "owner-1").int(), 1);
+    assert_eq!(stat(&mut a, "bindings_memory"), 0);
+}
