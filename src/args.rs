@@ -7,8 +7,11 @@
 use redis_module::RedisString;
 
 use crate::config;
-use crate::errors::{LockError, MAX_WAIT_MS};
+use crate::errors::LockError;
 use lock_core::{Kind, Owner, Request};
+
+/// The longest WAIT, in milliseconds (about 31 years).
+pub const MAX_WAIT_MS: i64 = 1_000_000_000_000;
 
 /// `LOCK.ACQUIRE | LOCK.RACQUIRE | LOCK.READ key owner ttl [WAIT ms] [BIND]`.
 pub struct Grant {
@@ -21,13 +24,13 @@ pub struct Grant {
 }
 
 /// `LOCK.RELEASE key owner`.
-pub struct Release {
+pub struct ReleaseArgs {
     pub key: RedisString,
     pub owner: Owner,
 }
 
 /// `LOCK.RENEW key owner ttl`.
-pub struct Renew {
+pub struct RenewArgs {
     pub key: RedisString,
     pub owner: Owner,
     pub ttl: u64,
@@ -92,11 +95,13 @@ pub fn grant(args: Vec<RedisString>, kind: Kind) -> Result<Grant, LockError> {
             return Err(LockError::Syntax);
         }
         let ms = args.0.next().ok_or(LockError::Syntax)?;
-        let ms = ms.parse_integer().map_err(|_| LockError::BadWait)?;
+        let ms = ms
+            .parse_integer()
+            .map_err(|_| LockError::BadWait(MAX_WAIT_MS))?;
         if !(0..=MAX_WAIT_MS).contains(&ms) {
-            return Err(LockError::BadWait);
+            return Err(LockError::BadWait(MAX_WAIT_MS));
         }
-        wait = Some(u64::try_from(ms).map_err(|_| LockError::BadWait)?);
+        wait = Some(u64::try_from(ms).map_err(|_| LockError::BadWait(MAX_WAIT_MS))?);
     }
     Ok(Grant {
         key,
@@ -106,9 +111,9 @@ pub fn grant(args: Vec<RedisString>, kind: Kind) -> Result<Grant, LockError> {
     })
 }
 
-pub fn release(args: Vec<RedisString>) -> Result<Release, LockError> {
+pub fn release(args: Vec<RedisString>) -> Result<ReleaseArgs, LockError> {
     let mut args = Args::new(args);
-    let parsed = Release {
+    let parsed = ReleaseArgs {
         key: args.next()?,
         owner: args.owner()?,
     };
@@ -116,9 +121,9 @@ pub fn release(args: Vec<RedisString>) -> Result<Release, LockError> {
     Ok(parsed)
 }
 
-pub fn renew(args: Vec<RedisString>) -> Result<Renew, LockError> {
+pub fn renew(args: Vec<RedisString>) -> Result<RenewArgs, LockError> {
     let mut args = Args::new(args);
-    let parsed = Renew {
+    let parsed = RenewArgs {
         key: args.next()?,
         owner: args.owner()?,
         ttl: args.ttl()?,

@@ -18,7 +18,7 @@ use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{LazyLock, Mutex, MutexGuard};
 
-use crate::timers::DbKey;
+use crate::ffi::DbKey;
 use lock_core::Owner;
 
 /// A client id (`CLIENT ID`).

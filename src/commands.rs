@@ -1,19 +1,21 @@
 //! Command handlers: parse, run the core transition, reply. Replication and
 //! the key's expiry are `store::update`'s job; waiting is `waiting`'s.
 
-use std::os::raw::{c_int, c_long};
+use std::os::raw::c_long;
 
-use redis_module::{raw, Context, ContextFlags, RedisResult, RedisString, RedisValue};
+use redis_module::{Context, ContextFlags, RedisResult, RedisString, RedisValue};
 
 use crate::args;
 use crate::bindings::{self, ClientId};
 use crate::clock;
 use crate::errors::LockError;
-use crate::keys::{self, api, LockKey};
+use crate::ffi::{self, api};
+use crate::keys::LockKey;
+use crate::replies;
 use crate::stats;
 use crate::store;
 use crate::waiting;
-use lock_core::{Attempt, Kind, Lock, Mode, Release};
+use lock_core::{Attempt, Kind, Lock, Release};
 
 /// `LOCK.ACQUIRE key owner ttl [WAIT ms]`
 pub fn acquire(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
@@ -59,7 +61,7 @@ fn grant(ctx: &Context, args: Vec<RedisString>, kind: Kind) -> RedisResult {
             stats::GRANTS.incr();
         }
         if matches!(attempt, Attempt::Granted(_)) {
-            txn.events.push(event_of(kind));
+            txn.events.push(replies::event_of(kind));
         }
         (attempt, txn.lock.earliest_deadline())
     })?;
@@ -75,12 +77,12 @@ fn grant(ctx: &Context, args: Vec<RedisString>, kind: Kind) -> RedisResult {
         },
         Attempt::Granted(token) => {
             if let Some(client) = bind {
-                let key = waiting::db_key(ctx, grant.key.as_slice());
+                let key = ffi::db_key(ctx, grant.key.as_slice());
                 bindings::bind(client, key, &grant.request.owner, token);
             }
-            answer(attempt)
+            replies::answer(attempt)
         }
-        other => answer(other),
+        other => replies::answer(other),
     }
 }
 
@@ -109,13 +111,13 @@ pub fn keepalive(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
     if bound.is_empty() {
         return Ok(RedisValue::Integer(0));
     }
-    let home = api!(RedisModule_GetSelectedDb(ctx.ctx)).unwrap_or(0);
+    let home = ffi::selected_db(ctx);
     let mut renewed = 0i64;
     for b in bound {
-        if api!(RedisModule_SelectDb(ctx.ctx, b.key.0)) != Some(raw::REDISMODULE_OK as c_int) {
+        if !ffi::select_db(ctx, b.key.0) {
             continue;
         }
-        let name = keys::name(ctx, &b.key.1);
+        let name = ffi::name(ctx, &b.key.1);
         let done = store::update(ctx, &name, |txn| {
             let ours = txn.lock.holder(&b.owner).map(|h| h.token) == Some(b.token);
             let renewed = ours && txn.lock.renew(&b.owner, ttl, txn.now, txn.changes);
@@ -130,32 +132,8 @@ pub fn keepalive(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
             _ => bindings::forget(&b.key, &b.owner),
         }
     }
-    api!(RedisModule_SelectDb(ctx.ctx, home));
+    ffi::select_db(ctx, home);
     Ok(RedisValue::Integer(renewed))
-}
-
-/// The keyspace event of a grant.
-pub fn event_of(kind: Kind) -> &'static std::ffi::CStr {
-    match kind {
-        Kind::Acquire => c"lock.acquire",
-        Kind::Racquire => c"lock.racquire",
-        Kind::Read => c"lock.read",
-    }
-}
-
-/// The reply to a decided grant request (a waiter's too).
-pub fn answer(attempt: Attempt) -> RedisResult {
-    match attempt {
-        // Tokens never exceed i64::MAX (core::tokens::MAX_TOKEN).
-        Attempt::Granted(token) => Ok(RedisValue::Integer(
-            i64::try_from(token).unwrap_or(i64::MAX),
-        )),
-        Attempt::Busy => Ok(RedisValue::Null),
-        Attempt::Conflict(Mode::Shared) => Err(LockError::HeldShared.into()),
-        Attempt::Conflict(Mode::Exclusive) => Err(LockError::HeldExclusive.into()),
-        Attempt::TooManyHolds => Err(LockError::TooManyHolds.into()),
-        Attempt::TokensExhausted => Err(LockError::TokensExhausted.into()),
-    }
 }
 
 /// `LOCK.RELEASE key owner`
@@ -213,7 +191,7 @@ pub fn info(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
 /// a map in RESP3, a flat array in RESP2, in that order.
 fn reply_info(ctx: &Context, lock: &Lock, now: u64, waiters: usize) {
     let c = ctx.ctx;
-    let int = |n: u64| i64::try_from(n).unwrap_or(i64::MAX);
+    let int = |n: u64| ffi::int(n);
     let bulk = |s: &[u8]| {
         api!(RedisModule_ReplyWithStringBuffer(
             c,

@@ -8,7 +8,7 @@ use std::sync::atomic::{AtomicI64, Ordering};
 
 use redis_module::{raw, Context, RedisString, Status};
 
-use crate::keys::api;
+use crate::ffi::api;
 use crate::log;
 
 /// One numeric setting.

@@ -2,9 +2,6 @@
 
 use redis_module::RedisError;
 
-/// The longest WAIT, in milliseconds (about 31 years).
-pub const MAX_WAIT_MS: i64 = 1_000_000_000_000;
-
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum LockError {
     WrongType,
@@ -13,7 +10,8 @@ pub enum LockError {
     EmptyOwner,
     /// The ttl is not an integer from 1 to the configured maximum (carried here).
     BadTtl(i64),
-    BadWait,
+    /// WAIT is not an integer from 0 to the maximum (carried here).
+    BadWait(i64),
     Syntax,
     /// The owner holds the key shared and asked for it exclusively.
     HeldShared,
@@ -46,7 +44,7 @@ impl LockError {
             LockError::Arity => "ERR wrong number of arguments".into(),
             LockError::EmptyOwner => "ERR owner must not be empty".into(),
             LockError::BadTtl(max) => format!("ERR ttl must be an integer from 1 to {max}"),
-            LockError::BadWait => format!("ERR WAIT must be an integer from 0 to {MAX_WAIT_MS}"),
+            LockError::BadWait(max) => format!("ERR WAIT must be an integer from 0 to {max}"),
             LockError::Syntax => "ERR syntax error".into(),
             LockError::HeldShared => {
                 "ERR owner holds this lock shared: release it before acquiring it exclusively"

@@ -36,12 +36,13 @@ use crate::clock;
 use crate::config;
 use crate::errors::LockError;
 use crate::fencing;
+use crate::ffi::DbKey;
+use crate::ffi::{self, api};
 use crate::guard;
-use crate::keys::{self, api};
+use crate::keys;
 use crate::stats;
-use crate::timers::{self, DbKey};
+use crate::timers;
 use crate::waiting;
-use lock_core::Lock;
 
 /// Subscribes to the generic keyspace class and to the server events above.
 pub fn subscribe(ctx: &Context) -> Status {
@@ -74,20 +75,6 @@ pub fn subscribe(ctx: &Context) -> Status {
     }
 }
 
-/// A lock value is leaving key `key` of database `db` (the type's unlink).
-pub fn unlinked(db: i32, key: &[u8], lock: &Lock) {
-    let now = clock::now_ms();
-    if !lock.is_empty() && !lock.is_held(now) {
-        // Every lease had run out: Redis is expiring it (or a DEL, a write
-        // over it, removes what was left). A RENAME or MOVE that follows
-        // takes this back (`moved_away`).
-        timers::expired(db, key, lock.holders().len());
-    }
-    if waiting::is_waited_on(&(db, key.to_vec())) {
-        timers::schedule(db, key, Some(now));
-    }
-}
-
 thread_local! {
     /// The old place of a lock RENAME or MOVE is carrying (`*_from` comes
     /// right before `*_to`).
@@ -110,7 +97,7 @@ extern "C" fn on_generic(
             b"rename_to" | b"move_to" | b"restore" | b"expire" | b"persist" => {
                 if matches!(event, b"rename_to" | b"move_to") {
                     let ctx = Context::new(raw_ctx);
-                    let to = waiting::db_key(&ctx, RedisString::string_as_slice(key));
+                    let to = ffi::db_key(&ctx, RedisString::string_as_slice(key));
                     if let Some(from) = MOVED_FROM.with(|m| m.borrow_mut().take()) {
                         bindings::moved(&from, &to);
                     }
@@ -119,19 +106,19 @@ extern "C" fn on_generic(
                 // while some lock exists at all.
                 let ctx = Context::new(raw_ctx);
                 if stats::lock_keys() > 0 && keys::is_lock(&ctx, key) {
-                    let (db, name) = waiting::db_key(&ctx, RedisString::string_as_slice(key));
+                    let (db, name) = ffi::db_key(&ctx, RedisString::string_as_slice(key));
                     timers::refresh(db, &name);
                 }
             }
             b"rename_from" | b"move_from" => {
                 let ctx = Context::new(raw_ctx);
-                let (db, name) = waiting::db_key(&ctx, RedisString::string_as_slice(key));
+                let (db, name) = ffi::db_key(&ctx, RedisString::string_as_slice(key));
                 timers::moved_away(db, &name);
                 MOVED_FROM.with(|m| *m.borrow_mut() = Some((db, name)));
             }
             b"del" if waiting::anyone_waits() => {
                 let ctx = Context::new(raw_ctx);
-                let id = waiting::db_key(&ctx, RedisString::string_as_slice(key));
+                let id = ffi::db_key(&ctx, RedisString::string_as_slice(key));
                 if waiting::is_waited_on(&id) && migrating_away(&ctx, key) {
                     // MIGRATE moved the lock, holders and all, to another
                     // node: the waiters retry there (Redis answers them ASK).
@@ -169,8 +156,8 @@ fn migrating_away(ctx: &Context, key: *mut raw::RedisModuleString) -> bool {
     if !ctx.get_flags().contains(ContextFlags::CLUSTER) {
         return false;
     }
-    let keyslot = keys::name(ctx, b"KEYSLOT");
-    let key = keys::name(ctx, RedisString::string_as_slice(key));
+    let keyslot = ffi::name(ctx, b"KEYSLOT");
+    let key = ffi::name(ctx, RedisString::string_as_slice(key));
     let Ok(RedisValue::Integer(slot)) = ctx.call("CLUSTER", &[&keyslot, &key]) else {
         return false;
     };

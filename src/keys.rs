@@ -4,25 +4,25 @@
 
 use std::os::raw::{c_int, c_longlong, c_void};
 use std::ptr::NonNull;
+use std::sync::atomic::{AtomicPtr, Ordering};
 
 use redis_module::{raw, Context, RedisString};
 
 use crate::errors::LockError;
-use crate::persistence::LOCK_TYPE;
+use crate::ffi::api;
 use lock_core::Lock;
 
-/// Calls a Redis module API entry, or yields `None` when the server lacks it.
-macro_rules! api {
-    ($f:ident($($arg:expr),* $(,)?)) => {
-        // SAFETY: the entry was filled by RedisModule_Init; arguments are live
-        // handles owned by the calling context.
-        match unsafe { redis_module::raw::$f } {
-            Some(f) => Some(unsafe { f($($arg),*) }),
-            None => None,
-        }
-    };
+/// The lock data type, as Redis created it (set once at load, from `lib`).
+static LOCK_TYPE: AtomicPtr<raw::RedisModuleType> = AtomicPtr::new(std::ptr::null_mut());
+
+/// Records the lock data type Redis created at load.
+pub fn set_type(t: *mut raw::RedisModuleType) {
+    LOCK_TYPE.store(t, Ordering::Relaxed);
 }
-pub(crate) use api;
+
+fn lock_type() -> *mut raw::RedisModuleType {
+    LOCK_TYPE.load(Ordering::Relaxed)
+}
 
 /// An open key, closed on drop. `None` inside: a missing key opened read-only
 /// (Redis returns no handle for it).
@@ -72,7 +72,7 @@ impl LockKey {
         if key_type != raw::REDISMODULE_KEYTYPE_MODULE as c_int {
             return Err(LockError::WrongType);
         }
-        let ours = *LOCK_TYPE.raw_type.borrow();
+        let ours = lock_type();
         let its = api!(RedisModule_ModuleTypeGetType(self.raw())).ok_or(LockError::Internal)?;
         if its != ours {
             return Err(LockError::WrongType);
@@ -85,7 +85,7 @@ impl LockKey {
 
     /// Stores a new lock in an empty key.
     pub fn store(&self, lock: Lock) -> Result<(), LockError> {
-        let ours = *LOCK_TYPE.raw_type.borrow();
+        let ours = lock_type();
         let value = Box::into_raw(Box::new(lock)).cast::<c_void>();
         let status = api!(RedisModule_ModuleTypeSetValue(self.raw(), ours, value));
         if status == Some(raw::REDISMODULE_OK as c_int) {
@@ -106,11 +106,6 @@ impl LockKey {
         let at = c_longlong::try_from(deadline_ms).unwrap_or(c_longlong::MAX);
         api!(RedisModule_SetAbsExpire(self.raw(), at));
     }
-}
-
-/// A key name as a module string, binary-safe (NUL bytes included), freed on drop.
-pub fn name(ctx: &Context, key: &[u8]) -> RedisString {
-    RedisString::create_from_slice(ctx.ctx, key)
 }
 
 /// Whether `name` holds a lock, looked up with as few side effects as the

@@ -32,15 +32,21 @@ mod config;
 mod errors;
 mod events;
 mod fencing;
+mod ffi;
 mod guard;
+mod info;
 mod keys;
 mod log;
 mod metadata;
 mod persistence;
 mod replication;
+mod replies;
 mod stats;
 mod store;
+mod sync;
 mod timers;
+mod txn;
+mod visits;
 mod waiting;
 
 use redis_module::{redis_module, Context, ModuleOptions, RedisString, Status};
@@ -61,14 +67,16 @@ const ALLOCATOR: Allocator = std::alloc::System;
 fn on_load(ctx: &Context, args: &[RedisString]) -> Status {
     guard::callback("loading the module", Status::Err, || {
         ctx.set_module_options(ModuleOptions::HANDLE_IO_ERRORS);
+        keys::set_type(*LOCK_TYPE.raw_type.borrow());
         if !timers::init(ctx) {
             return Status::Err;
         }
+        timers::set_handler(visits::tick);
         let steps = [
             config::register(ctx, args),
             metadata::describe(ctx),
             events::subscribe(ctx),
-            stats::register(ctx),
+            info::register(ctx),
         ];
         if steps.contains(&Status::Err) {
             return Status::Err;
@@ -98,6 +106,6 @@ redis_module! {
         ["lock.info", guarded("lock.info", commands::info), "readonly fast", 1, 1, 1, ""],
         ["lock.keepalive", guarded("lock.keepalive", commands::keepalive), "write fast", 0, 0, 0, ""],
         // Internal: applies one replicated effect (replicas and AOF only).
-        ["lock.sync", guarded("lock.sync", replication::sync), "write", 1, 1, 1, ""],
+        ["lock.sync", guarded("lock.sync", sync::sync), "write", 1, 1, 1, ""],
     ],
 }

@@ -7,7 +7,7 @@
 
 use std::ffi::CString;
 
-use crate::keys::api;
+use crate::ffi::api;
 
 /// Logs `message` at the `warning` level.
 pub fn warning(message: &str) {

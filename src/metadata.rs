@@ -12,7 +12,7 @@ use std::os::raw::c_int;
 use redis_module::raw;
 use redis_module::{Context, Status};
 
-use crate::keys::api;
+use crate::ffi::api;
 
 /// The crate's version (Cargo.toml), the one version everywhere.
 pub const VERSION: &CStr =
@@ -55,7 +55,7 @@ const RO: u32 = raw::REDISMODULE_CMD_KEY_RO | raw::REDISMODULE_CMD_KEY_ACCESS;
 const GRANT: u32 = raw::REDISMODULE_CMD_KEY_RW | raw::REDISMODULE_CMD_KEY_UPDATE;
 const RENEW: u32 = GRANT;
 const RELEASE: u32 = raw::REDISMODULE_CMD_KEY_RW | raw::REDISMODULE_CMD_KEY_DELETE;
-const SYNC: u32 = GRANT;
+const SYNC_KEYS: u32 = GRANT;
 /// A command without keys (LOCK.KEEPALIVE): no key spec.
 const NO_KEYS: u32 = 0;
 
@@ -176,7 +176,7 @@ const DOCS: &[Doc] = &[
         summary: c"Internal: applies one replicated lock effect (SET owner mode holds token deadline, or DROP owner). Accepted only from the master or the AOF.",
         complexity: c"O(R), R the holders",
         arity: -4,
-        key_flags: SYNC,
+        key_flags: SYNC_KEYS,
         args: &[K, arg(c"effect", STRING)],
     },
 ];

@@ -16,13 +16,15 @@ use redis_module::native_types::RedisType;
 use redis_module::{raw, RedisString};
 
 use crate::bindings;
-use crate::events;
+use crate::clock;
 use crate::fencing;
+use crate::ffi::api;
 use crate::guard::callback as guard;
-use crate::keys::api;
+use crate::log;
 use crate::replication;
 use crate::stats;
 use crate::timers;
+use crate::waiting;
 use lock_core::{Holder, Lock, Mode, Tokens};
 
 /// The encoding version this build writes; it reads every version up to it.
@@ -55,20 +57,13 @@ pub static LOCK_TYPE: RedisType = RedisType::new(
     },
 );
 
-fn mode_code(mode: Mode) -> u64 {
-    match mode {
-        Mode::Exclusive => 0,
-        Mode::Shared => 1,
-    }
-}
-
 unsafe extern "C" fn rdb_save(rdb: *mut raw::RedisModuleIO, value: *mut c_void) {
     guard("rdb_save", (), || {
         // SAFETY: Redis hands back a value of this type: a `Lock` we stored.
         let Some(lock) = (unsafe { value.cast::<Lock>().as_ref() }) else {
             return;
         };
-        raw::save_unsigned(rdb, mode_code(lock.mode()));
+        raw::save_unsigned(rdb, lock.mode().code());
         raw::save_unsigned(rdb, lock.holders().len() as u64);
         for h in lock.holders() {
             raw::save_slice(rdb, &h.owner);
@@ -80,11 +75,7 @@ unsafe extern "C" fn rdb_save(rdb: *mut raw::RedisModuleIO, value: *mut c_void) 
 }
 
 fn load_lock(rdb: *mut raw::RedisModuleIO) -> Option<Lock> {
-    let mode = match raw::load_unsigned(rdb).ok()? {
-        0 => Mode::Exclusive,
-        1 => Mode::Shared,
-        _ => return None,
-    };
+    let mode = Mode::from_code(raw::load_unsigned(rdb).ok()?)?;
     let count = raw::load_unsigned(rdb).ok()?;
     // Never trust a count for an allocation: a corrupt one would abort.
     let mut holders = Vec::with_capacity(usize::try_from(count.min(64)).ok()?);
@@ -102,7 +93,7 @@ fn load_lock(rdb: *mut raw::RedisModuleIO) -> Option<Lock> {
     }
     // Tokens no server can have issued (zero, past the horizon, two
     // holders with one) are refused, on this path as on the AOF's.
-    let now = crate::clock::now_ms();
+    let now = clock::now_ms();
     if !holders.iter().all(|h| Tokens::plausible(h.token, now)) {
         return None;
     }
@@ -119,7 +110,7 @@ fn load_lock(rdb: *mut raw::RedisModuleIO) -> Option<Lock> {
 unsafe extern "C" fn rdb_load(rdb: *mut raw::RedisModuleIO, encver: c_int) -> *mut c_void {
     guard("rdb_load", std::ptr::null_mut(), || {
         if !(1..=ENCODING_VERSION).contains(&encver) {
-            crate::log::warning(&format!(
+            log::warning(&format!(
                 "lock: cannot load encoding version {encver} (this build reads 1 to {ENCODING_VERSION})"
             ));
             return std::ptr::null_mut();
@@ -131,7 +122,7 @@ unsafe extern "C" fn rdb_load(rdb: *mut raw::RedisModuleIO, encver: c_int) -> *m
                 Box::into_raw(Box::new(lock)).cast::<c_void>()
             }
             None => {
-                crate::log::warning("lock: refused a corrupt or short lock value");
+                log::warning("lock: refused a corrupt or short lock value");
                 std::ptr::null_mut()
             }
         }
@@ -153,13 +144,13 @@ unsafe extern "C" fn aof_rewrite(
             let [holds, token, deadline] = replication::numbers(h);
             api!(RedisModule_EmitAOF(
                 aof,
-                replication::SYNC.as_ptr(),
+                replication::SYNC_COMMAND.as_ptr(),
                 replication::SET_FORMAT.as_ptr(),
                 key,
                 c"SET".as_ptr(),
                 h.owner.as_ptr(),
                 h.owner.len(),
-                replication::mode_arg(lock.mode()).as_ptr(),
+                lock.mode().c_name().as_ptr(),
                 holds,
                 token,
                 deadline
@@ -204,7 +195,7 @@ unsafe extern "C" fn digest(md: *mut raw::RedisModuleDigest, value: *mut c_void)
             return;
         };
         let n = |v: u64| i64::try_from(v).unwrap_or(i64::MAX);
-        api!(RedisModule_DigestAddLongLong(md, n(mode_code(lock.mode()))));
+        api!(RedisModule_DigestAddLongLong(md, n(lock.mode().code())));
         for h in lock.holders() {
             api!(RedisModule_DigestAddStringBuffer(
                 md,
@@ -246,12 +237,12 @@ unsafe extern "C" fn aux_load(rdb: *mut raw::RedisModuleIO, encver: c_int, when:
         }
         match raw::load_unsigned(rdb) {
             // 0: a counter that never issued anything.
-            Ok(last) if last == 0 || Tokens::plausible(last, crate::clock::now_ms()) => {
+            Ok(last) if last == 0 || Tokens::plausible(last, clock::now_ms()) => {
                 fencing::observe(last);
                 raw::REDISMODULE_OK as c_int
             }
             Ok(last) => {
-                crate::log::warning(&format!(
+                log::warning(&format!(
                     "lock: refused a saved token counter no server can have reached ({last})"
                 ));
                 raw::REDISMODULE_ERR as c_int
@@ -273,9 +264,23 @@ unsafe extern "C" fn unlink2(ctx: *mut raw::RedisModuleKeyOptCtx, value: *const 
             return;
         };
         if !key.is_null() {
-            events::unlinked(db, RedisString::string_as_slice(key), lock);
+            unlinked(db, RedisString::string_as_slice(key), lock);
         }
     })
+}
+
+/// A lock value is leaving key `key` of database `db` (the type's unlink).
+fn unlinked(db: i32, key: &[u8], lock: &Lock) {
+    let now = clock::now_ms();
+    if !lock.is_empty() && !lock.is_held(now) {
+        // Every lease had run out: Redis is expiring it (or a DEL, a write
+        // over it, removes what was left). A RENAME or MOVE that follows
+        // takes this back (`moved_away`).
+        timers::expired(db, key, lock.holders().len());
+    }
+    if waiting::is_waited_on(&(db, key.to_vec())) {
+        timers::schedule(db, key, Some(now));
+    }
 }
 
 /// A loaded lock whose readers expire apart is visited at its earliest

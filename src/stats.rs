@@ -1,20 +1,16 @@
-//! The `INFO lock` section: what is held and waited for now, and counters
-//! since the server started.
+//! The numbers behind `INFO lock` (shown by `info`): gauges of what is held
+//! now, and counters since the server started or `CONFIG RESETSTAT`.
 //!
 //! Gauges of stored state (keys, holders by mode) move with every write of a
 //! lock value, its load and its free (which Redis may run on a background
 //! thread, hence atomics). Holders whose lease expired but whom no command or
 //! timer has dropped yet still count.
 
-use std::ffi::{c_int, CStr};
+use std::ffi::CStr;
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 
-use redis_module::raw;
-
 use crate::clock;
-use crate::guard;
-use crate::keys::api;
-use crate::{bindings, timers, waiting};
+use crate::ffi::api;
 
 pub struct Counter(AtomicU64);
 
@@ -32,7 +28,7 @@ impl Counter {
         self.add(1);
     }
 
-    fn get(&self) -> u64 {
+    pub fn get(&self) -> u64 {
         self.0.load(Ordering::Relaxed)
     }
 
@@ -93,7 +89,7 @@ pub fn follow_resetstat() {
         for c in counters() {
             c.reset();
         }
-        crate::clock::reset_steps();
+        clock::reset_steps();
     }
 }
 
@@ -139,62 +135,11 @@ pub fn holders(sign: i64, (exclusive, shared): (usize, usize)) {
     HOLDERS_SHARED.fetch_add(sign * delta(shared), Ordering::Relaxed);
 }
 
-/// Makes `INFO lock` (and `INFO everything`) show this section.
-pub fn register(ctx: &redis_module::Context) -> redis_module::Status {
-    match api!(RedisModule_RegisterInfoFunc(ctx.ctx, Some(info))) {
-        Some(status) if status == raw::REDISMODULE_OK as c_int => redis_module::Status::Ok,
-        _ => redis_module::Status::Err,
-    }
-}
-
-/// The `INFO lock` section.
-extern "C" fn info(ctx: *mut raw::RedisModuleInfoCtx, for_crash_report: c_int) {
-    guard::callback("INFO", (), || {
-        if for_crash_report == 0 {
-            follow_resetstat();
-        }
-        let gauge = |g: &AtomicI64| g.load(Ordering::Relaxed);
-        let count = |n: usize| i64::try_from(n).unwrap_or(i64::MAX);
-        let fields: [(&CStr, i64); 18] = [
-            (c"keys", gauge(&KEYS)),
-            (c"holders_exclusive", gauge(&HOLDERS_EXCLUSIVE)),
-            (c"holders_shared", gauge(&HOLDERS_SHARED)),
-            // Never blocks (INFO also runs while a crash report is written,
-            // when a lock may be held): -1 when the count is not available.
-            (c"waiters", waiting::total().map_or(-1, count)),
-            (c"timer_keys", timers::len().map_or(-1, count)),
-            (c"grants", count_u(GRANTS.get())),
-            (c"grants_after_wait", count_u(GRANTS_AFTER_WAIT.get())),
-            (c"refusals", count_u(REFUSALS.get())),
-            (c"waits", count_u(WAITS.get())),
-            (c"wait_timeouts", count_u(WAIT_TIMEOUTS.get())),
-            (c"expired_leases", count_u(EXPIRED_LEASES.get())),
-            (c"releases_not_held", count_u(RELEASES_NOT_HELD.get())),
-            (c"last_token", count_u(crate::fencing::last())),
-            (c"bound_holders", count(bindings::count())),
-            (c"bindings_memory", count(bindings::memory())),
-            (
-                c"releases_on_disconnect",
-                count_u(RELEASES_ON_DISCONNECT.get()),
-            ),
-            (c"clock_steps_forward", steps(&clock::STEPS_FORWARD)),
-            (c"clock_steps_back", steps(&clock::STEPS_BACK)),
-        ];
-        api!(RedisModule_InfoAddSection(ctx, c"".as_ptr().cast_mut()));
-        for (name, value) in fields {
-            api!(RedisModule_InfoAddFieldLongLong(
-                ctx,
-                name.as_ptr().cast_mut(),
-                value
-            ));
-        }
-    })
-}
-
-fn steps(n: &AtomicU64) -> i64 {
-    count_u(n.load(Ordering::Relaxed))
-}
-
-fn count_u(n: u64) -> i64 {
-    i64::try_from(n).unwrap_or(i64::MAX)
+/// The gauges: lock keys, exclusive holders, shared holders.
+pub fn gauges() -> (i64, i64, i64) {
+    (
+        KEYS.load(Ordering::Relaxed),
+        HOLDERS_EXCLUSIVE.load(Ordering::Relaxed),
+        HOLDERS_SHARED.load(Ordering::Relaxed),
+    )
 }

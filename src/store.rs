@@ -9,24 +9,14 @@ use crate::bindings;
 use crate::clock;
 use crate::errors::LockError;
 use crate::fencing;
-use crate::keys::api;
+use crate::ffi::{self, api};
 use crate::keys::LockKey;
 use crate::replication;
 use crate::stats;
 use crate::timers;
+use crate::txn::Txn;
 use crate::waiting;
-use lock_core::{Changes, Lock, Tokens};
-
-/// What a transition sees: the lock (empty when the key does not exist), the
-/// token counter, the change list to fill and the time.
-pub struct Txn<'a> {
-    pub lock: &'a mut Lock,
-    pub tokens: &'a mut Tokens,
-    pub changes: &'a mut Changes,
-    pub now: u64,
-    /// Keyspace events to fire once the key is written back.
-    pub events: Vec<&'static CStr>,
-}
+use lock_core::{Changes, Lock};
 
 /// Runs a core transition on the lock at `name`, replicates its effect and
 /// writes the key back. A key of another type is `WRONGTYPE` and runs nothing.
@@ -35,7 +25,7 @@ pub fn update<R>(
     name: &RedisString,
     op: impl FnOnce(&mut Txn) -> R,
 ) -> Result<R, LockError> {
-    let (result, visit, events) = modify(ctx, name, |lock| {
+    let (result, visit, events) = write_back(ctx, name, |lock| {
         let mut changes = Changes::default();
         let now = clock::now_ms();
         clock::check_steps(now);
@@ -49,7 +39,7 @@ pub fn update<R>(
             events: Vec::new(),
         };
         let result = op(&mut txn);
-        let pending = waiting::settle(ctx, name, &mut txn);
+        let pending = waiting::answer_waiters(ctx, name, &mut txn);
         let visit = next_visit(txn.lock, &pending);
         let mut events = txn.events;
         fencing::issued(&start, &tokens);
@@ -63,12 +53,14 @@ pub fn update<R>(
         }
         Ok(((result, visit, events), !changes.is_empty()))
     })?;
-    timers::announce_expired_now(ctx);
+    for (key, leases) in timers::take_expired(ffi::selected_db(ctx)) {
+        announce_expired(ctx, &key, leases);
+    }
     for event in events {
         notify(ctx, event, name);
     }
     if visit.is_some() || timers::any() {
-        let (db, key) = waiting::db_key(ctx, name.as_slice());
+        let (db, key) = ffi::db_key(ctx, name.as_slice());
         timers::schedule(db, &key, visit);
     }
     Ok(result)
@@ -79,7 +71,7 @@ fn forget_bindings(ctx: &Context, name: &RedisString, lock: &Lock, changes: &Cha
     if bindings::count() == 0 {
         return;
     }
-    let key = waiting::db_key(ctx, name.as_slice());
+    let key = ffi::db_key(ctx, name.as_slice());
     for owner in changes.owners() {
         if lock.holder(owner).is_none() {
             bindings::forget(&key, owner);
@@ -105,7 +97,7 @@ fn next_visit(lock: &Lock, pending: &waiting::Pending) -> Option<u64> {
 /// Opens `name`, runs `op` on its lock (empty when the key does not exist)
 /// and, when `op` reports a change, stores, re-expires or deletes the key:
 /// an emptied lock is deleted, and the key expires with its last holder.
-pub fn modify<R>(
+pub fn write_back<R>(
     ctx: &Context,
     name: &RedisString,
     op: impl FnOnce(&mut Lock) -> Result<(R, bool), LockError>,
@@ -134,6 +126,16 @@ pub fn modify<R>(
         }
     }
     Ok(result)
+}
+
+/// Counts the leases of a lock Redis expired (all of them had run out) and
+/// fires `lock.expired` in the context's database; a replica, which hears of
+/// the removal as a DEL from its master, only counts.
+pub fn announce_expired(ctx: &Context, key: &[u8], leases: usize) {
+    stats::EXPIRED_LEASES.add(leases);
+    if !ctx.get_flags().contains(redis_module::ContextFlags::SLAVE) {
+        notify(ctx, c"lock.expired", &ffi::name(ctx, key));
+    }
 }
 
 /// Fires a module keyspace event (`notify-keyspace-events` class `d`), e.g.

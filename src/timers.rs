@@ -12,8 +12,9 @@
 //! move; keys that need no visit (an exclusive lock nobody waits for) are not
 //! indexed at all.
 //!
-//! When the timer fires, each due key is visited through `store::update` with
-//! no transition of its own: expired holders are dropped (and the drop
+//! When the timer fires, it hands what is due to the handler registered at
+//! load (`visits`), which visits each key through `store::update` with no
+//! transition of its own: expired holders are dropped (and the drop
 //! replicated), waiters are granted, and the key is indexed again if needed.
 //! A key marked for a refresh also has its whole state written back and
 //! replicated (its Redis TTL again the latest deadline). An entry that no
@@ -29,22 +30,16 @@
 //! until it becomes a master, and are visited then.
 
 use std::collections::{BTreeSet, HashMap, HashSet, VecDeque};
-use std::os::raw::{c_int, c_void};
+use std::os::raw::c_void;
 use std::sync::atomic::{AtomicPtr, Ordering};
-use std::sync::{LazyLock, Mutex, MutexGuard};
+use std::sync::{LazyLock, Mutex, MutexGuard, OnceLock};
 
 use redis_module::{raw, Context, ContextFlags};
 
 use crate::bindings::Bound;
 use crate::clock;
-use crate::errors::LockError;
+use crate::ffi::{self, api, DbKey};
 use crate::guard;
-use crate::keys::{self, api};
-use crate::stats;
-use crate::store;
-
-/// A key in one database.
-pub type DbKey = (i32, Vec<u8>);
 
 #[derive(Default)]
 struct Index {
@@ -137,28 +132,19 @@ pub fn expired(db: i32, key: &[u8], leases: usize) {
     arm(&mut index, 0);
 }
 
-/// Announces now the expired locks of the calling client's database, so a
+/// Takes out the expired locks of database `db` to announce now, so a
 /// command's own events follow the announcement of what expired before it
 /// (Redis may expire the key inside the command's own lookup).
-pub fn announce_expired_now(ctx: &Context) {
-    let Some(db) = api!(RedisModule_GetSelectedDb(ctx.ctx)) else {
-        return;
-    };
-    let mine = {
-        let mut index = index();
-        if index.expired.is_empty() {
-            return;
-        }
-        let (mine, others) = std::mem::take(&mut index.expired)
-            .into_iter()
-            .partition(|((d, _), _)| *d == db);
-        index.expired = others;
-        mine
-    };
-    let replica = ctx.get_flags().contains(ContextFlags::SLAVE);
-    for ((_, key), leases) in mine {
-        announce(ctx, &key, leases, replica);
+pub fn take_expired(db: i32) -> Vec<(Vec<u8>, usize)> {
+    let mut index = index();
+    if index.expired.is_empty() {
+        return Vec::new();
     }
+    let (mine, others): (Vec<_>, Vec<_>) = std::mem::take(&mut index.expired)
+        .into_iter()
+        .partition(|((d, _), _)| *d == db);
+    index.expired = others;
+    mine.into_iter().map(|((_, key), n)| (key, n)).collect()
 }
 
 /// A connection closed: end the grants that were bound to it, over the next
@@ -244,7 +230,7 @@ fn arm(index: &mut Index, not_before: u64) {
     }
     if let Some(at) = first {
         let delay = at.saturating_sub(clock::now_ms());
-        let delay = i64::try_from(delay).unwrap_or(i64::MAX);
+        let delay = ffi::int(delay);
         let id = api!(RedisModule_CreateTimer(
             ctx,
             delay,
@@ -255,13 +241,27 @@ fn arm(index: &mut Index, not_before: u64) {
     }
 }
 
-/// What a tick has to do.
-struct Due {
+/// What a tick has to do; the handler registered at load does it.
+pub struct Due {
+    /// This server is a replica: it must not write.
+    pub replica: bool,
     /// Keys to visit, and whether each is a refresh.
-    visits: Vec<(DbKey, bool)>,
-    expired: Vec<(DbKey, usize)>,
+    pub visits: Vec<(DbKey, bool)>,
+    /// Locks Redis removed after all their leases ran out, with the count.
+    pub expired: Vec<(DbKey, usize)>,
     /// Bound grants whose connection closed, within this tick's budget.
-    released: Vec<Bound>,
+    pub released: Vec<Bound>,
+}
+
+/// Does a tick's work (`visits::tick`, registered by `lib` at load): the
+/// timer only keeps time, so it needs nothing above it.
+type Handler = fn(&Context, Due);
+
+static HANDLER: OnceLock<Handler> = OnceLock::new();
+
+/// Registers the handler of due work; called once at load.
+pub fn set_handler(handler: Handler) {
+    let _ = HANDLER.set(handler);
 }
 
 /// Takes every entry due at `now` out of the index; on a replica they are
@@ -287,6 +287,7 @@ fn take_due(now: u64, replica: bool) -> Due {
     let n = budget.min(index.released.len());
     let released = index.released.drain(..n).collect();
     Due {
+        replica,
         visits,
         expired: std::mem::take(&mut index.expired),
         released,
@@ -321,73 +322,14 @@ fn tick(ctx: &Context) {
     let now = clock::now_ms();
     clock::check_steps(now);
     let due = take_due(now, replica);
-    for ((db, key), leases) in due.expired {
-        guard::callback("announcing an expired lock", (), || {
-            if select(ctx, db) {
-                announce(ctx, &key, leases, replica);
-            }
-        });
-    }
-    for b in due.released {
-        // A replica has no bindings (they are the master's); a demoted
-        // master's closed connections leave their holders to the lease.
-        if replica {
-            continue;
-        }
-        guard::callback("releasing a bound grant", (), || {
-            crate::waiting::add_revocation(b.key.clone(), b.owner, b.token, true);
-            visit(ctx, b.key.0, &b.key.1, false);
-        });
-    }
-    for ((db, key), refresh) in due.visits {
-        if replica {
-            // Demoted while clients waited (a server that keeps them
-            // blocked across the role change, as Valkey does): a replica
-            // must not write, so they are told to go to the master.
-            crate::waiting::fail_all(db, &key, LockError::Replica);
-        } else {
-            guard::callback("a lock key's visit", (), || {
-                visit(ctx, db, &key, refresh);
-            });
-        }
+    if let Some(handler) = HANDLER.get() {
+        handler(ctx, due);
     }
 }
 
 /// Whether Redis pauses writes (and with them expiry and replication).
 fn writes_paused() -> bool {
     api!(RedisModule_AvoidReplicaTraffic()).is_some_and(|paused| paused != 0)
-}
-
-fn select(ctx: &Context, db: i32) -> bool {
-    api!(RedisModule_SelectDb(ctx.ctx, db)) == Some(raw::REDISMODULE_OK as c_int)
-}
-
-/// Counts the leases of a lock Redis expired and fires `lock.expired` in the
-/// context's database (a replica, which hears of the removal as a DEL from
-/// its master, only counts).
-fn announce(ctx: &Context, key: &[u8], leases: usize, replica: bool) {
-    stats::EXPIRED_LEASES.add(leases);
-    if !replica {
-        store::notify(ctx, c"lock.expired", &keys::name(ctx, key));
-    }
-}
-
-/// Looks at one key: drops expired holders, grants waiters, re-indexes it;
-/// on a refresh, writes its whole state back.
-fn visit(ctx: &Context, db: i32, key: &[u8], refresh: bool) {
-    if !select(ctx, db) {
-        return;
-    }
-    let name = keys::name(ctx, key);
-    let result = store::update(ctx, &name, |txn| {
-        txn.lock.purge(txn.now, txn.changes);
-        if refresh {
-            txn.lock.touch_all(txn.changes);
-        }
-    });
-    if let Err(e) = result {
-        crate::waiting::fail_all(db, key, e);
-    }
 }
 
 #[cfg(test)]

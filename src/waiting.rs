@@ -21,20 +21,21 @@ use std::sync::{LazyLock, Mutex, MutexGuard};
 use redis_module::{raw, Context, ContextFlags, RedisResult, RedisString, RedisValue};
 
 use crate::bindings::{self, ClientId};
-use crate::commands;
 use crate::config;
 use crate::errors::LockError;
+use crate::ffi::DbKey;
+use crate::ffi::{self, api};
 use crate::guard;
-use crate::keys::api;
+use crate::replies;
 use crate::stats;
-use crate::store::Txn;
-use crate::timers::{self, DbKey};
+use crate::timers;
+use crate::txn::Txn;
 use lock_core::{Attempt, Kind, Owner, Queue, Request};
 
 /// A blocked client's handle, unique while it is blocked.
 type WaiterId = usize;
 
-struct Waiter {
+struct Blocked {
     handle: *mut raw::RedisModuleBlockedClient,
     key: DbKey,
     owner: Owner,
@@ -66,7 +67,7 @@ struct Decision {
 #[derive(Default)]
 struct Registry {
     queues: HashMap<DbKey, Queue<WaiterId>>,
-    waiters: HashMap<WaiterId, Waiter>,
+    waiters: HashMap<WaiterId, Blocked>,
     revocations: HashMap<DbKey, Vec<Revocation>>,
 }
 
@@ -78,14 +79,6 @@ static REGISTRY: LazyLock<Mutex<Registry>> = LazyLock::new(Mutex::default);
 
 fn registry() -> MutexGuard<'static, Registry> {
     REGISTRY.lock().unwrap_or_else(|p| p.into_inner())
-}
-
-fn db_of(ctx: &Context) -> i32 {
-    api!(RedisModule_GetSelectedDb(ctx.ctx)).unwrap_or(0)
-}
-
-pub fn db_key(ctx: &Context, key: &[u8]) -> DbKey {
-    (db_of(ctx), key.to_vec())
 }
 
 /// Whether any request waits anywhere (cheap: for callbacks on every write).
@@ -107,7 +100,7 @@ pub fn waiters(ctx: &Context, key: &RedisString) -> usize {
     }
     registry
         .queues
-        .get(&db_key(ctx, key.as_slice()))
+        .get(&ffi::db_key(ctx, key.as_slice()))
         .map_or(0, Queue::len)
 }
 
@@ -145,7 +138,7 @@ pub fn block(
     next_expiry: Option<u64>,
     bind: Option<ClientId>,
 ) -> RedisResult {
-    let key = db_key(ctx, key.as_slice());
+    let key = ffi::db_key(ctx, key.as_slice());
     if registry().queues.get(&key).map_or(0, Queue::len) >= config::max_waiters() {
         return Err(LockError::TooManyWaiters(config::MAX_WAITERS.get()).into());
     }
@@ -182,7 +175,7 @@ pub fn block(
             .push(id, request);
         registry.waiters.insert(
             id,
-            Waiter {
+            Blocked {
                 handle,
                 key: key.clone(),
                 owner,
@@ -212,7 +205,7 @@ pub struct Pending {
 /// transition, so grants replicate with it): undoes grants whose clients
 /// vanished, answers nil to waiters whose WAIT ran out, then grants from the
 /// head of the queue.
-pub fn settle(ctx: &Context, name: &RedisString, txn: &mut Txn) -> Pending {
+pub fn answer_waiters(ctx: &Context, name: &RedisString, txn: &mut Txn) -> Pending {
     let none = Pending {
         waiting: false,
         next_timeout: None,
@@ -221,7 +214,7 @@ pub fn settle(ctx: &Context, name: &RedisString, txn: &mut Txn) -> Pending {
     if registry.queues.is_empty() && registry.revocations.is_empty() {
         return none;
     }
-    let key = &db_key(ctx, name.as_slice());
+    let key = &ffi::db_key(ctx, name.as_slice());
     if let Some(revoked) = registry.revocations.remove(key) {
         for r in revoked {
             if txn
@@ -265,7 +258,7 @@ pub fn settle(ctx: &Context, name: &RedisString, txn: &mut Txn) -> Pending {
         if let Some(waiter) = waiters.remove(&id) {
             if let Attempt::Granted(token) = attempt {
                 stats::GRANTS_AFTER_WAIT.incr();
-                txn.events.push(commands::event_of(waiter.kind));
+                txn.events.push(replies::event_of(waiter.kind));
                 if let Some(client) = waiter.bind {
                     bindings::bind(client, key.clone(), &waiter.owner, token);
                 }
@@ -338,7 +331,7 @@ pub fn is_waited_on(key: &DbKey) -> bool {
     !registry.queues.is_empty() && registry.queues.contains_key(key)
 }
 
-fn unblock(waiter: Waiter, outcome: Result<Attempt, LockError>) {
+fn unblock(waiter: Blocked, outcome: Result<Attempt, LockError>) {
     let decision = Box::new(Decision {
         outcome,
         key: waiter.key,
@@ -392,7 +385,7 @@ extern "C" fn on_reply(
                 decision.replied = true;
                 decision
                     .outcome
-                    .map_or_else(|e| Err(e.into()), commands::answer)
+                    .map_or_else(|e| Err(e.into()), replies::answer)
             }
             None => Err(LockError::Internal.into()),
         };

@@ -253,7 +253,11 @@ fn memory_usage_and_info_count_the_bindings() {
     let bound = a.cmd(&["MEMORY", "USAGE", "bound"]).int();
     let per_binding = stat(&mut a, "bindings_memory");
     assert!(per_binding > 0);
-    assert_eq!(bound - plain, per_binding, "MEMORY USAGE includes the binding");
+    assert_eq!(
+        bound - plain,
+        per_binding,
+        "MEMORY USAGE includes the binding"
+    );
     assert_eq!(a.release("bound", "owner-1").int(), 1);
     assert_eq!(stat(&mut a, "bindings_memory"), 0);
 }

@@ -728,7 +728,7 @@ fn edge_values_that_are_valid() {
     let r = c.cmd(&["LOCK.ACQUIRE", "one", "o", "1"]);
     token(r);
     // WAIT on a free key is granted at once, whatever its value and case.
-    let max_wait = common::errors::MAX_WAIT_MS.to_string();
+    let max_wait = MAX_WAIT_MS.to_string();
     for (i, (opt, ms)) in [
         ("WAIT", "0"),
         ("WAIT", "100"),

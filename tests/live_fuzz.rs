@@ -367,7 +367,7 @@ fn allowed_error(e: &str) -> bool {
         LockError::Arity,
         LockError::EmptyOwner,
         LockError::BadTtl(MAX_TTL),
-        LockError::BadWait,
+        LockError::BadWait(MAX_WAIT_MS),
         LockError::Syntax,
         LockError::HeldShared,
         LockError::HeldExclusive,

@@ -149,8 +149,18 @@ impl Server {
             let log = self.log_path();
             let mut cmd = if self.opts.callgrind {
                 let mut c = Command::new("valgrind");
+                // Count only a request's own work: reading and executing it
+                // (readQueryFromClient, which runs the command and its
+                // propagation) and writing its reply (the pending-writes
+                // handler in beforeSleep); not the server's cron, its
+                // incremental rehashing or active expiry, whose share of a
+                // step depends on how long the step took.
                 c.arg("--tool=callgrind")
                     .arg("--instr-atstart=no")
+                    .arg("--collect-atstart=no")
+                    .arg("--toggle-collect=readQueryFromClient")
+                    .arg("--toggle-collect=handleClientsWithPendingWritesUsingThreads")
+                    .arg("--toggle-collect=handleClientsWithPendingWrites")
                     .arg(format!(
                         "--callgrind-out-file={}",
                         self.opts.dir.join("callgrind.out").display()

@@ -21,13 +21,48 @@ pub enum Mode {
     Shared,
 }
 
+/// Every mode with its one name (replies, the replication stream, the AOF)
+/// and its one code (the RDB).
+const MODES: [(Mode, &std::ffi::CStr, u64); 2] = [
+    (Mode::Exclusive, c"exclusive", 0),
+    (Mode::Shared, c"shared", 1),
+];
+
 impl Mode {
-    /// The name used in replies and in the replication stream.
+    /// The name used in replies and in the replication stream, NUL-terminated.
+    pub fn c_name(self) -> &'static std::ffi::CStr {
+        MODES
+            .iter()
+            .find(|(m, _, _)| *m == self)
+            .map_or(c"exclusive", |(_, n, _)| n)
+    }
+
     pub fn name(self) -> &'static str {
-        match self {
-            Mode::Exclusive => "exclusive",
-            Mode::Shared => "shared",
-        }
+        self.c_name().to_str().unwrap_or("exclusive")
+    }
+
+    /// The mode with this name, if any.
+    pub fn from_name(name: &[u8]) -> Option<Mode> {
+        MODES
+            .iter()
+            .find(|(_, n, _)| n.to_bytes() == name)
+            .map(|(m, _, _)| *m)
+    }
+
+    /// The code saved in the RDB.
+    pub fn code(self) -> u64 {
+        MODES
+            .iter()
+            .find(|(m, _, _)| *m == self)
+            .map_or(0, |(_, _, c)| *c)
+    }
+
+    /// The mode saved as `code`, if any.
+    pub fn from_code(code: u64) -> Option<Mode> {
+        MODES
+            .iter()
+            .find(|(_, _, c)| *c == code)
+            .map(|(m, _, _)| *m)
     }
 }
 
@@ -580,6 +615,16 @@ mod tests {
             "expired: nothing to renew"
         );
         assert!(!lock.renew(b"zz", 1000, 100, &mut c));
+    }
+
+    #[test]
+    fn each_mode_has_one_name_and_one_code() {
+        for m in [Mode::Exclusive, Mode::Shared] {
+            assert_eq!(Mode::from_name(m.name().as_bytes()), Some(m));
+            assert_eq!(Mode::from_code(m.code()), Some(m));
+        }
+        assert_eq!(Mode::from_name(b"Exclusive"), None);
+        assert_eq!(Mode::from_code(2), None);
     }
 
     #[test]

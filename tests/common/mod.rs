@@ -33,6 +33,9 @@ pub mod errors;
 
 pub use errors::LockError;
 
+/// The longest WAIT the module accepts, in milliseconds (`args::MAX_WAIT_MS`).
+pub const MAX_WAIT_MS: i64 = 1_000_000_000_000;
+
 /// The default maximum ttl: 30 days in milliseconds, inclusive.
 pub const MAX_TTL: i64 = 2_592_000_000;
 
@@ -1143,13 +1146,13 @@ pub fn bad_inputs(key: &str, holder: &str, strkey: &str) -> Vec<BadInput> {
     let o = holder.as_bytes();
     let s = strkey.as_bytes();
     let ttl = Expect::Exact(bad_ttl());
-    let wait = Expect::Exact(LockError::BadWait.message());
+    let wait = Expect::Exact(LockError::BadWait(MAX_WAIT_MS).message());
     let syntax = Expect::Exact(LockError::Syntax.message());
     let empty = Expect::Exact(LockError::EmptyOwner.message());
     let wrongtype = Expect::Exact(LockError::WrongType.message());
     let mut v: Vec<BadInput> = Vec::new();
     let over_max = (MAX_TTL + 1).to_string();
-    let over_wait = (errors::MAX_WAIT_MS + 1).to_string();
+    let over_wait = (MAX_WAIT_MS + 1).to_string();
     let bad_ttls: Vec<&[u8]> = vec![
         b"0",
         b"-1",
@@ -1183,7 +1186,7 @@ pub fn bad_inputs(key: &str, holder: &str, strkey: &str) -> Vec<BadInput> {
             words(&[cmd, k, o, b"200000", b"WAIT"]),
             Expect::OneOf(vec![
                 LockError::Syntax.message(),
-                LockError::BadWait.message(),
+                LockError::BadWait(MAX_WAIT_MS).message(),
             ]),
         ));
         for w in [

@@ -1,0 +1,80 @@
+//! The `INFO lock` section: what is held and waited for now (gauges), and
+//! counters since the server started or `CONFIG RESETSTAT` (`stats`).
+
+use std::ffi::{c_int, CStr};
+use std::sync::atomic::Ordering;
+
+use redis_module::{raw, Context, Status};
+
+use crate::bindings;
+use crate::clock;
+use crate::fencing;
+use crate::ffi::{self, api};
+use crate::guard;
+use crate::stats;
+use crate::timers;
+use crate::waiting;
+
+/// Makes `INFO lock` (and `INFO everything`) show this section.
+pub fn register(ctx: &Context) -> Status {
+    match api!(RedisModule_RegisterInfoFunc(ctx.ctx, Some(info))) {
+        Some(status) if status == raw::REDISMODULE_OK as c_int => Status::Ok,
+        _ => Status::Err,
+    }
+}
+
+/// The `INFO lock` section.
+extern "C" fn info(ctx: *mut raw::RedisModuleInfoCtx, for_crash_report: c_int) {
+    guard::callback("INFO", (), || {
+        if for_crash_report == 0 {
+            stats::follow_resetstat();
+        }
+        let (keys, exclusive, shared) = stats::gauges();
+        let count = |n: usize| ffi::int(n);
+        let fields: [(&CStr, i64); 18] = [
+            (c"keys", keys),
+            (c"holders_exclusive", exclusive),
+            (c"holders_shared", shared),
+            // Never blocks (INFO also runs while a crash report is written,
+            // when a lock may be held): -1 when the count is not available.
+            (c"waiters", waiting::total().map_or(-1, count)),
+            (c"timer_keys", timers::len().map_or(-1, count)),
+            (c"grants", ffi::int(stats::GRANTS.get())),
+            (
+                c"grants_after_wait",
+                ffi::int(stats::GRANTS_AFTER_WAIT.get()),
+            ),
+            (c"refusals", ffi::int(stats::REFUSALS.get())),
+            (c"waits", ffi::int(stats::WAITS.get())),
+            (c"wait_timeouts", ffi::int(stats::WAIT_TIMEOUTS.get())),
+            (c"expired_leases", ffi::int(stats::EXPIRED_LEASES.get())),
+            (
+                c"releases_not_held",
+                ffi::int(stats::RELEASES_NOT_HELD.get()),
+            ),
+            (c"last_token", ffi::int(fencing::last())),
+            (c"bound_holders", count(bindings::count())),
+            (c"bindings_memory", count(bindings::memory())),
+            (
+                c"releases_on_disconnect",
+                ffi::int(stats::RELEASES_ON_DISCONNECT.get()),
+            ),
+            (
+                c"clock_steps_forward",
+                ffi::int(clock::STEPS_FORWARD.load(Ordering::Relaxed)),
+            ),
+            (
+                c"clock_steps_back",
+                ffi::int(clock::STEPS_BACK.load(Ordering::Relaxed)),
+            ),
+        ];
+        api!(RedisModule_InfoAddSection(ctx, c"".as_ptr().cast_mut()));
+        for (name, value) in fields {
+            api!(RedisModule_InfoAddFieldLongLong(
+                ctx,
+                name.as_ptr().cast_mut(),
+                value
+            ));
+        }
+    })
+}

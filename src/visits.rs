@@ -1,0 +1,66 @@
+//! What the timer's ticks do (registered with `timers::set_handler` at load):
+//! visit due keys, end the grants of closed connections, announce locks Redis
+//! expired. On a replica nothing is written: waiters of due keys are told to
+//! go to the master.
+
+use redis_module::Context;
+
+use crate::errors::LockError;
+use crate::ffi;
+use crate::guard;
+use crate::store;
+use crate::timers::Due;
+use crate::waiting;
+
+/// One tick's work.
+pub fn tick(ctx: &Context, due: Due) {
+    let replica = due.replica;
+    for ((db, key), leases) in due.expired {
+        guard::callback("announcing an expired lock", (), || {
+            if ffi::select_db(ctx, db) {
+                store::announce_expired(ctx, &key, leases);
+            }
+        });
+    }
+    for b in due.released {
+        // A replica has no bindings (they are the master's); a demoted
+        // master's closed connections leave their holders to the lease.
+        if replica {
+            continue;
+        }
+        guard::callback("releasing a bound grant", (), || {
+            waiting::add_revocation(b.key.clone(), b.owner, b.token, true);
+            visit(ctx, b.key.0, &b.key.1, false);
+        });
+    }
+    for ((db, key), refresh) in due.visits {
+        if replica {
+            // Demoted while clients waited (a server that keeps them
+            // blocked across the role change, as Valkey does): a replica
+            // must not write, so they are told to go to the master.
+            waiting::fail_all(db, &key, LockError::Replica);
+        } else {
+            guard::callback("a lock key's visit", (), || {
+                visit(ctx, db, &key, refresh);
+            });
+        }
+    }
+}
+
+/// Looks at one key: drops expired holders, grants waiters, re-indexes it;
+/// on a refresh, writes its whole state back.
+fn visit(ctx: &Context, db: i32, key: &[u8], refresh: bool) {
+    if !ffi::select_db(ctx, db) {
+        return;
+    }
+    let name = ffi::name(ctx, key);
+    let result = store::update(ctx, &name, |txn| {
+        txn.lock.purge(txn.now, txn.changes);
+        if refresh {
+            txn.lock.touch_all(txn.changes);
+        }
+    });
+    if let Err(e) = result {
+        waiting::fail_all(db, key, e);
+    }
+}
