@@ -38,6 +38,7 @@ mod info;
 mod keys;
 mod log;
 mod metadata;
+mod module;
 mod persistence;
 mod replication;
 mod replies;
@@ -49,20 +50,71 @@ mod txn;
 mod visits;
 mod waiting;
 
-use redis_module::{redis_module, Context, ModuleOptions, RedisString, Status};
+use std::os::raw::c_int;
 
-use crate::guard::command as guarded;
+use redis_module::{raw, Context, ModuleOptions, RedisString, Status};
+
+use crate::module::{command, Command};
 use crate::persistence::LOCK_TYPE;
 
-// Under `cargo test` the Redis allocator does not exist: use the system's.
+// The Rust heap is Redis's (counted in `used_memory`); under `cargo test`,
+// where there is no Redis, the system's.
 #[cfg(not(test))]
-type Allocator = redis_module::alloc::RedisAlloc;
-#[cfg(not(test))]
-const ALLOCATOR: Allocator = redis_module::alloc::RedisAlloc;
-#[cfg(test)]
-type Allocator = std::alloc::System;
-#[cfg(test)]
-const ALLOCATOR: Allocator = std::alloc::System;
+#[global_allocator]
+static ALLOCATOR: redis_module::alloc::RedisAlloc = redis_module::alloc::RedisAlloc;
+
+/// The commands: name, handler, flags, first key, last key, key step. Arity,
+/// key specs, ACL categories and COMMAND DOCS are in `metadata`.
+const COMMANDS: [Command; 8] = [
+    // The grants may block (WAIT): flagged as Redis flags BLPOP, not `fast`.
+    command!(
+        c"lock.acquire",
+        commands::acquire,
+        c"write deny-oom blocking",
+        1,
+        1,
+        1
+    ),
+    command!(
+        c"lock.racquire",
+        commands::racquire,
+        c"write deny-oom blocking",
+        1,
+        1,
+        1
+    ),
+    command!(
+        c"lock.read",
+        commands::read,
+        c"write deny-oom blocking",
+        1,
+        1,
+        1
+    ),
+    command!(c"lock.release", commands::release, c"write fast", 1, 1, 1),
+    command!(c"lock.renew", commands::renew, c"write fast", 1, 1, 1),
+    command!(c"lock.info", commands::info, c"readonly fast", 1, 1, 1),
+    command!(
+        c"lock.keepalive",
+        commands::keepalive,
+        c"write fast",
+        0,
+        0,
+        0
+    ),
+    // Internal: applies one replicated effect (replicas and AOF only).
+    command!(c"lock.sync", sync::sync, c"write", 1, 1, 1),
+];
+
+/// Redis loads the module here.
+#[no_mangle]
+pub extern "C" fn RedisModule_OnLoad(
+    ctx: *mut raw::RedisModuleCtx,
+    argv: *mut *mut raw::RedisModuleString,
+    argc: c_int,
+) -> c_int {
+    module::load(ctx, argv, argc, &COMMANDS, on_load)
+}
 
 fn on_load(ctx: &Context, args: &[RedisString]) -> Status {
     guard::callback("loading the module", Status::Err, || {
@@ -86,26 +138,4 @@ fn on_load(ctx: &Context, args: &[RedisString]) -> Status {
         fencing::jump_ahead(clock::now_ms(), config::clock_skew_ms());
         Status::Ok
     })
-}
-
-redis_module! {
-    name: "lock",
-    version: metadata::MODULE_VERSION,
-    allocator: (Allocator, ALLOCATOR),
-    data_types: [LOCK_TYPE],
-    init: on_load,
-    commands: [
-        // name, handler, flags, first key, last key, key step, ACL categories.
-        // Arity, key specs and COMMAND DOCS are in `metadata`.
-        // The grants may block (WAIT): flagged as Redis flags BLPOP, not `fast`.
-        ["lock.acquire", guarded("lock.acquire", commands::acquire), "write deny-oom blocking", 1, 1, 1, ""],
-        ["lock.racquire", guarded("lock.racquire", commands::racquire), "write deny-oom blocking", 1, 1, 1, ""],
-        ["lock.read", guarded("lock.read", commands::read), "write deny-oom blocking", 1, 1, 1, ""],
-        ["lock.release", guarded("lock.release", commands::release), "write fast", 1, 1, 1, ""],
-        ["lock.renew", guarded("lock.renew", commands::renew), "write fast", 1, 1, 1, ""],
-        ["lock.info", guarded("lock.info", commands::info), "readonly fast", 1, 1, 1, ""],
-        ["lock.keepalive", guarded("lock.keepalive", commands::keepalive), "write fast", 0, 0, 0, ""],
-        // Internal: applies one replicated effect (replicas and AOF only).
-        ["lock.sync", guarded("lock.sync", sync::sync), "write", 1, 1, 1, ""],
-    ],
 }

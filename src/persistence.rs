@@ -49,7 +49,7 @@ pub static LOCK_TYPE: RedisType = RedisType::new(
         unlink: None,
         // COPY would duplicate holders and their tokens: refused.
         copy: None,
-        defrag: None,
+        defrag: Some(defrag),
         copy2: None,
         free_effort2: None,
         mem_usage2: Some(mem_usage2),
@@ -185,6 +185,37 @@ unsafe extern "C" fn mem_usage2(
             _ => 0,
         };
         own + bound
+    })
+}
+
+/// Active defragmentation (servers built with Redis's jemalloc): the value
+/// and every block it owns move where the server's allocator wants them.
+unsafe extern "C" fn defrag(
+    ctx: *mut raw::RedisModuleDefragCtx,
+    _key: *mut raw::RedisModuleString,
+    value: *mut *mut c_void,
+) -> c_int {
+    guard("defrag", 0, || {
+        // SAFETY: Redis passes the slot holding this key's value.
+        let Some(slot) = (unsafe { value.as_mut() }) else {
+            return 0;
+        };
+        let moved = api!(RedisModule_DefragAlloc(ctx, *slot)).unwrap_or(std::ptr::null_mut());
+        if !moved.is_null() {
+            *slot = moved;
+        }
+        // SAFETY: the slot holds our `Box<Lock>` (moved whole if it moved).
+        if let Some(lock) = unsafe { (*slot).cast::<Lock>().as_mut() } {
+            let mut relocate = |block: *mut u8| {
+                let moved = api!(RedisModule_DefragAlloc(ctx, block.cast()))?;
+                (!moved.is_null()).then_some(moved.cast::<u8>())
+            };
+            // SAFETY: RM_DefragAlloc copies a block of the module's heap
+            // (Redis's allocator) whole, frees the old one and returns the
+            // new one, or NULL when it leaves it.
+            unsafe { lock.relocate(&mut relocate) };
+        }
+        0
     })
 }
 

@@ -951,3 +951,78 @@ fn acl_categories_as_the_server_offers_them() {
         println!("no @lock category on this server ({version:?})");
     }
 }
+
+/// Active defragmentation moves lock values and every block they own where
+/// the server offers it (Redis 8 here; Debian's Redis 7.0 and Valkey's
+/// wheel are built without it, and say so when asked to enable it).
+#[test]
+fn lock_values_take_part_in_active_defragmentation() {
+    let s = Server::start();
+    let mut c = s.conn();
+    let n = 20_000;
+    let owner = |i: usize| format!("8c1f6a52-3d47-4b8e-9f10-{i:012}");
+    for chunk in (0..n).collect::<Vec<_>>().chunks(1000) {
+        for &i in chunk {
+            let (key, o) = (format!("k{i}"), owner(i));
+            if i % 3 == 0 {
+                c.send(&["LOCK.READ", &key, &o, "600000"]).unwrap();
+            } else {
+                c.send(&["LOCK.ACQUIRE", &key, &o, "600000"]).unwrap();
+            }
+        }
+        for _ in chunk {
+            assert!(c.read_reply().unwrap().int() > 0);
+        }
+    }
+    // Holes: three keys of four go.
+    for i in (0..n).filter(|i| i % 4 != 0) {
+        c.send(&["DEL", &format!("k{i}")]).unwrap();
+    }
+    for _ in (0..n).filter(|i| i % 4 != 0) {
+        c.read_reply().unwrap();
+    }
+    let kept: Vec<usize> = (0..n).filter(|i| i % 4 == 0).collect();
+    let before: Vec<_> = kept
+        .iter()
+        .take(50)
+        .map(|i| c.lock_info(format!("k{i}")))
+        .collect();
+    let r = c.cmd(&["CONFIG", "SET", "activedefrag", "yes"]);
+    if let Reply::Error(e) = &r {
+        assert!(e.contains("Jemalloc") || e.contains("jemalloc"), "{e}");
+        eprintln!("SKIPPED: this server has no active defragmentation ({e})");
+        return;
+    }
+    for (name, value) in [
+        ("active-defrag-ignore-bytes", "1"),
+        ("active-defrag-threshold-lower", "0"),
+        ("active-defrag-cycle-min", "50"),
+    ] {
+        c.cmd(&["CONFIG", "SET", name, value]).ok();
+    }
+    wait_until(
+        Duration::from_secs(20),
+        "defragmentation to move blocks",
+        || {
+            c.info_field("stats", "active_defrag_hits")
+                .parse::<i64>()
+                .unwrap_or(0)
+                > 1000
+        },
+    );
+    c.cmd(&["CONFIG", "SET", "activedefrag", "no"]).ok();
+    let after: Vec<_> = kept
+        .iter()
+        .take(50)
+        .map(|i| c.lock_info(format!("k{i}")))
+        .collect();
+    for (b, a) in before.iter().zip(&after) {
+        assert_same_lock(b, a, 60_000, "after defragmentation");
+    }
+    for i in &kept {
+        let key = format!("k{i}");
+        let info = c.lock_info(&key).unwrap_or_else(|| panic!("{key} lost"));
+        assert_eq!(info.holders[0].owner, owner(*i).into_bytes(), "{key}");
+    }
+    assert!(!s.log_tail(100).contains("panic"));
+}

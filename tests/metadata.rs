@@ -382,3 +382,19 @@ fn scan_finds_lock_keys_by_type() {
     keys.sort();
     assert_eq!(keys, ["l1", "l2"]);
 }
+
+/// Loading the module logs no warning (Redis marks warnings with `#`): the
+/// defrag-callback warning the redis-module macro logged on every start of a
+/// server without global defrag callbacks is gone.
+#[test]
+fn the_module_loads_without_a_warning() {
+    let s = Server::start();
+    let log = s.log_tail(200);
+    let warnings: Vec<&str> = log
+        .lines()
+        .filter(|l| l.contains("<lock>") || l.contains("<module>"))
+        .filter(|l| l.contains(" # "))
+        .collect();
+    assert!(warnings.is_empty(), "warnings at load: {warnings:?}");
+    assert!(log.contains("Module 'lock' loaded"), "{log}");
+}

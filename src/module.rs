@@ -1,0 +1,118 @@
+//! Loading the module into Redis: `RedisModule_OnLoad` (in `lib`) calls
+//! [`load`] with the command table. Written here rather than with the
+//! `redis_module!` macro: the macro also registers global defrag callbacks,
+//! and on every server without them (Redis before 8, Valkey) logs a warning
+//! at each start although the module asked for nothing of the kind.
+
+use std::ffi::CStr;
+use std::os::raw::c_int;
+
+use redis_module::{raw, Context, RedisResult, RedisString, Status};
+
+use crate::ffi::api;
+use crate::guard;
+use crate::metadata;
+use crate::persistence::LOCK_TYPE;
+
+/// The C entry point of one command (made by `command!` in `lib`).
+pub type Entry =
+    extern "C" fn(*mut raw::RedisModuleCtx, *mut *mut raw::RedisModuleString, c_int) -> c_int;
+
+/// One row of the command table.
+pub struct Command {
+    pub name: &'static CStr,
+    pub entry: Entry,
+    pub flags: &'static CStr,
+    pub first_key: c_int,
+    pub last_key: c_int,
+    pub key_step: c_int,
+}
+
+/// A command handler.
+pub type Handler = fn(&Context, Vec<RedisString>) -> RedisResult;
+
+/// Runs `handler` for one call of command `name`, guarded, and replies.
+pub fn run(
+    ctx: *mut raw::RedisModuleCtx,
+    argv: *mut *mut raw::RedisModuleString,
+    argc: c_int,
+    name: &'static CStr,
+    handler: Handler,
+) -> c_int {
+    let context = Context::new(ctx);
+    let args = redis_module::decode_args(ctx, argv, argc);
+    let name = name.to_str().unwrap_or("lock");
+    let result = guard::command(name, handler)(&context, args);
+    context.reply(result) as c_int
+}
+
+/// Makes the C entry point of a command handler: `command!("lock.x",
+/// handler, "flags", first_key, last_key, key_step)`.
+macro_rules! command {
+    ($name:literal, $handler:path, $flags:literal, $first:literal, $last:literal, $step:literal) => {{
+        extern "C" fn entry(
+            ctx: *mut redis_module::raw::RedisModuleCtx,
+            argv: *mut *mut redis_module::raw::RedisModuleString,
+            argc: std::os::raw::c_int,
+        ) -> std::os::raw::c_int {
+            $crate::module::run(ctx, argv, argc, $name, $handler)
+        }
+        $crate::module::Command {
+            name: $name,
+            entry,
+            flags: $flags,
+            first_key: $first,
+            last_key: $last,
+            key_step: $step,
+        }
+    }};
+}
+pub(crate) use command;
+
+/// Registers the module, its data type and its commands, then runs `init`.
+/// Nothing here allocates before `RedisModule_Init`: the Rust heap is
+/// Redis's, reachable only after it.
+pub fn load(
+    ctx: *mut raw::RedisModuleCtx,
+    argv: *mut *mut raw::RedisModuleString,
+    argc: c_int,
+    commands: &[Command],
+    init: fn(&Context, &[RedisString]) -> Status,
+) -> c_int {
+    const ERR: c_int = raw::REDISMODULE_ERR as c_int;
+    // SAFETY: the context Redis passed to RedisModule_OnLoad; a static name.
+    let status = unsafe {
+        raw::Export_RedisModule_Init(
+            ctx,
+            c"lock".as_ptr(),
+            metadata::MODULE_VERSION,
+            raw::REDISMODULE_APIVER_1 as c_int,
+        )
+    };
+    if status == ERR {
+        return ERR;
+    }
+    if LOCK_TYPE.create_data_type(ctx).is_err() {
+        return ERR;
+    }
+    for c in commands {
+        let created = api!(RedisModule_CreateCommand(
+            ctx,
+            c.name.as_ptr(),
+            Some(c.entry),
+            c.flags.as_ptr(),
+            c.first_key,
+            c.last_key,
+            c.key_step
+        ));
+        if created != Some(raw::REDISMODULE_OK as c_int) {
+            return ERR;
+        }
+    }
+    let context = Context::new(ctx);
+    let args = redis_module::decode_args(ctx, argv, argc);
+    match init(&context, &args) {
+        Status::Ok => raw::REDISMODULE_OK as c_int,
+        Status::Err => ERR,
+    }
+}
