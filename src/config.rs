@@ -114,6 +114,7 @@ pub fn register(ctx: &Context, args: &[RedisString]) -> Status {
         log::warning(&format!("lock: {e}"));
         return Status::Err;
     }
+    // SAFETY: reads a function pointer RedisModule_Init filled (or left None).
     if unsafe { raw::RedisModule_RegisterNumericConfig }.is_none() {
         // Before Redis 7.0: the settings keep their defaults.
         return Status::Ok;

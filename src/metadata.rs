@@ -13,6 +13,7 @@ use redis_module::raw;
 use redis_module::{Context, Status};
 
 use crate::ffi::api;
+use crate::log;
 
 /// The crate's version (Cargo.toml), the one version everywhere.
 pub const VERSION: &CStr =
@@ -260,7 +261,7 @@ fn describe_one(ctx: &Context, doc: &Doc) -> Result<(), String> {
         // Servers before 7.0 have no command info; the commands still work.
         _ => {}
     }
-    set_acl_categories(ctx, command, doc);
+    set_acl_categories(command, doc);
     Ok(())
 }
 
@@ -268,7 +269,8 @@ fn describe_one(ctx: &Context, doc: &Doc) -> Result<(), String> {
 /// standard ones alone where it has no `lock` category; nothing on 7.0,
 /// which has no ACL categories for module commands. The internal LOCK.SYNC
 /// is not in `@lock`.
-fn set_acl_categories(ctx: &Context, command: *mut raw::RedisModuleCommand, doc: &Doc) {
+fn set_acl_categories(command: *mut raw::RedisModuleCommand, doc: &Doc) {
+    // SAFETY: reads a function pointer RedisModule_Init filled (or left None).
     if unsafe { raw::RedisModule_SetCommandACLCategories }.is_none() {
         return;
     }
@@ -286,7 +288,7 @@ fn set_acl_categories(ctx: &Context, command: *mut raw::RedisModuleCommand, doc:
             return;
         }
     }
-    ctx.log_warning(&format!(
+    log::warning(&format!(
         "lock: ACL categories '{standard}' refused for {}",
         doc.name.to_string_lossy()
     ));
@@ -294,11 +296,12 @@ fn set_acl_categories(ctx: &Context, command: *mut raw::RedisModuleCommand, doc:
 
 /// The module's own ACL category, `@lock`, where the server can add one.
 fn add_acl_category(ctx: &Context) {
+    // SAFETY: reads a function pointer RedisModule_Init filled (or left None).
     if unsafe { raw::RedisModule_AddACLCategory }.is_some()
         && api!(RedisModule_AddACLCategory(ctx.ctx, c"lock".as_ptr()))
             != Some(raw::REDISMODULE_OK as c_int)
     {
-        ctx.log_warning("lock: could not add the ACL category 'lock'");
+        log::warning("lock: could not add the ACL category 'lock'");
     }
 }
 
@@ -307,7 +310,7 @@ pub fn describe(ctx: &Context) -> Status {
     add_acl_category(ctx);
     for doc in DOCS {
         if let Err(e) = describe_one(ctx, doc) {
-            ctx.log_warning(&format!("lock: {e}"));
+            log::warning(&format!("lock: {e}"));
             return Status::Err;
         }
     }
