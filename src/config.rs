@@ -9,6 +9,7 @@ use std::sync::atomic::{AtomicI64, Ordering};
 use redis_module::{raw, Context, RedisString, Status};
 
 use crate::ffi::api;
+use crate::guard;
 use crate::log;
 
 /// One numeric setting.
@@ -62,8 +63,10 @@ pub fn max_waiters() -> usize {
 }
 
 extern "C" fn get(_name: *const c_char, privdata: *mut c_void) -> c_longlong {
-    // SAFETY: privdata is one of the static settings above.
-    unsafe { privdata.cast::<Setting>().as_ref() }.map_or(0, Setting::get)
+    guard::callback("CONFIG GET", 0, || {
+        // SAFETY: privdata is one of the static settings above.
+        unsafe { privdata.cast::<Setting>().as_ref() }.map_or(0, Setting::get)
+    })
 }
 
 extern "C" fn set(
@@ -72,11 +75,13 @@ extern "C" fn set(
     privdata: *mut c_void,
     _err: *mut *mut raw::RedisModuleString,
 ) -> c_int {
-    // SAFETY: as in `get`. Redis has checked the bounds.
-    if let Some(setting) = unsafe { privdata.cast::<Setting>().as_ref() } {
-        setting.value.store(value, Ordering::Relaxed);
-    }
-    raw::REDISMODULE_OK as c_int
+    guard::callback("CONFIG SET", raw::REDISMODULE_ERR as c_int, || {
+        // SAFETY: as in `get`. Redis has checked the bounds.
+        if let Some(setting) = unsafe { privdata.cast::<Setting>().as_ref() } {
+            setting.value.store(value, Ordering::Relaxed);
+        }
+        raw::REDISMODULE_OK as c_int
+    })
 }
 
 /// Reads `name value` pairs given to `loadmodule`; an unknown name or a value
