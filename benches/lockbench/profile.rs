@@ -200,7 +200,10 @@ impl Profiled {
         control(&["-i", "on", &pid])?;
         let mut c = server.conn()?;
         let sha = Sha::load(&mut c)?;
-        let pool = Pool::new(server.port, 50, 16)?;
+        // One connection, one request at a time: every request then costs the
+        // same reads and writes (with pipelining, how many requests a read
+        // picks up depends on timing, and so do the counts).
+        let pool = Pool::new(server.port, 1, 1)?;
         Ok(Profiled {
             server,
             pid,
@@ -399,7 +402,7 @@ pub fn table(runs: &[Vec<Row>], requests: usize) -> String {
         line(&cols) + &line(&sep)
     };
     let mut s = format!(
-        "### Instructions per request (callgrind, server side, {requests} requests each, 50 connections x pipeline 16, `hz 1`, leases of an hour)\n\n\
+        "### Instructions per request (callgrind, server side, {requests} requests each, one connection, one request at a time, `hz 1`, leases of an hour)\n\n\
          Each baseline runs on the same redis-server binary without the module: the command a user compares with.\n\n"
     );
     s.push_str(&head(
