@@ -15,17 +15,25 @@ use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
 use crate::log;
 
-/// Unix milliseconds from the server (`RM_Milliseconds`): the clock its own
-/// key expiry uses. Outside a server (unit tests), the system clock.
+/// Unix milliseconds from the server: the time its own key expiry uses, so
+/// that a lease and its key's TTL end together, inside a transaction too.
+/// Redis 7.2+ and Valkey keep a cached time for that (`RM_CachedMicroseconds`,
+/// taken before each command and event-loop turn); Redis 7.0 reads the clock
+/// (`RM_Milliseconds`). Outside a server (unit tests), the system clock.
 ///
 /// Asking the server rather than the C library also keeps the module on the
 /// server's clock where the server loads modules with `RTLD_DEEPBIND`
 /// (Valkey, Redis 7.2+): there the module's own libc calls would bypass an
 /// interposed clock the server itself uses.
 pub fn now_ms() -> u64 {
-    // SAFETY: a Redis API entry filled by RedisModule_Init; no arguments.
-    if let Some(ms) = unsafe { redis_module::raw::RedisModule_Milliseconds }.map(|f| unsafe { f() })
-    {
+    // SAFETY: Redis API entries filled by RedisModule_Init; no arguments.
+    let cached = unsafe { redis_module::raw::RedisModule_CachedMicroseconds };
+    if let Some(us) = cached.map(|f| unsafe { f() }) {
+        return u64::try_from(us / 1000).unwrap_or(0);
+    }
+    // SAFETY: as above.
+    let read = unsafe { redis_module::raw::RedisModule_Milliseconds };
+    if let Some(ms) = read.map(|f| unsafe { f() }) {
         return u64::try_from(ms).unwrap_or(0);
     }
     SystemTime::now()
