@@ -24,6 +24,14 @@ use lock_core::Owner;
 /// A client id (`CLIENT ID`).
 pub type ClientId = u64;
 
+/// A holder whose connection closed, to end at a later tick.
+#[derive(Debug)]
+pub struct Detached {
+    pub key: DbKey,
+    pub owner: Owner,
+    pub client: ClientId,
+}
+
 /// One bound grant: where, whose, and which grant (its token).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Bound {
@@ -148,35 +156,58 @@ pub fn of_client(client: ClientId) -> Vec<Bound> {
         .collect()
 }
 
-/// The connection `client` closed: its bindings, taken out of the registry
-/// in one pass (no copies: a connection may hold 100,000 of them).
-pub fn take_client(client: ClientId) -> Vec<Bound> {
+/// The connection `client` closed: the holders bound to it, detached from it
+/// at once (one map removal, whatever their number); each binding itself is
+/// ended later by [`take`], a share per timer tick.
+pub fn detach_client(client: ClientId) -> Vec<Detached> {
     if count() == 0 {
         return Vec::new();
     }
+    registry()
+        .by_client
+        .remove(&client)
+        .map(|set| {
+            set.into_iter()
+                .map(|(key, owner)| Detached { key, owner, client })
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// Ends the binding of `owner` on `key` if it still belongs to `client` (a
+/// repeat with `BIND` may have moved it to another connection meanwhile);
+/// the bound grant's token.
+pub fn take(key: &DbKey, owner: &[u8], client: ClientId) -> Option<u64> {
     let mut r = registry();
-    let Some(set) = r.by_client.remove(&client) else {
-        return Vec::new();
-    };
-    let mut taken = Vec::with_capacity(set.len());
-    for (key, owner) in set {
-        let mut token = None;
-        let mut now_empty = false;
-        if let Some(owners) = r.by_key.get_mut(&key) {
-            token = owners.remove(&owner).map(|(_, t)| t);
-            now_empty = owners.is_empty();
-        }
-        if now_empty {
-            r.by_key.remove(&key);
-        }
-        let Some(token) = token else {
-            continue;
-        };
-        COUNT.fetch_sub(1, Ordering::Relaxed);
-        BYTES.fetch_sub(cost(&key, &owner), Ordering::Relaxed);
-        taken.push(Bound { key, owner, token });
+    let owners = r.by_key.get_mut(key)?;
+    let (bound_to, token) = *owners.get(owner)?;
+    if bound_to != client {
+        return None;
     }
-    taken
+    owners.remove(owner);
+    if owners.is_empty() {
+        r.by_key.remove(key);
+    }
+    COUNT.fetch_sub(1, Ordering::Relaxed);
+    BYTES.fetch_sub(cost(key, owner), Ordering::Relaxed);
+    Some(token)
+}
+
+/// The connection `client` closed: its bindings, taken out of the registry
+/// in one go (tests; the server uses [`detach_client`] and [`take`]).
+#[cfg(test)]
+pub fn take_client(client: ClientId) -> Vec<Bound> {
+    detach_client(client)
+        .into_iter()
+        .filter_map(|d| {
+            let token = take(&d.key, &d.owner, d.client)?;
+            Some(Bound {
+                key: d.key,
+                owner: d.owner,
+                token,
+            })
+        })
+        .collect()
 }
 
 /// RENAME or MOVE carried the lock at `from` to `to` with its holders.

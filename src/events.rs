@@ -260,7 +260,7 @@ extern "C" fn on_client(
         let Some(info) = (unsafe { data.cast::<raw::RedisModuleClientInfo>().as_ref() }) else {
             return;
         };
-        timers::release_bound(bindings::take_client(info.id));
+        timers::release_bound(bindings::detach_client(info.id));
     })
 }
 

@@ -36,7 +36,7 @@ use std::sync::{LazyLock, Mutex, MutexGuard, OnceLock};
 
 use redis_module::{raw, Context, ContextFlags};
 
-use crate::bindings::Bound;
+use crate::bindings::Detached;
 use crate::clock;
 use crate::ffi::{self, api, DbKey};
 use crate::guard;
@@ -53,7 +53,7 @@ struct Index {
     /// Keys that came due while this server was a replica.
     deferred: HashSet<DbKey>,
     /// Grants bound to connections that closed, to end at the next ticks.
-    released: VecDeque<Bound>,
+    released: VecDeque<Detached>,
     /// The armed Redis timer and when it fires.
     armed: Option<(raw::RedisModuleTimerID, u64)>,
 }
@@ -149,7 +149,7 @@ pub fn take_expired(db: i32) -> Vec<(Vec<u8>, usize)> {
 
 /// A connection closed: end the grants that were bound to it, over the next
 /// ticks (a connection may hold 100,000: no tick does more than its share).
-pub fn release_bound(grants: Vec<Bound>) {
+pub fn release_bound(grants: Vec<Detached>) {
     if grants.is_empty() {
         return;
     }
@@ -250,7 +250,7 @@ pub struct Due {
     /// Locks Redis removed after all their leases ran out, with the count.
     pub expired: Vec<(DbKey, usize)>,
     /// Bound grants whose connection closed, within this tick's budget.
-    pub released: Vec<Bound>,
+    pub released: Vec<Detached>,
 }
 
 /// Does a tick's work (`visits::tick`, registered by `lib` at load): the
@@ -294,10 +294,11 @@ fn take_due(now: u64, replica: bool) -> Due {
     }
 }
 
-/// The most keys one tick visits: more (a connection with 100,000 bound
-/// locks closing, a mass expiry) wait for the next tick, right after Redis
-/// has served its clients once, so no tick stalls the server for long.
-const VISITS_PER_TICK: usize = 1000;
+/// The most keys one tick visits (about a millisecond of work): more (a
+/// connection with 100,000 bound locks closing, a mass expiry) wait for the
+/// next tick, right after Redis has served its clients once, so no tick
+/// stalls the server for long.
+const VISITS_PER_TICK: usize = 200;
 
 /// How long to wait before looking again while Redis pauses writes or loads.
 const RETRY_MS: u64 = 10;

@@ -5,6 +5,7 @@
 
 use redis_module::Context;
 
+use crate::bindings;
 use crate::errors::LockError;
 use crate::ffi;
 use crate::guard;
@@ -29,8 +30,11 @@ pub fn tick(ctx: &Context, due: Due) {
             continue;
         }
         guard::callback("releasing a bound grant", (), || {
-            waiting::add_revocation(b.key.clone(), b.owner, b.token, true);
-            visit(ctx, b.key.0, &b.key.1, false);
+            // Still bound to the closed connection (not re-bound meanwhile).
+            if let Some(token) = bindings::take(&b.key, &b.owner, b.client) {
+                waiting::add_revocation(b.key.clone(), b.owner, token, true);
+                visit(ctx, b.key.0, &b.key.1, false);
+            }
         });
     }
     for ((db, key), refresh) in due.visits {
