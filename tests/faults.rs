@@ -162,7 +162,7 @@ fn report(what: &str, ledgers: &[Ledger], t0: Instant) {
 fn assert_busy(ledgers: &[Ledger], what: &str) {
     let s = totals(ledgers);
     assert!(
-        s.grants >= 30 && s.releases >= 10,
+        s.grants >= 30 && s.releases >= 5,
         "{what}: too little load to mean anything: {s:?}"
     );
 }
@@ -184,7 +184,7 @@ fn aof_always_sigkill_under_load_keeps_every_acknowledged_grant() {
         let what = format!("AOF appendfsync always, SIGKILL under load, round {round}");
         let t0 = Instant::now();
         let run = start_load(s.port, ledgers, &cfg, seed.wrapping_add(round));
-        run.wait_answered(150, Duration::from_secs(10));
+        run.wait_answered(400, Duration::from_secs(20));
         sleep_ms(rng.range(200, 1_800) as u64);
         let killed = Instant::now();
         s.kill9();
@@ -238,7 +238,7 @@ fn rdb_sigkill_under_load_brings_back_what_save_wrote() {
     let what = "SAVE under load, more grants, SIGKILL";
     let t0 = Instant::now();
     let run = start_load(s.port, ledgers, &cfg, seed);
-    run.wait_answered(150, Duration::from_secs(10));
+    run.wait_answered(400, Duration::from_secs(20));
     sleep_ms(rng.range(0, 600) as u64);
     let mut c = s.conn();
     // A lower bound of the counter the SAVE writes (the load goes on, and
@@ -438,7 +438,7 @@ fn replica_promoted_after_master_sigkill_keeps_what_it_received() {
     let what = "master SIGKILLed under load, replica promoted";
     let t0 = Instant::now();
     let run = start_load(master.port, Ledger::fresh(THREADS, NKEYS, "o"), &cfg, seed);
-    run.wait_answered(150, Duration::from_secs(10));
+    run.wait_answered(400, Duration::from_secs(20));
     sleep_ms(rng.range(200, 1_800) as u64);
     master.kill9();
     let (ledgers, confirmed_before) = run.join();
@@ -481,7 +481,7 @@ fn replica_promoted_while_the_master_takes_requests_keeps_what_it_received() {
     let what = "replica promoted while the master takes requests";
     let t0 = Instant::now();
     let run = start_load(master.port, Ledger::fresh(THREADS, NKEYS, "o"), &cfg, seed);
-    run.wait_answered(150, Duration::from_secs(10));
+    run.wait_answered(400, Duration::from_secs(20));
     sleep_ms(rng.range(0, 800) as u64);
     let mut r = replica.conn();
     let promote_sent = Instant::now();
