@@ -93,32 +93,29 @@ extern "C" fn on_generic(
         }
         // SAFETY: Redis passes the event's name as a NUL-terminated string.
         let event = unsafe { CStr::from_ptr(event) }.to_bytes();
+        let ctx = Context::new(raw_ctx);
+        let name = RedisString::string_as_slice(key);
         match event {
             b"rename_to" | b"move_to" | b"restore" | b"expire" | b"persist" => {
+                let id = ffi::db_key(&ctx, name);
                 if matches!(event, b"rename_to" | b"move_to") {
-                    let ctx = Context::new(raw_ctx);
-                    let to = ffi::db_key(&ctx, RedisString::string_as_slice(key));
                     if let Some(from) = MOVED_FROM.with(|m| m.borrow_mut().take()) {
-                        bindings::moved(&from, &to);
+                        bindings::moved(&from, &id);
                     }
                 }
                 // Most of these are not about locks: look at the key only
                 // while some lock exists at all.
-                let ctx = Context::new(raw_ctx);
                 if stats::lock_keys() > 0 && keys::is_lock(&ctx, key) {
-                    let (db, name) = ffi::db_key(&ctx, RedisString::string_as_slice(key));
-                    timers::refresh(db, &name);
+                    timers::refresh(id.0, &id.1);
                 }
             }
             b"rename_from" | b"move_from" => {
-                let ctx = Context::new(raw_ctx);
-                let (db, name) = ffi::db_key(&ctx, RedisString::string_as_slice(key));
-                timers::moved_away(db, &name);
-                MOVED_FROM.with(|m| *m.borrow_mut() = Some((db, name)));
+                let id = ffi::db_key(&ctx, name);
+                timers::moved_away(id.0, &id.1);
+                MOVED_FROM.with(|m| *m.borrow_mut() = Some(id));
             }
             b"del" if waiting::anyone_waits() => {
-                let ctx = Context::new(raw_ctx);
-                let id = ffi::db_key(&ctx, RedisString::string_as_slice(key));
+                let id = ffi::db_key(&ctx, name);
                 if waiting::is_waited_on(&id) && migrating_away(&ctx, key) {
                     // MIGRATE moved the lock, holders and all, to another
                     // node: the waiters retry there (Redis answers them ASK).
