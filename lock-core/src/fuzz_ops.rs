@@ -66,7 +66,13 @@ fn mode_of(kind: Kind) -> Mode {
     match kind {
         Kind::Acquire | Kind::Racquire => Mode::Exclusive,
         Kind::Read => Mode::Shared,
+        Kind::Semaphore(_) => Mode::Semaphore,
     }
+}
+
+/// Whether a holder's repeat of `kind` adds a hold.
+fn reentrant(kind: Kind) -> bool {
+    matches!(kind, Kind::Racquire | Kind::Read)
 }
 
 // ---------------------------------------------------------------------------
@@ -112,10 +118,12 @@ impl Input<'_> {
     }
 
     fn kind(&mut self) -> Kind {
-        match self.byte() % 4 {
+        match self.byte() % 6 {
             0 => Kind::Acquire,
             1 => Kind::Racquire,
-            _ => Kind::Read,
+            2 | 3 => Kind::Read,
+            // Limits 1 to 3, mostly 2: full semaphores and other limits.
+            _ => Kind::Semaphore(u32::from(self.byte() % 4).clamp(1, 3)),
         }
     }
 
@@ -355,6 +363,8 @@ struct MWait {
 
 #[derive(Default)]
 struct MKey {
+    /// A semaphore's limit, set by the grant that finds the key free.
+    limit: u32,
     holders: BTreeMap<usize, MHold>,
     queue: VecDeque<MWait>,
 }
@@ -377,12 +387,21 @@ impl Model {
     fn grant(&mut self, key: usize, kind: Kind, owner: usize, ttl: u64, queued: bool) -> Attempt {
         self.purge(key);
         let deadline = self.now.saturating_add(ttl);
+        let limit = self.keys[key].limit;
         let holders = &mut self.keys[key].holders;
+        if let Some(held) = holders.values().next().map(|h| h.mode) {
+            if (held == Mode::Semaphore) != (mode_of(kind) == Mode::Semaphore) {
+                return Attempt::WrongKind(held);
+            }
+            if matches!(kind, Kind::Semaphore(l) if l != limit) {
+                return Attempt::OtherLimit(limit);
+            }
+        }
         if let Some(h) = holders.get_mut(&owner) {
             if h.mode != mode_of(kind) {
                 return Attempt::Conflict(h.mode);
             }
-            if kind != Kind::Acquire {
+            if reentrant(kind) {
                 if h.holds == u32::MAX {
                     return Attempt::TooManyHolds;
                 }
@@ -394,9 +413,12 @@ impl Model {
         if queued {
             return Attempt::Busy;
         }
-        let compatible = holders
-            .values()
-            .all(|h| h.mode == Mode::Shared && kind == Kind::Read);
+        let compatible = match kind {
+            Kind::Semaphore(_) => holders.len() < limit as usize || holders.is_empty(),
+            _ => holders
+                .values()
+                .all(|h| h.mode == Mode::Shared && kind == Kind::Read),
+        };
         if !compatible {
             return Attempt::Busy;
         }
@@ -405,6 +427,13 @@ impl Model {
         }
         self.last_token += 1;
         let token = self.last_token;
+        if holders.is_empty() {
+            self.keys[key].limit = match kind {
+                Kind::Semaphore(l) => l,
+                _ => 0,
+            };
+        }
+        let holders = &mut self.keys[key].holders;
         holders.insert(
             owner,
             MHold {
@@ -980,7 +1009,7 @@ fn check_attempt(
             assert_eq!(lock.mode(), mode_of(kind), "{ctx}: mode");
             match mine_before {
                 Some(b) => {
-                    let want = if kind == Kind::Acquire { b.0 } else { b.0 + 1 };
+                    let want = if reentrant(kind) { b.0 + 1 } else { b.0 };
                     assert_eq!((h.holds, h.token), (want, b.1), "{ctx}: re-entry");
                 }
                 None => {
@@ -988,7 +1017,10 @@ fn check_attempt(
                     assert!(!queued, "{ctx}: a newcomer jumped the queue");
                     // Never on top of a live holder of the other mode, nor
                     // beside another exclusive holder.
-                    let compatible = kind == Kind::Read && mode_before == Mode::Shared;
+                    let compatible = (kind == Kind::Read && mode_before == Mode::Shared)
+                        || (mode_of(kind) == Mode::Semaphore
+                            && mode_before == Mode::Semaphore
+                            && lock.limit().is_some_and(|l| live_before.len() < l as usize));
                     assert!(
                         live_before.is_empty() || compatible,
                         "{ctx}: granted beside {live_before:?}"
@@ -1012,6 +1044,22 @@ fn check_attempt(
         }
         Attempt::TooManyHolds => {
             assert_eq!(mine_before.map(|b| b.0), Some(u32::MAX), "{ctx}");
+            purged_only();
+        }
+        Attempt::WrongKind(m) => {
+            assert!(!live_before.is_empty(), "{ctx}: wrong kind of a free key");
+            assert_eq!(
+                m == Mode::Semaphore,
+                mode_of(kind) != Mode::Semaphore,
+                "{ctx}"
+            );
+            assert_eq!(lock.mode(), m, "{ctx}");
+            purged_only();
+        }
+        Attempt::OtherLimit(l) => {
+            assert!(!live_before.is_empty(), "{ctx}: other limit on a free key");
+            assert_eq!(lock.limit(), Some(l), "{ctx}");
+            assert_ne!(Kind::Semaphore(l), kind, "{ctx}");
             purged_only();
         }
         Attempt::TokensExhausted => {
@@ -1107,12 +1155,26 @@ fn check_state(core: &Core, model: &Model, ctx: &Ctx) {
         assert!(lock.memory_usage() >= std::mem::size_of::<Lock>(), "{ctx}");
         assert_eq!(lock.is_empty(), holders.is_empty(), "{ctx}");
         // Admission agrees with the state.
-        for kind in [Kind::Acquire, Kind::Racquire, Kind::Read] {
-            let admits = live.is_empty() || (lock.mode() == Mode::Shared && kind == Kind::Read);
+        let limit = lock.limit().unwrap_or(0);
+        let semaphores = [Kind::Semaphore(limit), Kind::Semaphore(limit + 1)];
+        for kind in [Kind::Acquire, Kind::Racquire, Kind::Read]
+            .into_iter()
+            .chain(semaphores)
+        {
+            let admits = live.is_empty()
+                || (lock.mode() == Mode::Shared && kind == Kind::Read)
+                || (kind == Kind::Semaphore(limit) && live.len() < limit as usize);
             assert_eq!(lock.admits(kind, now), admits, "{ctx}: admits {kind:?}");
         }
+        if lock.mode() == Mode::Semaphore {
+            assert!(holders.len() <= limit as usize, "{ctx}: past the limit");
+            assert!(
+                holders.iter().all(|h| h.holds == 1),
+                "{ctx}: one permit each"
+            );
+        }
         // What is stored can be reloaded: from_holders and put rebuild it.
-        let rebuilt = Lock::from_holders(lock.mode(), holders.to_vec());
+        let rebuilt = Lock::from_holders(lock.kind(), holders.to_vec());
         assert_eq!(
             rebuilt.as_ref().map(stored),
             Ok(stored(lock)),
@@ -1211,7 +1273,7 @@ fn check_changes(core: &mut Core, key: usize, before: &Stored, step: &Step, ctx:
     for owner in step.changes.owners() {
         if let Some(h) = master.holder(owner) {
             assert_eq!(
-                replica.put(master.mode(), h.clone()),
+                replica.put(master.kind(), h.clone()),
                 Ok(()),
                 "{ctx}: replica put"
             );

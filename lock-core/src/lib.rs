@@ -22,6 +22,7 @@
     )
 )]
 
+pub mod deadlock;
 pub mod lock;
 pub mod queue;
 pub mod tokens;

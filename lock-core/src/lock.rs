@@ -1,7 +1,8 @@
 //! One lock key's state and its transitions.
 //!
 //! A [`Lock`] is either empty (the key does not exist), held exclusively by one
-//! owner, or shared by any number of readers. Every holder has its own hold
+//! owner, shared by any number of readers, or a semaphore held by up to its
+//! limit of owners (one permit each). Every holder has its own hold
 //! count, fencing token and absolute deadline (unix milliseconds). Time is
 //! always an argument: a holder whose deadline is `<= now` holds nothing.
 //!
@@ -19,13 +20,16 @@ pub type Owner = Box<[u8]>;
 pub enum Mode {
     Exclusive,
     Shared,
+    /// Up to the lock's limit of holders, one permit each (`LOCK.SEMAPHORE`).
+    Semaphore,
 }
 
 /// Every mode with its one name (replies, the replication stream, the AOF)
 /// and its one code (the RDB).
-const MODES: [(Mode, &std::ffi::CStr, u64); 2] = [
+const MODES: [(Mode, &std::ffi::CStr, u64); 3] = [
     (Mode::Exclusive, c"exclusive", 0),
     (Mode::Shared, c"shared", 1),
+    (Mode::Semaphore, c"semaphore", 2),
 ];
 
 impl Mode {
@@ -75,6 +79,9 @@ pub enum Kind {
     Racquire,
     /// `LOCK.READ`: shared and reentrant per reader.
     Read,
+    /// `LOCK.SEMAPHORE` with this limit: one permit per owner; a repeat by
+    /// a holder resets its deadline (its holds stay 1).
+    Semaphore(u32),
 }
 
 impl Kind {
@@ -82,9 +89,31 @@ impl Kind {
         match self {
             Kind::Acquire | Kind::Racquire => Mode::Exclusive,
             Kind::Read => Mode::Shared,
+            Kind::Semaphore(_) => Mode::Semaphore,
+        }
+    }
+
+    /// Whether a repeat by a holder adds a hold (reentrant kinds).
+    fn adds_holds(self) -> bool {
+        matches!(self, Kind::Racquire | Kind::Read)
+    }
+}
+
+/// A state's mode as the kind that describes it (exclusive: reentrant, so
+/// stored hold counts are kept). A semaphore needs its limit: from its mode
+/// alone it gets 0, which no state accepts.
+impl From<Mode> for Kind {
+    fn from(mode: Mode) -> Kind {
+        match mode {
+            Mode::Exclusive => Kind::Racquire,
+            Mode::Shared => Kind::Read,
+            Mode::Semaphore => Kind::Semaphore(0),
         }
     }
 }
+
+/// The largest semaphore limit.
+pub const MAX_LIMIT: u32 = 1_000_000;
 
 /// One holder of a lock.
 #[derive(Clone, PartialEq, Eq, Debug)]
@@ -119,6 +148,11 @@ pub enum Attempt {
     Busy,
     /// The owner already holds this key in the given, other, mode.
     Conflict(Mode),
+    /// The key is held as a semaphore and a lock was asked for, or the
+    /// other way round (the mode it is held in).
+    WrongKind(Mode),
+    /// The key is a semaphore with another limit (the one it has).
+    OtherLimit(u32),
     /// The owner's hold count would overflow.
     TooManyHolds,
     /// No fencing token is left to issue.
@@ -176,12 +210,17 @@ pub enum Invalid {
     DuplicateToken,
     SecondExclusiveHolder,
     ModeMismatch,
+    /// A semaphore's limit out of range, or holders past it.
+    BadLimit,
 }
 
 /// The state of one lock key. Empty means free (the key should not exist).
 #[derive(Clone, PartialEq, Eq, Debug)]
 pub struct Lock {
     mode: Mode,
+    /// A semaphore's limit (fits beside the mode: no bytes added per lock);
+    /// 0 for the other modes.
+    limit: u32,
     holders: Vec<Holder>,
 }
 
@@ -189,29 +228,57 @@ impl Default for Lock {
     fn default() -> Self {
         Lock {
             mode: Mode::Exclusive,
+            limit: 0,
             holders: Vec::new(),
         }
     }
 }
 
+/// What a grant request would get, decided before anything changes.
+enum Verdict {
+    /// The owner holds the key already: a repeat.
+    Repeat,
+    /// A new holder.
+    New,
+    /// Refused (busy, or an error).
+    Refused(Attempt),
+}
+
 impl Lock {
-    /// Builds a lock from stored holders, checking every invariant.
-    pub fn from_holders(mode: Mode, holders: Vec<Holder>) -> Result<Lock, Invalid> {
+    /// Builds a lock from stored holders, checking every invariant. `kind`
+    /// carries a semaphore's limit (any kind of the mode does for the others).
+    pub fn from_holders(kind: impl Into<Kind>, holders: Vec<Holder>) -> Result<Lock, Invalid> {
+        let kind = kind.into();
         let mut lock = Lock {
-            mode,
+            mode: kind.mode(),
+            limit: 0,
             holders: Vec::with_capacity(holders.len()),
         };
         for holder in holders {
             if lock.holder(&holder.owner).is_some() {
                 return Err(Invalid::DuplicateOwner);
             }
-            lock.put(mode, holder)?;
+            lock.put(kind, holder)?;
         }
         Ok(lock)
     }
 
     pub fn mode(&self) -> Mode {
         self.mode
+    }
+
+    /// The kind that describes this lock's state as stored and replicated:
+    /// its mode, and a semaphore's limit.
+    pub fn kind(&self) -> Kind {
+        match self.mode {
+            Mode::Semaphore => Kind::Semaphore(self.limit),
+            mode => mode.into(),
+        }
+    }
+
+    /// A semaphore's limit; `None` for a lock.
+    pub fn limit(&self) -> Option<u32> {
+        (self.mode == Mode::Semaphore).then_some(self.limit)
     }
 
     /// Every stored holder, expired ones included (they go at the next purge).
@@ -281,11 +348,58 @@ impl Lock {
         });
     }
 
-    /// Would a request of `kind` by someone not holding the lock be granted now?
+    /// Would a request of `kind` by someone not holding the lock be granted
+    /// now (as far as the holders go)?
     pub fn admits(&self, kind: Kind, now: u64) -> bool {
-        match self.live(now).next() {
-            None => true,
-            Some(_) => self.mode == Mode::Shared && kind == Kind::Read,
+        if !self.is_held(now) {
+            return true;
+        }
+        match (self.mode, kind) {
+            (Mode::Shared, Kind::Read) => true,
+            (Mode::Semaphore, Kind::Semaphore(limit)) => {
+                limit == self.limit && self.live(now).count() < self.limit as usize
+            }
+            _ => false,
+        }
+    }
+
+    /// What `req` would get at `now` with `queued_ahead` (see
+    /// [`Lock::try_acquire`]), without changing anything.
+    fn verdict(&self, req: &Request, queued_ahead: bool, now: u64) -> Verdict {
+        if self.is_held(now) {
+            let semaphore = self.mode == Mode::Semaphore;
+            if semaphore != (req.kind.mode() == Mode::Semaphore) {
+                return Verdict::Refused(Attempt::WrongKind(self.mode));
+            }
+            if let Kind::Semaphore(limit) = req.kind {
+                if limit != self.limit {
+                    return Verdict::Refused(Attempt::OtherLimit(self.limit));
+                }
+            }
+        }
+        if let Some(holder) = self.live(now).find(|h| h.owner == req.owner) {
+            if self.mode != req.kind.mode() {
+                return Verdict::Refused(Attempt::Conflict(self.mode));
+            }
+            if req.kind.adds_holds() && holder.holds == u32::MAX {
+                return Verdict::Refused(Attempt::TooManyHolds);
+            }
+            return Verdict::Repeat;
+        }
+        if queued_ahead || !self.admits(req.kind, now) {
+            return Verdict::Refused(Attempt::Busy);
+        }
+        Verdict::New
+    }
+
+    /// What `req` would get now, ahead of every waiter, without changing
+    /// anything: `Granted(0)` stands for a grant (a repeat's token is its
+    /// own). Used to decide all the keys of a multi-key request first.
+    pub fn check(&self, req: &Request, now: u64) -> Attempt {
+        match self.verdict(req, false, now) {
+            Verdict::Repeat => Attempt::Granted(self.holder(&req.owner).map_or(0, |h| h.token)),
+            Verdict::New => Attempt::Granted(0),
+            Verdict::Refused(attempt) => attempt,
         }
     }
 
@@ -301,40 +415,44 @@ impl Lock {
         changes: &mut Changes,
     ) -> Attempt {
         self.purge(now, changes);
-        let mode = self.mode;
         let deadline = now.saturating_add(req.ttl);
-        if let Some(holder) = self.holder_mut(&req.owner, now) {
-            if mode != req.kind.mode() {
-                return Attempt::Conflict(mode);
-            }
-            if req.kind != Kind::Acquire {
-                match holder.holds.checked_add(1) {
-                    Some(holds) => holder.holds = holds,
-                    None => return Attempt::TooManyHolds,
+        match self.verdict(req, queued_ahead, now) {
+            Verdict::Refused(attempt) => attempt,
+            Verdict::Repeat => {
+                let Some(holder) = self.holder_mut(&req.owner, now) else {
+                    return Attempt::Busy;
+                };
+                if req.kind.adds_holds() {
+                    holder.holds = holder.holds.saturating_add(1);
                 }
+                holder.deadline = deadline;
+                let token = holder.token;
+                changes.touch(&req.owner);
+                Attempt::Granted(token)
             }
-            holder.deadline = deadline;
-            let token = holder.token;
-            changes.touch(&req.owner);
-            return Attempt::Granted(token);
+            Verdict::New => {
+                let Some(token) = tokens.issue() else {
+                    return Attempt::TokensExhausted;
+                };
+                if self.holders.is_empty() {
+                    self.mode = req.kind.mode();
+                    self.limit = match req.kind {
+                        Kind::Semaphore(limit) => limit,
+                        _ => 0,
+                    };
+                }
+                // Most locks have one holder: no room for three more (memory per lock).
+                self.holders.reserve_exact(1);
+                self.holders.push(Holder {
+                    owner: req.owner.clone(),
+                    holds: 1,
+                    token,
+                    deadline,
+                });
+                changes.touch(&req.owner);
+                Attempt::Granted(token)
+            }
         }
-        if queued_ahead || !self.admits(req.kind, now) {
-            return Attempt::Busy;
-        }
-        let Some(token) = tokens.issue() else {
-            return Attempt::TokensExhausted;
-        };
-        self.mode = req.kind.mode();
-        // Most locks have one holder: no room for three more (memory per lock).
-        self.holders.reserve_exact(1);
-        self.holders.push(Holder {
-            owner: req.owner.clone(),
-            holds: 1,
-            token,
-            deadline,
-        });
-        changes.touch(&req.owner);
-        Attempt::Granted(token)
     }
 
     /// `LOCK.RELEASE`: removes one of the owner's holds.
@@ -398,7 +516,7 @@ impl Lock {
     pub fn census(&self) -> (usize, usize) {
         match self.mode {
             Mode::Exclusive => (self.holders.len(), 0),
-            Mode::Shared => (0, self.holders.len()),
+            Mode::Shared | Mode::Semaphore => (0, self.holders.len()),
         }
     }
 
@@ -410,7 +528,10 @@ impl Lock {
     }
 
     /// Sets one holder's exact state (a replicated effect or a loaded record).
-    pub fn put(&mut self, mode: Mode, holder: Holder) -> Result<(), Invalid> {
+    /// `kind` says the mode, and a semaphore's limit.
+    pub fn put(&mut self, kind: impl Into<Kind>, holder: Holder) -> Result<(), Invalid> {
+        let kind = kind.into();
+        let mode = kind.mode();
         if holder.owner.is_empty() {
             return Err(Invalid::EmptyOwner);
         }
@@ -420,6 +541,13 @@ impl Lock {
         if holder.token == 0 {
             return Err(Invalid::ZeroToken);
         }
+        let limit = match kind {
+            Kind::Semaphore(limit) if !(1..=MAX_LIMIT).contains(&limit) || holder.holds != 1 => {
+                return Err(Invalid::BadLimit)
+            }
+            Kind::Semaphore(limit) => limit,
+            _ => 0,
+        };
         if self
             .holders
             .iter()
@@ -429,13 +557,17 @@ impl Lock {
         }
         let existing = self.holders.iter().position(|h| h.owner == holder.owner);
         let others = self.holders.len() - usize::from(existing.is_some());
-        if others > 0 && mode != self.mode {
+        if others > 0 && (mode != self.mode || limit != self.limit) {
             return Err(Invalid::ModeMismatch);
         }
         if others > 0 && mode == Mode::Exclusive {
             return Err(Invalid::SecondExclusiveHolder);
         }
+        if mode == Mode::Semaphore && others >= limit as usize {
+            return Err(Invalid::BadLimit);
+        }
         self.mode = mode;
+        self.limit = limit;
         match existing.and_then(|i| self.holders.get_mut(i)) {
             Some(slot) => *slot = holder,
             None => self.holders.push(holder),
@@ -445,17 +577,41 @@ impl Lock {
 
     /// Sets one holder's exact state as the master's stream carries it,
     /// whatever this copy held before: holders it cannot coexist with (another
-    /// mode, or another exclusive holder) are dropped first. The holder itself
-    /// must still be valid.
-    pub fn force(&mut self, mode: Mode, holder: Holder) -> Result<(), Invalid> {
-        Lock::default().put(mode, holder.clone())?;
-        if mode == Mode::Exclusive || mode != self.mode {
+    /// mode or limit, or another exclusive holder) are dropped first. The
+    /// holder itself must still be valid.
+    pub fn force(&mut self, kind: impl Into<Kind>, holder: Holder) -> Result<(), Invalid> {
+        let kind = kind.into();
+        Lock::default().put(kind, holder.clone())?;
+        if kind.mode() == Mode::Exclusive || kind.mode() != self.mode || self.kind() != kind {
             self.holders.retain(|h| h.owner == holder.owner);
         }
         // A stale holder with this grant's token cannot be right either.
         self.holders
             .retain(|h| h.owner == holder.owner || h.token != holder.token);
-        self.put(mode, holder)
+        // A semaphore past its limit (this copy missed releases): the
+        // earliest deadlines go first.
+        if let Kind::Semaphore(limit) = kind {
+            while self
+                .holders
+                .iter()
+                .filter(|h| h.owner != holder.owner)
+                .count()
+                >= limit as usize
+            {
+                let Some(index) = self
+                    .holders
+                    .iter()
+                    .enumerate()
+                    .filter(|(_, h)| h.owner != holder.owner)
+                    .min_by_key(|(_, h)| h.deadline)
+                    .map(|(i, _)| i)
+                else {
+                    break;
+                };
+                self.holders.swap_remove(index);
+            }
+        }
+        self.put(kind, holder)
     }
 
     /// Moves the heap blocks this lock owns (its holder list, each owner) to
@@ -671,12 +827,129 @@ mod tests {
 
     #[test]
     fn each_mode_has_one_name_and_one_code() {
-        for m in [Mode::Exclusive, Mode::Shared] {
+        for m in [Mode::Exclusive, Mode::Shared, Mode::Semaphore] {
             assert_eq!(Mode::from_name(m.name().as_bytes()), Some(m));
             assert_eq!(Mode::from_code(m.code()), Some(m));
         }
         assert_eq!(Mode::from_name(b"Exclusive"), None);
-        assert_eq!(Mode::from_code(2), None);
+        assert_eq!(Mode::from_code(3), None);
+    }
+
+    #[test]
+    fn a_semaphore_admits_up_to_its_limit_one_permit_each() {
+        let mut lock = Lock::default();
+        let mut tokens = Tokens::starting_after(0);
+        let sem = |o: &str| req(Kind::Semaphore(2), o, 100);
+        assert_eq!(
+            acquire(&mut lock, &mut tokens, sem("a"), 0),
+            Attempt::Granted(1)
+        );
+        assert_eq!(
+            acquire(&mut lock, &mut tokens, sem("b"), 0),
+            Attempt::Granted(2)
+        );
+        assert_eq!(acquire(&mut lock, &mut tokens, sem("c"), 0), Attempt::Busy);
+        // A holder's repeat: same token, deadline reset, still one permit.
+        assert_eq!(
+            acquire(&mut lock, &mut tokens, sem("a"), 50),
+            Attempt::Granted(1)
+        );
+        assert_eq!(
+            lock.holder(b"a").map(|h| (h.holds, h.deadline)),
+            Some((1, 150))
+        );
+        assert_eq!((lock.mode(), lock.limit()), (Mode::Semaphore, Some(2)));
+        let before = lock.clone();
+        let other = req(Kind::Semaphore(3), "c", 100);
+        assert_eq!(
+            acquire(&mut lock, &mut tokens, other, 1),
+            Attempt::OtherLimit(2)
+        );
+        for kind in [Kind::Acquire, Kind::Racquire, Kind::Read] {
+            assert_eq!(
+                acquire(&mut lock, &mut tokens, req(kind, "a", 100), 1),
+                Attempt::WrongKind(Mode::Semaphore)
+            );
+        }
+        assert_eq!(lock, before, "refusals change nothing");
+        let mut c = Changes::default();
+        assert_eq!(lock.release(b"b", 2, &mut c), Release::Last);
+        assert_eq!(
+            acquire(&mut lock, &mut tokens, sem("c"), 2),
+            Attempt::Granted(3)
+        );
+        // Once every permit is gone, the next grant sets the limit anew.
+        assert_eq!(
+            acquire(&mut lock, &mut tokens, req(Kind::Semaphore(5), "d", 1), 200),
+            Attempt::Granted(4)
+        );
+        assert_eq!(lock.limit(), Some(5));
+        let mut lock = Lock::default();
+        acquire(&mut lock, &mut tokens, req(Kind::Read, "r", 100), 0);
+        assert_eq!(
+            acquire(&mut lock, &mut tokens, sem("s"), 1),
+            Attempt::WrongKind(Mode::Shared)
+        );
+        assert_eq!(lock.limit(), None);
+    }
+
+    #[test]
+    fn check_decides_without_changing_anything() {
+        let mut lock = Lock::default();
+        let mut tokens = Tokens::starting_after(0);
+        let r = req(Kind::Acquire, "a", 100);
+        assert_eq!(lock.check(&r, 0), Attempt::Granted(0));
+        acquire(&mut lock, &mut tokens, r.clone(), 0);
+        let before = lock.clone();
+        assert_eq!(
+            lock.check(&r, 1),
+            Attempt::Granted(1),
+            "a repeat keeps its token"
+        );
+        assert_eq!(lock.check(&req(Kind::Acquire, "b", 100), 1), Attempt::Busy);
+        assert_eq!(
+            lock.check(&req(Kind::Read, "a", 100), 1),
+            Attempt::Conflict(Mode::Exclusive)
+        );
+        assert_eq!(
+            lock.check(&req(Kind::Acquire, "b", 100), 100),
+            Attempt::Granted(0)
+        );
+        assert_eq!(lock, before);
+    }
+
+    #[test]
+    fn semaphore_states_are_checked_on_load() {
+        let h = |o: &str, t: u64, holds: u32| Holder {
+            owner: o.as_bytes().into(),
+            holds,
+            token: t,
+            deadline: 10,
+        };
+        let two = Lock::from_holders(Kind::Semaphore(2), vec![h("a", 1, 1), h("b", 2, 1)]);
+        assert_eq!(two.map(|l| l.kind()), Ok(Kind::Semaphore(2)));
+        assert_eq!(
+            Lock::from_holders(Kind::Semaphore(1), vec![h("a", 1, 1), h("b", 2, 1)]),
+            Err(Invalid::BadLimit)
+        );
+        assert_eq!(
+            Lock::from_holders(Kind::Semaphore(2), vec![h("a", 1, 2)]),
+            Err(Invalid::BadLimit)
+        );
+        assert_eq!(
+            Lock::from_holders(Mode::Semaphore, vec![h("a", 1, 1)]),
+            Err(Invalid::BadLimit),
+            "a semaphore needs its limit"
+        );
+        // The master's stream wins: a replica past the limit drops its
+        // earliest holders, a change of limit drops the others.
+        let mut lock =
+            Lock::from_holders(Kind::Semaphore(2), vec![h("a", 1, 1), h("b", 2, 1)]).unwrap();
+        assert_eq!(lock.force(Kind::Semaphore(2), h("c", 3, 1)), Ok(()));
+        assert_eq!(lock.holders().len(), 2);
+        assert!(lock.holder(b"c").is_some());
+        assert_eq!(lock.force(Kind::Semaphore(3), h("d", 4, 1)), Ok(()));
+        assert_eq!((lock.holders().len(), lock.limit()), (1, Some(3)));
     }
 
     #[test]

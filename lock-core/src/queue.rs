@@ -6,6 +6,12 @@
 //! waiting exclusive request holds back every request behind it (writer
 //! preference). A request whose owner now holds the other mode is answered
 //! with the conflict and leaves the queue.
+//!
+//! A multi-key request (`LOCK.MACQUIRE`) waits in the queue of each of its
+//! keys as a *part*. A part at the head holds back everything behind it, and
+//! `settle` never grants it: only the shell, which sees every key, grants a
+//! multi-key request, at once on all its keys, when it heads every queue it
+//! is in ([`Queue::head_part`]) and every lock admits it.
 
 use std::collections::VecDeque;
 
@@ -17,6 +23,8 @@ use crate::tokens::Tokens;
 pub struct Waiter<W> {
     pub id: W,
     pub request: Request,
+    /// A part of a multi-key request.
+    pub part: bool,
 }
 
 #[derive(Debug)]
@@ -42,7 +50,32 @@ impl<W: PartialEq + Copy> Queue<W> {
     }
 
     pub fn push(&mut self, id: W, request: Request) {
-        self.waiters.push_back(Waiter { id, request });
+        self.waiters.push_back(Waiter {
+            id,
+            request,
+            part: false,
+        });
+    }
+
+    /// Queues one key's part of a multi-key request.
+    pub fn push_part(&mut self, id: W, request: Request) {
+        self.waiters.push_back(Waiter {
+            id,
+            request,
+            part: true,
+        });
+    }
+
+    /// The multi-key request at the head, if the head is one.
+    pub fn head_part(&self) -> Option<W> {
+        self.waiters.front().filter(|w| w.part).map(|w| w.id)
+    }
+
+    /// The requests queued ahead of `id` (all of them when it is not queued).
+    pub fn ahead(&self, id: Option<W>) -> impl Iterator<Item = &Waiter<W>> {
+        self.waiters
+            .iter()
+            .take_while(move |w| id.is_none_or(|id| w.id != id))
     }
 
     /// Removes a waiter that timed out or went away; false when it was not queued.
@@ -57,9 +90,9 @@ impl<W: PartialEq + Copy> Queue<W> {
         self.waiters.iter()
     }
 
-    /// Grants from the head while the head can be granted. Returns each
-    /// answered waiter with its outcome, in queue order; they have left the
-    /// queue.
+    /// Grants from the head while the head can be granted, up to a
+    /// multi-key part. Returns each answered waiter with its outcome, in
+    /// queue order; they have left the queue.
     pub fn settle(
         &mut self,
         lock: &mut Lock,
@@ -69,7 +102,7 @@ impl<W: PartialEq + Copy> Queue<W> {
     ) -> Vec<(W, Attempt)> {
         let mut answered = Vec::new();
         lock.purge(now, changes);
-        while let Some(head) = self.waiters.front() {
+        while let Some(head) = self.waiters.front().filter(|w| !w.part) {
             let attempt = lock.try_acquire(&head.request, false, now, tokens, changes);
             if attempt == Attempt::Busy {
                 break;
@@ -136,6 +169,25 @@ mod tests {
         assert!(!q.remove(1));
         let mut c = Changes::default();
         let answered = q.settle(&mut lock, 100, &mut tokens, &mut c);
+        assert_eq!(answered, vec![(2, Attempt::Granted(2))]);
+    }
+
+    #[test]
+    fn a_multi_key_part_at_the_head_holds_back_everything_behind_it() {
+        let (mut lock, mut tokens) = held_by_writer();
+        let mut q = Queue::default();
+        q.push_part(1, req(Kind::Acquire, "m"));
+        q.push(2, req(Kind::Read, "r"));
+        let mut c = Changes::default();
+        lock.release(b"w0", 1, &mut c);
+        assert!(q.settle(&mut lock, 1, &mut tokens, &mut c).is_empty());
+        assert_eq!(q.head_part(), Some(1));
+        assert!(lock.is_empty(), "the part is never granted by one key");
+        assert_eq!(q.ahead(Some(2)).map(|w| w.id).collect::<Vec<_>>(), vec![1]);
+        assert_eq!(q.ahead(None).count(), 2);
+        assert!(q.remove(1));
+        assert_eq!(q.head_part(), None);
+        let answered = q.settle(&mut lock, 1, &mut tokens, &mut c);
         assert_eq!(answered, vec![(2, Attempt::Granted(2))]);
     }
 
