@@ -8,6 +8,7 @@ use redis_module::RedisString;
 
 use crate::config;
 use crate::errors::LockError;
+use lock_core::lock::MAX_LIMIT;
 use lock_core::{Kind, Owner, Request};
 
 /// The longest WAIT, in milliseconds (about 31 years).
@@ -22,6 +23,19 @@ pub struct Grant {
     /// `BIND`: the holder also ends when this connection closes.
     pub bind: bool,
 }
+
+/// `LOCK.MACQUIRE numkeys key [key ...] owner ttl [WAIT ms] [BIND]`.
+pub struct MultiGrant {
+    /// In the order given (tokens are issued in this order), none repeated.
+    pub keys: Vec<RedisString>,
+    /// An exclusive request (`Kind::Acquire`) for each key.
+    pub request: Request,
+    pub wait: Option<u64>,
+    pub bind: bool,
+}
+
+/// The most keys one `LOCK.MACQUIRE` takes.
+pub const MAX_KEYS: usize = 1000;
 
 /// `LOCK.RELEASE key owner`.
 pub struct ReleaseArgs {
@@ -78,11 +92,8 @@ impl Args {
     }
 }
 
-pub fn grant(args: Vec<RedisString>, kind: Kind) -> Result<Grant, LockError> {
-    let mut args = Args::new(args);
-    let key = args.next()?;
-    let owner = args.owner()?;
-    let ttl = args.ttl()?;
+/// `WAIT ms` and `BIND`, in any order, each at most once.
+fn options(args: &mut Args) -> Result<(Option<u64>, bool), LockError> {
     let mut wait = None;
     let mut bind = false;
     while let Some(option) = args.0.next() {
@@ -103,9 +114,79 @@ pub fn grant(args: Vec<RedisString>, kind: Kind) -> Result<Grant, LockError> {
         }
         wait = Some(u64::try_from(ms).map_err(|_| LockError::BadWait(MAX_WAIT_MS))?);
     }
+    Ok((wait, bind))
+}
+
+/// An integer argument from 1 to `max`, or `error`.
+fn count(arg: &RedisString, max: usize, error: LockError) -> Result<usize, LockError> {
+    let n = arg.parse_integer().map_err(|_| error)?;
+    usize::try_from(n)
+        .ok()
+        .filter(|n| (1..=max).contains(n))
+        .ok_or(error)
+}
+
+/// `LOCK.ACQUIRE | LOCK.RACQUIRE | LOCK.READ key owner ttl [WAIT ms] [BIND]`.
+pub fn grant(args: Vec<RedisString>, kind: Kind) -> Result<Grant, LockError> {
+    let mut args = Args::new(args);
+    let key = args.next()?;
+    let owner = args.owner()?;
+    let ttl = args.ttl()?;
+    let (wait, bind) = options(&mut args)?;
     Ok(Grant {
         key,
         request: Request { kind, owner, ttl },
+        wait,
+        bind,
+    })
+}
+
+/// `LOCK.SEMAPHORE key limit owner ttl [WAIT ms] [BIND]`.
+pub fn semaphore(args: Vec<RedisString>) -> Result<Grant, LockError> {
+    let mut args = Args::new(args);
+    let key = args.next()?;
+    let bad = LockError::BadLimit(MAX_LIMIT);
+    let limit = count(&args.next()?, MAX_LIMIT as usize, bad)?;
+    let limit = u32::try_from(limit).map_err(|_| bad)?;
+    let owner = args.owner()?;
+    let ttl = args.ttl()?;
+    let (wait, bind) = options(&mut args)?;
+    Ok(Grant {
+        key,
+        request: Request {
+            kind: Kind::Semaphore(limit),
+            owner,
+            ttl,
+        },
+        wait,
+        bind,
+    })
+}
+
+/// `LOCK.MACQUIRE numkeys key [key ...] owner ttl [WAIT ms] [BIND]`.
+pub fn macquire(args: Vec<RedisString>) -> Result<MultiGrant, LockError> {
+    let mut args = Args::new(args);
+    let bad = LockError::BadNumkeys(MAX_KEYS);
+    let numkeys = count(&args.next()?, MAX_KEYS, bad)?;
+    // numkeys keys, then at least owner and ttl.
+    if args.0.len() < numkeys.saturating_add(2) {
+        return Err(bad);
+    }
+    let keys: Vec<RedisString> = args.0.by_ref().take(numkeys).collect();
+    let mut seen = std::collections::HashSet::with_capacity(keys.len());
+    if !keys.iter().all(|k| seen.insert(k.as_slice())) {
+        return Err(LockError::RepeatedKey);
+    }
+    let owner = args.owner()?;
+    let ttl = args.ttl()?;
+    let (wait, bind) = options(&mut args)?;
+    Ok(MultiGrant {
+        keys,
+        request: Request {
+            kind: Kind::Acquire,
+            owner,
+            ttl,
+        },
         wait,
         bind,
     })

@@ -8,8 +8,9 @@ use redis_module::{Context, ContextFlags, RedisResult, RedisString, RedisValue};
 use crate::args;
 use crate::bindings::{self, ClientId};
 use crate::clock;
+use crate::deadlocks;
 use crate::errors::LockError;
-use crate::ffi::{self, api};
+use crate::ffi::{self, api, DbKey};
 use crate::keys::LockKey;
 use crate::replies;
 use crate::stats;
@@ -17,19 +18,78 @@ use crate::store;
 use crate::waiting;
 use lock_core::{Attempt, Kind, Lock, Release};
 
-/// `LOCK.ACQUIRE key owner ttl [WAIT ms]`
+/// `LOCK.ACQUIRE key owner ttl [WAIT ms] [BIND]`
 pub fn acquire(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
-    grant(ctx, args, Kind::Acquire)
+    master_only(ctx)?;
+    grant(ctx, args::grant(args, Kind::Acquire)?)
 }
 
-/// `LOCK.RACQUIRE key owner ttl [WAIT ms]`
+/// `LOCK.RACQUIRE key owner ttl [WAIT ms] [BIND]`
 pub fn racquire(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
-    grant(ctx, args, Kind::Racquire)
+    master_only(ctx)?;
+    grant(ctx, args::grant(args, Kind::Racquire)?)
 }
 
-/// `LOCK.READ key owner ttl [WAIT ms]`
+/// `LOCK.READ key owner ttl [WAIT ms] [BIND]`
 pub fn read(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
-    grant(ctx, args, Kind::Read)
+    master_only(ctx)?;
+    grant(ctx, args::grant(args, Kind::Read)?)
+}
+
+/// `LOCK.SEMAPHORE key limit owner ttl [WAIT ms] [BIND]`
+pub fn semaphore(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
+    master_only(ctx)?;
+    grant(ctx, args::semaphore(args)?)
+}
+
+/// `LOCK.MACQUIRE numkeys key [key ...] owner ttl [WAIT ms] [BIND]`: all
+/// the keys or none. Every key is decided before any is granted.
+pub fn macquire(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
+    master_only(ctx)?;
+    let grant = args::macquire(args)?;
+    let bind = match grant.bind {
+        true => Some(bound_connection(ctx)?),
+        false => None,
+    };
+    let request = &grant.request;
+    let free = store::check_all(ctx, &grant.keys, request, |k| {
+        waiting::has_waiters(ctx, k)
+    })?;
+    if free {
+        let tokens = store::grant_all(ctx, &grant.keys, request)?;
+        let db = ffi::selected_db(ctx);
+        if let Some(client) = bind {
+            for (name, token) in grant.keys.iter().zip(&tokens) {
+                bindings::bind(client, (db, name.to_vec()), &request.owner, *token);
+            }
+        }
+        let tokens = tokens.into_iter().map(|t| RedisValue::Integer(ffi::int(t)));
+        return Ok(RedisValue::Array(tokens.collect()));
+    }
+    match grant.wait {
+        Some(ms) if waiting::can_block(ctx) => {
+            let keys: Vec<DbKey> = grant
+                .keys
+                .iter()
+                .map(|k| ffi::db_key(ctx, k.as_slice()))
+                .collect();
+            if deadlocks::would_deadlock(ctx, &keys, request) {
+                return Err(LockError::Deadlock.into());
+            }
+            let now = clock::now_ms();
+            let mut waits = Vec::with_capacity(keys.len());
+            for (key, name) in keys.into_iter().zip(&grant.keys) {
+                let mut open = LockKey::open(ctx, name, false)?;
+                let next_expiry = open.lock()?.and_then(|l| l.live(now).map(|h| h.deadline).min());
+                waits.push((key, next_expiry));
+            }
+            waiting::block_multi(ctx, waits, grant.request, ms, bind)
+        }
+        _ => {
+            stats::REFUSALS.incr();
+            Ok(RedisValue::Null)
+        }
+    }
 }
 
 /// A replica never writes a lock itself, even with `replica-read-only no`:
@@ -44,9 +104,8 @@ fn master_only(ctx: &Context) -> Result<(), LockError> {
     Ok(())
 }
 
-fn grant(ctx: &Context, args: Vec<RedisString>, kind: Kind) -> RedisResult {
-    master_only(ctx)?;
-    let grant = args::grant(args, kind)?;
+fn grant(ctx: &Context, grant: args::Grant) -> RedisResult {
+    let kind = grant.request.kind;
     let bind = match grant.bind {
         true => Some(bound_connection(ctx)?),
         false => None,
@@ -68,6 +127,10 @@ fn grant(ctx: &Context, args: Vec<RedisString>, kind: Kind) -> RedisResult {
     match attempt {
         Attempt::Busy => match grant.wait {
             Some(ms) if waiting::can_block(ctx) => {
+                let key = ffi::db_key(ctx, grant.key.as_slice());
+                if deadlocks::would_deadlock(ctx, &[key], &grant.request) {
+                    return Err(LockError::Deadlock.into());
+                }
                 waiting::block(ctx, grant.key, grant.request, ms, next_expiry, bind)
             }
             _ => {
@@ -187,8 +250,9 @@ pub fn info(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
     }
 }
 
-/// `mode`, `holders` (`[owner, holds, ttl-ms-left, token]` each), `waiters`:
-/// a map in RESP3, a flat array in RESP2, in that order.
+/// `mode`, `holders` (`[owner, holds, ttl-ms-left, token]` each), `waiters`,
+/// and for a semaphore `limit`: a map in RESP3, a flat array in RESP2, in
+/// that order.
 fn reply_info(ctx: &Context, lock: &Lock, now: u64, waiters: usize) {
     let c = ctx.ctx;
     let int = |n: u64| ffi::int(n);
@@ -200,7 +264,8 @@ fn reply_info(ctx: &Context, lock: &Lock, now: u64, waiters: usize) {
         ))
     };
     let len = |n: usize| c_long::try_from(n).unwrap_or(c_long::MAX);
-    api!(RedisModule_ReplyWithMap(c, 3));
+    let limit = lock.limit();
+    api!(RedisModule_ReplyWithMap(c, if limit.is_some() { 4 } else { 3 }));
     bulk(b"mode");
     bulk(lock.mode().name().as_bytes());
     bulk(b"holders");
@@ -218,4 +283,8 @@ fn reply_info(ctx: &Context, lock: &Lock, now: u64, waiters: usize) {
     }
     bulk(b"waiters");
     api!(RedisModule_ReplyWithLongLong(c, int(waiters as u64)));
+    if let Some(limit) = limit {
+        bulk(b"limit");
+        api!(RedisModule_ReplyWithLongLong(c, i64::from(limit)));
+    }
 }

@@ -18,6 +18,20 @@ pub enum LockError {
     /// The owner holds the key exclusively and asked to read it.
     HeldExclusive,
     TooManyHolds,
+    /// A semaphore key asked for as a lock.
+    IsSemaphore,
+    /// A lock key asked for as a semaphore.
+    NotSemaphore,
+    /// The semaphore exists with this other limit.
+    OtherLimit(u32),
+    /// The limit is not an integer from 1 to the maximum (carried here).
+    BadLimit(u32),
+    /// numkeys is not an integer from 1 to the maximum (carried here).
+    BadNumkeys(usize),
+    /// A key is named twice in one LOCK.MACQUIRE.
+    RepeatedKey,
+    /// Waiting would close a cycle of waits.
+    Deadlock,
     /// The key already has `lock.max-waiters` (carried here) waiting requests.
     TooManyWaiters(i64),
     TokensExhausted,
@@ -54,6 +68,24 @@ impl LockError {
                 "ERR owner holds this lock exclusively: release it before reading it".into()
             }
             LockError::TooManyHolds => "ERR owner has too many holds on this lock".into(),
+            LockError::IsSemaphore => {
+                "ERR this key is a semaphore: use LOCK.SEMAPHORE (or release its holders first)"
+                    .into()
+            }
+            LockError::NotSemaphore => {
+                "ERR this key is a lock, not a semaphore (release its holders first)".into()
+            }
+            LockError::OtherLimit(limit) => {
+                format!("ERR this semaphore's limit is {limit}: the grant that created it set it")
+            }
+            LockError::BadLimit(max) => format!("ERR limit must be an integer from 1 to {max}"),
+            LockError::BadNumkeys(max) => {
+                format!("ERR numkeys must be an integer from 1 to {max}, and that many keys given")
+            }
+            LockError::RepeatedKey => "ERR a key is named twice".into(),
+            LockError::Deadlock => {
+                "DEADLOCK waiting would close a cycle of lock waits: nothing was changed".into()
+            }
             LockError::TooManyWaiters(max) => {
                 format!("ERR too many clients wait for this lock (lock.max-waiters is {max})")
             }

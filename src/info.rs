@@ -31,7 +31,7 @@ extern "C" fn info(ctx: *mut raw::RedisModuleInfoCtx, for_crash_report: c_int) {
         }
         let (keys, exclusive, shared) = stats::gauges();
         let count = |n: usize| ffi::int(n);
-        let fields: [(&CStr, i64); 18] = [
+        let fields: [(&CStr, i64); 20] = [
             (c"keys", keys),
             (c"holders_exclusive", exclusive),
             (c"holders_shared", shared),
@@ -58,6 +58,11 @@ extern "C" fn info(ctx: *mut raw::RedisModuleInfoCtx, for_crash_report: c_int) {
             (
                 c"releases_on_disconnect",
                 ffi::int(stats::RELEASES_ON_DISCONNECT.get()),
+            ),
+            (c"deadlocks", ffi::int(stats::DEADLOCKS.get())),
+            (
+                c"deadlock_searches_cut",
+                ffi::int(stats::DEADLOCK_SEARCHES_CUT.get()),
             ),
             (
                 c"clock_steps_forward",

@@ -28,6 +28,7 @@ mod args;
 mod bindings;
 mod clock;
 mod commands;
+mod deadlocks;
 mod config;
 mod errors;
 mod events;
@@ -65,7 +66,7 @@ static ALLOCATOR: redis_module::alloc::RedisAlloc = redis_module::alloc::RedisAl
 
 /// The commands: name, handler, flags, first key, last key, key step. Arity,
 /// key specs, ACL categories and COMMAND DOCS are in `metadata`.
-const COMMANDS: [Command; 8] = [
+const COMMANDS: [Command; 10] = [
     // The grants may block (WAIT): flagged as Redis flags BLPOP, not `fast`.
     command!(
         c"lock.acquire",
@@ -90,6 +91,23 @@ const COMMANDS: [Command; 8] = [
         1,
         1,
         1
+    ),
+    command!(
+        c"lock.semaphore",
+        commands::semaphore,
+        c"write deny-oom blocking",
+        1,
+        1,
+        1
+    ),
+    // Its keys are found from numkeys by its key spec (`metadata`).
+    command!(
+        c"lock.macquire",
+        commands::macquire,
+        c"write deny-oom blocking",
+        0,
+        0,
+        0
     ),
     command!(c"lock.release", commands::release, c"write fast", 1, 1, 1),
     command!(c"lock.renew", commands::renew, c"write fast", 1, 1, 1),

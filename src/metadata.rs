@@ -65,6 +65,8 @@ struct Arg {
     kind: u32,
     token: Option<&'static CStr>,
     optional: bool,
+    /// Repeated (`key [key ...]`).
+    multiple: bool,
 }
 
 const fn arg(name: &'static CStr, kind: u32) -> Arg {
@@ -73,6 +75,7 @@ const fn arg(name: &'static CStr, kind: u32) -> Arg {
         kind,
         token: None,
         optional: false,
+        multiple: false,
     }
 }
 
@@ -84,6 +87,7 @@ const WAIT: Arg = Arg {
     kind: INTEGER,
     token: Some(c"WAIT"),
     optional: true,
+    multiple: false,
 };
 
 struct Doc {
@@ -95,6 +99,9 @@ struct Doc {
     complexity: &'static CStr,
     arity: c_int,
     key_flags: u32,
+    /// Where its keys are: the first argument, or (LOCK.MACQUIRE) the
+    /// number given by the first argument, then that many keys.
+    numkeys: bool,
     args: &'static [Arg],
 }
 
@@ -103,9 +110,19 @@ const BIND: Arg = Arg {
     kind: PURE_TOKEN,
     token: Some(c"BIND"),
     optional: true,
+    multiple: false,
 };
 
 const GRANT_ARGS: &[Arg] = &[K, OWNER, TTL, WAIT, BIND];
+const LIMIT: Arg = arg(c"limit", INTEGER);
+const NUMKEYS: Arg = arg(c"numkeys", INTEGER);
+const KEYS: Arg = Arg {
+    name: c"key",
+    kind: KEY,
+    token: None,
+    optional: false,
+    multiple: true,
+};
 
 const DOCS: &[Doc] = &[
     Doc {
@@ -115,6 +132,7 @@ const DOCS: &[Doc] = &[
         complexity: c"O(1)",
         arity: -4,
         key_flags: GRANT,
+        numkeys: false,
         args: GRANT_ARGS,
     },
     Doc {
@@ -124,6 +142,7 @@ const DOCS: &[Doc] = &[
         complexity: c"O(1)",
         arity: -4,
         key_flags: GRANT,
+        numkeys: false,
         args: GRANT_ARGS,
     },
     Doc {
@@ -133,7 +152,28 @@ const DOCS: &[Doc] = &[
         complexity: c"O(R), R the readers holding the lock",
         arity: -4,
         key_flags: GRANT,
+        numkeys: false,
         args: GRANT_ARGS,
+    },
+    Doc {
+        name: c"lock.semaphore",
+        acl: c"write blocking lock",
+        summary: c"Takes one of limit permits of a semaphore for ttl milliseconds (one per owner, each with its own lease and token); returns the fencing token, or nil when every permit is held. The grant that creates the key fixes its limit.",
+        complexity: c"O(P), P the permits held",
+        arity: -5,
+        key_flags: GRANT,
+        numkeys: false,
+        args: &[K, LIMIT, OWNER, TTL, WAIT, BIND],
+    },
+    Doc {
+        name: c"lock.macquire",
+        acl: c"write blocking lock",
+        summary: c"Acquires exclusive locks on numkeys keys, all or none, atomically; returns their fencing tokens in key order, or nil. With WAIT it waits for all of them at once, holding none meanwhile; a wait that would close a cycle is answered DEADLOCK.",
+        complexity: c"O(N), N the keys",
+        arity: -5,
+        key_flags: GRANT,
+        numkeys: true,
+        args: &[NUMKEYS, KEYS, OWNER, TTL, WAIT, BIND],
     },
     Doc {
         name: c"lock.release",
@@ -142,6 +182,7 @@ const DOCS: &[Doc] = &[
         complexity: c"O(R + G), R the holders, G the waiters granted as a result",
         arity: 3,
         key_flags: RELEASE,
+        numkeys: false,
         args: &[K, OWNER],
     },
     Doc {
@@ -151,6 +192,7 @@ const DOCS: &[Doc] = &[
         complexity: c"O(R), R the holders",
         arity: 4,
         key_flags: RENEW,
+        numkeys: false,
         args: &[K, OWNER, TTL],
     },
     Doc {
@@ -160,6 +202,7 @@ const DOCS: &[Doc] = &[
         complexity: c"O(R), R the holders",
         arity: 2,
         key_flags: RO,
+        numkeys: false,
         args: &[K],
     },
     Doc {
@@ -169,6 +212,7 @@ const DOCS: &[Doc] = &[
         complexity: c"O(B), B the holders bound to this connection",
         arity: 2,
         key_flags: NO_KEYS,
+        numkeys: false,
         args: &[TTL],
     },
     Doc {
@@ -178,6 +222,7 @@ const DOCS: &[Doc] = &[
         complexity: c"O(R), R the holders",
         arity: -4,
         key_flags: SYNC_KEYS,
+        numkeys: false,
         args: &[K, arg(c"effect", STRING)],
     },
 ];
@@ -204,6 +249,9 @@ fn raw_args(args: &[Arg]) -> Vec<raw::RedisModuleCommandArg> {
             } else {
                 raw::REDISMODULE_CMD_ARG_NONE as c_int
             };
+            if a.multiple {
+                r.flags |= raw::REDISMODULE_CMD_ARG_MULTIPLE as c_int;
+            }
             r
         })
         .collect();
@@ -212,8 +260,9 @@ fn raw_args(args: &[Arg]) -> Vec<raw::RedisModuleCommandArg> {
     out
 }
 
-/// One key, the first argument (none for [`NO_KEYS`]).
-fn raw_key_specs(flags: u32) -> Vec<raw::RedisModuleCommandKeySpec> {
+/// One key, the first argument (none for [`NO_KEYS`]); or `numkeys` keys
+/// after the first argument, which gives their number.
+fn raw_key_specs(flags: u32, numkeys: bool) -> Vec<raw::RedisModuleCommandKeySpec> {
     if flags == NO_KEYS {
         // SAFETY: as above; the zeroed entry ends the (empty) array.
         return vec![unsafe { std::mem::zeroed() }];
@@ -225,14 +274,25 @@ fn raw_key_specs(flags: u32) -> Vec<raw::RedisModuleCommandKeySpec> {
     spec.bs = raw::RedisModuleCommandKeySpec__bindgen_ty_1 {
         index: raw::RedisModuleCommandKeySpec__bindgen_ty_1__bindgen_ty_1 { pos: 1 },
     };
-    spec.find_keys_type = raw::RedisModuleKeySpecFindKeysType_REDISMODULE_KSPEC_FK_RANGE;
-    spec.fk = raw::RedisModuleCommandKeySpec__bindgen_ty_2 {
-        range: raw::RedisModuleCommandKeySpec__bindgen_ty_2__bindgen_ty_1 {
-            lastkey: 0,
-            keystep: 1,
-            limit: 0,
-        },
-    };
+    if numkeys {
+        spec.find_keys_type = raw::RedisModuleKeySpecFindKeysType_REDISMODULE_KSPEC_FK_KEYNUM;
+        spec.fk = raw::RedisModuleCommandKeySpec__bindgen_ty_2 {
+            keynum: raw::RedisModuleCommandKeySpec__bindgen_ty_2__bindgen_ty_2 {
+                keynumidx: 0,
+                firstkey: 1,
+                keystep: 1,
+            },
+        };
+    } else {
+        spec.find_keys_type = raw::RedisModuleKeySpecFindKeysType_REDISMODULE_KSPEC_FK_RANGE;
+        spec.fk = raw::RedisModuleCommandKeySpec__bindgen_ty_2 {
+            range: raw::RedisModuleCommandKeySpec__bindgen_ty_2__bindgen_ty_1 {
+                lastkey: 0,
+                keystep: 1,
+                limit: 0,
+            },
+        };
+    }
     // SAFETY: as above; the zeroed entry ends the array.
     vec![spec, unsafe { std::mem::zeroed() }]
 }
@@ -243,7 +303,7 @@ fn describe_one(ctx: &Context, doc: &Doc) -> Result<(), String> {
         .filter(|c| !c.is_null())
         .ok_or_else(|| format!("command {name} is not registered"))?;
     let mut args = raw_args(doc.args);
-    let mut key_specs = raw_key_specs(doc.key_flags);
+    let mut key_specs = raw_key_specs(doc.key_flags, doc.numkeys);
     // SAFETY: as above.
     let mut info: raw::RedisModuleCommandInfo = unsafe { std::mem::zeroed() };
     info.version = &INFO_VERSION;

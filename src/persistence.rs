@@ -2,9 +2,11 @@
 //! AOF rewrite, memory usage, digest, free, and the token counter saved
 //! beside the keys (aux data) so it outlives them.
 //!
-//! Encoding version 1, per key:
-//! `mode (0 exclusive, 1 shared)`, `count`, then `count` times
-//! `owner (string)`, `holds`, `token`, `deadline (unix ms)`, all unsigned.
+//! Encoding version 2, per key:
+//! `mode (0 exclusive, 1 shared, 2 semaphore)`, for a semaphore its `limit`,
+//! `count`, then `count` times `owner (string)`, `holds`, `token`,
+//! `deadline (unix ms)`, all unsigned. Version 1 (written by 0.2 and
+//! earlier) is the same without semaphores; it still loads.
 //! Aux data (before the keys): `last token issued`.
 //!
 //! A short or corrupt read returns an error (never a panic): Redis then
@@ -25,10 +27,10 @@ use crate::replication;
 use crate::stats;
 use crate::timers;
 use crate::waiting;
-use lock_core::{Holder, Lock, Mode, Tokens};
+use lock_core::{Holder, Kind, Lock, Mode, Tokens};
 
 /// The encoding version this build writes; it reads every version up to it.
-pub const ENCODING_VERSION: i32 = 1;
+pub const ENCODING_VERSION: i32 = 2;
 
 pub static LOCK_TYPE: RedisType = RedisType::new(
     "redislock",
@@ -64,6 +66,9 @@ unsafe extern "C" fn rdb_save(rdb: *mut raw::RedisModuleIO, value: *mut c_void) 
             return;
         };
         raw::save_unsigned(rdb, lock.mode().code());
+        if let Some(limit) = lock.limit() {
+            raw::save_unsigned(rdb, u64::from(limit));
+        }
         raw::save_unsigned(rdb, lock.holders().len() as u64);
         for h in lock.holders() {
             raw::save_slice(rdb, &h.owner);
@@ -74,8 +79,14 @@ unsafe extern "C" fn rdb_save(rdb: *mut raw::RedisModuleIO, value: *mut c_void) 
     })
 }
 
-fn load_lock(rdb: *mut raw::RedisModuleIO) -> Option<Lock> {
+fn load_lock(rdb: *mut raw::RedisModuleIO, encver: c_int) -> Option<Lock> {
     let mode = Mode::from_code(raw::load_unsigned(rdb).ok()?)?;
+    let kind = match mode {
+        // Version 1 has no semaphores.
+        Mode::Semaphore if encver < 2 => return None,
+        Mode::Semaphore => Kind::Semaphore(u32::try_from(raw::load_unsigned(rdb).ok()?).ok()?),
+        mode => mode.into(),
+    };
     let count = raw::load_unsigned(rdb).ok()?;
     // Never trust a count for an allocation: a corrupt one would abort.
     let mut holders = Vec::with_capacity(usize::try_from(count.min(64)).ok()?);
@@ -97,7 +108,7 @@ fn load_lock(rdb: *mut raw::RedisModuleIO) -> Option<Lock> {
     if !holders.iter().all(|h| Tokens::plausible(h.token, now)) {
         return None;
     }
-    let lock = Lock::from_holders(mode, holders).ok()?;
+    let lock = Lock::from_holders(kind, holders).ok()?;
     if lock.is_empty() {
         return None;
     }
@@ -115,7 +126,7 @@ unsafe extern "C" fn rdb_load(rdb: *mut raw::RedisModuleIO, encver: c_int) -> *m
             ));
             return std::ptr::null_mut();
         }
-        match load_lock(rdb) {
+        match load_lock(rdb, encver) {
             Some(lock) => {
                 stats::value(1, lock.census());
                 index_loaded(rdb, &lock);
@@ -140,21 +151,39 @@ unsafe extern "C" fn aof_rewrite(
             return;
         };
         // The same effect replication sends: one `LOCK.SYNC key SET ...` per holder.
+        let mode = lock.mode().c_name().as_ptr();
         for h in lock.holders() {
             let [holds, token, deadline] = replication::numbers(h);
-            api!(RedisModule_EmitAOF(
-                aof,
-                replication::SYNC_COMMAND.as_ptr(),
-                replication::SET_FORMAT.as_ptr(),
-                key,
-                c"SET".as_ptr(),
-                h.owner.as_ptr(),
-                h.owner.len(),
-                lock.mode().c_name().as_ptr(),
-                holds,
-                token,
-                deadline
-            ));
+            let (sync, set) = (replication::SYNC_COMMAND.as_ptr(), c"SET".as_ptr());
+            match lock.limit() {
+                None => api!(RedisModule_EmitAOF(
+                    aof,
+                    sync,
+                    replication::SET_FORMAT.as_ptr(),
+                    key,
+                    set,
+                    h.owner.as_ptr(),
+                    h.owner.len(),
+                    mode,
+                    holds,
+                    token,
+                    deadline
+                )),
+                Some(limit) => api!(RedisModule_EmitAOF(
+                    aof,
+                    sync,
+                    replication::SET_LIMIT_FORMAT.as_ptr(),
+                    key,
+                    set,
+                    h.owner.as_ptr(),
+                    h.owner.len(),
+                    mode,
+                    holds,
+                    token,
+                    deadline,
+                    std::ffi::c_longlong::from(limit)
+                )),
+            };
         }
     })
 }
@@ -227,6 +256,9 @@ unsafe extern "C" fn digest(md: *mut raw::RedisModuleDigest, value: *mut c_void)
         };
         let n = |v: u64| i64::try_from(v).unwrap_or(i64::MAX);
         api!(RedisModule_DigestAddLongLong(md, n(lock.mode().code())));
+        if let Some(limit) = lock.limit() {
+            api!(RedisModule_DigestAddLongLong(md, i64::from(limit)));
+        }
         for h in lock.holders() {
             api!(RedisModule_DigestAddStringBuffer(
                 md,

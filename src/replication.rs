@@ -4,6 +4,7 @@
 //!
 //! ```text
 //! LOCK.SYNC key SET owner exclusive|shared holds token deadline-unix-ms
+//! LOCK.SYNC key SET owner semaphore holds token deadline-unix-ms limit
 //! LOCK.SYNC key DROP owner
 //! ```
 //!
@@ -23,6 +24,8 @@ pub const SYNC_COMMAND: &CStr = c"LOCK.SYNC";
 /// `LOCK.SYNC key SET owner mode holds token deadline`, as `RedisModule_Replicate`
 /// and `RedisModule_EmitAOF` format their arguments.
 pub const SET_FORMAT: &CStr = c"scbclll";
+/// A semaphore holder's `SET`, its limit last.
+pub const SET_LIMIT_FORMAT: &CStr = c"scbcllll";
 /// `LOCK.SYNC key DROP owner`.
 pub const DROP_FORMAT: &CStr = c"scb";
 
@@ -56,19 +59,37 @@ pub fn replicate(ctx: &Context, key: &RedisString, lock: &Lock, changes: &Change
     for owner in changes.owners() {
         if let Some(holder) = lock.holder(owner) {
             let [holds, token, deadline] = numbers(holder);
-            api!(RedisModule_Replicate(
-                c,
-                SYNC_COMMAND.as_ptr(),
-                SET_FORMAT.as_ptr(),
-                key.inner,
-                c"SET".as_ptr(),
-                owner.as_ptr(),
-                owner.len(),
-                lock.mode().c_name().as_ptr(),
-                holds,
-                token,
-                deadline
-            ));
+            let mode = lock.mode().c_name().as_ptr();
+            let (set, owner) = (c"SET".as_ptr(), owner.as_ref());
+            match lock.limit() {
+                None => api!(RedisModule_Replicate(
+                    c,
+                    SYNC_COMMAND.as_ptr(),
+                    SET_FORMAT.as_ptr(),
+                    key.inner,
+                    set,
+                    owner.as_ptr(),
+                    owner.len(),
+                    mode,
+                    holds,
+                    token,
+                    deadline
+                )),
+                Some(limit) => api!(RedisModule_Replicate(
+                    c,
+                    SYNC_COMMAND.as_ptr(),
+                    SET_LIMIT_FORMAT.as_ptr(),
+                    key.inner,
+                    set,
+                    owner.as_ptr(),
+                    owner.len(),
+                    mode,
+                    holds,
+                    token,
+                    deadline,
+                    c_longlong::from(limit)
+                )),
+            };
         }
     }
 }

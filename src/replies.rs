@@ -14,8 +14,12 @@ pub fn event_of(kind: Kind) -> &'static CStr {
         Kind::Acquire => c"lock.acquire",
         Kind::Racquire => c"lock.racquire",
         Kind::Read => c"lock.read",
+        Kind::Semaphore(_) => c"lock.semaphore",
     }
 }
+
+/// The keyspace event of each key a `LOCK.MACQUIRE` grants.
+pub const MULTI_EVENT: &CStr = c"lock.macquire";
 
 /// The reply to a decided grant request (a waiter's too).
 pub fn answer(attempt: Attempt) -> RedisResult {
@@ -23,9 +27,22 @@ pub fn answer(attempt: Attempt) -> RedisResult {
         // Tokens never exceed i64::MAX (lock_core::tokens::MAX_TOKEN).
         Attempt::Granted(token) => Ok(RedisValue::Integer(ffi::int(token))),
         Attempt::Busy => Ok(RedisValue::Null),
-        Attempt::Conflict(Mode::Shared) => Err(LockError::HeldShared.into()),
-        Attempt::Conflict(Mode::Exclusive) => Err(LockError::HeldExclusive.into()),
-        Attempt::TooManyHolds => Err(LockError::TooManyHolds.into()),
-        Attempt::TokensExhausted => Err(LockError::TokensExhausted.into()),
+        refused => Err(error_of(refused).unwrap_or(LockError::Internal).into()),
     }
+}
+
+/// The error a refused request is answered with; `None` for a grant or a
+/// plain "busy" (nil).
+pub fn error_of(attempt: Attempt) -> Option<LockError> {
+    Some(match attempt {
+        Attempt::Granted(_) | Attempt::Busy => return None,
+        Attempt::Conflict(Mode::Exclusive) => LockError::HeldExclusive,
+        // A semaphore's holder asking for a lock is WrongKind, never this.
+        Attempt::Conflict(_) => LockError::HeldShared,
+        Attempt::TooManyHolds => LockError::TooManyHolds,
+        Attempt::TokensExhausted => LockError::TokensExhausted,
+        Attempt::WrongKind(Mode::Semaphore) => LockError::IsSemaphore,
+        Attempt::WrongKind(_) => LockError::NotSemaphore,
+        Attempt::OtherLimit(limit) => LockError::OtherLimit(limit),
+    })
 }

@@ -38,8 +38,10 @@ impl Counter {
 }
 
 /// Every counter `CONFIG RESETSTAT` resets (the gauges are state, not stats).
-fn counters() -> [&'static Counter; 8] {
+fn counters() -> [&'static Counter; 10] {
     [
+        &DEADLOCKS,
+        &DEADLOCK_SEARCHES_CUT,
         &GRANTS,
         &GRANTS_AFTER_WAIT,
         &REFUSALS,
@@ -107,6 +109,10 @@ pub static WAIT_TIMEOUTS: Counter = Counter::new();
 pub static EXPIRED_LEASES: Counter = Counter::new();
 /// Holders released because the connection they were bound to (`BIND`) closed.
 pub static RELEASES_ON_DISCONNECT: Counter = Counter::new();
+/// Requests answered `DEADLOCK` instead of waiting.
+pub static DEADLOCKS: Counter = Counter::new();
+/// Deadlock searches stopped at their limit (the request waited).
+pub static DEADLOCK_SEARCHES_CUT: Counter = Counter::new();
 /// RELEASE by an owner holding nothing (never held, expired, someone else's).
 pub static RELEASES_NOT_HELD: Counter = Counter::new();
 

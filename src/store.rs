@@ -2,6 +2,7 @@
 //! back exactly what changed (value, key expiry, deletion, replication).
 
 use std::ffi::CStr;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use redis_module::{Context, RedisString};
 
@@ -11,12 +12,13 @@ use crate::errors::LockError;
 use crate::fencing;
 use crate::ffi::{self, api};
 use crate::keys::LockKey;
+use crate::replies;
 use crate::replication;
 use crate::stats;
 use crate::timers;
 use crate::txn::Txn;
 use crate::waiting;
-use lock_core::{Changes, Lock};
+use lock_core::{Attempt, Changes, Lock, Request};
 
 /// Runs a core transition on the lock at `name`, replicates its effect and
 /// writes the key back. A key of another type is `WRONGTYPE` and runs nothing.
@@ -63,7 +65,133 @@ pub fn update<R>(
         let (db, key) = ffi::db_key(ctx, name.as_slice());
         timers::schedule(db, &key, visit);
     }
+    grant_ready(ctx);
     Ok(result)
+}
+
+/// Set while multi-key requests are being granted: a transition inside
+/// leaves the ready ones to the outer loop, so one multi-key grant is never
+/// interleaved with another (redis runs one thing at a time: a flag does).
+static GRANTING: AtomicBool = AtomicBool::new(false);
+
+/// Decides a multi-key request on every key before granting any: `Ok(true)`
+/// when every key would grant it now, `Ok(false)` when some key is busy
+/// (held, or, where `queued` says so, others wait ahead), `Err` when some
+/// key refuses it with an error (which wins over busy).
+pub fn check_all(
+    ctx: &Context,
+    names: &[RedisString],
+    request: &Request,
+    queued: impl Fn(&RedisString) -> bool,
+) -> Result<bool, LockError> {
+    let now = clock::now_ms();
+    let mut free = true;
+    for name in names {
+        let mut key = LockKey::open(ctx, name, false)?;
+        let empty = Lock::default();
+        let lock = key.lock()?.map_or(&empty, |l| &*l);
+        match lock.check(request, queued(name), now) {
+            Attempt::Granted(_) => {}
+            Attempt::Busy => free = false,
+            refused => return Err(replies::error_of(refused).unwrap_or(LockError::Internal)),
+        }
+    }
+    Ok(free)
+}
+
+/// Grants a multi-key request on every key, in the order given (after
+/// [`check_all`] said yes, in the same command or timer tick); returns the
+/// tokens in that order. Should a key refuse after all (no token left),
+/// the new grants made before it are undone and its refusal returned.
+pub fn grant_all(
+    ctx: &Context,
+    names: &[RedisString],
+    request: &Request,
+) -> Result<Vec<u64>, LockError> {
+    let outer = GRANTING.swap(true, Ordering::Relaxed);
+    let result = grant_each(ctx, names, request);
+    if !outer {
+        GRANTING.store(false, Ordering::Relaxed);
+        grant_ready(ctx);
+    }
+    result
+}
+
+fn grant_each(
+    ctx: &Context,
+    names: &[RedisString],
+    request: &Request,
+) -> Result<Vec<u64>, LockError> {
+    let mut tokens: Vec<(u64, bool)> = Vec::with_capacity(names.len());
+    for name in names {
+        let attempt = update(ctx, name, |txn| {
+            let before = txn.tokens.last();
+            let attempt = txn
+                .lock
+                .try_acquire(request, false, txn.now, txn.tokens, txn.changes);
+            let new = txn.tokens.last() != before;
+            if new {
+                stats::GRANTS.incr();
+            }
+            if matches!(attempt, Attempt::Granted(_)) {
+                txn.events.push(replies::MULTI_EVENT);
+            }
+            (attempt, new)
+        });
+        match attempt {
+            Ok((Attempt::Granted(token), new)) => tokens.push((token, new)),
+            refused => {
+                for (name, (token, new)) in names.iter().zip(&tokens) {
+                    if *new {
+                        let _ = update(ctx, name, |txn| {
+                            txn.lock
+                                .release_all(&request.owner, *token, txn.now, txn.changes)
+                        });
+                    }
+                }
+                return Err(match refused {
+                    Ok((attempt, _)) => replies::error_of(attempt).unwrap_or(LockError::Internal),
+                    Err(e) => e,
+                });
+            }
+        }
+    }
+    Ok(tokens.into_iter().map(|(t, _)| t).collect())
+}
+
+/// Grants the multi-key requests that became ready (each heads a queue
+/// whose lock would admit it), if each now heads every queue it is in and
+/// every lock admits it; refuses those a key answers with an error.
+fn grant_ready(ctx: &Context) {
+    if GRANTING.swap(true, Ordering::Relaxed) {
+        return;
+    }
+    let home = ffi::selected_db(ctx);
+    while let Some((id, keys, request)) = waiting::take_ready() {
+        let Some(db) = keys.first().map(|k| k.0) else {
+            continue;
+        };
+        if !waiting::heads_every_queue(id) || !ffi::select_db(ctx, db) {
+            continue;
+        }
+        let names: Vec<RedisString> = keys.iter().map(|k| ffi::name(ctx, &k.1)).collect();
+        let outcome = match check_all(ctx, &names, &request, |_| false) {
+            Ok(false) => continue,
+            Ok(true) => None,
+            Err(e) => Some(e),
+        };
+        let Some(claimed) = waiting::claim(id) else {
+            continue;
+        };
+        let outcome = match outcome {
+            Some(e) => Err(e),
+            None => grant_each(ctx, &names, &request)
+                .map(|tokens| keys.iter().cloned().zip(tokens).collect()),
+        };
+        waiting::answer(claimed, outcome);
+    }
+    ffi::select_db(ctx, home);
+    GRANTING.store(false, Ordering::Relaxed);
 }
 
 /// Holders that left in this transaction take their `BIND` with them.

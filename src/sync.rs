@@ -1,7 +1,7 @@
 //! `LOCK.SYNC`: applies one effect of the master's replication stream or of
 //! the AOF (the wire format is `replication`'s), exactly, whatever the time.
 
-use lock_core::{Holder, Lock, Mode, Tokens};
+use lock_core::{Holder, Kind, Lock, Mode, Tokens};
 use redis_module::{Context, ContextFlags, RedisResult, RedisString, RedisValue};
 
 use crate::clock;
@@ -13,7 +13,7 @@ use crate::store;
 use crate::timers;
 
 enum Effect {
-    Set(Mode, Holder),
+    Set(Kind, Holder),
     Drop(Box<[u8]>),
 }
 
@@ -26,10 +26,17 @@ fn parse(args: &[RedisString]) -> Result<(&RedisString, Effect), LockError> {
         [_, key, op, owner] if op.as_slice().eq_ignore_ascii_case(b"DROP") => {
             Ok((key, Effect::Drop(owner.as_slice().into())))
         }
-        [_, key, op, owner, mode, holds, token, deadline]
+        [_, key, op, owner, mode, holds, token, deadline, rest @ ..]
             if op.as_slice().eq_ignore_ascii_case(b"SET") =>
         {
             let mode = Mode::from_name(mode.as_slice()).ok_or(LockError::BadState)?;
+            let kind = match (mode, rest) {
+                (Mode::Semaphore, [limit]) => {
+                    Kind::Semaphore(u32::try_from(number(limit)?).map_err(|_| LockError::BadState)?)
+                }
+                (Mode::Semaphore, _) | (_, [_, ..]) => return Err(LockError::Syntax),
+                (mode, []) => mode.into(),
+            };
             let holder = Holder {
                 owner: owner.as_slice().into(),
                 holds: u32::try_from(number(holds)?).map_err(|_| LockError::BadState)?,
@@ -40,7 +47,7 @@ fn parse(args: &[RedisString]) -> Result<(&RedisString, Effect), LockError> {
             if !Tokens::plausible(holder.token, clock::now_ms()) {
                 return Err(LockError::BadState);
             }
-            Ok((key, Effect::Set(mode, holder)))
+            Ok((key, Effect::Set(kind, holder)))
         }
         _ => Err(LockError::Syntax),
     }
@@ -56,10 +63,10 @@ pub fn sync(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
         return Err(LockError::InternalCommand.into());
     }
     let (name, effect) = parse(&args)?;
-    if let Effect::Set(mode, holder) = &effect {
+    if let Effect::Set(kind, holder) = &effect {
         // Checked before anything is replaced: a bad effect changes nothing.
         Lock::default()
-            .put(*mode, holder.clone())
+            .put(*kind, holder.clone())
             .map_err(|_| LockError::BadState)?;
         let mut key = LockKey::open(ctx, name, true)?;
         if matches!(key.lock(), Err(LockError::WrongType)) {
@@ -68,9 +75,9 @@ pub fn sync(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
     }
     let sweep = store::write_back(ctx, name, |lock| {
         match effect {
-            Effect::Set(mode, holder) => {
+            Effect::Set(kind, holder) => {
                 let token = holder.token;
-                lock.force(mode, holder).map_err(|_| LockError::BadState)?;
+                lock.force(kind, holder).map_err(|_| LockError::BadState)?;
                 fencing::observe(token);
             }
             Effect::Drop(owner) => {

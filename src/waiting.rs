@@ -1,5 +1,4 @@
-//! Waiting inside the server: `WAIT ms` on LOCK.ACQUIRE, LOCK.RACQUIRE and
-//! LOCK.READ.
+//! Waiting inside the server: `WAIT ms` on every grant command.
 //!
 //! A request that cannot be granted blocks its client (`RM_BlockClient`, with
 //! reply, timeout, free and disconnect callbacks) and joins its key's FIFO
@@ -8,6 +7,12 @@
 //! is unblocked with its outcome; its grant is replicated with the
 //! transition that caused it. Locks freed by other means (expiry, DEL, FLUSH,
 //! RENAME ...) reach [`settle`] through the timer (`timers`, `events`).
+//!
+//! A multi-key request (`LOCK.MACQUIRE`) waits in the queue of each of its
+//! keys at once, so the order across keys is the order of arrival. A key's
+//! settle never grants it: when it heads a queue whose lock would admit it,
+//! it is marked ready ([`take_ready`]), and `store` grants it on every key
+//! at once when it heads all its queues and every lock admits it.
 //!
 //! One place decides whether a client still waits: this registry. A waiter
 //! leaves it exactly once: granted (then Redis will not time it out), timed
@@ -30,16 +35,18 @@ use crate::replies;
 use crate::stats;
 use crate::timers;
 use crate::txn::Txn;
-use lock_core::{Attempt, Kind, Owner, Queue, Request};
+use lock_core::{Attempt, Owner, Queue, Request};
 
 /// A blocked client's handle, unique while it is blocked.
-type WaiterId = usize;
+pub type WaiterId = usize;
 
 struct Blocked {
     handle: *mut raw::RedisModuleBlockedClient,
-    key: DbKey,
-    owner: Owner,
-    kind: Kind,
+    /// Its key, or a multi-key request's keys in the order given.
+    keys: Vec<DbKey>,
+    /// What it asks of each key.
+    request: Request,
+    multi: bool,
     /// When its WAIT runs out (unix ms); `None` for `WAIT 0`.
     deadline: Option<u64>,
     /// `BIND`: the connection its grant is bound to.
@@ -59,6 +66,9 @@ struct Revocation {
 /// What an unblocked waiter is told (the blocked client's private data).
 struct Decision {
     outcome: Result<Attempt, LockError>,
+    /// A multi-key grant: each key with its token, in the order given.
+    granted: Vec<(DbKey, u64)>,
+    multi: bool,
     key: DbKey,
     owner: Owner,
     replied: bool,
@@ -69,6 +79,53 @@ struct Registry {
     queues: HashMap<DbKey, Queue<WaiterId>>,
     waiters: HashMap<WaiterId, Blocked>,
     revocations: HashMap<DbKey, Vec<Revocation>>,
+    /// Each owner's waiting requests (deadlock detection).
+    by_owner: HashMap<Owner, Vec<WaiterId>>,
+    /// Multi-key requests that head a queue whose lock would admit them.
+    ready: Vec<WaiterId>,
+}
+
+impl Registry {
+    fn insert(&mut self, id: WaiterId, blocked: Blocked) {
+        for key in &blocked.keys {
+            let queue = self.queues.entry(key.clone()).or_default();
+            match blocked.multi {
+                true => queue.push_part(id, blocked.request.clone()),
+                false => queue.push(id, blocked.request.clone()),
+            }
+        }
+        self.by_owner
+            .entry(blocked.request.owner.clone())
+            .or_default()
+            .push(id);
+        self.waiters.insert(id, blocked);
+    }
+
+    /// Removes a waiter from every queue it is in; the keys where it was
+    /// not alone are returned in `left`, to be visited (it may have held
+    /// back the requests behind it).
+    fn take(&mut self, id: WaiterId, left: &mut Vec<DbKey>) -> Option<Blocked> {
+        let blocked = self.waiters.remove(&id)?;
+        for key in &blocked.keys {
+            if let Some(queue) = self.queues.get_mut(key) {
+                queue.remove(id);
+                match queue.is_empty() {
+                    true => {
+                        self.queues.remove(key);
+                    }
+                    false => left.push(key.clone()),
+                }
+            }
+        }
+        if let Some(ids) = self.by_owner.get_mut(&blocked.request.owner) {
+            ids.retain(|w| *w != id);
+            if ids.is_empty() {
+                self.by_owner.remove(&blocked.request.owner);
+            }
+        }
+        self.ready.retain(|w| *w != id);
+        Some(blocked)
+    }
 }
 
 // SAFETY: blocked-client handles are only used on Redis's main thread; the
@@ -139,8 +196,36 @@ pub fn block(
     bind: Option<ClientId>,
 ) -> RedisResult {
     let key = ffi::db_key(ctx, key.as_slice());
-    if registry().queues.get(&key).map_or(0, Queue::len) >= config::max_waiters() {
-        return Err(LockError::TooManyWaiters(config::MAX_WAITERS.get()).into());
+    block_on(ctx, vec![(key, next_expiry)], request, false, ms, bind)
+}
+
+/// Blocks the calling client's multi-key request (`LOCK.MACQUIRE`): it
+/// waits in every key's queue at once, each key with its lock's earliest
+/// deadline.
+pub fn block_multi(
+    ctx: &Context,
+    keys: Vec<(DbKey, Option<u64>)>,
+    request: Request,
+    ms: u64,
+    bind: Option<ClientId>,
+) -> RedisResult {
+    block_on(ctx, keys, request, true, ms, bind)
+}
+
+fn block_on(
+    ctx: &Context,
+    keys: Vec<(DbKey, Option<u64>)>,
+    request: Request,
+    multi: bool,
+    ms: u64,
+    bind: Option<ClientId>,
+) -> RedisResult {
+    {
+        let registry = registry();
+        let full = |k: &DbKey| registry.queues.get(k).map_or(0, Queue::len) >= config::max_waiters();
+        if keys.iter().any(|(k, _)| full(k)) {
+            return Err(LockError::TooManyWaiters(config::MAX_WAITERS.get()).into());
+        }
     }
     let now = crate::clock::now_ms();
     let deadline = (ms > 0).then(|| now.saturating_add(ms));
@@ -164,32 +249,27 @@ pub fn block(
     ));
     stats::WAITS.incr();
     let id = handle as WaiterId;
-    let owner = request.owner.clone();
-    let kind = request.kind;
-    {
-        let mut registry = registry();
-        registry
-            .queues
-            .entry(key.clone())
-            .or_default()
-            .push(id, request);
-        registry.waiters.insert(
-            id,
-            Blocked {
-                handle,
-                key: key.clone(),
-                owner,
-                kind,
-                deadline,
-                bind,
-            },
-        );
+    registry().insert(
+        id,
+        Blocked {
+            handle,
+            keys: keys.iter().map(|(k, _)| k.clone()).collect(),
+            request,
+            multi,
+            deadline,
+            bind,
+        },
+    );
+    for (i, (key, next_expiry)) in keys.iter().enumerate() {
+        // The WAIT deadline on the first key is enough: a visit of any key
+        // answers a waiter whose WAIT ran out.
+        let timeout = if i == 0 { deadline } else { None };
+        let visit = match (*next_expiry, timeout) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        };
+        timers::schedule_earlier(key.0, &key.1, visit);
     }
-    let visit = match (next_expiry, deadline) {
-        (Some(a), Some(b)) => Some(a.min(b)),
-        (a, b) => a.or(b),
-    };
-    timers::schedule_earlier(key.0, &key.1, visit);
     Ok(RedisValue::NoReply)
 }
 
@@ -244,40 +324,167 @@ pub fn answer_waiters(ctx: &Context, name: &RedisString, txn: &mut Txn) -> Pendi
                 .is_some_and(|d| d <= txn.now)
         })
         .collect();
+    let mut left = Vec::new();
     for id in timed_out {
-        queue.remove(id);
-        if let Some(waiter) = waiters.remove(&id) {
+        if let Some(waiter) = registry.take(id, &mut left) {
             stats::WAIT_TIMEOUTS.incr();
-            unblock(waiter, Ok(Attempt::Busy));
+            unblock(waiter, Ok(Attempt::Busy), Vec::new());
         }
     }
+    let Registry { queues, .. } = &mut *registry;
+    let Some(queue) = queues.get_mut(key) else {
+        drop(registry);
+        visit_now(left, key);
+        return none;
+    };
     let before = txn.tokens.last();
     let answered = queue.settle(txn.lock, txn.now, txn.tokens, txn.changes);
     stats::GRANTS.add(usize::try_from(txn.tokens.last() - before).unwrap_or(0));
+    let part = queue.head_part();
     for (id, attempt) in answered {
-        if let Some(waiter) = waiters.remove(&id) {
+        if let Some(waiter) = registry.take(id, &mut left) {
             if let Attempt::Granted(token) = attempt {
                 stats::GRANTS_AFTER_WAIT.incr();
-                txn.events.push(replies::event_of(waiter.kind));
+                txn.events.push(replies::event_of(waiter.request.kind));
                 if let Some(client) = waiter.bind {
-                    bindings::bind(client, key.clone(), &waiter.owner, token);
+                    bindings::bind(client, key.clone(), &waiter.request.owner, token);
                 }
             }
-            unblock(waiter, Ok(attempt));
+            unblock(waiter, Ok(attempt), Vec::new());
         }
     }
+    // A multi-key request at the head: `store` tries it on all its keys
+    // once this one is written back, if this lock would let it in.
+    if let Some(id) = part {
+        let admitted = registry.waiters.get(&id).is_some_and(|w| {
+            txn.lock.check(&w.request, false, txn.now) != Attempt::Busy
+        });
+        if admitted && !registry.ready.contains(&id) {
+            registry.ready.push(id);
+        }
+    }
+    let Registry {
+        queues, waiters, ..
+    } = &mut *registry;
+    let queue = queues.get(key);
     let next_timeout = queue
-        .iter()
+        .into_iter()
+        .flat_map(Queue::iter)
         .filter_map(|w| waiters.get(&w.id).and_then(|w| w.deadline))
         .min();
-    let waiting = !queue.is_empty();
-    if !waiting {
-        queues.remove(key);
-    }
+    let waiting = queue.is_some_and(|q| !q.is_empty());
+    drop(registry);
+    visit_now(left, key);
     Pending {
         waiting,
         next_timeout,
     }
+}
+
+/// Visits now the keys a waiter left (but not `this` one, being settled).
+fn visit_now(keys: Vec<DbKey>, this: &DbKey) {
+    let now = Some(crate::clock::now_ms());
+    for key in keys.iter().filter(|k| *k != this) {
+        timers::schedule(key.0, &key.1, now);
+    }
+}
+
+/// The next multi-key request marked ready, with its keys and request, if
+/// it still waits.
+pub fn take_ready() -> Option<(WaiterId, Vec<DbKey>, Request)> {
+    let mut registry = registry();
+    while let Some(id) = registry.ready.pop() {
+        if let Some(w) = registry.waiters.get(&id) {
+            return Some((id, w.keys.clone(), w.request.clone()));
+        }
+    }
+    None
+}
+
+/// Whether a multi-key request heads the queue of every one of its keys.
+pub fn heads_every_queue(id: WaiterId) -> bool {
+    let registry = registry();
+    let Some(w) = registry.waiters.get(&id) else {
+        return false;
+    };
+    w.keys.iter().all(|k| {
+        registry
+            .queues
+            .get(k)
+            .and_then(|q| q.iter().next())
+            .is_some_and(|head| head.id == id)
+    })
+}
+
+/// A multi-key request taken out of every queue to be granted or refused:
+/// no timeout or disconnect can answer it meanwhile. [`answer`] replies.
+pub struct Claimed {
+    waiter: Blocked,
+    /// Keys where others wait: visited once it is answered.
+    left: Vec<DbKey>,
+}
+
+/// Claims a waiting multi-key request (`None` when it no longer waits).
+pub fn claim(id: WaiterId) -> Option<Claimed> {
+    let mut left = Vec::new();
+    let waiter = registry().take(id, &mut left)?;
+    Some(Claimed { waiter, left })
+}
+
+/// Answers a claimed multi-key request: the token of each of its keys, in
+/// order, or an error.
+pub fn answer(claimed: Claimed, outcome: Result<Vec<(DbKey, u64)>, LockError>) {
+    let Claimed { waiter, left } = claimed;
+    match outcome {
+        Ok(granted) => {
+            stats::GRANTS_AFTER_WAIT.incr();
+            if let Some(client) = waiter.bind {
+                for (key, token) in &granted {
+                    bindings::bind(client, key.clone(), &waiter.request.owner, *token);
+                }
+            }
+            let first = granted.first().map_or(0, |(_, t)| *t);
+            unblock(waiter, Ok(Attempt::Granted(first)), granted);
+        }
+        Err(e) => unblock(waiter, Err(e), Vec::new()),
+    }
+    let now = Some(crate::clock::now_ms());
+    for key in left {
+        timers::schedule(key.0, &key.1, now);
+    }
+}
+
+/// Every request `owner` has waiting: each key it waits for, what it asks,
+/// and the owners queued ahead of it there that keep it waiting (deadlock
+/// detection reads the holders from the keys).
+pub fn waits_of(owner: &[u8]) -> Vec<(DbKey, Request, Vec<Owner>)> {
+    let registry = registry();
+    let Some(ids) = registry.by_owner.get(owner) else {
+        return Vec::new();
+    };
+    let mut out = Vec::new();
+    for id in ids {
+        let Some(w) = registry.waiters.get(id) else {
+            continue;
+        };
+        for key in &w.keys {
+            let ahead = registry.queues.get(key).map_or_else(Vec::new, |q| {
+                let requests = q.ahead(Some(*id)).map(|a| &a.request);
+                lock_core::deadlock::queued_blockers(requests, &w.request)
+            });
+            out.push((key.clone(), w.request.clone(), ahead));
+        }
+    }
+    out
+}
+
+/// The owners queued for `key` that a new request would wait behind.
+pub fn queued_ahead_of(key: &DbKey, request: &Request) -> Vec<Owner> {
+    let registry = registry();
+    registry.queues.get(key).map_or_else(Vec::new, |q| {
+        let requests = q.ahead(None).map(|a| &a.request);
+        lock_core::deadlock::queued_blockers(requests, request)
+    })
 }
 
 /// Ends the grant `token` of `owner` on `key` at the key's next visit (now).
@@ -303,16 +510,21 @@ pub fn add_revocation(key: DbKey, owner: Owner, token: u64, disconnect: bool) {
 
 /// Answers every waiter of a key with an error (the key now holds another type).
 pub fn fail_all(db: i32, key: &[u8], error: LockError) {
-    let mut registry = registry();
     let id = (db, key.to_vec());
-    let Some(queue) = registry.queues.remove(&id) else {
-        return;
-    };
-    for w in queue.iter() {
-        if let Some(waiter) = registry.waiters.remove(&w.id) {
-            unblock(waiter, Err(error));
+    let mut left = Vec::new();
+    {
+        let mut registry = registry();
+        let ids: Vec<WaiterId> = registry
+            .queues
+            .get(&id)
+            .map_or_else(Vec::new, |q| q.iter().map(|w| w.id).collect());
+        for w in ids {
+            if let Some(waiter) = registry.take(w, &mut left) {
+                unblock(waiter, Err(error), Vec::new());
+            }
         }
     }
+    visit_now(left, &id);
 }
 
 /// Every key with waiters in database `db` (all databases when `db` is -1).
@@ -331,11 +543,14 @@ pub fn is_waited_on(key: &DbKey) -> bool {
     !registry.queues.is_empty() && registry.queues.contains_key(key)
 }
 
-fn unblock(waiter: Blocked, outcome: Result<Attempt, LockError>) {
+fn unblock(waiter: Blocked, outcome: Result<Attempt, LockError>, granted: Vec<(DbKey, u64)>) {
+    let key = waiter.keys.into_iter().next().unwrap_or_default();
     let decision = Box::new(Decision {
         outcome,
-        key: waiter.key,
-        owner: waiter.owner,
+        granted,
+        multi: waiter.multi,
+        key,
+        owner: waiter.request.owner,
         replied: false,
     });
     let data = Box::into_raw(decision).cast::<c_void>();
@@ -351,23 +566,16 @@ fn unblock(waiter: Blocked, outcome: Result<Attempt, LockError>) {
 /// the handle and its two temporary clients (about 35 KB) leaked for every
 /// waiter that disconnected.
 fn leave(handle: *mut raw::RedisModuleBlockedClient) {
-    let key = {
-        let mut registry = registry();
-        let id = handle as WaiterId;
-        let Some(waiter) = registry.waiters.remove(&id) else {
-            return;
-        };
-        if let Some(queue) = registry.queues.get_mut(&waiter.key) {
-            queue.remove(id);
-            if queue.is_empty() {
-                registry.queues.remove(&waiter.key);
-            }
-        }
-        waiter.key
-    };
+    let mut left = Vec::new();
+    if registry().take(handle as WaiterId, &mut left).is_none() {
+        return;
+    }
     // No private data: nothing is replied (the client is gone) or revoked.
     api!(RedisModule_UnblockClient(handle, std::ptr::null_mut()));
-    timers::schedule(key.0, &key.1, Some(crate::clock::now_ms()));
+    let now = Some(crate::clock::now_ms());
+    for key in left {
+        timers::schedule(key.0, &key.1, now);
+    }
 }
 
 extern "C" fn on_reply(
@@ -383,9 +591,16 @@ extern "C" fn on_reply(
         let reply = match unsafe { data.cast::<Decision>().as_mut() } {
             Some(decision) => {
                 decision.replied = true;
-                decision
-                    .outcome
-                    .map_or_else(|e| Err(e.into()), replies::answer)
+                match (&decision.outcome, decision.multi) {
+                    (Ok(Attempt::Granted(_)), true) => Ok(RedisValue::Array(
+                        decision
+                            .granted
+                            .iter()
+                            .map(|(_, t)| RedisValue::Integer(ffi::int(*t)))
+                            .collect(),
+                    )),
+                    (outcome, _) => outcome.map_or_else(|e| Err(e.into()), replies::answer),
+                }
             }
             None => Err(LockError::Internal.into()),
         };
@@ -413,9 +628,14 @@ extern "C" fn free_decision(_raw_ctx: *mut raw::RedisModuleCtx, data: *mut c_voi
         let decision = unsafe { Box::from_raw(data.cast::<Decision>()) };
         if let (false, Ok(Attempt::Granted(token))) = (decision.replied, decision.outcome) {
             // Granted, but the client went away before hearing it: undo.
-            let (db, key) = decision.key;
-            bindings::forget(&(db, key.clone()), &decision.owner);
-            revoke((db, key), decision.owner, token, false);
+            let granted = match decision.multi {
+                true => decision.granted,
+                false => vec![(decision.key, token)],
+            };
+            for (key, token) in granted {
+                bindings::forget(&key, &decision.owner);
+                revoke(key, decision.owner.clone(), token, false);
+            }
         }
     })
 }

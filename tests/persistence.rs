@@ -15,7 +15,7 @@ fn token(r: Reply) -> i64 {
 }
 
 /// The keys [`build_state`] creates that hold a lock afterwards.
-const KEYS: [&[u8]; 5] = [b"x", b"r", b"s", b"bin\0key", b"one"];
+const KEYS: [&[u8]; 6] = [b"x", b"r", b"s", b"bin\0key", b"one", b"sem"];
 
 /// Builds exclusive, reentrant, shared and binary-named locks, plus released and
 /// expired ones. Returns every token issued (released locks' included).
@@ -48,6 +48,11 @@ fn build_state(c: &mut Conn) -> Vec<i64> {
     // A lock with no Redis TTL on its key (PERSIST): its deadline still holds.
     tokens.push(token(c.acquire("one", "a", 100_000)));
     assert_eq!(c.cmd(&["PERSIST", "one"]).int(), 1);
+    // A semaphore of limit 3: two permits with their own leases, one released.
+    for (owner, ttl) in [("p1", "60000"), ("p2", "90000"), ("p3", "90000")] {
+        tokens.push(token(c.cmd(&["LOCK.SEMAPHORE", "sem", "3", owner, ttl])));
+    }
+    assert_eq!(c.release("sem", "p3").int(), 1);
     // An expired one.
     tokens.push(token(c.acquire("expired", "a", 30)));
     sleep_ms(80);
@@ -126,8 +131,16 @@ fn check_restored(c: &mut Conn, before: &Snapshot, tokens: &[i64], elapsed: Dura
     assert_eq!(s.mode, "shared", "{what}");
     assert_eq!(s.holders.len(), 2, "{what}");
     assert_eq!(s.holder("r1").holds, 2, "{what}");
+    let sem = c.lock_info("sem").expect("sem held");
+    assert_eq!((sem.mode.as_str(), sem.limit), ("semaphore", Some(3)), "{what}");
+    assert_eq!(sem.holders.len(), 2, "{what}");
     assert!(c.lock_info("gone").is_none(), "{what}");
     assert!(c.lock_info("expired").is_none(), "{what}");
+    // The limit survived: a third permit is free, a fourth is not.
+    token(c.cmd(&["LOCK.SEMAPHORE", "sem", "3", "p4", "10000"]));
+    assert!(c.cmd(&["LOCK.SEMAPHORE", "sem", "3", "p5", "10000"]).is_nil(), "{what}");
+    assert!(c.cmd(&["LOCK.SEMAPHORE", "sem", "4", "p5", "10000"]).is_err(), "{what}");
+    assert_eq!(c.release("sem", "p4").int(), 1, "{what}");
     // The restored state works: refusals, releases, re-entry.
     assert!(c.acquire("x", "b", 10_000).is_nil(), "{what}");
     assert!(c.acquire("s", "w", 10_000).is_nil(), "{what}");
@@ -384,7 +397,7 @@ fn dump_and_restore_keep_the_state() {
     let s = Server::start();
     let mut c = s.conn();
     build_state(&mut c);
-    for key in ["x", "r", "s", "one"] {
+    for key in ["x", "r", "s", "one", "sem"] {
         let payload = dump(&mut c, key);
         let before = c.lock_info(key).expect("held");
         // Into a new key.
@@ -435,6 +448,41 @@ fn dump_and_restore_keep_the_state() {
     );
     assert!(c.lock_info("short2").is_none());
     token(c.acquire("short2", "b", 10_000));
+    c.ping();
+}
+
+/// Sets the module type's encoding version in a DUMP payload (the low 10
+/// bits of the module id, after the type byte and 0x81) and re-signs it.
+fn with_encoding_version(payload: &[u8], encver: u16) -> Vec<u8> {
+    let (body, version) = dump_parts(payload);
+    assert_eq!(body[1], 0x81, "a module value: {}", show(body));
+    let mut body = body.to_vec();
+    body[8] = (body[8] & !0x03) | (encver >> 8) as u8;
+    body[9] = encver as u8;
+    dump_with_footer(&body, version)
+}
+
+/// Encoding version 2 added semaphores; what version 1 (0.2.0) wrote still
+/// loads, and a semaphore cannot be in version 1.
+#[test]
+fn encoding_version_1_still_loads() {
+    let s = Server::start();
+    let mut c = s.conn();
+    build_state(&mut c);
+    for key in ["x", "r", "s", "bin\0key"] {
+        let v2 = dump(&mut c, key);
+        let v1 = with_encoding_version(&v2, 1);
+        assert_ne!(v1, v2, "{key}: this build writes version 2");
+        assert_eq!(with_encoding_version(&v1, 2), v2, "{key}: only the version differs");
+        let before = c.lock_info(key).expect("held");
+        c.cmd(&[b"RESTORE".as_slice(), key.as_bytes(), b"0", &v1, b"REPLACE"])
+            .ok();
+        assert_eq!(c.lock_info(key).expect("restored").stable(), before.stable(), "{key}");
+    }
+    let v1 = with_encoding_version(&dump(&mut c, "sem"), 1);
+    let r = c.cmd(&[b"RESTORE".as_slice(), b"sem1", b"0", &v1]);
+    assert!(r.is_err(), "a semaphore in encoding version 1: {r:?}");
+    assert!(c.lock_info("sem1").is_none());
     c.ping();
 }
 

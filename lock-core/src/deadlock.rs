@@ -36,32 +36,33 @@ pub enum Search {
     Cut,
 }
 
+/// The owners of the requests `ahead` of `req` in one key's queue that keep
+/// it waiting: all but readers ahead of a reader, and its own owner's.
+pub fn queued_blockers<'a>(ahead: impl Iterator<Item = &'a Request>, req: &Request) -> Vec<Owner> {
+    let mut out: Vec<Owner> = Vec::new();
+    for r in ahead {
+        let passes = r.kind == Kind::Read && req.kind == Kind::Read;
+        if !passes && r.owner != req.owner && !out.contains(&r.owner) {
+            out.push(r.owner.clone());
+        }
+    }
+    out
+}
+
 /// The owners that keep `req` waiting on one key: the lock's live holders
-/// when it does not admit the request, and the owners of the requests
-/// `ahead` of it it cannot be granted together with. An owner never waits
-/// for itself (its own repeat is answered at once), and a key it already
-/// holds keeps it waiting for nobody.
-pub fn blockers<'a>(
-    lock: &Lock,
-    ahead: impl Iterator<Item = &'a Request>,
-    req: &Request,
-    now: u64,
-) -> Vec<Owner> {
+/// when it does not admit the request, and `queued` (from
+/// [`queued_blockers`]). An owner never waits for itself, and a key it
+/// already holds keeps it waiting for nobody (its repeat is answered at once).
+pub fn blockers(lock: &Lock, queued: Vec<Owner>, req: &Request, now: u64) -> Vec<Owner> {
     if lock.live(now).any(|h| h.owner == req.owner) {
         return Vec::new();
     }
-    let mut out: Vec<Owner> = Vec::new();
-    let mut add = |owner: &Owner| {
-        if *owner != req.owner && !out.contains(owner) {
-            out.push(owner.clone());
-        }
-    };
+    let mut out = queued;
     if !lock.admits(req.kind, now) {
-        lock.live(now).for_each(|h| add(&h.owner));
-    }
-    for r in ahead {
-        if !(r.kind == Kind::Read && req.kind == Kind::Read) {
-            add(&r.owner);
+        for h in lock.live(now) {
+            if !out.contains(&h.owner) {
+                out.push(h.owner.clone());
+            }
         }
     }
     out
@@ -132,20 +133,19 @@ mod tests {
         let reader = req(Kind::Read, &o(4));
         // A writer waits for both readers; a reader for nobody but the
         // writer queued ahead of it.
-        assert_eq!(blockers(&lock, [].iter(), &writer, 1), vec![o(1), o(2)]);
+        assert_eq!(blockers(&lock, vec![], &writer, 1), vec![o(1), o(2)]);
         let queued = [writer.clone(), req(Kind::Read, &o(5))];
-        assert_eq!(blockers(&lock, queued.iter(), &reader, 1), vec![o(3)]);
+        let ahead = queued_blockers(queued.iter(), &reader);
+        assert_eq!(blockers(&lock, ahead, &reader, 1), vec![o(3)]);
         // Its own requests and a key it holds keep an owner waiting for nobody.
-        assert_eq!(
-            blockers(&lock, queued.iter(), &req(Kind::Acquire, &o(3)), 1),
-            vec![o(1), o(2), o(5)]
-        );
-        assert!(blockers(&lock, queued.iter(), &req(Kind::Read, &o(1)), 1).is_empty());
+        let me = req(Kind::Acquire, &o(3));
+        let ahead = queued_blockers(queued.iter(), &me);
+        assert_eq!(blockers(&lock, ahead, &me, 1), vec![o(5), o(1), o(2)]);
+        let holder = req(Kind::Read, &o(1));
+        let ahead = queued_blockers(queued.iter(), &holder);
+        assert!(blockers(&lock, ahead, &holder, 1).is_empty());
         // Expired holders keep nobody.
-        assert_eq!(
-            blockers(&lock, [].iter(), &writer, 100),
-            Vec::<Owner>::new()
-        );
+        assert_eq!(blockers(&lock, vec![], &writer, 100), Vec::<Owner>::new());
     }
 
     #[test]

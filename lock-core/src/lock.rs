@@ -392,11 +392,11 @@ impl Lock {
         Verdict::New
     }
 
-    /// What `req` would get now, ahead of every waiter, without changing
-    /// anything: `Granted(0)` stands for a grant (a repeat's token is its
-    /// own). Used to decide all the keys of a multi-key request first.
-    pub fn check(&self, req: &Request, now: u64) -> Attempt {
-        match self.verdict(req, false, now) {
+    /// What [`Lock::try_acquire`] would answer, without changing anything:
+    /// `Granted(0)` stands for a new grant (a repeat's token is its own).
+    /// Used to decide every key of a multi-key request before granting any.
+    pub fn check(&self, req: &Request, queued_ahead: bool, now: u64) -> Attempt {
+        match self.verdict(req, queued_ahead, now) {
             Verdict::Repeat => Attempt::Granted(self.holder(&req.owner).map_or(0, |h| h.token)),
             Verdict::New => Attempt::Granted(0),
             Verdict::Refused(attempt) => attempt,
@@ -898,21 +898,21 @@ mod tests {
         let mut lock = Lock::default();
         let mut tokens = Tokens::starting_after(0);
         let r = req(Kind::Acquire, "a", 100);
-        assert_eq!(lock.check(&r, 0), Attempt::Granted(0));
+        assert_eq!(lock.check(&r, false, 0), Attempt::Granted(0));
         acquire(&mut lock, &mut tokens, r.clone(), 0);
         let before = lock.clone();
         assert_eq!(
-            lock.check(&r, 1),
+            lock.check(&r, false, 1),
             Attempt::Granted(1),
             "a repeat keeps its token"
         );
-        assert_eq!(lock.check(&req(Kind::Acquire, "b", 100), 1), Attempt::Busy);
+        assert_eq!(lock.check(&req(Kind::Acquire, "b", 100), false, 1), Attempt::Busy);
         assert_eq!(
-            lock.check(&req(Kind::Read, "a", 100), 1),
+            lock.check(&req(Kind::Read, "a", 100), false, 1),
             Attempt::Conflict(Mode::Exclusive)
         );
         assert_eq!(
-            lock.check(&req(Kind::Acquire, "b", 100), 100),
+            lock.check(&req(Kind::Acquire, "b", 100), false, 100),
             Attempt::Granted(0)
         );
         assert_eq!(lock, before);

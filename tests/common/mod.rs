@@ -995,6 +995,8 @@ pub struct LockInfo {
     pub mode: String,
     pub holders: Vec<HolderInfo>,
     pub waiters: i64,
+    /// A semaphore's limit (`None` for a lock).
+    pub limit: Option<i64>,
 }
 
 impl LockInfo {
@@ -1006,26 +1008,33 @@ impl LockInfo {
         }
         let pairs: Vec<(String, Reply)> = match r {
             Reply::Array(a) => {
-                assert_eq!(a.len(), 6, "LOCK.INFO (RESP2) has 6 elements: {r:?}");
+                assert!(
+                    a.len() == 6 || a.len() == 8,
+                    "LOCK.INFO (RESP2) has 6 elements (8 for a semaphore): {r:?}"
+                );
                 r.pairs()
             }
             Reply::Map(m) => {
-                assert_eq!(m.len(), 3, "LOCK.INFO (RESP3) has 3 entries: {r:?}");
+                assert!(
+                    m.len() == 3 || m.len() == 4,
+                    "LOCK.INFO (RESP3) has 3 entries (4 for a semaphore): {r:?}"
+                );
                 r.pairs()
             }
             other => panic!("LOCK.INFO: expected an array, a map or nil, got {other:?}"),
         };
         let keys: Vec<&str> = pairs.iter().map(|(k, _)| k.as_str()).collect();
-        assert_eq!(
-            keys,
-            ["mode", "holders", "waiters"],
-            "LOCK.INFO keys: {r:?}"
-        );
         let mode = pairs[0].1.str();
+        let want: &[&str] = match mode.as_str() {
+            "semaphore" => &["mode", "holders", "waiters", "limit"],
+            _ => &["mode", "holders", "waiters"],
+        };
+        assert_eq!(keys, want, "LOCK.INFO keys: {r:?}");
         assert!(
-            mode == "exclusive" || mode == "shared",
-            "LOCK.INFO mode is exclusive or shared: {r:?}"
+            mode == "exclusive" || mode == "shared" || mode == "semaphore",
+            "LOCK.INFO mode is exclusive, shared or semaphore: {r:?}"
         );
+        let limit = pairs.get(3).map(|(_, l)| l.int());
         let mut holders: Vec<HolderInfo> = pairs[1]
             .1
             .array()
@@ -1047,6 +1056,7 @@ impl LockInfo {
             mode,
             holders,
             waiters,
+            limit,
         })
     }
 

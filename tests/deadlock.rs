@@ -1,0 +1,126 @@
+//! Deadlock detection (shared/CONTRACT.md, "Deadlock detection"): a request
+//! that would close a cycle of waits is answered `DEADLOCK` at once, state
+//! unchanged; a chain without a cycle waits.
+
+mod common;
+
+use std::time::Duration;
+
+use common::*;
+
+fn token(r: Reply) -> i64 {
+    match r {
+        Reply::Int(t) if t > 0 => t,
+        other => panic!("expected a token, got {other:?}"),
+    }
+}
+
+fn stat(c: &mut Conn, field: &str) -> i64 {
+    c.info_field("lock", &format!("lock_{field}")).parse().unwrap()
+}
+
+/// Sends a waiting request on its own connection and waits until it queues.
+fn wait_on(s: &Server, obs: &mut Conn, args: &[&str]) -> Conn {
+    let before = stat(obs, "waiters");
+    let mut w = s.conn();
+    w.send(args).unwrap();
+    w.set_timeout(Duration::from_secs(8));
+    wait_until(Duration::from_secs(5), "the request to queue", || {
+        stat(obs, "waiters") == before + 1
+    });
+    w
+}
+
+fn is_deadlock(r: &Reply) -> bool {
+    matches!(r, Reply::Error(e) if e.starts_with("DEADLOCK"))
+}
+
+#[test]
+fn two_owners_crossing_two_keys() {
+    let s = Server::start();
+    let mut c = s.conn();
+    token(c.acquire("a", "x", 60000));
+    token(c.acquire("b", "y", 60000));
+    let mut xw = wait_on(&s, &mut c, &["LOCK.ACQUIRE", "b", "x", "60000", "WAIT", "0"]);
+    let before = (c.lock_info("a"), c.lock_info("b"));
+    let r = c.cmd(&["LOCK.ACQUIRE", "a", "y", "60000", "WAIT", "0"]);
+    assert!(is_deadlock(&r), "{r:?}");
+    assert_eq!((c.lock_info("a"), c.lock_info("b")), before, "state unchanged");
+    assert_eq!(stat(&mut c, "deadlocks"), 1);
+    // Without WAIT it is a plain refusal.
+    assert!(c.acquire("a", "y", 60000).is_nil());
+    // y gives way: x gets b.
+    assert_eq!(c.release("b", "y").int(), 1);
+    token(xw.read_reply().unwrap());
+}
+
+#[test]
+fn a_chain_without_a_cycle_waits_and_a_long_cycle_is_found() {
+    let s = Server::start();
+    let mut c = s.conn();
+    // o0 holds k0, o1 holds k1, ...; o_i waits for k_{i+1}.
+    let n = 6;
+    for i in 0..n {
+        token(c.acquire(&format!("k{i}"), &format!("o{i}"), "60000".parse().unwrap()));
+    }
+    let mut waiting = Vec::new();
+    for i in 0..n - 1 {
+        let (k, o) = (format!("k{}", i + 1), format!("o{i}"));
+        waiting.push(wait_on(&s, &mut c, &["LOCK.ACQUIRE", &k, &o, "60000", "WAIT", "0"]));
+    }
+    // Someone else joining the chain's end waits (no cycle).
+    let mut tail = wait_on(&s, &mut c, &["LOCK.ACQUIRE", "k0", "outsider", "60000", "WAIT", "0"]);
+    // The last owner closing the ring is told at once.
+    let last = format!("o{}", n - 1);
+    let r = c.cmd(&["LOCK.ACQUIRE", "k0", &last, "60000", "WAIT", "0"]);
+    assert!(is_deadlock(&r), "{r:?}");
+    // Through a queued request ahead: the outsider waits on k0 ahead of it.
+    let r = c.cmd(&["LOCK.ACQUIRE", "k0", "outsider2", "60000", "WAIT", "100"]);
+    assert!(r.is_nil(), "no cycle through outsider2: {r:?}");
+    assert_eq!(c.release("k0", "o0").int(), 1);
+    token(tail.read_reply().unwrap());
+    drop(waiting);
+}
+
+#[test]
+fn cycles_through_readers_semaphores_multi_key_requests_and_databases() {
+    let s = Server::start();
+    let mut c = s.conn();
+    // Readers: r holds `doc` shared; w waits to write it; r waits for w's key.
+    token(c.read("doc", "r", 60000));
+    token(c.acquire("wkey", "w", 60000));
+    let _w = wait_on(&s, &mut c, &["LOCK.ACQUIRE", "doc", "w", "60000", "WAIT", "0"]);
+    let r = c.cmd(&["LOCK.ACQUIRE", "wkey", "r", "60000", "WAIT", "0"]);
+    assert!(is_deadlock(&r), "through a reader: {r:?}");
+    // A reader behind a waiting writer waits for it.
+    token(c.acquire("rk", "z", 60000));
+    let _z = wait_on(&s, &mut c, &["LOCK.READ", "doc", "z", "60000", "WAIT", "0"]);
+    // (z waits for w's queued write, w for r: no cycle back to z unless r waits for z.)
+    let r = c.cmd(&["LOCK.ACQUIRE", "rk", "r", "60000", "WAIT", "0"]);
+    assert!(is_deadlock(&r), "r -> z -> w (queued ahead) -> r: {r:?}");
+
+    // Semaphores: p1 and p2 hold both permits; p1 waits for q's key; q
+    // waiting for a permit closes the cycle through p1.
+    c.cmd(&["FLUSHALL"]).ok();
+    token(c.cmd(&["LOCK.SEMAPHORE", "sem", "2", "p1", "60000"]));
+    token(c.cmd(&["LOCK.SEMAPHORE", "sem", "2", "p2", "60000"]));
+    token(c.acquire("qk", "q", 60000));
+    let _p1 = wait_on(&s, &mut c, &["LOCK.ACQUIRE", "qk", "p1", "60000", "WAIT", "0"]);
+    let r = c.cmd(&["LOCK.SEMAPHORE", "sem", "2", "q", "60000", "WAIT", "0"]);
+    assert!(is_deadlock(&r), "through a semaphore: {r:?}");
+
+    // Multi-key requests, and a key in another database.
+    token(c.acquire("m1", "a", 60000));
+    c.cmd(&["SELECT", "3"]).ok();
+    token(c.acquire("m2", "b", 60000));
+    let mut s3 = s.conn();
+    s3.cmd(&["SELECT", "3"]).ok();
+    let before = stat(&mut c, "waiters");
+    s3.send(&["LOCK.MACQUIRE", "2", "m2", "m3", "a", "60000", "WAIT", "0"]).unwrap();
+    wait_until(Duration::from_secs(5), "queued", || stat(&mut c, "waiters") == before + 1);
+    c.cmd(&["SELECT", "0"]).ok();
+    let r = c.cmd(&["LOCK.MACQUIRE", "2", "m1", "m4", "b", "60000", "WAIT", "0"]);
+    assert!(is_deadlock(&r), "multi-key across databases: {r:?}");
+    assert!(c.lock_info("m4").is_none(), "nothing granted");
+    assert!(stat(&mut c, "deadlocks") >= 4);
+}
