@@ -163,6 +163,22 @@ pub fn semaphore(args: Vec<RedisString>) -> Result<Grant, LockError> {
     })
 }
 
+/// Where `LOCK.MACQUIRE`'s keys are in `args` (the command name first), for
+/// a cluster's routing; empty when numkeys is not valid (the command itself
+/// then answers the error).
+pub fn macquire_key_positions(args: &[RedisString]) -> std::ops::Range<usize> {
+    let Some(numkeys) = args
+        .get(1)
+        .and_then(|n| count(n, MAX_KEYS, LockError::Syntax).ok())
+    else {
+        return 0..0;
+    };
+    if args.len() < numkeys.saturating_add(4) {
+        return 0..0;
+    }
+    2..numkeys + 2
+}
+
 /// `LOCK.MACQUIRE numkeys key [key ...] owner ttl [WAIT ms] [BIND]`.
 pub fn macquire(args: Vec<RedisString>) -> Result<MultiGrant, LockError> {
     let mut args = Args::new(args);

@@ -45,6 +45,16 @@ pub fn semaphore(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
 /// `LOCK.MACQUIRE numkeys key [key ...] owner ttl [WAIT ms] [BIND]`: all
 /// the keys or none. Every key is decided before any is granted.
 pub fn macquire(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
+    // A cluster asks where the keys are (`getkeys-api`): Redis routes
+    // module commands by this, not by the key spec.
+    if api!(RedisModule_IsKeysPositionRequest(ctx.ctx)).unwrap_or(0) != 0 {
+        for pos in args::macquire_key_positions(&args) {
+            if let Ok(pos) = std::os::raw::c_int::try_from(pos) {
+                api!(RedisModule_KeyAtPos(ctx.ctx, pos));
+            }
+        }
+        return Ok(RedisValue::NoReply);
+    }
     master_only(ctx)?;
     let grant = args::macquire(args)?;
     let bind = match grant.bind {
@@ -52,9 +62,7 @@ pub fn macquire(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
         false => None,
     };
     let request = &grant.request;
-    let free = store::check_all(ctx, &grant.keys, request, |k| {
-        waiting::has_waiters(ctx, k)
-    })?;
+    let free = store::check_all(ctx, &grant.keys, request, |k| waiting::has_waiters(ctx, k))?;
     if free {
         let tokens = store::grant_all(ctx, &grant.keys, request)?;
         let db = ffi::selected_db(ctx);
@@ -80,7 +88,9 @@ pub fn macquire(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
             let mut waits = Vec::with_capacity(keys.len());
             for (key, name) in keys.into_iter().zip(&grant.keys) {
                 let mut open = LockKey::open(ctx, name, false)?;
-                let next_expiry = open.lock()?.and_then(|l| l.live(now).map(|h| h.deadline).min());
+                let next_expiry = open
+                    .lock()?
+                    .and_then(|l| l.live(now).map(|h| h.deadline).min());
                 waits.push((key, next_expiry));
             }
             waiting::block_multi(ctx, waits, grant.request, ms, bind)
@@ -265,7 +275,10 @@ fn reply_info(ctx: &Context, lock: &Lock, now: u64, waiters: usize) {
     };
     let len = |n: usize| c_long::try_from(n).unwrap_or(c_long::MAX);
     let limit = lock.limit();
-    api!(RedisModule_ReplyWithMap(c, if limit.is_some() { 4 } else { 3 }));
+    api!(RedisModule_ReplyWithMap(
+        c,
+        if limit.is_some() { 4 } else { 3 }
+    ));
     bulk(b"mode");
     bulk(lock.mode().name().as_bytes());
     bulk(b"holders");

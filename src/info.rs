@@ -29,12 +29,13 @@ extern "C" fn info(ctx: *mut raw::RedisModuleInfoCtx, for_crash_report: c_int) {
         if for_crash_report == 0 {
             stats::follow_resetstat();
         }
-        let (keys, exclusive, shared) = stats::gauges();
+        let [keys, exclusive, shared, semaphore] = stats::gauges();
         let count = |n: usize| ffi::int(n);
-        let fields: [(&CStr, i64); 20] = [
+        let fields: [(&CStr, i64); 21] = [
             (c"keys", keys),
             (c"holders_exclusive", exclusive),
             (c"holders_shared", shared),
+            (c"holders_semaphore", semaphore),
             // Never blocks (INFO also runs while a crash report is written,
             // when a lock may be held): -1 when the count is not available.
             (c"waiters", waiting::total().map_or(-1, count)),

@@ -28,8 +28,8 @@ mod args;
 mod bindings;
 mod clock;
 mod commands;
-mod deadlocks;
 mod config;
+mod deadlocks;
 mod errors;
 mod events;
 mod fencing;
@@ -100,11 +100,12 @@ const COMMANDS: [Command; 10] = [
         1,
         1
     ),
-    // Its keys are found from numkeys by its key spec (`metadata`).
+    // Its keys are found from numkeys: by its key spec (`metadata`) for
+    // COMMAND GETKEYS and ACLs, by the command itself for cluster routing.
     command!(
         c"lock.macquire",
         commands::macquire,
-        c"write deny-oom blocking",
+        c"write deny-oom blocking getkeys-api",
         0,
         0,
         0

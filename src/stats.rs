@@ -117,8 +117,8 @@ pub static DEADLOCK_SEARCHES_CUT: Counter = Counter::new();
 pub static RELEASES_NOT_HELD: Counter = Counter::new();
 
 static KEYS: AtomicI64 = AtomicI64::new(0);
-static HOLDERS_EXCLUSIVE: AtomicI64 = AtomicI64::new(0);
-static HOLDERS_SHARED: AtomicI64 = AtomicI64::new(0);
+/// Holders by mode: exclusive, shared, semaphore permits.
+static HOLDERS: [AtomicI64; 3] = [AtomicI64::new(0), AtomicI64::new(0), AtomicI64::new(0)];
 
 fn delta(n: usize) -> i64 {
     i64::try_from(n).unwrap_or(i64::MAX)
@@ -130,22 +130,25 @@ pub fn lock_keys() -> i64 {
 }
 
 /// A lock value appeared (`+1`) or went (`-1`) with these holders.
-pub fn value(sign: i64, census: (usize, usize)) {
+pub fn value(sign: i64, census: [usize; 3]) {
     KEYS.fetch_add(sign, Ordering::Relaxed);
     holders(sign, census);
 }
 
-/// Holders added (`+1`) or removed (`-1`) in a stored value.
-pub fn holders(sign: i64, (exclusive, shared): (usize, usize)) {
-    HOLDERS_EXCLUSIVE.fetch_add(sign * delta(exclusive), Ordering::Relaxed);
-    HOLDERS_SHARED.fetch_add(sign * delta(shared), Ordering::Relaxed);
+/// Holders added (`+1`) or removed (`-1`) in a stored value, by mode.
+pub fn holders(sign: i64, census: [usize; 3]) {
+    for (gauge, n) in HOLDERS.iter().zip(census) {
+        gauge.fetch_add(sign * delta(n), Ordering::Relaxed);
+    }
 }
 
-/// The gauges: lock keys, exclusive holders, shared holders.
-pub fn gauges() -> (i64, i64, i64) {
-    (
+/// The gauges: lock keys, exclusive holders, shared holders, semaphore permits.
+pub fn gauges() -> [i64; 4] {
+    let [e, s, p] = &HOLDERS;
+    [
         KEYS.load(Ordering::Relaxed),
-        HOLDERS_EXCLUSIVE.load(Ordering::Relaxed),
-        HOLDERS_SHARED.load(Ordering::Relaxed),
-    )
+        e.load(Ordering::Relaxed),
+        s.load(Ordering::Relaxed),
+        p.load(Ordering::Relaxed),
+    ]
 }

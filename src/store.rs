@@ -12,8 +12,8 @@ use crate::errors::LockError;
 use crate::fencing;
 use crate::ffi::{self, api};
 use crate::keys::LockKey;
-use crate::replies;
 use crate::replication;
+use crate::replies;
 use crate::stats;
 use crate::timers;
 use crate::txn::Txn;
@@ -248,7 +248,7 @@ pub fn write_back<R>(
         Some(deadline) => {
             if !existed {
                 key.store(fresh)?;
-                stats::value(1, (0, 0));
+                stats::value(1, [0, 0, 0]);
             }
             key.expire_at(deadline);
         }

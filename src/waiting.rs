@@ -222,7 +222,8 @@ fn block_on(
 ) -> RedisResult {
     {
         let registry = registry();
-        let full = |k: &DbKey| registry.queues.get(k).map_or(0, Queue::len) >= config::max_waiters();
+        let full =
+            |k: &DbKey| registry.queues.get(k).map_or(0, Queue::len) >= config::max_waiters();
         if keys.iter().any(|(k, _)| full(k)) {
             return Err(LockError::TooManyWaiters(config::MAX_WAITERS.get()).into());
         }
@@ -356,9 +357,10 @@ pub fn answer_waiters(ctx: &Context, name: &RedisString, txn: &mut Txn) -> Pendi
     // A multi-key request at the head: `store` tries it on all its keys
     // once this one is written back, if this lock would let it in.
     if let Some(id) = part {
-        let admitted = registry.waiters.get(&id).is_some_and(|w| {
-            txn.lock.check(&w.request, false, txn.now) != Attempt::Busy
-        });
+        let admitted = registry
+            .waiters
+            .get(&id)
+            .is_some_and(|w| txn.lock.check(&w.request, false, txn.now) != Attempt::Busy);
         if admitted && !registry.ready.contains(&id) {
             registry.ready.push(id);
         }

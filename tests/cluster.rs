@@ -789,3 +789,34 @@ fn a_waiter_on_the_source_is_not_granted_a_lock_that_migrate_moved_away() {
         "MIGRATE left the slot empty on the source"
     );
 }
+
+/// LOCK.MACQUIRE's keys come from numkeys (its key spec): a cluster routes
+/// it by them and refuses keys of several slots with CROSSSLOT.
+#[test]
+fn macquire_needs_its_keys_in_one_slot() {
+    let cl = Cluster::start();
+    let owner = cl.masters()[0];
+    let (tag, _) = tag_on(&cl, owner, "m");
+    let mut c = cl.nodes[owner].conn();
+    let (a, b) = (format!("{tag}:a"), format!("{tag}:b"));
+    let r = c.cmd(&["LOCK.MACQUIRE", "2", &a, &b, "o", "30000"]);
+    assert_eq!(r.array().len(), 2, "{r:?}");
+    let r = c.cmd(&["LOCK.MACQUIRE", "2", "plain-a", "plain-b", "o", "30000"]);
+    assert!(
+        r.err().starts_with("CROSSSLOT") || r.err().starts_with("MOVED"),
+        "{r:?}"
+    );
+    let other = cl.masters()[1];
+    let (far, _) = tag_on(&cl, other, "f");
+    let r = c.cmd(&[
+        "LOCK.MACQUIRE",
+        "2",
+        &format!("{far}:a"),
+        &format!("{far}:b"),
+        "o",
+        "30000",
+    ]);
+    assert!(r.err().starts_with("MOVED"), "routed by its keys: {r:?}");
+    let r = c.cmd(&["LOCK.MACQUIRE", "2", &a, &format!("{far}:b"), "p", "30000"]);
+    assert!(r.err().starts_with("CROSSSLOT"), "{r:?}");
+}

@@ -16,7 +16,9 @@ fn token(r: Reply) -> i64 {
 }
 
 fn stat(c: &mut Conn, field: &str) -> i64 {
-    c.info_field("lock", &format!("lock_{field}")).parse().unwrap()
+    c.info_field("lock", &format!("lock_{field}"))
+        .parse()
+        .unwrap()
 }
 
 /// Sends a waiting request on its own connection and waits until it queues.
@@ -41,11 +43,19 @@ fn two_owners_crossing_two_keys() {
     let mut c = s.conn();
     token(c.acquire("a", "x", 60000));
     token(c.acquire("b", "y", 60000));
-    let mut xw = wait_on(&s, &mut c, &["LOCK.ACQUIRE", "b", "x", "60000", "WAIT", "0"]);
+    let mut xw = wait_on(
+        &s,
+        &mut c,
+        &["LOCK.ACQUIRE", "b", "x", "60000", "WAIT", "0"],
+    );
     let before = (c.lock_info("a"), c.lock_info("b"));
     let r = c.cmd(&["LOCK.ACQUIRE", "a", "y", "60000", "WAIT", "0"]);
     assert!(is_deadlock(&r), "{r:?}");
-    assert_eq!((c.lock_info("a"), c.lock_info("b")), before, "state unchanged");
+    assert_eq!(
+        (c.lock_info("a"), c.lock_info("b")),
+        before,
+        "state unchanged"
+    );
     assert_eq!(stat(&mut c, "deadlocks"), 1);
     // Without WAIT it is a plain refusal.
     assert!(c.acquire("a", "y", 60000).is_nil());
@@ -66,10 +76,18 @@ fn a_chain_without_a_cycle_waits_and_a_long_cycle_is_found() {
     let mut waiting = Vec::new();
     for i in 0..n - 1 {
         let (k, o) = (format!("k{}", i + 1), format!("o{i}"));
-        waiting.push(wait_on(&s, &mut c, &["LOCK.ACQUIRE", &k, &o, "60000", "WAIT", "0"]));
+        waiting.push(wait_on(
+            &s,
+            &mut c,
+            &["LOCK.ACQUIRE", &k, &o, "60000", "WAIT", "0"],
+        ));
     }
     // Someone else joining the chain's end waits (no cycle).
-    let mut tail = wait_on(&s, &mut c, &["LOCK.ACQUIRE", "k0", "outsider", "60000", "WAIT", "0"]);
+    let mut tail = wait_on(
+        &s,
+        &mut c,
+        &["LOCK.ACQUIRE", "k0", "outsider", "60000", "WAIT", "0"],
+    );
     // The last owner closing the ring is told at once.
     let last = format!("o{}", n - 1);
     let r = c.cmd(&["LOCK.ACQUIRE", "k0", &last, "60000", "WAIT", "0"]);
@@ -89,7 +107,11 @@ fn cycles_through_readers_semaphores_multi_key_requests_and_databases() {
     // Readers: r holds `doc` shared; w waits to write it; r waits for w's key.
     token(c.read("doc", "r", 60000));
     token(c.acquire("wkey", "w", 60000));
-    let _w = wait_on(&s, &mut c, &["LOCK.ACQUIRE", "doc", "w", "60000", "WAIT", "0"]);
+    let _w = wait_on(
+        &s,
+        &mut c,
+        &["LOCK.ACQUIRE", "doc", "w", "60000", "WAIT", "0"],
+    );
     let r = c.cmd(&["LOCK.ACQUIRE", "wkey", "r", "60000", "WAIT", "0"]);
     assert!(is_deadlock(&r), "through a reader: {r:?}");
     // A reader behind a waiting writer waits for it.
@@ -105,7 +127,11 @@ fn cycles_through_readers_semaphores_multi_key_requests_and_databases() {
     token(c.cmd(&["LOCK.SEMAPHORE", "sem", "2", "p1", "60000"]));
     token(c.cmd(&["LOCK.SEMAPHORE", "sem", "2", "p2", "60000"]));
     token(c.acquire("qk", "q", 60000));
-    let _p1 = wait_on(&s, &mut c, &["LOCK.ACQUIRE", "qk", "p1", "60000", "WAIT", "0"]);
+    let _p1 = wait_on(
+        &s,
+        &mut c,
+        &["LOCK.ACQUIRE", "qk", "p1", "60000", "WAIT", "0"],
+    );
     let r = c.cmd(&["LOCK.SEMAPHORE", "sem", "2", "q", "60000", "WAIT", "0"]);
     assert!(is_deadlock(&r), "through a semaphore: {r:?}");
 
@@ -116,8 +142,11 @@ fn cycles_through_readers_semaphores_multi_key_requests_and_databases() {
     let mut s3 = s.conn();
     s3.cmd(&["SELECT", "3"]).ok();
     let before = stat(&mut c, "waiters");
-    s3.send(&["LOCK.MACQUIRE", "2", "m2", "m3", "a", "60000", "WAIT", "0"]).unwrap();
-    wait_until(Duration::from_secs(5), "queued", || stat(&mut c, "waiters") == before + 1);
+    s3.send(&["LOCK.MACQUIRE", "2", "m2", "m3", "a", "60000", "WAIT", "0"])
+        .unwrap();
+    wait_until(Duration::from_secs(5), "queued", || {
+        stat(&mut c, "waiters") == before + 1
+    });
     c.cmd(&["SELECT", "0"]).ok();
     let r = c.cmd(&["LOCK.MACQUIRE", "2", "m1", "m4", "b", "60000", "WAIT", "0"]);
     assert!(is_deadlock(&r), "multi-key across databases: {r:?}");

@@ -23,10 +23,11 @@ use common::*;
 // INFO lock
 // ---------------------------------------------------------------------------
 
-const INFO_FIELDS: [&str; 18] = [
+const INFO_FIELDS: [&str; 21] = [
     "lock_keys",
     "lock_holders_exclusive",
     "lock_holders_shared",
+    "lock_holders_semaphore",
     "lock_waiters",
     "lock_timer_keys",
     "lock_grants",
@@ -40,6 +41,8 @@ const INFO_FIELDS: [&str; 18] = [
     "lock_bound_holders",
     "lock_bindings_memory",
     "lock_releases_on_disconnect",
+    "lock_deadlocks",
+    "lock_deadlock_searches_cut",
     "lock_clock_steps_forward",
     "lock_clock_steps_back",
 ];
@@ -296,6 +299,7 @@ fn config_resetstat_resets_the_counters_not_the_gauges() {
             "lock_keys",
             "lock_holders_exclusive",
             "lock_holders_shared",
+            "lock_holders_semaphore",
             "lock_waiters",
             "lock_timer_keys",
             "lock_last_token",
@@ -361,6 +365,18 @@ fn info_lock_gauges_back_to_zero_after_release_del_flushall_and_reload() {
         stats(&mut c)["lock_keys"] == 0
     });
     assert_gauges(&mut c, 0, 0, 0, "after DEBUG RELOAD then FLUSHALL ASYNC");
+
+    // Semaphore permits have their own gauge.
+    for o in ["p1", "p2"] {
+        c.cmd(&["LOCK.SEMAPHORE", "sem", "3", o, "60000"]).int();
+    }
+    c.cmd(&["DEBUG", "RELOAD"]).ok();
+    assert_eq!(stats(&mut c)["lock_holders_semaphore"], 2);
+    assert_gauges(&mut c, 1, 0, 0, "a semaphore");
+    assert_eq!(c.release("sem", "p1").int(), 1);
+    assert_eq!(stats(&mut c)["lock_holders_semaphore"], 1);
+    c.cmd(&["DEL", "sem"]).int();
+    assert_eq!(stats(&mut c)["lock_holders_semaphore"], 0);
 
     // Nothing held, then a reload: still zero.
     c.cmd(&["DEBUG", "RELOAD"]).ok();

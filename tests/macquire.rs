@@ -41,7 +41,10 @@ fn all_or_none_with_tokens_in_key_order() {
     assert!(t[0] < t[1] && t[1] < t[2], "issued in key order: {t:?}");
     for (i, key) in ["{a}1", "{a}2", "{a}3"].iter().enumerate() {
         let info = c.lock_info(key).unwrap();
-        assert_eq!((info.mode.as_str(), info.holder("o").token), ("exclusive", t[i]));
+        assert_eq!(
+            (info.mode.as_str(), info.holder("o").token),
+            ("exclusive", t[i])
+        );
     }
     // One key held by another: none granted, nothing changed.
     token(c.acquire("{a}5", "p", 60000));
@@ -78,7 +81,17 @@ fn bad_input_is_an_error_and_changes_nothing() {
         &["LOCK.MACQUIRE", "1", "a", "", "10"],
         &["LOCK.MACQUIRE", "1", "a", "o", "0"],
         &["LOCK.MACQUIRE", "1", "a", "o", "10", "WAIT"],
-        &["LOCK.MACQUIRE", "1", "a", "o", "10", "WAIT", "1", "WAIT", "1"],
+        &[
+            "LOCK.MACQUIRE",
+            "1",
+            "a",
+            "o",
+            "10",
+            "WAIT",
+            "1",
+            "WAIT",
+            "1",
+        ],
         &["LOCK.MACQUIRE", "1", "a", "o", "10", "BIND", "BIND"],
         &["LOCK.MACQUIRE", "1", "a", "o", "10", "NOPE"],
         &["LOCK.MACQUIRE", "1", "a", "o"],
@@ -99,8 +112,20 @@ fn bad_input_is_an_error_and_changes_nothing() {
     args.extend(["o".into(), "60000".into()]);
     assert_eq!(tokens(c.cmd(&args)).len(), 1000);
     // The keys are found from numkeys.
-    let r = c.cmd(&["COMMAND", "GETKEYS", "LOCK.MACQUIRE", "2", "x", "y", "o", "10"]);
-    assert_eq!(r.array().iter().map(Reply::str).collect::<Vec<_>>(), ["x", "y"]);
+    let r = c.cmd(&[
+        "COMMAND",
+        "GETKEYS",
+        "LOCK.MACQUIRE",
+        "2",
+        "x",
+        "y",
+        "o",
+        "10",
+    ]);
+    assert_eq!(
+        r.array().iter().map(Reply::str).collect::<Vec<_>>(),
+        ["x", "y"]
+    );
 }
 
 #[test]
@@ -109,7 +134,17 @@ fn a_waiting_request_holds_none_of_its_keys_and_is_never_overtaken() {
     let mut c = s.conn();
     token(c.acquire("b", "holder", 60000));
     let mut m = s.conn();
-    m.send(&["LOCK.MACQUIRE", "2", "a", "b", "multi", "60000", "WAIT", "10000"]).unwrap();
+    m.send(&[
+        "LOCK.MACQUIRE",
+        "2",
+        "a",
+        "b",
+        "multi",
+        "60000",
+        "WAIT",
+        "10000",
+    ])
+    .unwrap();
     m.set_timeout(Duration::from_secs(8));
     let mut obs = s.conn();
     wait_until(Duration::from_secs(5), "the request to queue", || {
@@ -117,9 +152,13 @@ fn a_waiting_request_holds_none_of_its_keys_and_is_never_overtaken() {
     });
     // It holds none of its keys meanwhile, and nobody passes it on `a`.
     assert!(c.lock_info("a").is_none());
-    assert!(c.acquire("a", "late", 60000).is_nil(), "a later request overtook it");
+    assert!(
+        c.acquire("a", "late", 60000).is_nil(),
+        "a later request overtook it"
+    );
     let mut late = s.conn();
-    late.send(&["LOCK.ACQUIRE", "a", "late2", "60000", "WAIT", "10000"]).unwrap();
+    late.send(&["LOCK.ACQUIRE", "a", "late2", "60000", "WAIT", "10000"])
+        .unwrap();
     late.set_timeout(Duration::from_secs(8));
     wait_until(Duration::from_secs(5), "the second waiter", || {
         obs.info_field("lock", "lock_waiters") == "2"
@@ -152,7 +191,8 @@ fn a_waiting_request_is_granted_at_lease_end_and_times_out_cleanly() {
     token(c.acquire("z", "other", 1000));
     // A disconnected waiter is never granted.
     let mut gone = s.conn();
-    gone.send(&["LOCK.MACQUIRE", "2", "w", "x", "g", "60000", "WAIT", "0"]).unwrap();
+    gone.send(&["LOCK.MACQUIRE", "2", "w", "x", "g", "60000", "WAIT", "0"])
+        .unwrap();
     wait_until(Duration::from_secs(5), "queued", || {
         c.info_field("lock", "lock_waiters") == "1"
     });
@@ -184,7 +224,10 @@ fn bind_replication_and_the_aof_get_every_key() {
     });
     wait_for_sync(&master, &replica);
     assert!(r.lock_info("p").is_none() && r.lock_info("q").is_none());
-    assert!(r.cmd(&["LOCK.MACQUIRE", "1", "p", "o", "10"]).err().starts_with("READONLY"));
+    assert!(r
+        .cmd(&["LOCK.MACQUIRE", "1", "p", "o", "10"])
+        .err()
+        .starts_with("READONLY"));
 }
 
 #[test]

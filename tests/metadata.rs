@@ -5,12 +5,19 @@ mod common;
 
 use common::*;
 
-const GRANTS: [&str; 3] = ["lock.acquire", "lock.racquire", "lock.read"];
-/// The commands with a key (LOCK.KEEPALIVE has none: its own test).
-const ALL: [&str; 6] = [
+const GRANTS: [&str; 4] = [
     "lock.acquire",
     "lock.racquire",
     "lock.read",
+    "lock.semaphore",
+];
+/// The commands with one key (LOCK.KEEPALIVE has none, LOCK.MACQUIRE takes
+/// numkeys: their own tests).
+const ALL: [&str; 7] = [
+    "lock.acquire",
+    "lock.racquire",
+    "lock.read",
+    "lock.semaphore",
     "lock.release",
     "lock.renew",
     "lock.info",
@@ -19,6 +26,7 @@ const ALL: [&str; 6] = [
 fn arity(cmd: &str) -> i64 {
     match cmd {
         "lock.acquire" | "lock.racquire" | "lock.read" => -4,
+        "lock.semaphore" => -5,
         "lock.release" => 3,
         "lock.renew" => 4,
         "lock.info" => 2,
@@ -239,6 +247,54 @@ fn keepalive_has_no_key_and_is_a_fast_write() {
 }
 
 #[test]
+fn macquire_finds_its_keys_from_numkeys() {
+    let s = Server::start();
+    let mut c = s.conn();
+    let r = c.cmd(&["COMMAND", "INFO", "lock.macquire"]);
+    let e = r.array()[0].array();
+    assert_eq!(e[1].int(), -5, "arity");
+    let flags = strings(&e[2]);
+    for f in ["write", "denyoom", "blocking", "movablekeys"] {
+        assert!(flags.contains(&f.to_string()), "{f}: {flags:?}");
+    }
+    let specs = e[8].array();
+    assert_eq!(specs.len(), 1, "{:?}", e[8]);
+    let find = specs[0].get("find_keys").expect("find_keys");
+    assert_eq!(find.get("type").map(|t| t.str()).as_deref(), Some("keynum"));
+    let spec = find.get("spec").expect("spec");
+    assert_eq!(
+        (
+            spec.get("keynumidx"),
+            spec.get("firstkey"),
+            spec.get("keystep")
+        ),
+        (
+            Some(Reply::Int(0)),
+            Some(Reply::Int(1)),
+            Some(Reply::Int(1))
+        )
+    );
+    let r = c.cmd(&["COMMAND", "DOCS", "lock.macquire"]);
+    let doc = &r.pairs()[0].1;
+    let mut names = Vec::new();
+    collect_args(&doc.get("arguments").expect("arguments"), &mut names);
+    let names: Vec<&str> = names.iter().map(|(n, _, _)| n.as_str()).collect();
+    assert_eq!(names, ["numkeys", "key", "owner", "ttl", "ms", "bind"]);
+    for (args, keys) in [
+        (vec!["1", "a", "o", "10"], vec!["a"]),
+        (
+            vec!["3", "a", "b", "c", "o", "10", "WAIT", "0", "BIND"],
+            vec!["a", "b", "c"],
+        ),
+    ] {
+        let mut full = vec!["COMMAND", "GETKEYS", "LOCK.MACQUIRE"];
+        full.extend(&args);
+        let r = c.cmd(&full);
+        assert_eq!(r.array().iter().map(Reply::str).collect::<Vec<_>>(), keys);
+    }
+}
+
+#[test]
 fn command_getkeys_returns_the_key() {
     let s = Server::start();
     let mut c = s.conn();
@@ -247,6 +303,7 @@ fn command_getkeys_returns_the_key() {
         vec!["LOCK.ACQUIRE", "the-key", "o", "1000", "WAIT", "10"],
         vec!["LOCK.RACQUIRE", "the-key", "o", "1000"],
         vec!["LOCK.READ", "the-key", "o", "1000", "WAIT", "0"],
+        vec!["LOCK.SEMAPHORE", "the-key", "3", "o", "1000", "BIND"],
         vec!["LOCK.RELEASE", "the-key", "o"],
         vec!["LOCK.RENEW", "the-key", "o", "1000"],
         vec!["LOCK.INFO", "the-key"],

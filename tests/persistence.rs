@@ -132,14 +132,26 @@ fn check_restored(c: &mut Conn, before: &Snapshot, tokens: &[i64], elapsed: Dura
     assert_eq!(s.holders.len(), 2, "{what}");
     assert_eq!(s.holder("r1").holds, 2, "{what}");
     let sem = c.lock_info("sem").expect("sem held");
-    assert_eq!((sem.mode.as_str(), sem.limit), ("semaphore", Some(3)), "{what}");
+    assert_eq!(
+        (sem.mode.as_str(), sem.limit),
+        ("semaphore", Some(3)),
+        "{what}"
+    );
     assert_eq!(sem.holders.len(), 2, "{what}");
     assert!(c.lock_info("gone").is_none(), "{what}");
     assert!(c.lock_info("expired").is_none(), "{what}");
     // The limit survived: a third permit is free, a fourth is not.
     token(c.cmd(&["LOCK.SEMAPHORE", "sem", "3", "p4", "10000"]));
-    assert!(c.cmd(&["LOCK.SEMAPHORE", "sem", "3", "p5", "10000"]).is_nil(), "{what}");
-    assert!(c.cmd(&["LOCK.SEMAPHORE", "sem", "4", "p5", "10000"]).is_err(), "{what}");
+    assert!(
+        c.cmd(&["LOCK.SEMAPHORE", "sem", "3", "p5", "10000"])
+            .is_nil(),
+        "{what}"
+    );
+    assert!(
+        c.cmd(&["LOCK.SEMAPHORE", "sem", "4", "p5", "10000"])
+            .is_err(),
+        "{what}"
+    );
     assert_eq!(c.release("sem", "p4").int(), 1, "{what}");
     // The restored state works: refusals, releases, re-entry.
     assert!(c.acquire("x", "b", 10_000).is_nil(), "{what}");
@@ -473,11 +485,19 @@ fn encoding_version_1_still_loads() {
         let v2 = dump(&mut c, key);
         let v1 = with_encoding_version(&v2, 1);
         assert_ne!(v1, v2, "{key}: this build writes version 2");
-        assert_eq!(with_encoding_version(&v1, 2), v2, "{key}: only the version differs");
+        assert_eq!(
+            with_encoding_version(&v1, 2),
+            v2,
+            "{key}: only the version differs"
+        );
         let before = c.lock_info(key).expect("held");
         c.cmd(&[b"RESTORE".as_slice(), key.as_bytes(), b"0", &v1, b"REPLACE"])
             .ok();
-        assert_eq!(c.lock_info(key).expect("restored").stable(), before.stable(), "{key}");
+        assert_eq!(
+            c.lock_info(key).expect("restored").stable(),
+            before.stable(),
+            "{key}"
+        );
     }
     let v1 = with_encoding_version(&dump(&mut c, "sem"), 1);
     let r = c.cmd(&[b"RESTORE".as_slice(), b"sem1", b"0", &v1]);

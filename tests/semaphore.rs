@@ -19,7 +19,9 @@ fn sem(c: &mut Conn, key: &str, limit: &str, owner: &str, ttl: &str) -> Reply {
 }
 
 fn stat(c: &mut Conn, field: &str) -> i64 {
-    c.info_field("lock", &format!("lock_{field}")).parse().unwrap()
+    c.info_field("lock", &format!("lock_{field}"))
+        .parse()
+        .unwrap()
 }
 
 fn queued(obs: &mut Conn, key: &str, n: i64) {
@@ -35,18 +37,28 @@ fn up_to_limit_holders_each_with_its_own_lease_and_token() {
     let a = token(sem(&mut c, "s", "2", "a", "60000"));
     let b = token(sem(&mut c, "s", "2", "b", "30000"));
     assert!(b > a);
-    assert!(sem(&mut c, "s", "2", "c", "60000").is_nil(), "every permit is held");
+    assert!(
+        sem(&mut c, "s", "2", "c", "60000").is_nil(),
+        "every permit is held"
+    );
     // A holder's repeat: its token, its deadline reset, still one permit.
     assert_eq!(token(sem(&mut c, "s", "2", "b", "90000")), b);
     let info = c.lock_info("s").unwrap();
-    assert_eq!((info.mode.as_str(), info.limit, info.waiters), ("semaphore", Some(2), 0));
+    assert_eq!(
+        (info.mode.as_str(), info.limit, info.waiters),
+        ("semaphore", Some(2), 0)
+    );
     assert_eq!(info.holder("a").token, a);
     assert_eq!(info.holder("b").holds, 1);
     assert!(info.holder("b").ttl > 60_000, "b's own lease: {info:?}");
     assert!(info.holder("a").ttl <= 60_000);
     // The key lives as long as its latest lease.
     assert!(c.pttl("s") > 60_000);
-    assert_eq!(c.release("s", "b").int(), 1, "one permit per owner: RELEASE says 1");
+    assert_eq!(
+        c.release("s", "b").int(),
+        1,
+        "one permit per owner: RELEASE says 1"
+    );
     assert!(c.release("s", "b").is_nil());
     assert_eq!(c.renew("s", "a", 120_000).int(), 1);
     assert!(c.lock_info("s").unwrap().holder("a").ttl > 100_000);
@@ -66,7 +78,10 @@ fn the_limit_is_fixed_by_the_grant_that_creates_the_key_and_kinds_do_not_mix() {
     token(sem(&mut c, "s", "3", "a", "60000"));
     let before = c.lock_info("s").map(|i| (i.stable(), i.limit));
     let r = sem(&mut c, "s", "4", "b", "60000");
-    assert!(r.err().starts_with("ERR") && r.err().contains("limit is 3"), "{r:?}");
+    assert!(
+        r.err().starts_with("ERR") && r.err().contains("limit is 3"),
+        "{r:?}"
+    );
     // Even its holder cannot change it.
     assert!(sem(&mut c, "s", "2", "a", "60000").is_err());
     for cmd in ["LOCK.ACQUIRE", "LOCK.RACQUIRE", "LOCK.READ"] {
@@ -74,7 +89,10 @@ fn the_limit_is_fixed_by_the_grant_that_creates_the_key_and_kinds_do_not_mix() {
         assert!(r.err().contains("semaphore"), "{cmd} on a semaphore: {r:?}");
     }
     let r = c.cmd(&["LOCK.MACQUIRE", "1", "s", "z", "1000"]);
-    assert!(r.err().contains("semaphore"), "MACQUIRE on a semaphore: {r:?}");
+    assert!(
+        r.err().contains("semaphore"),
+        "MACQUIRE on a semaphore: {r:?}"
+    );
     let after = c.lock_info("s").map(|i| (i.stable(), i.limit));
     assert_eq!(after, before, "refusals change nothing");
     token(c.acquire("l", "a", 60000));
@@ -97,10 +115,17 @@ fn the_limit_is_fixed_by_the_grant_that_creates_the_key_and_kinds_do_not_mix() {
     }
     token(sem(&mut c, "n", "1000000", "a", "1000"));
     assert!(c.cmd(&["LOCK.SEMAPHORE", "n", "2", "a"]).is_err(), "arity");
-    assert!(c.cmd(&["LOCK.SEMAPHORE", "n", "2", "", "10"]).is_err(), "empty owner");
-    assert!(c.cmd(&["LOCK.SEMAPHORE", "n", "2", "a", "10", "WAIT"]).is_err());
+    assert!(
+        c.cmd(&["LOCK.SEMAPHORE", "n", "2", "", "10"]).is_err(),
+        "empty owner"
+    );
+    assert!(c
+        .cmd(&["LOCK.SEMAPHORE", "n", "2", "a", "10", "WAIT"])
+        .is_err());
     c.cmd(&["SET", "str", "v"]).ok();
-    assert!(sem(&mut c, "str", "2", "a", "10").err().starts_with("WRONGTYPE"));
+    assert!(sem(&mut c, "str", "2", "a", "10")
+        .err()
+        .starts_with("WRONGTYPE"));
 }
 
 #[test]
@@ -114,7 +139,8 @@ fn waiters_are_granted_in_order_at_release_lease_end_delete_and_disconnect() {
     let mut waiters: Vec<Conn> = Vec::new();
     for (i, name) in ["w1", "w2", "w3", "w4"].iter().enumerate() {
         let mut w = s.conn();
-        w.send(&["LOCK.SEMAPHORE", "s", "2", name, "60000", "WAIT", "10000"]).unwrap();
+        w.send(&["LOCK.SEMAPHORE", "s", "2", name, "60000", "WAIT", "10000"])
+            .unwrap();
         w.set_timeout(Duration::from_secs(8));
         queued(&mut obs, "s", i as i64 + 1);
         waiters.push(w);
@@ -124,7 +150,11 @@ fn waiters_are_granted_in_order_at_release_lease_end_delete_and_disconnect() {
     // Lease end: w1, promptly.
     let start = Instant::now();
     let t1 = token(waiters[0].read_reply().unwrap());
-    assert!(start.elapsed() < Duration::from_secs(3), "{:?}", start.elapsed());
+    assert!(
+        start.elapsed() < Duration::from_secs(3),
+        "{:?}",
+        start.elapsed()
+    );
     // Disconnect of a bound holder: w2.
     drop(bound);
     let t2 = token(waiters[1].read_reply().unwrap());
@@ -156,7 +186,10 @@ fn a_semaphore_is_replicated_with_its_limit_and_keepalive_serves_its_holders() {
     let (m, rep) = (c.lock_info("s"), r.lock_info("s"));
     assert_same_lock(&m, &rep, 200, "replica");
     assert_eq!(rep.unwrap().limit, Some(5));
-    assert!(r.cmd(&["LOCK.SEMAPHORE", "s", "5", "z", "100"]).err().starts_with("READONLY"));
+    assert!(r
+        .cmd(&["LOCK.SEMAPHORE", "s", "5", "z", "100"])
+        .err()
+        .starts_with("READONLY"));
     assert_eq!(c.release("s", "a").int(), 1);
     wait_for_sync(&master, &replica);
     assert_eq!(r.lock_info("s").unwrap().holders.len(), 1);

@@ -1151,7 +1151,7 @@ fn check_state(core: &Core, model: &Model, ctx: &Ctx) {
             "{ctx}"
         );
         let census = lock.census();
-        assert_eq!(census.0 + census.1, holders.len(), "{ctx}");
+        assert_eq!(census.iter().sum::<usize>(), holders.len(), "{ctx}");
         assert!(lock.memory_usage() >= std::mem::size_of::<Lock>(), "{ctx}");
         assert_eq!(lock.is_empty(), holders.is_empty(), "{ctx}");
         // Admission agrees with the state.

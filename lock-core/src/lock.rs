@@ -511,12 +511,14 @@ impl Lock {
         }
     }
 
-    /// How many holders hold exclusively and how many share (expired ones
-    /// not yet dropped included).
-    pub fn census(&self) -> (usize, usize) {
+    /// How many holders hold exclusively, share, and hold a semaphore's
+    /// permits (expired ones not yet dropped included).
+    pub fn census(&self) -> [usize; 3] {
+        let n = self.holders.len();
         match self.mode {
-            Mode::Exclusive => (self.holders.len(), 0),
-            Mode::Shared | Mode::Semaphore => (0, self.holders.len()),
+            Mode::Exclusive => [n, 0, 0],
+            Mode::Shared => [0, n, 0],
+            Mode::Semaphore => [0, 0, n],
         }
     }
 
@@ -906,7 +908,10 @@ mod tests {
             Attempt::Granted(1),
             "a repeat keeps its token"
         );
-        assert_eq!(lock.check(&req(Kind::Acquire, "b", 100), false, 1), Attempt::Busy);
+        assert_eq!(
+            lock.check(&req(Kind::Acquire, "b", 100), false, 1),
+            Attempt::Busy
+        );
         assert_eq!(
             lock.check(&req(Kind::Read, "a", 100), false, 1),
             Attempt::Conflict(Mode::Exclusive)

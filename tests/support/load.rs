@@ -655,6 +655,12 @@ fn step<C: LockClient>(
             l.stats.refusals += 1;
             None
         }
+        // Clients holding some keys while waiting for others can close a
+        // cycle of waits: answered at once, nothing changed (a refusal).
+        (None, _, Reply::Error(e)) if e.starts_with("DEADLOCK") && blocking.is_some() => {
+            l.stats.refusals += 1;
+            None
+        }
         (Some(h), Op::Acquire, Reply::Int(t)) if Some(*t) == h.token => {
             l.stats.reentries += 1;
             Some(Some(deadline(h, h.holds)))
