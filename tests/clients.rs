@@ -152,6 +152,42 @@ fn python_helper() {
     assert_eq!(s.conn().info_field("lock", "lock_waiters"), "0");
 }
 
+/// docs/clients.md's semaphore, MACQUIRE and DEADLOCK patterns, as written.
+#[test]
+fn python_semaphore_transfer_and_deadlock_patterns() {
+    let mut cmd = python("test_kinds.py");
+    let s = Server::start();
+    cmd.arg(s.port.to_string());
+    run_tests(cmd, "examples/clients/python/test_kinds.py");
+    assert_eq!(s.conn().info_field("lock", "lock_waiters"), "0");
+}
+
+/// The `redis` crate reports `DEADLOCK` with its own error code, as
+/// docs/clients.md says.
+#[test]
+fn rust_client_sees_the_deadlock_code() {
+    let s = Server::start();
+    let mut c = s.conn();
+    c.acquire("a", "x", 60_000);
+    c.acquire("b", "y", 60_000);
+    c.send(&["LOCK.ACQUIRE", "b", "x", "60000", "WAIT", "0"])
+        .unwrap();
+    let mut obs = s.conn();
+    wait_until(Duration::from_secs(5), "x to wait", || {
+        obs.info_field("lock", "lock_waiters") == "1"
+    });
+    let mut r = client(&s).get_connection().expect("connection");
+    let err = redis::cmd("LOCK.ACQUIRE")
+        .arg("a")
+        .arg("y")
+        .arg(60_000)
+        .arg("WAIT")
+        .arg(0)
+        .query::<Option<i64>>(&mut r)
+        .expect_err("DEADLOCK");
+    assert_eq!(err.code(), Some("DEADLOCK"), "{err:?}");
+}
+
 #[test]
 fn python_redlock_over_five_servers_with_two_then_three_stopped() {
     python("test_redlock.py"); // fails now if Python or redis-py is missing
