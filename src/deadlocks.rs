@@ -8,6 +8,8 @@
 //! [`SEARCH_LIMIT`] steps; past it the request waits as usual (counted in
 //! `INFO lock` as `deadlock_searches_cut`).
 
+use std::collections::HashMap;
+
 use redis_module::Context;
 
 use crate::clock;
@@ -19,30 +21,40 @@ use lock_core::deadlock::{self, Search, WaitGraph};
 use lock_core::{Lock, Owner, Request};
 
 /// The most steps (owners expanded plus dependencies listed) one search
-/// takes: about a millisecond of work.
-pub const SEARCH_LIMIT: usize = 20_000;
+/// takes: about 2 to 3 ms of work at worst (docs/benchmarks.md, section 7).
+pub const SEARCH_LIMIT: usize = 2_000;
 
 /// The server's waits as the core's search sees them.
 struct Waits<'a> {
     ctx: &'a Context,
     now: u64,
+    /// Each key's lock as read once in this search (many requests wait on
+    /// one key); empty when free or not a lock.
+    locks: HashMap<DbKey, Lock>,
 }
 
 impl Waits<'_> {
     /// The owners keeping `request` waiting on `key`, `queued` those queued
     /// ahead of it.
-    fn blockers(&self, key: &DbKey, request: &Request, queued: Vec<Owner>) -> Vec<Owner> {
+    fn blockers(&mut self, key: &DbKey, request: &Request, queued: Vec<Owner>) -> Vec<Owner> {
+        if !self.locks.contains_key(key) {
+            let lock = self.read(key);
+            self.locks.insert(key.clone(), lock);
+        }
+        match self.locks.get(key) {
+            Some(lock) => deadlock::blockers(lock, queued, request, self.now),
+            None => queued,
+        }
+    }
+
+    fn read(&self, key: &DbKey) -> Lock {
         if !ffi::select_db(self.ctx, key.0) {
-            return queued;
+            return Lock::default();
         }
         let name = ffi::name(self.ctx, &key.1);
-        let empty = Lock::default();
-        match LockKey::open(self.ctx, &name, false) {
-            Ok(mut k) => match k.lock() {
-                Ok(Some(lock)) => deadlock::blockers(lock, queued, request, self.now),
-                _ => deadlock::blockers(&empty, queued, request, self.now),
-            },
-            Err(_) => queued,
+        match LockKey::open(self.ctx, &name, false).map(|mut k| k.lock().map(|l| l.cloned())) {
+            Ok(Ok(Some(lock))) => lock,
+            _ => Lock::default(),
         }
     }
 }
@@ -51,12 +63,10 @@ impl WaitGraph for Waits<'_> {
     fn waits_for(&mut self, owner: &[u8]) -> Vec<Owner> {
         let mut out: Vec<Owner> = Vec::new();
         for (key, request, queued) in waiting::waits_of(owner) {
-            for o in self.blockers(&key, &request, queued) {
-                if !out.contains(&o) {
-                    out.push(o);
-                }
-            }
+            out.extend(self.blockers(&key, &request, queued));
         }
+        out.sort_unstable();
+        out.dedup();
         out
     }
 }
@@ -68,16 +78,15 @@ pub fn would_deadlock(ctx: &Context, keys: &[DbKey], request: &Request) -> bool 
     let mut waits = Waits {
         ctx,
         now: clock::now_ms(),
+        locks: HashMap::new(),
     };
     let mut first: Vec<Owner> = Vec::new();
     for key in keys {
         let queued = waiting::queued_ahead_of(key, request);
-        for o in waits.blockers(key, request, queued) {
-            if !first.contains(&o) {
-                first.push(o);
-            }
-        }
+        first.extend(waits.blockers(key, request, queued));
     }
+    first.sort_unstable();
+    first.dedup();
     let verdict = deadlock::search(&request.owner, first, &mut waits, SEARCH_LIMIT);
     ffi::select_db(ctx, home);
     match verdict {

@@ -9,7 +9,9 @@
 //! 3. latency of a hand-off and of a grant after an expiry (`latency`);
 //! 4. memory and 5. persistence of many held locks (`memory`);
 //! 6. locks bound to their connection: kill to grant, keepalive, the stall
-//!    of a disconnect with many bound locks (`bind`).
+//!    of a disconnect with many bound locks (`bind`);
+//! 7. what deadlock detection costs with 10,000 requests waiting on 1,000
+//!    keys (`deadlock`).
 //!
 //! Options: `--quick` (or `BENCH_QUICK=1`): a ~20 s smoke run with small
 //! counts. `--only 1,3`: some sections only. `--callgrind`: instructions per
@@ -23,6 +25,7 @@
 mod bind;
 mod chart;
 mod contention;
+mod deadlock;
 mod latency;
 mod memory;
 mod profile;
@@ -54,6 +57,8 @@ struct Plan {
     callgrind_requests: usize,
     bind_samples: usize,
     stall_locks: usize,
+    deadlock_keys: usize,
+    deadlock_waiters: usize,
 }
 
 impl Plan {
@@ -77,6 +82,8 @@ impl Plan {
             callgrind_requests: 20_000,
             bind_samples: 100,
             stall_locks: 100_000,
+            deadlock_keys: 1000,
+            deadlock_waiters: 10_000,
         }
     }
 
@@ -97,6 +104,8 @@ impl Plan {
             callgrind_requests: 2000,
             bind_samples: 10,
             stall_locks: 10_000,
+            deadlock_keys: 100,
+            deadlock_waiters: 1000,
             ..Plan::full()
         }
     }
@@ -220,7 +229,8 @@ fn run(plan: &Plan, only: Option<&[u32]>) -> io::Result<()> {
         module: Some(module.clone()),
         dir: dir.0.clone(),
         callgrind: false,
-        extra: Vec::new(),
+        // Section 7 keeps 10,000 clients blocked at once.
+        extra: vec!["--maxclients".into(), "12000".into()],
     };
     let load_start = loadavg();
     let mut server = Server::start(&opts)?;
@@ -362,6 +372,13 @@ fn run(plan: &Plan, only: Option<&[u32]>) -> io::Result<()> {
             ),
             r.bound.at(99.0) < 50_000.0,
         ));
+    }
+
+    if wants(7) {
+        eprintln!("7. deadlock detection");
+        let r = deadlock::run(server.port, plan.deadlock_keys, plan.deadlock_waiters)?;
+        body.push_str(&deadlock::table(&r));
+        body.push('\n');
     }
 
     if wants(4) || wants(5) {

@@ -217,15 +217,16 @@ impl Profiled {
     fn run(
         &mut self,
         what: &str,
-        n: usize,
-        offset: usize,
+        (n, offset, replies): (usize, usize, usize),
         encode: &dyn Fn(&Sha, usize, &mut Vec<u8>),
         check: &dyn Fn(&Reply) -> bool,
     ) -> io::Result<()> {
         let sha = &self.sha;
-        let out = self
-            .pool
-            .run(n, &|i, b| encode(sha, i + offset, b), &|_, r| check(r))?;
+        let out =
+            self.pool
+                .run_replies(n, replies, &|i, b| encode(sha, i + offset, b), &|_, r| {
+                    check(r)
+                })?;
         if out.unexpected > 0 {
             return Err(io::Error::other(format!(
                 "{what}: {} unexpected replies ({})",
@@ -240,7 +241,7 @@ impl Profiled {
     fn measure(
         &mut self,
         name: &str,
-        n: usize,
+        (n, replies): (usize, usize),
         prepare: &dyn Fn(&mut Profiled, usize, usize) -> io::Result<()>,
         encode: &dyn Fn(&Sha, usize, &mut Vec<u8>),
         check: &dyn Fn(&Reply) -> bool,
@@ -248,9 +249,9 @@ impl Profiled {
         self.c.ok(&[b"FLUSHALL", b"SYNC"])?;
         prepare(self, WARM_OFFSET, WARM)?;
         prepare(self, 0, n)?;
-        self.run(name, WARM, WARM_OFFSET, encode, check)?;
+        self.run(name, (WARM, WARM_OFFSET, replies), encode, check)?;
         control(&["-z", &self.pid])?;
-        self.run(name, n, 0, encode, check)?;
+        self.run(name, (n, 0, replies), encode, check)?;
         control(&["-d", name, &self.pid])?;
         let dump = newest_dump(self.server.dir())
             .ok_or_else(|| io::Error::other("callgrind wrote no dump"))?;
@@ -263,6 +264,16 @@ impl Profiled {
 /// Keys a lock step works on: held locks for renewals and releases.
 fn prepare_lock(op: Op) -> impl Fn(&mut Profiled, usize, usize) -> io::Result<()> {
     move |p, offset, n| {
+        if op.setup(0, &mut Vec::new()) {
+            return p.run(
+                "prepare",
+                (n, offset, 1),
+                &|_, i, b| {
+                    op.setup(i, b);
+                },
+                &|r| r.is("OK"),
+            );
+        }
         let holder = match op {
             Op::Renew | Op::ReleaseHit => Op::Acquire,
             Op::LuaRenew | Op::LuaReleaseHit => Op::LuaAcquire,
@@ -270,8 +281,7 @@ fn prepare_lock(op: Op) -> impl Fn(&mut Profiled, usize, usize) -> io::Result<()
         };
         p.run(
             "prepare",
-            n,
-            offset,
+            (n, offset, 1),
             &|s, i, b| holder.encode(&s.scripts, i, b),
             &|r| holder.expected(r),
         )
@@ -285,8 +295,7 @@ fn prepare_plain(op: Plain) -> impl Fn(&mut Profiled, usize, usize) -> io::Resul
         }
         p.run(
             "prepare",
-            n,
-            offset,
+            (n, offset, 1),
             &|s, i, b| Plain::Set.encode(s, i, b),
             &|r| r.is("OK"),
         )
@@ -325,7 +334,7 @@ pub fn run(dir: &Path, module: &Path, requests: usize) -> io::Result<Vec<Row>> {
             let name = format!("{side}:{}", op.short());
             let per_request = p.measure(
                 &name,
-                requests,
+                (requests, 1),
                 &prepare_plain(op),
                 &|s, i, b| op.encode(s, i, b),
                 &|r| op.expected(r),
@@ -338,7 +347,7 @@ pub fn run(dir: &Path, module: &Path, requests: usize) -> io::Result<Vec<Row>> {
             }
             let per_request = p.measure(
                 op.short(),
-                requests,
+                (requests, op.replies()),
                 &prepare_lock(op),
                 &|s, i, b| op.encode(&s.scripts, i, b),
                 &|r| op.expected(r),

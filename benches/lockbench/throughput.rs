@@ -36,6 +36,18 @@ redis.call('pexpire', KEYS[1], ARGV[1]); \
 return nil; \
 end; \
 return redis.call('pttl', KEYS[1]);";
+/// Redisson's `RedissonSemaphore.tryAcquireAsync`: take ARGV[1] permits from
+/// a counter set beforehand (`trySetPermits`); no owner, no lease.
+pub const LUA_REDISSON_SEMAPHORE: &str = "\
+local value = redis.call('get', KEYS[1]); \
+if (value ~= false and tonumber(value) >= tonumber(ARGV[1])) then \
+local val = redis.call('decrby', KEYS[1], ARGV[1]); \
+return 1; \
+end; \
+return 0;";
+/// The permits every semaphore of the bench has (`LOCK.SEMAPHORE`'s limit,
+/// Redisson's counter set beforehand).
+pub const PERMITS: &[u8] = b"10";
 /// The canonical compare-and-delete release (Redlock, redis-py, ...).
 pub const LUA_RELEASE: &str = "\
 if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('del', KEYS[1]) else return 0 end";
@@ -47,6 +59,7 @@ if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('pexpire', KEYS[
 pub struct Scripts {
     pub acquire: Vec<u8>,
     pub redisson: Vec<u8>,
+    pub semaphore: Vec<u8>,
     pub release: Vec<u8>,
     pub renew: Vec<u8>,
 }
@@ -62,6 +75,7 @@ impl Scripts {
         Ok(Scripts {
             acquire: load(LUA_ACQUIRE)?,
             redisson: load(LUA_REDISSON_LOCK)?,
+            semaphore: load(LUA_REDISSON_SEMAPHORE)?,
             release: load(LUA_RELEASE)?,
             renew: load(LUA_RENEW)?,
         })
@@ -78,6 +92,10 @@ pub enum Op {
     Redisson,
     Racquire,
     Read,
+    RedissonSemaphore,
+    Semaphore,
+    RedissonMulti,
+    Macquire,
     LuaRenew,
     Renew,
     LuaReleaseHit,
@@ -88,7 +106,7 @@ pub enum Op {
 
 impl Op {
     /// Table order.
-    pub const ALL: [Op; 13] = [
+    pub const ALL: [Op; 17] = [
         Op::Ping,
         Op::Set,
         Op::LuaAcquire,
@@ -96,6 +114,10 @@ impl Op {
         Op::Redisson,
         Op::Racquire,
         Op::Read,
+        Op::RedissonSemaphore,
+        Op::Semaphore,
+        Op::RedissonMulti,
+        Op::Macquire,
         Op::LuaRenew,
         Op::Renew,
         Op::LuaReleaseHit,
@@ -113,6 +135,10 @@ impl Op {
             Op::Redisson => "Redisson reentrant lock script (hash)",
             Op::Racquire => "`LOCK.RACQUIRE k o 3600000`",
             Op::Read => "`LOCK.READ k o 3600000`",
+            Op::RedissonSemaphore => "Redisson RSemaphore acquire script (counter set beforehand)",
+            Op::Semaphore => "`LOCK.SEMAPHORE k 10 o 3600000`",
+            Op::RedissonMulti => "Redisson MultiLock: two lock scripts in one MULTI/EXEC",
+            Op::Macquire => "`LOCK.MACQUIRE 2 k1 k2 o 3600000`",
             Op::LuaRenew => "Lua compare-and-pexpire (held)",
             Op::Renew => "`LOCK.RENEW k o 3600000` (held)",
             Op::LuaReleaseHit => "Lua compare-and-delete (held)",
@@ -131,6 +157,10 @@ impl Op {
             Op::Redisson => "redisson-lock",
             Op::Racquire => "lock-racquire",
             Op::Read => "lock-read",
+            Op::RedissonSemaphore => "redisson-semaphore",
+            Op::Semaphore => "lock-semaphore",
+            Op::RedissonMulti => "redisson-multilock",
+            Op::Macquire => "lock-macquire",
             Op::LuaRenew => "lua-renew",
             Op::Renew => "lock-renew",
             Op::LuaReleaseHit => "lua-release-hit",
@@ -145,7 +175,14 @@ impl Op {
     pub fn needs_module(self) -> bool {
         matches!(
             self,
-            Op::Acquire | Op::Racquire | Op::Read | Op::Renew | Op::ReleaseHit | Op::ReleaseMiss
+            Op::Acquire
+                | Op::Racquire
+                | Op::Read
+                | Op::Semaphore
+                | Op::Macquire
+                | Op::Renew
+                | Op::ReleaseHit
+                | Op::ReleaseMiss
         )
     }
 
@@ -154,6 +191,8 @@ impl Op {
         match self {
             Op::Acquire => &[(Op::Set, Some(0.95)), (Op::LuaAcquire, Some(1.6))],
             Op::Racquire => &[(Op::Redisson, Some(2.0))],
+            Op::Semaphore => &[(Op::RedissonSemaphore, None)],
+            Op::Macquire => &[(Op::RedissonMulti, None)],
             Op::Renew => &[(Op::LuaRenew, None)],
             Op::ReleaseHit => &[(Op::LuaReleaseHit, None)],
             Op::ReleaseMiss => &[(Op::LuaReleaseMiss, None)],
@@ -186,6 +225,37 @@ impl Op {
             ),
             Op::Racquire => encode(buf, &[b(b"LOCK.RACQUIRE"), k, b(OWNER), b(TTL)]),
             Op::Read => encode(buf, &[b(b"LOCK.READ"), k, b(OWNER), b(TTL)]),
+            Op::RedissonSemaphore => {
+                encode(buf, &[b(b"EVALSHA"), b(&s.semaphore), b(b"1"), k, b(b"1")])
+            }
+            Op::Semaphore => encode(
+                buf,
+                &[b(b"LOCK.SEMAPHORE"), k, b(PERMITS), b(OWNER), b(TTL)],
+            ),
+            Op::RedissonMulti => {
+                let (k1, k2) = (Arg::K(KEY_PREFIX, 2 * i), Arg::K(KEY_PREFIX, 2 * i + 1));
+                let lock = |k| {
+                    [
+                        b(b"EVALSHA"),
+                        b(&s.redisson),
+                        b(b"1"),
+                        k,
+                        b(TTL),
+                        b(REDISSON_FIELD),
+                    ]
+                };
+                encode(buf, &[b(b"MULTI")]);
+                encode(buf, &lock(k1));
+                encode(buf, &lock(k2));
+                encode(buf, &[b(b"EXEC")]);
+            }
+            Op::Macquire => {
+                let (k1, k2) = (Arg::K(KEY_PREFIX, 2 * i), Arg::K(KEY_PREFIX, 2 * i + 1));
+                encode(
+                    buf,
+                    &[b(b"LOCK.MACQUIRE"), b(b"2"), k1, k2, b(OWNER), b(TTL)],
+                )
+            }
             Op::LuaRenew => encode(
                 buf,
                 &[b(b"EVALSHA"), b(&s.renew), b(b"1"), k, b(OWNER), b(TTL)],
@@ -205,6 +275,13 @@ impl Op {
             Op::Ping => r.is("PONG"),
             Op::Set | Op::LuaAcquire => r.is("OK"),
             Op::Redisson => *r == Reply::Nil,
+            Op::RedissonSemaphore => *r == Reply::Int(1),
+            Op::Semaphore => r.int().is_some_and(|t| t > 0),
+            // EXEC's reply: both scripts answered nil (granted).
+            Op::RedissonMulti => *r == Reply::Array(vec![Reply::Nil, Reply::Nil]),
+            Op::Macquire => {
+                matches!(r, Reply::Array(t) if t.len() == 2 && t.iter().all(|t| t.int().is_some_and(|t| t > 0)))
+            }
             Op::Acquire | Op::Racquire | Op::Read => r.int().is_some_and(|t| t > 0),
             Op::LuaRenew | Op::Renew | Op::LuaReleaseHit | Op::ReleaseHit => *r == Reply::Int(1),
             Op::LuaReleaseMiss => *r == Reply::Int(0),
@@ -214,11 +291,35 @@ impl Op {
 }
 
 impl Op {
+    /// Replies per request (the last one is checked): a MULTI/EXEC of two
+    /// scripts is four commands.
+    pub fn replies(self) -> usize {
+        match self {
+            Op::RedissonMulti => 4,
+            _ => 1,
+        }
+    }
+
+    /// What must exist before the timed run (not timed): Redisson's
+    /// semaphore counters (`trySetPermits`), one per key.
+    pub fn setup(self, i: usize, buf: &mut Vec<u8>) -> bool {
+        match self {
+            Op::RedissonSemaphore => {
+                let k = Arg::K(KEY_PREFIX, i);
+                encode(buf, &[Arg::B(b"SET"), k, Arg::B(PERMITS)]);
+                true
+            }
+            _ => false,
+        }
+    }
+
     /// The database this command runs in: each creating command has its own
     /// (empty at the start of a round); renew and release run where their
     /// acquire created the keys.
     pub fn db(self) -> usize {
         match self {
+            Op::RedissonSemaphore | Op::Semaphore => 6,
+            Op::RedissonMulti | Op::Macquire => 7,
             Op::Ping | Op::Set | Op::LuaRenew | Op::LuaReleaseHit | Op::LuaReleaseMiss => 0,
             Op::Acquire | Op::Renew | Op::ReleaseHit | Op::ReleaseMiss => 1,
             Op::LuaAcquire => 2,
@@ -239,7 +340,7 @@ pub enum Step {
 /// Round `round` (from 1): compared commands side by side, each pair's
 /// order reversed every other round.
 pub fn round_plan(round: usize) -> Vec<Step> {
-    let groups: [&[Op]; 5] = [
+    let groups: [&[Op]; 7] = [
         // Creating keys, each on an empty database.
         &[
             Op::Set,
@@ -249,6 +350,8 @@ pub fn round_plan(round: usize) -> Vec<Step> {
             Op::Racquire,
             Op::Read,
         ],
+        &[Op::RedissonSemaphore, Op::Semaphore],
+        &[Op::RedissonMulti, Op::Macquire],
         // On the keys just created (held for an hour).
         &[Op::LuaRenew, Op::Renew],
         &[Op::LuaReleaseHit, Op::ReleaseHit],
@@ -323,6 +426,18 @@ impl Pool {
         encode: &dyn Fn(usize, &mut Vec<u8>),
         check: &dyn Fn(usize, &Reply) -> bool,
     ) -> io::Result<Outcome> {
+        self.run_replies(total, 1, encode, check)
+    }
+
+    /// As [`Pool::run`], each request answered by `replies` replies (the
+    /// last one is checked).
+    pub fn run_replies(
+        &mut self,
+        total: usize,
+        replies: usize,
+        encode: &dyn Fn(usize, &mut Vec<u8>),
+        check: &dyn Fn(usize, &Reply) -> bool,
+    ) -> io::Result<Outcome> {
         let p = self.pipeline;
         let mut next = 0usize;
         let mut inflight = vec![(0usize, 0usize); self.conns.len()];
@@ -347,7 +462,10 @@ impl Pool {
                 }
                 busy = true;
                 for i in first..first + n {
-                    let r = c.read()?;
+                    let mut r = c.read()?;
+                    for _ in 1..replies {
+                        r = c.read()?;
+                    }
                     if !check(i, &r) {
                         unexpected += 1;
                         example.get_or_insert_with(|| format!("request {i}: {}", r.show()));
@@ -440,10 +558,21 @@ pub fn run(module: Side, plain: Side, requests: usize, rounds: usize) -> io::Res
                         (&mut *plain_pool, plain_scripts)
                     };
                     pool.select(op.db())?;
-                    let out =
-                        pool.run(requests, &|i, buf| op.encode(scripts, i, buf), &|_, r| {
-                            op.expected(r)
-                        })?;
+                    if op.setup(0, &mut Vec::new()) {
+                        pool.run(
+                            requests,
+                            &|i, buf| {
+                                op.setup(i, buf);
+                            },
+                            &|_, r| r.is("OK"),
+                        )?;
+                    }
+                    let out = pool.run_replies(
+                        requests,
+                        op.replies(),
+                        &|i, buf| op.encode(scripts, i, buf),
+                        &|_, r| op.expected(r),
+                    )?;
                     if out.unexpected > 0 {
                         results.problems.push(format!(
                             "{}: {} unexpected replies (first: {})",

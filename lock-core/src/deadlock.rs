@@ -9,12 +9,13 @@
 //! requests waits for. [`search`] walks these dependencies from the new
 //! request's blockers; reaching its owner again is a deadlock.
 //!
-//! The walk is bounded: past `limit` steps (owners expanded plus
+//! The walk is breadth first (short cycles are found first) and bounded:
+//! past `limit` steps (owners expanded plus
 //! dependencies listed) it stops without a verdict ([`Search::Cut`]), and the
 //! request waits as usual (never a false `DEADLOCK`; its WAIT timeout still
 //! ends it).
 
-use std::collections::HashSet;
+use std::collections::{HashSet, VecDeque};
 
 use crate::lock::{Kind, Lock, Owner, Request};
 
@@ -39,13 +40,12 @@ pub enum Search {
 /// The owners of the requests `ahead` of `req` in one key's queue that keep
 /// it waiting: all but readers ahead of a reader, and its own owner's.
 pub fn queued_blockers<'a>(ahead: impl Iterator<Item = &'a Request>, req: &Request) -> Vec<Owner> {
-    let mut out: Vec<Owner> = Vec::new();
-    for r in ahead {
-        let passes = r.kind == Kind::Read && req.kind == Kind::Read;
-        if !passes && r.owner != req.owner && !out.contains(&r.owner) {
-            out.push(r.owner.clone());
-        }
-    }
+    let mut out: Vec<Owner> = ahead
+        .filter(|r| !(r.kind == Kind::Read && req.kind == Kind::Read) && r.owner != req.owner)
+        .map(|r| r.owner.clone())
+        .collect();
+    out.sort_unstable();
+    out.dedup();
     out
 }
 
@@ -59,34 +59,43 @@ pub fn blockers(lock: &Lock, queued: Vec<Owner>, req: &Request, now: u64) -> Vec
     }
     let mut out = queued;
     if !lock.admits(req.kind, now) {
-        for h in lock.live(now) {
-            if !out.contains(&h.owner) {
-                out.push(h.owner.clone());
-            }
-        }
+        out.extend(
+            lock.live(now)
+                .filter(|h| h.owner != req.owner)
+                .map(|h| h.owner.clone()),
+        );
+        out.sort_unstable();
+        out.dedup();
     }
     out
 }
 
 /// Whether `me`, about to wait for `first`, would close a cycle, walking
-/// at most `limit` steps of `graph`.
+/// at most `limit` steps of `graph` (owners expanded plus dependencies
+/// listed). Breadth first: the shortest cycles, the common ones, are found
+/// before the limit can cut the search.
 pub fn search(me: &[u8], first: Vec<Owner>, graph: &mut impl WaitGraph, limit: usize) -> Search {
-    let mut seen: HashSet<Owner> = HashSet::new();
-    let mut stack = first;
+    if first.iter().any(|o| **o == *me) {
+        return Search::Cycle;
+    }
+    let mut seen: HashSet<Owner> = first.iter().cloned().collect();
+    let mut queue: VecDeque<Owner> = first.into();
     let mut steps = 0usize;
-    while let Some(owner) = stack.pop() {
-        if *owner == *me {
-            return Search::Cycle;
-        }
-        if !seen.insert(owner.clone()) {
-            continue;
-        }
+    while let Some(owner) = queue.pop_front() {
         let next = graph.waits_for(&owner);
         steps = steps.saturating_add(1 + next.len());
-        if steps > limit {
+        for o in next {
+            if *o == *me {
+                return Search::Cycle;
+            }
+            if !seen.contains(&o) {
+                seen.insert(o.clone());
+                queue.push_back(o);
+            }
+        }
+        if steps > limit && !queue.is_empty() {
             return Search::Cut;
         }
-        stack.extend(next.into_iter().filter(|o| !seen.contains(o)));
     }
     Search::Clear
 }
@@ -140,7 +149,7 @@ mod tests {
         // Its own requests and a key it holds keep an owner waiting for nobody.
         let me = req(Kind::Acquire, &o(3));
         let ahead = queued_blockers(queued.iter(), &me);
-        assert_eq!(blockers(&lock, ahead, &me, 1), vec![o(5), o(1), o(2)]);
+        assert_eq!(blockers(&lock, ahead, &me, 1), vec![o(1), o(2), o(5)]);
         let holder = req(Kind::Read, &o(1));
         let ahead = queued_blockers(queued.iter(), &holder);
         assert!(blockers(&lock, ahead, &holder, 1).is_empty());
@@ -158,7 +167,8 @@ mod tests {
         assert_eq!(search(&o(1), vec![o(2)], &mut g, 100), Search::Cycle);
         assert_eq!(search(&o(1), vec![o(4)], &mut g, 100), Search::Clear);
         assert_eq!(search(&o(9), vec![o(2)], &mut g, 100), Search::Clear);
-        assert_eq!(search(&o(1), vec![o(2)], &mut g, 2), Search::Cut);
+        assert_eq!(search(&o(1), vec![o(2)], &mut g, 1), Search::Cut);
+        assert_eq!(search(&o(1), vec![o(2)], &mut g, 2), Search::Cycle);
     }
 
     proptest! {
