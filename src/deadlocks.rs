@@ -21,8 +21,8 @@ use lock_core::deadlock::{self, Search, WaitGraph};
 use lock_core::{Lock, Owner, Request};
 
 /// The most steps (owners expanded plus dependencies listed) one search
-/// takes: about 2 to 3 ms of work at worst (docs/benchmarks.md, section 7).
-pub const SEARCH_LIMIT: usize = 2_000;
+/// takes: about a millisecond of work at worst (docs/benchmarks.md, section 7).
+pub const SEARCH_LIMIT: usize = 500;
 
 /// The server's waits as the core's search sees them.
 struct Waits<'a> {

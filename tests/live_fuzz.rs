@@ -210,6 +210,8 @@ fn option(rng: &mut Rng) -> Vec<u8> {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Kind {
     Grant,
+    /// LOCK.MACQUIRE: an array of tokens, or nil.
+    MultiGrant,
     Release,
     Renew,
     Info,
@@ -229,7 +231,8 @@ struct Cmd {
 fn kind_of(name: &[u8]) -> Kind {
     let n = name.to_ascii_uppercase();
     match n.as_slice() {
-        b"LOCK.ACQUIRE" | b"LOCK.RACQUIRE" | b"LOCK.READ" => Kind::Grant,
+        b"LOCK.ACQUIRE" | b"LOCK.RACQUIRE" | b"LOCK.READ" | b"LOCK.SEMAPHORE" => Kind::Grant,
+        b"LOCK.MACQUIRE" => Kind::MultiGrant,
         b"LOCK.RELEASE" => Kind::Release,
         b"LOCK.RENEW" => Kind::Renew,
         b"LOCK.INFO" => Kind::Info,
@@ -244,22 +247,28 @@ fn kind_of(name: &[u8]) -> Kind {
 /// A grant with a `WAIT` option might block: on a pipelined connection it
 /// must only be sent inside MULTI.
 fn may_block(args: &[Vec<u8>]) -> bool {
-    kind_of(&args[0]) == Kind::Grant && args.iter().skip(4).any(|a| a.eq_ignore_ascii_case(b"WAIT"))
+    matches!(kind_of(&args[0]), Kind::Grant | Kind::MultiGrant)
+        && args.iter().skip(1).any(|a| a.eq_ignore_ascii_case(b"WAIT"))
 }
 
 /// One random `LOCK.*` command (random arity, odd arguments).
 fn lock_command(rng: &mut Rng) -> Vec<Vec<u8>> {
     let name = match rng.below(100) {
-        0..=17 => "LOCK.ACQUIRE",
-        18..=31 => "LOCK.RACQUIRE",
-        32..=49 => "LOCK.READ",
-        50..=71 => "LOCK.RELEASE",
+        0..=14 => "LOCK.ACQUIRE",
+        15..=25 => "LOCK.RACQUIRE",
+        26..=39 => "LOCK.READ",
+        40..=47 => "LOCK.SEMAPHORE",
+        48..=53 => "LOCK.MACQUIRE",
+        54..=71 => "LOCK.RELEASE",
         72..=81 => "LOCK.RENEW",
         82..=96 => "LOCK.INFO",
         97 => "LOCK.SYNC",
         98 => "LOCK.NOPE",
         _ => "LOCK.",
     };
+    if name == "LOCK.SEMAPHORE" || name == "LOCK.MACQUIRE" {
+        return new_kind_command(rng, name);
+    }
     let mut args = vec![odd_case(rng, name)];
     let natural = match kind_of(name.as_bytes()) {
         Kind::Grant => {
@@ -300,6 +309,48 @@ fn lock_command(rng: &mut Rng) -> Vec<Vec<u8>> {
             }
         };
         args.push(a);
+    }
+    args
+}
+
+/// A random `LOCK.SEMAPHORE key limit owner ttl [opts]` or `LOCK.MACQUIRE
+/// numkeys key... owner ttl [opts]`: mostly well formed (small limits and
+/// key counts over the hot keys, so they meet each other and the locks),
+/// sometimes odd.
+fn new_kind_command(rng: &mut Rng, name: &str) -> Vec<Vec<u8>> {
+    let mut args = vec![odd_case(rng, name)];
+    let small = |rng: &mut Rng| -> Vec<u8> {
+        if rng.chance(1, 8) {
+            integer(rng)
+        } else {
+            (1 + rng.below(3)).to_string().into_bytes()
+        }
+    };
+    if name == "LOCK.SEMAPHORE" {
+        args.push(key(rng));
+        args.push(small(rng));
+    } else {
+        let n = small(rng);
+        let count = std::str::from_utf8(&n)
+            .ok()
+            .and_then(|t| t.parse::<usize>().ok())
+            .filter(|c| *c <= 4)
+            .unwrap_or(1 + rng.below(3) as usize);
+        args.push(n);
+        for _ in 0..count {
+            args.push(key(rng));
+        }
+    }
+    args.push(owner(rng));
+    args.push(ttl(rng));
+    while rng.chance(1, 4) {
+        args.push(option(rng));
+        if rng.chance(1, 2) {
+            args.push(integer(rng));
+        }
+    }
+    if rng.chance(1, 12) {
+        args.truncate(1 + rng.below(args.len() as u64) as usize);
     }
     args
 }
@@ -374,11 +425,20 @@ fn allowed_error(e: &str) -> bool {
         LockError::TooManyHolds,
         LockError::TooManyWaiters(MAX_WAITERS),
         LockError::InternalCommand,
+        LockError::IsSemaphore,
+        LockError::NotSemaphore,
+        LockError::BadLimit(1_000_000),
+        LockError::BadNumkeys(1000),
+        LockError::RepeatedKey,
+        LockError::Deadlock,
+        LockError::BindInScript,
     ]
     .iter()
     .map(|e| e.message())
     .collect();
     const REDIS: &[&str] = &[
+        // The limit it names varies.
+        "ERR this semaphore's limit is ",
         "ERR wrong number of arguments for",
         "ERR unknown command",
         "ERR unknown subcommand",
@@ -462,6 +522,12 @@ fn check_info(r: &Reply) -> Result<Option<LockInfo>, String> {
     match info.mode.as_str() {
         "exclusive" if n != 1 => return Err(format!("exclusive with {n} holders: {info:?}")),
         "shared" if n == 0 => return Err(format!("shared with no holder: {info:?}")),
+        "semaphore" => {
+            let limit = info.limit.unwrap_or(0);
+            if n == 0 || n as i64 > limit || info.holders.iter().any(|h| h.holds != 1) {
+                return Err(format!("semaphore past its limit or with holds: {info:?}"));
+            }
+        }
         _ => {}
     }
     let owners: HashSet<&[u8]> = info.holders.iter().map(|h| h.owner.as_slice()).collect();
@@ -495,7 +561,11 @@ fn check_reply(kind: Kind, args: &[Vec<u8>], r: &Reply, tally: &mut Tally) {
             tally.count("token");
             *t > 0
         }
-        (Kind::Grant | Kind::Release, Reply::Nil) => {
+        (Kind::MultiGrant, Reply::Array(tokens)) => {
+            tally.count("tokens");
+            !tokens.is_empty() && tokens.iter().all(|t| matches!(t, Reply::Int(n) if *n > 0))
+        }
+        (Kind::Grant | Kind::MultiGrant | Kind::Release, Reply::Nil) => {
             tally.count("nil");
             true
         }
@@ -755,8 +825,11 @@ fn waiter(
             "LOCK.READ",
             "lock.read",
             "Lock.Acquire",
+            "LOCK.SEMAPHORE",
+            "LOCK.MACQUIRE",
         ]);
         let key = format!("fz:{}", rng.below(HOT_KEYS / 2));
+        let other = format!("fz:{}", rng.below(HOT_KEYS / 2));
         let owner = format!("w{t}-{}", rng.below(4));
         let ttl = (1 + rng.below(30)).to_string();
         let opt = odd_case(&mut rng, "WAIT");
@@ -767,14 +840,23 @@ fn waiter(
             3 => b"+3".to_vec(),
             _ => (1 + rng.below(5)).to_string().into_bytes(),
         };
-        let args: Vec<Vec<u8>> = vec![
-            name.as_bytes().to_vec(),
-            key.clone().into_bytes(),
-            owner.clone().into_bytes(),
-            ttl.into_bytes(),
-            opt,
-            wait,
-        ];
+        let mut args: Vec<Vec<u8>> = vec![name.as_bytes().to_vec()];
+        match name {
+            // Limit 2 mostly: full semaphores, and another limit now and then.
+            "LOCK.SEMAPHORE" => {
+                args.push(key.clone().into_bytes());
+                args.push((2 + u64::from(rng.chance(1, 10))).to_string().into_bytes());
+            }
+            // Two keys, or one twice (an error); the release below is of
+            // the first, the other is left to its lease.
+            "LOCK.MACQUIRE" => {
+                args.push(b"2".to_vec());
+                args.push(key.clone().into_bytes());
+                args.push(other.into_bytes());
+            }
+            _ => args.push(key.clone().into_bytes()),
+        }
+        args.extend([owner.clone().into_bytes(), ttl.into_bytes(), opt, wait]);
         tally.requests += 1;
         if roll < 8 {
             // Disconnect while (probably) waiting.
@@ -794,8 +876,13 @@ fn waiter(
                 panic!("waiter {t}: {e} on {}", shown(&args));
             }
         };
+        let granted = match &r {
+            Reply::Int(x) => *x > 0,
+            Reply::Array(t) => !t.is_empty() && t.iter().all(|t| matches!(t, Reply::Int(x) if *x > 0)),
+            _ => false,
+        };
         match &r {
-            Reply::Int(x) if *x > 0 => {
+            _ if granted => {
                 tally.granted += 1;
                 match rng.below(4) {
                     0 | 1 => {
