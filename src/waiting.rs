@@ -21,6 +21,7 @@
 
 use std::collections::HashMap;
 use std::os::raw::{c_int, c_void};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{LazyLock, Mutex, MutexGuard};
 
 use redis_module::{raw, Context, ContextFlags, RedisResult, RedisString, RedisValue};
@@ -133,6 +134,10 @@ impl Registry {
 unsafe impl Send for Registry {}
 
 static REGISTRY: LazyLock<Mutex<Registry>> = LazyLock::new(Mutex::default);
+
+/// Whether `Registry::ready` may hold anything: every transition asks, and
+/// this answers without the mutex.
+static ANY_READY: AtomicBool = AtomicBool::new(false);
 
 fn registry() -> MutexGuard<'static, Registry> {
     REGISTRY.lock().unwrap_or_else(|p| p.into_inner())
@@ -363,6 +368,7 @@ pub fn answer_waiters(ctx: &Context, name: &RedisString, txn: &mut Txn) -> Pendi
             .is_some_and(|w| txn.lock.check(&w.request, false, txn.now) != Attempt::Busy);
         if admitted && !registry.ready.contains(&id) {
             registry.ready.push(id);
+            ANY_READY.store(true, Ordering::Relaxed);
         }
     }
     let Registry {
@@ -394,12 +400,16 @@ fn visit_now(keys: Vec<DbKey>, this: &DbKey) {
 /// The next multi-key request marked ready, with its keys and request, if
 /// it still waits.
 pub fn take_ready() -> Option<(WaiterId, Vec<DbKey>, Request)> {
+    if !ANY_READY.load(Ordering::Relaxed) {
+        return None;
+    }
     let mut registry = registry();
     while let Some(id) = registry.ready.pop() {
         if let Some(w) = registry.waiters.get(&id) {
             return Some((id, w.keys.clone(), w.request.clone()));
         }
     }
+    ANY_READY.store(false, Ordering::Relaxed);
     None
 }
 

@@ -878,7 +878,9 @@ fn waiter(
         };
         let granted = match &r {
             Reply::Int(x) => *x > 0,
-            Reply::Array(t) => !t.is_empty() && t.iter().all(|t| matches!(t, Reply::Int(x) if *x > 0)),
+            Reply::Array(t) => {
+                !t.is_empty() && t.iter().all(|t| matches!(t, Reply::Int(x) if *x > 0))
+            }
             _ => false,
         };
         match &r {

@@ -173,6 +173,9 @@ pub enum Op {
         owner: usize,
         ttl: u64,
         try_first: bool,
+        /// Queued (not tried) as one key's part of a multi-key request: it
+        /// holds back everything behind it and `settle` never grants it.
+        part: bool,
     },
     /// A queued waiter times out or disconnects (picked by position).
     Remove {
@@ -276,6 +279,7 @@ fn decode_op(input: &mut Input) -> Op {
             owner: input.owner(),
             ttl: input.ttl(),
             try_first: !input.byte().is_multiple_of(5),
+            part: input.byte().is_multiple_of(3),
         },
         12 => Op::Remove {
             key: input.key(),
@@ -359,6 +363,7 @@ struct MWait {
     kind: Kind,
     owner: usize,
     ttl: u64,
+    part: bool,
 }
 
 #[derive(Default)]
@@ -477,7 +482,7 @@ impl Model {
     fn settle(&mut self, key: usize) -> Vec<(u32, Attempt)> {
         self.purge(key);
         let mut answered = Vec::new();
-        while let Some(w) = self.keys[key].queue.front().copied() {
+        while let Some(w) = self.keys[key].queue.front().copied().filter(|w| !w.part) {
             let outcome = self.grant(key, w.kind, w.owner, w.ttl, false);
             if outcome == Attempt::Busy {
                 break;
@@ -700,14 +705,20 @@ pub fn run(data: &[u8]) {
                 owner,
                 ttl,
                 try_first,
+                part,
             } => {
                 let id = next_id;
                 next_id += 1;
+                // A part is exclusive, and queued without a try (the shell
+                // decides multi-key requests over all their keys).
+                let part = part && !try_first;
+                let kind = if part { Kind::Acquire } else { kind };
                 let wait = MWait {
                     id,
                     kind,
                     owner,
                     ttl,
+                    part,
                 };
                 let req = Request {
                     kind,
@@ -739,6 +750,9 @@ pub fn run(data: &[u8]) {
                         }
                         _ => {}
                     }
+                } else if part {
+                    core.queues[key].push_part(id, req);
+                    model.keys[key].queue.push_back(wait);
                 } else {
                     core.queues[key].push(id, req);
                     model.keys[key].queue.push_back(wait);
@@ -812,9 +826,10 @@ pub fn run(data: &[u8]) {
                         step.answered_ok.insert(req.owner.clone());
                     }
                 }
-                // The new head, if any, really cannot be granted now.
+                // The new head, if any, really cannot be granted now (a
+                // multi-key part is never granted here, whatever the lock).
                 let lock = &core.locks[key];
-                if let Some(head) = core.queues[key].iter().next() {
+                if let Some(head) = core.queues[key].iter().next().filter(|w| !w.part) {
                     let owner = &head.request.owner;
                     assert!(
                         lock.live(now).all(|h| &h.owner != owner),
@@ -1091,16 +1106,26 @@ fn check_state(core: &Core, model: &Model, ctx: &Ctx) {
         if let Some(h) = m.holders.values().next() {
             assert_eq!(lock.mode(), h.mode, "{ctx}: key {key} mode vs model");
         }
-        let queue: Vec<(u32, Kind, Owner, u64)> = core.queues[key]
+        let queue: Vec<(u32, Kind, Owner, u64, bool)> = core.queues[key]
             .iter()
-            .map(|w| (w.id, w.request.kind, w.request.owner.clone(), w.request.ttl))
+            .map(|w| {
+                (
+                    w.id,
+                    w.request.kind,
+                    w.request.owner.clone(),
+                    w.request.ttl,
+                    w.part,
+                )
+            })
             .collect();
-        let want: Vec<(u32, Kind, Owner, u64)> = m
+        let want: Vec<(u32, Kind, Owner, u64, bool)> = m
             .queue
             .iter()
-            .map(|w| (w.id, w.kind, owner_name(w.owner), w.ttl))
+            .map(|w| (w.id, w.kind, owner_name(w.owner), w.ttl, w.part))
             .collect();
         assert_eq!(queue, want, "{ctx}: key {key} queue vs model");
+        let head_part = m.queue.front().filter(|w| w.part).map(|w| w.id);
+        assert_eq!(core.queues[key].head_part(), head_part, "{ctx}: head part");
         assert_eq!(core.queues[key].len(), want.len(), "{ctx}");
         assert_eq!(core.queues[key].is_empty(), want.is_empty(), "{ctx}");
 
