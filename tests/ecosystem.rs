@@ -730,6 +730,23 @@ fn keyspace_events_for_every_change() {
     c.release("wq", "w").int();
     expect_events(&mut sub, &[("lock.release", "wq")]);
 
+    // A permit, a multi-key grant (one event per key), a refusal of either
+    // (no event).
+    c.cmd(&["LOCK.SEMAPHORE", "sem", "1", "p", "60000"]).int();
+    assert!(c.cmd(&["LOCK.SEMAPHORE", "sem", "1", "q", "60000"]).is_nil());
+    c.cmd(&["LOCK.MACQUIRE", "2", "m1", "m2", "o", "60000"]);
+    assert!(c.cmd(&["LOCK.MACQUIRE", "2", "m2", "m3", "z", "60000"]).is_nil());
+    c.release("sem", "p").int();
+    expect_events(
+        &mut sub,
+        &[
+            ("lock.semaphore", "sem"),
+            ("lock.macquire", "m1"),
+            ("lock.macquire", "m2"),
+            ("lock.release", "sem"),
+        ],
+    );
+
     // A lease that ran out: lock.expired before the next grant, whether the
     // next command found it (lock.expired only) or Redis's expiry did (its
     // own expired event, then lock.expired).
@@ -866,11 +883,19 @@ fn acl_categories_as_the_server_offers_them() {
     let s = Server::start();
     let mut c = s.conn();
     let version = server_version(&mut c);
-    let grants = ["lock.acquire", "lock.racquire", "lock.read"];
+    let grants = [
+        "lock.acquire",
+        "lock.racquire",
+        "lock.read",
+        "lock.semaphore",
+        "lock.macquire",
+    ];
     let all = [
         "lock.acquire",
         "lock.racquire",
         "lock.read",
+        "lock.semaphore",
+        "lock.macquire",
         "lock.release",
         "lock.renew",
         "lock.info",
@@ -915,6 +940,8 @@ fn acl_categories_as_the_server_offers_them() {
         "lock.acquire",
         "lock.racquire",
         "lock.read",
+        "lock.semaphore",
+        "lock.macquire",
         "lock.release",
         "lock.renew",
     ] {
@@ -945,7 +972,7 @@ fn acl_categories_as_the_server_offers_them() {
     assert_noperm(&v.acquire("lock:x", "o", 1_000), "LOCK.ACQUIRE as viewer");
 
     if strings(&c.cmd(&["ACL", "CAT"])).contains(&"lock".to_string()) {
-        // The six commands, LOCK.KEEPALIVE, and at most the internal
+        // The eight commands, LOCK.KEEPALIVE, and at most the internal
         // LOCK.SYNC besides.
         let lock = cat(&mut c, "lock");
         for cmd in all {
