@@ -733,9 +733,13 @@ fn keyspace_events_for_every_change() {
     // A permit, a multi-key grant (one event per key), a refusal of either
     // (no event).
     c.cmd(&["LOCK.SEMAPHORE", "sem", "1", "p", "60000"]).int();
-    assert!(c.cmd(&["LOCK.SEMAPHORE", "sem", "1", "q", "60000"]).is_nil());
+    assert!(c
+        .cmd(&["LOCK.SEMAPHORE", "sem", "1", "q", "60000"])
+        .is_nil());
     c.cmd(&["LOCK.MACQUIRE", "2", "m1", "m2", "o", "60000"]);
-    assert!(c.cmd(&["LOCK.MACQUIRE", "2", "m2", "m3", "z", "60000"]).is_nil());
+    assert!(c
+        .cmd(&["LOCK.MACQUIRE", "2", "m2", "m3", "z", "60000"])
+        .is_nil());
     c.release("sem", "p").int();
     expect_events(
         &mut sub,
