@@ -36,9 +36,10 @@
     clippy::too_many_lines
 )]
 
-use std::collections::{BTreeMap, BTreeSet, VecDeque};
+use std::collections::{BTreeMap, BTreeSet};
 
-use crate::lock::{Attempt, Changes, Holder, Invalid, Kind, Lock, Mode, Owner, Release, Request};
+use crate::lock::{Attempt, Changes, Holder, Kind, Lock, Mode, Owner, Release, Request};
+use crate::model::{mode_of, reentrant, MHold, MKey, MWait, Model};
 use crate::queue::Queue;
 use crate::tokens::{Tokens, MAX_TOKEN};
 
@@ -60,19 +61,6 @@ fn owner_name(i: usize) -> Owner {
         3 => vec![b'd'; 70].into_boxed_slice(),
         _ => b"A".to_vec().into_boxed_slice(),
     }
-}
-
-fn mode_of(kind: Kind) -> Mode {
-    match kind {
-        Kind::Acquire | Kind::Racquire => Mode::Exclusive,
-        Kind::Read => Mode::Shared,
-        Kind::Semaphore(_) => Mode::Semaphore,
-    }
-}
-
-/// Whether a holder's repeat of `kind` adds a hold.
-fn reentrant(kind: Kind) -> bool {
-    matches!(kind, Kind::Racquire | Kind::Read)
 }
 
 // ---------------------------------------------------------------------------
@@ -345,184 +333,6 @@ pub fn decode(data: &[u8]) -> (Start, Vec<Op>) {
 }
 
 // ---------------------------------------------------------------------------
-// The reference model: per key, owner -> hold (expired ones kept until a
-// transition on the key drops them, as the core does) and a FIFO of waiters.
-// ---------------------------------------------------------------------------
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-struct MHold {
-    mode: Mode,
-    holds: u32,
-    token: u64,
-    deadline: u64,
-}
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-struct MWait {
-    id: u32,
-    kind: Kind,
-    owner: usize,
-    ttl: u64,
-    part: bool,
-}
-
-#[derive(Default)]
-struct MKey {
-    /// A semaphore's limit, set by the grant that finds the key free.
-    limit: u32,
-    holders: BTreeMap<usize, MHold>,
-    queue: VecDeque<MWait>,
-}
-
-struct Model {
-    now: u64,
-    last_token: u64,
-    keys: Vec<MKey>,
-}
-
-impl Model {
-    /// Drops the holders whose deadline has passed; returns how many.
-    fn purge(&mut self, key: usize) -> usize {
-        let now = self.now;
-        let before = self.keys[key].holders.len();
-        self.keys[key].holders.retain(|_, h| now < h.deadline);
-        before - self.keys[key].holders.len()
-    }
-
-    fn grant(&mut self, key: usize, kind: Kind, owner: usize, ttl: u64, queued: bool) -> Attempt {
-        self.purge(key);
-        let deadline = self.now.saturating_add(ttl);
-        let limit = self.keys[key].limit;
-        let holders = &mut self.keys[key].holders;
-        if let Some(held) = holders.values().next().map(|h| h.mode) {
-            if (held == Mode::Semaphore) != (mode_of(kind) == Mode::Semaphore) {
-                return Attempt::WrongKind(held);
-            }
-            if matches!(kind, Kind::Semaphore(l) if l != limit) {
-                return Attempt::OtherLimit(limit);
-            }
-        }
-        if let Some(h) = holders.get_mut(&owner) {
-            if h.mode != mode_of(kind) {
-                return Attempt::Conflict(h.mode);
-            }
-            if reentrant(kind) {
-                if h.holds == u32::MAX {
-                    return Attempt::TooManyHolds;
-                }
-                h.holds += 1;
-            }
-            h.deadline = deadline;
-            return Attempt::Granted(h.token);
-        }
-        if queued {
-            return Attempt::Busy;
-        }
-        let compatible = match kind {
-            Kind::Semaphore(_) => holders.len() < limit as usize || holders.is_empty(),
-            _ => holders
-                .values()
-                .all(|h| h.mode == Mode::Shared && kind == Kind::Read),
-        };
-        if !compatible {
-            return Attempt::Busy;
-        }
-        if self.last_token >= MAX_TOKEN {
-            return Attempt::TokensExhausted;
-        }
-        self.last_token += 1;
-        let token = self.last_token;
-        if holders.is_empty() {
-            self.keys[key].limit = match kind {
-                Kind::Semaphore(l) => l,
-                _ => 0,
-            };
-        }
-        let holders = &mut self.keys[key].holders;
-        holders.insert(
-            owner,
-            MHold {
-                mode: mode_of(kind),
-                holds: 1,
-                token,
-                deadline,
-            },
-        );
-        Attempt::Granted(token)
-    }
-
-    fn release(&mut self, key: usize, owner: usize) -> Release {
-        self.purge(key);
-        let holders = &mut self.keys[key].holders;
-        match holders.get_mut(&owner) {
-            None => Release::NotHeld,
-            Some(h) if h.holds > 1 => {
-                h.holds -= 1;
-                Release::Remaining
-            }
-            Some(_) => {
-                holders.remove(&owner);
-                Release::Last
-            }
-        }
-    }
-
-    fn renew(&mut self, key: usize, owner: usize, ttl: u64) -> bool {
-        self.purge(key);
-        let deadline = self.now.saturating_add(ttl);
-        match self.keys[key].holders.get_mut(&owner) {
-            Some(h) => {
-                h.deadline = deadline;
-                true
-            }
-            None => false,
-        }
-    }
-
-    fn settle(&mut self, key: usize) -> Vec<(u32, Attempt)> {
-        self.purge(key);
-        let mut answered = Vec::new();
-        while let Some(w) = self.keys[key].queue.front().copied().filter(|w| !w.part) {
-            let outcome = self.grant(key, w.kind, w.owner, w.ttl, false);
-            if outcome == Attempt::Busy {
-                break;
-            }
-            self.keys[key].queue.pop_front();
-            answered.push((w.id, outcome));
-        }
-        answered
-    }
-
-    /// The outcome of `Lock::put` as the contract states it.
-    fn put(&mut self, key: usize, owner: Option<usize>, hold: MHold) -> Result<(), Invalid> {
-        let Some(owner) = owner else {
-            return Err(Invalid::EmptyOwner);
-        };
-        if hold.holds == 0 {
-            return Err(Invalid::ZeroHolds);
-        }
-        if hold.token == 0 {
-            return Err(Invalid::ZeroToken);
-        }
-        let holders = &mut self.keys[key].holders;
-        let others: Vec<Mode> = holders
-            .iter()
-            .filter(|(&o, _)| o != owner)
-            .map(|(_, h)| h.mode)
-            .collect();
-        if others.iter().any(|&m| m != hold.mode) {
-            return Err(Invalid::ModeMismatch);
-        }
-        if !others.is_empty() && hold.mode == Mode::Exclusive {
-            return Err(Invalid::SecondExclusiveHolder);
-        }
-        holders.insert(owner, hold);
-        self.last_token = self.last_token.max(hold.token.min(MAX_TOKEN));
-        Ok(())
-    }
-}
-
-// ---------------------------------------------------------------------------
 // The run.
 // ---------------------------------------------------------------------------
 
@@ -596,11 +406,7 @@ pub fn run(data: &[u8]) {
         queues: (0..KEYS).map(|_| Queue::default()).collect(),
         replicas: vec![Lock::default(); KEYS],
     };
-    let mut model = Model {
-        now: start.now,
-        last_token: start.last_token,
-        keys: (0..KEYS).map(|_| MKey::default()).collect(),
-    };
+    let mut model = Model::new(KEYS, start.now, start.last_token);
     let mut next_id: u32 = 0;
     let mut removed_ids: BTreeSet<u32> = BTreeSet::new();
     let mut answered_ids: BTreeSet<u32> = BTreeSet::new();

@@ -27,10 +27,13 @@ pub mod lock;
 pub mod queue;
 pub mod tokens;
 
-/// The fuzz decoder and its reference model, shared by the bounded run in
+/// The fuzz decoder, shared by the bounded run in
 /// `cargo test` and the cargo-fuzz target (`fuzz/`, feature `fuzzing`).
 #[cfg(any(test, feature = "fuzzing"))]
 pub mod fuzz_ops;
+/// The one reference model both check the core against.
+#[cfg(any(test, feature = "fuzzing"))]
+mod model;
 #[cfg(test)]
 mod model_tests;
 

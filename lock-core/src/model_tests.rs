@@ -13,199 +13,34 @@
     clippy::indexing_slicing
 )]
 
-use std::collections::{BTreeMap, BTreeSet, VecDeque};
+use std::collections::{BTreeMap, BTreeSet};
 
 use proptest::prelude::*;
 use proptest::sample::Index;
 use proptest::test_runner::TestCaseError;
 
-use crate::lock::{Attempt, Changes, Holder, Invalid, Kind, Lock, Mode, Owner, Release, Request};
+use crate::lock::{Attempt, Changes, Holder, Invalid, Kind, Lock, Mode, Owner, Request};
+use crate::model::{mode_of, MWait, Model};
 use crate::queue::Queue;
 use crate::tokens::{Tokens, MAX_TOKEN};
 
 const KEYS: usize = 3;
 const OWNERS: u8 = 4;
 const MAX_STEPS: usize = 60;
-/// The model's own largest token: replies are signed 64-bit integers.
-const LAST_TOKEN: u64 = i64::MAX as u64;
 
 /// Owner names are binary (a NUL byte inside) to keep them binary-safe.
 fn name(owner: u8) -> Owner {
     vec![b'o', 0, b'0' + owner].into_boxed_slice()
 }
 
-fn wants_exclusive(kind: Kind) -> bool {
-    match kind {
-        Kind::Acquire | Kind::Racquire => true,
-        Kind::Read => false,
-        // Semaphores are checked by the fuzz model (fuzz_ops.rs), not here.
-        Kind::Semaphore(_) => false,
-    }
+/// An owner of the model (`usize`) by its number here.
+fn oid(owner: u8) -> usize {
+    usize::from(owner)
 }
 
-fn mode_name(exclusive: bool) -> Mode {
-    if exclusive {
-        Mode::Exclusive
-    } else {
-        Mode::Shared
-    }
-}
-
-// ---------------------------------------------------------------------------
-// The reference model: per key, a map owner -> hold, and a FIFO of waiters.
-// ---------------------------------------------------------------------------
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-struct MHold {
-    exclusive: bool,
-    holds: u32,
-    token: u64,
-    deadline: u64,
-}
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-struct MWait {
-    id: u32,
-    kind: Kind,
-    owner: u8,
-    ttl: u64,
-}
-
-#[derive(Debug, Default)]
-struct Model {
-    now: u64,
-    last_token: u64,
-    holders: [BTreeMap<u8, MHold>; KEYS],
-    queues: [VecDeque<MWait>; KEYS],
-}
-
-impl Model {
-    /// A holder at or past its deadline holds nothing: forget it.
-    fn forget_expired(&mut self, key: usize) {
-        let now = self.now;
-        self.holders[key].retain(|_, h| now < h.deadline);
-    }
-
-    /// The owner's hold on the key if it still holds at `now`.
-    fn live(&self, key: usize, owner: u8) -> Option<MHold> {
-        self.holders[key]
-            .get(&owner)
-            .copied()
-            .filter(|h| self.now < h.deadline)
-    }
-
-    fn grant(
-        &mut self,
-        key: usize,
-        kind: Kind,
-        owner: u8,
-        ttl: u64,
-        queued_ahead: bool,
-    ) -> Attempt {
-        self.forget_expired(key);
-        let now = self.now;
-        let exclusive = wants_exclusive(kind);
-        if let Some(h) = self.holders[key].get_mut(&owner) {
-            // A holder's repeat: answered at once, whatever waits.
-            if h.exclusive != exclusive {
-                return Attempt::Conflict(mode_name(h.exclusive));
-            }
-            if kind != Kind::Acquire {
-                if h.holds == u32::MAX {
-                    return Attempt::TooManyHolds;
-                }
-                h.holds += 1;
-            }
-            h.deadline = now + ttl;
-            return Attempt::Granted(h.token);
-        }
-        if queued_ahead {
-            return Attempt::Busy;
-        }
-        // Free, or only readers and this is a reader.
-        let compatible = self.holders[key]
-            .values()
-            .all(|h| !h.exclusive && !exclusive);
-        if !compatible {
-            return Attempt::Busy;
-        }
-        if self.last_token == LAST_TOKEN {
-            return Attempt::TokensExhausted;
-        }
-        self.last_token += 1;
-        let token = self.last_token;
-        self.holders[key].insert(
-            owner,
-            MHold {
-                exclusive,
-                holds: 1,
-                token,
-                deadline: now + ttl,
-            },
-        );
-        Attempt::Granted(token)
-    }
-
-    fn release(&mut self, key: usize, owner: u8) -> Release {
-        self.forget_expired(key);
-        let Some(h) = self.holders[key].get_mut(&owner) else {
-            return Release::NotHeld;
-        };
-        if h.holds > 1 {
-            h.holds -= 1;
-            Release::Remaining
-        } else {
-            self.holders[key].remove(&owner);
-            Release::Last
-        }
-    }
-
-    fn renew(&mut self, key: usize, owner: u8, ttl: u64) -> bool {
-        self.forget_expired(key);
-        let now = self.now;
-        match self.holders[key].get_mut(&owner) {
-            Some(h) => {
-                h.deadline = now + ttl;
-                true
-            }
-            None => false,
-        }
-    }
-
-    fn settle(&mut self, key: usize) -> Vec<(u32, Attempt)> {
-        self.forget_expired(key);
-        let mut answered = Vec::new();
-        while let Some(w) = self.queues[key].front().copied() {
-            let outcome = self.grant(key, w.kind, w.owner, w.ttl, false);
-            if outcome == Attempt::Busy {
-                break;
-            }
-            self.queues[key].pop_front();
-            answered.push((w.id, outcome));
-        }
-        answered
-    }
-
-    /// owner -> (mode, holds, token, deadline) of the live holders.
-    fn live_view(&self, key: usize) -> BTreeMap<Owner, (Mode, u32, u64, u64)> {
-        self.holders[key]
-            .iter()
-            .filter(|(_, h)| self.now < h.deadline)
-            .map(|(&o, h)| {
-                (
-                    name(o),
-                    (mode_name(h.exclusive), h.holds, h.token, h.deadline),
-                )
-            })
-            .collect()
-    }
-
-    fn queue_view(&self, key: usize) -> Vec<(u32, Kind, Owner, u64)> {
-        self.queues[key]
-            .iter()
-            .map(|w| (w.id, w.kind, name(w.owner), w.ttl))
-            .collect()
-    }
+/// The model's owner `o` by name.
+fn owner_named(o: usize) -> Owner {
+    name(u8::try_from(o).unwrap())
 }
 
 // ---------------------------------------------------------------------------
@@ -260,10 +95,11 @@ impl Who {
         match self {
             Who::Owner(owner) => owner,
             Who::Holder(pick) => {
-                let live: Vec<u8> = model.holders[key]
+                let live: Vec<u8> = model.keys[key]
+                    .holders
                     .iter()
                     .filter(|(_, h)| model.now < h.deadline)
-                    .map(|(&o, _)| o)
+                    .map(|(&o, _)| u8::try_from(o).unwrap())
                     .collect();
                 if live.is_empty() {
                     // Nobody holds: any owner.
@@ -372,7 +208,7 @@ fn start_token() -> impl Strategy<Value = u64> {
     prop_oneof![
         4 => 0u64..1000,
         // Close to exhaustion: TokensExhausted must refuse and change nothing.
-        1 => (LAST_TOKEN - 6)..=LAST_TOKEN,
+        1 => (MAX_TOKEN - 6)..=MAX_TOKEN,
     ]
 }
 
@@ -402,7 +238,7 @@ struct Step {
 
 #[allow(clippy::too_many_lines)]
 fn run(first_token: u64, start: u64, ops: &[Op]) -> Result<(), TestCaseError> {
-    prop_assert_eq!(MAX_TOKEN, LAST_TOKEN);
+    prop_assert_eq!(MAX_TOKEN, i64::MAX as u64);
     let mut core = Core {
         now: start,
         tokens: Tokens::starting_after(first_token),
@@ -410,11 +246,7 @@ fn run(first_token: u64, start: u64, ops: &[Op]) -> Result<(), TestCaseError> {
         queues: (0..KEYS).map(|_| Queue::default()).collect(),
         replicas: vec![Lock::default(); KEYS],
     };
-    let mut model = Model {
-        now: start,
-        last_token: first_token,
-        ..Model::default()
-    };
+    let mut model = Model::new(KEYS, start, first_token);
     let mut next_id: u32 = 0;
     let mut tokens_seen = TokensSeen {
         seen: BTreeSet::new(),
@@ -442,7 +274,7 @@ fn run(first_token: u64, start: u64, ops: &[Op]) -> Result<(), TestCaseError> {
             } => {
                 let owner = who.resolve(&model, key);
                 let live_before = live_view(&core.locks[key], now);
-                let held = model.live(key, owner);
+                let held = model.live(key, oid(owner));
                 let queued = !core.queues[key].is_empty();
                 let got = core.locks[key].try_acquire(
                     &request(kind, owner, ttl),
@@ -451,12 +283,18 @@ fn run(first_token: u64, start: u64, ops: &[Op]) -> Result<(), TestCaseError> {
                     &mut core.tokens,
                     &mut step.changes,
                 );
-                let want = model.grant(key, kind, owner, ttl, !model.queues[key].is_empty());
+                let want = model.grant(
+                    key,
+                    kind,
+                    oid(owner),
+                    ttl,
+                    !model.keys[key].queue.is_empty(),
+                );
                 prop_assert_eq!(got, want, "step {}: {:?} (owner {})", n, op, owner);
                 match held {
-                    Some(h) if h.exclusive != wants_exclusive(kind) => {
+                    Some(h) if h.mode != mode_of(kind) => {
                         // Upgrade/downgrade: an error, and nothing changes.
-                        prop_assert_eq!(got, Attempt::Conflict(mode_name(h.exclusive)));
+                        prop_assert_eq!(got, Attempt::Conflict(h.mode));
                         prop_assert_eq!(&live_view(&core.locks[key], now), &live_before);
                     }
                     Some(h) => {
@@ -478,14 +316,14 @@ fn run(first_token: u64, start: u64, ops: &[Op]) -> Result<(), TestCaseError> {
             Op::Release { key, who } => {
                 let owner = who.resolve(&model, key);
                 let got = core.locks[key].release(&name(owner), now, &mut step.changes);
-                let want = model.release(key, owner);
+                let want = model.release(key, oid(owner));
                 prop_assert_eq!(got, want, "step {}: {:?} (owner {})", n, op, owner);
             }
 
             Op::Renew { key, who, ttl } => {
                 let owner = who.resolve(&model, key);
                 let got = core.locks[key].renew(&name(owner), ttl, now, &mut step.changes);
-                let want = model.renew(key, owner, ttl);
+                let want = model.renew(key, oid(owner), ttl);
                 prop_assert_eq!(got, want, "step {}: {:?} (owner {})", n, op, owner);
                 if got {
                     step.answered_ok.insert(name(owner));
@@ -504,8 +342,9 @@ fn run(first_token: u64, start: u64, ops: &[Op]) -> Result<(), TestCaseError> {
                 let waiter = MWait {
                     id,
                     kind,
-                    owner,
+                    owner: usize::from(owner),
                     ttl,
+                    part: false,
                 };
                 if try_first {
                     let queued = !core.queues[key].is_empty();
@@ -516,12 +355,18 @@ fn run(first_token: u64, start: u64, ops: &[Op]) -> Result<(), TestCaseError> {
                         &mut core.tokens,
                         &mut step.changes,
                     );
-                    let want = model.grant(key, kind, owner, ttl, !model.queues[key].is_empty());
+                    let want = model.grant(
+                        key,
+                        kind,
+                        oid(owner),
+                        ttl,
+                        !model.keys[key].queue.is_empty(),
+                    );
                     prop_assert_eq!(got, want, "step {}: {:?}", n, op);
                     match got {
                         Attempt::Busy => {
                             core.queues[key].push(id, request(kind, owner, ttl));
-                            model.queues[key].push_back(waiter);
+                            model.keys[key].queue.push_back(waiter);
                         }
                         Attempt::Granted(t) => {
                             step.answered_ok.insert(name(owner));
@@ -531,28 +376,28 @@ fn run(first_token: u64, start: u64, ops: &[Op]) -> Result<(), TestCaseError> {
                     }
                 } else {
                     core.queues[key].push(id, request(kind, owner, ttl));
-                    model.queues[key].push_back(waiter);
+                    model.keys[key].queue.push_back(waiter);
                 }
             }
 
             Op::Remove { key, pick } => {
-                if model.queues[key].is_empty() {
+                if model.keys[key].queue.is_empty() {
                     prop_assert!(!core.queues[key].remove(u32::MAX));
                 } else {
-                    let at = pick.index(model.queues[key].len());
-                    let id = model.queues[key][at].id;
+                    let at = pick.index(model.keys[key].queue.len());
+                    let id = model.keys[key].queue[at].id;
                     prop_assert!(core.queues[key].remove(id), "step {}: remove {}", n, id);
-                    model.queues[key].remove(at);
+                    model.keys[key].queue.remove(at);
                     removed_ids.insert(id);
                     prop_assert!(!core.queues[key].remove(id), "removed twice");
                 }
             }
 
             Op::RemoveId { key, id } => {
-                let present = model.queues[key].iter().position(|w| w.id == id);
+                let present = model.keys[key].queue.iter().position(|w| w.id == id);
                 prop_assert_eq!(core.queues[key].remove(id), present.is_some(), "step {}", n);
                 if let Some(at) = present {
-                    model.queues[key].remove(at);
+                    model.keys[key].queue.remove(at);
                     removed_ids.insert(id);
                 }
             }
@@ -671,7 +516,7 @@ fn check_keys(
         // The live holders and the waiters equal the model's.
         prop_assert_eq!(
             live_view(lock, now),
-            model.live_view(key),
+            model.live_view(key, owner_named),
             "step {}: {:?}: key {} live holders",
             n,
             op,
@@ -679,7 +524,7 @@ fn check_keys(
         );
         prop_assert_eq!(
             queue_view(queue),
-            model.queue_view(key),
+            model.queue_view(key, owner_named),
             "step {}: queue",
             n
         );
@@ -700,7 +545,11 @@ fn check_keys(
         prop_assert!(lock.holders().iter().all(|h| h.holds >= 1 && h.token >= 1));
         // The key's Redis expiry is the latest deadline: that of a live holder
         // while any holds; the next self-change is no later than any live deadline.
-        let live_deadlines: Vec<u64> = model.live_view(key).values().map(|v| v.3).collect();
+        let live_deadlines: Vec<u64> = model
+            .live_view(key, owner_named)
+            .values()
+            .map(|v| v.3)
+            .collect();
         if let Some(&latest) = live_deadlines.iter().max() {
             prop_assert_eq!(lock.latest_deadline(), Some(latest));
             let earliest = live_deadlines.iter().min().copied();
@@ -812,7 +661,7 @@ proptest! {
         raw in prop::collection::btree_map(0u8..6, (1u32..5, 1u64..1000, 0u64..100), 0..5),
         zero in prop::option::of(0usize..3),
     ) {
-        let mode = mode_name(exclusive);
+        let mode = if exclusive { Mode::Exclusive } else { Mode::Shared };
         let mut holders: Vec<Holder> = raw
             .iter()
             // Distinct tokens (no server issues one twice): base * 8 + owner.

@@ -1,0 +1,263 @@
+//! The one reference model of the core, written independently of its
+//! logic: per key, owner -> hold (expired ones kept until a transition on
+//! the key drops them, as the core does), a FIFO of waiters (multi-key parts
+//! included), and a semaphore's limit. The property tests (`model_tests`)
+//! and the fuzz decoder (`fuzz_ops`, shared with the cargo-fuzz target) both
+//! check the core against it.
+
+use std::collections::{BTreeMap, VecDeque};
+
+#[cfg(test)]
+use crate::lock::Owner;
+use crate::lock::{Attempt, Invalid, Kind, Mode, Release};
+use crate::tokens::MAX_TOKEN;
+
+pub(crate) fn mode_of(kind: Kind) -> Mode {
+    match kind {
+        Kind::Acquire | Kind::Racquire => Mode::Exclusive,
+        Kind::Read => Mode::Shared,
+        Kind::Semaphore(_) => Mode::Semaphore,
+    }
+}
+
+/// Whether a holder's repeat of `kind` adds a hold.
+pub(crate) fn reentrant(kind: Kind) -> bool {
+    matches!(kind, Kind::Racquire | Kind::Read)
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct MHold {
+    pub(crate) mode: Mode,
+    pub(crate) holds: u32,
+    pub(crate) token: u64,
+    pub(crate) deadline: u64,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct MWait {
+    pub(crate) id: u32,
+    pub(crate) kind: Kind,
+    pub(crate) owner: usize,
+    pub(crate) ttl: u64,
+    pub(crate) part: bool,
+}
+
+#[derive(Default)]
+pub(crate) struct MKey {
+    /// A semaphore's limit, set by the grant that finds the key free.
+    pub(crate) limit: u32,
+    pub(crate) holders: BTreeMap<usize, MHold>,
+    pub(crate) queue: VecDeque<MWait>,
+}
+
+pub(crate) struct Model {
+    pub(crate) now: u64,
+    pub(crate) last_token: u64,
+    pub(crate) keys: Vec<MKey>,
+}
+
+impl Model {
+    /// Drops the holders whose deadline has passed; returns how many.
+    pub(crate) fn purge(&mut self, key: usize) -> usize {
+        let now = self.now;
+        let before = self.keys[key].holders.len();
+        self.keys[key].holders.retain(|_, h| now < h.deadline);
+        before - self.keys[key].holders.len()
+    }
+
+    pub(crate) fn grant(
+        &mut self,
+        key: usize,
+        kind: Kind,
+        owner: usize,
+        ttl: u64,
+        queued: bool,
+    ) -> Attempt {
+        self.purge(key);
+        let deadline = self.now.saturating_add(ttl);
+        let limit = self.keys[key].limit;
+        let holders = &mut self.keys[key].holders;
+        if let Some(held) = holders.values().next().map(|h| h.mode) {
+            if (held == Mode::Semaphore) != (mode_of(kind) == Mode::Semaphore) {
+                return Attempt::WrongKind(held);
+            }
+            if matches!(kind, Kind::Semaphore(l) if l != limit) {
+                return Attempt::OtherLimit(limit);
+            }
+        }
+        if let Some(h) = holders.get_mut(&owner) {
+            if h.mode != mode_of(kind) {
+                return Attempt::Conflict(h.mode);
+            }
+            if reentrant(kind) {
+                if h.holds == u32::MAX {
+                    return Attempt::TooManyHolds;
+                }
+                h.holds += 1;
+            }
+            h.deadline = deadline;
+            return Attempt::Granted(h.token);
+        }
+        if queued {
+            return Attempt::Busy;
+        }
+        let compatible = match kind {
+            Kind::Semaphore(_) => holders.len() < limit as usize || holders.is_empty(),
+            _ => holders
+                .values()
+                .all(|h| h.mode == Mode::Shared && kind == Kind::Read),
+        };
+        if !compatible {
+            return Attempt::Busy;
+        }
+        if self.last_token >= MAX_TOKEN {
+            return Attempt::TokensExhausted;
+        }
+        self.last_token += 1;
+        let token = self.last_token;
+        if holders.is_empty() {
+            self.keys[key].limit = match kind {
+                Kind::Semaphore(l) => l,
+                _ => 0,
+            };
+        }
+        let holders = &mut self.keys[key].holders;
+        holders.insert(
+            owner,
+            MHold {
+                mode: mode_of(kind),
+                holds: 1,
+                token,
+                deadline,
+            },
+        );
+        Attempt::Granted(token)
+    }
+
+    pub(crate) fn release(&mut self, key: usize, owner: usize) -> Release {
+        self.purge(key);
+        let holders = &mut self.keys[key].holders;
+        match holders.get_mut(&owner) {
+            None => Release::NotHeld,
+            Some(h) if h.holds > 1 => {
+                h.holds -= 1;
+                Release::Remaining
+            }
+            Some(_) => {
+                holders.remove(&owner);
+                Release::Last
+            }
+        }
+    }
+
+    pub(crate) fn renew(&mut self, key: usize, owner: usize, ttl: u64) -> bool {
+        self.purge(key);
+        let deadline = self.now.saturating_add(ttl);
+        match self.keys[key].holders.get_mut(&owner) {
+            Some(h) => {
+                h.deadline = deadline;
+                true
+            }
+            None => false,
+        }
+    }
+
+    pub(crate) fn settle(&mut self, key: usize) -> Vec<(u32, Attempt)> {
+        self.purge(key);
+        let mut answered = Vec::new();
+        while let Some(w) = self.keys[key].queue.front().copied().filter(|w| !w.part) {
+            let outcome = self.grant(key, w.kind, w.owner, w.ttl, false);
+            if outcome == Attempt::Busy {
+                break;
+            }
+            self.keys[key].queue.pop_front();
+            answered.push((w.id, outcome));
+        }
+        answered
+    }
+
+    /// The outcome of `Lock::put` as the contract states it.
+    pub(crate) fn put(
+        &mut self,
+        key: usize,
+        owner: Option<usize>,
+        hold: MHold,
+    ) -> Result<(), Invalid> {
+        let Some(owner) = owner else {
+            return Err(Invalid::EmptyOwner);
+        };
+        if hold.holds == 0 {
+            return Err(Invalid::ZeroHolds);
+        }
+        if hold.token == 0 {
+            return Err(Invalid::ZeroToken);
+        }
+        let holders = &mut self.keys[key].holders;
+        let others: Vec<Mode> = holders
+            .iter()
+            .filter(|(&o, _)| o != owner)
+            .map(|(_, h)| h.mode)
+            .collect();
+        if others.iter().any(|&m| m != hold.mode) {
+            return Err(Invalid::ModeMismatch);
+        }
+        if !others.is_empty() && hold.mode == Mode::Exclusive {
+            return Err(Invalid::SecondExclusiveHolder);
+        }
+        holders.insert(owner, hold);
+        self.last_token = self.last_token.max(hold.token.min(MAX_TOKEN));
+        Ok(())
+    }
+}
+
+impl Model {
+    /// A model of `keys` free keys at `now`, the counter at `last_token`.
+    pub(crate) fn new(keys: usize, now: u64, last_token: u64) -> Model {
+        Model {
+            now,
+            last_token,
+            keys: (0..keys).map(|_| MKey::default()).collect(),
+        }
+    }
+}
+
+/// Views for the property tests.
+#[cfg(test)]
+impl Model {
+    /// The owner's hold on the key if it still holds at `now`.
+    pub(crate) fn live(&self, key: usize, owner: usize) -> Option<MHold> {
+        self.keys[key]
+            .holders
+            .get(&owner)
+            .copied()
+            .filter(|h| self.now < h.deadline)
+    }
+
+    /// owner -> (mode, holds, token, deadline) of the live holders, owners
+    /// named by `name`.
+    pub(crate) fn live_view(
+        &self,
+        key: usize,
+        name: impl Fn(usize) -> Owner,
+    ) -> BTreeMap<Owner, (Mode, u32, u64, u64)> {
+        self.keys[key]
+            .holders
+            .iter()
+            .filter(|(_, h)| self.now < h.deadline)
+            .map(|(&o, h)| (name(o), (h.mode, h.holds, h.token, h.deadline)))
+            .collect()
+    }
+
+    /// The queue as (id, kind, owner, ttl), owners named by `name`.
+    pub(crate) fn queue_view(
+        &self,
+        key: usize,
+        name: impl Fn(usize) -> Owner,
+    ) -> Vec<(u32, Kind, Owner, u64)> {
+        self.keys[key]
+            .queue
+            .iter()
+            .map(|w| (w.id, w.kind, name(w.owner), w.ttl))
+            .collect()
+    }
+}
