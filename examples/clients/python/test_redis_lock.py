@@ -38,8 +38,15 @@ def info(r, key):
 
 
 def renew_calls(r):
+    """Renewals sent so far: LOCK.KEEPALIVE (bound locks) and LOCK.RENEW."""
     stats = r.info("commandstats")
-    return stats.get("cmdstat_lock.renew", {}).get("calls", 0)
+    return sum(
+        stats.get(f"cmdstat_lock.{c}", {}).get("calls", 0) for c in ("renew", "keepalive")
+    )
+
+
+def bound_holders(r):
+    return int(r.info("lock")["lock_bound_holders"])
 
 
 def wait_for(what, pred, timeout=5.0):
@@ -109,16 +116,60 @@ def wait_running_out_raises_lock_not_acquired():
 
 
 @test
-def watchdog_keeps_the_lease_while_the_work_runs():
+def keepalive_keeps_the_lease_while_the_work_runs():
+    for bind in (True, False):
+        r, other = client(), client()
+        before = renew_calls(other)
+        with lock(r, "py:long", ttl_ms=900, bind=bind) as lease:
+            assert lease.bound == bind
+            assert bound_holders(other) == (1 if bind else 0)
+            for _ in range(4):  # 1.2 s of work: longer than the ttl
+                time.sleep(0.3)
+                assert info(other, "py:long") == {lease.owner: (1, lease.token)}
+                lease.check()
+        assert renew_calls(other) - before >= 2
+        assert info(other, "py:long") is None
+        # The connection went back to the pool holding nothing.
+        assert bound_holders(other) == 0
+
+
+@test
+def a_bound_lock_is_freed_the_moment_its_holder_connection_dies():
+    r = client(client_name="py-holder")
+    admin, waiter = client(), client()
+    try:
+        with lock(r, "py:dies", ttl_ms=6_000) as lease:
+            ids = [c["id"] for c in admin.client_list() if c.get("name") == "py-holder"]
+            assert ids, admin.client_list()
+            got = []
+            t = threading.Thread(
+                target=lambda: got.append(
+                    waiter.execute_command("LOCK.ACQUIRE", "py:dies", "next", 10_000, "WAIT", 5_000)
+                )
+            )
+            t.start()
+            wait_for("the waiter to queue", lambda: int(admin.info("lock")["lock_waiters"]) == 1)
+            start = time.monotonic()
+            for i in ids:  # the process "dies": its connections close
+                admin.execute_command("CLIENT", "KILL", "ID", i)
+            t.join()
+            assert got and got[0] is not None, got
+            assert time.monotonic() - start < 1, "granted at the close, not at the 6 s lease"
+            wait_for("the keepalive notices", lambda: lease.lost)
+    except LeaseLost as e:
+        assert "py:dies" in str(e), str(e)
+    else:
+        raise AssertionError("leaving the block must raise LeaseLost")
+    assert info(admin, "py:dies") == {"next": (1, got[0])}
+
+
+@test
+def the_lease_watchdog_is_used_without_bind():
     r, other = client(), client()
-    before = renew_calls(other)
-    with lock(r, "py:long", ttl_ms=900) as lease:
-        for _ in range(4):  # 1.2 s of work: longer than the ttl
-            time.sleep(0.3)
-            assert info(other, "py:long") == {lease.owner: (1, lease.token)}
-            lease.check()
-    assert renew_calls(other) - before >= 2
-    assert info(other, "py:long") is None
+    with lock(r, "py:nobind", ttl_ms=10_000, bind=False) as lease:
+        assert not lease.bound
+        assert bound_holders(other) == 0
+    assert info(other, "py:nobind") is None
 
 
 @test
@@ -149,7 +200,7 @@ def a_lost_lease_is_reported_and_someone_elses_lock_is_untouched():
                 lease.check()
                 raise AssertionError("check() must raise once the lease is lost")
             except LeaseLost as e:
-                assert "LOCK.RENEW answered 0" in str(e), str(e)
+                assert "LOCK.KEEPALIVE renewed nothing" in str(e), str(e)
     except LeaseLost as e:
         assert "py:lost" in str(e), str(e)
     else:
