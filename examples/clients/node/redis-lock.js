@@ -11,12 +11,21 @@
 //     await storage.write(data, { fencingToken: lease.token });
 //   });
 //
-// - Acquires with `LOCK.ACQUIRE key owner ttl WAIT ms` on a duplicate of the
-//   connection: ioredis sends every command of a client down one socket, so a
-//   command that blocks in the server would hold up the renewals behind it.
-// - A watchdog renews the lease every ttl/3 while the work runs. It is stopped,
-//   and any renewal in flight awaited, *before* the release: no renewal can
-//   outlive the unlock. The owner is a fresh UUID per acquisition.
+// - Acquires with `LOCK.ACQUIRE key owner ttl WAIT ms BIND` on a connection
+//   of its own (a duplicate of the client's: ioredis sends every command of a
+//   client down one socket, so a command that blocks in the server would hold
+//   up the others behind it). `BIND` ties the lock to that connection: if this
+//   process dies, the server frees the lock the moment the connection closes,
+//   not at the end of the lease.
+// - One keepalive per connection (`LOCK.KEEPALIVE ttl` every ttl/3) renews it
+//   while the work runs; it answers how many locks it renewed, so a lock
+//   released or deleted behind our back shows as 0. It is stopped, and any
+//   renewal in flight awaited, *before* the release: no renewal can outlive
+//   the unlock. The holder connection is closed after the release (it is
+//   nobody else's, so it can never carry a bound lock to another user).
+// - `bind: false` (or a server that refuses `BIND`): a lease watchdog with
+//   `LOCK.RENEW` on the client's own connection instead. The owner is a fresh
+//   UUID per acquisition.
 // - The release runs in `finally`, also when the work throws.
 // - If the lease is lost (a renewal answered 0, the release answered nil),
 //   `lease.signal` aborts at once, `lease.check()` throws, and withLock throws
@@ -36,12 +45,14 @@ for (const E of [LockError, LockNotAcquired, LeaseLost]) {
 const now = () => performance.now(); // monotonic, ms
 
 class Lease {
-  constructor(redis, key, owner, token, ttlMs, sent) {
+  constructor(redis, key, owner, token, ttlMs, sent, holder = null) {
     this.key = key;
     this.owner = owner;
     this.token = BigInt(token);
     this.ttlMs = ttlMs;
-    this._redis = redis;
+    // The connection the lock is bound to (BIND), this lease's alone.
+    this._holder = holder;
+    this._redis = holder || redis;
     // A lower bound of the server's deadline: the lease began after we asked.
     this._validUntil = sent + ttlMs;
     this._why = null;
@@ -49,6 +60,11 @@ class Lease {
     this._stopped = false;
     this._timer = null;
     this._inflight = Promise.resolve();
+  }
+
+  /** True when the lock is bound to a connection of its own (BIND). */
+  get bound() {
+    return this._holder !== null;
   }
 
   /** Aborted the moment the lease is known to be lost. */
@@ -92,21 +108,29 @@ class Lease {
     const sent = now();
     let renewed;
     try {
-      renewed = await this._redis.call('LOCK.RENEW', this.key, this.owner, this.ttlMs);
+      renewed = this.bound
+        ? await this._redis.call('LOCK.KEEPALIVE', this.ttlMs)
+        : await this._redis.call('LOCK.RENEW', this.key, this.owner, this.ttlMs);
     } catch (e) {
       // Transient (connection lost, timeout): try again at the next tick,
-      // unless the lease may have run out meanwhile.
+      // unless the lease may have run out meanwhile. (ioredis reconnects a
+      // bound holder's connection by itself; the server freed the lock when
+      // the old one closed, and the next keepalive answers 0.)
       if (now() >= this._validUntil) {
         this._lose(`renewal failed until the ttl ran out (${e.message})`);
         return false;
       }
       return true;
     }
-    if (renewed === 1) {
+    if (renewed >= 1) {
       this._validUntil = sent + this.ttlMs;
       return true;
     }
-    this._lose('LOCK.RENEW answered 0: the lease expired or the key was deleted');
+    this._lose(
+      this.bound
+        ? 'LOCK.KEEPALIVE renewed nothing: the lock was released, expired or deleted'
+        : 'LOCK.RENEW answered 0: the lease expired or the key was deleted',
+    );
     return false;
   }
 
@@ -115,9 +139,14 @@ class Lease {
     this._stopped = true;
     clearTimeout(this._timer);
     await this._inflight;
-    const released = await this._redis.call('LOCK.RELEASE', this.key, this.owner);
-    if (released === null) this._lose('LOCK.RELEASE answered nil: the lock was no longer ours');
-    return released;
+    try {
+      const released = await this._redis.call('LOCK.RELEASE', this.key, this.owner);
+      if (released === null) this._lose('LOCK.RELEASE answered nil: the lock was no longer ours');
+      return released;
+    } finally {
+      // Closing the holder connection frees whatever it may still hold.
+      if (this._holder) this._holder.disconnect();
+    }
   }
 }
 
@@ -126,14 +155,36 @@ class Lease {
  * options.ttlMs: the lease (renewed while the work runs), default 30000.
  * options.waitMs: how long to wait in the server (0: no limit; null: do not wait), default 10000.
  * options.owner: a fresh UUID by default; pass a stable id only if you mean it.
+ * options.bind: tie the lock to a connection of its own (freed at once if
+ *   this process dies) with one keepalive, default true; false: a lease watchdog.
  */
 async function withLock(redis, key, options, work) {
-  const { ttlMs = 30000, waitMs = 10000, owner = crypto.randomUUID() } = options || {};
+  const { ttlMs = 30000, waitMs = 10000, owner = crypto.randomUUID(), bind = true } =
+    options || {};
   const args = ['LOCK.ACQUIRE', key, owner, ttlMs];
   if (waitMs !== null && waitMs !== undefined) args.push('WAIT', waitMs);
   const sent = now();
   let token;
-  if (args.length > 4) {
+  let holder = null;
+  if (bind) {
+    holder = redis.duplicate();
+    try {
+      token = await holder.call(...args, 'BIND');
+    } catch (e) {
+      // Closing the connection frees the lock if it was granted meanwhile.
+      holder.disconnect();
+      holder = null;
+      if (!/syntax error/i.test(e.message)) throw e;
+      token = undefined; // a server without BIND: the lease watchdog below
+    }
+    if (token === null && holder) {
+      holder.disconnect();
+      holder = null;
+    }
+  }
+  if (token !== undefined) {
+    // decided above (granted and bound, or refused)
+  } else if (args.length > 4) {
     const waiter = redis.duplicate();
     try {
       token = await waiter.call(...args);
@@ -149,7 +200,7 @@ async function withLock(redis, key, options, work) {
   }
   if (token === null) throw new LockNotAcquired(`'${key}' not acquired within ${waitMs} ms`);
 
-  const lease = new Lease(redis, key, owner, token, ttlMs, sent);
+  const lease = new Lease(redis, key, owner, token, ttlMs, sent, holder);
   lease._startWatchdog();
   let result;
   try {

@@ -16,8 +16,8 @@ const test = (name, fn) => tests.push({ name, fn });
 const sleep = (ms) => new Promise((r) => setTimeout(r, ms));
 const clients = [];
 
-function client() {
-  const c = new Redis({ host: '127.0.0.1', port: PORT, lazyConnect: false });
+function client(extra = {}) {
+  const c = new Redis({ host: '127.0.0.1', port: PORT, lazyConnect: false, ...extra });
   clients.push(c);
   return c;
 }
@@ -31,9 +31,19 @@ async function info(r, key) {
   return out;
 }
 
+// Renewals sent so far: LOCK.KEEPALIVE (bound locks) and LOCK.RENEW.
 async function renewCalls(r) {
-  const m = /cmdstat_lock\.renew:calls=(\d+)/.exec(await r.info('commandstats'));
-  return m ? Number(m[1]) : 0;
+  const stats = await r.info('commandstats');
+  let n = 0;
+  for (const c of ['renew', 'keepalive']) {
+    const m = new RegExp(`cmdstat_lock\\.${c}:calls=(\\d+)`).exec(stats);
+    if (m) n += Number(m[1]);
+  }
+  return n;
+}
+
+async function boundHolders(r) {
+  return Number(/lock_bound_holders:(\d+)/.exec(await r.info('lock'))[1]);
 }
 
 async function waitFor(what, pred, timeoutMs = 5000) {
@@ -105,19 +115,52 @@ test('a wait running out throws LockNotAcquired', async () => {
   assert.equal(await r.call('LOCK.RELEASE', 'js:busy', 'holder'), 1);
 });
 
-test('the watchdog keeps the lease while the work runs', async () => {
-  const r = client();
-  const other = client();
-  const before = await renewCalls(other);
-  await withLock(r, 'js:long', { ttlMs: 900 }, async (lease) => {
-    for (let i = 0; i < 4; i++) {
-      await sleep(300); // 1.2 s of work: longer than the ttl
-      assert.deepEqual(await info(other, 'js:long'), { [lease.owner]: [1, lease.token] });
-      lease.check();
-    }
-  });
-  assert.ok((await renewCalls(other)) - before >= 2);
-  assert.equal(await info(other, 'js:long'), null);
+test('the keepalive (or, without BIND, the watchdog) keeps the lease while the work runs', async () => {
+  for (const bind of [true, false]) {
+    const r = client();
+    const other = client();
+    const before = await renewCalls(other);
+    await withLock(r, 'js:long', { ttlMs: 900, bind }, async (lease) => {
+      assert.equal(lease.bound, bind);
+      assert.equal(await boundHolders(other), bind ? 1 : 0);
+      for (let i = 0; i < 4; i++) {
+        await sleep(300); // 1.2 s of work: longer than the ttl
+        assert.deepEqual(await info(other, 'js:long'), { [lease.owner]: [1, lease.token] });
+        lease.check();
+      }
+    });
+    assert.ok((await renewCalls(other)) - before >= 2);
+    assert.equal(await info(other, 'js:long'), null);
+    assert.equal(await boundHolders(other), 0);
+  }
+});
+
+test('a bound lock is freed the moment its holder connection dies', async () => {
+  const r = client({ connectionName: 'js-holder' });
+  const admin = client();
+  const waiter = client();
+  let got;
+  await assert.rejects(
+    withLock(r, 'js:dies', { ttlMs: 6000 }, async (lease) => {
+      const ids = (await admin.call('CLIENT', 'LIST'))
+        .split('\n')
+        .filter((l) => / name=js-holder /.test(l))
+        .map((l) => /id=(\d+)/.exec(l)[1]);
+      assert.ok(ids.length >= 1);
+      const granted = waiter.call('LOCK.ACQUIRE', 'js:dies', 'next', 10000, 'WAIT', 5000);
+      await waitFor('the waiter to queue', async () =>
+        /lock_waiters:1/.test(await admin.info('lock')),
+      );
+      const start = Date.now();
+      for (const id of ids) await admin.call('CLIENT', 'KILL', 'ID', id); // the process "dies"
+      got = await granted;
+      assert.ok(got !== null);
+      assert.ok(Date.now() - start < 1000, 'granted at the close, not at the 6 s lease');
+      await waitFor('the keepalive notices', () => lease.signal.aborted, 5000);
+    }),
+    (e) => e instanceof LeaseLost && /js:dies/.test(e.message),
+  );
+  assert.deepEqual(await info(admin, 'js:dies'), { next: [1, BigInt(got)] });
 });
 
 test('the watchdog stops at release and never renews after unlock', async () => {
@@ -143,7 +186,7 @@ test('a lost lease aborts the signal, throws LeaseLost, leaves the successor alo
       theirs = BigInt(await admin.call('LOCK.ACQUIRE', 'js:lost', 'successor', 10000));
       await waitFor('the watchdog notices', () => lease.signal.aborted);
       assert.ok(lease.signal.reason instanceof LeaseLost);
-      assert.throws(() => lease.check(), /LOCK\.RENEW answered 0/);
+      assert.throws(() => lease.check(), /LOCK\.KEEPALIVE renewed nothing/);
     }),
     (e) => e instanceof LeaseLost && /js:lost/.test(e.message),
   );
