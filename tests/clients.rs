@@ -355,17 +355,29 @@ fn opts(ttl_ms: u64, wait_ms: Option<u64>) -> Options {
     Options {
         ttl: Duration::from_millis(ttl_ms),
         wait: wait_ms.map(Duration::from_millis),
-        owner: None,
+        ..Options::default()
     }
 }
 
+/// Renewals sent so far: LOCK.KEEPALIVE (bound locks) and LOCK.RENEW.
 fn renew_calls(c: &mut Conn) -> i64 {
     let stats = c.info("commandstats");
-    stats
-        .lines()
-        .find_map(|l| l.strip_prefix("cmdstat_lock.renew:calls="))
-        .and_then(|rest| rest.split(',').next())
-        .map_or(0, |n| n.parse().expect("calls"))
+    ["renew", "keepalive"]
+        .iter()
+        .map(|cmd| {
+            stats
+                .lines()
+                .find_map(|l| l.strip_prefix(&format!("cmdstat_lock.{cmd}:calls=")))
+                .and_then(|rest| rest.split(',').next())
+                .map_or(0, |n| n.parse::<i64>().expect("calls"))
+        })
+        .sum()
+}
+
+fn bound_holders(c: &mut Conn) -> i64 {
+    c.info_field("lock", "lock_bound_holders")
+        .parse()
+        .expect("a count")
 }
 
 /// The protected resource: refuses a write older than one it has seen.
@@ -444,18 +456,27 @@ fn rust_helper_wait_running_out_is_not_acquired() {
 fn rust_helper_watchdog_keeps_the_lease_and_stops_at_release() {
     let s = Server::start();
     let mut c = s.conn();
-    let before = renew_calls(&mut c);
-    with_lock(&client(&s), "rs:long", &opts(900, None), |lease| {
-        for _ in 0..4 {
-            sleep_ms(300); // 1.2 s of work: longer than the ttl
-            let info = c.lock_info("rs:long").expect("still held");
-            assert_eq!(info.holder(lease.owner()).token, lease.token());
-            lease.check().expect("not lost");
-        }
-    })
-    .expect("with_lock");
-    assert!(renew_calls(&mut c) - before >= 2);
-    assert!(c.lock_info("rs:long").is_none());
+    for bind in [true, false] {
+        let before = renew_calls(&mut c);
+        let o = Options {
+            bind,
+            ..opts(900, None)
+        };
+        with_lock(&client(&s), "rs:long", &o, |lease| {
+            assert_eq!(lease.is_bound(), bind);
+            assert_eq!(bound_holders(&mut c), i64::from(bind));
+            for _ in 0..4 {
+                sleep_ms(300); // 1.2 s of work: longer than the ttl
+                let info = c.lock_info("rs:long").expect("still held");
+                assert_eq!(info.holder(lease.owner()).token, lease.token());
+                lease.check().expect("not lost");
+            }
+        })
+        .expect("with_lock");
+        assert!(renew_calls(&mut c) - before >= 2);
+        assert!(c.lock_info("rs:long").is_none());
+        assert_eq!(bound_holders(&mut c), 0);
+    }
 
     // The Redisson race: a renewal outliving unlock would extend the next
     // lock of the same owner id. Here the owner is stable on purpose.
@@ -478,6 +499,51 @@ fn rust_helper_watchdog_keeps_the_lease_and_stops_at_release() {
     );
 }
 
+/// With `BIND` (the default) a dead holder's lock is free at once: its
+/// connection closing is enough, whatever its lease.
+#[test]
+fn rust_helper_bound_lock_is_freed_when_its_connection_dies() {
+    let s = Server::start();
+    let mut admin = s.conn();
+    let lease = acquire(&client(&s), "rs:dies", &opts(6_000, None)).expect("granted");
+    assert!(lease.is_bound());
+    let mut w = s.conn();
+    w.send(&["LOCK.ACQUIRE", "rs:dies", "next", "10000", "WAIT", "5000"])
+        .unwrap();
+    wait_until(Duration::from_secs(5), "the waiter to queue", || {
+        admin.info_field("lock", "lock_waiters") == "1"
+    });
+    // The holder's connection: the one whose last command was LOCK.ACQUIRE
+    // and that is not blocked (the waiter is). The process "dies".
+    let list = String::from_utf8_lossy(admin.cmd(&["CLIENT", "LIST"]).bulk()).into_owned();
+    let holder: Vec<&str> = list
+        .lines()
+        .filter(|l| l.contains(" cmd=lock.acquire") && l.contains(" flags=N "))
+        .filter_map(|l| l.split_whitespace().find_map(|f| f.strip_prefix("id=")))
+        .collect();
+    assert_eq!(holder.len(), 1, "{list}");
+    let start = std::time::Instant::now();
+    admin.cmd(&["CLIENT", "KILL", "ID", holder[0]]).int();
+    let got = w.read_reply().expect("granted").int();
+    assert!(got > 0);
+    assert!(
+        start.elapsed() < Duration::from_secs(1),
+        "granted at the close, not at the lease"
+    );
+    wait_until(Duration::from_secs(5), "the keepalive notices", || {
+        lease.is_lost()
+    });
+    assert!(matches!(lease.release(), Err(LockError::LeaseLost { .. })));
+    assert_eq!(
+        admin
+            .lock_info("rs:dies")
+            .expect("held")
+            .holder("next")
+            .token,
+        got
+    );
+}
+
 #[test]
 fn rust_helper_reports_a_lost_lease_and_leaves_the_successor_alone() {
     let s = Server::start();
@@ -490,7 +556,7 @@ fn rust_helper_reports_a_lost_lease_and_leaves_the_successor_alone() {
     });
     match lease.check() {
         Err(LockError::LeaseLost { why, .. }) => {
-            assert!(why.contains("LOCK.RENEW answered 0"), "{why}")
+            assert!(why.contains("LOCK.KEEPALIVE renewed nothing"), "{why}")
         }
         other => panic!("expected LeaseLost, got {other:?}"),
     }

@@ -10,13 +10,22 @@
 //! })??;
 //! ```
 //!
-//! - Acquires with `LOCK.ACQUIRE key owner ttl WAIT ms`: the client waits
-//!   inside the server (no polling) and gets a fencing token, or
-//!   [`LockError::NotAcquired`].
-//! - A watchdog thread renews the lease every ttl/3 on its own connection. It
-//!   is stopped (its thread joined, a renewal in flight finished) *before* the
-//!   release, so no renewal outlives the unlock; the owner is fresh for each
-//!   acquisition, so even a late renewal could not extend somebody else's lock.
+//! - Acquires with `LOCK.ACQUIRE key owner ttl WAIT ms BIND` on a connection
+//!   of its own: the client waits inside the server (no polling) and gets a
+//!   fencing token, or [`LockError::NotAcquired`]. `BIND` ties the lock to that
+//!   connection: if this process dies, the server frees the lock the moment
+//!   the connection closes, not at the end of the lease.
+//! - One keepalive on that connection (`LOCK.KEEPALIVE ttl` every ttl/3, a
+//!   thread) renews it while the work runs; it answers how many locks it
+//!   renewed, so a lock released or deleted behind our back shows as 0. It is
+//!   stopped (its thread joined, a renewal in flight finished) *before* the
+//!   release, so no renewal outlives the unlock. The connection is the
+//!   lease's alone and closes with it, so it never carries a bound lock to
+//!   anyone else.
+//! - `bind: false` (or a server that refuses `BIND`): a lease watchdog with
+//!   `LOCK.RENEW` on a connection of its own instead; the owner is fresh for
+//!   each acquisition, so even a late renewal could not extend somebody
+//!   else's lock.
 //! - [`Lease::release`] releases; if the lease is dropped instead (an early
 //!   return, `?`, a panic), `Drop` stops the watchdog and releases.
 //! - A lost lease (a renewal answered 0, the release answered nil) is seen at
@@ -43,6 +52,9 @@ pub struct Options {
     pub wait: Option<Duration>,
     /// A fresh unique id by default; a stable one only if you mean it.
     pub owner: Option<String>,
+    /// Tie the lock to its connection (`BIND`: freed at once if this process
+    /// dies) with one keepalive; `false`: a lease watchdog instead.
+    pub bind: bool,
 }
 
 impl Default for Options {
@@ -51,6 +63,7 @@ impl Default for Options {
             ttl: Duration::from_secs(30),
             wait: Some(Duration::from_secs(10)),
             owner: None,
+            bind: true,
         }
     }
 }
@@ -123,7 +136,10 @@ pub struct Lease {
     key: String,
     owner: String,
     token: i64,
-    conn: redis::Connection,
+    /// The lease's own connection (the lock is bound to it with `BIND`),
+    /// shared with the keepalive thread.
+    conn: Arc<Mutex<redis::Connection>>,
+    bound: bool,
     shared: Arc<Shared>,
     watchdog: Option<(mpsc::Sender<()>, thread::JoinHandle<()>)>,
     ended: bool,
@@ -143,8 +159,22 @@ pub fn acquire(client: &redis::Client, key: &str, opts: &Options) -> Result<Leas
         conn.set_read_timeout(limit)?;
     }
     let sent = Instant::now();
-    let token: Option<i64> = match cmd.query(&mut conn) {
+    let mut bound = opts.bind;
+    let mut reply: redis::RedisResult<Option<i64>> = if bound {
+        cmd.clone().arg("BIND").query(&mut conn)
+    } else {
+        cmd.query(&mut conn)
+    };
+    if bound && matches!(&reply, Err(e) if e.to_string().contains("syntax error")) {
+        // A server without BIND: the lease watchdog.
+        bound = false;
+        reply = cmd.query(&mut conn);
+    }
+    let token: Option<i64> = match reply {
         Ok(token) => token,
+        // A bound grant made as we stopped listening ends when `conn`
+        // closes, on return; an unbound one is given back below.
+        Err(e) if bound => return Err(e.into()),
         Err(e) => {
             if e.is_io_error() || e.is_timeout() {
                 // It may have been granted as we stopped listening: give it back.
@@ -168,18 +198,17 @@ pub fn acquire(client: &redis::Client, key: &str, opts: &Options) -> Result<Leas
         lost: Mutex::new(None),
         valid_until: Mutex::new(sent + opts.ttl),
     });
+    let conn = Arc::new(Mutex::new(conn));
     let (stop, stopped) = mpsc::channel();
     let handle = {
-        let (client, key, owner, shared) = (
-            client.clone(),
-            key.to_string(),
-            owner.clone(),
-            shared.clone(),
-        );
-        let ttl = opts.ttl;
+        let renewal = match bound {
+            true => Renewal::Keepalive(conn.clone()),
+            false => Renewal::Renew(client.clone(), key.to_string(), owner.clone()),
+        };
+        let (shared, ttl) = (shared.clone(), opts.ttl);
         thread::Builder::new()
-            .name(format!("lock-watchdog:{key}"))
-            .spawn(move || watchdog(&client, &key, &owner, ttl, &shared, &stopped))
+            .name(format!("lock-keepalive:{key}"))
+            .spawn(move || watchdog(renewal, ttl, &shared, &stopped))
             .map_err(redis::RedisError::from)?
     };
     Ok(Lease {
@@ -187,6 +216,7 @@ pub fn acquire(client: &redis::Client, key: &str, opts: &Options) -> Result<Leas
         owner,
         token,
         conn,
+        bound,
         shared,
         watchdog: Some((stop, handle)),
         ended: false,
@@ -219,6 +249,11 @@ impl Lease {
 
     pub fn key(&self) -> &str {
         &self.key
+    }
+
+    /// Whether the lock is bound to the lease's connection (`BIND`).
+    pub fn is_bound(&self) -> bool {
+        self.bound
     }
 
     /// True once the lease is known lost, or may have run out.
@@ -259,10 +294,19 @@ impl Lease {
             drop(stop); // wakes the watchdog at once
             let _ = handle.join();
         }
-        let released: Option<i64> = redis::cmd("LOCK.RELEASE")
-            .arg(&self.key)
-            .arg(&self.owner)
-            .query(&mut self.conn)?;
+        let released: Option<i64> = {
+            let mut conn = self.conn.lock().unwrap_or_else(PoisonError::into_inner);
+            match redis::cmd("LOCK.RELEASE")
+                .arg(&self.key)
+                .arg(&self.owner)
+                .query(&mut *conn)
+            {
+                Ok(released) => released,
+                // Already known lost (its bound connection died): say that.
+                Err(_) if self.shared.why().is_some() => None,
+                Err(e) => return Err(e.into()),
+            }
+        };
         if released.is_none() {
             self.shared
                 .lose("LOCK.RELEASE answered nil: the lock was no longer ours");
@@ -278,45 +322,70 @@ impl Drop for Lease {
     }
 }
 
+/// How the lease is renewed.
+enum Renewal {
+    /// `LOCK.KEEPALIVE` on the connection the lock is bound to.
+    Keepalive(Arc<Mutex<redis::Connection>>),
+    /// `LOCK.RENEW key owner` on a connection of the watchdog's own.
+    Renew(redis::Client, String, String),
+}
+
 /// Renews every ttl/3 until `stop` is dropped, or the lease is lost.
-fn watchdog(
-    client: &redis::Client,
-    key: &str,
-    owner: &str,
-    ttl: Duration,
-    shared: &Shared,
-    stop: &mpsc::Receiver<()>,
-) {
+fn watchdog(renewal: Renewal, ttl: Duration, shared: &Shared, stop: &mpsc::Receiver<()>) {
     let interval = ttl / 3;
-    let mut conn: Option<redis::Connection> = None;
+    let mut own: Option<redis::Connection> = None;
     loop {
         match stop.recv_timeout(interval) {
             Err(RecvTimeoutError::Timeout) => {}
             _ => return, // the holder is releasing
         }
         let sent = Instant::now();
-        let renewed = connected(client, &mut conn, interval).and_then(|c| {
-            redis::cmd("LOCK.RENEW")
-                .arg(key)
-                .arg(owner)
-                .arg(millis(ttl))
-                .query::<i64>(c)
-        });
+        let renewed = match &renewal {
+            Renewal::Keepalive(conn) => {
+                let mut conn = conn.lock().unwrap_or_else(PoisonError::into_inner);
+                redis::cmd("LOCK.KEEPALIVE")
+                    .arg(millis(ttl))
+                    .query::<i64>(&mut *conn)
+            }
+            Renewal::Renew(client, key, owner) => {
+                connected(client, &mut own, interval).and_then(|c| {
+                    redis::cmd("LOCK.RENEW")
+                        .arg(key)
+                        .arg(owner)
+                        .arg(millis(ttl))
+                        .query::<i64>(c)
+                })
+            }
+        };
+        let bound = matches!(renewal, Renewal::Keepalive(_));
         match renewed {
-            Ok(1) => {
+            Ok(n) if n >= 1 => {
                 *shared
                     .valid_until
                     .lock()
                     .unwrap_or_else(PoisonError::into_inner) = sent + ttl;
             }
+            Ok(_) if bound => {
+                shared.lose(
+                    "LOCK.KEEPALIVE renewed nothing: the lock was released, expired or deleted",
+                );
+                return;
+            }
             Ok(_) => {
                 shared.lose("LOCK.RENEW answered 0: the lease expired or the key was deleted");
+                return;
+            }
+            Err(e) if bound => {
+                // The bound connection failed: the server freed the lock.
+                shared.lose(&format!(
+                    "the connection the lock was bound to failed ({e})"
+                ));
                 return;
             }
             Err(e) => {
                 // Transient: reconnect and try again at the next tick, unless
                 // the lease may have run out meanwhile.
-                conn = None;
+                own = None;
                 if Instant::now() >= shared.valid_until() {
                     shared.lose(&format!("renewal failed until the ttl ran out ({e})"));
                     return;
