@@ -1,5 +1,5 @@
 //! Redis Cluster: 3 masters, 3 replicas on 127.0.0.1, created by
-//! `redis-cli --cluster create` (`support/cluster.rs`), used through a small
+//! `redis-cli --cluster create` (`common/cluster.rs`), used through a small
 //! cluster client (slot routing, MOVED, ASK).
 //!
 //! - Locks on keys over all slots: routing (key specs), hash tags, `MOVED`
@@ -20,17 +20,13 @@
 //! because the target observes them; tokens of different masters are not.
 
 mod common;
-#[path = "support/load.rs"]
-mod load;
-#[path = "support/cluster.rs"]
-mod support_cluster;
 
+use common::cluster::*;
+use common::load::*;
 use common::*;
-use load::*;
 use std::collections::BTreeMap;
 use std::thread;
 use std::time::{Duration, Instant};
-use support_cluster::*;
 
 #[track_caller]
 fn token(r: Reply) -> i64 {

@@ -5,7 +5,7 @@
 //!
 //! Six client threads acquire, re-enter, renew and release short leases on 32
 //! keys (some grants block with `WAIT ms`), each recording what it was told
-//! (`support/load.rs`). At a random moment the server is killed; after the
+//! (`common/load.rs`). At a random moment the server is killed; after the
 //! restart (or promotion) every key's `LOCK.INFO` is checked against the
 //! records: every acknowledged grant the file or the replica must have is
 //! there with its token, hold count and deadline; nothing is there that no
@@ -16,11 +16,9 @@
 //! timing).
 
 mod common;
-#[path = "support/load.rs"]
-mod load;
 
+use common::load::*;
 use common::*;
-use load::*;
 use std::time::{Duration, Instant};
 
 const THREADS: usize = 6;

@@ -22,12 +22,11 @@
 
 #![allow(dead_code)]
 
-use crate::common::*;
-use crate::load::LockClient;
+use super::load::LockClient;
+use super::*;
 use std::collections::HashMap;
 use std::fs;
 use std::io;
-use std::net::{Ipv4Addr, TcpListener};
 use std::path::PathBuf;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
@@ -62,11 +61,6 @@ pub fn key_slot(key: &[u8]) -> u16 {
         }
     }
     crc16(k) % SLOTS as u16
-}
-
-fn free_port() -> u16 {
-    let l = TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).expect("bind 127.0.0.1:0");
-    l.local_addr().expect("local_addr").port()
 }
 
 fn cli_binary() -> PathBuf {

@@ -23,7 +23,7 @@
 
 #![allow(dead_code)]
 
-use crate::common::*;
+use super::*;
 use std::collections::{BTreeMap, HashSet};
 use std::io;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
