@@ -138,7 +138,10 @@ pub fn value(sign: i64, census: [usize; 3]) {
 /// Holders added (`+1`) or removed (`-1`) in a stored value, by mode.
 pub fn holders(sign: i64, census: [usize; 3]) {
     for (gauge, n) in HOLDERS.iter().zip(census) {
-        gauge.fetch_add(sign * delta(n), Ordering::Relaxed);
+        // Most locks hold one mode: no atomic write for the others.
+        if n != 0 {
+            gauge.fetch_add(sign * delta(n), Ordering::Relaxed);
+        }
     }
 }
 

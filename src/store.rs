@@ -163,7 +163,8 @@ fn grant_each(
 /// whose lock would admit it), if each now heads every queue it is in and
 /// every lock admits it; refuses those a key answers with an error.
 fn grant_ready(ctx: &Context) {
-    if GRANTING.swap(true, Ordering::Relaxed) {
+    // The common case, nothing ready: one atomic load, nothing else.
+    if !waiting::any_ready() || GRANTING.swap(true, Ordering::Relaxed) {
         return;
     }
     let home = ffi::selected_db(ctx);

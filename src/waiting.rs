@@ -397,6 +397,11 @@ fn visit_now(keys: Vec<DbKey>, this: &DbKey) {
     }
 }
 
+/// Whether a multi-key request may be ready (cheap: no mutex).
+pub fn any_ready() -> bool {
+    ANY_READY.load(Ordering::Relaxed)
+}
+
 /// The next multi-key request marked ready, with its keys and request, if
 /// it still waits.
 pub fn take_ready() -> Option<(WaiterId, Vec<DbKey>, Request)> {
