@@ -14,6 +14,9 @@ have_libclang() {
   local d f
   for d in "${dirs[@]}"; do
     for f in "$d"/libclang.so "$d"/libclang-*.so* "$d"/libclang.so.*; do
+      # libclang-cpp (the C++ API, pulled in by other packages) is not the
+      # libclang bindgen loads: clang-sys skips it.
+      case "$f" in */libclang-cpp*) continue ;; esac
       [ -e "$f" ] && return 0
     done
   done
