@@ -9,8 +9,9 @@ DEBUG_SO := target/debug/libredis_lock.so
 FUZZ_SECS ?= 600
 LIVE_FUZZ_COMMANDS ?= 5000000
 SOAK_SECS ?= 180
+CHAOS_SECS ?= 600
 
-.PHONY: help deps client-deps build release run test test-matrix bench bench-profile bench-check fuzz soak valgrind lint fmt clean
+.PHONY: help deps client-deps build release run test test-matrix bench bench-profile bench-check fuzz soak chaos valgrind lint fmt clean
 
 help: ## Show this help
 	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
@@ -59,6 +60,9 @@ fuzz: build ## Long fuzz: cargo-fuzz on the core (FUZZ_SECS), then the live-serv
 
 soak: release ## Soak: 64 clients, fencing, mutual exclusion, memory back to baseline (SOAK_SECS)
 	SOAK_SECS=$(SOAK_SECS) REDIS_LOCK_MODULE=$(CURDIR)/$(RELEASE_SO) $(CARGO) test --release --test soak -- --ignored --nocapture
+
+chaos: build ## Faults under Sentinel for CHAOS_SECS: paused and killed masters, paused replicas, back and forth, one history checked
+	CHAOS_SECS=$(CHAOS_SECS) REDIS_LOCK_MODULE=$(CURDIR)/$(DEBUG_SO) $(CARGO) test --test sentinel -- --ignored --nocapture chaos
 
 valgrind: build ## Integration tests with redis-server under valgrind memcheck (target/valgrind/summary.txt)
 	scripts/valgrind.sh

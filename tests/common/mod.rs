@@ -2,8 +2,10 @@
 //! dirs, the clock shim), `resp` (the raw client), `info` (INFO and
 //! LOCK.INFO), `inputs` (bad-input tables, error texts), `dump` (DUMP
 //! payloads), `time`, and for the load and failover tests `load` (a
-//! checked client load) and `cluster` (a six-node cluster). Everything but
-//! `load` and `cluster` is re-exported here: tests `use common::*`.
+//! checked client load), `cluster` (a six-node cluster) and `sentinel` (a
+//! master, replicas and Sentinels, a load that follows failovers, and checks
+//! over the whole history). Everything but `load`, `cluster` and `sentinel`
+//! is re-exported here: tests `use common::*`.
 //!
 //! - [`Server`]: one redis-server in its own fresh data dir under
 //!   `<tmp>/redis-lock-tests/`, on a free port of 127.0.0.1 only, with a start-up
@@ -32,6 +34,7 @@ mod time;
 
 pub mod cluster;
 pub mod load;
+pub mod sentinel;
 
 // Each test uses some of these.
 #[allow(unused_imports)]

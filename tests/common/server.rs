@@ -68,6 +68,7 @@ pub struct ServerBuilder {
     module: bool,
     save_default: bool,
     env: Vec<(String, String)>,
+    args: Vec<String>,
 }
 
 impl ServerBuilder {
@@ -90,6 +91,14 @@ impl ServerBuilder {
     /// Start a plain redis-server, without the module (for comparisons).
     pub fn without_module(mut self) -> Self {
         self.module = false;
+        self
+    }
+
+    /// Start a Sentinel (`redis-server <conf> --sentinel`, without the
+    /// module); `config` adds its `sentinel ...` lines.
+    pub fn sentinel(mut self) -> Self {
+        self.module = false;
+        self.args.push("--sentinel".into());
         self
     }
 
@@ -118,6 +127,7 @@ impl ServerBuilder {
                 child: None,
                 keep_dir: false,
                 env: self.env.clone(),
+                args: self.args.clone(),
             };
             server.write_conf(module.as_deref(), &self.lines, self.save_default);
             match server.spawn_and_wait() {
@@ -151,6 +161,8 @@ pub struct Server {
     keep_dir: bool,
     /// Extra environment of the process (a shifted clock).
     env: Vec<(String, String)>,
+    /// Extra arguments after the configuration file (`--sentinel`).
+    args: Vec<String>,
 }
 
 impl Server {
@@ -160,6 +172,7 @@ impl Server {
             module: true,
             save_default: true,
             env: Vec::new(),
+            args: Vec::new(),
         }
     }
 
@@ -203,6 +216,7 @@ impl Server {
     fn spawn_and_wait(&mut self) -> Result<(), String> {
         let child = Command::new(server_binary())
             .arg(&self.conf)
+            .args(&self.args)
             .envs(self.env.iter().map(|(k, v)| (k, v)))
             .stdin(Stdio::null())
             .stdout(Stdio::null())
@@ -292,6 +306,28 @@ impl Server {
         Conn::connect(self.port)
     }
 
+    /// SIGSTOP: the process stops where it is (what a VM stall or a long
+    /// pause does); its sockets stay open and the kernel keeps accepting
+    /// connections and queueing requests for it.
+    pub fn pause(&self) {
+        self.signal("STOP");
+    }
+
+    /// SIGCONT after [`Server::pause`].
+    pub fn resume(&self) {
+        self.signal("CONT");
+    }
+
+    fn signal(&self, sig: &str) {
+        let pid = self.pid().expect("the server is running");
+        let status = Command::new("kill")
+            .arg(format!("-{sig}"))
+            .arg(pid.to_string())
+            .status()
+            .expect("run kill");
+        assert!(status.success(), "kill -{sig} {pid} failed");
+    }
+
     /// SIGKILL: the server dies without saving anything.
     pub fn kill9(&mut self) {
         self.kill_child();
@@ -339,6 +375,25 @@ impl Server {
                 self.log_tail(100)
             );
         }
+    }
+
+    /// Like [`Server::restart`], but a server that does not start is an `Err`
+    /// with the reason and the log's tail (a file it refuses to load).
+    pub fn try_restart(&mut self) -> Result<(), String> {
+        self.kill_child();
+        self.spawn_and_wait()
+            .map_err(|e| format!("{e}\n--- log ---\n{}", self.log_tail(30)))
+    }
+
+    /// Adds a redis.conf line for the next (re)start; a later directive
+    /// overrides an earlier one.
+    pub fn add_config(&mut self, line: &str) {
+        use std::io::Write;
+        let mut f = fs::OpenOptions::new()
+            .append(true)
+            .open(&self.conf)
+            .expect("open redis.conf");
+        writeln!(f, "{line}").expect("append to redis.conf");
     }
 
     /// `REPLICAOF 127.0.0.1 <master>` and waits until the replica is in sync.
