@@ -64,13 +64,23 @@ fn clients(first_master: u16) -> Vec<ClientCfg> {
 
 /// Pauses the master until the Sentinels promote a replica, lets the new
 /// master take requests for `split_ms` while the old one is still stopped,
-/// continues the old one and waits until it is the new master's replica.
-/// Returns the new master's term.
-fn pause_master_until_failover(g: &Group, load: &Load, old: u16, split_ms: u64) -> Term {
-    let from_ms = now_ms();
+/// continues the old one and waits until the Sentinels agree on a master
+/// whose replicas are in sync. Returns that master.
+fn pause_master_until_failover(
+    g: &Group,
+    load: &Load,
+    faults: &mut Vec<Fault>,
+    old: u16,
+    split_ms: u64,
+) -> u16 {
+    let at_ms = now_ms();
     let t0 = Instant::now();
     g.server(old).pause();
-    let received = g.replicas_last_tokens(old);
+    faults.push(Fault::MasterStopped {
+        old,
+        at_ms,
+        received: g.replicas_last_tokens(old),
+    });
     let new = g.wait_new_master(old, Duration::from_secs(60));
     eprintln!(
         "master {old} paused; the Sentinels promoted {new} after {:?}",
@@ -80,15 +90,12 @@ fn pause_master_until_failover(g: &Group, load: &Load, old: u16, split_ms: u64) 
     sleep_ms(split_ms);
     g.server(old).resume();
     let t1 = Instant::now();
-    g.wait_settled(new, Duration::from_secs(60));
+    let settled = g.wait_settled(Duration::from_secs(90));
     eprintln!(
-        "{old} continued; a synced replica of {new} after {:?}",
+        "{old} continued; the master is {settled}, its replicas in sync after {:?}",
         t1.elapsed()
     );
-    Term {
-        inherited: received.get(&new).copied(),
-        ..Term::new(new, from_ms)
-    }
+    settled
 }
 
 /// One failover of a stopped master, the replicas' link cut 300 ms before
@@ -106,13 +113,16 @@ fn one_failover(extra: &[&str], what: &str) -> Report {
         &LoadCfg::default(),
         seed,
     );
-    let mut terms = vec![Term::new(first, 0)];
+    let monitor = RoleMonitor::start(g.servers.iter().map(|s| s.port).collect());
+    let mut faults = Vec::new();
     load.wait_more(300, Duration::from_secs(20));
     g.link.cut();
     sleep_ms(300);
-    terms.push(pause_master_until_failover(&g, &load, first, 1_000));
+    pause_master_until_failover(&g, &load, &mut faults, first, 1_000);
     load.wait_more(300, Duration::from_secs(20));
     let history = load.stop();
+    let terms = monitor.terms(first, &faults);
+    eprintln!("terms: {terms:?}");
     let report = check(&history, &terms);
     report.print(what, &history.counts);
     report.assert_clean();
@@ -189,7 +199,8 @@ fn chaos() {
         &LoadCfg::default(),
         seed,
     );
-    let mut terms = vec![Term::new(first, 0)];
+    let monitor = RoleMonitor::start(g.servers.iter().map(|s| s.port).collect());
+    let mut faults = Vec::new();
     let mut master = first;
     let start = Instant::now();
     let mut rounds: Vec<&str> = Vec::new();
@@ -198,33 +209,29 @@ fn chaos() {
         match rng.below(4) {
             // Paused until a failover, then continued: a split brain.
             0 | 1 => {
-                let t =
-                    pause_master_until_failover(&g, &load, master, rng.range(200, 2_000) as u64);
-                master = t.port;
-                terms.push(t);
+                let split = rng.range(200, 2_000) as u64;
+                master = pause_master_until_failover(&g, &load, &mut faults, master, split);
                 rounds.push("paused master");
             }
             // Killed; restarted from its AOF, it is a master (a stale
             // one) until the Sentinels turn it into a replica.
             2 => {
                 let old = master;
-                let from_ms = now_ms();
+                let at_ms = now_ms();
                 g.server_mut(old).kill9();
-                let received = g.replicas_last_tokens(old);
-                let new = g.wait_new_master(old, Duration::from_secs(60));
-                terms.push(Term {
-                    inherited: received.get(&new).copied(),
-                    ..Term::new(new, from_ms)
+                faults.push(Fault::MasterStopped {
+                    old,
+                    at_ms,
+                    received: g.replicas_last_tokens(old),
                 });
+                g.wait_new_master(old, Duration::from_secs(60));
                 sleep_ms(rng.range(0, 1_000) as u64);
-                let restart_ms = now_ms();
-                g.server_mut(old).restart();
-                terms.push(Term {
-                    stale: true,
-                    ..Term::new(old, restart_ms)
+                faults.push(Fault::Restarted {
+                    port: old,
+                    at_ms: now_ms(),
                 });
-                g.wait_settled(new, Duration::from_secs(60));
-                master = new;
+                g.server_mut(old).restart();
+                master = g.wait_settled(Duration::from_secs(90));
                 rounds.push("killed master");
             }
             // A replica paused for a while: WAIT 1 goes to the other one.
@@ -239,7 +246,7 @@ fn chaos() {
                 g.server(r).pause();
                 sleep_ms(rng.range(500, 3_000) as u64);
                 g.server(r).resume();
-                g.wait_settled(master, Duration::from_secs(60));
+                master = g.wait_settled(Duration::from_secs(90));
                 rounds.push("paused replica");
             }
         }
@@ -250,6 +257,8 @@ fn chaos() {
             start.elapsed()
         );
     }
+    let terms = monitor.terms(first, &faults);
+    eprintln!("terms: {terms:?}");
     let history = load.stop();
     let report = check(&history, &terms);
     report.print(

@@ -158,48 +158,65 @@ impl Group {
         new.unwrap_or(old)
     }
 
-    /// Waits until every data server but `master` is its replica, linked and
-    /// in sync, and `master` is a master.
-    pub fn wait_settled(&self, master: u16, timeout: Duration) {
-        let master_s = self.server(master);
+    /// Waits until every Sentinel names the same master, which is a master,
+    /// and every other data server is its replica, linked and in sync;
+    /// returns it. (Sentinels may fail over twice for one fault: the master
+    /// is the one they agree on in the end, not necessarily the first one
+    /// they promoted.)
+    pub fn wait_settled(&self, timeout: Duration) -> u16 {
+        let mut settled = 0;
         wait_until(
             timeout,
-            "every other server is a synced replica of the master",
+            "the Sentinels agree on a master whose replicas are in sync",
             || {
-                if role_of(master) != Some("master".into()) {
-                    return false;
-                }
-                let Ok(mut m) = Conn::try_connect(master) else {
-                    return false;
-                };
-                let Ok(Reply::Bulk(info)) = m.try_cmd(&["INFO", "replication"]) else {
-                    return false;
-                };
-                let target: i64 = info_get(&String::from_utf8_lossy(&info), "master_repl_offset")
-                    .and_then(|v| v.parse().ok())
-                    .unwrap_or(i64::MAX);
-                self.servers
+                let named: HashSet<Option<u16>> = self
+                    .sentinels
                     .iter()
-                    .filter(|s| s.port != master_s.port)
-                    .all(|s| {
-                        let Ok(mut c) = Conn::try_connect(s.port) else {
-                            return false;
-                        };
-                        let Ok(Reply::Bulk(info)) = c.try_cmd(&["INFO", "replication"]) else {
-                            return false;
-                        };
-                        let info = String::from_utf8_lossy(&info).into_owned();
-                        info_get(&info, "role").as_deref() == Some("slave")
-                            && info_get(&info, "master_port").as_deref()
-                                == Some(master.to_string().as_str())
-                            && info_get(&info, "master_link_status").as_deref() == Some("up")
-                            && info_get(&info, "master_sync_in_progress").as_deref() == Some("0")
-                            && info_get(&info, "slave_repl_offset")
-                                .and_then(|v| v.parse::<i64>().ok())
-                                .is_some_and(|o| o >= target)
-                    })
+                    .map(|s| sentinel_master_addr(s.port))
+                    .collect();
+                match named.iter().next() {
+                    Some(Some(master)) if named.len() == 1 && self.synced_to(*master) => {
+                        settled = *master;
+                        true
+                    }
+                    _ => false,
+                }
             },
         );
+        settled
+    }
+
+    /// Whether `master` is a master and every other data server its synced
+    /// replica.
+    fn synced_to(&self, master: u16) -> bool {
+        if role_of(master) != Some("master".into()) {
+            return false;
+        }
+        let Ok(mut m) = Conn::try_connect(master) else {
+            return false;
+        };
+        let Ok(Reply::Bulk(info)) = m.try_cmd(&["INFO", "replication"]) else {
+            return false;
+        };
+        let target: i64 = info_get(&String::from_utf8_lossy(&info), "master_repl_offset")
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(i64::MAX);
+        self.servers.iter().filter(|s| s.port != master).all(|s| {
+            let Ok(mut c) = Conn::try_connect(s.port) else {
+                return false;
+            };
+            let Ok(Reply::Bulk(info)) = c.try_cmd(&["INFO", "replication"]) else {
+                return false;
+            };
+            let info = String::from_utf8_lossy(&info).into_owned();
+            info_get(&info, "role").as_deref() == Some("slave")
+                && info_get(&info, "master_port").as_deref() == Some(master.to_string().as_str())
+                && info_get(&info, "master_link_status").as_deref() == Some("up")
+                && info_get(&info, "master_sync_in_progress").as_deref() == Some("0")
+                && info_get(&info, "slave_repl_offset")
+                    .and_then(|v| v.parse::<i64>().ok())
+                    .is_some_and(|o| o >= target)
+        })
     }
 
     /// `lock_last_token` of every replica of `master`: the last token each
@@ -220,6 +237,147 @@ impl Group {
                 Some((s.port, t))
             })
             .collect()
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Who is a master, when
+// ---------------------------------------------------------------------------
+
+/// Polls every data server's `ROLE` every 20 ms, so that the terms come from
+/// what the servers were, not from what the test expected: Sentinels may
+/// fail over twice for one fault, and two masters can grant at once.
+pub struct RoleMonitor {
+    stop: Arc<AtomicBool>,
+    handle: Option<JoinHandle<Vec<Observation>>>,
+}
+
+/// One `ROLE` reading; `master` is None when the server did not answer.
+#[derive(Clone, Copy, Debug)]
+pub struct Observation {
+    pub port: u16,
+    pub at_ms: i64,
+    pub master: Option<bool>,
+}
+
+/// What the test did that the monitor cannot see.
+#[derive(Clone, Debug)]
+pub enum Fault {
+    /// `old` (the master) was stopped or killed at `at_ms`; `received`: each
+    /// replica's `lock_last_token` read right after.
+    MasterStopped {
+        old: u16,
+        at_ms: i64,
+        received: HashMap<u16, i64>,
+    },
+    /// `port` was restarted from its own files at `at_ms`: a stale master
+    /// until the Sentinels demote it.
+    Restarted { port: u16, at_ms: i64 },
+}
+
+impl RoleMonitor {
+    pub fn start(ports: Vec<u16>) -> RoleMonitor {
+        let stop = Arc::new(AtomicBool::new(false));
+        let st = Arc::clone(&stop);
+        let handle = thread::spawn(move || {
+            let mut seen = Vec::new();
+            while !st.load(Ordering::SeqCst) {
+                for &port in &ports {
+                    let at_ms = now_ms();
+                    let master = role_of(port).map(|r| r == "master");
+                    seen.push(Observation {
+                        port,
+                        at_ms,
+                        master,
+                    });
+                }
+                thread::sleep(Duration::from_millis(20));
+            }
+            seen
+        });
+        RoleMonitor {
+            stop,
+            handle: Some(handle),
+        }
+    }
+
+    /// Stops, and turns the readings into terms. A server's term begins at
+    /// its last reading before it was seen a master (it granted nothing
+    /// before that), the first master's at 0; a server restarted from its
+    /// files begins a stale term when seen a master again.
+    pub fn terms(mut self, first: u16, faults: &[Fault]) -> Vec<Term> {
+        self.stop.store(true, Ordering::SeqCst);
+        let seen = self
+            .handle
+            .take()
+            .map(|h| h.join().expect("the role monitor panicked"))
+            .unwrap_or_default();
+        let restarted = |port: u16, from: i64, to: i64| {
+            faults.iter().any(|f| {
+                matches!(f, Fault::Restarted { port: p, at_ms } if *p == port && from <= *at_ms && *at_ms <= to)
+            })
+        };
+        let mut terms = vec![Term::new(first, 0)];
+        let mut ports: Vec<u16> = seen.iter().map(|o| o.port).collect();
+        ports.sort_unstable();
+        ports.dedup();
+        for port in ports {
+            let mut prev_ms = 0;
+            let mut replica_ms = 0;
+            // The last reading that saw it a master, while it is one.
+            let mut master_seen: Option<i64> = (port == first).then_some(0);
+            for o in seen.iter().filter(|o| o.port == port) {
+                if let (Some(true), Some(last)) = (o.master, master_seen) {
+                    if restarted(port, last, o.at_ms) {
+                        master_seen = None; // restarted in between: a new term
+                    }
+                }
+                match (o.master, master_seen) {
+                    (Some(true), None) => {
+                        terms.push(Term {
+                            // Restarted since it was last a replica.
+                            stale: restarted(port, replica_ms, o.at_ms),
+                            ..Term::new(port, prev_ms)
+                        });
+                        master_seen = Some(o.at_ms);
+                    }
+                    (Some(true), Some(_)) => master_seen = Some(o.at_ms),
+                    (Some(false), _) => {
+                        master_seen = None;
+                        replica_ms = o.at_ms;
+                    }
+                    (None, _) => {}
+                }
+                prev_ms = o.at_ms;
+            }
+        }
+        terms.sort_by_key(|t| t.from_ms);
+        // What a promoted server had received from the master a fault
+        // stopped, when it took over from that one.
+        for i in 1..terms.len() {
+            if terms[i].stale {
+                continue;
+            }
+            let Some(prev) = (0..i).rev().find(|p| !terms[*p].stale) else {
+                continue;
+            };
+            let (port, from, prev_port) = (terms[i].port, terms[i].from_ms, terms[prev].port);
+            terms[i].inherited = faults.iter().rev().find_map(|f| match f {
+                Fault::MasterStopped {
+                    old,
+                    at_ms,
+                    received,
+                } if *old == prev_port && *at_ms <= from + 5_000 => received.get(&port).copied(),
+                _ => None,
+            });
+        }
+        terms
+    }
+}
+
+impl Drop for RoleMonitor {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::SeqCst);
     }
 }
 
