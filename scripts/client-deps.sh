@@ -35,6 +35,16 @@ if ! command -v python3 >/dev/null 2>&1 || ! python3 -m pip --version >/dev/null
   $sudo apt-get install -y -qq --no-install-recommends python3 python3-pip >/dev/null
 fi
 
+# venv, for the Python package's tests (tests/packages.rs): Debian's Python
+# has it in a package of its own.
+if ! python3 -c "import ensurepip, venv" >/dev/null 2>&1; then
+  say "installing python3-venv (Debian)"
+  sudo=$(need_root python3-venv)
+  export DEBIAN_FRONTEND=noninteractive
+  $sudo apt-get update -qq
+  $sudo apt-get install -y -qq --no-install-recommends python3-venv >/dev/null
+fi
+
 # redis-py.
 if ! PYTHONPATH="$dir/python" python3 -c \
     "import sys, redis; sys.exit(redis.__version__ != '$REDIS_PY_VERSION')" >/dev/null 2>&1; then

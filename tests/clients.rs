@@ -1,9 +1,9 @@
 //! The client examples (examples/clients), each against real servers started
 //! by the harness on 127.0.0.1:
 //!
-//! - Python (redis-py): `python3 test_redis_lock.py PORT`, and the RedLock
-//!   helper with `python3 test_redlock.py UP DOWN` over 5 servers, with 0, 2,
-//!   then 3 of them killed;
+//! - Python (redis-py): `python3 test_kinds.py PORT`, the semaphore, transfer
+//!   and DEADLOCK patterns of docs/clients.md with redis-py alone (the
+//!   Python package, clients/python, is tested by tests/packages.rs);
 //! - Node.js (ioredis): `node test.js PORT`;
 //! - the shell helper over redis-cli: `bash test.sh PORT`, and the redis-cli
 //!   session of examples/clients/cli/session.txt replayed and compared;
@@ -142,16 +142,6 @@ fn python(script: &str) -> Command {
 // Python, Node.js, shell
 // ---------------------------------------------------------------------------
 
-#[test]
-fn python_helper() {
-    let mut cmd = python("test_redis_lock.py");
-    let s = Server::start();
-    cmd.arg(s.port.to_string());
-    run_tests(cmd, "examples/clients/python/test_redis_lock.py");
-    // Nobody left waiting.
-    assert_eq!(s.conn().info_field("lock", "lock_waiters"), "0");
-}
-
 /// docs/clients.md's semaphore, MACQUIRE and DEADLOCK patterns, as written.
 #[test]
 fn python_semaphore_transfer_and_deadlock_patterns() {
@@ -186,42 +176,6 @@ fn rust_client_sees_the_deadlock_code() {
         .query::<Option<i64>>(&mut r)
         .expect_err("DEADLOCK");
     assert_eq!(err.code(), Some("DEADLOCK"), "{err:?}");
-}
-
-#[test]
-fn python_redlock_over_five_servers_with_two_then_three_stopped() {
-    python("test_redlock.py"); // fails now if Python or redis-py is missing
-    let mut servers: Vec<Server> = (0..5).map(|_| Server::start()).collect();
-    let ports = |v: &[Server]| {
-        v.iter()
-            .map(|s| s.port.to_string())
-            .collect::<Vec<_>>()
-            .join(",")
-    };
-    let mut down: Vec<Server> = Vec::new();
-    for stop in [0, 2, 1] {
-        for _ in 0..stop {
-            let mut s = servers.pop().expect("a running server");
-            s.kill9();
-            down.push(s);
-        }
-        let mut cmd = python("test_redlock.py");
-        cmd.arg(ports(&servers)).arg(ports(&down));
-        run_tests(
-            cmd,
-            &format!(
-                "examples/clients/python/test_redlock.py ({} up, {} stopped)",
-                servers.len(),
-                down.len()
-            ),
-        );
-        // Whatever was granted has been released on every live server.
-        for s in &servers {
-            let mut c = s.conn();
-            assert_eq!(c.info_field("lock", "lock_keys"), "0", "port {}", s.port);
-            assert!(c.info_field("lock", "lock_grants").parse::<i64>().unwrap() > 0);
-        }
-    }
 }
 
 #[test]

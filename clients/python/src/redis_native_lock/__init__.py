@@ -1,0 +1,41 @@
+"""Locks for the redis-lock Redis module, on redis-py.
+
+    import redis
+    from redis_native_lock import Lock
+
+    r = redis.Redis()
+    with Lock(r, "orders:42", ttl=30, wait=10) as lock:
+        storage.write(data, fencing_token=lock.token)
+
+Five kinds, one shape: `Lock`, `ReentrantLock`, `ReadWriteLock` (`.read()`,
+`.write()`), `Semaphore`, `MultiLock`; `acquire(wait=...)`, `release()`,
+`extend(ttl)`, `locked()`, `owned()`, `token`, `lost`, `check()`, `with`.
+The asyncio twins, on `redis.asyncio`, are in `redis_native_lock.aio`.
+RedLock over independent servers: `redis_native_lock.redlock`.
+
+Each holder acquires with `BIND` on a connection of its own, so the server
+frees the lock the moment this process dies; one background keeper (a
+thread, or a task per event loop) sends one `LOCK.KEEPALIVE` per connection
+at a third of the ttl. `bind=False`, or a server without `BIND`: a lease
+renewed with `LOCK.RENEW` instead. A lost lease is signalled: `lost`
+becomes True, `on_lost(holder, why)` is called, `check()` and leaving the
+`with` block raise `LeaseLost`.
+"""
+
+from ._common import DeadlockError, LeaseLost, LockError, LockNotAcquired
+from ._sync import Holder, Lock, MultiLock, ReadWriteLock, ReentrantLock, Semaphore
+
+__version__ = "0.2.0"
+
+__all__ = [
+    "Holder",
+    "Lock",
+    "ReentrantLock",
+    "ReadWriteLock",
+    "Semaphore",
+    "MultiLock",
+    "LockError",
+    "LockNotAcquired",
+    "LeaseLost",
+    "DeadlockError",
+]

@@ -1,0 +1,27 @@
+"""The asyncio API: the same classes as `redis_native_lock`, on
+`redis.asyncio.Redis` and `redis.asyncio.RedisCluster`, with `await` and
+`async with`.
+
+    import redis.asyncio as redis
+    from redis_native_lock.aio import Lock
+
+    r = redis.Redis()
+    async with Lock(r, "orders:42", ttl=30, wait=10) as lock:
+        await storage.write(data, fencing_token=lock.token)
+"""
+
+from ._async import Holder, Lock, MultiLock, ReadWriteLock, ReentrantLock, Semaphore
+from ._common import DeadlockError, LeaseLost, LockError, LockNotAcquired
+
+__all__ = [
+    "Holder",
+    "Lock",
+    "ReentrantLock",
+    "ReadWriteLock",
+    "Semaphore",
+    "MultiLock",
+    "LockError",
+    "LockNotAcquired",
+    "LeaseLost",
+    "DeadlockError",
+]

@@ -1,0 +1,160 @@
+"""RedLock over N independent redis-lock servers (sync and asyncio).
+
+    from redis_native_lock.redlock import RedLock
+
+    servers = [redis.Redis(port=p, socket_connect_timeout=0.1, socket_timeout=0.1,
+                           retry=Retry(NoBackoff(), 0)) for p in five_ports]
+    with RedLock(servers).lock("orders:42", ttl=10) as lease:
+        ...  # finish well within lease.remaining()
+
+Ask every server with `LOCK.ACQUIRE key owner ttl` (no WAIT: one slow server
+must not eat the lease), one owner for all; held if a majority granted it
+and the time spent asking left some validity (ttl - elapsed - drift).
+Otherwise release everywhere (also where the reply was lost) and retry
+after a random delay. Each server issues its own fencing token
+(`lease.tokens`: server index -> token); they are not comparable across
+servers. See the project's docs/redlock.md for what RedLock cannot promise.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import time
+from contextlib import asynccontextmanager, contextmanager
+from typing import Any, AsyncIterator, Dict, Iterator, List, Optional, Sequence
+
+import redis
+
+from ._common import KeyT, LockNotAcquired, ms, new_owner
+
+__all__ = ["RedLock", "AsyncRedLock", "RedLease", "LockNotAcquired"]
+
+
+class RedLease:
+    """A quorum's grant: owner, per-server tokens, validity."""
+
+    def __init__(self, key: KeyT, owner: str, ttl_ms: int, tokens: Dict[int, int], validity_ms: float, started: float):
+        self.key = key
+        self.owner = owner
+        self.ttl_ms = ttl_ms
+        self.tokens = tokens
+        self.validity_ms = validity_ms
+        self._valid_until = started + validity_ms / 1000
+
+    def remaining(self) -> float:
+        """Seconds of validity left on this process's monotonic clock."""
+        return max(0.0, self._valid_until - time.monotonic())
+
+
+class _Base:
+    def __init__(self, servers: Sequence[Any], retries: int = 3, retry_delay: float = 0.2, drift_factor: float = 0.01):
+        if not servers:
+            raise ValueError("RedLock needs at least one server")
+        self.servers = list(servers)
+        self.quorum = len(self.servers) // 2 + 1
+        self.retries = retries
+        self.retry_delay = retry_delay
+        self.drift_factor = drift_factor
+
+    def _outcome(self, key: KeyT, owner: str, ttl_ms: int, replies: List[Any], started: float) -> Optional[RedLease]:
+        tokens = {i: t for i, t in enumerate(replies) if isinstance(t, int) and not isinstance(t, bool)}
+        elapsed_ms = (time.monotonic() - started) * 1000
+        validity_ms = ttl_ms - elapsed_ms - (ttl_ms * self.drift_factor + 2)
+        if len(tokens) >= self.quorum and validity_ms > 0:
+            return RedLease(key, owner, ttl_ms, tokens, validity_ms, started)
+        return None
+
+    def _not_acquired(self, key: KeyT) -> LockNotAcquired:
+        return LockNotAcquired(f"{key!r}: no quorum of {self.quorum}/{len(self.servers)} servers granted it")
+
+
+class RedLock(_Base):
+    """RedLock with blocking redis-py clients of independent masters (short
+    socket timeouts, no retries: a dead server must cost little)."""
+
+    def _each(self, *args: Any) -> List[Any]:
+        out = []
+        for s in self.servers:
+            try:
+                out.append(s.execute_command(*args))
+            except redis.RedisError:
+                out.append(None)
+        return out
+
+    def acquire(self, key: KeyT, ttl: float, owner: Optional[str] = None) -> Optional[RedLease]:
+        ttl_ms = ms(ttl, "ttl")
+        owner = owner or new_owner()
+        for attempt in range(self.retries):
+            if attempt:
+                time.sleep(random.uniform(0, self.retry_delay))
+            started = time.monotonic()
+            lease = self._outcome(key, owner, ttl_ms, self._each("LOCK.ACQUIRE", key, owner, ttl_ms), started)
+            if lease is not None:
+                return lease
+            self._each("LOCK.RELEASE", key, owner)
+        return None
+
+    def extend(self, lease: RedLease, ttl: Optional[float] = None) -> bool:
+        ttl_ms = ms(ttl, "ttl") if ttl is not None else lease.ttl_ms
+        started = time.monotonic()
+        renewed = sum(r == 1 for r in self._each("LOCK.RENEW", lease.key, lease.owner, ttl_ms))
+        validity_ms = ttl_ms - (time.monotonic() - started) * 1000 - (ttl_ms * self.drift_factor + 2)
+        if renewed >= self.quorum and validity_ms > 0:
+            lease.ttl_ms, lease.validity_ms = ttl_ms, validity_ms
+            lease._valid_until = started + validity_ms / 1000
+            return True
+        return False
+
+    def release(self, lease: RedLease) -> int:
+        return sum(r is not None for r in self._each("LOCK.RELEASE", lease.key, lease.owner))
+
+    @contextmanager
+    def lock(self, key: KeyT, ttl: float) -> Iterator[RedLease]:
+        lease = self.acquire(key, ttl)
+        if lease is None:
+            raise self._not_acquired(key)
+        try:
+            yield lease
+        finally:
+            self.release(lease)
+
+
+class AsyncRedLock(_Base):
+    """RedLock with `redis.asyncio` clients; the servers are asked at once."""
+
+    async def _each(self, *args: Any) -> List[Any]:
+        async def one(s: Any) -> Any:
+            try:
+                return await s.execute_command(*args)
+            except redis.RedisError:
+                return None
+
+        return list(await asyncio.gather(*(one(s) for s in self.servers)))
+
+    async def acquire(self, key: KeyT, ttl: float, owner: Optional[str] = None) -> Optional[RedLease]:
+        ttl_ms = ms(ttl, "ttl")
+        owner = owner or new_owner()
+        for attempt in range(self.retries):
+            if attempt:
+                await asyncio.sleep(random.uniform(0, self.retry_delay))
+            started = time.monotonic()
+            replies = await self._each("LOCK.ACQUIRE", key, owner, ttl_ms)
+            lease = self._outcome(key, owner, ttl_ms, replies, started)
+            if lease is not None:
+                return lease
+            await self._each("LOCK.RELEASE", key, owner)
+        return None
+
+    async def release(self, lease: RedLease) -> int:
+        return sum(r is not None for r in await self._each("LOCK.RELEASE", lease.key, lease.owner))
+
+    @asynccontextmanager
+    async def lock(self, key: KeyT, ttl: float) -> AsyncIterator[RedLease]:
+        lease = await self.acquire(key, ttl)
+        if lease is None:
+            raise self._not_acquired(key)
+        try:
+            yield lease
+        finally:
+            await self.release(lease)
