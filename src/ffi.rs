@@ -7,13 +7,19 @@ use redis_module::{raw, Context, RedisString};
 
 /// Calls a Redis module API entry, or yields `None` when the server lacks it.
 ///
-/// Every use passes handles Redis gave the caller (a context, a key, an IO,
-/// a blocked client) that are alive for the call, and pointers into memory
-/// the caller owns for the call's duration.
+/// Every use passes handles that are alive for the call, and pointers into
+/// memory the caller owns for the call's duration. Contexts, keys and IOs are
+/// the ones Redis passed to the callback that makes the call. A
+/// blocked-client handle is different: it outlives any callback and stays
+/// valid only until the module's one `RM_UnblockClient` on it; the waiting
+/// registry (`waiting.rs`) hands each handle out exactly once (`take`), and
+/// only the holder of a taken handle calls `RM_UnblockClient`, so no call
+/// uses a handle after that.
 macro_rules! api {
     ($f:ident($($arg:expr),* $(,)?)) => {
         // SAFETY: the entry was filled by RedisModule_Init (or is None); the
-        // arguments are live handles and buffers as the macro's doc says.
+        // arguments are live handles and buffers, as the macro's doc says
+        // (blocked-client handles: alive until their one RM_UnblockClient).
         match unsafe { redis_module::raw::$f } {
             Some(f) => Some(unsafe { f($($arg),*) }),
             None => None,

@@ -39,11 +39,15 @@ pub fn run(
     name: &'static CStr,
     handler: Handler,
 ) -> c_int {
-    let context = Context::new(ctx);
-    let args = redis_module::decode_args(ctx, argv, argc);
     let name = name.to_str().unwrap_or("lock");
-    let result = guard::command(name, handler)(&context, args);
-    context.reply(result) as c_int
+    // Decoding the arguments and writing the reply are inside the guard too:
+    // nothing of the call runs outside one.
+    guard::callback(name, raw::REDISMODULE_ERR as c_int, || {
+        let context = Context::new(ctx);
+        let args = redis_module::decode_args(ctx, argv, argc);
+        let result = guard::command(name, handler)(&context, args);
+        context.reply(result) as c_int
+    })
 }
 
 /// Makes the C entry point of a command handler: `command!("lock.x",
@@ -92,6 +96,21 @@ pub fn load(
     if status == ERR {
         return ERR;
     }
+    // From here on the heap is Redis's, and a panic is caught like anywhere
+    // else.
+    guard::callback("loading the module", ERR, || {
+        register(ctx, argv, argc, commands, init)
+    })
+}
+
+fn register(
+    ctx: *mut raw::RedisModuleCtx,
+    argv: *mut *mut raw::RedisModuleString,
+    argc: c_int,
+    commands: &[Command],
+    init: fn(&Context, &[RedisString]) -> Status,
+) -> c_int {
+    const ERR: c_int = raw::REDISMODULE_ERR as c_int;
     if LOCK_TYPE.create_data_type(ctx).is_err() {
         return ERR;
     }

@@ -571,6 +571,8 @@ fn unblock(waiter: Blocked, outcome: Result<Attempt, LockError>, granted: Vec<(D
         replied: false,
     });
     let data = Box::into_raw(decision).cast::<c_void>();
+    // `waiter` was taken out of the registry: this is its handle's one
+    // RM_UnblockClient, and nothing uses the handle after it.
     api!(RedisModule_UnblockClient(waiter.handle, data));
 }
 
@@ -588,6 +590,7 @@ fn leave(handle: *mut raw::RedisModuleBlockedClient) {
         return;
     }
     // No private data: nothing is replied (the client is gone) or revoked.
+    // Taken above, so this is the handle's one RM_UnblockClient.
     api!(RedisModule_UnblockClient(handle, std::ptr::null_mut()));
     let now = Some(crate::clock::now_ms());
     for key in left {
