@@ -45,6 +45,19 @@ if ! python3 -c "import ensurepip, venv" >/dev/null 2>&1; then
   $sudo apt-get install -y -qq --no-install-recommends python3-venv >/dev/null
 fi
 
+# redis_exporter, for the Prometheus recipe's test (tests/prometheus.rs).
+if ! command -v prometheus-redis-exporter >/dev/null 2>&1; then
+  say "installing prometheus-redis-exporter (Debian)"
+  sudo=$(need_root prometheus-redis-exporter)
+  export DEBIAN_FRONTEND=noninteractive
+  $sudo apt-get update -qq
+  # The package starts a service on :9121 for a server on :6379 where init
+  # runs; the tests start their own exporter and never use it.
+  $sudo apt-get install -y -qq --no-install-recommends prometheus-redis-exporter >/dev/null
+  $sudo systemctl disable --now prometheus-redis-exporter >/dev/null 2>&1 \
+    || $sudo service prometheus-redis-exporter stop >/dev/null 2>&1 || true
+fi
+
 # redis-py.
 if ! PYTHONPATH="$dir/python" python3 -c \
     "import sys, redis; sys.exit(redis.__version__ != '$REDIS_PY_VERSION')" >/dev/null 2>&1; then

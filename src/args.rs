@@ -237,9 +237,15 @@ pub fn keepalive(args: Vec<RedisString>) -> Result<u64, LockError> {
     Ok(ttl)
 }
 
-pub fn key_only(args: Vec<RedisString>) -> Result<RedisString, LockError> {
+/// `LOCK.INFO key [WAITERS]`: the key, and whether the waiters are listed.
+pub fn info(args: Vec<RedisString>) -> Result<(RedisString, bool), LockError> {
     let mut args = Args::new(args);
     let key = args.next()?;
-    args.done()?;
-    Ok(key)
+    let waiters = match args.0.next() {
+        None => false,
+        Some(option) if option.as_slice().eq_ignore_ascii_case(b"WAITERS") => true,
+        Some(_) => return Err(LockError::Syntax),
+    };
+    args.done().map_err(|_| LockError::Syntax)?;
+    Ok((key, waiters))
 }

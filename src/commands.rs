@@ -16,7 +16,7 @@ use crate::replies;
 use crate::stats;
 use crate::store;
 use crate::waiting;
-use lock_core::{Attempt, Kind, Lock, Release};
+use lock_core::{Attempt, Kind, Lock, Owner, Release};
 
 /// `LOCK.ACQUIRE key owner ttl [WAIT ms] [BIND]`
 pub fn acquire(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
@@ -246,14 +246,18 @@ pub fn renew(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
     Ok(RedisValue::Integer(i64::from(renewed)))
 }
 
-/// `LOCK.INFO key`: read-only, so expired holders are hidden, not removed.
+/// `LOCK.INFO key [WAITERS]`: read-only, so expired holders are hidden, not
+/// removed. `WAITERS` adds `waiting`: each waiting request's owner and how
+/// long it has waited, in queue order.
 pub fn info(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
-    let name = args::key_only(args)?;
+    let (name, list_waiters) = args::info(args)?;
     let mut key = LockKey::open(ctx, &name, false)?;
     let now = clock::now_ms();
     match key.lock()? {
         Some(lock) if lock.is_held(now) => {
-            reply_info(ctx, lock, now, waiting::waiters(ctx, &name));
+            let waiting =
+                list_waiters.then(|| waiting::waiting_on(&ffi::db_key(ctx, name.as_slice()), now));
+            reply_info(ctx, lock, now, waiting::waiters(ctx, &name), waiting);
             Ok(RedisValue::NoReply)
         }
         _ => Ok(RedisValue::Null),
@@ -263,7 +267,13 @@ pub fn info(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
 /// `mode`, `holders` (`[owner, holds, ttl-ms-left, token]` each), `waiters`,
 /// and for a semaphore `limit`: a map in RESP3, a flat array in RESP2, in
 /// that order.
-fn reply_info(ctx: &Context, lock: &Lock, now: u64, waiters: usize) {
+fn reply_info(
+    ctx: &Context,
+    lock: &Lock,
+    now: u64,
+    waiters: usize,
+    waiting: Option<Vec<(Owner, u64)>>,
+) {
     let c = ctx.ctx;
     let int = |n: u64| ffi::int(n);
     let bulk = |s: &[u8]| {
@@ -275,10 +285,8 @@ fn reply_info(ctx: &Context, lock: &Lock, now: u64, waiters: usize) {
     };
     let len = |n: usize| c_long::try_from(n).unwrap_or(c_long::MAX);
     let limit = lock.limit();
-    api!(RedisModule_ReplyWithMap(
-        c,
-        if limit.is_some() { 4 } else { 3 }
-    ));
+    let fields = 3 + usize::from(limit.is_some()) + usize::from(waiting.is_some());
+    api!(RedisModule_ReplyWithMap(c, len(fields)));
     bulk(b"mode");
     bulk(lock.mode().name().as_bytes());
     bulk(b"holders");
@@ -299,5 +307,14 @@ fn reply_info(ctx: &Context, lock: &Lock, now: u64, waiters: usize) {
     if let Some(limit) = limit {
         bulk(b"limit");
         api!(RedisModule_ReplyWithLongLong(c, i64::from(limit)));
+    }
+    if let Some(waiting) = waiting {
+        bulk(b"waiting");
+        api!(RedisModule_ReplyWithArray(c, len(waiting.len())));
+        for (owner, waited) in waiting {
+            api!(RedisModule_ReplyWithArray(c, 2));
+            bulk(&owner);
+            api!(RedisModule_ReplyWithLongLong(c, int(waited)));
+        }
     }
 }

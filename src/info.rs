@@ -75,12 +75,50 @@ extern "C" fn info(ctx: *mut raw::RedisModuleInfoCtx, for_crash_report: c_int) {
             ),
         ];
         api!(RedisModule_InfoAddSection(ctx, c"".as_ptr().cast_mut()));
-        for (name, value) in fields {
+        let add = |name: &CStr, value: i64| {
             api!(RedisModule_InfoAddFieldLongLong(
                 ctx,
                 name.as_ptr().cast_mut(),
                 value
             ));
+        };
+        for (name, value) in fields {
+            add(name, value);
+        }
+        // Distributions: count, sum and cumulative buckets (`le`, ms).
+        let histograms: [(&stats::Histogram, [&CStr; 7]); 2] = [
+            (
+                &stats::WAIT_TIME,
+                [
+                    c"wait_ms_count",
+                    c"wait_ms_sum",
+                    c"wait_ms_le_1",
+                    c"wait_ms_le_10",
+                    c"wait_ms_le_100",
+                    c"wait_ms_le_1000",
+                    c"wait_ms_le_10000",
+                ],
+            ),
+            (
+                &stats::HOLD_TIME,
+                [
+                    c"hold_ms_count",
+                    c"hold_ms_sum",
+                    c"hold_ms_le_1",
+                    c"hold_ms_le_10",
+                    c"hold_ms_le_100",
+                    c"hold_ms_le_1000",
+                    c"hold_ms_le_10000",
+                ],
+            ),
+        ];
+        for (h, [count, sum, le @ ..]) in histograms {
+            let (n, total, buckets) = h.cumulative();
+            add(count, ffi::int(n));
+            add(sum, ffi::int(total));
+            for (name, value) in le.iter().zip(buckets) {
+                add(name, ffi::int(value));
+            }
         }
     })
 }

@@ -113,6 +113,14 @@ const BIND: Arg = Arg {
     multiple: false,
 };
 
+const WAITERS: Arg = Arg {
+    name: c"waiters",
+    kind: PURE_TOKEN,
+    token: Some(c"WAITERS"),
+    optional: true,
+    multiple: false,
+};
+
 const GRANT_ARGS: &[Arg] = &[K, OWNER, TTL, WAIT, BIND];
 const LIMIT: Arg = arg(c"limit", INTEGER);
 const NUMKEYS: Arg = arg(c"numkeys", INTEGER);
@@ -198,12 +206,12 @@ const DOCS: &[Doc] = &[
     Doc {
         name: c"lock.info",
         acl: c"read fast lock",
-        summary: c"Describes a lock: mode, holders ([owner, holds, ttl-ms-left, token] each) and waiters; nil when free.",
-        complexity: c"O(R), R the holders",
-        arity: 2,
+        summary: c"Describes a lock: mode, holders ([owner, holds, ttl-ms-left, token] each) and waiters; with WAITERS, each waiter's owner and ms waited; nil when free.",
+        complexity: c"O(R), R the holders; O(R+W) with WAITERS, W the waiters",
+        arity: -2,
         key_flags: RO,
         numkeys: false,
-        args: &[K],
+        args: &[K, WAITERS],
     },
     Doc {
         name: c"lock.keepalive",

@@ -98,6 +98,8 @@ fn load_lock(rdb: *mut raw::RedisModuleIO, encver: c_int) -> Option<Lock> {
         holders.push(Holder {
             owner,
             holds,
+            // Not in the file: hold times count from the load.
+            since: lock_core::since(clock::now_ms()),
             token,
             deadline,
         });
@@ -340,6 +342,9 @@ fn unlinked(db: i32, key: &[u8], lock: &Lock) {
         // over it, removes what was left). A RENAME or MOVE that follows
         // takes this back (`moved_away`).
         timers::expired(db, key, lock.holders().len());
+        for h in lock.holders() {
+            stats::HOLD_TIME.record(u64::from(h.held_ms(h.deadline)));
+        }
     }
     if waiting::is_waited_on(&(db, key.to_vec())) {
         timers::schedule(db, key, Some(now));

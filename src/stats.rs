@@ -37,6 +37,75 @@ impl Counter {
     }
 }
 
+/// A distribution of durations in milliseconds: how many, their sum, and how
+/// many fell at or under each of [`BUCKETS_MS`] (cumulative, as Prometheus's
+/// `le` buckets; the `+Inf` one is the count). One atomic add per bucket
+/// boundary crossed is avoided: each duration adds to one bucket, and
+/// [`Histogram::cumulative`] sums them when read.
+pub struct Histogram {
+    count: Counter,
+    sum_ms: Counter,
+    /// Durations in (previous bound, bound], and the last one above all.
+    buckets: [Counter; 6],
+}
+
+/// The bucket bounds, ms.
+pub const BUCKETS_MS: [u64; 5] = [1, 10, 100, 1_000, 10_000];
+
+impl Histogram {
+    const fn new() -> Histogram {
+        Histogram {
+            count: Counter::new(),
+            sum_ms: Counter::new(),
+            buckets: [
+                Counter::new(),
+                Counter::new(),
+                Counter::new(),
+                Counter::new(),
+                Counter::new(),
+                Counter::new(),
+            ],
+        }
+    }
+
+    pub fn record(&self, ms: u64) {
+        self.count.incr();
+        self.sum_ms.add(usize::try_from(ms).unwrap_or(usize::MAX));
+        let i = BUCKETS_MS
+            .iter()
+            .position(|b| ms <= *b)
+            .unwrap_or(BUCKETS_MS.len());
+        if let Some(b) = self.buckets.get(i) {
+            b.incr();
+        }
+    }
+
+    /// Count, sum (ms), and how many were at or under each bound.
+    pub fn cumulative(&self) -> (u64, u64, [u64; 5]) {
+        let mut le = [0; 5];
+        let mut running = 0;
+        for (slot, b) in le.iter_mut().zip(&self.buckets) {
+            running += b.get();
+            *slot = running;
+        }
+        (self.count.get(), self.sum_ms.get(), le)
+    }
+
+    fn reset(&self) {
+        self.count.reset();
+        self.sum_ms.reset();
+        for b in &self.buckets {
+            b.reset();
+        }
+    }
+}
+
+/// How long granted waiters waited, from `WAIT` to the grant.
+pub static WAIT_TIME: Histogram = Histogram::new();
+/// How long holders held, from the grant to their release, the end of their
+/// lease, or their connection closing (`BIND`).
+pub static HOLD_TIME: Histogram = Histogram::new();
+
 /// Every counter `CONFIG RESETSTAT` resets (the gauges are state, not stats).
 fn counters() -> [&'static Counter; 10] {
     [
@@ -91,6 +160,8 @@ pub fn follow_resetstat() {
         for c in counters() {
             c.reset();
         }
+        WAIT_TIME.reset();
+        HOLD_TIME.reset();
         clock::reset_steps();
     }
 }

@@ -49,6 +49,9 @@ pub fn update<R>(
             stats::EXPIRED_LEASES.add(changes.expired());
             events.insert(0, c"lock.expired");
         }
+        for held in changes.held() {
+            stats::HOLD_TIME.record(u64::from(*held));
+        }
         if !changes.is_empty() {
             forget_bindings(ctx, name, lock, &changes);
             replication::replicate(ctx, name, lock, &changes);

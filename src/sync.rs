@@ -40,6 +40,9 @@ fn parse(args: &[RedisString]) -> Result<(&RedisString, Effect), LockError> {
             let holder = Holder {
                 owner: owner.as_slice().into(),
                 holds: u32::try_from(number(holds)?).map_err(|_| LockError::BadState)?,
+                // Not in the stream: a new grant counts from its arrival
+                // (`Lock::put` keeps it for a changed one).
+                since: lock_core::since(clock::now_ms()),
                 token: number(token)?,
                 deadline: number(deadline)?,
             };

@@ -52,6 +52,8 @@ struct Blocked {
     deadline: Option<u64>,
     /// `BIND`: the connection its grant is bound to.
     bind: Option<ClientId>,
+    /// When it started waiting (unix ms).
+    since: u64,
 }
 
 /// A grant to end at the key's next visit, all its holds at once: its
@@ -264,6 +266,7 @@ fn block_on(
             multi,
             deadline,
             bind,
+            since: now,
         },
     );
     for (i, (key, next_expiry)) in keys.iter().enumerate() {
@@ -351,6 +354,7 @@ pub fn answer_waiters(ctx: &Context, name: &RedisString, txn: &mut Txn) -> Pendi
         if let Some(waiter) = registry.take(id, &mut left) {
             if let Attempt::Granted(token) = attempt {
                 stats::GRANTS_AFTER_WAIT.incr();
+                stats::WAIT_TIME.record(txn.now.saturating_sub(waiter.since));
                 txn.events.push(replies::event_of(waiter.request.kind));
                 if let Some(client) = waiter.bind {
                     bindings::bind(client, key.clone(), &waiter.request.owner, token);
@@ -455,6 +459,7 @@ pub fn answer(claimed: Claimed, outcome: Result<Vec<(DbKey, u64)>, LockError>) {
     match outcome {
         Ok(granted) => {
             stats::GRANTS_AFTER_WAIT.incr();
+            stats::WAIT_TIME.record(crate::clock::now_ms().saturating_sub(waiter.since));
             if let Some(client) = waiter.bind {
                 for (key, token) in &granted {
                     bindings::bind(client, key.clone(), &waiter.request.owner, *token);
@@ -551,6 +556,22 @@ pub fn keys_with_waiters(db: i32) -> Vec<DbKey> {
         .keys()
         .filter(|(d, _)| db == -1 || *d == db)
         .cloned()
+        .collect()
+}
+
+/// The requests waiting for this key, in queue order: each one's owner and
+/// how long it has waited (ms) at `now`.
+pub fn waiting_on(key: &DbKey, now: u64) -> Vec<(Owner, u64)> {
+    let registry = registry();
+    let Some(queue) = registry.queues.get(key) else {
+        return Vec::new();
+    };
+    queue
+        .iter()
+        .filter_map(|w| {
+            let b = registry.waiters.get(&w.id)?;
+            Some((b.request.owner.clone(), now.saturating_sub(b.since)))
+        })
         .collect()
 }
 

@@ -23,7 +23,7 @@ use common::*;
 // INFO lock
 // ---------------------------------------------------------------------------
 
-const INFO_FIELDS: [&str; 21] = [
+const INFO_FIELDS: [&str; 35] = [
     "lock_keys",
     "lock_holders_exclusive",
     "lock_holders_shared",
@@ -45,6 +45,20 @@ const INFO_FIELDS: [&str; 21] = [
     "lock_deadlock_searches_cut",
     "lock_clock_steps_forward",
     "lock_clock_steps_back",
+    "lock_wait_ms_count",
+    "lock_wait_ms_sum",
+    "lock_wait_ms_le_1",
+    "lock_wait_ms_le_10",
+    "lock_wait_ms_le_100",
+    "lock_wait_ms_le_1000",
+    "lock_wait_ms_le_10000",
+    "lock_hold_ms_count",
+    "lock_hold_ms_sum",
+    "lock_hold_ms_le_1",
+    "lock_hold_ms_le_10",
+    "lock_hold_ms_le_100",
+    "lock_hold_ms_le_1000",
+    "lock_hold_ms_le_10000",
 ];
 
 /// `INFO lock` as field -> value; checks the section has exactly the documented fields.
@@ -286,9 +300,12 @@ fn config_resetstat_resets_the_counters_not_the_gauges() {
     c.acquire("k", "a", 60_000).int();
     assert!(c.acquire("k", "b", 60_000).is_nil());
     c.release("nothing", "a");
+    c.acquire("held", "a", 60_000).int();
+    c.release("held", "a").int();
     let before = stats(&mut c);
-    assert_eq!(before["lock_grants"], 1);
+    assert_eq!(before["lock_grants"], 2);
     assert_eq!(before["lock_refusals"], 1);
+    assert_eq!(before["lock_hold_ms_count"], 1);
     c.cmd(&["CONFIG", "RESETSTAT"]).ok();
     wait_until(Duration::from_secs(5), "the counters to reset", || {
         stats(&mut c)["lock_grants"] == 0
@@ -316,6 +333,88 @@ fn config_resetstat_resets_the_counters_not_the_gauges() {
     // Counting goes on from 0.
     c.acquire("k2", "a", 60_000).int();
     assert_eq!(stats(&mut c)["lock_grants"], 1);
+}
+
+/// The wait-time and hold-time distributions: count, sum, and cumulative
+/// buckets; a grant after a wait of about 300 ms, holds of about 0 and 300
+/// ms, an expiry counted at its deadline. `LOCK.INFO key WAITERS` lists each
+/// waiter's owner and how long it has waited, in queue order.
+#[test]
+fn wait_and_hold_time_distributions_and_the_waiters_list() {
+    let s = Server::start();
+    let mut c = s.conn();
+    let mut w1 = s.conn();
+    let mut w2 = s.conn();
+    c.acquire("k", "holder", 60_000).int();
+    w1.send(&["LOCK.ACQUIRE", "k", "first", "60000", "WAIT", "10000"])
+        .unwrap();
+    wait_until(Duration::from_secs(5), "first to wait", || {
+        c.info_field("lock", "lock_waiters") == "1"
+    });
+    w2.send(&["LOCK.ACQUIRE", "k", "second", "60000", "WAIT", "10000"])
+        .unwrap();
+    wait_until(Duration::from_secs(5), "second to wait", || {
+        c.info_field("lock", "lock_waiters") == "2"
+    });
+    sleep_ms(300);
+    let plain = c.cmd(&["LOCK.INFO", "k"]);
+    assert!(
+        plain.get("waiting").is_none(),
+        "the default reply stays as it was: {plain:?}"
+    );
+    let r = c.cmd(&["LOCK.INFO", "k", "waiters"]);
+    let waiting = r.get("waiting").expect("a waiting field");
+    let list = waiting.array();
+    assert_eq!(list.len(), 2, "{r:?}");
+    assert_eq!(list[0].array()[0].bulk(), b"first");
+    assert_eq!(list[1].array()[0].bulk(), b"second");
+    let waited = list[0].array()[1].int();
+    assert!((300..5_000).contains(&waited), "first waited {waited} ms");
+    assert!(list[1].array()[1].int() <= waited, "second came later");
+    // RESP3: a map with the same fields.
+    let mut c3 = s.conn();
+    c3.hello3();
+    let r3 = c3.cmd(&["LOCK.INFO", "k", "WAITERS"]);
+    assert_eq!(
+        r3.get("waiting").map(|w| w.array().len()),
+        Some(2),
+        "{r3:?}"
+    );
+
+    c.release("k", "holder").int();
+    assert!(w1.read_reply().unwrap().int() > 0, "first granted");
+    let st = stats(&mut c);
+    assert_eq!(st["lock_wait_ms_count"], 1, "one grant after a wait");
+    assert!((300..5_000).contains(&st["lock_wait_ms_sum"]), "{st:?}");
+    assert_eq!(st["lock_wait_ms_le_100"], 0);
+    assert_eq!(st["lock_wait_ms_le_1000"], 1);
+    assert_eq!(st["lock_hold_ms_count"], 1, "holder's hold ended");
+    assert!(st["lock_hold_ms_sum"] >= 300, "{st:?}");
+    assert_eq!(st["lock_hold_ms_le_10000"], 1);
+    // A lease that runs out counts until its deadline.
+    c.acquire("short", "x", 50).int();
+    sleep_ms(200);
+    assert!(c.lock_info("short").is_none());
+    c.release("k", "first").int();
+    assert!(w2.read_reply().unwrap().int() > 0, "second granted");
+    wait_until(Duration::from_secs(5), "the expiry to be counted", || {
+        stats(&mut c)["lock_hold_ms_count"] >= 3
+    });
+    let st = stats(&mut c);
+    assert_eq!(st["lock_wait_ms_count"], 2);
+    assert!(st["lock_hold_ms_le_100"] >= 1, "the 50 ms lease: {st:?}");
+    for b in ["1", "10", "100", "1000"] {
+        let next = match b {
+            "1" => "10",
+            "10" => "100",
+            "100" => "1000",
+            _ => "10000",
+        };
+        assert!(
+            st[&format!("lock_hold_ms_le_{b}")] <= st[&format!("lock_hold_ms_le_{next}")],
+            "cumulative: {st:?}"
+        );
+    }
 }
 
 /// INFO (the module's section included) is written into a crash report

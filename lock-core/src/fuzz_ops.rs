@@ -685,6 +685,7 @@ pub fn run(data: &[u8]) {
                     let holder = Holder {
                         owner: name.clone(),
                         holds,
+                        since: 0,
                         token,
                         deadline,
                     };

@@ -37,6 +37,8 @@ mod model;
 #[cfg(test)]
 mod model_tests;
 
-pub use lock::{Attempt, Changes, Holder, Invalid, Kind, Lock, Mode, Owner, Release, Request};
+pub use lock::{
+    since, Attempt, Changes, Holder, Invalid, Kind, Lock, Mode, Owner, Release, Request,
+};
 pub use queue::Queue;
 pub use tokens::Tokens;

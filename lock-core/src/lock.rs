@@ -116,16 +116,43 @@ impl From<Mode> for Kind {
 pub const MAX_LIMIT: u32 = 1_000_000;
 
 /// One holder of a lock.
-#[derive(Clone, PartialEq, Eq, Debug)]
+#[derive(Clone, Debug)]
 pub struct Holder {
     pub owner: Owner,
     pub holds: u32,
+    /// When it was granted (or loaded, or received from the master), unix
+    /// milliseconds modulo 2^32: only for the hold-time statistics, so not
+    /// part of the state (equality ignores it). It fills the padding after
+    /// `holds`: a holder is no larger for it.
+    pub since: u32,
     pub token: u64,
     /// Absolute deadline, unix milliseconds; the holder holds while `now < deadline`.
     pub deadline: u64,
 }
 
+impl PartialEq for Holder {
+    fn eq(&self, other: &Holder) -> bool {
+        self.owner == other.owner
+            && self.holds == other.holds
+            && self.token == other.token
+            && self.deadline == other.deadline
+    }
+}
+
+impl Eq for Holder {}
+
+/// `now` (unix ms) as a holder's `since`.
+pub fn since(now: u64) -> u32 {
+    (now & u64::from(u32::MAX)) as u32
+}
+
 impl Holder {
+    /// How long it has been held at `end` (unix ms), right for holds under
+    /// 49 days (`since` wraps).
+    pub fn held_ms(&self, end: u64) -> u32 {
+        since(end).wrapping_sub(self.since)
+    }
+
     pub fn is_live(&self, now: u64) -> bool {
         now < self.deadline
     }
@@ -176,6 +203,7 @@ pub enum Release {
 pub struct Changes {
     owners: Vec<Owner>,
     expired: usize,
+    held: Vec<u32>,
 }
 
 impl Changes {
@@ -196,6 +224,12 @@ impl Changes {
     /// Holders dropped because their deadline had passed.
     pub fn expired(&self) -> usize {
         self.expired
+    }
+
+    /// How long each holder that ended here had held, ms (released: until
+    /// now; expired: until its deadline).
+    pub fn held(&self) -> &[u32] {
+        &self.held
     }
 }
 
@@ -343,6 +377,7 @@ impl Lock {
             } else {
                 changes.touch(&h.owner);
                 changes.expired += 1;
+                changes.held.push(h.held_ms(h.deadline));
                 false
             }
         });
@@ -446,6 +481,7 @@ impl Lock {
                 self.holders.push(Holder {
                     owner: req.owner.clone(),
                     holds: 1,
+                    since: since(now),
                     token,
                     deadline,
                 });
@@ -470,7 +506,8 @@ impl Lock {
             _ => true,
         };
         if last {
-            self.holders.swap_remove(index);
+            let gone = self.holders.swap_remove(index);
+            changes.held.push(gone.held_ms(now));
             Release::Last
         } else {
             Release::Remaining
@@ -488,12 +525,15 @@ impl Lock {
         changes: &mut Changes,
     ) -> bool {
         self.purge(now, changes);
-        let before = self.holders.len();
-        self.holders
-            .retain(|h| h.owner.as_ref() != owner || h.token != token);
-        if self.holders.len() == before {
+        let Some(index) = self
+            .holders
+            .iter()
+            .position(|h| h.owner.as_ref() == owner && h.token == token)
+        else {
             return false;
-        }
+        };
+        let gone = self.holders.remove(index);
+        changes.held.push(gone.held_ms(now));
         changes.touch(owner);
         true
     }
@@ -571,6 +611,14 @@ impl Lock {
         self.mode = mode;
         self.limit = limit;
         match existing.and_then(|i| self.holders.get_mut(i)) {
+            // The same grant changed (renewed, re-entered): it was held
+            // since as before.
+            Some(slot) if slot.token == holder.token => {
+                *slot = Holder {
+                    since: slot.since,
+                    ..holder
+                }
+            }
             Some(slot) => *slot = holder,
             None => self.holders.push(holder),
         }
@@ -657,6 +705,44 @@ impl Lock {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    #[cfg(target_pointer_width = "64")]
+    fn since_costs_no_memory() {
+        // Box<[u8]> 16, holds 4 + since 4, token 8, deadline 8.
+        assert_eq!(std::mem::size_of::<Holder>(), 40);
+    }
+
+    #[test]
+    fn hold_times_of_released_and_expired_holders() {
+        let mut lock = Lock::default();
+        let mut tokens = Tokens::starting_after(0);
+        let mut c = Changes::default();
+        let req = |o: &str| Request {
+            kind: Kind::Acquire,
+            owner: o.as_bytes().into(),
+            ttl: 1_000,
+        };
+        let t0 = u64::from(u32::MAX) - 100; // since wraps in between
+        assert!(matches!(
+            lock.try_acquire(&req("a"), false, t0, &mut tokens, &mut c),
+            Attempt::Granted(_)
+        ));
+        assert_eq!(lock.release(b"a", t0 + 250, &mut c), Release::Last);
+        assert_eq!(c.held(), &[250]);
+        let mut c = Changes::default();
+        let t1 = t0 + 300;
+        assert!(matches!(
+            lock.try_acquire(&req("b"), false, t1, &mut tokens, &mut c),
+            Attempt::Granted(_)
+        ));
+        lock.purge(t1 + 5_000, &mut c);
+        assert_eq!(
+            c.held(),
+            &[1_000],
+            "an expired lease counts until its deadline"
+        );
+    }
 
     fn req(kind: Kind, owner: &str, ttl: u64) -> Request {
         Request {
@@ -928,6 +1014,7 @@ mod tests {
         let h = |o: &str, t: u64, holds: u32| Holder {
             owner: o.as_bytes().into(),
             holds,
+            since: 0,
             token: t,
             deadline: 10,
         };
@@ -981,6 +1068,7 @@ mod tests {
         let h = |o: &str, t: u64| Holder {
             owner: o.as_bytes().into(),
             holds: 1,
+            since: 0,
             token: t,
             deadline: 10,
         };
@@ -1013,6 +1101,7 @@ mod tests {
         let h = |o: &str, d: u64| Holder {
             owner: o.as_bytes().into(),
             holds: 1,
+            since: 0,
             token: d,
             deadline: d,
         };
@@ -1032,6 +1121,7 @@ mod tests {
         let h = |o: &str, t: u64| Holder {
             owner: o.as_bytes().into(),
             holds: 1,
+            since: 0,
             token: t,
             deadline: 10,
         };

@@ -665,7 +665,7 @@ proptest! {
         let mut holders: Vec<Holder> = raw
             .iter()
             // Distinct tokens (no server issues one twice): base * 8 + owner.
-            .map(|(&o, &(holds, token, deadline))| Holder { owner: name(o), holds, token: token * 8 + u64::from(o), deadline })
+            .map(|(&o, &(holds, token, deadline))| Holder { owner: name(o), holds, since: 0, token: token * 8 + u64::from(o), deadline })
             .collect();
         let mut expected: Result<(), Invalid> = Ok(());
         if exclusive && holders.len() > 1 {
@@ -716,6 +716,7 @@ fn too_many_holds_changes_nothing() {
         let holder = Holder {
             owner: name(1),
             holds: u32::MAX - 1,
+            since: 0,
             token: 7,
             deadline: 100,
         };

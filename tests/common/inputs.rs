@@ -151,9 +151,16 @@ pub fn bad_inputs(key: &str, holder: &str, strkey: &str) -> Vec<BadInput> {
         v.push((words(&[b"LOCK.RENEW", k, o, t]), ttl.clone()));
     }
     v.push((words(&[b"LOCK.RENEW", s, o, b"100000"]), wrongtype.clone()));
-    // LOCK.INFO (arity 2).
+    // LOCK.INFO (arity -2): key [WAITERS].
     v.push((words(&[b"LOCK.INFO"]), Expect::Arity));
-    v.push((words(&[b"LOCK.INFO", k, k]), Expect::Arity));
+    v.push((
+        words(&[b"LOCK.INFO", k, k]),
+        Expect::Exact(LockError::Syntax.message()),
+    ));
+    v.push((
+        words(&[b"LOCK.INFO", k, b"WAITERS", b"WAITERS"]),
+        Expect::Exact(LockError::Syntax.message()),
+    ));
     v.push((words(&[b"LOCK.INFO", s]), wrongtype.clone()));
     v
 }
