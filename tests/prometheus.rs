@@ -1,6 +1,6 @@
 //! Getting `INFO lock` into Prometheus: redis_exporter (Debian's
 //! prometheus-redis-exporter, installed by scripts/client-deps.sh) with the
-//! Lua script contrib/prometheus/lock-metrics.lua, against a server started
+//! Lua script clients/prometheus/lock-metrics.lua, against a server started
 //! here; /metrics scraped over loopback.
 
 mod common;
@@ -58,7 +58,7 @@ fn redis_exporter_with_the_lock_script_exports_info_lock() {
     assert!(w.read_reply().unwrap().int() > 0);
 
     let script =
-        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("contrib/prometheus/lock-metrics.lua");
+        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("clients/prometheus/lock-metrics.lua");
     let port = free_port();
     let _exporter = Exporter(
         Command::new(binary)
