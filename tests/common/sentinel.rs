@@ -598,6 +598,11 @@ pub struct Grant {
     pub key: usize,
     pub id: GrantId,
     pub sent_ms: i64,
+    /// The earliest the server may have granted it: the send of an earlier
+    /// acquire of the same key by the same client that got no reply (then
+    /// this one is that grant given back: a holder asking again gets its
+    /// token), else `sent_ms`.
+    pub granted_from_ms: i64,
     pub acked_ms: i64,
     pub ttl: i64,
     /// When the holder sent its RELEASE (None: it let the lease run out).
@@ -693,6 +698,7 @@ impl Load {
                 let rng = Rng::new(seed.wrapping_add(t as u64 * 104_729));
                 thread::spawn(move || {
                     let mut c = Client {
+                        unanswered: HashMap::new(),
                         thread: t,
                         owner: format!("client-{t}"),
                         cc,
@@ -748,6 +754,9 @@ impl Load {
 }
 
 struct Client {
+    /// Per key, the send of the earliest acquire without a reply since the
+    /// client last knew it held nothing there.
+    unanswered: HashMap<usize, i64>,
     thread: usize,
     owner: String,
     cc: ClientCfg,
@@ -847,6 +856,7 @@ impl Client {
         let token = match reply {
             Outcome::Lost => {
                 self.out.counts.unknown += 1;
+                self.unanswered.entry(k).or_insert(sent_ms);
                 return;
             }
             Outcome::Reply(Reply::Int(t)) => t,
@@ -867,6 +877,7 @@ impl Client {
             key: k,
             id: GrantId { port, token },
             sent_ms,
+            granted_from_ms: self.unanswered.get(&k).copied().unwrap_or(sent_ms),
             acked_ms,
             ttl,
             release_sent_ms: None,
@@ -909,7 +920,10 @@ impl Client {
             key,
             self.owner.clone().into_bytes(),
         ];
-        let _ = self.call(&rel, 0);
+        if let Outcome::Reply(Reply::Int(1) | Reply::Nil) = self.call(&rel, 0) {
+            // Nothing of ours is left on that key (on that server).
+            self.unanswered.remove(&k);
+        }
         self.out.grants.push(g);
     }
 
@@ -1114,7 +1128,9 @@ pub fn check(h: &History, terms: &[Term]) -> Report {
     for (t, gs) in &by_term {
         let min = gs
             .iter()
-            .filter(|g| !is_repeat(g))
+            // A grant given back to a holder that asked again may carry a
+            // token an earlier term issued (its first reply was lost).
+            .filter(|g| !is_repeat(g) && g.granted_from_ms >= terms[*t].from_ms)
             .map(|g| g.id.token)
             .min()
             .unwrap_or(i64::MAX);
@@ -1201,11 +1217,11 @@ pub fn check(h: &History, terms: &[Term]) -> Report {
         let mut by_ack: Vec<&Grant> = gs.clone();
         by_ack.sort_by_key(|g| g.acked_ms);
         let mut by_sent: Vec<&Grant> = gs.clone();
-        by_sent.sort_by_key(|g| g.sent_ms);
+        by_sent.sort_by_key(|g| g.granted_from_ms);
         let mut j = 0;
         let mut max_acked: Option<&Grant> = None;
         for g in by_sent {
-            while j < by_ack.len() && by_ack[j].acked_ms + SLACK_MS < g.sent_ms {
+            while j < by_ack.len() && by_ack[j].acked_ms + SLACK_MS < g.granted_from_ms {
                 if max_acked.is_none_or(|m| by_ack[j].id.token > m.id.token) {
                     max_acked = Some(by_ack[j]);
                 }
