@@ -95,21 +95,32 @@ extern "C" fn on_generic(
         let event = unsafe { CStr::from_ptr(event) }.to_bytes();
         let ctx = Context::new(raw_ctx);
         let name = RedisString::string_as_slice(key);
+        // Most of these are not about locks: nothing is looked at, and the
+        // key's name is not even copied, while no lock exists at all.
+        let locks = stats::lock_keys() > 0;
         match event {
-            b"rename_to" | b"move_to" | b"restore" | b"expire" | b"persist" => {
+            b"restore" | b"expire" | b"persist" if locks && keys::is_lock(&ctx, key) => {
                 let id = ffi::db_key(&ctx, name);
-                if matches!(event, b"rename_to" | b"move_to") {
-                    if let Some(from) = MOVED_FROM.with(|m| m.borrow_mut().take()) {
-                        bindings::moved(&from, &id);
-                    }
+                timers::refresh(id.0, &id.1);
+            }
+            b"rename_to" | b"move_to" => {
+                let from = MOVED_FROM.with(|m| m.borrow_mut().take());
+                if from.is_none() && !locks {
+                    return raw::REDISMODULE_OK as c_int;
                 }
-                // Most of these are not about locks: look at the key only
-                // while some lock exists at all.
-                if stats::lock_keys() > 0 && keys::is_lock(&ctx, key) {
+                let id = ffi::db_key(&ctx, name);
+                if let Some(from) = from {
+                    bindings::moved(&from, &id);
+                }
+                if locks && keys::is_lock(&ctx, key) {
                     timers::refresh(id.0, &id.1);
                 }
             }
             b"rename_from" | b"move_from" => {
+                if !locks {
+                    MOVED_FROM.with(|m| *m.borrow_mut() = None);
+                    return raw::REDISMODULE_OK as c_int;
+                }
                 let id = ffi::db_key(&ctx, name);
                 timers::moved_away(id.0, &id.1);
                 MOVED_FROM.with(|m| *m.borrow_mut() = Some(id));

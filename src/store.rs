@@ -50,7 +50,7 @@ pub fn update<R>(
             events.insert(0, c"lock.expired");
         }
         for held in changes.held() {
-            stats::HOLD_TIME.record(u64::from(*held));
+            stats::HOLD_TIME.record(u64::from(held));
         }
         if !changes.is_empty() {
             forget_bindings(ctx, name, lock, &changes);

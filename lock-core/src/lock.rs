@@ -203,7 +203,11 @@ pub enum Release {
 pub struct Changes {
     owners: Vec<Owner>,
     expired: usize,
-    held: Vec<u32>,
+    /// Hold times of holders that ended: the first one inline (most
+    /// transitions end at most one holder: no allocation for it), the rest
+    /// in `held_more`.
+    held_first: Option<u32>,
+    held_more: Vec<u32>,
 }
 
 impl Changes {
@@ -228,8 +232,16 @@ impl Changes {
 
     /// How long each holder that ended here had held, ms (released: until
     /// now; expired: until its deadline).
-    pub fn held(&self) -> &[u32] {
-        &self.held
+    pub fn held(&self) -> impl Iterator<Item = u32> + '_ {
+        self.held_first.into_iter().chain(self.held_more.iter().copied())
+    }
+
+    fn ended(&mut self, held_ms: u32) {
+        if self.held_first.is_none() {
+            self.held_first = Some(held_ms);
+        } else {
+            self.held_more.push(held_ms);
+        }
     }
 }
 
@@ -377,7 +389,7 @@ impl Lock {
             } else {
                 changes.touch(&h.owner);
                 changes.expired += 1;
-                changes.held.push(h.held_ms(h.deadline));
+                changes.ended(h.held_ms(h.deadline));
                 false
             }
         });
@@ -507,7 +519,7 @@ impl Lock {
         };
         if last {
             let gone = self.holders.swap_remove(index);
-            changes.held.push(gone.held_ms(now));
+            changes.ended(gone.held_ms(now));
             Release::Last
         } else {
             Release::Remaining
@@ -533,7 +545,7 @@ impl Lock {
             return false;
         };
         let gone = self.holders.remove(index);
-        changes.held.push(gone.held_ms(now));
+        changes.ended(gone.held_ms(now));
         changes.touch(owner);
         true
     }
@@ -729,7 +741,7 @@ mod tests {
             Attempt::Granted(_)
         ));
         assert_eq!(lock.release(b"a", t0 + 250, &mut c), Release::Last);
-        assert_eq!(c.held(), &[250]);
+        assert_eq!(c.held().collect::<Vec<_>>(), [250]);
         let mut c = Changes::default();
         let t1 = t0 + 300;
         assert!(matches!(
@@ -738,8 +750,8 @@ mod tests {
         ));
         lock.purge(t1 + 5_000, &mut c);
         assert_eq!(
-            c.held(),
-            &[1_000],
+            c.held().collect::<Vec<_>>(),
+            [1_000],
             "an expired lease counts until its deadline"
         );
     }
