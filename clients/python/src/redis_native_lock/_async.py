@@ -97,7 +97,10 @@ class _Pool:
     one per holder while it holds, kept for the next holder after a clean
     release. One per client pool (in a cluster: per node)."""
 
-    _all: "Dict[int, _Pool]" = {}
+    # Per client pool, forgotten with it (its idle connections then close);
+    # cluster nodes take no weak references: by id, checked.
+    _by_pool: "weakref.WeakKeyDictionary[Any, _Pool]" = weakref.WeakKeyDictionary()
+    _by_node: "Dict[int, _Pool]" = {}
 
     def __init__(self, source: Any) -> None:
         self._source = source
@@ -112,12 +115,15 @@ class _Pool:
         if isinstance(client, RedisCluster):
             # The slot map is learnt at the first command: ask for it now.
             await client.initialize()
-            source = client.get_node_from_key(key)
-        else:
-            source = client.connection_pool
-        p = cls._all.get(id(source))
-        if p is None or p._source is not source:
-            p = cls._all[id(source)] = cls(source)
+            node = client.get_node_from_key(key)
+            p = cls._by_node.get(id(node))
+            if p is None or p._source is not node:
+                p = cls._by_node[id(node)] = cls(node)
+            return p
+        pool = client.connection_pool
+        p = cls._by_pool.get(pool)
+        if p is None:
+            p = cls._by_pool[pool] = cls(pool)
         return p
 
     async def get(self) -> Any:

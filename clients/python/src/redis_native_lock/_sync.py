@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import threading
 import time
+import weakref
 from typing import Any, Callable, Dict, List, Optional, Sequence
 
 import redis
@@ -94,7 +95,8 @@ class _Dedicated:
     one per holder while it holds, kept for the next holder after a clean
     release. One per client pool."""
 
-    _all: "Dict[int, _Dedicated]" = {}
+    # Per client pool, forgotten with it (its idle connections then close).
+    _all: "weakref.WeakKeyDictionary[Any, _Dedicated]" = weakref.WeakKeyDictionary()
     _guard = threading.Lock()
 
     def __init__(self, source: Any) -> None:
@@ -109,14 +111,10 @@ class _Dedicated:
     def of(cls, client: Any, key: KeyT) -> "_Dedicated":
         source = _source(client, key)
         with cls._guard:
-            d = cls._all.get(id(source))
-            if d is None or d._source_ref is not source:
-                d = cls(source)
-                d._source_ref = source
-                cls._all[id(source)] = d
+            d = cls._all.get(source)
+            if d is None:
+                d = cls._all[source] = cls(source)
             return d
-
-    _source_ref: Any = None
 
     def get(self) -> Any:
         with self._lock:
