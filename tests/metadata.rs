@@ -29,7 +29,7 @@ fn arity(cmd: &str) -> i64 {
         "lock.semaphore" => -5,
         "lock.release" => 3,
         "lock.renew" => 4,
-        "lock.info" => 2,
+        "lock.info" => -2,
         other => panic!("unknown command {other}"),
     }
 }
