@@ -7,18 +7,14 @@
 //! - Node.js (ioredis): `node test.js PORT`;
 //! - the shell helper over redis-cli: `bash test.sh PORT`, and the redis-cli
 //!   session of examples/clients/cli/session.txt replayed and compared;
-//! - Rust (the `redis` crate): the helper examples/clients/rust/redis_lock.rs,
-//!   tested here in-process.
+//! - Rust: the `redis` crate's view of a `DEADLOCK` reply (the Rust package,
+//!   clients/rust, is tested by tests/rust_package.rs).
 //!
 //! redis-py and ioredis are installed project-locally by
 //! scripts/client-deps.sh (`make test` runs it) into target/clients. A missing
 //! runtime or library fails the test with that advice: it never skips.
 
 mod common;
-
-#[path = "../examples/clients/rust/redis_lock.rs"]
-#[allow(dead_code)]
-mod redis_lock;
 
 use std::fs;
 use std::path::{Path, PathBuf};
@@ -28,7 +24,6 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use common::*;
-use redis_lock::{acquire, with_lock, LockError, Options};
 
 /// How long one example's test script may run.
 const SCRIPT_DEADLINE: Duration = Duration::from_secs(120);
@@ -166,7 +161,10 @@ fn rust_client_sees_the_deadlock_code() {
     wait_until(Duration::from_secs(5), "x to wait", || {
         obs.info_field("lock", "lock_waiters") == "1"
     });
-    let mut r = client(&s).get_connection().expect("connection");
+    let mut r = redis::Client::open(format!("redis://127.0.0.1:{}/", s.port))
+        .expect("client")
+        .get_connection()
+        .expect("connection");
     let err = redis::cmd("LOCK.ACQUIRE")
         .arg("a")
         .arg("y")
@@ -295,269 +293,4 @@ fn redis_cli_session_transcript() {
             panic!("line {}: {want:?} vs {have:?}\n{}", i + 1, show());
         }
     }
-}
-
-// ---------------------------------------------------------------------------
-// Rust (the `redis` crate): examples/clients/rust/redis_lock.rs
-// ---------------------------------------------------------------------------
-
-fn client(s: &Server) -> redis::Client {
-    redis::Client::open(format!("redis://127.0.0.1:{}/", s.port)).expect("redis::Client")
-}
-
-fn opts(ttl_ms: u64, wait_ms: Option<u64>) -> Options {
-    Options {
-        ttl: Duration::from_millis(ttl_ms),
-        wait: wait_ms.map(Duration::from_millis),
-        ..Options::default()
-    }
-}
-
-/// Renewals sent so far: LOCK.KEEPALIVE (bound locks) and LOCK.RENEW.
-fn renew_calls(c: &mut Conn) -> i64 {
-    let stats = c.info("commandstats");
-    ["renew", "keepalive"]
-        .iter()
-        .map(|cmd| {
-            stats
-                .lines()
-                .find_map(|l| l.strip_prefix(&format!("cmdstat_lock.{cmd}:calls=")))
-                .and_then(|rest| rest.split(',').next())
-                .map_or(0, |n| n.parse::<i64>().expect("calls"))
-        })
-        .sum()
-}
-
-fn bound_holders(c: &mut Conn) -> i64 {
-    c.info_field("lock", "lock_bound_holders")
-        .parse()
-        .expect("a count")
-}
-
-/// The protected resource: refuses a write older than one it has seen.
-#[derive(Default)]
-struct FencedStore {
-    last_token: i64,
-    value: Option<String>,
-}
-
-impl FencedStore {
-    fn write(&mut self, value: &str, token: i64) -> bool {
-        if token < self.last_token {
-            return false;
-        }
-        self.last_token = token;
-        self.value = Some(value.to_string());
-        true
-    }
-}
-
-#[test]
-fn rust_helper_holds_with_a_token_and_releases() {
-    let s = Server::start();
-    let mut c = s.conn();
-    let (owner, token) = with_lock(
-        &client(&s),
-        "rs:basic",
-        &opts(10_000, Some(1_000)),
-        |lease| {
-            let info = c.lock_info("rs:basic").expect("held");
-            assert_eq!(info.holder(lease.owner()).token, lease.token());
-            assert!(c.acquire("rs:basic", "intruder", 1_000).is_nil());
-            assert!(!lease.is_lost());
-            lease.check().expect("held");
-            (lease.owner().to_string(), lease.token())
-        },
-    )
-    .expect("with_lock");
-    assert!(token > 0 && !owner.is_empty());
-    assert!(c.lock_info("rs:basic").is_none(), "released");
-}
-
-#[test]
-fn rust_helper_waits_in_the_server_until_the_holder_releases() {
-    let s = Server::start();
-    let mut holder = s.conn();
-    let first = holder.acquire("rs:wait", "holder", 30_000).int();
-    let releaser = thread::spawn(move || {
-        sleep_ms(200);
-        assert_eq!(holder.release("rs:wait", "holder").int(), 1);
-    });
-    let lease = acquire(&client(&s), "rs:wait", &opts(10_000, Some(10_000))).expect("granted");
-    assert!(lease.token() > first);
-    releaser.join().expect("releaser");
-    lease.release().expect("release");
-    assert!(s.conn().lock_info("rs:wait").is_none());
-}
-
-#[test]
-fn rust_helper_wait_running_out_is_not_acquired() {
-    let s = Server::start();
-    let mut c = s.conn();
-    c.acquire("rs:busy", "holder", 30_000).int();
-    match acquire(&client(&s), "rs:busy", &opts(1_000, Some(100))) {
-        Err(LockError::NotAcquired { key }) => assert_eq!(key, "rs:busy"),
-        Err(e) => panic!("expected NotAcquired, got {e}"),
-        Ok(lease) => panic!("granted token {}", lease.token()),
-    }
-    let info = c.lock_info("rs:busy").expect("held");
-    assert_eq!(info.holders.len(), 1);
-    assert_eq!(info.holders[0].owner, b"holder");
-    assert_eq!(info.waiters, 0);
-}
-
-#[test]
-fn rust_helper_watchdog_keeps_the_lease_and_stops_at_release() {
-    let s = Server::start();
-    let mut c = s.conn();
-    for bind in [true, false] {
-        let before = renew_calls(&mut c);
-        let o = Options {
-            bind,
-            ..opts(900, None)
-        };
-        with_lock(&client(&s), "rs:long", &o, |lease| {
-            assert_eq!(lease.is_bound(), bind);
-            assert_eq!(bound_holders(&mut c), i64::from(bind));
-            for _ in 0..4 {
-                sleep_ms(300); // 1.2 s of work: longer than the ttl
-                let info = c.lock_info("rs:long").expect("still held");
-                assert_eq!(info.holder(lease.owner()).token, lease.token());
-                lease.check().expect("not lost");
-            }
-        })
-        .expect("with_lock");
-        assert!(renew_calls(&mut c) - before >= 2);
-        assert!(c.lock_info("rs:long").is_none());
-        assert_eq!(bound_holders(&mut c), 0);
-    }
-
-    // The Redisson race: a renewal outliving unlock would extend the next
-    // lock of the same owner id. Here the owner is stable on purpose.
-    let stable = Options {
-        owner: Some("worker-1".into()),
-        ..opts(150, None)
-    };
-    with_lock(&client(&s), "rs:race", &stable, |_| sleep_ms(200)).expect("with_lock");
-    let after_release = renew_calls(&mut c);
-    assert!(c.acquire("rs:race", "worker-1", 200).int() > 0);
-    sleep_ms(500); // ten watchdog intervals
-    assert_eq!(
-        renew_calls(&mut c),
-        after_release,
-        "a renewal was sent after the release"
-    );
-    assert!(
-        c.lock_info("rs:race").is_none(),
-        "the second lease was extended"
-    );
-}
-
-/// With `BIND` (the default) a dead holder's lock is free at once: its
-/// connection closing is enough, whatever its lease.
-#[test]
-fn rust_helper_bound_lock_is_freed_when_its_connection_dies() {
-    let s = Server::start();
-    let mut admin = s.conn();
-    let lease = acquire(&client(&s), "rs:dies", &opts(6_000, None)).expect("granted");
-    assert!(lease.is_bound());
-    let mut w = s.conn();
-    w.send(&["LOCK.ACQUIRE", "rs:dies", "next", "10000", "WAIT", "5000"])
-        .unwrap();
-    wait_until(Duration::from_secs(5), "the waiter to queue", || {
-        admin.info_field("lock", "lock_waiters") == "1"
-    });
-    // The holder's connection: the one whose last command was LOCK.ACQUIRE
-    // and that is not blocked (the waiter is). The process "dies".
-    let list = String::from_utf8_lossy(admin.cmd(&["CLIENT", "LIST"]).bulk()).into_owned();
-    let holder: Vec<&str> = list
-        .lines()
-        .filter(|l| l.contains(" cmd=lock.acquire") && l.contains(" flags=N "))
-        .filter_map(|l| l.split_whitespace().find_map(|f| f.strip_prefix("id=")))
-        .collect();
-    assert_eq!(holder.len(), 1, "{list}");
-    let start = std::time::Instant::now();
-    admin.cmd(&["CLIENT", "KILL", "ID", holder[0]]).int();
-    let got = w.read_reply().expect("granted").int();
-    assert!(got > 0);
-    assert!(
-        start.elapsed() < Duration::from_secs(1),
-        "granted at the close, not at the lease"
-    );
-    wait_until(Duration::from_secs(5), "the keepalive notices", || {
-        lease.is_lost()
-    });
-    assert!(matches!(lease.release(), Err(LockError::LeaseLost { .. })));
-    assert_eq!(
-        admin
-            .lock_info("rs:dies")
-            .expect("held")
-            .holder("next")
-            .token,
-        got
-    );
-}
-
-#[test]
-fn rust_helper_reports_a_lost_lease_and_leaves_the_successor_alone() {
-    let s = Server::start();
-    let mut admin = s.conn();
-    let lease = acquire(&client(&s), "rs:lost", &opts(300, None)).expect("granted");
-    assert_eq!(admin.cmd(&["DEL", "rs:lost"]).int(), 1); // forced unlock
-    let theirs = admin.acquire("rs:lost", "successor", 10_000).int();
-    wait_until(Duration::from_secs(5), "the watchdog notices", || {
-        lease.is_lost()
-    });
-    match lease.check() {
-        Err(LockError::LeaseLost { why, .. }) => {
-            assert!(why.contains("LOCK.KEEPALIVE renewed nothing"), "{why}")
-        }
-        other => panic!("expected LeaseLost, got {other:?}"),
-    }
-    match lease.release() {
-        Err(e @ LockError::LeaseLost { .. }) => assert!(e.to_string().contains("rs:lost"), "{e}"),
-        other => panic!("expected LeaseLost, got {other:?}"),
-    }
-    let info = admin.lock_info("rs:lost").expect("the successor holds");
-    assert_eq!(info.holder("successor").token, theirs);
-}
-
-#[test]
-fn rust_helper_fencing_token_rejects_the_stale_write() {
-    let s = Server::start();
-    let cl = client(&s);
-    let mut admin = s.conn();
-    let mut store = FencedStore::default();
-    let result = with_lock(&cl, "rs:fence", &opts(10_000, None), |a| {
-        assert!(store.write("from a", a.token()));
-        admin.cmd(&["DEL", "rs:fence"]).int(); // a stalls; its lock is taken away
-        with_lock(&cl, "rs:fence", &opts(10_000, None), |b| {
-            assert!(b.token() > a.token());
-            assert!(store.write("from b", b.token()));
-        })
-        .expect("b");
-        assert!(!store.write("late from a", a.token()));
-    });
-    assert!(
-        matches!(result, Err(LockError::LeaseLost { .. })),
-        "{result:?}"
-    );
-    assert_eq!(store.value.as_deref(), Some("from b"));
-}
-
-#[test]
-fn rust_helper_releases_when_the_work_panics() {
-    let s = Server::start();
-    let cl = client(&s);
-    let r = std::panic::catch_unwind(|| {
-        with_lock(&cl, "rs:boom", &opts(10_000, None), |_| -> () {
-            panic!("boom (expected by the test)")
-        })
-    });
-    assert!(r.is_err(), "the panic went through");
-    assert!(s.conn().lock_info("rs:boom").is_none(), "released by Drop");
-    // Also an early return that drops the lease.
-    let lease = acquire(&cl, "rs:drop", &opts(10_000, None)).expect("granted");
-    drop(lease);
-    assert!(s.conn().lock_info("rs:drop").is_none(), "released by Drop");
 }

@@ -233,7 +233,9 @@ impl Changes {
     /// How long each holder that ended here had held, ms (released: until
     /// now; expired: until its deadline).
     pub fn held(&self) -> impl Iterator<Item = u32> + '_ {
-        self.held_first.into_iter().chain(self.held_more.iter().copied())
+        self.held_first
+            .into_iter()
+            .chain(self.held_more.iter().copied())
     }
 
     fn ended(&mut self, held_ms: u32) {

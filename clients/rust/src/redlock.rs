@@ -1,0 +1,289 @@
+//! RedLock over N independent redis-lock servers (blocking and tokio).
+//!
+//! Ask every server with `LOCK.ACQUIRE key owner ttl` (no `WAIT`: one slow
+//! server must not eat the lease), one owner for all; held if a majority
+//! granted it and the time spent asking left some validity (ttl - elapsed -
+//! drift). Otherwise release everywhere (also where the reply was lost) and
+//! retry after a random delay. Each server issues its own fencing token
+//! ([`RedLease::tokens`]: server index -> token); they are not comparable
+//! across servers. See the project's docs/redlock.md for what it cannot
+//! promise.
+
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+
+use crate::{fresh_owner, millis};
+
+/// A quorum's grant.
+#[derive(Clone, Debug)]
+pub struct RedLease {
+    pub key: String,
+    pub owner: String,
+    pub ttl: Duration,
+    /// Server index -> its token.
+    pub tokens: BTreeMap<usize, i64>,
+    valid_until: Instant,
+}
+
+impl RedLease {
+    /// Validity left on this process's monotonic clock.
+    pub fn remaining(&self) -> Duration {
+        self.valid_until.saturating_duration_since(Instant::now())
+    }
+}
+
+/// Settings shared by both flavours.
+#[derive(Clone, Debug)]
+pub struct Settings {
+    pub retries: usize,
+    pub retry_delay: Duration,
+    pub drift_factor: f64,
+    /// Connect and reply timeout per server.
+    pub timeout: Duration,
+}
+
+impl Default for Settings {
+    fn default() -> Self {
+        Settings {
+            retries: 3,
+            retry_delay: Duration::from_millis(200),
+            drift_factor: 0.01,
+            timeout: Duration::from_millis(100),
+        }
+    }
+}
+
+fn outcome(
+    key: &str,
+    owner: &str,
+    ttl: Duration,
+    replies: &[Option<i64>],
+    started: Instant,
+    quorum: usize,
+    drift: f64,
+) -> Option<RedLease> {
+    let tokens: BTreeMap<usize, i64> = replies
+        .iter()
+        .enumerate()
+        .filter_map(|(i, t)| t.map(|t| (i, t)))
+        .collect();
+    let elapsed = started.elapsed();
+    let drift = Duration::from_secs_f64(ttl.as_secs_f64() * drift) + Duration::from_millis(2);
+    let validity = ttl.checked_sub(elapsed)?.checked_sub(drift)?;
+    (tokens.len() >= quorum && !validity.is_zero()).then(|| RedLease {
+        key: key.to_string(),
+        owner: owner.to_string(),
+        ttl,
+        tokens,
+        valid_until: started + validity,
+    })
+}
+
+fn jitter(max: Duration) -> Duration {
+    let nanos = u64::from(
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.subsec_nanos()),
+    );
+    let max_ms = millis(max).max(1);
+    Duration::from_millis(nanos % max_ms)
+}
+
+/// RedLock with blocking connections.
+pub struct RedLock {
+    servers: Vec<redis::Client>,
+    pub settings: Settings,
+}
+
+impl RedLock {
+    pub fn new(servers: Vec<redis::Client>) -> RedLock {
+        RedLock {
+            servers,
+            settings: Settings::default(),
+        }
+    }
+
+    fn quorum(&self) -> usize {
+        self.servers.len() / 2 + 1
+    }
+
+    fn each(&self, cmd: &redis::Cmd) -> Vec<Option<redis::Value>> {
+        let t = self.settings.timeout;
+        self.servers
+            .iter()
+            .map(|c| {
+                let mut conn = c.get_connection_with_timeout(t).ok()?;
+                conn.set_read_timeout(Some(t)).ok()?;
+                cmd.query::<redis::Value>(&mut conn).ok()
+            })
+            .collect()
+    }
+
+    /// A lease, or `None` when no quorum granted it within the retries
+    /// (whatever was granted without a quorum is released first).
+    pub fn acquire(&self, key: &str, ttl: Duration) -> Option<RedLease> {
+        let owner = fresh_owner();
+        for attempt in 0..self.settings.retries.max(1) {
+            if attempt > 0 {
+                std::thread::sleep(jitter(self.settings.retry_delay));
+            }
+            let started = Instant::now();
+            let mut cmd = redis::cmd("LOCK.ACQUIRE");
+            cmd.arg(key).arg(&owner).arg(millis(ttl));
+            let replies: Vec<Option<i64>> = self
+                .each(&cmd)
+                .into_iter()
+                .map(|r| match r {
+                    Some(redis::Value::Int(t)) => Some(t),
+                    _ => None,
+                })
+                .collect();
+            let q = self.quorum();
+            if let Some(lease) = outcome(
+                key,
+                &owner,
+                ttl,
+                &replies,
+                started,
+                q,
+                self.settings.drift_factor,
+            ) {
+                return Some(lease);
+            }
+            self.release_owner(key, &owner);
+        }
+        None
+    }
+
+    fn release_owner(&self, key: &str, owner: &str) -> usize {
+        let mut cmd = redis::cmd("LOCK.RELEASE");
+        cmd.arg(key).arg(owner);
+        self.each(&cmd)
+            .into_iter()
+            .filter(|r| matches!(r, Some(redis::Value::Int(_))))
+            .count()
+    }
+
+    /// Releases on every server; how many released a hold.
+    pub fn release(&self, lease: &RedLease) -> usize {
+        self.release_owner(&lease.key, &lease.owner)
+    }
+
+    /// Renews on every server; true (and the validity reset) if a majority
+    /// renewed in time.
+    pub fn extend(&self, lease: &mut RedLease, ttl: Duration) -> bool {
+        let started = Instant::now();
+        let mut cmd = redis::cmd("LOCK.RENEW");
+        cmd.arg(&lease.key).arg(&lease.owner).arg(millis(ttl));
+        let renewed: Vec<Option<i64>> = self
+            .each(&cmd)
+            .into_iter()
+            .enumerate()
+            .map(|(i, r)| match r {
+                Some(redis::Value::Int(1)) => lease.tokens.get(&i).copied(),
+                _ => None,
+            })
+            .collect();
+        match outcome(
+            &lease.key,
+            &lease.owner,
+            ttl,
+            &renewed,
+            started,
+            self.quorum(),
+            self.settings.drift_factor,
+        ) {
+            Some(fresh) => {
+                lease.ttl = ttl;
+                lease.valid_until = fresh.valid_until;
+                true
+            }
+            None => false,
+        }
+    }
+}
+
+/// RedLock with tokio: the servers are asked at once.
+pub struct AsyncRedLock {
+    servers: Vec<redis::Client>,
+    pub settings: Settings,
+}
+
+impl AsyncRedLock {
+    pub fn new(servers: Vec<redis::Client>) -> AsyncRedLock {
+        AsyncRedLock {
+            servers,
+            settings: Settings::default(),
+        }
+    }
+
+    async fn each(&self, cmd: &redis::Cmd) -> Vec<Option<redis::Value>> {
+        let t = self.settings.timeout;
+        let config = redis::AsyncConnectionConfig::new()
+            .set_connection_timeout(Some(t))
+            .set_response_timeout(Some(t));
+        let mut tasks = Vec::new();
+        for c in &self.servers {
+            let (c, cmd, config) = (c.clone(), cmd.clone(), config.clone());
+            tasks.push(tokio::spawn(async move {
+                let mut conn = c
+                    .get_multiplexed_async_connection_with_config(&config)
+                    .await
+                    .ok()?;
+                cmd.query_async::<redis::Value>(&mut conn).await.ok()
+            }));
+        }
+        let mut out = Vec::new();
+        for t in tasks {
+            out.push(t.await.ok().flatten());
+        }
+        out
+    }
+
+    pub async fn acquire(&self, key: &str, ttl: Duration) -> Option<RedLease> {
+        let owner = fresh_owner();
+        for attempt in 0..self.settings.retries.max(1) {
+            if attempt > 0 {
+                tokio::time::sleep(jitter(self.settings.retry_delay)).await;
+            }
+            let started = Instant::now();
+            let mut cmd = redis::cmd("LOCK.ACQUIRE");
+            cmd.arg(key).arg(&owner).arg(millis(ttl));
+            let replies: Vec<Option<i64>> = self
+                .each(&cmd)
+                .await
+                .into_iter()
+                .map(|r| match r {
+                    Some(redis::Value::Int(t)) => Some(t),
+                    _ => None,
+                })
+                .collect();
+            let q = self.servers.len() / 2 + 1;
+            if let Some(lease) = outcome(
+                key,
+                &owner,
+                ttl,
+                &replies,
+                started,
+                q,
+                self.settings.drift_factor,
+            ) {
+                return Some(lease);
+            }
+            let mut rel = redis::cmd("LOCK.RELEASE");
+            rel.arg(key).arg(&owner);
+            self.each(&rel).await;
+        }
+        None
+    }
+
+    pub async fn release(&self, lease: &RedLease) -> usize {
+        let mut cmd = redis::cmd("LOCK.RELEASE");
+        cmd.arg(&lease.key).arg(&lease.owner);
+        self.each(&cmd)
+            .await
+            .into_iter()
+            .filter(|r| matches!(r, Some(redis::Value::Int(_))))
+            .count()
+    }
+}
