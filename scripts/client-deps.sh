@@ -2,7 +2,6 @@
 # Installs what the client examples' tests need (tests/clients.rs), only when
 # missing, project-local and never system-wide:
 #   - redis-py into target/clients/python (pip install --target),
-#   - ioredis into target/clients/node (npm install --prefix),
 #   - Node.js and npm from Debian when they are not on the machine.
 # The Rust example's `redis` crate is a dev-dependency: cargo fetches it.
 # Quiet and quick when everything is there; safe to run again.
@@ -10,7 +9,6 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 REDIS_PY_VERSION=7.4.1
-IOREDIS_VERSION=5.11.1
 dir=target/clients
 
 say() { echo "client-deps: $*" >&2; }
@@ -80,12 +78,3 @@ if ! command -v node >/dev/null 2>&1 || ! command -v npm >/dev/null 2>&1; then
   $sudo apt-get install -y -qq --no-install-recommends nodejs npm >/dev/null
 fi
 
-# ioredis.
-if ! NODE_PATH="$dir/node/node_modules" node -e \
-    "process.exit(require('ioredis/package.json').version === '$IOREDIS_VERSION' ? 0 : 1)" \
-    >/dev/null 2>&1; then
-  say "installing ioredis $IOREDIS_VERSION into $dir/node"
-  mkdir -p "$dir/node"
-  npm install --prefix "$dir/node" --no-audit --no-fund --no-save --silent \
-    --no-package-lock "ioredis@$IOREDIS_VERSION" >/dev/null
-fi

@@ -4,7 +4,6 @@
 //! - Python (redis-py): `python3 test_kinds.py PORT`, the semaphore, transfer
 //!   and DEADLOCK patterns of docs/clients.md with redis-py alone (the
 //!   Python package, clients/python, is tested by tests/packages.rs);
-//! - Node.js (ioredis): `node test.js PORT`;
 //! - the shell helper over redis-cli: `bash test.sh PORT`, and the redis-cli
 //!   session of examples/clients/cli/session.txt replayed and compared;
 //! - Rust: the `redis` crate's view of a `DEADLOCK` reply (the Rust package,
@@ -174,27 +173,6 @@ fn rust_client_sees_the_deadlock_code() {
         .query::<Option<i64>>(&mut r)
         .expect_err("DEADLOCK");
     assert_eq!(err.code(), Some("DEADLOCK"), "{err:?}");
-}
-
-#[test]
-fn node_helper() {
-    let lib = deps("node").join("node_modules");
-    require("Node.js", "node", &["--version"], &[]);
-    require(
-        &format!("ioredis (in {})", lib.display()),
-        "node",
-        &["-e", "require('ioredis')"],
-        &[("NODE_PATH", &lib)],
-    );
-    let s = Server::start();
-    let dir = examples("node");
-    let mut cmd = Command::new("node");
-    cmd.arg(dir.join("test.js"))
-        .arg(s.port.to_string())
-        .current_dir(&dir)
-        .env("NODE_PATH", &lib);
-    run_tests(cmd, "examples/clients/node/test.js");
-    assert_eq!(s.conn().info_field("lock", "lock_waiters"), "0");
 }
 
 #[test]

@@ -3,8 +3,12 @@
 //! virtualenv (redis-py comes from PyPI), then its unittest suite (blocking
 //! and asyncio, on `Redis` and `RedisCluster`), the 10-line scripts taking
 //! every lock kind, and RedLock over five servers with two, then three,
-//! stopped. A server, a 3-master cluster and five RedLock servers, all on
-//! 127.0.0.1, started here.
+//! stopped; `clients/node` built (`npm run build`) and installed with `npm
+//! install ./clients/node` into a fresh npm project beside ioredis and
+//! node-redis, then a TypeScript script (clients/node/test/test.ts) compiled
+//! with tsc and run: every kind with both clients, single server and
+//! cluster, and RedLock. A server, a 3-master cluster and five RedLock
+//! servers, all on 127.0.0.1, started here.
 
 mod common;
 
@@ -123,4 +127,97 @@ fn python_package_in_a_fresh_virtualenv_every_kind_sync_and_asyncio_single_and_c
         );
     }
     let _ = std::fs::remove_dir_all(&venv);
+}
+
+fn npm(dir: &Path, args: &[&str]) -> Command {
+    let mut c = Command::new("npm");
+    c.args(args)
+        .args(["--no-audit", "--no-fund", "--loglevel=error"])
+        .current_dir(dir);
+    c
+}
+
+/// The script's last line is "N passed, 0 failed" with N > 0.
+#[track_caller]
+fn all_passed(what: &str, out: &str) {
+    let last = out.lines().rfind(|l| l.contains(" passed, ")).unwrap_or("");
+    let ok = last
+        .strip_suffix(" passed, 0 failed")
+        .and_then(|n| n.trim().parse::<u32>().ok())
+        .is_some_and(|n| n > 0);
+    assert!(ok, "{what}: not every test passed\n{out}");
+}
+
+#[test]
+fn node_package_installed_with_npm_every_kind_from_typescript_single_and_cluster() {
+    let pkg = root().join("clients/node");
+    run(
+        "npm install (the package's build tools)",
+        &mut npm(&pkg, &["install"]),
+    );
+    run("npm run build (tsc)", &mut npm(&pkg, &["run", "build"]));
+    let project = std::env::temp_dir().join("redis-lock-tests").join(format!(
+        "npm-{}-{}",
+        std::process::id(),
+        now_ms()
+    ));
+    std::fs::create_dir_all(&project).expect("project dir");
+    run("npm init", &mut npm(&project, &["init", "-y"]));
+    run(
+        "npm install ./clients/node beside ioredis and node-redis",
+        npm(&project, &["install"]).arg(&pkg).args([
+            "ioredis@5.11.1",
+            "redis@4.7.1",
+            "typescript@5.9.3",
+            "@types/node@20.19.1",
+        ]),
+    );
+    std::fs::copy(pkg.join("test/test.ts"), project.join("test.ts")).expect("copy the script");
+    run(
+        "tsc test.ts",
+        Command::new(project.join("node_modules/.bin/tsc"))
+            .args([
+                "--strict",
+                "--esModuleInterop",
+                "--skipLibCheck",
+                "--target",
+                "ES2020",
+                "--module",
+                "commonjs",
+                "test.ts",
+            ])
+            .current_dir(&project),
+    );
+    let server = Server::start();
+    let cluster = Cluster::start();
+    let out = run(
+        "the TypeScript script against a server and a cluster",
+        Command::new("node")
+            .arg("test.js")
+            .current_dir(&project)
+            .env("REDIS_LOCK_PORT", server.port.to_string())
+            .env("REDIS_LOCK_CLUSTER_PORT", cluster.nodes[0].port.to_string()),
+    );
+    all_passed("node test.js", &out);
+    let mut servers: Vec<Server> = (0..5).map(|_| Server::start()).collect();
+    let ports: Vec<String> = servers.iter().map(|s| s.port.to_string()).collect();
+    for down in [0, 2, 3] {
+        for s in servers.iter_mut().skip(5 - down) {
+            if s.is_running() {
+                s.kill9();
+            }
+        }
+        let out = run(
+            &format!("RedLock with {down} of 5 servers stopped"),
+            Command::new("node")
+                .arg("test.js")
+                .current_dir(&project)
+                .env("REDIS_LOCK_PORT", server.port.to_string())
+                .env("REDLOCK_PORTS", ports.join(","))
+                .env("REDLOCK_DOWN", down.to_string()),
+        );
+        all_passed("node test.js (RedLock)", &out);
+        assert!(out.contains("ok   RedLock"), "the RedLock test ran:\n{out}");
+    }
+    let _ = std::fs::remove_dir_all(&project);
 }
