@@ -6,9 +6,10 @@
 
 mod common;
 
+use common::cluster::Cluster;
 use common::*;
 use redis_native_lock::redlock::{AsyncRedLock, RedLock};
-use redis_native_lock::{aio, Error, Lock};
+use redis_native_lock::{aio, Error, Lock, Target};
 use std::thread;
 use std::time::{Duration, Instant};
 
@@ -20,27 +21,29 @@ fn ms(n: u64) -> Duration {
     Duration::from_millis(n)
 }
 
-#[test]
-fn every_kind_blocking() {
-    let s = Server::start();
-    let c = client(&s);
+/// Every kind, on a server or a cluster (keys share a hash slot).
+fn kinds_blocking(t: &Target, bound: bool) {
+    let k = |name: &str| format!("{{kinds}}:{name}");
     // Exclusive: a second owner is refused; tokens increase.
-    let a = Lock::exclusive(&c, "x");
+    let a = Lock::exclusive(t.clone(), k("x"));
     let g = a.acquire().unwrap().expect("granted");
-    assert!(g.is_bound());
-    assert!(Lock::exclusive(&c, "x")
+    assert_eq!(g.is_bound(), bound);
+    assert!(Lock::exclusive(t.clone(), k("x"))
         .wait(None)
         .acquire()
         .unwrap()
         .is_none());
     let t1 = g.token();
     g.release().unwrap();
-    let g2 = Lock::exclusive(&c, "x").acquire().unwrap().unwrap();
+    let g2 = Lock::exclusive(t.clone(), k("x"))
+        .acquire()
+        .unwrap()
+        .unwrap();
     assert!(g2.token() > t1);
     drop(g2);
     assert!(!a.locked().unwrap(), "dropping the guard released it");
     // Reentrant: holds counted.
-    let r = Lock::reentrant(&c, "r");
+    let r = Lock::reentrant(t.clone(), k("r"));
     let r1 = r.acquire().unwrap().unwrap();
     let r2 = r.acquire().unwrap().unwrap();
     assert_eq!(r1.token(), r2.token());
@@ -49,23 +52,30 @@ fn every_kind_blocking() {
     r1.release().unwrap();
     assert!(!r.locked().unwrap());
     // Read-write: readers share, a writer waits for them.
-    let (ra, rb) = (Lock::read(&c, "rw"), Lock::read(&c, "rw"));
+    let (ra, rb) = (
+        Lock::read(t.clone(), k("rw")),
+        Lock::read(t.clone(), k("rw")),
+    );
     let (ga, gb) = (
         ra.acquire().unwrap().unwrap(),
         rb.acquire().unwrap().unwrap(),
     );
-    assert!(Lock::write(&c, "rw")
+    assert!(Lock::write(t.clone(), k("rw"))
         .wait(None)
         .acquire()
         .unwrap()
         .is_none());
     drop((ga, gb));
-    let w = Lock::write(&c, "rw").acquire().unwrap().unwrap();
-    assert!(Lock::read(&c, "rw").wait(None).acquire().unwrap().is_none());
+    let w = Lock::write(t.clone(), k("rw")).acquire().unwrap().unwrap();
+    assert!(Lock::read(t.clone(), k("rw"))
+        .wait(None)
+        .acquire()
+        .unwrap()
+        .is_none());
     drop(w);
     // Semaphore: two permits.
     let p: Vec<Lock> = (0..3)
-        .map(|_| Lock::semaphore(&c, "sem", 2).wait(None))
+        .map(|_| Lock::semaphore(t.clone(), k("sem"), 2).wait(None))
         .collect();
     let g0 = p[0].acquire().unwrap().unwrap();
     let g1 = p[1].acquire().unwrap().unwrap();
@@ -75,19 +85,42 @@ fn every_kind_blocking() {
     assert_ne!(g1.token(), g2.token());
     drop((g1, g2));
     // Multi: all or none, a token per key.
-    let m = Lock::multi(&c, ["m1", "m2"]).acquire().unwrap().unwrap();
+    let m = Lock::multi(t.clone(), [k("m1"), k("m2")])
+        .acquire()
+        .unwrap()
+        .unwrap();
     assert_eq!(m.tokens().len(), 2);
-    assert!(Lock::exclusive(&c, "m2")
+    assert!(Lock::exclusive(t.clone(), k("m2"))
         .wait(None)
         .acquire()
         .unwrap()
         .is_none());
     m.release().unwrap();
-    assert!(Lock::exclusive(&c, "m2")
+    assert!(Lock::exclusive(t.clone(), k("m2"))
         .wait(None)
         .acquire()
         .unwrap()
         .is_some());
+}
+
+#[test]
+fn every_kind_blocking_on_a_server_and_a_cluster() {
+    let s = Server::start();
+    kinds_blocking(&Target::from(&client(&s)), true);
+    let cluster = Cluster::start();
+    let cc = cluster_client(&cluster);
+    kinds_blocking(&Target::from(&cc), false);
+    // A cluster lease is renewed through the cluster connection.
+    let l = Lock::exclusive(&cc, "{c}:renewed").ttl(ms(600));
+    let g = l.acquire().unwrap().unwrap();
+    thread::sleep(ms(1_500));
+    assert!(!g.is_lost() && l.owned().unwrap(), "renewed in the cluster");
+    g.release().unwrap();
+}
+
+fn cluster_client(c: &Cluster) -> redis::cluster::ClusterClient {
+    redis::cluster::ClusterClient::new(vec![format!("redis://127.0.0.1:{}/", c.nodes[0].port)])
+        .expect("cluster client")
 }
 
 #[test]
@@ -187,6 +220,84 @@ fn a_bound_lock_is_freed_when_its_connection_dies_and_deadlock_is_an_error() {
     drop(b2);
     assert!(a_waits.join().unwrap().unwrap(), "A got d2 once B gave way");
     drop(a1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_kind_tokio_on_a_cluster() {
+    let cluster = Cluster::start();
+    let cc = cluster_client(&cluster);
+    let k = |n: &str| format!("{{t}}:{n}");
+    let g = aio::Lock::exclusive(&cc, k("x"))
+        .acquire()
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(
+        !g.is_bound().await,
+        "renewed through the cluster connection"
+    );
+    assert!(aio::Lock::exclusive(&cc, k("x"))
+        .wait(None)
+        .acquire()
+        .await
+        .unwrap()
+        .is_none());
+    g.release().await.unwrap();
+    let r = aio::Lock::reentrant(&cc, k("r"));
+    let (r1, r2) = (
+        r.acquire().await.unwrap().unwrap(),
+        r.acquire().await.unwrap().unwrap(),
+    );
+    r2.release().await.unwrap();
+    r1.release().await.unwrap();
+    assert!(!r.locked().await.unwrap());
+    let ra = aio::Lock::read(&cc, k("rw"))
+        .acquire()
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(aio::Lock::write(&cc, k("rw"))
+        .wait(None)
+        .acquire()
+        .await
+        .unwrap()
+        .is_none());
+    ra.release().await.unwrap();
+    let p1 = aio::Lock::semaphore(&cc, k("sem"), 1)
+        .acquire()
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(aio::Lock::semaphore(&cc, k("sem"), 1)
+        .wait(None)
+        .acquire()
+        .await
+        .unwrap()
+        .is_none());
+    p1.release().await.unwrap();
+    let m = aio::Lock::multi(&cc, [k("m1"), k("m2")])
+        .acquire()
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(m.tokens().await.len(), 2);
+    m.release().await.unwrap();
+    // Waiting in the cluster.
+    let holder = aio::Lock::exclusive(&cc, k("w"))
+        .acquire()
+        .await
+        .unwrap()
+        .unwrap();
+    let release = tokio::spawn(async move {
+        tokio::time::sleep(ms(300)).await;
+        holder.release().await.unwrap();
+    });
+    let w = aio::Lock::exclusive(&cc, k("w")).wait(Some(Duration::from_secs(5)));
+    assert!(
+        w.acquire().await.unwrap().is_some(),
+        "granted after the release"
+    );
+    release.await.unwrap();
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

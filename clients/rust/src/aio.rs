@@ -13,7 +13,7 @@ use redis::aio::MultiplexedConnection;
 use redis::AsyncConnectionConfig;
 use tokio::sync::Mutex;
 
-use crate::{fresh_owner, holders, millis, tokens, Error, HolderInfo, Kind, Options};
+use crate::{fresh_owner, holders, millis, tokens, Error, HolderInfo, Kind, Options, Target};
 
 pub struct Lock {
     state: Arc<State>,
@@ -25,8 +25,46 @@ pub struct Guard {
     released: bool,
 }
 
+/// A holder's connection: to the server, or to the cluster.
+#[derive(Clone)]
+enum Conn {
+    Server(MultiplexedConnection),
+    Cluster(redis::cluster_async::ClusterConnection),
+}
+
+impl Conn {
+    /// A connection of the holder's own, whose replies are never cut short
+    /// (a waiting reply comes when the lock frees).
+    async fn open(target: &Target) -> redis::RedisResult<Conn> {
+        match target {
+            Target::Server(c) => {
+                let config = AsyncConnectionConfig::new().set_response_timeout(None);
+                Ok(Conn::Server(
+                    c.get_multiplexed_async_connection_with_config(&config)
+                        .await?,
+                ))
+            }
+            Target::Cluster(c) => {
+                // The cluster client takes only a finite response timeout.
+                let config = redis::cluster::ClusterConfig::new()
+                    .set_response_timeout(Duration::from_secs(365 * 24 * 3600));
+                Ok(Conn::Cluster(
+                    c.get_async_connection_with_config(config).await?,
+                ))
+            }
+        }
+    }
+
+    async fn query(&mut self, cmd: &redis::Cmd) -> redis::RedisResult<redis::Value> {
+        match self {
+            Conn::Server(c) => cmd.query_async(c).await,
+            Conn::Cluster(c) => cmd.query_async(c).await,
+        }
+    }
+}
+
 struct State {
-    client: redis::Client,
+    client: Target,
     kind: Kind,
     owner: StdMutex<String>,
     opts: StdMutex<Options>,
@@ -34,7 +72,7 @@ struct State {
 }
 
 struct Held {
-    conn: Option<MultiplexedConnection>,
+    conn: Option<Conn>,
     bound: bool,
     guards: u32,
     tokens: Vec<i64>,
@@ -50,7 +88,7 @@ fn std_lock<T>(m: &StdMutex<T>) -> std::sync::MutexGuard<'_, T> {
 
 async fn query(held: &mut Held, cmd: &redis::Cmd) -> redis::RedisResult<redis::Value> {
     match held.conn.as_mut() {
-        Some(conn) => cmd.query_async(conn).await,
+        Some(conn) => conn.query(cmd).await,
         None => Err(redis::RedisError::from(std::io::Error::other(
             "the holder's connection is closed",
         ))),
@@ -58,10 +96,10 @@ async fn query(held: &mut Held, cmd: &redis::Cmd) -> redis::RedisResult<redis::V
 }
 
 impl Lock {
-    fn new(client: &redis::Client, kind: Kind) -> Lock {
+    fn new(client: Target, kind: Kind) -> Lock {
         Lock {
             state: Arc::new(State {
-                client: client.clone(),
+                client,
                 kind,
                 owner: StdMutex::new(fresh_owner()),
                 opts: StdMutex::new(Options::default()),
@@ -78,32 +116,32 @@ impl Lock {
         }
     }
 
-    pub fn exclusive(client: &redis::Client, key: impl Into<String>) -> Lock {
-        Lock::new(client, Kind::Exclusive(key.into()))
+    pub fn exclusive(client: impl Into<Target>, key: impl Into<String>) -> Lock {
+        Lock::new(client.into(), Kind::Exclusive(key.into()))
     }
 
-    pub fn reentrant(client: &redis::Client, key: impl Into<String>) -> Lock {
-        Lock::new(client, Kind::Reentrant(key.into()))
+    pub fn reentrant(client: impl Into<Target>, key: impl Into<String>) -> Lock {
+        Lock::new(client.into(), Kind::Reentrant(key.into()))
     }
 
-    pub fn read(client: &redis::Client, key: impl Into<String>) -> Lock {
-        Lock::new(client, Kind::Read(key.into()))
+    pub fn read(client: impl Into<Target>, key: impl Into<String>) -> Lock {
+        Lock::new(client.into(), Kind::Read(key.into()))
     }
 
-    pub fn write(client: &redis::Client, key: impl Into<String>) -> Lock {
-        Lock::new(client, Kind::Reentrant(key.into()))
+    pub fn write(client: impl Into<Target>, key: impl Into<String>) -> Lock {
+        Lock::new(client.into(), Kind::Reentrant(key.into()))
     }
 
-    pub fn semaphore(client: &redis::Client, key: impl Into<String>, limit: u32) -> Lock {
-        Lock::new(client, Kind::Semaphore(key.into(), limit))
+    pub fn semaphore(client: impl Into<Target>, key: impl Into<String>, limit: u32) -> Lock {
+        Lock::new(client.into(), Kind::Semaphore(key.into(), limit))
     }
 
     pub fn multi<K: Into<String>>(
-        client: &redis::Client,
+        client: impl Into<Target>,
         keys: impl IntoIterator<Item = K>,
     ) -> Lock {
         Lock::new(
-            client,
+            client.into(),
             Kind::Multi(keys.into_iter().map(Into::into).collect()),
         )
     }
@@ -146,13 +184,9 @@ impl Lock {
         let owner = std_lock(&s.owner).clone();
         let mut held = s.held.lock().await;
         if held.conn.is_none() {
-            let config = AsyncConnectionConfig::new().set_response_timeout(None);
-            held.conn = Some(
-                s.client
-                    .get_multiplexed_async_connection_with_config(&config)
-                    .await?,
-            );
-            held.bound = opts.bind;
+            held.conn = Some(Conn::open(&s.client).await?);
+            // A cluster connection is the client's to route: no BIND.
+            held.bound = opts.bind && matches!(s.client, Target::Server(_));
         }
         let sent = Instant::now();
         let first = held.guards == 0;
@@ -224,11 +258,8 @@ impl Lock {
             .into_iter()
             .next()
             .unwrap_or_default();
-        let mut conn = self.state.client.get_multiplexed_async_connection().await?;
-        let reply: redis::Value = redis::cmd("LOCK.INFO")
-            .arg(key)
-            .query_async(&mut conn)
-            .await?;
+        let mut conn = Conn::open(&self.state.client).await?;
+        let reply = conn.query(redis::cmd("LOCK.INFO").arg(key)).await?;
         Ok(holders(reply))
     }
 }
@@ -281,12 +312,7 @@ async fn keep(state: Arc<State>) {
             }
         } else {
             if held.conn.is_none() {
-                let config = AsyncConnectionConfig::new().set_response_timeout(Some(limit));
-                held.conn = state
-                    .client
-                    .get_multiplexed_async_connection_with_config(&config)
-                    .await
-                    .ok();
+                held.conn = Conn::open(&state.client).await.ok();
             }
             let mut ok = Ok(true);
             for key in state.kind.keys() {

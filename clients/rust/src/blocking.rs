@@ -6,7 +6,7 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock, PoisonError, Weak};
 use std::thread;
 use std::time::{Duration, Instant};
 
-use crate::{fresh_owner, holders, millis, tokens, Error, HolderInfo, Kind, Options};
+use crate::{fresh_owner, holders, millis, tokens, Error, HolderInfo, Kind, Options, Target};
 
 /// A lock of one kind on its keys, held by one owner. Acquire it with
 /// [`Lock::acquire`]; each grant is a [`Guard`].
@@ -27,8 +27,37 @@ pub struct Guard {
     released: bool,
 }
 
+/// A holder's connection: to the server, or to the cluster.
+enum Conn {
+    Server(redis::Connection),
+    Cluster(Box<redis::cluster::ClusterConnection>),
+}
+
+impl Conn {
+    fn open(target: &Target) -> redis::RedisResult<Conn> {
+        match target {
+            Target::Server(c) => c.get_connection().map(Conn::Server),
+            Target::Cluster(c) => c.get_connection().map(|c| Conn::Cluster(Box::new(c))),
+        }
+    }
+
+    fn query(&mut self, cmd: &redis::Cmd) -> redis::RedisResult<redis::Value> {
+        match self {
+            Conn::Server(c) => cmd.query(c),
+            Conn::Cluster(c) => cmd.query(&mut **c),
+        }
+    }
+
+    fn set_read_timeout(&self, t: Option<Duration>) -> redis::RedisResult<()> {
+        match self {
+            Conn::Server(c) => c.set_read_timeout(t),
+            Conn::Cluster(c) => c.set_read_timeout(t),
+        }
+    }
+}
+
 struct State {
-    client: redis::Client,
+    client: Target,
     kind: Kind,
     owner: Mutex<String>,
     opts: Mutex<Options>,
@@ -40,7 +69,7 @@ struct State {
 struct Held {
     /// The holder's own connection: the acquire waits on it, the lock is
     /// bound to it (`BIND`), the keepalive and the release go over it.
-    conn: Option<redis::Connection>,
+    conn: Option<Conn>,
     bound: bool,
     /// Guards alive.
     guards: u32,
@@ -55,10 +84,10 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 }
 
 impl Lock {
-    fn new(client: &redis::Client, kind: Kind) -> Lock {
+    fn new(client: Target, kind: Kind) -> Lock {
         Lock {
             state: Arc::new(State {
-                client: client.clone(),
+                client,
                 kind,
                 owner: Mutex::new(fresh_owner()),
                 opts: Mutex::new(Options::default()),
@@ -76,38 +105,38 @@ impl Lock {
     }
 
     /// An exclusive lock (`LOCK.ACQUIRE`).
-    pub fn exclusive(client: &redis::Client, key: impl Into<String>) -> Lock {
-        Lock::new(client, Kind::Exclusive(key.into()))
+    pub fn exclusive(client: impl Into<Target>, key: impl Into<String>) -> Lock {
+        Lock::new(client.into(), Kind::Exclusive(key.into()))
     }
 
     /// A reentrant exclusive lock (`LOCK.RACQUIRE`), as Redisson's `RLock`.
-    pub fn reentrant(client: &redis::Client, key: impl Into<String>) -> Lock {
-        Lock::new(client, Kind::Reentrant(key.into()))
+    pub fn reentrant(client: impl Into<Target>, key: impl Into<String>) -> Lock {
+        Lock::new(client.into(), Kind::Reentrant(key.into()))
     }
 
     /// The read side of a read-write lock (`LOCK.READ`): shared.
-    pub fn read(client: &redis::Client, key: impl Into<String>) -> Lock {
-        Lock::new(client, Kind::Read(key.into()))
+    pub fn read(client: impl Into<Target>, key: impl Into<String>) -> Lock {
+        Lock::new(client.into(), Kind::Read(key.into()))
     }
 
     /// The write side of a read-write lock: exclusive and reentrant
     /// (`LOCK.RACQUIRE`), with writer preference.
-    pub fn write(client: &redis::Client, key: impl Into<String>) -> Lock {
-        Lock::new(client, Kind::Reentrant(key.into()))
+    pub fn write(client: impl Into<Target>, key: impl Into<String>) -> Lock {
+        Lock::new(client.into(), Kind::Reentrant(key.into()))
     }
 
     /// One permit of a semaphore of `limit` permits (`LOCK.SEMAPHORE`).
-    pub fn semaphore(client: &redis::Client, key: impl Into<String>, limit: u32) -> Lock {
-        Lock::new(client, Kind::Semaphore(key.into(), limit))
+    pub fn semaphore(client: impl Into<Target>, key: impl Into<String>, limit: u32) -> Lock {
+        Lock::new(client.into(), Kind::Semaphore(key.into(), limit))
     }
 
     /// Every key or none (`LOCK.MACQUIRE`); [`Guard::tokens`] per key.
     pub fn multi<K: Into<String>>(
-        client: &redis::Client,
+        client: impl Into<Target>,
         keys: impl IntoIterator<Item = K>,
     ) -> Lock {
         Lock::new(
-            client,
+            client.into(),
             Kind::Multi(keys.into_iter().map(Into::into).collect()),
         )
     }
@@ -155,11 +184,12 @@ impl Lock {
         let owner = lock(&s.owner).clone();
         let mut held = lock(&s.held);
         if held.conn.is_none() {
-            let conn = s.client.get_connection()?;
+            let conn = Conn::open(&s.client)?;
             // The reply comes when the lock is granted or the wait runs out.
             conn.set_read_timeout(None)?;
             held.conn = Some(conn);
-            held.bound = opts.bind;
+            // A cluster connection is the client's to route: no BIND.
+            held.bound = opts.bind && matches!(s.client, Target::Server(_));
         }
         let sent = Instant::now();
         let first = held.guards == 0;
@@ -227,26 +257,25 @@ impl Lock {
             .into_iter()
             .next()
             .unwrap_or_default();
-        let mut conn = self.state.client.get_connection()?;
-        let reply: redis::Value = redis::cmd("LOCK.INFO").arg(key).query(&mut conn)?;
+        let mut conn = Conn::open(&self.state.client)?;
+        let reply = conn.query(redis::cmd("LOCK.INFO").arg(key))?;
         Ok(holders(reply))
     }
 }
 
 fn query(held: &mut Held, cmd: &redis::Cmd) -> redis::RedisResult<redis::Value> {
     match held.conn.as_mut() {
-        Some(conn) => cmd.query(conn),
+        Some(conn) => conn.query(cmd),
         None => Err(redis::RedisError::from(std::io::Error::other(
             "the holder's connection is closed",
         ))),
     }
 }
 
-fn release_quietly(client: &redis::Client, kind: &Kind, owner: &str) {
-    if let Ok(mut c) = client.get_connection() {
+fn release_quietly(client: &Target, kind: &Kind, owner: &str) {
+    if let Ok(mut c) = Conn::open(client) {
         for key in kind.keys() {
-            let _: redis::RedisResult<redis::Value> =
-                redis::cmd("LOCK.RELEASE").arg(key).arg(owner).query(&mut c);
+            let _ = c.query(redis::cmd("LOCK.RELEASE").arg(key).arg(owner));
         }
     }
 }
@@ -391,7 +420,7 @@ impl State {
         }
         let tick = ttl / 3;
         if held.conn.is_none() && !held.bound {
-            held.conn = self.client.get_connection().ok();
+            held.conn = Conn::open(&self.client).ok();
         }
         if let Some(conn) = held.conn.as_ref() {
             let _ = conn.set_read_timeout(Some(tick.max(Duration::from_millis(100))));

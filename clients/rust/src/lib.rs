@@ -42,6 +42,30 @@ mod blocking;
 pub mod redlock;
 
 pub use blocking::{Guard, Lock};
+pub use redis;
+
+/// What a lock talks to: a server (`redis::Client`) or a cluster
+/// (`redis::cluster::ClusterClient`). In a cluster, keys of a multi-key lock
+/// must share a hash slot, and leases are renewed with `LOCK.RENEW` through
+/// the cluster connection (no `BIND`: a holder's connection there is one per
+/// node, routed by the client).
+#[derive(Clone)]
+pub enum Target {
+    Server(redis::Client),
+    Cluster(Box<redis::cluster::ClusterClient>),
+}
+
+impl From<&redis::Client> for Target {
+    fn from(c: &redis::Client) -> Target {
+        Target::Server(c.clone())
+    }
+}
+
+impl From<&redis::cluster::ClusterClient> for Target {
+    fn from(c: &redis::cluster::ClusterClient) -> Target {
+        Target::Cluster(Box::new(c.clone()))
+    }
+}
 
 /// What can go wrong.
 #[derive(Debug)]
