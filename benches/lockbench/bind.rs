@@ -22,11 +22,11 @@ use std::process::{Child, Command, Stdio};
 use std::thread;
 use std::time::{Duration, Instant};
 
-use crate::resp::{encode, Arg, Conn, Reply};
+use crate::common::{encode, Arg, Conn, Reply};
 use crate::stats::{self, Percentiles};
 
 fn token(r: &Reply, what: &str) -> io::Result<i64> {
-    r.int()
+    r.as_int()
         .filter(|t| *t > 0)
         .ok_or_else(|| io::Error::other(format!("{what}: {}", r.show())))
 }
@@ -39,7 +39,7 @@ pub fn hold(args: &[String]) -> io::Result<()> {
         .ok_or_else(|| io::Error::other("--hold PORT KEY BIND|LEASE"))?;
     let key = args.get(1).map_or("k", String::as_str);
     let bind = args.get(2).is_some_and(|m| m == "BIND");
-    let mut c = Conn::connect(port)?;
+    let mut c = crate::server::connect(port)?;
     let lease = if bind {
         b"60000".as_slice()
     } else {
@@ -49,7 +49,7 @@ pub fn hold(args: &[String]) -> io::Result<()> {
     if bind {
         cmd.push(b"BIND");
     }
-    token(&c.cmd(&cmd)?, "the holder's grant")?;
+    token(&c.call(&cmd)?, "the holder's grant")?;
     println!("held");
     io::stdout().flush()?;
     thread::sleep(Duration::from_secs(3600));
@@ -85,7 +85,7 @@ fn spawn_holder(port: u16, key: &str, bind: bool) -> io::Result<Child> {
 /// One kill-to-grant sample, in microseconds.
 fn kill_to_grant(port: u16, key: &str, bind: bool) -> io::Result<u64> {
     let mut child = spawn_holder(port, key, bind)?;
-    let mut w = Conn::connect(port)?;
+    let mut w = crate::server::connect(port)?;
     w.set_read_timeout(Duration::from_secs(30))?;
     w.push(&[
         b"LOCK.ACQUIRE",
@@ -96,15 +96,15 @@ fn kill_to_grant(port: u16, key: &str, bind: bool) -> io::Result<u64> {
         b"30000",
     ]);
     w.flush()?;
-    let mut probe = Conn::connect(port)?;
+    let mut probe = crate::server::connect(port)?;
     let deadline = Instant::now() + Duration::from_secs(10);
     loop {
-        let info = probe.cmd(&[b"LOCK.INFO", key.as_bytes()])?;
+        let info = probe.call(&[b"LOCK.INFO", key.as_bytes()])?;
         if let Reply::Array(items) = &info {
             if items
                 .iter()
                 .position(|r| r.is("waiters"))
-                .and_then(|i| items.get(i + 1)?.int())
+                .and_then(|i| items.get(i + 1)?.as_int())
                 == Some(1)
             {
                 break;
@@ -117,7 +117,7 @@ fn kill_to_grant(port: u16, key: &str, bind: bool) -> io::Result<u64> {
     }
     let t0 = Instant::now();
     child.kill()?;
-    let r = w.read()?;
+    let r = w.read_reply()?;
     let us = stats::micros(t0.elapsed());
     token(&r, "the waiter's grant")?;
     let _ = child.wait();
@@ -141,12 +141,12 @@ pub struct Results {
 fn longest_ping_during(port: u16, act: impl FnOnce() -> io::Result<()>) -> io::Result<f64> {
     let (tx, rx) = std::sync::mpsc::channel::<()>();
     let pinger = thread::spawn(move || -> io::Result<u64> {
-        let mut c = Conn::connect(port)?;
+        let mut c = crate::server::connect(port)?;
         let mut worst = 0;
         let stop_after = Instant::now() + Duration::from_secs(30);
         loop {
             let t = Instant::now();
-            c.cmd(&[b"PING"])?;
+            c.call(&[b"PING"])?;
             worst = worst.max(stats::micros(t.elapsed()));
             if rx.try_recv().is_ok() || Instant::now() > stop_after {
                 return Ok(worst);
@@ -180,7 +180,7 @@ fn pipelined(
         }
         c.flush()?;
         for _ in 0..m {
-            let r = c.read()?;
+            let r = c.read_reply()?;
             if !ok(&r) {
                 return Err(io::Error::other(format!("unexpected reply {}", r.show())));
             }
@@ -202,7 +202,7 @@ pub fn run(port: u16, samples: usize, stall_locks: usize) -> io::Result<Results>
 
     // Keepalive against a RENEW per lock, 1,000 locks, 20 rounds each.
     let locks = 1000;
-    let mut c = Conn::connect(port)?;
+    let mut c = crate::server::connect(port)?;
     pipelined(
         &mut c,
         locks,
@@ -218,15 +218,15 @@ pub fn run(port: u16, samples: usize, stall_locks: usize) -> io::Result<Results>
                 ],
             )
         },
-        &|r| r.int().is_some_and(|t| t > 0),
+        &|r| r.as_int().is_some_and(|t| t > 0),
     )?;
     let mut keep = Vec::new();
     let mut renew = Vec::new();
     for _ in 0..20 {
         let t = Instant::now();
-        let n = c.cmd(&[b"LOCK.KEEPALIVE", b"60000"])?;
+        let n = c.call(&[b"LOCK.KEEPALIVE", b"60000"])?;
         keep.push(stats::micros(t.elapsed()) as f64);
-        if n.int() != Some(locks as i64) {
+        if n.as_int() != Some(locks as i64) {
             return Err(io::Error::other(format!("KEEPALIVE renewed {}", n.show())));
         }
         let t = Instant::now();
@@ -253,7 +253,7 @@ pub fn run(port: u16, samples: usize, stall_locks: usize) -> io::Result<Results>
     // Disconnect stalls.
     let mut stalls = Vec::new();
     let fill = |bind: bool| -> io::Result<Conn> {
-        let mut h = Conn::connect(port)?;
+        let mut h = crate::server::connect(port)?;
         pipelined(
             &mut h,
             stall_locks,
@@ -269,7 +269,7 @@ pub fn run(port: u16, samples: usize, stall_locks: usize) -> io::Result<Results>
                 }
                 encode(b, &args);
             },
-            &|r| r.int().is_some_and(|t| t > 0),
+            &|r| r.as_int().is_some_and(|t| t > 0),
         )?;
         Ok(h)
     };
@@ -283,10 +283,10 @@ pub fn run(port: u16, samples: usize, stall_locks: usize) -> io::Result<Results>
     ));
     // Released a share per timer tick: wait for the last one, and time it
     // from the close (the act above started about 50 ms into that window).
-    let mut probe = Conn::connect(port)?;
+    let mut probe = crate::server::connect(port)?;
     let waited = Instant::now();
     loop {
-        if probe.info_field("lock", "lock_bound_holders")? == "0" {
+        if probe.try_info_field("lock", "lock_bound_holders")? == "0" {
             break;
         }
         if waited.elapsed() > Duration::from_secs(60) {
@@ -312,7 +312,7 @@ pub fn run(port: u16, samples: usize, stall_locks: usize) -> io::Result<Results>
             b"UNLINK".as_slice(),
         ),
     ] {
-        let mut l = Conn::connect(port)?;
+        let mut l = crate::server::connect(port)?;
         pipelined(
             &mut l,
             stall_locks / 100,
@@ -323,7 +323,7 @@ pub fn run(port: u16, samples: usize, stall_locks: usize) -> io::Result<Results>
                 }
                 encode(b, &args);
             },
-            &|r| r.int().is_some(),
+            &|r| r.as_int().is_some(),
         )?;
         stalls.push((
             label,

@@ -14,7 +14,7 @@ use std::io;
 use std::thread;
 use std::time::{Duration, Instant};
 
-use crate::resp::{Conn, Reply};
+use crate::common::{Conn, Reply};
 use crate::stats::{self, Percentiles};
 
 pub const KEY: &[u8] = b"contended";
@@ -87,7 +87,7 @@ fn worker(
     begin: Instant,
     end: Instant,
 ) -> io::Result<WorkerResult> {
-    let mut c = Conn::connect(port)?;
+    let mut c = crate::server::connect(port)?;
     c.set_read_timeout(Duration::from_secs(30))?;
     let owner = format!("worker-{id}");
     let owner = owner.as_bytes();
@@ -110,9 +110,11 @@ fn worker(
             }
             r.commands += 1;
             let reply = match strategy {
-                Strategy::Wait => c.cmd(&[b"LOCK.ACQUIRE", KEY, owner, LEASE, b"WAIT", b"1000"])?,
+                Strategy::Wait => {
+                    c.call(&[b"LOCK.ACQUIRE", KEY, owner, LEASE, b"WAIT", b"1000"])?
+                }
                 Strategy::Poll | Strategy::Backoff => {
-                    c.cmd(&[b"LOCK.ACQUIRE", KEY, owner, LEASE])?
+                    c.call(&[b"LOCK.ACQUIRE", KEY, owner, LEASE])?
                 }
             };
             match reply {
@@ -140,7 +142,7 @@ fn worker(
             r.waits.push(stats::micros(granted - asked));
             c.ok(&[b"INCR", b"inside"])?;
         }
-        if c.cmd(&[b"LOCK.RELEASE", KEY, owner])? != Reply::Int(1) {
+        if c.call(&[b"LOCK.RELEASE", KEY, owner])? != Reply::Int(1) {
             r.lost += 1;
         }
     }
@@ -148,14 +150,20 @@ fn worker(
 }
 
 fn server_cpu(c: &mut Conn) -> io::Result<f64> {
-    let user: f64 = c.info_field("cpu", "used_cpu_user")?.parse().unwrap_or(0.0);
-    let sys: f64 = c.info_field("cpu", "used_cpu_sys")?.parse().unwrap_or(0.0);
+    let user: f64 = c
+        .try_info_field("cpu", "used_cpu_user")?
+        .parse()
+        .unwrap_or(0.0);
+    let sys: f64 = c
+        .try_info_field("cpu", "used_cpu_sys")?
+        .parse()
+        .unwrap_or(0.0);
     Ok(user + sys)
 }
 
 /// One configuration: `workers` workers using `strategy` for `secs` seconds.
 pub fn run_one(port: u16, workers: usize, strategy: Strategy, secs: f64) -> io::Result<Row> {
-    let mut c = Conn::connect(port)?;
+    let mut c = crate::server::connect(port)?;
     c.ok(&[b"DEL", KEY, b"inside"])?;
     let setup = Duration::from_millis(200 + 2 * workers as u64);
     let begin = Instant::now() + setup;

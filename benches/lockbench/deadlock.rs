@@ -22,7 +22,7 @@ use std::io::{self, Write};
 use std::net::{Ipv4Addr, TcpStream};
 use std::time::{Duration, Instant};
 
-use crate::resp::{encode_strs, Conn, Reply};
+use crate::common::{encode_strs, Conn, Reply};
 use crate::stats;
 
 /// Each measured request, this many times.
@@ -62,20 +62,20 @@ fn commandstats_us(c: &mut Conn) -> io::Result<(f64, f64)> {
 fn per_call(c: &mut Conn, run: &mut dyn FnMut(&mut Conn) -> io::Result<()>) -> io::Result<f64> {
     c.ok(&[b"CONFIG", b"RESETSTAT"])?;
     // INFO lock makes the module follow the reset at once (not at the cron).
-    c.info_field("lock", "lock_deadlocks")?;
+    c.try_info_field("lock", "lock_deadlocks")?;
     run(c)?;
     let (calls, usec) = commandstats_us(c)?;
     Ok(usec / calls)
 }
 
 fn stat(c: &mut Conn, field: &str) -> io::Result<u64> {
-    c.info_field("lock", field)?
+    c.try_info_field("lock", field)?
         .parse()
         .map_err(|_| io::Error::other(format!("{field} is not a number")))
 }
 
 pub fn run(port: u16, keys: usize, waiters: usize) -> io::Result<Results> {
-    let mut c = Conn::connect(port)?;
+    let mut c = crate::server::connect(port)?;
     c.ok(&[b"FLUSHALL"])?;
     let ttl = b"3600000";
     for i in 0..keys {
@@ -88,14 +88,14 @@ pub fn run(port: u16, keys: usize, waiters: usize) -> io::Result<Results> {
     }
     c.flush()?;
     for _ in 0..keys {
-        if c.read()?.int().is_none_or(|t| t <= 0) {
+        if c.read_reply()?.as_int().is_none_or(|t| t <= 0) {
             return Err(io::Error::other("a chain key was not granted"));
         }
     }
     // The waiters: one connection each (a blocked client holds its
     // connection), written to and never read until they are closed.
     c.ok(&[b"CONFIG", b"RESETSTAT"])?;
-    c.info_field("lock", "lock_deadlocks")?;
+    c.try_info_field("lock", "lock_deadlocks")?;
     let mut streams: Vec<TcpStream> = Vec::with_capacity(waiters);
     let per_key = waiters.div_ceil(keys).max(1);
     let start = Instant::now();
@@ -146,7 +146,7 @@ pub fn run(port: u16, keys: usize, waiters: usize) -> io::Result<Results> {
     c.ok(&[b"LOCK.ACQUIRE", b"solo", b"solo-holder", ttl])?;
     let timed = |c: &mut Conn, key: &[u8], owner: &[u8], want: &dyn Fn(&Reply) -> bool| {
         for _ in 0..SAMPLES {
-            let r = c.cmd(&[b"LOCK.ACQUIRE", key, owner, ttl, b"WAIT", b"1"])?;
+            let r = c.call(&[b"LOCK.ACQUIRE", key, owner, ttl, b"WAIT", b"1"])?;
             if !want(&r) {
                 return Err(io::Error::other(format!("unexpected {}", r.show())));
             }
@@ -159,7 +159,7 @@ pub fn run(port: u16, keys: usize, waiters: usize) -> io::Result<Results> {
     let cut_before = stat(&mut c, "lock_deadlock_searches_cut")?;
     let walk_us = per_call(&mut c, &mut |c| timed(c, top.as_bytes(), b"outsider", &nil))?;
     let walk_cut = stat(&mut c, "lock_deadlock_searches_cut")? - cut_before;
-    let deadlock = |r: &Reply| matches!(r, Reply::Err(e) if e.starts_with("DEADLOCK"));
+    let deadlock = |r: &Reply| matches!(r, Reply::Error(e) if e.starts_with("DEADLOCK"));
     let second = format!("o{}", keys.saturating_sub(2));
     let t0 = Instant::now();
     let cycle_us = per_call(&mut c, &mut |c| {

@@ -14,7 +14,7 @@ use std::sync::mpsc;
 use std::thread;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use crate::resp::{Conn, Reply};
+use crate::common::{Conn, Reply};
 use crate::stats::{self, Percentiles};
 use crate::throughput::Scripts;
 
@@ -34,7 +34,7 @@ fn expect(r: Reply, what: &str, ok: impl Fn(&Reply) -> bool) -> io::Result<Reply
 }
 
 fn is_token(r: &Reply) -> bool {
-    r.int().is_some_and(|t| t > 0)
+    r.as_int().is_some_and(|t| t > 0)
 }
 
 fn waiters(info: &Reply) -> i64 {
@@ -43,7 +43,7 @@ fn waiters(info: &Reply) -> i64 {
             .iter()
             .position(|r| r.is("waiters"))
             .and_then(|i| items.get(i + 1))
-            .and_then(Reply::int)
+            .and_then(Reply::as_int)
             .unwrap_or(0),
         _ => 0,
     }
@@ -61,31 +61,31 @@ fn wall_us() -> i64 {
 /// round trip per sample as the reference.
 fn handoff_wait(port: u16, n: usize) -> io::Result<(Row, Row)> {
     let (mut a, mut b, mut c) = (
-        Conn::connect(port)?,
-        Conn::connect(port)?,
-        Conn::connect(port)?,
+        crate::server::connect(port)?,
+        crate::server::connect(port)?,
+        crate::server::connect(port)?,
     );
     let key: &[u8] = b"handoff";
     let (mut us, mut ping) = (Vec::with_capacity(n), Vec::with_capacity(n));
     for _ in 0..n {
         let t0 = Instant::now();
-        expect(c.cmd(&[b"PING"])?, "PING", |r| r.is("PONG"))?;
+        expect(c.call(&[b"PING"])?, "PING", |r| r.is("PONG"))?;
         ping.push(stats::micros(t0.elapsed()));
         expect(
-            a.cmd(&[b"LOCK.ACQUIRE", key, b"A", b"10000"])?,
+            a.call(&[b"LOCK.ACQUIRE", key, b"A", b"10000"])?,
             "A acquires",
             is_token,
         )?;
         b.push(&[b"LOCK.ACQUIRE", key, b"B", b"10000", b"WAIT", b"5000"]);
         b.flush()?;
-        while waiters(&c.cmd(&[b"LOCK.INFO", key])?) < 1 {}
+        while waiters(&c.call(&[b"LOCK.INFO", key])?) < 1 {}
         let t0 = Instant::now();
         a.push(&[b"LOCK.RELEASE", key, b"A"]);
         a.flush()?;
-        expect(b.read()?, "B's WAIT", is_token)?;
+        expect(b.read_reply()?, "B's WAIT", is_token)?;
         us.push(stats::micros(t0.elapsed()));
-        expect(a.read()?, "A releases", |r| *r == Reply::Int(1))?;
-        expect(b.cmd(&[b"LOCK.RELEASE", key, b"B"])?, "B releases", |r| {
+        expect(a.read_reply()?, "A releases", |r| *r == Reply::Int(1))?;
+        expect(b.call(&[b"LOCK.RELEASE", key, b"B"])?, "B releases", |r| {
             *r == Reply::Int(1)
         })?;
     }
@@ -109,13 +109,13 @@ fn handoff_poll(port: u16, scripts: &Scripts, n: usize) -> io::Result<Row> {
     let release = scripts.release.clone();
     let (start_tx, start_rx) = mpsc::channel::<()>();
     let (done_tx, done_rx) = mpsc::channel::<io::Result<Instant>>();
-    let mut pb = Conn::connect(port)?;
+    let mut pb = crate::server::connect(port)?;
     let poller = thread::spawn(move || {
         while start_rx.recv().is_ok() {
             let granted = (|| -> io::Result<Instant> {
                 loop {
                     if pb
-                        .cmd(&[b"SET", key, b"B", b"NX", b"PX", b"10000"])?
+                        .call(&[b"SET", key, b"B", b"NX", b"PX", b"10000"])?
                         .is("OK")
                     {
                         let t = Instant::now();
@@ -130,11 +130,11 @@ fn handoff_poll(port: u16, scripts: &Scripts, n: usize) -> io::Result<Row> {
             }
         }
     });
-    let mut a = Conn::connect(port)?;
+    let mut a = crate::server::connect(port)?;
     let mut us = Vec::with_capacity(n);
     for i in 0..n {
         expect(
-            a.cmd(&[b"SET", key, b"A", b"NX", b"PX", b"10000"])?,
+            a.call(&[b"SET", key, b"A", b"NX", b"PX", b"10000"])?,
             "A sets",
             |r| r.is("OK"),
         )?;
@@ -145,7 +145,7 @@ fn handoff_poll(port: u16, scripts: &Scripts, n: usize) -> io::Result<Row> {
         thread::sleep(Duration::from_micros(2000 + (i as u64 * 137) % 1000));
         let t0 = Instant::now();
         expect(
-            a.cmd(&[b"EVALSHA", &scripts.release, b"1", key, b"A"])?,
+            a.call(&[b"EVALSHA", &scripts.release, b"1", key, b"A"])?,
             "A releases",
             |r| *r == Reply::Int(1),
         )?;
@@ -166,26 +166,26 @@ fn handoff_poll(port: u16, scripts: &Scripts, n: usize) -> io::Result<Row> {
 }
 
 fn deadline_ms(c: &mut Conn, key: &[u8]) -> io::Result<i64> {
-    let r = c.cmd(&[b"PEXPIRETIME", key])?;
-    r.int()
+    let r = c.call(&[b"PEXPIRETIME", key])?;
+    r.as_int()
         .filter(|&t| t > 0)
         .ok_or_else(|| io::Error::other(format!("PEXPIRETIME: {}", r.show())))
 }
 
 fn expiry_wait(port: u16, n: usize) -> io::Result<Row> {
-    let (mut a, mut b) = (Conn::connect(port)?, Conn::connect(port)?);
+    let (mut a, mut b) = (crate::server::connect(port)?, crate::server::connect(port)?);
     let key: &[u8] = b"expiry";
     let (mut late, mut early) = (Vec::with_capacity(n), 0);
     for i in 0..n {
         let ttl = (3 + i % 5).to_string();
         expect(
-            a.cmd(&[b"LOCK.ACQUIRE", key, b"A", ttl.as_bytes()])?,
+            a.call(&[b"LOCK.ACQUIRE", key, b"A", ttl.as_bytes()])?,
             "A acquires",
             is_token,
         )?;
         let deadline = deadline_ms(&mut a, key)?;
         expect(
-            b.cmd(&[b"LOCK.ACQUIRE", key, b"B", b"10000", b"WAIT", b"5000"])?,
+            b.call(&[b"LOCK.ACQUIRE", key, b"B", b"10000", b"WAIT", b"5000"])?,
             "B's WAIT",
             is_token,
         )?;
@@ -194,7 +194,7 @@ fn expiry_wait(port: u16, n: usize) -> io::Result<Row> {
             early += 1;
         }
         late.push(lateness.max(0) as u64);
-        expect(b.cmd(&[b"LOCK.RELEASE", key, b"B"])?, "B releases", |r| {
+        expect(b.call(&[b"LOCK.RELEASE", key, b"B"])?, "B releases", |r| {
             *r == Reply::Int(1)
         })?;
     }
@@ -206,19 +206,19 @@ fn expiry_wait(port: u16, n: usize) -> io::Result<Row> {
 }
 
 fn expiry_poll(port: u16, scripts: &Scripts, n: usize) -> io::Result<Row> {
-    let (mut a, mut b) = (Conn::connect(port)?, Conn::connect(port)?);
+    let (mut a, mut b) = (crate::server::connect(port)?, crate::server::connect(port)?);
     let key: &[u8] = b"expiry-poll";
     let (mut late, mut early) = (Vec::with_capacity(n), 0);
     for i in 0..n {
         let ttl = (3 + i % 5).to_string();
         expect(
-            a.cmd(&[b"SET", key, b"A", b"NX", b"PX", ttl.as_bytes()])?,
+            a.call(&[b"SET", key, b"A", b"NX", b"PX", ttl.as_bytes()])?,
             "A sets",
             |r| r.is("OK"),
         )?;
         let deadline = deadline_ms(&mut a, key)?;
         loop {
-            if b.cmd(&[b"SET", key, b"B", b"NX", b"PX", b"10000"])?
+            if b.call(&[b"SET", key, b"B", b"NX", b"PX", b"10000"])?
                 .is("OK")
             {
                 break;

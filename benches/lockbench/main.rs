@@ -22,6 +22,12 @@
 //! The full run writes the chart to docs/bench/contention.svg; every run
 //! writes its report to target/lockbench/.
 
+// The test harness (tests/common): its client and its server launcher are
+// the bench's too.
+#[path = "../../tests/common/mod.rs"]
+#[allow(unused_imports)]
+mod common;
+
 mod bind;
 mod chart;
 mod contention;
@@ -29,7 +35,6 @@ mod deadlock;
 mod latency;
 mod memory;
 mod profile;
-mod resp;
 mod server;
 mod stats;
 mod throughput;
@@ -235,8 +240,8 @@ fn run(plan: &Plan, only: Option<&[u32]>) -> io::Result<()> {
     let load_start = loadavg();
     let mut server = Server::start(&opts)?;
     let mut c = server.conn()?;
-    let version = c.info_field("server", "redis_version")?;
-    let allocator = c.info_field("memory", "mem_allocator")?;
+    let version = c.try_info_field("server", "redis_version")?;
+    let allocator = c.try_info_field("memory", "mem_allocator")?;
     let scripts = throughput::Scripts::load(&mut c)?;
     eprintln!(
         "lockbench ({} run): redis {version} on 127.0.0.1:{}, module {}",

@@ -12,7 +12,7 @@ use std::io;
 use std::thread;
 use std::time::{Duration, Instant};
 
-use crate::resp::{encode, Arg, Conn, Reply};
+use crate::common::{encode, Arg, Conn, Reply};
 use crate::server::Server;
 use crate::stats;
 use crate::throughput::{Pool, Scripts, KEY_PREFIX};
@@ -73,7 +73,7 @@ pub struct Results {
 }
 
 fn used_memory(c: &mut Conn) -> io::Result<f64> {
-    c.info_field("memory", "used_memory")?
+    c.try_info_field("memory", "used_memory")?
         .parse()
         .map_err(|_| io::Error::other("used_memory is not a number"))
 }
@@ -91,7 +91,7 @@ fn mean_memory_usage(c: &mut Conn, keys: usize) -> io::Result<f64> {
         let key = format!("lk:{}", s * keys / samples);
         let r = c.ok(&[b"MEMORY", b"USAGE", key.as_bytes(), b"SAMPLES", b"0"])?;
         total += r
-            .int()
+            .as_int()
             .ok_or_else(|| io::Error::other(format!("MEMORY USAGE {key}: {}", r.show())))?
             as f64;
     }
@@ -155,7 +155,7 @@ fn load_kind(port: u16, scripts: &Scripts, kind: Kind, n: usize) -> io::Result<(
                     ],
                 )
             },
-            &|r| r.int().is_some_and(|t| t > 0),
+            &|r| r.as_int().is_some_and(|t| t > 0),
         ),
         Kind::Redisson => load(
             port,
@@ -224,7 +224,7 @@ pub fn run(server: &mut Server, keys: usize, shared_grants: usize) -> io::Result
         let log = server.restart()?;
         let wall_ms = t.elapsed().as_secs_f64() * 1000.0;
         let mut c = server.conn()?;
-        let loaded = c.ok(&[b"DBSIZE"])?.int().unwrap_or(-1);
+        let loaded = c.ok(&[b"DBSIZE"])?.as_int().unwrap_or(-1);
         let persist = PersistRow {
             kind,
             keys,
@@ -266,7 +266,7 @@ pub fn run(server: &mut Server, keys: usize, shared_grants: usize) -> io::Result
                     ],
                 )
             },
-            &|r| r.int().is_some_and(|t| t > 0),
+            &|r| r.as_int().is_some_and(|t| t > 0),
         )?;
         let after = used_memory(&mut c)?;
         results.shared.push(SharedRow {

@@ -25,7 +25,7 @@ use std::io;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use crate::resp::{encode, Arg, Conn, Reply};
+use crate::common::{encode, Arg, Conn, Reply};
 use crate::server::{Options, Server};
 use crate::throughput::{Op, Pool, Scripts, KEY_PREFIX, OWNER, TTL};
 
@@ -173,7 +173,7 @@ impl Sha {
     fn load(c: &mut Conn) -> io::Result<Sha> {
         let scripts = Scripts::load(c)?;
         let set = match c.ok(&[b"SCRIPT", b"LOAD", LUA_SET.as_bytes()])? {
-            Reply::Str(sha) => sha,
+            Reply::Bulk(sha) => sha,
             r => return Err(io::Error::other(format!("SCRIPT LOAD: {}", r.show()))),
         };
         Ok(Sha { scripts, set })

@@ -1,15 +1,15 @@
-//! The bench's own redis-server: the release module loaded, 127.0.0.1 only, a
-//! free port, its own temporary directory, no automatic saves. Killed on drop.
+//! How the bench starts its servers: the test harness's (tests/common), with
+//! the release module (built here when stale), a temporary directory of the
+//! bench's, no automatic saves, and callgrind when asked. Killed on drop.
 
 use std::fs;
 use std::io;
-use std::net::{Ipv4Addr, TcpListener};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
-use std::thread;
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::process::Command;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use crate::resp::{Conn, Reply};
+use crate::common;
+use crate::common::Conn;
 
 /// How long a server may take to answer PING (loading 1M keys included).
 const STARTUP_DEADLINE: Duration = Duration::from_secs(120);
@@ -92,11 +92,6 @@ impl Drop for TempDir {
     }
 }
 
-fn free_port() -> io::Result<u16> {
-    let l = TcpListener::bind((Ipv4Addr::LOCALHOST, 0))?;
-    Ok(l.local_addr()?.port())
-}
-
 /// How the server is run.
 #[derive(Clone)]
 pub struct Options {
@@ -110,166 +105,61 @@ pub struct Options {
     pub extra: Vec<String>,
 }
 
+/// A connection of the harness's client, with a read timeout long enough
+/// for a bench's slowest reply (a SAVE or FLUSHALL of a million keys).
+pub fn connect(port: u16) -> io::Result<Conn> {
+    let c = Conn::try_connect(port)?;
+    c.set_read_timeout(Duration::from_secs(60))?;
+    Ok(c)
+}
+
+/// The harness's server (tests/common), started as `opts` says.
 pub struct Server {
-    child: Option<Child>,
+    inner: common::Server,
     pub port: u16,
-    opts: Options,
-    starts: usize,
 }
 
 impl Server {
     pub fn start(opts: &Options) -> io::Result<Server> {
-        let mut server = Server {
-            child: None,
-            port: 0,
-            opts: opts.clone(),
-            starts: 0,
+        let mut b = common::Server::builder()
+            .dir(&opts.dir)
+            .startup_deadline(STARTUP_DEADLINE)
+            .config("appendonly no");
+        b = match &opts.module {
+            Some(m) => b.module_at(m),
+            None => b.without_module(),
         };
-        server.spawn()?;
-        Ok(server)
-    }
-
-    pub fn log_path(&self) -> PathBuf {
-        self.opts.dir.join(format!("redis-{}.log", self.starts))
+        if opts.callgrind {
+            b = b.callgrind(&opts.dir.join("callgrind.out"));
+        }
+        for pair in opts.extra.chunks(2) {
+            let name = pair.first().map_or("", |n| n.trim_start_matches("--"));
+            let value = pair.get(1).map_or("", String::as_str);
+            b = b.config(&format!("{name} {value}"));
+        }
+        let inner = b.start();
+        let port = inner.port;
+        Ok(Server { inner, port })
     }
 
     pub fn dir(&self) -> &Path {
-        &self.opts.dir
+        &self.inner.dir
     }
 
     pub fn pid(&self) -> u32 {
-        self.child.as_ref().map_or(0, Child::id)
-    }
-
-    fn spawn(&mut self) -> io::Result<()> {
-        let mut last_err = None;
-        for _ in 0..5 {
-            self.starts += 1;
-            let port = free_port()?;
-            let log = self.log_path();
-            let mut cmd = if self.opts.callgrind {
-                let mut c = Command::new("valgrind");
-                // Count only a request's own work: reading and executing it
-                // (readQueryFromClient, which runs the command and its
-                // propagation) and writing its reply (the pending-writes
-                // handler in beforeSleep); not the server's cron, its
-                // incremental rehashing or active expiry, whose share of a
-                // step depends on how long the step took.
-                c.arg("--tool=callgrind")
-                    .arg("--instr-atstart=no")
-                    .arg("--collect-atstart=no")
-                    .arg("--toggle-collect=readQueryFromClient")
-                    .arg("--toggle-collect=handleClientsWithPendingWritesUsingThreads")
-                    .arg("--toggle-collect=handleClientsWithPendingWrites")
-                    .arg(format!(
-                        "--callgrind-out-file={}",
-                        self.opts.dir.join("callgrind.out").display()
-                    ))
-                    .arg("redis-server");
-                c
-            } else {
-                Command::new("redis-server")
-            };
-            cmd.arg("--port")
-                .arg(port.to_string())
-                .args(["--bind", "127.0.0.1", "--protected-mode", "yes"])
-                .arg("--dir")
-                .arg(&self.opts.dir)
-                .args([
-                    "--dbfilename",
-                    "dump.rdb",
-                    "--save",
-                    "",
-                    "--appendonly",
-                    "no",
-                ])
-                .args(["--daemonize", "no", "--enable-debug-command", "yes"])
-                .arg("--logfile")
-                .arg(&log)
-                .args(&self.opts.extra)
-                .stdin(Stdio::null())
-                .stdout(Stdio::null())
-                .stderr(Stdio::null());
-            if let Some(module) = &self.opts.module {
-                cmd.arg("--loadmodule").arg(module);
-            }
-            let child = cmd.spawn().map_err(|e| {
-                io::Error::other(format!("cannot start redis-server (is it on PATH?): {e}"))
-            })?;
-            self.child = Some(child);
-            self.port = port;
-            match self.wait_ready() {
-                Ok(()) => return Ok(()),
-                Err(e) => {
-                    self.kill();
-                    let tail = fs::read_to_string(&log).unwrap_or_default();
-                    if !tail.contains("Address already in use") {
-                        return Err(io::Error::other(format!(
-                            "redis-server did not start: {e}\n{tail}"
-                        )));
-                    }
-                    last_err = Some(e);
-                }
-            }
-        }
-        Err(last_err.unwrap_or_else(|| io::Error::other("redis-server did not start")))
-    }
-
-    fn wait_ready(&mut self) -> io::Result<()> {
-        let deadline = Instant::now() + STARTUP_DEADLINE;
-        loop {
-            if let Some(child) = self.child.as_mut() {
-                if let Some(status) = child.try_wait()? {
-                    return Err(io::Error::other(format!("redis-server exited: {status}")));
-                }
-            }
-            if let Ok(mut c) = Conn::connect(self.port) {
-                if let Ok(Reply::Str(s)) = c.cmd(&[b"PING"]) {
-                    if s == b"PONG" {
-                        return Ok(());
-                    }
-                }
-            }
-            if Instant::now() > deadline {
-                return Err(io::Error::other("no PONG before the start-up deadline"));
-            }
-            thread::sleep(Duration::from_millis(20));
-        }
+        self.inner.pid().unwrap_or(0)
     }
 
     pub fn conn(&self) -> io::Result<Conn> {
-        Conn::connect(self.port)
+        connect(self.port)
     }
 
-    /// Stops the server without saving and starts it again on the same
-    /// directory, so it loads `dump.rdb`. Returns the new log's path.
+    /// Stops the server and starts it again on the same directory and port,
+    /// so it loads `dump.rdb`. Returns the log's path (one log, appended).
     pub fn restart(&mut self) -> io::Result<PathBuf> {
-        if let Ok(mut c) = self.conn() {
-            let _ = c.cmd(&[b"SHUTDOWN", b"NOSAVE"]);
-        }
-        if let Some(mut child) = self.child.take() {
-            let deadline = Instant::now() + Duration::from_secs(30);
-            while child.try_wait()?.is_none() {
-                if Instant::now() > deadline {
-                    let _ = child.kill();
-                }
-                thread::sleep(Duration::from_millis(10));
-            }
-        }
-        self.spawn()?;
-        Ok(self.log_path())
-    }
-
-    fn kill(&mut self) {
-        if let Some(mut child) = self.child.take() {
-            let _ = child.kill();
-            let _ = child.wait();
-        }
-    }
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        self.kill();
+        self.inner
+            .try_restart()
+            .map_err(|e| io::Error::other(format!("redis-server did not restart: {e}")))?;
+        Ok(self.inner.log_path())
     }
 }

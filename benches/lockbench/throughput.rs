@@ -14,7 +14,7 @@ use std::collections::HashMap;
 use std::io;
 use std::time::Instant;
 
-use crate::resp::{encode, Arg, Conn, Reply};
+use crate::common::{encode, Arg, Conn, Reply};
 use crate::stats;
 
 /// The lock owner (or `SET` value): a UUID, as lock libraries use.
@@ -68,7 +68,7 @@ impl Scripts {
     pub fn load(c: &mut Conn) -> io::Result<Scripts> {
         let mut load = |s: &str| -> io::Result<Vec<u8>> {
             match c.ok(&[b"SCRIPT", b"LOAD", s.as_bytes()])? {
-                Reply::Str(sha) => Ok(sha),
+                Reply::Bulk(sha) => Ok(sha),
                 r => Err(io::Error::other(format!("SCRIPT LOAD: {}", r.show()))),
             }
         };
@@ -276,13 +276,13 @@ impl Op {
             Op::Set | Op::LuaAcquire => r.is("OK"),
             Op::Redisson => *r == Reply::Nil,
             Op::RedissonSemaphore => *r == Reply::Int(1),
-            Op::Semaphore => r.int().is_some_and(|t| t > 0),
+            Op::Semaphore => r.as_int().is_some_and(|t| t > 0),
             // EXEC's reply: both scripts answered nil (granted).
             Op::RedissonMulti => *r == Reply::Array(vec![Reply::Nil, Reply::Nil]),
             Op::Macquire => {
-                matches!(r, Reply::Array(t) if t.len() == 2 && t.iter().all(|t| t.int().is_some_and(|t| t > 0)))
+                matches!(r, Reply::Array(t) if t.len() == 2 && t.iter().all(|t| t.as_int().is_some_and(|t| t > 0)))
             }
-            Op::Acquire | Op::Racquire | Op::Read => r.int().is_some_and(|t| t > 0),
+            Op::Acquire | Op::Racquire | Op::Read => r.as_int().is_some_and(|t| t > 0),
             Op::LuaRenew | Op::Renew | Op::LuaReleaseHit | Op::ReleaseHit => *r == Reply::Int(1),
             Op::LuaReleaseMiss => *r == Reply::Int(0),
             Op::ReleaseMiss => *r == Reply::Nil,
@@ -395,7 +395,7 @@ impl Outcome {
 impl Pool {
     pub fn new(port: u16, conns: usize, pipeline: usize) -> io::Result<Pool> {
         let conns = (0..conns)
-            .map(|_| Conn::connect(port))
+            .map(|_| crate::server::connect(port))
             .collect::<io::Result<Vec<_>>>()?;
         Ok(Pool {
             conns,
@@ -409,7 +409,7 @@ impl Pool {
         if db != self.db {
             let db_text = db.to_string();
             for c in &mut self.conns {
-                if !c.cmd(&[b"SELECT", db_text.as_bytes()])?.is("OK") {
+                if !c.call(&[b"SELECT", db_text.as_bytes()])?.is("OK") {
                     return Err(io::Error::other("SELECT failed"));
                 }
             }
@@ -462,9 +462,9 @@ impl Pool {
                 }
                 busy = true;
                 for i in first..first + n {
-                    let mut r = c.read()?;
+                    let mut r = c.read_reply()?;
                     for _ in 1..replies {
-                        r = c.read()?;
+                        r = c.read_reply()?;
                     }
                     if !check(i, &r) {
                         unexpected += 1;

@@ -5,7 +5,10 @@
 //! checked client load), `cluster` (a six-node cluster) and `sentinel` (a
 //! master, replicas and Sentinels, a load that follows failovers, and checks
 //! over the whole history). Everything but `load`, `cluster` and `sentinel`
-//! is re-exported here: tests `use common::*`.
+//! is re-exported here: tests `use common::*`. The bench includes this
+//! harness too (benches/lockbench/main.rs): one client (`Conn`, which also
+//! pipelines) and one server launcher (`ServerBuilder`, which also runs a
+//! server under callgrind) for tests and bench.
 //!
 //! - [`Server`]: one redis-server in its own fresh data dir under
 //!   `<tmp>/redis-lock-tests/`, on a free port of 127.0.0.1 only, with a start-up

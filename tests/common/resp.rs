@@ -133,6 +133,101 @@ impl Reply {
             .find(|(k, _)| k.eq_ignore_ascii_case(key))
             .map(|(_, v)| v)
     }
+
+    /// The integer, if it is one (the bench checks without panicking).
+    pub fn as_int(&self) -> Option<i64> {
+        match self {
+            Reply::Int(i) => Some(*i),
+            _ => None,
+        }
+    }
+
+    /// A status or bulk string equal to `s`.
+    pub fn is(&self, s: &str) -> bool {
+        match self {
+            Reply::Status(x) => x == s,
+            Reply::Bulk(b) => b == s.as_bytes(),
+            _ => false,
+        }
+    }
+
+    /// A string reply as text; anything else as it prints.
+    pub fn text(&self) -> String {
+        match self {
+            Reply::Status(s) => s.clone(),
+            Reply::Bulk(b) | Reply::Verbatim(_, b) => String::from_utf8_lossy(b).into_owned(),
+            other => format!("{other:?}"),
+        }
+    }
+
+    /// The reply as it prints, cut at 200 characters (error messages).
+    pub fn show(&self) -> String {
+        format!("{self:?}").chars().take(200).collect()
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Encoding (pipelines build commands without allocating per argument)
+// ---------------------------------------------------------------------------
+
+/// One argument: bytes, or a key made of a prefix and a number.
+pub enum Arg<'a> {
+    B(&'a [u8]),
+    K(&'a [u8], usize),
+}
+
+fn push_decimal(buf: &mut Vec<u8>, mut n: usize) {
+    let mut digits = [0u8; 20];
+    let mut i = digits.len();
+    loop {
+        i -= 1;
+        digits[i] = b'0' + (n % 10) as u8;
+        n /= 10;
+        if n == 0 {
+            break;
+        }
+    }
+    buf.extend_from_slice(&digits[i..]);
+}
+
+fn decimal_len(mut n: usize) -> usize {
+    let mut len = 1;
+    while n >= 10 {
+        n /= 10;
+        len += 1;
+    }
+    len
+}
+
+/// Appends one command in RESP to `buf`.
+pub fn encode(buf: &mut Vec<u8>, args: &[Arg]) {
+    buf.push(b'*');
+    push_decimal(buf, args.len());
+    buf.extend_from_slice(b"\r\n");
+    for arg in args {
+        match arg {
+            Arg::B(b) => {
+                buf.push(b'$');
+                push_decimal(buf, b.len());
+                buf.extend_from_slice(b"\r\n");
+                buf.extend_from_slice(b);
+            }
+            Arg::K(prefix, n) => {
+                buf.push(b'$');
+                push_decimal(buf, prefix.len() + decimal_len(*n));
+                buf.extend_from_slice(b"\r\n");
+                buf.extend_from_slice(prefix);
+                push_decimal(buf, *n);
+            }
+        }
+        buf.extend_from_slice(b"\r\n");
+    }
+}
+
+/// [`encode`] for plain byte arguments.
+pub fn encode_strs<A: AsRef<[u8]>>(buf: &mut Vec<u8>, args: &[A]) {
+    let args: Vec<Arg> = args.iter().map(|a| Arg::B(a.as_ref())).collect();
+    encode(buf, &args);
 }
 
 // ---------------------------------------------------------------------------
@@ -143,14 +238,17 @@ impl Reply {
 pub struct Conn {
     reader: BufReader<TcpStream>,
     pub port: u16,
+    /// Commands queued by [`Conn::push`] until [`Conn::flush`] (pipelining).
+    out: Vec<u8>,
 }
 
 impl Conn {
     /// A connection over an open stream to `port`.
     pub fn from_stream(stream: TcpStream, port: u16) -> Conn {
         Conn {
-            reader: BufReader::new(stream),
+            reader: BufReader::with_capacity(64 * 1024, stream),
             port,
+            out: Vec::new(),
         }
     }
 
@@ -164,10 +262,56 @@ impl Conn {
         stream.set_nodelay(true)?;
         stream.set_read_timeout(Some(DEFAULT_TIMEOUT))?;
         stream.set_write_timeout(Some(DEFAULT_TIMEOUT))?;
-        Ok(Conn {
-            reader: BufReader::new(stream),
-            port,
-        })
+        Ok(Conn::from_stream(stream, port))
+    }
+
+    /// Sets the read timeout, without panicking.
+    pub fn set_read_timeout(&self, t: Duration) -> std::io::Result<()> {
+        self.reader.get_ref().set_read_timeout(Some(t))
+    }
+
+    /// The pipeline's buffer: [`encode`] commands into it, then [`Conn::flush`].
+    pub fn out(&mut self) -> &mut Vec<u8> {
+        &mut self.out
+    }
+
+    /// Queues one command (sent by [`Conn::flush`]).
+    pub fn push(&mut self, args: &[&[u8]]) {
+        encode_strs(&mut self.out, args);
+    }
+
+    /// Sends every queued command in one write.
+    pub fn flush(&mut self) -> std::io::Result<()> {
+        if !self.out.is_empty() {
+            let out = std::mem::take(&mut self.out);
+            self.reader.get_mut().write_all(&out)?;
+            self.out = out;
+            self.out.clear();
+        }
+        Ok(())
+    }
+
+    /// One command, without panicking (byte-string arguments of any length).
+    pub fn call(&mut self, args: &[&[u8]]) -> std::io::Result<Reply> {
+        self.try_cmd(args)
+    }
+
+    /// One command; an error reply is an `Err` naming the command.
+    pub fn ok(&mut self, args: &[&[u8]]) -> std::io::Result<Reply> {
+        match self.try_cmd(args)? {
+            Reply::Error(e) => Err(std::io::Error::other(format!(
+                "{}: {e}",
+                args.first().map(|a| show(a)).unwrap_or_default()
+            ))),
+            r => Ok(r),
+        }
+    }
+
+    /// One field of `INFO <section>`, without panicking.
+    pub fn try_info_field(&mut self, section: &str, field: &str) -> std::io::Result<String> {
+        let text = self.ok(&[b"INFO", section.as_bytes()])?.text();
+        info_get(&text, field)
+            .ok_or_else(|| std::io::Error::other(format!("INFO {section} has no {field}")))
     }
 
     /// Sets the read timeout for the following replies.

@@ -69,6 +69,13 @@ pub struct ServerBuilder {
     save_default: bool,
     env: Vec<(String, String)>,
     args: Vec<String>,
+    /// The module file, else [`module_path`].
+    module_file: Option<PathBuf>,
+    /// A data dir of the caller's (kept), else a fresh one.
+    dir: Option<PathBuf>,
+    /// A command the server runs under (valgrind).
+    wrapper: Vec<String>,
+    startup: Option<Duration>,
 }
 
 impl ServerBuilder {
@@ -94,6 +101,48 @@ impl ServerBuilder {
         self
     }
 
+    /// Loads this module file (the bench's release build) instead of
+    /// [`module_path`].
+    pub fn module_at(mut self, path: &Path) -> Self {
+        self.module_file = Some(path.to_path_buf());
+        self
+    }
+
+    /// Uses this data dir (created if needed, never removed).
+    pub fn dir(mut self, dir: &Path) -> Self {
+        self.dir = Some(dir.to_path_buf());
+        self
+    }
+
+    /// Runs the server under callgrind, instrumentation off until
+    /// `callgrind_control -i on`, counting only a request's own work: reading
+    /// and executing it (`readQueryFromClient`, which runs the command and its
+    /// propagation) and writing its reply (the pending-writes handlers); not
+    /// the server's cron, its incremental rehashing or active expiry, whose
+    /// share of a step depends on how long the step took.
+    pub fn callgrind(mut self, out_file: &Path) -> Self {
+        self.wrapper = [
+            "valgrind",
+            "--tool=callgrind",
+            "--instr-atstart=no",
+            "--collect-atstart=no",
+            "--toggle-collect=readQueryFromClient",
+            "--toggle-collect=handleClientsWithPendingWritesUsingThreads",
+            "--toggle-collect=handleClientsWithPendingWrites",
+        ]
+        .iter()
+        .map(|s| s.to_string())
+        .chain([format!("--callgrind-out-file={}", out_file.display())])
+        .collect();
+        self
+    }
+
+    /// How long the server may take to answer PING (loading a big file).
+    pub fn startup_deadline(mut self, d: Duration) -> Self {
+        self.startup = Some(d);
+        self
+    }
+
     /// Start a Sentinel (`redis-server <conf> --sentinel`, without the
     /// module); `config` adds its `sentinel ...` lines.
     pub fn sentinel(mut self) -> Self {
@@ -104,7 +153,7 @@ impl ServerBuilder {
 
     pub fn start(self) -> Server {
         let module = if self.module {
-            let path = module_path();
+            let path = self.module_file.clone().unwrap_or_else(module_path);
             if !path.exists() {
                 panic!(
                     "the module is not built: {} does not exist. Run `cargo build` first \
@@ -116,7 +165,14 @@ impl ServerBuilder {
         } else {
             None
         };
-        let dir = fresh_dir();
+        let keep_dir = self.dir.is_some();
+        let dir = match &self.dir {
+            Some(d) => {
+                fs::create_dir_all(d).expect("create the server's dir");
+                d.clone()
+            }
+            None => fresh_dir(),
+        };
         let mut last_err = String::new();
         for _attempt in 0..5 {
             let port = free_port();
@@ -125,9 +181,11 @@ impl ServerBuilder {
                 dir: dir.clone(),
                 conf: dir.join("redis.conf"),
                 child: None,
-                keep_dir: false,
+                keep_dir,
                 env: self.env.clone(),
                 args: self.args.clone(),
+                wrapper: self.wrapper.clone(),
+                startup: self.startup.unwrap_or_else(startup_deadline),
             };
             server.write_conf(module.as_deref(), &self.lines, self.save_default);
             match server.spawn_and_wait() {
@@ -163,6 +221,9 @@ pub struct Server {
     env: Vec<(String, String)>,
     /// Extra arguments after the configuration file (`--sentinel`).
     args: Vec<String>,
+    /// The command the server runs under (valgrind), if any.
+    wrapper: Vec<String>,
+    startup: Duration,
 }
 
 impl Server {
@@ -173,6 +234,10 @@ impl Server {
             save_default: true,
             env: Vec::new(),
             args: Vec::new(),
+            module_file: None,
+            dir: None,
+            wrapper: Vec::new(),
+            startup: None,
         }
     }
 
@@ -214,7 +279,15 @@ impl Server {
     }
 
     fn spawn_and_wait(&mut self) -> Result<(), String> {
-        let child = Command::new(server_binary())
+        let mut cmd = match self.wrapper.split_first() {
+            Some((program, args)) => {
+                let mut c = Command::new(program);
+                c.args(args).arg(server_binary());
+                c
+            }
+            None => Command::new(server_binary()),
+        };
+        let child = cmd
             .arg(&self.conf)
             .args(&self.args)
             .envs(self.env.iter().map(|(k, v)| (k, v)))
@@ -235,9 +308,9 @@ impl Server {
             if self.ping_once() {
                 return Ok(());
             }
-            if start.elapsed() > startup_deadline() {
+            if start.elapsed() > self.startup {
                 self.kill_child();
-                return Err(format!("no PONG within {:?}", startup_deadline()));
+                return Err(format!("no PONG within {:?}", self.startup));
             }
             thread::sleep(Duration::from_millis(10));
         }
