@@ -61,9 +61,7 @@ pub fn reset_steps() {
 /// Looks whether the wall clock `now` (ms) was stepped since the last look.
 pub fn check_steps(now: u64) {
     let mono = STARTED.get_or_init(Instant::now).elapsed().as_millis();
-    let skew = i64::try_from(now)
-        .unwrap_or(i64::MAX)
-        .saturating_sub(i64::try_from(mono).unwrap_or(i64::MAX));
+    let skew = crate::ffi::int(now).saturating_sub(crate::ffi::int(mono));
     let before = SKEW.swap(skew, Ordering::Relaxed);
     if before == i64::MIN {
         return;

@@ -256,7 +256,7 @@ unsafe extern "C" fn digest(md: *mut raw::RedisModuleDigest, value: *mut c_void)
         let Some(lock) = (unsafe { value.cast::<Lock>().as_ref() }) else {
             return;
         };
-        let n = |v: u64| i64::try_from(v).unwrap_or(i64::MAX);
+        let n = |v: u64| crate::ffi::int(v);
         api!(RedisModule_DigestAddLongLong(md, n(lock.mode().code())));
         if let Some(limit) = lock.limit() {
             api!(RedisModule_DigestAddLongLong(md, i64::from(limit)));

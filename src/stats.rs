@@ -192,7 +192,7 @@ static KEYS: AtomicI64 = AtomicI64::new(0);
 static HOLDERS: [AtomicI64; 3] = [AtomicI64::new(0), AtomicI64::new(0), AtomicI64::new(0)];
 
 fn delta(n: usize) -> i64 {
-    i64::try_from(n).unwrap_or(i64::MAX)
+    crate::ffi::int(n)
 }
 
 /// How many lock keys exist (values stored, loaded and not yet freed).
