@@ -315,7 +315,10 @@ pub struct Row {
 /// again on the module's server.
 pub fn run(dir: &Path, module: &Path, requests: usize) -> io::Result<Vec<Row>> {
     let mut rows = Vec::new();
-    let extra: Vec<String> = ["--hz", "1"].iter().map(|s| s.to_string()).collect();
+    let extra: Vec<String> = ["--hz", "1", "--activerehashing", "no"]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
     for with_module in [false, true] {
         let sub = dir.join(if with_module { "module" } else { "plain" });
         fs::create_dir_all(&sub)?;

@@ -119,8 +119,14 @@ impl ServerBuilder {
     /// and executing it (`readQueryFromClient`, which runs the command and its
     /// propagation) and writing its reply (the pending-writes handlers); not
     /// the server's cron, its incremental rehashing or active expiry, whose
-    /// share of a step depends on how long the step took.
+    /// share of a step depends on how long the step took. Every such server
+    /// gets the same hash seed (`tests/shims/seedshim.c`), so its hash tables
+    /// lay keys and commands out alike in every run.
     pub fn callgrind(mut self, out_file: &Path) -> Self {
+        self.env = vec![(
+            "LD_PRELOAD".into(),
+            shim("seedshim").to_string_lossy().into_owned(),
+        )];
         self.wrapper = [
             "valgrind",
             "--tool=callgrind",
@@ -512,7 +518,7 @@ impl Drop for Server {
 }
 
 /// A wall clock shifted by an offset the test sets, and can step while the
-/// server runs: the LD_PRELOAD library `tests/clockshim/clockshim.c` (built
+/// server runs: the LD_PRELOAD library `tests/shims/clockshim.c` (built
 /// here with `cc` on first use) reads the offset from a small file.
 /// libfaketime cannot be used: Debian's redis-server hangs under it.
 pub struct ShiftedClock {
@@ -541,7 +547,7 @@ impl ShiftedClock {
         vec![
             (
                 "LD_PRELOAD".into(),
-                clock_shim().to_string_lossy().into_owned(),
+                shim("clockshim").to_string_lossy().into_owned(),
             ),
             (
                 "CLOCKSHIM_FILE".into(),
@@ -559,23 +565,27 @@ impl Drop for ShiftedClock {
     }
 }
 
-/// Builds the clock shim once per test binary.
-fn clock_shim() -> PathBuf {
-    static SHIM: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
-    SHIM.get_or_init(|| {
-        let root = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
-        let src = root.join("tests/clockshim/clockshim.c");
-        let out = fresh_dir().join("libclockshim.so");
-        let status = Command::new("cc")
-            .args(["-O2", "-shared", "-fPIC", "-o"])
-            .arg(&out)
-            .arg(&src)
-            .status()
-            .expect("run cc (make deps installs a C compiler)");
-        assert!(status.success(), "building {} failed", src.display());
-        out
-    })
-    .clone()
+/// Builds the LD_PRELOAD library `tests/shims/<name>.c` once per test
+/// binary (or bench).
+fn shim(name: &str) -> PathBuf {
+    static SHIMS: std::sync::Mutex<Vec<(String, PathBuf)>> = std::sync::Mutex::new(Vec::new());
+    let mut built = SHIMS.lock().unwrap_or_else(|e| e.into_inner());
+    if let Some((_, path)) = built.iter().find(|(n, _)| n == name) {
+        return path.clone();
+    }
+    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
+    let src = root.join(format!("tests/shims/{name}.c"));
+    let out = fresh_dir().join(format!("lib{name}.so"));
+    let status = Command::new("cc")
+        .args(["-O2", "-shared", "-fPIC", "-o"])
+        .arg(&out)
+        .arg(&src)
+        .arg("-ldl")
+        .status()
+        .expect("run cc (make deps installs a C compiler)");
+    assert!(status.success(), "building {} failed", src.display());
+    built.push((name.to_string(), out.clone()));
+    out
 }
 
 /// Waits until `replica` is linked to `master` and has processed everything the
