@@ -4,20 +4,20 @@
 //! no `+`, no leading zeros, no spaces, no `-0`, nothing past 64 bits.
 //! Option names are case-insensitive. Extra arguments are an error.
 
-use redis_module::RedisString;
-
 use crate::config;
 use crate::errors::LockError;
+use crate::ffi::{Argv, Str};
 use lock_core::lock::MAX_LIMIT;
-use lock_core::{Kind, Owner, Request};
+use lock_core::{Ask, Kind};
 
 /// The longest WAIT, in milliseconds (about 31 years).
 pub const MAX_WAIT_MS: i64 = 1_000_000_000_000;
 
-/// `LOCK.ACQUIRE | LOCK.RACQUIRE | LOCK.READ key owner ttl [WAIT ms] [BIND]`.
-pub struct Grant {
-    pub key: RedisString,
-    pub request: Request,
+/// `LOCK.ACQUIRE | LOCK.RACQUIRE | LOCK.READ key owner ttl [WAIT ms] [BIND]`
+/// (and `LOCK.SEMAPHORE`): borrowed from the command's arguments.
+pub struct Grant<'a> {
+    pub key: Str<'a>,
+    pub ask: Ask<'a>,
     /// `None`: answer at once; `Some(0)`: wait without limit; `Some(ms)`: up to `ms`.
     pub wait: Option<u64>,
     /// `BIND`: the holder also ends when this connection closes.
@@ -25,11 +25,11 @@ pub struct Grant {
 }
 
 /// `LOCK.MACQUIRE numkeys key [key ...] owner ttl [WAIT ms] [BIND]`.
-pub struct MultiGrant {
+pub struct MultiGrant<'a> {
     /// In the order given (tokens are issued in this order), none repeated.
-    pub keys: Vec<RedisString>,
+    pub keys: Vec<Str<'a>>,
     /// An exclusive request (`Kind::Acquire`) for each key.
-    pub request: Request,
+    pub ask: Ask<'a>,
     pub wait: Option<u64>,
     pub bind: bool,
 }
@@ -38,46 +38,55 @@ pub struct MultiGrant {
 pub const MAX_KEYS: usize = 1000;
 
 /// `LOCK.RELEASE key owner`.
-pub struct ReleaseArgs {
-    pub key: RedisString,
-    pub owner: Owner,
+pub struct ReleaseArgs<'a> {
+    pub key: Str<'a>,
+    pub owner: &'a [u8],
 }
 
 /// `LOCK.RENEW key owner ttl`.
-pub struct RenewArgs {
-    pub key: RedisString,
-    pub owner: Owner,
+pub struct RenewArgs<'a> {
+    pub key: Str<'a>,
+    pub owner: &'a [u8],
     pub ttl: u64,
 }
 
-struct Args(std::vec::IntoIter<RedisString>);
+/// The arguments still to read.
+struct Args<'a> {
+    argv: Argv<'a>,
+    at: usize,
+}
 
-impl Args {
+impl<'a> Args<'a> {
     /// Skips the command name.
-    fn new(args: Vec<RedisString>) -> Args {
-        let mut it = args.into_iter();
-        it.next();
-        Args(it)
+    fn new(argv: Argv<'a>) -> Args<'a> {
+        Args { argv, at: 1 }
     }
 
-    fn next(&mut self) -> Result<RedisString, LockError> {
-        self.0.next().ok_or(LockError::Arity)
+    fn next_opt(&mut self) -> Option<Str<'a>> {
+        let arg = self.argv.get(self.at)?;
+        self.at += 1;
+        Some(arg)
     }
 
-    fn owner(&mut self) -> Result<Owner, LockError> {
-        let owner = self.next()?;
+    fn left(&self) -> usize {
+        self.argv.len().saturating_sub(self.at)
+    }
+
+    fn next(&mut self) -> Result<Str<'a>, LockError> {
+        self.next_opt().ok_or(LockError::Arity)
+    }
+
+    fn owner(&mut self) -> Result<&'a [u8], LockError> {
+        let owner = self.next()?.as_slice();
         if owner.is_empty() {
             return Err(LockError::EmptyOwner);
         }
-        Ok(owner.as_slice().into())
+        Ok(owner)
     }
 
     fn ttl(&mut self) -> Result<u64, LockError> {
         let max = config::max_ttl_ms();
-        let ttl = self
-            .next()?
-            .parse_integer()
-            .map_err(|_| LockError::BadTtl(max))?;
+        let ttl = self.next()?.parse_integer().ok_or(LockError::BadTtl(max))?;
         if !(1..=max).contains(&ttl) {
             return Err(LockError::BadTtl(max));
         }
@@ -85,7 +94,7 @@ impl Args {
     }
 
     fn done(mut self) -> Result<(), LockError> {
-        match self.0.next() {
+        match self.next_opt() {
             None => Ok(()),
             Some(_) => Err(LockError::Arity),
         }
@@ -93,10 +102,10 @@ impl Args {
 }
 
 /// `WAIT ms` and `BIND`, in any order, each at most once.
-fn options(args: &mut Args) -> Result<(Option<u64>, bool), LockError> {
+fn options(args: &mut Args<'_>) -> Result<(Option<u64>, bool), LockError> {
     let mut wait = None;
     let mut bind = false;
-    while let Some(option) = args.0.next() {
+    while let Some(option) = args.next_opt() {
         let option = option.as_slice();
         if option.eq_ignore_ascii_case(b"BIND") && !bind {
             bind = true;
@@ -105,10 +114,8 @@ fn options(args: &mut Args) -> Result<(Option<u64>, bool), LockError> {
         if !option.eq_ignore_ascii_case(b"WAIT") || wait.is_some() {
             return Err(LockError::Syntax);
         }
-        let ms = args.0.next().ok_or(LockError::Syntax)?;
-        let ms = ms
-            .parse_integer()
-            .map_err(|_| LockError::BadWait(MAX_WAIT_MS))?;
+        let ms = args.next_opt().ok_or(LockError::Syntax)?;
+        let ms = ms.parse_integer().ok_or(LockError::BadWait(MAX_WAIT_MS))?;
         if !(0..=MAX_WAIT_MS).contains(&ms) {
             return Err(LockError::BadWait(MAX_WAIT_MS));
         }
@@ -118,8 +125,8 @@ fn options(args: &mut Args) -> Result<(Option<u64>, bool), LockError> {
 }
 
 /// An integer argument from 1 to `max`, or `error`.
-fn count(arg: &RedisString, max: usize, error: LockError) -> Result<usize, LockError> {
-    let n = arg.parse_integer().map_err(|_| error)?;
+fn count(arg: Str<'_>, max: usize, error: LockError) -> Result<usize, LockError> {
+    let n = arg.parse_integer().ok_or(error)?;
     usize::try_from(n)
         .ok()
         .filter(|n| (1..=max).contains(n))
@@ -127,33 +134,33 @@ fn count(arg: &RedisString, max: usize, error: LockError) -> Result<usize, LockE
 }
 
 /// `LOCK.ACQUIRE | LOCK.RACQUIRE | LOCK.READ key owner ttl [WAIT ms] [BIND]`.
-pub fn grant(args: Vec<RedisString>, kind: Kind) -> Result<Grant, LockError> {
-    let mut args = Args::new(args);
+pub fn grant(argv: Argv<'_>, kind: Kind) -> Result<Grant<'_>, LockError> {
+    let mut args = Args::new(argv);
     let key = args.next()?;
     let owner = args.owner()?;
     let ttl = args.ttl()?;
     let (wait, bind) = options(&mut args)?;
     Ok(Grant {
         key,
-        request: Request { kind, owner, ttl },
+        ask: Ask { kind, owner, ttl },
         wait,
         bind,
     })
 }
 
 /// `LOCK.SEMAPHORE key limit owner ttl [WAIT ms] [BIND]`.
-pub fn semaphore(args: Vec<RedisString>) -> Result<Grant, LockError> {
-    let mut args = Args::new(args);
+pub fn semaphore(argv: Argv<'_>) -> Result<Grant<'_>, LockError> {
+    let mut args = Args::new(argv);
     let key = args.next()?;
     let bad = LockError::BadLimit(MAX_LIMIT);
-    let limit = count(&args.next()?, MAX_LIMIT as usize, bad)?;
+    let limit = count(args.next()?, MAX_LIMIT as usize, bad)?;
     let limit = u32::try_from(limit).map_err(|_| bad)?;
     let owner = args.owner()?;
     let ttl = args.ttl()?;
     let (wait, bind) = options(&mut args)?;
     Ok(Grant {
         key,
-        request: Request {
+        ask: Ask {
             kind: Kind::Semaphore(limit),
             owner,
             ttl,
@@ -163,32 +170,35 @@ pub fn semaphore(args: Vec<RedisString>) -> Result<Grant, LockError> {
     })
 }
 
-/// Where `LOCK.MACQUIRE`'s keys are in `args` (the command name first), for
+/// Where `LOCK.MACQUIRE`'s keys are in `argv` (the command name first), for
 /// a cluster's routing; empty when numkeys is not valid (the command itself
 /// then answers the error).
-pub fn macquire_key_positions(args: &[RedisString]) -> std::ops::Range<usize> {
-    let Some(numkeys) = args
+pub fn macquire_key_positions(argv: Argv<'_>) -> std::ops::Range<usize> {
+    let Some(numkeys) = argv
         .get(1)
         .and_then(|n| count(n, MAX_KEYS, LockError::Syntax).ok())
     else {
         return 0..0;
     };
-    if args.len() < numkeys.saturating_add(4) {
+    if argv.len() < numkeys.saturating_add(4) {
         return 0..0;
     }
     2..numkeys + 2
 }
 
 /// `LOCK.MACQUIRE numkeys key [key ...] owner ttl [WAIT ms] [BIND]`.
-pub fn macquire(args: Vec<RedisString>) -> Result<MultiGrant, LockError> {
-    let mut args = Args::new(args);
+pub fn macquire(argv: Argv<'_>) -> Result<MultiGrant<'_>, LockError> {
+    let mut args = Args::new(argv);
     let bad = LockError::BadNumkeys(MAX_KEYS);
-    let numkeys = count(&args.next()?, MAX_KEYS, bad)?;
+    let numkeys = count(args.next()?, MAX_KEYS, bad)?;
     // numkeys keys, then at least owner and ttl.
-    if args.0.len() < numkeys.saturating_add(2) {
+    if args.left() < numkeys.saturating_add(2) {
         return Err(bad);
     }
-    let keys: Vec<RedisString> = args.0.by_ref().take(numkeys).collect();
+    let mut keys = Vec::with_capacity(numkeys);
+    for _ in 0..numkeys {
+        keys.push(args.next()?);
+    }
     let mut seen = std::collections::HashSet::with_capacity(keys.len());
     if !keys.iter().all(|k| seen.insert(k.as_slice())) {
         return Err(LockError::RepeatedKey);
@@ -198,7 +208,7 @@ pub fn macquire(args: Vec<RedisString>) -> Result<MultiGrant, LockError> {
     let (wait, bind) = options(&mut args)?;
     Ok(MultiGrant {
         keys,
-        request: Request {
+        ask: Ask {
             kind: Kind::Acquire,
             owner,
             ttl,
@@ -208,8 +218,8 @@ pub fn macquire(args: Vec<RedisString>) -> Result<MultiGrant, LockError> {
     })
 }
 
-pub fn release(args: Vec<RedisString>) -> Result<ReleaseArgs, LockError> {
-    let mut args = Args::new(args);
+pub fn release(argv: Argv<'_>) -> Result<ReleaseArgs<'_>, LockError> {
+    let mut args = Args::new(argv);
     let parsed = ReleaseArgs {
         key: args.next()?,
         owner: args.owner()?,
@@ -218,8 +228,8 @@ pub fn release(args: Vec<RedisString>) -> Result<ReleaseArgs, LockError> {
     Ok(parsed)
 }
 
-pub fn renew(args: Vec<RedisString>) -> Result<RenewArgs, LockError> {
-    let mut args = Args::new(args);
+pub fn renew(argv: Argv<'_>) -> Result<RenewArgs<'_>, LockError> {
+    let mut args = Args::new(argv);
     let parsed = RenewArgs {
         key: args.next()?,
         owner: args.owner()?,
@@ -230,18 +240,18 @@ pub fn renew(args: Vec<RedisString>) -> Result<RenewArgs, LockError> {
 }
 
 /// `LOCK.KEEPALIVE ttl`.
-pub fn keepalive(args: Vec<RedisString>) -> Result<u64, LockError> {
-    let mut args = Args::new(args);
+pub fn keepalive(argv: Argv<'_>) -> Result<u64, LockError> {
+    let mut args = Args::new(argv);
     let ttl = args.ttl()?;
     args.done()?;
     Ok(ttl)
 }
 
 /// `LOCK.INFO key [WAITERS]`: the key, and whether the waiters are listed.
-pub fn info(args: Vec<RedisString>) -> Result<(RedisString, bool), LockError> {
-    let mut args = Args::new(args);
+pub fn info(argv: Argv<'_>) -> Result<(Str<'_>, bool), LockError> {
+    let mut args = Args::new(argv);
     let key = args.next()?;
-    let waiters = match args.0.next() {
+    let waiters = match args.next_opt() {
         None => false,
         Some(option) if option.as_slice().eq_ignore_ascii_case(b"WAITERS") => true,
         Some(_) => return Err(LockError::Syntax),

@@ -3,15 +3,16 @@
 
 use std::os::raw::c_long;
 
-use redis_module::{Context, ContextFlags, RedisResult, RedisString, RedisValue};
+use redis_module::{Context, ContextFlags, RedisResult, RedisValue};
 
 use crate::args;
 use crate::bindings::{self, ClientId};
 use crate::clock;
 use crate::deadlocks;
 use crate::errors::LockError;
-use crate::ffi::{self, api, DbKey};
+use crate::ffi::{self, api, Argv, DbKey, Str};
 use crate::keys::LockKey;
+use crate::replication;
 use crate::replies;
 use crate::stats;
 use crate::store;
@@ -19,36 +20,36 @@ use crate::waiting;
 use lock_core::{Attempt, Kind, Lock, Owner, Release};
 
 /// `LOCK.ACQUIRE key owner ttl [WAIT ms] [BIND]`
-pub fn acquire(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
+pub fn acquire(ctx: &Context, args: Argv<'_>) -> RedisResult {
     master_only(ctx)?;
     grant(ctx, args::grant(args, Kind::Acquire)?)
 }
 
 /// `LOCK.RACQUIRE key owner ttl [WAIT ms] [BIND]`
-pub fn racquire(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
+pub fn racquire(ctx: &Context, args: Argv<'_>) -> RedisResult {
     master_only(ctx)?;
     grant(ctx, args::grant(args, Kind::Racquire)?)
 }
 
 /// `LOCK.READ key owner ttl [WAIT ms] [BIND]`
-pub fn read(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
+pub fn read(ctx: &Context, args: Argv<'_>) -> RedisResult {
     master_only(ctx)?;
     grant(ctx, args::grant(args, Kind::Read)?)
 }
 
 /// `LOCK.SEMAPHORE key limit owner ttl [WAIT ms] [BIND]`
-pub fn semaphore(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
+pub fn semaphore(ctx: &Context, args: Argv<'_>) -> RedisResult {
     master_only(ctx)?;
     grant(ctx, args::semaphore(args)?)
 }
 
 /// `LOCK.MACQUIRE numkeys key [key ...] owner ttl [WAIT ms] [BIND]`: all
 /// the keys or none. Every key is decided before any is granted.
-pub fn macquire(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
+pub fn macquire(ctx: &Context, args: Argv<'_>) -> RedisResult {
     // A cluster asks where the keys are (`getkeys-api`): Redis routes
     // module commands by this, not by the key spec.
     if api!(RedisModule_IsKeysPositionRequest(ctx.ctx)).unwrap_or(0) != 0 {
-        for pos in args::macquire_key_positions(&args) {
+        for pos in args::macquire_key_positions(args) {
             if let Ok(pos) = std::os::raw::c_int::try_from(pos) {
                 api!(RedisModule_KeyAtPos(ctx.ctx, pos));
             }
@@ -61,14 +62,14 @@ pub fn macquire(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
         true => Some(bound_connection(ctx)?),
         false => None,
     };
-    let request = &grant.request;
-    let free = store::check_all(ctx, &grant.keys, request, |k| waiting::has_waiters(ctx, k))?;
+    let ask = grant.ask;
+    let free = store::check_all(ctx, &grant.keys, ask, |k| waiting::has_waiters(ctx, k))?;
     if free {
-        let tokens = store::grant_all(ctx, &grant.keys, request)?;
+        let tokens = store::grant_all(ctx, &grant.keys, ask)?;
         let db = ffi::selected_db(ctx);
         if let Some(client) = bind {
             for (name, token) in grant.keys.iter().zip(&tokens) {
-                bindings::bind(client, (db, name.to_vec()), &request.owner, *token);
+                bindings::bind(client, (db, name.as_slice().to_vec()), ask.owner, *token);
             }
         }
         let tokens = tokens.into_iter().map(|t| RedisValue::Integer(ffi::int(t)));
@@ -81,19 +82,20 @@ pub fn macquire(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
                 .iter()
                 .map(|k| ffi::db_key(ctx, k.as_slice()))
                 .collect();
-            if deadlocks::would_deadlock(ctx, &keys, request) {
+            let request = ask.to_request();
+            if deadlocks::would_deadlock(ctx, &keys, &request) {
                 return Err(LockError::Deadlock.into());
             }
             let now = clock::now_ms();
             let mut waits = Vec::with_capacity(keys.len());
             for (key, name) in keys.into_iter().zip(&grant.keys) {
-                let mut open = LockKey::open(ctx, name, false)?;
+                let open = LockKey::open(ctx, *name, false)?;
                 let next_expiry = open
                     .lock()?
                     .and_then(|l| l.live(now).map(|h| h.deadline).min());
                 waits.push((key, next_expiry));
             }
-            waiting::block_multi(ctx, waits, grant.request, ms, bind)
+            waiting::block_multi(ctx, waits, request, ms, bind)
         }
         _ => {
             stats::REFUSALS.incr();
@@ -106,6 +108,9 @@ pub fn macquire(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
 /// its tokens would repeat the master's and its state would diverge. Only the
 /// master's stream (`LOCK.SYNC`) writes there.
 fn master_only(ctx: &Context) -> Result<(), LockError> {
+    if !replication::is_replica() {
+        return Ok(());
+    }
     let flags = ctx.get_flags();
     let from_master = flags.intersects(ContextFlags::REPLICATED | ContextFlags::LOADING);
     if flags.contains(ContextFlags::SLAVE) && !from_master {
@@ -114,18 +119,18 @@ fn master_only(ctx: &Context) -> Result<(), LockError> {
     Ok(())
 }
 
-fn grant(ctx: &Context, grant: args::Grant) -> RedisResult {
-    let kind = grant.request.kind;
+fn grant(ctx: &Context, grant: args::Grant<'_>) -> RedisResult {
+    let kind = grant.ask.kind;
     let bind = match grant.bind {
         true => Some(bound_connection(ctx)?),
         false => None,
     };
-    let (attempt, next_expiry) = store::update(ctx, &grant.key, |txn| {
-        let queued = waiting::has_waiters(ctx, &grant.key);
+    let (attempt, next_expiry) = store::update(ctx, grant.key, |txn| {
+        let queued = waiting::has_waiters(ctx, grant.key);
         let before = txn.tokens.last();
-        let attempt =
-            txn.lock
-                .try_acquire(&grant.request, queued, txn.now, txn.tokens, txn.changes);
+        let attempt = txn
+            .lock
+            .try_acquire(grant.ask, queued, txn.now, txn.tokens, txn.changes);
         if txn.tokens.last() != before {
             stats::GRANTS.incr();
         }
@@ -138,10 +143,11 @@ fn grant(ctx: &Context, grant: args::Grant) -> RedisResult {
         Attempt::Busy => match grant.wait {
             Some(ms) if waiting::can_block(ctx) => {
                 let key = ffi::db_key(ctx, grant.key.as_slice());
-                if deadlocks::would_deadlock(ctx, &[key], &grant.request) {
+                let request = grant.ask.to_request();
+                if deadlocks::would_deadlock(ctx, &[key], &request) {
                     return Err(LockError::Deadlock.into());
                 }
-                waiting::block(ctx, grant.key, grant.request, ms, next_expiry, bind)
+                waiting::block(ctx, grant.key, request, ms, next_expiry, bind)
             }
             _ => {
                 stats::REFUSALS.incr();
@@ -151,7 +157,7 @@ fn grant(ctx: &Context, grant: args::Grant) -> RedisResult {
         Attempt::Granted(token) => {
             if let Some(client) = bind {
                 let key = ffi::db_key(ctx, grant.key.as_slice());
-                bindings::bind(client, key, &grant.request.owner, token);
+                bindings::bind(client, key, grant.ask.owner, token);
             }
             replies::answer(attempt)
         }
@@ -174,7 +180,7 @@ fn bound_connection(ctx: &Context) -> Result<ClientId, LockError> {
 
 /// `LOCK.KEEPALIVE ttl`: renews every holder bound to the calling
 /// connection; the reply is how many.
-pub fn keepalive(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
+pub fn keepalive(ctx: &Context, args: Argv<'_>) -> RedisResult {
     master_only(ctx)?;
     let ttl = args::keepalive(args)?;
     let Some(client) = api!(RedisModule_GetClientId(ctx.ctx)) else {
@@ -191,7 +197,7 @@ pub fn keepalive(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
             continue;
         }
         let name = ffi::name(ctx, &b.key.1);
-        let done = store::update(ctx, &name, |txn| {
+        let done = store::update(ctx, Str::from(&name), |txn| {
             let ours = txn.lock.holder(&b.owner).map(|h| h.token) == Some(b.token);
             let renewed = ours && txn.lock.renew(&b.owner, ttl, txn.now, txn.changes);
             if renewed {
@@ -210,11 +216,11 @@ pub fn keepalive(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
 }
 
 /// `LOCK.RELEASE key owner`
-pub fn release(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
+pub fn release(ctx: &Context, args: Argv<'_>) -> RedisResult {
     master_only(ctx)?;
     let release = args::release(args)?;
-    let outcome = store::update(ctx, &release.key, |txn| {
-        let outcome = txn.lock.release(&release.owner, txn.now, txn.changes);
+    let outcome = store::update(ctx, release.key, |txn| {
+        let outcome = txn.lock.release(release.owner, txn.now, txn.changes);
         if outcome != Release::NotHeld {
             txn.events.push(c"lock.release");
         }
@@ -231,13 +237,11 @@ pub fn release(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
 }
 
 /// `LOCK.RENEW key owner ttl`
-pub fn renew(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
+pub fn renew(ctx: &Context, args: Argv<'_>) -> RedisResult {
     master_only(ctx)?;
     let renew = args::renew(args)?;
-    let renewed = store::update(ctx, &renew.key, |txn| {
-        let renewed = txn
-            .lock
-            .renew(&renew.owner, renew.ttl, txn.now, txn.changes);
+    let renewed = store::update(ctx, renew.key, |txn| {
+        let renewed = txn.lock.renew(renew.owner, renew.ttl, txn.now, txn.changes);
         if renewed {
             txn.events.push(c"lock.renew");
         }
@@ -249,15 +253,15 @@ pub fn renew(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
 /// `LOCK.INFO key [WAITERS]`: read-only, so expired holders are hidden, not
 /// removed. `WAITERS` adds `waiting`: each waiting request's owner and how
 /// long it has waited, in queue order.
-pub fn info(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
+pub fn info(ctx: &Context, args: Argv<'_>) -> RedisResult {
     let (name, list_waiters) = args::info(args)?;
-    let mut key = LockKey::open(ctx, &name, false)?;
+    let key = LockKey::open(ctx, name, false)?;
     let now = clock::now_ms();
     match key.lock()? {
         Some(lock) if lock.is_held(now) => {
             let waiting =
                 list_waiters.then(|| waiting::waiting_on(&ffi::db_key(ctx, name.as_slice()), now));
-            reply_info(ctx, lock, now, waiting::waiters(ctx, &name), waiting);
+            reply_info(ctx, &lock, now, waiting::waiters(ctx, name), waiting);
             Ok(RedisValue::NoReply)
         }
         _ => Ok(RedisValue::Null),
@@ -294,7 +298,7 @@ fn reply_info(
     api!(RedisModule_ReplyWithArray(c, len(live.len())));
     for h in live {
         api!(RedisModule_ReplyWithArray(c, 4));
-        bulk(&h.owner);
+        bulk(h.owner);
         api!(RedisModule_ReplyWithLongLong(c, i64::from(h.holds)));
         api!(RedisModule_ReplyWithLongLong(
             c,

@@ -13,7 +13,7 @@ use std::collections::HashMap;
 use redis_module::Context;
 
 use crate::clock;
-use crate::ffi::{self, DbKey};
+use crate::ffi::{self, DbKey, Str};
 use crate::keys::LockKey;
 use crate::stats;
 use crate::waiting;
@@ -52,7 +52,9 @@ impl Waits<'_> {
             return Lock::default();
         }
         let name = ffi::name(self.ctx, &key.1);
-        match LockKey::open(self.ctx, &name, false).map(|mut k| k.lock().map(|l| l.cloned())) {
+        let read = LockKey::open(self.ctx, Str::from(&name), false)
+            .map(|k| k.lock().map(|l| l.map(|l| Lock::clone(&l))));
+        match read {
             Ok(Ok(Some(lock))) => lock,
             _ => Lock::default(),
         }

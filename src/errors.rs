@@ -35,6 +35,8 @@ pub enum LockError {
     /// The key already has `lock.max-waiters` (carried here) waiting requests.
     TooManyWaiters(i64),
     TokensExhausted,
+    /// The lock would pass 4 GiB (owners that long, that many).
+    TooLarge,
     /// `BIND` where no connection of the caller's own can hold it.
     BindInScript,
     /// This server became a replica while the client waited.
@@ -98,6 +100,7 @@ impl LockError {
                 "TRYAGAIN the lock moved with its slot to another node: retry the request".into()
             }
             LockError::TokensExhausted => "ERR no fencing token left to issue".into(),
+            LockError::TooLarge => "ERR the lock would pass 4 GiB: nothing was changed".into(),
             LockError::InternalCommand => {
                 "ERR LOCK.SYNC is internal: accepted only from the master or the AOF".into()
             }

@@ -40,6 +40,7 @@ use crate::ffi::DbKey;
 use crate::ffi::{self, api};
 use crate::guard;
 use crate::keys;
+use crate::replication;
 use crate::stats;
 use crate::timers;
 use crate::waiting;
@@ -241,7 +242,9 @@ extern "C" fn on_role(
     _data: *mut c_void,
 ) {
     guard::callback("a role change", (), || {
-        if subevent == raw::REDISMODULE_EVENT_REPLROLECHANGED_NOW_MASTER {
+        let master = subevent == raw::REDISMODULE_EVENT_REPLROLECHANGED_NOW_MASTER;
+        replication::set_replica(!master);
+        if master {
             // Above every token the old master can have issued, even those
             // this server never received (`fencing::jump_ahead`).
             fencing::jump_ahead(clock::now_ms(), config::clock_skew_ms());

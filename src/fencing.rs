@@ -8,48 +8,22 @@
 //! nothing here.
 
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{LazyLock, Mutex, MutexGuard};
 
 use lock_core::Tokens;
 
-struct Counter {
-    /// Issued or seen.
-    tokens: Tokens,
-    /// The next token is above this (skew-margin jumps).
-    floor: u64,
-}
-
-static COUNTER: LazyLock<Mutex<Counter>> = LazyLock::new(|| {
-    Mutex::new(Counter {
-        tokens: Tokens::starting_after(0),
-        floor: 0,
-    })
-});
-
-/// `tokens.last()`, readable without the lock (INFO, even in a crash report).
+/// The last token issued or seen (`INFO lock` reads it without waiting for
+/// anything, even in a crash report). Only Redis's main thread (and a fork's
+/// single thread) writes either number: plain atomics, no lock.
 static LAST: AtomicU64 = AtomicU64::new(0);
-
-/// Only Redis's main thread (and a fork's single thread) uses it.
-fn counter() -> MutexGuard<'static, Counter> {
-    COUNTER
-        .lock()
-        .unwrap_or_else(|poisoned| poisoned.into_inner())
-}
-
-impl Counter {
-    fn set_last(&mut self, tokens: Tokens) {
-        self.tokens = tokens;
-        LAST.store(tokens.last(), Ordering::Relaxed);
-    }
-}
+/// The next token is above this (skew-margin jumps).
+static FLOOR: AtomicU64 = AtomicU64::new(0);
 
 /// The counter a transaction at `now_ms` issues from: above everything issued
 /// or seen, above the jumps' floor and at or above `now_ms * 1000`. Give it
 /// back with [`issued`].
 pub fn for_transaction(now_ms: u64) -> Tokens {
-    let c = counter();
-    let mut t = c.tokens;
-    t.observe(c.floor);
+    let mut t = Tokens::starting_after(LAST.load(Ordering::Relaxed));
+    t.observe(FLOOR.load(Ordering::Relaxed));
     t.observe(Tokens::from_clock(now_ms).last());
     t
 }
@@ -58,19 +32,15 @@ pub fn for_transaction(now_ms: u64) -> Tokens {
 /// issued tokens, the last one is now the last issued.
 pub fn issued(start: &Tokens, after: &Tokens) {
     if after.last() > start.last() {
-        let mut c = counter();
-        let mut t = c.tokens;
-        t.observe(after.last());
-        c.set_last(t);
+        observe(after.last());
     }
 }
 
 /// A token seen in a file or from the master.
 pub fn observe(token: u64) {
-    let mut c = counter();
-    let mut t = c.tokens;
+    let mut t = Tokens::starting_after(0);
     t.observe(token);
-    c.set_last(t);
+    LAST.fetch_max(t.last(), Ordering::Relaxed);
 }
 
 /// The last token issued or seen.
@@ -80,8 +50,8 @@ pub fn last() -> u64 {
 
 /// What the RDB keeps: everything the next token must be above.
 pub fn to_save() -> u64 {
-    let c = counter();
-    c.tokens.last().max(c.floor)
+    LAST.load(Ordering::Relaxed)
+        .max(FLOOR.load(Ordering::Relaxed))
 }
 
 /// Jumps the floor ahead (`Tokens::jump`) by the configured margin
@@ -96,8 +66,7 @@ pub fn to_save() -> u64 {
 /// the one that issued them starts above both: past what it knows by the
 /// margin, and past its own clock by the margin.
 pub fn jump_ahead(now_ms: u64, margin_ms: u64) {
-    let mut c = counter();
-    let mut t = Tokens::starting_after(c.tokens.last().max(c.floor));
+    let mut t = Tokens::starting_after(to_save());
     t.jump(now_ms, margin_ms);
-    c.floor = c.floor.max(t.last());
+    FLOOR.fetch_max(t.last(), Ordering::Relaxed);
 }

@@ -55,3 +55,90 @@ pub fn name(ctx: &Context, key: &[u8]) -> RedisString {
 pub fn int(n: impl TryInto<i64>) -> i64 {
     n.try_into().unwrap_or(i64::MAX)
 }
+
+/// A module string Redis owns for the length of a call (a command's
+/// argument, a key name it passed): borrowed, never retained or freed here.
+#[derive(Clone, Copy)]
+pub struct Str<'a> {
+    ptr: *mut raw::RedisModuleString,
+    life: std::marker::PhantomData<&'a raw::RedisModuleString>,
+}
+
+impl<'a> Str<'a> {
+    /// The string at `ptr`.
+    ///
+    /// # Safety
+    ///
+    /// `ptr` is a live module string for all of `'a` (Redis passed it to the
+    /// running callback, or a `RedisString` that outlives `'a` holds it).
+    pub unsafe fn from_raw(ptr: *mut raw::RedisModuleString) -> Str<'a> {
+        Str {
+            ptr,
+            life: std::marker::PhantomData,
+        }
+    }
+
+    pub fn raw(self) -> *mut raw::RedisModuleString {
+        self.ptr
+    }
+
+    /// Its bytes, binary-safe.
+    pub fn as_slice(self) -> &'a [u8] {
+        let mut len = 0usize;
+        match api!(RedisModule_StringPtrLen(self.ptr, &mut len)) {
+            // SAFETY: Redis returns the string's buffer and its length; the
+            // string lives for 'a.
+            Some(p) if !p.is_null() => unsafe { std::slice::from_raw_parts(p.cast(), len) },
+            _ => &[],
+        }
+    }
+
+    /// The integer it spells, as Redis parses one (`RM_StringToLongLong`).
+    pub fn parse_integer(self) -> Option<i64> {
+        let mut n: std::os::raw::c_longlong = 0;
+        match api!(RedisModule_StringToLongLong(self.ptr, &mut n)) {
+            Some(s) if s == raw::REDISMODULE_OK as c_int => Some(n),
+            _ => None,
+        }
+    }
+}
+
+impl<'a> From<&'a RedisString> for Str<'a> {
+    fn from(s: &'a RedisString) -> Str<'a> {
+        // SAFETY: the RedisString holds a reference for as long as it is
+        // borrowed.
+        unsafe { Str::from_raw(s.inner) }
+    }
+}
+
+/// A command's arguments as Redis passed them, the name first: nothing
+/// copied, retained or freed.
+#[derive(Clone, Copy)]
+pub struct Argv<'a> {
+    args: &'a [*mut raw::RedisModuleString],
+}
+
+impl<'a> Argv<'a> {
+    /// # Safety
+    ///
+    /// `argv` and `argc` are what Redis passed to the running command.
+    pub unsafe fn from_raw(argv: *mut *mut raw::RedisModuleString, argc: c_int) -> Argv<'a> {
+        let n = usize::try_from(argc).unwrap_or(0);
+        let args = if argv.is_null() || n == 0 {
+            &[][..]
+        } else {
+            // SAFETY: Redis passes argc live strings at argv.
+            unsafe { std::slice::from_raw_parts(argv, n) }
+        };
+        Argv { args }
+    }
+
+    pub fn len(self) -> usize {
+        self.args.len()
+    }
+
+    pub fn get(self, i: usize) -> Option<Str<'a>> {
+        // SAFETY: each argument lives for the command's call ('a).
+        self.args.get(i).map(|p| unsafe { Str::from_raw(*p) })
+    }
+}

@@ -4,30 +4,42 @@
 
 use std::panic::{catch_unwind, AssertUnwindSafe};
 
-use redis_module::{Context, RedisResult, RedisString};
+use redis_module::RedisResult;
 
 use crate::errors::LockError;
 use crate::log;
 
-type Handler = fn(&Context, Vec<RedisString>) -> RedisResult;
-
-/// A command handler whose panic becomes an error reply.
-pub fn command(
-    name: &'static str,
-    handler: Handler,
-) -> impl Fn(&Context, Vec<RedisString>) -> RedisResult {
-    move |ctx, args| {
-        catch_unwind(AssertUnwindSafe(|| handler(ctx, args))).unwrap_or_else(|_| {
-            log::warning(&format!("lock: panic caught in {name}"));
-            Err(LockError::Internal.into())
-        })
-    }
+/// A command handler's run (`name` is the command's) whose panic becomes
+/// an error reply.
+pub fn command(name: &std::ffi::CStr, handler: impl FnOnce() -> RedisResult) -> RedisResult {
+    catch_unwind(AssertUnwindSafe(handler)).unwrap_or_else(|_| {
+        log::warning(&format!("lock: panic caught in {}", name.to_string_lossy()));
+        Err(LockError::Internal.into())
+    })
 }
 
 /// A callback body whose panic is logged and turned into `fallback`.
-pub fn callback<T>(what: &str, fallback: T, body: impl FnOnce() -> T) -> T {
+pub fn callback<T>(what: impl Describe, fallback: T, body: impl FnOnce() -> T) -> T {
     catch_unwind(AssertUnwindSafe(body)).unwrap_or_else(|_| {
-        log::warning(&format!("lock: panic caught in {what}"));
+        log::warning(&format!("lock: panic caught in {}", what.describe()));
         fallback
     })
+}
+
+/// What a guarded callback is, for the log (made only when a panic is
+/// caught).
+pub trait Describe {
+    fn describe(&self) -> std::borrow::Cow<'_, str>;
+}
+
+impl Describe for &str {
+    fn describe(&self) -> std::borrow::Cow<'_, str> {
+        std::borrow::Cow::Borrowed(self)
+    }
+}
+
+impl Describe for &std::ffi::CStr {
+    fn describe(&self) -> std::borrow::Cow<'_, str> {
+        self.to_string_lossy()
+    }
 }

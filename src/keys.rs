@@ -2,14 +2,16 @@
 //! set the absolute expiry. The `redis-module` wrapper has no absolute expiry
 //! and panics on missing API entries; this file returns errors instead.
 
+use std::mem::ManuallyDrop;
+use std::ops::{Deref, DerefMut};
 use std::os::raw::{c_int, c_longlong, c_void};
 use std::ptr::NonNull;
 use std::sync::atomic::{AtomicPtr, Ordering};
 
-use redis_module::{raw, Context, RedisString};
+use redis_module::{raw, Context};
 
 use crate::errors::LockError;
-use crate::ffi::api;
+use crate::ffi::{api, Str};
 use lock_core::Lock;
 
 /// The lock data type, as Redis created it (set once at load, from `lib`).
@@ -31,13 +33,13 @@ pub struct LockKey {
 }
 
 impl LockKey {
-    pub fn open(ctx: &Context, name: &RedisString, writable: bool) -> Result<LockKey, LockError> {
+    pub fn open(ctx: &Context, name: Str<'_>, writable: bool) -> Result<LockKey, LockError> {
         let mode = if writable {
             raw::REDISMODULE_READ | raw::REDISMODULE_WRITE
         } else {
             raw::REDISMODULE_READ
         };
-        LockKey::open_raw(ctx, name.inner, mode, writable)
+        LockKey::open_raw(ctx, name.raw(), mode, writable)
     }
 
     fn open_raw(
@@ -59,9 +61,9 @@ impl LockKey {
         self.key.map_or(std::ptr::null_mut(), NonNull::as_ptr)
     }
 
-    /// The lock stored here; `None` when the key does not exist, `WRONGTYPE`
-    /// when it holds something else.
-    pub fn lock(&mut self) -> Result<Option<&mut Lock>, LockError> {
+    /// The block of the lock stored here: `None` when the key does not
+    /// exist, `WRONGTYPE` when it holds something else.
+    fn value(&self) -> Result<Option<*mut u8>, LockError> {
         if self.key.is_none() {
             return Ok(None);
         }
@@ -72,27 +74,51 @@ impl LockKey {
         if key_type != raw::REDISMODULE_KEYTYPE_MODULE as c_int {
             return Err(LockError::WrongType);
         }
-        let ours = lock_type();
         let its = api!(RedisModule_ModuleTypeGetType(self.raw())).ok_or(LockError::Internal)?;
-        if its != ours {
+        if its != lock_type() {
             return Err(LockError::WrongType);
         }
         let value = api!(RedisModule_ModuleTypeGetValue(self.raw())).ok_or(LockError::Internal)?;
-        // SAFETY: a value of our type is always a `Box<Lock>` we stored, alive
-        // while the key is open.
-        Ok(unsafe { value.cast::<Lock>().as_mut() })
+        Ok(Some(value.cast::<u8>()))
+    }
+
+    /// The lock stored here, to read; `None` when the key does not exist,
+    /// `WRONGTYPE` when it holds something else.
+    pub fn lock(&self) -> Result<Option<LockRef<'_>>, LockError> {
+        Ok(self.value()?.map(|block| LockRef {
+            // SAFETY: a value of our type is a lock's block (`store`); it
+            // stays the key's (never dropped here) while the key is open.
+            lock: ManuallyDrop::new(unsafe { Lock::from_raw(block) }),
+            _key: std::marker::PhantomData,
+        }))
+    }
+
+    /// The lock stored here, to change (the key must be open for writing):
+    /// when it is dropped, the key's value follows the lock's block wherever
+    /// it moved (null when the lock emptied: delete the key next).
+    pub fn lock_mut(&mut self) -> Result<Option<LockMut<'_>>, LockError> {
+        Ok(self.value()?.map(|block| LockMut {
+            // SAFETY: as in `lock`; the block goes back to the key on drop.
+            lock: ManuallyDrop::new(unsafe { Lock::from_raw(block) }),
+            stored: block,
+            key: self.raw(),
+            _key: std::marker::PhantomData,
+        }))
     }
 
     /// Stores a new lock in an empty key.
     pub fn store(&self, lock: Lock) -> Result<(), LockError> {
-        let ours = lock_type();
-        let value = Box::into_raw(Box::new(lock)).cast::<c_void>();
-        let status = api!(RedisModule_ModuleTypeSetValue(self.raw(), ours, value));
+        let block = lock.into_raw();
+        let status = api!(RedisModule_ModuleTypeSetValue(
+            self.raw(),
+            lock_type(),
+            block.cast::<c_void>()
+        ));
         if status == Some(raw::REDISMODULE_OK as c_int) {
             Ok(())
         } else {
-            // SAFETY: Redis did not take the value; it is still ours to free.
-            drop(unsafe { Box::from_raw(value.cast::<Lock>()) });
+            // SAFETY: Redis did not take the block; it is still ours to free.
+            drop(unsafe { Lock::from_raw(block) });
             Err(LockError::Internal)
         }
     }
@@ -108,6 +134,63 @@ impl LockKey {
     }
 }
 
+/// A stored lock, read in place.
+pub struct LockRef<'k> {
+    lock: ManuallyDrop<Lock>,
+    _key: std::marker::PhantomData<&'k LockKey>,
+}
+
+impl Deref for LockRef<'_> {
+    type Target = Lock;
+
+    fn deref(&self) -> &Lock {
+        &self.lock
+    }
+}
+
+/// A stored lock, changed in place; the key's value is set to where its
+/// block is when this is dropped.
+pub struct LockMut<'k> {
+    lock: ManuallyDrop<Lock>,
+    /// The block the key holds now.
+    stored: *mut u8,
+    key: *mut raw::RedisModuleKey,
+    _key: std::marker::PhantomData<&'k mut LockKey>,
+}
+
+impl Deref for LockMut<'_> {
+    type Target = Lock;
+
+    fn deref(&self) -> &Lock {
+        &self.lock
+    }
+}
+
+impl DerefMut for LockMut<'_> {
+    fn deref_mut(&mut self) -> &mut Lock {
+        &mut self.lock
+    }
+}
+
+impl Drop for LockMut<'_> {
+    fn drop(&mut self) {
+        // SAFETY: taken once, here; the lock is not used after.
+        let lock = unsafe { ManuallyDrop::take(&mut self.lock) };
+        let block = lock.into_raw();
+        if block != self.stored {
+            // The old block is gone (grown, shrunk or emptied): the key must
+            // not keep its address.
+            let mut old = std::ptr::null_mut();
+            api!(RedisModule_ModuleTypeReplaceValue(
+                self.key,
+                lock_type(),
+                block.cast::<c_void>(),
+                &mut old
+            ));
+        }
+    }
+}
+
 /// Whether `name` holds a lock, looked up with as few side effects as the
 /// server allows (Redis 7.2+: no LRU touch, no hit counted, no lazy expiry;
 /// Redis 7.0 ignores the flags it does not know and counts a keyspace hit).
@@ -116,7 +199,7 @@ pub fn is_lock(ctx: &Context, name: *mut raw::RedisModuleString) -> bool {
     let noeffects = raw::REDISMODULE_OPEN_KEY_NOEFFECTS & u32::try_from(known).unwrap_or(0);
     let mode = raw::REDISMODULE_READ | raw::REDISMODULE_OPEN_KEY_NOTOUCH | noeffects;
     LockKey::open_raw(ctx, name, mode, false)
-        .and_then(|mut key| key.lock().map(|lock| lock.is_some()))
+        .and_then(|key| key.value().map(|v| v.is_some()))
         .unwrap_or(false)
 }
 

@@ -24,6 +24,8 @@
     )
 )]
 
+#[cfg_attr(test, allow(dead_code))]
+mod alloc;
 mod args;
 mod bindings;
 mod clock;
@@ -53,7 +55,7 @@ mod waiting;
 
 use std::os::raw::c_int;
 
-use redis_module::{raw, Context, ModuleOptions, RedisString, Status};
+use redis_module::{raw, Context, ContextFlags, ModuleOptions, RedisString, Status};
 
 use crate::module::{command, Command};
 use crate::persistence::LOCK_TYPE;
@@ -62,7 +64,7 @@ use crate::persistence::LOCK_TYPE;
 // where there is no Redis, the system's.
 #[cfg(not(test))]
 #[global_allocator]
-static ALLOCATOR: redis_module::alloc::RedisAlloc = redis_module::alloc::RedisAlloc;
+static ALLOCATOR: alloc::RedisHeap = alloc::RedisHeap;
 
 /// The commands: name, handler, flags, first key, last key, key step. Arity,
 /// key specs, ACL categories and COMMAND DOCS are in `metadata`.
@@ -138,6 +140,7 @@ pub extern "C" fn RedisModule_OnLoad(
 fn on_load(ctx: &Context, args: &[RedisString]) -> Status {
     guard::callback("loading the module", Status::Err, || {
         ctx.set_module_options(ModuleOptions::HANDLE_IO_ERRORS);
+        replication::set_replica(ctx.get_flags().contains(ContextFlags::SLAVE));
         keys::set_type(*LOCK_TYPE.raw_type.borrow());
         if !timers::init(ctx) {
             return Status::Err;

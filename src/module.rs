@@ -9,7 +9,7 @@ use std::os::raw::c_int;
 
 use redis_module::{raw, Context, RedisResult, RedisString, Status};
 
-use crate::ffi::api;
+use crate::ffi::{api, Argv};
 use crate::guard;
 use crate::metadata;
 use crate::persistence::LOCK_TYPE;
@@ -28,8 +28,8 @@ pub struct Command {
     pub key_step: c_int,
 }
 
-/// A command handler.
-pub type Handler = fn(&Context, Vec<RedisString>) -> RedisResult;
+/// A command handler: its arguments as Redis passed them (nothing copied).
+pub type Handler = fn(&Context, Argv<'_>) -> RedisResult;
 
 /// Runs `handler` for one call of command `name`, guarded, and replies.
 pub fn run(
@@ -39,13 +39,13 @@ pub fn run(
     name: &'static CStr,
     handler: Handler,
 ) -> c_int {
-    let name = name.to_str().unwrap_or("lock");
-    // Decoding the arguments and writing the reply are inside the guard too:
+    // Reading the arguments and writing the reply are inside the guard too:
     // nothing of the call runs outside one.
     guard::callback(name, raw::REDISMODULE_ERR as c_int, || {
         let context = Context::new(ctx);
-        let args = redis_module::decode_args(ctx, argv, argc);
-        let result = guard::command(name, handler)(&context, args);
+        // SAFETY: what Redis passed to this command.
+        let args = unsafe { Argv::from_raw(argv, argc) };
+        let result = guard::command(name, || handler(&context, args));
         context.reply(result) as c_int
     })
 }

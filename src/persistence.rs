@@ -2,11 +2,14 @@
 //! AOF rewrite, memory usage, digest, free, and the token counter saved
 //! beside the keys (aux data) so it outlives them.
 //!
-//! Encoding version 2, per key:
+//! Encoding version 3, per key: one string, the lock's block as it is in
+//! memory (`lock_core::block`: its kind, and each holder's token, deadline,
+//! holds and owner), read back into the block it becomes without a copy
+//! and checked whole before it is used. Version 2 (0.2, with semaphores):
 //! `mode (0 exclusive, 1 shared, 2 semaphore)`, for a semaphore its `limit`,
 //! `count`, then `count` times `owner (string)`, `holds`, `token`,
-//! `deadline (unix ms)`, all unsigned. Version 1 (written by 0.2 and
-//! earlier) is the same without semaphores; it still loads.
+//! `deadline (unix ms)`, all unsigned; version 1 (0.1) the same without
+//! semaphores. Both still load.
 //! Aux data (before the keys): `last token issued`.
 //!
 //! A short or corrupt read returns an error (never a panic): Redis then
@@ -16,6 +19,7 @@ use std::os::raw::{c_int, c_void};
 
 use redis_module::native_types::RedisType;
 use redis_module::{raw, RedisString};
+use std::os::raw::c_char;
 
 use crate::bindings;
 use crate::clock;
@@ -30,7 +34,19 @@ use crate::waiting;
 use lock_core::{Holder, Kind, Lock, Mode, Tokens};
 
 /// The encoding version this build writes; it reads every version up to it.
-pub const ENCODING_VERSION: i32 = 2;
+pub const ENCODING_VERSION: i32 = 3;
+
+/// The lock whose block Redis holds at `value`, read in place (never freed
+/// here).
+///
+/// # Safety
+///
+/// `value` is null or a value of this type (a block from `Lock::into_raw`),
+/// alive for the borrow.
+unsafe fn borrowed(value: *const c_void) -> std::mem::ManuallyDrop<Lock> {
+    // SAFETY: the caller's promise; ManuallyDrop: the block stays Redis's.
+    std::mem::ManuallyDrop::new(unsafe { Lock::from_raw(value.cast_mut().cast()) })
+}
 
 pub static LOCK_TYPE: RedisType = RedisType::new(
     "redislock",
@@ -61,25 +77,38 @@ pub static LOCK_TYPE: RedisType = RedisType::new(
 
 unsafe extern "C" fn rdb_save(rdb: *mut raw::RedisModuleIO, value: *mut c_void) {
     guard("rdb_save", (), || {
-        // SAFETY: Redis hands back a value of this type: a `Lock` we stored.
-        let Some(lock) = (unsafe { value.cast::<Lock>().as_ref() }) else {
-            return;
-        };
-        raw::save_unsigned(rdb, lock.mode().code());
-        if let Some(limit) = lock.limit() {
-            raw::save_unsigned(rdb, u64::from(limit));
-        }
-        raw::save_unsigned(rdb, lock.holders().len() as u64);
-        for h in lock.holders() {
-            raw::save_slice(rdb, &h.owner);
-            raw::save_unsigned(rdb, u64::from(h.holds));
-            raw::save_unsigned(rdb, h.token);
-            raw::save_unsigned(rdb, h.deadline);
-        }
+        // SAFETY: Redis hands back a value of this type.
+        let lock = unsafe { borrowed(value) };
+        let saved = lock.saved();
+        api!(RedisModule_SaveStringBuffer(
+            rdb,
+            saved.as_ptr().cast::<c_char>(),
+            saved.len()
+        ));
     })
 }
 
-fn load_lock(rdb: *mut raw::RedisModuleIO, encver: c_int) -> Option<Lock> {
+/// Encoding 3: the block, read into memory Redis allocates for it (with the
+/// module heap's allocator: the lock takes it over).
+fn load_block(rdb: *mut raw::RedisModuleIO) -> Option<Lock> {
+    let mut len = 0usize;
+    let buf = api!(RedisModule_LoadStringBuffer(rdb, &mut len))?;
+    if buf.is_null() {
+        return None;
+    }
+    if len == 0 {
+        api!(RedisModule_Free(buf.cast()));
+        return None;
+    }
+    // SAFETY: Redis allocated `len` bytes for the string with its allocator,
+    // the one the module's heap uses (`RM_Alloc` / `RM_Free`): the vector
+    // owns them now, and frees them the way the heap frees everything.
+    let bytes = unsafe { Vec::from_raw_parts(buf.cast::<u8>(), len, len) };
+    Lock::from_saved(bytes, clock::now_ms()).ok()
+}
+
+/// Encodings 1 and 2: field by field.
+fn load_fields(rdb: *mut raw::RedisModuleIO, encver: c_int) -> Option<Lock> {
     let mode = Mode::from_code(raw::load_unsigned(rdb).ok()?)?;
     let kind = match mode {
         // Version 1 has no semaphores.
@@ -104,14 +133,18 @@ fn load_lock(rdb: *mut raw::RedisModuleIO, encver: c_int) -> Option<Lock> {
             deadline,
         });
     }
+    Lock::from_holders(kind, holders).ok()
+}
+
+fn load_lock(rdb: *mut raw::RedisModuleIO, encver: c_int) -> Option<Lock> {
+    let lock = match encver {
+        3 => load_block(rdb)?,
+        _ => load_fields(rdb, encver)?,
+    };
     // Tokens no server can have issued (zero, past the horizon, two
     // holders with one) are refused, on this path as on the AOF's.
     let now = clock::now_ms();
-    if !holders.iter().all(|h| Tokens::plausible(h.token, now)) {
-        return None;
-    }
-    let lock = Lock::from_holders(kind, holders).ok()?;
-    if lock.is_empty() {
+    if lock.is_empty() || !lock.holders().all(|h| Tokens::plausible(h.token, now)) {
         return None;
     }
     for h in lock.holders() {
@@ -132,7 +165,7 @@ unsafe extern "C" fn rdb_load(rdb: *mut raw::RedisModuleIO, encver: c_int) -> *m
             Some(lock) => {
                 stats::value(1, lock.census());
                 index_loaded(rdb, &lock);
-                Box::into_raw(Box::new(lock)).cast::<c_void>()
+                lock.into_raw().cast::<c_void>()
             }
             None => {
                 log::warning("lock: refused a corrupt or short lock value");
@@ -149,43 +182,22 @@ unsafe extern "C" fn aof_rewrite(
 ) {
     guard("aof_rewrite", (), || {
         // SAFETY: as in rdb_save.
-        let Some(lock) = (unsafe { value.cast::<Lock>().as_ref() }) else {
-            return;
-        };
-        // The same effect replication sends: one `LOCK.SYNC key SET ...` per holder.
-        let mode = lock.mode().c_name().as_ptr();
+        let lock = unsafe { borrowed(value) };
+        // The same effect replication sends: one `LOCK.SYNC key state owner`
+        // per holder.
         for h in lock.holders() {
-            let [holds, token, deadline] = replication::numbers(h);
-            let (sync, set) = (replication::SYNC_COMMAND.as_ptr(), c"SET".as_ptr());
-            match lock.limit() {
-                None => api!(RedisModule_EmitAOF(
-                    aof,
-                    sync,
-                    replication::SET_FORMAT.as_ptr(),
-                    key,
-                    set,
-                    h.owner.as_ptr(),
-                    h.owner.len(),
-                    mode,
-                    holds,
-                    token,
-                    deadline
-                )),
-                Some(limit) => api!(RedisModule_EmitAOF(
-                    aof,
-                    sync,
-                    replication::SET_LIMIT_FORMAT.as_ptr(),
-                    key,
-                    set,
-                    h.owner.as_ptr(),
-                    h.owner.len(),
-                    mode,
-                    holds,
-                    token,
-                    deadline,
-                    std::ffi::c_longlong::from(limit)
-                )),
-            };
+            let state = replication::State::of(&lock, &h);
+            let state = state.as_bytes();
+            api!(RedisModule_EmitAOF(
+                aof,
+                replication::SYNC_COMMAND.as_ptr(),
+                replication::SET_FORMAT.as_ptr(),
+                key,
+                state.as_ptr(),
+                state.len(),
+                h.owner.as_ptr(),
+                h.owner.len()
+            ));
         }
     })
 }
@@ -193,7 +205,7 @@ unsafe extern "C" fn aof_rewrite(
 unsafe extern "C" fn mem_usage(value: *const c_void) -> usize {
     guard("mem_usage", 0, || {
         // SAFETY: as in rdb_save.
-        unsafe { value.cast::<Lock>().as_ref() }.map_or(0, Lock::memory_usage)
+        unsafe { borrowed(value) }.memory_usage()
     })
 }
 
@@ -206,7 +218,7 @@ unsafe extern "C" fn mem_usage2(
 ) -> usize {
     guard("mem_usage", 0, || {
         // SAFETY: as in rdb_save.
-        let own = unsafe { value.cast::<Lock>().as_ref() }.map_or(0, Lock::memory_usage);
+        let own = unsafe { borrowed(value) }.memory_usage();
         let key = api!(RedisModule_GetKeyNameFromOptCtx(ctx)).unwrap_or(std::ptr::null());
         let db = api!(RedisModule_GetDbIdFromOptCtx(ctx));
         let bound = match (key.is_null(), db) {
@@ -231,20 +243,13 @@ unsafe extern "C" fn defrag(
         let Some(slot) = (unsafe { value.as_mut() }) else {
             return 0;
         };
+        if slot.is_null() {
+            return 0;
+        }
+        // The lock is one block: moved whole, or left where it is.
         let moved = api!(RedisModule_DefragAlloc(ctx, *slot)).unwrap_or(std::ptr::null_mut());
         if !moved.is_null() {
             *slot = moved;
-        }
-        // SAFETY: the slot holds our `Box<Lock>` (moved whole if it moved).
-        if let Some(lock) = unsafe { (*slot).cast::<Lock>().as_mut() } {
-            let mut relocate = |block: *mut u8| {
-                let moved = api!(RedisModule_DefragAlloc(ctx, block.cast()))?;
-                (!moved.is_null()).then_some(moved.cast::<u8>())
-            };
-            // SAFETY: RM_DefragAlloc copies a block of the module's heap
-            // (Redis's allocator) whole, frees the old one and returns the
-            // new one, or NULL when it leaves it.
-            unsafe { lock.relocate(&mut relocate) };
         }
         0
     })
@@ -253,9 +258,7 @@ unsafe extern "C" fn defrag(
 unsafe extern "C" fn digest(md: *mut raw::RedisModuleDigest, value: *mut c_void) {
     guard("digest", (), || {
         // SAFETY: as in rdb_save.
-        let Some(lock) = (unsafe { value.cast::<Lock>().as_ref() }) else {
-            return;
-        };
+        let lock = unsafe { borrowed(value) };
         let n = |v: u64| crate::ffi::int(v);
         api!(RedisModule_DigestAddLongLong(md, n(lock.mode().code())));
         if let Some(limit) = lock.limit() {
@@ -277,9 +280,11 @@ unsafe extern "C" fn digest(md: *mut raw::RedisModuleDigest, value: *mut c_void)
 
 unsafe extern "C" fn free(value: *mut c_void) {
     guard("free", (), || {
+        // Null: `store::write_back` emptied the lock and counted the key out.
         if !value.is_null() {
-            // SAFETY: a value of this type is a `Box<Lock>` we created.
-            let lock = unsafe { Box::from_raw(value.cast::<Lock>()) };
+            // SAFETY: a value of this type is a block from `Lock::into_raw`,
+            // Redis's last reference to it: it is freed here.
+            let lock = unsafe { Lock::from_raw(value.cast()) };
             stats::value(-1, lock.census());
         }
     })
@@ -320,16 +325,17 @@ unsafe extern "C" fn aux_load(rdb: *mut raw::RedisModuleIO, encver: c_int, when:
 /// A lock value is leaving its key, whatever removes it (`events::unlinked`).
 unsafe extern "C" fn unlink2(ctx: *mut raw::RedisModuleKeyOptCtx, value: *const c_void) {
     guard("unlink", (), || {
-        // SAFETY: as in rdb_save.
-        let Some(lock) = (unsafe { value.cast::<Lock>().as_ref() }) else {
+        if value.is_null() {
             return;
-        };
+        }
+        // SAFETY: as in rdb_save.
+        let lock = unsafe { borrowed(value) };
         let key = api!(RedisModule_GetKeyNameFromOptCtx(ctx)).unwrap_or(std::ptr::null());
         let Some(db) = api!(RedisModule_GetDbIdFromOptCtx(ctx)) else {
             return;
         };
         if !key.is_null() {
-            unlinked(db, RedisString::string_as_slice(key), lock);
+            unlinked(db, RedisString::string_as_slice(key), &lock);
         }
     })
 }
@@ -341,7 +347,7 @@ fn unlinked(db: i32, key: &[u8], lock: &Lock) {
         // Every lease had run out: Redis is expiring it (or a DEL, a write
         // over it, removes what was left). A RENAME or MOVE that follows
         // takes this back (`moved_away`).
-        timers::expired(db, key, lock.holders().len());
+        timers::expired(db, key, lock.holder_count());
         for h in lock.holders() {
             stats::HOLD_TIME.record(u64::from(h.held_ms(h.deadline)));
         }

@@ -44,5 +44,6 @@ pub fn error_of(attempt: Attempt) -> Option<LockError> {
         Attempt::WrongKind(Mode::Semaphore) => LockError::IsSemaphore,
         Attempt::WrongKind(_) => LockError::NotSemaphore,
         Attempt::OtherLimit(limit) => LockError::OtherLimit(limit),
+        Attempt::TooLarge => LockError::TooLarge,
     })
 }

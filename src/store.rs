@@ -10,24 +10,24 @@ use crate::bindings;
 use crate::clock;
 use crate::errors::LockError;
 use crate::fencing;
-use crate::ffi::{self, api};
+use crate::ffi::{self, api, Str};
 use crate::keys::LockKey;
 use crate::replication;
 use crate::replies;
 use crate::stats;
 use crate::timers;
-use crate::txn::Txn;
+use crate::txn::{Events, Txn};
 use crate::waiting;
-use lock_core::{Attempt, Changes, Lock, Request};
+use lock_core::{Ask, Attempt, Changes, Lock};
 
 /// Runs a core transition on the lock at `name`, replicates its effect and
 /// writes the key back. A key of another type is `WRONGTYPE` and runs nothing.
 pub fn update<R>(
     ctx: &Context,
-    name: &RedisString,
+    name: Str<'_>,
     op: impl FnOnce(&mut Txn) -> R,
 ) -> Result<R, LockError> {
-    let (result, visit, events) = write_back(ctx, name, |lock| {
+    let (result, visit, events, expired) = write_back(ctx, name, |lock| {
         let mut changes = Changes::default();
         let now = clock::now_ms();
         clock::check_steps(now);
@@ -38,16 +38,16 @@ pub fn update<R>(
             tokens: &mut tokens,
             changes: &mut changes,
             now,
-            events: Vec::new(),
+            events: Events::default(),
         };
         let result = op(&mut txn);
         let pending = waiting::answer_waiters(ctx, name, &mut txn);
         let visit = next_visit(txn.lock, &pending);
-        let mut events = txn.events;
+        let events = txn.events;
         fencing::issued(&start, &tokens);
-        if changes.expired() > 0 {
+        let expired = changes.expired() > 0;
+        if expired {
             stats::EXPIRED_LEASES.add(changes.expired());
-            events.insert(0, c"lock.expired");
         }
         for held in changes.held() {
             stats::HOLD_TIME.record(u64::from(held));
@@ -56,12 +56,15 @@ pub fn update<R>(
             forget_bindings(ctx, name, lock, &changes);
             replication::replicate(ctx, name, lock, &changes);
         }
-        Ok(((result, visit, events), !changes.is_empty()))
+        Ok(((result, visit, events, expired), !changes.is_empty()))
     })?;
     for (key, leases) in timers::take_expired(ffi::selected_db(ctx)) {
         announce_expired(ctx, &key, leases);
     }
-    for event in events {
+    if expired {
+        notify(ctx, c"lock.expired", name);
+    }
+    for event in events.iter() {
         notify(ctx, event, name);
     }
     if visit.is_some() || timers::any() {
@@ -83,17 +86,18 @@ static GRANTING: AtomicBool = AtomicBool::new(false);
 /// key refuses it with an error (which wins over busy).
 pub fn check_all(
     ctx: &Context,
-    names: &[RedisString],
-    request: &Request,
-    queued: impl Fn(&RedisString) -> bool,
+    names: &[Str<'_>],
+    ask: Ask<'_>,
+    queued: impl Fn(Str<'_>) -> bool,
 ) -> Result<bool, LockError> {
     let now = clock::now_ms();
     let mut free = true;
     for name in names {
-        let mut key = LockKey::open(ctx, name, false)?;
+        let key = LockKey::open(ctx, *name, false)?;
+        let stored = key.lock()?;
         let empty = Lock::default();
-        let lock = key.lock()?.map_or(&empty, |l| &*l);
-        match lock.check(request, queued(name), now) {
+        let lock = stored.as_deref().unwrap_or(&empty);
+        match lock.check(ask, queued(*name), now) {
             Attempt::Granted(_) => {}
             Attempt::Busy => free = false,
             refused => return Err(replies::error_of(refused).unwrap_or(LockError::Internal)),
@@ -106,13 +110,9 @@ pub fn check_all(
 /// [`check_all`] said yes, in the same command or timer tick); returns the
 /// tokens in that order. Should a key refuse after all (no token left),
 /// the new grants made before it are undone and its refusal returned.
-pub fn grant_all(
-    ctx: &Context,
-    names: &[RedisString],
-    request: &Request,
-) -> Result<Vec<u64>, LockError> {
+pub fn grant_all(ctx: &Context, names: &[Str<'_>], ask: Ask<'_>) -> Result<Vec<u64>, LockError> {
     let outer = GRANTING.swap(true, Ordering::Relaxed);
-    let result = grant_each(ctx, names, request);
+    let result = grant_each(ctx, names, ask);
     if !outer {
         GRANTING.store(false, Ordering::Relaxed);
         grant_ready(ctx);
@@ -120,18 +120,14 @@ pub fn grant_all(
     result
 }
 
-fn grant_each(
-    ctx: &Context,
-    names: &[RedisString],
-    request: &Request,
-) -> Result<Vec<u64>, LockError> {
+fn grant_each(ctx: &Context, names: &[Str<'_>], ask: Ask<'_>) -> Result<Vec<u64>, LockError> {
     let mut tokens: Vec<(u64, bool)> = Vec::with_capacity(names.len());
     for name in names {
-        let attempt = update(ctx, name, |txn| {
+        let attempt = update(ctx, *name, |txn| {
             let before = txn.tokens.last();
             let attempt = txn
                 .lock
-                .try_acquire(request, false, txn.now, txn.tokens, txn.changes);
+                .try_acquire(ask, false, txn.now, txn.tokens, txn.changes);
             let new = txn.tokens.last() != before;
             if new {
                 stats::GRANTS.incr();
@@ -146,9 +142,9 @@ fn grant_each(
             refused => {
                 for (name, (token, new)) in names.iter().zip(&tokens) {
                     if *new {
-                        let _ = update(ctx, name, |txn| {
+                        let _ = update(ctx, *name, |txn| {
                             txn.lock
-                                .release_all(&request.owner, *token, txn.now, txn.changes)
+                                .release_all(ask.owner, *token, txn.now, txn.changes)
                         });
                     }
                 }
@@ -178,8 +174,10 @@ fn grant_ready(ctx: &Context) {
         if !waiting::heads_every_queue(id) || !ffi::select_db(ctx, db) {
             continue;
         }
-        let names: Vec<RedisString> = keys.iter().map(|k| ffi::name(ctx, &k.1)).collect();
-        let outcome = match check_all(ctx, &names, &request, |_| false) {
+        let owned: Vec<RedisString> = keys.iter().map(|k| ffi::name(ctx, &k.1)).collect();
+        let names: Vec<Str> = owned.iter().map(Str::from).collect();
+        let ask = Ask::from(&request);
+        let outcome = match check_all(ctx, &names, ask, |_| false) {
             Ok(false) => continue,
             Ok(true) => None,
             Err(e) => Some(e),
@@ -189,7 +187,7 @@ fn grant_ready(ctx: &Context) {
         };
         let outcome = match outcome {
             Some(e) => Err(e),
-            None => grant_each(ctx, &names, &request)
+            None => grant_each(ctx, &names, ask)
                 .map(|tokens| keys.iter().cloned().zip(tokens).collect()),
         };
         waiting::answer(claimed, outcome);
@@ -199,7 +197,7 @@ fn grant_ready(ctx: &Context) {
 }
 
 /// Holders that left in this transaction take their `BIND` with them.
-fn forget_bindings(ctx: &Context, name: &RedisString, lock: &Lock, changes: &Changes) {
+fn forget_bindings(ctx: &Context, name: Str<'_>, lock: &Lock, changes: &Changes) {
     if bindings::count() == 0 {
         return;
     }
@@ -231,31 +229,56 @@ fn next_visit(lock: &Lock, pending: &waiting::Pending) -> Option<u64> {
 /// an emptied lock is deleted, and the key expires with its last holder.
 pub fn write_back<R>(
     ctx: &Context,
-    name: &RedisString,
+    name: Str<'_>,
     op: impl FnOnce(&mut Lock) -> Result<(R, bool), LockError>,
 ) -> Result<R, LockError> {
     let mut key = LockKey::open(ctx, name, true)?;
-    let stored = key.lock()?;
-    let existed = stored.is_some();
-    let mut fresh = Lock::default();
-    let lock = stored.unwrap_or(&mut fresh);
-    let before = lock.census();
-    let (result, changed) = op(lock)?;
-    if !changed {
-        return Ok(result);
-    }
-    stats::holders(-1, before);
-    stats::holders(1, lock.census());
-    match lock.latest_deadline() {
-        None if existed => key.delete(),
-        None => {}
-        Some(deadline) => {
-            if !existed {
-                key.store(fresh)?;
-                stats::value(1, [0, 0, 0]);
+    let mut op = Some(op);
+    let mut run = |lock: &mut Lock| match op.take() {
+        Some(op) => op(lock),
+        None => Err(LockError::Internal),
+    };
+    let existing = match key.lock_mut()? {
+        Some(mut stored) => {
+            let before = stored.census();
+            let (result, changed) = run(&mut stored)?;
+            if !changed {
+                return Ok(result);
             }
-            key.expire_at(deadline);
+            stats::holders(-1, before);
+            stats::holders(1, stored.census());
+            // Dropping `stored` points the key at the lock's block (null if
+            // it emptied).
+            Some((result, stored.latest_deadline()))
         }
+        None => None,
+    };
+    let (result, latest, existed) = match existing {
+        Some((result, latest)) => (result, latest, true),
+        None => {
+            let mut fresh = Lock::default();
+            let (result, changed) = run(&mut fresh)?;
+            if !changed {
+                return Ok(result);
+            }
+            let latest = fresh.latest_deadline();
+            if latest.is_some() {
+                let census = fresh.census();
+                key.store(fresh)?;
+                stats::value(1, census);
+            }
+            (result, latest, false)
+        }
+    };
+    match latest {
+        None if existed => {
+            // The key's value is null now: Redis frees nothing of ours,
+            // and the key is counted out here.
+            key.delete();
+            stats::value(-1, [0; 3]);
+        }
+        None => {}
+        Some(deadline) => key.expire_at(deadline),
     }
     Ok(result)
 }
@@ -266,19 +289,19 @@ pub fn write_back<R>(
 pub fn announce_expired(ctx: &Context, key: &[u8], leases: usize) {
     stats::EXPIRED_LEASES.add(leases);
     if !ctx.get_flags().contains(redis_module::ContextFlags::SLAVE) {
-        notify(ctx, c"lock.expired", &ffi::name(ctx, key));
+        notify(ctx, c"lock.expired", Str::from(&ffi::name(ctx, key)));
     }
 }
 
 /// Fires a module keyspace event (`notify-keyspace-events` class `d`), e.g.
 /// `__keyevent@0__:lock.acquire`.
-pub fn notify(ctx: &Context, event: &CStr, key: &RedisString) {
+pub fn notify(ctx: &Context, event: &CStr, key: Str<'_>) {
     let class =
         std::ffi::c_int::try_from(redis_module::raw::REDISMODULE_NOTIFY_MODULE).unwrap_or(0);
     api!(RedisModule_NotifyKeyspaceEvent(
         ctx.ctx,
         class,
         event.as_ptr(),
-        key.inner
+        key.raw()
     ));
 }

@@ -2,12 +2,12 @@
 //! the AOF (the wire format is `replication`'s), exactly, whatever the time.
 
 use lock_core::{Holder, Kind, Lock, Mode, Tokens};
-use redis_module::{Context, ContextFlags, RedisResult, RedisString, RedisValue};
+use redis_module::{Context, ContextFlags, RedisResult, RedisValue};
 
 use crate::clock;
 use crate::errors::LockError;
 use crate::fencing;
-use crate::ffi;
+use crate::ffi::{self, Argv, Str};
 use crate::keys::LockKey;
 use crate::store;
 use crate::timers;
@@ -17,40 +17,96 @@ enum Effect {
     Drop(Box<[u8]>),
 }
 
-fn parse(args: &[RedisString]) -> Result<(&RedisString, Effect), LockError> {
-    let number = |s: &RedisString| -> Result<u64, LockError> {
-        let n = s.parse_integer().map_err(|_| LockError::BadState)?;
+/// A decimal number of the state argument: digits only.
+fn decimal(s: &[u8]) -> Result<u64, LockError> {
+    if s.is_empty() || !s.iter().all(u8::is_ascii_digit) {
+        return Err(LockError::BadState);
+    }
+    std::str::from_utf8(s)
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .ok_or(LockError::BadState)
+}
+
+fn holder(owner: &[u8], holds: u64, token: u64, deadline: u64) -> Result<Holder, LockError> {
+    let holder = Holder {
+        owner: owner.into(),
+        holds: u32::try_from(holds).map_err(|_| LockError::BadState)?,
+        // Not in the stream: a new grant counts from its arrival
+        // (`Lock::put` keeps it for a changed one).
+        since: lock_core::since(clock::now_ms()),
+        token,
+        deadline,
+    };
+    // As on the RDB path: no token a server cannot have issued.
+    if !Tokens::plausible(holder.token, clock::now_ms()) {
+        return Err(LockError::BadState);
+    }
+    Ok(holder)
+}
+
+fn kind(mode: Mode, limit: Option<u64>) -> Result<Kind, LockError> {
+    match (mode, limit) {
+        (Mode::Semaphore, Some(limit)) => Ok(Kind::Semaphore(
+            u32::try_from(limit).map_err(|_| LockError::BadState)?,
+        )),
+        (Mode::Semaphore, None) | (_, Some(_)) => Err(LockError::Syntax),
+        (mode, None) => Ok(mode.into()),
+    }
+}
+
+/// `mode:holds:token:deadline[:limit]` (`replication::State`).
+fn state(owner: &[u8], state: &[u8]) -> Result<Effect, LockError> {
+    let mut parts = state.split(|b| *b == b':');
+    let mode = parts
+        .next()
+        .and_then(Mode::from_name)
+        .ok_or(LockError::BadState)?;
+    let mut next = || parts.next().map(decimal).ok_or(LockError::BadState)?;
+    let (holds, token, deadline) = (next()?, next()?, next()?);
+    let limit = match mode {
+        Mode::Semaphore => Some(next()?),
+        _ => None,
+    };
+    if parts.next().is_some() {
+        return Err(LockError::BadState);
+    }
+    Ok(Effect::Set(
+        kind(mode, limit)?,
+        holder(owner, holds, token, deadline)?,
+    ))
+}
+
+fn parse(argv: Argv<'_>) -> Result<(Str<'_>, Effect), LockError> {
+    let args: Vec<Str> = (0..argv.len()).filter_map(|i| argv.get(i)).collect();
+    let number = |s: &Str| -> Result<u64, LockError> {
+        let n = s.parse_integer().ok_or(LockError::BadState)?;
         u64::try_from(n).map_err(|_| LockError::BadState)
     };
-    match args {
+    match args.as_slice() {
         [_, key, op, owner] if op.as_slice().eq_ignore_ascii_case(b"DROP") => {
-            Ok((key, Effect::Drop(owner.as_slice().into())))
+            Ok((*key, Effect::Drop(owner.as_slice().into())))
         }
+        [_, key, st, owner] if st.as_slice().contains(&b':') => {
+            Ok((*key, state(owner.as_slice(), st.as_slice())?))
+        }
+        // The form of 0.2 and earlier (older AOF files, older masters).
         [_, key, op, owner, mode, holds, token, deadline, rest @ ..]
             if op.as_slice().eq_ignore_ascii_case(b"SET") =>
         {
             let mode = Mode::from_name(mode.as_slice()).ok_or(LockError::BadState)?;
-            let kind = match (mode, rest) {
-                (Mode::Semaphore, [limit]) => {
-                    Kind::Semaphore(u32::try_from(number(limit)?).map_err(|_| LockError::BadState)?)
-                }
-                (Mode::Semaphore, _) | (_, [_, ..]) => return Err(LockError::Syntax),
-                (mode, []) => mode.into(),
+            let limit = match rest {
+                [] => None,
+                [limit] => Some(number(limit)?),
+                _ => return Err(LockError::Syntax),
             };
-            let holder = Holder {
-                owner: owner.as_slice().into(),
-                holds: u32::try_from(number(holds)?).map_err(|_| LockError::BadState)?,
-                // Not in the stream: a new grant counts from its arrival
-                // (`Lock::put` keeps it for a changed one).
-                since: lock_core::since(clock::now_ms()),
-                token: number(token)?,
-                deadline: number(deadline)?,
-            };
-            // As on the RDB path: no token a server cannot have issued.
-            if !Tokens::plausible(holder.token, clock::now_ms()) {
-                return Err(LockError::BadState);
-            }
-            Ok((key, Effect::Set(kind, holder)))
+            let holder = holder(
+                owner.as_slice(),
+                number(holds)?,
+                number(token)?,
+                number(deadline)?,
+            )?;
+            Ok((*key, Effect::Set(kind(mode, limit)?, holder)))
         }
         _ => Err(LockError::Syntax),
     }
@@ -60,18 +116,18 @@ fn parse(args: &[RedisString]) -> Result<(&RedisString, Effect), LockError> {
 /// whatever this server held before: the master's stream is authoritative, as
 /// it is for Redis's own types (a key of another type is replaced, holders
 /// that cannot coexist with the one it sets are dropped).
-pub fn sync(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
+pub fn sync(ctx: &Context, args: Argv<'_>) -> RedisResult {
     let flags = ctx.get_flags();
     if !flags.intersects(ContextFlags::REPLICATED | ContextFlags::LOADING) {
         return Err(LockError::InternalCommand.into());
     }
-    let (name, effect) = parse(&args)?;
+    let (name, effect) = parse(args)?;
     if let Effect::Set(kind, holder) = &effect {
         // Checked before anything is replaced: a bad effect changes nothing.
         Lock::default()
             .put(*kind, holder.clone())
             .map_err(|_| LockError::BadState)?;
-        let mut key = LockKey::open(ctx, name, true)?;
+        let key = LockKey::open(ctx, name, true)?;
         if matches!(key.lock(), Err(LockError::WrongType)) {
             key.delete();
         }

@@ -30,8 +30,9 @@
 //! until it becomes a master, and are visited then.
 
 use std::collections::{BTreeSet, HashMap, HashSet, VecDeque};
+use std::ops::{Deref, DerefMut};
 use std::os::raw::c_void;
-use std::sync::atomic::{AtomicPtr, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicPtr, Ordering};
 use std::sync::{LazyLock, Mutex, MutexGuard, OnceLock};
 
 use redis_module::{raw, Context, ContextFlags};
@@ -64,8 +65,38 @@ static INDEX: LazyLock<Mutex<Index>> = LazyLock::new(Mutex::default);
 /// thread only), for arming the timer where Redis hands no context.
 static MODULE_CTX: AtomicPtr<raw::RedisModuleCtx> = AtomicPtr::new(std::ptr::null_mut());
 
-fn index() -> MutexGuard<'static, Index> {
-    INDEX.lock().unwrap_or_else(|p| p.into_inner())
+/// Whether any key is indexed, and whether expired locks wait to be
+/// announced, readable without the index's mutex: every transition asks
+/// both, and on a server without shared locks or waiters takes nothing.
+static INDEXED: AtomicBool = AtomicBool::new(false);
+static EXPIRED: AtomicBool = AtomicBool::new(false);
+
+/// The index, locked; `INDEXED` and `EXPIRED` follow it when the lock is
+/// let go.
+struct Locked(MutexGuard<'static, Index>);
+
+impl Deref for Locked {
+    type Target = Index;
+    fn deref(&self) -> &Index {
+        &self.0
+    }
+}
+
+impl DerefMut for Locked {
+    fn deref_mut(&mut self) -> &mut Index {
+        &mut self.0
+    }
+}
+
+impl Drop for Locked {
+    fn drop(&mut self) {
+        INDEXED.store(!self.0.by_key.is_empty(), Ordering::Relaxed);
+        EXPIRED.store(!self.0.expired.is_empty(), Ordering::Relaxed);
+    }
+}
+
+fn index() -> Locked {
+    Locked(INDEX.lock().unwrap_or_else(|p| p.into_inner()))
 }
 
 /// Makes the module's own context; called once at load.
@@ -83,7 +114,7 @@ pub fn len() -> Option<usize> {
 
 /// Whether any key is indexed (so a change may have to unindex one).
 pub fn any() -> bool {
-    !index().by_key.is_empty()
+    INDEXED.load(Ordering::Relaxed)
 }
 
 /// Visit `key` at `when` (unix ms), or never (`None`). Replaces any earlier plan.
@@ -136,6 +167,9 @@ pub fn expired(db: i32, key: &[u8], leases: usize) {
 /// command's own events follow the announcement of what expired before it
 /// (Redis may expire the key inside the command's own lookup).
 pub fn take_expired(db: i32) -> Vec<(Vec<u8>, usize)> {
+    if !EXPIRED.load(Ordering::Relaxed) {
+        return Vec::new();
+    }
     let mut index = index();
     if index.expired.is_empty() {
         return Vec::new();

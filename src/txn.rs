@@ -12,5 +12,26 @@ pub struct Txn<'a> {
     pub changes: &'a mut Changes,
     pub now: u64,
     /// Keyspace events to fire once the key is written back.
-    pub events: Vec<&'static CStr>,
+    pub events: Events,
+}
+
+/// Keyspace events in the order they are fired: most transitions fire one
+/// (kept inline, no allocation), waiters granted together one each.
+#[derive(Default)]
+pub struct Events {
+    first: Option<&'static CStr>,
+    more: Vec<&'static CStr>,
+}
+
+impl Events {
+    pub fn push(&mut self, event: &'static CStr) {
+        match self.first {
+            None => self.first = Some(event),
+            Some(_) => self.more.push(event),
+        }
+    }
+
+    pub fn iter(&self) -> impl Iterator<Item = &'static CStr> + '_ {
+        self.first.into_iter().chain(self.more.iter().copied())
+    }
 }

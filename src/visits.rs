@@ -7,7 +7,7 @@ use redis_module::Context;
 
 use crate::bindings;
 use crate::errors::LockError;
-use crate::ffi;
+use crate::ffi::{self, Str};
 use crate::guard;
 use crate::store;
 use crate::timers::Due;
@@ -58,7 +58,7 @@ fn visit(ctx: &Context, db: i32, key: &[u8], refresh: bool) {
         return;
     }
     let name = ffi::name(ctx, key);
-    let result = store::update(ctx, &name, |txn| {
+    let result = store::update(ctx, Str::from(&name), |txn| {
         txn.lock.purge(txn.now, txn.changes);
         if refresh {
             txn.lock.touch_all(txn.changes);

@@ -20,17 +20,18 @@
 //! granted). A grant whose client vanished before its reply is revoked.
 
 use std::collections::HashMap;
+use std::ops::{Deref, DerefMut};
 use std::os::raw::{c_int, c_void};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{LazyLock, Mutex, MutexGuard};
 
-use redis_module::{raw, Context, ContextFlags, RedisResult, RedisString, RedisValue};
+use redis_module::{raw, Context, ContextFlags, RedisResult, RedisValue};
 
 use crate::bindings::{self, ClientId};
 use crate::config;
 use crate::errors::LockError;
 use crate::ffi::DbKey;
-use crate::ffi::{self, api};
+use crate::ffi::{self, api, Str};
 use crate::guard;
 use crate::replies;
 use crate::stats;
@@ -141,13 +142,41 @@ static REGISTRY: LazyLock<Mutex<Registry>> = LazyLock::new(Mutex::default);
 /// this answers without the mutex.
 static ANY_READY: AtomicBool = AtomicBool::new(false);
 
-fn registry() -> MutexGuard<'static, Registry> {
-    REGISTRY.lock().unwrap_or_else(|p| p.into_inner())
+/// Whether the registry has a queue or a revocation anywhere, readable
+/// without its mutex: a transition on a lock nobody waits for asks, every
+/// time, and takes nothing.
+static BUSY: AtomicBool = AtomicBool::new(false);
+
+/// The registry, locked; `BUSY` follows it when the lock is let go.
+struct Locked(MutexGuard<'static, Registry>);
+
+impl Deref for Locked {
+    type Target = Registry;
+    fn deref(&self) -> &Registry {
+        &self.0
+    }
+}
+
+impl DerefMut for Locked {
+    fn deref_mut(&mut self) -> &mut Registry {
+        &mut self.0
+    }
+}
+
+impl Drop for Locked {
+    fn drop(&mut self) {
+        let busy = !self.0.queues.is_empty() || !self.0.revocations.is_empty();
+        BUSY.store(busy, Ordering::Relaxed);
+    }
+}
+
+fn registry() -> Locked {
+    Locked(REGISTRY.lock().unwrap_or_else(|p| p.into_inner()))
 }
 
 /// Whether any request waits anywhere (cheap: for callbacks on every write).
 pub fn anyone_waits() -> bool {
-    !registry().queues.is_empty()
+    BUSY.load(Ordering::Relaxed) && !registry().queues.is_empty()
 }
 
 /// How many requests wait, on every key; `None` rather than wait for the
@@ -157,7 +186,10 @@ pub fn total() -> Option<usize> {
 }
 
 /// How many requests wait for `key` in the current database.
-pub fn waiters(ctx: &Context, key: &RedisString) -> usize {
+pub fn waiters(ctx: &Context, key: Str<'_>) -> usize {
+    if !BUSY.load(Ordering::Relaxed) {
+        return 0;
+    }
     let registry = registry();
     if registry.queues.is_empty() {
         return 0;
@@ -168,7 +200,7 @@ pub fn waiters(ctx: &Context, key: &RedisString) -> usize {
         .map_or(0, Queue::len)
 }
 
-pub fn has_waiters(ctx: &Context, key: &RedisString) -> bool {
+pub fn has_waiters(ctx: &Context, key: Str<'_>) -> bool {
     waiters(ctx, key) > 0
 }
 
@@ -196,7 +228,7 @@ pub fn can_block(ctx: &Context) -> bool {
 /// so every waiter gets exactly one reply.
 pub fn block(
     ctx: &Context,
-    key: RedisString,
+    key: Str<'_>,
     request: Request,
     ms: u64,
     next_expiry: Option<u64>,
@@ -294,11 +326,14 @@ pub struct Pending {
 /// transition, so grants replicate with it): undoes grants whose clients
 /// vanished, answers nil to waiters whose WAIT ran out, then grants from the
 /// head of the queue.
-pub fn answer_waiters(ctx: &Context, name: &RedisString, txn: &mut Txn) -> Pending {
+pub fn answer_waiters(ctx: &Context, name: Str<'_>, txn: &mut Txn) -> Pending {
     let none = Pending {
         waiting: false,
         next_timeout: None,
     };
+    if !BUSY.load(Ordering::Relaxed) {
+        return none;
+    }
     let mut registry = registry();
     if registry.queues.is_empty() && registry.revocations.is_empty() {
         return none;

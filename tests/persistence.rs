@@ -5,6 +5,7 @@
 mod common;
 
 use common::*;
+use std::path::Path;
 use std::time::{Duration, Instant};
 
 #[track_caller]
@@ -463,43 +464,63 @@ fn dump_and_restore_keep_the_state() {
     c.ping();
 }
 
-/// Sets the module type's encoding version in a DUMP payload (the low 10
-/// bits of the module id, after the type byte and 0x81) and re-signs it.
-fn with_encoding_version(payload: &[u8], encver: u16) -> Vec<u8> {
-    let (body, version) = dump_parts(payload);
-    assert_eq!(body[1], 0x81, "a module value: {}", show(body));
-    let mut body = body.to_vec();
-    body[8] = (body[8] & !0x03) | (encver >> 8) as u8;
-    body[9] = encver as u8;
+/// The payload of `key`'s lock as encoding `encver` (1 or 2, 0.1 and 0.2:
+/// field by field) would carry it, from its `LOCK.INFO` (deadlines from the
+/// ttls left).
+fn old_payload(c: &mut Conn, key: &str, encver: u16) -> Vec<u8> {
+    let info = c.lock_info(key).expect("held");
+    let payload = dump(c, key);
+    let (body, version) = dump_parts(&payload);
+    let now = now_ms();
+    let mode = match info.mode.as_str() {
+        "exclusive" => 0,
+        "shared" => 1,
+        _ => 2,
+    };
+    let holders: Vec<OldHolder> = info
+        .holders
+        .iter()
+        .map(|h| OldHolder {
+            owner: h.owner.clone(),
+            holds: h.holds as u64,
+            token: h.token as u64,
+            deadline: (now + h.ttl) as u64,
+        })
+        .collect();
+    let limit = info.limit.map(|l| l as u64);
+    let body = old_lock_body(body, encver, mode, limit, &holders);
     dump_with_footer(&body, version)
 }
 
-/// Encoding version 2 added semaphores; what version 1 (0.2.0) wrote still
-/// loads, and a semaphore cannot be in version 1.
+/// Encoding 3 (0.3) saves the lock's block; what encodings 2 (0.2, with
+/// semaphores) and 1 (0.1) wrote field by field still loads, and a
+/// semaphore cannot be in version 1. (tests/fixtures/locks-v2.rdb, written
+/// by 0.2 itself, loads too: `an_rdb_written_by_0_2_loads`.)
 #[test]
-fn encoding_version_1_still_loads() {
+fn encodings_1_and_2_still_load() {
     let s = Server::start();
     let mut c = s.conn();
     build_state(&mut c);
-    for key in ["x", "r", "s", "bin\0key"] {
-        let v2 = dump(&mut c, key);
-        let v1 = with_encoding_version(&v2, 1);
-        assert_ne!(v1, v2, "{key}: this build writes version 2");
-        assert_eq!(
-            with_encoding_version(&v1, 2),
-            v2,
-            "{key}: only the version differs"
-        );
-        let before = c.lock_info(key).expect("held");
-        c.cmd(&[b"RESTORE".as_slice(), key.as_bytes(), b"0", &v1, b"REPLACE"])
-            .ok();
-        assert_eq!(
-            c.lock_info(key).expect("restored").stable(),
-            before.stable(),
-            "{key}"
-        );
+    for key in ["x", "r", "s", "bin\0key", "sem"] {
+        for encver in [2, 1] {
+            if key == "sem" && encver == 1 {
+                continue;
+            }
+            let old = old_payload(&mut c, key, encver);
+            assert_ne!(old, dump(&mut c, key), "{key}: this build writes version 3");
+            let before = c.lock_info(key).expect("held");
+            let restored = format!("{key}-v{encver}");
+            c.cmd(&[b"RESTORE".as_slice(), restored.as_bytes(), b"0", &old])
+                .ok();
+            assert_same_lock(
+                &c.lock_info(&restored),
+                &Some(before),
+                50,
+                &format!("{key} from encoding {encver}"),
+            );
+        }
     }
-    let v1 = with_encoding_version(&dump(&mut c, "sem"), 1);
+    let v1 = old_payload(&mut c, "sem", 1);
     let r = c.cmd(&[b"RESTORE".as_slice(), b"sem1", b"0", &v1]);
     assert!(r.is_err(), "a semaphore in encoding version 1: {r:?}");
     assert!(c.lock_info("sem1").is_none());
@@ -750,13 +771,14 @@ fn the_aof_gets_effects_not_clock_dependent_commands() {
 /// big-endian encoding of `from` replaced by `to`, and the CRC fixed: a
 /// payload Redis accepts as well-formed.
 fn with_token(payload: &[u8], from: i64, to: u64) -> Vec<u8> {
-    let needle = (from as u64).to_be_bytes();
+    // Encoding 3 keeps numbers little-endian in the lock's block.
+    let needle = (from as u64).to_le_bytes();
     let mut body = payload[..payload.len() - 8].to_vec();
     let mut found = false;
     let mut i = 0;
     while i + 8 <= body.len() {
         if body[i..i + 8] == needle {
-            body[i..i + 8].copy_from_slice(&to.to_be_bytes());
+            body[i..i + 8].copy_from_slice(&to.to_le_bytes());
             found = true;
         }
         i += 1;
@@ -773,6 +795,8 @@ fn with_token(payload: &[u8], from: i64, to: u64) -> Vec<u8> {
 fn restore_of_tokens_no_server_can_have_issued_is_refused_and_grants_go_on() {
     let mut s = Server::start();
     let mut c = s.conn();
+    // The tokens are then in the payload as they are in the lock.
+    c.cmd(&["CONFIG", "SET", "rdbcompression", "no"]).ok();
     let t = token(c.acquire("x", "a", 100_000));
     let payload = dump(&mut c, "x");
     for bad in [i64::MAX as u64, 1 << 63, u64::MAX, 0] {
@@ -830,4 +854,115 @@ fn an_aof_line_with_an_impossible_token_is_refused() {
     assert_eq!(c.lock_info("k").expect("k loaded").holders[0].token, t);
     let next = token(c.acquire("z", "a", 100_000));
     assert!(next > t && next < i64::MAX / 2, "{next}");
+}
+
+/// `tests/fixtures/locks-v2.rdb` was written by 0.2.0 itself (commit
+/// 38ca8e7, RDB encoding 2), its clock shifted to 2090-01-01T00:00:00Z with
+/// `tests/shims/clockshim.c`, after:
+///
+/// ```text
+/// LOCK.RACQUIRE x a 2592000000              (twice: 2 holds)
+/// LOCK.READ s r1 2592000000                 (twice) ; LOCK.READ s r2 2000000000
+/// LOCK.SEMAPHORE sem 5 p1 2592000000 ; LOCK.SEMAPHORE sem 5 p2 2500000000
+/// LOCK.ACQUIRE "bin\x00key" "own\x00er\xff" 2592000000
+/// LOCK.ACQUIRE long <"o" x 300> 2592000000
+/// SAVE
+/// ```
+///
+/// This build (encoding 3) loads it, on a server whose clock is an hour
+/// past that moment (so the 30-day leases still run and the tokens are ones
+/// a server can have issued), with every holder, hold, token and lease.
+#[test]
+fn an_rdb_written_by_0_2_loads() {
+    const T0: i64 = 3_786_912_000_000;
+    let dir = std::env::temp_dir().join("redis-lock-tests").join(format!(
+        "v2-fixture-{}-{}",
+        std::process::id(),
+        now_ms()
+    ));
+    std::fs::create_dir_all(&dir).unwrap();
+    let fixture = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/locks-v2.rdb");
+    std::fs::copy(&fixture, dir.join("dump.rdb")).unwrap();
+    let clock = ShiftedClock::new(T0 + 3_600_000 - now_ms());
+    let s = Server::builder().dir(&dir).clock(&clock).start();
+    let mut c = s.conn();
+    let t = |n: i64| 3_786_912_060_045_000 + n;
+    let long = vec![b'o'; 300];
+    // (key, mode, [(owner, holds, token, ttl at grant)], limit)
+    type Holders<'a> = Vec<(&'a [u8], i64, i64, i64)>;
+    let expect: [(&[u8], &str, Holders, Option<i64>); 5] = [
+        (
+            b"x",
+            "exclusive",
+            vec![(b"a", 2, t(1), 2_592_000_000)],
+            None,
+        ),
+        (
+            b"s",
+            "shared",
+            vec![
+                (b"r1", 2, t(2), 2_592_000_000),
+                (b"r2", 1, t(3), 2_000_000_000),
+            ],
+            None,
+        ),
+        (
+            b"sem",
+            "semaphore",
+            vec![
+                (b"p1", 1, t(4), 2_592_000_000),
+                (b"p2", 1, t(5), 2_500_000_000),
+            ],
+            Some(5),
+        ),
+        (
+            b"bin\0key",
+            "exclusive",
+            vec![(b"own\0er\xff", 1, t(6), 2_592_000_000)],
+            None,
+        ),
+        (
+            b"long",
+            "exclusive",
+            vec![(&long, 1, t(7), 2_592_000_000)],
+            None,
+        ),
+    ];
+    for (key, mode, holders, limit) in &expect {
+        let info = c.lock_info(key).unwrap_or_else(|| panic!("{key:?} loaded"));
+        assert_eq!(&info.mode, mode, "{key:?}");
+        assert_eq!(info.limit, *limit, "{key:?}");
+        let mut got: Vec<_> = info.holders.iter().collect();
+        got.sort_by_key(|h| h.token);
+        assert_eq!(got.len(), holders.len(), "{key:?}");
+        for (h, (owner, holds, token, ttl)) in got.iter().zip(holders) {
+            assert_eq!(
+                (&h.owner[..], h.holds, h.token),
+                (*owner, *holds, *token),
+                "{key:?}"
+            );
+            // Granted a few seconds after T0, loaded an hour after it.
+            let left = ttl - 3_600_000;
+            assert!(
+                (left - 120_000..=left + 120_000).contains(&h.ttl),
+                "{key:?}: {} ms left, about {left} expected",
+                h.ttl
+            );
+        }
+    }
+    // The counter is past every loaded token; the locks work as ever, and
+    // are saved again in this build's encoding.
+    assert!(token(c.acquire("new", "a", 10_000)) > t(7));
+    assert!(c.acquire("x", "b", 10_000).is_nil());
+    assert_eq!(c.release("x", "a").int(), 0);
+    assert_eq!(c.release("s", "r2").int(), 1);
+    let payload = dump(&mut c, "long");
+    c.cmd(&[b"RESTORE".as_slice(), b"long2", b"0", &payload])
+        .ok();
+    assert_eq!(c.lock_info("long2").unwrap().holders[0].owner, long);
+    c.cmd(&["DEBUG", "RELOAD"]).ok();
+    assert_eq!(c.lock_info("sem").unwrap().holders.len(), 2);
+    drop(c);
+    drop(s);
+    let _ = std::fs::remove_dir_all(&dir);
 }

@@ -54,15 +54,15 @@ pub fn queued_blockers<'a>(ahead: impl Iterator<Item = &'a Request>, req: &Reque
 /// [`queued_blockers`]). An owner never waits for itself, and a key it
 /// already holds keeps it waiting for nobody (its repeat is answered at once).
 pub fn blockers(lock: &Lock, queued: Vec<Owner>, req: &Request, now: u64) -> Vec<Owner> {
-    if lock.live(now).any(|h| h.owner == req.owner) {
+    if lock.live(now).any(|h| *h.owner == *req.owner) {
         return Vec::new();
     }
     let mut out = queued;
     if !lock.admits(req.kind, now) {
         out.extend(
             lock.live(now)
-                .filter(|h| h.owner != req.owner)
-                .map(|h| h.owner.clone()),
+                .filter(|h| *h.owner != *req.owner)
+                .map(|h| Owner::from(h.owner)),
         );
         out.sort_unstable();
         out.dedup();

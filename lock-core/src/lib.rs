@@ -22,6 +22,7 @@
     )
 )]
 
+mod block;
 pub mod deadlock;
 pub mod lock;
 pub mod queue;
@@ -37,8 +38,9 @@ mod model;
 #[cfg(test)]
 mod model_tests;
 
+pub use block::HolderRef;
 pub use lock::{
-    since, Attempt, Changes, Holder, Invalid, Kind, Lock, Mode, Owner, Release, Request,
+    since, Ask, Attempt, Changes, Holder, Invalid, Kind, Lock, Mode, Owner, Release, Request,
 };
 pub use queue::Queue;
 pub use tokens::Tokens;

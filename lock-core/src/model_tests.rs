@@ -52,14 +52,18 @@ type Stored = BTreeMap<Owner, (u32, u64, u64)>;
 /// Every stored holder (expired ones included) by owner.
 fn stored(lock: &Lock) -> Stored {
     lock.holders()
-        .iter()
-        .map(|h| (h.owner.clone(), (h.holds, h.token, h.deadline)))
+        .map(|h| (Owner::from(h.owner), (h.holds, h.token, h.deadline)))
         .collect()
 }
 
 fn live_view(lock: &Lock, now: u64) -> BTreeMap<Owner, (Mode, u32, u64, u64)> {
     lock.live(now)
-        .map(|h| (h.owner.clone(), (lock.mode(), h.holds, h.token, h.deadline)))
+        .map(|h| {
+            (
+                Owner::from(h.owner),
+                (lock.mode(), h.holds, h.token, h.deadline),
+            )
+        })
         .collect()
 }
 
@@ -433,7 +437,7 @@ fn run(first_token: u64, start: u64, ops: &[Op]) -> Result<(), TestCaseError> {
                 let lock = &core.locks[key];
                 if let Some(head) = core.queues[key].iter().next() {
                     let owner = &head.request.owner;
-                    prop_assert!(lock.live(now).all(|h| &h.owner != owner));
+                    prop_assert!(lock.live(now).all(|h| *h.owner != **owner));
                     prop_assert!(!lock.admits(head.request.kind, now));
                     prop_assert!(lock.is_held(now));
                     if head.request.kind == Kind::Read {
@@ -478,7 +482,7 @@ impl TokensSeen {
         }
         let mut new_tokens: BTreeSet<u64> = step.replied.iter().copied().collect();
         for lock in &core.locks {
-            new_tokens.extend(lock.holders().iter().map(|h| h.token));
+            new_tokens.extend(lock.holders().map(|h| h.token));
         }
         new_tokens.retain(|t| !self.seen.contains(t));
         for &t in &new_tokens {
@@ -534,15 +538,15 @@ fn check_keys(
         // No owner twice; at most one exclusive holder, and (one mode per
         // lock) never an exclusive holder beside a live reader.
         let all = stored(lock);
-        prop_assert_eq!(all.len(), lock.holders().len(), "duplicate owner");
+        prop_assert_eq!(all.len(), lock.holder_count(), "duplicate owner");
         if lock.mode() == Mode::Exclusive {
             prop_assert!(
-                lock.holders().len() <= 1,
+                lock.holder_count() <= 1,
                 "two exclusive holders: {:?}",
                 lock
             );
         }
-        prop_assert!(lock.holders().iter().all(|h| h.holds >= 1 && h.token >= 1));
+        prop_assert!(lock.holders().all(|h| h.holds >= 1 && h.token >= 1));
         // The key's Redis expiry is the latest deadline: that of a live holder
         // while any holds; the next self-change is no later than any live deadline.
         let live_deadlines: Vec<u64> = model
@@ -557,11 +561,12 @@ fn check_keys(
         }
 
         // Round trips: from_holders and put rebuild an equal lock.
-        let rebuilt = Lock::from_holders(lock.kind(), lock.holders().to_vec());
+        let rebuilt =
+            Lock::from_holders(lock.kind(), lock.holders().map(|h| h.to_owned()).collect());
         prop_assert_eq!(rebuilt.as_ref(), Ok(lock));
         let mut put_back = Lock::default();
         for h in lock.holders() {
-            prop_assert_eq!(put_back.put(lock.kind(), h.clone()), Ok(()));
+            prop_assert_eq!(put_back.put(lock.kind(), h.to_owned()), Ok(()));
         }
         if lock.is_empty() {
             prop_assert!(put_back.is_empty());
@@ -596,10 +601,10 @@ fn check_changes(
         .filter(|o| before.get(*o) != after.get(*o))
         .cloned()
         .collect();
-    let listed: BTreeSet<Owner> = step.changes.owners().iter().cloned().collect();
+    let listed: BTreeSet<Owner> = step.changes.owners().map(Owner::from).collect();
     prop_assert_eq!(
         listed.len(),
-        step.changes.owners().len(),
+        step.changes.owners().count(),
         "repeats in Changes"
     );
     prop_assert!(
@@ -631,7 +636,12 @@ fn check_changes(
     }
     for owner in step.changes.owners() {
         if let Some(h) = master.holder(owner) {
-            prop_assert_eq!(replica.put(master.kind(), h.clone()), Ok(()), "step {}", n);
+            prop_assert_eq!(
+                replica.put(master.kind(), h.to_owned()),
+                Ok(()),
+                "step {}",
+                n
+            );
         }
     }
     prop_assert_eq!(stored(replica), after, "step {}: replica differs", n);
@@ -682,9 +692,17 @@ proptest! {
         match expected {
             Ok(()) => {
                 let lock = built.unwrap();
-                prop_assert_eq!(lock.holders(), &holders[..]);
-                prop_assert_eq!(lock.mode(), mode);
-                let again = Lock::from_holders(lock.kind(), lock.holders().to_vec());
+                prop_assert_eq!(lock.holders().map(|h| h.to_owned()).collect::<Vec<_>>(), holders.clone());
+                if !holders.is_empty() {
+                    prop_assert_eq!(lock.mode(), mode);
+                }
+                let again = Lock::from_holders(lock.kind(), lock.holders().map(|h| h.to_owned()).collect());
+                if !lock.is_empty() {
+                    // RDB encoding 3: the block itself, read back.
+                    let saved = Lock::from_saved(lock.saved().to_vec(), 5);
+                    prop_assert_eq!(saved.as_ref(), Ok(&lock));
+                    prop_assert!(saved.unwrap().holders().all(|h| h.since == 5));
+                }
                 prop_assert_eq!(again, Ok(lock));
             }
             Err(e) => prop_assert_eq!(built, Err(e)),
@@ -745,5 +763,29 @@ fn too_many_holds_changes_nothing() {
                 Attempt::Granted(7)
             );
         }
+    }
+}
+
+proptest! {
+    /// Whatever bytes a file holds, loading them answers, never panics; and
+    /// a saved lock with any byte changed or cut is refused or still a
+    /// valid lock.
+    #[test]
+    fn saved_locks_load_or_are_refused(bytes in proptest::collection::vec(any::<u8>(), 0..200),
+                                       flip in any::<(usize, u8)>(), cut in any::<usize>()) {
+        let _ = Lock::from_saved(bytes, 1);
+        let holders = vec![
+            Holder { owner: b"a"[..].into(), holds: 1, since: 0, token: 7, deadline: 9 },
+            Holder { owner: b"bb"[..].into(), holds: 2, since: 0, token: 8, deadline: 10 },
+        ];
+        let lock = Lock::from_holders(Mode::Shared, holders).unwrap();
+        let mut saved = lock.saved().to_vec();
+        let i = flip.0 % saved.len();
+        saved[i] ^= flip.1;
+        if let Ok(l) = Lock::from_saved(saved.clone(), 1) {
+            prop_assert!(l.holders().count() == l.holder_count());
+        }
+        saved.truncate(cut % saved.len());
+        prop_assert!(Lock::from_saved(saved, 1).is_err(), "a cut block");
     }
 }

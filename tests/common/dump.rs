@@ -37,3 +37,66 @@ pub fn dump_with_footer(body: &[u8], version: [u8; 2]) -> Vec<u8> {
     p.extend_from_slice(&crc.to_le_bytes());
     p
 }
+
+/// A length or unsigned number as the RDB writes it (`rdbSaveLen`).
+pub fn rdb_len(n: u64) -> Vec<u8> {
+    match n {
+        0..=0x3f => vec![n as u8],
+        0x40..=0x3fff => vec![0x40 | (n >> 8) as u8, n as u8],
+        0x4000..=0xffff_ffff => {
+            let mut v = vec![0x80];
+            v.extend_from_slice(&(n as u32).to_be_bytes());
+            v
+        }
+        _ => {
+            let mut v = vec![0x81];
+            v.extend_from_slice(&n.to_be_bytes());
+            v
+        }
+    }
+}
+
+/// One holder of a lock value as encodings 1 and 2 write it.
+pub struct OldHolder {
+    pub owner: Vec<u8>,
+    pub holds: u64,
+    pub token: u64,
+    pub deadline: u64,
+}
+
+/// The body of a DUMP payload of a lock value in encoding 1 or 2 (0.1 and
+/// 0.2: field by field): `head` is the first 10 bytes of any lock's DUMP
+/// payload (the value's type and the module type's id), relabelled here to
+/// `encver`.
+pub fn old_lock_body(
+    head: &[u8],
+    encver: u16,
+    mode: u64,
+    limit: Option<u64>,
+    holders: &[OldHolder],
+) -> Vec<u8> {
+    assert_eq!(head[1], 0x81, "a module value");
+    let mut body = head[..10].to_vec();
+    body[8] = (body[8] & !0x03) | (encver >> 8) as u8;
+    body[9] = encver as u8;
+    // Module field opcodes: 2 an unsigned number, 5 a string, 0 the end.
+    let uint = |body: &mut Vec<u8>, n: u64| {
+        body.push(2);
+        body.extend(rdb_len(n));
+    };
+    uint(&mut body, mode);
+    if let Some(limit) = limit {
+        uint(&mut body, limit);
+    }
+    uint(&mut body, holders.len() as u64);
+    for h in holders {
+        body.push(5);
+        body.extend(rdb_len(h.owner.len() as u64));
+        body.extend_from_slice(&h.owner);
+        uint(&mut body, h.holds);
+        uint(&mut body, h.token);
+        uint(&mut body, h.deadline);
+    }
+    body.push(0);
+    body
+}

@@ -1,0 +1,488 @@
+//! A lock's holders packed in one heap block: the value Redis stores for a
+//! lock key is the block's address, so a lock costs one allocation and no
+//! pointer chasing. An exclusive lock with a UUID owner fits 64 bytes.
+//!
+//! ```text
+//! exclusive:  [0]                                        entry (exactly one)
+//! shared:     [1] count:u32 len:u32 cap:u32              entry...
+//! semaphore:  [2] count:u32 len:u32 cap:u32 limit:u32    entry...
+//! entry:      token:u64 deadline:u64 holds:u32 since:u32 owner-length owner
+//! owner-length: one byte below 255, else 255 and a u32
+//! ```
+//!
+//! Numbers are little-endian and unaligned. An exclusive block is allocated
+//! to its exact length, so its length and capacity follow from its owner's
+//! length; the others record both (`len`, `cap`) for [`Block::from_raw`],
+//! written by [`Block::into_raw`]. An empty block (no holder) owns no
+//! memory: Redis never stores one.
+//!
+//! Every read is bounds-checked and yields `None` past the end, never a
+//! panic; the block is only ever written by this file.
+
+use std::mem::ManuallyDrop;
+
+pub const EXCLUSIVE: u8 = 0;
+pub const SHARED: u8 = 1;
+pub const SEMAPHORE: u8 = 2;
+
+/// token, deadline, holds, since.
+const FIXED: usize = 24;
+/// The header of shared and semaphore blocks (before `limit`).
+const COUNTED: usize = 13;
+const LIMIT_AT: usize = COUNTED;
+/// Owner lengths from this one on take a byte and a u32.
+const LONG: u8 = 255;
+
+/// One holder as the block stores it, borrowed. Equality is of the state:
+/// `since` (a statistic) aside.
+#[derive(Clone, Copy, Debug)]
+pub struct HolderRef<'a> {
+    pub owner: &'a [u8],
+    pub holds: u32,
+    /// When it was granted, unix ms modulo 2^32 (hold-time statistics only).
+    pub since: u32,
+    pub token: u64,
+    /// Absolute deadline, unix milliseconds; it holds while `now < deadline`.
+    pub deadline: u64,
+}
+
+impl PartialEq for HolderRef<'_> {
+    fn eq(&self, other: &HolderRef<'_>) -> bool {
+        self.owner == other.owner
+            && self.holds == other.holds
+            && self.token == other.token
+            && self.deadline == other.deadline
+    }
+}
+
+impl Eq for HolderRef<'_> {}
+
+/// The block is past what its `u32` lengths can describe.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub struct TooLarge;
+
+fn header_len(tag: u8) -> usize {
+    match tag {
+        EXCLUSIVE => 1,
+        SEMAPHORE => COUNTED + 4,
+        _ => COUNTED,
+    }
+}
+
+fn owner_len_len(owner_len: usize) -> usize {
+    if owner_len < usize::from(LONG) {
+        1
+    } else {
+        5
+    }
+}
+
+/// The bytes an entry with an owner of this length takes.
+fn entry_len(owner_len: usize) -> usize {
+    FIXED + owner_len_len(owner_len) + owner_len
+}
+
+fn u32_at(buf: &[u8], at: usize) -> Option<u32> {
+    Some(u32::from_le_bytes(buf.get(at..at + 4)?.try_into().ok()?))
+}
+
+fn u64_at(buf: &[u8], at: usize) -> Option<u64> {
+    Some(u64::from_le_bytes(buf.get(at..at + 8)?.try_into().ok()?))
+}
+
+fn put_u32(buf: &mut [u8], at: usize, v: u32) {
+    if let Some(b) = buf.get_mut(at..at + 4) {
+        b.copy_from_slice(&v.to_le_bytes());
+    }
+}
+
+fn put_u64(buf: &mut [u8], at: usize, v: u64) {
+    if let Some(b) = buf.get_mut(at..at + 8) {
+        b.copy_from_slice(&v.to_le_bytes());
+    }
+}
+
+/// The entry at `at` and where the next one starts.
+fn entry_at(buf: &[u8], at: usize) -> Option<(HolderRef<'_>, usize)> {
+    let token = u64_at(buf, at)?;
+    let deadline = u64_at(buf, at + 8)?;
+    let holds = u32_at(buf, at + 16)?;
+    let since = u32_at(buf, at + 20)?;
+    let first = *buf.get(at + FIXED)?;
+    let (len, start) = if first < LONG {
+        (usize::from(first), at + FIXED + 1)
+    } else {
+        (
+            usize::try_from(u32_at(buf, at + FIXED + 1)?).ok()?,
+            at + FIXED + 5,
+        )
+    };
+    let owner = buf.get(start..start + len)?;
+    let holder = HolderRef {
+        owner,
+        holds,
+        since,
+        token,
+        deadline,
+    };
+    Some((holder, start + len))
+}
+
+/// The holders of one lock, packed (see the file's comment).
+#[derive(Default)]
+pub struct Block {
+    buf: Vec<u8>,
+}
+
+impl Block {
+    pub fn is_empty(&self) -> bool {
+        self.buf.is_empty()
+    }
+
+    /// The kind of block (`EXCLUSIVE`, `SHARED`, `SEMAPHORE`); `None` when empty.
+    pub fn tag(&self) -> Option<u8> {
+        self.buf.first().copied()
+    }
+
+    /// A semaphore's limit; 0 for the other blocks.
+    pub fn limit(&self) -> u32 {
+        match self.tag() {
+            Some(SEMAPHORE) => u32_at(&self.buf, LIMIT_AT).unwrap_or(0),
+            _ => 0,
+        }
+    }
+
+    pub fn count(&self) -> usize {
+        match self.tag() {
+            None => 0,
+            Some(EXCLUSIVE) => 1,
+            Some(_) => u32_at(&self.buf, 1).map_or(0, |n| n as usize),
+        }
+    }
+
+    fn set_count(&mut self, n: usize) {
+        if self.tag().is_some_and(|t| t != EXCLUSIVE) {
+            put_u32(&mut self.buf, 1, u32::try_from(n).unwrap_or(u32::MAX));
+        }
+    }
+
+    /// The holders in grant order, each with its entry's offset.
+    pub fn entries(&self) -> Entries<'_> {
+        let at = self.tag().map_or(0, header_len);
+        Entries {
+            buf: &self.buf,
+            at,
+            left: self.count(),
+        }
+    }
+
+    /// Bytes of heap this block holds.
+    pub fn capacity(&self) -> usize {
+        self.buf.capacity()
+    }
+
+    /// Changes the numbers of the entry at `at` (the owner stays).
+    pub fn set(&mut self, at: usize, holds: u32, since: u32, token: u64, deadline: u64) {
+        put_u64(&mut self.buf, at, token);
+        put_u64(&mut self.buf, at + 8, deadline);
+        put_u32(&mut self.buf, at + 16, holds);
+        put_u32(&mut self.buf, at + 20, since);
+    }
+
+    /// Appends a holder. The first one sets the block's kind (`tag`, and a
+    /// semaphore's `limit`); later ones must come to a shared or semaphore
+    /// block (an exclusive block holds exactly one).
+    pub fn push(&mut self, tag: u8, limit: u32, h: HolderRef<'_>) -> Result<(), TooLarge> {
+        let header = if self.buf.is_empty() {
+            header_len(tag)
+        } else {
+            0
+        };
+        let need = self
+            .buf
+            .len()
+            .checked_add(header + entry_len(h.owner.len()))
+            .filter(|n| u32::try_from(*n).is_ok())
+            .ok_or(TooLarge)?;
+        if self.buf.is_empty() {
+            // Exactly what it needs: most locks have one holder.
+            self.buf = Vec::with_capacity(need);
+            self.buf.push(tag);
+            if tag != EXCLUSIVE {
+                self.buf.extend_from_slice(&[0; COUNTED - 1]);
+            }
+            if tag == SEMAPHORE {
+                self.buf.extend_from_slice(&limit.to_le_bytes());
+            }
+        } else {
+            self.buf.reserve_exact(need - self.buf.len());
+        }
+        let owner_len = h.owner.len();
+        self.buf.extend_from_slice(&h.token.to_le_bytes());
+        self.buf.extend_from_slice(&h.deadline.to_le_bytes());
+        self.buf.extend_from_slice(&h.holds.to_le_bytes());
+        self.buf.extend_from_slice(&h.since.to_le_bytes());
+        match u8::try_from(owner_len) {
+            Ok(n) if n < LONG => self.buf.push(n),
+            _ => {
+                self.buf.push(LONG);
+                let n = u32::try_from(owner_len).map_err(|_| TooLarge)?;
+                self.buf.extend_from_slice(&n.to_le_bytes());
+            }
+        }
+        self.buf.extend_from_slice(h.owner);
+        let n = self.count() + 1;
+        self.set_count(n);
+        Ok(())
+    }
+
+    /// Removes the entry at `at` (the others keep their order).
+    pub fn remove(&mut self, at: usize) {
+        let Some((_, end)) = entry_at(&self.buf, at) else {
+            return;
+        };
+        let n = self.count().saturating_sub(1);
+        if n == 0 {
+            self.clear();
+            return;
+        }
+        self.buf.drain(at..end);
+        self.set_count(n);
+    }
+
+    /// Keeps the holders `keep` says yes to, in order.
+    pub fn retain(&mut self, mut keep: impl FnMut(&HolderRef<'_>) -> bool) {
+        let Some(tag) = self.tag() else {
+            return;
+        };
+        let mut read = header_len(tag);
+        let mut write = read;
+        let mut kept = 0;
+        for _ in 0..self.count() {
+            let Some((h, end)) = entry_at(&self.buf, read) else {
+                break;
+            };
+            if keep(&h) {
+                if write != read {
+                    self.buf.copy_within(read..end, write);
+                }
+                write += end - read;
+                kept += 1;
+            }
+            read = end;
+        }
+        if kept == 0 {
+            self.clear();
+            return;
+        }
+        self.buf.truncate(write);
+        self.set_count(kept);
+    }
+
+    /// No holder left: the memory goes too.
+    pub fn clear(&mut self) {
+        self.buf = Vec::new();
+    }
+
+    /// The address Redis stores as the key's value (the block now belongs
+    /// to it); null when there is no holder. Take it back with
+    /// [`Block::from_raw`].
+    pub fn into_raw(mut self) -> *mut u8 {
+        match self.tag() {
+            None => return std::ptr::null_mut(),
+            Some(EXCLUSIVE) => self.buf.shrink_to_fit(),
+            Some(_) => {
+                let (len, cap) = (self.buf.len(), self.buf.capacity());
+                put_u32(&mut self.buf, 5, u32::try_from(len).unwrap_or(u32::MAX));
+                put_u32(&mut self.buf, 9, u32::try_from(cap).unwrap_or(u32::MAX));
+            }
+        }
+        ManuallyDrop::new(self.buf).as_mut_ptr()
+    }
+
+    /// The block's bytes (what RDB encoding 3 saves).
+    pub fn as_bytes(&self) -> &[u8] {
+        &self.buf
+    }
+
+    /// A block saved by [`Block::as_bytes`], checked to be whole: its kind
+    /// known, every entry complete, exactly `count` of them filling it, one
+    /// for an exclusive block. `since` is set for every holder; the rest of
+    /// what a lock must be is [`crate::Lock::from_saved`]'s to check.
+    pub fn from_saved(buf: Vec<u8>, since: u32) -> Option<Block> {
+        let tag = *buf.first()?;
+        if tag > SEMAPHORE || buf.len() < header_len(tag) {
+            return None;
+        }
+        let mut block = Block { buf };
+        let count = block.count();
+        let mut at = header_len(tag);
+        let mut entries = Vec::with_capacity(count.min(1024));
+        for _ in 0..count {
+            let (_, next) = entry_at(&block.buf, at)?;
+            entries.push(at);
+            at = next;
+        }
+        if at != block.buf.len() || count == 0 {
+            return None;
+        }
+        for at in entries {
+            put_u32(&mut block.buf, at + 20, since);
+        }
+        Some(block)
+    }
+
+    /// Where the block is now (null when empty): changes when it grows or
+    /// shrinks.
+    pub fn as_ptr(&self) -> *const u8 {
+        if self.buf.is_empty() {
+            std::ptr::null()
+        } else {
+            self.buf.as_ptr()
+        }
+    }
+
+    /// The block at `ptr`, back from [`Block::into_raw`]; empty for null.
+    ///
+    /// # Safety
+    ///
+    /// `ptr` is null, or came from [`Block::into_raw`] and was not taken
+    /// back since (or was moved whole by a defragmenter to a block of the
+    /// same size class); the block is then this `Block`'s until it goes back
+    /// through `into_raw`.
+    pub unsafe fn from_raw(ptr: *mut u8) -> Block {
+        if ptr.is_null() {
+            return Block::default();
+        }
+        // SAFETY: a live block from `into_raw`: its header and, for an
+        // exclusive block, its whole single entry are there to read.
+        let (len, cap) = unsafe {
+            if *ptr == EXCLUSIVE {
+                let first = *ptr.add(1 + FIXED);
+                let len = if first < LONG {
+                    1 + FIXED + 1 + usize::from(first)
+                } else {
+                    let n = std::ptr::read_unaligned(ptr.add(2 + FIXED).cast::<[u8; 4]>());
+                    1 + FIXED + 5 + u32::from_le_bytes(n) as usize
+                };
+                (len, len)
+            } else {
+                let len = std::ptr::read_unaligned(ptr.add(5).cast::<[u8; 4]>());
+                let cap = std::ptr::read_unaligned(ptr.add(9).cast::<[u8; 4]>());
+                (
+                    u32::from_le_bytes(len) as usize,
+                    u32::from_le_bytes(cap) as usize,
+                )
+            }
+        };
+        // SAFETY: the allocation `into_raw` gave away, with the length and
+        // capacity it had then.
+        Block {
+            buf: unsafe { Vec::from_raw_parts(ptr, len, cap) },
+        }
+    }
+}
+
+/// Holders in order, with their offsets (see [`Block::entries`]).
+#[derive(Clone)]
+pub struct Entries<'a> {
+    buf: &'a [u8],
+    at: usize,
+    left: usize,
+}
+
+impl<'a> Iterator for Entries<'a> {
+    type Item = (usize, HolderRef<'a>);
+
+    fn next(&mut self) -> Option<Self::Item> {
+        if self.left == 0 {
+            return None;
+        }
+        let at = self.at;
+        let Some((h, next)) = entry_at(self.buf, at) else {
+            self.left = 0;
+            return None;
+        };
+        self.left -= 1;
+        self.at = next;
+        Some((at, h))
+    }
+
+    fn size_hint(&self) -> (usize, Option<usize>) {
+        (0, Some(self.left))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn h(owner: &[u8], token: u64) -> HolderRef<'_> {
+        HolderRef {
+            owner,
+            holds: 1,
+            since: 7,
+            token,
+            deadline: 1000 + token,
+        }
+    }
+
+    #[test]
+    fn an_exclusive_lock_with_a_uuid_owner_fits_64_bytes() {
+        let mut b = Block::default();
+        let uuid = b"6ba7b810-9dad-11d1-80b4-00c04fd430c8";
+        b.push(EXCLUSIVE, 0, h(uuid, 1)).unwrap();
+        assert_eq!(b.capacity(), 62);
+        let ptr = b.into_raw();
+        let b = unsafe { Block::from_raw(ptr) };
+        assert_eq!(b.capacity(), 62);
+        assert_eq!(
+            b.entries().map(|(_, h)| h).collect::<Vec<_>>(),
+            [h(uuid, 1)]
+        );
+    }
+
+    #[test]
+    fn shared_blocks_round_trip_and_keep_order() {
+        let mut b = Block::default();
+        let long = vec![b'x'; 300];
+        for (i, o) in [&b"a"[..], &long, b"c"].iter().enumerate() {
+            b.push(SHARED, 0, h(o, i as u64 + 1)).unwrap();
+        }
+        let b = unsafe { Block::from_raw(b.into_raw()) };
+        let owners: Vec<&[u8]> = b.entries().map(|(_, h)| h.owner).collect();
+        assert_eq!(owners, [&b"a"[..], &long, b"c"]);
+        let mut b = b;
+        let second = b.entries().nth(1).unwrap().0;
+        b.remove(second);
+        let tokens: Vec<u64> = b.entries().map(|(_, h)| h.token).collect();
+        assert_eq!((tokens, b.count()), (vec![1, 3], 2));
+        b.retain(|h| h.token == 3);
+        assert_eq!(b.count(), 1);
+        b.retain(|_| false);
+        assert!(b.is_empty() && b.into_raw().is_null());
+    }
+
+    #[test]
+    fn semaphores_keep_their_limit_and_long_owners_their_bytes() {
+        let mut b = Block::default();
+        let long = vec![7u8; 70_000];
+        b.push(SEMAPHORE, 9, h(&long, 5)).unwrap();
+        b.push(SEMAPHORE, 9, h(b"", 6)).unwrap();
+        let mut b = unsafe { Block::from_raw(b.into_raw()) };
+        assert_eq!((b.limit(), b.count()), (9, 2));
+        let first = b.entries().next().unwrap();
+        assert_eq!(first.1.owner.len(), 70_000);
+        b.set(first.0, 3, 4, 5, 6);
+        let first = b.entries().next().unwrap().1;
+        assert_eq!(
+            (first.holds, first.since, first.token, first.deadline),
+            (3, 4, 5, 6)
+        );
+        let long_exclusive = vec![1u8; 1000];
+        let mut e = Block::default();
+        e.push(EXCLUSIVE, 0, h(&long_exclusive, 1)).unwrap();
+        let e = unsafe { Block::from_raw(e.into_raw()) };
+        assert_eq!(e.entries().next().unwrap().1.owner, &long_exclusive[..]);
+    }
+}
