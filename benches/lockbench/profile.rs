@@ -310,9 +310,62 @@ pub struct Row {
     pub per_request: f64,
 }
 
+/// The lock commands the C reference module (benches/cmodule/lockfloor.c)
+/// does: the same work through the same module API, measured on a server
+/// of its own (rows `floor:<command>`).
+pub const FLOOR_OPS: [Op; 6] = [
+    Op::Acquire,
+    Op::Racquire,
+    Op::Read,
+    Op::Renew,
+    Op::ReleaseHit,
+    Op::ReleaseMiss,
+];
+
+/// redismodule.h, from the `redis-module` crate's sources in Cargo's
+/// registry (the version this crate pins).
+fn redismodule_h_dir() -> io::Result<PathBuf> {
+    let home = std::env::var_os("CARGO_HOME")
+        .map(PathBuf::from)
+        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cargo")))
+        .ok_or_else(|| io::Error::other("neither CARGO_HOME nor HOME is set"))?;
+    let registry = home.join("registry/src");
+    for index in fs::read_dir(&registry)?.flatten() {
+        let dir = index.path().join("redis-module-2.0.8/src/include");
+        if dir.join("redismodule.h").exists() {
+            return Ok(dir);
+        }
+    }
+    Err(io::Error::other(format!(
+        "redismodule.h of redis-module 2.0.8 not found under {}",
+        registry.display()
+    )))
+}
+
+/// Builds the C reference module into `dir`.
+pub fn build_floor(dir: &Path) -> io::Result<PathBuf> {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let src = root.join("benches/cmodule/lockfloor.c");
+    let out = dir.join("lockfloor.so");
+    let status = Command::new("cc")
+        .args([
+            "-O2", "-shared", "-fPIC", "-Wall", "-Wextra", "-Werror", "-I",
+        ])
+        .arg(redismodule_h_dir()?)
+        .arg("-o")
+        .arg(&out)
+        .arg(&src)
+        .status()?;
+    if !status.success() {
+        return Err(io::Error::other(format!("cc {} failed", src.display())));
+    }
+    Ok(out)
+}
+
 /// One full measurement: every lock command on the module's server, the
 /// baselines and the plain commands on the plain server, the plain commands
-/// again on the module's server.
+/// again on the module's server, and the C reference module's commands on a
+/// server of its own.
 pub fn run(dir: &Path, module: &Path, requests: usize) -> io::Result<Vec<Row>> {
     let mut rows = Vec::new();
     let extra: Vec<String> = ["--hz", "1", "--activerehashing", "no"]
@@ -360,6 +413,26 @@ pub fn run(dir: &Path, module: &Path, requests: usize) -> io::Result<Vec<Row>> {
                 per_request,
             });
         }
+    }
+    let sub = dir.join("floor");
+    fs::create_dir_all(&sub)?;
+    let opts = Options {
+        module: Some(build_floor(dir)?),
+        dir: sub,
+        callgrind: true,
+        extra,
+    };
+    let mut p = Profiled::start(&opts)?;
+    for op in FLOOR_OPS {
+        let name = format!("floor:{}", op.short());
+        let per_request = p.measure(
+            &name,
+            (requests, op.replies()),
+            &prepare_lock(op),
+            &|s, i, b| op.encode(&s.scripts, i, b),
+            &|r| op.expected(r),
+        )?;
+        rows.push(Row { name, per_request });
     }
     Ok(rows)
 }
@@ -442,6 +515,17 @@ pub fn table(runs: &[Vec<Row>], requests: usize) -> String {
         }
         cells.extend(spread(&row.name));
         s.push_str(&line(&cells));
+        let floor = get(rows, &format!("floor:{}", op.short()));
+        if !floor.is_nan() {
+            let mut cells = vec![
+                String::new(),
+                String::new(),
+                format!("the C reference module, same work through the module API ({floor:.0})"),
+                format!("{:.2}x", row.per_request / floor),
+            ];
+            cells.extend(spread(&format!("floor:{}", op.short())));
+            s.push_str(&line(&cells));
+        }
         for (base, _) in bases.iter().skip(1) {
             let b = get(rows, base.short());
             let mut cells = vec![

@@ -1,0 +1,584 @@
+/*
+ * lockfloor: a benchmark reference, not part of the product.
+ *
+ * A small Redis module in C that does, through the Redis module API, the same
+ * work as the Rust lock module's hot paths (LOCK.ACQUIRE, LOCK.RACQUIRE,
+ * LOCK.READ, LOCK.RENEW, LOCK.RELEASE): open the key for writing, drop
+ * expired holders, grant / renew / release, store the value, set the key's
+ * expiry to the latest holder deadline (or delete an emptied key), replicate
+ * each changed holder as a LOCK.SYNC effect in the Rust module's format, fire
+ * a keyspace event and reply. Loaded next to the Rust module, it lets
+ * `cargo bench --bench lockbench -- --callgrind` show what the module API
+ * itself costs (the "floor") beside what the Rust module costs.
+ *
+ * It leaves out everything the hot paths do not touch: waiting (WAIT),
+ * BIND, semaphores, multi-key grants, statistics and configuration.
+ *
+ * Build:
+ *   cc -O2 -shared -fPIC -Wall -Wextra -Werror -I<dir of redismodule.h> \
+ *      -o lockfloor.so lockfloor.c
+ * (redismodule.h: the redis-module crate's src/include/).
+ */
+
+#include <stddef.h>
+#include <stdint.h>
+#include <string.h>
+#include <strings.h>
+
+#include "redismodule.h"
+
+#define LF_ENCVER 1
+#define LF_MAX_TTL 2592000000LL /* 30 days, the Rust module's default max-ttl */
+
+enum lf_mode { LF_EXCLUSIVE = 0, LF_SHARED = 1 };
+
+enum lf_kind { LF_ACQUIRE, LF_RACQUIRE, LF_READ };
+
+typedef struct {
+    char *owner; /* RedisModule_Alloc'd copy, binary-safe */
+    size_t owner_len;
+    uint32_t holds;
+    uint64_t token;
+    uint64_t deadline; /* unix ms */
+} lf_holder;
+
+typedef struct {
+    uint32_t mode;
+    uint32_t count;
+    uint32_t cap;
+    lf_holder holders[];
+} lf_lock;
+
+static RedisModuleType *LockType;
+
+/* The last fencing token issued (or seen in an RDB load or an effect). */
+static uint64_t last_token;
+
+static const char *mode_name(uint32_t mode) {
+    return mode == LF_SHARED ? "shared" : "exclusive";
+}
+
+static uint64_t next_token(uint64_t now) {
+    uint64_t t = last_token + 1;
+    uint64_t floor = now * 1000;
+    if (t < floor)
+        t = floor;
+    last_token = t;
+    return t;
+}
+
+static lf_lock *lock_new(uint32_t mode, uint32_t cap) {
+    lf_lock *l = RedisModule_Alloc(sizeof(*l) + (size_t)cap * sizeof(lf_holder));
+    l->mode = mode;
+    l->count = 0;
+    l->cap = cap;
+    return l;
+}
+
+static void lock_free(void *value) {
+    lf_lock *l = value;
+    for (uint32_t i = 0; i < l->count; i++)
+        RedisModule_Free(l->holders[i].owner);
+    RedisModule_Free(l);
+}
+
+static lf_holder *lock_find(lf_lock *l, const char *owner, size_t len) {
+    for (uint32_t i = 0; i < l->count; i++) {
+        lf_holder *h = &l->holders[i];
+        if (h->owner_len == len && memcmp(h->owner, owner, len) == 0)
+            return h;
+    }
+    return NULL;
+}
+
+static void holder_remove(lf_lock *l, lf_holder *h) {
+    RedisModule_Free(h->owner);
+    lf_holder *last = &l->holders[l->count - 1];
+    if (h != last)
+        *h = *last;
+    l->count--;
+}
+
+static uint64_t latest_deadline(const lf_lock *l) {
+    uint64_t latest = 0;
+    for (uint32_t i = 0; i < l->count; i++)
+        if (l->holders[i].deadline > latest)
+            latest = l->holders[i].deadline;
+    return latest;
+}
+
+/* Decimal digits of n at dst; returns the length. */
+static size_t put_u64(char *dst, uint64_t n) {
+    char tmp[20];
+    size_t i = sizeof(tmp);
+    do {
+        tmp[--i] = (char)('0' + n % 10);
+        n /= 10;
+    } while (n);
+    memcpy(dst, tmp + i, sizeof(tmp) - i);
+    return sizeof(tmp) - i;
+}
+
+/* LOCK.SYNC key <mode>:<holds>:<token>:<deadline> owner */
+static void replicate_set(RedisModuleCtx *ctx, RedisModuleString *keyname,
+                          const lf_lock *l, const lf_holder *h) {
+    char state[80];
+    const char *mode = mode_name(l->mode);
+    size_t n = strlen(mode);
+    memcpy(state, mode, n);
+    state[n++] = ':';
+    n += put_u64(state + n, h->holds);
+    state[n++] = ':';
+    n += put_u64(state + n, h->token);
+    state[n++] = ':';
+    n += put_u64(state + n, h->deadline);
+    RedisModule_Replicate(ctx, "LOCK.SYNC", "sbb", keyname, state, n,
+                          h->owner, h->owner_len);
+}
+
+/* LOCK.SYNC key DROP owner */
+static void replicate_drop(RedisModuleCtx *ctx, RedisModuleString *keyname,
+                           const char *owner, size_t len) {
+    RedisModule_Replicate(ctx, "LOCK.SYNC", "scb", keyname, "DROP", owner, len);
+}
+
+/* Drops the holders whose deadline has passed, replicating each drop;
+ * returns how many. */
+static uint32_t purge(RedisModuleCtx *ctx, RedisModuleString *keyname,
+                      lf_lock *l, uint64_t now) {
+    uint32_t dropped = 0;
+    uint32_t i = 0;
+    while (i < l->count) {
+        lf_holder *h = &l->holders[i];
+        if (h->deadline > now) {
+            i++;
+            continue;
+        }
+        replicate_drop(ctx, keyname, h->owner, h->owner_len);
+        holder_remove(l, h);
+        dropped++;
+    }
+    return dropped;
+}
+
+/* Writes a changed lock back: deletes the key when it emptied, else the key
+ * expires with its last holder. */
+static void write_back(RedisModuleKey *key, lf_lock *l) {
+    if (l->count == 0)
+        RedisModule_DeleteKey(key);
+    else
+        RedisModule_SetAbsExpire(key, (mstime_t)latest_deadline(l));
+}
+
+/* Opens the key for writing; *lock is its value, or NULL when the key does
+ * not exist. Returns NULL (after replying WRONGTYPE) for a key of another type. */
+static RedisModuleKey *open_lock(RedisModuleCtx *ctx, RedisModuleString *keyname,
+                                 lf_lock **lock) {
+    RedisModuleKey *key = RedisModule_OpenKey(ctx, keyname, REDISMODULE_READ | REDISMODULE_WRITE);
+    int type = RedisModule_KeyType(key);
+    if (type == REDISMODULE_KEYTYPE_EMPTY) {
+        *lock = NULL;
+        return key;
+    }
+    if (type != REDISMODULE_KEYTYPE_MODULE || RedisModule_ModuleTypeGetType(key) != LockType) {
+        RedisModule_CloseKey(key);
+        RedisModule_ReplyWithError(ctx, REDISMODULE_ERRORMSG_WRONGTYPE);
+        return NULL;
+    }
+    *lock = RedisModule_ModuleTypeGetValue(key);
+    return key;
+}
+
+/* owner (non-empty) and ttl (1..LF_MAX_TTL) arguments; replies the error
+ * and returns 0 when one is invalid. */
+static int parse_owner(RedisModuleCtx *ctx, RedisModuleString *arg,
+                       const char **owner, size_t *len) {
+    *owner = RedisModule_StringPtrLen(arg, len);
+    if (*len == 0) {
+        RedisModule_ReplyWithError(ctx, "ERR owner must not be empty");
+        return 0;
+    }
+    return 1;
+}
+
+static int parse_ttl(RedisModuleCtx *ctx, RedisModuleString *arg, uint64_t *ttl) {
+    long long v;
+    if (RedisModule_StringToLongLong(arg, &v) != REDISMODULE_OK || v < 1 || v > LF_MAX_TTL) {
+        RedisModule_ReplyWithError(ctx, "ERR ttl must be an integer from 1 to 2592000000");
+        return 0;
+    }
+    *ttl = (uint64_t)v;
+    return 1;
+}
+
+static void notify(RedisModuleCtx *ctx, const char *event, RedisModuleString *keyname) {
+    RedisModule_NotifyKeyspaceEvent(ctx, REDISMODULE_NOTIFY_MODULE, event, keyname);
+}
+
+/* LOCK.ACQUIRE | LOCK.RACQUIRE | LOCK.READ key owner ttl */
+static int grant(RedisModuleCtx *ctx, RedisModuleString **argv, int argc,
+                 enum lf_kind kind, const char *event) {
+    if (argc != 4)
+        return RedisModule_ReplyWithError(ctx, "ERR wrong number of arguments");
+    const char *owner;
+    size_t owner_len;
+    uint64_t ttl;
+    if (!parse_owner(ctx, argv[2], &owner, &owner_len) || !parse_ttl(ctx, argv[3], &ttl))
+        return REDISMODULE_OK;
+
+    RedisModuleString *keyname = argv[1];
+    lf_lock *l;
+    RedisModuleKey *key = open_lock(ctx, keyname, &l);
+    if (!key)
+        return REDISMODULE_OK;
+
+    uint32_t want = kind == LF_READ ? LF_SHARED : LF_EXCLUSIVE;
+    uint64_t now = (uint64_t)RedisModule_Milliseconds();
+    uint64_t deadline = now + ttl;
+    uint32_t expired = l ? purge(ctx, keyname, l, now) : 0;
+    lf_holder *h = NULL;
+    int refused = 0;
+    const char *error = NULL;
+
+    if (l && l->count > 0) {
+        lf_holder *mine = lock_find(l, owner, owner_len);
+        if (mine) {
+            if (l->mode != want)
+                error = l->mode == LF_SHARED
+                            ? "ERR owner holds this lock shared: release it before acquiring it exclusively"
+                            : "ERR owner holds this lock exclusively: release it before reading it";
+            else if (kind != LF_ACQUIRE && mine->holds == UINT32_MAX)
+                error = "ERR owner has too many holds on this lock";
+            else {
+                if (kind != LF_ACQUIRE)
+                    mine->holds++;
+                mine->deadline = deadline;
+                h = mine;
+            }
+        } else if (l->mode == LF_SHARED && want == LF_SHARED) {
+            if (l->count == l->cap) {
+                /* Grow: a new block, and the key pointed at it. */
+                lf_lock *bigger = lock_new(l->mode, l->cap * 2);
+                bigger->count = l->count;
+                memcpy(bigger->holders, l->holders, (size_t)l->count * sizeof(lf_holder));
+                RedisModule_ModuleTypeReplaceValue(key, LockType, bigger, NULL);
+                RedisModule_Free(l);
+                l = bigger;
+            }
+        } else {
+            refused = 1;
+        }
+    } else if (l) {
+        l->mode = want; /* emptied by the purge: the new grant sets the mode */
+    } else {
+        l = lock_new(want, want == LF_SHARED ? 4 : 1);
+        RedisModule_ModuleTypeSetValue(key, LockType, l);
+    }
+
+    if (!h && !refused && !error) {
+        h = &l->holders[l->count++];
+        h->owner = RedisModule_Alloc(owner_len);
+        memcpy(h->owner, owner, owner_len);
+        h->owner_len = owner_len;
+        h->holds = 1;
+        h->token = next_token(now);
+        h->deadline = deadline;
+    }
+
+    if (h) {
+        replicate_set(ctx, keyname, l, h);
+        write_back(key, l);
+    } else if (expired) {
+        write_back(key, l);
+    }
+    RedisModule_CloseKey(key);
+
+    if (expired)
+        notify(ctx, "lock.expired", keyname);
+    if (h) {
+        notify(ctx, event, keyname);
+        return RedisModule_ReplyWithLongLong(ctx, (long long)h->token);
+    }
+    if (error)
+        return RedisModule_ReplyWithError(ctx, error);
+    return RedisModule_ReplyWithNull(ctx);
+}
+
+static int acquire_cmd(RedisModuleCtx *ctx, RedisModuleString **argv, int argc) {
+    return grant(ctx, argv, argc, LF_ACQUIRE, "lock.acquire");
+}
+
+static int racquire_cmd(RedisModuleCtx *ctx, RedisModuleString **argv, int argc) {
+    return grant(ctx, argv, argc, LF_RACQUIRE, "lock.racquire");
+}
+
+static int read_cmd(RedisModuleCtx *ctx, RedisModuleString **argv, int argc) {
+    return grant(ctx, argv, argc, LF_READ, "lock.read");
+}
+
+/* LOCK.RENEW key owner ttl: 1 when the owner holds (deadline = now + ttl), else 0. */
+static int renew_cmd(RedisModuleCtx *ctx, RedisModuleString **argv, int argc) {
+    if (argc != 4)
+        return RedisModule_ReplyWithError(ctx, "ERR wrong number of arguments");
+    const char *owner;
+    size_t owner_len;
+    uint64_t ttl;
+    if (!parse_owner(ctx, argv[2], &owner, &owner_len) || !parse_ttl(ctx, argv[3], &ttl))
+        return REDISMODULE_OK;
+
+    RedisModuleString *keyname = argv[1];
+    lf_lock *l;
+    RedisModuleKey *key = open_lock(ctx, keyname, &l);
+    if (!key)
+        return REDISMODULE_OK;
+    if (!l) {
+        RedisModule_CloseKey(key);
+        return RedisModule_ReplyWithLongLong(ctx, 0);
+    }
+
+    uint64_t now = (uint64_t)RedisModule_Milliseconds();
+    uint32_t expired = purge(ctx, keyname, l, now);
+    lf_holder *h = lock_find(l, owner, owner_len);
+    if (h) {
+        h->deadline = now + ttl;
+        replicate_set(ctx, keyname, l, h);
+    }
+    if (h || expired)
+        write_back(key, l);
+    RedisModule_CloseKey(key);
+
+    if (expired)
+        notify(ctx, "lock.expired", keyname);
+    if (h)
+        notify(ctx, "lock.renew", keyname);
+    return RedisModule_ReplyWithLongLong(ctx, h ? 1 : 0);
+}
+
+/* LOCK.RELEASE key owner: 1 when the owner's last hold goes, 0 when a hold
+ * remains, nil when the owner held nothing. */
+static int release_cmd(RedisModuleCtx *ctx, RedisModuleString **argv, int argc) {
+    if (argc != 3)
+        return RedisModule_ReplyWithError(ctx, "ERR wrong number of arguments");
+    const char *owner;
+    size_t owner_len;
+    if (!parse_owner(ctx, argv[2], &owner, &owner_len))
+        return REDISMODULE_OK;
+
+    RedisModuleString *keyname = argv[1];
+    lf_lock *l;
+    RedisModuleKey *key = open_lock(ctx, keyname, &l);
+    if (!key)
+        return REDISMODULE_OK;
+    if (!l) {
+        RedisModule_CloseKey(key);
+        return RedisModule_ReplyWithNull(ctx);
+    }
+
+    uint64_t now = (uint64_t)RedisModule_Milliseconds();
+    uint32_t expired = purge(ctx, keyname, l, now);
+    lf_holder *h = lock_find(l, owner, owner_len);
+    int result = -1; /* nil */
+    if (h && h->holds > 1) {
+        h->holds--;
+        replicate_set(ctx, keyname, l, h);
+        result = 0;
+    } else if (h) {
+        replicate_drop(ctx, keyname, owner, owner_len);
+        holder_remove(l, h);
+        result = 1;
+    }
+    if (h || expired)
+        write_back(key, l);
+    RedisModule_CloseKey(key);
+
+    if (expired)
+        notify(ctx, "lock.expired", keyname);
+    if (result < 0)
+        return RedisModule_ReplyWithNull(ctx);
+    notify(ctx, "lock.release", keyname);
+    return RedisModule_ReplyWithLongLong(ctx, result);
+}
+
+/* Digits only, at most 20, no overflow. */
+static int parse_u64(const char *s, size_t len, uint64_t *out) {
+    if (len == 0 || len > 20)
+        return 0;
+    uint64_t v = 0;
+    for (size_t i = 0; i < len; i++) {
+        if (s[i] < '0' || s[i] > '9')
+            return 0;
+        uint64_t d = (uint64_t)(s[i] - '0');
+        if (v > (UINT64_MAX - d) / 10)
+            return 0;
+        v = v * 10 + d;
+    }
+    *out = v;
+    return 1;
+}
+
+/* <mode>:<holds>:<token>:<deadline> */
+static int parse_state(const char *s, size_t len, uint32_t *mode, uint64_t num[3]) {
+    const char *end = s + len;
+    const char *colon = memchr(s, ':', len);
+    if (!colon)
+        return 0;
+    size_t n = (size_t)(colon - s);
+    if (n == 9 && memcmp(s, "exclusive", 9) == 0)
+        *mode = LF_EXCLUSIVE;
+    else if (n == 6 && memcmp(s, "shared", 6) == 0)
+        *mode = LF_SHARED;
+    else
+        return 0;
+    s = colon + 1;
+    for (int i = 0; i < 3; i++) {
+        const char *stop = i < 2 ? memchr(s, ':', (size_t)(end - s)) : end;
+        if (!stop || !parse_u64(s, (size_t)(stop - s), &num[i]))
+            return 0;
+        s = stop + 1;
+    }
+    return num[0] >= 1 && num[0] <= UINT32_MAX;
+}
+
+/* LOCK.SYNC key state|DROP owner: internal, from the master or the AOF only. */
+static int sync_cmd(RedisModuleCtx *ctx, RedisModuleString **argv, int argc) {
+    int flags = RedisModule_GetContextFlags(ctx);
+    if (!(flags & (REDISMODULE_CTX_FLAGS_REPLICATED | REDISMODULE_CTX_FLAGS_LOADING)))
+        return RedisModule_ReplyWithError(
+            ctx, "ERR LOCK.SYNC is internal: accepted only from the master or the AOF");
+    if (argc != 4)
+        return RedisModule_ReplyWithError(ctx, "ERR wrong number of arguments");
+
+    size_t op_len, owner_len;
+    const char *op = RedisModule_StringPtrLen(argv[2], &op_len);
+    const char *owner = RedisModule_StringPtrLen(argv[3], &owner_len);
+    int drop = op_len == 4 && strncasecmp(op, "DROP", 4) == 0;
+    uint32_t mode = LF_EXCLUSIVE;
+    uint64_t num[3] = {0, 0, 0};
+    if (!drop && !parse_state(op, op_len, &mode, num))
+        return RedisModule_ReplyWithError(ctx, "ERR invalid lock state");
+
+    lf_lock *l;
+    RedisModuleKey *key = open_lock(ctx, argv[1], &l);
+    if (!key)
+        return REDISMODULE_OK;
+
+    if (drop) {
+        lf_holder *h = l ? lock_find(l, owner, owner_len) : NULL;
+        if (h) {
+            holder_remove(l, h);
+            write_back(key, l);
+        }
+    } else {
+        if (!l) {
+            l = lock_new(mode, mode == LF_SHARED ? 4 : 1);
+            RedisModule_ModuleTypeSetValue(key, LockType, l);
+        }
+        lf_holder *h = lock_find(l, owner, owner_len);
+        if (!h) {
+            if (l->count == l->cap) {
+                lf_lock *bigger = lock_new(l->mode, l->cap * 2);
+                bigger->count = l->count;
+                memcpy(bigger->holders, l->holders, (size_t)l->count * sizeof(lf_holder));
+                RedisModule_ModuleTypeReplaceValue(key, LockType, bigger, NULL);
+                RedisModule_Free(l);
+                l = bigger;
+            }
+            h = &l->holders[l->count++];
+            h->owner = RedisModule_Alloc(owner_len);
+            memcpy(h->owner, owner, owner_len);
+            h->owner_len = owner_len;
+        }
+        l->mode = mode;
+        h->holds = (uint32_t)num[0];
+        h->token = num[1];
+        h->deadline = num[2];
+        if (h->token > last_token)
+            last_token = h->token;
+        write_back(key, l);
+    }
+    RedisModule_CloseKey(key);
+    RedisModule_ReplicateVerbatim(ctx); /* on to this replica's replicas and AOF */
+    return RedisModule_ReplyWithSimpleString(ctx, "OK");
+}
+
+/* ---- data type callbacks ---- */
+
+static void *lock_rdb_load(RedisModuleIO *rdb, int encver) {
+    if (encver != LF_ENCVER)
+        return NULL;
+    uint32_t mode = (uint32_t)RedisModule_LoadUnsigned(rdb);
+    (void)RedisModule_LoadUnsigned(rdb); /* limit: 0, no semaphores here */
+    uint64_t count = RedisModule_LoadUnsigned(rdb);
+    if (mode > LF_SHARED || count > UINT32_MAX)
+        return NULL;
+    lf_lock *l = lock_new(mode, count ? (uint32_t)count : 1);
+    for (uint64_t i = 0; i < count; i++) {
+        lf_holder *h = &l->holders[i];
+        h->owner = RedisModule_LoadStringBuffer(rdb, &h->owner_len);
+        h->holds = (uint32_t)RedisModule_LoadUnsigned(rdb);
+        h->token = RedisModule_LoadUnsigned(rdb);
+        h->deadline = RedisModule_LoadUnsigned(rdb);
+        l->count++;
+        if (h->token > last_token)
+            last_token = h->token;
+    }
+    return l;
+}
+
+static void lock_rdb_save(RedisModuleIO *rdb, void *value) {
+    const lf_lock *l = value;
+    RedisModule_SaveUnsigned(rdb, l->mode);
+    RedisModule_SaveUnsigned(rdb, 0);
+    RedisModule_SaveUnsigned(rdb, l->count);
+    for (uint32_t i = 0; i < l->count; i++) {
+        const lf_holder *h = &l->holders[i];
+        RedisModule_SaveStringBuffer(rdb, h->owner, h->owner_len);
+        RedisModule_SaveUnsigned(rdb, h->holds);
+        RedisModule_SaveUnsigned(rdb, h->token);
+        RedisModule_SaveUnsigned(rdb, h->deadline);
+    }
+}
+
+static size_t lock_mem_usage(const void *value) {
+    const lf_lock *l = value;
+    size_t size = sizeof(*l) + (size_t)l->cap * sizeof(lf_holder);
+    for (uint32_t i = 0; i < l->count; i++)
+        size += l->holders[i].owner_len;
+    return size;
+}
+
+int RedisModule_OnLoad(RedisModuleCtx *ctx, RedisModuleString **argv, int argc) {
+    (void)argv;
+    (void)argc;
+    if (RedisModule_Init(ctx, "lockfloor", 1, REDISMODULE_APIVER_1) == REDISMODULE_ERR)
+        return REDISMODULE_ERR;
+
+    RedisModuleTypeMethods tm = {
+        .version = REDISMODULE_TYPE_METHOD_VERSION,
+        .rdb_load = lock_rdb_load,
+        .rdb_save = lock_rdb_save,
+        .mem_usage = lock_mem_usage,
+        .free = lock_free,
+    };
+    LockType = RedisModule_CreateDataType(ctx, "lockflr01", LF_ENCVER, &tm);
+    if (!LockType)
+        return REDISMODULE_ERR;
+
+    static const struct {
+        const char *name;
+        RedisModuleCmdFunc fn;
+        const char *flags;
+    } cmds[] = {
+        {"lock.acquire", acquire_cmd, "write deny-oom"},
+        {"lock.racquire", racquire_cmd, "write deny-oom"},
+        {"lock.read", read_cmd, "write deny-oom"},
+        {"lock.renew", renew_cmd, "write fast"},
+        {"lock.release", release_cmd, "write fast"},
+        {"lock.sync", sync_cmd, "write"},
+    };
+    for (size_t i = 0; i < sizeof(cmds) / sizeof(cmds[0]); i++)
+        if (RedisModule_CreateCommand(ctx, cmds[i].name, cmds[i].fn, cmds[i].flags, 1, 1, 1) ==
+            REDISMODULE_ERR)
+            return REDISMODULE_ERR;
+    return REDISMODULE_OK;
+}
