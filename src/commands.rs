@@ -219,13 +219,14 @@ pub fn keepalive(ctx: &Context, args: Argv<'_>) -> RedisResult {
 pub fn release(ctx: &Context, args: Argv<'_>) -> RedisResult {
     master_only(ctx)?;
     let release = args::release(args)?;
-    let outcome = store::update(ctx, release.key, |txn| {
+    let outcome = store::update_if_held(ctx, release.key, |txn| {
         let outcome = txn.lock.release(release.owner, txn.now, txn.changes);
         if outcome != Release::NotHeld {
             txn.events.push(c"lock.release");
         }
         outcome
-    })?;
+    })?
+    .unwrap_or(Release::NotHeld);
     Ok(match outcome {
         Release::Last => RedisValue::Integer(1),
         Release::Remaining => RedisValue::Integer(0),

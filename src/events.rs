@@ -28,6 +28,7 @@
 use std::cell::RefCell;
 use std::ffi::CStr;
 use std::os::raw::{c_char, c_int, c_void};
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use redis_module::{raw, Context, ContextFlags, RedisString, RedisValue, Status};
 
@@ -68,6 +69,7 @@ pub fn subscribe(ctx: &Context) -> Status {
         server_event(raw::REDISMODULE_EVENT_CLIENT_CHANGE, on_client),
         server_event(raw::REDISMODULE_EVENT_LOADING, on_loaded),
         server_event(raw::REDISMODULE_EVENT_CRON_LOOP, on_cron),
+        server_event(raw::REDISMODULE_EVENT_FORK_CHILD, on_fork),
     ];
     if all.iter().all(|s| *s == ok) {
         Status::Ok
@@ -209,7 +211,7 @@ extern "C" fn on_swapdb(
 /// A file (RDB, AOF, a replica's full sync) was loaded: the token counter
 /// jumps past what it holds (`fencing::jump_ahead`).
 extern "C" fn on_loaded(
-    _raw_ctx: *mut raw::RedisModuleCtx,
+    raw_ctx: *mut raw::RedisModuleCtx,
     _event: raw::RedisModuleEvent,
     subevent: u64,
     _data: *mut c_void,
@@ -217,19 +219,58 @@ extern "C" fn on_loaded(
     guard::callback("a loading event", (), || {
         if subevent == raw::REDISMODULE_SUBEVENT_LOADING_ENDED {
             fencing::jump_ahead(clock::now_ms(), config::clock_skew_ms());
+            // Redis 7.0 keeps a backlog after loading a file with
+            // replication data: look whether effects have a listener.
+            replication::check_listeners(&Context::new(raw_ctx));
+        } else {
+            replication::listeners_may_appear();
+        }
+    })
+}
+
+/// A fork: a snapshot for a replica's full sync or an AOF rewrite may be
+/// starting (effects may have a listener from now on); when it ends, look
+/// again.
+extern "C" fn on_fork(
+    raw_ctx: *mut raw::RedisModuleCtx,
+    _event: raw::RedisModuleEvent,
+    subevent: u64,
+    _data: *mut c_void,
+) {
+    guard::callback("a fork event", (), || {
+        if subevent == raw::REDISMODULE_SUBEVENT_FORK_CHILD_BORN {
+            replication::listeners_may_appear();
+        } else {
+            replication::check_listeners(&Context::new(raw_ctx));
         }
     })
 }
 
 /// The server's cron (`hz` times a second): follows `CONFIG RESETSTAT`.
+/// Cron ticks since the last look at who receives effects.
+static LISTENER_LOOK: AtomicU64 = AtomicU64::new(0);
+const LISTENER_LOOK_EVERY: u64 = 10;
+
 extern "C" fn on_cron(
-    _raw_ctx: *mut raw::RedisModuleCtx,
+    raw_ctx: *mut raw::RedisModuleCtx,
     _event: raw::RedisModuleEvent,
     _subevent: u64,
     _data: *mut c_void,
 ) {
     guard::callback("the cron event", (), || {
         stats::follow_resetstat();
+        // Several times a second, not on every command: a step is reported
+        // within a cron period (and at every `INFO lock`); fencing never
+        // depends on noticing it.
+        clock::check_steps(clock::now_ms());
+        // A backlog Redis freed (`repl-backlog-ttl`), an AOF turned off, a
+        // module loaded at run time: once a second, while effects are sent.
+        if LISTENER_LOOK
+            .fetch_add(1, Ordering::Relaxed)
+            .is_multiple_of(LISTENER_LOOK_EVERY)
+        {
+            replication::check_listeners(&Context::new(raw_ctx));
+        }
     })
 }
 
@@ -244,6 +285,7 @@ extern "C" fn on_role(
     guard::callback("a role change", (), || {
         let master = subevent == raw::REDISMODULE_EVENT_REPLROLECHANGED_NOW_MASTER;
         replication::set_replica(!master);
+        replication::listeners_may_appear();
         if master {
             // Above every token the old master can have issued, even those
             // this server never received (`fencing::jump_ahead`).

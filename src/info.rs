@@ -28,6 +28,8 @@ extern "C" fn info(ctx: *mut raw::RedisModuleInfoCtx, for_crash_report: c_int) {
     guard::callback("INFO", (), || {
         if for_crash_report == 0 {
             stats::follow_resetstat();
+            // A step since the last look is counted before it is shown.
+            clock::check_steps(clock::now_ms());
         }
         let [keys, exclusive, shared, semaphore] = stats::gauges();
         let count = |n: usize| ffi::int(n);

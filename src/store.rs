@@ -27,10 +27,29 @@ pub fn update<R>(
     name: Str<'_>,
     op: impl FnOnce(&mut Txn) -> R,
 ) -> Result<R, LockError> {
-    let (result, visit, events, expired) = write_back(ctx, name, |lock| {
+    transact(ctx, name, true, op)?.ok_or(LockError::Internal)
+}
+
+/// [`update`] for a transition that can only change a lock that exists
+/// (release, renew): on a missing key nobody waits for, nothing runs and
+/// `None` is the answer (no transaction, nothing to settle).
+pub fn update_if_held<R>(
+    ctx: &Context,
+    name: Str<'_>,
+    op: impl FnOnce(&mut Txn) -> R,
+) -> Result<Option<R>, LockError> {
+    transact(ctx, name, waiting::anyone_waits(), op)
+}
+
+fn transact<R>(
+    ctx: &Context,
+    name: Str<'_>,
+    on_missing: bool,
+    op: impl FnOnce(&mut Txn) -> R,
+) -> Result<Option<R>, LockError> {
+    let done = write_back(ctx, name, on_missing, |lock| {
         let mut changes = Changes::default();
         let now = clock::now_ms();
-        clock::check_steps(now);
         let mut tokens = fencing::for_transaction(now);
         let start = tokens;
         let mut txn = Txn {
@@ -58,6 +77,9 @@ pub fn update<R>(
         }
         Ok(((result, visit, events, expired), !changes.is_empty()))
     })?;
+    let Some((result, visit, events, expired)) = done else {
+        return Ok(None);
+    };
     for (key, leases) in timers::take_expired(ffi::selected_db(ctx)) {
         announce_expired(ctx, &key, leases);
     }
@@ -72,7 +94,7 @@ pub fn update<R>(
         timers::schedule(db, &key, visit);
     }
     grant_ready(ctx);
-    Ok(result)
+    Ok(Some(result))
 }
 
 /// Set while multi-key requests are being granted: a transition inside
@@ -224,14 +246,16 @@ fn next_visit(lock: &Lock, pending: &waiting::Pending) -> Option<u64> {
     }
 }
 
-/// Opens `name`, runs `op` on its lock (empty when the key does not exist)
-/// and, when `op` reports a change, stores, re-expires or deletes the key:
-/// an emptied lock is deleted, and the key expires with its last holder.
+/// Opens `name`, runs `op` on its lock (empty when the key does not exist,
+/// and then only if `on_missing`: else `None`) and, when `op` reports a
+/// change, stores, re-expires or deletes the key: an emptied lock is
+/// deleted, and the key expires with its last holder.
 pub fn write_back<R>(
     ctx: &Context,
     name: Str<'_>,
+    on_missing: bool,
     op: impl FnOnce(&mut Lock) -> Result<(R, bool), LockError>,
-) -> Result<R, LockError> {
+) -> Result<Option<R>, LockError> {
     let mut key = LockKey::open(ctx, name, true)?;
     let mut op = Some(op);
     let mut run = |lock: &mut Lock| match op.take() {
@@ -243,7 +267,7 @@ pub fn write_back<R>(
             let before = stored.census();
             let (result, changed) = run(&mut stored)?;
             if !changed {
-                return Ok(result);
+                return Ok(Some(result));
             }
             stats::holders(-1, before);
             stats::holders(1, stored.census());
@@ -255,11 +279,12 @@ pub fn write_back<R>(
     };
     let (result, latest, existed) = match existing {
         Some((result, latest)) => (result, latest, true),
+        None if !on_missing => return Ok(None),
         None => {
             let mut fresh = Lock::default();
             let (result, changed) = run(&mut fresh)?;
             if !changed {
-                return Ok(result);
+                return Ok(Some(result));
             }
             let latest = fresh.latest_deadline();
             if latest.is_some() {
@@ -280,7 +305,7 @@ pub fn write_back<R>(
         None => {}
         Some(deadline) => key.expire_at(deadline),
     }
-    Ok(result)
+    Ok(Some(result))
 }
 
 /// Counts the leases of a lock Redis expired (all of them had run out) and

@@ -132,7 +132,7 @@ pub fn sync(ctx: &Context, args: Argv<'_>) -> RedisResult {
             key.delete();
         }
     }
-    let sweep = store::write_back(ctx, name, |lock| {
+    let sweep = store::write_back(ctx, name, true, |lock| {
         match effect {
             Effect::Set(kind, holder) => {
                 let token = holder.token;
@@ -144,7 +144,8 @@ pub fn sync(ctx: &Context, args: Argv<'_>) -> RedisResult {
             }
         }
         Ok((lock.sweep_at(), true))
-    })?;
+    })?
+    .flatten();
     if sweep.is_some() || timers::any() {
         let (db, key) = ffi::db_key(ctx, name.as_slice());
         timers::schedule(db, &key, sweep);

@@ -5,6 +5,7 @@
 mod common;
 
 use common::*;
+use std::time::Duration;
 
 /// ttl-ms-left on the master and the replica may differ by the time between
 /// the two reads; generous for a noisy machine.
@@ -404,4 +405,89 @@ fn the_masters_effect_overrides_stale_state_on_the_replica() {
     assert_eq!(i.holder("B").token, tb);
     assert_replicated(&master, &replica, &[b"x", b"y"], "after stale state");
     assert!(!replica.log_tail(200).contains("invalid lock state"));
+}
+
+/// With nobody to receive them (no replica, no backlog, no AOF) effects are
+/// not built (`replication::QUIET`); whatever can give them a listener
+/// stops that before the next write. A replica that attaches later ends with
+/// the master's state, whether the master forks its snapshot at once (a
+/// disk-based sync: the writes right after the fork must be sent) or after
+/// a diskless sync's delay (the writes during the delay are in the
+/// snapshot).
+#[test]
+fn a_replica_attaching_to_a_server_that_had_none_gets_every_change() {
+    for (diskless, delay) in [("no", "0"), ("yes", "1")] {
+        let master = Server::builder()
+            .config(&format!("repl-diskless-sync {diskless}"))
+            .config(&format!("repl-diskless-sync-delay {delay}"))
+            .start();
+        let mut m = master.conn();
+        // The module's first look finds nobody listening (the cron, each
+        // second); its next look is a second away after that.
+        sleep_ms(1_200);
+        token(m.acquire("before", "a", 60_000));
+        token(m.read("shared", "r1", 60_000));
+        let replica = Server::start();
+        let mut r = replica.conn();
+        r.cmd(&["REPLICAOF", "127.0.0.1", &master.port.to_string()])
+            .ok();
+        let what = format!("diskless {diskless}, delay {delay}");
+        let mut keys: Vec<String> = vec!["before".into(), "shared".into()];
+        for i in 0..40 {
+            let k = format!("during{i}");
+            token(m.acquire(&k, "a", 60_000));
+            if i % 3 == 0 {
+                assert_eq!(m.release(&k, "a").int(), 1, "{what}");
+            }
+            token(m.read("shared", &format!("r{}", i + 2), 60_000));
+            keys.push(k);
+            sleep_ms(5);
+        }
+        wait_for_sync(&master, &replica);
+        token(m.acquire("after", "b", 60_000));
+        assert_eq!(m.release("before", "a").int(), 1);
+        keys.push("after".into());
+        let keys: Vec<&[u8]> = keys.iter().map(|k| k.as_bytes()).collect();
+        assert_replicated(&master, &replica, &keys, &what);
+    }
+}
+
+/// The same for an AOF turned on while the server runs: every grant made
+/// from then on (during its first rewrite too) is in the file, and a kill -9
+/// loses none of them.
+#[test]
+fn an_aof_turned_on_at_run_time_gets_every_change() {
+    let mut s = Server::builder().config("appendfsync always").start();
+    let mut c = s.conn();
+    // Enough data for the first rewrite to take a while.
+    c.cmd(&["DEBUG", "POPULATE", "300000", "filler", "64"]).ok();
+    sleep_ms(1_200);
+    let mut held = vec![(
+        "before".to_string(),
+        token(c.acquire("before", "a", 60_000)),
+    )];
+    c.cmd(&["CONFIG", "SET", "appendonly", "yes"]).ok();
+    let mut during = 0;
+    for i in 0..200 {
+        let k = format!("k{i}");
+        held.push((k.clone(), token(c.acquire(&k, "a", 60_000))));
+        if c.info_field("persistence", "aof_rewrite_in_progress") == "1" {
+            during += 1;
+        }
+    }
+    wait_until(Duration::from_secs(20), "the AOF rewrite", || {
+        c.info_field("persistence", "aof_rewrite_in_progress") == "0"
+            && c.info_field("persistence", "aof_rewrite_scheduled") == "0"
+    });
+    held.push(("after".into(), token(c.acquire("after", "a", 60_000))));
+    assert!(during > 0, "no grant was made while the rewrite ran");
+    drop(c);
+    s.add_config("appendonly yes");
+    s.kill9();
+    s.restart();
+    let mut c = s.conn();
+    for (k, t) in held {
+        let info = c.lock_info(&k).map(|i| i.holders[0].token);
+        assert_eq!(info, Some(t), "{k} after a kill -9");
+    }
 }

@@ -82,20 +82,24 @@ fn entry_len(owner_len: usize) -> usize {
     FIXED + owner_len_len(owner_len) + owner_len
 }
 
+#[inline]
 fn u32_at(buf: &[u8], at: usize) -> Option<u32> {
     Some(u32::from_le_bytes(buf.get(at..at + 4)?.try_into().ok()?))
 }
 
+#[inline]
 fn u64_at(buf: &[u8], at: usize) -> Option<u64> {
     Some(u64::from_le_bytes(buf.get(at..at + 8)?.try_into().ok()?))
 }
 
+#[inline]
 fn put_u32(buf: &mut [u8], at: usize, v: u32) {
     if let Some(b) = buf.get_mut(at..at + 4) {
         b.copy_from_slice(&v.to_le_bytes());
     }
 }
 
+#[inline]
 fn put_u64(buf: &mut [u8], at: usize, v: u64) {
     if let Some(b) = buf.get_mut(at..at + 8) {
         b.copy_from_slice(&v.to_le_bytes());
@@ -217,19 +221,34 @@ impl Block {
         } else {
             self.buf.reserve_exact(need - self.buf.len());
         }
+        // The fixed part and the owner's length in one copy, then the owner.
         let owner_len = h.owner.len();
-        self.buf.extend_from_slice(&h.token.to_le_bytes());
-        self.buf.extend_from_slice(&h.deadline.to_le_bytes());
-        self.buf.extend_from_slice(&h.holds.to_le_bytes());
-        self.buf.extend_from_slice(&h.since.to_le_bytes());
-        match u8::try_from(owner_len) {
-            Ok(n) if n < LONG => self.buf.push(n),
-            _ => {
-                self.buf.push(LONG);
-                let n = u32::try_from(owner_len).map_err(|_| TooLarge)?;
-                self.buf.extend_from_slice(&n.to_le_bytes());
+        let mut fixed = [0u8; FIXED + 5];
+        put_u64(&mut fixed, 0, h.token);
+        put_u64(&mut fixed, 8, h.deadline);
+        put_u32(&mut fixed, 16, h.holds);
+        put_u32(&mut fixed, 20, h.since);
+        let fixed_len = match u8::try_from(owner_len) {
+            Ok(n) if n < LONG => {
+                if let Some(slot) = fixed.get_mut(FIXED) {
+                    *slot = n;
+                }
+                FIXED + 1
             }
-        }
+            _ => {
+                if let Some(slot) = fixed.get_mut(FIXED) {
+                    *slot = LONG;
+                }
+                put_u32(
+                    &mut fixed,
+                    FIXED + 1,
+                    u32::try_from(owner_len).map_err(|_| TooLarge)?,
+                );
+                FIXED + 5
+            }
+        };
+        self.buf
+            .extend_from_slice(fixed.get(..fixed_len).unwrap_or(&[]));
         self.buf.extend_from_slice(h.owner);
         let n = self.count() + 1;
         self.set_count(n);
