@@ -15,13 +15,6 @@ use redis_module::{Context, Status};
 use crate::ffi::api;
 use crate::log;
 
-/// The crate's version (Cargo.toml), the one version everywhere.
-pub const VERSION: &CStr =
-    match CStr::from_bytes_with_nul(concat!(env!("CARGO_PKG_VERSION"), "\0").as_bytes()) {
-        Ok(v) => v,
-        Err(_) => c"0.0.0",
-    };
-
 /// The version as `MODULE LIST` shows it, encoded as Redis modules do:
 /// major * 10000 + minor * 100 + patch.
 pub const MODULE_VERSION: i32 = {
@@ -92,6 +85,8 @@ const WAIT: Arg = Arg {
 
 struct Doc {
     name: &'static CStr,
+    /// The version that added it (`COMMAND DOCS`' `since`).
+    since: &'static CStr,
     /// ACL categories where the server supports them (7.2+); `lock`, the
     /// module's own category, is dropped where the server cannot add it.
     acl: &'static CStr,
@@ -135,6 +130,7 @@ const KEYS: Arg = Arg {
 const DOCS: &[Doc] = &[
     Doc {
         name: c"lock.acquire",
+        since: c"0.1.0",
         acl: c"write blocking lock",
         summary: c"Acquires an exclusive, non-reentrant lock for ttl milliseconds; returns a fencing token, or nil when the lock is held. WAIT blocks up to ms milliseconds (0: no limit); BIND ends the holder when this connection closes.",
         complexity: c"O(1)",
@@ -145,6 +141,7 @@ const DOCS: &[Doc] = &[
     },
     Doc {
         name: c"lock.racquire",
+        since: c"0.1.0",
         acl: c"write blocking lock",
         summary: c"Acquires an exclusive, reentrant lock: the holder asking again adds a hold. Returns a fencing token, or nil when the lock is held.",
         complexity: c"O(1)",
@@ -155,6 +152,7 @@ const DOCS: &[Doc] = &[
     },
     Doc {
         name: c"lock.read",
+        since: c"0.1.0",
         acl: c"write blocking lock",
         summary: c"Acquires the shared (read) side of a read-write lock, reentrant per reader; returns the reader's fencing token, or nil while a writer holds or waits.",
         complexity: c"O(R), R the readers holding the lock",
@@ -165,6 +163,7 @@ const DOCS: &[Doc] = &[
     },
     Doc {
         name: c"lock.semaphore",
+        since: c"0.2.0",
         acl: c"write blocking lock",
         summary: c"Takes one of limit permits of a semaphore for ttl milliseconds (one per owner, each with its own lease and token); returns the fencing token, or nil when every permit is held. The grant that creates the key fixes its limit.",
         complexity: c"O(P), P the permits held",
@@ -175,6 +174,7 @@ const DOCS: &[Doc] = &[
     },
     Doc {
         name: c"lock.macquire",
+        since: c"0.2.0",
         acl: c"write blocking lock",
         summary: c"Acquires exclusive locks on numkeys keys, all or none, atomically; returns their fencing tokens in key order, or nil. With WAIT it waits for all of them at once, holding none meanwhile; a wait that would close a cycle is answered DEADLOCK.",
         complexity: c"O(N), N the keys",
@@ -185,6 +185,7 @@ const DOCS: &[Doc] = &[
     },
     Doc {
         name: c"lock.release",
+        since: c"0.1.0",
         acl: c"write fast lock",
         summary: c"Removes one of the owner's holds: 1 when its last hold is gone, 0 when it still holds, nil when it held nothing.",
         complexity: c"O(R + G), R the holders, G the waiters granted as a result",
@@ -195,6 +196,7 @@ const DOCS: &[Doc] = &[
     },
     Doc {
         name: c"lock.renew",
+        since: c"0.1.0",
         acl: c"write fast lock",
         summary: c"Sets the owner's lease to ttl milliseconds from now (holds unchanged): 1, or 0 when it holds nothing.",
         complexity: c"O(R), R the holders",
@@ -205,6 +207,7 @@ const DOCS: &[Doc] = &[
     },
     Doc {
         name: c"lock.info",
+        since: c"0.1.0",
         acl: c"read fast lock",
         summary: c"Describes a lock: mode, holders ([owner, holds, ttl-ms-left, token] each) and waiters; with WAITERS, each waiter's owner and ms waited; nil when free.",
         complexity: c"O(R), R the holders; O(R+W) with WAITERS, W the waiters",
@@ -215,6 +218,7 @@ const DOCS: &[Doc] = &[
     },
     Doc {
         name: c"lock.keepalive",
+        since: c"0.2.0",
         acl: c"write fast lock",
         summary: c"Renews every holder bound (BIND) to the calling connection to ttl milliseconds from now; returns how many.",
         complexity: c"O(B), B the holders bound to this connection",
@@ -225,6 +229,7 @@ const DOCS: &[Doc] = &[
     },
     Doc {
         name: c"lock.sync",
+        since: c"0.1.0",
         acl: c"write",
         summary: c"Internal: applies one replicated lock effect (SET owner mode holds token deadline, or DROP owner). Accepted only from the master or the AOF.",
         complexity: c"O(R), R the holders",
@@ -317,7 +322,7 @@ fn describe_one(ctx: &Context, doc: &Doc) -> Result<(), String> {
     info.version = &INFO_VERSION;
     info.summary = doc.summary.as_ptr();
     info.complexity = doc.complexity.as_ptr();
-    info.since = VERSION.as_ptr();
+    info.since = doc.since.as_ptr();
     info.arity = doc.arity;
     info.key_specs = key_specs.as_mut_ptr();
     info.args = args.as_mut_ptr();

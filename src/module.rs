@@ -13,6 +13,7 @@ use crate::ffi::{api, Argv};
 use crate::guard;
 use crate::metadata;
 use crate::persistence::LOCK_TYPE;
+use crate::replies;
 
 /// The C entry point of one command (made by `command!` in `lib`).
 pub type Entry =
@@ -46,7 +47,7 @@ pub fn run(
         // SAFETY: what Redis passed to this command.
         let args = unsafe { Argv::from_raw(argv, argc) };
         let result = guard::command(name, || handler(&context, args));
-        context.reply(result) as c_int
+        replies::send(&context, result)
     })
 }
 

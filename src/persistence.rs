@@ -90,7 +90,7 @@ unsafe extern "C" fn rdb_save(rdb: *mut raw::RedisModuleIO, value: *mut c_void) 
 
 /// Encoding 3: the block, read into memory Redis allocates for it (with the
 /// module heap's allocator: the lock takes it over).
-fn load_block(rdb: *mut raw::RedisModuleIO) -> Option<Lock> {
+fn load_block(rdb: *mut raw::RedisModuleIO, now: u64) -> Option<Lock> {
     let mut len = 0usize;
     let buf = api!(RedisModule_LoadStringBuffer(rdb, &mut len))?;
     if buf.is_null() {
@@ -104,11 +104,11 @@ fn load_block(rdb: *mut raw::RedisModuleIO) -> Option<Lock> {
     // the one the module's heap uses (`RM_Alloc` / `RM_Free`): the vector
     // owns them now, and frees them the way the heap frees everything.
     let bytes = unsafe { Vec::from_raw_parts(buf.cast::<u8>(), len, len) };
-    Lock::from_saved(bytes, clock::now_ms()).ok()
+    Lock::from_saved(bytes, now).ok()
 }
 
 /// Encodings 1 and 2: field by field.
-fn load_fields(rdb: *mut raw::RedisModuleIO, encver: c_int) -> Option<Lock> {
+fn load_fields(rdb: *mut raw::RedisModuleIO, encver: c_int, now: u64) -> Option<Lock> {
     let mode = Mode::from_code(raw::load_unsigned(rdb).ok()?)?;
     let kind = match mode {
         // Version 1 has no semaphores.
@@ -128,7 +128,7 @@ fn load_fields(rdb: *mut raw::RedisModuleIO, encver: c_int) -> Option<Lock> {
             owner,
             holds,
             // Not in the file: hold times count from the load.
-            since: lock_core::since(clock::now_ms()),
+            since: lock_core::since(now),
             token,
             deadline,
         });
@@ -137,13 +137,13 @@ fn load_fields(rdb: *mut raw::RedisModuleIO, encver: c_int) -> Option<Lock> {
 }
 
 fn load_lock(rdb: *mut raw::RedisModuleIO, encver: c_int) -> Option<Lock> {
+    let now = clock::now_ms();
     let lock = match encver {
-        3 => load_block(rdb)?,
-        _ => load_fields(rdb, encver)?,
+        3 => load_block(rdb, now)?,
+        _ => load_fields(rdb, encver, now)?,
     };
     // Tokens no server can have issued (zero, past the horizon, two
     // holders with one) are refused, on this path as on the AOF's.
-    let now = clock::now_ms();
     if lock.is_empty() || !lock.holders().all(|h| Tokens::plausible(h.token, now)) {
         return None;
     }

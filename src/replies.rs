@@ -2,11 +2,27 @@
 
 use std::ffi::CStr;
 
+use std::os::raw::c_int;
+
 use lock_core::{Attempt, Kind, Mode};
-use redis_module::{RedisResult, RedisValue};
+use redis_module::{raw, Context, RedisResult, RedisValue};
 
 use crate::errors::LockError;
-use crate::ffi;
+use crate::ffi::{self, api};
+
+/// Sends a command's reply: a token or a count, and nil, straight through
+/// the module API (the commonest replies); anything else through
+/// `redis_module`'s `Context::reply`.
+pub fn send(ctx: &Context, result: RedisResult) -> c_int {
+    const ERR: c_int = raw::REDISMODULE_ERR as c_int;
+    match result {
+        Ok(RedisValue::Integer(n)) => {
+            api!(RedisModule_ReplyWithLongLong(ctx.ctx, n)).unwrap_or(ERR)
+        }
+        Ok(RedisValue::Null) => api!(RedisModule_ReplyWithNull(ctx.ctx)).unwrap_or(ERR),
+        other => ctx.reply(other) as c_int,
+    }
+}
 
 /// The keyspace event of a grant.
 pub fn event_of(kind: Kind) -> &'static CStr {

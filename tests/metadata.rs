@@ -208,13 +208,16 @@ fn command_docs_for_every_command() {
             "{cmd}: {first:?}"
         );
     }
-    // The version is the crate's, everywhere.
-    let r = c.cmd(&["COMMAND", "DOCS", "lock.acquire"]);
-    let doc = &r.pairs()[0].1;
-    assert_eq!(
-        doc.get("since").map(|v| v.str()).as_deref(),
-        Some(env!("CARGO_PKG_VERSION"))
-    );
+    // Each command says which version added it.
+    for (cmd, since) in [("lock.acquire", "0.1.0"), ("lock.semaphore", "0.2.0")] {
+        let r = c.cmd(&["COMMAND", "DOCS", cmd]);
+        let doc = &r.pairs()[0].1;
+        assert_eq!(
+            doc.get("since").map(|v| v.str()).as_deref(),
+            Some(since),
+            "{cmd}"
+        );
+    }
     // In RESP3 it is a map.
     let mut c3 = s.conn();
     c3.hello3();

@@ -414,17 +414,47 @@ pub fn run(dir: &Path, module: &Path, requests: usize) -> io::Result<Vec<Row>> {
             });
         }
     }
+    let floor = build_floor(dir)?;
     let sub = dir.join("floor");
     fs::create_dir_all(&sub)?;
     let opts = Options {
-        module: Some(build_floor(dir)?),
+        module: Some(floor.clone()),
         dir: sub,
         callgrind: true,
-        extra,
+        extra: extra.clone(),
     };
     let mut p = Profiled::start(&opts)?;
+    rows.extend(measure_floor_ops(&mut p, "floor", requests)?);
+    drop(p);
+    // The same commands again with a replica attached, so that every effect
+    // is built and sent: on the module's server and on the C module's.
+    for (side, module) in [("sent", module.to_path_buf()), ("floor-sent", floor)] {
+        let sub = dir.join(side);
+        fs::create_dir_all(sub.join("replica"))?;
+        let opts = Options {
+            module: Some(module.clone()),
+            dir: sub.clone(),
+            callgrind: true,
+            extra: extra.clone(),
+        };
+        let mut p = Profiled::start(&opts)?;
+        let replica = Server::start(&Options {
+            module: Some(module),
+            dir: sub.join("replica"),
+            callgrind: false,
+            extra: Vec::new(),
+        })?;
+        attach(&replica, p.server.port)?;
+        rows.extend(measure_floor_ops(&mut p, side, requests)?);
+    }
+    Ok(rows)
+}
+
+/// The lock commands the C reference module has, as rows `<side>:<command>`.
+fn measure_floor_ops(p: &mut Profiled, side: &str, requests: usize) -> io::Result<Vec<Row>> {
+    let mut rows = Vec::new();
     for op in FLOOR_OPS {
-        let name = format!("floor:{}", op.short());
+        let name = format!("{side}:{}", op.short());
         let per_request = p.measure(
             &name,
             (requests, op.replies()),
@@ -435,6 +465,29 @@ pub fn run(dir: &Path, module: &Path, requests: usize) -> io::Result<Vec<Row>> {
         rows.push(Row { name, per_request });
     }
     Ok(rows)
+}
+
+/// Makes `replica` a replica of the server on `master_port` and waits for
+/// its link (the full sync done).
+fn attach(replica: &Server, master_port: u16) -> io::Result<()> {
+    let mut c = replica.conn()?;
+    c.ok(&[
+        b"REPLICAOF",
+        b"127.0.0.1",
+        master_port.to_string().as_bytes(),
+    ])?;
+    let start = std::time::Instant::now();
+    loop {
+        let link = c.try_info_field("replication", "master_link_status")?;
+        let syncing = c.try_info_field("replication", "master_sync_in_progress")?;
+        if link == "up" && syncing == "0" {
+            return Ok(());
+        }
+        if start.elapsed() > std::time::Duration::from_secs(60) {
+            return Err(io::Error::other("the replica did not sync within 60 s"));
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
 }
 
 fn get(rows: &[Row], name: &str) -> f64 {
@@ -540,6 +593,32 @@ pub fn table(runs: &[Vec<Row>], requests: usize) -> String {
             s.push_str(&line(&cells));
         }
     }
+    if !get(rows, "sent:lock-acquire").is_nan() {
+        s.push_str(
+            "\n### With a replica attached (every effect built and sent; the rows above have no listener)\n\n",
+        );
+        s.push_str(&head(
+            &[
+                "command",
+                "this module",
+                "the C reference module",
+                "ratio (lower is better)",
+            ],
+            1,
+        ));
+        for op in FLOOR_OPS {
+            let ours = get(rows, &format!("sent:{}", op.short()));
+            let floor = get(rows, &format!("floor-sent:{}", op.short()));
+            let mut cells = vec![
+                op.label().to_string(),
+                format!("{ours:.0}"),
+                format!("{floor:.0}"),
+                format!("{:.2}x", ours / floor),
+            ];
+            cells.extend(spread(&format!("sent:{}", op.short())));
+            s.push_str(&line(&cells));
+        }
+    }
     s.push_str("\n### What loading the module adds to other commands (callgrind, same binary)\n\n");
     s.push_str(&head(
         &[
@@ -601,7 +680,8 @@ pub fn regressions(rows: &[Row], baseline: &str, tolerance: f64) -> Vec<String> 
         else {
             continue;
         };
-        if !(name.starts_with("lock-") || name.starts_with("module:")) {
+        if !(name.starts_with("lock-") || name.starts_with("module:") || name.starts_with("sent:"))
+        {
             continue;
         }
         let now = get(rows, name);

@@ -189,7 +189,7 @@ impl Op {
     /// What this row is compared with, and the goal for the ratio, if any.
     pub fn baselines(self) -> &'static [(Op, Option<f64>)] {
         match self {
-            Op::Acquire => &[(Op::Set, Some(0.95)), (Op::LuaAcquire, Some(1.6))],
+            Op::Acquire => &[(Op::Set, Some(0.9)), (Op::LuaAcquire, Some(1.6))],
             Op::Racquire => &[(Op::Redisson, Some(2.0))],
             Op::Semaphore => &[(Op::RedissonSemaphore, None)],
             Op::Macquire => &[(Op::RedissonMulti, None)],
@@ -495,6 +495,8 @@ impl Pool {
 /// Section 1's results: each command's rate in each round.
 pub struct Results {
     pub rates: HashMap<Op, Vec<f64>>,
+    /// The same commands on the C reference module's server.
+    pub floor_rates: HashMap<Op, Vec<f64>>,
     pub requests: usize,
     pub rounds: usize,
     pub conns: usize,
@@ -515,6 +517,16 @@ impl Results {
         let r: Vec<f64> = a.iter().zip(b).map(|(x, y)| x / y).collect();
         stats::median(&r)
     }
+
+    /// Median over rounds of (rate of `op` / rate of the same command on
+    /// the C reference module) in the same round.
+    pub fn floor_ratio(&self, op: Op) -> f64 {
+        let (Some(a), Some(b)) = (self.rates.get(&op), self.floor_rates.get(&op)) else {
+            return f64::NAN;
+        };
+        let r: Vec<f64> = a.iter().zip(b).map(|(x, y)| x / y).collect();
+        stats::median(&r)
+    }
 }
 
 /// One server the section drives: a connection for FLUSHALL, the pool, the
@@ -528,14 +540,28 @@ pub struct Side<'a> {
 /// Runs `rounds` interleaved rounds of every command, `requests` each: the
 /// lock commands on `module`, their baselines (`SET`, the scripts) on
 /// `plain`, a server without the module, as a user compares them.
-pub fn run(module: Side, plain: Side, requests: usize, rounds: usize) -> io::Result<Results> {
+/// `floor`: the C reference module's server, where the commands it has run
+/// right after their run on `module`, in every round.
+pub fn run(
+    module: Side,
+    plain: Side,
+    floor: Side,
+    requests: usize,
+    rounds: usize,
+) -> io::Result<Results> {
     let Side { c, pool, scripts } = module;
     let Side {
         c: plain_c,
         pool: plain_pool,
         scripts: plain_scripts,
     } = plain;
+    let Side {
+        c: floor_c,
+        pool: floor_pool,
+        scripts: floor_scripts,
+    } = floor;
     let mut results = Results {
+        floor_rates: HashMap::new(),
         rates: HashMap::new(),
         requests,
         rounds,
@@ -550,6 +576,7 @@ pub fn run(module: Side, plain: Side, requests: usize, rounds: usize) -> io::Res
                 Step::FlushAll => {
                     c.ok(&[b"FLUSHALL"])?;
                     plain_c.ok(&[b"FLUSHALL"])?;
+                    floor_c.ok(&[b"FLUSHALL"])?;
                 }
                 Step::Run(op) => {
                     let (pool, scripts) = if op.needs_module() {
@@ -557,38 +584,62 @@ pub fn run(module: Side, plain: Side, requests: usize, rounds: usize) -> io::Res
                     } else {
                         (&mut *plain_pool, plain_scripts)
                     };
-                    pool.select(op.db())?;
-                    if op.setup(0, &mut Vec::new()) {
-                        pool.run(
+                    let rate = run_op(pool, scripts, op, requests, &mut results.problems)?;
+                    eprint!(" {} {}", op.short(), stats::rate(rate));
+                    results.rates.entry(op).or_default().push(rate);
+                    if crate::profile::FLOOR_OPS.contains(&op) {
+                        let rate = run_op(
+                            floor_pool,
+                            floor_scripts,
+                            op,
                             requests,
-                            &|i, buf| {
-                                op.setup(i, buf);
-                            },
-                            &|_, r| r.is("OK"),
+                            &mut results.problems,
                         )?;
+                        eprint!(" (C {})", stats::rate(rate));
+                        results.floor_rates.entry(op).or_default().push(rate);
                     }
-                    let out = pool.run_replies(
-                        requests,
-                        op.replies(),
-                        &|i, buf| op.encode(scripts, i, buf),
-                        &|_, r| op.expected(r),
-                    )?;
-                    if out.unexpected > 0 {
-                        results.problems.push(format!(
-                            "{}: {} unexpected replies (first: {})",
-                            op.short(),
-                            out.unexpected,
-                            out.example.clone().unwrap_or_default()
-                        ));
-                    }
-                    eprint!(" {} {}", op.short(), stats::rate(out.rate()));
-                    results.rates.entry(op).or_default().push(out.rate());
                 }
             }
         }
         eprintln!();
     }
     Ok(results)
+}
+
+/// One run of `op` on `pool`'s server: its rate; unexpected replies are
+/// noted in `problems`.
+fn run_op(
+    pool: &mut Pool,
+    scripts: &Scripts,
+    op: Op,
+    requests: usize,
+    problems: &mut Vec<String>,
+) -> io::Result<f64> {
+    pool.select(op.db())?;
+    if op.setup(0, &mut Vec::new()) {
+        pool.run(
+            requests,
+            &|i, buf| {
+                op.setup(i, buf);
+            },
+            &|_, r| r.is("OK"),
+        )?;
+    }
+    let out = pool.run_replies(
+        requests,
+        op.replies(),
+        &|i, buf| op.encode(scripts, i, buf),
+        &|_, r| op.expected(r),
+    )?;
+    if out.unexpected > 0 {
+        problems.push(format!(
+            "{}: {} unexpected replies (first: {})",
+            op.short(),
+            out.unexpected,
+            out.example.clone().unwrap_or_default()
+        ));
+    }
+    Ok(out.rate())
 }
 
 /// The section's table (Markdown).
@@ -615,6 +666,7 @@ pub fn table(r: &Results) -> String {
             s.push_str(&head);
             s.push_str("| | | |\n");
         }
+
         for (i, (base, goal)) in bases.iter().enumerate() {
             let ratio = r.paired_ratio(op, *base);
             let goal = match goal {
@@ -632,6 +684,13 @@ pub fn table(r: &Results) -> String {
                 base.label(),
                 stats::ratio(ratio),
                 goal
+            ));
+        }
+        if let Some(floor) = r.floor_rates.get(&op).filter(|f| !f.is_empty()) {
+            s.push_str(&format!(
+                "| | | | the C reference module, same work ({}) | {} | |\n",
+                stats::rate(stats::median(floor)),
+                stats::ratio(r.floor_ratio(op))
             ));
         }
     }

@@ -170,6 +170,15 @@ impl Block {
         }
     }
 
+    /// An exclusive block's one deadline, read in place; `None` for the
+    /// other blocks.
+    pub fn exclusive_deadline(&self) -> Option<u64> {
+        match self.tag() {
+            Some(EXCLUSIVE) => u64_at(&self.buf, 1 + 8),
+            _ => None,
+        }
+    }
+
     /// The holders in grant order, each with its entry's offset.
     pub fn entries(&self) -> Entries<'_> {
         let at = self.tag().map_or(0, header_len);
@@ -335,18 +344,20 @@ impl Block {
         }
         let mut block = Block { buf };
         let count = block.count();
+        // Whole first (every entry complete, exactly `count` filling it),
+        // then each holder's `since`: no list of offsets kept between.
         let mut at = header_len(tag);
-        let mut entries = Vec::with_capacity(count.min(1024));
         for _ in 0..count {
-            let (_, next) = entry_at(&block.buf, at)?;
-            entries.push(at);
-            at = next;
+            at = entry_at(&block.buf, at)?.1;
         }
         if at != block.buf.len() || count == 0 {
             return None;
         }
-        for at in entries {
+        let mut at = header_len(tag);
+        for _ in 0..count {
+            let next = entry_at(&block.buf, at)?.1;
             put_u32(&mut block.buf, at + 20, since);
+            at = next;
         }
         Some(block)
     }
