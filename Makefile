@@ -44,13 +44,13 @@ test-matrix: build client-deps ## Integration tests on Redis 7.0 (Debian), Redis
 	@valkey=$$(scripts/valkey.sh) && echo "== Valkey: $$($$valkey --version)" && \
 		REDIS_SERVER=$$valkey REDIS_LOCK_MODULE=$(CURDIR)/$(DEBUG_SO) $(CARGO) test --tests
 
-bench: release ## Benchmarks vs SET NX PX and Lua lock scripts (~2 min; BENCH_QUICK=1: ~20 s); writes docs/bench/contention.svg
+bench: release ## Benchmarks vs SET NX PX, Lua lock scripts and a C module doing the same work (~3.5 min); writes docs/bench/contention.svg
 	REDIS_LOCK_MODULE=$(CURDIR)/$(RELEASE_SO) $(CARGO) bench --bench lockbench
 
-bench-profile: release ## Instructions per request under callgrind, 3 runs with each row's spread (~10 min)
+bench-profile: release ## Instructions per request under callgrind, 3 runs with each row's spread (~15 min)
 	REDIS_LOCK_MODULE=$(CURDIR)/$(RELEASE_SO) $(CARGO) bench --bench lockbench -- --callgrind --repeat 3
 
-bench-check: release ## Fail when a command costs >3% more instructions than benches/baseline.tsv (~3 min)
+bench-check: release ## Fail when a command costs >3% more instructions than benches/baseline.tsv (~5 min)
 	REDIS_LOCK_MODULE=$(CURDIR)/$(RELEASE_SO) $(CARGO) bench --bench lockbench -- --callgrind --check
 
 fuzz: build ## Long fuzz: cargo-fuzz on the core (FUZZ_SECS), then the live-server fuzz (LIVE_FUZZ_COMMANDS)

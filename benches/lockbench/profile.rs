@@ -4,8 +4,13 @@
 //! the dumps say where the instructions go: `callgrind_annotate
 //! --inclusive=yes <dump>`).
 //!
-//! Two servers from the same binary, one at a time: a plain one (what a user
-//! compares with) and one with the module. Every row is one measured step:
+//! Servers from the same binary, one at a time: a plain one (what a user
+//! compares with), one with the module, one with the C reference module
+//! (benches/cmodule: the same work through the same module API), and the
+//! last two again with a replica attached, so that every effect is built
+//! and sent. All of them with one hash seed (tests/shims/seedshim.c) and
+//! `activerehashing no`, so that a run repeats the one before. Every row is
+//! one measured step:
 //!
 //! 1. `FLUSHALL SYNC`, then the keys the step needs (held locks for a
 //!    renewal, plain keys for `DEL`), with leases of an hour: nothing expires
