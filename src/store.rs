@@ -262,20 +262,46 @@ pub fn write_back<R>(
         Some(op) => op(lock),
         None => Err(LockError::Internal),
     };
-    let existing = match key.lock_mut()? {
-        Some(mut stored) => {
-            let before = stored.census();
-            let (result, changed) = run(&mut stored)?;
-            if !changed {
-                return Ok(Some(result));
+    // What the stored lock's transition did, decided while the lock is
+    // borrowed from the key; acted on once it is back.
+    enum Stored<R> {
+        Missing,
+        Changed(R, Option<u64>),
+        /// Unchanged, or failed; with the holders it had if it emptied
+        /// anyway (a transition that failed midway: the key must not keep
+        /// an emptied lock).
+        Unchanged(Result<R, LockError>, Option<[usize; 3]>),
+    }
+    let stored = match key.lock_mut()? {
+        None => Stored::Missing,
+        Some(mut lock) => {
+            let before = lock.census();
+            match run(&mut lock) {
+                Ok((result, true)) => {
+                    stats::holders(-1, before);
+                    stats::holders(1, lock.census());
+                    // Dropping `lock` points the key at its block (null if
+                    // it emptied).
+                    Stored::Changed(result, lock.latest_deadline())
+                }
+                other => {
+                    let emptied = lock.is_empty().then_some(before);
+                    Stored::Unchanged(other.map(|(result, _)| result), emptied)
+                }
             }
-            stats::holders(-1, before);
-            stats::holders(1, stored.census());
-            // Dropping `stored` points the key at the lock's block (null if
-            // it emptied).
-            Some((result, stored.latest_deadline()))
         }
-        None => None,
+    };
+    let existing = match stored {
+        Stored::Missing => None,
+        Stored::Changed(result, latest) => Some((result, latest)),
+        Stored::Unchanged(outcome, emptied) => {
+            if let Some(before) = emptied {
+                key.delete();
+                stats::holders(-1, before);
+                stats::value(-1, [0; 3]);
+            }
+            return outcome.map(Some);
+        }
     };
     let (result, latest, existed) = match existing {
         Some((result, latest)) => (result, latest, true),
