@@ -241,13 +241,14 @@ pub fn release(ctx: &Context, args: Argv<'_>) -> RedisResult {
 pub fn renew(ctx: &Context, args: Argv<'_>) -> RedisResult {
     master_only(ctx)?;
     let renew = args::renew(args)?;
-    let renewed = store::update(ctx, renew.key, |txn| {
+    let renewed = store::update_if_held(ctx, renew.key, |txn| {
         let renewed = txn.lock.renew(renew.owner, renew.ttl, txn.now, txn.changes);
         if renewed {
             txn.events.push(c"lock.renew");
         }
         renewed
-    })?;
+    })?
+    .unwrap_or(false);
     Ok(RedisValue::Integer(i64::from(renewed)))
 }
 

@@ -264,7 +264,9 @@ extern "C" fn on_cron(
         // depends on noticing it.
         clock::check_steps(clock::now_ms());
         // A backlog Redis freed (`repl-backlog-ttl`), an AOF turned off, a
-        // module loaded at run time: once a second, while effects are sent.
+        // module loaded at run time: every tenth tick (once a second at the
+        // default `hz` 10), whatever the state, so it is also a second look
+        // behind the fork and role events.
         if LISTENER_LOOK
             .fetch_add(1, Ordering::Relaxed)
             .is_multiple_of(LISTENER_LOOK_EVERY)

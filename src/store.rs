@@ -257,79 +257,53 @@ pub fn write_back<R>(
     op: impl FnOnce(&mut Lock) -> Result<(R, bool), LockError>,
 ) -> Result<Option<R>, LockError> {
     let mut key = LockKey::open(ctx, name, true)?;
-    let mut op = Some(op);
-    let mut run = |lock: &mut Lock| match op.take() {
-        Some(op) => op(lock),
-        None => Err(LockError::Internal),
-    };
-    // What the stored lock's transition did, decided while the lock is
-    // borrowed from the key; acted on once it is back.
-    enum Stored<R> {
-        Missing,
-        Changed(R, Option<u64>),
-        /// Unchanged, or failed; with the holders it had if it emptied
-        /// anyway (a transition that failed midway: the key must not keep
-        /// an emptied lock).
-        Unchanged(Result<R, LockError>, Option<[usize; 3]>),
+    let mut stored = key.lock_mut()?;
+    let existed = stored.is_some();
+    if !existed && !on_missing {
+        return Ok(None);
     }
-    let stored = match key.lock_mut()? {
-        None => Stored::Missing,
-        Some(mut lock) => {
-            let before = lock.census();
-            match run(&mut lock) {
-                Ok((result, true)) => {
-                    stats::holders(-1, before);
-                    stats::holders(1, lock.census());
-                    // Dropping `lock` points the key at its block (null if
-                    // it emptied).
-                    Stored::Changed(result, lock.latest_deadline())
-                }
-                other => {
-                    let emptied = lock.is_empty().then_some(before);
-                    Stored::Unchanged(other.map(|(result, _)| result), emptied)
-                }
-            }
-        }
+    let mut fresh = Lock::default();
+    let lock: &mut Lock = match stored.as_mut() {
+        Some(stored) => stored,
+        None => &mut fresh,
     };
-    let existing = match stored {
-        Stored::Missing => None,
-        Stored::Changed(result, latest) => Some((result, latest)),
-        Stored::Unchanged(outcome, emptied) => {
-            if let Some(before) = emptied {
-                key.delete();
-                stats::holders(-1, before);
-                stats::value(-1, [0; 3]);
-            }
-            return outcome.map(Some);
+    let before = lock.census();
+    let outcome = op(lock);
+    let changed = matches!(outcome, Ok((_, true)));
+    let (census, latest) = (lock.census(), lock.latest_deadline());
+    // The stored lock goes back to the key here: its value follows the
+    // lock's block (null if it emptied).
+    drop(stored);
+    if !changed {
+        // A stored lock a failed transition emptied midway must not stay
+        // in its key.
+        if existed && latest.is_none() {
+            key.delete();
+            stats::holders(-1, before);
+            stats::value(-1, [0; 3]);
         }
-    };
-    let (result, latest, existed) = match existing {
-        Some((result, latest)) => (result, latest, true),
-        None if !on_missing => return Ok(None),
-        None => {
-            let mut fresh = Lock::default();
-            let (result, changed) = run(&mut fresh)?;
-            if !changed {
-                return Ok(Some(result));
-            }
-            let latest = fresh.latest_deadline();
-            if latest.is_some() {
-                let census = fresh.census();
-                key.store(fresh)?;
-                stats::value(1, census);
-            }
-            (result, latest, false)
-        }
-    };
-    match latest {
-        None if existed => {
+        return outcome.map(|(result, _)| Some(result));
+    }
+    let (result, _) = outcome?;
+    match (existed, latest) {
+        (true, None) => {
             // The key's value is null now: Redis frees nothing of ours,
             // and the key is counted out here.
             key.delete();
+            stats::holders(-1, before);
             stats::value(-1, [0; 3]);
         }
-        None => {}
-        Some(deadline) => key.expire_at(deadline),
+        (true, Some(deadline)) => {
+            stats::holders(-1, before);
+            stats::holders(1, census);
+            key.expire_at(deadline);
+        }
+        (false, None) => {}
+        (false, Some(deadline)) => {
+            key.store(fresh)?;
+            stats::value(1, census);
+            key.expire_at(deadline);
+        }
     }
     Ok(Some(result))
 }
