@@ -125,20 +125,7 @@ fn grant(ctx: &Context, grant: args::Grant<'_>) -> RedisResult {
         true => Some(bound_connection(ctx)?),
         false => None,
     };
-    let (attempt, next_expiry) = store::update(ctx, grant.key, |txn| {
-        let queued = waiting::has_waiters(ctx, grant.key);
-        let before = txn.tokens.last();
-        let attempt = txn
-            .lock
-            .try_acquire(grant.ask, queued, txn.now, txn.tokens, txn.changes);
-        if txn.tokens.last() != before {
-            stats::GRANTS.incr();
-        }
-        if matches!(attempt, Attempt::Granted(_)) {
-            txn.events.push(replies::event_of(kind));
-        }
-        (attempt, txn.lock.earliest_deadline())
-    })?;
+    let (attempt, next_expiry) = store::grant(ctx, grant.key, grant.ask, replies::event_of(kind))?;
     match attempt {
         Attempt::Busy => match grant.wait {
             Some(ms) if waiting::can_block(ctx) => {

@@ -82,6 +82,12 @@ impl LockKey {
         Ok(Some(value.cast::<u8>()))
     }
 
+    /// Whether the key does not exist (`WRONGTYPE` when it holds something
+    /// other than a lock).
+    pub fn is_free(&self) -> Result<bool, LockError> {
+        Ok(self.value()?.is_none())
+    }
+
     /// The lock stored here, to read; `None` when the key does not exist,
     /// `WRONGTYPE` when it holds something else.
     pub fn lock(&self) -> Result<Option<LockRef<'_>>, LockError> {

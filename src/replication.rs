@@ -208,6 +208,18 @@ pub fn replicate(ctx: &Context, key: Str<'_>, lock: &Lock, changes: &Changes) {
     }
 }
 
+/// Sends the effect of a grant that made a new lock (`Lock::first`): its
+/// one holder.
+pub fn replicate_new(ctx: &Context, key: Str<'_>, lock: &Lock) {
+    if QUIET.load(Ordering::Relaxed) {
+        api!(RedisModule_ReplicateVerbatim(ctx.ctx));
+        return;
+    }
+    if let Some(holder) = lock.holders().next() {
+        replicate_set(ctx, key, lock, &holder);
+    }
+}
+
 fn replicate_drop(ctx: &Context, key: Str<'_>, owner: &[u8]) {
     api!(RedisModule_Replicate(
         ctx.ctx,
@@ -239,6 +251,36 @@ fn replicate_set(ctx: &Context, key: Str<'_>, lock: &Lock, holder: &HolderRef<'_
 mod tests {
     use super::*;
     use lock_core::{Holder, Kind, Mode};
+
+    fn spelled(n: u64) -> Vec<u8> {
+        let mut s = State {
+            buf: [0; STATE_MAX],
+            len: 0,
+        };
+        s.number(n);
+        s.as_bytes().to_vec()
+    }
+
+    #[test]
+    fn numbers_are_spelled_as_rust_spells_them_at_every_digit_count() {
+        let mut edges = vec![0, u64::MAX, u64::MAX - 1];
+        let mut p = 1u64;
+        while let Some(next) = p.checked_mul(10) {
+            edges.extend([p - 1, p, p + 1, next - 1]);
+            p = next;
+        }
+        edges.push(p);
+        for n in edges {
+            assert_eq!(spelled(n), n.to_string().into_bytes(), "{n}");
+        }
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn any_number_is_spelled_as_rust_spells_it(n in proptest::num::u64::ANY) {
+            proptest::prop_assert_eq!(spelled(n), n.to_string().into_bytes());
+        }
+    }
 
     #[test]
     fn states_spell_every_number_and_a_uuid_grant_fits_one_allocation() {

@@ -1,6 +1,7 @@
 //! Replies and event names shared by a command and a waiter answered later.
 
 use std::ffi::CStr;
+use std::mem::ManuallyDrop;
 
 use std::os::raw::c_int;
 
@@ -15,12 +16,15 @@ use crate::ffi::{self, api};
 /// `redis_module`'s `Context::reply`.
 pub fn send(ctx: &Context, result: RedisResult) -> c_int {
     const ERR: c_int = raw::REDISMODULE_ERR as c_int;
-    match result {
+    // An integer or nil owns nothing: no drop glue runs for them. Anything
+    // else is handed over whole (and dropped) by `Context::reply`.
+    let result = ManuallyDrop::new(result);
+    match *result {
         Ok(RedisValue::Integer(n)) => {
             api!(RedisModule_ReplyWithLongLong(ctx.ctx, n)).unwrap_or(ERR)
         }
         Ok(RedisValue::Null) => api!(RedisModule_ReplyWithNull(ctx.ctx)).unwrap_or(ERR),
-        other => ctx.reply(other) as c_int,
+        _ => ctx.reply(ManuallyDrop::into_inner(result)) as c_int,
     }
 }
 

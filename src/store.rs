@@ -47,7 +47,89 @@ fn transact<R>(
     on_missing: bool,
     op: impl FnOnce(&mut Txn) -> R,
 ) -> Result<Option<R>, LockError> {
-    let done = write_back(ctx, name, on_missing, |lock| {
+    transact_open(ctx, LockKey::open(ctx, name, true)?, name, on_missing, op)
+}
+
+/// A grant request (`LOCK.ACQUIRE`, `RACQUIRE`, `READ`, `SEMAPHORE`) on
+/// `name`, firing `event` when granted: the attempt, and the lock's earliest
+/// deadline (when a refused request may next be admitted).
+///
+/// The most common grant, on a free key while nobody waits for any key and
+/// no visit is planned, is one step: the lock made by [`Lock::first`] (the
+/// core's equivalent of the general transition there, property-tested to
+/// match it), stored, replicated and announced. Everything else is the
+/// general transition, on the same open key.
+pub fn grant(
+    ctx: &Context,
+    name: Str<'_>,
+    ask: Ask<'_>,
+    event: &'static CStr,
+) -> Result<(Attempt, Option<u64>), LockError> {
+    let key = LockKey::open(ctx, name, true)?;
+    if key.is_free()? && !waiting::anyone_waits() && !timers::any() {
+        return first_grant(ctx, key, name, ask, event).map(|attempt| (attempt, None));
+    }
+    let done = transact_open(ctx, key, name, true, |txn| {
+        let queued = waiting::has_waiters(ctx, name);
+        let before = txn.tokens.last();
+        let attempt = txn
+            .lock
+            .try_acquire(ask, queued, txn.now, txn.tokens, txn.changes);
+        if txn.tokens.last() != before {
+            stats::GRANTS.incr();
+        }
+        if matches!(attempt, Attempt::Granted(_)) {
+            txn.events.push(event);
+        }
+        (attempt, txn.lock.earliest_deadline())
+    })?;
+    done.ok_or(LockError::Internal)
+}
+
+/// [`grant`] on a free key: what the general transition does there (a new
+/// token, the lock stored with its expiry, its one holder replicated, the
+/// event), step by step, with nothing to purge, answer, unbind or visit.
+fn first_grant(
+    ctx: &Context,
+    key: LockKey,
+    name: Str<'_>,
+    ask: Ask<'_>,
+    event: &'static CStr,
+) -> Result<Attempt, LockError> {
+    let now = clock::now_ms();
+    let mut tokens = fencing::for_transaction(now);
+    let start = tokens;
+    let mut events = Events::default();
+    let attempt = match Lock::first(ask, now, &mut tokens) {
+        Ok((lock, token)) => {
+            fencing::issued(&start, &tokens);
+            stats::GRANTS.incr();
+            replication::replicate_new(ctx, name, &lock);
+            let (census, deadline) = (lock.census(), lock.latest_deadline());
+            key.store(lock)?;
+            stats::value(1, census);
+            if let Some(deadline) = deadline {
+                key.expire_at(deadline);
+            }
+            events.push(event);
+            Attempt::Granted(token)
+        }
+        Err(refused) => refused,
+    };
+    drop(key);
+    settle(ctx, name, &events, false, None);
+    Ok(attempt)
+}
+
+/// [`transact`] on a key already open for writing.
+fn transact_open<R>(
+    ctx: &Context,
+    key: LockKey,
+    name: Str<'_>,
+    on_missing: bool,
+    op: impl FnOnce(&mut Txn) -> R,
+) -> Result<Option<R>, LockError> {
+    let done = write_back_key(key, on_missing, |lock| {
         let mut changes = Changes::default();
         let now = clock::now_ms();
         let mut tokens = fencing::for_transaction(now);
@@ -80,8 +162,18 @@ fn transact<R>(
     let Some((result, visit, events, expired)) = done else {
         return Ok(None);
     };
-    for (key, leases) in timers::take_expired(ffi::selected_db(ctx)) {
-        announce_expired(ctx, &key, leases);
+    settle(ctx, name, &events, expired, visit);
+    Ok(Some(result))
+}
+
+/// After a transaction on `name`, its key written back: the leases Redis
+/// expired meanwhile announced, the transaction's events fired, the key's
+/// next visit planned, the multi-key requests it made ready granted.
+fn settle(ctx: &Context, name: Str<'_>, events: &Events, expired: bool, visit: Option<u64>) {
+    if timers::any_expired() {
+        for (key, leases) in timers::take_expired(ffi::selected_db(ctx)) {
+            announce_expired(ctx, &key, leases);
+        }
     }
     if expired {
         notify(ctx, c"lock.expired", name);
@@ -94,7 +186,6 @@ fn transact<R>(
         timers::schedule(db, &key, visit);
     }
     grant_ready(ctx);
-    Ok(Some(result))
 }
 
 /// Set while multi-key requests are being granted: a transition inside
@@ -256,7 +347,15 @@ pub fn write_back<R>(
     on_missing: bool,
     op: impl FnOnce(&mut Lock) -> Result<(R, bool), LockError>,
 ) -> Result<Option<R>, LockError> {
-    let mut key = LockKey::open(ctx, name, true)?;
+    write_back_key(LockKey::open(ctx, name, true)?, on_missing, op)
+}
+
+/// [`write_back`] on a key already open for writing.
+fn write_back_key<R>(
+    mut key: LockKey,
+    on_missing: bool,
+    op: impl FnOnce(&mut Lock) -> Result<(R, bool), LockError>,
+) -> Result<Option<R>, LockError> {
     let mut stored = key.lock_mut()?;
     let existed = stored.is_some();
     if !existed && !on_missing {
@@ -294,8 +393,10 @@ pub fn write_back<R>(
             stats::value(-1, [0; 3]);
         }
         (true, Some(deadline)) => {
-            stats::holders(-1, before);
-            stats::holders(1, census);
+            if census != before {
+                stats::holders(-1, before);
+                stats::holders(1, census);
+            }
             key.expire_at(deadline);
         }
         (false, None) => {}

@@ -163,6 +163,12 @@ pub fn expired(db: i32, key: &[u8], leases: usize) {
     arm(&mut index, 0);
 }
 
+/// Whether Redis expired a lock whose leases are not yet announced (one
+/// atomic load: callers ask before they look up their database).
+pub fn any_expired() -> bool {
+    EXPIRED.load(Ordering::Relaxed)
+}
+
 /// Takes out the expired locks of database `db` to announce now, so a
 /// command's own events follow the announcement of what expired before it
 /// (Redis may expire the key inside the command's own lookup).

@@ -655,32 +655,54 @@ impl Lock {
                 changes.touch(req.owner);
                 Attempt::Granted(token)
             }
-            Verdict::New => {
-                let Some(token) = tokens.issue() else {
-                    return Attempt::TokensExhausted;
-                };
-                let limit = match req.kind {
-                    Kind::Semaphore(limit) => limit,
-                    _ => 0,
-                };
-                let holder = HolderRef {
-                    owner: req.owner,
-                    holds: 1,
-                    since: since(now),
-                    token,
-                    deadline,
-                };
-                if self
-                    .block
-                    .push(tag_of(req.kind.mode()), limit, holder)
-                    .is_err()
-                {
-                    return Attempt::TooLarge;
+            Verdict::New => match self.add_holder(req, now, tokens) {
+                Ok(token) => {
+                    changes.touch(req.owner);
+                    Attempt::Granted(token)
                 }
-                changes.touch(req.owner);
-                Attempt::Granted(token)
-            }
+                Err(refused) => refused,
+            },
         }
+    }
+
+    /// Adds `req`'s owner as a new holder with a new token (the verdict was
+    /// `New`): the token, or the refusal (no token left, a block past its
+    /// size) with nothing added.
+    fn add_holder(&mut self, req: Ask<'_>, now: u64, tokens: &mut Tokens) -> Result<u64, Attempt> {
+        let Some(token) = tokens.issue() else {
+            return Err(Attempt::TokensExhausted);
+        };
+        let limit = match req.kind {
+            Kind::Semaphore(limit) => limit,
+            _ => 0,
+        };
+        let holder = HolderRef {
+            owner: req.owner,
+            holds: 1,
+            since: since(now),
+            token,
+            deadline: now.saturating_add(req.ttl),
+        };
+        match self.block.push(tag_of(req.kind.mode()), limit, holder) {
+            Ok(_) => Ok(token),
+            Err(_) => Err(Attempt::TooLarge),
+        }
+    }
+
+    /// A grant request on a free key (no lock there, nobody waiting for it):
+    /// the new lock and its holder's token. What [`Lock::try_acquire`] on an
+    /// empty lock with nobody queued answers and leaves, without its purge,
+    /// verdict or change list: the owner is the one change. A shell's fast
+    /// path for the most common grant; refusals are those of an empty lock
+    /// (no token left, a block past its size).
+    pub fn first<'r>(
+        req: impl Into<Ask<'r>>,
+        now: u64,
+        tokens: &mut Tokens,
+    ) -> Result<(Lock, u64), Attempt> {
+        let mut lock = Lock::default();
+        let token = lock.add_holder(req.into(), now, tokens)?;
+        Ok((lock, token))
     }
 
     /// `LOCK.RELEASE`: removes one of the owner's holds.

@@ -664,6 +664,46 @@ proptest! {
         run(first_token, start, &ops)?;
     }
 
+    /// `Lock::first` (the shell's fast path for a grant on a free key)
+    /// answers and leaves exactly what `try_acquire` on an empty lock with
+    /// nobody queued does: the same token, block, counter and refusals.
+    #[test]
+    fn first_is_try_acquire_on_a_free_key(
+        first_token in start_token(),
+        kind in prop_oneof![
+            Just(Kind::Acquire),
+            Just(Kind::Racquire),
+            Just(Kind::Read),
+            any::<u32>().prop_map(Kind::Semaphore),
+        ],
+        owner in prop::collection::vec(any::<u8>(), 1..300),
+        ttl in prop_oneof![1u64..100_000, Just(u64::MAX)],
+        now in any::<u64>(),
+    ) {
+        let req = Request { kind, owner: owner.clone().into(), ttl };
+        let mut general = Tokens::starting_after(first_token);
+        let mut fast = general;
+        let mut lock = Lock::default();
+        let mut changes = Changes::default();
+        let attempt = lock.try_acquire(&req, false, now, &mut general, &mut changes);
+        match Lock::first(&req, now, &mut fast) {
+            Ok((made, token)) => {
+                prop_assert_eq!(attempt, Attempt::Granted(token));
+                prop_assert_eq!(made.saved(), lock.saved());
+                prop_assert_eq!(made.mode(), lock.mode());
+                prop_assert_eq!(made.limit(), lock.limit());
+                prop_assert_eq!(made.memory_usage(), lock.memory_usage());
+                prop_assert_eq!(changes.owners().collect::<Vec<_>>(), vec![&owner[..]]);
+            }
+            Err(refused) => {
+                prop_assert_eq!(attempt, refused);
+                prop_assert!(lock.is_empty());
+                prop_assert!(changes.is_empty());
+            }
+        }
+        prop_assert_eq!(fast, general);
+    }
+
     /// from_holders accepts exactly the consistent states and keeps them as given.
     #[test]
     fn from_holders_round_trips(
