@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Installs what building and testing need, only when missing: redis-server
 # and redis-cli (Debian's redis-server, redis-tools), libclang for bindgen
-# (the redis-module crate generates its bindings at build time) and a C
-# compiler. Silent, instant and needing no root when everything is there.
+# (the redis-module crate generates its bindings at build time), a C
+# compiler, and valgrind (`make bench-check`, which CI runs, counts
+# instructions under callgrind). Silent, instant and needing no root when everything is there.
 set -euo pipefail
 
 # Whether bindgen can find a libclang: LIBCLANG_PATH, or the places
@@ -27,6 +28,7 @@ missing=()
 command -v redis-server >/dev/null 2>&1 || missing+=(redis-server)
 command -v redis-cli >/dev/null 2>&1 || missing+=(redis-tools)
 command -v cc >/dev/null 2>&1 || missing+=(build-essential)
+command -v callgrind_control >/dev/null 2>&1 || missing+=(valgrind)
 have_libclang || missing+=(libclang-dev)
 [ ${#missing[@]} -eq 0 ] && exit 0
 

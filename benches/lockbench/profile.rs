@@ -367,17 +367,32 @@ pub fn build_floor(dir: &Path) -> io::Result<PathBuf> {
     Ok(out)
 }
 
+/// What a measurement covers.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub enum Scope {
+    /// Every row: the baselines, the module, the C reference module, both
+    /// with and without a replica (the report's tables).
+    All,
+    /// Only the rows `--check` gates (the module's server, with and without
+    /// a replica): two servers of the five, for CI.
+    Gated,
+}
+
 /// One full measurement: every lock command on the module's server, the
 /// baselines and the plain commands on the plain server, the plain commands
 /// again on the module's server, and the C reference module's commands on a
-/// server of its own.
-pub fn run(dir: &Path, module: &Path, requests: usize) -> io::Result<Vec<Row>> {
+/// server of its own (with `Scope::Gated`, only the module's servers).
+pub fn run(dir: &Path, module: &Path, requests: usize, scope: Scope) -> io::Result<Vec<Row>> {
     let mut rows = Vec::new();
     let extra: Vec<String> = ["--hz", "1", "--activerehashing", "no"]
         .iter()
         .map(|s| s.to_string())
         .collect();
-    for with_module in [false, true] {
+    let sides: &[bool] = match scope {
+        Scope::All => &[false, true],
+        Scope::Gated => &[true],
+    };
+    for &with_module in sides {
         let sub = dir.join(if with_module { "module" } else { "plain" });
         fs::create_dir_all(&sub)?;
         let opts = Options {
@@ -419,6 +434,11 @@ pub fn run(dir: &Path, module: &Path, requests: usize) -> io::Result<Vec<Row>> {
             });
         }
     }
+    if scope == Scope::Gated {
+        let sent = measure_sent(dir, "sent", module.to_path_buf(), &extra, requests)?;
+        rows.extend(sent);
+        return Ok(rows);
+    }
     let floor = build_floor(dir)?;
     let sub = dir.join("floor");
     fs::create_dir_all(&sub)?;
@@ -434,25 +454,37 @@ pub fn run(dir: &Path, module: &Path, requests: usize) -> io::Result<Vec<Row>> {
     // The same commands again with a replica attached, so that every effect
     // is built and sent: on the module's server and on the C module's.
     for (side, module) in [("sent", module.to_path_buf()), ("floor-sent", floor)] {
-        let sub = dir.join(side);
-        fs::create_dir_all(sub.join("replica"))?;
-        let opts = Options {
-            module: Some(module.clone()),
-            dir: sub.clone(),
-            callgrind: true,
-            extra: extra.clone(),
-        };
-        let mut p = Profiled::start(&opts)?;
-        let replica = Server::start(&Options {
-            module: Some(module),
-            dir: sub.join("replica"),
-            callgrind: false,
-            extra: Vec::new(),
-        })?;
-        attach(&replica, p.server.port)?;
-        rows.extend(measure_floor_ops(&mut p, side, requests)?);
+        rows.extend(measure_sent(dir, side, module, &extra, requests)?);
     }
     Ok(rows)
+}
+
+/// The lock commands the C reference module has, on a server loading
+/// `module` with a replica attached, as rows `<side>:<command>`.
+fn measure_sent(
+    dir: &Path,
+    side: &str,
+    module: PathBuf,
+    extra: &[String],
+    requests: usize,
+) -> io::Result<Vec<Row>> {
+    let sub = dir.join(side);
+    fs::create_dir_all(sub.join("replica"))?;
+    let opts = Options {
+        module: Some(module.clone()),
+        dir: sub.clone(),
+        callgrind: true,
+        extra: extra.to_vec(),
+    };
+    let mut p = Profiled::start(&opts)?;
+    let replica = Server::start(&Options {
+        module: Some(module),
+        dir: sub.join("replica"),
+        callgrind: false,
+        extra: Vec::new(),
+    })?;
+    attach(&replica, p.server.port)?;
+    measure_floor_ops(&mut p, side, requests)
 }
 
 /// The lock commands the C reference module has, as rows `<side>:<command>`.
@@ -674,6 +706,35 @@ pub fn baseline_text(rows: &[Row]) -> String {
     s
 }
 
+/// `--check`'s report: each gated row measured, its baseline and the change.
+pub fn check_table(rows: &[Row], baseline: &str) -> String {
+    let mut s = String::from(
+        "| row | instructions/request | baseline | change |\n| --- | ---: | ---: | ---: |\n",
+    );
+    for line in baseline.lines().filter(|l| !l.starts_with('#')) {
+        let mut parts = line.split('\t');
+        let (Some(name), Some(Ok(base))) = (parts.next(), parts.next().map(str::parse::<f64>))
+        else {
+            continue;
+        };
+        if !gated(name) {
+            continue;
+        }
+        let now = get(rows, name);
+        s.push_str(&format!(
+            "| {name} | {now:.0} | {base:.0} | {:+.1}% |\n",
+            (now - base) / base * 100.0
+        ));
+    }
+    s
+}
+
+/// Whether `check` gates a row: the module's server's, not Redis's or the
+/// C reference module's.
+fn gated(name: &str) -> bool {
+    name.starts_with("lock-") || name.starts_with("module:") || name.starts_with("sent:")
+}
+
 /// Rows of the module's server (its commands, and the other commands with
 /// the module loaded) more than `tolerance` (0.03 = 3%) more expensive than
 /// the baseline. The plain server's rows measure Redis, not this code.
@@ -685,8 +746,7 @@ pub fn regressions(rows: &[Row], baseline: &str, tolerance: f64) -> Vec<String> 
         else {
             continue;
         };
-        if !(name.starts_with("lock-") || name.starts_with("module:") || name.starts_with("sent:"))
-        {
+        if !gated(name) {
             continue;
         }
         let now = get(rows, name);
