@@ -14,10 +14,27 @@
  * It leaves out everything the hot paths do not touch: waiting (WAIT),
  * BIND, semaphores, multi-key grants, statistics and configuration.
  *
+ * It also has the floor of the module API itself: FLOOR.SET key value ttl,
+ * the least a lock must do through the module API. Its value (type
+ * "flrvalue1") is one RedisModule_Alloc'd block, a uint32 length and the
+ * value's bytes, nothing else; the command sets it when the key is empty,
+ * gives the key its expiry and replies a counter (like a fencing token):
+ * no holders, no effects, no events. Its RDB form is one string buffer,
+ * loaded as the value itself. Against `SET k v NX PX ttl` it shows what the
+ * module API alone costs: a module value is Redis's object + the module
+ * value wrapper + the module's block (three allocations, where a string is
+ * one), and in the RDB a module id, opcodes and RM_Load* calls
+ * (`cargo bench --bench lockbench`, sections 1, 4 and 5).
+ *
+ * Loaded with the argument "floor-only", it registers only that type and
+ * FLOOR.SET, so that it can be loaded beside the Rust module (whose LOCK.*
+ * commands the others would clash with).
+ *
  * Build:
  *   cc -O2 -shared -fPIC -Wall -Wextra -Werror -I<dir of redismodule.h> \
  *      -o lockfloor.so lockfloor.c
  * (redismodule.h: the redis-module crate's src/include/).
+ * Load: loadmodule lockfloor.so [floor-only]
  */
 
 #include <stddef.h>
@@ -50,6 +67,12 @@ typedef struct {
 } lf_lock;
 
 static RedisModuleType *LockType;
+static RedisModuleType *FloorType;
+
+#define FLR_ENCVER 1
+
+/* The last number FLOOR.SET replied. */
+static uint64_t floor_counter;
 
 /* The last fencing token issued (or seen in an RDB load or an effect). */
 static uint64_t last_token;
@@ -501,6 +524,70 @@ static int sync_cmd(RedisModuleCtx *ctx, RedisModuleString **argv, int argc) {
     return RedisModule_ReplyWithSimpleString(ctx, "OK");
 }
 
+/* ---- the module API's floor ---- */
+
+/* FLOOR.SET key value ttl: when the key is empty, a value of one block (a
+ * uint32 length, then the bytes) that expires in ttl ms, and a counter's
+ * next number; nil when the key exists. Nothing else. */
+static int floor_set_cmd(RedisModuleCtx *ctx, RedisModuleString **argv, int argc) {
+    if (argc != 4)
+        return RedisModule_ReplyWithError(ctx, "ERR wrong number of arguments");
+    uint64_t ttl;
+    if (!parse_ttl(ctx, argv[3], &ttl))
+        return REDISMODULE_OK;
+    size_t len;
+    const char *value = RedisModule_StringPtrLen(argv[2], &len);
+    if (len > UINT32_MAX)
+        return RedisModule_ReplyWithError(ctx, "ERR value too long");
+
+    RedisModuleKey *key = RedisModule_OpenKey(ctx, argv[1], REDISMODULE_READ | REDISMODULE_WRITE);
+    if (RedisModule_KeyType(key) != REDISMODULE_KEYTYPE_EMPTY) {
+        RedisModule_CloseKey(key);
+        return RedisModule_ReplyWithNull(ctx);
+    }
+    uint32_t n = (uint32_t)len;
+    char *block = RedisModule_Alloc(sizeof(n) + len);
+    memcpy(block, &n, sizeof(n));
+    memcpy(block + sizeof(n), value, len);
+    RedisModule_ModuleTypeSetValue(key, FloorType, block);
+    RedisModule_SetAbsExpire(key, RedisModule_Milliseconds() + (mstime_t)ttl);
+    RedisModule_CloseKey(key);
+    return RedisModule_ReplyWithLongLong(ctx, (long long)++floor_counter);
+}
+
+static void *floor_rdb_load(RedisModuleIO *rdb, int encver) {
+    if (encver != FLR_ENCVER)
+        return NULL;
+    size_t len;
+    char *block = RedisModule_LoadStringBuffer(rdb, &len);
+    if (!block)
+        return NULL;
+    uint32_t n = 0;
+    if (len >= sizeof(n))
+        memcpy(&n, block, sizeof(n));
+    if (len < sizeof(n) || n != len - sizeof(n)) {
+        RedisModule_Free(block);
+        return NULL;
+    }
+    return block;
+}
+
+static void floor_rdb_save(RedisModuleIO *rdb, void *value) {
+    uint32_t n;
+    memcpy(&n, value, sizeof(n));
+    RedisModule_SaveStringBuffer(rdb, value, sizeof(n) + n);
+}
+
+static size_t floor_mem_usage(const void *value) {
+    uint32_t n;
+    memcpy(&n, value, sizeof(n));
+    return sizeof(n) + n;
+}
+
+static void floor_free(void *value) {
+    RedisModule_Free(value);
+}
+
 /* ---- data type callbacks ---- */
 
 static void *lock_rdb_load(RedisModuleIO *rdb, int encver) {
@@ -548,10 +635,32 @@ static size_t lock_mem_usage(const void *value) {
 }
 
 int RedisModule_OnLoad(RedisModuleCtx *ctx, RedisModuleString **argv, int argc) {
-    (void)argv;
-    (void)argc;
     if (RedisModule_Init(ctx, "lockfloor", 1, REDISMODULE_APIVER_1) == REDISMODULE_ERR)
         return REDISMODULE_ERR;
+
+    RedisModuleTypeMethods fm = {
+        .version = REDISMODULE_TYPE_METHOD_VERSION,
+        .rdb_load = floor_rdb_load,
+        .rdb_save = floor_rdb_save,
+        .mem_usage = floor_mem_usage,
+        .free = floor_free,
+    };
+    FloorType = RedisModule_CreateDataType(ctx, "flrvalue1", FLR_ENCVER, &fm);
+    if (!FloorType)
+        return REDISMODULE_ERR;
+    if (RedisModule_CreateCommand(ctx, "floor.set", floor_set_cmd, "write deny-oom", 1, 1, 1) ==
+        REDISMODULE_ERR)
+        return REDISMODULE_ERR;
+    if (argc == 1) {
+        size_t len;
+        const char *arg = RedisModule_StringPtrLen(argv[0], &len);
+        if (len == 10 && strncasecmp(arg, "floor-only", 10) == 0)
+            return REDISMODULE_OK;
+    }
+    if (argc != 0) {
+        RedisModule_Log(ctx, "warning", "lockfloor: the only argument is floor-only");
+        return REDISMODULE_ERR;
+    }
 
     RedisModuleTypeMethods tm = {
         .version = REDISMODULE_TYPE_METHOD_VERSION,

@@ -239,7 +239,7 @@ fn run(plan: &Plan, only: Option<&[u32]>) -> io::Result<()> {
         extra: vec!["--maxclients".into(), "12000".into()],
     };
     let load_start = loadavg();
-    let mut server = Server::start(&opts)?;
+    let server = Server::start(&opts)?;
     let mut c = server.conn()?;
     let version = c.try_info_field("server", "redis_version")?;
     let allocator = c.try_info_field("memory", "mem_allocator")?;
@@ -410,9 +410,23 @@ fn run(plan: &Plan, only: Option<&[u32]>) -> io::Result<()> {
         drop(c);
         // A fresh server: what earlier sections leave behind (10,000
         // connections of section 7, grown tables) would move used_memory
-        // while the keys load.
-        server.restart()?;
-        let r = memory::run(&mut server, plan.mem_keys, plan.shared_grants)?;
+        // while the keys load. It has the C reference module beside the
+        // module, only its floor type (`FLOOR.SET`, the module API's floor),
+        // so that every kind is loaded and saved on the same server.
+        let mem_dir = server::TempDir::new()?;
+        let floor = profile::build_floor(&mem_dir.0)?;
+        let mut extra = opts.extra.clone();
+        extra.extend([
+            "--loadmodule".into(),
+            format!("{} floor-only", floor.display()),
+        ]);
+        let mut mem_server = Server::start(&Options {
+            module: Some(module.clone()),
+            dir: mem_dir.0.clone(),
+            callgrind: false,
+            extra,
+        })?;
+        let r = memory::run(&mut mem_server, plan.mem_keys, plan.shared_grants)?;
         let (mem, persist) = memory::tables(&r);
         body.push_str(&mem);
         body.push('\n');

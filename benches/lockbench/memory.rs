@@ -1,11 +1,17 @@
 //! Sections 4 and 5: memory and persistence of many held locks.
 //!
-//! For each kind of lock (`SET NX PX` string, LOCK.ACQUIRE, Redisson-style
-//! hash), on an empty database: load N keys (pipelined; each with its own
-//! UUID owner and a 10-minute lease), then `used_memory` growth / N and the
-//! mean `MEMORY USAGE` of 100 keys; then `SAVE` (timed by the client), the
-//! RDB's size, and a restart on that RDB (load time from the server's log).
-//! Shared locks: K keys with R readers each (R = 1, 10, 100).
+//! For each kind of lock (`SET NX PX` string, LOCK.ACQUIRE, the module API's
+//! floor, Redisson-style hash), on an empty database: load N keys
+//! (pipelined; each with its own UUID owner and a 10-minute lease), then
+//! `used_memory` growth / N and the mean `MEMORY USAGE` of 100 keys; then
+//! `SAVE` (timed by the client), the RDB's size, and a restart on that RDB
+//! (load time from the server's log). Shared locks: K keys with R readers
+//! each (R = 1, 10, 100).
+//!
+//! The floor is `FLOOR.SET` of the C reference module
+//! (benches/cmodule/lockfloor.c, loaded `floor-only` beside this module on
+//! the same server): a module value of one block with a lease, nothing else,
+//! saved as one string buffer; what any module-typed lock costs at least.
 
 use std::fs;
 use std::io;
@@ -23,17 +29,19 @@ const LEASE: &[u8] = b"600000";
 pub enum Kind {
     Strings,
     Locks,
+    Floor,
     Redisson,
 }
 
 impl Kind {
-    pub const ALL: [Kind; 3] = [Kind::Strings, Kind::Locks, Kind::Redisson];
+    pub const ALL: [Kind; 4] = [Kind::Strings, Kind::Locks, Kind::Floor, Kind::Redisson];
 
     /// Where its RDB is kept in the server's directory.
     fn file(self) -> &'static str {
         match self {
             Kind::Strings => "dump-strings.rdb",
             Kind::Locks => "dump-locks.rdb",
+            Kind::Floor => "dump-floor.rdb",
             Kind::Redisson => "dump-redisson.rdb",
         }
     }
@@ -42,6 +50,7 @@ impl Kind {
         match self {
             Kind::Strings => "`SET k <uuid> NX PX` string",
             Kind::Locks => "`LOCK.ACQUIRE k <uuid> ttl` exclusive lock",
+            Kind::Floor => "`FLOOR.SET k <uuid> ttl` (C reference module): the module API's floor, one block with a lease",
             Kind::Redisson => "Redisson-style hash (`<uuid>:1` -> 1, PEXPIRE)",
         }
     }
@@ -189,6 +198,23 @@ fn load_kind(port: u16, scripts: &Scripts, kind: Kind, n: usize) -> io::Result<(
             },
             &|r| r.as_int().is_some_and(|t| t > 0),
         ),
+        Kind::Floor => load(
+            port,
+            n,
+            &|i, buf| {
+                let o = owner(i);
+                encode(
+                    buf,
+                    &[
+                        b(b"FLOOR.SET"),
+                        Arg::K(KEY_PREFIX, i),
+                        b(o.as_bytes()),
+                        b(LEASE),
+                    ],
+                )
+            },
+            &|r| r.as_int().is_some_and(|t| t > 0),
+        ),
         Kind::Redisson => load(
             port,
             n,
@@ -225,6 +251,8 @@ fn loaded_from_log(log: &std::path::Path) -> Option<f64> {
     secs.parse::<f64>().ok().map(|s| s * 1000.0)
 }
 
+/// `server`: this module loaded, and the C reference module `floor-only`
+/// (`FLOOR.SET`).
 pub fn run(server: &mut Server, keys: usize, shared_grants: usize) -> io::Result<Results> {
     let mut results = Results {
         mem: Vec::new(),

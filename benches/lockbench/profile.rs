@@ -418,7 +418,8 @@ pub fn run(dir: &Path, module: &Path, requests: usize, scope: Scope) -> io::Resu
             rows.push(Row { name, per_request });
         }
         for op in Op::ALL {
-            if op.needs_module() != with_module {
+            // FLOOR.SET is the C reference module's only (section 1).
+            if op.on_floor() || op.needs_module() != with_module {
                 continue;
             }
             let per_request = p.measure(

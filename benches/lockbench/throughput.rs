@@ -6,9 +6,12 @@
 //! compared with, the order of each pair alternating from round to round
 //! (A B, B A, A B ...); the table shows medians over the rounds, and each
 //! ratio is the median of the ratios within a round. Every command that
-//! creates keys starts on an empty database of its own (SELECT 0..5), so
+//! creates keys starts on an empty database of its own (SELECT 0..8), so
 //! none pays for another's keys; renewals and releases run on the keys
-//! their acquire created.
+//! their acquire created. `FLOOR.SET` is the module API's floor, the C
+//! reference module's (benches/cmodule/lockfloor.c): a module value of one
+//! block with a lease, nothing else, run on that module's server and
+//! compared with `SET NX PX` as LOCK.ACQUIRE is.
 
 use std::collections::HashMap;
 use std::io;
@@ -102,13 +105,15 @@ pub enum Op {
     ReleaseHit,
     LuaReleaseMiss,
     ReleaseMiss,
+    FloorSet,
 }
 
 impl Op {
     /// Table order.
-    pub const ALL: [Op; 17] = [
+    pub const ALL: [Op; 18] = [
         Op::Ping,
         Op::Set,
+        Op::FloorSet,
         Op::LuaAcquire,
         Op::Acquire,
         Op::Redisson,
@@ -145,6 +150,7 @@ impl Op {
             Op::ReleaseHit => "`LOCK.RELEASE k o` (held)",
             Op::LuaReleaseMiss => "Lua compare-and-delete (missing key)",
             Op::ReleaseMiss => "`LOCK.RELEASE k o` (missing key)",
+            Op::FloorSet => "`FLOOR.SET k v 3600000` (C reference module): the module API's floor, a module value of one block with a lease, nothing else",
         }
     }
 
@@ -167,6 +173,7 @@ impl Op {
             Op::ReleaseHit => "lock-release-hit",
             Op::LuaReleaseMiss => "lua-release-miss",
             Op::ReleaseMiss => "lock-release-miss",
+            Op::FloorSet => "floor-set",
         }
     }
 
@@ -186,6 +193,12 @@ impl Op {
         )
     }
 
+    /// Whether this command is the C reference module's own (`FLOOR.SET`):
+    /// it runs on that module's server only.
+    pub fn on_floor(self) -> bool {
+        matches!(self, Op::FloorSet)
+    }
+
     /// What this row is compared with, and the goal for the ratio, if any.
     pub fn baselines(self) -> &'static [(Op, Option<f64>)] {
         match self {
@@ -196,6 +209,7 @@ impl Op {
             Op::Renew => &[(Op::LuaRenew, None)],
             Op::ReleaseHit => &[(Op::LuaReleaseHit, None)],
             Op::ReleaseMiss => &[(Op::LuaReleaseMiss, None)],
+            Op::FloorSet => &[(Op::Set, None)],
             _ => &[],
         }
     }
@@ -265,6 +279,7 @@ impl Op {
                 encode(buf, &[b(b"EVALSHA"), b(&s.release), b(b"1"), k, b(OWNER)])
             }
             Op::ReleaseHit | Op::ReleaseMiss => encode(buf, &[b(b"LOCK.RELEASE"), k, b(OWNER)]),
+            Op::FloorSet => encode(buf, &[b(b"FLOOR.SET"), k, b(OWNER), b(TTL)]),
         }
     }
 
@@ -282,7 +297,9 @@ impl Op {
             Op::Macquire => {
                 matches!(r, Reply::Array(t) if t.len() == 2 && t.iter().all(|t| t.as_int().is_some_and(|t| t > 0)))
             }
-            Op::Acquire | Op::Racquire | Op::Read => r.as_int().is_some_and(|t| t > 0),
+            Op::Acquire | Op::Racquire | Op::Read | Op::FloorSet => {
+                r.as_int().is_some_and(|t| t > 0)
+            }
             Op::LuaRenew | Op::Renew | Op::LuaReleaseHit | Op::ReleaseHit => *r == Reply::Int(1),
             Op::LuaReleaseMiss => *r == Reply::Int(0),
             Op::ReleaseMiss => *r == Reply::Nil,
@@ -326,6 +343,7 @@ impl Op {
             Op::Redisson => 3,
             Op::Racquire => 4,
             Op::Read => 5,
+            Op::FloorSet => 8,
         }
     }
 }
@@ -341,8 +359,10 @@ pub enum Step {
 /// order reversed every other round.
 pub fn round_plan(round: usize) -> Vec<Step> {
     let groups: [&[Op]; 7] = [
-        // Creating keys, each on an empty database.
+        // Creating keys, each on an empty database. `SET` between the two
+        // compared with it.
         &[
+            Op::FloorSet,
             Op::Set,
             Op::Acquire,
             Op::LuaAcquire,
@@ -541,7 +561,8 @@ pub struct Side<'a> {
 /// lock commands on `module`, their baselines (`SET`, the scripts) on
 /// `plain`, a server without the module, as a user compares them.
 /// `floor`: the C reference module's server, where the commands it has run
-/// right after their run on `module`, in every round.
+/// right after their run on `module`, in every round, and its own
+/// (`FLOOR.SET`) in their place in the round.
 pub fn run(
     module: Side,
     plain: Side,
@@ -579,7 +600,9 @@ pub fn run(
                     floor_c.ok(&[b"FLUSHALL"])?;
                 }
                 Step::Run(op) => {
-                    let (pool, scripts) = if op.needs_module() {
+                    let (pool, scripts) = if op.on_floor() {
+                        (&mut *floor_pool, floor_scripts)
+                    } else if op.needs_module() {
                         (&mut *pool, scripts)
                     } else {
                         (&mut *plain_pool, plain_scripts)
