@@ -208,8 +208,9 @@ extern "C" fn on_swapdb(
     })
 }
 
-/// A file (RDB, AOF, a replica's full sync) was loaded: the token counter
-/// jumps past what it holds (`fencing::jump_ahead`).
+/// A file (RDB, AOF, a replica's full sync) starts loading: values loaded
+/// take their time from this moment (`clock::load_time`). It was loaded:
+/// the token counter jumps past what it holds (`fencing::jump_ahead`).
 extern "C" fn on_loaded(
     raw_ctx: *mut raw::RedisModuleCtx,
     _event: raw::RedisModuleEvent,
@@ -217,6 +218,9 @@ extern "C" fn on_loaded(
     _data: *mut c_void,
 ) {
     guard::callback("a loading event", (), || {
+        let over = subevent == raw::REDISMODULE_SUBEVENT_LOADING_ENDED
+            || subevent == raw::REDISMODULE_SUBEVENT_LOADING_FAILED;
+        clock::loading(!over);
         if subevent == raw::REDISMODULE_SUBEVENT_LOADING_ENDED {
             fencing::jump_ahead(clock::now_ms(), config::clock_skew_ms());
             // Redis 7.0 keeps a backlog after loading a file with

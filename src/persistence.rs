@@ -137,19 +137,24 @@ fn load_fields(rdb: *mut raw::RedisModuleIO, encver: c_int, now: u64) -> Option<
 }
 
 fn load_lock(rdb: *mut raw::RedisModuleIO, encver: c_int) -> Option<Lock> {
-    let now = clock::now_ms();
+    // During a load, the clock as the load started (one read per load, not
+    // per key); for a RESTORE, now.
+    let now = clock::load_time();
     let lock = match encver {
         3 => load_block(rdb, now)?,
         _ => load_fields(rdb, encver, now)?,
     };
     // Tokens no server can have issued (zero, past the horizon, two
-    // holders with one) are refused, on this path as on the AOF's.
-    if lock.is_empty() || !lock.holders().all(|h| Tokens::plausible(h.token, now)) {
-        return None;
-    }
+    // holders with one) are refused, on this path as on the AOF's; the
+    // counter goes past the highest, once every token passed.
+    let mut highest = None;
     for h in lock.holders() {
-        fencing::observe(h.token);
+        if !Tokens::plausible(h.token, now) {
+            return None;
+        }
+        highest = highest.max(Some(h.token));
     }
+    fencing::observe(highest?);
     Some(lock)
 }
 

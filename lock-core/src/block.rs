@@ -344,20 +344,17 @@ impl Block {
         }
         let mut block = Block { buf };
         let count = block.count();
-        // Whole first (every entry complete, exactly `count` filling it),
-        // then each holder's `since`: no list of offsets kept between.
-        let mut at = header_len(tag);
-        for _ in 0..count {
-            at = entry_at(&block.buf, at)?.1;
-        }
-        if at != block.buf.len() || count == 0 {
-            return None;
-        }
+        // One walk: each entry complete (its `since` set as it is passed:
+        // a block refused later is dropped whole), exactly `count` of them
+        // filling the block.
         let mut at = header_len(tag);
         for _ in 0..count {
             let next = entry_at(&block.buf, at)?.1;
             put_u32(&mut block.buf, at + 20, since);
             at = next;
+        }
+        if at != block.buf.len() || count == 0 {
+            return None;
         }
         Some(block)
     }

@@ -941,7 +941,9 @@ impl Lock {
         // Owners and tokens each once: pairwise for a few holders, hashed
         // for many (a semaphore may have a million).
         let n = lock.holder_count();
-        if n > 16 {
+        if n == 1 {
+            // Nothing to compare (an exclusive lock, the commonest).
+        } else if n > 16 {
             let mut owners = std::collections::HashSet::with_capacity(n);
             let mut tokens = std::collections::HashSet::with_capacity(n);
             for h in lock.holders() {
