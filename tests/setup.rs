@@ -9,7 +9,8 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 /// A PATH directory with the real tools the script needs, the ones in
-/// `present` among redis-server/redis-cli/cc, and stubs that log their calls.
+/// `present` among redis-server/redis-cli/cc/callgrind_control (valgrind), and
+/// stubs that log their calls.
 fn fake_path(dir: &Path, present: &[&str], uid: u32) -> PathBuf {
     let bin = dir.join("bin");
     fs::create_dir_all(&bin).unwrap();
@@ -63,7 +64,10 @@ fn run(present: &[&str], uid: u32) -> (bool, String, String) {
 
 #[test]
 fn with_everything_installed_it_is_silent_and_needs_no_root() {
-    let (ok, calls, stderr) = run(&["redis-server", "redis-cli", "cc"], 1000);
+    let (ok, calls, stderr) = run(
+        &["redis-server", "redis-cli", "cc", "callgrind_control"],
+        1000,
+    );
     assert!(ok, "deps.sh failed: {stderr}");
     assert!(calls.is_empty(), "apt-get was called: {calls}");
     assert!(stderr.is_empty(), "not silent: {stderr}");
@@ -76,6 +80,18 @@ fn a_missing_server_is_installed_with_apt_get() {
     assert!(calls.contains("install"), "apt-get install: {calls}");
     assert!(calls.contains("redis-server"), "{calls}");
     assert!(!calls.contains("libclang"), "libclang is there: {calls}");
+}
+
+#[test]
+fn a_missing_valgrind_is_installed_for_the_instruction_gate() {
+    let (ok, calls, stderr) = run(&["redis-server", "redis-cli", "cc"], 0);
+    assert!(ok, "deps.sh failed: {stderr}");
+    assert!(calls.contains("install"), "apt-get install: {calls}");
+    assert!(calls.contains("valgrind"), "{calls}");
+    assert!(
+        !calls.contains("redis-server"),
+        "the server is there: {calls}"
+    );
 }
 
 #[test]
