@@ -181,40 +181,26 @@ fn load_kind(port: u16, scripts: &Scripts, kind: Kind, n: usize) -> io::Result<(
             },
             &|r| r.is("OK"),
         ),
-        Kind::Locks => load(
-            port,
-            n,
-            &|i, buf| {
-                let o = owner(i);
-                encode(
-                    buf,
-                    &[
-                        b(b"LOCK.ACQUIRE"),
-                        Arg::K(KEY_PREFIX, i),
-                        b(o.as_bytes()),
-                        b(LEASE),
-                    ],
-                )
-            },
-            &|r| r.as_int().is_some_and(|t| t > 0),
-        ),
-        Kind::Floor => load(
-            port,
-            n,
-            &|i, buf| {
-                let o = owner(i);
-                encode(
-                    buf,
-                    &[
-                        b(b"FLOOR.SET"),
-                        Arg::K(KEY_PREFIX, i),
-                        b(o.as_bytes()),
-                        b(LEASE),
-                    ],
-                )
-            },
-            &|r| r.as_int().is_some_and(|t| t > 0),
-        ),
+        // A lock and the API's floor take the same arguments: key, owner,
+        // lease; both answer a positive number.
+        Kind::Locks | Kind::Floor => {
+            let command: &[u8] = match kind {
+                Kind::Locks => b"LOCK.ACQUIRE",
+                _ => b"FLOOR.SET",
+            };
+            load(
+                port,
+                n,
+                &|i, buf| {
+                    let o = owner(i);
+                    encode(
+                        buf,
+                        &[b(command), Arg::K(KEY_PREFIX, i), b(o.as_bytes()), b(LEASE)],
+                    )
+                },
+                &|r| r.as_int().is_some_and(|t| t > 0),
+            )
+        }
         Kind::Redisson => load(
             port,
             n,

@@ -712,15 +712,7 @@ pub fn check_table(rows: &[Row], baseline: &str) -> String {
     let mut s = String::from(
         "| row | instructions/request | baseline | change |\n| --- | ---: | ---: | ---: |\n",
     );
-    for line in baseline.lines().filter(|l| !l.starts_with('#')) {
-        let mut parts = line.split('\t');
-        let (Some(name), Some(Ok(base))) = (parts.next(), parts.next().map(str::parse::<f64>))
-        else {
-            continue;
-        };
-        if !gated(name) {
-            continue;
-        }
+    for (name, base) in gated_baseline(baseline) {
         let now = get(rows, name);
         s.push_str(&format!(
             "| {name} | {now:.0} | {base:.0} | {:+.1}% |\n",
@@ -730,10 +722,20 @@ pub fn check_table(rows: &[Row], baseline: &str) -> String {
     s
 }
 
-/// Whether `check` gates a row: the module's server's, not Redis's or the
-/// C reference module's.
-fn gated(name: &str) -> bool {
-    name.starts_with("lock-") || name.starts_with("module:") || name.starts_with("sent:")
+/// The rows of `baseline` (benches/baseline.tsv) that `check` gates, with
+/// their figures: the module's server's, not Redis's or the C reference
+/// module's.
+fn gated_baseline(baseline: &str) -> impl Iterator<Item = (&str, f64)> {
+    baseline
+        .lines()
+        .filter(|l| !l.starts_with('#'))
+        .filter_map(|line| {
+            let mut parts = line.split('\t');
+            Some((parts.next()?, parts.next()?.parse::<f64>().ok()?))
+        })
+        .filter(|(name, _)| {
+            name.starts_with("lock-") || name.starts_with("module:") || name.starts_with("sent:")
+        })
 }
 
 /// Rows of the module's server (its commands, and the other commands with
@@ -741,15 +743,7 @@ fn gated(name: &str) -> bool {
 /// the baseline. The plain server's rows measure Redis, not this code.
 pub fn regressions(rows: &[Row], baseline: &str, tolerance: f64) -> Vec<String> {
     let mut out = Vec::new();
-    for line in baseline.lines().filter(|l| !l.starts_with('#')) {
-        let mut parts = line.split('\t');
-        let (Some(name), Some(Ok(base))) = (parts.next(), parts.next().map(str::parse::<f64>))
-        else {
-            continue;
-        };
-        if !gated(name) {
-            continue;
-        }
+    for (name, base) in gated_baseline(baseline) {
         let now = get(rows, name);
         if now.is_nan() {
             out.push(format!("{name}: no longer measured"));
