@@ -82,10 +82,13 @@ impl LockKey {
         Ok(Some(value.cast::<u8>()))
     }
 
-    /// Whether the key does not exist (`WRONGTYPE` when it holds something
-    /// other than a lock).
-    pub fn is_free(&self) -> Result<bool, LockError> {
-        Ok(self.value()?.is_none())
+    /// Whether the key does not exist: one `RM_KeyType`. What a key that
+    /// exists holds (a lock, or another type: `WRONGTYPE`) is for
+    /// [`LockKey::lock`] and [`LockKey::lock_mut`] to say.
+    pub fn is_empty(&self) -> bool {
+        self.key.is_none()
+            || api!(RedisModule_KeyType(self.raw()))
+                == Some(raw::REDISMODULE_KEYTYPE_EMPTY as c_int)
     }
 
     /// The lock stored here, to read; `None` when the key does not exist,

@@ -66,7 +66,9 @@ pub fn grant(
     event: &'static CStr,
 ) -> Result<(Attempt, Option<u64>), LockError> {
     let key = LockKey::open(ctx, name, true)?;
-    if key.is_free()? && !waiting::anyone_waits() && !timers::any() {
+    // The atomics first; a key that exists is read once, by the general
+    // transition (which also answers WRONGTYPE).
+    if !waiting::anyone_waits() && !timers::any() && key.is_empty() {
         return first_grant(ctx, key, name, ask, event).map(|attempt| (attempt, None));
     }
     let done = transact_open(ctx, key, name, true, |txn| {
