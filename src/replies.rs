@@ -24,8 +24,15 @@ pub fn send(ctx: &Context, result: RedisResult) -> c_int {
             api!(RedisModule_ReplyWithLongLong(ctx.ctx, n)).unwrap_or(ERR)
         }
         Ok(RedisValue::Null) => api!(RedisModule_ReplyWithNull(ctx.ctx)).unwrap_or(ERR),
-        _ => ctx.reply(ManuallyDrop::into_inner(result)) as c_int,
+        _ => send_other(ctx, ManuallyDrop::into_inner(result)),
     }
+}
+
+/// Any other reply (an error, an array, a string): out of line, so the
+/// commonest replies' code stays small.
+#[inline(never)]
+fn send_other(ctx: &Context, result: RedisResult) -> c_int {
+    ctx.reply(result) as c_int
 }
 
 /// The keyspace event of a grant.

@@ -71,6 +71,20 @@ pub fn grant(
     if !waiting::anyone_waits() && !timers::any() && key.is_empty() {
         return first_grant(ctx, key, name, ask, event).map(|attempt| (attempt, None));
     }
+    grant_general(ctx, key, name, ask, event)
+}
+
+/// [`grant`] through the general transition. Out of line: the instructions
+/// of the common grant stay few and close together (its share of the CPU's
+/// instruction cache is what its throughput pays for; benchmarks.md).
+#[inline(never)]
+fn grant_general(
+    ctx: &Context,
+    key: LockKey,
+    name: Str<'_>,
+    ask: Ask<'_>,
+    event: &'static CStr,
+) -> Result<(Attempt, Option<u64>), LockError> {
     let done = transact_open(ctx, key, name, true, |txn| {
         let queued = waiting::has_waiters(ctx, name);
         let before = txn.tokens.last();
@@ -101,26 +115,36 @@ fn first_grant(
     let now = clock::now_ms();
     let mut tokens = fencing::for_transaction(now);
     let start = tokens;
-    let mut events = Events::default();
-    let attempt = match Lock::first(ask, now, &mut tokens) {
-        Ok((lock, token)) => {
-            fencing::issued(&start, &tokens);
-            stats::GRANTS.incr();
-            replication::replicate_new(ctx, name, &lock);
-            let (census, deadline) = (lock.census(), lock.latest_deadline());
-            key.store(lock)?;
-            stats::value(1, census);
-            if let Some(deadline) = deadline {
-                key.expire_at(deadline);
-            }
-            events.push(event);
-            Attempt::Granted(token)
-        }
-        Err(refused) => refused,
+    let (lock, token) = match Lock::first(ask, now, &mut tokens) {
+        Ok(granted) => granted,
+        Err(refused) => return Ok(refused_first(ctx, key, name, refused)),
     };
+    fencing::issued(&start, &tokens);
+    stats::GRANTS.incr();
+    replication::replicate_new(ctx, name, &lock);
+    let (census, deadline) = (lock.census(), lock.latest_deadline());
+    key.store(lock)?;
+    stats::value(1, census);
+    if let Some(deadline) = deadline {
+        key.expire_at(deadline);
+    }
     drop(key);
-    settle(ctx, name, &events, false, None);
-    Ok(attempt)
+    // `settle` for one event, nothing expired in the lock and no visit.
+    announce_expired_elsewhere(ctx);
+    notify(ctx, event, name);
+    plan_visit(ctx, name, None);
+    grant_ready(ctx);
+    Ok(Attempt::Granted(token))
+}
+
+/// A grant on a free key refused (no token left, a block past its size):
+/// nothing changed, what came due elsewhere is still settled.
+#[cold]
+#[inline(never)]
+fn refused_first(ctx: &Context, key: LockKey, name: Str<'_>, refused: Attempt) -> Attempt {
+    drop(key);
+    settle(ctx, name, &Events::default(), false, None);
+    refused
 }
 
 /// [`transact`] on a key already open for writing.
@@ -172,22 +196,46 @@ fn transact_open<R>(
 /// expired meanwhile announced, the transaction's events fired, the key's
 /// next visit planned, the multi-key requests it made ready granted.
 fn settle(ctx: &Context, name: Str<'_>, events: &Events, expired: bool, visit: Option<u64>) {
-    if timers::any_expired() {
-        for (key, leases) in timers::take_expired(ffi::selected_db(ctx)) {
-            announce_expired(ctx, &key, leases);
-        }
-    }
+    announce_expired_elsewhere(ctx);
     if expired {
         notify(ctx, c"lock.expired", name);
     }
     for event in events.iter() {
         notify(ctx, event, name);
     }
-    if visit.is_some() || timers::any() {
+    plan_visit(ctx, name, visit);
+    grant_ready(ctx);
+}
+
+/// The leases Redis expired since the last announcement (one atomic when
+/// none did; the rest out of line, as every rare step of a command is).
+#[inline]
+fn announce_expired_elsewhere(ctx: &Context) {
+    #[cold]
+    #[inline(never)]
+    fn announce_all(ctx: &Context) {
+        for (key, leases) in timers::take_expired(ffi::selected_db(ctx)) {
+            announce_expired(ctx, &key, leases);
+        }
+    }
+    if timers::any_expired() {
+        announce_all(ctx);
+    }
+}
+
+/// The key's next visit (`None`: no visit, or one planned before is
+/// dropped), when a visit is asked for or some key has one planned.
+#[inline]
+fn plan_visit(ctx: &Context, name: Str<'_>, visit: Option<u64>) {
+    #[cold]
+    #[inline(never)]
+    fn schedule(ctx: &Context, name: Str<'_>, visit: Option<u64>) {
         let (db, key) = ffi::db_key(ctx, name.as_slice());
         timers::schedule(db, &key, visit);
     }
-    grant_ready(ctx);
+    if visit.is_some() || timers::any() {
+        schedule(ctx, name, visit);
+    }
 }
 
 /// Set while multi-key requests are being granted: a transition inside
@@ -276,9 +324,18 @@ fn grant_each(ctx: &Context, names: &[Str<'_>], ask: Ask<'_>) -> Result<Vec<u64>
 /// Grants the multi-key requests that became ready (each heads a queue
 /// whose lock would admit it), if each now heads every queue it is in and
 /// every lock admits it; refuses those a key answers with an error.
+#[inline]
 fn grant_ready(ctx: &Context) {
     // The common case, nothing ready: one atomic load, nothing else.
-    if !waiting::any_ready() || GRANTING.swap(true, Ordering::Relaxed) {
+    if waiting::any_ready() {
+        grant_all_ready(ctx);
+    }
+}
+
+#[cold]
+#[inline(never)]
+fn grant_all_ready(ctx: &Context) {
+    if GRANTING.swap(true, Ordering::Relaxed) {
         return;
     }
     let home = ffi::selected_db(ctx);
@@ -312,10 +369,16 @@ fn grant_ready(ctx: &Context) {
 }
 
 /// Holders that left in this transaction take their `BIND` with them.
+#[inline]
 fn forget_bindings(ctx: &Context, name: Str<'_>, lock: &Lock, changes: &Changes) {
-    if bindings::count() == 0 {
-        return;
+    if bindings::count() != 0 {
+        forget_bound(ctx, name, lock, changes);
     }
+}
+
+#[cold]
+#[inline(never)]
+fn forget_bound(ctx: &Context, name: Str<'_>, lock: &Lock, changes: &Changes) {
     let key = ffi::db_key(ctx, name.as_slice());
     for owner in changes.owners() {
         if lock.holder(owner).is_none() {

@@ -175,8 +175,14 @@ fn registry() -> Locked {
 }
 
 /// Whether any request waits anywhere (cheap: for callbacks on every write).
+#[inline]
 pub fn anyone_waits() -> bool {
-    BUSY.load(Ordering::Relaxed) && !registry().queues.is_empty()
+    #[cold]
+    #[inline(never)]
+    fn queued() -> bool {
+        !registry().queues.is_empty()
+    }
+    BUSY.load(Ordering::Relaxed) && queued()
 }
 
 /// How many requests wait, on every key; `None` rather than wait for the
@@ -326,14 +332,25 @@ pub struct Pending {
 /// transition, so grants replicate with it): undoes grants whose clients
 /// vanished, answers nil to waiters whose WAIT ran out, then grants from the
 /// head of the queue.
+#[inline]
 pub fn answer_waiters(ctx: &Context, name: Str<'_>, txn: &mut Txn) -> Pending {
+    if !BUSY.load(Ordering::Relaxed) {
+        return Pending {
+            waiting: false,
+            next_timeout: None,
+        };
+    }
+    answer_queued(ctx, name, txn)
+}
+
+/// [`answer_waiters`] once some request waits somewhere: out of line.
+#[cold]
+#[inline(never)]
+fn answer_queued(ctx: &Context, name: Str<'_>, txn: &mut Txn) -> Pending {
     let none = Pending {
         waiting: false,
         next_timeout: None,
     };
-    if !BUSY.load(Ordering::Relaxed) {
-        return none;
-    }
     let mut registry = registry();
     if registry.queues.is_empty() && registry.revocations.is_empty() {
         return none;
