@@ -11,7 +11,7 @@ LIVE_FUZZ_COMMANDS ?= 5000000
 SOAK_SECS ?= 180
 CHAOS_SECS ?= 600
 
-.PHONY: help deps client-deps build release run test test-matrix bench bench-profile bench-check fuzz soak chaos valgrind lint fmt clean
+.PHONY: help deps client-deps build release run test test-matrix bench bench-profile bench-icache bench-check fuzz soak chaos valgrind lint fmt clean
 
 help: ## Show this help
 	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
@@ -49,6 +49,9 @@ bench: release ## Benchmarks vs SET NX PX, Lua lock scripts and a C module doing
 
 bench-profile: release ## Instructions per request under callgrind, 3 runs with each row's spread (~15 min)
 	REDIS_LOCK_MODULE=$(CURDIR)/$(RELEASE_SO) $(CARGO) bench --bench lockbench -- --callgrind --repeat 3
+
+bench-icache: release ## Instruction-cache misses per request under pipelined load, callgrind's cache simulation (~2 min)
+	REDIS_LOCK_MODULE=$(CURDIR)/$(RELEASE_SO) ./benches/icache.sh
 
 bench-check: release ## Fail when a command of the module costs >3% more instructions than benches/baseline.tsv (~2 min; CI runs it)
 	REDIS_LOCK_MODULE=$(CURDIR)/$(RELEASE_SO) $(CARGO) bench --bench lockbench -- --callgrind --check
