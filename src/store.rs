@@ -129,11 +129,7 @@ fn first_grant(
         key.expire_at(deadline);
     }
     drop(key);
-    // `settle` for one event, nothing expired in the lock and no visit.
-    announce_expired_elsewhere(ctx);
-    notify(ctx, event, name);
-    plan_visit(ctx, name, None);
-    grant_ready(ctx);
+    settle(ctx, name, [event], false, None);
     Ok(Attempt::Granted(token))
 }
 
@@ -143,7 +139,7 @@ fn first_grant(
 #[inline(never)]
 fn refused_first(ctx: &Context, key: LockKey, name: Str<'_>, refused: Attempt) -> Attempt {
     drop(key);
-    settle(ctx, name, &Events::default(), false, None);
+    settle(ctx, name, [], false, None);
     refused
 }
 
@@ -188,19 +184,25 @@ fn transact_open<R>(
     let Some((result, visit, events, expired)) = done else {
         return Ok(None);
     };
-    settle(ctx, name, &events, expired, visit);
+    settle(ctx, name, events.iter(), expired, visit);
     Ok(Some(result))
 }
 
 /// After a transaction on `name`, its key written back: the leases Redis
 /// expired meanwhile announced, the transaction's events fired, the key's
 /// next visit planned, the multi-key requests it made ready granted.
-fn settle(ctx: &Context, name: Str<'_>, events: &Events, expired: bool, visit: Option<u64>) {
+fn settle(
+    ctx: &Context,
+    name: Str<'_>,
+    events: impl IntoIterator<Item = &'static CStr>,
+    expired: bool,
+    visit: Option<u64>,
+) {
     announce_expired_elsewhere(ctx);
     if expired {
         notify(ctx, c"lock.expired", name);
     }
-    for event in events.iter() {
+    for event in events {
         notify(ctx, event, name);
     }
     plan_visit(ctx, name, visit);
