@@ -206,14 +206,7 @@ pub fn keepalive(ctx: &Context, args: Argv<'_>) -> RedisResult {
 pub fn release(ctx: &Context, args: Argv<'_>) -> RedisResult {
     master_only(ctx)?;
     let release = args::release(args)?;
-    let outcome = store::update_if_held(ctx, release.key, |txn| {
-        let outcome = txn.lock.release(release.owner, txn.now, txn.changes);
-        if outcome != Release::NotHeld {
-            txn.events.push(c"lock.release");
-        }
-        outcome
-    })?
-    .unwrap_or(Release::NotHeld);
+    let outcome = store::release(ctx, release.key, release.owner)?;
     Ok(match outcome {
         Release::Last => RedisValue::Integer(1),
         Release::Remaining => RedisValue::Integer(0),
@@ -228,14 +221,7 @@ pub fn release(ctx: &Context, args: Argv<'_>) -> RedisResult {
 pub fn renew(ctx: &Context, args: Argv<'_>) -> RedisResult {
     master_only(ctx)?;
     let renew = args::renew(args)?;
-    let renewed = store::update_if_held(ctx, renew.key, |txn| {
-        let renewed = txn.lock.renew(renew.owner, renew.ttl, txn.now, txn.changes);
-        if renewed {
-            txn.events.push(c"lock.renew");
-        }
-        renewed
-    })?
-    .unwrap_or(false);
+    let renewed = store::renew(ctx, renew.key, renew.owner, renew.ttl)?;
     Ok(RedisValue::Integer(i64::from(renewed)))
 }
 

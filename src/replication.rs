@@ -23,7 +23,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use redis_module::{raw, Context};
 
 use crate::ffi::{api, Str};
-use lock_core::{Changes, HolderRef, Lock};
+use lock_core::{Changes, HolderRef, Lock, Mode};
 
 pub const SYNC_COMMAND: &CStr = c"LOCK.SYNC";
 
@@ -109,8 +109,10 @@ pub struct State {
     len: usize,
 }
 
-/// `semaphore`, four numbers of at most 20 digits and their colons.
-const STATE_MAX: usize = 9 + 4 * 21;
+/// `semaphore`, four numbers of at most 20 digits and their colons, and
+/// room for the fixed-size copy of the last number's digits
+/// ([`State::number`]).
+const STATE_MAX: usize = 9 + 4 * 21 + 20;
 
 impl State {
     pub fn of(lock: &Lock, h: &HolderRef<'_>) -> State {
@@ -118,27 +120,39 @@ impl State {
             buf: [0; STATE_MAX],
             len: 0,
         };
-        s.push(lock.mode().c_name().to_bytes());
+        // Nine bytes copied whole (no call for a copy of unknown length),
+        // then the length that counts.
+        let (name, len): (&[u8; 9], usize) = match lock.mode() {
+            Mode::Exclusive => (b"exclusive", 9),
+            Mode::Shared => (b"shared:::", 6),
+            Mode::Semaphore => (b"semaphore", 9),
+        };
+        if let Some(dst) = s.buf.get_mut(..9) {
+            dst.copy_from_slice(name);
+            s.len = len;
+        }
         for n in [u64::from(h.holds), h.token, h.deadline] {
-            s.push(b":");
+            s.colon();
             s.number(n);
         }
         if let Some(limit) = lock.limit() {
-            s.push(b":");
+            s.colon();
             s.number(u64::from(limit));
         }
         s
     }
 
-    fn push(&mut self, bytes: &[u8]) {
-        if let Some(dst) = self.buf.get_mut(self.len..self.len + bytes.len()) {
-            dst.copy_from_slice(bytes);
-            self.len += bytes.len();
+    fn colon(&mut self) {
+        if let Some(b) = self.buf.get_mut(self.len) {
+            *b = b':';
+            self.len += 1;
         }
     }
 
-    /// `n` in decimal, two digits a step from the right (every effect
-    /// spells three numbers: this is most of an effect's own cost).
+    /// `n` in decimal, two digits a step from the right into the first half
+    /// of a scratch buffer, then copied as 20 bytes whole: a copy of fixed
+    /// size is a few moves, where one of the digits' own length is a call
+    /// (every effect spells three numbers: most of an effect's own cost).
     #[allow(clippy::indexing_slicing)]
     fn number(&mut self, n: u64) {
         const PAIRS: &[u8; 200] = b"0001020304050607080910111213141516171819\
@@ -149,8 +163,8 @@ impl State {
         // Indexing stays in bounds by construction: `i` counts down from 20
         // by at most 20 digits (a u64 has at most 20), and `2 * r + 1 < 200`
         // for `r < 100`. No input reaches these indices.
-        let mut tmp = [0u8; 20];
-        let mut i = tmp.len();
+        let mut tmp = [0u8; 40];
+        let mut i = 20;
         let mut n = n;
         while n >= 100 {
             let r = (n % 100) as usize * 2;
@@ -168,7 +182,11 @@ impl State {
             i -= 1;
             tmp[i] = b'0' + n as u8;
         }
-        self.push(&tmp[i..]);
+        let at = self.len;
+        if let Some(dst) = self.buf.get_mut(at..at + 20) {
+            dst.copy_from_slice(&tmp[i..i + 20]);
+            self.len = at + (20 - i);
+        }
     }
 
     pub fn as_bytes(&self) -> &[u8] {
@@ -208,9 +226,10 @@ pub fn replicate(ctx: &Context, key: Str<'_>, lock: &Lock, changes: &Changes) {
     }
 }
 
-/// Sends the effect of a grant that made a new lock (`Lock::first`): its
-/// one holder.
-pub fn replicate_new(ctx: &Context, key: Str<'_>, lock: &Lock) {
+/// Sends the effect of a transition that leaves the lock one holder, the
+/// one it changed (a grant that made the lock, `Lock::first`; a renewal of
+/// its only holder, `Lock::renew_sole`): that holder's state.
+pub fn replicate_sole(ctx: &Context, key: Str<'_>, lock: &Lock) {
     if QUIET.load(Ordering::Relaxed) {
         api!(RedisModule_ReplicateVerbatim(ctx.ctx));
         return;
@@ -218,6 +237,16 @@ pub fn replicate_new(ctx: &Context, key: Str<'_>, lock: &Lock) {
     if let Some(holder) = lock.holders().next() {
         replicate_set(ctx, key, lock, &holder);
     }
+}
+
+/// Sends the effect of a transition whose one change is that `owner` no
+/// longer holds (`Lock::release_sole`).
+pub fn replicate_dropped(ctx: &Context, key: Str<'_>, owner: &[u8]) {
+    if QUIET.load(Ordering::Relaxed) {
+        api!(RedisModule_ReplicateVerbatim(ctx.ctx));
+        return;
+    }
+    replicate_drop(ctx, key, owner);
 }
 
 fn replicate_drop(ctx: &Context, key: Str<'_>, owner: &[u8]) {
@@ -250,7 +279,7 @@ fn replicate_set(ctx: &Context, key: Str<'_>, lock: &Lock, holder: &HolderRef<'_
 #[cfg(test)]
 mod tests {
     use super::*;
-    use lock_core::{Holder, Kind, Mode};
+    use lock_core::{Holder, Kind};
 
     fn spelled(n: u64) -> Vec<u8> {
         let mut s = State {
@@ -272,6 +301,28 @@ mod tests {
         edges.push(p);
         for n in edges {
             assert_eq!(spelled(n), n.to_string().into_bytes(), "{n}");
+        }
+    }
+
+    #[test]
+    fn every_mode_is_spelled_by_its_name() {
+        for (kind, name) in [
+            (Kind::from(Mode::Exclusive), "exclusive"),
+            (Kind::from(Mode::Shared), "shared"),
+            (Kind::Semaphore(3), "semaphore"),
+        ] {
+            let holder = Holder {
+                owner: b"o"[..].into(),
+                holds: 1,
+                since: 0,
+                token: 5,
+                deadline: 6,
+            };
+            let lock = Lock::from_holders(kind, vec![holder]).unwrap();
+            assert_eq!(lock.mode().name(), name);
+            let state = State::of(&lock, &lock.holders().next().unwrap());
+            let limit = if name == "semaphore" { ":3" } else { "" };
+            assert_eq!(state.as_bytes(), format!("{name}:1:5:6{limit}").as_bytes());
         }
     }
 

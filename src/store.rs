@@ -18,7 +18,7 @@ use crate::stats;
 use crate::timers;
 use crate::txn::{Events, Txn};
 use crate::waiting;
-use lock_core::{Ask, Attempt, Changes, Lock};
+use lock_core::{Ask, Attempt, Changes, Lock, Release};
 
 /// Runs a core transition on the lock at `name`, replicates its effect and
 /// writes the key back. A key of another type is `WRONGTYPE` and runs nothing.
@@ -28,17 +28,6 @@ pub fn update<R>(
     op: impl FnOnce(&mut Txn) -> R,
 ) -> Result<R, LockError> {
     transact(ctx, name, true, op)?.ok_or(LockError::Internal)
-}
-
-/// [`update`] for a transition that can only change a lock that exists
-/// (release, renew): on a missing key nobody waits for, nothing runs and
-/// `None` is the answer (no transaction, nothing to settle).
-pub fn update_if_held<R>(
-    ctx: &Context,
-    name: Str<'_>,
-    op: impl FnOnce(&mut Txn) -> R,
-) -> Result<Option<R>, LockError> {
-    transact(ctx, name, waiting::anyone_waits(), op)
 }
 
 fn transact<R>(
@@ -102,6 +91,113 @@ fn grant_general(
     done.ok_or(LockError::Internal)
 }
 
+/// `LOCK.RELEASE`: one of `owner`'s holds on `name` removed.
+///
+/// The most common release, of a lock's only holder holding once while
+/// nobody waits for any key and no visit is planned, is one step: the lock
+/// emptied by [`Lock::release_sole`] (property-tested to match the general
+/// transition there), the key deleted, the drop replicated and announced.
+/// Everything else is the general transition, on the same open key; a
+/// missing key nobody waits for runs nothing.
+pub fn release(ctx: &Context, name: Str<'_>, owner: &[u8]) -> Result<Release, LockError> {
+    let mut key = LockKey::open(ctx, name, true)?;
+    let waits = waiting::anyone_waits();
+    if !waits && !timers::any() {
+        let (census, held) = match key.lock_mut()? {
+            None => return Ok(Release::NotHeld),
+            // Dropped at the arm's end: an emptied lock leaves the key's
+            // value null, as the general transition leaves it.
+            Some(mut lock) => (lock.census(), lock.release_sole(owner, clock::now_ms())),
+        };
+        if let Some(held) = held {
+            stats::HOLD_TIME.record(u64::from(held));
+            if bindings::count() != 0 {
+                forget_bound(ctx, name, [owner]);
+            }
+            replication::replicate_dropped(ctx, name, owner);
+            key.delete();
+            stats::holders(-1, census);
+            stats::value(-1, [0; 3]);
+            drop(key);
+            settle(ctx, name, [c"lock.release"], false, None);
+            return Ok(Release::Last);
+        }
+    }
+    release_general(ctx, key, name, owner, waits)
+}
+
+/// [`release`] through the general transition (out of line, as
+/// [`grant_general`] is).
+#[inline(never)]
+fn release_general(
+    ctx: &Context,
+    key: LockKey,
+    name: Str<'_>,
+    owner: &[u8],
+    waits: bool,
+) -> Result<Release, LockError> {
+    let done = transact_open(ctx, key, name, waits, |txn| {
+        let outcome = txn.lock.release(owner, txn.now, txn.changes);
+        if outcome != Release::NotHeld {
+            txn.events.push(c"lock.release");
+        }
+        outcome
+    })?;
+    Ok(done.unwrap_or(Release::NotHeld))
+}
+
+/// `LOCK.RENEW`: `owner`'s lease on `name` ends `ttl` ms from now; whether
+/// the owner held it.
+///
+/// The most common renewal, of a lock's only holder while nobody waits for
+/// any key and no visit is planned, is one step ([`Lock::renew_sole`],
+/// property-tested to match the general transition there): the lease and
+/// the key's expiry moved, the holder's state replicated and announced.
+/// Everything else is the general transition, on the same open key.
+pub fn renew(ctx: &Context, name: Str<'_>, owner: &[u8], ttl: u64) -> Result<bool, LockError> {
+    let mut key = LockKey::open(ctx, name, true)?;
+    let waits = waiting::anyone_waits();
+    if !waits && !timers::any() {
+        let renewed = match key.lock_mut()? {
+            None => return Ok(false),
+            Some(mut lock) => {
+                let deadline = lock.renew_sole(owner, ttl, clock::now_ms());
+                if deadline.is_some() {
+                    replication::replicate_sole(ctx, name, &lock);
+                }
+                deadline
+            }
+        };
+        if let Some(deadline) = renewed {
+            key.expire_at(deadline);
+            drop(key);
+            settle(ctx, name, [c"lock.renew"], false, None);
+            return Ok(true);
+        }
+    }
+    renew_general(ctx, key, name, owner, ttl, waits)
+}
+
+/// [`renew`] through the general transition (out of line).
+#[inline(never)]
+fn renew_general(
+    ctx: &Context,
+    key: LockKey,
+    name: Str<'_>,
+    owner: &[u8],
+    ttl: u64,
+    waits: bool,
+) -> Result<bool, LockError> {
+    let done = transact_open(ctx, key, name, waits, |txn| {
+        let renewed = txn.lock.renew(owner, ttl, txn.now, txn.changes);
+        if renewed {
+            txn.events.push(c"lock.renew");
+        }
+        renewed
+    })?;
+    Ok(done.unwrap_or(false))
+}
+
 /// [`grant`] on a free key: what the general transition does there (a new
 /// token, the lock stored with its expiry, its one holder replicated, the
 /// event), step by step, with nothing to purge, answer, unbind or visit.
@@ -121,7 +217,7 @@ fn first_grant(
     };
     fencing::issued(&start, &tokens);
     stats::GRANTS.incr();
-    replication::replicate_new(ctx, name, &lock);
+    replication::replicate_sole(ctx, name, &lock);
     let (census, deadline) = (lock.census(), lock.latest_deadline());
     key.store(lock)?;
     stats::value(1, census);
@@ -374,18 +470,20 @@ fn grant_all_ready(ctx: &Context) {
 #[inline]
 fn forget_bindings(ctx: &Context, name: Str<'_>, lock: &Lock, changes: &Changes) {
     if bindings::count() != 0 {
-        forget_bound(ctx, name, lock, changes);
+        forget_bound(
+            ctx,
+            name,
+            changes.owners().filter(|o| lock.holder(o).is_none()),
+        );
     }
 }
 
 #[cold]
 #[inline(never)]
-fn forget_bound(ctx: &Context, name: Str<'_>, lock: &Lock, changes: &Changes) {
+fn forget_bound<'o>(ctx: &Context, name: Str<'_>, gone: impl IntoIterator<Item = &'o [u8]>) {
     let key = ffi::db_key(ctx, name.as_slice());
-    for owner in changes.owners() {
-        if lock.holder(owner).is_none() {
-            bindings::forget(&key, owner);
-        }
+    for owner in gone {
+        bindings::forget(&key, owner);
     }
 }
 

@@ -757,6 +757,44 @@ impl Lock {
         }
     }
 
+    /// The lock's only holder, when it has exactly one and that is `owner`,
+    /// live at `now`: its offset and state.
+    #[inline]
+    fn sole(&self, owner: &[u8], now: u64) -> Option<(usize, HolderRef<'_>)> {
+        if self.block.count() != 1 {
+            return None;
+        }
+        self.entry(owner).filter(|(_, h)| h.is_live(now))
+    }
+
+    /// [`Lock::release`] in its commonest case, in one step: the lock's only
+    /// holder is `owner`, live at `now`, holding once. The lock is emptied
+    /// and the hold's time returned (what `release` records in
+    /// [`Changes::held`]; it touches only `owner` and expires nothing).
+    /// `None`, and nothing changed, in every other case: `release` decides
+    /// those.
+    pub fn release_sole(&mut self, owner: &[u8], now: u64) -> Option<u32> {
+        let (_, h) = self.sole(owner, now)?;
+        if h.holds != 1 {
+            return None;
+        }
+        let held = h.held_ms(now);
+        self.block = Block::default();
+        Some(held)
+    }
+
+    /// [`Lock::renew`] in its commonest case, in one step: the lock's only
+    /// holder is `owner`, live at `now`. Its lease ends at `now + ttl`,
+    /// returned (the lock's one deadline; `renew` touches only `owner` and
+    /// expires nothing). `None`, and nothing changed, in every other case.
+    pub fn renew_sole(&mut self, owner: &[u8], ttl: u64, now: u64) -> Option<u64> {
+        let (at, h) = self.sole(owner, now)?;
+        let (holds, since, token) = (h.holds, h.since, h.token);
+        let deadline = now.saturating_add(ttl);
+        self.block.set(at, holds, since, token, deadline);
+        Some(deadline)
+    }
+
     /// How many holders hold exclusively, share, and hold a semaphore's
     /// permits (expired ones not yet dropped included).
     pub fn census(&self) -> [usize; 3] {

@@ -19,7 +19,7 @@ use proptest::prelude::*;
 use proptest::sample::Index;
 use proptest::test_runner::TestCaseError;
 
-use crate::lock::{Attempt, Changes, Holder, Invalid, Kind, Lock, Mode, Owner, Request};
+use crate::lock::{Attempt, Changes, Holder, Invalid, Kind, Lock, Mode, Owner, Release, Request};
 use crate::model::{mode_of, MWait, Model};
 use crate::queue::Queue;
 use crate::tokens::{Tokens, MAX_TOKEN};
@@ -702,6 +702,76 @@ proptest! {
             }
         }
         prop_assert_eq!(fast, general);
+    }
+
+    /// `release_sole` and `renew_sole` (the shell's one-step release and
+    /// renewal) leave exactly what `release` and `renew` leave, and act on
+    /// exactly the locks where those touch the one live holder and expire
+    /// nothing (holding once, for a release); elsewhere they change nothing.
+    #[test]
+    fn sole_release_and_renew_are_the_general_ones(
+        kind in prop_oneof![
+            Just(Kind::from(Mode::Exclusive)),
+            Just(Kind::from(Mode::Shared)),
+            (1u32..4).prop_map(Kind::Semaphore),
+        ],
+        raw in prop::collection::btree_map(0u8..3, (1u32..3, 0u64..20), 1..4),
+        who in 0u8..4,
+        now in 0u64..20,
+        ttl in prop_oneof![0u64..10, Just(u64::MAX)],
+    ) {
+        let semaphore = matches!(kind, Kind::Semaphore(_));
+        let holders: Vec<Holder> = raw
+            .iter()
+            .zip(1u64..)
+            .map(|((&o, &(holds, deadline)), token)| Holder {
+                owner: name(o),
+                holds: if semaphore { 1 } else { holds },
+                since: 3,
+                token,
+                deadline,
+            })
+            .collect();
+        let make = || Lock::from_holders(kind, holders.clone());
+        prop_assume!(make().is_ok());
+        let owner = name(who);
+        let untouched = make().unwrap();
+        let one = untouched.holder_count() == 1;
+
+        let (mut general, mut fast) = (make().unwrap(), make().unwrap());
+        let mut changes = Changes::default();
+        let outcome = general.release(&owner, now, &mut changes);
+        let simple = one && outcome == Release::Last && changes.expired() == 0;
+        match fast.release_sole(&owner, now) {
+            Some(held) => {
+                prop_assert!(simple);
+                prop_assert!(fast.is_empty() && general.is_empty());
+                prop_assert_eq!(changes.owners().collect::<Vec<_>>(), vec![&owner[..]]);
+                prop_assert_eq!(changes.held().collect::<Vec<_>>(), vec![held]);
+            }
+            None => {
+                prop_assert!(!simple);
+                prop_assert_eq!(fast.saved(), untouched.saved());
+            }
+        }
+
+        let (mut general, mut fast) = (make().unwrap(), make().unwrap());
+        let mut changes = Changes::default();
+        let renewed = general.renew(&owner, ttl, now, &mut changes);
+        let simple = one && renewed && changes.expired() == 0;
+        match fast.renew_sole(&owner, ttl, now) {
+            Some(deadline) => {
+                prop_assert!(simple);
+                prop_assert_eq!(fast.saved(), general.saved());
+                prop_assert_eq!(fast.latest_deadline(), Some(deadline));
+                prop_assert_eq!(fast.sweep_at(), None);
+                prop_assert_eq!(changes.owners().collect::<Vec<_>>(), vec![&owner[..]]);
+            }
+            None => {
+                prop_assert!(!simple);
+                prop_assert_eq!(fast.saved(), untouched.saved());
+            }
+        }
     }
 
     /// from_holders accepts exactly the consistent states and keeps them as given.
