@@ -194,14 +194,23 @@ impl State {
     }
 }
 
+/// With nobody listening there is nothing to send: only what Redis counts
+/// for its save points (`server.dirty`) moves, as `RM_Replicate` would move
+/// it (with nobody listening, `RM_ReplicateVerbatim` only does that). True
+/// then; false when the effect must be built and sent.
+#[inline]
+fn counted_only(ctx: &Context) -> bool {
+    let quiet = QUIET.load(Ordering::Relaxed);
+    if quiet {
+        api!(RedisModule_ReplicateVerbatim(ctx.ctx));
+    }
+    quiet
+}
+
 /// Sends the effect of one transition to replicas and the AOF, straight
 /// through `RedisModule_Replicate` (no argument strings are built here).
 pub fn replicate(ctx: &Context, key: Str<'_>, lock: &Lock, changes: &Changes) {
-    if QUIET.load(Ordering::Relaxed) {
-        // Nothing to send; what Redis counts for its save points
-        // (`server.dirty`) still moves, as `RM_Replicate` would move it:
-        // with nobody listening, this call only does that.
-        api!(RedisModule_ReplicateVerbatim(ctx.ctx));
+    if counted_only(ctx) {
         return;
     }
     let mut owners = changes.owners();
@@ -230,8 +239,7 @@ pub fn replicate(ctx: &Context, key: Str<'_>, lock: &Lock, changes: &Changes) {
 /// one it changed (a grant that made the lock, `Lock::first`; a renewal of
 /// its only holder, `Lock::renew_sole`): that holder's state.
 pub fn replicate_sole(ctx: &Context, key: Str<'_>, lock: &Lock) {
-    if QUIET.load(Ordering::Relaxed) {
-        api!(RedisModule_ReplicateVerbatim(ctx.ctx));
+    if counted_only(ctx) {
         return;
     }
     if let Some(holder) = lock.holders().next() {
@@ -242,8 +250,7 @@ pub fn replicate_sole(ctx: &Context, key: Str<'_>, lock: &Lock) {
 /// Sends the effect of a transition whose one change is that `owner` no
 /// longer holds (`Lock::release_sole`).
 pub fn replicate_dropped(ctx: &Context, key: Str<'_>, owner: &[u8]) {
-    if QUIET.load(Ordering::Relaxed) {
-        api!(RedisModule_ReplicateVerbatim(ctx.ctx));
+    if counted_only(ctx) {
         return;
     }
     replicate_drop(ctx, key, owner);

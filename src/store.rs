@@ -115,10 +115,7 @@ pub fn release(ctx: &Context, name: Str<'_>, owner: &[u8]) -> Result<Release, Lo
                 forget_bound(ctx, name, [owner]);
             }
             replication::replicate_dropped(ctx, name, owner);
-            key.delete();
-            stats::holders(-1, census);
-            stats::value(-1, [0; 3]);
-            drop(key);
+            delete_emptied(key, census);
             settle(ctx, name, [c"lock.release"], false, None);
             return Ok(Release::Last);
         }
@@ -542,20 +539,14 @@ fn write_back_key<R>(
         // A stored lock a failed transition emptied midway must not stay
         // in its key.
         if existed && latest.is_none() {
-            key.delete();
-            stats::holders(-1, before);
-            stats::value(-1, [0; 3]);
+            delete_emptied(key, before);
         }
         return outcome.map(|(result, _)| Some(result));
     }
     let (result, _) = outcome?;
     match (existed, latest) {
         (true, None) => {
-            // The key's value is null now: Redis frees nothing of ours,
-            // and the key is counted out here.
-            key.delete();
-            stats::holders(-1, before);
-            stats::value(-1, [0; 3]);
+            delete_emptied(key, before);
         }
         (true, Some(deadline)) => {
             if census != before {
@@ -572,6 +563,15 @@ fn write_back_key<R>(
         }
     }
     Ok(Some(result))
+}
+
+/// Deletes the key of a stored lock that emptied in place (its value is
+/// null now: Redis frees nothing of ours), counting out the key and the
+/// holders it had (`census`, by mode) here.
+fn delete_emptied(key: LockKey, census: [usize; 3]) {
+    key.delete();
+    stats::holders(-1, census);
+    stats::value(-1, [0; 3]);
 }
 
 /// Counts the leases of a lock Redis expired (all of them had run out) and

@@ -328,6 +328,14 @@ pub struct Pending {
     pub next_timeout: Option<u64>,
 }
 
+impl Pending {
+    /// Nobody waits on the key.
+    const NONE: Pending = Pending {
+        waiting: false,
+        next_timeout: None,
+    };
+}
+
 /// Settles a key that just changed (called by `store::update` inside the
 /// transition, so grants replicate with it): undoes grants whose clients
 /// vanished, answers nil to waiters whose WAIT ran out, then grants from the
@@ -335,10 +343,7 @@ pub struct Pending {
 #[inline]
 pub fn answer_waiters(ctx: &Context, name: Str<'_>, txn: &mut Txn) -> Pending {
     if !BUSY.load(Ordering::Relaxed) {
-        return Pending {
-            waiting: false,
-            next_timeout: None,
-        };
+        return Pending::NONE;
     }
     answer_queued(ctx, name, txn)
 }
@@ -347,13 +352,9 @@ pub fn answer_waiters(ctx: &Context, name: Str<'_>, txn: &mut Txn) -> Pending {
 #[cold]
 #[inline(never)]
 fn answer_queued(ctx: &Context, name: Str<'_>, txn: &mut Txn) -> Pending {
-    let none = Pending {
-        waiting: false,
-        next_timeout: None,
-    };
     let mut registry = registry();
     if registry.queues.is_empty() && registry.revocations.is_empty() {
-        return none;
+        return Pending::NONE;
     }
     let key = &ffi::db_key(ctx, name.as_slice());
     if let Some(revoked) = registry.revocations.remove(key) {
@@ -373,7 +374,7 @@ fn answer_queued(ctx: &Context, name: Str<'_>, txn: &mut Txn) -> Pending {
         queues, waiters, ..
     } = &mut *registry;
     let Some(queue) = queues.get_mut(key) else {
-        return none;
+        return Pending::NONE;
     };
     let timed_out: Vec<WaiterId> = queue
         .iter()
@@ -396,7 +397,7 @@ fn answer_queued(ctx: &Context, name: Str<'_>, txn: &mut Txn) -> Pending {
     let Some(queue) = queues.get_mut(key) else {
         drop(registry);
         visit_now(left, key);
-        return none;
+        return Pending::NONE;
     };
     let before = txn.tokens.last();
     let answered = queue.settle(txn.lock, txn.now, txn.tokens, txn.changes);
