@@ -101,8 +101,18 @@ impl<'a> Args<'a> {
     }
 }
 
-/// `WAIT ms` and `BIND`, in any order, each at most once.
+/// `WAIT ms` and `BIND`, in any order, each at most once (none: nothing
+/// more to read, decided in line; the rest out of line).
+#[inline(always)]
 fn options(args: &mut Args<'_>) -> Result<(Option<u64>, bool), LockError> {
+    if args.left() == 0 {
+        return Ok((None, false));
+    }
+    some_options(args)
+}
+
+#[inline(never)]
+fn some_options(args: &mut Args<'_>) -> Result<(Option<u64>, bool), LockError> {
     let mut wait = None;
     let mut bind = false;
     while let Some(option) = args.next_opt() {
@@ -134,6 +144,7 @@ fn count(arg: Str<'_>, max: usize, error: LockError) -> Result<usize, LockError>
 }
 
 /// `LOCK.ACQUIRE | LOCK.RACQUIRE | LOCK.READ key owner ttl [WAIT ms] [BIND]`.
+#[inline(always)]
 pub fn grant(argv: Argv<'_>, kind: Kind) -> Result<Grant<'_>, LockError> {
     let mut args = Args::new(argv);
     let key = args.next()?;

@@ -119,13 +119,33 @@ fn master_only(ctx: &Context) -> Result<(), LockError> {
     Ok(())
 }
 
+/// A grant request: its attempt, then the answer. The common one, granted
+/// without `BIND`, is answered in line (in each command's own code); the
+/// rest, out of line.
+#[inline(always)]
 fn grant(ctx: &Context, grant: args::Grant<'_>) -> RedisResult {
-    let kind = grant.ask.kind;
     let bind = match grant.bind {
         true => Some(bound_connection(ctx)?),
         false => None,
     };
-    let (attempt, next_expiry) = store::grant(ctx, grant.key, grant.ask, replies::event_of(kind))?;
+    let event = replies::event_of(grant.ask.kind);
+    let (attempt, next_expiry) = store::grant(ctx, grant.key, grant.ask, event)?;
+    match (attempt, bind) {
+        (Attempt::Granted(_), None) => replies::answer(attempt),
+        _ => answer_grant(ctx, &grant, attempt, next_expiry, bind),
+    }
+}
+
+/// A refused grant (waiting, or its refusal counted) or one bound to its
+/// connection.
+#[inline(never)]
+fn answer_grant(
+    ctx: &Context,
+    grant: &args::Grant<'_>,
+    attempt: Attempt,
+    next_expiry: Option<u64>,
+    bind: Option<ClientId>,
+) -> RedisResult {
     match attempt {
         Attempt::Busy => match grant.wait {
             Some(ms) if waiting::can_block(ctx) => {

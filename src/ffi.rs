@@ -28,6 +28,69 @@ macro_rules! api {
 }
 pub(crate) use api;
 
+/// The module API entries every command calls, each there in every server
+/// this module supports (Redis 7.0 on): [`required_api_missing`] checks them
+/// once, at load, and the module refuses to load without one. [`call`]
+/// calls only these (a name not listed here does not compile), without a
+/// check per call.
+macro_rules! required_api {
+    ($($f:ident),* $(,)?) => {
+        /// One marker per entry [`call`] may call.
+        #[allow(non_upper_case_globals, dead_code)]
+        pub mod required {
+            $(pub const $f: () = ();)*
+        }
+
+        /// The first required entry the server did not fill, if any.
+        pub fn required_api_missing() -> Option<&'static str> {
+            // SAFETY: reads of entries RedisModule_Init filled (or left
+            // empty); nothing writes them after it.
+            $(if unsafe { redis_module::raw::$f }.is_none() {
+                return Some(stringify!($f));
+            })*
+            None
+        }
+    };
+}
+
+required_api!(
+    RedisModule_OpenKey,
+    RedisModule_CloseKey,
+    RedisModule_KeyType,
+    RedisModule_ModuleTypeGetType,
+    RedisModule_ModuleTypeGetValue,
+    RedisModule_ModuleTypeSetValue,
+    RedisModule_ModuleTypeReplaceValue,
+    RedisModule_DeleteKey,
+    RedisModule_SetAbsExpire,
+    RedisModule_StringPtrLen,
+    RedisModule_StringToLongLong,
+    RedisModule_ReplyWithLongLong,
+    RedisModule_ReplyWithNull,
+    RedisModule_Replicate,
+    RedisModule_ReplicateVerbatim,
+    RedisModule_NotifyKeyspaceEvent,
+);
+
+/// Calls a required module API entry ([`required_api!`]): there, checked at
+/// load, so no check (and no `Option`) per call. The arguments are as
+/// [`api!`]'s.
+macro_rules! call {
+    ($f:ident($($arg:expr),* $(,)?)) => {{
+        // Only entries checked at load.
+        let () = $crate::ffi::required::$f;
+        // SAFETY: `required_api_missing` found the entry filled when the
+        // module loaded (it refuses to load otherwise) and nothing empties
+        // it after; the arguments are live handles and buffers, as `api!`'s
+        // doc says.
+        match unsafe { redis_module::raw::$f } {
+            Some(f) => unsafe { f($($arg),*) },
+            None => unsafe { std::hint::unreachable_unchecked() },
+        }
+    }};
+}
+pub(crate) use call;
+
 /// A key in one database.
 pub type DbKey = (i32, Vec<u8>);
 
@@ -85,21 +148,20 @@ impl<'a> Str<'a> {
     /// Its bytes, binary-safe.
     pub fn as_slice(self) -> &'a [u8] {
         let mut len = 0usize;
-        match api!(RedisModule_StringPtrLen(self.ptr, &mut len)) {
-            // SAFETY: Redis returns the string's buffer and its length; the
-            // string lives for 'a.
-            Some(p) if !p.is_null() => unsafe { std::slice::from_raw_parts(p.cast(), len) },
-            _ => &[],
+        let p = call!(RedisModule_StringPtrLen(self.ptr, &mut len));
+        if p.is_null() {
+            return &[];
         }
+        // SAFETY: Redis returns the string's buffer and its length; the
+        // string lives for 'a.
+        unsafe { std::slice::from_raw_parts(p.cast(), len) }
     }
 
     /// The integer it spells, as Redis parses one (`RM_StringToLongLong`).
     pub fn parse_integer(self) -> Option<i64> {
         let mut n: std::os::raw::c_longlong = 0;
-        match api!(RedisModule_StringToLongLong(self.ptr, &mut n)) {
-            Some(s) if s == raw::REDISMODULE_OK as c_int => Some(n),
-            _ => None,
-        }
+        let status = call!(RedisModule_StringToLongLong(self.ptr, &mut n));
+        (status == raw::REDISMODULE_OK as c_int).then_some(n)
     }
 }
 

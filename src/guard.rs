@@ -4,18 +4,31 @@
 
 use std::panic::{catch_unwind, AssertUnwindSafe};
 
-use redis_module::RedisResult;
+use std::os::raw::c_int;
 
-use crate::errors::LockError;
+use redis_module::raw;
+
 use crate::log;
 
-/// A command handler's run (`name` is the command's) whose panic becomes
-/// an error reply.
-pub fn command(name: &std::ffi::CStr, handler: impl FnOnce() -> RedisResult) -> RedisResult {
-    catch_unwind(AssertUnwindSafe(handler)).unwrap_or_else(|_| {
-        log::warning(&format!("lock: panic caught in {}", name.to_string_lossy()));
-        Err(LockError::Internal.into())
-    })
+/// A command's run (`name` is the command's: its handler and its reply),
+/// the C status it returns. A panic is logged and becomes the error reply
+/// `on_panic` sends, itself guarded. One catch for the whole command: a
+/// panic while a reply is being written (which nothing in `replies` can
+/// cause) would add the error reply after what was written.
+#[inline(always)]
+pub fn command(
+    name: &std::ffi::CStr,
+    run: impl FnOnce() -> c_int,
+    on_panic: impl FnOnce() -> c_int,
+) -> c_int {
+    catch_unwind(AssertUnwindSafe(run)).unwrap_or_else(|_| panicked(name, on_panic))
+}
+
+#[cold]
+#[inline(never)]
+fn panicked(name: &std::ffi::CStr, on_panic: impl FnOnce() -> c_int) -> c_int {
+    log::warning(&format!("lock: panic caught in {}", name.to_string_lossy()));
+    callback(name, raw::REDISMODULE_ERR as c_int, on_panic)
 }
 
 /// A callback body whose panic is logged and turned into `fallback`.

@@ -11,7 +11,7 @@ use std::sync::atomic::{AtomicPtr, Ordering};
 use redis_module::{raw, Context};
 
 use crate::errors::LockError;
-use crate::ffi::{api, Str};
+use crate::ffi::{api, call, Str};
 use lock_core::Lock;
 
 /// The lock data type, as Redis created it (set once at load, from `lib`).
@@ -49,7 +49,7 @@ impl LockKey {
         writable: bool,
     ) -> Result<LockKey, LockError> {
         let mode = c_int::try_from(mode).map_err(|_| LockError::Internal)?;
-        let key = api!(RedisModule_OpenKey(ctx.ctx, name, mode)).ok_or(LockError::Internal)?;
+        let key = call!(RedisModule_OpenKey(ctx.ctx, name, mode));
         let key = NonNull::new(key.cast::<raw::RedisModuleKey>());
         if key.is_none() && writable {
             return Err(LockError::Internal);
@@ -67,18 +67,18 @@ impl LockKey {
         if self.key.is_none() {
             return Ok(None);
         }
-        let key_type = api!(RedisModule_KeyType(self.raw())).ok_or(LockError::Internal)?;
+        let key_type = call!(RedisModule_KeyType(self.raw()));
         if key_type == raw::REDISMODULE_KEYTYPE_EMPTY as c_int {
             return Ok(None);
         }
         if key_type != raw::REDISMODULE_KEYTYPE_MODULE as c_int {
             return Err(LockError::WrongType);
         }
-        let its = api!(RedisModule_ModuleTypeGetType(self.raw())).ok_or(LockError::Internal)?;
+        let its = call!(RedisModule_ModuleTypeGetType(self.raw()));
         if its != lock_type() {
             return Err(LockError::WrongType);
         }
-        let value = api!(RedisModule_ModuleTypeGetValue(self.raw())).ok_or(LockError::Internal)?;
+        let value = call!(RedisModule_ModuleTypeGetValue(self.raw()));
         Ok(Some(value.cast::<u8>()))
     }
 
@@ -87,8 +87,7 @@ impl LockKey {
     /// [`LockKey::lock`] and [`LockKey::lock_mut`] to say.
     pub fn is_empty(&self) -> bool {
         self.key.is_none()
-            || api!(RedisModule_KeyType(self.raw()))
-                == Some(raw::REDISMODULE_KEYTYPE_EMPTY as c_int)
+            || call!(RedisModule_KeyType(self.raw())) == raw::REDISMODULE_KEYTYPE_EMPTY as c_int
     }
 
     /// The lock stored here, to read; `None` when the key does not exist,
@@ -118,12 +117,12 @@ impl LockKey {
     /// Stores a new lock in an empty key.
     pub fn store(&self, lock: Lock) -> Result<(), LockError> {
         let block = lock.into_raw();
-        let status = api!(RedisModule_ModuleTypeSetValue(
+        let status = call!(RedisModule_ModuleTypeSetValue(
             self.raw(),
             lock_type(),
             block.cast::<c_void>()
         ));
-        if status == Some(raw::REDISMODULE_OK as c_int) {
+        if status == raw::REDISMODULE_OK as c_int {
             Ok(())
         } else {
             // SAFETY: Redis did not take the block; it is still ours to free.
@@ -133,13 +132,13 @@ impl LockKey {
     }
 
     pub fn delete(&self) {
-        api!(RedisModule_DeleteKey(self.raw()));
+        call!(RedisModule_DeleteKey(self.raw()));
     }
 
     /// The key expires at `deadline_ms` (unix ms): when its last holder does.
     pub fn expire_at(&self, deadline_ms: u64) {
         let at = c_longlong::try_from(deadline_ms).unwrap_or(c_longlong::MAX);
-        api!(RedisModule_SetAbsExpire(self.raw(), at));
+        call!(RedisModule_SetAbsExpire(self.raw(), at));
     }
 }
 
@@ -190,7 +189,7 @@ impl Drop for LockMut<'_> {
             // The old block is gone (grown, shrunk or emptied): the key must
             // not keep its address.
             let mut old = std::ptr::null_mut();
-            api!(RedisModule_ModuleTypeReplaceValue(
+            call!(RedisModule_ModuleTypeReplaceValue(
                 self.key,
                 lock_type(),
                 block.cast::<c_void>(),
@@ -215,7 +214,7 @@ pub fn is_lock(ctx: &Context, name: *mut raw::RedisModuleString) -> bool {
 impl Drop for LockKey {
     fn drop(&mut self) {
         if self.key.is_some() {
-            api!(RedisModule_CloseKey(self.raw()));
+            call!(RedisModule_CloseKey(self.raw()));
         }
     }
 }

@@ -9,8 +9,10 @@ use std::os::raw::c_int;
 
 use redis_module::{raw, Context, RedisResult, RedisString, Status};
 
-use crate::ffi::{api, Argv};
+use crate::errors::LockError;
+use crate::ffi::{self, api, Argv};
 use crate::guard;
+use crate::log;
 use crate::metadata;
 use crate::persistence::LOCK_TYPE;
 use crate::replies;
@@ -32,7 +34,9 @@ pub struct Command {
 /// A command handler: its arguments as Redis passed them (nothing copied).
 pub type Handler = fn(&Context, Argv<'_>) -> RedisResult;
 
-/// Runs `handler` for one call of command `name`, guarded, and replies.
+/// Runs `handler` for one call of command `name`, guarded, and replies (in
+/// line in each command's entry point: one call fewer a command).
+#[inline(always)]
 pub fn run(
     ctx: *mut raw::RedisModuleCtx,
     argv: *mut *mut raw::RedisModuleString,
@@ -42,13 +46,16 @@ pub fn run(
 ) -> c_int {
     // Reading the arguments and writing the reply are inside the guard too:
     // nothing of the call runs outside one.
-    guard::callback(name, raw::REDISMODULE_ERR as c_int, || {
-        let context = Context::new(ctx);
-        // SAFETY: what Redis passed to this command.
-        let args = unsafe { Argv::from_raw(argv, argc) };
-        let result = guard::command(name, || handler(&context, args));
-        replies::send(&context, result)
-    })
+    let context = Context::new(ctx);
+    guard::command(
+        name,
+        || {
+            // SAFETY: what Redis passed to this command.
+            let args = unsafe { Argv::from_raw(argv, argc) };
+            replies::send(&context, handler(&context, args))
+        },
+        || replies::send(&context, Err(LockError::Internal.into())),
+    )
 }
 
 /// Makes the C entry point of a command handler: `command!("lock.x",
@@ -95,6 +102,15 @@ pub fn load(
         )
     };
     if status == ERR {
+        return ERR;
+    }
+    // Every entry `ffi::call!` calls unchecked must be there.
+    if let Some(missing) = ffi::required_api_missing() {
+        guard::callback("loading the module", (), || {
+            log::warning(&format!(
+                "lock: this server lacks {missing}, which the module needs: not loaded"
+            ));
+        });
         return ERR;
     }
     // From here on the heap is Redis's, and a panic is caught like anywhere

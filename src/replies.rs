@@ -6,24 +6,23 @@ use std::mem::ManuallyDrop;
 use std::os::raw::c_int;
 
 use lock_core::{Attempt, Kind, Mode};
-use redis_module::{raw, Context, RedisResult, RedisValue};
+use redis_module::{Context, RedisResult, RedisValue};
 
 use crate::errors::LockError;
-use crate::ffi::{self, api};
+use crate::ffi::{self, call};
 
 /// Sends a command's reply: a token or a count, and nil, straight through
 /// the module API (the commonest replies); anything else through
 /// `redis_module`'s `Context::reply`.
 pub fn send(ctx: &Context, result: RedisResult) -> c_int {
-    const ERR: c_int = raw::REDISMODULE_ERR as c_int;
     // An integer or nil owns nothing: no drop glue runs for them. Anything
     // else is handed over whole (and dropped) by `Context::reply`.
     let result = ManuallyDrop::new(result);
     match *result {
         Ok(RedisValue::Integer(n)) => {
-            api!(RedisModule_ReplyWithLongLong(ctx.ctx, n)).unwrap_or(ERR)
+            call!(RedisModule_ReplyWithLongLong(ctx.ctx, n))
         }
-        Ok(RedisValue::Null) => api!(RedisModule_ReplyWithNull(ctx.ctx)).unwrap_or(ERR),
+        Ok(RedisValue::Null) => call!(RedisModule_ReplyWithNull(ctx.ctx)),
         _ => send_other(ctx, ManuallyDrop::into_inner(result)),
     }
 }

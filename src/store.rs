@@ -10,7 +10,7 @@ use crate::bindings;
 use crate::clock;
 use crate::errors::LockError;
 use crate::fencing;
-use crate::ffi::{self, api, Str};
+use crate::ffi::{self, call, Str};
 use crate::keys::LockKey;
 use crate::replication;
 use crate::replies;
@@ -589,7 +589,7 @@ pub fn announce_expired(ctx: &Context, key: &[u8], leases: usize) {
 pub fn notify(ctx: &Context, event: &CStr, key: Str<'_>) {
     let class =
         std::ffi::c_int::try_from(redis_module::raw::REDISMODULE_NOTIFY_MODULE).unwrap_or(0);
-    api!(RedisModule_NotifyKeyspaceEvent(
+    call!(RedisModule_NotifyKeyspaceEvent(
         ctx.ctx,
         class,
         event.as_ptr(),
