@@ -170,13 +170,15 @@ impl Block {
         }
     }
 
-    /// An exclusive block's one deadline, read in place; `None` for the
-    /// other blocks.
-    pub fn exclusive_deadline(&self) -> Option<u64> {
-        match self.tag() {
-            Some(EXCLUSIVE) => u64_at(&self.buf, 1 + 8),
-            _ => None,
+    /// The deadline of a block's only holder (an exclusive block's, or a
+    /// shared or semaphore block's with one holder), read in place; `None`
+    /// for the other blocks.
+    pub fn sole_deadline(&self) -> Option<u64> {
+        let tag = self.tag()?;
+        if self.count() != 1 {
+            return None;
         }
+        u64_at(&self.buf, header_len(tag) + 8)
     }
 
     /// The holders in grant order, each with its entry's offset.

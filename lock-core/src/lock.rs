@@ -511,7 +511,7 @@ impl Lock {
     /// The earliest and the latest deadline of its holders, in one pass (an
     /// exclusive lock's one holder read directly).
     fn deadlines(&self) -> Option<(u64, u64)> {
-        if let Some(d) = self.block.exclusive_deadline() {
+        if let Some(d) = self.block.sole_deadline() {
             return Some((d, d));
         }
         self.holders().fold(None, |acc, h| match acc {
