@@ -2,9 +2,8 @@
 //! loses every unsaved key. Every entry point Redis calls (commands, type
 //! callbacks, timers, event handlers) runs inside one of these guards.
 
-use std::panic::{catch_unwind, AssertUnwindSafe};
-
 use std::os::raw::c_int;
+use std::panic::{catch_unwind, AssertUnwindSafe};
 
 use redis_module::raw;
 

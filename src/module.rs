@@ -104,15 +104,6 @@ pub fn load(
     if status == ERR {
         return ERR;
     }
-    // Every entry `ffi::call!` calls unchecked must be there.
-    if let Some(missing) = ffi::required_api_missing() {
-        guard::callback("loading the module", (), || {
-            log::warning(&format!(
-                "lock: this server lacks {missing}, which the module needs: not loaded"
-            ));
-        });
-        return ERR;
-    }
     // From here on the heap is Redis's, and a panic is caught like anywhere
     // else.
     guard::callback("loading the module", ERR, || {
@@ -128,6 +119,13 @@ fn register(
     init: fn(&Context, &[RedisString]) -> Status,
 ) -> c_int {
     const ERR: c_int = raw::REDISMODULE_ERR as c_int;
+    // Every entry `ffi::call!` calls unchecked must be there.
+    if let Some(missing) = ffi::required_api_missing() {
+        log::warning(&format!(
+            "lock: this server lacks {missing}, which the module needs: not loaded"
+        ));
+        return ERR;
+    }
     if LOCK_TYPE.create_data_type(ctx).is_err() {
         return ERR;
     }

@@ -176,32 +176,29 @@ impl State {
             self.put8(u64::from(pair), 2);
             return;
         }
-        // At most three chunks: a u64 has at most 20 digits. Each `as u32`
-        // is of a value below 10^8.
-        let (lead, rest, chunks) = if n < E8 {
-            (n as u32, [0, 0], 0)
+        // At most three chunks of eight digits: a u64 has at most 20. Each
+        // `as u32` is of a value below 10^8.
+        if n < E8 {
+            self.lead(n as u32);
         } else if n < E8 * E8 {
-            ((n / E8) as u32, [eight_digits((n % E8) as u32), 0], 1)
+            self.lead((n / E8) as u32);
+            self.put8(eight_digits((n % E8) as u32), 8);
         } else {
             let high = n / E8;
-            (
-                (high / E8) as u32,
-                [
-                    eight_digits((high % E8) as u32),
-                    eight_digits((n % E8) as u32),
-                ],
-                2,
-            )
-        };
-        // The lead's leading zeros are its first bytes, the u64's low ones:
-        // the low bytes that are '0' are the trailing zero bytes of its
-        // digits' values (the lead is not zero: n >= 100).
-        let lead = eight_digits(lead);
-        let zeros = ((lead - ASCII_ZEROS).trailing_zeros() / 8).min(7);
-        self.put8(lead >> (8 * zeros), 8 - zeros as usize);
-        for chunk in rest.into_iter().take(chunks) {
-            self.put8(chunk, 8);
+            self.lead((high / E8) as u32);
+            self.put8(eight_digits((high % E8) as u32), 8);
+            self.put8(eight_digits((n % E8) as u32), 8);
         }
+    }
+
+    /// A number's first chunk of digits (`lead` below 10^8), without its
+    /// leading zeros: they are its first bytes, the u64's low ones, whose
+    /// digit values are the trailing zero bytes (at least one digit stays).
+    #[inline(always)]
+    fn lead(&mut self, lead: u32) {
+        let digits = eight_digits(lead);
+        let zeros = ((digits - ASCII_ZEROS).trailing_zeros() / 8).min(7);
+        self.put8(digits >> (8 * zeros), 8 - zeros as usize);
     }
 
     /// Stores the 8 bytes of `chunk` at the end, of which the first `len`
