@@ -31,7 +31,7 @@ use crate::replication;
 use crate::stats;
 use crate::timers;
 use crate::waiting;
-use lock_core::{Holder, Kind, Lock, Mode, Tokens};
+use lock_core::{Holder, Kind, Loaded, Lock, Mode, Tokens};
 
 /// The encoding version this build writes; it reads every version up to it.
 pub const ENCODING_VERSION: i32 = 3;
@@ -90,7 +90,7 @@ unsafe extern "C" fn rdb_save(rdb: *mut raw::RedisModuleIO, value: *mut c_void) 
 
 /// Encoding 3: the block, read into memory Redis allocates for it (with the
 /// module heap's allocator: the lock takes it over).
-fn load_block(rdb: *mut raw::RedisModuleIO, now: u64) -> Option<Lock> {
+fn load_block(rdb: *mut raw::RedisModuleIO, now: u64) -> Option<Loaded> {
     let mut len = 0usize;
     let buf = api!(RedisModule_LoadStringBuffer(rdb, &mut len))?;
     if buf.is_null() {
@@ -136,26 +136,23 @@ fn load_fields(rdb: *mut raw::RedisModuleIO, encver: c_int, now: u64) -> Option<
     Lock::from_holders(kind, holders).ok()
 }
 
-fn load_lock(rdb: *mut raw::RedisModuleIO, encver: c_int) -> Option<Lock> {
+fn load_lock(rdb: *mut raw::RedisModuleIO, encver: c_int) -> Option<Loaded> {
     // During a load, the clock as the load started (one read per load, not
     // per key); for a RESTORE, now.
     let now = clock::load_time();
-    let lock = match encver {
+    let loaded = match encver {
         3 => load_block(rdb, now)?,
-        _ => load_fields(rdb, encver, now)?,
+        _ => load_fields(rdb, encver, now)?.loaded(),
     };
     // Tokens no server can have issued (zero, past the horizon, two
-    // holders with one) are refused, on this path as on the AOF's; the
-    // counter goes past the highest, once every token passed.
-    let mut highest = None;
-    for h in lock.holders() {
-        if !Tokens::plausible(h.token, now) {
-            return None;
-        }
-        highest = highest.max(Some(h.token));
+    // holders with one) are refused, on this path as on the AOF's: zero and
+    // duplicates by the lock's checks, the horizon here (the highest token
+    // past it or not says it for all). The counter goes past the highest.
+    if !Tokens::plausible(loaded.highest_token, now) {
+        return None;
     }
-    fencing::observe(highest?);
-    Some(lock)
+    fencing::observe(loaded.highest_token);
+    Some(loaded)
 }
 
 unsafe extern "C" fn rdb_load(rdb: *mut raw::RedisModuleIO, encver: c_int) -> *mut c_void {
@@ -167,9 +164,9 @@ unsafe extern "C" fn rdb_load(rdb: *mut raw::RedisModuleIO, encver: c_int) -> *m
             return std::ptr::null_mut();
         }
         match load_lock(rdb, encver) {
-            Some(lock) => {
+            Some(Loaded { lock, sweep_at, .. }) => {
                 stats::value(1, lock.census());
-                index_loaded(rdb, &lock);
+                index_loaded(rdb, sweep_at);
                 lock.into_raw().cast::<c_void>()
             }
             None => {
@@ -365,8 +362,8 @@ fn unlinked(db: i32, key: &[u8], lock: &Lock) {
 /// A loaded lock whose readers expire apart is visited at its earliest
 /// deadline, as a command would have arranged (start-up, DEBUG RELOAD, a
 /// replica's full sync; a RESTORE is refreshed by its keyspace event).
-fn index_loaded(rdb: *mut raw::RedisModuleIO, lock: &Lock) {
-    let Some(at) = lock.sweep_at() else {
+fn index_loaded(rdb: *mut raw::RedisModuleIO, sweep_at: Option<u64>) {
+    let Some(at) = sweep_at else {
         return;
     };
     let key = api!(RedisModule_GetKeyNameFromIO(rdb)).unwrap_or(std::ptr::null());

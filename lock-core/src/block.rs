@@ -132,6 +132,45 @@ fn entry_at(buf: &[u8], at: usize) -> Option<(HolderRef<'_>, usize)> {
     Some((holder, start + len))
 }
 
+/// What a walk over a block's holders finds: the extremes of their
+/// numbers and whether an owner is empty. Enough to check every holder's
+/// own rules, to know the highest token and to index the lock, without
+/// walking it again.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Survey {
+    pub empty_owner: bool,
+    pub fewest_holds: u32,
+    pub most_holds: u32,
+    pub lowest_token: u64,
+    pub highest_token: u64,
+    pub earliest_deadline: u64,
+    pub latest_deadline: u64,
+}
+
+impl Survey {
+    /// The survey of no holder: every extreme at its neutral end.
+    pub const EMPTY: Survey = Survey {
+        empty_owner: false,
+        fewest_holds: u32::MAX,
+        most_holds: 0,
+        lowest_token: u64::MAX,
+        highest_token: 0,
+        earliest_deadline: u64::MAX,
+        latest_deadline: 0,
+    };
+
+    #[inline]
+    fn add(&mut self, h: &HolderRef<'_>) {
+        self.empty_owner |= h.owner.is_empty();
+        self.fewest_holds = self.fewest_holds.min(h.holds);
+        self.most_holds = self.most_holds.max(h.holds);
+        self.lowest_token = self.lowest_token.min(h.token);
+        self.highest_token = self.highest_token.max(h.token);
+        self.earliest_deadline = self.earliest_deadline.min(h.deadline);
+        self.latest_deadline = self.latest_deadline.max(h.deadline);
+    }
+}
+
 /// The holders of one lock, packed (see the file's comment).
 #[derive(Default)]
 pub struct Block {
@@ -338,8 +377,9 @@ impl Block {
     /// A block saved by [`Block::as_bytes`], checked to be whole: its kind
     /// known, every entry complete, exactly `count` of them filling it, one
     /// for an exclusive block. `since` is set for every holder; the rest of
-    /// what a lock must be is [`crate::Lock::from_saved`]'s to check.
-    pub fn from_saved(buf: Vec<u8>, since: u32) -> Option<Block> {
+    /// what a lock must be is [`crate::Lock::from_saved`]'s to check, from
+    /// the [`Survey`] this walk takes on the way (a load walks a block once).
+    pub fn from_saved(buf: Vec<u8>, since: u32) -> Option<(Block, Survey)> {
         let tag = *buf.first()?;
         if tag > SEMAPHORE || buf.len() < header_len(tag) {
             return None;
@@ -349,16 +389,27 @@ impl Block {
         // One walk: each entry complete (its `since` set as it is passed:
         // a block refused later is dropped whole), exactly `count` of them
         // filling the block.
+        let mut survey = Survey::EMPTY;
         let mut at = header_len(tag);
         for _ in 0..count {
-            let next = entry_at(&block.buf, at)?.1;
+            let (h, next) = entry_at(&block.buf, at)?;
+            survey.add(&h);
             put_u32(&mut block.buf, at + 20, since);
             at = next;
         }
         if at != block.buf.len() || count == 0 {
             return None;
         }
-        Some(block)
+        Some((block, survey))
+    }
+
+    /// The [`Survey`] of this block's holders, by a walk of its own.
+    pub fn survey(&self) -> Survey {
+        let mut survey = Survey::EMPTY;
+        for (_, h) in self.entries() {
+            survey.add(&h);
+        }
+        survey
     }
 
     /// Where the block is now (null when empty): changes when it grows or

@@ -371,6 +371,29 @@ impl From<TooLarge> for Invalid {
     }
 }
 
+/// A lock read back from a file or a RESTORE payload, with what its load
+/// needs to know of it, found by the walk that checked it.
+#[derive(Debug)]
+pub struct Loaded {
+    pub lock: Lock,
+    /// The highest token any holder carries (the lowest is at least 1: a
+    /// lock never holds token 0).
+    pub highest_token: u64,
+    /// [`Lock::sweep_at`].
+    pub sweep_at: Option<u64>,
+}
+
+impl Loaded {
+    fn new(lock: Lock, survey: block::Survey) -> Loaded {
+        let (earliest, latest) = (survey.earliest_deadline, survey.latest_deadline);
+        Loaded {
+            lock,
+            highest_token: survey.highest_token,
+            sweep_at: (earliest < latest).then_some(earliest),
+        }
+    }
+}
+
 /// The state of one lock key. Empty means free (the key should not exist).
 #[derive(Default)]
 pub struct Lock {
@@ -952,9 +975,10 @@ impl Lock {
 
     /// A lock saved by [`Lock::saved`] (the buffer read back, taken over
     /// without a copy), checked as [`Lock::from_holders`] checks holders;
-    /// every holder's `since` is `now`.
-    pub fn from_saved(buf: Vec<u8>, now: u64) -> Result<Lock, Invalid> {
-        let block = Block::from_saved(buf, since(now)).ok_or(Invalid::Corrupt)?;
+    /// every holder's `since` is `now`. The block is walked once, and what
+    /// that walk found comes back with the lock ([`Loaded`]).
+    pub fn from_saved(buf: Vec<u8>, now: u64) -> Result<Loaded, Invalid> {
+        let (block, survey) = Block::from_saved(buf, since(now)).ok_or(Invalid::Corrupt)?;
         let lock = Lock { block };
         let kind = lock.kind();
         if let Kind::Semaphore(limit) = kind {
@@ -962,19 +986,18 @@ impl Lock {
                 return Err(Invalid::BadLimit);
             }
         }
-        for h in lock.holders() {
-            if h.owner.is_empty() {
-                return Err(Invalid::EmptyOwner);
-            }
-            if h.holds == 0 {
-                return Err(Invalid::ZeroHolds);
-            }
-            if h.token == 0 {
-                return Err(Invalid::ZeroToken);
-            }
-            if matches!(kind, Kind::Semaphore(_)) && h.holds != 1 {
-                return Err(Invalid::BadLimit);
-            }
+        // Each holder's own rules, from the walk's extremes.
+        if survey.empty_owner {
+            return Err(Invalid::EmptyOwner);
+        }
+        if survey.fewest_holds == 0 {
+            return Err(Invalid::ZeroHolds);
+        }
+        if survey.lowest_token == 0 {
+            return Err(Invalid::ZeroToken);
+        }
+        if matches!(kind, Kind::Semaphore(_)) && survey.most_holds != 1 {
+            return Err(Invalid::BadLimit);
         }
         // Owners and tokens each once: pairwise for a few holders, hashed
         // for many (a semaphore may have a million).
@@ -1004,7 +1027,14 @@ impl Lock {
                 }
             }
         }
-        Ok(lock)
+        Ok(Loaded::new(lock, survey))
+    }
+
+    /// The lock with what a load needs to know of it ([`Loaded`]), by a
+    /// walk of its holders (a lock built from an older encoding's fields).
+    pub fn loaded(self) -> Loaded {
+        let survey = self.block.survey();
+        Loaded::new(self, survey)
     }
 
     /// The address Redis keeps as the key's value: the lock's one block
@@ -1037,6 +1067,71 @@ impl Lock {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A saved block whose second holder breaks one of a holder's own rules
+    /// is refused for it: the load's one walk sees every holder, not only
+    /// the first.
+    #[test]
+    fn a_saved_lock_is_refused_for_any_holder_breaking_a_rule() {
+        let two = |kind: Kind| {
+            let holders = vec![
+                Holder {
+                    owner: b"a"[..].into(),
+                    holds: 1,
+                    since: 0,
+                    token: 7,
+                    deadline: 9,
+                },
+                Holder {
+                    owner: b"b"[..].into(),
+                    holds: 1,
+                    since: 0,
+                    token: 8,
+                    deadline: 10,
+                },
+            ];
+            Lock::from_holders(kind, holders).unwrap().saved().to_vec()
+        };
+        // The second entry: after the header and the first entry (24 fixed
+        // bytes, the owner's length, one byte of owner).
+        let second = |header: usize| header + 26;
+        let shared = two(Kind::Read);
+        let at = second(13);
+        assert!(Lock::from_saved(shared.clone(), 1).is_ok());
+        let mut zero_token = shared.clone();
+        zero_token[at..at + 8].fill(0);
+        assert_eq!(
+            Lock::from_saved(zero_token, 1).unwrap_err(),
+            Invalid::ZeroToken
+        );
+        let mut zero_holds = shared.clone();
+        zero_holds[at + 16..at + 20].fill(0);
+        assert_eq!(
+            Lock::from_saved(zero_holds, 1).unwrap_err(),
+            Invalid::ZeroHolds
+        );
+        let mut same_token = shared.clone();
+        same_token[at..at + 8].copy_from_slice(&7u64.to_le_bytes());
+        assert_eq!(
+            Lock::from_saved(same_token, 1).unwrap_err(),
+            Invalid::DuplicateToken
+        );
+        let semaphore = two(Kind::Semaphore(2));
+        let at = second(17);
+        let mut two_holds = semaphore.clone();
+        two_holds[at + 16..at + 20].copy_from_slice(&2u32.to_le_bytes());
+        assert_eq!(
+            Lock::from_saved(two_holds, 1).unwrap_err(),
+            Invalid::BadLimit
+        );
+        // An empty owner: the second entry's owner cut out, its length 0.
+        let mut empty = shared.clone();
+        empty.truncate(empty.len() - 1);
+        if let Some(len) = empty.last_mut() {
+            *len = 0;
+        }
+        assert_eq!(Lock::from_saved(empty, 1).unwrap_err(), Invalid::EmptyOwner);
+    }
 
     #[test]
     fn hold_times_of_released_and_expired_holders() {

@@ -809,9 +809,16 @@ proptest! {
                 let again = Lock::from_holders(lock.kind(), lock.holders().map(|h| h.to_owned()).collect());
                 if !lock.is_empty() {
                     // RDB encoding 3: the block itself, read back.
-                    let saved = Lock::from_saved(lock.saved().to_vec(), 5);
-                    prop_assert_eq!(saved.as_ref(), Ok(&lock));
-                    prop_assert!(saved.unwrap().holders().all(|h| h.since == 5));
+                    // What its one walk found is what walks of the lock find.
+                    let saved = Lock::from_saved(lock.saved().to_vec(), 5).unwrap();
+                    prop_assert_eq!(&saved.lock, &lock);
+                    prop_assert!(saved.lock.holders().all(|h| h.since == 5));
+                    prop_assert_eq!(Some(saved.highest_token), lock.holders().map(|h| h.token).max());
+                    prop_assert_eq!(saved.sweep_at, lock.sweep_at());
+                    // And the older encodings' walk of a lock built from fields.
+                    let fields = Lock::from_holders(lock.kind(), lock.holders().map(|h| h.to_owned()).collect());
+                    let walked = fields.unwrap().loaded();
+                    prop_assert_eq!((walked.highest_token, walked.sweep_at), (saved.highest_token, saved.sweep_at));
                 }
                 prop_assert_eq!(again, Ok(lock));
             }
@@ -893,7 +900,9 @@ proptest! {
         let i = flip.0 % saved.len();
         saved[i] ^= flip.1;
         if let Ok(l) = Lock::from_saved(saved.clone(), 1) {
-            prop_assert!(l.holders().count() == l.holder_count());
+            prop_assert!(l.lock.holders().count() == l.lock.holder_count());
+            prop_assert_eq!(Some(l.highest_token), l.lock.holders().map(|h| h.token).max());
+            prop_assert_eq!(l.sweep_at, l.lock.sweep_at());
         }
         saved.truncate(cut % saved.len());
         prop_assert!(Lock::from_saved(saved, 1).is_err(), "a cut block");
