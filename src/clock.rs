@@ -54,6 +54,12 @@ pub fn loading(started: bool) {
     LOAD_STARTED.store(at, Ordering::Relaxed);
 }
 
+/// Whether a load (RDB, AOF, a replica's full sync) is under way: a value
+/// read now comes from a file or a master, not from a `RESTORE`.
+pub fn is_loading() -> bool {
+    LOAD_STARTED.load(Ordering::Relaxed) != 0
+}
+
 /// The time for a value being loaded: the load's start while a load is
 /// under way (a file's tokens were issued before it; a holder's hold time
 /// counts from it), otherwise now (`RESTORE`).

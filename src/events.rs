@@ -156,6 +156,7 @@ extern "C" fn on_flush(
         let db =
             unsafe { data.cast::<raw::RedisModuleFlushInfo>().as_ref() }.map_or(-1, |i| i.dbnum);
         bindings::flushed(db);
+        timers::flushed(db);
         wake(&[db]);
     })
 }
@@ -210,7 +211,8 @@ extern "C" fn on_swapdb(
 
 /// A file (RDB, AOF, a replica's full sync) starts loading: values loaded
 /// take their time from this moment (`clock::load_time`). It was loaded:
-/// the token counter jumps past what it holds (`fencing::jump_ahead`).
+/// at start-up the token counter jumps past what it holds; a replica's
+/// full sync owes a jump at its next promotion (`fencing::loaded`).
 extern "C" fn on_loaded(
     raw_ctx: *mut raw::RedisModuleCtx,
     _event: raw::RedisModuleEvent,
@@ -222,7 +224,11 @@ extern "C" fn on_loaded(
             || subevent == raw::REDISMODULE_SUBEVENT_LOADING_FAILED;
         clock::loading(!over);
         if subevent == raw::REDISMODULE_SUBEVENT_LOADING_ENDED {
-            fencing::jump_ahead(clock::now_ms(), config::clock_skew_ms());
+            fencing::loaded(
+                replication::is_replica(),
+                clock::now_ms(),
+                config::clock_skew_ms(),
+            );
             // Redis 7.0 keeps a backlog after loading a file with
             // replication data: look whether effects have a listener.
             replication::check_listeners(&Context::new(raw_ctx));
@@ -262,6 +268,9 @@ extern "C" fn on_cron(
     _data: *mut c_void,
 ) {
     guard::callback("the cron event", (), || {
+        // The start-up load, if any, is over: loads from now on are
+        // reloads or full syncs (`fencing::loaded`).
+        fencing::started();
         stats::follow_resetstat();
         // Several times a second, not on every command: a step is reported
         // within a cron period (and at every `INFO lock`); fencing never
@@ -294,8 +303,9 @@ extern "C" fn on_role(
         replication::listeners_may_appear();
         if master {
             // Above every token the old master can have issued, even those
-            // this server never received (`fencing::jump_ahead`).
-            fencing::jump_ahead(clock::now_ms(), config::clock_skew_ms());
+            // this server never received, if anything came from it since
+            // the last jump (`fencing::promoted`).
+            fencing::promoted(clock::now_ms(), config::clock_skew_ms());
             timers::promoted();
         }
     })
@@ -310,6 +320,13 @@ extern "C" fn on_client(
     data: *mut c_void,
 ) {
     guard::callback("a client event", (), || {
+        if subevent == raw::REDISMODULE_SUBEVENT_CLIENT_CHANGE_CONNECTED {
+            // Until the server's stats were first seen (the first cron tick),
+            // a look at each connection: a `CONFIG RESETSTAT` right after
+            // start-up is then seen as the stats going down.
+            stats::look_until_seen();
+            return;
+        }
         if subevent != raw::REDISMODULE_SUBEVENT_CLIENT_CHANGE_DISCONNECTED
             || bindings::count() == 0
         {

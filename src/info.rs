@@ -33,7 +33,7 @@ extern "C" fn info(ctx: *mut raw::RedisModuleInfoCtx, for_crash_report: c_int) {
         }
         let [keys, exclusive, shared, semaphore] = stats::gauges();
         let count = |n: usize| ffi::int(n);
-        let fields: [(&CStr, i64); 21] = [
+        let fields: [(&CStr, i64); 22] = [
             (c"keys", keys),
             (c"holders_exclusive", exclusive),
             (c"holders_shared", shared),
@@ -74,6 +74,10 @@ extern "C" fn info(ctx: *mut raw::RedisModuleInfoCtx, for_crash_report: c_int) {
             (
                 c"clock_steps_back",
                 ffi::int(clock::STEPS_BACK.load(Ordering::Relaxed)),
+            ),
+            (
+                c"loaded_state_fixed",
+                ffi::int(stats::LOADED_STATE_FIXED.get()),
             ),
         ];
         api!(RedisModule_InfoAddSection(ctx, c"".as_ptr().cast_mut()));

@@ -23,6 +23,7 @@ use std::os::raw::c_char;
 
 use crate::bindings;
 use crate::clock;
+use crate::config;
 use crate::fencing;
 use crate::ffi::api;
 use crate::guard::callback as guard;
@@ -88,71 +89,164 @@ unsafe extern "C" fn rdb_save(rdb: *mut raw::RedisModuleIO, value: *mut c_void) 
     })
 }
 
-/// Encoding 3: the block, read into memory Redis allocates for it (with the
-/// module heap's allocator: the lock takes it over).
-fn load_block(rdb: *mut raw::RedisModuleIO, now: u64) -> Option<Loaded> {
+/// Encoding 3: the block's bytes, read into memory Redis allocates for them
+/// (with the module heap's allocator: the lock takes them over). `None`:
+/// the file or payload could not be read.
+fn load_block(rdb: *mut raw::RedisModuleIO) -> Option<Vec<u8>> {
     let mut len = 0usize;
     let buf = api!(RedisModule_LoadStringBuffer(rdb, &mut len))?;
     if buf.is_null() {
         return None;
     }
     if len == 0 {
+        // Read, and empty: no lock (`Lock::from_saved` says why).
         api!(RedisModule_Free(buf.cast()));
-        return None;
+        return Some(Vec::new());
     }
     // SAFETY: Redis allocated `len` bytes for the string with its allocator,
     // the one the module's heap uses (`RM_Alloc` / `RM_Free`): the vector
     // owns them now, and frees them the way the heap frees everything.
-    let bytes = unsafe { Vec::from_raw_parts(buf.cast::<u8>(), len, len) };
-    Lock::from_saved(bytes, now).ok()
+    Some(unsafe { Vec::from_raw_parts(buf.cast::<u8>(), len, len) })
 }
 
-/// Encodings 1 and 2: field by field.
-fn load_fields(rdb: *mut raw::RedisModuleIO, encver: c_int, now: u64) -> Option<Lock> {
-    let mode = Mode::from_code(raw::load_unsigned(rdb).ok()?)?;
-    let kind = match mode {
-        // Version 1 has no semaphores.
-        Mode::Semaphore if encver < 2 => return None,
-        Mode::Semaphore => Kind::Semaphore(u32::try_from(raw::load_unsigned(rdb).ok()?).ok()?),
-        mode => mode.into(),
+/// Encodings 1 and 2: field by field. The outer `None`: the file could not
+/// be read; the inner one: what it says is no lock.
+fn load_fields(rdb: *mut raw::RedisModuleIO, encver: c_int, now: u64) -> Option<Option<Lock>> {
+    let mode = raw::load_unsigned(rdb).ok()?;
+    let limit = match Mode::from_code(mode) {
+        Some(Mode::Semaphore) if encver >= 2 => Some(raw::load_unsigned(rdb).ok()?),
+        _ => None,
     };
     let count = raw::load_unsigned(rdb).ok()?;
     // Never trust a count for an allocation: a corrupt one would abort.
     let mut holders = Vec::with_capacity(usize::try_from(count.min(64)).ok()?);
     for _ in 0..count {
         let owner: Box<[u8]> = raw::load_string_buffer(rdb).ok()?.as_ref().into();
-        let holds = u32::try_from(raw::load_unsigned(rdb).ok()?).ok()?;
+        let holds = raw::load_unsigned(rdb).ok()?;
         let token = raw::load_unsigned(rdb).ok()?;
         let deadline = raw::load_unsigned(rdb).ok()?;
-        holders.push(Holder {
-            owner,
-            holds,
-            // Not in the file: hold times count from the load.
-            since: lock_core::since(now),
-            token,
-            deadline,
-        });
+        holders.push((owner, holds, token, deadline));
     }
-    Lock::from_holders(kind, holders).ok()
+    let kind = match (Mode::from_code(mode), limit) {
+        // Version 1 has no semaphores.
+        (Some(Mode::Semaphore), None) | (None, _) => return Some(None),
+        (Some(Mode::Semaphore), Some(limit)) => match u32::try_from(limit) {
+            Ok(limit) => Kind::Semaphore(limit),
+            Err(_) => return Some(None),
+        },
+        (Some(mode), _) => mode.into(),
+    };
+    let holders: Option<Vec<Holder>> = holders
+        .into_iter()
+        .map(|(owner, holds, token, deadline)| {
+            Some(Holder {
+                owner,
+                holds: u32::try_from(holds).ok()?,
+                // Not in the file: hold times count from the load.
+                since: lock_core::since(now),
+                token,
+                deadline,
+            })
+        })
+        .collect();
+    Some(holders.and_then(|h| Lock::from_holders(kind, h).ok()))
+}
+
+/// Why a lock read whole is one no server can have made: `None` when it
+/// is within every bound. A `RESTORE` (`loading` false) is held to the
+/// bounds a server's own grants keep: tokens up to the horizon, leases up
+/// to `lock.max-ttl` (plus the skew margin, for a payload from a server
+/// whose clock is ahead); a load, to a day more of tokens (tokens issued
+/// since a `RESTORE` accepted its own still load), and its deadlines past
+/// the bound are clamped to it rather than refused.
+fn out_of_bounds(loaded: &mut Loaded, now: u64, loading: bool) -> Option<String> {
+    let highest = loaded.highest_token;
+    let tokens_ok = match loading {
+        true => Tokens::loadable(highest, now),
+        false => Tokens::plausible(highest, now),
+    };
+    if !tokens_ok {
+        return Some(format!(
+            "a token no server can have issued ({highest}, horizon {})",
+            Tokens::horizon(now)
+        ));
+    }
+    let max_ttl = u64::try_from(config::max_ttl_ms()).unwrap_or(u64::MAX);
+    let latest = now.saturating_add(max_ttl);
+    let limit = latest.saturating_add(config::clock_skew_ms());
+    if loaded.latest_deadline > limit {
+        if !loading {
+            return Some(format!(
+                "a lease past lock.max-ttl (deadline {}, at most {limit})",
+                loaded.latest_deadline
+            ));
+        }
+        let n = loaded.lock.clamp_deadlines(latest);
+        loaded.latest_deadline = latest;
+        loaded.sweep_at = loaded.lock.sweep_at();
+        fixed(&format!(
+            "lock: {n} lease(s) of a loaded lock ended past lock.max-ttl: now ending at {latest}"
+        ));
+    }
+    None
+}
+
+/// A load took lock state in another form than the file's: logged, counted.
+fn fixed(what: &str) {
+    log::warning(what);
+    stats::LOADED_STATE_FIXED.incr();
+}
+
+/// What a load keeps in place of a key's lock that no server can have
+/// made: a lock whose one holder's lease ended long ago, so that nobody
+/// holds it and its key goes at its first visit. Refusing it instead would
+/// fail the whole load, and every other key with it.
+fn dropped(now: u64) -> Option<Loaded> {
+    let ended = Holder {
+        owner: b"(dropped at load)".as_slice().into(),
+        holds: 1,
+        since: lock_core::since(now),
+        token: 1,
+        deadline: 0,
+    };
+    let mut loaded = Lock::from_holders(Mode::Exclusive, vec![ended])
+        .ok()?
+        .loaded();
+    loaded.sweep_at = Some(now);
+    Some(loaded)
 }
 
 fn load_lock(rdb: *mut raw::RedisModuleIO, encver: c_int) -> Option<Loaded> {
     // During a load, the clock as the load started (one read per load, not
     // per key); for a RESTORE, now.
     let now = clock::load_time();
-    let loaded = match encver {
-        3 => load_block(rdb, now)?,
-        _ => load_fields(rdb, encver, now)?.loaded(),
+    let loading = clock::is_loading();
+    let read = match encver {
+        3 => Lock::from_saved(load_block(rdb)?, now).map_err(|e| format!("{e:?}")),
+        _ => load_fields(rdb, encver, now)?
+            .map(Lock::loaded)
+            .ok_or_else(|| "a malformed lock".to_string()),
     };
-    // Tokens no server can have issued (zero, past the horizon, two
-    // holders with one) are refused, on this path as on the AOF's: zero and
-    // duplicates by the lock's checks, the horizon here (the highest token
-    // past it or not says it for all). The counter goes past the highest.
-    if !Tokens::plausible(loaded.highest_token, now) {
+    let why = match read {
+        Ok(mut loaded) => match out_of_bounds(&mut loaded, now, loading) {
+            None => {
+                // The counter goes past the highest token.
+                fencing::observe(loaded.highest_token);
+                return Some(loaded);
+            }
+            Some(why) => why,
+        },
+        Err(why) => why,
+    };
+    if !loading {
+        // RESTORE: refused with an error, nothing changed.
+        log::warning(&format!("lock: refused a RESTORE payload: {why}"));
         return None;
     }
-    fencing::observe(loaded.highest_token);
-    Some(loaded)
+    fixed(&format!(
+        "lock: dropped a loaded lock no server can have made ({why}); the rest of the load goes on"
+    ));
+    dropped(now)
 }
 
 unsafe extern "C" fn rdb_load(rdb: *mut raw::RedisModuleIO, encver: c_int) -> *mut c_void {
@@ -169,10 +263,9 @@ unsafe extern "C" fn rdb_load(rdb: *mut raw::RedisModuleIO, encver: c_int) -> *m
                 index_loaded(rdb, sweep_at);
                 lock.into_raw().cast::<c_void>()
             }
-            None => {
-                log::warning("lock: refused a corrupt or short lock value");
-                std::ptr::null_mut()
-            }
+            // The file or payload could not be read (a load fails on it
+            // anyway), or a RESTORE payload was refused.
+            None => std::ptr::null_mut(),
         }
     })
 }
@@ -307,20 +400,29 @@ unsafe extern "C" fn aux_load(rdb: *mut raw::RedisModuleIO, encver: c_int, when:
         {
             return raw::REDISMODULE_ERR as c_int;
         }
-        match raw::load_unsigned(rdb) {
-            // 0: a counter that never issued anything.
-            Ok(last) if last == 0 || Tokens::plausible(last, clock::now_ms()) => {
-                fencing::observe(last);
-                raw::REDISMODULE_OK as c_int
-            }
-            Ok(last) => {
-                log::warning(&format!(
-                    "lock: refused a saved token counter no server can have reached ({last})"
-                ));
-                raw::REDISMODULE_ERR as c_int
-            }
-            Err(_) => raw::REDISMODULE_ERR as c_int,
+        let Ok(saved) = raw::load_unsigned(rdb) else {
+            return raw::REDISMODULE_ERR as c_int;
+        };
+        let now = clock::now_ms();
+        // 0: a counter that never issued anything.
+        let saved = if saved == 0 || Tokens::loadable(saved, now) {
+            saved
+        } else {
+            let clamped = Tokens::horizon(now);
+            fixed(&format!(
+                "lock: a saved token counter no server can have reached ({saved}): taken as {clamped}"
+            ));
+            clamped
+        };
+        if fencing::starting() || replication::is_replica() {
+            // An earlier run's counter, or the master's: arrived.
+            fencing::observe(saved);
+        } else {
+            // A running master's reload of its own save: the next token is
+            // above it, and no jump follows.
+            fencing::raise_floor(saved);
         }
+        raw::REDISMODULE_OK as c_int
     })
 }
 
@@ -356,6 +458,10 @@ fn unlinked(db: i32, key: &[u8], lock: &Lock) {
     }
     if waiting::is_waited_on(&(db, key.to_vec())) {
         timers::schedule(db, key, Some(now));
+    } else {
+        // Nothing to visit at this name any more (a RENAME or MOVE plans a
+        // visit of the new one).
+        timers::forget(db, key);
     }
 }
 

@@ -107,8 +107,9 @@ pub static WAIT_TIME: Histogram = Histogram::new();
 pub static HOLD_TIME: Histogram = Histogram::new();
 
 /// Every counter `CONFIG RESETSTAT` resets (the gauges are state, not stats).
-fn counters() -> [&'static Counter; 10] {
+fn counters() -> [&'static Counter; 11] {
     [
+        &LOADED_STATE_FIXED,
         &DEADLOCKS,
         &DEADLOCK_SEARCHES_CUT,
         &GRANTS,
@@ -135,6 +136,17 @@ static SERVER_STATS_SEEN: [AtomicU64; 2] = [AtomicU64::new(0), AtomicU64::new(0)
 /// reset can only be missed on a server so young that both stats climb back
 /// past their old values within that tick. `INFO lock`, the only reader of
 /// the counters, looks too, so a reset between two reads is always seen.
+/// [`follow_resetstat`] while the server's stats were never seen above 0
+/// (a cheap check after that).
+pub fn look_until_seen() {
+    if SERVER_STATS_SEEN
+        .iter()
+        .all(|seen| seen.load(Ordering::Relaxed) == 0)
+    {
+        follow_resetstat();
+    }
+}
+
 pub fn follow_resetstat() {
     // No context: the caller frees the data (as below).
     let null = std::ptr::null_mut();
@@ -186,6 +198,10 @@ pub static DEADLOCKS: Counter = Counter::new();
 pub static DEADLOCK_SEARCHES_CUT: Counter = Counter::new();
 /// RELEASE by an owner holding nothing (never held, expired, someone else's).
 pub static RELEASES_NOT_HELD: Counter = Counter::new();
+/// Lock state a load took in another form than the file's (a saved counter
+/// or a deadline clamped, a key's lock no server can have made dropped):
+/// each is also logged.
+pub static LOADED_STATE_FIXED: Counter = Counter::new();
 
 static KEYS: AtomicI64 = AtomicI64::new(0);
 /// Holders by mode: exclusive, shared, semaphore permits.

@@ -38,8 +38,9 @@ fn holder(owner: &[u8], holds: u64, token: u64, deadline: u64) -> Result<Holder,
         token,
         deadline,
     };
-    // As on the RDB path: no token a server cannot have issued.
-    if !Tokens::plausible(holder.token, clock::now_ms()) {
+    // As on the RDB path: no token a server cannot have issued (the
+    // master's clock may be ahead: a load's bound).
+    if !Tokens::loadable(holder.token, clock::now_ms()) {
         return Err(LockError::BadState);
     }
     Ok(holder)
@@ -138,6 +139,10 @@ pub fn sync(ctx: &Context, args: Argv<'_>) -> RedisResult {
                 let token = holder.token;
                 lock.force(kind, holder).map_err(|_| LockError::BadState)?;
                 fencing::observe(token);
+                if flags.contains(ContextFlags::REPLICATED) {
+                    // A promotion owes a jump past the master's later grants.
+                    fencing::received();
+                }
             }
             Effect::Drop(owner) => {
                 lock.remove(&owner);

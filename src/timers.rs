@@ -137,6 +137,33 @@ pub fn schedule(db: i32, key: &[u8], when: Option<u64>) {
     arm(&mut index, 0);
 }
 
+/// The lock at `key` is gone (DEL, a write over it, its expiry) and nobody
+/// waits for it: no visit is planned for it any more.
+pub fn forget(db: i32, key: &[u8]) {
+    if !any() {
+        return;
+    }
+    let mut index = index();
+    let id = (db, key.to_vec());
+    index.refresh.remove(&id);
+    index.deferred.remove(&id);
+    if let Some(at) = index.by_key.remove(&id) {
+        index.by_time.remove(&(at, id.0, id.1));
+    }
+}
+
+/// FLUSHDB / FLUSHALL (`db` -1): no visit is planned for the keys flushed
+/// (the caller plans one again for every key that has waiters).
+pub fn flushed(db: i32) {
+    let mut index = index();
+    let index = &mut *index;
+    let gone = |d: i32| db == -1 || d == db;
+    index.by_time.retain(|(_, d, _)| !gone(*d));
+    index.by_key.retain(|(d, _), _| !gone(*d));
+    index.refresh.retain(|(d, _)| !gone(*d));
+    index.deferred.retain(|(d, _)| !gone(*d));
+}
+
 /// Visit `key` at `when` unless a visit is already planned before it.
 pub fn schedule_earlier(db: i32, key: &[u8], when: Option<u64>) {
     let Some(when) = when else {

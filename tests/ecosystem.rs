@@ -23,7 +23,7 @@ use common::*;
 // INFO lock
 // ---------------------------------------------------------------------------
 
-const INFO_FIELDS: [&str; 35] = [
+const INFO_FIELDS: [&str; 36] = [
     "lock_keys",
     "lock_holders_exclusive",
     "lock_holders_shared",
@@ -45,6 +45,7 @@ const INFO_FIELDS: [&str; 35] = [
     "lock_deadlock_searches_cut",
     "lock_clock_steps_forward",
     "lock_clock_steps_back",
+    "lock_loaded_state_fixed",
     "lock_wait_ms_count",
     "lock_wait_ms_sum",
     "lock_wait_ms_le_1",

@@ -162,9 +162,15 @@ pub fn since(now: u64) -> u32 {
 
 impl<'a> HolderRef<'a> {
     /// How long it has been held at `end` (unix ms), right for holds under
-    /// 49 days (`since` wraps).
+    /// 24 days (`since` wraps at 49). An `end` before `since` (a lease that
+    /// had ended before it was loaded or received) is 0, never a wrap.
     pub fn held_ms(&self, end: u64) -> u32 {
-        since(end).wrapping_sub(self.since)
+        let held = since(end).wrapping_sub(self.since);
+        if held > i32::MAX as u32 {
+            0
+        } else {
+            held
+        }
     }
 
     pub fn is_live(&self, now: u64) -> bool {
@@ -381,6 +387,8 @@ pub struct Loaded {
     pub highest_token: u64,
     /// [`Lock::sweep_at`].
     pub sweep_at: Option<u64>,
+    /// The latest deadline any holder carries.
+    pub latest_deadline: u64,
 }
 
 impl Loaded {
@@ -390,6 +398,7 @@ impl Loaded {
             lock,
             highest_token: survey.highest_token,
             sweep_at: (earliest < latest).then_some(earliest),
+            latest_deadline: latest,
         }
     }
 }
@@ -816,6 +825,21 @@ impl Lock {
         let deadline = now.saturating_add(ttl);
         self.block.set(at, holds, since, token, deadline);
         Some(deadline)
+    }
+
+    /// Ends no lease after `latest` (a load's bound on deadlines, unix ms):
+    /// how many leases it shortened.
+    pub fn clamp_deadlines(&mut self, latest: u64) -> usize {
+        let late: Vec<(usize, u32, u32, u64)> = self
+            .block
+            .entries()
+            .filter(|(_, h)| h.deadline > latest)
+            .map(|(at, h)| (at, h.holds, h.since, h.token))
+            .collect();
+        for &(at, holds, since, token) in &late {
+            self.block.set(at, holds, since, token, latest);
+        }
+        late.len()
     }
 
     /// How many holders hold exclusively, share, and hold a semaphore's

@@ -10,10 +10,18 @@ pub const MAX_TOKEN: u64 = i64::MAX as u64;
 
 /// How far past the clock a real token can be, in ms of tokens: the counter
 /// follows `now_ms * 1000` and runs ahead of it only by the skew-margin
-/// jumps (a minute each by default, at most a day each), so ten years of
-/// them is far beyond anything a server issues, while the token space left
-/// above it lasts for about 290,000 years of the clock.
+/// jumps (a minute by default, at most a day), which never compound where
+/// nothing new arrived and never pass this horizon, so ten years is far
+/// beyond anything a server issues, while the token space left above it
+/// lasts for about 290,000 years of the clock.
 pub const HORIZON_MS: u64 = 10 * 365 * 24 * 3600 * 1000;
+
+/// What a load (RDB, AOF, a replica's full sync or stream) allows past the
+/// horizon that `RESTORE` enforces: a day, the largest skew margin. So
+/// whatever a `RESTORE` accepted, and every token issued since (jumps stop
+/// at the horizon), still loads after the clock stepped back by less than
+/// a day, or on a replica whose clock is up to a day behind its master's.
+pub const LOAD_SLACK_MS: u64 = 24 * 3600 * 1000;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Tokens {
@@ -43,25 +51,45 @@ impl Tokens {
         Some(next)
     }
 
-    /// Jumps past everything this counter knows of, and past the clock
-    /// `now_ms`, by `margin_ms` of tokens (a thousand a millisecond): at
-    /// start-up after loading and at promotion, so that tokens issued
-    /// elsewhere (an earlier run, the old master) but never received are
-    /// below the next one, as long as the clocks involved are less than
-    /// `margin_ms` apart. Never past half the token space.
+    /// Jumps past the last token issued or seen and past the clock `now_ms`
+    /// by `margin_ms` of tokens (a thousand a millisecond): at start-up
+    /// after loading and at promotion, so that tokens issued elsewhere (an
+    /// earlier run, the old master) but never received are below the next
+    /// one, as long as the clocks involved are less than `margin_ms` apart.
+    /// The base is what was issued or seen, never an earlier jump's floor
+    /// (the caller keeps that apart), so jumps with nothing new in between
+    /// land in the same place, moved only by the clock. Never past the
+    /// horizon ([`Tokens::horizon`]) nor half the token space, and never
+    /// down.
     pub fn jump(&mut self, now_ms: u64, margin_ms: u64) {
         let base = self.last.max(Tokens::from_clock(now_ms).last);
         let jumped = base.saturating_add(margin_ms.saturating_mul(1000));
-        self.last = self.last.max(jumped.min(MAX_TOKEN / 2));
+        let cap = Tokens::horizon(now_ms).min(MAX_TOKEN / 2);
+        self.last = self.last.max(jumped.min(cap));
+    }
+
+    /// The highest token a server whose clock reads `now_ms` can have issued:
+    /// `(now_ms + HORIZON_MS) * 1000`, within the token space.
+    pub fn horizon(now_ms: u64) -> u64 {
+        now_ms
+            .saturating_add(HORIZON_MS)
+            .saturating_mul(1000)
+            .min(MAX_TOKEN)
     }
 
     /// Whether `token` can have been issued by a server whose clock reads
-    /// `now_ms`: at least 1 and at most `(now_ms + HORIZON_MS) * 1000`. A file,
-    /// a RESTORE payload or a replicated effect carrying another is refused:
-    /// accepting it would let one value use up the token space for good.
+    /// `now_ms`: at least 1 and at most [`Tokens::horizon`]. `RESTORE`
+    /// refuses a payload carrying another: accepting it would let one value
+    /// use up the token space for good.
     pub fn plausible(token: u64, now_ms: u64) -> bool {
-        let limit = now_ms.saturating_add(HORIZON_MS).saturating_mul(1000);
-        (1..=limit.min(MAX_TOKEN)).contains(&token)
+        (1..=Tokens::horizon(now_ms)).contains(&token)
+    }
+
+    /// Whether a load (a file, the replication stream) at `now_ms` takes
+    /// `token`: as [`Tokens::plausible`], [`LOAD_SLACK_MS`] later. What it
+    /// does not take is dropped or clamped there, never a reason to fail.
+    pub fn loadable(token: u64, now_ms: u64) -> bool {
+        Tokens::plausible(token, now_ms.saturating_add(LOAD_SLACK_MS))
     }
 
     /// Raises the counter to a token issued elsewhere (a file, a master).
@@ -87,7 +115,7 @@ mod tests {
 
     #[test]
     fn a_jump_clears_the_counter_and_the_clock_by_the_margin() {
-        // Ahead of the clock (an earlier jump): past the counter.
+        // Ahead of the clock (tokens issued from an earlier jump): past them.
         let mut t = Tokens::starting_after(2_000_000);
         t.jump(1_000, 60);
         assert_eq!(t.last(), 2_060_000);
@@ -95,10 +123,29 @@ mod tests {
         let mut t = Tokens::starting_after(5);
         t.jump(1_000, 60);
         assert_eq!(t.last(), 1_060_000);
-        // Never past half the token space, and never down.
+        // Never past the horizon, and never down.
+        let now = 1_800_000_000_000;
+        let mut t = Tokens::starting_after(Tokens::horizon(now) - 5);
+        t.jump(now, 60_000);
+        assert_eq!(t.last(), Tokens::horizon(now));
         let mut t = Tokens::starting_after(MAX_TOKEN - 1);
         t.jump(u64::MAX, u64::MAX);
         assert_eq!(t.last(), MAX_TOKEN - 1);
+    }
+
+    #[test]
+    fn jumps_from_one_base_do_not_compound() {
+        // The base is what was issued: jumping again with nothing issued
+        // in between lands where the clock says, not a margin further.
+        let (now, margin) = (1_800_000_000_000, 86_400_000);
+        let issued = Tokens::from_clock(now);
+        let mut floor = 0;
+        for step in 0..10_000 {
+            let mut t = issued;
+            t.jump(now + step, margin);
+            floor = floor.max(t.last());
+        }
+        assert_eq!(floor, (now + 9_999 + margin) * 1000);
     }
 
     #[test]
@@ -112,6 +159,10 @@ mod tests {
         for t in [MAX_TOKEN, MAX_TOKEN + 1, u64::MAX] {
             assert!(!Tokens::plausible(t, now), "{t}");
         }
+        // A load takes a day more.
+        let edge = (now + HORIZON_MS + LOAD_SLACK_MS) * 1000;
+        assert!(Tokens::loadable(edge, now) && !Tokens::loadable(edge + 1, now));
+        assert!(!Tokens::loadable(0, now) && !Tokens::loadable(MAX_TOKEN, now));
         // Room left above the horizon: hundreds of thousands of years.
         let room_ms = (MAX_TOKEN - (now + HORIZON_MS) * 1000) / 1000;
         assert!(room_ms / (365 * 24 * 3600 * 1000) > 200_000);

@@ -100,3 +100,27 @@ pub fn old_lock_body(
     body.push(0);
     body
 }
+
+/// `signed` (a DUMP payload or an RDB file: both end in the CRC-64 of all
+/// before it) with every occurrence of `from` replaced by `to` (same
+/// length), and the CRC made right again: what Redis takes as well-formed.
+/// Panics when `from` is not there.
+pub fn with_bytes_replaced(signed: &[u8], from: &[u8], to: &[u8]) -> Vec<u8> {
+    assert_eq!(from.len(), to.len(), "a replacement of the same length");
+    let mut body = signed[..signed.len() - 8].to_vec();
+    let mut found = 0;
+    let mut i = 0;
+    while i + from.len() <= body.len() {
+        if body[i..i + from.len()] == *from {
+            body[i..i + from.len()].copy_from_slice(to);
+            found += 1;
+            i += from.len();
+        } else {
+            i += 1;
+        }
+    }
+    assert!(found > 0, "{from:02x?} not found");
+    let crc = crc64_redis(&body);
+    body.extend_from_slice(&crc.to_le_bytes());
+    body
+}
