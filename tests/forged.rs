@@ -90,8 +90,9 @@ fn a_restored_token_at_the_horizon_never_fails_a_load() {
     assert_eq!(stat(&mut c, "loaded_state_fixed"), 0);
 }
 
-/// Issue 32.1: a file whose saved counter, whose one key's token and whose
-/// other key's lease no server can have made loads: the counter clamped,
+/// Issue 32.1: a file whose saved counter, one key's token, another's two
+/// holders with one token and a third's lease no server can have made
+/// loads: the counter clamped,
 /// the lease clamped to `lock.max-ttl`, the impossible lock dropped, every
 /// other key kept; each fix logged and counted.
 #[test]
@@ -103,6 +104,9 @@ fn a_forged_file_loads_with_its_impossible_lock_state_clamped_or_dropped() {
     let good = token(c.acquire("good", "a", 100_000));
     let late = token(c.acquire("late", "a", 150_000));
     let late_deadline = c.cmd(&["PEXPIRETIME", "late"]).int();
+    // Two readers, to be given one token: a structure no server makes.
+    let r1 = token(c.read("dup", "r1", 100_000));
+    let r2 = token(c.read("dup", "r2", 100_000));
     // The last grant: its token is also the saved counter.
     let bad = token(c.acquire("bad", "a", 200_000));
     assert_eq!(stat(&mut c, "last_token"), bad);
@@ -115,6 +119,7 @@ fn a_forged_file_loads_with_its_impossible_lock_state_clamped_or_dropped() {
     let counter = i64::MAX - 5;
     let file = with_bytes_replaced(&file, &rdb_u64(bad), &rdb_u64(counter));
     let file = with_bytes_replaced(&file, &le(bad), &le(i64::MAX - 7));
+    let file = with_bytes_replaced(&file, &le(r2), &le(r1));
     // The lease (and the key's own expiry, spelled alike) a century long.
     let century = now_ms() + 100 * 365 * DAY_MS;
     let file = with_bytes_replaced(&file, &le(late_deadline), &le(century));
@@ -129,16 +134,15 @@ fn a_forged_file_loads_with_its_impossible_lock_state_clamped_or_dropped() {
     assert_eq!(l.holder("a").token, late);
     let ttl = l.holder("a").ttl;
     assert!(ttl > 0 && ttl <= 30 * DAY_MS, "ttl {ttl}");
-    assert!(
-        c.lock_info("bad").is_none(),
-        "the impossible lock is dropped"
-    );
-    wait_until(
-        Duration::from_secs(5),
-        "the dropped lock's key gone",
-        || c.cmd(&["EXISTS", "bad"]).int() == 0,
-    );
-    assert_eq!(stat(&mut c, "loaded_state_fixed"), 3);
+    for dropped in ["bad", "dup"] {
+        assert!(c.lock_info(dropped).is_none(), "{dropped} is dropped");
+        wait_until(
+            Duration::from_secs(5),
+            "the dropped lock's key gone",
+            || c.cmd(&["EXISTS", dropped]).int() == 0,
+        );
+    }
+    assert_eq!(stat(&mut c, "loaded_state_fixed"), 4);
     let log = s.log_tail(200);
     assert!(log.contains("saved token counter"), "{log}");
     assert!(log.contains("dropped a loaded lock"), "{log}");
@@ -288,4 +292,33 @@ fn resetstat_right_after_start_up_resets_the_counters() {
     token(c.acquire("k", "a", 10_000));
     c.cmd(&["CONFIG", "RESETSTAT"]).ok();
     assert_eq!(stat(&mut c, "grants"), 0);
+}
+
+/// docs/commands.md: an expiry in the past deletes a lock as `DEL` does (a
+/// waiter is granted at once); one in the future never shortens a lease.
+#[test]
+fn an_expiry_in_the_past_deletes_the_lock_one_in_the_future_does_not_shorten_it() {
+    let s = Server::start();
+    let mut c = s.conn();
+    for past in [
+        vec!["PEXPIREAT", "k", "1"],
+        vec!["EXPIRE", "k", "0"],
+        vec!["PEXPIRE", "k", "-1"],
+    ] {
+        let t = token(c.acquire("k", "a", 100_000));
+        let mut w = s.conn();
+        w.send(&["LOCK.ACQUIRE", "k", "w", "100000", "WAIT", "5000"])
+            .expect("send");
+        wait_until(Duration::from_secs(5), "the waiter queued", || {
+            stat(&mut c, "waiters") == 1
+        });
+        assert_eq!(c.cmd(&past).int(), 1, "{past:?}");
+        let granted = token(w.read_reply().expect("the waiter's reply"));
+        assert!(granted > t, "{past:?}");
+        assert_eq!(c.release("k", "w").int(), 1);
+    }
+    token(c.acquire("k", "a", 100_000));
+    assert_eq!(c.cmd(&["PEXPIRE", "k", "100"]).int(), 1);
+    sleep_ms(300);
+    assert_eq!(c.lock_info("k").expect("still held").holder("a").holds, 1);
 }
