@@ -184,17 +184,11 @@ fn out_of_bounds(loaded: &mut Loaded, now: u64, loading: bool) -> Option<String>
         let n = loaded.lock.clamp_deadlines(latest);
         loaded.latest_deadline = latest;
         loaded.sweep_at = loaded.lock.sweep_at();
-        fixed(&format!(
+        stats::fixed_at_load(&format!(
             "lock: {n} lease(s) of a loaded lock ended past lock.max-ttl: now ending at {latest}"
         ));
     }
     None
-}
-
-/// A load took lock state in another form than the file's: logged, counted.
-fn fixed(what: &str) {
-    log::warning(what);
-    stats::LOADED_STATE_FIXED.incr();
 }
 
 /// What a load keeps in place of a key's lock that no server can have
@@ -243,7 +237,7 @@ fn load_lock(rdb: *mut raw::RedisModuleIO, encver: c_int) -> Option<Loaded> {
         log::warning(&format!("lock: refused a RESTORE payload: {why}"));
         return None;
     }
-    fixed(&format!(
+    stats::fixed_at_load(&format!(
         "lock: dropped a loaded lock no server can have made ({why}); the rest of the load goes on"
     ));
     dropped(now)
@@ -409,7 +403,7 @@ unsafe extern "C" fn aux_load(rdb: *mut raw::RedisModuleIO, encver: c_int, when:
             saved
         } else {
             let clamped = Tokens::horizon(now);
-            fixed(&format!(
+            stats::fixed_at_load(&format!(
                 "lock: a saved token counter no server can have reached ({saved}): taken as {clamped}"
             ));
             clamped

@@ -11,6 +11,7 @@ use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 
 use crate::clock;
 use crate::ffi::api;
+use crate::log;
 
 pub struct Counter(AtomicU64);
 
@@ -136,6 +137,12 @@ static SERVER_STATS_SEEN: [AtomicU64; 2] = [AtomicU64::new(0), AtomicU64::new(0)
 /// reset can only be missed on a server so young that both stats climb back
 /// past their old values within that tick. `INFO lock`, the only reader of
 /// the counters, looks too, so a reset between two reads is always seen.
+/// A load took lock state in another form than its file's: logged, counted.
+pub fn fixed_at_load(what: &str) {
+    log::warning(what);
+    LOADED_STATE_FIXED.incr();
+}
+
 /// [`follow_resetstat`] while the server's stats were never seen above 0
 /// (a cheap check after that).
 pub fn look_until_seen() {

@@ -5,10 +5,12 @@ use lock_core::{Holder, Kind, Lock, Mode, Tokens};
 use redis_module::{Context, ContextFlags, RedisResult, RedisValue};
 
 use crate::clock;
+use crate::config;
 use crate::errors::LockError;
 use crate::fencing;
 use crate::ffi::{self, Argv, Str};
 use crate::keys::LockKey;
+use crate::stats;
 use crate::store;
 use crate::timers;
 
@@ -29,7 +31,7 @@ fn decimal(s: &[u8]) -> Result<u64, LockError> {
 }
 
 fn holder(owner: &[u8], holds: u64, token: u64, deadline: u64) -> Result<Holder, LockError> {
-    let holder = Holder {
+    Ok(Holder {
         owner: owner.into(),
         holds: u32::try_from(holds).map_err(|_| LockError::BadState)?,
         // Not in the stream: a new grant counts from its arrival
@@ -37,13 +39,33 @@ fn holder(owner: &[u8], holds: u64, token: u64, deadline: u64) -> Result<Holder,
         since: lock_core::since(clock::now_ms()),
         token,
         deadline,
-    };
-    // As on the RDB path: no token a server cannot have issued (the
-    // master's clock may be ahead: a load's bound).
-    if !Tokens::loadable(holder.token, clock::now_ms()) {
+    })
+}
+
+/// As on the RDB path: no token a server cannot have issued (the master's
+/// clock may be ahead: a load's bound), refused; in a file (the AOF), a
+/// lease past `lock.max-ttl` clamped to it. Logged and counted in a file.
+fn within_bounds(holder: &mut Holder, loading: bool) -> Result<(), LockError> {
+    let now = clock::now_ms();
+    if !Tokens::loadable(holder.token, now) {
+        if loading {
+            stats::fixed_at_load(&format!(
+                "lock: dropped an AOF effect with a token no server can have issued ({})",
+                holder.token
+            ));
+        }
         return Err(LockError::BadState);
     }
-    Ok(holder)
+    let max_ttl = u64::try_from(config::max_ttl_ms()).unwrap_or(u64::MAX);
+    let latest = now.saturating_add(max_ttl);
+    if loading && holder.deadline > latest.saturating_add(config::clock_skew_ms()) {
+        stats::fixed_at_load(&format!(
+            "lock: an AOF lease ended past lock.max-ttl ({}): now ending at {latest}",
+            holder.deadline
+        ));
+        holder.deadline = latest;
+    }
+    Ok(())
 }
 
 fn kind(mode: Mode, limit: Option<u64>) -> Result<Kind, LockError> {
@@ -122,7 +144,10 @@ pub fn sync(ctx: &Context, args: Argv<'_>) -> RedisResult {
     if !flags.intersects(ContextFlags::REPLICATED | ContextFlags::LOADING) {
         return Err(LockError::InternalCommand.into());
     }
-    let (name, effect) = parse(args)?;
+    let (name, mut effect) = parse(args)?;
+    if let Effect::Set(_, holder) = &mut effect {
+        within_bounds(holder, flags.contains(ContextFlags::LOADING))?;
+    }
     if let Effect::Set(kind, holder) = &effect {
         // Checked before anything is replaced: a bad effect changes nothing.
         Lock::default()

@@ -322,3 +322,45 @@ fn an_expiry_in_the_past_deletes_the_lock_one_in_the_future_does_not_shorten_it(
     sleep_ms(300);
     assert_eq!(c.lock_info("k").expect("still held").holder("a").holds, 1);
 }
+
+/// The AOF is a load too: a `LOCK.SYNC` line with a lease past
+/// `lock.max-ttl` is clamped, one with an impossible token dropped, each
+/// counted; the rest of the file loads.
+#[test]
+fn an_aof_with_impossible_lock_state_loads_the_rest() {
+    let mut s = Server::builder()
+        .config("appendonly yes")
+        .config("appendfsync always")
+        .config("aof-use-rdb-preamble no")
+        .start();
+    let mut c = s.conn();
+    let t = token(c.acquire("k", "a", 100_000));
+    c.cmd(&["SET", "plain", "kept"]).ok();
+    s.shutdown_save();
+    let aof = std::fs::read_dir(s.dir.join("appendonlydir"))
+        .expect("appendonlydir")
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .find(|p| p.to_string_lossy().ends_with(".incr.aof"))
+        .expect("the incremental AOF");
+    let mut text = std::fs::read(&aof).expect("read the AOF");
+    let sync = |key: &str, token: i64, deadline: i64| {
+        let state = format!("exclusive:1:{token}:{deadline}");
+        format!(
+            "*4\r\n$9\r\nLOCK.SYNC\r\n${}\r\n{key}\r\n${}\r\n{state}\r\n$1\r\no\r\n",
+            key.len(),
+            state.len()
+        )
+    };
+    let century = now_ms() + 100 * 365 * DAY_MS;
+    text.extend_from_slice(sync("long", t + 1, century).as_bytes());
+    text.extend_from_slice(sync("bad", i64::MAX - 1, now_ms() + 100_000).as_bytes());
+    std::fs::write(&aof, text).expect("write the AOF");
+    s.restart();
+    let mut c = s.conn();
+    assert_eq!(c.cmd(&["GET", "plain"]).bulk(), b"kept");
+    assert_eq!(c.lock_info("k").expect("k").holder("a").token, t);
+    let ttl = c.lock_info("long").expect("long, clamped").holder("o").ttl;
+    assert!(ttl > 0 && ttl <= 30 * DAY_MS, "ttl {ttl}");
+    assert!(c.lock_info("bad").is_none());
+    assert_eq!(stat(&mut c, "loaded_state_fixed"), 2);
+}
