@@ -253,7 +253,7 @@ pub enum Attempt {
 }
 
 /// The default of [`max_holders`].
-pub const DEFAULT_MAX_HOLDERS: usize = 1_000;
+pub const DEFAULT_MAX_HOLDERS: usize = 500;
 
 /// The most holders one lock may have: a grant that would add one past it
 /// is refused ([`Attempt::TooManyHolders`]). The one setting the core reads
