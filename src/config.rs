@@ -48,7 +48,18 @@ pub static MAX_WAITERS: Setting = Setting::new(c"max-waiters", 10_000, 0, 1_000_
 /// start-up and at promotion the token counter jumps this far ahead.
 pub static CLOCK_SKEW: Setting = Setting::new(c"clock-skew-ms", 60_000, 0, 86_400_000);
 
-const SETTINGS: [&Setting; 3] = [&MAX_TTL, &MAX_WAITERS, &CLOCK_SKEW];
+/// The most holders one lock may have (readers, a semaphore's permits): a
+/// grant that would add one more is refused with an error, and so is a
+/// RESTORE of a lock with more. Every operation on a key costs time linear
+/// in its holders at worst; this keeps each one short.
+pub static MAX_HOLDERS: Setting = Setting::new(
+    c"max-holders",
+    lock_core::lock::DEFAULT_MAX_HOLDERS as i64,
+    1,
+    1_000_000,
+);
+
+const SETTINGS: [&Setting; 4] = [&MAX_TTL, &MAX_WAITERS, &CLOCK_SKEW, &MAX_HOLDERS];
 
 pub fn max_ttl_ms() -> i64 {
     MAX_TTL.get()
@@ -60,6 +71,24 @@ pub fn clock_skew_ms() -> u64 {
 
 pub fn max_waiters() -> usize {
     usize::try_from(MAX_WAITERS.get()).unwrap_or(0)
+}
+
+/// The most holders one lock may have (`lock.max-holders`): what a load
+/// or a RESTORE checks a lock's holder count against. Grants read the
+/// core's copy ([`lock_core::max_holders`]), kept equal to this by every
+/// change of the setting.
+pub fn max_holders() -> usize {
+    usize::try_from(MAX_HOLDERS.get()).unwrap_or(1)
+}
+
+impl Setting {
+    /// Stores a new value, and passes it on to the core where it reads it.
+    fn store(&self, value: i64) {
+        self.value.store(value, Ordering::Relaxed);
+        if std::ptr::eq(self, &MAX_HOLDERS) {
+            lock_core::set_max_holders(usize::try_from(value).unwrap_or(1));
+        }
+    }
 }
 
 extern "C" fn get(_name: *const c_char, privdata: *mut c_void) -> c_longlong {
@@ -78,7 +107,7 @@ extern "C" fn set(
     guard::callback("CONFIG SET", raw::REDISMODULE_ERR as c_int, || {
         // SAFETY: as in `get`. Redis has checked the bounds.
         if let Some(setting) = unsafe { privdata.cast::<Setting>().as_ref() } {
-            setting.value.store(value, Ordering::Relaxed);
+            setting.store(value);
         }
         raw::REDISMODULE_OK as c_int
     })
@@ -107,7 +136,7 @@ fn defaults_from_args(args: &[RedisString]) -> Result<(), String> {
                     setting.max
                 )
             })?;
-        setting.value.store(value, Ordering::Relaxed);
+        setting.store(value);
     }
     Ok(())
 }
@@ -145,8 +174,11 @@ pub fn register(ctx: &Context, args: &[RedisString]) -> Status {
             return Status::Err;
         }
     }
-    match api!(RedisModule_LoadConfigs(ctx.ctx)) {
+    let status = match api!(RedisModule_LoadConfigs(ctx.ctx)) {
         Some(status) if status != raw::REDISMODULE_OK as c_int => Status::Err,
         _ => Status::Ok,
-    }
+    };
+    // The core's copy of the limit, whatever set it (argument, file).
+    lock_core::set_max_holders(max_holders());
+    status
 }

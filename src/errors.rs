@@ -37,6 +37,8 @@ pub enum LockError {
     TokensExhausted,
     /// The lock would pass 4 GiB (owners that long, that many).
     TooLarge,
+    /// The lock has `lock.max-holders` (carried here) holders already.
+    TooManyHolders(usize),
     /// `BIND` where no connection of the caller's own can hold it.
     BindInScript,
     /// This server became a replica while the client waited.
@@ -101,6 +103,9 @@ impl LockError {
             }
             LockError::TokensExhausted => "ERR no fencing token left to issue".into(),
             LockError::TooLarge => "ERR the lock would pass 4 GiB: nothing was changed".into(),
+            LockError::TooManyHolders(max) => format!(
+                "ERR this lock has as many holders as a lock may have (lock.max-holders is {max}): nothing was changed"
+            ),
             LockError::InternalCommand => {
                 "ERR LOCK.SYNC is internal: accepted only from the master or the AOF".into()
             }

@@ -291,14 +291,17 @@ pub fn replicate(ctx: &Context, key: Str<'_>, lock: &Lock, changes: &Changes) {
         }
         return;
     }
-    for owner in changes.owners() {
-        if lock.holder(owner).is_none() {
+    // Each changed owner found once (a refresh lists every holder: linear
+    // time in them, not quadratic).
+    let found = lock.look_up(changes.owners());
+    for (owner, holder) in &found {
+        if holder.is_none() {
             replicate_drop(ctx, key, owner);
         }
     }
-    for owner in changes.owners() {
-        if let Some(holder) = lock.holder(owner) {
-            replicate_set(ctx, key, lock, &holder);
+    for (_, holder) in &found {
+        if let Some(holder) = holder {
+            replicate_set(ctx, key, lock, holder);
         }
     }
 }

@@ -71,5 +71,6 @@ pub fn error_of(attempt: Attempt) -> Option<LockError> {
         Attempt::WrongKind(_) => LockError::NotSemaphore,
         Attempt::OtherLimit(limit) => LockError::OtherLimit(limit),
         Attempt::TooLarge => LockError::TooLarge,
+        Attempt::TooManyHolders(max) => LockError::TooManyHolders(max),
     })
 }

@@ -467,11 +467,9 @@ fn grant_all_ready(ctx: &Context) {
 #[inline]
 fn forget_bindings(ctx: &Context, name: Str<'_>, lock: &Lock, changes: &Changes) {
     if bindings::count() != 0 {
-        forget_bound(
-            ctx,
-            name,
-            changes.owners().filter(|o| lock.holder(o).is_none()),
-        );
+        let found = lock.look_up(changes.owners());
+        let gone = found.iter().filter(|(_, h)| h.is_none()).map(|(o, _)| *o);
+        forget_bound(ctx, name, gone);
     }
 }
 

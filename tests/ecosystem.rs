@@ -576,7 +576,7 @@ fn config_lines_in_redis_conf_after_loadmodule() {
 fn config_set_and_get_with_bounds() {
     let s = Server::start();
     let mut c = s.conn();
-    // Defaults; CONFIG GET lock.* lists all three.
+    // Defaults; CONFIG GET lock.* lists all four.
     let all = c.cmd(&["CONFIG", "GET", "lock.*"]);
     let mut pairs: Vec<(String, String)> =
         all.pairs().into_iter().map(|(k, v)| (k, v.str())).collect();
@@ -585,6 +585,7 @@ fn config_set_and_get_with_bounds() {
         pairs,
         [
             ("lock.clock-skew-ms".to_string(), "60000".to_string()),
+            ("lock.max-holders".to_string(), "500".to_string()),
             ("lock.max-ttl".to_string(), MAX_TTL.to_string()),
             ("lock.max-waiters".to_string(), "10000".to_string())
         ]

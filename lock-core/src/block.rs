@@ -246,7 +246,8 @@ impl Block {
     /// Appends a holder. The first one sets the block's kind (`tag`, and a
     /// semaphore's `limit`); later ones must come to a shared or semaphore
     /// block (an exclusive block holds exactly one).
-    pub fn push(&mut self, tag: u8, limit: u32, h: HolderRef<'_>) -> Result<(), TooLarge> {
+    /// The entry's offset comes back.
+    pub fn push(&mut self, tag: u8, limit: u32, h: HolderRef<'_>) -> Result<usize, TooLarge> {
         let header = if self.buf.is_empty() {
             header_len(tag)
         } else {
@@ -268,8 +269,13 @@ impl Block {
             if tag == SEMAPHORE {
                 self.buf.extend_from_slice(&limit.to_le_bytes());
             }
-        } else {
-            self.buf.reserve_exact(need - self.buf.len());
+        } else if need > self.buf.capacity() {
+            // Half as much again: a lock granted to many holders one by one
+            // is copied a bounded number of times per holder (linear in
+            // all, not quadratic), and carries at most a third spare.
+            let cap = self.buf.capacity();
+            let grown = need.max(cap.saturating_add(cap / 2)).min(u32::MAX as usize);
+            self.buf.reserve_exact(grown - self.buf.len());
         }
         // The fixed part and the owner's length in one copy, then the owner.
         let owner_len = h.owner.len();
@@ -297,12 +303,19 @@ impl Block {
                 FIXED + 5
             }
         };
+        let at = self.buf.len();
         self.buf
             .extend_from_slice(fixed.get(..fixed_len).unwrap_or(&[]));
         self.buf.extend_from_slice(h.owner);
         let n = self.count() + 1;
         self.set_count(n);
-        Ok(())
+        Ok(at)
+    }
+
+    /// The holder whose entry starts at `at` (an offset [`Block::entries`]
+    /// or [`Block::push`] gave), if the block has one there.
+    pub fn holder_at(&self, at: usize) -> Option<HolderRef<'_>> {
+        entry_at(&self.buf, at).map(|(h, _)| h)
     }
 
     /// Removes the entry at `at` (the others keep their order).
@@ -401,6 +414,16 @@ impl Block {
             return None;
         }
         Some((block, survey))
+    }
+
+    /// The holder count a saved block's header gives (see
+    /// [`Block::from_saved`], which checks it against the entries).
+    pub fn saved_count(buf: &[u8]) -> Option<usize> {
+        match *buf.first()? {
+            EXCLUSIVE => Some(1),
+            SHARED | SEMAPHORE => u32_at(buf, 1).map(|n| n as usize),
+            _ => None,
+        }
     }
 
     /// The [`Survey`] of this block's holders, by a walk of its own.

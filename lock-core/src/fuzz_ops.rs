@@ -893,6 +893,11 @@ fn check_attempt(
             purged_only();
         }
         Attempt::TooLarge => panic!("{ctx}: a lock of a few small owners is not 4 GiB"),
+        Attempt::TooManyHolders(max) => {
+            assert!(mine_before.is_none(), "{ctx}: a holder's repeat refused");
+            assert!(live_before.len() >= max, "{ctx}: refused below the limit");
+            purged_only();
+        }
     }
 }
 

@@ -40,8 +40,8 @@ mod model_tests;
 
 pub use block::HolderRef;
 pub use lock::{
-    since, Ask, Attempt, Changes, Holder, Invalid, Kind, Loaded, Lock, Mode, Owner, Release,
-    Request,
+    max_holders, set_max_holders, since, Ask, Attempt, Changes, Holder, Invalid, Kind, Loaded,
+    Lock, Mode, Owner, Release, Request,
 };
 pub use queue::Queue;
 pub use tokens::Tokens;

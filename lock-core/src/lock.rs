@@ -253,6 +253,30 @@ pub enum Attempt {
     TokensExhausted,
     /// The lock would pass 4 GiB.
     TooLarge,
+    /// The lock has as many holders as a lock may have (the limit carried:
+    /// [`max_holders`]); a new holder is refused, a holder's repeat is not.
+    TooManyHolders(usize),
+}
+
+/// The default of [`max_holders`].
+pub const DEFAULT_MAX_HOLDERS: usize = 500;
+
+/// The most holders one lock may have: a grant that would add one past it
+/// is refused ([`Attempt::TooManyHolders`]). The one setting the core reads
+/// (the shell sets it from `lock.max-holders`): every operation on a key is
+/// linear in its holders at worst, and this keeps each one short.
+static MAX_HOLDERS: std::sync::atomic::AtomicUsize =
+    std::sync::atomic::AtomicUsize::new(DEFAULT_MAX_HOLDERS);
+
+/// The most holders one lock may have now (see [`set_max_holders`]).
+#[inline]
+pub fn max_holders() -> usize {
+    MAX_HOLDERS.load(std::sync::atomic::Ordering::Relaxed)
+}
+
+/// Sets [`max_holders`] (at least 1).
+pub fn set_max_holders(max: usize) {
+    MAX_HOLDERS.store(max.max(1), std::sync::atomic::Ordering::Relaxed);
 }
 
 /// The reply to `LOCK.RELEASE`.
@@ -285,6 +309,51 @@ pub struct Changes {
     /// in `held_more`.
     held_first: Option<u32>,
     held_more: Vec<u32>,
+    /// Where each listed owner is, by the hash of its bytes, once more
+    /// than [`INDEXED_FROM`] are listed: a touch of a lock's every holder
+    /// (a refresh, a purge of many) costs linear time, not quadratic.
+    index: Option<Box<OwnerIndex>>,
+}
+
+/// Owners listed in [`Changes`] from which on a repeat is found by hash
+/// rather than by comparing each listed owner.
+const INDEXED_FROM: usize = 8;
+
+/// No position (the end of a chain in [`OwnerIndex`]).
+const NO_POSITION: u32 = u32::MAX;
+
+/// The owners of a [`Changes`] list by hash: for each hash, the latest
+/// position with it, and for each position the previous one with the same
+/// hash (a chain, compared byte for byte: exact whatever collides). Owners
+/// are chosen by clients: the hasher is keyed at random (SipHash).
+#[derive(Debug, Default)]
+struct OwnerIndex {
+    hasher: std::collections::hash_map::RandomState,
+    latest: std::collections::HashMap<u64, u32>,
+    previous: Vec<u32>,
+}
+
+impl OwnerIndex {
+    fn hash(&self, owner: &[u8]) -> u64 {
+        std::hash::BuildHasher::hash_one(&self.hasher, owner)
+    }
+
+    /// Records that the owner at the next position has this hash.
+    fn add(&mut self, hash: u64) {
+        let position = u32::try_from(self.previous.len()).unwrap_or(NO_POSITION);
+        let previous = self.latest.insert(hash, position).unwrap_or(NO_POSITION);
+        self.previous.push(previous);
+    }
+
+    /// The positions listed with this hash, latest first.
+    fn positions(&self, hash: u64) -> impl Iterator<Item = usize> + '_ {
+        let first = self.latest.get(&hash).copied().unwrap_or(NO_POSITION);
+        std::iter::successors(Some(first), move |p| {
+            self.previous.get(*p as usize).copied()
+        })
+        .take_while(|p| *p != NO_POSITION)
+        .map(|p| p as usize)
+    }
 }
 
 impl Default for Changes {
@@ -296,13 +365,35 @@ impl Default for Changes {
             expired: 0,
             held_first: None,
             held_more: Vec::new(),
+            index: None,
         }
     }
 }
 
 impl Changes {
+    /// Lists `owner` as changed, unless it is listed already: constant
+    /// time (expected), whatever the length of the list.
     pub fn touch(&mut self, owner: &[u8]) {
+        if let Some(index) = self.index.as_deref() {
+            let hash = index.hash(owner);
+            if index
+                .positions(hash)
+                .any(|p| self.owner_at(p) == Some(owner))
+            {
+                return;
+            }
+            self.more.push(owner.into());
+            if let Some(index) = self.index.as_deref_mut() {
+                index.add(hash);
+            }
+            return;
+        }
         if self.owners().any(|o| o == owner) {
+            return;
+        }
+        if self.more.len() >= INDEXED_FROM {
+            self.build_index();
+            self.touch(owner);
             return;
         }
         if self.first_len.is_none() && self.more.is_empty() {
@@ -318,6 +409,41 @@ impl Changes {
 
     pub fn is_empty(&self) -> bool {
         self.first_len.is_none() && self.more.is_empty()
+    }
+
+    /// Whether `owner` is listed (constant time once the list is long).
+    pub fn contains(&self, owner: &[u8]) -> bool {
+        match self.index.as_deref() {
+            Some(index) => index
+                .positions(index.hash(owner))
+                .any(|p| self.owner_at(p) == Some(owner)),
+            None => self.owners().any(|o| o == owner),
+        }
+    }
+
+    /// How many owners are listed.
+    pub fn len(&self) -> usize {
+        usize::from(self.first_len.is_some()) + self.more.len()
+    }
+
+    /// The listed owner at `position` (in [`Changes::owners`]'s order).
+    fn owner_at(&self, position: usize) -> Option<&[u8]> {
+        match (self.first_len, position) {
+            (Some(n), 0) => self.first.get(..usize::from(n)),
+            (Some(_), p) => self.more.get(p - 1).map(|o| o.as_ref()),
+            (None, p) => self.more.get(p).map(|o| o.as_ref()),
+        }
+    }
+
+    /// Indexes the owners listed so far (the list has grown long).
+    #[cold]
+    fn build_index(&mut self) {
+        let mut index = OwnerIndex::default();
+        for owner in self.owners() {
+            let hash = index.hash(owner);
+            index.add(hash);
+        }
+        self.index = Some(Box::new(index));
     }
 
     /// The owners changed, in the order they were first changed.
@@ -369,6 +495,8 @@ pub enum Invalid {
     TooLarge,
     /// A saved block that is not whole (cut short, too long, unknown kind).
     Corrupt,
+    /// More holders than a lock may have ([`Lock::from_saved_within`]).
+    TooManyHolders,
 }
 
 impl From<TooLarge> for Invalid {
@@ -442,6 +570,55 @@ impl std::fmt::Debug for Lock {
     }
 }
 
+/// A lock's holders by owner, for many look-ups in a row while holders are
+/// added or changed but none removed ([`Lock::grant_in_turn`]): each
+/// holder's entry offset by the hash of its owner (offsets stay put when
+/// holders are added or changed).
+/// Built on the second request (`Default`: nothing built yet).
+#[derive(Debug, Default)]
+pub struct HolderIndex {
+    first_done: bool,
+    table: Option<HolderTable>,
+}
+
+#[derive(Debug)]
+struct HolderTable {
+    owners: OwnerIndex,
+    /// The entry offset of each indexed holder, in the order indexed.
+    offsets: Vec<usize>,
+}
+
+impl HolderTable {
+    fn of(lock: &Lock) -> HolderTable {
+        let mut index = HolderTable {
+            owners: OwnerIndex::default(),
+            offsets: Vec::with_capacity(lock.holder_count()),
+        };
+        for (at, h) in lock.block.entries() {
+            index.add(h.owner, at);
+        }
+        index
+    }
+
+    fn add(&mut self, owner: &[u8], at: usize) {
+        let hash = self.owners.hash(owner);
+        self.owners.add(hash);
+        self.offsets.push(at);
+    }
+
+    /// The entry offset of `owner`'s holder in `lock`, if it has one.
+    fn find(&self, lock: &Lock, owner: &[u8]) -> Option<usize> {
+        self.owners
+            .positions(self.owners.hash(owner))
+            .filter_map(|p| self.offsets.get(p).copied())
+            .find(|at| lock.block.holder_at(*at).is_some_and(|h| h.owner == owner))
+    }
+}
+
+/// Owners (or holders) up to this many are looked up one by one
+/// ([`Lock::look_up`]).
+const LOOK_UP_FEW: usize = 8;
+
 /// What a grant request would get, decided before anything changes.
 enum Verdict {
     /// The owner holds the key already: a repeat (its entry's offset, holds,
@@ -458,6 +635,28 @@ enum Verdict {
     Refused(Attempt),
 }
 
+/// A holder's own rules, whatever the others (a non-empty owner, a hold,
+/// a token; a semaphore's limit in range and one permit): the block's
+/// `limit` field (0 but for a semaphore).
+fn own_rules(kind: Kind, holder: &HolderRef<'_>) -> Result<u32, Invalid> {
+    if holder.owner.is_empty() {
+        return Err(Invalid::EmptyOwner);
+    }
+    if holder.holds == 0 {
+        return Err(Invalid::ZeroHolds);
+    }
+    if holder.token == 0 {
+        return Err(Invalid::ZeroToken);
+    }
+    match kind {
+        Kind::Semaphore(limit) if !(1..=MAX_LIMIT).contains(&limit) || holder.holds != 1 => {
+            Err(Invalid::BadLimit)
+        }
+        Kind::Semaphore(limit) => Ok(limit),
+        _ => Ok(0),
+    }
+}
+
 fn tag_of(mode: Mode) -> u8 {
     match mode {
         Mode::Exclusive => block::EXCLUSIVE,
@@ -472,11 +671,48 @@ impl Lock {
     pub fn from_holders(kind: impl Into<Kind>, holders: Vec<Holder>) -> Result<Lock, Invalid> {
         let kind = kind.into();
         let mut lock = Lock::default();
+        if holders.len() > LOOK_UP_FEW {
+            return Lock::from_many(kind, &holders);
+        }
         for holder in holders {
             if lock.holder(&holder.owner).is_some() {
                 return Err(Invalid::DuplicateOwner);
             }
             lock.put(kind, holder)?;
+        }
+        Ok(lock)
+    }
+
+    /// [`Lock::from_holders`] of many holders: owners and tokens each once
+    /// checked through hash sets, each holder's own rules one by one, then
+    /// the block built in one pass (linear time, where a holder put at a
+    /// time would compare it with every holder before it).
+    #[cold]
+    fn from_many(kind: Kind, holders: &[Holder]) -> Result<Lock, Invalid> {
+        let mut owners = std::collections::HashSet::with_capacity(holders.len());
+        let mut tokens = std::collections::HashSet::with_capacity(holders.len());
+        for h in holders {
+            let limit = own_rules(kind, &h.as_ref())?;
+            if !owners.insert(&h.owner[..]) {
+                return Err(Invalid::DuplicateOwner);
+            }
+            if !tokens.insert(h.token) {
+                return Err(Invalid::DuplicateToken);
+            }
+            if kind.mode() == Mode::Exclusive && owners.len() > 1 {
+                return Err(Invalid::SecondExclusiveHolder);
+            }
+            if owners.len() > limit as usize && kind.mode() == Mode::Semaphore {
+                return Err(Invalid::BadLimit);
+            }
+        }
+        let mut lock = Lock::default();
+        let limit = match kind {
+            Kind::Semaphore(limit) => limit,
+            _ => 0,
+        };
+        for h in holders {
+            lock.block.push(tag_of(kind.mode()), limit, h.as_ref())?;
         }
         Ok(lock)
     }
@@ -533,6 +769,23 @@ impl Lock {
 
     pub fn holder(&self, owner: &[u8]) -> Option<HolderRef<'_>> {
         self.holders().find(|h| h.owner == owner)
+    }
+
+    /// Each of `owners` with its holder here (`None`: it holds nothing
+    /// here), in order: by one look-up each for a few owners or a small
+    /// lock, else through a table of the holders built once (linear time in
+    /// the owners and the holders, never their product).
+    pub fn look_up<'a, 'o>(
+        &'a self,
+        owners: impl Iterator<Item = &'o [u8]> + Clone,
+    ) -> Vec<(&'o [u8], Option<HolderRef<'a>>)> {
+        let few = owners.clone().nth(LOOK_UP_FEW).is_none();
+        if few || self.holder_count() <= LOOK_UP_FEW {
+            return owners.map(|o| (o, self.holder(o))).collect();
+        }
+        let table: std::collections::HashMap<&[u8], HolderRef<'a>> =
+            self.holders().map(|h| (h.owner, h)).collect();
+        owners.map(|o| (o, table.get(o).copied())).collect()
     }
 
     /// The owner's entry (offset and state), live or not.
@@ -600,7 +853,10 @@ impl Lock {
         match (self.mode(), kind) {
             (Mode::Shared, Kind::Read) => true,
             (Mode::Semaphore, Kind::Semaphore(limit)) => {
-                limit == self.block.limit() && self.live(now).count() < self.block.limit() as usize
+                // The stored count first: below the limit, no walk.
+                let permits = self.block.limit() as usize;
+                limit == self.block.limit()
+                    && (self.block.count() < permits || self.live(now).count() < permits)
             }
             _ => false,
         }
@@ -608,7 +864,21 @@ impl Lock {
 
     /// What `req` would get at `now` with `queued_ahead` (see
     /// [`Lock::try_acquire`]), without changing anything.
-    fn verdict(&self, req: Ask<'_>, queued_ahead: bool, now: u64) -> Verdict {
+    fn verdict(&self, req: Ask<'_>, queued_ahead: bool, now: u64, max: usize) -> Verdict {
+        let mine = self.entry(req.owner);
+        self.verdict_of(req, mine, queued_ahead, now, max)
+    }
+
+    /// [`Lock::verdict`] with the owner's entry, live or not, found
+    /// already (`mine`), and `max` holders at most.
+    fn verdict_of(
+        &self,
+        req: Ask<'_>,
+        mine: Option<(usize, HolderRef<'_>)>,
+        queued_ahead: bool,
+        now: u64,
+        max: usize,
+    ) -> Verdict {
         let mode = self.mode();
         if self.is_held(now) {
             let semaphore = mode == Mode::Semaphore;
@@ -621,11 +891,7 @@ impl Lock {
                 }
             }
         }
-        let mine = self
-            .block
-            .entries()
-            .find(|(_, h)| h.owner == req.owner && h.is_live(now));
-        if let Some((at, holder)) = mine {
+        if let Some((at, holder)) = mine.filter(|(_, h)| h.is_live(now)) {
             if mode != req.kind.mode() {
                 return Verdict::Refused(Attempt::Conflict(mode));
             }
@@ -642,6 +908,11 @@ impl Lock {
         if queued_ahead || !self.admits(req.kind, now) {
             return Verdict::Refused(Attempt::Busy);
         }
+        // The stored count first (expired holders included): below the
+        // limit, no walk.
+        if self.block.count() >= max && self.live(now).count() >= max {
+            return Verdict::Refused(Attempt::TooManyHolders(max));
+        }
         Verdict::New
     }
 
@@ -650,7 +921,7 @@ impl Lock {
     /// Used to decide every key of a multi-key request before granting any.
     pub fn check<'r>(&self, req: impl Into<Ask<'r>>, queued_ahead: bool, now: u64) -> Attempt {
         let req = req.into();
-        match self.verdict(req, queued_ahead, now) {
+        match self.verdict(req, queued_ahead, now, max_holders()) {
             Verdict::Repeat { token, .. } => Attempt::Granted(token),
             Verdict::New => Attempt::Granted(0),
             Verdict::Refused(attempt) => attempt,
@@ -668,10 +939,71 @@ impl Lock {
         tokens: &mut Tokens,
         changes: &mut Changes,
     ) -> Attempt {
+        self.try_acquire_within(req, queued_ahead, now, tokens, changes, max_holders())
+    }
+
+    /// [`Lock::try_acquire`] with at most `max` holders (in place of
+    /// [`max_holders`]).
+    pub fn try_acquire_within<'r>(
+        &mut self,
+        req: impl Into<Ask<'r>>,
+        queued_ahead: bool,
+        now: u64,
+        tokens: &mut Tokens,
+        changes: &mut Changes,
+        max: usize,
+    ) -> Attempt {
         let req = req.into();
         self.purge(now, changes);
+        let verdict = self.verdict(req, queued_ahead, now, max);
+        self.carry_out(req, verdict, now, tokens, changes).0
+    }
+
+    /// Requests granted one after another at one `now`, a queue's head
+    /// (see [`crate::Queue::settle`]): each as [`Lock::try_acquire`] with
+    /// nobody queued ahead answers it, the lock purged at `now` first. Their
+    /// owners are found through `index`, built on the second request and
+    /// kept up to date here: granting `k` requests to a lock of `n` holders
+    /// costs time linear in `k + n`, not their product.
+    pub fn grant_in_turn(
+        &mut self,
+        req: Ask<'_>,
+        now: u64,
+        tokens: &mut Tokens,
+        changes: &mut Changes,
+        index: &mut HolderIndex,
+    ) -> Attempt {
+        let max = max_holders();
+        if !index.first_done {
+            // Most settles grant one request: no index for it.
+            index.first_done = true;
+            return self.try_acquire_within(req, false, now, tokens, changes, max);
+        }
+        let ix = index.table.get_or_insert_with(|| HolderTable::of(self));
+        // Nothing expires twice at one `now`: the lock was purged at it.
+        let mine = ix
+            .find(self, req.owner)
+            .and_then(|at| Some((at, self.block.holder_at(at)?)));
+        let verdict = self.verdict_of(req, mine, false, now, max);
+        let (attempt, added) = self.carry_out(req, verdict, now, tokens, changes);
+        if let Some(at) = added {
+            ix.add(req.owner, at);
+        }
+        attempt
+    }
+
+    /// Does what `verdict` decided for `req`: the attempt, and the offset
+    /// of the entry of a holder it added.
+    fn carry_out(
+        &mut self,
+        req: Ask<'_>,
+        verdict: Verdict,
+        now: u64,
+        tokens: &mut Tokens,
+        changes: &mut Changes,
+    ) -> (Attempt, Option<usize>) {
         let deadline = now.saturating_add(req.ttl);
-        match self.verdict(req, queued_ahead, now) {
+        let attempt = match verdict {
             Verdict::Refused(attempt) => attempt,
             Verdict::Repeat {
                 at,
@@ -688,19 +1020,25 @@ impl Lock {
                 Attempt::Granted(token)
             }
             Verdict::New => match self.add_holder(req, now, tokens) {
-                Ok(token) => {
+                Ok((token, at)) => {
                     changes.touch(req.owner);
-                    Attempt::Granted(token)
+                    return (Attempt::Granted(token), Some(at));
                 }
                 Err(refused) => refused,
             },
-        }
+        };
+        (attempt, None)
     }
 
     /// Adds `req`'s owner as a new holder with a new token (the verdict was
     /// `New`): the token, or the refusal (no token left, a block past its
     /// size) with nothing added.
-    fn add_holder(&mut self, req: Ask<'_>, now: u64, tokens: &mut Tokens) -> Result<u64, Attempt> {
+    fn add_holder(
+        &mut self,
+        req: Ask<'_>,
+        now: u64,
+        tokens: &mut Tokens,
+    ) -> Result<(u64, usize), Attempt> {
         let Some(token) = tokens.issue() else {
             return Err(Attempt::TokensExhausted);
         };
@@ -716,7 +1054,7 @@ impl Lock {
             deadline: now.saturating_add(req.ttl),
         };
         match self.block.push(tag_of(req.kind.mode()), limit, holder) {
-            Ok(_) => Ok(token),
+            Ok(at) => Ok((token, at)),
             Err(_) => Err(Attempt::TooLarge),
         }
     }
@@ -733,7 +1071,7 @@ impl Lock {
         tokens: &mut Tokens,
     ) -> Result<(Lock, u64), Attempt> {
         let mut lock = Lock::default();
-        let token = lock.add_holder(req.into(), now, tokens)?;
+        let (token, _) = lock.add_holder(req.into(), now, tokens)?;
         Ok((lock, token))
     }
 
@@ -868,22 +1206,7 @@ impl Lock {
     /// [`Lock::put`] of a borrowed holder.
     pub fn put_ref(&mut self, kind: Kind, holder: HolderRef<'_>) -> Result<(), Invalid> {
         let mode = kind.mode();
-        if holder.owner.is_empty() {
-            return Err(Invalid::EmptyOwner);
-        }
-        if holder.holds == 0 {
-            return Err(Invalid::ZeroHolds);
-        }
-        if holder.token == 0 {
-            return Err(Invalid::ZeroToken);
-        }
-        let limit = match kind {
-            Kind::Semaphore(limit) if !(1..=MAX_LIMIT).contains(&limit) || holder.holds != 1 => {
-                return Err(Invalid::BadLimit)
-            }
-            Kind::Semaphore(limit) => limit,
-            _ => 0,
-        };
+        let limit = own_rules(kind, &holder)?;
         if self
             .holders()
             .any(|h| h.token == holder.token && h.owner != holder.owner)
@@ -943,18 +1266,26 @@ impl Lock {
             .retain(|h| h.owner == owner || h.token != holder.token);
         // A semaphore past its limit (this copy missed releases): the
         // earliest deadlines go first.
+        // Ties go in grant order. One sort and one pass, however many go.
         if let Kind::Semaphore(limit) = kind {
-            while self.holders().filter(|h| h.owner != owner).count() >= limit as usize {
-                let Some(at) = self
-                    .block
-                    .entries()
-                    .filter(|(_, h)| h.owner != owner)
-                    .min_by_key(|(_, h)| h.deadline)
-                    .map(|(at, _)| at)
-                else {
-                    break;
-                };
-                self.block.remove(at);
+            let mut others: Vec<(u64, usize)> = self
+                .holders()
+                .enumerate()
+                .filter(|(_, h)| h.owner != owner)
+                .map(|(i, h)| (h.deadline, i))
+                .collect();
+            let excess = (others.len() + 1).saturating_sub(limit as usize);
+            if excess > 0 {
+                others.sort_unstable();
+                let mut going: Vec<usize> = others.iter().take(excess).map(|(_, i)| *i).collect();
+                going.sort_unstable();
+                let mut going = going.into_iter().peekable();
+                let mut i = 0;
+                self.block.retain(|_| {
+                    let go = going.next_if_eq(&i).is_some();
+                    i += 1;
+                    !go
+                });
             }
         }
         self.put(kind, holder)
@@ -1052,6 +1383,22 @@ impl Lock {
             }
         }
         Ok(Loaded::new(lock, survey))
+    }
+
+    /// How many holders a block saved by [`Lock::saved`] says it has, read
+    /// from its header alone (no walk): what a load compares with the
+    /// holder limit before anything else. `None` when it has no header.
+    pub fn saved_count(buf: &[u8]) -> Option<usize> {
+        Block::saved_count(buf)
+    }
+
+    /// [`Lock::from_saved`], refusing a lock of more than `max` holders
+    /// (`Invalid::TooManyHolders`) before its holders are walked.
+    pub fn from_saved_within(buf: Vec<u8>, now: u64, max: usize) -> Result<Loaded, Invalid> {
+        if Lock::saved_count(&buf).is_some_and(|n| n > max) {
+            return Err(Invalid::TooManyHolders);
+        }
+        Lock::from_saved(buf, now)
     }
 
     /// The lock with what a load needs to know of it ([`Loaded`]), by a
@@ -1578,6 +1925,214 @@ mod tests {
         b.token = 99;
         let together = Lock::from_holders(Mode::Shared, vec![h("a", 20), b]).unwrap();
         assert_eq!(together.sweep_at(), None);
+    }
+
+    proptest::proptest! {
+        /// However long the list (past the point where it is indexed by
+        /// hash), every owner touched is listed once, in the order first
+        /// touched, and `contains` says so exactly.
+        #[test]
+        fn changes_list_each_owner_once_in_first_touched_order(
+            touches in proptest::collection::vec(
+                proptest::collection::vec(0u8..4, 0..70), 0..200)
+        ) {
+            let mut c = Changes::default();
+            let mut want: Vec<Vec<u8>> = Vec::new();
+            for o in &touches {
+                c.touch(o);
+                if !want.contains(o) {
+                    want.push(o.clone());
+                }
+            }
+            let got: Vec<Vec<u8>> = c.owners().map(|o| o.to_vec()).collect();
+            proptest::prop_assert_eq!(&got, &want);
+            proptest::prop_assert_eq!(c.len(), want.len());
+            for o in &touches {
+                proptest::prop_assert!(c.contains(o));
+            }
+            proptest::prop_assert!(!c.contains(b"not touched"));
+        }
+    }
+
+    fn reader(o: usize, token: u64, deadline: u64) -> Holder {
+        Holder {
+            owner: format!("r{o}").into_bytes().into(),
+            holds: 1,
+            since: 0,
+            token,
+            deadline,
+        }
+    }
+
+    #[test]
+    fn a_refresh_and_a_purge_of_many_holders_list_each_once() {
+        let n = 5_000;
+        let holders = (0..n).map(|i| reader(i, i as u64 + 1, 10 + (i % 2) as u64));
+        let lock = Lock::from_holders(Mode::Shared, holders.collect()).unwrap();
+        let mut c = Changes::default();
+        c.touch(b"r7");
+        lock.touch_all(&mut c);
+        let want: Vec<Vec<u8>> = std::iter::once(7)
+            .chain((0..n).filter(|i| *i != 7))
+            .map(|i| format!("r{i}").into_bytes())
+            .collect();
+        assert_eq!(c.owners().map(|o| o.to_vec()).collect::<Vec<_>>(), want);
+        let mut purged = lock.clone();
+        let mut c = Changes::default();
+        purged.purge(10, &mut c);
+        assert_eq!(
+            (c.expired(), c.len(), purged.holder_count()),
+            (n / 2, n / 2, n / 2)
+        );
+        let found = purged.look_up(c.owners());
+        assert!(found.iter().all(|(_, h)| h.is_none()), "all dropped");
+        let found = lock.look_up(c.owners());
+        assert!(found.iter().all(|(o, h)| h.is_some_and(|h| h.owner == *o)));
+    }
+
+    #[test]
+    fn grants_past_the_holder_limit_are_refused_and_change_nothing() {
+        let mut tokens = Tokens::starting_after(0);
+        for kind in [Kind::Read, Kind::Semaphore(10)] {
+            let mut lock = Lock::default();
+            for o in ["a", "b", "c"] {
+                let mut c = Changes::default();
+                let got =
+                    lock.try_acquire_within(&req(kind, o, 100), false, 0, &mut tokens, &mut c, 3);
+                assert!(matches!(got, Attempt::Granted(_)));
+            }
+            let before = lock.clone();
+            let mut c = Changes::default();
+            let got =
+                lock.try_acquire_within(&req(kind, "d", 100), false, 1, &mut tokens, &mut c, 3);
+            assert_eq!(got, Attempt::TooManyHolders(3));
+            assert!(c.is_empty() && lock == before, "nothing changed");
+            // A holder's repeat is not a new holder.
+            let got =
+                lock.try_acquire_within(&req(kind, "b", 100), false, 1, &mut tokens, &mut c, 3);
+            assert!(matches!(got, Attempt::Granted(_)));
+            // Expired holders do not count.
+            let mut c = Changes::default();
+            let got =
+                lock.try_acquire_within(&req(kind, "d", 100), false, 100, &mut tokens, &mut c, 3);
+            assert!(matches!(got, Attempt::Granted(_)), "{got:?}");
+            assert_eq!(
+                lock.check(&req(kind, "e", 100), false, 100),
+                Attempt::Granted(0)
+            );
+        }
+        // An exclusive lock whose holder expired is free at a limit of 1.
+        let mut lock = Lock::default();
+        let mut c = Changes::default();
+        lock.try_acquire_within(
+            &req(Kind::Acquire, "a", 10),
+            false,
+            0,
+            &mut tokens,
+            &mut c,
+            1,
+        );
+        let got = lock.try_acquire_within(
+            &req(Kind::Acquire, "b", 10),
+            false,
+            10,
+            &mut tokens,
+            &mut c,
+            1,
+        );
+        assert!(matches!(got, Attempt::Granted(_)));
+    }
+
+    #[test]
+    fn many_holders_are_built_checked_and_forced_as_few_are() {
+        let n = 100;
+        let many: Vec<Holder> = (0..n)
+            .map(|i| reader(i, i as u64 + 1, 50 + (i % 7) as u64))
+            .collect();
+        let lock = Lock::from_holders(Mode::Shared, many.clone()).unwrap();
+        let mut one_by_one = Lock::default();
+        for h in many.clone() {
+            one_by_one.put(Mode::Shared, h).unwrap();
+        }
+        assert_eq!(lock, one_by_one);
+        let mut twice = many.clone();
+        twice.push(reader(3, 999, 1));
+        assert_eq!(
+            Lock::from_holders(Mode::Shared, twice),
+            Err(Invalid::DuplicateOwner)
+        );
+        let mut same_token = many.clone();
+        same_token.push(reader(n, 5, 1));
+        assert_eq!(
+            Lock::from_holders(Mode::Shared, same_token),
+            Err(Invalid::DuplicateToken)
+        );
+        assert_eq!(
+            Lock::from_holders(Mode::Exclusive, many.clone()),
+            Err(Invalid::SecondExclusiveHolder)
+        );
+        assert_eq!(
+            Lock::from_holders(Kind::Semaphore(99), many.clone()),
+            Err(Invalid::BadLimit)
+        );
+        let sem = Lock::from_holders(Kind::Semaphore(100), many.clone()).unwrap();
+        assert_eq!(sem.holder_count(), n);
+        // A semaphore forced to take one more at its limit drops the
+        // earliest deadline, first granted first: as one at a time would.
+        let mut forced = sem.clone();
+        forced
+            .force(Kind::Semaphore(100), reader(n, 1_000, 9))
+            .unwrap();
+        let mut want = sem.clone();
+        let earliest = many.iter().min_by_key(|h| h.deadline).unwrap();
+        want.remove(&earliest.owner);
+        want.put(Kind::Semaphore(100), reader(n, 1_000, 9)).unwrap();
+        assert_eq!(forced, want);
+    }
+
+    #[test]
+    fn a_queue_of_many_readers_is_granted_in_turn_exactly() {
+        let mut tokens = Tokens::starting_after(0);
+        let mut lock = Lock::default();
+        let mut c = Changes::default();
+        for i in 0..20 {
+            lock.try_acquire(
+                &req(Kind::Read, &format!("h{i}"), 100),
+                false,
+                0,
+                &mut tokens,
+                &mut c,
+            );
+        }
+        let mut plain = lock.clone();
+        let mut plain_tokens = tokens;
+        let asks: Vec<Request> = (0..40)
+            .map(|i| req(Kind::Read, &format!("{}{}", ["h", "w"][i % 2], i / 2), 200))
+            .collect();
+        let mut index = HolderIndex::default();
+        let (mut ca, mut cb) = (Changes::default(), Changes::default());
+        for r in &asks {
+            let a = lock.grant_in_turn(Ask::from(r), 5, &mut tokens, &mut ca, &mut index);
+            let b = plain.try_acquire(r, false, 5, &mut plain_tokens, &mut cb);
+            assert_eq!(a, b);
+        }
+        assert_eq!(lock, plain);
+        assert!(ca.owners().eq(cb.owners()));
+    }
+
+    #[test]
+    fn a_saved_lock_past_the_limit_is_refused_before_its_walk() {
+        let many: Vec<Holder> = (0..20).map(|i| reader(i, i as u64 + 1, 50)).collect();
+        let saved = Lock::from_holders(Mode::Shared, many)
+            .unwrap()
+            .saved()
+            .to_vec();
+        assert_eq!(Lock::saved_count(&saved), Some(20));
+        assert!(Lock::from_saved_within(saved.clone(), 1, 20).is_ok());
+        assert_eq!(
+            Lock::from_saved_within(saved, 1, 19).unwrap_err(),
+            Invalid::TooManyHolders
+        );
     }
 
     #[test]

@@ -15,7 +15,7 @@
 
 use std::collections::VecDeque;
 
-use crate::lock::{Attempt, Changes, Lock, Request};
+use crate::lock::{Ask, Attempt, Changes, HolderIndex, Lock, Request};
 use crate::tokens::Tokens;
 
 /// A waiting request, identified by the shell's waiter id `W`.
@@ -102,8 +102,10 @@ impl<W: PartialEq + Copy> Queue<W> {
     ) -> Vec<(W, Attempt)> {
         let mut answered = Vec::new();
         lock.purge(now, changes);
+        let mut index = HolderIndex::default();
         while let Some(head) = self.waiters.front().filter(|w| !w.part) {
-            let attempt = lock.try_acquire(&head.request, false, now, tokens, changes);
+            let attempt =
+                lock.grant_in_turn(Ask::from(&head.request), now, tokens, changes, &mut index);
             if attempt == Attempt::Busy {
                 break;
             }
