@@ -154,11 +154,12 @@ fn load_fields(rdb: *mut raw::RedisModuleIO, encver: c_int, now: u64) -> Option<
 
 /// Why a lock read whole is one no server can have made: `None` when it
 /// is within every bound. A `RESTORE` (`loading` false) is held to the
-/// bounds a server's own grants keep: tokens up to the horizon, leases up
-/// to `lock.max-ttl` (plus the skew margin, for a payload from a server
-/// whose clock is ahead); a load, to a day more of tokens (tokens issued
-/// since a `RESTORE` accepted its own still load), and its deadlines past
-/// the bound are clamped to it rather than refused.
+/// bounds a server's own grants keep: tokens up to the horizon, at most
+/// `lock.max-holders` holders, leases up to `lock.max-ttl` (plus the skew
+/// margin, for a payload from a server whose clock is ahead); a load, to a
+/// day more of tokens (tokens issued since a `RESTORE` accepted its own
+/// still load), keeps a lock past the holder limit, and clamps deadlines
+/// past the bound rather than refuse them.
 fn out_of_bounds(loaded: &mut Loaded, now: u64, loading: bool) -> Option<String> {
     let highest = loaded.highest_token;
     let tokens_ok = match loading {
@@ -169,6 +170,18 @@ fn out_of_bounds(loaded: &mut Loaded, now: u64, loading: bool) -> Option<String>
         return Some(format!(
             "a token no server can have issued ({highest}, horizon {})",
             Tokens::horizon(now)
+        ));
+    }
+    let (holders, max) = (loaded.lock.holder_count(), config::max_holders());
+    if holders > max {
+        if !loading {
+            return Some(format!("{holders} holders, past lock.max-holders ({max})"));
+        }
+        // Kept: dropping holders would let others in while they believe
+        // they hold it. Every operation on it is linear; grants wait until
+        // it is back under the limit.
+        stats::fixed_at_load(&format!(
+            "lock: a loaded lock has {holders} holders, past lock.max-holders ({max}): kept as it is"
         ));
     }
     let max_ttl = u64::try_from(config::max_ttl_ms()).unwrap_or(u64::MAX);
@@ -216,7 +229,13 @@ fn load_lock(rdb: *mut raw::RedisModuleIO, encver: c_int) -> Option<Loaded> {
     let now = clock::load_time();
     let loading = clock::is_loading();
     let read = match encver {
-        3 => Lock::from_saved(load_block(rdb)?, now).map_err(|e| format!("{e:?}")),
+        // A RESTORE past the holder limit is refused from the block's
+        // count, before its holders are walked.
+        3 => match loading {
+            true => Lock::from_saved(load_block(rdb)?, now),
+            false => Lock::from_saved_within(load_block(rdb)?, now, config::max_holders()),
+        }
+        .map_err(|e| format!("{e:?}")),
         _ => load_fields(rdb, encver, now)?
             .map(Lock::loaded)
             .ok_or_else(|| "a malformed lock".to_string()),

@@ -364,3 +364,29 @@ fn an_aof_with_impossible_lock_state_loads_the_rest() {
     assert!(c.lock_info("bad").is_none());
     assert_eq!(stat(&mut c, "loaded_state_fixed"), 2);
 }
+
+/// Issue 32.2: a `RESTORE` of a lock with more holders than
+/// `lock.max-holders` is refused (from its count, before its holders are
+/// walked); a load keeps it as it is (dropping readers would let a writer
+/// in while they believe they hold it), logged and counted, and grants on
+/// it are refused until it is back under the limit.
+#[test]
+fn holders_past_the_limit_are_refused_by_restore_and_kept_by_a_load() {
+    let s = Server::start();
+    let mut c = s.conn();
+    c.cmd(&["CONFIG", "SET", "lock.max-holders", "10"]).ok();
+    for i in 0..10 {
+        token(c.read("r", &format!("r{i}"), 100_000));
+    }
+    let payload = dump(&mut c, "r");
+    c.cmd(&["CONFIG", "SET", "lock.max-holders", "5"]).ok();
+    let r = c.cmd(&[b"RESTORE".as_slice(), b"r2", b"0", &payload]);
+    assert!(r.is_err(), "RESTORE past the limit: {r:?}");
+    assert_eq!(c.cmd(&["EXISTS", "r2"]).int(), 0);
+    assert!(c.cmd(&["DEBUG", "RELOAD"]).is("OK"));
+    assert_eq!(c.lock_info("r").expect("kept").holders.len(), 10);
+    assert_eq!(stat(&mut c, "loaded_state_fixed"), 1);
+    assert!(c.read("r", "one-more", 100_000).is_err());
+    c.cmd(&["CONFIG", "SET", "lock.max-holders", "10"]).ok();
+    c.cmd(&[b"RESTORE".as_slice(), b"r2", b"0", &payload]).ok();
+}
