@@ -259,7 +259,7 @@ pub enum Attempt {
 }
 
 /// The default of [`max_holders`].
-pub const DEFAULT_MAX_HOLDERS: usize = 500;
+pub const DEFAULT_MAX_HOLDERS: usize = 1000;
 
 /// The most holders one lock may have: a grant that would add one past it
 /// is refused ([`Attempt::TooManyHolders`]). The one setting the core reads
