@@ -293,3 +293,28 @@ fn a_closed_connections_holder_closes_no_cycle_of_waits() {
     token(&cw.read_reply().unwrap());
     assert_eq!(stat(&mut c2, "deadlocks"), 1);
 }
+
+/// `LOCK.KEEPALIVE` with 100,000 bound holders renews them all in the one
+/// call (the reply counts them, each lease is moved): the longest PING on
+/// another connection meanwhile is what the call stalls the server. It is
+/// O(bound holders), so not flagged `fast` (docs/design.md, "Bound locks").
+#[test]
+fn keepalive_with_100000_bound_locks_renews_them_all_and_the_longest_ping_is_reported() {
+    let s = Server::start();
+    let mut c1 = s.conn();
+    bind_many(&mut c1, "O", 100_000);
+    let mut c2 = s.conn();
+    let flags = c2.cmd(&["COMMAND", "INFO", "lock.keepalive"]);
+    let flags = flags.array()[0].array()[2].show();
+    assert!(!flags.contains("fast"), "KEEPALIVE is not fast: {flags}");
+    let pinger = Pinger::start(&s);
+    sleep_ms(50);
+    let start = Instant::now();
+    assert_eq!(c1.cmd(&["LOCK.KEEPALIVE", "900000"]).int(), 100_000);
+    let took = start.elapsed();
+    sleep_ms(50);
+    let worst = pinger.stop();
+    eprintln!("KEEPALIVE of 100000 bound locks: {took:?}, longest PING {worst:?}");
+    assert!(c2.lock_info("fill:99999").unwrap().holders[0].ttl > 600_000);
+    assert!(c2.lock_info("fill:0").unwrap().holders[0].ttl > 600_000);
+}
