@@ -13,13 +13,21 @@
 //! the connection's next `LOCK.KEEPALIVE` or at its close: every use checks
 //! the holder's token first, so a stale binding never touches another grant.
 //! RENAME, MOVE and SWAPDB carry bindings to the lock's new place.
+//!
+//! A connection that closes is marked closed here at once, in O(1) (its
+//! bindings stay indexed by key, each naming the closed client): from then
+//! on every transaction on a key ends the key's holders bound to a closed
+//! connection before anything else (`store`), LOCK.INFO and the deadlock
+//! search leave them out, and INFO does not count them. The timer ends the
+//! rest later, a share per tick. [`pending`] (one atomic) says whether any
+//! such holder is left, so a server with none pays nothing.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{LazyLock, Mutex, MutexGuard};
 
 use crate::ffi::DbKey;
-use lock_core::Owner;
+use lock_core::{Changes, Lock, Mode, Owner};
 
 /// A client id (`CLIENT ID`).
 pub type ClientId = u64;
@@ -40,10 +48,57 @@ pub struct Bound {
     pub token: u64,
 }
 
+/// A binding as indexed by key: its connection, its grant, the lock's mode
+/// (for INFO's count of holders by mode).
+#[derive(Clone, Copy, Debug)]
+struct Entry {
+    client: ClientId,
+    token: u64,
+    mode: usize,
+}
+
+/// A connection's bindings, and how many of them are in each mode.
+#[derive(Default)]
+struct Client {
+    keys: HashSet<(DbKey, Owner)>,
+    census: [usize; 3],
+}
+
 #[derive(Default)]
 struct Registry {
-    by_key: HashMap<DbKey, HashMap<Owner, (ClientId, u64)>>,
-    by_client: HashMap<ClientId, HashSet<(DbKey, Owner)>>,
+    by_key: HashMap<DbKey, HashMap<Owner, Entry>>,
+    by_client: HashMap<ClientId, Client>,
+    /// Closed connections with bindings not yet ended, and how many.
+    closed: HashMap<ClientId, usize>,
+    /// The holders of closed connections not yet ended, by mode.
+    closed_census: [usize; 3],
+}
+
+impl Registry {
+    /// The entry `(key, owner)` left the index by key: out of its
+    /// connection's set, or out of what a closed connection has pending.
+    fn unlist(&mut self, key: &DbKey, owner: &Owner, e: Entry) {
+        if let Some(left) = self.closed.get_mut(&e.client) {
+            *left = left.saturating_sub(1);
+            if *left == 0 {
+                self.closed.remove(&e.client);
+            }
+            if let Some(n) = self.closed_census.get_mut(e.mode) {
+                *n = n.saturating_sub(1);
+            }
+            PENDING.fetch_sub(1, Ordering::Relaxed);
+            return;
+        }
+        if let Some(c) = self.by_client.get_mut(&e.client) {
+            c.keys.remove(&(key.clone(), owner.clone()));
+            if let Some(n) = c.census.get_mut(e.mode) {
+                *n = n.saturating_sub(1);
+            }
+            if c.keys.is_empty() {
+                self.by_client.remove(&e.client);
+            }
+        }
+    }
 }
 
 static REGISTRY: LazyLock<Mutex<Registry>> = LazyLock::new(Mutex::default);
@@ -51,6 +106,9 @@ static REGISTRY: LazyLock<Mutex<Registry>> = LazyLock::new(Mutex::default);
 static COUNT: AtomicUsize = AtomicUsize::new(0);
 /// Bytes held by bindings (keys and owners twice, plus entries), for INFO.
 static BYTES: AtomicUsize = AtomicUsize::new(0);
+/// How many bindings belong to closed connections and are not ended yet:
+/// the cheap check before a transaction looks for them.
+static PENDING: AtomicUsize = AtomicUsize::new(0);
 
 fn registry() -> MutexGuard<'static, Registry> {
     REGISTRY.lock().unwrap_or_else(|p| p.into_inner())
@@ -60,14 +118,74 @@ fn registry() -> MutexGuard<'static, Registry> {
 /// of the key and the owner.
 fn cost(key: &DbKey, owner: &[u8]) -> usize {
     const ENTRIES: usize = 2 * (std::mem::size_of::<DbKey>() + std::mem::size_of::<Owner>())
-        + std::mem::size_of::<(ClientId, u64)>()
+        + std::mem::size_of::<Entry>()
         + 32;
     ENTRIES + 2 * (key.1.len() + owner.len())
 }
 
-/// How many holders are bound now.
+/// How many holders are bound now, counting those of closed connections
+/// not yet ended ([`pending`]).
 pub fn count() -> usize {
     COUNT.load(Ordering::Relaxed)
+}
+
+/// How many bound holders belong to connections that closed and are not
+/// ended yet (they hold nothing: the next transaction on their key ends them).
+pub fn pending() -> usize {
+    PENDING.load(Ordering::Relaxed)
+}
+
+/// [`pending`] by mode (exclusive, shared, semaphore), as `Lock::census`.
+/// Never waits for the registry (INFO also runs while a crash report is
+/// written): zeros when it is busy.
+pub fn pending_census() -> [usize; 3] {
+    if pending() == 0 {
+        return [0; 3];
+    }
+    REGISTRY.try_lock().map_or([0; 3], |r| r.closed_census)
+}
+
+/// The holders of `key` bound to a connection that closed: owner, the
+/// connection, and the grant's token.
+pub fn closed_on(key: &DbKey) -> Vec<(Owner, ClientId, u64)> {
+    if pending() == 0 {
+        return Vec::new();
+    }
+    let r = registry();
+    let Some(owners) = r.by_key.get(key) else {
+        return Vec::new();
+    };
+    owners
+        .iter()
+        .filter(|(_, e)| r.closed.contains_key(&e.client))
+        .map(|(o, e)| (o.clone(), e.client, e.token))
+        .collect()
+}
+
+/// A copy of `lock` (at `key`) as the next transaction on it will see it:
+/// without the holders of connections that closed; `None` when it has none.
+/// For the readers that must not write: LOCK.INFO, the deadlock search, a
+/// multi-key request's check.
+pub fn without_closed(key: &DbKey, lock: &Lock, now: u64) -> Option<Lock> {
+    let gone = closed_on(key);
+    if gone.is_empty() {
+        return None;
+    }
+    let mut copy = lock.clone();
+    let mut changes = Changes::default();
+    for (owner, _, token) in gone {
+        copy.release_all(&owner, token, now, &mut changes);
+    }
+    Some(copy)
+}
+
+/// The index of a mode in `Lock::census`.
+fn mode_index(mode: Mode) -> usize {
+    match mode {
+        Mode::Exclusive => 0,
+        Mode::Shared => 1,
+        Mode::Semaphore => 2,
+    }
 }
 
 /// Bytes the bindings occupy (estimate).
@@ -86,32 +204,46 @@ pub fn memory_of(key: &DbKey) -> usize {
         .map_or(0, |owners| owners.keys().map(|o| cost(key, o)).sum())
 }
 
-/// Binds a grant to `client`, moving it from any earlier connection.
-pub fn bind(client: ClientId, key: DbKey, owner: &[u8], token: u64) {
+/// Binds a grant (in a lock of `mode`) to `client`, moving it from any
+/// earlier connection.
+pub fn bind(client: ClientId, key: DbKey, owner: &[u8], token: u64, mode: Mode) {
     let mut r = registry();
     let owner: Owner = owner.into();
+    let mode = mode_index(mode);
+    let entry = Entry {
+        client,
+        token,
+        mode,
+    };
     let previous = r
         .by_key
         .entry(key.clone())
         .or_default()
-        .insert(owner.clone(), (client, token));
+        .insert(owner.clone(), entry);
     match previous {
-        Some((old, _)) if old == client => return,
-        Some((old, _)) => remove_from_client(&mut r, old, &key, &owner),
+        Some(old) if old.client == client => {
+            if old.mode != mode {
+                if let Some(c) = r.by_client.get_mut(&client) {
+                    if let Some(n) = c.census.get_mut(old.mode) {
+                        *n = n.saturating_sub(1);
+                    }
+                    if let Some(n) = c.census.get_mut(mode) {
+                        *n += 1;
+                    }
+                }
+            }
+            return;
+        }
+        Some(old) => r.unlist(&key, &owner, old),
         None => {
             COUNT.fetch_add(1, Ordering::Relaxed);
             BYTES.fetch_add(cost(&key, &owner), Ordering::Relaxed);
         }
     }
-    r.by_client.entry(client).or_default().insert((key, owner));
-}
-
-fn remove_from_client(r: &mut Registry, client: ClientId, key: &DbKey, owner: &Owner) {
-    if let Some(set) = r.by_client.get_mut(&client) {
-        set.remove(&(key.clone(), owner.clone()));
-        if set.is_empty() {
-            r.by_client.remove(&client);
-        }
+    let c = r.by_client.entry(client).or_default();
+    c.keys.insert((key, owner));
+    if let Some(n) = c.census.get_mut(mode) {
+        *n += 1;
     }
 }
 
@@ -124,13 +256,13 @@ pub fn forget(key: &DbKey, owner: &[u8]) {
     let Some(owners) = r.by_key.get_mut(key) else {
         return;
     };
-    let Some((client, _)) = owners.remove(owner) else {
+    let Some(entry) = owners.remove(owner) else {
         return;
     };
     if owners.is_empty() {
         r.by_key.remove(key);
     }
-    remove_from_client(&mut r, client, key, &owner.into());
+    r.unlist(key, &owner.into(), entry);
     COUNT.fetch_sub(1, Ordering::Relaxed);
     BYTES.fetch_sub(cost(key, owner), Ordering::Relaxed);
 }
@@ -141,37 +273,45 @@ pub fn of_client(client: ClientId) -> Vec<Bound> {
         return Vec::new();
     }
     let r = registry();
-    let Some(set) = r.by_client.get(&client) else {
+    let Some(c) = r.by_client.get(&client) else {
         return Vec::new();
     };
-    set.iter()
+    c.keys
+        .iter()
         .filter_map(|(key, owner)| {
-            let (_, token) = r.by_key.get(key)?.get(owner)?;
+            let e = r.by_key.get(key)?.get(owner)?;
             Some(Bound {
                 key: key.clone(),
                 owner: owner.clone(),
-                token: *token,
+                token: e.token,
             })
         })
         .collect()
 }
 
-/// The connection `client` closed: the holders bound to it, detached from it
-/// at once (one map removal, whatever their number); each binding itself is
-/// ended later by [`take`], a share per timer tick.
+/// The connection `client` closed: its holders hold nothing from now on
+/// (the connection is marked closed, in O(1) whatever their number, and
+/// [`pending`] counts them); the list of them, for the timer to end those
+/// no command ends first ([`take`], a share per tick).
 pub fn detach_client(client: ClientId) -> Vec<Detached> {
     if count() == 0 {
         return Vec::new();
     }
-    registry()
-        .by_client
-        .remove(&client)
-        .map(|set| {
-            set.into_iter()
-                .map(|(key, owner)| Detached { key, owner, client })
-                .collect()
-        })
-        .unwrap_or_default()
+    let mut r = registry();
+    let Some(c) = r.by_client.remove(&client) else {
+        return Vec::new();
+    };
+    let n = c.keys.len();
+    r.closed.insert(client, n);
+    for (all, mine) in r.closed_census.iter_mut().zip(c.census) {
+        *all += mine;
+    }
+    PENDING.fetch_add(n, Ordering::Relaxed);
+    drop(r);
+    c.keys
+        .into_iter()
+        .map(|(key, owner)| Detached { key, owner, client })
+        .collect()
 }
 
 /// Ends the binding of `owner` on `key` if it still belongs to `client` (a
@@ -180,17 +320,18 @@ pub fn detach_client(client: ClientId) -> Vec<Detached> {
 pub fn take(key: &DbKey, owner: &[u8], client: ClientId) -> Option<u64> {
     let mut r = registry();
     let owners = r.by_key.get_mut(key)?;
-    let (bound_to, token) = *owners.get(owner)?;
-    if bound_to != client {
+    let entry = *owners.get(owner)?;
+    if entry.client != client {
         return None;
     }
     owners.remove(owner);
     if owners.is_empty() {
         r.by_key.remove(key);
     }
+    r.unlist(key, &owner.into(), entry);
     COUNT.fetch_sub(1, Ordering::Relaxed);
     BYTES.fetch_sub(cost(key, owner), Ordering::Relaxed);
-    Some(token)
+    Some(entry.token)
 }
 
 /// The connection `client` closed: its bindings, taken out of the registry
@@ -228,12 +369,12 @@ pub fn moved(from: &DbKey, to: &DbKey) {
     let Some(owners) = r.by_key.remove(from) else {
         return;
     };
-    for (owner, (client, _)) in &owners {
+    for (owner, e) in &owners {
         BYTES.fetch_sub(cost(from, owner), Ordering::Relaxed);
         BYTES.fetch_add(cost(to, owner), Ordering::Relaxed);
-        if let Some(set) = r.by_client.get_mut(client) {
-            set.remove(&(from.clone(), owner.clone()));
-            set.insert((to.clone(), owner.clone()));
+        if let Some(c) = r.by_client.get_mut(&e.client) {
+            c.keys.remove(&(from.clone(), owner.clone()));
+            c.keys.insert((to.clone(), owner.clone()));
         }
     }
     r.by_key.insert(to.clone(), owners);
@@ -255,8 +396,8 @@ pub fn swap_dbs(a: i32, b: i32) {
         .into_iter()
         .map(|((db, key), owners)| ((swap(db), key), owners))
         .collect();
-    for set in r.by_client.values_mut() {
-        *set = std::mem::take(set)
+    for c in r.by_client.values_mut() {
+        c.keys = std::mem::take(&mut c.keys)
             .into_iter()
             .map(|((db, key), owner)| ((swap(db), key), owner))
             .collect();
@@ -290,19 +431,19 @@ mod tests {
     // One test: the registry is a process-wide static.
     #[test]
     fn bind_move_forget_rename_swap_and_take() {
-        bind(1, key(0, "a"), b"o", 10);
-        bind(1, key(0, "b"), b"o", 11);
-        bind(2, key(0, "c"), b"p", 12);
+        bind(1, key(0, "a"), b"o", 10, Mode::Exclusive);
+        bind(1, key(0, "b"), b"o", 11, Mode::Exclusive);
+        bind(2, key(0, "c"), b"p", 12, Mode::Exclusive);
         assert_eq!(count(), 3);
         assert!(memory() > 0);
         // A repeat with BIND from another connection moves the binding.
-        bind(2, key(0, "a"), b"o", 10);
+        bind(2, key(0, "a"), b"o", 10, Mode::Exclusive);
         assert_eq!(count(), 3);
         assert_eq!(of_client(1).len(), 1);
         assert_eq!(of_client(2).len(), 2);
         forget(&key(0, "b"), b"o");
         assert!(of_client(1).is_empty());
-        bind(7, key(3, "a2"), b"q", 13);
+        bind(7, key(3, "a2"), b"q", 13, Mode::Exclusive);
         moved(&key(0, "a"), &key(3, "a2"));
         assert!(of_client(7).is_empty(), "replaced by the RENAME");
         swap_dbs(3, 4);
@@ -314,10 +455,37 @@ mod tests {
         assert_eq!(held, vec![(key(0, "c"), 12), (key(4, "a2"), 10)]);
         assert_eq!(count(), 0);
         assert_eq!(memory(), 0);
-        bind(5, key(2, "x"), b"o", 1);
-        bind(5, key(3, "y"), b"o", 2);
+        bind(5, key(2, "x"), b"o", 1, Mode::Exclusive);
+        bind(5, key(3, "y"), b"o", 2, Mode::Exclusive);
         flushed(2);
         assert_eq!(of_client(5).len(), 1);
+        flushed(-1);
+        assert_eq!(count(), 0);
+
+        // A closed connection: its holders are pending at once, whatever
+        // ends them (a command's take, a forget, the timer's take).
+        bind(8, key(0, "p"), b"o", 20, Mode::Exclusive);
+        bind(8, key(0, "q"), b"o", 21, Mode::Shared);
+        bind(8, key(0, "r"), b"o", 22, Mode::Semaphore);
+        bind(9, key(0, "p"), b"z", 23, Mode::Exclusive);
+        assert_eq!(pending(), 0);
+        assert_eq!(detach_client(8).len(), 3);
+        assert_eq!(pending(), 3);
+        assert_eq!(pending_census(), [1, 1, 1]);
+        assert_eq!(
+            closed_on(&key(0, "p")),
+            vec![(b"o".as_slice().into(), 8, 20)]
+        );
+        assert_eq!(take(&key(0, "p"), b"o", 8), Some(20));
+        assert!(closed_on(&key(0, "p")).is_empty(), "z's connection is open");
+        forget(&key(0, "q"), b"o");
+        assert_eq!(pending_census(), [0, 0, 1]);
+        // A repeat with BIND elsewhere (after its end) takes it off the list.
+        bind(9, key(0, "r"), b"o", 24, Mode::Semaphore);
+        assert_eq!(pending(), 0);
+        assert_eq!(pending_census(), [0; 3]);
+        assert_eq!(take(&key(0, "r"), b"o", 8), None, "bound to 9 now");
+        assert_eq!(of_client(9).len(), 2);
         flushed(-1);
         assert_eq!(count(), 0);
     }

@@ -69,7 +69,13 @@ pub fn macquire(ctx: &Context, args: Argv<'_>) -> RedisResult {
         let db = ffi::selected_db(ctx);
         if let Some(client) = bind {
             for (name, token) in grant.keys.iter().zip(&tokens) {
-                bindings::bind(client, (db, name.as_slice().to_vec()), ask.owner, *token);
+                bindings::bind(
+                    client,
+                    (db, name.as_slice().to_vec()),
+                    ask.owner,
+                    *token,
+                    ask.kind.mode(),
+                );
             }
         }
         let tokens = tokens.into_iter().map(|t| RedisValue::Integer(ffi::int(t)));
@@ -164,7 +170,7 @@ fn answer_grant(
         Attempt::Granted(token) => {
             if let Some(client) = bind {
                 let key = ffi::db_key(ctx, grant.key.as_slice());
-                bindings::bind(client, key, grant.ask.owner, token);
+                bindings::bind(client, key, grant.ask.owner, token, grant.ask.kind.mode());
             }
             replies::answer(attempt)
         }
@@ -252,11 +258,16 @@ pub fn info(ctx: &Context, args: Argv<'_>) -> RedisResult {
     let (name, list_waiters) = args::info(args)?;
     let key = LockKey::open(ctx, name, false)?;
     let now = clock::now_ms();
-    match key.lock()? {
+    let stored = key.lock()?;
+    // Holders of a closed connection hold nothing (left out, not removed).
+    let open = stored
+        .as_deref()
+        .and_then(|l| bindings::without_closed(&ffi::db_key(ctx, name.as_slice()), l, now));
+    match open.as_ref().or(stored.as_deref()) {
         Some(lock) if lock.is_held(now) => {
             let waiting =
                 list_waiters.then(|| waiting::waiting_on(&ffi::db_key(ctx, name.as_slice()), now));
-            reply_info(ctx, &lock, now, waiting::waiters(ctx, name), waiting);
+            reply_info(ctx, lock, now, waiting::waiters(ctx, name), waiting);
             Ok(RedisValue::NoReply)
         }
         _ => Ok(RedisValue::Null),

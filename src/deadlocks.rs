@@ -12,6 +12,7 @@ use std::collections::HashMap;
 
 use redis_module::Context;
 
+use crate::bindings;
 use crate::clock;
 use crate::ffi::{self, DbKey, Str};
 use crate::keys::LockKey;
@@ -55,7 +56,8 @@ impl Waits<'_> {
         let read = LockKey::open(self.ctx, Str::from(&name), false)
             .map(|k| k.lock().map(|l| l.map(|l| Lock::clone(&l))));
         match read {
-            Ok(Ok(Some(lock))) => lock,
+            // A closed connection's holders keep nobody waiting.
+            Ok(Ok(Some(lock))) => bindings::without_closed(key, &lock, self.now).unwrap_or(lock),
             _ => Lock::default(),
         }
     }

@@ -336,7 +336,14 @@ extern "C" fn on_client(
         let Some(info) = (unsafe { data.cast::<raw::RedisModuleClientInfo>().as_ref() }) else {
             return;
         };
-        timers::release_bound(bindings::detach_client(info.id));
+        // Its holders hold nothing from now on: the connection is marked
+        // closed at once and every transaction on their keys ends them
+        // first; the timer ends the rest, a share per tick.
+        let detached = bindings::detach_client(info.id);
+        if !detached.is_empty() {
+            waiting::connection_closed();
+        }
+        timers::release_bound(detached);
     })
 }
 

@@ -31,7 +31,15 @@ extern "C" fn info(ctx: *mut raw::RedisModuleInfoCtx, for_crash_report: c_int) {
             // A step since the last look is counted before it is shown.
             clock::check_steps(clock::now_ms());
         }
-        let [keys, exclusive, shared, semaphore] = stats::gauges();
+        let [keys, mut exclusive, mut shared, mut semaphore] = stats::gauges();
+        // The holders of closed connections not yet ended hold nothing.
+        let gone = bindings::pending_census();
+        for (gauge, n) in [&mut exclusive, &mut shared, &mut semaphore]
+            .into_iter()
+            .zip(gone)
+        {
+            *gauge = gauge.saturating_sub(ffi::int(n)).max(0);
+        }
         let count = |n: usize| ffi::int(n);
         let fields: [(&CStr, i64); 22] = [
             (c"keys", keys),
@@ -56,7 +64,10 @@ extern "C" fn info(ctx: *mut raw::RedisModuleInfoCtx, for_crash_report: c_int) {
                 ffi::int(stats::RELEASES_NOT_HELD.get()),
             ),
             (c"last_token", ffi::int(fencing::last())),
-            (c"bound_holders", count(bindings::count())),
+            (
+                c"bound_holders",
+                count(bindings::count().saturating_sub(bindings::pending())),
+            ),
             (c"bindings_memory", count(bindings::memory())),
             (
                 c"releases_on_disconnect",

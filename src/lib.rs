@@ -115,14 +115,9 @@ const COMMANDS: [Command; 10] = [
     command!(c"lock.release", commands::release, c"write fast", 1, 1, 1),
     command!(c"lock.renew", commands::renew, c"write fast", 1, 1, 1),
     command!(c"lock.info", commands::info, c"readonly fast", 1, 1, 1),
-    command!(
-        c"lock.keepalive",
-        commands::keepalive,
-        c"write fast",
-        0,
-        0,
-        0
-    ),
+    // Not `fast`: it renews every holder bound to the connection, O(B)
+    // (docs/design.md, "Bound locks").
+    command!(c"lock.keepalive", commands::keepalive, c"write", 0, 0, 0),
     // Internal: applies one replicated effect (replicas and AOF only).
     command!(c"lock.sync", sync::sync, c"write", 1, 1, 1),
 ];

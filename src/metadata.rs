@@ -219,7 +219,7 @@ const DOCS: &[Doc] = &[
     Doc {
         name: c"lock.keepalive",
         since: c"0.2.0",
-        acl: c"write fast lock",
+        acl: c"write lock",
         summary: c"Renews every holder bound (BIND) to the calling connection to ttl milliseconds from now; returns how many.",
         complexity: c"O(B), B the holders bound to this connection",
         arity: 2,

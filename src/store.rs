@@ -57,7 +57,7 @@ pub fn grant(
     let key = LockKey::open(ctx, name, true)?;
     // The atomics first; a key that exists is read once, by the general
     // transition (which also answers WRONGTYPE).
-    if !waiting::anyone_waits() && !timers::any() && key.is_empty() {
+    if !waiting::busy() && !timers::any() && key.is_empty() {
         return first_grant(ctx, key, name, ask, event).map(|attempt| (attempt, None));
     }
     grant_general(ctx, key, name, ask, event)
@@ -101,7 +101,7 @@ fn grant_general(
 /// missing key nobody waits for runs nothing.
 pub fn release(ctx: &Context, name: Str<'_>, owner: &[u8]) -> Result<Release, LockError> {
     let mut key = LockKey::open(ctx, name, true)?;
-    let waits = waiting::anyone_waits();
+    let waits = waiting::busy();
     if !waits && !timers::any() {
         let (census, held) = match key.lock_mut()? {
             None => return Ok(Release::NotHeld),
@@ -153,7 +153,7 @@ fn release_general(
 /// Everything else is the general transition, on the same open key.
 pub fn renew(ctx: &Context, name: Str<'_>, owner: &[u8], ttl: u64) -> Result<bool, LockError> {
     let mut key = LockKey::open(ctx, name, true)?;
-    let waits = waiting::anyone_waits();
+    let waits = waiting::busy();
     if !waits && !timers::any() {
         let renewed = match key.lock_mut()? {
             None => return Ok(false),
@@ -256,6 +256,9 @@ fn transact_open<R>(
             now,
             events: Events::default(),
         };
+        if bindings::pending() != 0 {
+            end_closed(ctx, name, &mut txn);
+        }
         let result = op(&mut txn);
         let pending = waiting::answer_waiters(ctx, name, &mut txn);
         let visit = next_visit(txn.lock, &pending);
@@ -355,6 +358,10 @@ pub fn check_all(
         let stored = key.lock()?;
         let empty = Lock::default();
         let lock = stored.as_deref().unwrap_or(&empty);
+        let open = stored
+            .as_deref()
+            .and_then(|l| bindings::without_closed(&ffi::db_key(ctx, name.as_slice()), l, now));
+        let lock = open.as_ref().unwrap_or(lock);
         match lock.check(ask, queued(*name), now) {
             Attempt::Granted(_) => {}
             Attempt::Busy => free = false,
@@ -461,6 +468,23 @@ fn grant_all_ready(ctx: &Context) {
     }
     ffi::select_db(ctx, home);
     GRANTING.store(false, Ordering::Relaxed);
+}
+
+/// The holders of this key bound to a connection that closed end first, in
+/// the transaction that comes to the key (replicated with it), as the
+/// timer's later share would end them: from the moment the connection
+/// closed they hold nothing for any command.
+#[cold]
+#[inline(never)]
+fn end_closed(ctx: &Context, name: Str<'_>, txn: &mut Txn) {
+    let key = ffi::db_key(ctx, name.as_slice());
+    for (owner, client, token) in bindings::closed_on(&key) {
+        bindings::take(&key, &owner, client);
+        if txn.lock.release_all(&owner, token, txn.now, txn.changes) {
+            txn.events.push(c"lock.release");
+            stats::RELEASES_ON_DISCONNECT.incr();
+        }
+    }
 }
 
 /// Holders that left in this transaction take their `BIND` with them.

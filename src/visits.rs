@@ -26,7 +26,9 @@ pub fn tick(ctx: &Context, due: Due) {
     for b in due.released {
         // A replica has no bindings (they are the master's); a demoted
         // master's closed connections leave their holders to the lease.
+        // (Its binding goes, so nothing counts it as pending.)
         if replica {
+            bindings::take(&b.key, &b.owner, b.client);
             continue;
         }
         guard::callback("releasing a bound grant", (), || {

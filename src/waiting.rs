@@ -142,7 +142,8 @@ static REGISTRY: LazyLock<Mutex<Registry>> = LazyLock::new(Mutex::default);
 /// this answers without the mutex.
 static ANY_READY: AtomicBool = AtomicBool::new(false);
 
-/// Whether the registry has a queue or a revocation anywhere, readable
+/// Whether the registry has a queue or a revocation anywhere, or a closed
+/// connection's bound holders are not all ended yet, readable
 /// without its mutex: a transition on a lock nobody waits for asks, every
 /// time, and takes nothing.
 static BUSY: AtomicBool = AtomicBool::new(false);
@@ -165,7 +166,8 @@ impl DerefMut for Locked {
 
 impl Drop for Locked {
     fn drop(&mut self) {
-        let busy = !self.0.queues.is_empty() || !self.0.revocations.is_empty();
+        let busy =
+            !self.0.queues.is_empty() || !self.0.revocations.is_empty() || bindings::pending() != 0;
         BUSY.store(busy, Ordering::Relaxed);
     }
 }
@@ -183,6 +185,25 @@ pub fn anyone_waits() -> bool {
         !registry().queues.is_empty()
     }
     BUSY.load(Ordering::Relaxed) && queued()
+}
+
+/// Whether a transition must take the general path: some request waits, or
+/// some holder bound to a closed connection is not ended yet (one atomic
+/// load when neither: the fast paths' check).
+#[inline]
+pub fn busy() -> bool {
+    #[cold]
+    #[inline(never)]
+    fn check() -> bool {
+        bindings::pending() != 0 || !registry().queues.is_empty()
+    }
+    BUSY.load(Ordering::Relaxed) && check()
+}
+
+/// A connection with bound holders closed: transitions take the general
+/// path (which ends them) until none is left ([`busy`]).
+pub fn connection_closed() {
+    drop(registry());
 }
 
 /// How many requests wait, on every key; `None` rather than wait for the
@@ -410,7 +431,13 @@ fn answer_queued(ctx: &Context, name: Str<'_>, txn: &mut Txn) -> Pending {
                 stats::WAIT_TIME.record(txn.now.saturating_sub(waiter.since));
                 txn.events.push(replies::event_of(waiter.request.kind));
                 if let Some(client) = waiter.bind {
-                    bindings::bind(client, key.clone(), &waiter.request.owner, token);
+                    bindings::bind(
+                        client,
+                        key.clone(),
+                        &waiter.request.owner,
+                        token,
+                        waiter.request.kind.mode(),
+                    );
                 }
             }
             unblock(waiter, Ok(attempt), Vec::new());
@@ -515,7 +542,13 @@ pub fn answer(claimed: Claimed, outcome: Result<Vec<(DbKey, u64)>, LockError>) {
             stats::WAIT_TIME.record(crate::clock::now_ms().saturating_sub(waiter.since));
             if let Some(client) = waiter.bind {
                 for (key, token) in &granted {
-                    bindings::bind(client, key.clone(), &waiter.request.owner, *token);
+                    bindings::bind(
+                        client,
+                        key.clone(),
+                        &waiter.request.owner,
+                        *token,
+                        waiter.request.kind.mode(),
+                    );
                 }
             }
             let first = granted.first().map_or(0, |(_, t)| *t);

@@ -1,0 +1,320 @@
+//! The exact moment a connection closes (shared/CONTRACT.md, "Locks bound to
+//! their connection", the (v3) paragraph): from then on its bound holders
+//! hold nothing for any command, however much cleaning up is left for the
+//! timer. Every check below is sent in the same write as the `CLIENT KILL`,
+//! so it runs before any timer tick.
+
+mod common;
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::thread;
+use std::time::{Duration, Instant};
+
+use common::*;
+
+fn token(r: &Reply) -> i64 {
+    match r {
+        Reply::Int(t) if *t > 0 => *t,
+        other => panic!("expected a token, got {other:?}"),
+    }
+}
+
+fn stat(c: &mut Conn, field: &str) -> i64 {
+    c.info_field("lock", &format!("lock_{field}"))
+        .parse()
+        .unwrap_or_else(|_| panic!("lock_{field} is an integer"))
+}
+
+/// `lock_<field>` out of an `INFO lock` reply.
+fn field(info: &Reply, name: &str) -> i64 {
+    let text = info.text();
+    info_get(&text, &format!("lock_{name}"))
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| panic!("lock_{name} in {text}"))
+}
+
+/// Binds `n` more locks (`fill:0` ...) to `c`, pipelined.
+fn bind_many(c: &mut Conn, owner: &str, n: usize) {
+    const BATCH: usize = 10_000;
+    let mut done = 0;
+    while done < n {
+        let upto = (done + BATCH).min(n);
+        for i in done..upto {
+            let key = format!("fill:{i}");
+            c.push(&[
+                b"LOCK.ACQUIRE",
+                key.as_bytes(),
+                owner.as_bytes(),
+                b"600000",
+                b"BIND",
+            ]);
+        }
+        c.flush().unwrap();
+        for _ in done..upto {
+            token(&c.read_reply().unwrap());
+        }
+        done = upto;
+    }
+}
+
+/// Sends `cmds` in one write and reads their replies.
+fn pipeline(c: &mut Conn, cmds: &[Vec<String>]) -> Vec<Reply> {
+    for cmd in cmds {
+        let args: Vec<&[u8]> = cmd.iter().map(|a| a.as_bytes()).collect();
+        c.push(&args);
+    }
+    c.flush().unwrap();
+    cmds.iter().map(|_| c.read_reply().unwrap()).collect()
+}
+
+fn cmd(args: &[&str]) -> Vec<String> {
+    args.iter().map(|a| a.to_string()).collect()
+}
+
+/// PINGs on its own connection until stopped; the longest answer.
+struct Pinger {
+    stop: Arc<AtomicBool>,
+    worst: thread::JoinHandle<Duration>,
+}
+
+impl Pinger {
+    fn start(s: &Server) -> Pinger {
+        let mut c = s.conn();
+        let stop = Arc::new(AtomicBool::new(false));
+        let flag = stop.clone();
+        let worst = thread::spawn(move || {
+            let mut worst = Duration::ZERO;
+            while !flag.load(Ordering::Relaxed) {
+                let t = Instant::now();
+                c.cmd(&["PING"]);
+                worst = worst.max(t.elapsed());
+            }
+            worst
+        });
+        Pinger { stop, worst }
+    }
+
+    fn stop(self) -> Duration {
+        self.stop.store(true, Ordering::Relaxed);
+        self.worst.join().unwrap()
+    }
+}
+
+/// The repeat of every kind of grant by the killed connection's owner, in
+/// the kill's write, is a new grant; nothing else shows the old holders.
+fn repeats_are_new_grants(fill: usize) {
+    let s = Server::start();
+    let mut c1 = s.conn();
+    let id = c1.cmd(&["CLIENT", "ID"]).int().to_string();
+    let t = token(&c1.cmd(&["LOCK.ACQUIRE", "k", "O", "60000", "BIND"]));
+    let r = token(&c1.cmd(&["LOCK.RACQUIRE", "r", "O", "60000", "BIND"]));
+    c1.cmd(&["LOCK.RACQUIRE", "r", "O", "60000", "BIND"]);
+    let d = token(&c1.cmd(&["LOCK.READ", "d", "O", "60000", "BIND"]));
+    let p = token(&c1.cmd(&["LOCK.SEMAPHORE", "p", "1", "O", "60000", "BIND"]));
+    let m = c1.cmd(&["LOCK.MACQUIRE", "2", "m1", "m2", "O", "60000", "BIND"]);
+    let m: Vec<i64> = m.array().iter().map(token).collect();
+    bind_many(&mut c1, "O", fill);
+    let mut c2 = s.conn();
+    assert_eq!(stat(&mut c2, "bound_holders"), 6 + fill as i64);
+    let pinger = Pinger::start(&s);
+    let killed = Instant::now();
+    let replies = pipeline(
+        &mut c2,
+        &[
+            cmd(&["CLIENT", "KILL", "ID", &id]),
+            cmd(&["INFO", "lock"]),
+            cmd(&["LOCK.INFO", "fill:0"]),
+            cmd(&["LOCK.ACQUIRE", "k", "O", "60000"]),
+            cmd(&["LOCK.RACQUIRE", "r", "O", "60000"]),
+            cmd(&["LOCK.READ", "d", "O", "60000"]),
+            cmd(&["LOCK.SEMAPHORE", "p", "1", "O", "60000"]),
+            cmd(&["LOCK.MACQUIRE", "2", "m1", "m2", "O", "60000"]),
+            cmd(&["LOCK.INFO", "r"]),
+        ],
+    );
+    let kill_and_checks = killed.elapsed();
+    assert_eq!(replies[0].int(), 1, "killed");
+    // INFO in the kill's write: nothing held, nothing bound.
+    for mode in ["exclusive", "shared", "semaphore"] {
+        assert_eq!(field(&replies[1], &format!("holders_{mode}")), 0, "{mode}");
+    }
+    assert_eq!(field(&replies[1], "bound_holders"), 0);
+    if fill > 0 {
+        assert!(
+            replies[2].is_nil(),
+            "LOCK.INFO of a closed connection's lock"
+        );
+    }
+    let new = |i: usize, old: i64| {
+        let t2 = token(&replies[i]);
+        assert!(t2 > old, "reply {i}: a new grant, not the old token {old}");
+    };
+    new(3, t);
+    new(4, r);
+    new(5, d);
+    new(6, p);
+    for (new, old) in replies[7].array().iter().zip(&m) {
+        assert!(token(new) > *old, "MACQUIRE: a new grant");
+    }
+    let info = LockInfo::parse(&replies[8]).expect("r held again");
+    assert_eq!(info.holders.len(), 1);
+    assert_eq!(
+        info.holders[0].holds, 1,
+        "the old holds went with the old grant"
+    );
+    // Every fill lock is freed in shares; meanwhile the server answers.
+    let start = Instant::now();
+    wait_until(Duration::from_secs(10), "every bound lock freed", || {
+        stat(&mut c2, "keys") == 6
+    });
+    let worst = pinger.stop();
+    eprintln!(
+        "{fill} more bound locks: kill and checks {kill_and_checks:?}, all freed {:?} later, longest PING {worst:?}",
+        start.elapsed()
+    );
+    assert_eq!(stat(&mut c2, "bound_holders"), 0);
+    assert_eq!(stat(&mut c2, "releases_on_disconnect"), 6 + fill as i64);
+    assert_eq!(stat(&mut c2, "holders_exclusive"), 4);
+}
+
+#[test]
+fn repeats_in_the_kills_write_are_new_grants_with_one_bound_lock() {
+    repeats_are_new_grants(0);
+}
+
+#[test]
+fn repeats_in_the_kills_write_are_new_grants_with_100000_bound_locks() {
+    repeats_are_new_grants(100_000);
+}
+
+/// The attack: a waiter W queued, the killed holder's owner repeats in the
+/// kill's write. The repeat waits behind W (nil without WAIT), RENEW is 0,
+/// RELEASE nil, and W's grant is the only holder.
+fn the_waiter_is_granted_and_the_owner_holds_nothing(fill: usize) {
+    let s = Server::start();
+    let mut c1 = s.conn();
+    let id = c1.cmd(&["CLIENT", "ID"]).int().to_string();
+    let t = token(&c1.cmd(&["LOCK.ACQUIRE", "k", "O", "60000", "BIND"]));
+    bind_many(&mut c1, "O", fill);
+    let mut w = s.conn();
+    w.send(&["LOCK.ACQUIRE", "k", "W", "60000", "WAIT", "5000"])
+        .unwrap();
+    let mut c2 = s.conn();
+    wait_until(Duration::from_secs(5), "W to queue", || {
+        stat(&mut c2, "waiters") == 1
+    });
+    let replies = pipeline(
+        &mut c2,
+        &[
+            cmd(&["CLIENT", "KILL", "ID", &id]),
+            cmd(&["LOCK.ACQUIRE", "k", "O", "60000"]),
+            cmd(&["LOCK.RACQUIRE", "k", "O", "60000"]),
+            cmd(&["LOCK.RENEW", "k", "O", "60000"]),
+            cmd(&["LOCK.RELEASE", "k", "O"]),
+            cmd(&["LOCK.INFO", "k"]),
+            cmd(&["INFO", "lock"]),
+            // A lock no command came to yet: renewed or released by nobody.
+            cmd(&["LOCK.RENEW", "fill:1", "O", "60000"]),
+            cmd(&["LOCK.RELEASE", "fill:2", "O"]),
+        ],
+    );
+    assert_eq!(replies[0].int(), 1, "killed");
+    assert!(replies[1].is_nil(), "behind W: {:?}", replies[1]);
+    assert!(replies[2].is_nil(), "behind W: {:?}", replies[2]);
+    assert_eq!(replies[3].int(), 0, "RENEW");
+    assert!(replies[4].is_nil(), "RELEASE: {:?}", replies[4]);
+    let info = LockInfo::parse(&replies[5]).expect("k held by W");
+    assert_eq!(info.holders.len(), 1);
+    assert_eq!(info.holders[0].owner, b"W");
+    assert_eq!(field(&replies[6], "holders_exclusive"), 1, "W only");
+    assert_eq!(field(&replies[6], "bound_holders"), 0);
+    if fill > 0 {
+        assert_eq!(replies[7].int(), 0, "RENEW of an untouched lock");
+        assert!(replies[8].is_nil(), "RELEASE of an untouched lock");
+    }
+    w.set_timeout(Duration::from_secs(5));
+    let granted = token(&w.read_reply().unwrap());
+    assert!(granted > t);
+    assert_eq!(info.holders[0].token, granted, "W's grant is the holder");
+    assert_eq!(c2.lock_info("k").unwrap().holders.len(), 1);
+}
+
+#[test]
+fn the_waiter_is_granted_and_the_owner_holds_nothing_with_one_bound_lock() {
+    the_waiter_is_granted_and_the_owner_holds_nothing(0);
+}
+
+#[test]
+fn the_waiter_is_granted_and_the_owner_holds_nothing_with_100000_bound_locks() {
+    the_waiter_is_granted_and_the_owner_holds_nothing(100_000);
+}
+
+/// A closed connection's holder keeps nobody waiting: no DEADLOCK through
+/// it. B asks for z (held by C); C waits for x, held by A's closed
+/// connection; A waits for y, held by B. Counting A's holder would close
+/// the cycle B -> C -> A -> B.
+#[test]
+fn a_closed_connections_holder_closes_no_cycle_of_waits() {
+    let s = Server::start();
+    let mut a = s.conn();
+    let id = a.cmd(&["CLIENT", "ID"]).int().to_string();
+    token(&a.cmd(&["LOCK.ACQUIRE", "x", "A", "60000", "BIND"]));
+    let mut b = s.conn();
+    token(&b.cmd(&["LOCK.ACQUIRE", "y", "B", "60000"]));
+    token(&b.cmd(&["LOCK.ACQUIRE", "z", "C", "60000"]));
+    let mut cw = s.conn();
+    cw.send(&["LOCK.ACQUIRE", "x", "C", "60000", "WAIT", "5000"])
+        .unwrap();
+    let mut aw = s.conn();
+    aw.send(&["LOCK.ACQUIRE", "y", "A", "60000", "WAIT", "5000"])
+        .unwrap();
+    let mut c2 = s.conn();
+    wait_until(Duration::from_secs(5), "two waiters", || {
+        stat(&mut c2, "waiters") == 2
+    });
+    // Before the kill, B's wait on z would close the cycle.
+    let before = c2.cmd(&["LOCK.ACQUIRE", "z", "B", "60000", "WAIT", "100"]);
+    assert!(before.is_err(), "DEADLOCK before the kill: {before:?}");
+    let replies = pipeline(
+        &mut c2,
+        &[
+            cmd(&["CLIENT", "KILL", "ID", &id]),
+            cmd(&["LOCK.ACQUIRE", "z", "B", "60000", "WAIT", "200"]),
+        ],
+    );
+    assert_eq!(replies[0].int(), 1);
+    assert!(
+        replies[1].is_nil(),
+        "B waited for C and timed out: {:?}",
+        replies[1]
+    );
+    cw.set_timeout(Duration::from_secs(5));
+    token(&cw.read_reply().unwrap());
+    assert_eq!(stat(&mut c2, "deadlocks"), 1);
+}
+
+/// `LOCK.KEEPALIVE` with 100,000 bound holders renews them all in the one
+/// call (the reply counts them, each lease is moved): the longest PING on
+/// another connection meanwhile is what the call stalls the server. It is
+/// O(bound holders), so not flagged `fast` (docs/design.md, "Bound locks").
+#[test]
+fn keepalive_with_100000_bound_locks_renews_them_all_and_the_longest_ping_is_reported() {
+    let s = Server::start();
+    let mut c1 = s.conn();
+    bind_many(&mut c1, "O", 100_000);
+    let mut c2 = s.conn();
+    let flags = c2.cmd(&["COMMAND", "INFO", "lock.keepalive"]);
+    let flags = flags.array()[0].array()[2].show();
+    assert!(!flags.contains("fast"), "KEEPALIVE is not fast: {flags}");
+    let pinger = Pinger::start(&s);
+    sleep_ms(50);
+    let start = Instant::now();
+    assert_eq!(c1.cmd(&["LOCK.KEEPALIVE", "900000"]).int(), 100_000);
+    let took = start.elapsed();
+    sleep_ms(50);
+    let worst = pinger.stop();
+    eprintln!("KEEPALIVE of 100000 bound locks: {took:?}, longest PING {worst:?}");
+    assert!(c2.lock_info("fill:99999").unwrap().holders[0].ttl > 600_000);
+    assert!(c2.lock_info("fill:0").unwrap().holders[0].ttl > 600_000);
+}
