@@ -585,7 +585,7 @@ fn config_set_and_get_with_bounds() {
         pairs,
         [
             ("lock.clock-skew-ms".to_string(), "60000".to_string()),
-            ("lock.max-holders".to_string(), "500".to_string()),
+            ("lock.max-holders".to_string(), "1000".to_string()),
             ("lock.max-ttl".to_string(), MAX_TTL.to_string()),
             ("lock.max-waiters".to_string(), "10000".to_string())
         ]
