@@ -22,7 +22,8 @@
 //! rest later, a share per tick. [`pending`] (one atomic) says whether any
 //! such holder is left, so a server with none pays nothing.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::{BTreeSet, HashMap};
+use std::ops::Bound::{Excluded, Unbounded};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{LazyLock, Mutex, MutexGuard};
 
@@ -57,10 +58,11 @@ struct Entry {
     mode: usize,
 }
 
-/// A connection's bindings, and how many of them are in each mode.
+/// A connection's bindings, in order (`LOCK.KEEPALIVE` pages through them
+/// across event-loop turns), and how many of them are in each mode.
 #[derive(Default)]
 struct Client {
-    keys: HashSet<(DbKey, Owner)>,
+    keys: BTreeSet<(DbKey, Owner)>,
     census: [usize; 3],
 }
 
@@ -267,8 +269,10 @@ pub fn forget(key: &DbKey, owner: &[u8]) {
     BYTES.fetch_sub(cost(key, owner), Ordering::Relaxed);
 }
 
-/// Every grant bound to `client`.
-pub fn of_client(client: ClientId) -> Vec<Bound> {
+/// Up to `n` grants bound to `client`, in order, after `after` (from the
+/// first when `None`): a page of them, so that a connection with many is
+/// gone through a share at a time, each share copying only its own.
+pub fn page_of_client(client: ClientId, after: Option<&(DbKey, Owner)>, n: usize) -> Vec<Bound> {
     if count() == 0 {
         return Vec::new();
     }
@@ -276,8 +280,9 @@ pub fn of_client(client: ClientId) -> Vec<Bound> {
     let Some(c) = r.by_client.get(&client) else {
         return Vec::new();
     };
+    let from = after.map_or(Unbounded, Excluded);
     c.keys
-        .iter()
+        .range((from, Unbounded))
         .filter_map(|(key, owner)| {
             let e = r.by_key.get(key)?.get(owner)?;
             Some(Bound {
@@ -286,6 +291,7 @@ pub fn of_client(client: ClientId) -> Vec<Bound> {
                 token: e.token,
             })
         })
+        .take(n)
         .collect()
 }
 
@@ -439,13 +445,16 @@ mod tests {
         // A repeat with BIND from another connection moves the binding.
         bind(2, key(0, "a"), b"o", 10, Mode::Exclusive);
         assert_eq!(count(), 3);
-        assert_eq!(of_client(1).len(), 1);
-        assert_eq!(of_client(2).len(), 2);
+        assert_eq!(page_of_client(1, None, usize::MAX).len(), 1);
+        assert_eq!(page_of_client(2, None, usize::MAX).len(), 2);
         forget(&key(0, "b"), b"o");
-        assert!(of_client(1).is_empty());
+        assert!(page_of_client(1, None, usize::MAX).is_empty());
         bind(7, key(3, "a2"), b"q", 13, Mode::Exclusive);
         moved(&key(0, "a"), &key(3, "a2"));
-        assert!(of_client(7).is_empty(), "replaced by the RENAME");
+        assert!(
+            page_of_client(7, None, usize::MAX).is_empty(),
+            "replaced by the RENAME"
+        );
         swap_dbs(3, 4);
         let mut held: Vec<_> = take_client(2)
             .into_iter()
@@ -458,7 +467,7 @@ mod tests {
         bind(5, key(2, "x"), b"o", 1, Mode::Exclusive);
         bind(5, key(3, "y"), b"o", 2, Mode::Exclusive);
         flushed(2);
-        assert_eq!(of_client(5).len(), 1);
+        assert_eq!(page_of_client(5, None, usize::MAX).len(), 1);
         flushed(-1);
         assert_eq!(count(), 0);
 
@@ -485,7 +494,14 @@ mod tests {
         assert_eq!(pending(), 0);
         assert_eq!(pending_census(), [0; 3]);
         assert_eq!(take(&key(0, "r"), b"o", 8), None, "bound to 9 now");
-        assert_eq!(of_client(9).len(), 2);
+        assert_eq!(page_of_client(9, None, usize::MAX).len(), 2);
+        // Paged in order, one at a time, each page after the last.
+        let first = page_of_client(9, None, 1);
+        let at = |b: &[Bound]| (b[0].key.clone(), b[0].owner.clone());
+        let second = page_of_client(9, Some(&at(&first)), 1);
+        assert_eq!(second.len(), 1);
+        assert!(at(&first) < at(&second));
+        assert!(page_of_client(9, Some(&at(&second)), 1).is_empty());
         flushed(-1);
         assert_eq!(count(), 0);
     }

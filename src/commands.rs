@@ -10,12 +10,13 @@ use crate::bindings::{self, ClientId};
 use crate::clock;
 use crate::deadlocks;
 use crate::errors::LockError;
-use crate::ffi::{self, api, Argv, DbKey, Str};
+use crate::ffi::{self, api, Argv, DbKey};
 use crate::keys::LockKey;
 use crate::replication;
 use crate::replies;
 use crate::stats;
 use crate::store;
+use crate::timers::{self, Keepalive};
 use crate::waiting;
 use lock_core::{Attempt, Kind, Lock, Owner, Release};
 
@@ -192,40 +193,31 @@ fn bound_connection(ctx: &Context) -> Result<ClientId, LockError> {
 }
 
 /// `LOCK.KEEPALIVE ttl`: renews every holder bound to the calling
-/// connection; the reply is how many.
+/// connection; the reply is how many. Past one share of work (a connection
+/// with thousands of bound holders), the caller waits while the rest is
+/// done a share per tick, so the server never stalls for long
+/// (`store::keepalive_share`); inside MULTI/EXEC or a script, all at once.
 pub fn keepalive(ctx: &Context, args: Argv<'_>) -> RedisResult {
     master_only(ctx)?;
     let ttl = args::keepalive(args)?;
     let Some(client) = api!(RedisModule_GetClientId(ctx.ctx)) else {
         return Ok(RedisValue::Integer(0));
     };
-    let bound = bindings::of_client(client);
-    if bound.is_empty() {
-        return Ok(RedisValue::Integer(0));
+    let mut job = Keepalive {
+        client,
+        ttl,
+        after: None,
+        renewed: 0,
+        caller: 0,
+    };
+    let can_wait = waiting::can_block(ctx);
+    let budget = can_wait.then_some(store::KEEPALIVE_SHARE);
+    if store::keepalive_share(ctx, &mut job, budget) {
+        return Ok(RedisValue::Integer(job.renewed));
     }
-    let home = ffi::selected_db(ctx);
-    let mut renewed = 0i64;
-    for b in bound {
-        if !ffi::select_db(ctx, b.key.0) {
-            continue;
-        }
-        let name = ffi::name(ctx, &b.key.1);
-        let done = store::update(ctx, Str::from(&name), |txn| {
-            let ours = txn.lock.holder(&b.owner).map(|h| h.token) == Some(b.token);
-            let renewed = ours && txn.lock.renew(&b.owner, ttl, txn.now, txn.changes);
-            if renewed {
-                txn.events.push(c"lock.renew");
-            }
-            renewed
-        });
-        match done {
-            Ok(true) => renewed += 1,
-            // Released, expired, deleted, or another grant now: stale.
-            _ => bindings::forget(&b.key, &b.owner),
-        }
-    }
-    ffi::select_db(ctx, home);
-    Ok(RedisValue::Integer(renewed))
+    job.caller = waiting::block_for_count(ctx)?;
+    timers::keepalive_later(job);
+    Ok(RedisValue::NoReply)
 }
 
 /// `LOCK.RELEASE key owner`

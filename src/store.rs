@@ -3,6 +3,7 @@
 
 use std::ffi::CStr;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
 
 use redis_module::{Context, RedisString};
 
@@ -15,7 +16,7 @@ use crate::keys::LockKey;
 use crate::replication;
 use crate::replies;
 use crate::stats;
-use crate::timers;
+use crate::timers::{self, Keepalive};
 use crate::txn::{Events, Txn};
 use crate::waiting;
 use lock_core::{Ask, Attempt, Changes, Lock, Release};
@@ -617,4 +618,57 @@ pub fn notify(ctx: &Context, event: &CStr, key: Str<'_>) {
         event.as_ptr(),
         key.raw()
     ));
+}
+
+/// The most event-loop time one share of a `LOCK.KEEPALIVE` takes.
+pub const KEEPALIVE_SHARE: Duration = Duration::from_millis(2);
+
+/// One share of a `LOCK.KEEPALIVE`: renews the holders bound to the job's
+/// connection after the last one it renewed, a page at a time, until all
+/// are (true) or the `budget` is spent (false; `None`: no budget). A binding
+/// whose holder is gone (released, expired, deleted, another grant now) is
+/// dropped.
+pub fn keepalive_share(ctx: &Context, job: &mut Keepalive, budget: Option<Duration>) -> bool {
+    const PAGE: usize = 32;
+    let started = Instant::now();
+    let home = ffi::selected_db(ctx);
+    let done = loop {
+        let page = bindings::page_of_client(job.client, job.after.as_ref(), PAGE);
+        let last = page.len() < PAGE;
+        for b in page {
+            if renew_bound(ctx, &b, job.ttl) {
+                job.renewed += 1;
+            }
+            job.after = Some((b.key, b.owner));
+        }
+        if last {
+            break true;
+        }
+        if budget.is_some_and(|b| started.elapsed() >= b) {
+            break false;
+        }
+    };
+    ffi::select_db(ctx, home);
+    done
+}
+
+/// Renews one bound holder if it is still the grant it was bound with.
+fn renew_bound(ctx: &Context, b: &bindings::Bound, ttl: u64) -> bool {
+    if !ffi::select_db(ctx, b.key.0) {
+        return false;
+    }
+    let name = ffi::name(ctx, &b.key.1);
+    let renewed = update(ctx, Str::from(&name), |txn| {
+        let ours = txn.lock.holder(&b.owner).map(|h| h.token) == Some(b.token);
+        let renewed = ours && txn.lock.renew(&b.owner, ttl, txn.now, txn.changes);
+        if renewed {
+            txn.events.push(c"lock.renew");
+        }
+        renewed
+    });
+    if !matches!(renewed, Ok(true)) {
+        // Released, expired, deleted, or another grant now: stale.
+        bindings::forget(&b.key, &b.owner);
+    }
+    matches!(renewed, Ok(true))
 }

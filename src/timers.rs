@@ -37,10 +37,11 @@ use std::sync::{LazyLock, Mutex, MutexGuard, OnceLock};
 
 use redis_module::{raw, Context, ContextFlags};
 
-use crate::bindings::Detached;
+use crate::bindings::{ClientId, Detached};
 use crate::clock;
 use crate::ffi::{self, api, DbKey};
 use crate::guard;
+use lock_core::Owner;
 
 #[derive(Default)]
 struct Index {
@@ -55,6 +56,8 @@ struct Index {
     deferred: HashSet<DbKey>,
     /// Grants bound to connections that closed, to end at the next ticks.
     released: VecDeque<Detached>,
+    /// `LOCK.KEEPALIVE` calls with more left to renew than one share.
+    keepalives: Vec<Keepalive>,
     /// The armed Redis timer and when it fires.
     armed: Option<(raw::RedisModuleTimerID, u64)>,
 }
@@ -214,6 +217,29 @@ pub fn take_expired(db: i32) -> Vec<(Vec<u8>, usize)> {
     mine.into_iter().map(|((_, key), n)| (key, n)).collect()
 }
 
+/// A `LOCK.KEEPALIVE` under way: its caller waits (blocked) while the
+/// holders bound to its connection are renewed a share per tick, in the
+/// order of the connection's bindings, after `after`.
+#[derive(Debug)]
+pub struct Keepalive {
+    pub client: ClientId,
+    pub ttl: u64,
+    /// The last binding renewed (`None`: none yet).
+    pub after: Option<(DbKey, Owner)>,
+    /// How many were renewed so far: the reply.
+    pub renewed: i64,
+    /// The blocked caller's handle (`RedisModuleBlockedClient`), to
+    /// unblock with the reply when the last share is done.
+    pub caller: usize,
+}
+
+/// Goes on with a `LOCK.KEEPALIVE` at the next tick.
+pub fn keepalive_later(job: Keepalive) {
+    let mut index = index();
+    index.keepalives.push(job);
+    arm(&mut index, 0);
+}
+
 /// A connection closed: end the grants that were bound to it, over the next
 /// ticks (a connection may hold 100,000: no tick does more than its share).
 pub fn release_bound(grants: Vec<Detached>) {
@@ -275,7 +301,8 @@ pub fn promoted() {
 /// than `not_before` (unix ms).
 fn arm(index: &mut Index, not_before: u64) {
     let first = index.by_time.first().map(|(at, _, _)| *at);
-    let now_too = !index.expired.is_empty() || !index.released.is_empty();
+    let now_too =
+        !index.expired.is_empty() || !index.released.is_empty() || !index.keepalives.is_empty();
     let first = match (first, !now_too) {
         (first, true) => first,
         (Some(at), false) => Some(at.min(clock::now_ms())),
@@ -318,6 +345,8 @@ pub struct Due {
     pub expired: Vec<(DbKey, usize)>,
     /// Bound grants whose connection closed, within this tick's budget.
     pub released: Vec<Detached>,
+    /// `LOCK.KEEPALIVE` calls under way: one share each this tick.
+    pub keepalives: Vec<Keepalive>,
 }
 
 /// Does a tick's work (`visits::tick`, registered by `lib` at load): the
@@ -358,6 +387,7 @@ fn take_due(now: u64, replica: bool) -> Due {
         visits,
         expired: std::mem::take(&mut index.expired),
         released,
+        keepalives: std::mem::take(&mut index.keepalives),
     }
 }
 

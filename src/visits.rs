@@ -10,7 +10,7 @@ use crate::errors::LockError;
 use crate::ffi::{self, Str};
 use crate::guard;
 use crate::store;
-use crate::timers::Due;
+use crate::timers::{self, Due};
 use crate::waiting;
 
 /// One tick's work.
@@ -36,6 +36,18 @@ pub fn tick(ctx: &Context, due: Due) {
             if let Some(token) = bindings::take(&b.key, &b.owner, b.client) {
                 waiting::add_revocation(b.key.clone(), b.owner, token, true);
                 visit(ctx, b.key.0, &b.key.1, false);
+            }
+        });
+    }
+    for mut job in due.keepalives {
+        guard::callback("a share of LOCK.KEEPALIVE", (), || {
+            // A replica does not write: what was renewed is the answer.
+            let done =
+                replica || store::keepalive_share(ctx, &mut job, Some(store::KEEPALIVE_SHARE));
+            if done {
+                waiting::answer_count(job.caller, job.renewed);
+            } else {
+                timers::keepalive_later(job);
             }
         });
     }

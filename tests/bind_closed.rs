@@ -307,14 +307,43 @@ fn keepalive_with_100000_bound_locks_renews_them_all_and_the_longest_ping_is_rep
     let flags = c2.cmd(&["COMMAND", "INFO", "lock.keepalive"]);
     let flags = flags.array()[0].array()[2].show();
     assert!(!flags.contains("fast"), "KEEPALIVE is not fast: {flags}");
-    let pinger = Pinger::start(&s);
-    sleep_ms(50);
-    let start = Instant::now();
-    assert_eq!(c1.cmd(&["LOCK.KEEPALIVE", "900000"]).int(), 100_000);
-    let took = start.elapsed();
-    sleep_ms(50);
-    let worst = pinger.stop();
-    eprintln!("KEEPALIVE of 100000 bound locks: {took:?}, longest PING {worst:?}");
-    assert!(c2.lock_info("fill:99999").unwrap().holders[0].ttl > 600_000);
-    assert!(c2.lock_info("fill:0").unwrap().holders[0].ttl > 600_000);
+    // The renewals go a share per event-loop turn (the caller waits for
+    // its reply): the longest PING stays short. Best of three attempts,
+    // every one printed: the machine is shared.
+    let mut worst_pings = Vec::new();
+    for ttl in ["900000", "950000", "1000000"] {
+        let pinger = Pinger::start(&s);
+        sleep_ms(50);
+        let start = Instant::now();
+        assert_eq!(c1.cmd(&["LOCK.KEEPALIVE", ttl]).int(), 100_000);
+        let took = start.elapsed();
+        sleep_ms(50);
+        let worst = pinger.stop();
+        eprintln!("KEEPALIVE of 100000 bound locks: {took:?}, longest PING {worst:?}");
+        worst_pings.push(worst);
+        let ttl: i64 = ttl.parse().unwrap();
+        for key in ["fill:0", "fill:50000", "fill:99999"] {
+            let left = c2.lock_info(key).unwrap().holders[0].ttl;
+            assert!(left > ttl - 30_000 && left <= ttl, "{key}: {left}");
+        }
+    }
+    let best = worst_pings.iter().min().unwrap();
+    assert!(
+        *best <= Duration::from_millis(10),
+        "longest PING per attempt: {worst_pings:?}"
+    );
+    // Inside MULTI/EXEC the caller cannot wait: all at once, the same count.
+    c1.cmd(&["MULTI"]).ok();
+    c1.cmd(&["LOCK.KEEPALIVE", "900000"]);
+    let r = c1.cmd(&["EXEC"]);
+    assert_eq!(r.array()[0].int(), 100_000);
+    // A caller that goes away while its renewals go on: the rest is done
+    // (or dropped with its bindings), nothing is answered, the server goes on.
+    c1.send(&["LOCK.KEEPALIVE", "900000"]).unwrap();
+    sleep_ms(5);
+    drop(c1);
+    wait_until(Duration::from_secs(20), "the bound locks released", || {
+        c2.info_field("lock", "lock_bound_holders") == "0"
+    });
+    c2.ping();
 }
