@@ -3,11 +3,13 @@
 //! virtualenv (redis-py comes from PyPI), then its unittest suite (blocking
 //! and asyncio, on `Redis` and `RedisCluster`), the 10-line scripts taking
 //! every lock kind, and RedLock over five servers with two, then three,
-//! stopped; `clients/node` built (`npm run build`) and installed with `npm
-//! install ./clients/node` into a fresh npm project beside ioredis and
-//! node-redis, then a TypeScript script (clients/node/test/test.ts) compiled
-//! with tsc and run: every kind with both clients, single server and
-//! cluster, and RedLock. A server, a 3-master cluster and five RedLock
+//! stopped; `clients/node` packed as `npm pack` makes it from a clean copy
+//! (its `prepare` builds) and the tarball installed into fresh npm projects
+//! beside ioredis and node-redis, then TypeScript scripts
+//! (clients/node/test/test.ts, stall.ts) compiled with tsc and run: every
+//! kind with both clients, single server and cluster, RedLock, and a
+//! SIGSTOPped server among three; and the docs' Node examples compiled with
+//! `tsc --init`'s defaults, ESM and CommonJS, and run. A server, a 3-master cluster and five RedLock
 //! servers, all on 127.0.0.1, started here.
 
 mod common;
@@ -148,45 +150,115 @@ fn all_passed(what: &str, out: &str) {
     assert!(ok, "{what}: not every test passed\n{out}");
 }
 
-#[test]
-fn node_package_installed_with_npm_every_kind_from_typescript_single_and_cluster() {
-    let pkg = root().join("clients/node");
-    run(
-        "npm install (the package's build tools)",
-        &mut npm(&pkg, &["install"]),
-    );
-    run("npm run build (tsc)", &mut npm(&pkg, &["run", "build"]));
-    let project = std::env::temp_dir().join("redis-lock-tests").join(format!(
-        "npm-{}-{}",
+/// The package as `npm pack` makes it from a clean copy of clients/node (no
+/// `dist/`, no `node_modules/`): `npm ci` (whose `prepare` builds), then
+/// `npm pack`. Made once for the tests of this file.
+fn node_tarball() -> PathBuf {
+    static TARBALL: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
+    TARBALL
+        .get_or_init(|| {
+            let src = root().join("clients/node");
+            let pkg = temp_dir("npm-pkg");
+            for f in [
+                "package.json",
+                "package-lock.json",
+                "tsconfig.json",
+                "README.md",
+            ] {
+                std::fs::copy(src.join(f), pkg.join(f)).expect("copy the package");
+            }
+            std::fs::create_dir_all(pkg.join("src")).expect("src");
+            std::fs::copy(src.join("src/index.ts"), pkg.join("src/index.ts")).expect("copy src");
+            run(
+                "npm ci (the package's build tools; prepare builds)",
+                &mut npm(&pkg, &["ci"]),
+            );
+            let out = run("npm pack", &mut npm(&pkg, &["pack"]));
+            let name = out
+                .lines()
+                .find(|l| l.trim_end().ends_with(".tgz"))
+                .unwrap_or_else(|| panic!("npm pack named its tarball:\n{out}"))
+                .trim()
+                .to_string();
+            let tarball = pkg.join(name);
+            let list = run(
+                "tar tzf the tarball",
+                Command::new("tar").arg("tzf").arg(&tarball),
+            );
+            for f in [
+                "package/dist/index.js",
+                "package/dist/index.d.ts",
+                "package/package.json",
+            ] {
+                assert!(list.contains(f), "npm pack ships {f}:\n{list}");
+            }
+            tarball
+        })
+        .clone()
+}
+
+fn temp_dir(what: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join("redis-lock-tests").join(format!(
+        "{what}-{}-{}",
         std::process::id(),
         now_ms()
     ));
-    std::fs::create_dir_all(&project).expect("project dir");
-    run("npm init", &mut npm(&project, &["init", "-y"]));
+    std::fs::create_dir_all(&dir).expect("a temporary directory");
+    dir
+}
+
+/// A fresh npm project of `module_type` ("commonjs" or "module") with the
+/// tarball installed beside ioredis, node-redis, TypeScript and @types/node
+/// (pinned), and a tsconfig.json from `tsc --init` as it comes.
+fn npm_project(module_type: &str) -> PathBuf {
+    let project = temp_dir(&format!("npm-{module_type}"));
+    std::fs::write(
+        project.join("package.json"),
+        format!(
+            "{{\"name\": \"redis-lock-user\", \"version\": \"1.0.0\", \"private\": true, \"type\": \"{module_type}\"}}\n"
+        ),
+    )
+    .expect("package.json");
     run(
-        "npm install ./clients/node beside ioredis and node-redis",
-        npm(&project, &["install"]).arg(&pkg).args([
+        "npm install the tarball beside ioredis and node-redis",
+        npm(&project, &["install"]).arg(node_tarball()).args([
             "ioredis@5.11.1",
             "redis@4.7.1",
             "typescript@5.9.3",
             "@types/node@20.19.1",
         ]),
     );
+    run("tsc --init", &mut tsc(&project, &["--init"]));
+    project
+}
+
+fn tsc(project: &Path, args: &[&str]) -> Command {
+    let mut c = Command::new(project.join("node_modules/.bin/tsc"));
+    c.args(args).current_dir(project);
+    c
+}
+
+#[test]
+fn node_package_installed_from_its_tarball_every_kind_from_typescript_single_and_cluster() {
+    let pkg = root().join("clients/node");
+    let project = npm_project("commonjs");
     std::fs::copy(pkg.join("test/test.ts"), project.join("test.ts")).expect("copy the script");
     run(
         "tsc test.ts",
-        Command::new(project.join("node_modules/.bin/tsc"))
-            .args([
+        &mut tsc(
+            &project,
+            &[
                 "--strict",
-                "--esModuleInterop",
                 "--skipLibCheck",
                 "--target",
-                "ES2020",
+                "ES2022",
+                "--lib",
+                "ES2022,ESNext.Disposable",
                 "--module",
                 "commonjs",
                 "test.ts",
-            ])
-            .current_dir(&project),
+            ],
+        ),
     );
     let server = Server::start();
     let cluster = Cluster::start();
@@ -199,6 +271,7 @@ fn node_package_installed_with_npm_every_kind_from_typescript_single_and_cluster
             .env("REDIS_LOCK_CLUSTER_PORT", cluster.nodes[0].port.to_string()),
     );
     all_passed("node test.js", &out);
+    drop(cluster);
     let mut servers: Vec<Server> = (0..5).map(|_| Server::start()).collect();
     let ports: Vec<String> = servers.iter().map(|s| s.port.to_string()).collect();
     for down in [0, 2, 3] {
@@ -220,4 +293,128 @@ fn node_package_installed_with_npm_every_kind_from_typescript_single_and_cluster
         assert!(out.contains("ok   RedLock"), "the RedLock test ran:\n{out}");
     }
     let _ = std::fs::remove_dir_all(&project);
+}
+
+/// Three servers, the third SIGSTOPped by the script for three lease
+/// lengths (and SIGCONTed by it, and here again whatever happened): the
+/// locks on the other two are kept, the stalled server's reported lost,
+/// every call returns within its timeout.
+#[test]
+fn node_package_a_stalled_server_stalls_nothing_else() {
+    let pkg = root().join("clients/node");
+    let project = npm_project("commonjs");
+    std::fs::copy(pkg.join("test/stall.ts"), project.join("stall.ts")).expect("copy");
+    run(
+        "tsc stall.ts",
+        &mut tsc(
+            &project,
+            &[
+                "--strict",
+                "--skipLibCheck",
+                "--target",
+                "ES2022",
+                "--module",
+                "commonjs",
+                "stall.ts",
+            ],
+        ),
+    );
+    let servers: Vec<Server> = (0..3).map(|_| Server::start()).collect();
+    let ports: Vec<String> = servers.iter().map(|s| s.port.to_string()).collect();
+    let out = Command::new("node")
+        .arg("stall.js")
+        .current_dir(&project)
+        .env("STALL_PORTS", ports.join(","))
+        .env("STALL_PID", servers[2].pid().expect("pid").to_string())
+        .output()
+        .expect("node stall.js");
+    servers[2].resume();
+    let text =
+        String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "node stall.js failed:\n{text}");
+    all_passed("node stall.js", &text);
+    let _ = std::fs::remove_dir_all(&project);
+}
+
+/// The ```ts blocks of clients/node/README.md and of the Node.js section of
+/// docs/clients.md (those with `require(` are CommonJS, the others ESM).
+fn node_doc_examples() -> Vec<(String, String)> {
+    let mut out = Vec::new();
+    let readme = std::fs::read_to_string(root().join("clients/node/README.md")).expect("README");
+    let docs = std::fs::read_to_string(root().join("docs/clients.md")).expect("docs");
+    let start = docs
+        .find("## Node.js (ioredis, node-redis): the package")
+        .expect("the Node.js section of docs/clients.md");
+    let section = &docs[start..];
+    let end = section[3..].find("\n## ").map_or(section.len(), |e| e + 3);
+    for (name, text) in [("README", readme.as_str()), ("docs", &section[..end])] {
+        let mut rest = text;
+        while let Some(i) = rest.find("```ts\n") {
+            let body = &rest[i + 6..];
+            let j = body.find("```").expect("a closed block");
+            out.push((format!("{name}{}", out.len()), body[..j].to_string()));
+            rest = &body[j..][3..];
+        }
+    }
+    out
+}
+
+#[test]
+fn node_docs_examples_compile_with_tsc_init_defaults_esm_and_commonjs_and_run() {
+    let examples = node_doc_examples();
+    assert!(
+        examples.iter().any(|(_, e)| e.contains("require("))
+            && examples.iter().any(|(_, e)| !e.contains("require(")),
+        "the docs have ESM and CommonJS examples"
+    );
+    let server = Server::start();
+    let url = format!("redis://127.0.0.1:{}", server.port);
+    for module_type in ["module", "commonjs"] {
+        let project = npm_project(module_type);
+        let mine: Vec<&(String, String)> = examples
+            .iter()
+            .filter(|(_, e)| e.contains("require(") == (module_type == "commonjs"))
+            .collect();
+        for (name, text) in &mine {
+            std::fs::write(project.join(format!("{name}.ts")), text).expect("write");
+        }
+        // tsc --init's defaults (target esnext) type-check `await using` ...
+        run(
+            &format!("tsc -p . ({module_type}, tsc --init defaults)"),
+            &mut tsc(&project, &["-p", "."]),
+        );
+        // ... and emit it as it is, which Node 20 cannot parse: es2022 rewrites it.
+        run(
+            &format!("tsc -p . --target es2022 ({module_type})"),
+            &mut tsc(&project, &["-p", ".", "--target", "es2022"]),
+        );
+        for (name, _) in &mine {
+            let out = run(
+                &format!("node {name}.js ({module_type})"),
+                Command::new("node")
+                    .arg(format!("{name}.js"))
+                    .current_dir(&project)
+                    .env("REDIS_URL", &url),
+            );
+            assert!(out.contains("token"), "{name} printed its tokens:\n{out}");
+        }
+        // What tsc must refuse: a Lock is not disposable (hold() is), typos in options.
+        std::fs::write(
+            project.join("bad.ts"),
+            "import { Redis } from \"ioredis\";\nimport { Lock } from \"redis-native-lock\";\n\
+             const redis = new Redis();\n\
+             export async function f(): Promise<void> {\n  await using lock = Lock.exclusive(redis, \"k\");\n}\n\
+             Lock.exclusive(redis, \"k\", { wiat: 5 });\n",
+        )
+        .expect("bad.ts");
+        let bad = tsc(&project, &["-p", ".", "--noEmit"])
+            .output()
+            .expect("tsc");
+        let text = String::from_utf8_lossy(&bad.stdout);
+        assert!(
+            !bad.status.success() && text.contains("TS2851") && text.contains("TS2353"),
+            "tsc refuses `await using` of a Lock and a misspelt option:\n{text}"
+        );
+        let _ = std::fs::remove_dir_all(&project);
+    }
 }

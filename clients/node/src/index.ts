@@ -2,32 +2,48 @@
  * Locks for the redis-lock Redis module, for ioredis (`Redis`, `Cluster`)
  * and node-redis (`createClient`, `createCluster`).
  *
- *     import Redis from "ioredis";
+ *     import { Redis } from "ioredis";
  *     import { Lock } from "redis-native-lock";
  *
- *     const lock = Lock.exclusive(new Redis(), "orders:42", { ttl: 30_000 });
+ *     const lock = Lock.exclusive(new Redis(), "orders:42", { ttl: 30_000, wait: 10_000 });
  *     await lock.with(async (l) => {
  *       l.check();                                 // throws LeaseLostError if the lease is gone
  *       await storage.write(data, l.token);        // the fencing token
  *     });
+ *     {
+ *       await using held = await Lock.exclusive(redis, "orders:42").hold(10_000);
+ *       ...                                        // released at the end of the scope
+ *     }
  *
  * The kinds: `Lock.exclusive` (LOCK.ACQUIRE), `Lock.reentrant`
- * (LOCK.RACQUIRE), `Lock.read` / `Lock.write` (a read-write lock),
- * `Lock.semaphore` (one permit of `limit`), `Lock.multi` (every key or none;
- * `tokens` per key). Times are milliseconds.
+ * (LOCK.RACQUIRE), `Lock.readWrite` -> `{ read, write }` sharing one owner,
+ * `Lock.read` / `Lock.write` (a read-write lock), `Lock.semaphore` (one
+ * permit of `limit`), `Lock.multi` (every key or none; `tokens` per key).
+ * Times are milliseconds. Keys and owners are strings or Buffers.
  *
  * A holder acquires on a connection of its own (`duplicate()` of the
- * client, without a command timeout: the reply comes when the lock frees)
- * with BIND, so the server frees the lock the moment this process or that
- * connection dies, and one keepalive timer per held connection sends
- * LOCK.KEEPALIVE at a third of the ttl. With `bind: false`, on a cluster
- * client, or on a server without BIND: LOCK.RENEW through the client. A
- * lost lease sets `lost`, aborts `signal`, calls `onLost`, and makes
- * `check()` and `release()` throw LeaseLostError. ioredis's `keyPrefix` is
- * applied to the keys.
+ * client, no reconnects, connect timeout from the client's settings) with
+ * BIND, so the server frees the lock the moment this process or that
+ * connection dies; a timer per held connection sends LOCK.KEEPALIVE at a
+ * third of the ttl. With `bind: false`, on a cluster client, or on a server
+ * without BIND: LOCK.RENEW through the client. Every command has a timeout
+ * (the client's command timeout, else its connect timeout; a renewal's
+ * never past the end of the lease). A lost lease sets `lost` (it stays
+ * true), aborts `signal`, calls `onLost`, and makes `check()` and
+ * `release()` throw LeaseLostError. ioredis's `keyPrefix` is applied to the
+ * keys.
  */
 
-export class LockError extends Error {}
+// `await using` needs Symbol.asyncDispose at run time (Node 18.18+, 20.4+ have it).
+const symbols = Symbol as unknown as { asyncDispose?: symbol };
+if (symbols.asyncDispose === undefined) symbols.asyncDispose = Symbol.for("Symbol.asyncDispose");
+
+export class LockError extends Error {
+  constructor(message?: string) {
+    super(message);
+    this.name = new.target.name;
+  }
+}
 
 /** Waiting would have closed a cycle of lock waits: nothing changed. */
 export class DeadlockError extends LockError {}
@@ -35,42 +51,90 @@ export class DeadlockError extends LockError {}
 /** The lease ended before the holder let go. */
 export class LeaseLostError extends LockError {}
 
-/** Not granted within the wait (`with`). */
+/** Not granted within the wait (`with`, `hold`). */
 export class LockNotAcquiredError extends LockError {}
+
+/** A command got no reply within its timeout (a stalled or unreachable server). */
+export class LockTimeoutError extends LockError {}
+
+/** A key or an owner: any bytes. */
+export type Bytes = string | Buffer;
 
 export interface LockOptions {
   /** The lease, ms (default 30 000), renewed while held. */
   ttl?: number;
-  /** How long to wait in the server, ms (default 10 000); 0 or null: do not wait; Infinity: without limit. */
-  wait?: number | null;
-  /** A fresh random id by default. */
-  owner?: string;
+  /** How long `with()` and `hold()` wait in the server, ms (default 10 000); 0: do not wait; Infinity: without limit. `acquire()` takes its own argument (default: do not wait). */
+  wait?: number;
+  /** Non-empty; a fresh random id by default. */
+  owner?: Bytes;
   /** BIND to a connection of its own (default true). */
   bind?: boolean;
+  /** Timeout of each command and of connecting, ms. Default: the client's command timeout, else its connect timeout (ioredis 10 000, node-redis 5 000). A renewal's is never past the end of the lease. */
+  timeout?: number;
   /** Called once when the lease is found lost. */
   onLost?: (why: string) => void;
 }
 
+export interface RedLockOptions {
+  /** Attempts (default 3). */
+  retries?: number;
+  /** Up to this many ms (random) between attempts (default 200). */
+  retryDelay?: number;
+  /** Clock drift allowance, a fraction of the ttl (default 0.01). */
+  driftFactor?: number;
+  /** Timeout of each command on each server, ms (default: each client's, as for Lock; never past the ttl). */
+  timeout?: number;
+}
+
+export interface RedLockLease {
+  readonly key: Bytes;
+  readonly owner: Bytes;
+  /** Server index -> fencing token, for the servers that granted it. */
+  readonly tokens: Map<number, number>;
+  /** Date.now() past which the lease may have ended anywhere. */
+  validUntil: number;
+}
+
+type Arg = string | number | Buffer;
 type Reply = null | number | string | Buffer | Reply[];
 
 /** What the lock needs from a client or a connection. */
 interface Conn {
-  call(args: (string | number)[]): Promise<Reply>;
+  call(args: Arg[], timeout: number, buffers?: boolean): Promise<Reply>;
   close(): Promise<void>;
 }
 
 interface Adapter {
   /** Commands through the client itself (routed by the client in a cluster). */
   shared: Conn;
-  /** A connection of its own without command timeout, or null where the client cannot make one (clusters). */
-  dedicated(): Promise<Conn | null>;
+  /** A connection of its own without reconnects, or null where the client cannot make one (clusters). `onClose` is called when it closes by itself. */
+  dedicated(onClose: () => void): Promise<Conn | null>;
   prefix: string;
+  /** The client's own timeout (command, else connect), ms. */
+  timeout: number;
 }
 
 function randomOwner(): string {
-  // crypto.randomUUID is in Node 14.17+.
   // eslint-disable-next-line @typescript-eslint/no-var-requires
   return require("crypto").randomUUID();
+}
+
+/** Rejects with LockTimeoutError after `ms` (Infinity: never). */
+function timed<T>(p: Promise<T>, ms: number, what: string): Promise<T> {
+  if (!Number.isFinite(ms)) return p;
+  return new Promise<T>((resolve, reject) => {
+    const t = setTimeout(() => reject(new LockTimeoutError(`${what}: no reply within ${Math.round(ms)} ms`)), Math.max(0, ms));
+    p.then(
+      (v) => {
+        clearTimeout(t);
+        resolve(v);
+      },
+      (e) => {
+        clearTimeout(t);
+        reject(e);
+      },
+    );
+  });
 }
 
 function isIoredis(c: any): boolean {
@@ -85,126 +149,237 @@ function isNodeRedisCluster(c: any): boolean {
   return typeof c?.sendCommand === "function" && typeof c?.getMasters === "function";
 }
 
-function adapt(client: any, firstKey: string): Adapter {
+function positive(v: unknown, fallback: number): number {
+  return typeof v === "number" && v > 0 ? v : fallback;
+}
+
+function ioCall(c: any, args: Arg[], buffers?: boolean): Promise<Reply> {
+  return buffers ? c.callBuffer(String(args[0]), ...args.slice(1)) : c.call(String(args[0]), ...args.slice(1));
+}
+
+function nrArgs(args: Arg[]): (string | Buffer)[] {
+  return args.map((a) => (Buffer.isBuffer(a) ? a : String(a)));
+}
+
+function adapt(client: any, firstKey: Bytes, timeout?: number): Adapter {
   if (isIoredisCluster(client)) {
-    const prefix: string = client.options?.keyPrefix ?? "";
+    const o = client.options?.redisOptions ?? {};
+    const t = timeout ?? positive(o.commandTimeout, positive(o.connectTimeout, 10_000));
     return {
-      prefix,
-      shared: {
-        call: (args) => client.call(String(args[0]), ...args.slice(1)),
-        close: async () => {},
-      },
+      prefix: client.options?.keyPrefix ?? o.keyPrefix ?? "",
+      timeout: t,
+      shared: { call: (args, ms, b) => timed(ioCall(client, args, b), ms, String(args[0])), close: async () => {} },
       dedicated: async () => null,
     };
   }
   if (isIoredis(client)) {
-    const prefix: string = client.options?.keyPrefix ?? "";
+    const o = client.options ?? {};
+    const connectTimeout = timeout ?? positive(o.connectTimeout, 10_000);
+    const t = timeout ?? positive(o.commandTimeout, connectTimeout);
     return {
-      prefix,
-      shared: {
-        call: (args) => client.call(String(args[0]), ...args.slice(1)),
-        close: async () => {},
-      },
-      dedicated: async () => {
-        const c = client.duplicate({ commandTimeout: undefined, lazyConnect: false, keyPrefix: undefined, enableOfflineQueue: true });
+      prefix: o.keyPrefix ?? "",
+      timeout: t,
+      shared: { call: (args, ms, b) => timed(ioCall(client, args, b), ms, String(args[0])), close: async () => {} },
+      dedicated: async (onClose) => {
+        const c = client.duplicate({
+          commandTimeout: undefined,
+          connectTimeout,
+          lazyConnect: true,
+          keyPrefix: undefined,
+          enableOfflineQueue: true,
+          retryStrategy: () => null,
+          reconnectOnError: () => false,
+          maxRetriesPerRequest: 0,
+        });
+        let closing = false;
+        c.on("error", () => {});
+        c.once("close", () => {
+          if (!closing) onClose();
+        });
+        const close = async () => {
+          closing = true;
+          c.disconnect();
+        };
+        try {
+          await timed(c.connect(), connectTimeout, "connecting");
+        } catch (e) {
+          await close();
+          throw e;
+        }
         return {
-          call: (args: (string | number)[]) => c.call(String(args[0]), ...args.slice(1)),
-          close: async () => {
-            c.disconnect();
-          },
+          call: (args: Arg[], ms: number, b?: boolean) => timed(ioCall(c, args, b), ms, String(args[0])),
+          close,
         };
       },
     };
   }
+  const nrTimeout = (o: any) => timeout ?? positive(o?.socket?.connectTimeout, 5_000);
   if (isNodeRedisCluster(client)) {
+    const t = nrTimeout(client.options?.defaults);
     return {
       prefix: "",
+      timeout: t,
       shared: {
-        call: (args) => client.sendCommand(firstKey, false, args.map(String)),
+        call: (args, ms) => timed(client.sendCommand(firstKey, false, nrArgs(args)), ms, String(args[0])),
         close: async () => {},
       },
       dedicated: async () => null,
     };
   }
   if (typeof client?.sendCommand === "function" && typeof client?.duplicate === "function") {
+    const t = nrTimeout(client.options);
+    const send = (c: any, args: Arg[], b?: boolean): Promise<Reply> =>
+      b && typeof c.commandOptions === "function" ? c.sendCommand(nrArgs(args), c.commandOptions({ returnBuffers: true })) : c.sendCommand(nrArgs(args));
     return {
       prefix: "",
-      shared: {
-        call: (args) => client.sendCommand(args.map(String)),
-        close: async () => {},
-      },
-      dedicated: async () => {
-        const c = client.duplicate();
-        c.on("error", () => {});
-        await c.connect();
-        return {
-          call: (args: (string | number)[]) => c.sendCommand(args.map(String)),
-          close: async () => {
-            await c.disconnect().catch(() => {});
-          },
+      timeout: t,
+      shared: { call: (args, ms, b) => timed(send(client, args, b), ms, String(args[0])), close: async () => {} },
+      dedicated: async (onClose) => {
+        const c = client.duplicate({ socket: { ...(client.options?.socket ?? {}), connectTimeout: t, reconnectStrategy: false } });
+        let closing = false;
+        let told = false;
+        const tell = () => {
+          if (!closing && !told) {
+            told = true;
+            onClose();
+          }
         };
+        c.on("error", tell);
+        c.on("end", tell);
+        const close = async () => {
+          closing = true;
+          try {
+            await timed(c.disconnect(), 1000, "disconnect");
+          } catch {
+            // a stalled server: drop the socket
+          }
+        };
+        try {
+          await timed(c.connect(), t, "connecting");
+        } catch (e) {
+          await close();
+          throw e;
+        }
+        return { call: (args: Arg[], ms: number, b?: boolean) => timed(send(c, args, b), ms, String(args[0])), close };
       },
     };
   }
   throw new TypeError("redis-native-lock: an ioredis Redis or Cluster, or a node-redis client or cluster, is needed");
 }
 
-type Kind =
-  | { verb: "LOCK.ACQUIRE" | "LOCK.RACQUIRE" | "LOCK.READ"; keys: string[] }
-  | { verb: "LOCK.SEMAPHORE"; keys: string[]; limit: number }
-  | { verb: "LOCK.MACQUIRE"; keys: string[] };
+type Verb = "LOCK.ACQUIRE" | "LOCK.RACQUIRE" | "LOCK.READ" | "LOCK.SEMAPHORE" | "LOCK.MACQUIRE";
+
+function errorText(e: unknown): string {
+  return String((e as Error)?.message ?? e);
+}
 
 function deadlockOrSelf(e: unknown): unknown {
-  const msg = String((e as Error)?.message ?? e);
+  const msg = errorText(e);
   return msg.startsWith("DEADLOCK") ? new DeadlockError(msg) : e;
 }
 
+function checkBytes(v: unknown, what: string): Bytes {
+  if (typeof v === "string" || Buffer.isBuffer(v)) {
+    if (v.length === 0) throw new TypeError(`redis-native-lock: ${what} must not be empty`);
+    return v;
+  }
+  throw new TypeError(`redis-native-lock: ${what} must be a string or a Buffer, not ${v === null ? "null" : typeof v}`);
+}
+
+function checkInt(v: unknown, what: string, min: number, max: number): number {
+  if (typeof v !== "number" || !Number.isInteger(v) || v < min || v > max)
+    throw new TypeError(`redis-native-lock: ${what} must be an integer from ${min} to ${max}, not ${String(v)}`);
+  return v;
+}
+
+function checkWait(v: unknown, what: string): number {
+  if (v === Infinity) return v;
+  return checkInt(v, `${what} (ms, or Infinity)`, 0, Number.MAX_SAFE_INTEGER);
+}
+
+const OPTION_NAMES = new Set(["ttl", "wait", "owner", "bind", "timeout", "onLost"]);
+
+function prefixed(prefix: string, key: Bytes): Bytes {
+  if (prefix === "") return key;
+  return Buffer.isBuffer(key) ? Buffer.concat([Buffer.from(prefix), key]) : prefix + key;
+}
+
+function sameBytes(a: Reply, b: Bytes): boolean {
+  if (a === null || Array.isArray(a)) return false;
+  const x = Buffer.isBuffer(a) ? a : Buffer.from(String(a));
+  return x.equals(Buffer.isBuffer(b) ? b : Buffer.from(b));
+}
+
+function show(keys: Bytes[]): string {
+  return JSON.stringify(keys.map((k) => (Buffer.isBuffer(k) ? `<${k.toString("hex")}>` : k)));
+}
+
 export class Lock {
-  readonly owner: string;
+  readonly owner: Bytes;
   /** The fencing token (a multi-key lock: the highest of `tokens`). */
   token: number | null = null;
   /** The tokens per key, in key order. */
   tokens: number[] = [];
   private ttl: number;
-  private wait: number | null;
+  private wait: number;
   private bind: boolean;
   private onLost?: (why: string) => void;
   private adapter: Adapter;
-  private keys: string[];
+  private keys: Bytes[];
   private conn: Conn | null = null;
   private holds = 0;
+  private acquiring = false;
+  private renewing = false;
   private timer: NodeJS.Timeout | null = null;
   private validUntil = 0;
   private lostWhy: string | null = null;
   private controller = new AbortController();
 
-  private constructor(client: unknown, private kind: Kind, opts: LockOptions = {}) {
-    this.adapter = adapt(client, kind.keys[0]);
-    this.keys = kind.keys.map((k) => this.adapter.prefix + k);
-    this.ttl = opts.ttl ?? 30_000;
-    this.wait = opts.wait === undefined ? 10_000 : opts.wait;
+  private constructor(
+    client: unknown,
+    private verb: Verb,
+    private names: Bytes[],
+    private limit: number,
+    opts: LockOptions = {},
+  ) {
+    if (opts === null || typeof opts !== "object") throw new TypeError("redis-native-lock: options must be an object");
+    for (const k of Object.keys(opts)) if (!OPTION_NAMES.has(k)) throw new TypeError(`redis-native-lock: unknown option ${JSON.stringify(k)}`);
+    this.ttl = checkInt(opts.ttl ?? 30_000, "ttl (ms)", 1, Number.MAX_SAFE_INTEGER);
+    this.wait = checkWait(opts.wait ?? 10_000, "wait");
+    if (opts.bind !== undefined && typeof opts.bind !== "boolean") throw new TypeError("redis-native-lock: bind must be a boolean");
     this.bind = opts.bind ?? true;
-    this.owner = opts.owner ?? randomOwner();
+    this.owner = opts.owner === undefined ? randomOwner() : checkBytes(opts.owner, "owner");
+    if (opts.onLost !== undefined && typeof opts.onLost !== "function") throw new TypeError("redis-native-lock: onLost must be a function");
     this.onLost = opts.onLost;
+    const timeout = opts.timeout === undefined ? undefined : checkInt(opts.timeout, "timeout (ms)", 1, Number.MAX_SAFE_INTEGER);
+    this.adapter = adapt(client, names[0], timeout);
+    this.keys = names.map((k) => prefixed(this.adapter.prefix, k));
   }
 
-  static exclusive(client: unknown, key: string, opts?: LockOptions): Lock {
-    return new Lock(client, { verb: "LOCK.ACQUIRE", keys: [key] }, opts);
+  static exclusive(client: unknown, key: Bytes, opts?: LockOptions): Lock {
+    return new Lock(client, "LOCK.ACQUIRE", [checkBytes(key, "key")], 0, opts);
   }
-  static reentrant(client: unknown, key: string, opts?: LockOptions): Lock {
-    return new Lock(client, { verb: "LOCK.RACQUIRE", keys: [key] }, opts);
+  static reentrant(client: unknown, key: Bytes, opts?: LockOptions): Lock {
+    return new Lock(client, "LOCK.RACQUIRE", [checkBytes(key, "key")], 0, opts);
   }
-  static read(client: unknown, key: string, opts?: LockOptions): Lock {
-    return new Lock(client, { verb: "LOCK.READ", keys: [key] }, opts);
+  static read(client: unknown, key: Bytes, opts?: LockOptions): Lock {
+    return new Lock(client, "LOCK.READ", [checkBytes(key, "key")], 0, opts);
   }
-  static write(client: unknown, key: string, opts?: LockOptions): Lock {
-    return new Lock(client, { verb: "LOCK.RACQUIRE", keys: [key] }, opts);
+  static write(client: unknown, key: Bytes, opts?: LockOptions): Lock {
+    return new Lock(client, "LOCK.RACQUIRE", [checkBytes(key, "key")], 0, opts);
   }
-  static semaphore(client: unknown, key: string, limit: number, opts?: LockOptions): Lock {
-    return new Lock(client, { verb: "LOCK.SEMAPHORE", keys: [key], limit }, opts);
+  /** The two sides of one read-write lock under one owner: holding one and asking for the other is the server's error at once. */
+  static readWrite(client: unknown, key: Bytes, opts: LockOptions = {}): { read: Lock; write: Lock } {
+    const owner = opts.owner ?? randomOwner();
+    return { read: Lock.read(client, key, { ...opts, owner }), write: Lock.write(client, key, { ...opts, owner }) };
   }
-  static multi(client: unknown, keys: string[], opts?: LockOptions): Lock {
-    return new Lock(client, { verb: "LOCK.MACQUIRE", keys }, opts);
+  static semaphore(client: unknown, key: Bytes, limit: number, opts?: LockOptions): Lock {
+    return new Lock(client, "LOCK.SEMAPHORE", [checkBytes(key, "key")], checkInt(limit, "limit", 1, 1_000_000), opts);
+  }
+  static multi(client: unknown, keys: readonly Bytes[], opts?: LockOptions): Lock {
+    if (!Array.isArray(keys)) throw new TypeError(`redis-native-lock: Lock.multi takes an array of keys, not ${typeof keys === "string" ? "a string" : typeof keys}`);
+    checkInt(keys.length, "the number of keys", 1, 1000);
+    return new Lock(client, "LOCK.MACQUIRE", keys.map((k, i) => checkBytes(k, `key ${i}`)), 0, opts);
   }
 
   /** Whether the lock is bound to its own connection (BIND). */
@@ -212,9 +387,14 @@ export class Lock {
     return this.conn !== null;
   }
 
-  /** True once the lease is known lost, or may have run out. */
+  /** Whether this object holds the lock now (as far as it knows). */
+  get held(): boolean {
+    return this.holds > 0 && !this.lost;
+  }
+
+  /** True once the lease is known lost, or may have run out; stays true until the next grant. */
   get lost(): boolean {
-    return this.holds > 0 && (this.lostWhy !== null || Date.now() >= this.validUntil);
+    return this.lostWhy !== null || (this.holds > 0 && Date.now() >= this.validUntil);
   }
 
   /** Aborted when the lease is found lost. */
@@ -228,16 +408,15 @@ export class Lock {
   }
 
   private message(): string {
-    return `lease on ${JSON.stringify(this.kind.keys)} (token ${this.token}) lost: ${this.lostWhy ?? "its ttl ran out without a successful renewal"}`;
+    return `lease on ${show(this.names)} (token ${this.token}) lost: ${this.lostWhy ?? "its ttl ran out without a successful renewal"}`;
   }
 
-  private args(wait: number | null, bind: boolean): (string | number)[] {
-    const k = this.kind;
-    let a: (string | number)[];
-    if (k.verb === "LOCK.MACQUIRE") a = [k.verb, this.keys.length, ...this.keys, this.owner, this.ttl];
-    else if (k.verb === "LOCK.SEMAPHORE") a = [k.verb, this.keys[0], k.limit, this.owner, this.ttl];
-    else a = [k.verb, this.keys[0], this.owner, this.ttl];
-    if (wait !== null && wait !== 0) a.push("WAIT", wait === Infinity ? 0 : Math.max(1, Math.round(wait)));
+  private args(wait: number, bind: boolean): Arg[] {
+    let a: Arg[];
+    if (this.verb === "LOCK.MACQUIRE") a = [this.verb, this.keys.length, ...this.keys, this.owner, this.ttl];
+    else if (this.verb === "LOCK.SEMAPHORE") a = [this.verb, this.keys[0], this.limit, this.owner, this.ttl];
+    else a = [this.verb, this.keys[0], this.owner, this.ttl];
+    if (wait !== 0) a.push("WAIT", wait === Infinity ? 0 : wait);
     if (bind) a.push("BIND");
     return a;
   }
@@ -246,27 +425,59 @@ export class Lock {
     return this.conn ?? this.adapter.shared;
   }
 
+  private get counted(): boolean {
+    return this.verb === "LOCK.RACQUIRE" || this.verb === "LOCK.READ";
+  }
+
   /**
-   * Asks for the lock, waiting in the server up to `wait` ms. True when
-   * granted (`token`), false when the wait ran out; DeadlockError when
-   * waiting would close a cycle of waits.
+   * Asks for the lock, waiting in the server up to `wait` ms (default 0:
+   * do not wait; Infinity: without limit). True when granted (`token`),
+   * false when refused; DeadlockError when waiting would close a cycle of
+   * waits; LockTimeoutError when the server did not answer within the wait
+   * plus the timeout. One object is one holder: a second acquire() while
+   * one is in flight, or while an exclusive, semaphore or multi-key lock is
+   * held, is a LockError (a reentrant, read or write lock re-enters: one
+   * more hold).
    */
-  async acquire(wait: number | null = this.wait): Promise<boolean> {
+  async acquire(wait: number = 0): Promise<boolean> {
+    wait = checkWait(wait, "wait");
+    if (this.acquiring) throw new LockError(`acquire() of ${show(this.names)} while another acquire() on the same Lock object is in flight: give each concurrent task its own Lock`);
+    if (this.holds > 0 && !this.counted)
+      throw new LockError(`acquire() of ${show(this.names)}: this Lock object already holds it (release() it first, or give each task its own Lock)`);
+    this.acquiring = true;
+    try {
+      return await this.acquireOnce(wait);
+    } finally {
+      this.acquiring = false;
+    }
+  }
+
+  private async acquireOnce(wait: number): Promise<boolean> {
     const first = this.holds === 0;
-    if (first && this.bind && this.conn === null) {
-      this.conn = await this.adapter.dedicated();
+    if (first) {
+      this.lostWhy = null;
+      if (this.bind && this.conn === null) {
+        let conn: Conn | null = null;
+        conn = await this.adapter.dedicated(() => {
+          if (conn !== null && this.conn === conn && this.holds > 0) this.lose("the connection the lock was bound to closed: the server freed the lock");
+        });
+        this.conn = conn;
+      }
     }
     const sent = Date.now();
     let reply: Reply;
     try {
-      reply = await this.via.call(this.args(wait, this.conn !== null));
+      reply = await this.via.call(this.args(wait, this.conn !== null), wait + this.adapter.timeout);
     } catch (e) {
-      if (first && this.conn !== null && /syntax error/i.test(String((e as Error)?.message))) {
+      if (first && this.conn !== null && /syntax error/i.test(errorText(e))) {
         await this.closeConn();
         this.bind = false;
-        return this.acquire(wait);
+        return this.acquireOnce(wait);
       }
-      if (first) await this.closeConn();
+      if (first) {
+        if (this.conn !== null) await this.closeConn(); // closing frees a grant that crossed the timeout (BIND)
+        else if (e instanceof LockTimeoutError) void this.releaseQuietly();
+      }
       throw deadlockOrSelf(e);
     }
     if (reply === null) {
@@ -275,9 +486,7 @@ export class Lock {
     }
     this.tokens = Array.isArray(reply) ? reply.map(Number) : [Number(reply)];
     this.token = Math.max(...this.tokens);
-    const counted = this.kind.verb === "LOCK.RACQUIRE" || this.kind.verb === "LOCK.READ";
-    this.holds = counted ? this.holds + 1 : 1;
-    this.lostWhy = null;
+    this.holds = this.counted ? this.holds + 1 : 1;
     if (this.controller.signal.aborted) this.controller = new AbortController();
     this.validUntil = sent + this.ttl;
     if (this.timer === null) {
@@ -287,20 +496,30 @@ export class Lock {
     return true;
   }
 
+  private releaseQuietly(): void {
+    for (const k of this.keys) this.adapter.shared.call(["LOCK.RELEASE", k, this.owner], this.adapter.timeout).catch(() => {});
+  }
+
   private async renew(): Promise<void> {
-    if (this.holds === 0 || this.lostWhy !== null) return;
+    if (this.holds === 0 || this.lostWhy !== null || this.renewing) return;
+    const left = this.validUntil - Date.now();
+    if (left <= 0) {
+      this.lose("the lease ran out before a renewal succeeded");
+      return;
+    }
+    this.renewing = true;
+    const budget = Math.min(this.adapter.timeout, left);
     const sent = Date.now();
     try {
       let ok: boolean;
       if (this.conn !== null) {
-        const n = Number(await this.conn.call(["LOCK.KEEPALIVE", this.ttl]));
+        const n = Number(await this.conn.call(["LOCK.KEEPALIVE", this.ttl], budget));
         ok = n >= this.keys.length;
       } else {
-        ok = true;
-        for (const k of this.keys) {
-          if (Number(await this.adapter.shared.call(["LOCK.RENEW", k, this.owner, this.ttl])) !== 1) ok = false;
-        }
+        const replies = await Promise.all(this.keys.map((k) => this.adapter.shared.call(["LOCK.RENEW", k, this.owner, this.ttl], budget)));
+        ok = replies.every((r) => Number(r) === 1);
       }
+      if (this.holds === 0) return;
       if (ok) this.validUntil = sent + this.ttl;
       else
         this.lose(
@@ -309,8 +528,17 @@ export class Lock {
             : "LOCK.RENEW answered 0: the lease expired or the key was deleted",
         );
     } catch (e) {
-      if (this.conn !== null) this.lose(`the connection the lock was bound to failed (${(e as Error)?.message})`);
-      else if (Date.now() >= this.validUntil) this.lose(`renewals failed until the lease ran out (${(e as Error)?.message})`);
+      if (this.holds === 0) return;
+      if (/^WRONGTYPE/.test(errorText(e))) this.lose(`the key is no longer a lock (${errorText(e)})`);
+      else if (Date.now() >= this.validUntil) this.lose(`no renewal finished before the lease ended (${errorText(e)})`);
+      else if (this.conn !== null) {
+        // A bound connection that failed or stalled: closing it frees the lock on the server.
+        this.lose(`the connection the lock was bound to failed (${errorText(e)})`);
+        void this.closeConn();
+      }
+      // else: through the client, retried at the next tick while the lease lasts
+    } finally {
+      this.renewing = false;
     }
   }
 
@@ -341,13 +569,24 @@ export class Lock {
 
   /** Sets the lease to `ttl` ms from now (default: the lock's); throws LeaseLostError if no longer held. */
   async extend(ttl: number = this.ttl): Promise<void> {
+    checkInt(ttl, "ttl (ms)", 1, Number.MAX_SAFE_INTEGER);
     if (this.holds === 0) throw new LockError("extend() of a lock not held");
+    this.check();
     const sent = Date.now();
-    for (const k of this.keys) {
-      if (Number(await this.via.call(["LOCK.RENEW", k, this.owner, ttl])) !== 1) {
-        this.lose("LOCK.RENEW answered 0: the lease expired or the key was deleted");
+    const budget = Math.min(this.adapter.timeout, Math.max(1, this.validUntil - sent));
+    let replies: Reply[];
+    try {
+      replies = await Promise.all(this.keys.map((k) => this.via.call(["LOCK.RENEW", k, this.owner, ttl], budget)));
+    } catch (e) {
+      if (/^WRONGTYPE/.test(errorText(e))) {
+        this.lose(`the key is no longer a lock (${errorText(e)})`);
         throw new LeaseLostError(this.message());
       }
+      throw e;
+    }
+    if (replies.some((r) => Number(r) !== 1)) {
+      this.lose("LOCK.RENEW answered 0: the lease expired or the key was deleted");
+      throw new LeaseLostError(this.message());
     }
     this.ttl = ttl;
     this.validUntil = sent + ttl;
@@ -355,33 +594,36 @@ export class Lock {
 
   /** Gives back one hold (all of a non-reentrant lock); throws LeaseLostError if it was no longer ours. */
   async release(): Promise<void> {
-    if (this.holds === 0) throw new LockError("release() of a lock not held");
-    let replies: Reply[];
-    try {
-      replies = [];
-      for (const k of this.keys) replies.push(await this.via.call(["LOCK.RELEASE", k, this.owner]));
-    } catch (e) {
-      this.holds = 0;
-      this.stopTimer();
-      await this.closeConn();
-      throw e;
+    if (this.holds === 0) {
+      if (this.lostWhy !== null) throw new LeaseLostError(this.message());
+      throw new LockError("release() of a lock not held");
     }
-    const gone = replies.some((r) => r === null);
-    const counted = this.kind.verb === "LOCK.RACQUIRE" || this.kind.verb === "LOCK.READ";
-    this.holds = gone || !counted || replies.some((r) => Number(r) === 1) ? 0 : this.holds - 1;
+    const wasLost = this.lostWhy !== null;
+    let replies: Reply[] = [];
+    let failure: unknown = null;
+    try {
+      for (const k of this.keys) replies.push(await this.via.call(["LOCK.RELEASE", k, this.owner], this.adapter.timeout));
+    } catch (e) {
+      failure = e;
+    }
+    const wrongType = failure !== null && /^WRONGTYPE/.test(errorText(failure));
+    const gone = wrongType || replies.some((r) => r === null);
+    if (failure !== null || gone || !this.counted || replies.some((r) => Number(r) === 1)) this.holds = 0;
+    else this.holds -= 1;
     if (this.holds === 0) {
       this.stopTimer();
       await this.closeConn();
     }
-    if (gone) {
-      this.lose("LOCK.RELEASE answered nil: the lock was no longer ours");
+    if (gone || wasLost) {
+      this.lose(wrongType ? `the key is no longer a lock (${errorText(failure)})` : "LOCK.RELEASE answered nil: the lock was no longer ours");
       throw new LeaseLostError(this.message());
     }
+    if (failure !== null) throw failure;
   }
 
-  /** Holds the lock for `work`: LockNotAcquiredError if not granted in time, LeaseLostError if the lease was lost. */
+  /** Holds the lock for `work`, waiting up to the `wait` option: LockNotAcquiredError if not granted in time, LeaseLostError if the lease was lost. */
   async with<T>(work: (lock: Lock) => Promise<T>): Promise<T> {
-    if (!(await this.acquire())) throw new LockNotAcquiredError(`${JSON.stringify(this.kind.keys)} not acquired within ${this.wait} ms`);
+    if (!(await this.acquire(this.wait))) throw new LockNotAcquiredError(`${show(this.names)} not acquired within ${this.wait} ms`);
     let out: T;
     try {
       out = await work(this);
@@ -393,73 +635,146 @@ export class Lock {
     return out;
   }
 
-  /** `await using lock = ...` (TypeScript 5.2+): released at the end of the scope. */
-  async [Symbol.asyncDispose ?? Symbol.for("Symbol.asyncDispose")](): Promise<void> {
-    if (this.holds > 0) await this.release().catch(() => {});
+  /**
+   * Acquires, waiting up to `wait` ms (default: the `wait` option), and
+   * returns a Held for `await using held = await lock.hold()` (TypeScript
+   * 5.2+): released at the end of the scope, LeaseLostError there if the
+   * lease was lost. LockNotAcquiredError if not granted in time.
+   */
+  async hold(wait: number = this.wait): Promise<Held> {
+    if (!(await this.acquire(wait))) throw new LockNotAcquiredError(`${show(this.names)} not acquired within ${wait} ms`);
+    return new Held(this);
   }
 
   /** Whether anyone holds the (first) key. */
   async locked(): Promise<boolean> {
-    return (await this.adapter.shared.call(["LOCK.INFO", this.keys[0]])) !== null;
+    return (await this.adapter.shared.call(["LOCK.INFO", this.keys[0]], this.adapter.timeout)) !== null;
   }
 
   /** Whether this owner holds the (first) key, as the server says. */
   async owned(): Promise<boolean> {
-    const info = await this.adapter.shared.call(["LOCK.INFO", this.keys[0]]);
+    const info = await this.adapter.shared.call(["LOCK.INFO", this.keys[0]], this.adapter.timeout, true);
     if (!Array.isArray(info)) return false;
     for (let i = 0; i + 1 < info.length; i += 2) {
       if (String(info[i]) === "holders") {
         const hs = info[i + 1];
-        return Array.isArray(hs) && hs.some((h) => Array.isArray(h) && String(h[0]) === this.owner);
+        return Array.isArray(hs) && hs.some((h) => Array.isArray(h) && sameBytes(h[0], this.owner));
       }
     }
     return false;
   }
 }
 
+/** A lock held by `hold()`: `await using` releases it at the end of the scope. */
+export class Held {
+  constructor(readonly lock: Lock) {}
+  get token(): number {
+    return this.lock.token as number;
+  }
+  get tokens(): number[] {
+    return this.lock.tokens;
+  }
+  get lost(): boolean {
+    return this.lock.lost;
+  }
+  get signal(): AbortSignal {
+    return this.lock.signal;
+  }
+  check(): void {
+    this.lock.check();
+  }
+  extend(ttl?: number): Promise<void> {
+    return this.lock.extend(ttl);
+  }
+  /** Releases now (the end of the scope then does nothing). */
+  release(): Promise<void> {
+    return this.lock.release();
+  }
+  /** Releases every hold this Held took; LeaseLostError if the lease was lost. */
+  async [Symbol.asyncDispose](): Promise<void> {
+    // release() throws LeaseLostError when the lease was lost.
+    if ((this.lock as unknown as { holds: number }).holds > 0) await this.lock.release();
+  }
+}
+
 /** RedLock over independent servers (clients of independent masters). */
 export class RedLock {
   readonly quorum: number;
+  private opts: RedLockOptions;
   constructor(
     private servers: unknown[],
-    private opts: { retries?: number; retryDelay?: number; driftFactor?: number } = {},
+    opts: RedLockOptions = {},
   ) {
+    if (!Array.isArray(servers) || servers.length === 0) throw new TypeError("redis-native-lock: RedLock takes a non-empty array of clients");
+    for (const k of Object.keys(opts)) if (!["retries", "retryDelay", "driftFactor", "timeout"].includes(k)) throw new TypeError(`redis-native-lock: unknown RedLock option ${JSON.stringify(k)}`);
+    this.opts = opts;
     this.quorum = Math.floor(servers.length / 2) + 1;
   }
 
-  private async each(args: (string | number)[]): Promise<Reply[]> {
+  private async each(args: Arg[], limit: number): Promise<(Reply | Error)[]> {
     return Promise.all(
       this.servers.map(async (s) => {
         try {
-          return await adapt(s, String(args[1])).shared.call(args);
-        } catch {
-          return null;
+          const a = adapt(s, args[1] as Bytes, this.opts.timeout);
+          return await a.shared.call(args, Math.min(a.timeout, limit));
+        } catch (e) {
+          return e instanceof Error ? e : new Error(String(e));
         }
       }),
     );
   }
 
-  /** `{ owner, tokens, validUntil }` or null when no quorum granted it. */
-  async acquire(key: string, ttl: number): Promise<{ key: string; owner: string; tokens: Map<number, number>; validUntil: number } | null> {
-    const owner = randomOwner();
+  /** A lease (`tokens` per server that granted it) or null when no quorum granted it within the ttl. */
+  async acquire(key: Bytes, ttl: number, opts: { owner?: Bytes } = {}): Promise<RedLockLease | null> {
+    checkBytes(key, "key");
+    checkInt(ttl, "ttl (ms)", 1, Number.MAX_SAFE_INTEGER);
+    const owner = opts.owner === undefined ? randomOwner() : checkBytes(opts.owner, "owner");
     const retries = this.opts.retries ?? 3;
     for (let attempt = 0; attempt < retries; attempt++) {
       if (attempt) await new Promise((r) => setTimeout(r, Math.random() * (this.opts.retryDelay ?? 200)));
       const started = Date.now();
-      const replies = await this.each(["LOCK.ACQUIRE", key, owner, ttl]);
+      const replies = await this.each(["LOCK.ACQUIRE", key, owner, ttl], ttl);
       const tokens = new Map<number, number>();
       replies.forEach((r, i) => {
         if (typeof r === "number") tokens.set(i, r);
       });
       const validity = ttl - (Date.now() - started) - (ttl * (this.opts.driftFactor ?? 0.01) + 2);
       if (tokens.size >= this.quorum && validity > 0) return { key, owner, tokens, validUntil: started + validity };
-      await this.each(["LOCK.RELEASE", key, owner]);
+      await this.each(["LOCK.RELEASE", key, owner], ttl);
     }
     return null;
   }
 
+  /** Renews on every server; true when a quorum renewed it within the ttl (`validUntil` updated). */
+  async extend(lease: RedLockLease, ttl: number): Promise<boolean> {
+    checkInt(ttl, "ttl (ms)", 1, Number.MAX_SAFE_INTEGER);
+    const started = Date.now();
+    const replies = await this.each(["LOCK.RENEW", lease.key, lease.owner, ttl], ttl);
+    const renewed = replies.filter((r) => r === 1).length;
+    const validity = ttl - (Date.now() - started) - (ttl * (this.opts.driftFactor ?? 0.01) + 2);
+    if (renewed >= this.quorum && validity > 0) {
+      lease.validUntil = started + validity;
+      return true;
+    }
+    return false;
+  }
+
   /** Releases on every server; how many released a hold. */
-  async release(lease: { key: string; owner: string }): Promise<number> {
-    return (await this.each(["LOCK.RELEASE", lease.key, lease.owner])).filter((r) => r !== null).length;
+  async release(lease: RedLockLease): Promise<number> {
+    return (await this.each(["LOCK.RELEASE", lease.key, lease.owner], Infinity)).filter((r) => r === 0 || r === 1).length;
+  }
+
+  /** Holds the lease for `work`: LockNotAcquiredError without a quorum; LeaseLostError if the lease's validity ran out before the work ended. */
+  async with<T>(key: Bytes, ttl: number, work: (lease: RedLockLease) => Promise<T>, opts: { owner?: Bytes } = {}): Promise<T> {
+    const lease = await this.acquire(key, ttl, opts);
+    if (lease === null) throw new LockNotAcquiredError(`${show([key])}: no quorum of ${this.quorum}`);
+    let out: T;
+    try {
+      out = await work(lease);
+    } finally {
+      await this.release(lease);
+    }
+    if (Date.now() > lease.validUntil) throw new LeaseLostError(`RedLock lease on ${show([key])} ended before the work did`);
+    return out;
   }
 }

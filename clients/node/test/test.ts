@@ -4,9 +4,9 @@
 // (REDIS_LOCK_CLUSTER_PORT), and RedLock over five servers (REDLOCK_PORTS,
 // REDLOCK_DOWN of them, the last ones, stopped). Prints one line per test
 // and "N passed, M failed".
-import Redis, { Cluster } from "ioredis";
+import { Redis, Cluster } from "ioredis";
 import { createClient, createCluster } from "redis";
-import { DeadlockError, LeaseLostError, Lock, RedLock } from "redis-native-lock";
+import { DeadlockError, LeaseLostError, Lock, LockError, RedLock } from "redis-native-lock";
 
 const port = Number(process.env.REDIS_LOCK_PORT);
 const clusterPort = Number(process.env.REDIS_LOCK_CLUSTER_PORT);
@@ -67,6 +67,216 @@ async function everyKind(client: unknown, label: string): Promise<void> {
   });
 }
 
+/** Info holders' owners, as bytes, through a fresh ioredis connection. */
+async function holders(key: string | Buffer): Promise<Buffer[]> {
+  const r = new Redis(port, "127.0.0.1");
+  try {
+    const info = (await r.callBuffer("LOCK.INFO", key)) as unknown;
+    if (!Array.isArray(info)) return [];
+    const hs = info[3] as unknown[][];
+    return hs.map((h) => h[0] as Buffer);
+  } finally {
+    r.disconnect();
+  }
+}
+
+async function issueTests(client: unknown, label: string): Promise<void> {
+  await test(`${label}: acquire() with no argument does not wait, whatever the wait option`, async () => {
+    const key = `${tag()}nw`;
+    const holder = Lock.exclusive(client, key);
+    assert(await holder.acquire(), "held");
+    const other = Lock.exclusive(client, key, { wait: 5000 });
+    const t0 = Date.now();
+    assert(!(await other.acquire()), "refused");
+    assert(Date.now() - t0 < 300, `at once (${Date.now() - t0} ms)`);
+    await holder.release();
+  });
+
+  await test(`${label}: one Lock object shared by 8 concurrent callers: never two inside (fenced counter)`, async () => {
+    const key = `${tag()}sh`;
+    const shared = Lock.exclusive(client, key, { ttl: 5000 });
+    let inside = 0;
+    let maxInside = 0;
+    let counter = 0;
+    let lastToken = 0;
+    let refused = 0;
+    let refusedMsg = "";
+    const caller = async () => {
+      for (let done = 0; done < 3; ) {
+        try {
+          if (!(await shared.acquire(2000))) continue;
+        } catch (e) {
+          if (!(e instanceof LockError)) throw e;
+          refused++;
+          refusedMsg = (e as Error).message;
+          await sleep(2 + Math.random() * 10);
+          continue;
+        }
+        inside++;
+        maxInside = Math.max(maxInside, inside);
+        const token = shared.token!;
+        assert(token > lastToken, "the storage accepts only a higher token");
+        lastToken = token;
+        const seen = counter;
+        await sleep(3);
+        counter = seen + 1; // a lost update if two were inside
+        inside--;
+        done++;
+        await shared.release();
+      }
+    };
+    await Promise.all(Array.from({ length: 8 }, caller));
+    assert(maxInside === 1, `one inside at a time (max ${maxInside})`);
+    assert(counter === 24, `no lost update (${counter})`);
+    assert(refused > 0 && /same Lock object|already holds/.test(refusedMsg), `the others got a clear LockError: ${refusedMsg}`);
+  });
+
+  await test(`${label}: a bound holder hears its connection close within 100 ms; lost stays true`, async () => {
+    const key = `${tag()}kl`;
+    let lostAt = 0;
+    const l = Lock.exclusive(client, key, { ttl: 6000, onLost: () => (lostAt = Date.now()) });
+    assert(await l.acquire(), "held");
+    assert(l.bound, "bound");
+    const killer = new Redis(port, "127.0.0.1");
+    const list = String(await killer.call("CLIENT", "LIST"));
+    // the bound connection is the one that sent LOCK.ACQUIRE ... BIND last
+    const id = list
+      .split("\n")
+      .filter((line) => /cmd=lock\.acquire/i.test(line))
+      .map((line) => /id=(\d+)/.exec(line)![1])
+      .pop();
+    assert(id, `the bound connection in CLIENT LIST:\n${list}`);
+    const killedAt = Date.now();
+    await killer.call("CLIENT", "KILL", "ID", id!);
+    for (let i = 0; i < 40 && lostAt === 0; i++) await sleep(10);
+    killer.disconnect();
+    assert(lostAt !== 0 && lostAt - killedAt <= 100, `told within 100 ms (${lostAt ? lostAt - killedAt : "never"})`);
+    assert(l.lost && l.signal.aborted, "lost, signal aborted");
+    let threw = false;
+    await l.release().catch((e) => (threw = e instanceof LeaseLostError));
+    assert(threw, "release throws LeaseLostError");
+    assert(l.lost, "lost stays true after the release");
+    assert(await Lock.exclusive(client, key).acquire(), "the server freed it");
+  });
+
+  await test(`${label}: WRONGTYPE or a missing key at release, extend and renewal is LeaseLostError`, async () => {
+    const raw = new Redis(port, "127.0.0.1");
+    for (const bind of [true, false]) {
+      const key = `${tag()}wt`;
+      const l = Lock.exclusive(client, key, { bind });
+      assert(await l.acquire(), "held");
+      await raw.del(key);
+      await raw.set(key, "x");
+      let e1: unknown = null;
+      await l.extend().catch((e) => (e1 = e));
+      assert(e1 instanceof LeaseLostError, `extend: LeaseLostError, not ${e1}`);
+      assert(l.lost, "lost");
+      let e2: unknown = null;
+      await l.release().catch((e) => (e2 = e));
+      assert(e2 instanceof LeaseLostError, `release: LeaseLostError, not ${e2}`);
+      const m = Lock.exclusive(client, `${key}2`, { bind });
+      assert(await m.acquire(), "held");
+      await raw.del(`${key}2`);
+      let e3: unknown = null;
+      await m.release().catch((e) => (e3 = e));
+      assert(e3 instanceof LeaseLostError, `release of a missing key: LeaseLostError, not ${e3}`);
+      let why = "";
+      const n = Lock.exclusive(client, `${key}3`, { bind: false, ttl: 300, onLost: (w) => (why = w) });
+      assert(await n.acquire(), "held");
+      await raw.del(`${key}3`);
+      await raw.set(`${key}3`, "x");
+      for (let i = 0; i < 50 && why === ""; i++) await sleep(20);
+      assert(/WRONGTYPE/.test(why), `the renewal's WRONGTYPE told as lost: ${why}`);
+      await n.release().catch(() => {});
+    }
+    raw.disconnect();
+  });
+
+  await test(`${label}: owner honoured by every kind, binary keys and owners`, async () => {
+    const owner = Buffer.from([0, 0xff, 0x80, 0x41]);
+    const t = tag();
+    const k = (s: string) => Buffer.concat([Buffer.from(`${t}`), Buffer.from([0, 0xfe]), Buffer.from(s)]);
+    const locks = [
+      Lock.exclusive(client, k("x"), { owner }),
+      Lock.reentrant(client, k("r"), { owner }),
+      Lock.read(client, k("rd"), { owner }),
+      Lock.write(client, k("wr"), { owner }),
+      Lock.semaphore(client, k("s"), 3, { owner }),
+      Lock.multi(client, [k("m1"), k("m2")], { owner }),
+    ];
+    for (const l of locks) {
+      assert(await l.acquire(), "held");
+      assert(Buffer.compare(l.owner as Buffer, owner) === 0, "owner kept");
+      assert(await l.owned(), "owned()");
+    }
+    for (const key of ["x", "r", "rd", "wr", "s", "m1", "m2"]) {
+      const hs = await holders(k(key));
+      assert(hs.length === 1 && hs[0].equals(owner), `the server's holder of ${key} is the owner given`);
+    }
+    for (const l of locks) await l.release();
+  });
+
+  await test(`${label}: a mode change on one read-write object is the server's error at once`, async () => {
+    const rw = Lock.readWrite(client, `${tag()}rw`);
+    assert(Buffer.from(rw.read.owner).equals(Buffer.from(rw.write.owner)), "one owner");
+    assert(await rw.read.acquire(), "read held");
+    const t0 = Date.now();
+    let err: unknown = null;
+    await rw.write.acquire(5000).catch((e) => (err = e));
+    assert(err !== null && /shared/.test(String((err as Error).message)), `the server's error: ${err}`);
+    assert(Date.now() - t0 < 500, "at once");
+    assert(await rw.read.owned(), "the read hold is unchanged");
+    await rw.read.release();
+  });
+
+  await test(`${label}: bad input is a clear TypeError`, async () => {
+    const cases: [string, () => unknown][] = [
+      ["a plain string to Lock.multi", () => Lock.multi(client, "ab" as unknown as string[])],
+      ["no keys", () => Lock.multi(client, [])],
+      ["an empty key", () => Lock.exclusive(client, "")],
+      ["an empty owner", () => Lock.exclusive(client, "k", { owner: "" })],
+      ["a ttl of 0", () => Lock.exclusive(client, "k", { ttl: 0 })],
+      ["a fractional ttl", () => Lock.exclusive(client, "k", { ttl: 1.5 })],
+      ["a limit of 0", () => Lock.semaphore(client, "k", 0)],
+      ["an unknown option", () => Lock.exclusive(client, "k", { wiat: 5 } as never)],
+      ["not a client", () => Lock.exclusive({}, "k")],
+    ];
+    for (const [what, f] of cases) {
+      let e: unknown = null;
+      try {
+        f();
+      } catch (x) {
+        e = x;
+      }
+      assert(e instanceof TypeError && /redis-native-lock: /.test((e as Error).message), `${what}: ${e}`);
+    }
+    let e: unknown = null;
+    await Lock.exclusive(client, `${tag()}neg`).acquire(-1).catch((x) => (e = x));
+    assert(e instanceof TypeError, "a negative wait");
+  });
+
+  await test(`${label}: await using acquires, releases at the end of the scope, reports a lost lease`, async () => {
+    const key = `${tag()}au`;
+    {
+      await using held = await Lock.exclusive(client, key).hold(1000);
+      assert(held.token > 0, "a token");
+      assert(await held.lock.owned(), "held inside the scope");
+    }
+    assert(!(await Lock.exclusive(client, key).locked()), "released at the end of the scope");
+    let err: unknown = null;
+    try {
+      await using held = await Lock.exclusive(client, key, { bind: false }).hold(1000);
+      assert(held.token > 0, "a token");
+      const raw = new Redis(port, "127.0.0.1");
+      await raw.del(key);
+      raw.disconnect();
+    } catch (e) {
+      err = e;
+    }
+    assert(err instanceof LeaseLostError, `the lost lease is thrown at the end of the scope: ${err}`);
+  });
+}
+
 async function main(): Promise<void> {
   const io = new Redis(port, "127.0.0.1");
   const nr = createClient({ url: `redis://127.0.0.1:${port}` });
@@ -75,14 +285,21 @@ async function main(): Promise<void> {
   await everyKind(io, "ioredis");
   await everyKind(nr, "node-redis");
 
+  for (const [c, label] of [
+    [io, "ioredis"],
+    [nr, "node-redis"],
+  ] as const) {
+    await issueTests(c, label);
+  }
+
   await test("ioredis: a waiter is granted when the holder releases", async () => {
     const t = tag();
     const holder = Lock.exclusive(io, `${t}w`);
     assert(await holder.acquire(), "held");
     setTimeout(() => void holder.release(), 300);
     const start = Date.now();
-    const waiter = Lock.exclusive(io, `${t}w`, { wait: 5000 });
-    assert(await waiter.acquire(), "granted after the release");
+    const waiter = Lock.exclusive(io, `${t}w`);
+    assert(await waiter.acquire(5000), "granted after the release");
     assert(Date.now() - start < 3000, "in time");
     assert(waiter.bound, "bound to its own connection");
     await waiter.release();
@@ -112,7 +329,7 @@ async function main(): Promise<void> {
     await io.call("CLIENT", "KILL", "TYPE", "normal", "SKIPME", "yes");
     await sleep(100);
     const io2 = new Redis(port, "127.0.0.1");
-    assert(await Lock.exclusive(io2, key, { wait: 500 }).acquire(), "freed at once");
+    assert(await Lock.exclusive(io2, key).acquire(500), "freed at once");
     io2.disconnect();
   });
 
@@ -122,12 +339,12 @@ async function main(): Promise<void> {
     const a1 = Lock.exclusive(io3, `${t}d1`, { owner: "A" });
     const b2 = Lock.exclusive(io3, `${t}d2`, { owner: "B" });
     assert((await a1.acquire()) && (await b2.acquire()), "held");
-    const aWaits = Lock.exclusive(io3, `${t}d2`, { owner: "A", wait: 5000 });
-    const pending = aWaits.acquire();
+    const aWaits = Lock.exclusive(io3, `${t}d2`, { owner: "A" });
+    const pending = aWaits.acquire(5000);
     await sleep(300);
     let deadlock = false;
-    await Lock.exclusive(io3, `${t}d1`, { owner: "B", wait: 5000 })
-      .acquire()
+    await Lock.exclusive(io3, `${t}d1`, { owner: "B" })
+      .acquire(5000)
       .catch((e) => (deadlock = e instanceof DeadlockError));
     assert(deadlock, "DeadlockError");
     await b2.release();
@@ -170,7 +387,14 @@ async function main(): Promise<void> {
       if (down <= 2) {
         assert(lease !== null && lease.tokens.size === 5 - down, "a quorum granted it");
         assert((await new RedLock(servers, { retries: 1 }).acquire(key, 10_000)) === null, "a second client is refused");
+        assert(await rl.extend(lease!, 10_000), "extended on a quorum");
         assert((await rl.release(lease!)) === 5 - down, "released everywhere");
+        const owner = Buffer.from([1, 0, 2]);
+        const got = await rl.with(`${key}w`, 5000, async (l) => {
+          assert(Buffer.from(l.owner).equals(owner), "the owner given");
+          return l.tokens.size;
+        }, { owner });
+        assert(got === 5 - down, "with() held it on the live servers");
       } else {
         assert(lease === null, "no quorum");
       }
