@@ -311,13 +311,17 @@ impl Lock {
         flush(&s, &mut slot).await;
         // Taken out while the request waits: a cancelled acquire drops it
         // (closing it frees a grant made meanwhile).
+        let started = Instant::now();
         let mut conn = match slot.take() {
             Some(c) => c,
             None => Conn::open(&s.client, opts.timeout).await?,
         };
         let mut bound = opts.bind && matches!(s.client, Target::Server(_));
         let sent = Instant::now();
-        let t = opts.acquire_timeout();
+        // One deadline for connecting and the reply.
+        let t = opts
+            .acquire_timeout()
+            .map(|t| limit(t, t.saturating_sub(started.elapsed())));
         let mut reply = conn.query(&s.kind.acquire(&opts, &owner, bound), t).await;
         if bound && matches!(&reply, Err(e) if e.to_string().contains("syntax error")) {
             bound = false;
@@ -385,9 +389,11 @@ impl Lock {
             .next()
             .unwrap_or_default();
         let t = self.opts.timeout;
+        let started = Instant::now();
         let mut conn = Conn::open(&self.shared.client, t).await?;
+        let left = limit(t, t.saturating_sub(started.elapsed()));
         let reply = conn
-            .query(redis::cmd("LOCK.INFO").arg(key), Some(t))
+            .query(redis::cmd("LOCK.INFO").arg(key), Some(left))
             .await?;
         Ok(holders(reply))
     }

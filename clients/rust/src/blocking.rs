@@ -34,8 +34,23 @@ enum Conn {
 }
 
 impl Conn {
-    /// A connection with a connect timeout and read/write timeouts.
+    /// A connection with a connect timeout and read/write timeouts. The
+    /// `redis` crate's handshake reads with the timeout per read (several
+    /// reads): it runs on a thread of its own, given up after `timeout`.
     fn open(target: &Target, timeout: Duration) -> redis::RedisResult<Conn> {
+        let (tx, rx) = std::sync::mpsc::channel();
+        let target = target.clone();
+        thread::Builder::new()
+            .name("redis-native-lock-connect".into())
+            .spawn(move || {
+                let _ = tx.send(Conn::open_now(&target, timeout));
+            })
+            .map_err(redis::RedisError::from)?;
+        rx.recv_timeout(timeout)
+            .unwrap_or_else(|_| Err(crate::timed_out("no connection within the timeout")))
+    }
+
+    fn open_now(target: &Target, timeout: Duration) -> redis::RedisResult<Conn> {
         let conn = match target {
             Target::Server(c) => Conn::Server(c.get_connection_with_timeout(timeout)?),
             Target::Cluster(c) => {
@@ -296,13 +311,18 @@ impl Lock {
         s.kind.check(&opts, &owner)?;
         let mut slot = lock(&s.conn);
         let mut bound = opts.bind && matches!(s.client, Target::Server(_));
+        let started = Instant::now();
         let mut conn = match slot.take() {
             Some(c) => c,
             None => Conn::open(&s.client, opts.timeout)?,
         };
         let sent = Instant::now();
+        // One deadline for connecting and the reply.
+        let reply_timeout = opts
+            .acquire_timeout()
+            .map(|t| limit(t, t.saturating_sub(started.elapsed())));
         let mut reply = conn
-            .timeouts(opts.acquire_timeout())
+            .timeouts(reply_timeout)
             .and_then(|()| conn.query(&s.kind.acquire(&opts, &owner, bound)));
         if bound && matches!(&reply, Err(e) if e.to_string().contains("syntax error")) {
             // A server without BIND: a lease renewed with LOCK.RENEW.
@@ -381,7 +401,10 @@ impl Lock {
             .into_iter()
             .next()
             .unwrap_or_default();
-        let mut conn = Conn::open(&self.shared.client, self.opts.timeout)?;
+        let started = Instant::now();
+        let t = self.opts.timeout;
+        let mut conn = Conn::open(&self.shared.client, t)?;
+        conn.timeouts(Some(limit(t, t.saturating_sub(started.elapsed()))))?;
         let reply = conn.query(redis::cmd("LOCK.INFO").arg(key))?;
         Ok(holders(reply))
     }
