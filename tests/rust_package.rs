@@ -1,15 +1,21 @@
 //! The Rust package (clients/rust, `redis-native-lock`), blocking and tokio,
 //! against servers started here: every kind, waiting in the server, the
-//! keepalive, a lost lease, a bound lock freed when its connection dies,
-//! `DEADLOCK` as its own error, a cancelled acquire, and RedLock over five
-//! servers with two, then three, stopped.
+//! watchdog, a lost lease (deleted, overwritten, a killed connection), a
+//! bound lock freed when its connection dies, `DEADLOCK` as its own error, a
+//! cancelled acquire, RedLock over five servers with two, then three,
+//! stopped; and for the issue "the client packages lose mutual exclusion":
+//! threads each with a `Lock` and a fenced counter (one object per
+//! acquisition is the compiler's job: the crate's compile_fail doctests), a
+//! SIGSTOPped server among three, lost for good and never a raw WRONGTYPE,
+//! the API's defaults and refusals, the docs' examples, and the package
+//! built from its packaged sources.
 
 mod common;
 
 use common::cluster::Cluster;
 use common::*;
 use redis_native_lock::redlock::{AsyncRedLock, RedLock};
-use redis_native_lock::{aio, Error, Lock, Target};
+use redis_native_lock::{aio, Error, Guard, Lock, Target};
 use std::thread;
 use std::time::{Duration, Instant};
 
@@ -25,7 +31,7 @@ fn ms(n: u64) -> Duration {
 fn kinds_blocking(t: &Target, bound: bool) {
     let k = |name: &str| format!("{{kinds}}:{name}");
     // Exclusive: a second owner is refused; tokens increase.
-    let a = Lock::exclusive(t.clone(), k("x"));
+    let mut a = Lock::exclusive(t.clone(), k("x"));
     let g = a.acquire().unwrap().expect("granted");
     assert_eq!(g.is_bound(), bound);
     assert!(Lock::exclusive(t.clone(), k("x"))
@@ -35,24 +41,23 @@ fn kinds_blocking(t: &Target, bound: bool) {
         .is_none());
     let t1 = g.token();
     g.release().unwrap();
-    let g2 = Lock::exclusive(t.clone(), k("x"))
-        .acquire()
-        .unwrap()
-        .unwrap();
+    let mut b = Lock::exclusive(t.clone(), k("x"));
+    let g2 = b.acquire().unwrap().unwrap();
     assert!(g2.token() > t1);
     drop(g2);
     assert!(!a.locked().unwrap(), "dropping the guard released it");
     // Reentrant: holds counted.
-    let r = Lock::reentrant(t.clone(), k("r"));
-    let r1 = r.acquire().unwrap().unwrap();
-    let r2 = r.acquire().unwrap().unwrap();
-    assert_eq!(r1.token(), r2.token());
+    let mut r = Lock::reentrant(t.clone(), k("r"));
+    let mut r1 = r.acquire().unwrap().unwrap();
+    let t1 = r1.token();
+    let r2 = r1.reacquire().unwrap().unwrap();
+    assert_eq!(t1, r2.token());
     r2.release().unwrap();
-    assert!(r.owned().unwrap(), "one hold left");
+    r1.check().unwrap();
     r1.release().unwrap();
     assert!(!r.locked().unwrap());
     // Read-write: readers share, a writer waits for them.
-    let (ra, rb) = (
+    let (mut ra, mut rb) = (
         Lock::read(t.clone(), k("rw")),
         Lock::read(t.clone(), k("rw")),
     );
@@ -66,7 +71,8 @@ fn kinds_blocking(t: &Target, bound: bool) {
         .unwrap()
         .is_none());
     drop((ga, gb));
-    let w = Lock::write(t.clone(), k("rw")).acquire().unwrap().unwrap();
+    let mut wl = Lock::write(t.clone(), k("rw"));
+    let w = wl.acquire().unwrap().unwrap();
     assert!(Lock::read(t.clone(), k("rw"))
         .wait(None)
         .acquire()
@@ -74,21 +80,18 @@ fn kinds_blocking(t: &Target, bound: bool) {
         .is_none());
     drop(w);
     // Semaphore: two permits.
-    let p: Vec<Lock> = (0..3)
-        .map(|_| Lock::semaphore(t.clone(), k("sem"), 2).wait(None))
-        .collect();
-    let g0 = p[0].acquire().unwrap().unwrap();
-    let g1 = p[1].acquire().unwrap().unwrap();
-    assert!(p[2].acquire().unwrap().is_none());
+    let sem = || Lock::semaphore(t.clone(), k("sem"), 2).wait(None);
+    let (mut p0, mut p1, mut p2) = (sem(), sem(), sem());
+    let g0 = p0.acquire().unwrap().unwrap();
+    let g1 = p1.acquire().unwrap().unwrap();
+    assert!(p2.acquire().unwrap().is_none());
     drop(g0);
-    let g2 = p[2].acquire().unwrap().unwrap();
+    let g2 = p2.acquire().unwrap().unwrap();
     assert_ne!(g1.token(), g2.token());
     drop((g1, g2));
     // Multi: all or none, a token per key.
-    let m = Lock::multi(t.clone(), [k("m1"), k("m2")])
-        .acquire()
-        .unwrap()
-        .unwrap();
+    let mut ml = Lock::multi(t.clone(), [k("m1"), k("m2")]);
+    let m = ml.acquire().unwrap().unwrap();
     assert_eq!(m.tokens().len(), 2);
     assert!(Lock::exclusive(t.clone(), k("m2"))
         .wait(None)
@@ -111,10 +114,10 @@ fn every_kind_blocking_on_a_server_and_a_cluster() {
     let cc = cluster_client(&cluster);
     kinds_blocking(&Target::from(&cc), false);
     // A cluster lease is renewed through the cluster connection.
-    let l = Lock::exclusive(&cc, "{c}:renewed").ttl(ms(600));
+    let mut l = Lock::exclusive(&cc, "{c}:renewed").ttl(ms(600));
     let g = l.acquire().unwrap().unwrap();
     thread::sleep(ms(1_500));
-    assert!(!g.is_lost() && l.owned().unwrap(), "renewed in the cluster");
+    assert!(!g.is_lost() && g.owned().unwrap(), "renewed in the cluster");
     g.release().unwrap();
 }
 
@@ -128,29 +131,31 @@ fn waits_in_the_server_renews_and_signals_a_lost_lease() {
     let s = Server::start();
     let c = client(&s);
     // A waiter is granted when the holder releases.
-    let holder = Lock::exclusive(&c, "w").acquire().unwrap().unwrap();
-    let t = thread::spawn(move || {
-        thread::sleep(ms(300));
-        holder.release().unwrap();
+    let mut first = Lock::exclusive(&c, "w");
+    let holder = first.acquire().unwrap().unwrap();
+    thread::scope(|scope| {
+        scope.spawn(move || {
+            thread::sleep(ms(300));
+            holder.release().unwrap();
+        });
+        let start = Instant::now();
+        let mut waiter = Lock::exclusive(&c, "w").wait(Some(Duration::from_secs(5)));
+        let g = waiter
+            .acquire()
+            .unwrap()
+            .expect("granted after the release");
+        assert!(start.elapsed() < Duration::from_secs(3));
+        drop(g);
     });
-    let start = Instant::now();
-    let waiter = Lock::exclusive(&c, "w").wait(Some(Duration::from_secs(5)));
-    let g = waiter
-        .acquire()
-        .unwrap()
-        .expect("granted after the release");
-    assert!(start.elapsed() < Duration::from_secs(3));
-    t.join().unwrap();
-    drop(g);
     // The keeper renews, bound or not.
     for bind in [true, false] {
         let key = format!("k{bind}");
-        let l = Lock::exclusive(&c, &key).ttl(ms(600)).bind(bind);
+        let mut l = Lock::exclusive(&c, &key).ttl(ms(600)).bind(bind);
         let g = l.acquire().unwrap().unwrap();
         assert_eq!(g.is_bound(), bind);
         thread::sleep(ms(1_500));
         assert!(!g.is_lost(), "renewed");
-        assert!(l.owned().unwrap());
+        assert!(g.owned().unwrap());
         g.extend(Duration::from_secs(20)).unwrap();
         assert!(
             s.conn().pttl(&key) > 10_000,
@@ -161,7 +166,7 @@ fn waits_in_the_server_renews_and_signals_a_lost_lease() {
     // Deleted behind the holder's back: lost, and the release says so.
     for bind in [true, false] {
         let key = format!("d{bind}");
-        let l = Lock::exclusive(&c, &key).ttl(ms(600)).bind(bind);
+        let mut l = Lock::exclusive(&c, &key).ttl(ms(600)).bind(bind);
         let g = l.acquire().unwrap().unwrap();
         s.conn().cmd(&["DEL", &key]);
         wait_until(
@@ -178,12 +183,12 @@ fn waits_in_the_server_renews_and_signals_a_lost_lease() {
 fn a_bound_lock_is_freed_when_its_connection_dies_and_deadlock_is_an_error() {
     let s = Server::start();
     let c = client(&s);
-    let l = Lock::exclusive(&c, "b").ttl(ms(900));
+    let mut l = Lock::exclusive(&c, "b").ttl(ms(900));
     let g = l.acquire().unwrap().unwrap();
     // What a dead process does: its connections close.
     let mut admin = s.conn();
     admin.cmd(&["CLIENT", "KILL", "TYPE", "normal", "SKIPME", "yes"]);
-    let other = Lock::exclusive(&c, "b").wait(Some(ms(500)));
+    let mut other = Lock::exclusive(&c, "b").wait(Some(ms(500)));
     assert!(
         other.acquire().unwrap().is_some(),
         "freed at once, not at the lease's end"
@@ -193,19 +198,13 @@ fn a_bound_lock_is_freed_when_its_connection_dies_and_deadlock_is_an_error() {
     });
     assert!(g.release().is_err());
 
-    let a1 = Lock::exclusive(&c, "d1")
-        .owner("A")
-        .acquire()
-        .unwrap()
-        .unwrap();
-    let b2 = Lock::exclusive(&c, "d2")
-        .owner("B")
-        .acquire()
-        .unwrap()
-        .unwrap();
+    let mut la = Lock::exclusive(&c, "d1").owner("A");
+    let a1 = la.acquire().unwrap().unwrap();
+    let mut lb = Lock::exclusive(&c, "d2").owner("B");
+    let b2 = lb.acquire().unwrap().unwrap();
     let c2 = c.clone();
     let a_waits = thread::spawn(move || {
-        let l = Lock::exclusive(&c2, "d2")
+        let mut l = Lock::exclusive(&c2, "d2")
             .owner("A")
             .wait(Some(Duration::from_secs(5)));
         l.acquire().map(|g| g.is_some())
@@ -213,7 +212,7 @@ fn a_bound_lock_is_freed_when_its_connection_dies_and_deadlock_is_an_error() {
     wait_until(Duration::from_secs(3), "A to wait", || {
         s.conn().info_field("lock", "lock_waiters") == "1"
     });
-    let b_waits = Lock::exclusive(&c, "d1")
+    let mut b_waits = Lock::exclusive(&c, "d1")
         .owner("B")
         .wait(Some(Duration::from_secs(5)));
     assert!(matches!(b_waits.acquire(), Err(Error::Deadlock(_))));
@@ -222,175 +221,103 @@ fn a_bound_lock_is_freed_when_its_connection_dies_and_deadlock_is_an_error() {
     drop(a1);
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn every_kind_tokio_on_a_cluster() {
-    let cluster = Cluster::start();
-    let cc = cluster_client(&cluster);
+/// Every kind through the tokio API, on a server or a cluster.
+async fn kinds_tokio(t: &Target, bound: bool) {
     let k = |n: &str| format!("{{t}}:{n}");
-    let g = aio::Lock::exclusive(&cc, k("x"))
-        .acquire()
-        .await
-        .unwrap()
-        .unwrap();
-    assert!(
-        !g.is_bound().await,
-        "renewed through the cluster connection"
-    );
-    assert!(aio::Lock::exclusive(&cc, k("x"))
-        .wait(None)
+    let mut x = aio::Lock::exclusive(t.clone(), k("x"));
+    let g = x.acquire().await.unwrap().unwrap();
+    assert_eq!(g.is_bound(), bound);
+    assert!(aio::Lock::exclusive(t.clone(), k("x"))
         .acquire()
         .await
         .unwrap()
         .is_none());
     g.release().await.unwrap();
-    let r = aio::Lock::reentrant(&cc, k("r"));
-    let (r1, r2) = (
-        r.acquire().await.unwrap().unwrap(),
-        r.acquire().await.unwrap().unwrap(),
-    );
+    let mut r = aio::Lock::reentrant(t.clone(), k("r"));
+    let mut r1 = r.acquire().await.unwrap().unwrap();
+    let r2 = r1.reacquire().await.unwrap().unwrap();
     r2.release().await.unwrap();
+    assert!(r1.owned().await.unwrap(), "one hold left");
     r1.release().await.unwrap();
     assert!(!r.locked().await.unwrap());
-    let ra = aio::Lock::read(&cc, k("rw"))
-        .acquire()
-        .await
-        .unwrap()
-        .unwrap();
-    assert!(aio::Lock::write(&cc, k("rw"))
-        .wait(None)
+    let mut rl = aio::Lock::read(t.clone(), k("rw"));
+    let ra = rl.acquire().await.unwrap().unwrap();
+    assert!(aio::Lock::write(t.clone(), k("rw"))
         .acquire()
         .await
         .unwrap()
         .is_none());
     ra.release().await.unwrap();
-    let p1 = aio::Lock::semaphore(&cc, k("sem"), 1)
-        .acquire()
-        .await
-        .unwrap()
-        .unwrap();
-    assert!(aio::Lock::semaphore(&cc, k("sem"), 1)
-        .wait(None)
+    let mut sl = aio::Lock::semaphore(t.clone(), k("sem"), 1);
+    let p1 = sl.acquire().await.unwrap().unwrap();
+    assert!(aio::Lock::semaphore(t.clone(), k("sem"), 1)
         .acquire()
         .await
         .unwrap()
         .is_none());
     p1.release().await.unwrap();
-    let m = aio::Lock::multi(&cc, [k("m1"), k("m2")])
-        .acquire()
-        .await
-        .unwrap()
-        .unwrap();
-    assert_eq!(m.tokens().await.len(), 2);
+    let mut ml = aio::Lock::multi(t.clone(), [k("m1"), k("m2")]);
+    let m = ml.acquire().await.unwrap().unwrap();
+    assert_eq!(m.tokens().len(), 2);
     m.release().await.unwrap();
-    // Waiting in the cluster.
-    let holder = aio::Lock::exclusive(&cc, k("w"))
+    // Waiting in the server: a task holds, then releases.
+    let (held_tx, held_rx) = tokio::sync::oneshot::channel();
+    let t2 = t.clone();
+    let holder = tokio::spawn(async move {
+        let mut l = aio::Lock::exclusive(t2, k("w"));
+        let g = l.acquire().await.unwrap().unwrap();
+        held_tx.send(()).unwrap();
+        tokio::time::sleep(ms(300)).await;
+        g.release().await.unwrap();
+    });
+    held_rx.await.unwrap();
+    let mut w = aio::Lock::exclusive(t.clone(), "{t}:w")
+        .ttl(ms(600))
+        .wait(Some(Duration::from_secs(5)));
+    let g = w
         .acquire()
         .await
         .unwrap()
-        .unwrap();
-    let release = tokio::spawn(async move {
-        tokio::time::sleep(ms(300)).await;
-        holder.release().await.unwrap();
-    });
-    let w = aio::Lock::exclusive(&cc, k("w")).wait(Some(Duration::from_secs(5)));
-    assert!(
-        w.acquire().await.unwrap().is_some(),
-        "granted after the release"
-    );
-    release.await.unwrap();
+        .expect("granted after the release");
+    holder.await.unwrap();
+    // The watchdog renews.
+    tokio::time::sleep(ms(1_500)).await;
+    assert!(!g.is_lost(), "renewed");
+    assert!(g.owned().await.unwrap());
+    g.release().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_kind_tokio_on_a_cluster() {
+    let cluster = Cluster::start();
+    let cc = cluster_client(&cluster);
+    kinds_tokio(&Target::from(&cc), false).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_kind_tokio() {
     let s = Server::start();
     let c = client(&s);
-    let g = aio::Lock::exclusive(&c, "x")
-        .acquire()
-        .await
-        .unwrap()
-        .unwrap();
-    assert!(g.is_bound().await);
-    assert!(aio::Lock::exclusive(&c, "x")
-        .wait(None)
-        .acquire()
-        .await
-        .unwrap()
-        .is_none());
-    g.release().await.unwrap();
-    let r = aio::Lock::reentrant(&c, "r");
-    let (r1, r2) = (
-        r.acquire().await.unwrap().unwrap(),
-        r.acquire().await.unwrap().unwrap(),
-    );
-    r2.release().await.unwrap();
-    assert!(r.owned().await.unwrap());
-    r1.release().await.unwrap();
-    assert!(!r.locked().await.unwrap());
-    let ra = aio::Lock::read(&c, "rw").acquire().await.unwrap().unwrap();
-    assert!(aio::Lock::write(&c, "rw")
-        .wait(None)
-        .acquire()
-        .await
-        .unwrap()
-        .is_none());
-    ra.release().await.unwrap();
-    let p1 = aio::Lock::semaphore(&c, "sem", 1)
-        .acquire()
-        .await
-        .unwrap()
-        .unwrap();
-    assert!(aio::Lock::semaphore(&c, "sem", 1)
-        .wait(None)
-        .acquire()
-        .await
-        .unwrap()
-        .is_none());
-    p1.release().await.unwrap();
-    let m = aio::Lock::multi(&c, ["m1", "m2"])
-        .acquire()
-        .await
-        .unwrap()
-        .unwrap();
-    assert_eq!(m.tokens().await.len(), 2);
-    m.release().await.unwrap();
+    kinds_tokio(&Target::from(&c), true).await;
 
-    // Waiting, then the keepalive task.
-    let holder = aio::Lock::exclusive(&c, "w")
-        .acquire()
-        .await
-        .unwrap()
-        .unwrap();
-    let release = tokio::spawn(async move {
-        tokio::time::sleep(ms(300)).await;
-        holder.release().await.unwrap();
-    });
-    let l = aio::Lock::exclusive(&c, "w")
-        .ttl(ms(600))
-        .wait(Some(Duration::from_secs(5)));
-    let g = l
-        .acquire()
-        .await
-        .unwrap()
-        .expect("granted after the release");
-    release.await.unwrap();
-    tokio::time::sleep(ms(1_500)).await;
-    assert!(!g.is_lost().await, "renewed");
-    s.conn().cmd(&["DEL", "w"]);
+    // Deleted behind the holder's back: lost, and the release says so.
+    let mut l = aio::Lock::exclusive(&c, "del").ttl(ms(600));
+    let g = l.acquire().await.unwrap().unwrap();
+    s.conn().cmd(&["DEL", "del"]);
     let deadline = Instant::now() + Duration::from_secs(3);
-    while !g.is_lost().await && Instant::now() < deadline {
+    while !g.is_lost() && Instant::now() < deadline {
         tokio::time::sleep(ms(50)).await;
     }
     assert!(matches!(g.release().await, Err(Error::LeaseLost { .. })));
 
     // A cancelled acquire leaves nothing held.
-    let holder = aio::Lock::exclusive(&c, "cx")
-        .acquire()
+    let mut hl = aio::Lock::exclusive(&c, "cx");
+    let holder = hl.acquire().await.unwrap().unwrap();
+    let mut waiting = aio::Lock::exclusive(&c, "cx").wait(Some(Duration::from_secs(5)));
+    let cancelled = tokio::time::timeout(ms(200), waiting.acquire())
         .await
-        .unwrap()
-        .unwrap();
-    let waiting = aio::Lock::exclusive(&c, "cx").wait(Some(Duration::from_secs(5)));
-    let r = tokio::time::timeout(ms(200), waiting.acquire()).await;
-    assert!(r.is_err(), "cancelled by the timeout");
+        .is_err();
+    assert!(cancelled, "cancelled by the timeout");
     holder.release().await.unwrap();
     tokio::time::sleep(ms(200)).await;
     assert!(
@@ -407,7 +334,8 @@ fn releases_on_panic_wait_runs_out_and_the_token_fences() {
     let s = Server::start();
     let c = client(&s);
     let r = std::panic::catch_unwind(|| {
-        let _g = Lock::exclusive(&c, "boom").acquire().unwrap().unwrap();
+        let mut l = Lock::exclusive(&c, "boom");
+        let _g = l.acquire().unwrap().unwrap();
         panic!("boom (expected by the test)");
     });
     assert!(r.is_err());
@@ -415,7 +343,8 @@ fn releases_on_panic_wait_runs_out_and_the_token_fences() {
         s.conn().lock_info("boom").is_none(),
         "released by the guard's drop"
     );
-    let held = Lock::exclusive(&c, "busy").acquire().unwrap().unwrap();
+    let mut busy = Lock::exclusive(&c, "busy");
+    let held = busy.acquire().unwrap().unwrap();
     let start = Instant::now();
     assert!(Lock::exclusive(&c, "busy")
         .wait(Some(ms(200)))
@@ -427,11 +356,8 @@ fn releases_on_panic_wait_runs_out_and_the_token_fences() {
     // Fencing: a holder stopped past its lease (a process that stalled: no
     // renewal, no release) writes after its successor.
     let stale_token = s.conn().acquire("f", "stalled", 300).int();
-    let next = Lock::exclusive(&c, "f")
-        .wait(Some(Duration::from_secs(5)))
-        .acquire()
-        .unwrap()
-        .unwrap();
+    let mut successor = Lock::exclusive(&c, "f").wait(Some(Duration::from_secs(5)));
+    let next = successor.acquire().unwrap().unwrap();
     let mut highest = next.token();
     assert!(stale_token < highest);
     let accepted = stale_token >= highest;
@@ -486,4 +412,539 @@ fn redlock_over_five_servers_with_two_then_three_stopped() {
             );
         }
     }
+}
+
+/// A resource that keeps the highest fencing token it accepted and refuses
+/// writes carrying a lower one (the README's `store`).
+#[derive(Default)]
+struct Store {
+    highest: std::sync::Mutex<i64>,
+    rows: std::sync::Mutex<Vec<String>>,
+}
+
+impl Store {
+    fn write(&self, rows: &str, token: i64) -> bool {
+        let mut highest = self.highest.lock().unwrap();
+        if token < *highest {
+            return false;
+        }
+        *highest = token;
+        self.rows.lock().unwrap().push(rows.to_string());
+        true
+    }
+}
+
+// The README's example and docs/clients.md's, as they are there (checked
+// by `the_docs_examples_are_these_tests`).
+mod readme_example {
+    use super::Store;
+    use redis_native_lock::{Error, Lock};
+    use std::time::Duration;
+
+    /// Writes `rows` under the lock, fenced by its token; `false` when busy.
+    pub fn update_order(client: &redis::Client, store: &Store, rows: &str) -> Result<bool, Error> {
+        let mut lock = Lock::exclusive(client, "orders:42")
+            .ttl(Duration::from_secs(30))
+            .wait(Some(Duration::from_secs(10))); // no .wait(): one try, no waiting
+        let Some(guard) = lock.acquire()? else {
+            return Ok(false); // busy for 10 s
+        };
+        guard.check()?; // Err(Error::LeaseLost { .. }) if the lease is gone
+        store.write(rows, guard.token()); // the fencing token goes with the write
+        guard.release()?; // dropping the guard releases too
+        Ok(true)
+    }
+}
+
+mod docs_example {
+    use redis_native_lock::Error;
+    use std::thread;
+    use std::time::Duration;
+
+    /// docs/clients.md's example: each thread its own holder.
+    pub fn four_workers(client: &redis::Client) -> Result<usize, Error> {
+        use redis_native_lock::Lock;
+
+        let workers: Vec<_> = (0..4)
+            .map(|_| {
+                let client = client.clone();
+                thread::spawn(move || -> Result<bool, Error> {
+                    let mut lock = Lock::exclusive(&client, "orders:42") // a Lock per thread
+                        .wait(Some(Duration::from_secs(10)));
+                    let Some(guard) = lock.acquire()? else {
+                        return Ok(false);
+                    };
+                    // ... the work, fenced by guard.token() ...
+                    guard.release()?;
+                    Ok(true)
+                })
+            })
+            .collect();
+        let mut done = 0;
+        for w in workers {
+            done += usize::from(w.join().expect("worker")?);
+        }
+        Ok(done)
+    }
+}
+
+#[test]
+fn the_docs_examples_are_these_tests() {
+    let s = Server::start();
+    let c = client(&s);
+    let store = Store::default();
+    assert!(readme_example::update_order(&c, &store, "row 1").unwrap());
+    assert_eq!(store.rows.lock().unwrap().len(), 1);
+    assert_eq!(docs_example::four_workers(&c).unwrap(), 4);
+    // Every ```rust block of the README and of docs/clients.md's Rust
+    // section is in this file, line for line (trimmed), in order.
+    let here = include_str!("rust_package.rs");
+    let readme = include_str!("../clients/rust/README.md");
+    let clients = include_str!("../docs/clients.md");
+    let start = clients
+        .find("## Rust (`redis` crate): the package")
+        .expect("the Rust section");
+    let end = start + clients[start..].find("\n## Shell").expect("its end");
+    let mut blocks = 0;
+    for doc in [readme, &clients[start..end]] {
+        for block in doc.split("```rust\n").skip(1) {
+            let block = block.split("```").next().unwrap_or_default();
+            let mut rest = here;
+            for line in block.lines().map(str::trim).filter(|l| !l.is_empty()) {
+                // (`pub` in the test's module, not in the docs)
+                let found = rest
+                    .lines()
+                    .position(|l| l.trim().trim_start_matches("pub ") == line);
+                let Some(at) = found else {
+                    panic!(
+                        "a docs example's line is not in tests/rust_package.rs (in order): {line}"
+                    )
+                };
+                let skip: usize = rest.lines().take(at + 1).map(|l| l.len() + 1).sum();
+                rest = &rest[skip.min(rest.len())..];
+            }
+            blocks += 1;
+        }
+    }
+    assert!(blocks >= 2, "the README's example and the docs' example");
+}
+
+/// Issue class 1: N threads, each with a Lock of its own, and a counter
+/// fenced by the tokens: never two inside, tokens strictly increase. And
+/// one Lock shared behind a mutex: the mutex spans the acquisition.
+#[test]
+fn threads_each_with_their_own_lock_are_mutually_exclusive() {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::sync::{Arc, Mutex};
+    let s = Server::start();
+    let c = client(&s);
+    let inside = Arc::new(AtomicUsize::new(0));
+    let most = Arc::new(AtomicUsize::new(0));
+    let last_token = Arc::new(Mutex::new(0i64));
+    let done = Arc::new(AtomicUsize::new(0));
+    let (threads, rounds) = (8, 20);
+    thread::scope(|scope| {
+        for _ in 0..threads {
+            let (c, inside, most, last_token, done) = (&c, &inside, &most, &last_token, &done);
+            scope.spawn(move || {
+                let mut lock = Lock::exclusive(c, "counted").wait(Some(Duration::from_secs(20)));
+                for _ in 0..rounds {
+                    let g = lock.acquire().unwrap().expect("granted within the wait");
+                    let now = inside.fetch_add(1, Ordering::SeqCst) + 1;
+                    most.fetch_max(now, Ordering::SeqCst);
+                    {
+                        let mut last = last_token.lock().unwrap();
+                        assert!(g.token() > *last, "tokens strictly increase");
+                        *last = g.token();
+                    }
+                    thread::sleep(ms(1));
+                    inside.fetch_sub(1, Ordering::SeqCst);
+                    done.fetch_add(1, Ordering::SeqCst);
+                    g.release().unwrap();
+                }
+            });
+        }
+    });
+    assert_eq!(done.load(Ordering::SeqCst), threads * rounds);
+    assert_eq!(most.load(Ordering::SeqCst), 1, "never two inside");
+
+    // One Lock behind a mutex, shared by 4 threads.
+    let shared = Mutex::new(Lock::exclusive(&c, "shared").wait(Some(Duration::from_secs(20))));
+    inside.store(0, Ordering::SeqCst);
+    most.store(0, Ordering::SeqCst);
+    thread::scope(|scope| {
+        for _ in 0..4 {
+            let (shared, inside, most) = (&shared, &inside, &most);
+            scope.spawn(move || {
+                for _ in 0..10 {
+                    let mut lock = shared.lock().unwrap();
+                    let g = lock.acquire().unwrap().expect("granted");
+                    let now = inside.fetch_add(1, Ordering::SeqCst) + 1;
+                    most.fetch_max(now, Ordering::SeqCst);
+                    thread::sleep(ms(1));
+                    inside.fetch_sub(1, Ordering::SeqCst);
+                    g.release().unwrap();
+                }
+            });
+        }
+    });
+    assert_eq!(most.load(Ordering::SeqCst), 1, "never two inside");
+}
+
+/// Resumes a SIGSTOPped server however the test ends.
+struct Resume<'a>(&'a Server);
+
+impl Drop for Resume<'_> {
+    fn drop(&mut self) {
+        self.0.resume();
+    }
+}
+
+/// Issue class 2: three servers, one SIGSTOPped. The locks on the other two
+/// are kept for three lease lengths; every call returns within its
+/// timeout; the stalled server's locks are reported lost (is_lost, the
+/// on_lost callback, the release), blocking and tokio.
+#[test]
+fn a_stalled_server_stalls_nothing_else() {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::sync::Arc;
+    let servers: Vec<Server> = (0..3).map(|_| Server::start()).collect();
+    let clients: Vec<redis::Client> = servers.iter().map(client).collect();
+    let ttl = ms(600);
+    let timeout = ms(300);
+    let told = Arc::new(AtomicUsize::new(0));
+    let mk = |i: usize, key: &str, bind: bool| {
+        let told = Arc::clone(&told);
+        Lock::exclusive(&clients[i], key)
+            .ttl(ttl)
+            .timeout(timeout)
+            .bind(bind)
+            .on_lost(move |_| {
+                told.fetch_add(1, Ordering::SeqCst);
+            })
+    };
+    // Healthy: s0 and s1, bound and not. Stalled: s2, three locks (a
+    // keeper renewing in turn would spend its time there).
+    let mut healthy: Vec<Lock> = vec![
+        mk(0, "h0", true),
+        mk(1, "h1", true),
+        mk(0, "h2", false),
+        mk(1, "h3", false),
+    ];
+    let mut stalled: Vec<Lock> = vec![mk(2, "s0", true), mk(2, "s1", false), mk(2, "s2", true)];
+    let rt = tokio::runtime::Runtime::new().expect("runtime");
+    let mut ahealthy = aio::Lock::exclusive(&clients[0], "ah")
+        .ttl(ttl)
+        .timeout(timeout);
+    let mut astalled = aio::Lock::exclusive(&clients[2], "as")
+        .ttl(ttl)
+        .timeout(timeout);
+    let hg: Vec<Guard> = healthy
+        .iter_mut()
+        .map(|l| l.acquire().unwrap().unwrap())
+        .collect();
+    let sg: Vec<Guard> = stalled
+        .iter_mut()
+        .map(|l| l.acquire().unwrap().unwrap())
+        .collect();
+    let ahg = rt.block_on(ahealthy.acquire()).unwrap().unwrap();
+    let asg = rt.block_on(astalled.acquire()).unwrap().unwrap();
+
+    servers[2].pause();
+    let _resume = Resume(&servers[2]);
+    let paused = Instant::now();
+    // Calls to the stalled server return within their timeout.
+    let mut probe = Lock::exclusive(&clients[2], "probe").timeout(timeout);
+    let t = Instant::now();
+    assert!(probe.acquire().is_err(), "no reply: a timeout");
+    assert!(t.elapsed() < timeout * 2, "acquire took {:?}", t.elapsed());
+    let t = Instant::now();
+    assert!(probe.locked().is_err());
+    assert!(t.elapsed() < timeout * 2, "locked took {:?}", t.elapsed());
+    // Three lease lengths: the healthy locks stay held, the stalled ones
+    // are lost within about a lease, and no check ever waits.
+    let mut slowest_check = Duration::ZERO;
+    let mut lost_at = None;
+    while paused.elapsed() < ttl * 3 {
+        for g in &hg {
+            let t = Instant::now();
+            assert!(
+                g.check().is_ok(),
+                "a healthy lock was lost: {:?}",
+                g.check()
+            );
+            slowest_check = slowest_check.max(t.elapsed());
+        }
+        assert!(ahg.check().is_ok(), "a healthy tokio lock was lost");
+        if lost_at.is_none() && sg.iter().all(|g| g.is_lost()) && asg.is_lost() {
+            lost_at = Some(paused.elapsed());
+        }
+        thread::sleep(ms(20));
+    }
+    let lost_at = lost_at.expect("the stalled server's locks reported lost");
+    println!(
+        "stalled server: its locks lost {lost_at:?} after the stop (ttl {ttl:?}); slowest check {slowest_check:?}"
+    );
+    assert!(lost_at <= ttl + ms(200));
+    assert!(slowest_check < ms(50));
+    assert_eq!(
+        told.load(Ordering::SeqCst),
+        3,
+        "on_lost told each stalled lock"
+    );
+    for (i, g) in hg.iter().enumerate() {
+        assert!(
+            g.owned().unwrap(),
+            "healthy lock {i} still held in its server"
+        );
+    }
+    // Releases: the healthy ones cleanly; the stalled ones report the loss
+    // within the timeout.
+    for g in sg {
+        let t = Instant::now();
+        assert!(matches!(g.release(), Err(Error::LeaseLost { .. })));
+        assert!(t.elapsed() < timeout * 2, "release took {:?}", t.elapsed());
+    }
+    for g in hg {
+        g.release().unwrap();
+    }
+    rt.block_on(async {
+        assert!(matches!(asg.release().await, Err(Error::LeaseLost { .. })));
+        ahg.release().await.unwrap();
+    });
+}
+
+/// Issue class 4: a key overwritten (WRONGTYPE) or deleted is LeaseLost,
+/// never a raw server error, at the renewal, the extend and the release;
+/// once lost, lost for good.
+#[test]
+fn an_overwritten_or_deleted_key_is_lease_lost_for_good() {
+    let s = Server::start();
+    let c = client(&s);
+    for bind in [true, false] {
+        let key = format!("over{bind}");
+        let mut l = Lock::exclusive(&c, &key).ttl(ms(600)).bind(bind);
+        let g = l.acquire().unwrap().unwrap();
+        s.conn().cmd(&["SET", &key, "not a lock"]);
+        assert!(
+            matches!(g.extend(ms(600)), Err(Error::LeaseLost { .. })),
+            "extend over WRONGTYPE"
+        );
+        assert!(g.is_lost());
+        thread::sleep(ms(700));
+        assert!(g.is_lost(), "lost stays lost");
+        match g.release() {
+            Err(Error::LeaseLost { why, .. }) => println!("release after SET: {why}"),
+            other => panic!("release after SET: {other:?}"),
+        }
+        // Found by the watchdog alone, then released.
+        let key = format!("over2{bind}");
+        let mut l = Lock::exclusive(&c, &key).ttl(ms(300)).bind(bind);
+        let g = l.acquire().unwrap().unwrap();
+        s.conn().cmd(&["SET", &key, "not a lock"]);
+        wait_until(Duration::from_secs(2), "the watchdog to see it", || {
+            g.is_lost()
+        });
+        assert!(matches!(g.release(), Err(Error::LeaseLost { .. })));
+    }
+    // A reentrant hold asked for after the loss sends nothing: LeaseLost.
+    let mut r = Lock::reentrant(&c, "rl").ttl(ms(300));
+    let mut g = r.acquire().unwrap().unwrap();
+    s.conn().cmd(&["DEL", "rl"]);
+    wait_until(Duration::from_secs(2), "lost", || g.is_lost());
+    assert!(matches!(g.reacquire(), Err(Error::LeaseLost { .. })));
+    assert!(s.conn().lock_info("rl").is_none(), "nothing granted anew");
+    assert!(matches!(g.release(), Err(Error::LeaseLost { .. })));
+}
+
+/// Issue class 5: no wait by default; the owner goes with every kind (as
+/// bytes); a mode change under one owner is the server's error at once;
+/// nonsense is refused before anything is sent; RedLock's methods are the
+/// same in both flavours.
+#[test]
+fn the_api_says_what_it_does() {
+    let s = Server::start();
+    let c = client(&s);
+    let mut holder = Lock::exclusive(&c, "busy");
+    let _held = holder.acquire().unwrap().unwrap();
+    let t = Instant::now();
+    assert!(Lock::exclusive(&c, "busy").acquire().unwrap().is_none());
+    assert!(
+        t.elapsed() < ms(100),
+        "no wait by default: {:?}",
+        t.elapsed()
+    );
+
+    let owner: &[u8] = b"me\0\xff";
+    let kinds: Vec<(&str, Lock)> = vec![
+        ("x", Lock::exclusive(&c, "ox")),
+        ("r", Lock::reentrant(&c, "or")),
+        ("rd", Lock::read(&c, "ord")),
+        ("w", Lock::write(&c, "ow")),
+        ("sem", Lock::semaphore(&c, "osem", 3)),
+        ("m", Lock::multi(&c, ["om1", "om2"])),
+    ];
+    for (name, l) in kinds {
+        let mut l = l.owner(owner);
+        assert_eq!(l.owner_id(), owner);
+        let g = l.acquire().unwrap().unwrap();
+        assert!(g.owned().unwrap(), "{name}: the server has our owner");
+        g.release().unwrap();
+        assert_eq!(l.owner_id(), owner, "{name}: a given owner is kept");
+    }
+    // Binary keys.
+    let mut bin = Lock::exclusive(&c, b"k\0\xfe");
+    let g = bin.acquire().unwrap().unwrap();
+    assert!(g.owned().unwrap());
+    g.release().unwrap();
+    // A fresh owner per acquisition otherwise.
+    let mut fresh = Lock::exclusive(&c, "fresh");
+    let first = fresh.owner_id();
+    fresh.acquire().unwrap().unwrap().release().unwrap();
+    assert_ne!(fresh.owner_id(), first);
+
+    // Read then write under one owner: the server's error, at once.
+    let mut reader = Lock::read(&c, "mode").owner("one");
+    let rg = reader.acquire().unwrap().unwrap();
+    let mut writer = Lock::write(&c, "mode")
+        .owner("one")
+        .wait(Some(Duration::from_secs(5)));
+    let t = Instant::now();
+    match writer.acquire() {
+        Err(Error::Redis(e)) => println!("upgrade: {e}"),
+        other => panic!("upgrade: {:?}", other.map(|g| g.is_some())),
+    }
+    assert!(t.elapsed() < ms(500), "at once");
+    assert!(rg.owned().unwrap(), "the read hold is unchanged");
+    rg.release().unwrap();
+
+    // Nonsense, refused before anything is sent.
+    let no_keys: [&str; 0] = [];
+    let many: Vec<String> = (0..1001).map(|i| format!("{{m}}{i}")).collect();
+    for (what, mut l) in [
+        ("no key", Lock::multi(&c, no_keys)),
+        ("a repeated key", Lock::multi(&c, ["a", "b", "a"])),
+        ("1001 keys", Lock::multi(&c, &many)),
+        ("0 permits", Lock::semaphore(&c, "s0", 0)),
+        ("a zero ttl", Lock::exclusive(&c, "z").ttl(Duration::ZERO)),
+        ("an empty owner", Lock::exclusive(&c, "e").owner("")),
+    ] {
+        assert!(
+            matches!(l.acquire(), Err(Error::Invalid(_))),
+            "{what}: Error::Invalid"
+        );
+    }
+    assert!(s.conn().cmd(&["DBSIZE"]).int() == 1, "only `busy` exists");
+
+    // RedLock: the same methods, blocking and tokio.
+    let rl = RedLock::new(vec![c.clone()]);
+    let mut lease = rl.acquire("red", Duration::from_secs(5)).unwrap();
+    assert!(rl.extend(&mut lease, Duration::from_secs(5)));
+    assert_eq!(rl.release(&lease), 1);
+    let rt = tokio::runtime::Runtime::new().expect("runtime");
+    rt.block_on(async {
+        let arl = AsyncRedLock::new(vec![c.clone()]);
+        let mut lease = arl.acquire("ared", Duration::from_secs(5)).await.unwrap();
+        assert!(arl.extend(&mut lease, Duration::from_secs(5)).await);
+        assert_eq!(arl.release(&lease).await, 1);
+    });
+}
+
+/// Issue class 6: the package holds only what belongs, and builds from its
+/// packaged sources alone (unpacked in a temporary directory, outside the
+/// workspace, offline from the local registry cache).
+#[test]
+fn the_package_builds_from_its_packaged_sources() {
+    use std::process::Command;
+    let root = env!("CARGO_MANIFEST_DIR");
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    let out = Command::new(&cargo)
+        .args([
+            "package",
+            "--list",
+            "--allow-dirty",
+            "-p",
+            "redis-native-lock",
+        ])
+        .current_dir(root)
+        .output()
+        .expect("cargo package --list");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let mut listed: Vec<String> = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .map(str::to_string)
+        .filter(|l| l != ".cargo_vcs_info.json")
+        .collect();
+    listed.sort();
+    assert_eq!(
+        listed,
+        [
+            "Cargo.lock",
+            "Cargo.toml",
+            "Cargo.toml.orig",
+            "README.md",
+            "src/aio.rs",
+            "src/blocking.rs",
+            "src/lib.rs",
+            "src/redlock.rs"
+        ]
+    );
+    let out = Command::new(&cargo)
+        .args([
+            "package",
+            "--no-verify",
+            "--allow-dirty",
+            "-p",
+            "redis-native-lock",
+        ])
+        .current_dir(root)
+        .output()
+        .expect("cargo package");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let manifest = std::fs::read_to_string(format!("{root}/clients/rust/Cargo.toml")).unwrap();
+    let version = manifest
+        .lines()
+        .find_map(|l| l.strip_prefix("version = \""))
+        .and_then(|v| v.strip_suffix('"'))
+        .expect("the crate's version");
+    let krate = format!("{root}/target/package/redis-native-lock-{version}.crate");
+    let dir = std::env::temp_dir().join(format!("rnl-package-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let untar = Command::new("tar")
+        .args(["xzf", &krate, "-C"])
+        .arg(&dir)
+        .status()
+        .expect("tar");
+    assert!(untar.success());
+    let src = dir.join(format!("redis-native-lock-{version}"));
+    let packaged = std::fs::read_to_string(src.join("Cargo.toml")).unwrap();
+    assert!(
+        !packaged
+            .lines()
+            .any(|l| l.contains("path =") && !l.contains("\"src/")),
+        "a path-free manifest"
+    );
+    let t = Instant::now();
+    let out = Command::new(&cargo)
+        .args(["build", "--offline", "--lib", "--locked"])
+        .env("CARGO_TARGET_DIR", format!("{root}/target/package-check"))
+        .current_dir(&src)
+        .output()
+        .expect("cargo build of the unpacked package");
+    println!("the unpacked package built in {:?}", t.elapsed());
+    let _ = std::fs::remove_dir_all(&dir);
+    assert!(
+        out.status.success(),
+        "the packaged sources do not build: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
 }

@@ -1,28 +1,38 @@
 //! The tokio API: the same [`Lock`] and [`Guard`] as the blocking one, with
-//! `.await`. Each holder's connection is a connection of its own (made with
-//! no response timeout: a waiting reply comes only when the lock frees),
-//! and one keepalive task per held connection renews it.
+//! `.await` on what goes to the server. [`Lock::acquire`] takes `&mut self`
+//! and the guard borrows the lock, as in the blocking API. Each holder's
+//! connection is a connection of its own (a connect timeout; every reply
+//! bounded by the wait plus [`Lock::timeout`], and by the lease left), and
+//! one watchdog task per held lock renews it.
 //!
 //! Release with [`Guard::release`]`.await`; a guard dropped unreleased is
-//! released by a task spawned on the current runtime.
+//! released by a task spawned on the current runtime (and before the next
+//! acquire of the same `Lock`, whichever comes first).
 
-use std::sync::{Arc, Mutex as StdMutex, PoisonError};
+use std::future::Future;
+use std::sync::{Arc, Mutex as StdMutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
 use redis::aio::MultiplexedConnection;
 use redis::AsyncConnectionConfig;
-use tokio::sync::Mutex;
+use tokio::sync::{Mutex, Notify};
 
-use crate::{fresh_owner, holders, millis, tokens, Error, HolderInfo, Kind, Options, Target};
+use crate::{
+    closed, fresh_owner, gone_error, holders, limit, millis, tick, timed_out, tokens, Error,
+    HolderInfo, Kind, OnLost, Options, Target, RAN_OUT, RELEASE_NIL, RENEWED_FEWER, RENEW_ZERO,
+    WRONGTYPE,
+};
 
 pub struct Lock {
-    state: Arc<State>,
+    shared: Arc<Shared>,
+    opts: Options,
 }
 
 #[must_use = "release the guard with .release().await"]
-pub struct Guard {
-    state: Arc<State>,
-    released: bool,
+pub struct Guard<'a> {
+    lock: &'a mut Lock,
+    generation: u64,
+    done: bool,
 }
 
 /// A holder's connection: to the server, or to the cluster.
@@ -32,209 +42,329 @@ enum Conn {
     Cluster(redis::cluster_async::ClusterConnection),
 }
 
+/// Runs `f` for at most `t` (`None`: as long as it takes).
+async fn within<T>(
+    t: Option<Duration>,
+    f: impl Future<Output = redis::RedisResult<T>>,
+) -> redis::RedisResult<T> {
+    match t {
+        None => f.await,
+        Some(t) => tokio::time::timeout(t, f)
+            .await
+            .unwrap_or_else(|_| Err(timed_out("no reply within the timeout"))),
+    }
+}
+
 impl Conn {
-    /// A connection of the holder's own, whose replies are never cut short
-    /// (a waiting reply comes when the lock frees).
-    async fn open(target: &Target) -> redis::RedisResult<Conn> {
+    /// A connection of the holder's own: a connect timeout; replies are
+    /// bounded per request by [`within`] (a waiting reply may be long).
+    async fn open(target: &Target, timeout: Duration) -> redis::RedisResult<Conn> {
         match target {
             Target::Server(c) => {
-                let config = AsyncConnectionConfig::new().set_response_timeout(None);
-                Ok(Conn::Server(
-                    c.get_multiplexed_async_connection_with_config(&config)
-                        .await?,
-                ))
+                let config = AsyncConnectionConfig::new()
+                    .set_connection_timeout(Some(timeout))
+                    .set_response_timeout(None);
+                within(
+                    Some(timeout),
+                    c.get_multiplexed_async_connection_with_config(&config),
+                )
+                .await
+                .map(Conn::Server)
             }
             Target::Cluster(c) => {
                 // The cluster client takes only a finite response timeout.
                 let config = redis::cluster::ClusterConfig::new()
+                    .set_connection_timeout(timeout)
                     .set_response_timeout(Duration::from_secs(365 * 24 * 3600));
-                Ok(Conn::Cluster(
-                    c.get_async_connection_with_config(config).await?,
-                ))
+                within(Some(timeout), c.get_async_connection_with_config(config))
+                    .await
+                    .map(Conn::Cluster)
             }
         }
     }
 
-    async fn query(&mut self, cmd: &redis::Cmd) -> redis::RedisResult<redis::Value> {
+    async fn query(
+        &mut self,
+        cmd: &redis::Cmd,
+        t: Option<Duration>,
+    ) -> redis::RedisResult<redis::Value> {
         match self {
-            Conn::Server(c) => cmd.query_async(c).await,
-            Conn::Cluster(c) => cmd.query_async(c).await,
+            Conn::Server(c) => within(t, cmd.query_async(c)).await,
+            Conn::Cluster(c) => within(t, cmd.query_async(c)).await,
         }
     }
 }
 
-struct State {
+struct Shared {
     client: Target,
     kind: Kind,
-    owner: StdMutex<String>,
-    opts: StdMutex<Options>,
-    held: Mutex<Held>,
+    pid: u32,
+    /// Held across I/O (always bounded by a timeout).
+    conn: Mutex<Option<Conn>>,
+    /// Never held across I/O or an `.await`.
+    status: StdMutex<Status>,
 }
 
-struct Held {
-    conn: Option<Conn>,
+struct Status {
+    owner: Vec<u8>,
+    fixed: bool,
+    ttl: Duration,
+    timeout: Duration,
     bound: bool,
-    guards: u32,
+    holds: u32,
     tokens: Vec<i64>,
     lost: Option<String>,
     valid_until: Instant,
-    /// The keepalive task runs.
-    keeping: bool,
+    next_renewal: Instant,
+    generation: u64,
+    on_lost: Option<OnLost>,
+    /// Wakes this acquisition's watchdog.
+    wake: Arc<Notify>,
+    /// Owners whose release a dropped guard left to a task: sent before
+    /// anything else goes over the connection.
+    pending: Vec<Vec<u8>>,
 }
 
-fn std_lock<T>(m: &StdMutex<T>) -> std::sync::MutexGuard<'_, T> {
+fn std_lock<T>(m: &StdMutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
-async fn query(held: &mut Held, cmd: &redis::Cmd) -> redis::RedisResult<redis::Value> {
-    match held.conn.as_mut() {
-        Some(conn) => conn.query(cmd).await,
-        None => Err(redis::RedisError::from(std::io::Error::other(
-            "the holder's connection is closed",
-        ))),
+impl Status {
+    fn current(&self, generation: u64) -> bool {
+        self.generation == generation && self.holds > 0
+    }
+
+    fn set_lost(&mut self, kind: &Kind, why: &str) -> Option<(OnLost, Error)> {
+        if self.lost.is_some() {
+            return None;
+        }
+        self.lost = Some(why.to_string());
+        let err = self.lost_error(kind);
+        self.on_lost.clone().map(|f| (f, err))
+    }
+
+    fn lost_error(&self, kind: &Kind) -> Error {
+        Error::LeaseLost {
+            keys: kind.keys(),
+            token: self.tokens.iter().copied().max().unwrap_or(0),
+            why: self.lost.clone().unwrap_or_else(|| RAN_OUT.into()),
+        }
+    }
+
+    fn check_lost(&mut self, kind: &Kind) -> Option<(OnLost, Error)> {
+        if self.lost.is_none() && Instant::now() >= self.valid_until {
+            return self.set_lost(kind, RAN_OUT);
+        }
+        None
+    }
+}
+
+fn tell(news: Option<(OnLost, Error)>) {
+    if let Some((f, err)) = news {
+        f(&err);
+    }
+}
+
+/// Sends the releases dropped guards left behind.
+async fn flush(s: &Shared, slot: &mut Option<Conn>) {
+    let (pending, timeout) = {
+        let mut st = std_lock(&s.status);
+        (std::mem::take(&mut st.pending), st.timeout)
+    };
+    for owner in pending {
+        let Some(conn) = slot.as_mut() else { return };
+        for key in s.kind.keys() {
+            let mut cmd = redis::cmd("LOCK.RELEASE");
+            cmd.arg(key).arg(&owner);
+            if conn.query(&cmd, Some(timeout)).await.is_err() {
+                *slot = None; // closing it frees a bound lock
+                break;
+            }
+        }
     }
 }
 
 impl Lock {
     fn new(client: Target, kind: Kind) -> Lock {
+        let opts = Options::default();
         Lock {
-            state: Arc::new(State {
+            shared: Arc::new(Shared {
                 client,
                 kind,
-                owner: StdMutex::new(fresh_owner()),
-                opts: StdMutex::new(Options::default()),
-                held: Mutex::new(Held {
-                    conn: None,
+                pid: std::process::id(),
+                conn: Mutex::new(None),
+                status: StdMutex::new(Status {
+                    owner: fresh_owner(),
+                    fixed: false,
+                    ttl: opts.ttl,
+                    timeout: opts.timeout,
                     bound: false,
-                    guards: 0,
+                    holds: 0,
                     tokens: Vec::new(),
                     lost: None,
                     valid_until: Instant::now(),
-                    keeping: false,
+                    next_renewal: Instant::now(),
+                    generation: 0,
+                    on_lost: None,
+                    wake: Arc::new(Notify::new()),
+                    pending: Vec::new(),
                 }),
             }),
+            opts,
         }
     }
 
-    pub fn exclusive(client: impl Into<Target>, key: impl Into<String>) -> Lock {
-        Lock::new(client.into(), Kind::Exclusive(key.into()))
+    pub fn exclusive(client: impl Into<Target>, key: impl AsRef<[u8]>) -> Lock {
+        Lock::new(client.into(), Kind::Exclusive(key.as_ref().to_vec()))
     }
 
-    pub fn reentrant(client: impl Into<Target>, key: impl Into<String>) -> Lock {
-        Lock::new(client.into(), Kind::Reentrant(key.into()))
+    pub fn reentrant(client: impl Into<Target>, key: impl AsRef<[u8]>) -> Lock {
+        Lock::new(client.into(), Kind::Reentrant(key.as_ref().to_vec()))
     }
 
-    pub fn read(client: impl Into<Target>, key: impl Into<String>) -> Lock {
-        Lock::new(client.into(), Kind::Read(key.into()))
+    pub fn read(client: impl Into<Target>, key: impl AsRef<[u8]>) -> Lock {
+        Lock::new(client.into(), Kind::Read(key.as_ref().to_vec()))
     }
 
-    pub fn write(client: impl Into<Target>, key: impl Into<String>) -> Lock {
-        Lock::new(client.into(), Kind::Reentrant(key.into()))
+    pub fn write(client: impl Into<Target>, key: impl AsRef<[u8]>) -> Lock {
+        Lock::new(client.into(), Kind::Reentrant(key.as_ref().to_vec()))
     }
 
-    pub fn semaphore(client: impl Into<Target>, key: impl Into<String>, limit: u32) -> Lock {
-        Lock::new(client.into(), Kind::Semaphore(key.into(), limit))
+    pub fn semaphore(client: impl Into<Target>, key: impl AsRef<[u8]>, limit: u32) -> Lock {
+        Lock::new(client.into(), Kind::Semaphore(key.as_ref().to_vec(), limit))
     }
 
-    pub fn multi<K: Into<String>>(
+    pub fn multi<K: AsRef<[u8]>>(
         client: impl Into<Target>,
         keys: impl IntoIterator<Item = K>,
     ) -> Lock {
         Lock::new(
             client.into(),
-            Kind::Multi(keys.into_iter().map(Into::into).collect()),
+            Kind::Multi(keys.into_iter().map(|k| k.as_ref().to_vec()).collect()),
         )
     }
 
-    pub fn ttl(self, ttl: Duration) -> Lock {
-        std_lock(&self.state.opts).ttl = ttl;
+    pub fn ttl(mut self, ttl: Duration) -> Lock {
+        self.opts.ttl = ttl;
         self
     }
 
-    pub fn wait(self, wait: Option<Duration>) -> Lock {
-        std_lock(&self.state.opts).wait = wait;
+    /// Default `None`: do not wait; `Duration::MAX`: without limit.
+    pub fn wait(mut self, wait: Option<Duration>) -> Lock {
+        self.opts.wait = wait;
         self
     }
 
-    pub fn owner(self, owner: impl Into<String>) -> Lock {
-        *std_lock(&self.state.owner) = owner.into();
+    pub fn owner(self, owner: impl AsRef<[u8]>) -> Lock {
+        {
+            let mut st = std_lock(&self.shared.status);
+            st.owner = owner.as_ref().to_vec();
+            st.fixed = true;
+        }
         self
     }
 
-    pub fn bind(self, bind: bool) -> Lock {
-        std_lock(&self.state.opts).bind = bind;
+    pub fn bind(mut self, bind: bool) -> Lock {
+        self.opts.bind = bind;
         self
     }
 
-    pub fn keys(&self) -> Vec<String> {
-        self.state.kind.keys()
+    pub fn timeout(mut self, timeout: Duration) -> Lock {
+        self.opts.timeout = timeout;
+        self
     }
 
-    pub fn owner_id(&self) -> String {
-        std_lock(&self.state.owner).clone()
+    /// Called (on the watchdog's task) when a lease is found lost.
+    pub fn on_lost(self, f: impl Fn(&Error) + Send + Sync + 'static) -> Lock {
+        std_lock(&self.shared.status).on_lost = Some(Arc::new(f));
+        self
+    }
+
+    pub fn keys(&self) -> Vec<Vec<u8>> {
+        self.shared.kind.keys()
+    }
+
+    pub fn owner_id(&self) -> Vec<u8> {
+        std_lock(&self.shared.status).owner.clone()
     }
 
     /// As the blocking [`crate::Lock::acquire`]. Cancelling the future (a
     /// `select!`, a timeout) closes the connection the request waited on,
     /// which frees a grant it may have got meanwhile (bound); an unbound
     /// one ends with its lease.
-    pub async fn acquire(&self) -> Result<Option<Guard>, Error> {
-        let s = &self.state;
-        let opts = std_lock(&s.opts).clone();
-        let owner = std_lock(&s.owner).clone();
-        let mut held = s.held.lock().await;
-        if held.conn.is_none() {
-            held.conn = Some(Conn::open(&s.client).await?);
-            // A cluster connection is the client's to route: no BIND.
-            held.bound = opts.bind && matches!(s.client, Target::Server(_));
+    pub async fn acquire(&mut self) -> Result<Option<Guard<'_>>, Error> {
+        let s = Arc::clone(&self.shared);
+        if s.pid != std::process::id() {
+            return Err(Error::Forked);
         }
-        let sent = Instant::now();
-        let first = held.guards == 0;
-        let reply = {
-            // Dropped while waiting (cancelled): the connection goes with it.
-            let mut on_cancel = ConnOnCancel(Some(&mut *held));
-            let h = on_cancel
-                .0
-                .as_deref_mut()
-                .ok_or_else(|| Error::Redis(closed()))?;
-            let cmd = s.kind.acquire(&opts, &owner, h.bound);
-            let mut reply = query(h, &cmd).await;
-            if first
-                && h.bound
-                && matches!(&reply, Err(e) if e.to_string().contains("syntax error"))
-            {
-                h.bound = false;
-                reply = query(h, &s.kind.acquire(&opts, &owner, false)).await;
-            }
-            on_cancel.0 = None; // answered: nothing to undo
-            reply
+        let leaked = {
+            let st = std_lock(&s.status);
+            (st.holds > 0).then_some(st.generation)
         };
+        if let Some(generation) = leaked {
+            let _ = end(&s, generation, true).await;
+        }
+        let opts = self.opts.clone();
+        let owner = std_lock(&s.status).owner.clone();
+        s.kind.check(&opts, &owner)?;
+        let mut slot = s.conn.lock().await;
+        flush(&s, &mut slot).await;
+        // Taken out while the request waits: a cancelled acquire drops it
+        // (closing it frees a grant made meanwhile).
+        let started = Instant::now();
+        let mut conn = match slot.take() {
+            Some(c) => c,
+            None => Conn::open(&s.client, opts.timeout).await?,
+        };
+        let mut bound = opts.bind && matches!(s.client, Target::Server(_));
+        let sent = Instant::now();
+        // One deadline for connecting and the reply.
+        let t = opts
+            .acquire_timeout()
+            .map(|t| limit(t, t.saturating_sub(started.elapsed())));
+        let mut reply = conn.query(&s.kind.acquire(&opts, &owner, bound), t).await;
+        if bound && matches!(&reply, Err(e) if e.to_string().contains("syntax error")) {
+            bound = false;
+            reply = conn.query(&s.kind.acquire(&opts, &owner, false), t).await;
+        }
         let reply = match reply {
             Ok(r) => r,
             Err(e) => {
                 if e.is_io_error() || e.is_timeout() || e.is_connection_dropped() {
-                    held.conn = None;
+                    drop(conn);
+                    if !bound {
+                        release_quietly(&s.client, &s.kind, &owner, opts.timeout).await;
+                    }
+                } else {
+                    *slot = Some(conn);
                 }
                 return Err(e.into());
             }
         };
+        *slot = Some(conn);
         let Some(tokens) = tokens(reply)? else {
-            if first {
-                held.conn = None;
-            }
             return Ok(None);
         };
-        held.tokens = tokens;
-        held.guards += 1;
-        held.lost = None;
-        held.valid_until = sent + opts.ttl;
-        if !held.keeping {
-            held.keeping = true;
-            tokio::spawn(keep(Arc::clone(s)));
-        }
+        let (generation, wake) = {
+            let mut st = std_lock(&s.status);
+            st.generation += 1;
+            st.ttl = opts.ttl;
+            st.timeout = opts.timeout;
+            st.bound = bound;
+            st.holds = 1;
+            st.tokens = tokens;
+            st.lost = None;
+            st.valid_until = sent + opts.ttl;
+            st.next_renewal = Instant::now() + tick(opts.ttl);
+            st.wake = Arc::new(Notify::new());
+            (st.generation, Arc::clone(&st.wake))
+        };
+        drop(slot);
+        tokio::spawn(watchdog(Arc::clone(&s), generation, wake));
         Ok(Some(Guard {
-            state: Arc::clone(s),
-            released: false,
+            lock: self,
+            generation,
+            done: false,
         }))
     }
 
@@ -252,129 +382,283 @@ impl Lock {
 
     async fn info(&self) -> Result<Option<Vec<HolderInfo>>, Error> {
         let key = self
-            .state
+            .shared
             .kind
             .keys()
             .into_iter()
             .next()
             .unwrap_or_default();
-        let mut conn = Conn::open(&self.state.client).await?;
-        let reply = conn.query(redis::cmd("LOCK.INFO").arg(key)).await?;
+        let t = self.opts.timeout;
+        let started = Instant::now();
+        let mut conn = Conn::open(&self.shared.client, t).await?;
+        let left = limit(t, t.saturating_sub(started.elapsed()));
+        let reply = conn
+            .query(redis::cmd("LOCK.INFO").arg(key), Some(left))
+            .await?;
         Ok(holders(reply))
     }
 }
 
-fn closed() -> redis::RedisError {
-    redis::RedisError::from(std::io::Error::other("the holder's connection is closed"))
-}
-
-/// Closes the holder's connection if the acquire's future is dropped while
-/// it waits (so a bound grant made meanwhile is freed at once).
-struct ConnOnCancel<'a>(Option<&'a mut Held>);
-
-impl Drop for ConnOnCancel<'_> {
-    fn drop(&mut self) {
-        if let Some(held) = self.0.take() {
-            if held.guards == 0 {
-                held.conn = None;
-            }
+async fn release_quietly(client: &Target, kind: &Kind, owner: &[u8], timeout: Duration) {
+    if let Ok(mut c) = Conn::open(client, timeout).await {
+        for key in kind.keys() {
+            let _ = c
+                .query(
+                    redis::cmd("LOCK.RELEASE").arg(key).arg(owner),
+                    Some(timeout),
+                )
+                .await;
         }
     }
 }
 
-/// One keepalive per held connection: renews at a third of the ttl until
-/// no guard is left or the lease is lost.
-async fn keep(state: Arc<State>) {
+/// One watchdog task per held lock: renews at a third of the ttl until the
+/// acquisition ends or the lease is lost.
+async fn watchdog(s: Arc<Shared>, generation: u64, wake: Arc<Notify>) {
     loop {
-        let ttl = std_lock(&state.opts).ttl;
-        let tick = ttl / 3;
-        tokio::time::sleep(tick).await;
-        let owner = std_lock(&state.owner).clone();
-        let mut held = state.held.lock().await;
-        if held.guards == 0 || held.lost.is_some() {
-            held.keeping = false;
-            return;
-        }
-        let sent = Instant::now();
-        let limit = tick.max(Duration::from_millis(100));
-        let result: redis::RedisResult<bool> = if held.bound {
-            let mut cmd = redis::cmd("LOCK.KEEPALIVE");
-            cmd.arg(millis(ttl));
-            match tokio::time::timeout(limit, query(&mut held, &cmd)).await {
-                Ok(r) => r.and_then(|v| {
-                    let n: i64 = redis::from_redis_value(v)?;
-                    Ok(n >= i64::try_from(state.kind.keys().len()).unwrap_or(i64::MAX))
-                }),
-                Err(_) => Err(redis::RedisError::from(std::io::Error::new(
-                    std::io::ErrorKind::TimedOut,
-                    "keepalive timed out",
-                ))),
-            }
-        } else {
-            if held.conn.is_none() {
-                held.conn = Conn::open(&state.client).await.ok();
-            }
-            let mut ok = Ok(true);
-            for key in state.kind.keys() {
-                let mut cmd = redis::cmd("LOCK.RENEW");
-                cmd.arg(key).arg(&owner).arg(millis(ttl));
-                match tokio::time::timeout(limit, query(&mut held, &cmd)).await {
-                    Ok(Ok(redis::Value::Int(1))) => {}
-                    Ok(Ok(_)) => {
-                        ok = Ok(false);
-                        break;
-                    }
-                    Ok(Err(e)) => {
-                        ok = Err(e);
-                        break;
-                    }
-                    Err(_) => {
-                        ok = Err(redis::RedisError::from(std::io::Error::new(
-                            std::io::ErrorKind::TimedOut,
-                            "renewal timed out",
-                        )));
-                        break;
-                    }
-                }
-            }
-            ok
-        };
-        match result {
-            Ok(true) => held.valid_until = sent + ttl,
-            Ok(false) => {
-                held.lost = Some(if held.bound {
-                    "LOCK.KEEPALIVE renewed fewer locks than held: released, expired or deleted"
-                        .into()
-                } else {
-                    "LOCK.RENEW answered 0: the lease expired or the key was deleted".into()
-                });
-                held.keeping = false;
-                return;
-            }
-            Err(e) if held.bound => {
-                held.lost = Some(format!("the connection the lock was bound to failed ({e})"));
-                held.conn = None;
-                held.keeping = false;
-                return;
-            }
-            Err(e) => {
-                held.conn = None;
-                if Instant::now() >= held.valid_until {
-                    held.lost = Some(format!("renewals failed until the lease ran out ({e})"));
-                    held.keeping = false;
+        loop {
+            let next = {
+                let st = std_lock(&s.status);
+                if !st.current(generation) || st.lost.is_some() {
                     return;
                 }
+                st.next_renewal
+            };
+            if Instant::now() >= next {
+                break;
             }
+            // Woken by a release or an extend, else at the next renewal.
+            let _ = tokio::time::timeout_at(next.into(), wake.notified()).await;
+        }
+        let mut slot = s.conn.lock().await;
+        let (owner, ttl, timeout, bound, left) = {
+            let mut st = std_lock(&s.status);
+            if !st.current(generation) || st.lost.is_some() {
+                return;
+            }
+            if Instant::now() < st.next_renewal {
+                continue;
+            }
+            let news = st.check_lost(&s.kind);
+            if news.is_some() {
+                drop(st);
+                tell(news);
+                return;
+            }
+            let left = st.valid_until.saturating_duration_since(Instant::now());
+            (st.owner.clone(), st.ttl, st.timeout, st.bound, left)
+        };
+        let io = limit(timeout, left);
+        if slot.is_none() && !bound {
+            *slot = Conn::open(&s.client, io).await.ok();
+        }
+        let sent = Instant::now();
+        let result = if bound {
+            keepalive(&mut slot, &s.kind, ttl, io).await
+        } else {
+            renew_keys(&mut slot, &s.kind, &owner, ttl, io).await
+        };
+        let news = {
+            let mut st = std_lock(&s.status);
+            if !st.current(generation) {
+                return;
+            }
+            match result {
+                Ok(None) => {
+                    st.valid_until = sent + ttl;
+                    st.next_renewal = Instant::now() + tick(ttl);
+                    None
+                }
+                Ok(Some(why)) => st.set_lost(&s.kind, why),
+                Err(e) if bound => {
+                    *slot = None;
+                    st.set_lost(
+                        &s.kind,
+                        &format!("the connection the lock was bound to failed ({e})"),
+                    )
+                }
+                Err(e) => {
+                    *slot = None;
+                    if Instant::now() + Duration::from_millis(1) >= st.valid_until {
+                        st.set_lost(
+                            &s.kind,
+                            &format!("renewals failed until the lease ran out ({e})"),
+                        )
+                    } else {
+                        st.next_renewal = Instant::now() + tick(ttl).min(Duration::from_secs(1));
+                        None
+                    }
+                }
+            }
+        };
+        drop(slot);
+        if news.is_some() {
+            tell(news);
+            return;
         }
     }
 }
 
-impl Guard {
-    pub async fn token(&self) -> i64 {
-        self.state
-            .held
-            .lock()
-            .await
+async fn keepalive(
+    slot: &mut Option<Conn>,
+    kind: &Kind,
+    ttl: Duration,
+    timeout: Duration,
+) -> redis::RedisResult<Option<&'static str>> {
+    let conn = slot.as_mut().ok_or_else(closed)?;
+    let mut cmd = redis::cmd("LOCK.KEEPALIVE");
+    cmd.arg(millis(ttl).max(1));
+    let n: i64 = redis::from_redis_value(conn.query(&cmd, Some(timeout)).await?)?;
+    let want = i64::try_from(kind.keys().len()).unwrap_or(i64::MAX);
+    Ok((n < want).then_some(RENEWED_FEWER))
+}
+
+async fn renew_keys(
+    slot: &mut Option<Conn>,
+    kind: &Kind,
+    owner: &[u8],
+    ttl: Duration,
+    timeout: Duration,
+) -> redis::RedisResult<Option<&'static str>> {
+    let conn = slot.as_mut().ok_or_else(closed)?;
+    for key in kind.keys() {
+        let mut cmd = redis::cmd("LOCK.RENEW");
+        cmd.arg(key).arg(owner).arg(millis(ttl).max(1));
+        match conn.query(&cmd, Some(timeout)).await {
+            Ok(redis::Value::Int(1)) => {}
+            Ok(_) => return Ok(Some(RENEW_ZERO)),
+            Err(e) if gone_error(&e) => return Ok(Some(WRONGTYPE)),
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(None)
+}
+
+enum Released {
+    All,
+    OneHold,
+    Gone(&'static str),
+}
+
+async fn release_keys(
+    slot: &mut Option<Conn>,
+    kind: &Kind,
+    owner: &[u8],
+    timeout: Duration,
+    all: bool,
+) -> redis::RedisResult<Released> {
+    let conn = slot.as_mut().ok_or_else(closed)?;
+    let mut out = Released::OneHold;
+    for key in kind.keys() {
+        let mut cmd = redis::cmd("LOCK.RELEASE");
+        cmd.arg(&key).arg(owner);
+        loop {
+            match conn.query(&cmd, Some(timeout)).await {
+                Ok(redis::Value::Nil) => return Ok(Released::Gone(RELEASE_NIL)),
+                Ok(redis::Value::Int(1)) => {
+                    out = Released::All;
+                    break;
+                }
+                Ok(_) if all => continue,
+                Ok(_) => break,
+                Err(e) if gone_error(&e) => return Ok(Released::Gone(WRONGTYPE)),
+                Err(e) => return Err(e),
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// The bookkeeping of ending one guard, done at once (also from `Drop`):
+/// whether a `LOCK.RELEASE` must go, and for which owner.
+fn unhold(s: &Shared, generation: u64, all: bool) -> Option<Vec<u8>> {
+    let mut st = std_lock(&s.status);
+    if !st.current(generation) {
+        return None;
+    }
+    st.holds = if all { 0 } else { st.holds - 1 };
+    let last = st.holds == 0;
+    if last {
+        st.wake.notify_one();
+    }
+    (all || last || s.kind.counted()).then(|| st.owner.clone())
+}
+
+/// After the last hold: the next acquisition, a fresh owner unless fixed.
+fn finish(s: &Shared, generation: u64) {
+    let mut st = std_lock(&s.status);
+    if st.holds == 0 && st.generation == generation {
+        st.generation += 1;
+        st.wake.notify_one();
+        if !st.fixed {
+            st.owner = fresh_owner();
+        }
+    }
+}
+
+async fn end(s: &Shared, generation: u64, all: bool) -> Result<(), Error> {
+    // Waits for a renewal in flight: no renewal follows the release.
+    let mut slot = s.conn.lock().await;
+    flush(s, &mut slot).await;
+    let send = unhold(s, generation, all);
+    let mut news = None;
+    let mut result = Ok(());
+    if let Some(owner) = send {
+        let (timeout, left) = {
+            let st = std_lock(&s.status);
+            (
+                st.timeout,
+                st.valid_until.saturating_duration_since(Instant::now()),
+            )
+        };
+        let timeout = limit(timeout, left.max(Duration::from_millis(50)));
+        let outcome = release_keys(&mut slot, &s.kind, &owner, timeout, all).await;
+        let mut st = std_lock(&s.status);
+        match outcome {
+            Ok(Released::Gone(why)) => {
+                news = st.set_lost(&s.kind, why);
+                st.holds = 0;
+                *slot = None;
+            }
+            Ok(Released::All) => st.holds = 0,
+            Ok(Released::OneHold) => {}
+            Err(e) => {
+                st.holds = 0;
+                *slot = None;
+                if st.lost.is_none() {
+                    result = Err(e.into());
+                }
+            }
+        }
+    }
+    {
+        let st = std_lock(&s.status);
+        if result.is_ok() && st.lost.is_some() {
+            result = Err(st.lost_error(&s.kind));
+        }
+    }
+    drop(slot);
+    finish(s, generation);
+    tell(news);
+    result
+}
+
+impl Guard<'_> {
+    fn shared(&self) -> &Shared {
+        &self.lock.shared
+    }
+
+    /// The lock this guard holds (read-only while the guard lives).
+    pub fn lock(&self) -> &Lock {
+        self.lock
+    }
+
+    pub async fn owned(&self) -> Result<bool, Error> {
+        self.lock.owned().await
+    }
+
+    pub fn token(&self) -> i64 {
+        std_lock(&self.shared().status)
             .tokens
             .iter()
             .copied()
@@ -382,115 +666,173 @@ impl Guard {
             .unwrap_or(0)
     }
 
-    pub async fn tokens(&self) -> Vec<i64> {
-        self.state.held.lock().await.tokens.clone()
+    pub fn tokens(&self) -> Vec<i64> {
+        std_lock(&self.shared().status).tokens.clone()
     }
 
-    pub async fn is_bound(&self) -> bool {
-        self.state.held.lock().await.bound
+    pub fn is_bound(&self) -> bool {
+        std_lock(&self.shared().status).bound
     }
 
-    pub async fn is_lost(&self) -> bool {
-        let held = self.state.held.lock().await;
-        held.lost.is_some() || Instant::now() >= held.valid_until
+    /// True once the lease is known lost, or may have run out; it stays
+    /// true. Never waits.
+    pub fn is_lost(&self) -> bool {
+        let s = self.shared();
+        let (lost, news) = {
+            let mut st = std_lock(&s.status);
+            let news = st.check_lost(&s.kind);
+            (st.lost.is_some(), news)
+        };
+        tell(news);
+        lost
     }
 
-    pub async fn check(&self) -> Result<(), Error> {
-        let held = self.state.held.lock().await;
-        if held.lost.is_some() || Instant::now() >= held.valid_until {
-            return Err(lost_error(&self.state, &held));
+    pub fn check(&self) -> Result<(), Error> {
+        if self.is_lost() {
+            let s = self.shared();
+            return Err(std_lock(&s.status).lost_error(&s.kind));
         }
         Ok(())
     }
 
     pub async fn extend(&self, ttl: Duration) -> Result<(), Error> {
-        let s = &self.state;
-        let owner = std_lock(&s.owner).clone();
-        let mut held = s.held.lock().await;
-        let sent = Instant::now();
-        for key in s.kind.keys() {
-            let mut cmd = redis::cmd("LOCK.RENEW");
-            cmd.arg(key).arg(&owner).arg(millis(ttl));
-            if query(&mut held, &cmd).await? != redis::Value::Int(1) {
-                held.lost =
-                    Some("LOCK.RENEW answered 0: the lease expired or the key was deleted".into());
-                return Err(lost_error(s, &held));
-            }
+        let s = self.shared();
+        if ttl < Duration::from_millis(1) {
+            return Err(Error::Invalid("a ttl under 1 ms".into()));
         }
-        std_lock(&s.opts).ttl = ttl;
-        held.valid_until = sent + ttl;
-        Ok(())
-    }
-
-    pub async fn release(mut self) -> Result<(), Error> {
-        self.released = true;
-        end(&self.state).await
-    }
-}
-
-fn lost_error(state: &State, held: &Held) -> Error {
-    Error::LeaseLost {
-        keys: state.kind.keys(),
-        token: held.tokens.iter().copied().max().unwrap_or(0),
-        why: held
-            .lost
-            .clone()
-            .unwrap_or_else(|| "its ttl ran out without a successful renewal".into()),
-    }
-}
-
-async fn end(state: &State) -> Result<(), Error> {
-    let owner = std_lock(&state.owner).clone();
-    let mut held = state.held.lock().await;
-    if held.guards == 0 {
-        return Ok(());
-    }
-    held.guards -= 1;
-    let last = held.guards == 0;
-    if !(last || state.kind.counted()) {
-        return Ok(());
-    }
-    let mut gone = false;
-    let mut all_released = false;
-    for key in state.kind.keys() {
-        let mut cmd = redis::cmd("LOCK.RELEASE");
-        cmd.arg(key).arg(&owner);
-        match query(&mut held, &cmd).await {
-            Ok(redis::Value::Nil) => gone = true,
-            Ok(redis::Value::Int(1)) => all_released = true,
-            Ok(_) => {}
+        self.check()?;
+        let mut slot = s.conn.lock().await;
+        let (owner, timeout, left) = {
+            let st = std_lock(&s.status);
+            let left = st.valid_until.saturating_duration_since(Instant::now());
+            (st.owner.clone(), st.timeout, left)
+        };
+        let sent = Instant::now();
+        let result = renew_keys(&mut slot, &s.kind, &owner, ttl, limit(timeout, left)).await;
+        let mut st = std_lock(&s.status);
+        if !st.current(self.generation) {
+            return Err(st.lost_error(&s.kind));
+        }
+        let news = match result {
+            Ok(None) => {
+                st.ttl = ttl;
+                st.valid_until = sent + ttl;
+                st.next_renewal = Instant::now() + tick(ttl);
+                st.wake.notify_one();
+                return Ok(());
+            }
+            Ok(Some(why)) => st.set_lost(&s.kind, why),
             Err(e) => {
-                held.guards = 0;
-                held.conn = None;
-                if held.lost.is_some() {
-                    return Err(lost_error(state, &held));
+                if st.bound || Instant::now() >= st.valid_until {
+                    *slot = None;
+                    st.set_lost(&s.kind, &format!("the renewal failed ({e})"))
+                } else {
+                    return Err(e.into());
+                }
+            }
+        };
+        let err = st.lost_error(&s.kind);
+        drop(st);
+        tell(news);
+        Err(err)
+    }
+
+    /// As the blocking [`crate::Guard::reacquire`].
+    pub async fn reacquire(&mut self) -> Result<Option<Guard<'_>>, Error> {
+        self.check()?;
+        let s = Arc::clone(&self.lock.shared);
+        let opts = self.lock.opts.clone();
+        let mut slot = s.conn.lock().await;
+        let (owner, bound, timeout, left) = {
+            let st = std_lock(&s.status);
+            let left = st.valid_until.saturating_duration_since(Instant::now());
+            (st.owner.clone(), st.bound, st.timeout, left)
+        };
+        let Some(conn) = slot.as_mut() else {
+            return Err(Error::Redis(closed()));
+        };
+        let sent = Instant::now();
+        let reply = conn
+            .query(
+                &s.kind.acquire(&opts, &owner, bound),
+                Some(limit(timeout, left)),
+            )
+            .await;
+        let reply = match reply {
+            Ok(r) => tokens(r),
+            Err(e) if gone_error(&e) => {
+                let news = std_lock(&s.status).set_lost(&s.kind, WRONGTYPE);
+                tell(news);
+                return Err(std_lock(&s.status).lost_error(&s.kind));
+            }
+            Err(e) => {
+                if e.is_io_error() || e.is_timeout() || e.is_connection_dropped() {
+                    *slot = None;
+                    let news = std_lock(&s.status)
+                        .set_lost(&s.kind, &format!("the holder's connection failed ({e})"));
+                    tell(news);
                 }
                 return Err(e.into());
             }
+        };
+        let mut st = std_lock(&s.status);
+        match reply? {
+            Some(t) if t == st.tokens => {
+                st.holds += 1;
+                st.valid_until = sent + st.ttl;
+                drop(st);
+                drop(slot);
+                Ok(Some(Guard {
+                    generation: self.generation,
+                    lock: &mut *self.lock,
+                    done: false,
+                }))
+            }
+            Some(_) => {
+                let news = st.set_lost(&s.kind, "the lease ended before the re-acquire");
+                drop(st);
+                tell(news);
+                Err(std_lock(&s.status).lost_error(&s.kind))
+            }
+            None => Ok(None),
         }
     }
-    if gone || all_released {
-        held.guards = 0;
+
+    pub async fn release(mut self) -> Result<(), Error> {
+        self.done = true;
+        end(&self.lock.shared, self.generation, false).await
     }
-    if gone {
-        held.lost
-            .get_or_insert_with(|| "LOCK.RELEASE answered nil: the lock was no longer ours".into());
-        held.conn = None;
-        return Err(lost_error(state, &held));
-    }
-    Ok(())
 }
 
-impl Drop for Guard {
+impl Drop for Guard<'_> {
     fn drop(&mut self) {
-        if self.released {
+        if std::mem::replace(&mut self.done, true) {
             return;
         }
-        let state = Arc::clone(&self.state);
+        let s = Arc::clone(&self.lock.shared);
+        if s.pid != std::process::id() {
+            return;
+        }
+        let Some(owner) = unhold(&s, self.generation, false) else {
+            return;
+        };
+        std_lock(&s.status).pending.push(owner);
+        let generation = self.generation;
         if let Ok(handle) = tokio::runtime::Handle::try_current() {
             handle.spawn(async move {
-                let _ = end(&state).await;
+                let mut slot = s.conn.lock().await;
+                flush(&s, &mut slot).await;
+                drop(slot);
+                finish(&s, generation);
             });
+        } else {
+            // No runtime to send it on: close the connection (a bound lock
+            // is freed; an unbound one ends with its lease).
+            if let Ok(mut slot) = s.conn.try_lock() {
+                *slot = None;
+            }
+            std_lock(&s.status).pending.clear();
+            finish(&s, generation);
         }
     }
 }

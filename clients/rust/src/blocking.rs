@@ -1,30 +1,30 @@
 //! The blocking API: [`Lock`] (one holder identity: owner, kind, keys, its
 //! connection) and [`Guard`] (one acquisition, released on drop).
 
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock, PoisonError, Weak};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
 use std::thread;
 use std::time::{Duration, Instant};
 
-use crate::{fresh_owner, holders, millis, tokens, Error, HolderInfo, Kind, Options, Target};
+use crate::{
+    closed, fresh_owner, gone_error, holders, limit, millis, tick, tokens, Error, HolderInfo, Kind,
+    OnLost, Options, Target, RAN_OUT, RELEASE_NIL, RENEWED_FEWER, RENEW_ZERO, WRONGTYPE,
+};
 
 /// A lock of one kind on its keys, held by one owner. Acquire it with
-/// [`Lock::acquire`]; each grant is a [`Guard`].
-///
-/// Guards count: the lock is held while any guard of it lives. A reentrant
-/// lock or a read lock adds a hold in the server per acquire and removes one
-/// per guard released; the other kinds are held once (a repeat acquire
-/// renews) and released when their last guard is.
+/// [`Lock::acquire`] (`&mut self`: one acquisition at a time per object);
+/// the grant is a [`Guard`] that borrows the lock until it is released.
 pub struct Lock {
-    state: Arc<State>,
+    shared: Arc<Shared>,
+    opts: Options,
 }
 
 /// One acquisition. Hand [`Guard::token`] to the resource you write to;
 /// [`Guard::release`] it (or drop it) when done.
 #[must_use = "the lock is released when the guard is dropped"]
-pub struct Guard {
-    state: Arc<State>,
-    released: bool,
+pub struct Guard<'a> {
+    lock: &'a mut Lock,
+    generation: u64,
+    done: bool,
 }
 
 /// A holder's connection: to the server, or to the cluster.
@@ -34,10 +34,48 @@ enum Conn {
 }
 
 impl Conn {
-    fn open(target: &Target) -> redis::RedisResult<Conn> {
-        match target {
-            Target::Server(c) => c.get_connection().map(Conn::Server),
-            Target::Cluster(c) => c.get_connection().map(|c| Conn::Cluster(Box::new(c))),
+    /// A connection with a connect timeout and read/write timeouts. The
+    /// `redis` crate's handshake reads with the timeout per read (several
+    /// reads): it runs on a thread of its own, given up after `timeout`.
+    fn open(target: &Target, timeout: Duration) -> redis::RedisResult<Conn> {
+        let (tx, rx) = std::sync::mpsc::channel();
+        let target = target.clone();
+        thread::Builder::new()
+            .name("redis-native-lock-connect".into())
+            .spawn(move || {
+                let _ = tx.send(Conn::open_now(&target, timeout));
+            })
+            .map_err(redis::RedisError::from)?;
+        rx.recv_timeout(timeout)
+            .unwrap_or_else(|_| Err(crate::timed_out("no connection within the timeout")))
+    }
+
+    fn open_now(target: &Target, timeout: Duration) -> redis::RedisResult<Conn> {
+        let conn = match target {
+            Target::Server(c) => Conn::Server(c.get_connection_with_timeout(timeout)?),
+            Target::Cluster(c) => {
+                let config = redis::cluster::ClusterConfig::new()
+                    .set_connection_timeout(timeout)
+                    .set_response_timeout(timeout);
+                Conn::Cluster(Box::new(c.get_connection_with_config(config)?))
+            }
+        };
+        conn.timeouts(Some(timeout))?;
+        Ok(conn)
+    }
+
+    /// Read and write timeouts (`None`: a read waits as long as it takes).
+    fn timeouts(&self, read: Option<Duration>) -> redis::RedisResult<()> {
+        let write = read.or(Some(crate::DEFAULT_TIMEOUT));
+        match self {
+            Conn::Server(c) => {
+                c.set_read_timeout(read)?;
+                c.set_write_timeout(write)
+            }
+            Conn::Cluster(c) => {
+                c.set_read_timeout(read)?;
+                c.set_write_timeout(write)
+            }
         }
     }
 
@@ -47,192 +85,298 @@ impl Conn {
             Conn::Cluster(c) => cmd.query(&mut **c),
         }
     }
-
-    fn set_read_timeout(&self, t: Option<Duration>) -> redis::RedisResult<()> {
-        match self {
-            Conn::Server(c) => c.set_read_timeout(t),
-            Conn::Cluster(c) => c.set_read_timeout(t),
-        }
-    }
 }
 
-struct State {
+/// What a `Lock` shares with its watchdog thread.
+struct Shared {
     client: Target,
     kind: Kind,
-    owner: Mutex<String>,
-    opts: Mutex<Options>,
-    held: Mutex<Held>,
-    /// In the keeper's list (once, whatever the guards).
-    scheduled: AtomicBool,
+    /// The process that made the lock.
+    pid: u32,
+    /// The holder's connection: the acquire waits on it, the lock is bound
+    /// to it (`BIND`), the renewals and the release go over it. Held across
+    /// I/O, always with a timeout.
+    conn: Mutex<Option<Conn>>,
+    /// Never held across I/O: what a guard reads answers at once.
+    status: Mutex<Status>,
+    /// Wakes the watchdog (a release, a new ttl).
+    wake: Condvar,
 }
 
-struct Held {
-    /// The holder's own connection: the acquire waits on it, the lock is
-    /// bound to it (`BIND`), the keepalive and the release go over it.
-    conn: Option<Conn>,
+struct Status {
+    owner: Vec<u8>,
+    /// The owner was set by [`Lock::owner`]: kept for every acquisition
+    /// (else a fresh UUID per acquisition).
+    fixed: bool,
+    ttl: Duration,
+    timeout: Duration,
     bound: bool,
-    /// Guards alive.
-    guards: u32,
+    /// Guards alive (nested by [`Guard::reacquire`]).
+    holds: u32,
     tokens: Vec<i64>,
     lost: Option<String>,
     /// A lower bound of the server's deadline (the lease began after we asked).
     valid_until: Instant,
+    next_renewal: Instant,
+    /// One per acquisition: a watchdog or a guard of an earlier one is stale.
+    generation: u64,
+    on_lost: Option<OnLost>,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
+impl Status {
+    fn current(&self, generation: u64) -> bool {
+        self.generation == generation && self.holds > 0
+    }
+
+    /// Marks the lease lost (for good, until the acquisition ends); the
+    /// callback to call, with its error, if this is news.
+    fn set_lost(&mut self, kind: &Kind, why: &str) -> Option<(OnLost, Error)> {
+        if self.lost.is_some() {
+            return None;
+        }
+        self.lost = Some(why.to_string());
+        let err = self.lost_error(kind);
+        self.on_lost.clone().map(|f| (f, err))
+    }
+
+    fn lost_error(&self, kind: &Kind) -> Error {
+        Error::LeaseLost {
+            keys: kind.keys(),
+            token: self.tokens.iter().copied().max().unwrap_or(0),
+            why: self.lost.clone().unwrap_or_else(|| RAN_OUT.into()),
+        }
+    }
+
+    /// Lost, or the lease may have run out (then lost for good).
+    fn check_lost(&mut self, kind: &Kind) -> Option<(OnLost, Error)> {
+        if self.lost.is_none() && Instant::now() >= self.valid_until {
+            return self.set_lost(kind, RAN_OUT);
+        }
+        None
+    }
+}
+
+fn tell(news: Option<(OnLost, Error)>) {
+    if let Some((f, err)) = news {
+        f(&err);
+    }
+}
+
 impl Lock {
     fn new(client: Target, kind: Kind) -> Lock {
+        let opts = Options::default();
         Lock {
-            state: Arc::new(State {
+            shared: Arc::new(Shared {
                 client,
                 kind,
-                owner: Mutex::new(fresh_owner()),
-                opts: Mutex::new(Options::default()),
-                held: Mutex::new(Held {
-                    conn: None,
+                pid: std::process::id(),
+                conn: Mutex::new(None),
+                status: Mutex::new(Status {
+                    owner: fresh_owner(),
+                    fixed: false,
+                    ttl: opts.ttl,
+                    timeout: opts.timeout,
                     bound: false,
-                    guards: 0,
+                    holds: 0,
                     tokens: Vec::new(),
                     lost: None,
                     valid_until: Instant::now(),
+                    next_renewal: Instant::now(),
+                    generation: 0,
+                    on_lost: None,
                 }),
-                scheduled: AtomicBool::new(false),
+                wake: Condvar::new(),
             }),
+            opts,
         }
     }
 
     /// An exclusive lock (`LOCK.ACQUIRE`).
-    pub fn exclusive(client: impl Into<Target>, key: impl Into<String>) -> Lock {
-        Lock::new(client.into(), Kind::Exclusive(key.into()))
+    pub fn exclusive(client: impl Into<Target>, key: impl AsRef<[u8]>) -> Lock {
+        Lock::new(client.into(), Kind::Exclusive(key.as_ref().to_vec()))
     }
 
-    /// A reentrant exclusive lock (`LOCK.RACQUIRE`), as Redisson's `RLock`.
-    pub fn reentrant(client: impl Into<Target>, key: impl Into<String>) -> Lock {
-        Lock::new(client.into(), Kind::Reentrant(key.into()))
+    /// A reentrant exclusive lock (`LOCK.RACQUIRE`), as Redisson's `RLock`:
+    /// [`Guard::reacquire`] adds a hold.
+    pub fn reentrant(client: impl Into<Target>, key: impl AsRef<[u8]>) -> Lock {
+        Lock::new(client.into(), Kind::Reentrant(key.as_ref().to_vec()))
     }
 
     /// The read side of a read-write lock (`LOCK.READ`): shared.
-    pub fn read(client: impl Into<Target>, key: impl Into<String>) -> Lock {
-        Lock::new(client.into(), Kind::Read(key.into()))
+    pub fn read(client: impl Into<Target>, key: impl AsRef<[u8]>) -> Lock {
+        Lock::new(client.into(), Kind::Read(key.as_ref().to_vec()))
     }
 
     /// The write side of a read-write lock: exclusive and reentrant
     /// (`LOCK.RACQUIRE`), with writer preference.
-    pub fn write(client: impl Into<Target>, key: impl Into<String>) -> Lock {
-        Lock::new(client.into(), Kind::Reentrant(key.into()))
+    pub fn write(client: impl Into<Target>, key: impl AsRef<[u8]>) -> Lock {
+        Lock::new(client.into(), Kind::Reentrant(key.as_ref().to_vec()))
     }
 
     /// One permit of a semaphore of `limit` permits (`LOCK.SEMAPHORE`).
-    pub fn semaphore(client: impl Into<Target>, key: impl Into<String>, limit: u32) -> Lock {
-        Lock::new(client.into(), Kind::Semaphore(key.into(), limit))
+    pub fn semaphore(client: impl Into<Target>, key: impl AsRef<[u8]>, limit: u32) -> Lock {
+        Lock::new(client.into(), Kind::Semaphore(key.as_ref().to_vec(), limit))
     }
 
-    /// Every key or none (`LOCK.MACQUIRE`); [`Guard::tokens`] per key.
-    pub fn multi<K: Into<String>>(
+    /// Every key or none (`LOCK.MACQUIRE`); [`Guard::tokens`] per key. No
+    /// key, a repeated key or more than 1000 keys: [`Error::Invalid`].
+    pub fn multi<K: AsRef<[u8]>>(
         client: impl Into<Target>,
         keys: impl IntoIterator<Item = K>,
     ) -> Lock {
         Lock::new(
             client.into(),
-            Kind::Multi(keys.into_iter().map(Into::into).collect()),
+            Kind::Multi(keys.into_iter().map(|k| k.as_ref().to_vec()).collect()),
         )
     }
 
     /// The lease (default 30 s), renewed while held.
-    pub fn ttl(self, ttl: Duration) -> Lock {
-        lock(&self.state.opts).ttl = ttl;
+    pub fn ttl(mut self, ttl: Duration) -> Lock {
+        self.opts.ttl = ttl;
         self
     }
 
-    /// How long to wait in the server (default 10 s); `None` or zero: do
-    /// not wait; `Duration::MAX`: without limit.
-    pub fn wait(self, wait: Option<Duration>) -> Lock {
-        lock(&self.state.opts).wait = wait;
+    /// How long to wait in the server. Default `None`: do not wait (one
+    /// try); `Duration::MAX`: without limit.
+    pub fn wait(mut self, wait: Option<Duration>) -> Lock {
+        self.opts.wait = wait;
         self
     }
 
-    /// A fresh UUID by default; a stable id only if you mean it.
-    pub fn owner(self, owner: impl Into<String>) -> Lock {
-        *lock(&self.state.owner) = owner.into();
+    /// The owner id for every acquisition of this object (every kind sends
+    /// it). By default a fresh UUID per acquisition: a stable id only if you
+    /// mean it (re-entrancy across objects, or a mode change refused).
+    pub fn owner(self, owner: impl AsRef<[u8]>) -> Lock {
+        {
+            let mut st = lock(&self.shared.status);
+            st.owner = owner.as_ref().to_vec();
+            st.fixed = true;
+        }
         self
     }
 
     /// `BIND` (default): the server frees the lock when the holder's
     /// connection closes. `false`: a lease renewed with `LOCK.RENEW`.
-    pub fn bind(self, bind: bool) -> Lock {
-        lock(&self.state.opts).bind = bind;
+    pub fn bind(mut self, bind: bool) -> Lock {
+        self.opts.bind = bind;
         self
     }
 
-    pub fn keys(&self) -> Vec<String> {
-        self.state.kind.keys()
+    /// The connect timeout and the longest a reply may take beyond the
+    /// acquire's wait (default 2 s); a renewal or a release also never
+    /// waits past what is left of the lease.
+    pub fn timeout(mut self, timeout: Duration) -> Lock {
+        self.opts.timeout = timeout;
+        self
     }
 
-    pub fn owner_id(&self) -> String {
-        lock(&self.state.owner).clone()
+    /// Called (on the watchdog's thread) when the watchdog finds a lease
+    /// lost, with the [`Error::LeaseLost`] the holder will get.
+    pub fn on_lost(self, f: impl Fn(&Error) + Send + Sync + 'static) -> Lock {
+        lock(&self.shared.status).on_lost = Some(Arc::new(f));
+        self
     }
 
-    /// Asks for the lock, waiting in the server as configured: a guard, or
-    /// `None` when the wait ran out. [`Error::Deadlock`] when waiting would
-    /// close a cycle of waits.
-    pub fn acquire(&self) -> Result<Option<Guard>, Error> {
-        let s = &self.state;
-        let opts = lock(&s.opts).clone();
-        let owner = lock(&s.owner).clone();
-        let mut held = lock(&s.held);
-        if held.conn.is_none() {
-            let conn = Conn::open(&s.client)?;
-            // The reply comes when the lock is granted or the wait runs out.
-            conn.set_read_timeout(None)?;
-            held.conn = Some(conn);
-            // A cluster connection is the client's to route: no BIND.
-            held.bound = opts.bind && matches!(s.client, Target::Server(_));
+    pub fn keys(&self) -> Vec<Vec<u8>> {
+        self.shared.kind.keys()
+    }
+
+    /// The owner id the current (or next) acquisition uses.
+    pub fn owner_id(&self) -> Vec<u8> {
+        lock(&self.shared.status).owner.clone()
+    }
+
+    /// Asks for the lock, waiting in the server as configured (by default
+    /// not at all): a guard, or `None` when refused or the wait ran out.
+    /// [`Error::Deadlock`] when waiting would close a cycle of waits.
+    pub fn acquire(&mut self) -> Result<Option<Guard<'_>>, Error> {
+        let s = Arc::clone(&self.shared);
+        if s.pid != std::process::id() {
+            return Err(Error::Forked);
         }
-        let sent = Instant::now();
-        let first = held.guards == 0;
-        let cmd = s.kind.acquire(&opts, &owner, held.bound);
-        let mut reply = query(&mut held, &cmd);
-        if first && held.bound && matches!(&reply, Err(e) if e.to_string().contains("syntax error"))
         {
+            // A guard forgotten (mem::forget) left its hold: end it first.
+            let leaked = lock(&s.status).holds > 0;
+            if leaked {
+                let generation = lock(&s.status).generation;
+                let _ = end(&s, generation, true);
+            }
+        }
+        let opts = self.opts.clone();
+        let owner = lock(&s.status).owner.clone();
+        s.kind.check(&opts, &owner)?;
+        let mut slot = lock(&s.conn);
+        let mut bound = opts.bind && matches!(s.client, Target::Server(_));
+        let started = Instant::now();
+        let mut conn = match slot.take() {
+            Some(c) => c,
+            None => Conn::open(&s.client, opts.timeout)?,
+        };
+        let sent = Instant::now();
+        // One deadline for connecting and the reply.
+        let reply_timeout = opts
+            .acquire_timeout()
+            .map(|t| limit(t, t.saturating_sub(started.elapsed())));
+        let mut reply = conn
+            .timeouts(reply_timeout)
+            .and_then(|()| conn.query(&s.kind.acquire(&opts, &owner, bound)));
+        if bound && matches!(&reply, Err(e) if e.to_string().contains("syntax error")) {
             // A server without BIND: a lease renewed with LOCK.RENEW.
-            held.bound = false;
-            reply = query(&mut held, &s.kind.acquire(&opts, &owner, false));
+            bound = false;
+            reply = conn.query(&s.kind.acquire(&opts, &owner, false));
         }
         let reply = match reply {
             Ok(r) => r,
             Err(e) => {
                 if e.is_io_error() || e.is_timeout() || e.is_connection_dropped() {
                     // It may have been granted as we stopped listening: a
-                    // bound grant ends when the connection closes (now); an
+                    // bound grant ends as the connection closes (now); an
                     // unbound one is given back.
-                    held.conn = None;
-                    if first && !held.bound {
-                        release_quietly(&s.client, &s.kind, &owner);
+                    drop(conn);
+                    if !bound {
+                        release_quietly(&s.client, &s.kind, &owner, opts.timeout);
                     }
+                } else {
+                    *slot = Some(conn);
                 }
                 return Err(e.into());
             }
         };
+        let _ = conn.timeouts(Some(opts.timeout));
+        *slot = Some(conn);
         let Some(tokens) = tokens(reply)? else {
-            if first {
-                held.conn = None;
-            }
             return Ok(None);
         };
-        held.tokens = tokens;
-        held.guards += 1;
-        held.lost = None;
-        held.valid_until = sent + opts.ttl;
-        drop(held);
-        if !s.scheduled.swap(true, Ordering::SeqCst) {
-            keeper().add(Arc::downgrade(s), Instant::now() + opts.ttl / 3);
+        let generation = {
+            let mut st = lock(&s.status);
+            st.generation += 1;
+            st.ttl = opts.ttl;
+            st.timeout = opts.timeout;
+            st.bound = bound;
+            st.holds = 1;
+            st.tokens = tokens;
+            st.lost = None;
+            st.valid_until = sent + opts.ttl;
+            st.next_renewal = Instant::now() + tick(opts.ttl);
+            st.generation
+        };
+        drop(slot);
+        let watched = Arc::clone(&s);
+        let spawned = thread::Builder::new()
+            .name("redis-native-lock-watchdog".into())
+            .spawn(move || watchdog(&watched, generation));
+        if let Err(e) = spawned {
+            let _ = end(&s, generation, true);
+            return Err(Error::Redis(redis::RedisError::from(e)));
         }
         Ok(Some(Guard {
-            state: Arc::clone(s),
-            released: false,
+            lock: self,
+            generation,
+            done: false,
         }))
     }
 
@@ -251,39 +395,47 @@ impl Lock {
 
     fn info(&self) -> Result<Option<Vec<HolderInfo>>, Error> {
         let key = self
-            .state
+            .shared
             .kind
             .keys()
             .into_iter()
             .next()
             .unwrap_or_default();
-        let mut conn = Conn::open(&self.state.client)?;
+        let started = Instant::now();
+        let t = self.opts.timeout;
+        let mut conn = Conn::open(&self.shared.client, t)?;
+        conn.timeouts(Some(limit(t, t.saturating_sub(started.elapsed()))))?;
         let reply = conn.query(redis::cmd("LOCK.INFO").arg(key))?;
         Ok(holders(reply))
     }
 }
 
-fn query(held: &mut Held, cmd: &redis::Cmd) -> redis::RedisResult<redis::Value> {
-    match held.conn.as_mut() {
-        Some(conn) => conn.query(cmd),
-        None => Err(redis::RedisError::from(std::io::Error::other(
-            "the holder's connection is closed",
-        ))),
-    }
-}
-
-fn release_quietly(client: &Target, kind: &Kind, owner: &str) {
-    if let Ok(mut c) = Conn::open(client) {
+fn release_quietly(client: &Target, kind: &Kind, owner: &[u8], timeout: Duration) {
+    if let Ok(mut c) = Conn::open(client, timeout) {
         for key in kind.keys() {
             let _ = c.query(redis::cmd("LOCK.RELEASE").arg(key).arg(owner));
         }
     }
 }
 
-impl Guard {
+impl Guard<'_> {
+    fn shared(&self) -> &Shared {
+        &self.lock.shared
+    }
+
+    /// The lock this guard holds (read-only while the guard lives).
+    pub fn lock(&self) -> &Lock {
+        self.lock
+    }
+
+    /// Whether this owner holds the (first) key, as the server says.
+    pub fn owned(&self) -> Result<bool, Error> {
+        self.lock.owned()
+    }
+
     /// The fencing token (a multi-key lock: the highest of [`Guard::tokens`]).
     pub fn token(&self) -> i64 {
-        lock(&self.state.held)
+        lock(&self.shared().status)
             .tokens
             .iter()
             .copied()
@@ -293,266 +445,391 @@ impl Guard {
 
     /// The tokens per key, in key order.
     pub fn tokens(&self) -> Vec<i64> {
-        lock(&self.state.held).tokens.clone()
+        lock(&self.shared().status).tokens.clone()
     }
 
     /// Whether the lock is bound to the holder's connection (`BIND`).
     pub fn is_bound(&self) -> bool {
-        lock(&self.state.held).bound
+        lock(&self.shared().status).bound
     }
 
-    /// True once the lease is known lost, or may have run out.
+    /// True once the lease is known lost, or may have run out; it stays
+    /// true. Never waits on the network.
     pub fn is_lost(&self) -> bool {
-        let held = lock(&self.state.held);
-        held.lost.is_some() || Instant::now() >= held.valid_until
+        let s = self.shared();
+        let (lost, news) = {
+            let mut st = lock(&s.status);
+            let news = st.check_lost(&s.kind);
+            (st.lost.is_some(), news)
+        };
+        tell(news);
+        lost
     }
 
     /// `Err(LeaseLost)` if the lease is gone: call it before a protected write.
     pub fn check(&self) -> Result<(), Error> {
         if self.is_lost() {
-            return Err(self.lost_error(&lock(&self.state.held)));
+            let s = self.shared();
+            return Err(lock(&s.status).lost_error(&s.kind));
         }
         Ok(())
     }
 
     /// Sets the lease to `ttl` from now; later renewals use it too.
     pub fn extend(&self, ttl: Duration) -> Result<(), Error> {
-        let s = &self.state;
-        let owner = lock(&s.owner).clone();
-        let mut held = lock(&s.held);
-        let sent = Instant::now();
-        for key in s.kind.keys() {
-            let mut cmd = redis::cmd("LOCK.RENEW");
-            cmd.arg(key).arg(&owner).arg(millis(ttl));
-            let renewed = query(&mut held, &cmd)?;
-            if renewed != redis::Value::Int(1) {
-                held.lost =
-                    Some("LOCK.RENEW answered 0: the lease expired or the key was deleted".into());
-                return Err(self.lost_error(&held));
-            }
+        let s = self.shared();
+        if ttl < Duration::from_millis(1) {
+            return Err(Error::Invalid("a ttl under 1 ms".into()));
         }
-        lock(&s.opts).ttl = ttl;
-        held.valid_until = sent + ttl;
-        Ok(())
+        self.check()?;
+        let mut slot = lock(&s.conn);
+        let (owner, timeout, left) = {
+            let st = lock(&s.status);
+            let left = st.valid_until.saturating_duration_since(Instant::now());
+            (st.owner.clone(), st.timeout, left)
+        };
+        let sent = Instant::now();
+        let result = renew_keys(&mut slot, &s.kind, &owner, ttl, limit(timeout, left));
+        let mut st = lock(&s.status);
+        if !st.current(self.generation) {
+            return Err(st.lost_error(&s.kind));
+        }
+        let news = match result {
+            Ok(None) => {
+                st.ttl = ttl;
+                st.valid_until = sent + ttl;
+                st.next_renewal = Instant::now() + tick(ttl);
+                s.wake.notify_all();
+                return Ok(());
+            }
+            Ok(Some(why)) => st.set_lost(&s.kind, why),
+            Err(e) => {
+                if st.bound || Instant::now() >= st.valid_until {
+                    *slot = None;
+                    st.set_lost(&s.kind, &format!("the renewal failed ({e})"))
+                } else {
+                    return Err(e.into());
+                }
+            }
+        };
+        let err = st.lost_error(&s.kind);
+        drop(st);
+        tell(news);
+        Err(err)
+    }
+
+    /// Adds a hold (a reentrant or read lock: one more `LOCK.RELEASE` to
+    /// give it back) or, for the other kinds, renews: a guard nested in this
+    /// one. `Err(LeaseLost)` if the lease is gone (nothing is sent).
+    pub fn reacquire(&mut self) -> Result<Option<Guard<'_>>, Error> {
+        self.check()?;
+        let s = Arc::clone(&self.lock.shared);
+        let opts = self.lock.opts.clone();
+        let mut slot = lock(&s.conn);
+        let (owner, bound, timeout, left) = {
+            let st = lock(&s.status);
+            let left = st.valid_until.saturating_duration_since(Instant::now());
+            (st.owner.clone(), st.bound, st.timeout, left)
+        };
+        let Some(conn) = slot.as_mut() else {
+            return Err(Error::Redis(closed()));
+        };
+        let sent = Instant::now();
+        let reply = conn
+            .timeouts(Some(limit(timeout, left)))
+            .and_then(|()| conn.query(&s.kind.acquire(&opts, &owner, bound)));
+        let _ = conn.timeouts(Some(timeout));
+        let reply = match reply {
+            Ok(r) => tokens(r),
+            Err(e) if gone_error(&e) => {
+                let news = lock(&s.status).set_lost(&s.kind, WRONGTYPE);
+                tell(news);
+                return Err(lock(&s.status).lost_error(&s.kind));
+            }
+            Err(e) => {
+                if e.is_io_error() || e.is_timeout() || e.is_connection_dropped() {
+                    *slot = None;
+                    let news = lock(&s.status)
+                        .set_lost(&s.kind, &format!("the holder's connection failed ({e})"));
+                    tell(news);
+                }
+                return Err(e.into());
+            }
+        };
+        let mut st = lock(&s.status);
+        match reply? {
+            Some(t) if t == st.tokens => {
+                st.holds += 1;
+                st.valid_until = sent + st.ttl;
+                drop(st);
+                drop(slot);
+                Ok(Some(Guard {
+                    generation: self.generation,
+                    lock: &mut *self.lock,
+                    done: false,
+                }))
+            }
+            Some(_) => {
+                // A new token: our grant had ended, this is someone new.
+                let news = st.set_lost(&s.kind, "the lease ended before the re-acquire");
+                drop(st);
+                tell(news);
+                Err(lock(&s.status).lost_error(&s.kind))
+            }
+            None => Ok(None),
+        }
     }
 
     /// Releases this guard's hold (the lock itself once no guard is left,
     /// or per guard for counted kinds). `Err(LeaseLost)` if the lock was no
     /// longer ours.
     pub fn release(mut self) -> Result<(), Error> {
-        self.end()
+        self.done = true;
+        end(&self.lock.shared, self.generation, false)
     }
+}
 
-    fn lost_error(&self, held: &Held) -> Error {
-        Error::LeaseLost {
-            keys: self.state.kind.keys(),
-            token: held.tokens.iter().copied().max().unwrap_or(0),
-            why: held
-                .lost
-                .clone()
-                .unwrap_or_else(|| "its ttl ran out without a successful renewal".into()),
-        }
+/// Ends one guard. `all`: every hold at once (a leaked guard).
+fn end(s: &Shared, generation: u64, all: bool) -> Result<(), Error> {
+    if s.pid != std::process::id() {
+        // A forked child: the socket is the parent's. Leave it be.
+        std::mem::forget(lock(&s.conn).take());
+        return Ok(());
     }
-
-    fn end(&mut self) -> Result<(), Error> {
-        if std::mem::replace(&mut self.released, true) {
+    // Waits for a renewal in flight: no renewal follows the release.
+    let mut slot = lock(&s.conn);
+    let (owner, timeout, left, send) = {
+        let mut st = lock(&s.status);
+        if !st.current(generation) {
             return Ok(());
         }
-        let s = &self.state;
-        let owner = lock(&s.owner).clone();
-        let mut held = lock(&s.held);
-        if held.guards == 0 {
-            return Ok(());
+        st.holds = if all { 0 } else { st.holds - 1 };
+        let last = st.holds == 0;
+        if last {
+            s.wake.notify_all();
         }
-        held.guards -= 1;
-        let last = held.guards == 0;
-        if !(last || s.kind.counted()) {
-            return Ok(());
-        }
-        let mut gone = false;
-        let mut all_released = false;
-        for key in s.kind.keys() {
-            let mut cmd = redis::cmd("LOCK.RELEASE");
-            cmd.arg(key).arg(&owner);
-            match query(&mut held, &cmd) {
-                Ok(redis::Value::Nil) => gone = true,
-                Ok(redis::Value::Int(1)) => all_released = true,
-                Ok(_) => {}
-                Err(e) => {
-                    held.guards = 0;
-                    held.conn = None; // closing it frees a bound lock
-                    if held.lost.is_some() {
-                        return Err(self.lost_error(&held));
-                    }
-                    return Err(e.into());
+        let left = st.valid_until.saturating_duration_since(Instant::now());
+        let send = all || last || s.kind.counted();
+        (st.owner.clone(), st.timeout, left, send)
+    };
+    let mut news = None;
+    let mut result = Ok(());
+    if send {
+        let timeout = limit(timeout, left.max(Duration::from_millis(50)));
+        let outcome = release_keys(&mut slot, &s.kind, &owner, timeout, all);
+        let mut st = lock(&s.status);
+        match outcome {
+            Ok(Released::Gone(why)) => {
+                news = st.set_lost(&s.kind, why);
+                st.holds = 0;
+                *slot = None;
+            }
+            Ok(Released::All) => st.holds = 0,
+            Ok(Released::OneHold) => {}
+            Err(e) => {
+                st.holds = 0;
+                *slot = None; // closing it frees a bound lock
+                if st.lost.is_none() {
+                    result = Err(e.into());
                 }
             }
         }
-        if gone || all_released {
-            held.guards = 0;
-        }
-        if gone {
-            held.lost.get_or_insert_with(|| {
-                "LOCK.RELEASE answered nil: the lock was no longer ours".into()
-            });
-            held.conn = None;
-            return Err(self.lost_error(&held));
-        }
-        Ok(())
     }
+    let mut st = lock(&s.status);
+    if st.holds == 0 {
+        s.wake.notify_all();
+    }
+    if result.is_ok() && st.lost.is_some() {
+        result = Err(st.lost_error(&s.kind));
+    }
+    drop(slot);
+    if st.holds == 0 && st.generation == generation {
+        // The next acquisition gets a fresh owner unless one was given.
+        st.generation += 1;
+        if !st.fixed {
+            st.owner = fresh_owner();
+        }
+    }
+    drop(st);
+    tell(news);
+    result
 }
 
-impl Drop for Guard {
+enum Released {
+    /// The last hold went (`1`).
+    All,
+    /// One hold of several went (`0`).
+    OneHold,
+    /// The lock was not ours any more: why.
+    Gone(&'static str),
+}
+
+fn release_keys(
+    slot: &mut Option<Conn>,
+    kind: &Kind,
+    owner: &[u8],
+    timeout: Duration,
+    all: bool,
+) -> redis::RedisResult<Released> {
+    let conn = slot.as_mut().ok_or_else(closed)?;
+    conn.timeouts(Some(timeout))?;
+    let mut out = Released::OneHold;
+    for key in kind.keys() {
+        let mut cmd = redis::cmd("LOCK.RELEASE");
+        cmd.arg(&key).arg(owner);
+        loop {
+            match conn.query(&cmd) {
+                Ok(redis::Value::Nil) => return Ok(Released::Gone(RELEASE_NIL)),
+                Ok(redis::Value::Int(1)) => {
+                    out = Released::All;
+                    break;
+                }
+                Ok(_) if all => continue,
+                Ok(_) => break,
+                Err(e) if gone_error(&e) => return Ok(Released::Gone(WRONGTYPE)),
+                Err(e) => return Err(e),
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// `LOCK.RENEW` on every key: `None` when renewed, else why the lease is lost.
+fn renew_keys(
+    slot: &mut Option<Conn>,
+    kind: &Kind,
+    owner: &[u8],
+    ttl: Duration,
+    timeout: Duration,
+) -> redis::RedisResult<Option<&'static str>> {
+    let conn = slot.as_mut().ok_or_else(closed)?;
+    conn.timeouts(Some(timeout))?;
+    for key in kind.keys() {
+        let mut cmd = redis::cmd("LOCK.RENEW");
+        cmd.arg(key).arg(owner).arg(millis(ttl).max(1));
+        match conn.query(&cmd) {
+            Ok(redis::Value::Int(1)) => {}
+            Ok(_) => return Ok(Some(RENEW_ZERO)),
+            Err(e) if gone_error(&e) => return Ok(Some(WRONGTYPE)),
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(None)
+}
+
+impl Drop for Guard<'_> {
     fn drop(&mut self) {
-        let _ = self.end();
+        if !std::mem::replace(&mut self.done, true) {
+            let _ = end(&self.lock.shared, self.generation, false);
+        }
     }
 }
 
-impl State {
-    /// The keeper's tick: renew, or find the lease lost. When to renew next
-    /// (`None`: stop).
-    fn renew(&self) -> Option<Instant> {
-        let ttl = lock(&self.opts).ttl;
-        let owner = lock(&self.owner).clone();
-        let mut held = lock(&self.held);
-        if held.guards == 0 || held.lost.is_some() {
-            return None;
+/// One watchdog thread per held lock: renews at a third of the ttl until
+/// the acquisition ends or the lease is lost. Each waits only on its own
+/// connection, never longer than the lease has left.
+fn watchdog(s: &Shared, generation: u64) {
+    loop {
+        {
+            let mut st = lock(&s.status);
+            loop {
+                if !st.current(generation) || st.lost.is_some() {
+                    return;
+                }
+                let now = Instant::now();
+                if now >= st.next_renewal {
+                    break;
+                }
+                let wait = st.next_renewal - now;
+                st = s
+                    .wake
+                    .wait_timeout(st, wait)
+                    .unwrap_or_else(PoisonError::into_inner)
+                    .0;
+            }
         }
-        let tick = ttl / 3;
-        if held.conn.is_none() && !held.bound {
-            held.conn = Conn::open(&self.client).ok();
-        }
-        if let Some(conn) = held.conn.as_ref() {
-            let _ = conn.set_read_timeout(Some(tick.max(Duration::from_millis(100))));
+        let mut slot = lock(&s.conn);
+        let (owner, ttl, timeout, bound, left) = {
+            let mut st = lock(&s.status);
+            if !st.current(generation) || st.lost.is_some() {
+                return;
+            }
+            if Instant::now() < st.next_renewal {
+                continue; // extended meanwhile
+            }
+            let news = st.check_lost(&s.kind);
+            if news.is_some() || st.lost.is_some() {
+                drop(st);
+                drop(slot);
+                tell(news);
+                return;
+            }
+            let left = st.valid_until.saturating_duration_since(Instant::now());
+            (st.owner.clone(), st.ttl, st.timeout, st.bound, left)
+        };
+        let io = limit(timeout, left);
+        if slot.is_none() && !bound {
+            *slot = Conn::open(&s.client, io).ok();
         }
         let sent = Instant::now();
-        let result: redis::RedisResult<bool> = if held.bound {
-            let mut cmd = redis::cmd("LOCK.KEEPALIVE");
-            cmd.arg(millis(ttl));
-            query(&mut held, &cmd).and_then(|v| {
-                let n: i64 = redis::from_redis_value(v)?;
-                Ok(n >= i64::try_from(self.kind.keys().len()).unwrap_or(i64::MAX))
-            })
+        let result = if bound {
+            keepalive(&mut slot, &s.kind, ttl, io)
         } else {
-            let mut ok = Ok(true);
-            for key in self.kind.keys() {
-                let mut cmd = redis::cmd("LOCK.RENEW");
-                cmd.arg(key).arg(&owner).arg(millis(ttl));
-                match query(&mut held, &cmd) {
-                    Ok(redis::Value::Int(1)) => {}
-                    Ok(_) => {
-                        ok = Ok(false);
-                        break;
-                    }
-                    Err(e) => {
-                        ok = Err(e);
-                        break;
-                    }
-                }
-            }
-            ok
+            renew_keys(&mut slot, &s.kind, &owner, ttl, io)
         };
-        if let Some(conn) = held.conn.as_ref() {
-            let _ = conn.set_read_timeout(None);
+        let mut st = lock(&s.status);
+        if !st.current(generation) {
+            return;
         }
-        match result {
-            Ok(true) => {
-                held.valid_until = sent + ttl;
-                Some(Instant::now() + tick)
-            }
-            Ok(false) => {
-                held.lost = Some(if held.bound {
-                    "LOCK.KEEPALIVE renewed fewer locks than held: released, expired or deleted"
-                        .into()
-                } else {
-                    "LOCK.RENEW answered 0: the lease expired or the key was deleted".into()
-                });
+        let news = match result {
+            Ok(None) => {
+                st.valid_until = sent + ttl;
+                st.next_renewal = Instant::now() + tick(ttl);
                 None
             }
-            Err(e) if held.bound => {
-                held.lost = Some(format!("the connection the lock was bound to failed ({e})"));
-                held.conn = None;
-                None
+            Ok(Some(why)) => st.set_lost(&s.kind, why),
+            Err(e) if bound => {
+                *slot = None;
+                st.set_lost(
+                    &s.kind,
+                    &format!("the connection the lock was bound to failed ({e})"),
+                )
             }
             Err(e) => {
-                held.conn = None;
-                if Instant::now() >= held.valid_until {
-                    held.lost = Some(format!("renewals failed until the lease ran out ({e})"));
-                    return None;
+                *slot = None;
+                if Instant::now() + Duration::from_millis(1) >= st.valid_until {
+                    st.set_lost(
+                        &s.kind,
+                        &format!("renewals failed until the lease ran out ({e})"),
+                    )
+                } else {
+                    st.next_renewal = Instant::now() + tick(ttl).min(Duration::from_secs(1));
+                    None
                 }
-                Some(Instant::now() + tick.min(Duration::from_secs(1)))
             }
+        };
+        drop(st);
+        drop(slot);
+        if news.is_some() {
+            tell(news);
+            return;
         }
     }
 }
 
-/// One thread for every holder of the process: renews each at a third of
-/// its ttl. Holders are weak: a lock dropped leaves it.
-struct Keeper {
-    due: Mutex<Vec<(Weak<State>, Instant)>>,
-    wake: Condvar,
-}
-
-fn keeper() -> &'static Keeper {
-    static KEEPER: OnceLock<&'static Keeper> = OnceLock::new();
-    KEEPER.get_or_init(|| {
-        let k: &'static Keeper = Box::leak(Box::new(Keeper {
-            due: Mutex::new(Vec::new()),
-            wake: Condvar::new(),
-        }));
-        let _ = thread::Builder::new()
-            .name("redis-native-lock-keeper".into())
-            .spawn(move || k.run());
-        k
-    })
-}
-
-impl Keeper {
-    fn add(&self, state: Weak<State>, at: Instant) {
-        lock(&self.due).push((state, at));
-        self.wake.notify_one();
-    }
-
-    fn run(&self) {
-        loop {
-            let ready: Vec<Arc<State>> = {
-                let mut due = lock(&self.due);
-                due.retain(|(w, _)| w.strong_count() > 0);
-                let now = Instant::now();
-                match due.iter().map(|(_, at)| *at).min() {
-                    None => {
-                        let _ = self.wake.wait_timeout(due, Duration::from_secs(60));
-                        continue;
-                    }
-                    Some(first) if first > now => {
-                        let _ = self.wake.wait_timeout(due, first - now);
-                        continue;
-                    }
-                    Some(_) => {}
-                }
-                let (ready, later): (Vec<_>, Vec<_>) = std::mem::take(&mut *due)
-                    .into_iter()
-                    .partition(|(_, at)| *at <= now);
-                *due = later;
-                ready.into_iter().filter_map(|(w, _)| w.upgrade()).collect()
-            };
-            for state in ready {
-                match state.renew() {
-                    Some(next) => lock(&self.due).push((Arc::downgrade(&state), next)),
-                    None => {
-                        state.scheduled.store(false, Ordering::SeqCst);
-                        // Acquired again meanwhile: keep renewing.
-                        let again = {
-                            let held = lock(&state.held);
-                            held.guards > 0 && held.lost.is_none()
-                        };
-                        if again && !state.scheduled.swap(true, Ordering::SeqCst) {
-                            let tick = lock(&state.opts).ttl / 3;
-                            lock(&self.due).push((Arc::downgrade(&state), Instant::now() + tick));
-                        }
-                    }
-                }
-            }
-        }
-    }
+/// `LOCK.KEEPALIVE` on the bound connection: `None` when every key of the
+/// lock was renewed.
+fn keepalive(
+    slot: &mut Option<Conn>,
+    kind: &Kind,
+    ttl: Duration,
+    timeout: Duration,
+) -> redis::RedisResult<Option<&'static str>> {
+    let conn = slot.as_mut().ok_or_else(closed)?;
+    conn.timeouts(Some(timeout))?;
+    let mut cmd = redis::cmd("LOCK.KEEPALIVE");
+    cmd.arg(millis(ttl).max(1));
+    let n: i64 = redis::from_redis_value(conn.query(&cmd)?)?;
+    let want = i64::try_from(kind.keys().len()).unwrap_or(i64::MAX);
+    Ok((n < want).then_some(RENEWED_FEWER))
 }

@@ -7,8 +7,10 @@
 //! use std::time::Duration;
 //!
 //! let client = redis::Client::open("redis://127.0.0.1:6379/")?;
-//! let lock = Lock::exclusive(&client, "orders:42").ttl(Duration::from_secs(30));
-//! if let Some(guard) = lock.acquire()? {          // waits in the server (10 s by default)
+//! let mut lock = Lock::exclusive(&client, "orders:42")
+//!     .ttl(Duration::from_secs(30))
+//!     .wait(Some(Duration::from_secs(10))); // no .wait(): do not wait
+//! if let Some(guard) = lock.acquire()? {
 //!     guard.check()?;                             // Err(LeaseLost) if the lease is gone
 //!     // storage.write(data, guard.token())       // the fencing token
 //!     guard.release()?;                           // dropping the guard releases too
@@ -17,22 +19,99 @@
 //! ```
 //!
 //! The kinds: [`Lock::exclusive`] (`LOCK.ACQUIRE`), [`Lock::reentrant`]
-//! (`LOCK.RACQUIRE`: each acquire adds a hold, each guard released removes
-//! one), [`Lock::read`] and [`Lock::write`] (a read-write lock: `LOCK.READ`
-//! and a reentrant `LOCK.RACQUIRE` on the same key), [`Lock::semaphore`]
-//! (`LOCK.SEMAPHORE`: one permit of `limit`), [`Lock::multi`]
-//! (`LOCK.MACQUIRE`: every key or none; [`Guard::tokens`] per key).
+//! (`LOCK.RACQUIRE`: [`Guard::reacquire`] adds a hold, each guard released
+//! removes one), [`Lock::read`] and [`Lock::write`] (a read-write lock:
+//! `LOCK.READ` and a reentrant `LOCK.RACQUIRE` on the same key),
+//! [`Lock::semaphore`] (`LOCK.SEMAPHORE`: one permit of `limit`),
+//! [`Lock::multi`] (`LOCK.MACQUIRE`: every key or none; [`Guard::tokens`]
+//! per key). Keys and owners are bytes (`impl AsRef<[u8]>`).
 //!
-//! Each holder has a connection of its own, opened by the `Lock`: the
-//! acquire waits there (no read timeout: the reply comes when the lock
-//! frees), with `BIND` by default, so the server frees the lock the moment
-//! this process or its connection dies. One keepalive per connection
-//! (`LOCK.KEEPALIVE` at a third of the ttl; blocking: one thread for the
-//! whole process; tokio: one task per held connection) renews it; with
-//! `bind(false)`, or a server without `BIND`, `LOCK.RENEW` does. A lost
-//! lease is seen at once by [`Guard::is_lost`] / [`Guard::check`] and the
-//! release returns [`Error::LeaseLost`]. `DEADLOCK` replies are
-//! [`Error::Deadlock`]. RedLock over independent servers: [`redlock`].
+//! # One holder, one object: the types keep it so
+//!
+//! A [`Lock`] is one holder (one owner id in the server). Two acquires
+//! through one object would be the same owner, which the server answers as
+//! a repeat (`LOCK.ACQUIRE` gives the same token back): both callers would
+//! be "inside" at once. So [`Lock::acquire`] takes `&mut self` and the
+//! [`Guard`] it returns borrows the `Lock` mutably until it is released or
+//! dropped: one acquisition at a time per object, checked by the compiler.
+//! Threads that contend for a lock each make their own `Lock` (or share one
+//! behind a `std::sync::Mutex`, whose guard then spans the acquisition).
+//!
+//! Sharing one `Lock` between threads and acquiring through it does not
+//! compile:
+//!
+//! ```compile_fail
+//! use redis_native_lock::Lock;
+//! use std::sync::Arc;
+//!
+//! let client = redis::Client::open("redis://127.0.0.1:6379/").unwrap();
+//! let lock = Arc::new(Lock::exclusive(&client, "k"));
+//! let shared = Arc::clone(&lock);
+//! std::thread::spawn(move || shared.acquire()); // cannot borrow an Arc's content as mutable
+//! ```
+//!
+//! Nor does holding two guards of one `Lock` at once (a reentrant lock adds
+//! a hold with [`Guard::reacquire`], nested in the first guard):
+//!
+//! ```compile_fail
+//! use redis_native_lock::Lock;
+//!
+//! let client = redis::Client::open("redis://127.0.0.1:6379/").unwrap();
+//! let mut lock = Lock::exclusive(&client, "k");
+//! let first = lock.acquire().unwrap();
+//! let second = lock.acquire().unwrap(); // `lock` is still borrowed by `first`
+//! drop(first);
+//! ```
+//!
+//! What does compile: a lock per thread, or one behind a mutex.
+//!
+//! ```no_run
+//! use redis_native_lock::Lock;
+//! use std::sync::{Arc, Mutex};
+//!
+//! let client = redis::Client::open("redis://127.0.0.1:6379/").unwrap();
+//! let shared = Arc::new(Mutex::new(Lock::exclusive(&client, "k")));
+//! let worker = {
+//!     let (shared, client) = (Arc::clone(&shared), client.clone());
+//!     std::thread::spawn(move || {
+//!         let mut own = Lock::exclusive(&client, "k"); // its own holder
+//!         let _g = own.acquire();
+//!         let mut lock = shared.lock().unwrap();      // or the shared one, held
+//!         let _h = lock.acquire();                    // while the mutex is
+//!     })
+//! };
+//! worker.join().unwrap();
+//! ```
+//!
+//! A [`Guard`] is `Send` (move it to the thread that does the work) and
+//! `Sync` (its methods only read, or renew under its own lock).
+//!
+//! # Connections, timeouts, renewals
+//!
+//! Each holder has a connection of its own, opened by the `Lock` with a
+//! connect timeout and read/write timeouts ([`Lock::timeout`], 2 s by
+//! default): an acquire's reply may take the wait plus that, every other
+//! reply that, and never longer than what is left of the lease. The
+//! acquire goes with `BIND` by default, so the server frees the lock the
+//! moment this process or its connection dies. Each held `Lock` has its
+//! own watchdog (a thread; a task in tokio) that sends `LOCK.KEEPALIVE` at
+//! a third of the ttl (with `bind(false)`, or a server without `BIND`,
+//! `LOCK.RENEW`): a stalled server stalls only the locks held on it. A
+//! renewal that cannot finish before the lease ends marks the lease lost:
+//! [`Guard::is_lost`] turns true for good, [`Guard::check`] and the release
+//! return [`Error::LeaseLost`], and [`Lock::on_lost`]'s callback is called.
+//! A key deleted or overwritten (`WRONGTYPE`) is a lost lease too, never a
+//! raw server error. `DEADLOCK` replies are [`Error::Deadlock`].
+//!
+//! # fork
+//!
+//! `fork` without `exec` is not supported: the watchdogs are threads (or
+//! tasks) of the parent, and a child shares the parent's sockets. A `Lock`
+//! remembers the process that made it: in another process its acquire
+//! returns [`Error::Forked`] and its guards neither send nor close anything
+//! (the parent's lock is left to the parent).
+//!
+//! RedLock over independent servers: [`redlock`].
 
 use std::fmt;
 use std::time::Duration;
@@ -73,16 +152,23 @@ pub enum Error {
     /// Waiting would have closed a cycle of lock waits: nothing changed.
     /// Release what you hold and retry.
     Deadlock(String),
-    /// The lease ended before the holder let go: what was done after that
-    /// was protected only by the fencing token.
+    /// The lease ended (or may have ended) before the holder let go: what
+    /// was done after that was protected only by the fencing token.
     LeaseLost {
-        keys: Vec<String>,
+        keys: Vec<Vec<u8>>,
         token: i64,
         why: String,
     },
-    /// Not granted within the wait (the `with_*` helpers).
-    NotAcquired { keys: Vec<String> },
-    /// The server or the connection failed, or refused the request.
+    /// Not granted within the wait.
+    NotAcquired { keys: Vec<Vec<u8>> },
+    /// A request that makes no sense, refused before anything was sent:
+    /// no key, a repeated key, a semaphore of 0 permits, a zero ttl, an
+    /// empty owner.
+    Invalid(String),
+    /// The `Lock` was made in another process (a `fork` without `exec`).
+    Forked,
+    /// The server or the connection failed (a timeout included), or the
+    /// server refused the request.
     Redis(redis::RedisError),
 }
 
@@ -91,12 +177,25 @@ impl fmt::Display for Error {
         match self {
             Error::Deadlock(e) => write!(f, "{e}"),
             Error::LeaseLost { keys, token, why } => {
-                write!(f, "lease on {keys:?} (token {token}) lost: {why}")
+                write!(f, "lease on {} (token {token}) lost: {why}", show(keys))
             }
-            Error::NotAcquired { keys } => write!(f, "{keys:?} not acquired within the wait"),
+            Error::NotAcquired { keys } => write!(f, "{} not acquired within the wait", show(keys)),
+            Error::Invalid(why) => write!(f, "invalid lock request: {why}"),
+            Error::Forked => write!(
+                f,
+                "this lock was made in another process: fork without exec is not supported"
+            ),
             Error::Redis(e) => write!(f, "redis: {e}"),
         }
     }
+}
+
+fn show(keys: &[Vec<u8>]) -> String {
+    let names: Vec<String> = keys
+        .iter()
+        .map(|k| String::from_utf8_lossy(k).into_owned())
+        .collect();
+    format!("{names:?}")
 }
 
 impl std::error::Error for Error {}
@@ -110,18 +209,28 @@ impl From<redis::RedisError> for Error {
     }
 }
 
+/// A server error that says the holder's key is no longer its lock.
+pub(crate) fn gone_error(e: &redis::RedisError) -> bool {
+    e.code() == Some("WRONGTYPE")
+}
+
 /// Which lock, on which keys.
 #[derive(Clone, Debug)]
 pub(crate) enum Kind {
-    Exclusive(String),
-    Reentrant(String),
-    Read(String),
-    Semaphore(String, u32),
-    Multi(Vec<String>),
+    Exclusive(Vec<u8>),
+    Reentrant(Vec<u8>),
+    Read(Vec<u8>),
+    Semaphore(Vec<u8>, u32),
+    Multi(Vec<Vec<u8>>),
 }
 
+/// The most keys `LOCK.MACQUIRE` takes.
+const MAX_KEYS: usize = 1000;
+/// The most permits `LOCK.SEMAPHORE` takes.
+const MAX_LIMIT: u32 = 1_000_000;
+
 impl Kind {
-    pub(crate) fn keys(&self) -> Vec<String> {
+    pub(crate) fn keys(&self) -> Vec<Vec<u8>> {
         match self {
             Kind::Exclusive(k) | Kind::Reentrant(k) | Kind::Read(k) | Kind::Semaphore(k, _) => {
                 vec![k.clone()]
@@ -135,7 +244,39 @@ impl Kind {
         matches!(self, Kind::Reentrant(_) | Kind::Read(_))
     }
 
-    pub(crate) fn acquire(&self, o: &Options, owner: &str, bind: bool) -> redis::Cmd {
+    /// Nonsense refused before anything is sent.
+    pub(crate) fn check(&self, o: &Options, owner: &[u8]) -> Result<(), Error> {
+        let bad = |why: &str| Err(Error::Invalid(why.to_string()));
+        match self {
+            Kind::Multi(keys) if keys.is_empty() => return bad("a multi-key lock with no key"),
+            Kind::Multi(keys) if keys.len() > MAX_KEYS => {
+                return bad("a multi-key lock takes at most 1000 keys")
+            }
+            Kind::Multi(keys) => {
+                let mut sorted: Vec<&Vec<u8>> = keys.iter().collect();
+                sorted.sort();
+                if sorted.windows(2).any(|w| w[0] == w[1]) {
+                    return bad("a multi-key lock with a key repeated");
+                }
+            }
+            Kind::Semaphore(_, limit) if *limit == 0 || *limit > MAX_LIMIT => {
+                return bad("a semaphore's limit is from 1 to 1000000")
+            }
+            _ => {}
+        }
+        if owner.is_empty() {
+            return bad("an empty owner");
+        }
+        if o.ttl < Duration::from_millis(1) {
+            return bad("a ttl under 1 ms");
+        }
+        if o.timeout.is_zero() {
+            return bad("a zero timeout");
+        }
+        Ok(())
+    }
+
+    pub(crate) fn acquire(&self, o: &Options, owner: &[u8], bind: bool) -> redis::Cmd {
         let mut cmd = match self {
             Kind::Exclusive(k) => cmd("LOCK.ACQUIRE", k),
             Kind::Reentrant(k) => cmd("LOCK.RACQUIRE", k),
@@ -151,7 +292,7 @@ impl Kind {
                 c
             }
         };
-        cmd.arg(owner).arg(millis(o.ttl));
+        cmd.arg(owner).arg(millis(o.ttl).max(1));
         match o.wait {
             None => {}
             Some(w) if w.is_zero() => {}
@@ -169,29 +310,57 @@ impl Kind {
     }
 }
 
-fn cmd(name: &str, key: &str) -> redis::Cmd {
+fn cmd(name: &str, key: &[u8]) -> redis::Cmd {
     let mut c = redis::cmd(name);
     c.arg(key);
     c
 }
 
-/// How to acquire: lease, wait, owner, binding.
+/// How to acquire: lease, wait, binding, timeouts.
 #[derive(Clone, Debug)]
 pub(crate) struct Options {
     pub ttl: Duration,
     /// `None` or zero: do not wait; `Duration::MAX`: without limit.
     pub wait: Option<Duration>,
     pub bind: bool,
+    /// Connect timeout, and the longest any reply may take beyond a wait.
+    pub timeout: Duration,
 }
+
+/// The connect and reply timeout when none is given.
+pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(2);
 
 impl Default for Options {
     fn default() -> Self {
         Options {
             ttl: Duration::from_secs(30),
-            wait: Some(Duration::from_secs(10)),
+            wait: None,
             bind: true,
+            timeout: DEFAULT_TIMEOUT,
         }
     }
+}
+
+impl Options {
+    /// How long the acquire's reply may take: the wait, plus the timeout;
+    /// `None` for a wait without limit.
+    pub(crate) fn acquire_timeout(&self) -> Option<Duration> {
+        match self.wait {
+            Some(w) if w == Duration::MAX => None,
+            Some(w) => Some(w.saturating_add(self.timeout)),
+            None => Some(self.timeout),
+        }
+    }
+}
+
+/// The next renewal's delay: a third of the ttl.
+pub(crate) fn tick(ttl: Duration) -> Duration {
+    (ttl / 3).max(Duration::from_millis(1))
+}
+
+/// A reply or an I/O timeout: never zero (a zero socket timeout is an error).
+pub(crate) fn limit(timeout: Duration, left: Duration) -> Duration {
+    timeout.min(left).max(Duration::from_millis(1))
 }
 
 /// Tokens from an acquire's reply: one for a single key, one per key for
@@ -216,7 +385,7 @@ pub(crate) fn tokens(reply: redis::Value) -> redis::RedisResult<Option<Vec<i64>>
 }
 
 /// One holder as `LOCK.INFO` shows it: owner, holds, ttl-ms-left, token.
-pub(crate) type HolderInfo = (String, i64, i64, i64);
+pub(crate) type HolderInfo = (Vec<u8>, i64, i64, i64);
 
 /// `LOCK.INFO`'s holders; `None` when free. Either protocol.
 pub(crate) fn holders(reply: redis::Value) -> Option<Vec<HolderInfo>> {
@@ -235,8 +404,8 @@ pub(crate) fn holders(reply: redis::Value) -> Option<Vec<HolderInfo>> {
         _ => return None,
     };
     for (k, v) in pairs {
-        let name: String = redis::from_redis_value(k).unwrap_or_default();
-        if name == "holders" {
+        let name: Vec<u8> = redis::from_redis_value(k).unwrap_or_default();
+        if name == b"holders" {
             let list: Vec<HolderInfo> = redis::from_redis_value(v).unwrap_or_default();
             return Some(list);
         }
@@ -248,6 +417,26 @@ pub(crate) fn millis(d: Duration) -> u64 {
     u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
 }
 
-pub(crate) fn fresh_owner() -> String {
-    uuid::Uuid::new_v4().to_string()
+pub(crate) fn fresh_owner() -> Vec<u8> {
+    uuid::Uuid::new_v4().to_string().into_bytes()
 }
+
+pub(crate) fn timed_out(what: &str) -> redis::RedisError {
+    redis::RedisError::from(std::io::Error::new(std::io::ErrorKind::TimedOut, what))
+}
+
+pub(crate) fn closed() -> redis::RedisError {
+    redis::RedisError::from(std::io::Error::other("the holder's connection is closed"))
+}
+
+/// Why a lease is lost, from the renewal's outcome.
+pub(crate) const RENEWED_FEWER: &str =
+    "LOCK.KEEPALIVE renewed fewer locks than held: released, expired or deleted";
+pub(crate) const RENEW_ZERO: &str =
+    "LOCK.RENEW answered 0: the lease expired or the key was deleted";
+pub(crate) const RAN_OUT: &str = "its ttl ran out without a successful renewal";
+pub(crate) const RELEASE_NIL: &str = "LOCK.RELEASE answered nil: the lock was no longer ours";
+pub(crate) const WRONGTYPE: &str = "the key is no longer a lock (WRONGTYPE): overwritten";
+
+/// A callback told when a lease is found lost, with the `LeaseLost` error.
+pub type OnLost = std::sync::Arc<dyn Fn(&Error) + Send + Sync>;

@@ -17,8 +17,8 @@ use crate::{fresh_owner, millis};
 /// A quorum's grant.
 #[derive(Clone, Debug)]
 pub struct RedLease {
-    pub key: String,
-    pub owner: String,
+    pub key: Vec<u8>,
+    pub owner: Vec<u8>,
     pub ttl: Duration,
     /// Server index -> its token.
     pub tokens: BTreeMap<usize, i64>,
@@ -38,8 +38,13 @@ pub struct Settings {
     pub retries: usize,
     pub retry_delay: Duration,
     pub drift_factor: f64,
-    /// Connect and reply timeout per server.
+    /// Connect and reply timeout per server (each server is asked on a
+    /// thread or task of its own: a stalled one costs this once, not per
+    /// server).
     pub timeout: Duration,
+    /// The owner id sent to every server; `None` (default): a fresh UUID
+    /// per acquire.
+    pub owner: Option<Vec<u8>>,
 }
 
 impl Default for Settings {
@@ -49,13 +54,14 @@ impl Default for Settings {
             retry_delay: Duration::from_millis(200),
             drift_factor: 0.01,
             timeout: Duration::from_millis(100),
+            owner: None,
         }
     }
 }
 
 fn outcome(
-    key: &str,
-    owner: &str,
+    key: &[u8],
+    owner: &[u8],
     ttl: Duration,
     replies: &[Option<i64>],
     started: Instant,
@@ -71,8 +77,8 @@ fn outcome(
     let drift = Duration::from_secs_f64(ttl.as_secs_f64() * drift) + Duration::from_millis(2);
     let validity = ttl.checked_sub(elapsed)?.checked_sub(drift)?;
     (tokens.len() >= quorum && !validity.is_zero()).then(|| RedLease {
-        key: key.to_string(),
-        owner: owner.to_string(),
+        key: key.to_vec(),
+        owner: owner.to_vec(),
         ttl,
         tokens,
         valid_until: started + validity,
@@ -107,22 +113,31 @@ impl RedLock {
         self.servers.len() / 2 + 1
     }
 
+    /// Every server at once, each on a thread of its own.
     fn each(&self, cmd: &redis::Cmd) -> Vec<Option<redis::Value>> {
         let t = self.settings.timeout;
-        self.servers
-            .iter()
-            .map(|c| {
-                let mut conn = c.get_connection_with_timeout(t).ok()?;
-                conn.set_read_timeout(Some(t)).ok()?;
-                cmd.query::<redis::Value>(&mut conn).ok()
-            })
-            .collect()
+        std::thread::scope(|scope| {
+            let asks: Vec<_> = self
+                .servers
+                .iter()
+                .map(|c| {
+                    scope.spawn(move || {
+                        let mut conn = c.get_connection_with_timeout(t).ok()?;
+                        conn.set_read_timeout(Some(t)).ok()?;
+                        conn.set_write_timeout(Some(t)).ok()?;
+                        cmd.query::<redis::Value>(&mut conn).ok()
+                    })
+                })
+                .collect();
+            asks.into_iter().map(|a| a.join().ok().flatten()).collect()
+        })
     }
 
     /// A lease, or `None` when no quorum granted it within the retries
     /// (whatever was granted without a quorum is released first).
-    pub fn acquire(&self, key: &str, ttl: Duration) -> Option<RedLease> {
-        let owner = fresh_owner();
+    pub fn acquire(&self, key: impl AsRef<[u8]>, ttl: Duration) -> Option<RedLease> {
+        let key = key.as_ref();
+        let owner = self.settings.owner.clone().unwrap_or_else(fresh_owner);
         for attempt in 0..self.settings.retries.max(1) {
             if attempt > 0 {
                 std::thread::sleep(jitter(self.settings.retry_delay));
@@ -155,7 +170,7 @@ impl RedLock {
         None
     }
 
-    fn release_owner(&self, key: &str, owner: &str) -> usize {
+    fn release_owner(&self, key: &[u8], owner: &[u8]) -> usize {
         let mut cmd = redis::cmd("LOCK.RELEASE");
         cmd.arg(key).arg(owner);
         self.each(&cmd)
@@ -240,8 +255,9 @@ impl AsyncRedLock {
         out
     }
 
-    pub async fn acquire(&self, key: &str, ttl: Duration) -> Option<RedLease> {
-        let owner = fresh_owner();
+    pub async fn acquire(&self, key: impl AsRef<[u8]>, ttl: Duration) -> Option<RedLease> {
+        let key = key.as_ref();
+        let owner = self.settings.owner.clone().unwrap_or_else(fresh_owner);
         for attempt in 0..self.settings.retries.max(1) {
             if attempt > 0 {
                 tokio::time::sleep(jitter(self.settings.retry_delay)).await;
@@ -285,5 +301,39 @@ impl AsyncRedLock {
             .into_iter()
             .filter(|r| matches!(r, Some(redis::Value::Int(_))))
             .count()
+    }
+
+    /// Renews on every server; true (and the validity reset) if a majority
+    /// renewed in time.
+    pub async fn extend(&self, lease: &mut RedLease, ttl: Duration) -> bool {
+        let started = Instant::now();
+        let mut cmd = redis::cmd("LOCK.RENEW");
+        cmd.arg(&lease.key).arg(&lease.owner).arg(millis(ttl));
+        let renewed: Vec<Option<i64>> = self
+            .each(&cmd)
+            .await
+            .into_iter()
+            .enumerate()
+            .map(|(i, r)| match r {
+                Some(redis::Value::Int(1)) => lease.tokens.get(&i).copied(),
+                _ => None,
+            })
+            .collect();
+        match outcome(
+            &lease.key,
+            &lease.owner,
+            ttl,
+            &renewed,
+            started,
+            self.servers.len() / 2 + 1,
+            self.settings.drift_factor,
+        ) {
+            Some(fresh) => {
+                lease.ttl = ttl;
+                lease.valid_until = fresh.valid_until;
+                true
+            }
+            None => false,
+        }
     }
 }
