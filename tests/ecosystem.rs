@@ -1061,9 +1061,11 @@ fn acl_categories_as_the_server_offers_them() {
         !write.contains(&"lock.info".to_string()),
         "lock.info not in @write"
     );
+    // KEEPALIVE's work grows with the connection's bound holders (done in
+    // shares, but not O(1)): @write, not @fast.
     assert!(
         write.contains(&"lock.keepalive".to_string())
-            && fast.contains(&"lock.keepalive".to_string())
+            && !fast.contains(&"lock.keepalive".to_string())
     );
     for cmd in grants {
         assert!(blocking.contains(&cmd.to_string()), "{cmd} in @blocking");
