@@ -223,7 +223,7 @@ class _Server:
         in a parent process before `fork()` is never used by the child (its
         sockets are the parent's)."""
         if isinstance(client, RedisCluster):
-            node = client.get_node_from_key(key)
+            node = client.get_node_from_key(key)  # type: ignore[no-untyped-call]
             source = client.get_redis_connection(node).connection_pool
         else:
             source = client.connection_pool
@@ -396,7 +396,8 @@ class _Server:
                         self._watcher = None
                     bound = list(self._bound)
                 for h in bound:
-                    h.conn and setattr(h.conn, "_rnl_tracking", None)
+                    if h.conn is not None:
+                        h.conn._rnl_tracking = None
                     h.verify()
                 w.disconnect()
                 return
@@ -532,7 +533,7 @@ class Holder:
         return h is not None and holds(self._info(), h.owner)
 
     def _info(self) -> Optional[Dict[str, Any]]:
-        return parse_info(self._client.execute_command("LOCK.INFO", self._kind.keys[0]))
+        return parse_info(self._client.execute_command("LOCK.INFO", self._kind.keys[0]))  # type: ignore[no-untyped-call]
 
     # -- acquire ----------------------------------------------------------
 
