@@ -300,8 +300,10 @@ class _Server:
         self._due.pop(hold, None)
         self._bound.discard(hold)
         if not self._bound and not self._due and self._watch_task is not None:
-            # Nothing held here: the watcher goes (cancelling its read closes it).
-            self._watch_task.cancel()
+            # Nothing held here: the watcher goes (cancelling its read closes
+            # it; from inside, it leaves at the top of its loop).
+            if self._watch_task is not asyncio.current_task():
+                self._watch_task.cancel()
             self._watch_task, self._watcher = None, None
 
     async def _run(self) -> None:
