@@ -112,9 +112,11 @@ fn runnable_blocks(markdown: &str) -> Vec<String> {
 
 #[test]
 fn python_wheel_in_a_fresh_virtualenv_whole_suite_examples_and_docs() {
-    let scratch = std::env::temp_dir()
-        .join("redis-lock-tests")
-        .join(format!("pywheel-{}-{}", std::process::id(), now_ms()));
+    let scratch = std::env::temp_dir().join("redis-lock-tests").join(format!(
+        "pywheel-{}-{}",
+        std::process::id(),
+        now_ms()
+    ));
     std::fs::create_dir_all(&scratch).expect("scratch dir");
     let venv = venv_with_wheel(&scratch);
     // The tests run from a copy of the tests folder, away from the source.
@@ -145,7 +147,14 @@ fn python_wheel_in_a_fresh_virtualenv_whole_suite_examples_and_docs() {
     let out = run(
         "the package's unittest suite",
         python(&venv, &tests)
-            .args(["-m", "unittest", "-v", "test_sync", "test_async", "test_safety"])
+            .args([
+                "-m",
+                "unittest",
+                "-v",
+                "test_sync",
+                "test_async",
+                "test_safety",
+            ])
             .env("REDIS_LOCK_PORT", server.port.to_string())
             .env("REDIS_LOCK_CLUSTER_PORT", cluster.nodes[0].port.to_string())
             .env("REDIS_LOCK_STALL_PORTS", stall_ports.join(",")),
@@ -166,7 +175,10 @@ fn python_wheel_in_a_fresh_virtualenv_whole_suite_examples_and_docs() {
                 cmd.arg(e);
             }
             let out = run(&format!("{script} {port} {extra:?}"), &mut cmd);
-            assert!(out.contains("tokens "), "{script} printed its tokens:\n{out}");
+            assert!(
+                out.contains("tokens "),
+                "{script} printed its tokens:\n{out}"
+            );
         }
     }
 
@@ -183,7 +195,10 @@ fn python_wheel_in_a_fresh_virtualenv_whole_suite_examples_and_docs() {
         .into_iter()
         .chain(runnable_blocks(&docs[start..end]))
         .collect();
-    assert!(blocks.len() >= 4, "the README and docs have runnable examples");
+    assert!(
+        blocks.len() >= 4,
+        "the README and docs have runnable examples"
+    );
     for (i, block) in blocks.iter().enumerate() {
         let file = scratch.join(format!("example_{i}.py"));
         std::fs::write(&file, block).expect("write the example");
@@ -193,7 +208,10 @@ fn python_wheel_in_a_fresh_virtualenv_whole_suite_examples_and_docs() {
                 .arg(&file)
                 .env("REDIS_LOCK_PORT", server.port.to_string()),
         );
-        assert!(out.contains("ok"), "example {i} printed ok:\n{block}\n{out}");
+        assert!(
+            out.contains("ok"),
+            "example {i} printed ok:\n{block}\n{out}"
+        );
     }
 
     let mut servers: Vec<Server> = (0..5).map(|_| Server::start()).collect();
