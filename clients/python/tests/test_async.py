@@ -53,20 +53,24 @@ class Base:
     async def test_a_waiter_is_granted_when_the_holder_releases(self):
         key = fresh("k")
         holder = Lock(self.r, key, ttl=10)
-        self.assertTrue(await holder.acquire())
+        held = asyncio.Event()
 
-        async def later():
+        async def hold():  # holds are per task: acquired and released here
+            self.assertTrue(await holder.acquire())
+            held.set()
             await asyncio.sleep(0.3)
+            token = holder.token
             await holder.release()
+            return token
 
-        task = asyncio.create_task(later())
+        task = asyncio.create_task(hold())
+        await held.wait()
         start = time.monotonic()
         waiter = Lock(self.r, key, ttl=10)
         self.assertTrue(await waiter.acquire(wait=5))
         self.assertLess(time.monotonic() - start, 3)
-        self.assertGreater(waiter.token, holder.token)
+        self.assertGreater(waiter.token, await task)
         await waiter.release()
-        await task
 
     async def test_not_granted_within_the_wait(self):
         key = fresh("k")
@@ -105,12 +109,16 @@ class Base:
         self.assertTrue(await p1.acquire(wait=0))
         self.assertTrue(await p2.acquire(wait=0))
         self.assertFalse(await p3.acquire(wait=0))
-        waiting = asyncio.create_task(p3.acquire(wait=5))
+        async def wait_for_a_permit():
+            granted = await p3.acquire(wait=5)
+            await p3.release()
+            return granted
+
+        waiting = asyncio.create_task(wait_for_a_permit())
         await asyncio.sleep(0.2)
         await p1.release()
         self.assertTrue(await waiting)
         await p2.release()
-        await p3.release()
 
     async def test_multilock_all_or_none(self):
         tag = uuid.uuid4().hex[:8]

@@ -30,6 +30,25 @@ PORT = int(os.environ.get("REDIS_LOCK_PORT", "0"))
 CLUSTER_PORT = int(os.environ.get("REDIS_LOCK_CLUSTER_PORT", "0"))
 
 
+def hold_for(lock, seconds):
+    """Acquires `lock` in a thread of its own (holds are per thread) and
+    releases it there after `seconds`; returns its token once it is held."""
+    held = threading.Event()
+    token = []
+
+    def run():
+        assert lock.acquire(wait=5)
+        token.append(lock.token)
+        held.set()
+        time.sleep(seconds)
+        lock.release()
+
+    t = threading.Thread(target=run)
+    t.start()
+    assert held.wait(10)
+    return token[0]
+
+
 def fresh(name):
     """A key of its own per test, with a hash tag so that a test's keys
     share a slot in a cluster."""
@@ -65,13 +84,12 @@ class Base:
     def test_a_waiter_is_granted_when_the_holder_releases(self):
         key = fresh("k")
         holder = Lock(self.r, key, ttl=10)
-        self.assertTrue(holder.acquire())
-        threading.Timer(0.3, holder.release).start()
+        first = hold_for(holder, 0.3)
         start = time.monotonic()
         waiter = Lock(self.r, key, ttl=10)
         self.assertTrue(waiter.acquire(wait=5))
         self.assertLess(time.monotonic() - start, 3)
-        self.assertGreater(waiter.token, holder.token)
+        self.assertGreater(waiter.token, first)
         waiter.release()
 
     def test_not_granted_within_the_wait(self):
@@ -110,10 +128,9 @@ class Base:
     def test_semaphore_permits(self):
         key = fresh("sem")
         p1, p2, p3 = (Semaphore(self.r, key, 2, ttl=10) for _ in range(3))
-        self.assertTrue(p1.acquire(wait=0))
+        hold_for(p1, 0.2)
         self.assertTrue(p2.acquire(wait=0))
         self.assertFalse(p3.acquire(wait=0))
-        threading.Timer(0.2, p1.release).start()
         self.assertTrue(p3.acquire(wait=5))
         self.assertNotEqual(p2.token, p3.token)
         p2.release()
@@ -164,7 +181,7 @@ class Base:
         key = fresh("k")
         lock = Lock(self.r, key, ttl=30)
         self.assertTrue(lock.acquire())
-        lock._conn.disconnect()  # what a dead process does
+        lock._hold().conn.disconnect()  # what a dead process does
         other = Lock(self.r, key)
         self.assertTrue(other.acquire(wait=5))
         other.release()
@@ -179,7 +196,11 @@ class Base:
         self.assertTrue(b2.acquire())
         a_waits = Lock(self.r, k2, ttl=10, owner="A")
         result = {}
-        t = threading.Thread(target=lambda: result.setdefault("a", a_waits.acquire(wait=3)))
+        def a_wait():
+            result["a"] = a_waits.acquire(wait=3)
+            a_waits.release()
+
+        t = threading.Thread(target=a_wait)
         t.start()
         time.sleep(0.3)
         with self.assertRaises(DeadlockError):
@@ -187,7 +208,6 @@ class Base:
         b2.release()
         t.join()
         self.assertTrue(result["a"])
-        a_waits.release()
         a1.release()
 
     def test_a_client_socket_timeout_does_not_cut_a_wait(self):
@@ -198,8 +218,7 @@ class Base:
             for bind in (True, False):
                 key = fresh("k")
                 holder = Lock(r, key, ttl=10)
-                self.assertTrue(holder.acquire())
-                threading.Timer(1.0, holder.release).start()
+                hold_for(holder, 1.0)
                 waiter = Lock(r, key, ttl=10, bind=bind)
                 self.assertTrue(waiter.acquire(wait=5))
                 self.assertEqual(waiter.bound, bind)

@@ -13,10 +13,11 @@ Five kinds, one shape: `Lock`, `ReentrantLock`, `ReadWriteLock` (`.read()`,
 The asyncio twins, on `redis.asyncio`, are in `redis_native_lock.aio`.
 RedLock over independent servers: `redis_native_lock.redlock`.
 
-Each holder acquires with `BIND` on a connection of its own, so the server
-frees the lock the moment this process dies; one background keeper (a
-thread, or a task per event loop) sends one `LOCK.KEEPALIVE` per connection
-at a third of the ttl. `bind=False`, or a server without `BIND`: a lease
+Each holder (one per thread or asyncio task sharing the object) acquires
+with `BIND` on a connection of its own, so the server
+frees the lock the moment this process dies; one keeper per server (a
+thread, or a task in asyncio) sends one `LOCK.KEEPALIVE` per connection at
+a third of the ttl, every command within a deadline. `bind=False`, or a server without `BIND`: a lease
 renewed with `LOCK.RENEW` instead. A lost lease is signalled: `lost`
 becomes True, `on_lost(holder, why)` is called, `check()` and leaving the
 `with` block raise `LeaseLost`.
@@ -25,7 +26,7 @@ becomes True, `on_lost(holder, why)` is called, `check()` and leaving the
 from ._common import DeadlockError, LeaseLost, LockError, LockNotAcquired
 from ._sync import Holder, Lock, MultiLock, ReadWriteLock, ReentrantLock, Semaphore
 
-__version__ = "0.2.0"
+__version__ = "0.3.0"
 
 __all__ = [
     "Holder",

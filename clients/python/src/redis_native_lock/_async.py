@@ -1,16 +1,29 @@
 """The asyncio API, on redis-py's `redis.asyncio.Redis` and
-`redis.asyncio.RedisCluster`: the same classes and methods as the blocking
-API, with `await` and `async with`."""
+`redis.asyncio.RedisCluster`: the blocking API's classes and methods, with
+`await` and `async with`.
+
+Layout (as in `_sync.py`, with tasks for threads):
+- `_Hold`: one acquisition's state (owner, tokens, holds, lease, bound
+  connection). A holder object keeps one `_Hold` per task.
+- `_Server`: per process, per client pool (in a cluster: per node): the
+  package's connections to that server, its keeper task (renewals) and its
+  watcher (invalidations of held keys). A stalled server stalls only its own.
+- `Holder` and the five kinds: what a user calls.
+"""
 
 from __future__ import annotations
 
 import asyncio
+import os
 import time
 import weakref
-from typing import Any, Awaitable, Callable, Dict, List, Optional, Sequence, Union
+from typing import Any, Awaitable, Callable, Dict, List, Optional, Sequence, Set, Union
 
 import redis
+import redis.asyncio
 from redis.asyncio.cluster import RedisCluster
+from redis.asyncio.retry import Retry
+from redis.backoff import NoBackoff
 
 from ._common import (
     DeadlockError,
@@ -19,38 +32,282 @@ from ._common import (
     LeaseLost,
     LockError,
     LockNotAcquired,
-    as_str,
+    acquire_timeout,
+    check_client,
+    check_key,
+    check_keys,
+    check_wait,
+    holds,
     ms,
     new_owner,
+    op_timeout,
+    owner_bytes,
     parse_info,
-    translate,
+    server_error,
 )
 
-_DEFAULT: Any = object()
-
 OnLost = Callable[["Holder", str], Union[None, Awaitable[None]]]
+AsyncClient = Union["redis.asyncio.Redis", "RedisCluster"]
+
+_IO_ERRORS = (redis.ConnectionError, redis.TimeoutError, OSError, asyncio.TimeoutError)
 
 
-class _Keeper:
-    """One task per event loop for every holder on it: renews each one at a
-    third of its ttl (`LOCK.KEEPALIVE` on its bound connection, one per
-    connection; else `LOCK.RENEW`). Not a task per lock."""
+async def _within(seconds: Optional[float], aw: Awaitable[Any]) -> Any:
+    """`aw` within `seconds` (None: no limit). A read cut short closes its
+    connection (redis-py disconnects on any error in a read)."""
+    if seconds is None:
+        return await aw
+    return await asyncio.wait_for(aw, seconds)
 
-    def __init__(self) -> None:
-        self._due: Dict["Holder", float] = {}
-        self._wake = asyncio.Event()
-        self._task: Optional["asyncio.Task[None]"] = None
 
-    def add(self, holder: "Holder", due: float) -> None:
-        self._due[holder] = due
-        if self._task is None or self._task.done():
-            self._task = asyncio.get_running_loop().create_task(self._run())
+async def _command(conn: Any, args: Sequence[Any]) -> Any:
+    await conn.send_command(*args)
+    return await conn.read_response()
+
+
+async def _pipeline(conn: Any, commands: List[List[Any]]) -> List[Any]:
+    await conn.send_packed_command(conn.pack_commands(commands))
+    return [await conn.read_response() for _ in commands]
+
+
+class _Hold:
+    """One acquisition by one task: what the keeper renews."""
+
+    def __init__(self, holder: "Holder", owner: bytes, server: "_Server", ttl_ms: int) -> None:
+        self.holder_ref = weakref.ref(holder)
+        self.on_lost = holder._on_lost
+        self.kind = holder._kind
+        self.owner = owner
+        self.server = server
+        self.ttl_ms = ttl_ms
+        self.pid = os.getpid()
+        self.thread: Any = asyncio.current_task()
+        self.token: Optional[int] = None
+        self.tokens: List[int] = []
+        self.holds = 0
+        self.conn: Any = None
+        self.valid_until = 0.0
+        self.lost = False
+        self.why: Optional[str] = None
+        self.pending = False  # an acquire under way (claims an owner= object)
+        self.previous: Optional[_Hold] = None
+        self.io = asyncio.Lock()
+
+    def expired(self) -> bool:
+        return self.holds > 0 and time.monotonic() >= self.valid_until
+
+    async def call(self, args: Sequence[Any], timeout: Optional[float]) -> Any:
+        """One command over the bound connection, or a connection of the
+        server's, within `timeout`."""
+        if self.conn is not None:
+            return await _within(timeout, _command(self.conn, args))
+        return await self.server.call(args, timeout)
+
+    async def lose(self, why: str) -> None:
+        first = not self.lost
+        self.lost = True
+        if self.why is None:
+            self.why = why
+        self.server.forget(self)
+        if self.conn is not None:
+            conn, self.conn = self.conn, None
+            await self.server.put(conn, clean=False)  # closing it frees the bound grant
+        holder = self.holder_ref()
+        if first and self.on_lost is not None and holder is not None:
+            try:
+                result = self.on_lost(holder, self.why)
+                if asyncio.iscoroutine(result):
+                    await result  # (only this server's renewals wait for it)
+            except Exception:  # noqa: BLE001 - a callback must not kill the keeper
+                pass
+
+    def message(self) -> str:
+        why = self.why or "its ttl ran out without a successful renewal"
+        return f"lease on {self.kind.keys!r} (token {self.token}) lost: {why}"
+
+    async def track(self) -> None:
+        """After a command of our own on a bound hold's key (which, with
+        NOLOOP, drops the key from the server's tracking table), has the
+        server tell the watcher again when the key changes."""
+        async with self.io:
+            if self.conn is None or self.holds == 0 or self.lost:
+                return
+            try:
+                await self.server.track(self, self.server.timeout(self.ttl_ms))
+            except _IO_ERRORS as e:
+                await self.lose(f"the bound connection failed ({type(e).__name__}: {e})")
+
+    # -- the keeper's and the watcher's work -------------------------------
+
+    async def renew(self) -> Optional[float]:
+        """Renews the lease within the time it has left; returns when to
+        renew next (None: stop)."""
+        async with self.io:
+            if self.holds == 0 or self.lost:
+                return None
+            sent = time.monotonic()
+            left = self.valid_until - sent
+            if left <= 0:
+                await self.lose("the lease ran out before it could be renewed")
+                return None
+            timeout = min(self.server.timeout(self.ttl_ms), left)
+            try:
+                if self.conn is not None:
+                    n, infos = await self.server.keepalive(self.conn, self.ttl_ms, self.kind.keys, timeout)
+                    ok = n >= len(self.kind.keys) and all(holds(i, self.owner) for i in infos)
+                    why = "LOCK.KEEPALIVE found it gone: released, expired, deleted or overwritten"
+                else:
+                    replies = [await self.call(["LOCK.RENEW", k, self.owner, self.ttl_ms], timeout) for k in self.kind.keys]
+                    ok = all(r == 1 for r in replies)
+                    why = "LOCK.RENEW answered 0: the lease expired or the key was deleted"
+            except _IO_ERRORS as e:
+                if self.conn is not None:
+                    await self.lose(f"the bound connection failed or stalled ({type(e).__name__}: {e})")
+                    return None
+                if time.monotonic() + 0.01 >= self.valid_until:
+                    await self.lose(f"renewals failed until the lease ran out ({type(e).__name__}: {e})")
+                    return None
+                return time.monotonic() + min(0.2, self.ttl_ms / 3000)
+            except redis.ResponseError as e:
+                await self.lose(f"the key was replaced by another type or the renewal was refused ({e})")
+                return None
+            if not ok:
+                await self.lose(why)
+                return None
+            self.valid_until = sent + self.ttl_ms / 1000
+            return time.monotonic() + self.ttl_ms / 3000
+
+    async def verify(self) -> None:
+        """The watcher heard that a held key changed: is it still ours?
+        (Reading the key again also keeps it tracked.)"""
+        async with self.io:
+            if self.holds == 0 or self.lost or self.conn is None:
+                return
+            try:
+                infos = await self.server.infos(self.conn, self.kind.keys, self.server.timeout(self.ttl_ms))
+            except _IO_ERRORS as e:
+                await self.lose(f"the bound connection failed or stalled ({type(e).__name__}: {e})")
+                return
+            except redis.ResponseError as e:
+                await self.lose(f"the key was replaced by another type ({e})")
+                return
+            if not all(holds(i, self.owner) for i in infos):
+                await self.lose("the key was deleted, overwritten or freed (told by the server at once)")
+
+
+class _Server:
+    """The package's connections to one server for one client pool (in a
+    cluster: one node), in one process: connections made like the client's
+    (class, host, credentials, database, protocol), every command on them
+    within a deadline (the client's socket_timeout, else the lease's length;
+    a renewal's never past the lease); idle ones kept for the next holder
+    after a clean release; a keeper task renewing this server's leases, and
+    a watcher connection told by the server (client tracking, `CLIENT
+    TRACKING ... REDIRECT`) when a held key changes."""
+
+    _all: Dict[Any, "_Server"] = {}
+
+    def __init__(self, source: Any) -> None:
+        self.pid = os.getpid()
+        self._source = source
+        self._cls = source.connection_class
+        kwargs = dict(source.connection_kwargs)
+        self._timeout: Optional[float] = kwargs.get("socket_timeout")
+        self._connect_timeout: Optional[float] = kwargs.get("socket_connect_timeout") or self._timeout
+        kwargs["decode_responses"] = False  # keys and owners are bytes
+        kwargs["retry"] = Retry(NoBackoff(), 0)  # a retry would double a timeout
+        kwargs["socket_timeout"] = None  # every read has a deadline of its own (_within)
+        for k in ("maint_notifications_pool_handler", "maint_notifications_config"):
+            kwargs.pop(k, None)  # the client pool's, not for connections of ours
+        self._kwargs = kwargs
+        self._idle: List[Any] = []
+        self._due: Dict[_Hold, float] = {}
+        self._bound: Set[_Hold] = set()
+        self._wake: Optional[asyncio.Event] = None
+        self._keeper: Optional["asyncio.Task[None]"] = None
+        self._watcher: Any = None
+        self._watcher_id: Optional[int] = None
+        self._watch_task: Optional["asyncio.Task[None]"] = None
+        self._making_watcher: Optional[asyncio.Lock] = None
+
+    @classmethod
+    async def of(cls, client: Any, key: KeyT) -> "_Server":
+        """This process's `_Server` for the pool (or cluster node) that
+        serves `key`. One made before `fork()` is never used by the child."""
+        if isinstance(client, RedisCluster):
+            await client.initialize()  # the slot map is learnt at the first command
+            source: Any = client.get_node_from_key(key)  # type: ignore[arg-type]
+        else:
+            source = client.connection_pool
+        pid = os.getpid()
+        if any(s.pid != pid for s in cls._all.values()):
+            cls._all = {k: s for k, s in cls._all.items() if s.pid == pid}
+        s = cls._all.get(id(source))
+        if s is None or s._source is not source:
+            s = cls._all[id(source)] = cls(source)
+        return s
+
+    def timeout(self, ttl_ms: int) -> float:
+        return op_timeout(self._timeout, ttl_ms)
+
+    async def connection(self, ttl_ms: int) -> Any:
+        if self._idle:
+            return self._idle.pop()
+        t = self.timeout(ttl_ms)
+        kwargs = dict(self._kwargs)
+        kwargs["socket_connect_timeout"] = min(self._connect_timeout or t, t)
+        conn = self._cls(**kwargs)
+        conn._rnl_tracking = None  # the watcher id this connection redirects to
+        await _within(t, conn.connect())  # the handshake too has a deadline
+        return conn
+
+    async def put(self, conn: Any, clean: bool) -> None:
+        if clean and os.getpid() == self.pid and len(self._idle) < 16:
+            self._idle.append(conn)
+            return
+        try:
+            await conn.disconnect()  # the server frees whatever it still held
+        except Exception:  # noqa: BLE001 - closing what failed
+            pass
+
+    async def call(self, args: Sequence[Any], timeout: Optional[float]) -> Any:
+        """One command over an idle connection of the package's own."""
+        conn = await self.connection(int((timeout or 1) * 1000))
+        try:
+            reply = await _within(timeout, _command(conn, args))
+        except redis.ResponseError:
+            await self.put(conn, True)
+            raise
+        except BaseException:
+            await self.put(conn, False)
+            raise
+        await self.put(conn, True)
+        return reply
+
+    # -- keeper -----------------------------------------------------------
+
+    def keep(self, hold: _Hold, due: float) -> None:
+        self._due[hold] = due
+        if hold.conn is not None:
+            self._bound.add(hold)
+        if self._wake is None:
+            self._wake = asyncio.Event()
+        if self._keeper is None or self._keeper.done():
+            self._keeper = asyncio.get_running_loop().create_task(self._run())
         self._wake.set()
 
-    def remove(self, holder: "Holder") -> None:
-        self._due.pop(holder, None)
+    def forget(self, hold: _Hold) -> None:
+        self._due.pop(hold, None)
+        self._bound.discard(hold)
+        if not self._bound and not self._due and self._watch_task is not None:
+            # Nothing held here: the watcher goes (cancelling its read closes
+            # it; from inside, it leaves at the top of its loop).
+            if self._watch_task is not asyncio.current_task():
+                self._watch_task.cancel()
+            self._watch_task, self._watcher = None, None
 
     async def _run(self) -> None:
+        assert self._wake is not None
         while True:
             if not self._due:
                 self._wake.clear()
@@ -58,7 +315,7 @@ class _Keeper:
                     await asyncio.wait_for(self._wake.wait(), timeout=30)
                 except asyncio.TimeoutError:
                     if not self._due:
-                        self._task = None
+                        self._keeper = None
                         return
                 continue
             now = time.monotonic()
@@ -74,79 +331,114 @@ class _Keeper:
             for h in ready:
                 del self._due[h]
             for h in ready:
-                next_due = await h._renew()
-                if next_due is not None and h._holds > 0 and not h._lost:
+                next_due = await h.renew()
+                if next_due is not None and h.holds > 0 and not h.lost:
                     self._due[h] = next_due
 
+    async def keepalive(self, conn: Any, ttl_ms: int, keys: Sequence[KeyT], timeout: float) -> Any:
+        """`LOCK.KEEPALIVE` and `LOCK.INFO` of each key, in one round trip
+        (reading the keys again keeps them tracked)."""
+        replies = await _within(timeout, _pipeline(conn, [["LOCK.KEEPALIVE", ttl_ms]] + [["LOCK.INFO", k] for k in keys]))
+        return replies[0], [parse_info(r) for r in replies[1:]]
 
-_keepers: "weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _Keeper]" = weakref.WeakKeyDictionary()
+    async def infos(self, conn: Any, keys: Sequence[KeyT], timeout: float) -> List[Any]:
+        replies = await _within(timeout, _pipeline(conn, [["LOCK.INFO", k] for k in keys]))
+        return [parse_info(r) for r in replies]
 
+    # -- watcher ----------------------------------------------------------
 
-def _keeper() -> _Keeper:
-    loop = asyncio.get_running_loop()
-    k = _keepers.get(loop)
-    if k is None:
-        k = _keepers[loop] = _Keeper()
-    return k
-
-
-class _Pool:
-    """Connections for bound holders, made like the client's own (same
-    class, host, credentials, database, protocol) but without a socket
-    timeout, so that a reply that comes when the lock frees is never cut;
-    one per holder while it holds, kept for the next holder after a clean
-    release. One per client pool (in a cluster: per node)."""
-
-    # Per client pool, forgotten with it (its idle connections then close);
-    # cluster nodes take no weak references: by id, checked.
-    _by_pool: "weakref.WeakKeyDictionary[Any, _Pool]" = weakref.WeakKeyDictionary()
-    _by_node: "Dict[int, _Pool]" = {}
-
-    def __init__(self, source: Any) -> None:
-        self._source = source
-        self._cls = source.connection_class
-        kwargs = dict(source.connection_kwargs)
-        kwargs["socket_timeout"] = None
-        self._kwargs = kwargs
-        self._idle: List[Any] = []
-
-    @classmethod
-    async def of(cls, client: Any, key: KeyT) -> "_Pool":
-        if isinstance(client, RedisCluster):
-            # The slot map is learnt at the first command: ask for it now.
-            await client.initialize()
-            node = client.get_node_from_key(key)
-            p = cls._by_node.get(id(node))
-            if p is None or p._source is not node:
-                p = cls._by_node[id(node)] = cls(node)
-            return p
-        pool = client.connection_pool
-        p = cls._by_pool.get(pool)
-        if p is None:
-            p = cls._by_pool[pool] = cls(pool)
-        return p
-
-    async def get(self) -> Any:
-        if self._idle:
-            return self._idle.pop()
-        return self._cls(**self._kwargs)
-
-    async def put(self, conn: Any, clean: bool) -> None:
-        if clean and len(self._idle) < 16:
-            self._idle.append(conn)
+    async def track(self, hold: _Hold, timeout: float) -> None:
+        """Has the server tell the watcher when a key of `hold` changes:
+        client tracking on its bound connection, redirected to the watcher,
+        and a read of each key (what tracking remembers)."""
+        try:
+            wid = await self._watcher_ready(timeout)
+            conn = hold.conn
+            if conn._rnl_tracking != wid:
+                await _within(timeout, _command(conn, ["CLIENT", "TRACKING", "ON", "REDIRECT", wid, "NOLOOP"]))
+                conn._rnl_tracking = wid
+            infos = await self.infos(conn, hold.kind.keys, timeout)
+        except redis.ResponseError:
             return
-        await conn.disconnect()  # the server frees whatever it still held
+        if not all(holds(i, hold.owner) for i in infos):
+            await hold.lose("the key was deleted or freed right after the grant")
+
+    async def _watcher_ready(self, timeout: float) -> int:
+        if self._making_watcher is None:
+            self._making_watcher = asyncio.Lock()
+        async with self._making_watcher:
+            if self._watcher is not None and self._watch_task is not None and not self._watch_task.done():
+                assert self._watcher_id is not None
+                return self._watcher_id
+            kwargs = dict(self._kwargs)
+            kwargs["protocol"] = 2  # invalidations as plain pub/sub messages
+            kwargs["socket_connect_timeout"] = min(self._connect_timeout or timeout, timeout)
+            w = self._cls(**kwargs)
+            try:
+                await _within(timeout, w.connect())
+                wid = int(await _within(timeout, _command(w, ["CLIENT", "ID"])))
+                await _within(timeout, _command(w, ["SUBSCRIBE", "__redis__:invalidate"]))
+            except BaseException:
+                await w.disconnect()
+                raise
+            self._watcher, self._watcher_id = w, wid
+            self._watch_task = asyncio.get_running_loop().create_task(self._watch(w))
+            return wid
+
+    async def _watch(self, w: Any) -> None:
+        """Reads invalidations (a listener: it waits for news, never for a
+        reply); a held key that changed is checked at once."""
+        while True:
+            if self._watcher is not w or (not self._bound and not self._due):
+                if self._watcher is w:
+                    self._watcher = None
+                await w.disconnect()
+                return
+            try:
+                msg = await w.read_response()
+            except asyncio.CancelledError:
+                raise
+            except Exception:  # noqa: BLE001 - the watcher is gone: recheck every bound hold
+                if self._watcher is w:
+                    self._watcher = None
+                for h in list(self._bound):
+                    if h.conn is not None:
+                        h.conn._rnl_tracking = None
+                    await h.verify()
+                return
+            if not (isinstance(msg, list) and len(msg) == 3 and msg[0] == b"message"):
+                continue
+            changed = msg[2]
+            for h in list(self._bound):
+                if changed is None or any(_b(k) in changed for k in h.kind.keys):
+                    await h.verify()
+
+
+def _after_fork_in_child() -> None:
+    _Server._all = {}  # the parent's connections and tasks are not the child's
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
+def _b(key: KeyT) -> bytes:
+    return key.encode() if isinstance(key, str) else key
+
+
+_DEFAULT: Any = object()
 
 
 class Holder:
-    """One holder of one lock kind: its owner, token, lease and connection.
-
-    Not for sharing between threads for acquire/release (the keeper thread
-    renews it safely in the background)."""
+    """One lock of one kind, safe to share: each asyncio task has its own
+    hold (its own owner, token and lease), so tasks sharing one object
+    exclude one another like tasks with one object each. With an explicit
+    `owner=` the object is one holder: another task's acquire while it is
+    held raises LockError (the server would let it in as the same owner)."""
 
     def __init__(
         self,
-        client: Any,
+        client: AsyncClient,
         kind: Kind,
         *,
         ttl: float = 30.0,
@@ -155,27 +447,59 @@ class Holder:
         bind: bool = True,
         on_lost: Optional[OnLost] = None,
     ) -> None:
+        check_client(client, want_async=True, cls=type(self).__name__)
         self._client = client
         self._kind = kind
-        self.ttl = ttl
         self._ttl_ms = ms(ttl, "ttl")
-        self.wait = wait
-        self.owner: str = as_str(owner) if owner else new_owner()
+        self.ttl = self._ttl_ms / 1000
+        #: The wait of the `with` block (seconds; None: do not wait; inf: no limit).
+        self.wait = check_wait(wait)
+        self._owner = owner_bytes(owner) if owner is not None else None
+        if not isinstance(bind, bool):
+            raise TypeError(f"bind must be True or False, not {bind!r}")
         self.bind = bind
+        if on_lost is not None and not callable(on_lost):
+            raise TypeError("on_lost must be callable")
         self._on_lost = on_lost
-        #: The fencing token of the grant (MultiLock: the highest of `tokens`).
-        self.token: Optional[int] = None
-        #: The tokens per key, in key order (one for single-key kinds).
-        self.tokens: List[int] = []
-        self._holds = 0
-        self._conn: Any = None
-        self._pool: Any = None
-        self._io = asyncio.Lock()
-        self._valid_until = 0.0
-        self._lost = False
-        self._lost_why: Optional[str] = None
+        self._tasks: "weakref.WeakKeyDictionary[Any, _Hold]" = weakref.WeakKeyDictionary()
+        self._shared: Optional[_Hold] = None  # with owner=: one hold for the object
+        self._sibling: Optional[Holder] = None  # the other side of a ReadWriteLock
 
-    # -- what a user reads ------------------------------------------------
+    # -- this task's hold -------------------------------------------------
+
+    def _hold(self) -> Optional[_Hold]:
+        """This thread's hold (with `owner=`: the object's), held or last held."""
+        if self._owner is not None:
+            h: Optional[_Hold] = self._shared
+        else:
+            task = asyncio.current_task()
+            h = self._tasks.get(task) if task is not None else None
+        if h is not None and h.pid != os.getpid():
+            return None  # the parent's, before fork()
+        return h
+
+    def _held(self) -> Optional[_Hold]:
+        h = self._hold()
+        return h if h is not None and h.holds > 0 else None
+
+    @property
+    def owner(self) -> Optional[bytes]:
+        """The owner this task holds (or last held) the lock as; the
+        explicit `owner=` when given; None before this task's first acquire."""
+        h = self._hold()
+        return h.owner if h is not None else self._owner
+
+    @property
+    def token(self) -> Optional[int]:
+        """This thread's fencing token (MultiLock: the highest of `tokens`)."""
+        h = self._hold()
+        return h.token if h is not None else None
+
+    @property
+    def tokens(self) -> List[int]:
+        """This thread's tokens per key, in key order."""
+        h = self._hold()
+        return list(h.tokens) if h is not None else []
 
     @property
     def keys(self) -> List[KeyT]:
@@ -183,227 +507,254 @@ class Holder:
 
     @property
     def bound(self) -> bool:
-        """Held with `BIND` on a connection of its own."""
-        return self._conn is not None
+        """This thread's hold is bound (`BIND`) to a connection of its own."""
+        h = self._held()
+        return h is not None and h.conn is not None
 
     @property
     def lost(self) -> bool:
-        """True once the lease is known gone, or may have run out."""
-        return self._holds > 0 and (self._lost or time.monotonic() >= self._valid_until)
+        """True once this task's lease is known gone or may have run out;
+        stays True (after the release too) until this task acquires again."""
+        h = self._hold()
+        return h is not None and (h.lost or h.expired())
 
     def check(self) -> None:
-        """Raises LeaseLost if the lease is gone: call it before a protected write."""
-        if self.lost:
-            raise LeaseLost(self._message())
+        """Raises LeaseLost if this task's lease is gone: call it before a protected write."""
+        h = self._hold()
+        if h is not None and (h.lost or h.expired()):
+            raise LeaseLost(h.message())
 
     async def locked(self) -> bool:
         """Whether anyone holds the (first) key."""
         return (await self._info()) is not None
 
     async def owned(self) -> bool:
-        """Whether this holder holds the (first) key, as the server says."""
-        info = await self._info()
-        return info is not None and any(h["owner"] == self.owner for h in info["holders"])
+        """Whether this task holds the (first) key, as the server says."""
+        h = self._held()
+        return h is not None and holds(await self._info(), h.owner)
 
     async def _info(self) -> Optional[Dict[str, Any]]:
-        key = self._kind.keys[0]
-        return parse_info(await self._client.execute_command("LOCK.INFO", key))
+        return parse_info(await self._client.execute_command("LOCK.INFO", self._kind.keys[0]))
 
     # -- acquire ----------------------------------------------------------
 
-    async def acquire(self, wait: Optional[float] = _DEFAULT) -> bool:
-        """Asks for the lock, waiting in the server up to `wait` seconds
-        (None or 0: do not wait; inf: without limit). True when granted (the
-        token is `self.token`), False when the wait ran out. Raises
-        DeadlockError when waiting would close a cycle of waits."""
-        if wait is _DEFAULT:
-            wait = self.wait
-        async with self._io:
-            sent = time.monotonic()
-            reply = await self._send_acquire(wait)
-            if reply is None:
-                if self._holds == 0:
-                    await self._give_back(clean=True)
-                return False
-            self.tokens = [int(t) for t in reply] if isinstance(reply, list) else [int(reply)]
-            self.token = max(self.tokens)
-            self._holds = self._holds + 1 if self._kind.reentrant else 1
-            self._valid_until = sent + self._ttl_ms / 1000
-            self._lost = False
-            self._lost_why = None
-        _keeper().add(self, time.monotonic() + self._ttl_ms / 3000)
+    async def _new_hold(self) -> _Hold:
+        if self._owner is not None:
+            self._not_another_threads()
+        owner = self._owner
+        if owner is None and self._sibling is not None:
+            sib = self._sibling._held()
+            owner = sib.owner if sib is not None else None  # one owner per task on a read-write lock
+        h = _Hold(self, owner or new_owner(), None, self._ttl_ms)  # type: ignore[arg-type]
+        if self._owner is not None:
+            h.pending = True
+            h.previous = self._shared
+            self._shared = h
+        try:
+            h.server = await _Server.of(self._client, self._kind.keys[0])
+        except BaseException:
+            h.pending = False
+            self._shared, h.previous = h.previous, None
+            raise
+        return h
+
+    def _not_another_threads(self) -> None:
+        """With `owner=`, the object is one holder: another task's acquire
+        while it is held would enter too (the server sees one owner)."""
+        pid, me = os.getpid(), asyncio.current_task()
+        for side in (self, self._sibling):
+            h = side._shared if side is not None else None
+            if h is not None and (h.holds > 0 or h.pending) and h.pid == pid and h.thread != me:
+                raise LockError(
+                    f"{self._kind.keys!r} is held by another task under the same owner="
+                    f"{self._owner!r}: one owner is one holder, and a second task would enter "
+                    "too. Leave owner= unset (each task then holds the lock as its own owner) "
+                    "or give each task its own lock object"
+                )
+
+    async def acquire(self, wait: Optional[float] = None) -> bool:
+        """Asks for the lock for this task, waiting in the server up to
+        `wait` seconds (None or 0, the default: do not wait; inf: without
+        limit). True when granted (the token is `self.token`), False when
+        the wait ran out. Raises DeadlockError when waiting would close a
+        cycle of waits, LockError for any other refusal (a key of another
+        type; a read-write lock's mode change while held)."""
+        wait = check_wait(wait)
+        h = self._held()
+        if h is not None and self._owner is not None:
+            self._not_another_threads()
+        fresh = h is None
+        if h is None:
+            h = await self._new_hold()
+        try:
+            granted = await self._grant(h, wait)
+        finally:
+            if h.pending:
+                h.pending = False
+                if h.holds == 0:
+                    self._shared = h.previous  # not granted: as before
+                h.previous = None
+        if not granted:
+            return False
+        if fresh and self._owner is None:
+            self._tasks[asyncio.current_task()] = h
+        h.server.keep(h, time.monotonic() + h.ttl_ms / 3000)
+        await h.track()
         return True
 
-    async def _send_acquire(self, wait: Optional[float]) -> Any:
-        """Sends the acquire on a connection of the package's own, without a
-        socket timeout (a waiting reply comes only when the lock frees): the
-        holder's bound connection if it has one, else one that stays bound
-        to it (`BIND`) or goes back at once."""
-        if self._conn is not None:  # a bound holder asks again
+    async def _grant(self, h: _Hold, wait: Optional[float]) -> bool:
+        async with h.io:
+            sent = time.monotonic()
+            reply = await self._send_acquire(h, wait)
+            if reply is None:
+                return False
+            h.tokens = [int(t) for t in reply] if isinstance(reply, list) else [int(reply)]
+            h.token = max(h.tokens)
+            h.holds = h.holds + 1 if self._kind.reentrant else 1
+            h.valid_until = sent + h.ttl_ms / 1000
+            h.lost, h.why = False, None
+            return True
+
+    async def _send_acquire(self, h: _Hold, wait: Optional[float]) -> Any:
+        """The grant, over a connection of the package's own with a read
+        timeout of the wait plus one command's time: the hold's bound
+        connection if it has one, else one that stays bound to it (`BIND`)
+        or goes back at once."""
+        timeout = acquire_timeout(wait, h.server.timeout(h.ttl_ms))
+        if h.conn is not None:  # a bound holder asks again
             try:
-                return await self._call(self._kind.acquire(self.owner, self._ttl_ms, wait, True))
+                return await h.call(self._kind.acquire(h.owner, h.ttl_ms, wait, True), timeout)
             except redis.ResponseError as e:
-                raise translate(e) from e
-        key = self._kind.keys[0]
+                raise server_error(e, self._kind.keys) from e
+            except _IO_ERRORS as e:
+                await h.lose(f"the bound connection failed ({type(e).__name__}: {e})")
+                raise
         moved = False
         while True:
-            pool = await _Pool.of(self._client, key)
-            conn = await pool.get()
-            args = self._kind.acquire(self.owner, self._ttl_ms, wait, self.bind)
+            conn = await h.server.connection(h.ttl_ms)
+            args = self._kind.acquire(h.owner, h.ttl_ms, wait, self.bind)
             try:
-                await conn.send_command(*args)
-                reply = await conn.read_response()
+                reply = await _within(timeout, _command(conn, args))
             except redis.exceptions.MovedError:
                 # The slot moved: learn the new map, then ask its node.
-                await pool.put(conn, True)
+                await h.server.put(conn, True)
                 if moved:
                     raise
                 moved = True
-                await self._client.nodes_manager.initialize()
+                await self._client.nodes_manager.initialize()  # type: ignore[union-attr]
+                h.server = await _Server.of(self._client, self._kind.keys[0])
                 continue
             except redis.ResponseError as e:
-                await pool.put(conn, True)
+                await h.server.put(conn, True)
                 if self.bind and "syntax" in str(e).lower():
                     self.bind = False  # a server without BIND: lease watchdog
                     continue
-                raise translate(e) from e
+                raise server_error(e, self._kind.keys) from e
             except BaseException:
                 # It may have been granted as we stopped listening (or the
                 # task was cancelled): closing the connection frees a bound
                 # grant; an unbound one is released.
-                await pool.put(conn, False)
-                if not self.bind:
-                    await self._release_quietly()
+                await h.server.put(conn, False)
+                if not self.bind and h.holds == 0:
+                    await asyncio.shield(self._release_quietly(h))
                 raise
             if self.bind and reply is not None:
-                self._pool, self._conn = pool, conn
+                h.conn = conn
             else:
-                await pool.put(conn, True)
+                await h.server.put(conn, True)
             return reply
 
     # -- while held -------------------------------------------------------
 
-    async def _call(self, args: Sequence[Any]) -> Any:
-        """One command, on the bound connection if any (callers hold _io)."""
-        if self._conn is None:
-            return await self._client.execute_command(*args)
-        await self._conn.send_command(*args)
-        return await self._conn.read_response()
-
-    async def _renew(self) -> Optional[float]:
-        """The keeper's tick: renew, or find the lease lost. Returns when to
-        renew next (None: stop)."""
-        async with self._io:
-            if self._holds == 0 or self._lost:
-                return None
-            sent = time.monotonic()
-            try:
-                if self._conn is not None:
-                    renewed = await self._call(["LOCK.KEEPALIVE", self._ttl_ms])
-                    ok = isinstance(renewed, int) and renewed >= len(self._kind.keys)
-                    why = "LOCK.KEEPALIVE renewed fewer locks than held: released, expired or deleted"
-                else:
-                    replies = [
-                        await self._call(["LOCK.RENEW", k, self.owner, self._ttl_ms])
-                        for k in self._kind.keys
-                    ]
-                    ok = all(r == 1 for r in replies)
-                    why = "LOCK.RENEW answered 0: the lease expired or the key was deleted"
-            except (redis.ConnectionError, redis.TimeoutError) as e:
-                if self._conn is not None:
-                    await self._lose(f"the connection the lock was bound to failed ({e})")
-                    await self._give_back(clean=False)
-                    return None
-                if time.monotonic() >= self._valid_until:
-                    await self._lose(f"renewals failed until the lease ran out ({e})")
-                    return None
-                return time.monotonic() + min(1.0, self._ttl_ms / 3000)
-            except redis.RedisError as e:
-                await self._lose(f"renewal refused ({e})")
-                return None
-            if not ok:
-                await self._lose(why)
-                return None
-            self._valid_until = sent + self._ttl_ms / 1000
-            return time.monotonic() + self._ttl_ms / 3000
-
     async def extend(self, ttl: Optional[float] = None) -> None:
-        """Sets the lease to `ttl` seconds from now (default: the lock's ttl);
-        later renewals use it too. Raises LeaseLost if it was no longer held."""
+        """Sets this task's lease to `ttl` seconds from now (default: the
+        lock's ttl); later renewals use it too. Raises LeaseLost if it was
+        no longer held."""
         ttl_ms = ms(ttl, "ttl") if ttl is not None else self._ttl_ms
-        async with self._io:
-            if self._holds == 0:
-                raise LockError("extend() of a lock not held")
+        h = self._held()
+        if h is None:
+            raise LockError(f"extend() of {self._kind.keys!r}, which this task does not hold")
+        async with h.io:
+            if h.lost:
+                raise LeaseLost(h.message())
             sent = time.monotonic()
-            replies = [await self._call(["LOCK.RENEW", k, self.owner, ttl_ms]) for k in self._kind.keys]
+            timeout = h.server.timeout(h.ttl_ms)
+            try:
+                replies = [await h.call(["LOCK.RENEW", k, h.owner, ttl_ms], timeout) for k in self._kind.keys]
+            except redis.ResponseError as e:
+                await h.lose(f"the key was replaced by another type ({e})")
+                raise LeaseLost(h.message()) from e
             if not all(r == 1 for r in replies):
-                await self._lose("LOCK.RENEW answered 0: the lease expired or the key was deleted")
-                raise LeaseLost(self._message())
-            self._ttl_ms = ttl_ms
-            self.ttl = ttl_ms / 1000
-            self._valid_until = sent + ttl_ms / 1000
+                await h.lose("LOCK.RENEW answered 0: the lease expired or the key was deleted")
+                raise LeaseLost(h.message())
+            h.ttl_ms = ttl_ms
+            h.valid_until = sent + ttl_ms / 1000
+        h.server.keep(h, time.monotonic() + ttl_ms / 3000)
+        await h.track()
 
     # -- release ----------------------------------------------------------
 
     async def release(self) -> None:
-        """Gives back one hold (all of a non-reentrant lock). Raises LeaseLost
-        if the server no longer counted it as ours."""
-        async with self._io:
-            if self._holds == 0:
-                raise LockError("release() of a lock not held")
+        """Gives back one hold of this task (all of a non-reentrant lock).
+        Raises LeaseLost if the server no longer counted it as ours (released
+        by its lease, deleted, overwritten)."""
+        h = self._held()
+        if h is None:
+            raise LockError(f"release() of {self._kind.keys!r}, which this task does not hold")
+        async with h.io:
+            if h.lost:
+                h.holds = 0
+                h.server.forget(h)
+                if h.conn is not None:
+                    conn, h.conn = h.conn, None
+                    await h.server.put(conn, clean=False)
+                else:
+                    await self._release_quietly(h)
+                raise LeaseLost(h.message())
+            timeout = h.server.timeout(h.ttl_ms)
+            gone = False
             try:
-                replies = [await self._call(["LOCK.RELEASE", k, self.owner]) for k in self._kind.keys]
-            except (redis.RedisError, asyncio.CancelledError):
-                self._holds = 0
-                _keeper().remove(self)
-                await self._give_back(clean=False)
+                replies = [await h.call(["LOCK.RELEASE", k, h.owner], timeout) for k in self._kind.keys]
+            except redis.ResponseError as e:
+                if not str(e).startswith("WRONGTYPE"):
+                    raise
+                replies, gone = [], True
+                why = f"the key was overwritten with another type ({e})"
+            except BaseException:  # a failure or a cancel: in doubt, the connection closes
+                h.holds = 0
+                h.server.forget(h)
+                if h.conn is not None:
+                    conn, h.conn = h.conn, None
+                    await h.server.put(conn, clean=False)
                 raise
-            gone = any(r is None for r in replies)
-            self._holds = 0 if gone or not self._kind.reentrant else self._holds - 1
+            if not gone:
+                gone = any(r is None for r in replies)
+                why = "LOCK.RELEASE answered nil: the lock was no longer ours"
+            h.holds = 0 if gone or not self._kind.reentrant else h.holds - 1
             if any(r == 1 for r in replies):
-                self._holds = 0
-            if self._holds == 0:
-                _keeper().remove(self)
-                await self._give_back(clean=not gone)
+                h.holds = 0
+            if h.holds == 0:
+                h.server.forget(h)
+                if h.conn is not None:
+                    conn, h.conn = h.conn, None
+                    await h.server.put(conn, clean=not gone)
             if gone:
-                await self._lose("LOCK.RELEASE answered nil: the lock was no longer ours")
-                raise LeaseLost(self._message())
+                await h.lose(why)
+                raise LeaseLost(h.message())
+        if h.holds > 0:
+            await h.track()
 
-    async def _release_quietly(self) -> None:
+    async def _release_quietly(self, h: _Hold) -> None:
         for k in self._kind.keys:
             try:
-                await self._client.execute_command("LOCK.RELEASE", k, self.owner)
-            except redis.RedisError:
+                await h.server.call(["LOCK.RELEASE", k, h.owner], h.server.timeout(h.ttl_ms))
+            except (redis.RedisError, asyncio.TimeoutError):
                 pass  # the lease ends by itself
-
-    async def _give_back(self, clean: bool) -> None:
-        conn, self._conn = self._conn, None
-        if conn is None:
-            return
-        await self._pool.put(conn, clean)
-
-    async def _lose(self, why: str) -> None:
-        first = not self._lost
-        self._lost = True
-        if self._lost_why is None:
-            self._lost_why = why
-        _keeper().remove(self)
-        if first and self._on_lost is not None:
-            try:
-                result = self._on_lost(self, why)
-                if asyncio.iscoroutine(result):
-                    await result
-            except Exception:  # noqa: BLE001 - a callback must not kill the keeper
-                pass
-
-    def _message(self) -> str:
-        why = self._lost_why or "its ttl ran out without a successful renewal"
-        return f"lease on {self._kind.keys!r} (token {self.token}) lost: {why}"
 
     # -- with -------------------------------------------------------------
 
     async def __aenter__(self) -> "Holder":
-        if not await self.acquire():
+        if not await self.acquire(self.wait):
             raise LockNotAcquired(f"{self._kind.keys!r} not acquired within {self.wait}s")
         return self
 
@@ -411,44 +762,84 @@ class Holder:
         if exc_type is not None:
             try:
                 await self.release()
-            except (LockError, redis.RedisError):
+            except (LockError, redis.RedisError, asyncio.TimeoutError):
                 pass  # the work's own exception goes through
             return
         await self.release()
 
     def __repr__(self) -> str:
+        h = self._hold()
         return (
             f"<{type(self).__name__} keys={self._kind.keys!r} owner={self.owner!r} "
-            f"token={self.token} holds={self._holds} bound={self.bound}>"
+            f"token={self.token} holds={h.holds if h else 0} bound={self.bound}>"
         )
 
 
 class Lock(Holder):
     """An exclusive lock (`LOCK.ACQUIRE`): one holder; a repeat acquire by
-    the same holder renews it (same token)."""
+    the same thread renews it (same token)."""
 
-    def __init__(self, client: Any, key: KeyT, **kw: Any) -> None:
-        super().__init__(client, Kind("LOCK.ACQUIRE", [key]), **kw)
+    def __init__(
+        self,
+        client: AsyncClient,
+        key: KeyT,
+        *,
+        ttl: float = 30.0,
+        wait: Optional[float] = 10.0,
+        owner: Optional[KeyT] = None,
+        bind: bool = True,
+        on_lost: Optional[OnLost] = None,
+    ) -> None:
+        super().__init__(
+            client, Kind("LOCK.ACQUIRE", [check_key(key)]), ttl=ttl, wait=wait, owner=owner, bind=bind, on_lost=on_lost
+        )
 
 
 class ReentrantLock(Holder):
-    """A reentrant exclusive lock (`LOCK.RACQUIRE`): each acquire adds a
-    hold, each release removes one (Redisson's RLock)."""
+    """A reentrant exclusive lock (`LOCK.RACQUIRE`): each acquire by a
+    thread adds a hold, each release removes one (Redisson's RLock)."""
 
-    def __init__(self, client: Any, key: KeyT, **kw: Any) -> None:
-        super().__init__(client, Kind("LOCK.RACQUIRE", [key]), **kw)
+    def __init__(
+        self,
+        client: AsyncClient,
+        key: KeyT,
+        *,
+        ttl: float = 30.0,
+        wait: Optional[float] = 10.0,
+        owner: Optional[KeyT] = None,
+        bind: bool = True,
+        on_lost: Optional[OnLost] = None,
+    ) -> None:
+        super().__init__(
+            client, Kind("LOCK.RACQUIRE", [check_key(key)]), ttl=ttl, wait=wait, owner=owner, bind=bind, on_lost=on_lost
+        )
 
 
 class ReadWriteLock:
     """A read-write lock on one key (Redisson's RReadWriteLock): `.read()`
     shared (`LOCK.READ`), `.write()` exclusive and reentrant
-    (`LOCK.RACQUIRE`), with writer preference. Each is its own holder."""
+    (`LOCK.RACQUIRE`), with writer preference. Both sides use one owner per
+    task (or `owner=`), so a mode change while holding the other side is
+    the server's error at once, never a wait on itself."""
 
-    def __init__(self, client: Any, key: KeyT, **kw: Any) -> None:
-        self._read = Holder(client, Kind("LOCK.READ", [key]), **kw)
-        write_kw = dict(kw)
-        write_kw.pop("owner", None)
-        self._write = Holder(client, Kind("LOCK.RACQUIRE", [key]), **write_kw)
+    def __init__(
+        self,
+        client: AsyncClient,
+        key: KeyT,
+        *,
+        ttl: float = 30.0,
+        wait: Optional[float] = 10.0,
+        owner: Optional[KeyT] = None,
+        bind: bool = True,
+        on_lost: Optional[OnLost] = None,
+    ) -> None:
+        check_client(client, want_async=True, cls="ReadWriteLock")
+        key = check_key(key)
+        self._read = Holder(client, Kind("LOCK.READ", [key]), ttl=ttl, wait=wait, owner=owner, bind=bind, on_lost=on_lost)
+        self._write = Holder(
+            client, Kind("LOCK.RACQUIRE", [key]), ttl=ttl, wait=wait, owner=owner, bind=bind, on_lost=on_lost
+        )
+        self._read._sibling, self._write._sibling = self._write, self._read
 
     def read(self) -> Holder:
         return self._read
@@ -459,22 +850,53 @@ class ReadWriteLock:
 
 class Semaphore(Holder):
     """One permit of a semaphore of `limit` permits (`LOCK.SEMAPHORE`): each
-    permit has its owner, lease and token, and cannot leak."""
+    permit (one per thread sharing the object) has its owner, lease and
+    token, and cannot leak."""
 
-    def __init__(self, client: Any, key: KeyT, limit: int, **kw: Any) -> None:
+    def __init__(
+        self,
+        client: AsyncClient,
+        key: KeyT,
+        limit: int,
+        *,
+        ttl: float = 30.0,
+        wait: Optional[float] = 10.0,
+        owner: Optional[KeyT] = None,
+        bind: bool = True,
+        on_lost: Optional[OnLost] = None,
+    ) -> None:
         if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
             raise ValueError(f"limit must be an integer >= 1, not {limit!r}")
-        super().__init__(client, Kind("LOCK.SEMAPHORE", [key], limit), **kw)
+        super().__init__(
+            client,
+            Kind("LOCK.SEMAPHORE", [check_key(key)], limit),
+            ttl=ttl,
+            wait=wait,
+            owner=owner,
+            bind=bind,
+            on_lost=on_lost,
+        )
 
 
 class MultiLock(Holder):
     """Exclusive holds on several keys at once, all or none
-    (`LOCK.MACQUIRE`). In a cluster the keys must share a hash slot."""
+    (`LOCK.MACQUIRE`). In a cluster the keys must share a hash slot. A
+    plain str or bytes is refused (it is not a list of keys)."""
 
-    def __init__(self, client: Any, keys: Sequence[KeyT], **kw: Any) -> None:
-        if not keys:
-            raise ValueError("MultiLock needs at least one key")
-        super().__init__(client, Kind("LOCK.MACQUIRE", list(keys)), **kw)
+    def __init__(
+        self,
+        client: AsyncClient,
+        keys: Sequence[KeyT],
+        *,
+        ttl: float = 30.0,
+        wait: Optional[float] = 10.0,
+        owner: Optional[KeyT] = None,
+        bind: bool = True,
+        on_lost: Optional[OnLost] = None,
+    ) -> None:
+        super().__init__(
+            client, Kind("LOCK.MACQUIRE", check_keys(keys)), ttl=ttl, wait=wait, owner=owner, bind=bind, on_lost=on_lost
+        )
 
 
 __all__ = [

@@ -44,33 +44,123 @@ def ms(seconds: float, what: str) -> int:
     """Seconds (float) to whole milliseconds, at least 1."""
     if seconds is None or isinstance(seconds, bool) or not isinstance(seconds, (int, float)):
         raise TypeError(f"{what} must be a number of seconds, not {seconds!r}")
-    if math.isnan(seconds) or seconds <= 0:
-        raise ValueError(f"{what} must be positive, not {seconds!r}")
+    if math.isnan(seconds) or math.isinf(seconds) or seconds <= 0:
+        raise ValueError(f"{what} must be a positive, finite number of seconds, not {seconds!r}")
     return max(1, int(round(seconds * 1000)))
+
+
+def check_wait(wait: Optional[float]) -> Optional[float]:
+    """A wait in seconds: None or 0 (do not wait), a positive number, or inf."""
+    if wait is None:
+        return None
+    if isinstance(wait, bool) or not isinstance(wait, (int, float)) or math.isnan(wait) or wait < 0:
+        raise ValueError(f"wait must be a number of seconds >= 0, None or inf, not {wait!r}")
+    return wait
 
 
 def wait_args(wait: Optional[float]) -> List[Any]:
     """`WAIT ms` for a wait in seconds: None or 0 do not wait, inf waits
     without limit (`WAIT 0`)."""
+    wait = check_wait(wait)
     if wait is None or wait == 0:
         return []
-    if isinstance(wait, bool) or not isinstance(wait, (int, float)) or math.isnan(wait) or wait < 0:
-        raise ValueError(f"wait must be a number of seconds >= 0, None or inf, not {wait!r}")
     if math.isinf(wait):
         return ["WAIT", 0]
     return ["WAIT", max(1, int(round(wait * 1000)))]
 
 
-def new_owner() -> str:
-    return str(uuid.uuid4())
+def new_owner() -> bytes:
+    """A fresh owner for one acquisition (a UUID, as ASCII bytes)."""
+    return str(uuid.uuid4()).encode()
 
 
-def translate(err: Exception) -> Exception:
-    """A server error reply as this package's error, when it has one."""
+def owner_bytes(owner: KeyT) -> bytes:
+    """An owner as given, as bytes: bytes kept as they are, str encoded as
+    UTF-8 (as redis-py encodes it on the wire)."""
+    if isinstance(owner, str):
+        owner = owner.encode()
+    if not isinstance(owner, bytes):
+        raise TypeError(f"owner must be str or bytes, not {type(owner).__name__}")
+    if not owner:
+        raise ValueError("owner must not be empty")
+    return owner
+
+
+def check_key(key: Any) -> KeyT:
+    if not isinstance(key, (str, bytes)):
+        raise TypeError(f"a key must be str or bytes, not {type(key).__name__}")
+    return key
+
+
+def check_keys(keys: Any) -> List[KeyT]:
+    """MultiLock's keys: a sequence of keys, never one str or bytes (which
+    would be taken letter by letter)."""
+    if isinstance(keys, (str, bytes, bytearray, memoryview)):
+        raise TypeError(
+            f"MultiLock takes a list of keys, not one {type(keys).__name__} ({keys!r}): "
+            "write MultiLock(r, [key]) or use Lock(r, key)"
+        )
+    out = [check_key(k) for k in keys]
+    if not out:
+        raise ValueError("MultiLock needs at least one key")
+    return out
+
+
+def check_client(client: Any, want_async: bool, cls: str) -> None:
+    """A blocking client for the blocking classes, an asyncio one for the
+    asyncio classes: anything else is a TypeError naming the right class."""
+    import redis
+    import redis.asyncio
+
+    is_async = isinstance(client, (redis.asyncio.Redis, redis.asyncio.RedisCluster))
+    is_sync = isinstance(client, (redis.Redis, redis.RedisCluster))
+    if want_async and not is_async:
+        if is_sync:
+            raise TypeError(
+                f"redis_native_lock.aio.{cls} needs a redis.asyncio client; for a blocking "
+                f"{type(client).__name__} use redis_native_lock.{cls}"
+            )
+        raise TypeError(f"{cls} needs a redis.asyncio.Redis or RedisCluster, not {type(client).__name__}")
+    if not want_async and not is_sync:
+        if is_async:
+            raise TypeError(
+                f"redis_native_lock.{cls} needs a blocking redis client; for "
+                f"redis.asyncio.{type(client).__name__} use redis_native_lock.aio.{cls}"
+            )
+        raise TypeError(f"{cls} needs a redis.Redis or RedisCluster, not {type(client).__name__}")
+
+
+def server_error(err: Exception, keys: Sequence[KeyT]) -> Exception:
+    """A server error reply to a grant as this package's error."""
     text = str(err)
     if text.startswith("DEADLOCK"):
         return DeadlockError(text)
-    return err
+    if text.startswith("WRONGTYPE"):
+        return LockError(f"{list(keys)!r}: a key holds another type than a lock ({text})")
+    if text.startswith("owner holds this lock") or "owner holds this lock" in text:
+        return LockError(f"{list(keys)!r}: {text} (one owner holds a key in one mode)")
+    return LockError(f"{list(keys)!r}: the server refused: {text}")
+
+
+translate = server_error
+
+
+def op_timeout(socket_timeout: Optional[float], ttl_ms: int) -> float:
+    """How long one command of the package may take: the client's
+    socket_timeout, or the lease's length when the client has none."""
+    if socket_timeout:
+        return float(socket_timeout)
+    return ttl_ms / 1000
+
+
+def acquire_timeout(wait: Optional[float], base: float) -> Optional[float]:
+    """The read timeout of an acquire: the wait (the server answers when it
+    ends) plus one command's time; None (no limit) for an endless wait."""
+    if wait is None or wait == 0:
+        return base
+    if math.isinf(wait):
+        return None
+    return wait + base
 
 
 class Kind:
@@ -81,7 +171,7 @@ class Kind:
         self.keys = list(keys)
         self.limit = limit
 
-    def acquire(self, owner: str, ttl_ms: int, wait: Optional[float], bind: bool) -> List[Any]:
+    def acquire(self, owner: bytes, ttl_ms: int, wait: Optional[float], bind: bool) -> List[Any]:
         if self.verb == "LOCK.MACQUIRE":
             args: List[Any] = [self.verb, len(self.keys), *self.keys, owner, ttl_ms]
         elif self.verb == "LOCK.SEMAPHORE":
@@ -116,11 +206,11 @@ def parse_info(reply: Any) -> Optional[Dict[str, Any]]:
         out[name] = v
     holders = []
     for h in out.get("holders") or []:
-        owner = h[0].decode() if isinstance(h[0], bytes) else h[0]
+        owner = h[0].encode() if isinstance(h[0], str) else h[0]
         holders.append({"owner": owner, "holds": h[1], "ttl_ms": h[2], "token": h[3]})
     out["holders"] = holders
     return out
 
 
-def as_str(owner: KeyT) -> str:
-    return owner.decode() if isinstance(owner, bytes) else owner
+def holds(info: Optional[Dict[str, Any]], owner: bytes) -> bool:
+    return info is not None and any(h["owner"] == owner for h in info["holders"])

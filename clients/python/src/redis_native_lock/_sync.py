@@ -1,14 +1,26 @@
-"""The blocking API, on redis-py's `Redis` and `RedisCluster`."""
+"""The blocking API, on redis-py's `Redis` and `RedisCluster`.
+
+Layout (the asyncio twin, `_async.py`, has the same shape):
+- `_Hold`: one acquisition's state (owner, tokens, holds, lease, bound
+  connection). A holder object keeps one `_Hold` per thread.
+- `_Server`: per process, per client pool (in a cluster: per node): the
+  package's connections to that server, its keeper thread (renewals) and its
+  watcher (invalidations of held keys). A stalled server stalls only its own.
+- `Holder` and the five kinds: what a user calls.
+"""
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 import weakref
-from typing import Any, Callable, Dict, List, Optional, Sequence
+from typing import Any, Callable, Dict, List, Optional, Sequence, Set, Union
 
 import redis
+from redis.backoff import NoBackoff
 from redis.cluster import RedisCluster
+from redis.retry import Retry
 
 from ._common import (
     DeadlockError,
@@ -17,50 +29,278 @@ from ._common import (
     LeaseLost,
     LockError,
     LockNotAcquired,
-    as_str,
+    acquire_timeout,
+    check_client,
+    check_key,
+    check_keys,
+    check_wait,
+    holds,
     ms,
     new_owner,
+    op_timeout,
+    owner_bytes,
     parse_info,
-    translate,
+    server_error,
 )
 
-_DEFAULT: Any = object()
-
 OnLost = Callable[["Holder", str], None]
+SyncClient = Union["redis.Redis", "RedisCluster"]
+
+_IO_ERRORS = (redis.ConnectionError, redis.TimeoutError, OSError)
 
 
-class _Keeper:
-    """One thread for every holder of the process: renews each one at a
-    third of its ttl (`LOCK.KEEPALIVE` on its bound connection, one per
-    connection; else `LOCK.RENEW`). Not a thread per lock."""
+def _settimeout(conn: Any, seconds: Optional[float]) -> None:
+    """The read timeout of the next replies on `conn` (redis-py's sync
+    `Connection` has no per-call timeout before 5.x's later releases, so the
+    socket's own is set)."""
+    if getattr(conn, "_sock", None) is None:
+        conn.connect()
+    conn._sock.settimeout(seconds)
 
-    def __init__(self) -> None:
-        self._cv = threading.Condition()
-        self._due: Dict["Holder", float] = {}
-        self._thread: Optional[threading.Thread] = None
 
-    def add(self, holder: "Holder", due: float) -> None:
+class _Hold:
+    """One acquisition by one thread: what the keeper renews."""
+
+    def __init__(self, holder: "Holder", owner: bytes, server: "_Server", ttl_ms: int) -> None:
+        self.holder_ref = weakref.ref(holder)
+        self.on_lost = holder._on_lost
+        self.kind = holder._kind
+        self.owner = owner
+        self.server = server
+        self.ttl_ms = ttl_ms
+        self.pid = os.getpid()
+        self.thread = threading.get_ident()
+        self.token: Optional[int] = None
+        self.tokens: List[int] = []
+        self.holds = 0
+        self.conn: Any = None
+        self.valid_until = 0.0
+        self.lost = False
+        self.why: Optional[str] = None
+        self.pending = False  # an acquire under way (claims an owner= object)
+        self.previous: Optional[_Hold] = None
+        self.io = threading.RLock()
+
+    def expired(self) -> bool:
+        return self.holds > 0 and time.monotonic() >= self.valid_until
+
+    def call(self, args: Sequence[Any], timeout: Optional[float]) -> Any:
+        """One command over the bound connection, or a connection of the
+        server's, within `timeout`."""
+        if self.conn is not None:
+            _settimeout(self.conn, timeout)
+            self.conn.send_command(*args)
+            return self.conn.read_response()
+        return self.server.call(args, timeout)
+
+    def lose(self, why: str) -> None:
+        first = not self.lost
+        self.lost = True
+        if self.why is None:
+            self.why = why
+        self.server.forget(self)
+        if self.conn is not None:
+            conn, self.conn = self.conn, None
+            self.server.put(conn, clean=False)  # closing it frees the bound grant
+        holder = self.holder_ref()
+        if first and self.on_lost is not None and holder is not None:
+            try:
+                self.on_lost(holder, self.why)
+            except Exception:  # noqa: BLE001 - a callback must not kill the keeper
+                pass
+
+    def message(self) -> str:
+        why = self.why or "its ttl ran out without a successful renewal"
+        return f"lease on {self.kind.keys!r} (token {self.token}) lost: {why}"
+
+    def track(self) -> None:
+        """After a command of our own on a bound hold's key (which, with
+        NOLOOP, drops the key from the server's tracking table), has the
+        server tell the watcher again when the key changes."""
+        with self.io:
+            if self.conn is None or self.holds == 0 or self.lost:
+                return
+            try:
+                self.server.track(self, self.server.timeout(self.ttl_ms))
+            except _IO_ERRORS as e:
+                self.lose(f"the bound connection failed ({type(e).__name__}: {e})")
+
+    # -- the keeper's and the watcher's work -------------------------------
+
+    def renew(self) -> Optional[float]:
+        """Renews the lease within the time it has left; returns when to
+        renew next (None: stop)."""
+        with self.io:
+            if self.holds == 0 or self.lost:
+                return None
+            sent = time.monotonic()
+            left = self.valid_until - sent
+            if left <= 0:
+                self.lose("the lease ran out before it could be renewed")
+                return None
+            timeout = min(self.server.timeout(self.ttl_ms), left)
+            try:
+                if self.conn is not None:
+                    n, infos = self.server.keepalive(self.conn, self.ttl_ms, self.kind.keys, timeout)
+                    ok = n >= len(self.kind.keys) and all(holds(i, self.owner) for i in infos)
+                    why = "LOCK.KEEPALIVE found it gone: released, expired, deleted or overwritten"
+                else:
+                    replies = [self.call(["LOCK.RENEW", k, self.owner, self.ttl_ms], timeout) for k in self.kind.keys]
+                    ok = all(r == 1 for r in replies)
+                    why = "LOCK.RENEW answered 0: the lease expired or the key was deleted"
+            except _IO_ERRORS as e:
+                if self.conn is not None:
+                    self.lose(f"the bound connection failed or stalled ({type(e).__name__}: {e})")
+                    return None
+                if time.monotonic() + 0.01 >= self.valid_until:
+                    self.lose(f"renewals failed until the lease ran out ({type(e).__name__}: {e})")
+                    return None
+                return time.monotonic() + min(0.2, self.ttl_ms / 3000)
+            except redis.ResponseError as e:
+                self.lose(f"the key was replaced by another type or the renewal was refused ({e})")
+                return None
+            if not ok:
+                self.lose(why)
+                return None
+            self.valid_until = sent + self.ttl_ms / 1000
+            return time.monotonic() + self.ttl_ms / 3000
+
+    def verify(self) -> None:
+        """The watcher heard that a held key changed: is it still ours?
+        (Reading the key again also keeps it tracked.)"""
+        with self.io:
+            if self.holds == 0 or self.lost or self.conn is None:
+                return
+            try:
+                infos = self.server.infos(self.conn, self.kind.keys, self.server.timeout(self.ttl_ms))
+            except _IO_ERRORS as e:
+                self.lose(f"the bound connection failed or stalled ({type(e).__name__}: {e})")
+                return
+            except redis.ResponseError as e:
+                self.lose(f"the key was replaced by another type ({e})")
+                return
+            if not all(holds(i, self.owner) for i in infos):
+                self.lose("the key was deleted, overwritten or freed (told by the server at once)")
+
+
+class _Server:
+    """The package's connections to one server for one client pool, in one
+    process: connections made like the client's (class, host, credentials,
+    database, protocol) with a connect and a read timeout on every one (the
+    client's socket_timeout, else the lease's length); idle ones kept for
+    the next holder after a clean release; a keeper thread renewing this
+    server's leases, and a watcher connection told by the server (client
+    tracking, `CLIENT TRACKING ... REDIRECT`) when a held key changes."""
+
+    _all: Dict[Any, "_Server"] = {}
+    _guard = threading.Lock()
+
+    def __init__(self, source: Any) -> None:
+        self.pid = os.getpid()
+        self._source_ref = weakref.ref(source)
+        self._cls = source.connection_class
+        kwargs = dict(source.connection_kwargs)
+        self._timeout: Optional[float] = kwargs.get("socket_timeout")
+        self._connect_timeout: Optional[float] = kwargs.get("socket_connect_timeout") or self._timeout
+        kwargs["decode_responses"] = False  # keys and owners are bytes
+        kwargs["retry"] = Retry(NoBackoff(), 0)  # a retry would double a timeout
+        for k in ("maint_notifications_pool_handler", "maint_notifications_config"):
+            kwargs.pop(k, None)  # the client pool's, not for connections of ours
+        self._kwargs = kwargs
+        self._idle: List[Any] = []
+        self._lock = threading.Lock()
+        self._cv = threading.Condition(self._lock)
+        self._due: Dict[_Hold, float] = {}
+        self._bound: Set[_Hold] = set()
+        self._keeper: Optional[threading.Thread] = None
+        self._watcher: Any = None
+        self._watcher_id: Optional[int] = None
+        self._watch_thread: Optional[threading.Thread] = None
+
+    @classmethod
+    def of(cls, client: Any, key: KeyT) -> "_Server":
+        """This process's `_Server` for the pool that serves `key`. One made
+        in a parent process before `fork()` is never used by the child (its
+        sockets are the parent's)."""
+        if isinstance(client, RedisCluster):
+            node = client.get_node_from_key(key)  # type: ignore[no-untyped-call]
+            source = client.get_redis_connection(node).connection_pool
+        else:
+            source = client.connection_pool
+        pid = os.getpid()
+        with cls._guard:
+            if any(s.pid != pid for s in cls._all.values()):
+                # Forked: forget the parent's (without closing its sockets).
+                cls._all = {k: s for k, s in cls._all.items() if s.pid == pid}
+            s = cls._all.get(id(source))
+            if s is None or s._source_ref() is not source:
+                s = cls._all[id(source)] = cls(source)
+            return s
+
+    def timeout(self, ttl_ms: int) -> float:
+        return op_timeout(self._timeout, ttl_ms)
+
+    def connection(self, ttl_ms: int) -> Any:
+        with self._lock:
+            if self._idle:
+                return self._idle.pop()
+        kwargs = dict(self._kwargs)
+        t = self.timeout(ttl_ms)
+        kwargs["socket_timeout"] = t
+        kwargs["socket_connect_timeout"] = min(self._connect_timeout or t, t)
+        conn = self._cls(**kwargs)
+        conn._rnl_tracking = None  # the watcher id this connection redirects to
+        return conn
+
+    def put(self, conn: Any, clean: bool) -> None:
+        if clean and os.getpid() == self.pid:
+            with self._lock:
+                if len(self._idle) < 16:
+                    self._idle.append(conn)
+                    return
+        conn.disconnect()  # the server frees whatever it still held
+
+    def call(self, args: Sequence[Any], timeout: Optional[float]) -> Any:
+        """One command over an idle connection of the package's own."""
+        conn = self.connection(int((timeout or 1) * 1000))
+        try:
+            _settimeout(conn, timeout)
+            conn.send_command(*args)
+            reply = conn.read_response()
+        except redis.ResponseError:
+            self.put(conn, True)
+            raise
+        except BaseException:
+            self.put(conn, False)
+            raise
+        self.put(conn, True)
+        return reply
+
+    # -- keeper -----------------------------------------------------------
+
+    def keep(self, hold: _Hold, due: float) -> None:
         with self._cv:
-            self._due[holder] = due
-            if self._thread is None or not self._thread.is_alive():
-                self._thread = threading.Thread(
-                    target=self._run, name="redis-native-lock-keeper", daemon=True
-                )
-                self._thread.start()
+            self._due[hold] = due
+            if hold.conn is not None:
+                self._bound.add(hold)
+            if self._keeper is None or not self._keeper.is_alive():
+                self._keeper = threading.Thread(target=self._run, name="redis-native-lock-keeper", daemon=True)
+                self._keeper.start()
             self._cv.notify()
 
-    def remove(self, holder: "Holder") -> None:
+    def forget(self, hold: _Hold) -> None:
         with self._cv:
-            self._due.pop(holder, None)
+            self._due.pop(hold, None)
+            self._bound.discard(hold)
 
     def _run(self) -> None:
         while True:
             with self._cv:
-                while not self._due:
-                    if not self._cv.wait(timeout=30):
-                        if not self._due:
-                            self._thread = None
-                            return
+                if not self._due:
+                    if not self._cv.wait(timeout=30) and not self._due:
+                        self._keeper = None
+                        return
+                    continue
                 now = time.monotonic()
                 first = min(self._due.values())
                 if first > now:
@@ -70,76 +310,137 @@ class _Keeper:
                 for h in ready:
                     del self._due[h]
             for h in ready:
-                next_due = h._renew()
+                next_due = h.renew()
                 if next_due is not None:
                     with self._cv:
-                        if h._holds > 0 and not h._lost:
+                        if h.holds > 0 and not h.lost:
                             self._due[h] = next_due
 
+    def keepalive(self, conn: Any, ttl_ms: int, keys: Sequence[KeyT], timeout: float) -> Any:
+        """`LOCK.KEEPALIVE` and `LOCK.INFO` of each key, in one round trip
+        (reading the keys again keeps them tracked)."""
+        _settimeout(conn, timeout)
+        conn.send_packed_command(conn.pack_commands([["LOCK.KEEPALIVE", ttl_ms]] + [["LOCK.INFO", k] for k in keys]))
+        n = conn.read_response()
+        return n, [parse_info(conn.read_response()) for _ in keys]
 
-_keeper = _Keeper()
+    def infos(self, conn: Any, keys: Sequence[KeyT], timeout: float) -> List[Any]:
+        _settimeout(conn, timeout)
+        conn.send_packed_command(conn.pack_commands([["LOCK.INFO", k] for k in keys]))
+        return [parse_info(conn.read_response()) for _ in keys]
 
+    # -- watcher ----------------------------------------------------------
 
-def _source(client: Any, key: KeyT) -> Any:
-    """The client's pool that serves `key` (in a cluster: its node's)."""
-    if isinstance(client, RedisCluster):
-        node = client.get_node_from_key(key)
-        return client.get_redis_connection(node).connection_pool
-    return client.connection_pool
+    def track(self, hold: _Hold, timeout: float) -> None:
+        """Has the server tell the watcher when a key of `hold` changes:
+        client tracking on its bound connection, redirected to the watcher,
+        and a read of each key (what tracking remembers). Without a watcher
+        (an old server, no permission), the renewals still notice."""
+        try:
+            wid = self._watcher_ready(timeout)
+            conn = hold.conn
+            if conn._rnl_tracking != wid:
+                _settimeout(conn, timeout)
+                conn.send_command("CLIENT", "TRACKING", "ON", "REDIRECT", wid, "NOLOOP")
+                conn.read_response()
+                conn._rnl_tracking = wid
+            infos = self.infos(conn, hold.kind.keys, timeout)
+        except redis.ResponseError:
+            return
+        if not all(holds(i, hold.owner) for i in infos):
+            hold.lose("the key was deleted or freed right after the grant")
 
-
-class _Dedicated:
-    """Connections for bound holders, made like the client's own (same
-    class, host, credentials, database, protocol) but without a socket
-    timeout, so that a reply that comes when the lock frees is never cut;
-    one per holder while it holds, kept for the next holder after a clean
-    release. One per client pool."""
-
-    # Per client pool, forgotten with it (its idle connections then close).
-    _all: "weakref.WeakKeyDictionary[Any, _Dedicated]" = weakref.WeakKeyDictionary()
-    _guard = threading.Lock()
-
-    def __init__(self, source: Any) -> None:
-        self._cls = source.connection_class
-        kwargs = dict(source.connection_kwargs)
-        kwargs["socket_timeout"] = None
-        self._kwargs = kwargs
-        self._idle: List[Any] = []
-        self._lock = threading.Lock()
-
-    @classmethod
-    def of(cls, client: Any, key: KeyT) -> "_Dedicated":
-        source = _source(client, key)
-        with cls._guard:
-            d = cls._all.get(source)
-            if d is None:
-                d = cls._all[source] = cls(source)
-            return d
-
-    def get(self) -> Any:
+    def _watcher_ready(self, timeout: float) -> int:
         with self._lock:
-            if self._idle:
-                return self._idle.pop()
-        return self._cls(**self._kwargs)
+            if self._watcher is not None and self._watch_thread is not None and self._watch_thread.is_alive():
+                assert self._watcher_id is not None
+                return self._watcher_id
+            kwargs = dict(self._kwargs)
+            kwargs["protocol"] = 2  # invalidations as plain pub/sub messages
+            kwargs["socket_timeout"] = timeout
+            kwargs["socket_connect_timeout"] = min(self._connect_timeout or timeout, timeout)
+            w = self._cls(**kwargs)
+            try:
+                w.send_command("CLIENT", "ID")
+                wid = int(w.read_response())
+                w.send_command("SUBSCRIBE", "__redis__:invalidate")
+                w.read_response()
+            except BaseException:
+                w.disconnect()
+                raise
+            self._watcher, self._watcher_id = w, wid
+            self._watch_thread = threading.Thread(
+                target=self._watch, args=(w,), name="redis-native-lock-watcher", daemon=True
+            )
+            self._watch_thread.start()
+            return wid
 
-    def put(self, conn: Any, clean: bool) -> None:
-        if clean:
+    def _watch(self, w: Any) -> None:
+        """Reads invalidations; a held key that changed is checked at once."""
+        while True:
             with self._lock:
-                if len(self._idle) < 16:
-                    self._idle.append(conn)
+                if self._watcher is not w:
+                    w.disconnect()
                     return
-        conn.disconnect()  # the server frees whatever it still held
+                if not self._bound and not self._due:
+                    self._watcher = None
+                    w.disconnect()
+                    return
+            try:
+                if not w.can_read(timeout=1.0):
+                    continue
+                msg = w.read_response()
+            except Exception:  # noqa: BLE001 - the watcher is gone: recheck every bound hold
+                with self._lock:
+                    if self._watcher is w:
+                        self._watcher = None
+                    bound = list(self._bound)
+                for h in bound:
+                    if h.conn is not None:
+                        h.conn._rnl_tracking = None
+                    h.verify()
+                w.disconnect()
+                return
+            if not (isinstance(msg, list) and len(msg) == 3 and msg[0] == b"message"):
+                continue
+            changed = msg[2]
+            with self._lock:
+                bound = list(self._bound)
+            for h in bound:
+                if changed is None or any(_b(k) in changed for k in h.kind.keys):
+                    h.verify()
+
+
+def _after_fork_in_child() -> None:
+    # The parent's servers, their locks and threads are not the child's.
+    _Server._all = {}
+    _Server._guard = threading.Lock()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
+def _b(key: KeyT) -> bytes:
+    return key.encode() if isinstance(key, str) else key
+
+
+_DEFAULT: Any = object()
 
 
 class Holder:
-    """One holder of one lock kind: its owner, token, lease and connection.
+    """One lock of one kind, safe to share: each thread has its own hold
+    (its own owner, token and lease), as redis-py's `thread_local=True`, so
+    threads sharing one object exclude one another like threads with one
+    object each. With an explicit `owner=` every thread would be the same
+    holder, so a second thread's acquire while another holds it raises
+    LockError."""
 
-    Not for sharing between threads for acquire/release (the keeper thread
-    renews it safely in the background)."""
+    _KIND = "Holder"
 
     def __init__(
         self,
-        client: Any,
+        client: SyncClient,
         kind: Kind,
         *,
         ttl: float = 30.0,
@@ -148,27 +449,56 @@ class Holder:
         bind: bool = True,
         on_lost: Optional[OnLost] = None,
     ) -> None:
+        check_client(client, want_async=False, cls=type(self).__name__)
         self._client = client
         self._kind = kind
-        self.ttl = ttl
         self._ttl_ms = ms(ttl, "ttl")
-        self.wait = wait
-        self.owner: str = as_str(owner) if owner else new_owner()
+        self.ttl = self._ttl_ms / 1000
+        #: The wait of the `with` block (seconds; None: do not wait; inf: no limit).
+        self.wait = check_wait(wait)
+        self._owner = owner_bytes(owner) if owner is not None else None
+        if not isinstance(bind, bool):
+            raise TypeError(f"bind must be True or False, not {bind!r}")
         self.bind = bind
+        if on_lost is not None and not callable(on_lost):
+            raise TypeError("on_lost must be callable")
         self._on_lost = on_lost
-        #: The fencing token of the grant (MultiLock: the highest of `tokens`).
-        self.token: Optional[int] = None
-        #: The tokens per key, in key order (one for single-key kinds).
-        self.tokens: List[int] = []
-        self._holds = 0
-        self._conn: Any = None
-        self._pool: Any = None
-        self._io = threading.RLock()
-        self._valid_until = 0.0
-        self._lost = False
-        self._lost_why: Optional[str] = None
+        self._local = threading.local()
+        self._shared: Optional[_Hold] = None  # with owner=: one hold for the object
+        self._guard = threading.Lock()
+        self._sibling: Optional[Holder] = None  # the other side of a ReadWriteLock
 
-    # -- what a user reads ------------------------------------------------
+    # -- this thread's hold -------------------------------------------------
+
+    def _hold(self) -> Optional[_Hold]:
+        """This thread's hold (with `owner=`: the object's), held or last held."""
+        h: Optional[_Hold] = self._shared if self._owner is not None else getattr(self._local, "hold", None)
+        if h is not None and h.pid != os.getpid():
+            return None  # the parent's, before fork()
+        return h
+
+    def _held(self) -> Optional[_Hold]:
+        h = self._hold()
+        return h if h is not None and h.holds > 0 else None
+
+    @property
+    def owner(self) -> Optional[bytes]:
+        """The owner this thread holds (or last held) the lock as; the
+        explicit `owner=` when given; None before this thread's first acquire."""
+        h = self._hold()
+        return h.owner if h is not None else self._owner
+
+    @property
+    def token(self) -> Optional[int]:
+        """This thread's fencing token (MultiLock: the highest of `tokens`)."""
+        h = self._hold()
+        return h.token if h is not None else None
+
+    @property
+    def tokens(self) -> List[int]:
+        """This thread's tokens per key, in key order."""
+        h = self._hold()
+        return list(h.tokens) if h is not None else []
 
     @property
     def keys(self) -> List[KeyT]:
@@ -176,224 +506,252 @@ class Holder:
 
     @property
     def bound(self) -> bool:
-        """Held with `BIND` on a connection of its own."""
-        return self._conn is not None
+        """This thread's hold is bound (`BIND`) to a connection of its own."""
+        h = self._held()
+        return h is not None and h.conn is not None
 
     @property
     def lost(self) -> bool:
-        """True once the lease is known gone, or may have run out."""
-        return self._holds > 0 and (self._lost or time.monotonic() >= self._valid_until)
+        """True once this thread's lease is known gone or may have run out;
+        stays True (after the release too) until this thread acquires again."""
+        h = self._hold()
+        return h is not None and (h.lost or h.expired())
 
     def check(self) -> None:
-        """Raises LeaseLost if the lease is gone: call it before a protected write."""
-        if self.lost:
-            raise LeaseLost(self._message())
+        """Raises LeaseLost if this thread's lease is gone: call it before a protected write."""
+        h = self._hold()
+        if h is not None and (h.lost or h.expired()):
+            raise LeaseLost(h.message())
 
     def locked(self) -> bool:
         """Whether anyone holds the (first) key."""
         return self._info() is not None
 
     def owned(self) -> bool:
-        """Whether this holder holds the (first) key, as the server says."""
-        info = self._info()
-        return info is not None and any(h["owner"] == self.owner for h in info["holders"])
+        """Whether this thread holds the (first) key, as the server says."""
+        h = self._held()
+        return h is not None and holds(self._info(), h.owner)
 
     def _info(self) -> Optional[Dict[str, Any]]:
-        key = self._kind.keys[0]
-        return parse_info(self._client.execute_command("LOCK.INFO", key))
+        return parse_info(self._client.execute_command("LOCK.INFO", self._kind.keys[0]))  # type: ignore[no-untyped-call]
 
     # -- acquire ----------------------------------------------------------
 
-    def acquire(self, wait: Optional[float] = _DEFAULT) -> bool:
-        """Asks for the lock, waiting in the server up to `wait` seconds
-        (None or 0: do not wait; inf: without limit). True when granted (the
-        token is `self.token`), False when the wait ran out. Raises
-        DeadlockError when waiting would close a cycle of waits."""
-        if wait is _DEFAULT:
-            wait = self.wait
-        with self._io:
-            sent = time.monotonic()
-            reply = self._send_acquire(wait)
-            if reply is None:
-                if self._holds == 0:
-                    self._give_back(clean=True)
-                return False
-            self.tokens = [int(t) for t in reply] if isinstance(reply, list) else [int(reply)]
-            self.token = max(self.tokens)
-            self._holds = self._holds + 1 if self._kind.reentrant else 1
-            self._valid_until = sent + self._ttl_ms / 1000
-            self._lost = False
-            self._lost_why = None
-        _keeper.add(self, time.monotonic() + self._ttl_ms / 3000)
+    def _new_hold(self) -> _Hold:
+        with self._guard:
+            if self._owner is not None:
+                self._not_another_threads()
+            owner = self._owner
+            if owner is None and self._sibling is not None:
+                h = self._sibling._held()
+                owner = h.owner if h is not None else None  # one owner per thread on a read-write lock
+            server = _Server.of(self._client, self._kind.keys[0])
+            h = _Hold(self, owner or new_owner(), server, self._ttl_ms)
+            if self._owner is not None:
+                h.pending = True
+                h.previous = self._shared
+                self._shared = h
+            return h
+
+    def _not_another_threads(self) -> None:
+        """With `owner=`, the object is one holder: another thread's acquire
+        while it is held would enter too (the server sees one owner)."""
+        pid, me = os.getpid(), threading.get_ident()
+        for side in (self, self._sibling):
+            h = side._shared if side is not None else None
+            if h is not None and (h.holds > 0 or h.pending) and h.pid == pid and h.thread != me:
+                raise LockError(
+                    f"{self._kind.keys!r} is held by another thread under the same owner="
+                    f"{self._owner!r}: one owner is one holder, and a second thread would enter "
+                    "too. Leave owner= unset (each thread then holds the lock as its own owner) "
+                    "or give each thread its own lock object"
+                )
+
+    def acquire(self, wait: Optional[float] = None) -> bool:
+        """Asks for the lock for this thread, waiting in the server up to
+        `wait` seconds (None or 0, the default: do not wait; inf: without
+        limit). True when granted (the token is `self.token`), False when
+        the wait ran out. Raises DeadlockError when waiting would close a
+        cycle of waits, LockError for any other refusal (a key of another
+        type; a read-write lock's mode change while held)."""
+        wait = check_wait(wait)
+        h = self._held()
+        if h is not None and self._owner is not None:
+            self._not_another_threads()
+        fresh = h is None
+        if h is None:
+            h = self._new_hold()
+        try:
+            granted = self._grant(h, wait)
+        finally:
+            if h.pending:
+                h.pending = False
+                if h.holds == 0:
+                    self._shared = h.previous  # not granted: as before
+                h.previous = None
+        if not granted:
+            return False
+        if fresh and self._owner is None:
+            self._local.hold = h
+        h.server.keep(h, time.monotonic() + h.ttl_ms / 3000)
+        h.track()
         return True
 
-    def _send_acquire(self, wait: Optional[float]) -> Any:
-        """Sends the acquire on a connection of the package's own, without a
-        socket timeout (a waiting reply comes only when the lock frees): the
-        holder's bound connection if it has one, else one that stays bound
-        to it (`BIND`) or goes back at once."""
-        if self._conn is not None:  # a bound holder asks again
+    def _grant(self, h: _Hold, wait: Optional[float]) -> bool:
+        with h.io:
+            sent = time.monotonic()
+            reply = self._send_acquire(h, wait)
+            if reply is None:
+                return False
+            h.tokens = [int(t) for t in reply] if isinstance(reply, list) else [int(reply)]
+            h.token = max(h.tokens)
+            h.holds = h.holds + 1 if self._kind.reentrant else 1
+            h.valid_until = sent + h.ttl_ms / 1000
+            h.lost, h.why = False, None
+            return True
+
+    def _send_acquire(self, h: _Hold, wait: Optional[float]) -> Any:
+        """The grant, over a connection of the package's own with a read
+        timeout of the wait plus one command's time: the hold's bound
+        connection if it has one, else one that stays bound to it (`BIND`)
+        or goes back at once."""
+        timeout = acquire_timeout(wait, h.server.timeout(h.ttl_ms))
+        if h.conn is not None:  # a bound holder asks again
             try:
-                return self._call(self._kind.acquire(self.owner, self._ttl_ms, wait, True))
+                return h.call(self._kind.acquire(h.owner, h.ttl_ms, wait, True), timeout)
             except redis.ResponseError as e:
-                raise translate(e) from e
-        key = self._kind.keys[0]
+                raise server_error(e, self._kind.keys) from e
+            except _IO_ERRORS as e:
+                h.lose(f"the bound connection failed ({type(e).__name__}: {e})")
+                raise
         moved = False
         while True:
-            pool = _Dedicated.of(self._client, key)
-            conn = pool.get()
-            args = self._kind.acquire(self.owner, self._ttl_ms, wait, self.bind)
+            conn = h.server.connection(h.ttl_ms)
+            args = self._kind.acquire(h.owner, h.ttl_ms, wait, self.bind)
             try:
+                _settimeout(conn, timeout)
                 conn.send_command(*args)
                 reply = conn.read_response()
             except redis.exceptions.MovedError:
                 # The slot moved: learn the new map, then ask its node.
-                pool.put(conn, True)
+                h.server.put(conn, True)
                 if moved:
                     raise
                 moved = True
-                self._client.nodes_manager.initialize()
+                self._client.nodes_manager.initialize()  # type: ignore[union-attr]
+                h.server = _Server.of(self._client, self._kind.keys[0])
                 continue
             except redis.ResponseError as e:
-                pool.put(conn, True)
+                h.server.put(conn, True)
                 if self.bind and "syntax" in str(e).lower():
                     self.bind = False  # a server without BIND: lease watchdog
                     continue
-                raise translate(e) from e
+                raise server_error(e, self._kind.keys) from e
             except BaseException:
                 # It may have been granted as we stopped listening: closing
                 # the connection frees a bound grant; an unbound one is
                 # released.
-                pool.put(conn, False)
-                if not self.bind:
-                    self._release_quietly()
+                h.server.put(conn, False)
+                if not self.bind and h.holds == 0:
+                    self._release_quietly(h)
                 raise
             if self.bind and reply is not None:
-                self._pool, self._conn = pool, conn
+                h.conn = conn
             else:
-                pool.put(conn, True)
+                h.server.put(conn, True)
             return reply
 
     # -- while held -------------------------------------------------------
 
-    def _call(self, args: Sequence[Any]) -> Any:
-        if self._conn is None:
-            return self._client.execute_command(*args)
-        with self._io:
-            self._conn.send_command(*args)
-            return self._conn.read_response()
-
-    def _renew(self) -> Optional[float]:
-        """The keeper's tick: renew, or find the lease lost. Returns when to
-        renew next (None: stop)."""
-        with self._io:
-            if self._holds == 0 or self._lost:
-                return None
-            sent = time.monotonic()
-            try:
-                if self._conn is not None:
-                    renewed = self._call(["LOCK.KEEPALIVE", self._ttl_ms])
-                    ok = isinstance(renewed, int) and renewed >= len(self._kind.keys)
-                    why = "LOCK.KEEPALIVE renewed fewer locks than held: released, expired or deleted"
-                else:
-                    replies = [
-                        self._call(["LOCK.RENEW", k, self.owner, self._ttl_ms]) for k in self._kind.keys
-                    ]
-                    ok = all(r == 1 for r in replies)
-                    why = "LOCK.RENEW answered 0: the lease expired or the key was deleted"
-            except (redis.ConnectionError, redis.TimeoutError) as e:
-                if self._conn is not None:
-                    self._lose(f"the connection the lock was bound to failed ({e})")
-                    self._give_back(clean=False)
-                    return None
-                if time.monotonic() >= self._valid_until:
-                    self._lose(f"renewals failed until the lease ran out ({e})")
-                    return None
-                return time.monotonic() + min(1.0, self._ttl_ms / 3000)
-            except redis.RedisError as e:
-                self._lose(f"renewal refused ({e})")
-                return None
-            if not ok:
-                self._lose(why)
-                return None
-            self._valid_until = sent + self._ttl_ms / 1000
-            return time.monotonic() + self._ttl_ms / 3000
-
     def extend(self, ttl: Optional[float] = None) -> None:
-        """Sets the lease to `ttl` seconds from now (default: the lock's ttl);
-        later renewals use it too. Raises LeaseLost if it was no longer held."""
+        """Sets this thread's lease to `ttl` seconds from now (default: the
+        lock's ttl); later renewals use it too. Raises LeaseLost if it was
+        no longer held."""
         ttl_ms = ms(ttl, "ttl") if ttl is not None else self._ttl_ms
-        with self._io:
-            if self._holds == 0:
-                raise LockError("extend() of a lock not held")
+        h = self._held()
+        if h is None:
+            raise LockError(f"extend() of {self._kind.keys!r}, which this thread does not hold")
+        with h.io:
+            if h.lost:
+                raise LeaseLost(h.message())
             sent = time.monotonic()
-            replies = [self._call(["LOCK.RENEW", k, self.owner, ttl_ms]) for k in self._kind.keys]
+            timeout = h.server.timeout(h.ttl_ms)
+            try:
+                replies = [h.call(["LOCK.RENEW", k, h.owner, ttl_ms], timeout) for k in self._kind.keys]
+            except redis.ResponseError as e:
+                h.lose(f"the key was replaced by another type ({e})")
+                raise LeaseLost(h.message()) from e
             if not all(r == 1 for r in replies):
-                self._lose("LOCK.RENEW answered 0: the lease expired or the key was deleted")
-                raise LeaseLost(self._message())
-            self._ttl_ms = ttl_ms
-            self.ttl = ttl_ms / 1000
-            self._valid_until = sent + ttl_ms / 1000
+                h.lose("LOCK.RENEW answered 0: the lease expired or the key was deleted")
+                raise LeaseLost(h.message())
+            h.ttl_ms = ttl_ms
+            h.valid_until = sent + ttl_ms / 1000
+        h.server.keep(h, time.monotonic() + ttl_ms / 3000)
+        h.track()
 
     # -- release ----------------------------------------------------------
 
     def release(self) -> None:
-        """Gives back one hold (all of a non-reentrant lock). Raises LeaseLost
-        if the server no longer counted it as ours."""
-        with self._io:
-            if self._holds == 0:
-                raise LockError("release() of a lock not held")
+        """Gives back one hold of this thread (all of a non-reentrant lock).
+        Raises LeaseLost if the server no longer counted it as ours (released
+        by its lease, deleted, overwritten)."""
+        h = self._held()
+        if h is None:
+            raise LockError(f"release() of {self._kind.keys!r}, which this thread does not hold")
+        with h.io:
+            if h.lost:
+                h.holds = 0
+                h.server.forget(h)
+                if h.conn is not None:
+                    conn, h.conn = h.conn, None
+                    h.server.put(conn, clean=False)
+                else:
+                    self._release_quietly(h)
+                raise LeaseLost(h.message())
+            timeout = h.server.timeout(h.ttl_ms)
+            gone = False
             try:
-                replies = [self._call(["LOCK.RELEASE", k, self.owner]) for k in self._kind.keys]
-            except redis.RedisError:
-                self._holds = 0
-                _keeper.remove(self)
-                self._give_back(clean=False)
+                replies = [h.call(["LOCK.RELEASE", k, h.owner], timeout) for k in self._kind.keys]
+            except redis.ResponseError as e:
+                if not str(e).startswith("WRONGTYPE"):
+                    raise
+                replies, gone = [], True
+                why = f"the key was overwritten with another type ({e})"
+            except BaseException:
+                h.holds = 0
+                h.server.forget(h)
+                if h.conn is not None:
+                    conn, h.conn = h.conn, None
+                    h.server.put(conn, clean=False)
                 raise
-            gone = any(r is None for r in replies)
-            self._holds = 0 if gone or not self._kind.reentrant else self._holds - 1
+            if not gone:
+                gone = any(r is None for r in replies)
+                why = "LOCK.RELEASE answered nil: the lock was no longer ours"
+            h.holds = 0 if gone or not self._kind.reentrant else h.holds - 1
             if any(r == 1 for r in replies):
-                self._holds = 0
-            if self._holds == 0:
-                _keeper.remove(self)
-                self._give_back(clean=not gone)
+                h.holds = 0
+            if h.holds == 0:
+                h.server.forget(h)
+                if h.conn is not None:
+                    conn, h.conn = h.conn, None
+                    h.server.put(conn, clean=not gone)
             if gone:
-                self._lose("LOCK.RELEASE answered nil: the lock was no longer ours")
-                raise LeaseLost(self._message())
+                h.lose(why)
+                raise LeaseLost(h.message())
+        if h.holds > 0:
+            h.track()
 
-    def _release_quietly(self) -> None:
+    def _release_quietly(self, h: _Hold) -> None:
         for k in self._kind.keys:
             try:
-                self._client.execute_command("LOCK.RELEASE", k, self.owner)
+                h.server.call(["LOCK.RELEASE", k, h.owner], h.server.timeout(h.ttl_ms))
             except redis.RedisError:
                 pass  # the lease ends by itself
-
-    def _give_back(self, clean: bool) -> None:
-        conn, self._conn = self._conn, None
-        if conn is None:
-            return
-        self._pool.put(conn, clean)
-
-    def _lose(self, why: str) -> None:
-        first = not self._lost
-        self._lost = True
-        if self._lost_why is None:
-            self._lost_why = why
-        _keeper.remove(self)
-        if first and self._on_lost is not None:
-            try:
-                self._on_lost(self, why)
-            except Exception:  # noqa: BLE001 - a callback must not kill the keeper
-                pass
-
-    def _message(self) -> str:
-        why = self._lost_why or "its ttl ran out without a successful renewal"
-        return f"lease on {self._kind.keys!r} (token {self.token}) lost: {why}"
 
     # -- with -------------------------------------------------------------
 
     def __enter__(self) -> "Holder":
-        if not self.acquire():
+        if not self.acquire(self.wait):
             raise LockNotAcquired(f"{self._kind.keys!r} not acquired within {self.wait}s")
         return self
 
@@ -407,38 +765,78 @@ class Holder:
         self.release()
 
     def __repr__(self) -> str:
+        h = self._hold()
         return (
             f"<{type(self).__name__} keys={self._kind.keys!r} owner={self.owner!r} "
-            f"token={self.token} holds={self._holds} bound={self.bound}>"
+            f"token={self.token} holds={h.holds if h else 0} bound={self.bound}>"
         )
 
 
 class Lock(Holder):
     """An exclusive lock (`LOCK.ACQUIRE`): one holder; a repeat acquire by
-    the same holder renews it (same token)."""
+    the same thread renews it (same token)."""
 
-    def __init__(self, client: Any, key: KeyT, **kw: Any) -> None:
-        super().__init__(client, Kind("LOCK.ACQUIRE", [key]), **kw)
+    def __init__(
+        self,
+        client: SyncClient,
+        key: KeyT,
+        *,
+        ttl: float = 30.0,
+        wait: Optional[float] = 10.0,
+        owner: Optional[KeyT] = None,
+        bind: bool = True,
+        on_lost: Optional[OnLost] = None,
+    ) -> None:
+        super().__init__(
+            client, Kind("LOCK.ACQUIRE", [check_key(key)]), ttl=ttl, wait=wait, owner=owner, bind=bind, on_lost=on_lost
+        )
 
 
 class ReentrantLock(Holder):
-    """A reentrant exclusive lock (`LOCK.RACQUIRE`): each acquire adds a
-    hold, each release removes one (Redisson's RLock)."""
+    """A reentrant exclusive lock (`LOCK.RACQUIRE`): each acquire by a
+    thread adds a hold, each release removes one (Redisson's RLock)."""
 
-    def __init__(self, client: Any, key: KeyT, **kw: Any) -> None:
-        super().__init__(client, Kind("LOCK.RACQUIRE", [key]), **kw)
+    def __init__(
+        self,
+        client: SyncClient,
+        key: KeyT,
+        *,
+        ttl: float = 30.0,
+        wait: Optional[float] = 10.0,
+        owner: Optional[KeyT] = None,
+        bind: bool = True,
+        on_lost: Optional[OnLost] = None,
+    ) -> None:
+        super().__init__(
+            client, Kind("LOCK.RACQUIRE", [check_key(key)]), ttl=ttl, wait=wait, owner=owner, bind=bind, on_lost=on_lost
+        )
 
 
 class ReadWriteLock:
     """A read-write lock on one key (Redisson's RReadWriteLock): `.read()`
     shared (`LOCK.READ`), `.write()` exclusive and reentrant
-    (`LOCK.RACQUIRE`), with writer preference. Each is its own holder."""
+    (`LOCK.RACQUIRE`), with writer preference. Both sides use one owner per
+    thread (or `owner=`), so a mode change while holding the other side is
+    the server's error at once, never a wait on itself."""
 
-    def __init__(self, client: Any, key: KeyT, **kw: Any) -> None:
-        self._read = Holder(client, Kind("LOCK.READ", [key]), **kw)
-        write_kw = dict(kw)
-        write_kw.pop("owner", None)
-        self._write = Holder(client, Kind("LOCK.RACQUIRE", [key]), **write_kw)
+    def __init__(
+        self,
+        client: SyncClient,
+        key: KeyT,
+        *,
+        ttl: float = 30.0,
+        wait: Optional[float] = 10.0,
+        owner: Optional[KeyT] = None,
+        bind: bool = True,
+        on_lost: Optional[OnLost] = None,
+    ) -> None:
+        check_client(client, want_async=False, cls="ReadWriteLock")
+        key = check_key(key)
+        self._read = Holder(client, Kind("LOCK.READ", [key]), ttl=ttl, wait=wait, owner=owner, bind=bind, on_lost=on_lost)
+        self._write = Holder(
+            client, Kind("LOCK.RACQUIRE", [key]), ttl=ttl, wait=wait, owner=owner, bind=bind, on_lost=on_lost
+        )
+        self._read._sibling, self._write._sibling = self._write, self._read
 
     def read(self) -> Holder:
         return self._read
@@ -449,22 +847,53 @@ class ReadWriteLock:
 
 class Semaphore(Holder):
     """One permit of a semaphore of `limit` permits (`LOCK.SEMAPHORE`): each
-    permit has its owner, lease and token, and cannot leak."""
+    permit (one per thread sharing the object) has its owner, lease and
+    token, and cannot leak."""
 
-    def __init__(self, client: Any, key: KeyT, limit: int, **kw: Any) -> None:
+    def __init__(
+        self,
+        client: SyncClient,
+        key: KeyT,
+        limit: int,
+        *,
+        ttl: float = 30.0,
+        wait: Optional[float] = 10.0,
+        owner: Optional[KeyT] = None,
+        bind: bool = True,
+        on_lost: Optional[OnLost] = None,
+    ) -> None:
         if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
             raise ValueError(f"limit must be an integer >= 1, not {limit!r}")
-        super().__init__(client, Kind("LOCK.SEMAPHORE", [key], limit), **kw)
+        super().__init__(
+            client,
+            Kind("LOCK.SEMAPHORE", [check_key(key)], limit),
+            ttl=ttl,
+            wait=wait,
+            owner=owner,
+            bind=bind,
+            on_lost=on_lost,
+        )
 
 
 class MultiLock(Holder):
     """Exclusive holds on several keys at once, all or none
-    (`LOCK.MACQUIRE`). In a cluster the keys must share a hash slot."""
+    (`LOCK.MACQUIRE`). In a cluster the keys must share a hash slot. A
+    plain str or bytes is refused (it is not a list of keys)."""
 
-    def __init__(self, client: Any, keys: Sequence[KeyT], **kw: Any) -> None:
-        if not keys:
-            raise ValueError("MultiLock needs at least one key")
-        super().__init__(client, Kind("LOCK.MACQUIRE", list(keys)), **kw)
+    def __init__(
+        self,
+        client: SyncClient,
+        keys: Sequence[KeyT],
+        *,
+        ttl: float = 30.0,
+        wait: Optional[float] = 10.0,
+        owner: Optional[KeyT] = None,
+        bind: bool = True,
+        on_lost: Optional[OnLost] = None,
+    ) -> None:
+        super().__init__(
+            client, Kind("LOCK.MACQUIRE", check_keys(keys)), ttl=ttl, wait=wait, owner=owner, bind=bind, on_lost=on_lost
+        )
 
 
 __all__ = [

@@ -26,7 +26,7 @@ from typing import Any, AsyncIterator, Dict, Iterator, List, Optional, Sequence
 
 import redis
 
-from ._common import KeyT, LockNotAcquired, ms, new_owner
+from ._common import KeyT, LockNotAcquired, check_client, ms, new_owner, owner_bytes
 
 __all__ = ["RedLock", "AsyncRedLock", "RedLease", "LockNotAcquired"]
 
@@ -34,7 +34,7 @@ __all__ = ["RedLock", "AsyncRedLock", "RedLease", "LockNotAcquired"]
 class RedLease:
     """A quorum's grant: owner, per-server tokens, validity."""
 
-    def __init__(self, key: KeyT, owner: str, ttl_ms: int, tokens: Dict[int, int], validity_ms: float, started: float):
+    def __init__(self, key: KeyT, owner: bytes, ttl_ms: int, tokens: Dict[int, int], validity_ms: float, started: float):
         self.key = key
         self.owner = owner
         self.ttl_ms = ttl_ms
@@ -51,19 +51,32 @@ class _Base:
     def __init__(self, servers: Sequence[Any], retries: int = 3, retry_delay: float = 0.2, drift_factor: float = 0.01):
         if not servers:
             raise ValueError("RedLock needs at least one server")
+        for s in servers:
+            check_client(s, want_async=self._ASYNC, cls=type(self).__name__)
         self.servers = list(servers)
         self.quorum = len(self.servers) // 2 + 1
         self.retries = retries
         self.retry_delay = retry_delay
         self.drift_factor = drift_factor
 
-    def _outcome(self, key: KeyT, owner: str, ttl_ms: int, replies: List[Any], started: float) -> Optional[RedLease]:
+    _ASYNC = False
+
+    def _outcome(self, key: KeyT, owner: bytes, ttl_ms: int, replies: List[Any], started: float) -> Optional[RedLease]:
         tokens = {i: t for i, t in enumerate(replies) if isinstance(t, int) and not isinstance(t, bool)}
         elapsed_ms = (time.monotonic() - started) * 1000
         validity_ms = ttl_ms - elapsed_ms - (ttl_ms * self.drift_factor + 2)
         if len(tokens) >= self.quorum and validity_ms > 0:
             return RedLease(key, owner, ttl_ms, tokens, validity_ms, started)
         return None
+
+    def _extended(self, lease: RedLease, ttl_ms: int, renewed: int, started: float) -> bool:
+        """Held again if a quorum renewed it with validity left."""
+        validity_ms = ttl_ms - (time.monotonic() - started) * 1000 - (ttl_ms * self.drift_factor + 2)
+        if renewed >= self.quorum and validity_ms > 0:
+            lease.ttl_ms, lease.validity_ms = ttl_ms, validity_ms
+            lease._valid_until = started + validity_ms / 1000
+            return True
+        return False
 
     def _not_acquired(self, key: KeyT) -> LockNotAcquired:
         return LockNotAcquired(f"{key!r}: no quorum of {self.quorum}/{len(self.servers)} servers granted it")
@@ -82,29 +95,24 @@ class RedLock(_Base):
                 out.append(None)
         return out
 
-    def acquire(self, key: KeyT, ttl: float, owner: Optional[str] = None) -> Optional[RedLease]:
+    def acquire(self, key: KeyT, ttl: float, owner: Optional[KeyT] = None) -> Optional[RedLease]:
         ttl_ms = ms(ttl, "ttl")
-        owner = owner or new_owner()
+        me = owner_bytes(owner) if owner is not None else new_owner()
         for attempt in range(self.retries):
             if attempt:
                 time.sleep(random.uniform(0, self.retry_delay))
             started = time.monotonic()
-            lease = self._outcome(key, owner, ttl_ms, self._each("LOCK.ACQUIRE", key, owner, ttl_ms), started)
+            lease = self._outcome(key, me, ttl_ms, self._each("LOCK.ACQUIRE", key, me, ttl_ms), started)
             if lease is not None:
                 return lease
-            self._each("LOCK.RELEASE", key, owner)
+            self._each("LOCK.RELEASE", key, me)
         return None
 
     def extend(self, lease: RedLease, ttl: Optional[float] = None) -> bool:
         ttl_ms = ms(ttl, "ttl") if ttl is not None else lease.ttl_ms
         started = time.monotonic()
         renewed = sum(r == 1 for r in self._each("LOCK.RENEW", lease.key, lease.owner, ttl_ms))
-        validity_ms = ttl_ms - (time.monotonic() - started) * 1000 - (ttl_ms * self.drift_factor + 2)
-        if renewed >= self.quorum and validity_ms > 0:
-            lease.ttl_ms, lease.validity_ms = ttl_ms, validity_ms
-            lease._valid_until = started + validity_ms / 1000
-            return True
-        return False
+        return self._extended(lease, ttl_ms, renewed, started)
 
     def release(self, lease: RedLease) -> int:
         return sum(r is not None for r in self._each("LOCK.RELEASE", lease.key, lease.owner))
@@ -121,7 +129,10 @@ class RedLock(_Base):
 
 
 class AsyncRedLock(_Base):
-    """RedLock with `redis.asyncio` clients; the servers are asked at once."""
+    """RedLock with `redis.asyncio` clients; the servers are asked at once.
+    The same methods as `RedLock`, awaited."""
+
+    _ASYNC = True
 
     async def _each(self, *args: Any) -> List[Any]:
         async def one(s: Any) -> Any:
@@ -132,19 +143,25 @@ class AsyncRedLock(_Base):
 
         return list(await asyncio.gather(*(one(s) for s in self.servers)))
 
-    async def acquire(self, key: KeyT, ttl: float, owner: Optional[str] = None) -> Optional[RedLease]:
+    async def acquire(self, key: KeyT, ttl: float, owner: Optional[KeyT] = None) -> Optional[RedLease]:
         ttl_ms = ms(ttl, "ttl")
-        owner = owner or new_owner()
+        me = owner_bytes(owner) if owner is not None else new_owner()
         for attempt in range(self.retries):
             if attempt:
                 await asyncio.sleep(random.uniform(0, self.retry_delay))
             started = time.monotonic()
-            replies = await self._each("LOCK.ACQUIRE", key, owner, ttl_ms)
-            lease = self._outcome(key, owner, ttl_ms, replies, started)
+            replies = await self._each("LOCK.ACQUIRE", key, me, ttl_ms)
+            lease = self._outcome(key, me, ttl_ms, replies, started)
             if lease is not None:
                 return lease
-            await self._each("LOCK.RELEASE", key, owner)
+            await self._each("LOCK.RELEASE", key, me)
         return None
+
+    async def extend(self, lease: RedLease, ttl: Optional[float] = None) -> bool:
+        ttl_ms = ms(ttl, "ttl") if ttl is not None else lease.ttl_ms
+        started = time.monotonic()
+        renewed = sum(r == 1 for r in await self._each("LOCK.RENEW", lease.key, lease.owner, ttl_ms))
+        return self._extended(lease, ttl_ms, renewed, started)
 
     async def release(self, lease: RedLease) -> int:
         return sum(r is not None for r in await self._each("LOCK.RELEASE", lease.key, lease.owner))
