@@ -14,7 +14,7 @@ mod common;
 
 use common::cluster::Cluster;
 use common::*;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
 fn root() -> PathBuf {
@@ -30,8 +30,10 @@ fn gopath() -> PathBuf {
         std::path::Path::new(REDIGO).is_dir(),
         "redigo is not installed at {REDIGO}: run `make client-deps` (apt-get install golang-go golang-github-gomodule-redigo-dev)"
     );
+    static N: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+    let n = N.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     let dir = std::env::temp_dir().join("redis-lock-tests").join(format!(
-        "gopath-{}-{}",
+        "gopath-{}-{}-{n}",
         std::process::id(),
         now_ms()
     ));
@@ -41,10 +43,13 @@ fn gopath() -> PathBuf {
     dir
 }
 
-fn go(gopath: &PathBuf, args: &[&str]) -> Command {
+fn go(gopath: &Path, args: &[&str]) -> Command {
+    let pkg = gopath.join("src/redislock");
     let mut c = Command::new("go");
     c.args(args)
-        .current_dir(gopath.join("src/redislock"))
+        .current_dir(&pkg)
+        // Go takes $PWD for the directory: the package is `redislock`, in the GOPATH.
+        .env("PWD", &pkg)
         .env("GO111MODULE", "off")
         .env(
             "GOPATH",
@@ -218,9 +223,13 @@ fn go_docs_examples_build_and_run() {
         std::fs::create_dir_all(&dir).expect("dir");
         std::fs::write(dir.join("main.go"), text).expect("write");
         let mut vet = go(&gp, &["vet", "."]);
-        run(&format!("go vet {name}"), vet.current_dir(&dir));
+        run(
+            &format!("go vet {name}"),
+            vet.current_dir(&dir).env("PWD", &dir),
+        );
         let mut cmd = go(&gp, &["run", "."]);
         cmd.current_dir(&dir)
+            .env("PWD", &dir)
             .env("REDIS_ADDR", format!("127.0.0.1:{}", server.port));
         let out = run(&format!("go run {name}"), &mut cmd);
         assert!(out.contains("token"), "{name} printed its tokens:\n{out}");
