@@ -319,7 +319,9 @@ func (l *Lock) waitOn(ctx context.Context, conn redis.Conn, wait time.Duration, 
 	case r := <-ch:
 		if r.err != nil && !isReplyError(r.err) && !bound {
 			// A grant may have crossed the failure: let it go.
-			_, _ = l.c.do(context.Background(), "LOCK.RELEASE", l.keys[0], owner)
+			for _, k := range l.keys {
+				_, _ = l.c.do(context.Background(), "LOCK.RELEASE", k, owner)
+			}
 		}
 		return r.reply, serverError(r.err)
 	case <-ctx.Done():
