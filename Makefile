@@ -19,7 +19,7 @@ help: ## Show this help
 deps: ## Install redis-server, redis-tools, libclang-dev, a C compiler when missing
 	@scripts/deps.sh
 
-client-deps: ## Install the client examples' libraries (redis-py, ioredis) into target/clients
+client-deps: ## Install the client packages' dependencies (redis-py, Node.js, Go and redigo) when missing
 	@scripts/client-deps.sh
 
 build: deps ## Build the debug module (target/debug/libredis_lock.so)

@@ -2,7 +2,9 @@
 # Installs what the client examples' tests need (tests/clients.rs), only when
 # missing, project-local and never system-wide:
 #   - redis-py into target/clients/python (pip install --target),
-#   - Node.js and npm from Debian when they are not on the machine.
+#   - Node.js and npm from Debian when they are not on the machine,
+#   - Go and redigo from Debian (tests/go_package.rs builds the Go package in
+#     GOPATH mode against /usr/share/gocode: no Go module proxy is reached).
 # The Rust example's `redis` crate is a dev-dependency: cargo fetches it.
 # Quiet and quick when everything is there; safe to run again.
 set -euo pipefail
@@ -78,3 +80,13 @@ if ! command -v node >/dev/null 2>&1 || ! command -v npm >/dev/null 2>&1; then
   $sudo apt-get install -y -qq --no-install-recommends nodejs npm >/dev/null
 fi
 
+
+# Go and redigo, for the Go package's tests (tests/go_package.rs).
+if ! command -v go >/dev/null 2>&1 \
+    || [ ! -d /usr/share/gocode/src/github.com/gomodule/redigo/redis ]; then
+  say "installing golang-go and golang-github-gomodule-redigo-dev (Debian)"
+  sudo=$(need_root golang-go golang-github-gomodule-redigo-dev)
+  export DEBIAN_FRONTEND=noninteractive
+  $sudo apt-get update -qq
+  $sudo apt-get install -y -qq --no-install-recommends golang-go golang-github-gomodule-redigo-dev >/dev/null
+fi

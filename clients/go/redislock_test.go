@@ -1,0 +1,659 @@
+package redislock
+
+// Integration tests against servers started by tests/go_package.rs:
+//   REDIS_LOCK_ADDR            a server with the module
+//   REDIS_LOCK_STALL_ADDR/PID  a second server, SIGSTOPped by TestStall
+//   REDIS_LOCK_CLUSTER_ADDRS   the nodes of a cluster (comma-separated)
+//   REDLOCK_ADDRS, REDLOCK_DOWN  five servers, the last DOWN of them stopped
+// A test whose servers are not given is skipped; the Rust test checks that
+// none was.
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/gomodule/redigo/redis"
+)
+
+func env(t *testing.T, name string) string {
+	v := os.Getenv(name)
+	if v == "" {
+		t.Skipf("%s not set", name)
+	}
+	return v
+}
+
+func admin(t *testing.T, addr string) redis.Conn {
+	c, err := redis.Dial("tcp", addr, redis.DialReadTimeout(5*time.Second))
+	if err != nil {
+		t.Fatalf("admin connection to %s: %v", addr, err)
+	}
+	t.Cleanup(func() { c.Close() })
+	return c
+}
+
+func must(t *testing.T, err error) {
+	t.Helper()
+	if err != nil {
+		t.Fatal(err)
+	}
+}
+
+func acquired(t *testing.T, l *Lock) *Held {
+	t.Helper()
+	h, err := l.Acquire(context.Background())
+	if err != nil {
+		t.Fatalf("%s %q: %v", l.Kind(), l.Keys(), err)
+	}
+	return h
+}
+
+func refused(t *testing.T, l *Lock) {
+	t.Helper()
+	h, err := l.Acquire(context.Background())
+	if !errors.Is(err, ErrNotAcquired) {
+		t.Fatalf("%s %q: want ErrNotAcquired, got %v, %v", l.Kind(), l.Keys(), h, err)
+	}
+}
+
+// calls: cmdstat_<cmd> calls since the last CONFIG RESETSTAT.
+func calls(t *testing.T, c redis.Conn, cmd string) int {
+	t.Helper()
+	info, err := redis.String(c.Do("INFO", "commandstats"))
+	must(t, err)
+	for _, line := range strings.Split(info, "\r\n") {
+		if strings.HasPrefix(line, "cmdstat_"+strings.ToLower(cmd)+":calls=") {
+			v := strings.TrimPrefix(line, "cmdstat_"+strings.ToLower(cmd)+":calls=")
+			n, _ := strconv.Atoi(v[:strings.IndexByte(v, ',')])
+			return n
+		}
+	}
+	return 0
+}
+
+func waitUntil(t *testing.T, d time.Duration, what string, f func() bool) {
+	t.Helper()
+	end := time.Now().Add(d)
+	for !f() {
+		if time.Now().After(end) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// everyKind on one server (or one cluster node, keys in its slots).
+func everyKind(t *testing.T, c *Client, k func(string) string, opts ...Option) {
+	ctx := context.Background()
+	// Exclusive: a second holder refused; tokens increase.
+	x := acquired(t, c.Exclusive(k("x"), opts...))
+	refused(t, c.Exclusive(k("x"), opts...))
+	t1 := x.Token()
+	must(t, x.Release(ctx))
+	x2 := acquired(t, c.Exclusive(k("x"), opts...))
+	if x2.Token() <= t1 {
+		t.Fatalf("tokens increase: %d then %d", t1, x2.Token())
+	}
+	must(t, x2.Release(ctx))
+	if locked, err := c.Locked(ctx, k("x")); err != nil || locked {
+		t.Fatalf("released: locked=%v err=%v", locked, err)
+	}
+	// Reentrant: holds counted.
+	r := acquired(t, c.Reentrant(k("r"), opts...))
+	must(t, r.Reacquire(ctx))
+	must(t, r.Release(ctx))
+	if locked, _ := c.Locked(ctx, k("r")); !locked {
+		t.Fatal("one hold left")
+	}
+	must(t, r.Release(ctx))
+	if locked, _ := c.Locked(ctx, k("r")); locked {
+		t.Fatal("both holds released")
+	}
+	if err := r.Release(ctx); !errors.Is(err, ErrInvalid) {
+		t.Fatalf("a third release: %v", err)
+	}
+	// Read-write: readers share, a writer is refused; then the other way.
+	ra := acquired(t, c.Read(k("rw"), opts...))
+	rb := acquired(t, c.Read(k("rw"), opts...))
+	refused(t, c.Write(k("rw"), opts...))
+	must(t, ra.Release(ctx))
+	must(t, rb.Release(ctx))
+	w := acquired(t, c.Write(k("rw"), opts...))
+	refused(t, c.Read(k("rw"), opts...))
+	must(t, w.Release(ctx))
+	// Semaphore: two permits.
+	p0 := acquired(t, c.Semaphore(k("sem"), 2, opts...))
+	p1 := acquired(t, c.Semaphore(k("sem"), 2, opts...))
+	refused(t, c.Semaphore(k("sem"), 2, opts...))
+	must(t, p0.Release(ctx))
+	p2 := acquired(t, c.Semaphore(k("sem"), 2, opts...))
+	if p1.Token() == p2.Token() {
+		t.Fatal("a token per permit")
+	}
+	must(t, p1.Release(ctx))
+	must(t, p2.Release(ctx))
+	// Multi: all or none, a token per key.
+	m := acquired(t, c.Multi([]string{k("m1"), k("m2")}, opts...))
+	if len(m.Tokens()) != 2 {
+		t.Fatalf("tokens %v", m.Tokens())
+	}
+	refused(t, c.Exclusive(k("m2"), opts...))
+	refused(t, c.Multi([]string{k("m0"), k("m2")}, opts...))
+	if locked, _ := c.Locked(ctx, k("m0")); locked {
+		t.Fatal("none taken when one is busy")
+	}
+	must(t, m.Release(ctx))
+	must(t, acquired(t, c.Exclusive(k("m2"), opts...)).Release(ctx))
+	// A given owner is honoured by every kind.
+	for _, l := range []*Lock{
+		c.Exclusive(k("o1"), append(opts, WithOwner("me\x00\xff"))...),
+		c.Reentrant(k("o2"), append(opts, WithOwner("me\x00\xff"))...),
+		c.Read(k("o3"), append(opts, WithOwner("me\x00\xff"))...),
+		c.Write(k("o4"), append(opts, WithOwner("me\x00\xff"))...),
+		c.Semaphore(k("o5"), 3, append(opts, WithOwner("me\x00\xff"))...),
+		c.Multi([]string{k("o6"), k("o7")}, append(opts, WithOwner("me\x00\xff"))...),
+	} {
+		h := acquired(t, l)
+		if h.Owner() != "me\x00\xff" {
+			t.Fatalf("owner %q", h.Owner())
+		}
+		must(t, h.Release(ctx))
+	}
+}
+
+func TestEveryKindBoundAndNot(t *testing.T) {
+	addr := env(t, "REDIS_LOCK_ADDR")
+	c := New(addr)
+	defer c.Close()
+	for _, bind := range []bool{true, false} {
+		everyKind(t, c, func(n string) string { return fmt.Sprintf("go:%v:%s", bind, n) }, WithBind(bind))
+	}
+	// Binary-safe keys: NUL and non-UTF-8 bytes, kept apart from their prefix.
+	a := admin(t, addr)
+	h := acquired(t, c.Exclusive("go:bin\x00\xff\xfe"))
+	defer h.Release(context.Background())
+	if n, _ := redis.Int(a.Do("EXISTS", "go:bin\x00\xff\xfe")); n != 1 {
+		t.Fatal("the key with NUL and 0xff exists as given")
+	}
+	if n, _ := redis.Int(a.Do("EXISTS", "go:bin")); n != 0 {
+		t.Fatal("no truncated key")
+	}
+	if !h.Bound() {
+		t.Fatal("bound by default")
+	}
+}
+
+func TestWaitsInTheServerWithoutPolling(t *testing.T) {
+	addr := env(t, "REDIS_LOCK_ADDR")
+	c := New(addr)
+	defer c.Close()
+	a := admin(t, addr)
+	holder := acquired(t, c.Exclusive("go:w"))
+	_, err := a.Do("CONFIG", "RESETSTAT")
+	must(t, err)
+	go func() {
+		time.Sleep(400 * time.Millisecond)
+		holder.Release(context.Background())
+	}()
+	start := time.Now()
+	h, err := c.Exclusive("go:w", WithWait(5*time.Second)).Acquire(context.Background())
+	must(t, err)
+	if el := time.Since(start); el < 350*time.Millisecond || el > 3*time.Second {
+		t.Fatalf("granted after %v, at the release", el)
+	}
+	if n := calls(t, a, "lock.acquire"); n != 1 {
+		t.Fatalf("one LOCK.ACQUIRE for the whole wait, not polling: %d", n)
+	}
+	must(t, h.Release(context.Background()))
+	// A wait that runs out is ErrNotAcquired, on time.
+	holder = acquired(t, c.Exclusive("go:w"))
+	start = time.Now()
+	_, err = c.Exclusive("go:w", WithWait(300*time.Millisecond)).Acquire(context.Background())
+	if !errors.Is(err, ErrNotAcquired) || time.Since(start) < 290*time.Millisecond {
+		t.Fatalf("ran out after %v: %v", time.Since(start), err)
+	}
+	// The context's deadline bounds WaitForever, in the server.
+	ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
+	defer cancel()
+	_, err = c.Exclusive("go:w", WithWait(WaitForever)).Acquire(ctx)
+	if !errors.Is(err, ErrNotAcquired) && !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("bounded by the context: %v", err)
+	}
+	must(t, holder.Release(context.Background()))
+}
+
+// A cancelled context stops the wait in the server: the waiter leaves the
+// queue and is never granted.
+func TestCancelledContextLeavesTheQueue(t *testing.T) {
+	addr := env(t, "REDIS_LOCK_ADDR")
+	c := New(addr)
+	defer c.Close()
+	a := admin(t, addr)
+	for _, bind := range []bool{true, false} {
+		key := fmt.Sprintf("go:cancel:%v", bind)
+		holder := acquired(t, c.Exclusive(key))
+		ctx, cancel := context.WithCancel(context.Background())
+		done := make(chan error, 1)
+		go func() {
+			_, err := c.Exclusive(key, WithWait(WaitForever), WithBind(bind)).Acquire(ctx)
+			done <- err
+		}()
+		waiters := func() int64 {
+			v, err := redis.Values(a.Do("LOCK.INFO", key))
+			must(t, err)
+			for i := 0; i+1 < len(v); i += 2 {
+				if s, _ := redis.String(v[i], nil); s == "waiters" {
+					n, _ := redis.Int64(v[i+1], nil)
+					return n
+				}
+			}
+			return -1
+		}
+		waitUntil(t, 3*time.Second, "the waiter in the queue", func() bool { return waiters() == 1 })
+		cancel()
+		select {
+		case err := <-done:
+			if !errors.Is(err, context.Canceled) {
+				t.Fatalf("cancelled: %v", err)
+			}
+		case <-time.After(2 * time.Second):
+			t.Fatal("the cancelled acquire did not return")
+		}
+		waitUntil(t, 2*time.Second, "the queue to empty", func() bool { return waiters() == 0 })
+		must(t, holder.Release(context.Background()))
+		time.Sleep(50 * time.Millisecond)
+		if locked, _ := c.Locked(context.Background(), key); locked {
+			t.Fatal("the cancelled waiter was granted")
+		}
+	}
+}
+
+func TestKeepaliveRenewsBoundWithKeepaliveElseRenew(t *testing.T) {
+	addr := env(t, "REDIS_LOCK_ADDR")
+	c := New(addr)
+	defer c.Close()
+	a := admin(t, addr)
+	for _, bind := range []bool{true, false} {
+		key := fmt.Sprintf("go:ka:%v", bind)
+		_, err := a.Do("CONFIG", "RESETSTAT")
+		must(t, err)
+		h := acquired(t, c.Exclusive(key, WithTTL(600*time.Millisecond), WithBind(bind)))
+		time.Sleep(1500 * time.Millisecond)
+		if h.Err() != nil {
+			t.Fatalf("renewed: %v", h.Err())
+		}
+		ka, rn := calls(t, a, "lock.keepalive"), calls(t, a, "lock.renew")
+		if bind && (ka < 3 || rn != 0) || !bind && (rn < 3 || ka != 0) {
+			t.Fatalf("bind=%v: %d KEEPALIVE, %d RENEW", bind, ka, rn)
+		}
+		must(t, h.Extend(context.Background(), 20*time.Second))
+		if pttl, _ := redis.Int(a.Do("PTTL", key)); pttl < 10000 {
+			t.Fatalf("extended: pttl %d", pttl)
+		}
+		must(t, h.Release(context.Background()))
+		select {
+		case <-h.Lost():
+		default:
+			t.Fatal("Lost is closed after the release")
+		}
+		if errors.Is(h.Err(), ErrLeaseLost) {
+			t.Fatal("a release is not a lost lease")
+		}
+		// No renewal after the release.
+		before := calls(t, a, "lock.keepalive") + calls(t, a, "lock.renew")
+		time.Sleep(500 * time.Millisecond)
+		if after := calls(t, a, "lock.keepalive") + calls(t, a, "lock.renew"); after != before {
+			t.Fatalf("renewals after the release: %d then %d", before, after)
+		}
+	}
+}
+
+// Lost leases: deleted, overwritten (WRONGTYPE), the bound connection killed.
+func TestLostLease(t *testing.T) {
+	addr := env(t, "REDIS_LOCK_ADDR")
+	c := New(addr)
+	defer c.Close()
+	a := admin(t, addr)
+	ctx := context.Background()
+	for _, bind := range []bool{true, false} {
+		for _, how := range []string{"DEL", "SET"} {
+			key := fmt.Sprintf("go:lost:%v:%s", bind, how)
+			h := acquired(t, c.Exclusive(key, WithTTL(600*time.Millisecond), WithBind(bind)))
+			args := []interface{}{key}
+			if how == "SET" {
+				args = append(args, "a string")
+			}
+			_, err := a.Do(how, args...)
+			must(t, err)
+			select {
+			case <-h.Lost():
+			case <-time.After(2 * time.Second):
+				t.Fatalf("%s bind=%v: not seen lost", how, bind)
+			}
+			var lost *LeaseLostError
+			if !errors.Is(h.Err(), ErrLeaseLost) || !errors.As(h.Err(), &lost) || lost.Token != h.Token() {
+				t.Fatalf("%s: Err %v", how, h.Err())
+			}
+			if err := h.Release(ctx); !errors.Is(err, ErrLeaseLost) {
+				t.Fatalf("%s: release %v", how, err)
+			}
+		}
+		// Found at the release, before any renewal.
+		for _, how := range []string{"DEL", "SET"} {
+			key := fmt.Sprintf("go:lostrel:%v:%s", bind, how)
+			h := acquired(t, c.Exclusive(key, WithBind(bind)))
+			args := []interface{}{key}
+			if how == "SET" {
+				args = append(args, "x")
+			}
+			_, err := a.Do(how, args...)
+			must(t, err)
+			if err := h.Release(ctx); !errors.Is(err, ErrLeaseLost) {
+				t.Fatalf("%s at release: %v", how, err)
+			}
+		}
+	}
+	// A bound holder's connection killed: the lock is free at once.
+	h := acquired(t, c.Exclusive("go:killed", WithTTL(10*time.Second)))
+	_, err := a.Do("CLIENT", "KILL", "TYPE", "normal", "SKIPME", "yes")
+	must(t, err)
+	other, err := c.Exclusive("go:killed", WithWait(500*time.Millisecond)).Acquire(ctx)
+	must(t, err)
+	select {
+	case <-h.Lost():
+	case <-time.After(5 * time.Second):
+		t.Fatal("the killed holder not told")
+	}
+	if err := h.Release(ctx); !errors.Is(err, ErrLeaseLost) {
+		t.Fatalf("release after kill: %v", err)
+	}
+	must(t, other.Release(ctx))
+}
+
+// One session, many locks, one keepalive.
+func TestSessionOneKeepaliveForManyLocks(t *testing.T) {
+	addr := env(t, "REDIS_LOCK_ADDR")
+	c := New(addr)
+	defer c.Close()
+	a := admin(t, addr)
+	ctx := context.Background()
+	s, err := c.NewSession(ctx, WithTTL(600*time.Millisecond))
+	must(t, err)
+	_, err = a.Do("CONFIG", "RESETSTAT")
+	must(t, err)
+	var hs []*Held
+	for i := 0; i < 5; i++ {
+		hs = append(hs, acquired(t, c.Exclusive(fmt.Sprintf("go:s%d", i), WithSession(s))))
+	}
+	hs = append(hs, acquired(t, c.Multi([]string{"go:sm1", "go:sm2"}, WithSession(s))))
+	time.Sleep(1500 * time.Millisecond)
+	for _, h := range hs {
+		must(t, h.Err())
+	}
+	if ka, rn := calls(t, a, "lock.keepalive"), calls(t, a, "lock.renew"); ka < 5 || ka > 9 || rn != 0 {
+		t.Fatalf("one KEEPALIVE per tick for all: %d KEEPALIVE, %d RENEW", ka, rn)
+	}
+	// One deleted: that one lost, the others kept.
+	_, err = a.Do("DEL", "go:s0")
+	must(t, err)
+	select {
+	case <-hs[0].Lost():
+	case <-time.After(2 * time.Second):
+		t.Fatal("the deleted one not seen lost")
+	}
+	time.Sleep(500 * time.Millisecond)
+	for _, h := range hs[1:] {
+		must(t, h.Err())
+	}
+	// A waiting acquire in the session waits on a connection of its own
+	// (the keepalive goes on), and is bound to the session once granted.
+	holder := acquired(t, c.Exclusive("go:sw"))
+	go func() {
+		time.Sleep(1 * time.Second)
+		holder.Release(ctx)
+	}()
+	w, err := c.Exclusive("go:sw", WithSession(s), WithWait(5*time.Second)).Acquire(ctx)
+	must(t, err)
+	for _, h := range hs[1:] {
+		must(t, h.Err()) // renewed while the acquire waited
+	}
+	rw, err := c.Write("go:srw", WithSession(s)).Acquire(ctx)
+	must(t, err)
+	if err := w.Extend(ctx, time.Minute); !errors.Is(err, ErrInvalid) {
+		t.Fatalf("Extend in a session: %v", err)
+	}
+	must(t, hs[1].Release(ctx))
+	// Closing the session frees all the rest at once.
+	must(t, s.Close())
+	<-s.Done()
+	for _, k := range []string{"go:s2", "go:sm1", "go:sw", "go:srw"} {
+		if locked, _ := c.Locked(ctx, k); locked {
+			t.Fatalf("%s freed with the session", k)
+		}
+	}
+	if !errors.Is(rw.Err(), ErrClosed) {
+		t.Fatalf("closed: %v", rw.Err())
+	}
+	if _, err := c.Exclusive("go:after", WithSession(s)).Acquire(ctx); !errors.Is(err, ErrClosed) {
+		t.Fatalf("acquire in a closed session: %v", err)
+	}
+}
+
+func TestDeadlockIsAnError(t *testing.T) {
+	addr := env(t, "REDIS_LOCK_ADDR")
+	c := New(addr)
+	defer c.Close()
+	a := admin(t, addr)
+	ctx := context.Background()
+	a1 := acquired(t, c.Exclusive("go:d1", WithOwner("A")))
+	b2 := acquired(t, c.Exclusive("go:d2", WithOwner("B")))
+	var wg sync.WaitGroup
+	var aErr error
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		var h *Held
+		h, aErr = c.Exclusive("go:d2", WithOwner("A"), WithWait(5*time.Second)).Acquire(ctx)
+		if aErr == nil {
+			aErr = h.Release(ctx)
+		}
+	}()
+	waitUntil(t, 3*time.Second, "A to wait", func() bool {
+		info, _ := redis.String(a.Do("INFO", "lock"))
+		return strings.Contains(info, "lock_waiters:1")
+	})
+	_, err := c.Exclusive("go:d1", WithOwner("B"), WithWait(5*time.Second)).Acquire(ctx)
+	if !errors.Is(err, ErrDeadlock) || !strings.Contains(err.Error(), "DEADLOCK") {
+		t.Fatalf("want ErrDeadlock, got %v", err)
+	}
+	must(t, b2.Release(ctx))
+	wg.Wait()
+	must(t, aErr)
+	must(t, a1.Release(ctx))
+}
+
+func TestBadInputIsErrInvalid(t *testing.T) {
+	c := New("127.0.0.1:1") // nothing is sent
+	defer c.Close()
+	many := make([]string, 1001)
+	for i := range many {
+		many[i] = strconv.Itoa(i)
+	}
+	for name, l := range map[string]*Lock{
+		"empty owner":   c.Exclusive("k", WithOwner("")),
+		"zero ttl":      c.Exclusive("k", WithTTL(0)),
+		"sub-ms ttl":    c.Exclusive("k", WithTTL(time.Microsecond)),
+		"negative wait": c.Exclusive("k", WithWait(-5*time.Second)),
+		"no keys":       c.Multi(nil),
+		"repeated key":  c.Multi([]string{"a", "a"}),
+		"1001 keys":     c.Multi(many),
+		"0 permits":     c.Semaphore("k", 0),
+		"nil session":   c.Exclusive("k", WithSession(nil)),
+	} {
+		if _, err := l.Acquire(context.Background()); !errors.Is(err, ErrInvalid) {
+			t.Errorf("%s: want ErrInvalid, got %v", name, err)
+		}
+	}
+	if _, err := NewRedLock(nil).Acquire(context.Background(), "k"); !errors.Is(err, ErrInvalid) {
+		t.Errorf("RedLock without servers: %v", err)
+	}
+	if _, err := c.NewSession(context.Background(), WithTTL(0)); !errors.Is(err, ErrInvalid) {
+		t.Errorf("session with ttl 0: %v", err)
+	}
+	// A server that is not there: a connection error, within the timeout.
+	start := time.Now()
+	if _, err := c.Exclusive("k").Acquire(context.Background()); err == nil || errors.Is(err, ErrNotAcquired) {
+		t.Errorf("no server: %v", err)
+	}
+	if time.Since(start) > 3*time.Second {
+		t.Errorf("took %v", time.Since(start))
+	}
+}
+
+// A SIGSTOPped server: its lock is lost within the lease, calls to it end
+// within the timeout, and the lock on the other server is kept.
+func TestStalledServerStallsNothingElse(t *testing.T) {
+	addr := env(t, "REDIS_LOCK_ADDR")
+	stallAddr := env(t, "REDIS_LOCK_STALL_ADDR")
+	pid, err := strconv.Atoi(env(t, "REDIS_LOCK_STALL_PID"))
+	must(t, err)
+	good := New(addr, WithTimeout(300*time.Millisecond))
+	bad := New(stallAddr, WithTimeout(300*time.Millisecond))
+	defer good.Close()
+	defer bad.Close()
+	ctx := context.Background()
+	s, err := good.NewSession(ctx, WithTTL(900*time.Millisecond))
+	must(t, err)
+	defer s.Close()
+	g1 := acquired(t, good.Exclusive("go:stall:g1", WithTTL(900*time.Millisecond)))
+	g2 := acquired(t, good.Exclusive("go:stall:g2", WithSession(s)))
+	b1 := acquired(t, bad.Exclusive("go:stall:b1", WithTTL(900*time.Millisecond)))
+	b2 := acquired(t, bad.Exclusive("go:stall:b2", WithTTL(900*time.Millisecond), WithBind(false)))
+	must(t, syscall.Kill(pid, syscall.SIGSTOP))
+	defer syscall.Kill(pid, syscall.SIGCONT)
+	start := time.Now()
+	if _, err := bad.Exclusive("go:stall:b3").Acquire(ctx); err == nil || time.Since(start) > time.Second {
+		t.Fatalf("an acquire on the stalled server: %v after %v", err, time.Since(start))
+	}
+	for _, h := range []*Held{b1, b2} {
+		select {
+		case <-h.Lost():
+		case <-time.After(1500 * time.Millisecond):
+			t.Fatal("the stalled server's lock not lost within the lease")
+		}
+	}
+	time.Sleep(1 * time.Second)
+	must(t, g1.Err())
+	must(t, g2.Err())
+	start = time.Now()
+	if err := b1.Release(ctx); !errors.Is(err, ErrLeaseLost) {
+		t.Fatalf("release on the stalled server: %v", err)
+	}
+	if time.Since(start) > time.Second {
+		t.Fatalf("release took %v", time.Since(start))
+	}
+	must(t, syscall.Kill(pid, syscall.SIGCONT))
+	must(t, g1.Release(ctx))
+	must(t, g2.Release(ctx))
+}
+
+// redigo has no cluster client: a Client is one node, and a lock's keys
+// must be in that node's slots. Every kind against the node that owns the
+// slot of {go}; a key elsewhere is the server's MOVED error.
+func TestClusterNodeSingleSlot(t *testing.T) {
+	addrs := strings.Split(env(t, "REDIS_LOCK_CLUSTER_ADDRS"), ",")
+	a := admin(t, addrs[0])
+	slotOf := func(key string) int {
+		n, err := redis.Int(a.Do("CLUSTER", "KEYSLOT", key))
+		must(t, err)
+		return n
+	}
+	slots, err := redis.Values(a.Do("CLUSTER", "SLOTS"))
+	must(t, err)
+	owner := func(slot int) string {
+		for _, r := range slots {
+			v, _ := redis.Values(r, nil)
+			lo, _ := redis.Int(v[0], nil)
+			hi, _ := redis.Int(v[1], nil)
+			if slot >= lo && slot <= hi {
+				node, _ := redis.Values(v[2], nil)
+				host, _ := redis.String(node[0], nil)
+				port, _ := redis.Int(node[1], nil)
+				return fmt.Sprintf("%s:%d", host, port)
+			}
+		}
+		t.Fatalf("no owner of slot %d", slot)
+		return ""
+	}
+	node := owner(slotOf("{go}"))
+	c := New(node)
+	defer c.Close()
+	everyKind(t, c, func(n string) string { return "{go}:" + n })
+	h := acquired(t, c.Exclusive("{go}:renewed", WithTTL(600*time.Millisecond)))
+	time.Sleep(1500 * time.Millisecond)
+	must(t, h.Err())
+	must(t, h.Release(context.Background()))
+	for i := 0; ; i++ {
+		key := fmt.Sprintf("elsewhere%d", i)
+		if owner(slotOf(key)) == node {
+			continue
+		}
+		_, err := c.Exclusive(key).Acquire(context.Background())
+		if err == nil || !strings.HasPrefix(err.Error(), "MOVED") {
+			t.Fatalf("a key of another node: %v", err)
+		}
+		break
+	}
+}
+
+func TestRedLock(t *testing.T) {
+	addrs := strings.Split(env(t, "REDLOCK_ADDRS"), ",")
+	down, err := strconv.Atoi(env(t, "REDLOCK_DOWN"))
+	must(t, err)
+	var clients []*Client
+	for _, a := range addrs {
+		c := New(a, WithTimeout(200*time.Millisecond))
+		defer c.Close()
+		clients = append(clients, c)
+	}
+	ctx := context.Background()
+	key := fmt.Sprintf("go:redlock:%d", down)
+	rl := NewRedLock(clients, WithTTL(5*time.Second), WithRetries(1), WithRetryDelay(50*time.Millisecond))
+	lease, err := rl.Acquire(ctx, key)
+	if down >= 3 {
+		if !errors.Is(err, ErrNotAcquired) {
+			t.Fatalf("%d of 5 down: want ErrNotAcquired, got %v", down, err)
+		}
+		for _, c := range clients[:5-down] {
+			if locked, err := c.Locked(ctx, key); err != nil || locked {
+				t.Fatalf("what the live servers granted is released: %v %v", locked, err)
+			}
+		}
+		return
+	}
+	must(t, err)
+	if len(lease.Tokens) != 5-down || lease.Remaining() <= 0 || lease.Remaining() > 5*time.Second {
+		t.Fatalf("tokens %v, remaining %v", lease.Tokens, lease.Remaining())
+	}
+	if _, err := NewRedLock(clients, WithRetries(0)).Acquire(ctx, key); !errors.Is(err, ErrNotAcquired) {
+		t.Fatalf("a second RedLock holder: %v", err)
+	}
+	must(t, lease.Extend(ctx, 10*time.Second))
+	must(t, lease.Release(ctx))
+	for _, c := range clients[:5-down] {
+		if locked, _ := c.Locked(ctx, key); locked {
+			t.Fatal("released")
+		}
+	}
+	if err := lease.Release(ctx); !errors.Is(err, ErrLeaseLost) {
+		t.Fatalf("a second release: %v", err)
+	}
+}

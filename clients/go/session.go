@@ -1,0 +1,289 @@
+package redislock
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/gomodule/redigo/redis"
+)
+
+// Session is one connection to one server with one keepalive goroutine on
+// it: every lock acquired WithSession(s) is bound to that connection
+// (BIND), and one `LOCK.KEEPALIVE ttl` every ttl/3 renews them all, however
+// many they are (etcd's idea: one lease per session, many locks). When the
+// connection fails, the server frees every lock it held: they are all
+// lost, Done is closed, and the session is over (make a new one).
+//
+// Without WithSession, each acquisition gets a Session of its own (one
+// connection, one keepalive goroutine), closed with its release: a stalled
+// server or a slow renewal holds up nothing but that lock.
+//
+// A Session's locks share its ttl (WithTTL given to NewSession). Its
+// methods are safe for concurrent use.
+type Session struct {
+	c       *Client
+	ttl     time.Duration
+	bind    bool
+	private bool
+
+	mu    sync.Mutex // the connection, helds, closed
+	conn  redis.Conn // nil when not bound and waiting to reconnect
+	helds map[*Held]struct{}
+
+	closed   bool
+	stop     chan struct{}
+	stopOnce sync.Once
+	started  bool
+	loopDone chan struct{}
+	done     chan struct{}
+	doneOnce sync.Once
+}
+
+// NewSession connects to the server and starts the session's keepalive.
+// Options: WithTTL (the lease of every lock in it, DefaultTTL when not
+// given), WithBind(false) (no BIND: the keepalive renews each lock with
+// LOCK.RENEW instead, and a failed connection is redialled).
+func (c *Client) NewSession(ctx context.Context, opts ...Option) (*Session, error) {
+	st := defaults()
+	for _, o := range opts {
+		o(&st)
+	}
+	if err := st.checkTTL(); err != nil {
+		return nil, err
+	}
+	if st.session != nil || st.ownerSet || st.wait != 0 {
+		return nil, invalid("NewSession takes WithTTL and WithBind only")
+	}
+	s, err := c.newSession(ctx, st.ttl, st.bind, false)
+	if err != nil {
+		return nil, err
+	}
+	s.start()
+	return s, nil
+}
+
+func (c *Client) newSession(ctx context.Context, ttl time.Duration, bind, private bool) (*Session, error) {
+	conn, err := c.dial(ctx)
+	if err != nil {
+		return nil, err
+	}
+	return &Session{
+		c: c, ttl: ttl, bind: bind, private: private,
+		conn:     conn,
+		helds:    map[*Held]struct{}{},
+		stop:     make(chan struct{}),
+		loopDone: make(chan struct{}),
+		done:     make(chan struct{}),
+	}, nil
+}
+
+// Done is closed when the session is over: closed, or its bound
+// connection failed (every lock in it lost).
+func (s *Session) Done() <-chan struct{} { return s.done }
+
+// TTL is the lease of the session's locks.
+func (s *Session) TTL() time.Duration { return s.ttl }
+
+// Close ends the session: the keepalive stops, the locks still held in it
+// are released (a bound connection's close frees them in the server; without
+// BIND each gets LOCK.RELEASE), and the connection is closed. The locks'
+// Lost channels are closed, their Err is ErrClosed.
+func (s *Session) Close() error {
+	s.stopLoop()
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closed {
+		return nil
+	}
+	var first error
+	if !s.bind && s.conn != nil {
+		for h := range s.helds {
+			for _, k := range h.keys {
+				for i := 0; i < 1000; i++ { // every hold of a reentrant lock
+					n, err := redis.Int(redis.DoWithTimeout(s.conn, s.c.timeout, "LOCK.RELEASE", k, h.owner))
+					if err != nil || n == 1 {
+						if err != nil && err != redis.ErrNil && first == nil {
+							first = err
+						}
+						break
+					}
+				}
+			}
+		}
+	}
+	for h := range s.helds {
+		h.markLost(ErrClosed)
+	}
+	s.helds = map[*Held]struct{}{}
+	s.closeLocked()
+	return first
+}
+
+// closeLocked closes the connection and ends the session (s.mu held).
+func (s *Session) closeLocked() {
+	s.closed = true
+	if s.conn != nil {
+		s.conn.Close()
+		s.conn = nil
+	}
+	s.doneOnce.Do(func() { close(s.done) })
+}
+
+func (s *Session) start() {
+	s.started = true
+	go s.loop()
+}
+
+func (s *Session) stopLoop() {
+	s.stopOnce.Do(func() { close(s.stop) })
+	if s.started {
+		<-s.loopDone
+	}
+}
+
+func (s *Session) period() time.Duration {
+	p := s.ttl / 3
+	if p < time.Millisecond {
+		p = time.Millisecond
+	}
+	return p
+}
+
+// loop renews every third of the ttl until stopped or the session is over.
+func (s *Session) loop() {
+	defer close(s.loopDone)
+	t := time.NewTimer(s.period())
+	defer t.Stop()
+	for {
+		select {
+		case <-s.stop:
+			return
+		case <-s.done:
+			return
+		case <-t.C:
+		}
+		s.mu.Lock()
+		if !s.closed {
+			s.renewLocked()
+		}
+		p := s.period()
+		s.mu.Unlock()
+		t.Reset(p)
+	}
+}
+
+// leaseLeft: the shortest lease left among the session's locks, by this
+// process's clock (ok false when it holds none).
+func (s *Session) leaseLeft(now time.Time) (time.Duration, bool) {
+	var left time.Duration
+	ok := false
+	for h := range s.helds {
+		l := h.deadline.Sub(now)
+		if !ok || l < left {
+			left, ok = l, true
+		}
+	}
+	return left, ok
+}
+
+// renewLocked: one keepalive round (s.mu held).
+func (s *Session) renewLocked() {
+	now := time.Now()
+	to := s.c.timeout
+	if left, ok := s.leaseLeft(now); ok {
+		if left <= 0 {
+			s.loseExpired(now)
+			if s.bind {
+				return
+			}
+		} else if left < to {
+			to = left
+		}
+	}
+	ttl := millis(s.ttl)
+	if s.bind {
+		n, err := redis.Int(redis.DoWithTimeout(s.conn, to, "LOCK.KEEPALIVE", ttl))
+		if err != nil {
+			s.failLocked(fmt.Sprintf("keepalive failed: %v", err))
+			return
+		}
+		want := 0
+		for h := range s.helds {
+			want += len(h.keys)
+		}
+		if n >= want {
+			for h := range s.helds {
+				h.deadline = now.Add(s.ttl)
+			}
+			return
+		}
+		// Fewer renewed than held: find which with LOCK.RENEW.
+	}
+	if s.conn == nil {
+		conn, err := s.c.dial(context.Background())
+		if err != nil {
+			s.loseExpired(time.Now())
+			return
+		}
+		s.conn = conn
+	}
+	for h := range s.helds {
+	keys:
+		for _, k := range h.keys {
+			n, err := redis.Int(redis.DoWithTimeout(s.conn, to, "LOCK.RENEW", k, h.owner, ttl))
+			switch {
+			case err == nil && n == 1:
+				continue
+			case err == nil:
+				s.dropLost(h, fmt.Sprintf("key %q no longer held (released elsewhere, expired or deleted)", k))
+			case isWrongType(err):
+				s.dropLost(h, fmt.Sprintf("key %q overwritten: %v", k, err))
+			case isReplyError(err):
+				s.dropLost(h, fmt.Sprintf("renewal refused: %v", err))
+			case s.bind:
+				s.failLocked(fmt.Sprintf("renewal failed: %v", err))
+				return
+			default: // not bound: reconnect at the next tick, while the lease lasts
+				s.conn.Close()
+				s.conn = nil
+				s.loseExpired(time.Now())
+				return
+			}
+			break keys
+		}
+		if _, still := s.helds[h]; still {
+			h.deadline = now.Add(s.ttl)
+		}
+	}
+	if s.private && len(s.helds) == 0 {
+		s.closeLocked()
+	}
+}
+
+// loseExpired drops the locks whose lease ran out before a renewal answered.
+func (s *Session) loseExpired(now time.Time) {
+	for h := range s.helds {
+		if !h.deadline.After(now) {
+			s.dropLost(h, "the lease ran out before a renewal answered")
+		}
+	}
+	if s.private && len(s.helds) == 0 {
+		s.closeLocked()
+	}
+}
+
+func (s *Session) dropLost(h *Held, why string) {
+	delete(s.helds, h)
+	h.markLost(&LeaseLostError{Keys: h.keys, Token: h.token(), Why: why})
+}
+
+// failLocked: the bound connection failed; the server frees (or freed)
+// every lock bound to it, so all are lost and the session is over.
+func (s *Session) failLocked(why string) {
+	for h := range s.helds {
+		s.dropLost(h, why)
+	}
+	s.closeLocked()
+}
