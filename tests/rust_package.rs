@@ -890,7 +890,8 @@ fn the_package_builds_from_its_packaged_sources() {
             "src/aio.rs",
             "src/blocking.rs",
             "src/lib.rs",
-            "src/redlock.rs"
+            "src/redlock.rs",
+            "src/watch.rs"
         ]
     );
     let out = Command::new(&cargo)
