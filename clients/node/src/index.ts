@@ -25,8 +25,12 @@
  * client, no reconnects, connect timeout from the client's settings) with
  * BIND, so the server frees the lock the moment this process or that
  * connection dies; a timer per held connection sends LOCK.KEEPALIVE at a
- * third of the ttl. With `bind: false`, on a cluster client, or on a server
- * without BIND: LOCK.RENEW through the client. Every command has a timeout
+ * third of the ttl. A bound lock hears at once when its key is deleted,
+ * overwritten or freed by anyone else: one watcher per client (a RESP2
+ * subscriber to `__redis__:invalidate`) gets the server's invalidations for
+ * the keys each bound connection tracks (`CLIENT TRACKING ON REDIRECT`).
+ * With `bind: false`, on a cluster client, or on a server
+ * without BIND: LOCK.RENEW through the client, a loss found at a renewal. Every command has a timeout
  * (the client's command timeout, else its connect timeout; a renewal's
  * never past the end of the lease). A lost lease sets `lost` (it stays
  * true), aborts `signal`, calls `onLost`, and makes `check()` and
