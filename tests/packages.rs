@@ -178,6 +178,10 @@ fn node_package_installed_from_its_tarball_every_kind_from_typescript_single_and
             .env("REDIS_LOCK_CLUSTER_PORT", cluster.nodes[0].port.to_string()),
     );
     all_passed("node test.js", &out);
+    // The notice latency of a lost lease, as the script measured it.
+    for line in out.lines().filter(|l| l.contains(" told after ")) {
+        println!("{}", line.trim());
+    }
     drop(cluster);
     let mut servers: Vec<Server> = (0..5).map(|_| Server::start()).collect();
     let ports: Vec<String> = servers.iter().map(|s| s.port.to_string()).collect();

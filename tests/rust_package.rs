@@ -890,7 +890,8 @@ fn the_package_builds_from_its_packaged_sources() {
             "src/aio.rs",
             "src/blocking.rs",
             "src/lib.rs",
-            "src/redlock.rs"
+            "src/redlock.rs",
+            "src/watch.rs"
         ]
     );
     let out = Command::new(&cargo)
@@ -947,4 +948,152 @@ fn the_package_builds_from_its_packaged_sources() {
         "the packaged sources do not build: {}",
         String::from_utf8_lossy(&out.stderr)
     );
+}
+
+/// Subscribers to `__redis__:invalidate` on `s`: the crate's watchers.
+fn watchers(s: &Server) -> i64 {
+    match s.conn().cmd(&["PUBSUB", "NUMSUB", "__redis__:invalidate"]) {
+        Reply::Array(a) => a[1].int(),
+        other => panic!("PUBSUB NUMSUB: {other:?}"),
+    }
+}
+
+type Told = std::sync::Arc<std::sync::Mutex<Vec<(Instant, String)>>>;
+
+fn recorder() -> (Told, impl Fn(&Error) + Send + Sync + 'static) {
+    let told: Told = Default::default();
+    let t = told.clone();
+    (told, move |e: &Error| {
+        t.lock().unwrap().push((Instant::now(), e.to_string()))
+    })
+}
+
+/// How long after `t0` the lock was told lost (the first callback), waiting up to 1 s.
+fn told_after(told: &Told, t0: Instant) -> Option<Duration> {
+    let deadline = Instant::now() + Duration::from_secs(1);
+    while Instant::now() < deadline {
+        if let Some((at, _)) = told.lock().unwrap().first() {
+            return Some(at.saturating_duration_since(t0));
+        }
+        thread::sleep(ms(1));
+    }
+    None
+}
+
+/// Issue "lost leases told within 100 ms" (blocking): a DEL, and a SET over
+/// a held bound lock (a reentrant one re-entered, partly released, extended
+/// and renewed first: each a write of its own, after which it reads the key
+/// again to stay tracked) are told by the server's watcher within 100 ms,
+/// long before a renewal (ttl/3 away); `is_lost` stays true; one watcher
+/// serves every bound lock on the server and closes with the last one.
+#[test]
+fn a_deleted_or_overwritten_bound_lock_is_told_within_100_ms_blocking() {
+    let s = Server::start();
+    let c = client(&s);
+    let before = watchers(&s);
+    let mut other = Lock::exclusive(&c, "notice-other").ttl(ms(10_000));
+    let og = other.acquire().unwrap().unwrap();
+    for op in ["DEL", "SET"] {
+        let key = format!("notice-{op}");
+        let (told, on_lost) = recorder();
+        let mut l = match op {
+            "DEL" => Lock::exclusive(&c, &key).ttl(ms(10_000)),
+            _ => Lock::reentrant(&c, &key).ttl(ms(3000)),
+        }
+        .on_lost(on_lost);
+        let mut g = l.acquire().unwrap().unwrap();
+        assert!(g.is_bound());
+        if op == "SET" {
+            g.reacquire().unwrap().unwrap().release().unwrap();
+            g.extend(ms(3000)).unwrap();
+            thread::sleep(ms(1100)); // one renewal (at 1000 ms); the next at 2000 ms
+        } else {
+            thread::sleep(ms(50));
+        }
+        assert!(!g.is_lost(), "held");
+        assert_eq!(watchers(&s), before + 1, "one watcher for two bound locks");
+        let t0 = Instant::now();
+        match op {
+            "DEL" => s.conn().cmd(&["DEL", &key]),
+            _ => s.conn().cmd(&["SET", &key, "not a lock"]),
+        };
+        let took = told_after(&told, t0);
+        println!("blocking: {op} over a held bound lock told after {took:?}");
+        let took = took.expect("told at all");
+        assert!(took <= ms(100), "told within 100 ms, not {took:?}");
+        assert!(g.is_lost() && g.check().is_err(), "lost");
+        thread::sleep(ms(20));
+        assert!(g.is_lost(), "lost stays true");
+        assert!(matches!(g.release(), Err(Error::LeaseLost { .. })));
+        assert_eq!(told.lock().unwrap().len(), 1, "told once");
+    }
+    assert!(
+        !og.is_lost() && og.owned().unwrap(),
+        "the other lock is untouched"
+    );
+    og.release().unwrap();
+    wait_until(Duration::from_secs(2), "the watcher to close", || {
+        watchers(&s) == before
+    });
+}
+
+/// The same with the tokio API (the watcher is the same thread; each lock's
+/// watchdog task is woken to check).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_deleted_or_overwritten_bound_lock_is_told_within_100_ms_tokio() {
+    let s = Server::start();
+    let c = client(&s);
+    let before = watchers(&s);
+    let mut other = aio::Lock::exclusive(&c, "notice-other").ttl(ms(10_000));
+    let og = other.acquire().await.unwrap().unwrap();
+    for op in ["DEL", "SET"] {
+        let key = format!("notice-{op}");
+        let (told, on_lost) = recorder();
+        let mut l = match op {
+            "DEL" => aio::Lock::exclusive(&c, &key).ttl(ms(10_000)),
+            _ => aio::Lock::reentrant(&c, &key).ttl(ms(3000)),
+        }
+        .on_lost(on_lost);
+        let mut g = l.acquire().await.unwrap().unwrap();
+        assert!(g.is_bound());
+        if op == "SET" {
+            g.reacquire()
+                .await
+                .unwrap()
+                .unwrap()
+                .release()
+                .await
+                .unwrap();
+            g.extend(ms(3000)).await.unwrap();
+            tokio::time::sleep(ms(1100)).await;
+        } else {
+            tokio::time::sleep(ms(50)).await;
+        }
+        assert!(!g.is_lost(), "held");
+        assert_eq!(watchers(&s), before + 1, "one watcher for two bound locks");
+        let t0 = Instant::now();
+        match op {
+            "DEL" => s.conn().cmd(&["DEL", &key]),
+            _ => s.conn().cmd(&["SET", &key, "not a lock"]),
+        };
+        let took = told_after(&told, t0);
+        println!("tokio: {op} over a held bound lock told after {took:?}");
+        let took = took.expect("told at all");
+        assert!(took <= ms(100), "told within 100 ms, not {took:?}");
+        assert!(g.is_lost() && g.check().is_err(), "lost");
+        tokio::time::sleep(ms(20)).await;
+        assert!(g.is_lost(), "lost stays true");
+        assert!(matches!(g.release().await, Err(Error::LeaseLost { .. })));
+        assert_eq!(told.lock().unwrap().len(), 1, "told once");
+    }
+    assert!(!og.is_lost() && og.owned().await.unwrap());
+    og.release().await.unwrap();
+    let deadline = Instant::now() + Duration::from_secs(2);
+    while watchers(&s) != before {
+        assert!(
+            Instant::now() < deadline,
+            "the watcher closes with the last bound lock"
+        );
+        tokio::time::sleep(ms(10)).await;
+    }
 }

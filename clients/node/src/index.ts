@@ -25,8 +25,12 @@
  * client, no reconnects, connect timeout from the client's settings) with
  * BIND, so the server frees the lock the moment this process or that
  * connection dies; a timer per held connection sends LOCK.KEEPALIVE at a
- * third of the ttl. With `bind: false`, on a cluster client, or on a server
- * without BIND: LOCK.RENEW through the client. Every command has a timeout
+ * third of the ttl. A bound lock hears at once when its key is deleted,
+ * overwritten or freed by anyone else: one watcher per client (a RESP2
+ * subscriber to `__redis__:invalidate`) gets the server's invalidations for
+ * the keys each bound connection tracks (`CLIENT TRACKING ON REDIRECT`).
+ * With `bind: false`, on a cluster client, or on a server
+ * without BIND: LOCK.RENEW through the client, a loss found at a renewal. Every command has a timeout
  * (the client's command timeout, else its connect timeout; a renewal's
  * never past the end of the lease). A lost lease sets `lost` (it stays
  * true), aborts `signal`, calls `onLost`, and makes `check()` and
@@ -109,9 +113,120 @@ interface Adapter {
   shared: Conn;
   /** A connection of its own without reconnects, or null where the client cannot make one (clusters). `onClose` is called when it closes by itself. */
   dedicated(onClose: () => void): Promise<Conn | null>;
+  /** The client's watcher (shared by every lock on this client), or null where there is none (clusters). */
+  watcher: Watcher | null;
   prefix: string;
   /** The client's own timeout (command, else connect), ms. */
   timeout: number;
+}
+
+/** A subscriber connection: its CLIENT ID, and how to close it. */
+interface Subscriber {
+  id: number;
+  close(): void;
+}
+
+/** Opens a RESP2 connection subscribed to `__redis__:invalidate`, within `timeout` ms; `onKeys` gets each invalidation (null: every key, a FLUSH), `onClose` is called when it closes by itself. */
+type OpenSubscriber = (timeout: number, onKeys: (keys: Buffer[] | null) => void, onClose: () => void) => Promise<Subscriber>;
+
+const INVALIDATE = "__redis__:invalidate";
+
+/**
+ * One per client (a server and its options), shared by every lock bound on
+ * it: a connection subscribed to `__redis__:invalidate` that each bound
+ * connection redirects its client tracking to (`CLIENT TRACKING ON REDIRECT
+ * <id> NOLOOP`). Each bound lock reads its keys with LOCK.INFO, so the
+ * server tells the watcher when one of them changes (DEL, SET over it,
+ * expiry, FLUSH*, anything from another connection), and the lock checks at
+ * once. Event-driven: nothing polls, and its reads block nothing else (no
+ * lock command goes through it). Opened for the first bound lock, closed when
+ * the last one lets go.
+ */
+class Watcher {
+  private locks = new Set<Watched>();
+  private sub: Promise<Subscriber | null> | null = null;
+  private current: Subscriber | null = null;
+
+  constructor(private open: OpenSubscriber) {}
+
+  /** The watcher's client id, opening it if needed (within `timeout` ms); null when the server cannot have one (no SUBSCRIBE or CLIENT permission, no such command). */
+  async id(lock: Watched, timeout: number): Promise<number | null> {
+    this.locks.add(lock);
+    if (this.sub === null) {
+      const opening: Promise<Subscriber | null> = this.open(
+        timeout,
+        (keys) => this.told(keys),
+        () => this.closed(opening),
+      ).then(
+        (s) => {
+          if (this.sub !== opening || this.locks.size === 0) {
+            s.close(); // no lock needs it any more
+            if (this.sub === opening) this.sub = null;
+            return null;
+          }
+          this.current = s;
+          return s;
+        },
+        () => {
+          if (this.sub === opening) this.sub = null;
+          return null;
+        },
+      );
+      this.sub = opening;
+    }
+    const s = await this.sub;
+    return s === null ? null : s.id;
+  }
+
+  /** `lock` no longer needs the watcher; the last one closes it. */
+  remove(lock: Watched): void {
+    this.locks.delete(lock);
+    if (this.locks.size === 0 && this.current !== null) {
+      const s = this.current;
+      this.current = null;
+      this.sub = null;
+      s.close();
+    }
+  }
+
+  private told(keys: Buffer[] | null): void {
+    for (const l of [...this.locks]) if (keys === null || l.watches(keys)) l.verify();
+  }
+
+  private closed(which: Promise<Subscriber | null>): void {
+    if (this.sub !== which || this.current === null) return; // not ours, or never opened (id() says null)
+    this.sub = null;
+    this.current = null;
+    // The server no longer tells us: every bound lock checks now, and tracks again through a new watcher.
+    for (const l of [...this.locks]) {
+      l.untrack();
+      l.verify();
+    }
+  }
+}
+
+/** What the watcher needs from a lock. */
+interface Watched {
+  watches(keys: Buffer[]): boolean;
+  verify(): void;
+  untrack(): void;
+}
+
+const watchers = new WeakMap<object, Watcher>();
+
+function watcherOf(client: object, open: OpenSubscriber): Watcher {
+  let w = watchers.get(client);
+  if (w === undefined) {
+    w = new Watcher(open);
+    watchers.set(client, w);
+  }
+  return w;
+}
+
+/** The invalidation's keys as Buffers (null: every key). */
+function invalidated(message: unknown): Buffer[] | null {
+  if (!Array.isArray(message)) return null;
+  return message.map((k) => (Buffer.isBuffer(k) ? k : Buffer.from(String(k))));
 }
 
 function randomOwner(): string {
@@ -170,6 +285,7 @@ function adapt(client: any, firstKey: Bytes, timeout?: number): Adapter {
       timeout: t,
       shared: { call: (args, ms, b) => timed(ioCall(client, args, b), ms, String(args[0])), close: async () => {} },
       dedicated: async () => null,
+      watcher: null,
     };
   }
   if (isIoredis(client)) {
@@ -211,6 +327,40 @@ function adapt(client: any, firstKey: Bytes, timeout?: number): Adapter {
           close,
         };
       },
+      watcher: watcherOf(client, async (ms, onKeys, onClose) => {
+        const c = client.duplicate({
+          commandTimeout: undefined,
+          connectTimeout: Math.min(connectTimeout, ms),
+          lazyConnect: true,
+          keyPrefix: undefined,
+          enableOfflineQueue: true,
+          retryStrategy: () => null,
+          reconnectOnError: () => false,
+          maxRetriesPerRequest: 0,
+          autoResubscribe: false,
+        });
+        let closing = false;
+        c.on("error", () => {});
+        c.once("close", () => {
+          if (!closing) onClose();
+        });
+        const close = () => {
+          closing = true;
+          c.disconnect();
+        };
+        try {
+          await timed(c.connect(), ms, "connecting the watcher");
+          const id = Number(await timed(c.call("CLIENT", "ID"), ms, "CLIENT ID"));
+          c.on("messageBuffer", (channel: Buffer, message: unknown) => {
+            if (String(channel) === INVALIDATE) onKeys(invalidated(message));
+          });
+          await timed(c.subscribe(INVALIDATE), ms, "SUBSCRIBE");
+          return { id, close };
+        } catch (e) {
+          close();
+          throw e;
+        }
+      }),
     };
   }
   const nrTimeout = (o: any) => timeout ?? positive(o?.socket?.connectTimeout, 5_000);
@@ -224,6 +374,7 @@ function adapt(client: any, firstKey: Bytes, timeout?: number): Adapter {
         close: async () => {},
       },
       dedicated: async () => null,
+      watcher: null,
     };
   }
   if (typeof client?.sendCommand === "function" && typeof client?.duplicate === "function") {
@@ -262,6 +413,34 @@ function adapt(client: any, firstKey: Bytes, timeout?: number): Adapter {
         }
         return { call: (args: Arg[], ms: number, b?: boolean) => timed(send(c, args, b), ms, String(args[0])), close };
       },
+      watcher: watcherOf(client, async (ms, onKeys, onClose) => {
+        // RESP2 (node-redis 5 may speak RESP3): invalidations as plain pub/sub messages.
+        const resp = client.options?.RESP === undefined ? {} : { RESP: 2 };
+        const c = client.duplicate({ ...resp, socket: { ...(client.options?.socket ?? {}), connectTimeout: Math.min(t, ms), reconnectStrategy: false } });
+        let closing = false;
+        let told = false;
+        const tell = () => {
+          if (!closing && !told) {
+            told = true;
+            onClose();
+          }
+        };
+        c.on("error", tell);
+        c.on("end", tell);
+        const close = () => {
+          closing = true;
+          timed(c.disconnect(), 1000, "disconnect").catch(() => {});
+        };
+        try {
+          await timed(c.connect(), ms, "connecting the watcher");
+          const id = Number(await timed(c.sendCommand(["CLIENT", "ID"]), ms, "CLIENT ID"));
+          await timed(c.subscribe(INVALIDATE, (message: unknown) => onKeys(invalidated(message)), true), ms, "SUBSCRIBE");
+          return { id, close };
+        } catch (e) {
+          close();
+          throw e;
+        }
+      }),
     };
   }
   throw new TypeError("redis-native-lock: an ioredis Redis or Cluster, or a node-redis client or cluster, is needed");
@@ -310,6 +489,17 @@ function sameBytes(a: Reply, b: Bytes): boolean {
   return x.equals(Buffer.isBuffer(b) ? b : Buffer.from(b));
 }
 
+/** Whether a LOCK.INFO reply (RESP2 flat array, or a RESP3 map) names `owner` among the holders. */
+function holdsOwner(info: unknown, owner: Bytes): boolean {
+  let hs: unknown = undefined;
+  if (Array.isArray(info)) {
+    for (let i = 0; i + 1 < info.length; i += 2) if (String(info[i]) === "holders") hs = info[i + 1];
+  } else if (info instanceof Map) {
+    for (const [k, v] of info) if (String(k) === "holders") hs = v;
+  } else if (info !== null && typeof info === "object") hs = (info as Record<string, unknown>).holders;
+  return Array.isArray(hs) && hs.some((h) => Array.isArray(h) && sameBytes(h[0], owner));
+}
+
 function show(keys: Bytes[]): string {
   return JSON.stringify(keys.map((k) => (Buffer.isBuffer(k) ? `<${k.toString("hex")}>` : k)));
 }
@@ -334,6 +524,8 @@ export class Lock {
   private validUntil = 0;
   private lostWhy: string | null = null;
   private controller = new AbortController();
+  /** The watcher id the bound connection redirects its tracking to (null: none yet). */
+  private trackedBy: number | null = null;
 
   private constructor(
     client: unknown,
@@ -449,6 +641,7 @@ export class Lock {
       return await this.acquireOnce(wait);
     } finally {
       this.acquiring = false;
+      if (this.conn === null) this.adapter.watcher?.remove(this.watched); // not granted, or not bound
     }
   }
 
@@ -457,6 +650,8 @@ export class Lock {
     if (first) {
       this.lostWhy = null;
       if (this.bind && this.conn === null) {
+        // The watcher opens (or is there already) while the bound connection connects.
+        this.adapter.watcher?.id(this.watched, this.adapter.timeout).catch(() => {});
         let conn: Conn | null = null;
         conn = await this.adapter.dedicated(() => {
           if (conn !== null && this.conn === conn && this.holds > 0) this.lose("the connection the lock was bound to closed: the server freed the lock");
@@ -493,7 +688,65 @@ export class Lock {
       this.timer = setInterval(() => void this.renew(), Math.max(1, Math.floor(this.ttl / 3)));
       this.timer.unref?.();
     }
+    await this.track();
     return true;
+  }
+
+  /** What the watcher calls: it heard that a held key changed (or it closed). */
+  private readonly watched: Watched = {
+    watches: (keys) =>
+      this.keys.some((k) => {
+        const b = Buffer.isBuffer(k) ? k : Buffer.from(k);
+        return keys.some((x) => x.equals(b));
+      }),
+    verify: () => void this.track(),
+    untrack: () => {
+      this.trackedBy = null;
+    },
+  };
+
+  /**
+   * Has the server tell the watcher when a key of a bound lock changes:
+   * client tracking on the bound connection (once), redirected to the
+   * watcher, and a read of each key (what tracking remembers; NOLOOP drops a
+   * key after a write of our own, so this follows every one). The read also
+   * says whether the lock is still ours. Without a watcher (an old server,
+   * no permission) the renewals still notice.
+   */
+  private async track(): Promise<void> {
+    const conn = this.conn;
+    const w = this.adapter.watcher;
+    if (conn === null || w === null || this.holds === 0 || this.lostWhy !== null) return;
+    const id = await w.id(this.watched, this.adapter.timeout);
+    if (this.conn !== conn || this.holds === 0 || this.lostWhy !== null) return;
+    if (id === null) {
+      w.remove(this.watched);
+      return;
+    }
+    const budget = Math.min(this.adapter.timeout, Math.max(1, this.validUntil - Date.now()));
+    const on =
+      this.trackedBy === id
+        ? null
+        : conn.call(["CLIENT", "TRACKING", "ON", "REDIRECT", id, "NOLOOP"], budget).then(
+            () => {
+              if (this.conn === conn) this.trackedBy = id;
+            },
+            () => {}, // refused (ACL): the renewals still notice; a dead connection shows in the reads below
+          );
+    let infos: Reply[];
+    try {
+      [, infos] = await Promise.all([on, Promise.all(this.keys.map((k) => conn.call(["LOCK.INFO", k], budget, true)))]);
+    } catch (e) {
+      if (this.conn !== conn || this.holds === 0) return;
+      if (/^WRONGTYPE/.test(errorText(e))) this.lose(`the key was overwritten: no longer a lock (told by the server at once: ${errorText(e)})`);
+      else {
+        this.lose(`the connection the lock was bound to failed (${errorText(e)})`);
+        void this.closeConn();
+      }
+      return;
+    }
+    if (this.conn !== conn || this.holds === 0) return;
+    if (!infos.every((i) => holdsOwner(i, this.owner))) this.lose("the key was deleted, overwritten or freed (told by the server at once)");
   }
 
   private releaseQuietly(): void {
@@ -513,8 +766,13 @@ export class Lock {
     try {
       let ok: boolean;
       if (this.conn !== null) {
-        const n = Number(await this.conn.call(["LOCK.KEEPALIVE", this.ttl], budget));
-        ok = n >= this.keys.length;
+        // The reads keep the keys tracked (our own KEEPALIVE, a write, drops them) and see a key overwritten.
+        const conn = this.conn;
+        const [n, ...infos] = await Promise.all([
+          conn.call(["LOCK.KEEPALIVE", this.ttl], budget),
+          ...this.keys.map((k) => conn.call(["LOCK.INFO", k], budget, true)),
+        ]);
+        ok = Number(n) >= this.keys.length && infos.every((i) => holdsOwner(i, this.owner));
       } else {
         const replies = await Promise.all(this.keys.map((k) => this.adapter.shared.call(["LOCK.RENEW", k, this.owner, this.ttl], budget)));
         ok = replies.every((r) => Number(r) === 1);
@@ -524,7 +782,7 @@ export class Lock {
       else
         this.lose(
           this.conn !== null
-            ? "LOCK.KEEPALIVE renewed fewer locks than held: released, expired or deleted"
+            ? "LOCK.KEEPALIVE found it gone: released, expired, deleted or overwritten"
             : "LOCK.RENEW answered 0: the lease expired or the key was deleted",
         );
     } catch (e) {
@@ -546,6 +804,7 @@ export class Lock {
     if (this.lostWhy !== null) return;
     this.lostWhy = why;
     this.stopTimer();
+    this.adapter.watcher?.remove(this.watched);
     this.controller.abort(new LeaseLostError(this.message()));
     try {
       this.onLost?.(why);
@@ -564,6 +823,8 @@ export class Lock {
   private async closeConn(): Promise<void> {
     const c = this.conn;
     this.conn = null;
+    this.trackedBy = null;
+    this.adapter.watcher?.remove(this.watched);
     if (c !== null) await c.close();
   }
 
@@ -590,6 +851,7 @@ export class Lock {
     }
     this.ttl = ttl;
     this.validUntil = sent + ttl;
+    await this.track();
   }
 
   /** Gives back one hold (all of a non-reentrant lock); throws LeaseLostError if it was no longer ours. */
@@ -613,7 +875,7 @@ export class Lock {
     if (this.holds === 0) {
       this.stopTimer();
       await this.closeConn();
-    }
+    } else if (!wasLost && !gone && failure === null) await this.track();
     if (gone || wasLost) {
       this.lose(wrongType ? `the key is no longer a lock (${errorText(failure)})` : "LOCK.RELEASE answered nil: the lock was no longer ours");
       throw new LeaseLostError(this.message());
@@ -653,15 +915,7 @@ export class Lock {
 
   /** Whether this owner holds the (first) key, as the server says. */
   async owned(): Promise<boolean> {
-    const info = await this.adapter.shared.call(["LOCK.INFO", this.keys[0]], this.adapter.timeout, true);
-    if (!Array.isArray(info)) return false;
-    for (let i = 0; i + 1 < info.length; i += 2) {
-      if (String(info[i]) === "holders") {
-        const hs = info[i + 1];
-        return Array.isArray(hs) && hs.some((h) => Array.isArray(h) && sameBytes(h[0], this.owner));
-      }
-    }
-    return false;
+    return holdsOwner(await this.adapter.shared.call(["LOCK.INFO", this.keys[0]], this.adapter.timeout, true), this.owner);
   }
 }
 

@@ -139,12 +139,14 @@ async function issueTests(client: unknown, label: string): Promise<void> {
     assert(l.bound, "bound");
     const killer = new Redis(port, "127.0.0.1");
     const list = String(await killer.call("CLIENT", "LIST"));
-    // the bound connection is the one that sent LOCK.ACQUIRE ... BIND last
+    // the bound connection is the newest one whose client tracking is redirected to the watcher
     const id = list
       .split("\n")
-      .filter((line) => /cmd=lock\.acquire/i.test(line))
-      .map((line) => /id=(\d+)/.exec(line)![1])
-      .pop();
+      .filter((line) => /redir=\d+/.test(line))
+      .map((line) => Number(/id=(\d+)/.exec(line)![1]))
+      .sort((a, b) => a - b)
+      .pop()
+      ?.toString();
     assert(id, `the bound connection in CLIENT LIST:\n${list}`);
     const killedAt = Date.now();
     await killer.call("CLIENT", "KILL", "ID", id!);
@@ -156,7 +158,64 @@ async function issueTests(client: unknown, label: string): Promise<void> {
     await l.release().catch((e) => (threw = e instanceof LeaseLostError));
     assert(threw, "release throws LeaseLostError");
     assert(l.lost, "lost stays true after the release");
-    assert(await Lock.exclusive(client, key).acquire(), "the server freed it");
+    const again = Lock.exclusive(client, key);
+    assert(await again.acquire(), "the server freed it");
+    await again.release();
+  });
+
+  await test(`${label}: DEL or SET over a held bound lock is told within 100 ms by the watcher (one per client); lost stays true`, async () => {
+    const raw = new Redis(port, "127.0.0.1");
+    const watchers = async () => Number(((await raw.call("PUBSUB", "NUMSUB", "__redis__:invalidate")) as unknown[])[1]);
+    const before = await watchers(); // 0 unless another client's bound locks are held
+    const other = Lock.exclusive(client, `${tag()}other`, { ttl: 10_000 });
+    assert(await other.acquire(), "another bound lock held");
+    for (const op of ["DEL", "SET"] as const) {
+      const key = `${tag()}wd`;
+      let lostAt = 0;
+      const whys: string[] = [];
+      // SET: a reentrant lock re-entered, extended and renewed once first (each a write of its own, after which it reads the key again to stay tracked)
+      const l = (op === "DEL" ? Lock.exclusive : Lock.reentrant)(client, key, {
+        ttl: op === "DEL" ? 10_000 : 3000,
+        onLost: (why) => {
+          lostAt = Date.now();
+          whys.push(why);
+        },
+      });
+      assert(await l.acquire(), "held");
+      assert(l.bound, "bound");
+      if (op === "SET") {
+        assert(await l.acquire(), "re-entered");
+        await l.extend(3000);
+        await sleep(1100); // one renewal (at 1000 ms); the next is at 2000 ms
+      } else await sleep(50);
+      assert(!l.lost, "not lost yet");
+      const now = await watchers();
+      assert(now === before + 1, `one watcher for two bound locks (${now - before})`);
+      const t0 = Date.now();
+      if (op === "DEL") await raw.del(key);
+      else await raw.set(key, "x");
+      for (let i = 0; i < 500 && lostAt === 0; i++) await sleep(1);
+      const took = lostAt - t0;
+      console.log(`     ${label}: ${op} over a held bound lock told after ${lostAt ? `${took} ms` : "never"}`);
+      assert(lostAt !== 0 && took <= 100, `told within 100 ms (${lostAt ? took : "never"})`);
+      assert(/told by the server at once/.test(whys[0] ?? ""), `told by the watcher, not a renewal: ${whys}`);
+      assert(l.lost && l.signal.aborted, "lost, signal aborted");
+      let threw = false;
+      await l.release().catch((e) => (threw = e instanceof LeaseLostError));
+      assert(threw, "release throws LeaseLostError");
+      assert(l.lost, "lost stays true after the release");
+      await sleep(20);
+      assert(l.lost && whys.length === 1, `lost stays true, told once (${whys.length})`);
+    }
+    assert(!other.lost && (await other.owned()), "the other lock is untouched");
+    await other.release();
+    let left = -1;
+    for (let i = 0; i < 50 && left !== before; i++) {
+      left = await watchers();
+      if (left !== before) await sleep(10);
+    }
+    assert(left === before, `the watcher closes with the last bound lock (${left - before} left)`);
+    raw.disconnect();
   });
 
   await test(`${label}: WRONGTYPE or a missing key at release, extend and renewal is LeaseLostError`, async () => {

@@ -10,17 +10,18 @@
 //! acquire of the same `Lock`, whichever comes first).
 
 use std::future::Future;
-use std::sync::{Arc, Mutex as StdMutex, MutexGuard, PoisonError};
+use std::sync::{Arc, Mutex as StdMutex, MutexGuard, PoisonError, Weak};
 use std::time::{Duration, Instant};
 
 use redis::aio::MultiplexedConnection;
 use redis::AsyncConnectionConfig;
 use tokio::sync::{Mutex, Notify};
 
+use crate::watch::{self, Watched};
 use crate::{
-    closed, fresh_owner, gone_error, holders, limit, millis, tick, timed_out, tokens, Error,
-    HolderInfo, Kind, OnLost, Options, Target, RAN_OUT, RELEASE_NIL, RENEWED_FEWER, RENEW_ZERO,
-    WRONGTYPE,
+    closed, fresh_owner, gone_error, holders, io_failure, judge, limit, millis, sync_pipe, tick,
+    timed_out, tokens, tracking, Error, HolderInfo, Kind, OnLost, Options, Target, RAN_OUT,
+    RELEASE_NIL, RENEW_ZERO, WRONGTYPE,
 };
 
 pub struct Lock {
@@ -35,10 +36,11 @@ pub struct Guard<'a> {
     done: bool,
 }
 
-/// A holder's connection: to the server, or to the cluster.
+/// A holder's connection: to the server (with the watcher id its client
+/// tracking redirects to, once set), or to the cluster.
 #[derive(Clone)]
 enum Conn {
-    Server(MultiplexedConnection),
+    Server(MultiplexedConnection, Option<i64>),
     Cluster(redis::cluster_async::ClusterConnection),
 }
 
@@ -69,7 +71,7 @@ impl Conn {
                     c.get_multiplexed_async_connection_with_config(&config),
                 )
                 .await
-                .map(Conn::Server)
+                .map(|c| Conn::Server(c, None))
             }
             Target::Cluster(c) => {
                 // The cluster client takes only a finite response timeout.
@@ -89,8 +91,19 @@ impl Conn {
         t: Option<Duration>,
     ) -> redis::RedisResult<redis::Value> {
         match self {
-            Conn::Server(c) => within(t, cmd.query_async(c)).await,
+            Conn::Server(c, _) => within(t, cmd.query_async(c)).await,
             Conn::Cluster(c) => within(t, cmd.query_async(c)).await,
+        }
+    }
+
+    async fn query_pipe(
+        &mut self,
+        p: &redis::Pipeline,
+        t: Option<Duration>,
+    ) -> redis::RedisResult<Vec<redis::Value>> {
+        match self {
+            Conn::Server(c, _) => within(t, p.query_async(c)).await,
+            Conn::Cluster(c) => within(t, p.query_async(c)).await,
         }
     }
 }
@@ -120,6 +133,9 @@ struct Status {
     on_lost: Option<OnLost>,
     /// Wakes this acquisition's watchdog.
     wake: Arc<Notify>,
+    /// The watcher heard that a key changed (or a write of our own dropped
+    /// the keys from tracking): the watchdog reads them now.
+    verify: bool,
     /// Owners whose release a dropped guard left to a task: sent before
     /// anything else goes over the connection.
     pending: Vec<Vec<u8>>,
@@ -207,6 +223,7 @@ impl Lock {
                     generation: 0,
                     on_lost: None,
                     wake: Arc::new(Notify::new()),
+                    verify: false,
                     pending: Vec::new(),
                 }),
             }),
@@ -357,6 +374,8 @@ impl Lock {
             st.valid_until = sent + opts.ttl;
             st.next_renewal = Instant::now() + tick(opts.ttl);
             st.wake = Arc::new(Notify::new());
+            // The watchdog's first work: tracking, and a read of the keys.
+            st.verify = bound;
             (st.generation, Arc::clone(&st.wake))
         };
         drop(slot);
@@ -417,28 +436,41 @@ async fn release_quietly(client: &Target, kind: &Kind, owner: &[u8], timeout: Du
 async fn watchdog(s: Arc<Shared>, generation: u64, wake: Arc<Notify>) {
     loop {
         loop {
-            let next = {
+            let (next, verify) = {
                 let st = std_lock(&s.status);
                 if !st.current(generation) || st.lost.is_some() {
                     return;
                 }
-                st.next_renewal
+                (st.next_renewal, st.verify)
             };
-            if Instant::now() >= next {
+            if Instant::now() >= next || verify {
                 break;
             }
             // Woken by a release or an extend, else at the next renewal.
             let _ = tokio::time::timeout_at(next.into(), wake.notified()).await;
         }
+        // The watcher (opened if need be) before the connection is taken.
+        let (bound, timeout) = {
+            let st = std_lock(&s.status);
+            (st.bound, st.timeout)
+        };
+        let watcher = if bound { join(&s, timeout).await } else { None };
+        if bound && !std_lock(&s.status).current(generation) {
+            // Released meanwhile: the release may have left the watcher before we joined.
+            leave(&s, &mut None, timeout).await;
+            return;
+        }
         let mut slot = s.conn.lock().await;
-        let (owner, ttl, timeout, bound, left) = {
+        let (owner, ttl, timeout, bound, left, renew) = {
             let mut st = std_lock(&s.status);
             if !st.current(generation) || st.lost.is_some() {
                 return;
             }
-            if Instant::now() < st.next_renewal {
+            let renew = Instant::now() >= st.next_renewal;
+            if !renew && !st.verify {
                 continue;
             }
+            st.verify = false;
             let news = st.check_lost(&s.kind);
             if news.is_some() {
                 drop(st);
@@ -446,7 +478,7 @@ async fn watchdog(s: Arc<Shared>, generation: u64, wake: Arc<Notify>) {
                 return;
             }
             let left = st.valid_until.saturating_duration_since(Instant::now());
-            (st.owner.clone(), st.ttl, st.timeout, st.bound, left)
+            (st.owner.clone(), st.ttl, st.timeout, st.bound, left, renew)
         };
         let io = limit(timeout, left);
         if slot.is_none() && !bound {
@@ -454,7 +486,15 @@ async fn watchdog(s: Arc<Shared>, generation: u64, wake: Arc<Notify>) {
         }
         let sent = Instant::now();
         let result = if bound {
-            keepalive(&mut slot, &s.kind, ttl, io).await
+            sync(
+                &mut slot,
+                &s.kind,
+                &owner,
+                watcher,
+                renew.then_some(ttl),
+                io,
+            )
+            .await
         } else {
             renew_keys(&mut slot, &s.kind, &owner, ttl, io).await
         };
@@ -464,6 +504,7 @@ async fn watchdog(s: Arc<Shared>, generation: u64, wake: Arc<Notify>) {
                 return;
             }
             match result {
+                Ok(None) if !renew => None,
                 Ok(None) => {
                     st.valid_until = sent + ttl;
                     st.next_renewal = Instant::now() + tick(ttl);
@@ -499,18 +540,88 @@ async fn watchdog(s: Arc<Shared>, generation: u64, wake: Arc<Notify>) {
     }
 }
 
-async fn keepalive(
+impl Watched for Shared {
+    fn keys(&self) -> Vec<Vec<u8>> {
+        self.kind.keys()
+    }
+
+    fn told(&self) {
+        let mut st = std_lock(&self.status);
+        st.verify = true;
+        st.wake.notify_one();
+    }
+}
+
+/// The id of the watcher of the lock's server, joined (opened if need be,
+/// off the runtime's threads: opening waits on the network).
+async fn join(s: &Arc<Shared>, timeout: Duration) -> Option<i64> {
+    let Target::Server(c) = &s.client else {
+        return None;
+    };
+    let weak: Weak<dyn Watched> = Arc::downgrade(&(Arc::clone(s) as Arc<dyn Watched>));
+    let id = watch::id_of::<Shared>(s);
+    if let Some(w) = watch::try_join(c, id, &weak) {
+        return Some(w);
+    }
+    let c = c.clone();
+    tokio::task::spawn_blocking(move || watch::join(&c, id, weak, timeout))
+        .await
+        .ok()
+        .flatten()
+}
+
+/// The lock no longer needs the watcher; the last one wakes it to close,
+/// with a PUBLISH on the lock's connection (or one of its own).
+async fn leave(s: &Shared, slot: &mut Option<Conn>, timeout: Duration) {
+    let Target::Server(c) = &s.client else {
+        return;
+    };
+    let Some(channel) = watch::leave(c, watch::id_of(s)) else {
+        return;
+    };
+    let mut publish = redis::cmd("PUBLISH");
+    publish.arg(channel).arg("");
+    if let Some(conn) = slot.as_mut() {
+        if conn.query(&publish, Some(timeout)).await.is_ok() {
+            return;
+        }
+    }
+    if let Ok(mut conn) = Conn::open(&s.client, timeout).await {
+        let _ = conn.query(&publish, Some(timeout)).await;
+    }
+}
+
+/// As the blocking API's: tracking redirected to the watcher (once per
+/// connection), then `LOCK.KEEPALIVE` (when `renew`) and a read of each
+/// key, in one round trip. `None` while the lock is ours.
+async fn sync(
     slot: &mut Option<Conn>,
     kind: &Kind,
-    ttl: Duration,
+    owner: &[u8],
+    watcher: Option<i64>,
+    renew: Option<Duration>,
     timeout: Duration,
 ) -> redis::RedisResult<Option<&'static str>> {
     let conn = slot.as_mut().ok_or_else(closed)?;
-    let mut cmd = redis::cmd("LOCK.KEEPALIVE");
-    cmd.arg(millis(ttl).max(1));
-    let n: i64 = redis::from_redis_value(conn.query(&cmd, Some(timeout)).await?)?;
-    let want = i64::try_from(kind.keys().len()).unwrap_or(i64::MAX);
-    Ok((n < want).then_some(RENEWED_FEWER))
+    match (watcher, &mut *conn) {
+        (Some(w), Conn::Server(c, by)) if *by != Some(w) => {
+            match within(Some(timeout), tracking(w).query_async::<()>(c)).await {
+                Ok(()) => *by = Some(w),
+                Err(e) if io_failure(&e) => return Err(e),
+                Err(_) => {} // refused (an ACL): the renewals still notice
+            }
+        }
+        (None, _) if renew.is_none() => return Ok(None),
+        _ => {}
+    }
+    match conn
+        .query_pipe(&sync_pipe(kind, renew), Some(timeout))
+        .await
+    {
+        Ok(replies) => Ok(judge(kind, owner, renew.is_some(), replies)),
+        Err(e) if gone_error(&e) => Ok(Some(WRONGTYPE)),
+        Err(e) => Err(e),
+    }
 }
 
 async fn renew_keys(
@@ -621,7 +732,10 @@ async fn end(s: &Shared, generation: u64, all: bool) -> Result<(), Error> {
                 *slot = None;
             }
             Ok(Released::All) => st.holds = 0,
-            Ok(Released::OneHold) => {}
+            Ok(Released::OneHold) => {
+                st.verify = st.bound; // our write dropped the keys from tracking
+                st.wake.notify_one();
+            }
             Err(e) => {
                 st.holds = 0;
                 *slot = None;
@@ -631,11 +745,15 @@ async fn end(s: &Shared, generation: u64, all: bool) -> Result<(), Error> {
             }
         }
     }
-    {
+    let (last, timeout) = {
         let st = std_lock(&s.status);
         if result.is_ok() && st.lost.is_some() {
             result = Err(st.lost_error(&s.kind));
         }
+        (st.holds == 0 && st.bound, st.timeout)
+    };
+    if last {
+        leave(s, &mut slot, timeout).await;
     }
     drop(slot);
     finish(s, generation);
@@ -718,6 +836,7 @@ impl Guard<'_> {
                 st.ttl = ttl;
                 st.valid_until = sent + ttl;
                 st.next_renewal = Instant::now() + tick(ttl);
+                st.verify = st.bound; // our write dropped the keys from tracking
                 st.wake.notify_one();
                 return Ok(());
             }
@@ -780,6 +899,8 @@ impl Guard<'_> {
             Some(t) if t == st.tokens => {
                 st.holds += 1;
                 st.valid_until = sent + st.ttl;
+                st.verify = st.bound; // our write dropped the keys from tracking
+                st.wake.notify_one();
                 drop(st);
                 drop(slot);
                 Ok(Some(Guard {
@@ -822,6 +943,13 @@ impl Drop for Guard<'_> {
             handle.spawn(async move {
                 let mut slot = s.conn.lock().await;
                 flush(&s, &mut slot).await;
+                let (last, timeout) = {
+                    let st = std_lock(&s.status);
+                    (st.holds == 0 && st.bound, st.timeout)
+                };
+                if last {
+                    leave(&s, &mut slot, timeout).await;
+                }
                 drop(slot);
                 finish(&s, generation);
             });
@@ -830,6 +958,10 @@ impl Drop for Guard<'_> {
             // is freed; an unbound one ends with its lease).
             if let Ok(mut slot) = s.conn.try_lock() {
                 *slot = None;
+            }
+            if let Target::Server(c) = &s.client {
+                // No runtime to publish on: the watcher closes when it next hears something.
+                let _ = watch::leave(c, watch::id_of::<Shared>(&s));
             }
             std_lock(&s.status).pending.clear();
             finish(&s, generation);

@@ -1,13 +1,15 @@
 //! The blocking API: [`Lock`] (one holder identity: owner, kind, keys, its
 //! connection) and [`Guard`] (one acquisition, released on drop).
 
-use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError, Weak};
 use std::thread;
 use std::time::{Duration, Instant};
 
+use crate::watch::{self, Watched};
 use crate::{
-    closed, fresh_owner, gone_error, holders, limit, millis, tick, tokens, Error, HolderInfo, Kind,
-    OnLost, Options, Target, RAN_OUT, RELEASE_NIL, RENEWED_FEWER, RENEW_ZERO, WRONGTYPE,
+    closed, fresh_owner, gone_error, holders, io_failure, judge, limit, millis, sync_pipe, tick,
+    tokens, tracking, Error, HolderInfo, Kind, OnLost, Options, Target, RAN_OUT, RELEASE_NIL,
+    RENEW_ZERO, WRONGTYPE,
 };
 
 /// A lock of one kind on its keys, held by one owner. Acquire it with
@@ -27,9 +29,10 @@ pub struct Guard<'a> {
     done: bool,
 }
 
-/// A holder's connection: to the server, or to the cluster.
+/// A holder's connection: to the server (with the watcher id its client
+/// tracking redirects to, once set), or to the cluster.
 enum Conn {
-    Server(redis::Connection),
+    Server(redis::Connection, Option<i64>),
     Cluster(Box<redis::cluster::ClusterConnection>),
 }
 
@@ -52,7 +55,7 @@ impl Conn {
 
     fn open_now(target: &Target, timeout: Duration) -> redis::RedisResult<Conn> {
         let conn = match target {
-            Target::Server(c) => Conn::Server(c.get_connection_with_timeout(timeout)?),
+            Target::Server(c) => Conn::Server(c.get_connection_with_timeout(timeout)?, None),
             Target::Cluster(c) => {
                 let config = redis::cluster::ClusterConfig::new()
                     .set_connection_timeout(timeout)
@@ -68,7 +71,7 @@ impl Conn {
     fn timeouts(&self, read: Option<Duration>) -> redis::RedisResult<()> {
         let write = read.or(Some(crate::DEFAULT_TIMEOUT));
         match self {
-            Conn::Server(c) => {
+            Conn::Server(c, _) => {
                 c.set_read_timeout(read)?;
                 c.set_write_timeout(write)
             }
@@ -81,8 +84,15 @@ impl Conn {
 
     fn query(&mut self, cmd: &redis::Cmd) -> redis::RedisResult<redis::Value> {
         match self {
-            Conn::Server(c) => cmd.query(c),
+            Conn::Server(c, _) => cmd.query(c),
             Conn::Cluster(c) => cmd.query(&mut **c),
+        }
+    }
+
+    fn query_pipe(&mut self, p: &redis::Pipeline) -> redis::RedisResult<Vec<redis::Value>> {
+        match self {
+            Conn::Server(c, _) => p.query(c),
+            Conn::Cluster(c) => p.query(&mut **c),
         }
     }
 }
@@ -121,6 +131,9 @@ struct Status {
     /// One per acquisition: a watchdog or a guard of an earlier one is stale.
     generation: u64,
     on_lost: Option<OnLost>,
+    /// The watcher heard that a key changed (or a write of our own dropped
+    /// the keys from tracking): the watchdog reads them now.
+    verify: bool,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -188,6 +201,7 @@ impl Lock {
                     next_renewal: Instant::now(),
                     generation: 0,
                     on_lost: None,
+                    verify: false,
                 }),
                 wake: Condvar::new(),
             }),
@@ -362,6 +376,8 @@ impl Lock {
             st.lost = None;
             st.valid_until = sent + opts.ttl;
             st.next_renewal = Instant::now() + tick(opts.ttl);
+            // The watchdog's first work: tracking, and a read of the keys.
+            st.verify = bound;
             st.generation
         };
         drop(slot);
@@ -369,6 +385,7 @@ impl Lock {
         let spawned = thread::Builder::new()
             .name("redis-native-lock-watchdog".into())
             .spawn(move || watchdog(&watched, generation));
+        // (the watchdog tracks the keys: `verify`)
         if let Err(e) = spawned {
             let _ = end(&s, generation, true);
             return Err(Error::Redis(redis::RedisError::from(e)));
@@ -499,6 +516,7 @@ impl Guard<'_> {
                 st.ttl = ttl;
                 st.valid_until = sent + ttl;
                 st.next_renewal = Instant::now() + tick(ttl);
+                st.verify = st.bound; // our write dropped the keys from tracking
                 s.wake.notify_all();
                 return Ok(());
             }
@@ -561,6 +579,8 @@ impl Guard<'_> {
             Some(t) if t == st.tokens => {
                 st.holds += 1;
                 st.valid_until = sent + st.ttl;
+                st.verify = st.bound; // our write dropped the keys from tracking
+                s.wake.notify_all();
                 drop(st);
                 drop(slot);
                 Ok(Some(Guard {
@@ -625,7 +645,10 @@ fn end(s: &Shared, generation: u64, all: bool) -> Result<(), Error> {
                 *slot = None;
             }
             Ok(Released::All) => st.holds = 0,
-            Ok(Released::OneHold) => {}
+            Ok(Released::OneHold) => {
+                st.verify = st.bound; // our write dropped the keys from tracking
+                s.wake.notify_all();
+            }
             Err(e) => {
                 st.holds = 0;
                 *slot = None; // closing it frees a bound lock
@@ -638,6 +661,12 @@ fn end(s: &Shared, generation: u64, all: bool) -> Result<(), Error> {
     let mut st = lock(&s.status);
     if st.holds == 0 {
         s.wake.notify_all();
+        if st.bound {
+            let timeout = st.timeout;
+            drop(st);
+            leave(s, &mut slot, timeout);
+            st = lock(&s.status);
+        }
     }
     if result.is_ok() && st.lost.is_some() {
         result = Err(st.lost_error(&s.kind));
@@ -728,7 +757,7 @@ impl Drop for Guard<'_> {
 /// One watchdog thread per held lock: renews at a third of the ttl until
 /// the acquisition ends or the lease is lost. Each waits only on its own
 /// connection, never longer than the lease has left.
-fn watchdog(s: &Shared, generation: u64) {
+fn watchdog(s: &Arc<Shared>, generation: u64) {
     loop {
         {
             let mut st = lock(&s.status);
@@ -737,7 +766,7 @@ fn watchdog(s: &Shared, generation: u64) {
                     return;
                 }
                 let now = Instant::now();
-                if now >= st.next_renewal {
+                if now >= st.next_renewal || st.verify {
                     break;
                 }
                 let wait = st.next_renewal - now;
@@ -748,15 +777,28 @@ fn watchdog(s: &Shared, generation: u64) {
                     .0;
             }
         }
+        // The watcher (opened if need be) before the connection is taken.
+        let (bound, timeout) = {
+            let st = lock(&s.status);
+            (st.bound, st.timeout)
+        };
+        let watcher = if bound { join(s, timeout) } else { None };
+        if bound && !lock(&s.status).current(generation) {
+            // Released meanwhile: the release may have left the watcher before we joined.
+            leave(s, &mut None, timeout);
+            return;
+        }
         let mut slot = lock(&s.conn);
-        let (owner, ttl, timeout, bound, left) = {
+        let (owner, ttl, timeout, bound, left, renew) = {
             let mut st = lock(&s.status);
             if !st.current(generation) || st.lost.is_some() {
                 return;
             }
-            if Instant::now() < st.next_renewal {
+            let renew = Instant::now() >= st.next_renewal;
+            if !renew && !st.verify {
                 continue; // extended meanwhile
             }
+            st.verify = false;
             let news = st.check_lost(&s.kind);
             if news.is_some() || st.lost.is_some() {
                 drop(st);
@@ -765,7 +807,7 @@ fn watchdog(s: &Shared, generation: u64) {
                 return;
             }
             let left = st.valid_until.saturating_duration_since(Instant::now());
-            (st.owner.clone(), st.ttl, st.timeout, st.bound, left)
+            (st.owner.clone(), st.ttl, st.timeout, st.bound, left, renew)
         };
         let io = limit(timeout, left);
         if slot.is_none() && !bound {
@@ -773,7 +815,14 @@ fn watchdog(s: &Shared, generation: u64) {
         }
         let sent = Instant::now();
         let result = if bound {
-            keepalive(&mut slot, &s.kind, ttl, io)
+            sync(
+                &mut slot,
+                &s.kind,
+                &owner,
+                watcher,
+                renew.then_some(ttl),
+                io,
+            )
         } else {
             renew_keys(&mut slot, &s.kind, &owner, ttl, io)
         };
@@ -782,6 +831,7 @@ fn watchdog(s: &Shared, generation: u64) {
             return;
         }
         let news = match result {
+            Ok(None) if !renew => None,
             Ok(None) => {
                 st.valid_until = sent + ttl;
                 st.next_renewal = Instant::now() + tick(ttl);
@@ -817,19 +867,77 @@ fn watchdog(s: &Shared, generation: u64) {
     }
 }
 
-/// `LOCK.KEEPALIVE` on the bound connection: `None` when every key of the
-/// lock was renewed.
-fn keepalive(
+impl Watched for Shared {
+    fn keys(&self) -> Vec<Vec<u8>> {
+        self.kind.keys()
+    }
+
+    fn told(&self) {
+        lock(&self.status).verify = true;
+        self.wake.notify_all();
+    }
+}
+
+/// The id of the watcher of the lock's server, joined (opened if need be).
+fn join(s: &Arc<Shared>, timeout: Duration) -> Option<i64> {
+    let Target::Server(c) = &s.client else {
+        return None;
+    };
+    let weak: Weak<dyn Watched> = Arc::downgrade(&(Arc::clone(s) as Arc<dyn Watched>));
+    watch::join(c, watch::id_of::<Shared>(s), weak, timeout)
+}
+
+/// The lock no longer needs the watcher; the last one wakes it to close,
+/// with a PUBLISH on the lock's connection (or one of its own).
+fn leave(s: &Shared, slot: &mut Option<Conn>, timeout: Duration) {
+    let Target::Server(c) = &s.client else {
+        return;
+    };
+    let Some(channel) = watch::leave(c, watch::id_of(s)) else {
+        return;
+    };
+    let mut publish = redis::cmd("PUBLISH");
+    publish.arg(channel).arg("");
+    if let Some(conn) = slot.as_mut() {
+        if conn.timeouts(Some(timeout)).is_ok() && conn.query(&publish).is_ok() {
+            return;
+        }
+    }
+    let target = s.client.clone();
+    let _ = thread::Builder::new()
+        .name("redis-native-lock-watcher-close".into())
+        .spawn(move || {
+            if let Ok(mut conn) = Conn::open(&target, timeout) {
+                let _ = conn.query(&publish);
+            }
+        });
+}
+
+/// On the bound connection: client tracking redirected to the watcher (once
+/// per connection, when there is one), then `LOCK.KEEPALIVE` (when `renew`)
+/// and a read of each key, in one round trip. `None` while the lock is ours.
+fn sync(
     slot: &mut Option<Conn>,
     kind: &Kind,
-    ttl: Duration,
+    owner: &[u8],
+    watcher: Option<i64>,
+    renew: Option<Duration>,
     timeout: Duration,
 ) -> redis::RedisResult<Option<&'static str>> {
     let conn = slot.as_mut().ok_or_else(closed)?;
     conn.timeouts(Some(timeout))?;
-    let mut cmd = redis::cmd("LOCK.KEEPALIVE");
-    cmd.arg(millis(ttl).max(1));
-    let n: i64 = redis::from_redis_value(conn.query(&cmd)?)?;
-    let want = i64::try_from(kind.keys().len()).unwrap_or(i64::MAX);
-    Ok((n < want).then_some(RENEWED_FEWER))
+    match (watcher, &mut *conn) {
+        (Some(w), Conn::Server(c, by)) if *by != Some(w) => match tracking(w).query::<()>(c) {
+            Ok(()) => *by = Some(w),
+            Err(e) if io_failure(&e) => return Err(e),
+            Err(_) => {} // refused (an ACL): the renewals still notice
+        },
+        (None, _) if renew.is_none() => return Ok(None),
+        _ => {}
+    }
+    match conn.query_pipe(&sync_pipe(kind, renew)) {
+        Ok(replies) => Ok(judge(kind, owner, renew.is_some(), replies)),
+        Err(e) if gone_error(&e) => Ok(Some(WRONGTYPE)),
+        Err(e) => Err(e),
+    }
 }

@@ -119,6 +119,7 @@ use std::time::Duration;
 pub mod aio;
 mod blocking;
 pub mod redlock;
+mod watch;
 
 pub use blocking::{Guard, Lock};
 pub use redis;
@@ -431,12 +432,71 @@ pub(crate) fn closed() -> redis::RedisError {
 
 /// Why a lease is lost, from the renewal's outcome.
 pub(crate) const RENEWED_FEWER: &str =
-    "LOCK.KEEPALIVE renewed fewer locks than held: released, expired or deleted";
+    "LOCK.KEEPALIVE found it gone: released, expired, deleted or overwritten";
 pub(crate) const RENEW_ZERO: &str =
     "LOCK.RENEW answered 0: the lease expired or the key was deleted";
 pub(crate) const RAN_OUT: &str = "its ttl ran out without a successful renewal";
 pub(crate) const RELEASE_NIL: &str = "LOCK.RELEASE answered nil: the lock was no longer ours";
 pub(crate) const WRONGTYPE: &str = "the key is no longer a lock (WRONGTYPE): overwritten";
+pub(crate) const TOLD: &str =
+    "the key was deleted, overwritten or freed (told by the server at once)";
+
+/// On a bound connection, in one round trip: `LOCK.KEEPALIVE ttl` (when
+/// renewing) and `LOCK.INFO` of each key. The reads say whether the lock is
+/// still ours, and keep the keys in the server's tracking table (a write of
+/// our own, with NOLOOP, drops them).
+pub(crate) fn sync_pipe(kind: &Kind, keepalive: Option<Duration>) -> redis::Pipeline {
+    let mut p = redis::pipe();
+    if let Some(ttl) = keepalive {
+        p.cmd("LOCK.KEEPALIVE").arg(millis(ttl).max(1));
+    }
+    for k in kind.keys() {
+        p.cmd("LOCK.INFO").arg(k);
+    }
+    p
+}
+
+/// What [`sync_pipe`]'s replies say: `None` while the lock is ours.
+pub(crate) fn judge(
+    kind: &Kind,
+    owner: &[u8],
+    keepalive: bool,
+    replies: Vec<redis::Value>,
+) -> Option<&'static str> {
+    let mut it = replies.into_iter();
+    let why = if keepalive { RENEWED_FEWER } else { TOLD };
+    if keepalive {
+        let n: i64 = it
+            .next()
+            .and_then(|v| redis::from_redis_value(v).ok())
+            .unwrap_or(0);
+        if n < i64::try_from(kind.keys().len()).unwrap_or(i64::MAX) {
+            return Some(why);
+        }
+    }
+    for info in it {
+        if !holders(info).is_some_and(|h| h.iter().any(|(o, ..)| o == owner)) {
+            return Some(why);
+        }
+    }
+    None
+}
+
+/// `CLIENT TRACKING ON REDIRECT <watcher> NOLOOP`.
+pub(crate) fn tracking(watcher: i64) -> redis::Cmd {
+    let mut c = redis::cmd("CLIENT");
+    c.arg("TRACKING")
+        .arg("ON")
+        .arg("REDIRECT")
+        .arg(watcher)
+        .arg("NOLOOP");
+    c
+}
+
+/// A failure of the connection itself (not a reply of the server's).
+pub(crate) fn io_failure(e: &redis::RedisError) -> bool {
+    e.is_io_error() || e.is_timeout() || e.is_connection_dropped()
+}
 
 /// A callback told when a lease is found lost, with the `LeaseLost` error.
 pub type OnLost = std::sync::Arc<dyn Fn(&Error) + Send + Sync>;
