@@ -71,13 +71,21 @@ impl WaitGraph for Waits<'_> {
         self.lock(key).live(now).any(|h| *h.owner == *owner)
     }
 
-    fn holders_blocking(&mut self, key: &DbKey, kind: Kind) -> Vec<Owner> {
+    fn waited_keys_held(&mut self, owner: &[u8]) -> Vec<DbKey> {
+        waiting::waited_keys_held(owner)
+    }
+
+    fn admits(&mut self, key: &DbKey, kind: Kind) -> bool {
         let now = self.now;
-        let lock = self.lock(key);
-        if lock.admits(kind, now) {
-            return Vec::new();
-        }
-        lock.live(now).map(|h| Owner::from(h.owner)).collect()
+        self.lock(key).admits(kind, now)
+    }
+
+    fn holders(&mut self, key: &DbKey) -> Vec<Owner> {
+        let now = self.now;
+        self.lock(key)
+            .live(now)
+            .map(|h| Owner::from(h.owner))
+            .collect()
     }
 
     fn queued(&mut self, key: &DbKey, from: u64, to: u64) -> Vec<(Owner, Kind)> {

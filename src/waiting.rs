@@ -100,7 +100,7 @@ struct Registry {
     /// value put in place by other means (RESTORE, RENAME, MOVE, SWAPDB)
     /// makes its key `unsure` until its next transaction.
     key_holders: HashMap<DbKey, Vec<Owner>>,
-    holds_waited: HashMap<Owner, usize>,
+    holds_waited: HashMap<Owner, HashSet<DbKey>>,
     unsure: HashSet<DbKey>,
 }
 
@@ -169,15 +169,15 @@ impl Registry {
             false => self.key_holders.insert(key.clone(), holders.clone()),
         };
         for h in old.into_iter().flatten() {
-            if let Some(n) = self.holds_waited.get_mut(&h) {
-                *n -= 1;
-                if *n == 0 {
+            if let Some(keys) = self.holds_waited.get_mut(&h) {
+                keys.remove(key);
+                if keys.is_empty() {
                     self.holds_waited.remove(&h);
                 }
             }
         }
         for h in holders {
-            *self.holds_waited.entry(h).or_default() += 1;
+            self.holds_waited.entry(h).or_default().insert(key.clone());
         }
     }
 }
@@ -411,6 +411,9 @@ fn block_on(
     Ok(RedisValue::NoReply)
 }
 
+/// The most waiters one transaction answers nil for their WAIT's end.
+const TIMEOUTS_PER_VISIT: usize = 64;
+
 /// What a key's queue needs after [`settle`].
 pub struct Pending {
     /// Requests still wait: visit the key at the lock's next expiry.
@@ -464,12 +467,16 @@ fn answer_queued(ctx: &Context, name: Str<'_>, txn: &mut Txn) -> Pending {
     if !registry.queues.contains_key(key) {
         return Pending::NONE;
     }
+    // At most a share of them per transaction: the rest stay due, and the
+    // key's next visit (at once) answers the next share, so that 10,000
+    // WAITs ending together never hold the event loop for all of them.
     let timed_out: Vec<WaiterId> = registry
         .timeouts
         .get(key)
         .into_iter()
         .flat_map(|t| t.range(..=(txn.now, WaiterId::MAX)))
         .map(|(_, id)| *id)
+        .take(TIMEOUTS_PER_VISIT)
         .collect();
     let mut left = Vec::new();
     for id in timed_out {
@@ -651,6 +658,15 @@ pub fn requests_of(owner: &[u8]) -> Vec<(DbKey, u64, Kind)> {
         }
     }
     out
+}
+
+/// The keys with a queue that `owner` held at their last transaction
+/// (deadlock detection checks each against the lock).
+pub fn waited_keys_held(owner: &[u8]) -> Vec<DbKey> {
+    registry()
+        .holds_waited
+        .get(owner)
+        .map_or_else(Vec::new, |keys| keys.iter().cloned().collect())
 }
 
 /// The requests queued on `key` at places `from..to`: owner and kind.

@@ -11,12 +11,18 @@
 //! owner again is a deadlock.
 //!
 //! The walk is complete (no step limit: every cycle is found, however long)
-//! and linear in the wait graph: each owner is expanded once, each key's
-//! holders are listed once, and each queue is gone through at most twice
-//! (once for writers, who wait for everyone ahead, once for readers, who
-//! wait for the writers ahead), by remembering per key how far ahead of
-//! which place its requests were already listed. A walk over every request
-//! of a queue of n requests costs O(n), not O(n^2).
+//! and linear in the part of the wait graph it walks. It goes both ways at
+//! once: forward from the new request (whom it would wait for, and whom
+//! they wait for...) and backward from its owner (who waits for it, and who
+//! waits for them...), always on the smaller frontier, and stops when the
+//! two meet (a cycle) or either side has nothing left (none): its cost is
+//! about that of the smaller side. A new worker on a hot key, whom nobody
+//! waits for, costs one look-up however long the queue; a request in the
+//! middle of a long chain walks the short side. Each owner is expanded once
+//! a side, each key's holders (or its holders' dependents) are listed once,
+//! and each queue is gone through at most twice a side (for everyone and
+//! for writers, remembering per key how far from which place requests were
+//! listed): a walk over every request of a queue of n requests is O(n).
 
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::hash::Hash;
@@ -31,11 +37,16 @@ pub trait WaitGraph {
     /// Every waiting request of `owner`: its key, its place in that key's
     /// queue, what it asks.
     fn requests_of(&mut self, owner: &[u8]) -> Vec<(Self::Key, u64, Kind)>;
+    /// Keys with a queue that `owner` may hold (each is checked with
+    /// [`WaitGraph::holds`]; none it holds may be missing).
+    fn waited_keys_held(&mut self, owner: &[u8]) -> Vec<Self::Key>;
     /// Whether `owner` holds `key` now (its requests there wait for nobody).
     fn holds(&mut self, key: &Self::Key, owner: &[u8]) -> bool;
-    /// The live holders of `key` that keep a request of `kind` out (none
-    /// when the lock admits it).
-    fn holders_blocking(&mut self, key: &Self::Key, kind: Kind) -> Vec<Owner>;
+    /// Whether `key`'s lock admits a request of `kind` from someone not
+    /// holding it (so its holders keep it waiting for nobody).
+    fn admits(&mut self, key: &Self::Key, kind: Kind) -> bool;
+    /// The live holders of `key`.
+    fn holders(&mut self, key: &Self::Key) -> Vec<Owner>;
     /// The requests queued on `key` at places `from..to`: owner and kind.
     fn queued(&mut self, key: &Self::Key, from: u64, to: u64) -> Vec<(Owner, Kind)>;
 }
@@ -49,14 +60,50 @@ pub enum Search {
     Clear,
 }
 
-/// How far one search has listed a key's blockers.
-#[derive(Default)]
+/// How far one side of a search has listed around a key.
 struct Listed {
+    /// Forward: its holders listed. Backward: its holders' dependents.
     holders: bool,
-    /// Every request before this place is listed.
+    /// Forward: every request before this place is listed; backward: every
+    /// request from this place on.
     all: u64,
-    /// Every writer before this place is listed.
+    /// The same for writers.
     writers: u64,
+}
+
+impl Listed {
+    fn forward() -> Listed {
+        Listed {
+            holders: false,
+            all: 0,
+            writers: 0,
+        }
+    }
+
+    fn backward() -> Listed {
+        Listed {
+            holders: false,
+            all: u64::MAX,
+            writers: u64::MAX,
+        }
+    }
+}
+
+/// One direction's state.
+struct Side<K> {
+    seen: HashSet<Owner>,
+    next: VecDeque<Owner>,
+    listed: HashMap<K, Listed>,
+}
+
+impl<K> Side<K> {
+    fn new() -> Side<K> {
+        Side {
+            seen: HashSet::new(),
+            next: VecDeque::new(),
+            listed: HashMap::new(),
+        }
+    }
 }
 
 /// Whether `me`, about to wait with a request of `kind` on each of `keys`
@@ -69,20 +116,28 @@ pub fn search<G: WaitGraph>(
 ) -> Search {
     let mut walk = Walk {
         me,
-        seen: HashSet::new(),
-        next: VecDeque::new(),
-        listed: HashMap::new(),
+        fwd: Side::new(),
+        back: Side::new(),
         cycle: false,
     };
+    // Who waits for `me` already: if nobody does, no wait can close a cycle.
+    walk.back.seen.insert(me.into());
+    walk.expand_back(graph, me);
+    if walk.back.next.is_empty() {
+        return Search::Clear;
+    }
     for (key, end) in keys {
         walk.expand(graph, me, key, *end, kind);
     }
-    while let Some(owner) = walk.next.pop_front() {
-        if walk.cycle {
-            break;
-        }
-        for (key, place, kind) in graph.requests_of(&owner) {
-            walk.expand(graph, &owner, &key, place, kind);
+    while !walk.cycle && !walk.fwd.next.is_empty() && !walk.back.next.is_empty() {
+        if walk.fwd.next.len() <= walk.back.next.len() {
+            if let Some(owner) = walk.fwd.next.pop_front() {
+                for (key, place, kind) in graph.requests_of(&owner) {
+                    walk.expand(graph, &owner, &key, place, kind);
+                }
+            }
+        } else if let Some(owner) = walk.back.next.pop_front() {
+            walk.expand_back(graph, &owner);
         }
     }
     match walk.cycle {
@@ -93,23 +148,32 @@ pub fn search<G: WaitGraph>(
 
 struct Walk<'m, K> {
     me: &'m [u8],
-    seen: HashSet<Owner>,
-    next: VecDeque<Owner>,
-    listed: HashMap<K, Listed>,
+    fwd: Side<K>,
+    back: Side<K>,
     cycle: bool,
 }
 
 impl<K: Clone + Eq + Hash> Walk<'_, K> {
+    /// `owner` is waited for by the new request, through others.
     fn reach(&mut self, owner: Owner) {
-        if *owner == *self.me {
+        if *owner == *self.me || self.back.seen.contains(&owner) {
             self.cycle = true;
-        } else if self.seen.insert(owner.clone()) {
-            self.next.push_back(owner);
+        } else if self.fwd.seen.insert(owner.clone()) {
+            self.fwd.next.push_back(owner);
+        }
+    }
+
+    /// `owner` waits for the new request's owner, through others.
+    fn reach_back(&mut self, owner: Owner) {
+        if self.fwd.seen.contains(&owner) {
+            self.cycle = true;
+        } else if self.back.seen.insert(owner.clone()) {
+            self.back.next.push_back(owner);
         }
     }
 
     /// Lists what `owner`'s request of `kind` at `place` on `key` waits
-    /// for, skipping what this search listed there already.
+    /// for, skipping what this side listed there already.
     fn expand<G: WaitGraph<Key = K>>(
         &mut self,
         graph: &mut G,
@@ -121,8 +185,12 @@ impl<K: Clone + Eq + Hash> Walk<'_, K> {
         if self.cycle || graph.holds(key, owner) {
             return;
         }
-        let listed = self.listed.entry(key.clone()).or_default();
-        let holders = !listed.holders;
+        let listed = self
+            .fwd
+            .listed
+            .entry(key.clone())
+            .or_insert_with(Listed::forward);
+        let holders = !listed.holders && !graph.admits(key, kind);
         let (from, to) = match kind {
             Kind::Read => (listed.writers.max(listed.all), place),
             _ => (listed.all, place),
@@ -137,13 +205,8 @@ impl<K: Clone + Eq + Hash> Walk<'_, K> {
             }
         }
         if holders {
-            let blocking = graph.holders_blocking(key, kind);
-            if !blocking.is_empty() {
-                if let Some(l) = self.listed.get_mut(key) {
-                    l.holders = true;
-                }
-            }
-            for h in blocking {
+            listed.holders = true;
+            for h in graph.holders(key) {
                 if *h != *owner {
                     self.reach(h);
                 }
@@ -154,6 +217,61 @@ impl<K: Clone + Eq + Hash> Walk<'_, K> {
                 let passes = kind == Kind::Read && k == Kind::Read;
                 if !passes && *o != *owner {
                     self.reach(o);
+                }
+            }
+        }
+    }
+
+    /// Lists who waits for `owner`: the requests its keys do not admit
+    /// (those of owners not holding them), and those queued behind its own
+    /// requests that cannot pass them.
+    fn expand_back<G: WaitGraph<Key = K>>(&mut self, graph: &mut G, owner: &[u8]) {
+        for key in graph.waited_keys_held(owner) {
+            if self.cycle {
+                return;
+            }
+            if !graph.holds(&key, owner) {
+                continue;
+            }
+            let listed = self
+                .back
+                .listed
+                .entry(key.clone())
+                .or_insert_with(Listed::backward);
+            if listed.holders {
+                continue;
+            }
+            listed.holders = true;
+            for (o, k) in graph.queued(&key, 0, u64::MAX) {
+                if !graph.admits(&key, k) && !graph.holds(&key, &o) {
+                    self.reach_back(o);
+                }
+            }
+        }
+        for (key, place, kind) in graph.requests_of(owner) {
+            if self.cycle {
+                return;
+            }
+            let listed = self
+                .back
+                .listed
+                .entry(key.clone())
+                .or_insert_with(Listed::backward);
+            let from = place.saturating_add(1);
+            let to = match kind {
+                Kind::Read => listed.writers.min(listed.all),
+                _ => listed.all,
+            };
+            match kind {
+                Kind::Read => listed.writers = listed.writers.min(from),
+                _ => listed.all = listed.all.min(from),
+            }
+            if from < to {
+                for (o, k) in graph.queued(&key, from, to) {
+                    let passes = kind == Kind::Read && k == Kind::Read;
+                    if !passes && *o != *owner && !graph.holds(&key, &o) {
+                        self.reach_back(o);
+                    }
                 }
             }
         }
@@ -237,12 +355,20 @@ mod tests {
         fn holds(&mut self, key: &usize, owner: &[u8]) -> bool {
             self.locks[*key].live(self.now).any(|h| *h.owner == *owner)
         }
-        fn holders_blocking(&mut self, key: &usize, kind: Kind) -> Vec<Owner> {
-            let lock = &self.locks[*key];
-            if lock.admits(kind, self.now) {
-                return Vec::new();
-            }
-            lock.live(self.now).map(|h| Owner::from(h.owner)).collect()
+        fn waited_keys_held(&mut self, owner: &[u8]) -> Vec<usize> {
+            // Every key with a queue: a superset, as the trait allows.
+            (0..self.locks.len())
+                .filter(|k| !self.queues[*k].is_empty() && self.holds(k, owner))
+                .collect()
+        }
+        fn admits(&mut self, key: &usize, kind: Kind) -> bool {
+            self.locks[*key].admits(kind, self.now)
+        }
+        fn holders(&mut self, key: &usize) -> Vec<Owner> {
+            self.locks[*key]
+                .live(self.now)
+                .map(|h| Owner::from(h.owner))
+                .collect()
         }
         fn queued(&mut self, key: &usize, from: u64, to: u64) -> Vec<(Owner, Kind)> {
             self.queues[*key]
