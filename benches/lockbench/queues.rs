@@ -400,7 +400,8 @@ pub fn growth_svg(rows: &[Growth], subtitle: &str) -> String {
         xs.iter().copied().fold(f64::INFINITY, f64::min).floor(),
         xs.iter().copied().fold(f64::NEG_INFINITY, f64::max).ceil(),
     );
-    let series: [(&str, &str, &dyn Fn(&Growth) -> f64); 4] = [
+    type Series<'a> = (&'a str, &'a str, &'a dyn Fn(&Growth) -> f64);
+    let series: [Series; 4] = [
         ("nobody waiting on its key", "#777777", &|r| r.empty_us),
         ("one hot key", "#1f6fb4", &|r| r.hot_us),
         ("top of a chain", "#2ca02c", &|r| r.chain_us),
@@ -410,7 +411,7 @@ pub fn growth_svg(rows: &[Growth], subtitle: &str) -> String {
     ];
     let values: Vec<f64> = series
         .iter()
-        .flat_map(|(_, _, f)| rows.iter().map(|r| f(r)))
+        .flat_map(|(_, _, f)| rows.iter().map(f))
         .filter(|v| v.is_finite() && *v > 0.0)
         .collect();
     let y0 = values
