@@ -412,7 +412,7 @@ fn block_on(
 }
 
 /// The most waiters one transaction answers nil for their WAIT's end.
-const TIMEOUTS_PER_VISIT: usize = 64;
+const TIMEOUTS_PER_VISIT: usize = 32;
 
 /// What a key's queue needs after [`settle`].
 pub struct Pending {
