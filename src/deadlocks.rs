@@ -1,12 +1,17 @@
 //! Deadlock detection in the server: before a request waits, would waiting
 //! close a cycle of waits back to its own owner? The search is the core's
 //! (`lock_core::deadlock`); this file shows it the server's state: the
-//! waiting requests (`waiting`) and the holders of their keys (read from the
-//! keys, in whatever database each is).
+//! waiting requests and their places (`waiting`) and the holders of their
+//! keys (read from the keys, in whatever database each is, once a search).
 //!
-//! Its cost is paid only by a request about to block, and bounded by
-//! [`SEARCH_LIMIT`] steps; past it the request waits as usual (counted in
-//! `INFO lock` as `deadlock_searches_cut`).
+//! Most requests need no search at all: a cycle back to an owner needs
+//! somebody waiting for it, and nobody can while it holds no key that has
+//! a queue and has no request waiting anywhere (`waiting::may_be_waited_for`,
+//! one look-up): a new worker queueing for a hot key, or at the top of a
+//! chain, is answered at once however many wait. Otherwise the search is
+//! complete and linear in the wait graph (every cycle is found, however
+//! long; nothing is cut), and its cost is paid only by a request about to
+//! block.
 
 use std::collections::HashMap;
 
@@ -19,11 +24,7 @@ use crate::keys::LockKey;
 use crate::stats;
 use crate::waiting;
 use lock_core::deadlock::{self, Search, WaitGraph};
-use lock_core::{Lock, Owner, Request};
-
-/// The most steps (owners expanded plus dependencies listed) one search
-/// takes: about a millisecond of work at worst (docs/benchmarks.md, section 7).
-pub const SEARCH_LIMIT: usize = 500;
+use lock_core::{Kind, Lock, Owner, Request};
 
 /// The server's waits as the core's search sees them.
 struct Waits<'a> {
@@ -35,72 +36,85 @@ struct Waits<'a> {
 }
 
 impl Waits<'_> {
-    /// The owners keeping `request` waiting on `key`, `queued` those queued
-    /// ahead of it.
-    fn blockers(&mut self, key: &DbKey, request: &Request, queued: Vec<Owner>) -> Vec<Owner> {
-        if !self.locks.contains_key(key) {
-            let lock = self.read(key);
-            self.locks.insert(key.clone(), lock);
-        }
-        match self.locks.get(key) {
-            Some(lock) => deadlock::blockers(lock, queued, request, self.now),
-            None => queued,
-        }
+    /// `key`'s lock, read at its first use in this search.
+    fn lock(&mut self, key: &DbKey) -> &Lock {
+        let (ctx, now) = (self.ctx, self.now);
+        self.locks
+            .entry(key.clone())
+            .or_insert_with(|| read(ctx, key, now))
     }
+}
 
-    fn read(&self, key: &DbKey) -> Lock {
-        if !ffi::select_db(self.ctx, key.0) {
-            return Lock::default();
-        }
-        let name = ffi::name(self.ctx, &key.1);
-        let read = LockKey::open(self.ctx, Str::from(&name), false)
-            .map(|k| k.lock().map(|l| l.map(|l| Lock::clone(&l))));
-        match read {
-            // A closed connection's holders keep nobody waiting.
-            Ok(Ok(Some(lock))) => bindings::without_closed(key, &lock, self.now).unwrap_or(lock),
-            _ => Lock::default(),
-        }
+fn read(ctx: &Context, key: &DbKey, now: u64) -> Lock {
+    if !ffi::select_db(ctx, key.0) {
+        return Lock::default();
+    }
+    let name = ffi::name(ctx, &key.1);
+    let read = LockKey::open(ctx, Str::from(&name), false)
+        .map(|k| k.lock().map(|l| l.map(|l| Lock::clone(&l))));
+    match read {
+        // A closed connection's holders keep nobody waiting.
+        Ok(Ok(Some(lock))) => bindings::without_closed(key, &lock, now).unwrap_or(lock),
+        _ => Lock::default(),
     }
 }
 
 impl WaitGraph for Waits<'_> {
-    fn waits_for(&mut self, owner: &[u8]) -> Vec<Owner> {
-        let mut out: Vec<Owner> = Vec::new();
-        for (key, request, queued) in waiting::waits_of(owner) {
-            out.extend(self.blockers(&key, &request, queued));
-        }
-        out.sort_unstable();
-        out.dedup();
-        out
+    type Key = DbKey;
+
+    fn requests_of(&mut self, owner: &[u8]) -> Vec<(DbKey, u64, Kind)> {
+        waiting::requests_of(owner)
+    }
+
+    fn holds(&mut self, key: &DbKey, owner: &[u8]) -> bool {
+        let now = self.now;
+        self.lock(key).live(now).any(|h| *h.owner == *owner)
+    }
+
+    fn waited_keys_held(&mut self, owner: &[u8]) -> Vec<DbKey> {
+        waiting::waited_keys_held(owner)
+    }
+
+    fn admits(&mut self, key: &DbKey, kind: Kind) -> bool {
+        let now = self.now;
+        self.lock(key).admits(kind, now)
+    }
+
+    fn holders(&mut self, key: &DbKey) -> Vec<Owner> {
+        let now = self.now;
+        self.lock(key)
+            .live(now)
+            .map(|h| Owner::from(h.owner))
+            .collect()
+    }
+
+    fn queued(&mut self, key: &DbKey, from: u64, to: u64) -> Vec<(Owner, Kind)> {
+        waiting::queued(key, from, to)
     }
 }
 
-/// Whether `request`, about to wait on `keys` (in the current database),
-/// would close a cycle of waits. A search cut short says no.
+/// Whether `request`, about to wait on `keys`, would close a cycle of
+/// waits (answered `DEADLOCK`, counted in `INFO lock`).
 pub fn would_deadlock(ctx: &Context, keys: &[DbKey], request: &Request) -> bool {
+    if !waiting::may_be_waited_for(&request.owner) {
+        return false;
+    }
     let home = ffi::selected_db(ctx);
     let mut waits = Waits {
         ctx,
         now: clock::now_ms(),
         locks: HashMap::new(),
     };
-    let mut first: Vec<Owner> = Vec::new();
-    for key in keys {
-        let queued = waiting::queued_ahead_of(key, request);
-        first.extend(waits.blockers(key, request, queued));
-    }
-    first.sort_unstable();
-    first.dedup();
-    let verdict = deadlock::search(&request.owner, first, &mut waits, SEARCH_LIMIT);
+    let at: Vec<(DbKey, u64)> = keys
+        .iter()
+        .map(|k| (k.clone(), waiting::end_of(k)))
+        .collect();
+    let verdict = deadlock::search(&request.owner, request.kind, &at, &mut waits);
     ffi::select_db(ctx, home);
     match verdict {
         Search::Cycle => {
             stats::DEADLOCKS.incr();
             true
-        }
-        Search::Cut => {
-            stats::DEADLOCK_SEARCHES_CUT.incr();
-            false
         }
         Search::Clear => false,
     }

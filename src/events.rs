@@ -104,6 +104,9 @@ extern "C" fn on_generic(
         match event {
             b"restore" | b"expire" | b"persist" if locks && keys::is_lock(&ctx, key) => {
                 let id = ffi::db_key(&ctx, name);
+                if event == b"restore" {
+                    waiting::holders_unsure(&id);
+                }
                 timers::refresh(id.0, &id.1);
             }
             b"rename_to" | b"move_to" => {
@@ -116,6 +119,7 @@ extern "C" fn on_generic(
                     bindings::moved(&from, &id);
                 }
                 if locks && keys::is_lock(&ctx, key) {
+                    waiting::holders_unsure(&id);
                     timers::refresh(id.0, &id.1);
                 }
             }
@@ -190,8 +194,8 @@ fn contains(haystack: &[u8], needle: &[u8]) -> bool {
     haystack.windows(needle.len()).any(|w| w == needle)
 }
 
-/// After SWAPDB the timer's entries follow their keys, and every waited key
-/// of both databases holds another value.
+/// After SWAPDB the timer's entries, the bindings and the waiting queues
+/// follow their keys; every waited key of both databases is visited.
 extern "C" fn on_swapdb(
     _raw_ctx: *mut raw::RedisModuleCtx,
     _event: raw::RedisModuleEvent,
@@ -205,6 +209,7 @@ extern "C" fn on_swapdb(
         };
         timers::swap_dbs(info.dbnum_first, info.dbnum_second);
         bindings::swap_dbs(info.dbnum_first, info.dbnum_second);
+        waiting::swap_dbs(info.dbnum_first, info.dbnum_second);
         wake(&[info.dbnum_first, info.dbnum_second]);
     })
 }

@@ -19,7 +19,7 @@
 //! out or disconnected (then it is no longer in any queue, so it is never
 //! granted). A grant whose client vanished before its reply is revoked.
 
-use std::collections::HashMap;
+use std::collections::{BTreeSet, HashMap, HashSet};
 use std::ops::{Deref, DerefMut};
 use std::os::raw::{c_int, c_void};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -33,11 +33,12 @@ use crate::errors::LockError;
 use crate::ffi::DbKey;
 use crate::ffi::{self, api, Str};
 use crate::guard;
+use crate::keys::LockKey;
 use crate::replies;
 use crate::stats;
 use crate::timers;
 use crate::txn::Txn;
-use lock_core::{Attempt, Owner, Queue, Request};
+use lock_core::{Attempt, Kind, Owner, Queue, Request};
 
 /// A blocked client's handle, unique while it is blocked.
 pub type WaiterId = usize;
@@ -87,6 +88,20 @@ struct Registry {
     by_owner: HashMap<Owner, Vec<WaiterId>>,
     /// Multi-key requests that head a queue whose lock would admit them.
     ready: Vec<WaiterId>,
+    /// Each queue's WAIT deadlines, earliest first: the waiters a visit
+    /// must answer nil are a range, and the next visit its first entry
+    /// (no walk of the queue in any transaction).
+    timeouts: HashMap<DbKey, BTreeSet<(u64, WaiterId)>>,
+    /// The holders of every key with a queue, as its last transaction left
+    /// them, and how many such keys each owner holds (deadlock detection:
+    /// an owner that holds none and waits nowhere cannot be waited for).
+    /// Never fewer than the real holders: holders come only by grants, which
+    /// on a key with a queue run its transaction ([`answer_waiters`]); a
+    /// value put in place by other means (RESTORE, RENAME, MOVE, SWAPDB)
+    /// makes its key `unsure` until its next transaction.
+    key_holders: HashMap<DbKey, Vec<Owner>>,
+    holds_waited: HashMap<Owner, HashSet<DbKey>>,
+    unsure: HashSet<DbKey>,
 }
 
 impl Registry {
@@ -96,6 +111,12 @@ impl Registry {
             match blocked.multi {
                 true => queue.push_part(id, blocked.request.clone()),
                 false => queue.push(id, blocked.request.clone()),
+            }
+            if let Some(at) = blocked.deadline {
+                self.timeouts
+                    .entry(key.clone())
+                    .or_default()
+                    .insert((at, id));
             }
         }
         self.by_owner
@@ -111,11 +132,18 @@ impl Registry {
     fn take(&mut self, id: WaiterId, left: &mut Vec<DbKey>) -> Option<Blocked> {
         let blocked = self.waiters.remove(&id)?;
         for key in &blocked.keys {
+            if let (Some(at), Some(t)) = (blocked.deadline, self.timeouts.get_mut(key)) {
+                t.remove(&(at, id));
+                if t.is_empty() {
+                    self.timeouts.remove(key);
+                }
+            }
             if let Some(queue) = self.queues.get_mut(key) {
                 queue.remove(id);
                 match queue.is_empty() {
                     true => {
                         self.queues.remove(key);
+                        self.set_holders(key, Vec::new());
                     }
                     false => left.push(key.clone()),
                 }
@@ -129,6 +157,28 @@ impl Registry {
         }
         self.ready.retain(|w| *w != id);
         Some(blocked)
+    }
+}
+
+impl Registry {
+    /// `key`'s holders are now `holders` (none: it has no queue any more).
+    fn set_holders(&mut self, key: &DbKey, holders: Vec<Owner>) {
+        self.unsure.remove(key);
+        let old = match holders.is_empty() {
+            true => self.key_holders.remove(key),
+            false => self.key_holders.insert(key.clone(), holders.clone()),
+        };
+        for h in old.into_iter().flatten() {
+            if let Some(keys) = self.holds_waited.get_mut(&h) {
+                keys.remove(key);
+                if keys.is_empty() {
+                    self.holds_waited.remove(&h);
+                }
+            }
+        }
+        for h in holders {
+            self.holds_waited.entry(h).or_default().insert(key.clone());
+        }
     }
 }
 
@@ -316,7 +366,26 @@ fn block_on(
     ));
     stats::WAITS.incr();
     let id = handle as WaiterId;
-    registry().insert(
+    // A key that had no queue: its holders, as the index of who holds a
+    // waited key needs them (later transactions on it keep them).
+    let fresh: Vec<(DbKey, Vec<Owner>)> = {
+        let registry = registry();
+        keys.iter()
+            .filter(|(k, _)| !registry.queues.contains_key(k))
+            .map(|(k, _)| k.clone())
+            .collect::<Vec<_>>()
+    }
+    .into_iter()
+    .map(|k| {
+        let holders = live_holders(ctx, &k, now);
+        (k, holders)
+    })
+    .collect();
+    let mut locked = registry();
+    for (k, holders) in fresh {
+        locked.set_holders(&k, holders);
+    }
+    locked.insert(
         id,
         Blocked {
             handle,
@@ -328,6 +397,7 @@ fn block_on(
             since: now,
         },
     );
+    drop(locked);
     for (i, (key, next_expiry)) in keys.iter().enumerate() {
         // The WAIT deadline on the first key is enough: a visit of any key
         // answers a waiter whose WAIT ran out.
@@ -340,6 +410,9 @@ fn block_on(
     }
     Ok(RedisValue::NoReply)
 }
+
+/// The most waiters one transaction answers nil for their WAIT's end.
+const TIMEOUTS_PER_VISIT: usize = 32;
 
 /// What a key's queue needs after [`settle`].
 pub struct Pending {
@@ -391,21 +464,19 @@ fn answer_queued(ctx: &Context, name: Str<'_>, txn: &mut Txn) -> Pending {
             }
         }
     }
-    let Registry {
-        queues, waiters, ..
-    } = &mut *registry;
-    let Some(queue) = queues.get_mut(key) else {
+    if !registry.queues.contains_key(key) {
         return Pending::NONE;
-    };
-    let timed_out: Vec<WaiterId> = queue
-        .iter()
-        .map(|w| w.id)
-        .filter(|id| {
-            waiters
-                .get(id)
-                .and_then(|w| w.deadline)
-                .is_some_and(|d| d <= txn.now)
-        })
+    }
+    // At most a share of them per transaction: the rest stay due, and the
+    // key's next visit (at once) answers the next share, so that 10,000
+    // WAITs ending together never hold the event loop for all of them.
+    let timed_out: Vec<WaiterId> = registry
+        .timeouts
+        .get(key)
+        .into_iter()
+        .flat_map(|t| t.range(..=(txn.now, WaiterId::MAX)))
+        .map(|(_, id)| *id)
+        .take(TIMEOUTS_PER_VISIT)
         .collect();
     let mut left = Vec::new();
     for id in timed_out {
@@ -416,6 +487,7 @@ fn answer_queued(ctx: &Context, name: Str<'_>, txn: &mut Txn) -> Pending {
     }
     let Registry { queues, .. } = &mut *registry;
     let Some(queue) = queues.get_mut(key) else {
+        registry.set_holders(key, Vec::new());
         drop(registry);
         visit_now(left, key);
         return Pending::NONE;
@@ -455,16 +527,21 @@ fn answer_queued(ctx: &Context, name: Str<'_>, txn: &mut Txn) -> Pending {
             ANY_READY.store(true, Ordering::Relaxed);
         }
     }
-    let Registry {
-        queues, waiters, ..
-    } = &mut *registry;
-    let queue = queues.get(key);
-    let next_timeout = queue
-        .into_iter()
-        .flat_map(Queue::iter)
-        .filter_map(|w| waiters.get(&w.id).and_then(|w| w.deadline))
-        .min();
-    let waiting = queue.is_some_and(|q| !q.is_empty());
+    let next_timeout = registry
+        .timeouts
+        .get(key)
+        .and_then(|t| t.first())
+        .map(|(at, _)| *at);
+    let waiting = registry.queues.get(key).is_some_and(|q| !q.is_empty());
+    let holders = match waiting {
+        true => txn
+            .lock
+            .live(txn.now)
+            .map(|h| Owner::from(h.owner))
+            .collect(),
+        false => Vec::new(),
+    };
+    registry.set_holders(key, holders);
     drop(registry);
     visit_now(left, key);
     Pending {
@@ -562,10 +639,9 @@ pub fn answer(claimed: Claimed, outcome: Result<Vec<(DbKey, u64)>, LockError>) {
     }
 }
 
-/// Every request `owner` has waiting: each key it waits for, what it asks,
-/// and the owners queued ahead of it there that keep it waiting (deadlock
-/// detection reads the holders from the keys).
-pub fn waits_of(owner: &[u8]) -> Vec<(DbKey, Request, Vec<Owner>)> {
+/// Every request `owner` has waiting: its key, its place in that key's
+/// queue, what it asks (deadlock detection).
+pub fn requests_of(owner: &[u8]) -> Vec<(DbKey, u64, Kind)> {
     let registry = registry();
     let Some(ids) = registry.by_owner.get(owner) else {
         return Vec::new();
@@ -576,23 +652,110 @@ pub fn waits_of(owner: &[u8]) -> Vec<(DbKey, Request, Vec<Owner>)> {
             continue;
         };
         for key in &w.keys {
-            let ahead = registry.queues.get(key).map_or_else(Vec::new, |q| {
-                let requests = q.ahead(Some(*id)).map(|a| &a.request);
-                lock_core::deadlock::queued_blockers(requests, &w.request)
-            });
-            out.push((key.clone(), w.request.clone(), ahead));
+            if let Some(place) = registry.queues.get(key).and_then(|q| q.place(*id)) {
+                out.push((key.clone(), place, w.request.kind));
+            }
         }
     }
     out
 }
 
-/// The owners queued for `key` that a new request would wait behind.
-pub fn queued_ahead_of(key: &DbKey, request: &Request) -> Vec<Owner> {
+/// The keys with a queue that `owner` held at their last transaction
+/// (deadlock detection checks each against the lock).
+pub fn waited_keys_held(owner: &[u8]) -> Vec<DbKey> {
+    registry()
+        .holds_waited
+        .get(owner)
+        .map_or_else(Vec::new, |keys| keys.iter().cloned().collect())
+}
+
+/// The requests queued on `key` at places `from..to`: owner and kind.
+pub fn queued(key: &DbKey, from: u64, to: u64) -> Vec<(Owner, Kind)> {
     let registry = registry();
     registry.queues.get(key).map_or_else(Vec::new, |q| {
-        let requests = q.ahead(None).map(|a| &a.request);
-        lock_core::deadlock::queued_blockers(requests, request)
+        q.between(from, to)
+            .map(|(_, w)| (w.request.owner.clone(), w.request.kind))
+            .collect()
     })
+}
+
+/// Where a request joining `key`'s queue now would stand.
+pub fn end_of(key: &DbKey) -> u64 {
+    registry().queues.get(key).map_or(0, Queue::end)
+}
+
+/// Whether anybody's waiting request can depend on `owner`: it waits
+/// somewhere (requests may queue behind it), or holds a key with a queue,
+/// or a key with a queue got a new value by other means than a grant (its
+/// holders unknown until its next transaction). When not, a request of
+/// `owner` can close no cycle: no search.
+pub fn may_be_waited_for(owner: &[u8]) -> bool {
+    let registry = registry();
+    !registry.unsure.is_empty()
+        || registry.by_owner.contains_key(owner)
+        || registry.holds_waited.contains_key(owner)
+}
+
+/// A key's value was put in place by other means than a grant (RESTORE,
+/// RENAME, MOVE; every key of two databases on SWAPDB, `None`'s
+/// databases): if clients wait for it, its holders are unknown until its
+/// next transaction (its visit, planned by the caller).
+pub fn holders_unsure(key: &DbKey) {
+    let mut registry = registry();
+    if registry.queues.contains_key(key) {
+        registry.unsure.insert(key.clone());
+    }
+}
+
+/// SWAPDB: the queues, and everything kept by key, follow their keys (a
+/// waiter waits for the lock it asked for, wherever SWAPDB moves it); the
+/// holders of both databases' waited keys are unsure until their visits.
+pub fn swap_dbs(a: i32, b: i32) {
+    let swap = |key: DbKey| -> DbKey {
+        match key.0 {
+            d if d == a => (b, key.1),
+            d if d == b => (a, key.1),
+            _ => key,
+        }
+    };
+    fn moved<V>(map: &mut HashMap<DbKey, V>, swap: impl Fn(DbKey) -> DbKey) {
+        *map = std::mem::take(map)
+            .into_iter()
+            .map(|(k, v)| (swap(k), v))
+            .collect();
+    }
+    let mut registry = registry();
+    let r = &mut *registry;
+    moved(&mut r.queues, swap);
+    moved(&mut r.revocations, swap);
+    moved(&mut r.timeouts, swap);
+    moved(&mut r.key_holders, swap);
+    for w in r.waiters.values_mut() {
+        w.keys = std::mem::take(&mut w.keys).into_iter().map(swap).collect();
+    }
+    let both: Vec<DbKey> = r
+        .queues
+        .keys()
+        .filter(|(d, _)| *d == a || *d == b)
+        .cloned()
+        .collect();
+    r.unsure.extend(both);
+}
+
+/// The live holders of `key` as stored now.
+fn live_holders(ctx: &Context, key: &DbKey, now: u64) -> Vec<Owner> {
+    let home = ffi::selected_db(ctx);
+    let mut out = Vec::new();
+    if ffi::select_db(ctx, key.0) {
+        let name = ffi::name(ctx, &key.1);
+        if let Ok(k) = LockKey::open(ctx, Str::from(&name), false) {
+            if let Ok(Some(lock)) = k.lock() {
+                out = lock.live(now).map(|h| Owner::from(h.owner)).collect();
+            }
+        }
+    }
+    ffi::select_db(ctx, home);
+    out
 }
 
 /// Ends the grant `token` of `owner` on `key` at the key's next visit (now).

@@ -153,3 +153,49 @@ fn cycles_through_readers_semaphores_multi_key_requests_and_databases() {
     assert!(c.lock_info("m4").is_none(), "nothing granted");
     assert!(stat(&mut c, "deadlocks") >= 4);
 }
+
+/// Issue 30.2: every cycle is found, however long. A chain of 1,000 owners,
+/// each holding its key and waiting for the one below (more than the 500
+/// steps the search used to stop at), closed by the bottom owner asking for
+/// the top key: `DEADLOCK` at once, nothing cut; a fresh owner asking for
+/// the top key waits (no cycle), and costs no search.
+#[test]
+fn a_cycle_a_thousand_owners_long_is_found_at_once() {
+    let s = Server::start();
+    let mut c = s.conn();
+    const N: usize = 1_000;
+    let mut holders = Vec::new();
+    for i in 0..N {
+        token(c.acquire(&format!("k{i}"), &format!("o{i}"), 600_000));
+    }
+    // o<i> waits for k<i-1>, each on a connection of its own.
+    for i in 1..N {
+        let mut w = s.conn();
+        w.send(&[
+            "LOCK.ACQUIRE",
+            &format!("k{}", i - 1),
+            &format!("o{i}"),
+            "600000",
+            "WAIT",
+            "0",
+        ])
+        .unwrap();
+        holders.push(w);
+    }
+    wait_until(Duration::from_secs(30), "the chain to queue", || {
+        stat(&mut c, "waiters") == (N - 1) as i64
+    });
+    assert_eq!(stat(&mut c, "deadlocks"), 0, "a chain is no cycle");
+    let top = format!("k{}", N - 1);
+    let r = c.cmd(&["LOCK.ACQUIRE", &top, "o0", "600000", "WAIT", "1000"]);
+    assert!(is_deadlock(&r), "the closing request: {r:?}");
+    assert_eq!(stat(&mut c, "deadlocks"), 1);
+    assert_eq!(stat(&mut c, "deadlock_searches_cut"), 0);
+    // Nothing changed: o0 still holds k0, everyone still waits.
+    assert_eq!(stat(&mut c, "waiters"), (N - 1) as i64);
+    assert!(c.lock_info("k0").unwrap().holder("o0").token > 0);
+    // An owner holding nothing waits at the top of the chain.
+    let r = c.cmd(&["LOCK.ACQUIRE", &top, "fresh", "600000", "WAIT", "50"]);
+    assert!(r.is_nil(), "{r:?}");
+    assert_eq!(stat(&mut c, "deadlocks"), 1);
+}

@@ -419,12 +419,27 @@ fn move_wakes_the_waiter_in_the_source_database() {
 }
 
 #[test]
-fn swapdb_that_frees_the_lock_wakes_the_waiter() {
+fn swapdb_carries_the_waiting_queue_with_its_key() {
     let s = Server::start();
     let (mut a, ta, mut b) = held_and_waited(&s, "k");
-    // Database 1 has no key `k`: after the swap, `k` in database 0 is free.
+    // Issue 30.5: the waiter waits for the lock it asked for, and SWAPDB
+    // moves that lock, holder and queue, to database 1.
     a.cmd(&["SWAPDB", "0", "1"]).ok();
-    assert_woken_and_granted(&mut b, &mut a, "k", ta, "after SWAPDB 0 1");
+    assert_still_blocked(&mut b, 200, "after SWAPDB 0 1 (the lock is still held)");
+    // Database 0 has no `k` now: a request there is granted at once, not
+    // queued behind b.
+    let mut c = s.conn();
+    let tc = token(c.acquire("k", "c", 30_000));
+    assert!(tc > ta);
+    // In database 1 the lock is a's, with b waiting; a's release grants b.
+    a.cmd(&["SELECT", "1"]).ok();
+    assert_eq!(info(&mut a, "k").waiters, 1);
+    assert_eq!(a.release("k", "a").int(), 1);
+    assert_woken_and_granted(&mut b, &mut a, "k", tc, "after the release in database 1");
+    // Swapped back, b's lock is in database 0 again.
+    a.cmd(&["SWAPDB", "0", "1"]).ok();
+    a.cmd(&["SELECT", "0"]).ok();
+    assert_eq!(info(&mut a, "k").holders[0].owner, b"b".to_vec());
 }
 
 #[test]

@@ -43,7 +43,7 @@ pub struct Results {
     pub long_found: u64,
 }
 
-fn commandstats_us(c: &mut Conn) -> io::Result<(f64, f64)> {
+pub fn commandstats_us(c: &mut Conn) -> io::Result<(f64, f64)> {
     let text = c.ok(&[b"INFO", b"commandstats"])?.text();
     let line = text
         .lines()
@@ -59,7 +59,7 @@ fn commandstats_us(c: &mut Conn) -> io::Result<(f64, f64)> {
 }
 
 /// Microseconds per `LOCK.ACQUIRE` call of `run` (RESETSTAT first).
-fn per_call(c: &mut Conn, run: &mut dyn FnMut(&mut Conn) -> io::Result<()>) -> io::Result<f64> {
+pub fn per_call(c: &mut Conn, run: &mut dyn FnMut(&mut Conn) -> io::Result<()>) -> io::Result<f64> {
     c.ok(&[b"CONFIG", b"RESETSTAT"])?;
     // INFO lock makes the module follow the reset at once (not at the cron).
     c.try_info_field("lock", "lock_deadlocks")?;
@@ -68,7 +68,7 @@ fn per_call(c: &mut Conn, run: &mut dyn FnMut(&mut Conn) -> io::Result<()>) -> i
     Ok(usec / calls)
 }
 
-fn stat(c: &mut Conn, field: &str) -> io::Result<u64> {
+pub fn stat(c: &mut Conn, field: &str) -> io::Result<u64> {
     c.try_info_field("lock", field)?
         .parse()
         .map_err(|_| io::Error::other(format!("{field} is not a number")))

@@ -35,6 +35,7 @@ mod deadlock;
 mod latency;
 mod memory;
 mod profile;
+mod queues;
 mod server;
 mod stats;
 mod throughput;
@@ -64,6 +65,8 @@ struct Plan {
     stall_locks: usize,
     deadlock_keys: usize,
     deadlock_waiters: usize,
+    /// Section 8's sizes: clients already waiting.
+    queue_sizes: Vec<usize>,
 }
 
 impl Plan {
@@ -89,6 +92,7 @@ impl Plan {
             stall_locks: 100_000,
             deadlock_keys: 1000,
             deadlock_waiters: 10_000,
+            queue_sizes: vec![10, 100, 1000, 10_000],
         }
     }
 
@@ -111,6 +115,7 @@ impl Plan {
             stall_locks: 10_000,
             deadlock_keys: 100,
             deadlock_waiters: 1000,
+            queue_sizes: vec![10, 100, 1000],
             ..Plan::full()
         }
     }
@@ -403,6 +408,75 @@ fn run(plan: &Plan, only: Option<&[u32]>) -> io::Result<()> {
         let r = deadlock::run(server.port, plan.deadlock_keys, plan.deadlock_waiters)?;
         body.push_str(&deadlock::table(&r));
         body.push('\n');
+    }
+
+    if wants(8) {
+        eprintln!("8. waiting at scale");
+        let rows = queues::growth(server.port, &plan.queue_sizes)?;
+        let largest = plan.queue_sizes.iter().copied().max().unwrap_or(10);
+        let storms = queues::storms(server.port, largest)?;
+        body.push_str(&queues::table(&rows, &storms));
+        let subtitle = format!(
+            "{}; redis {version}; {} run, {}",
+            machine(),
+            plan.name,
+            utc_now()
+        );
+        let chart_path = if plan.name == "full" {
+            let d = root().join("docs/bench");
+            fs::create_dir_all(&d)?;
+            d.join("queues.svg")
+        } else {
+            out_dir()?.join("queues-quick.svg")
+        };
+        fs::write(&chart_path, queues::growth_svg(&rows, &subtitle))?;
+        body.push_str(&format!(
+            "\nChart: `{}`\n\n",
+            chart_path
+                .strip_prefix(root())
+                .unwrap_or(&chart_path)
+                .display()
+        ));
+        if let (Some(big), Some(floor)) = (rows.last(), rows.first()) {
+            let base = floor.empty_us;
+            goals.push((
+                format!("30.1: a new blocking request with {} waiting, one key / one chain, at most 2x nobody waiting", big.waiting),
+                format!("{:.2}x / {:.2}x", big.hot_us / base, big.chain_us / base),
+                big.hot_us <= 2.0 * base && big.chain_us <= 2.0 * base,
+            ));
+            goals.push((
+                "30.2: every cycle found, no search cut".to_string(),
+                format!(
+                    "{} of 200 found, {} cut",
+                    big.cycles_found,
+                    rows.iter().map(|r| r.searches_cut).sum::<u64>()
+                ),
+                big.cycles_found == 200 && rows.iter().all(|r| r.searches_cut == 0),
+            ));
+        }
+        let worst = [
+            storms.timeouts,
+            storms.disconnects,
+            storms.flushall,
+            storms.del,
+            storms.handoff,
+        ]
+        .into_iter()
+        .max()
+        .unwrap_or_default();
+        goals.push((
+            format!(
+                "30.3: storms with {} waiting, longest PING at most 5 ms",
+                storms.n
+            ),
+            stats::dur_us(worst.as_secs_f64() * 1e6),
+            worst <= std::time::Duration::from_millis(5),
+        ));
+        goals.push((
+            "30.3: hand-off grants/s through the long queue at least 0.9x a 10 queue".to_string(),
+            format!("{:.2}x", storms.handoff_long / storms.handoff_short),
+            storms.handoff_long >= 0.9 * storms.handoff_short,
+        ));
     }
 
     if wants(4) || wants(5) {

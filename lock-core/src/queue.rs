@@ -13,7 +13,8 @@
 //! multi-key request, at once on all its keys, when it heads every queue it
 //! is in ([`Queue::head_part`]) and every lock admits it.
 
-use std::collections::VecDeque;
+use std::collections::{BTreeMap, HashMap};
+use std::hash::Hash;
 
 use crate::lock::{Ask, Attempt, Changes, HolderIndex, Lock, Request};
 use crate::tokens::Tokens;
@@ -27,20 +28,29 @@ pub struct Waiter<W> {
     pub part: bool,
 }
 
+/// Requests in arrival order, each under the sequence number it got when
+/// it queued (numbers only grow): a request leaves from anywhere in
+/// O(log n), and "who is ahead of me" is a range of numbers, so a deadlock
+/// search can go through one queue once, however many of its requests it
+/// looks at ([`Queue::between`]).
 #[derive(Debug)]
 pub struct Queue<W> {
-    waiters: VecDeque<Waiter<W>>,
+    waiters: BTreeMap<u64, Waiter<W>>,
+    seq_of: HashMap<W, u64>,
+    next: u64,
 }
 
 impl<W> Default for Queue<W> {
     fn default() -> Self {
         Queue {
-            waiters: VecDeque::new(),
+            waiters: BTreeMap::new(),
+            seq_of: HashMap::new(),
+            next: 0,
         }
     }
 }
 
-impl<W: PartialEq + Copy> Queue<W> {
+impl<W: Eq + Hash + Copy> Queue<W> {
     pub fn len(&self) -> usize {
         self.waiters.len()
     }
@@ -50,44 +60,69 @@ impl<W: PartialEq + Copy> Queue<W> {
     }
 
     pub fn push(&mut self, id: W, request: Request) {
-        self.waiters.push_back(Waiter {
-            id,
-            request,
-            part: false,
-        });
+        self.enqueue(id, request, false);
     }
 
     /// Queues one key's part of a multi-key request.
     pub fn push_part(&mut self, id: W, request: Request) {
-        self.waiters.push_back(Waiter {
-            id,
-            request,
-            part: true,
-        });
+        self.enqueue(id, request, true);
+    }
+
+    fn enqueue(&mut self, id: W, request: Request, part: bool) {
+        let seq = self.next;
+        self.next += 1;
+        if let Some(old) = self.seq_of.insert(id, seq) {
+            // Queued twice: the later place stands.
+            self.waiters.remove(&old);
+        }
+        self.waiters.insert(seq, Waiter { id, request, part });
     }
 
     /// The multi-key request at the head, if the head is one.
     pub fn head_part(&self) -> Option<W> {
-        self.waiters.front().filter(|w| w.part).map(|w| w.id)
+        self.waiters
+            .first_key_value()
+            .map(|(_, w)| w)
+            .filter(|w| w.part)
+            .map(|w| w.id)
     }
 
     /// The requests queued ahead of `id` (all of them when it is not queued).
     pub fn ahead(&self, id: Option<W>) -> impl Iterator<Item = &Waiter<W>> {
+        let end = id.and_then(|id| self.seq_of.get(&id).copied());
         self.waiters
-            .iter()
-            .take_while(move |w| id.is_none_or(|id| w.id != id))
+            .range(..end.unwrap_or(u64::MAX))
+            .map(|(_, w)| w)
+    }
+
+    /// Where `id` stands (its sequence number), if it is queued.
+    pub fn place(&self, id: W) -> Option<u64> {
+        self.seq_of.get(&id).copied()
+    }
+
+    /// The requests from place `from` (included) to place `to` (excluded),
+    /// in order, with their places.
+    pub fn between(&self, from: u64, to: u64) -> impl Iterator<Item = (u64, &Waiter<W>)> {
+        self.waiters
+            .range(from..to.max(from))
+            .map(|(seq, w)| (*seq, w))
+    }
+
+    /// Where a request arriving now would stand.
+    pub fn end(&self) -> u64 {
+        self.next
     }
 
     /// Removes a waiter that timed out or went away; false when it was not queued.
     pub fn remove(&mut self, id: W) -> bool {
-        match self.waiters.iter().position(|w| w.id == id) {
-            Some(index) => self.waiters.remove(index).is_some(),
+        match self.seq_of.remove(&id) {
+            Some(seq) => self.waiters.remove(&seq).is_some(),
             None => false,
         }
     }
 
     pub fn iter(&self) -> impl Iterator<Item = &Waiter<W>> {
-        self.waiters.iter()
+        self.waiters.values()
     }
 
     /// Grants from the head while the head can be granted, up to a
@@ -103,14 +138,20 @@ impl<W: PartialEq + Copy> Queue<W> {
         let mut answered = Vec::new();
         lock.purge(now, changes);
         let mut index = HolderIndex::default();
-        while let Some(head) = self.waiters.front().filter(|w| !w.part) {
+        while let Some(head) = self.waiters.first_entry() {
+            let waiter = head.get();
+            if waiter.part {
+                break;
+            }
             let attempt =
-                lock.grant_in_turn(Ask::from(&head.request), now, tokens, changes, &mut index);
+                lock.grant_in_turn(Ask::from(&waiter.request), now, tokens, changes, &mut index);
             if attempt == Attempt::Busy {
                 break;
             }
-            answered.push((head.id, attempt));
-            self.waiters.pop_front();
+            let id = waiter.id;
+            answered.push((id, attempt));
+            head.remove();
+            self.seq_of.remove(&id);
         }
         answered
     }
