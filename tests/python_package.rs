@@ -4,7 +4,9 @@
 //! then the package's whole unittest suite run from a directory that holds
 //! no copy of the source: blocking and asyncio, on `Redis` and
 //! `RedisCluster`, the safety tests (shared objects, fork, a stalled server
-//! among three, lost leases), RedLock over five servers with two, then
+//! among three, lost leases), the redis-py drop-in (`NativeLock`, in
+//! redis-py's own call patterns), `replicas=N` against a master and its
+//! replica (paused with SIGSTOP), RedLock over five servers with two, then
 //! three, stopped, and every example of clients/python/README.md and the
 //! Python section of docs/clients.md. Every server is on 127.0.0.1, started
 //! here.
@@ -144,6 +146,12 @@ fn python_wheel_in_a_fresh_virtualenv_whole_suite_examples_and_docs() {
     let cluster = Cluster::start();
     let stall: Vec<Server> = (0..3).map(|_| Server::start()).collect();
     let stall_ports: Vec<String> = stall.iter().map(|s| s.port.to_string()).collect();
+    // replicas=N: a master and its replica (paused by the tests with SIGSTOP).
+    let master = Server::start();
+    let replica = Server::start();
+    replica.replicaof(&master);
+    wait_for_sync(&master, &replica);
+    let replica_pid = replica.pid().expect("the replica's pid");
     let out = run(
         "the package's unittest suite",
         python(&venv, &tests)
@@ -154,10 +162,14 @@ fn python_wheel_in_a_fresh_virtualenv_whole_suite_examples_and_docs() {
                 "test_sync",
                 "test_async",
                 "test_safety",
+                "test_dropin",
+                "test_replicas",
             ])
             .env("REDIS_LOCK_PORT", server.port.to_string())
             .env("REDIS_LOCK_CLUSTER_PORT", cluster.nodes[0].port.to_string())
-            .env("REDIS_LOCK_STALL_PORTS", stall_ports.join(",")),
+            .env("REDIS_LOCK_STALL_PORTS", stall_ports.join(","))
+            .env("REDIS_LOCK_MASTER_PORT", master.port.to_string())
+            .env("REDIS_LOCK_REPLICA_PID", replica_pid.to_string()),
     );
     assert!(
         !out.contains("skipped"),

@@ -12,6 +12,8 @@ Five kinds, one shape: `Lock`, `ReentrantLock`, `ReadWriteLock` (`.read()`,
 `extend(ttl)`, `locked()`, `owned()`, `token`, `lost`, `check()`, `with`.
 The asyncio twins, on `redis.asyncio`, are in `redis_native_lock.aio`.
 RedLock over independent servers: `redis_native_lock.redlock`.
+redis-py's own lock, on the module: `r.lock(name, lock_class=NativeLock)`.
+`replicas=N`: each grant and renewal waits for N replicas (`NotDurable`).
 
 Each holder (one per thread or asyncio task sharing the object) acquires
 with `BIND` on a connection of its own, so the server
@@ -23,7 +25,8 @@ becomes True, `on_lost(holder, why)` is called, `check()` and leaving the
 `with` block raise `LeaseLost`.
 """
 
-from ._common import DeadlockError, LeaseLost, LockError, LockNotAcquired
+from ._common import DeadlockError, FewerReplicas, LeaseLost, LockError, LockNotAcquired, NotDurable
+from ._dropin import NativeLock, NotDurableLockError
 from ._sync import Holder, Lock, MultiLock, ReadWriteLock, ReentrantLock, Semaphore
 
 __version__ = "0.3.0"
@@ -39,4 +42,8 @@ __all__ = [
     "LockNotAcquired",
     "LeaseLost",
     "DeadlockError",
+    "NotDurable",
+    "FewerReplicas",
+    "NativeLock",
+    "NotDurableLockError",
 ]

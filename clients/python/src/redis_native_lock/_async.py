@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import os
 import time
+import warnings
 import weakref
 from typing import Any, Awaitable, Callable, Dict, List, Optional, Sequence, Set, Union
 
@@ -32,7 +33,11 @@ from ._common import (
     LeaseLost,
     LockError,
     LockNotAcquired,
+    FewerReplicas,
+    NotDurable,
     acquire_timeout,
+    check_replicas,
+    wait_replicas,
     check_client,
     check_key,
     check_keys,
@@ -86,6 +91,11 @@ class _Hold:
         self.tokens: List[int] = []
         self.holds = 0
         self.conn: Any = None
+        self.replicas: int = holder.replicas
+        self.replicas_timeout: float = holder.replicas_timeout
+        self.on_fewer: str = holder.on_fewer_replicas
+        #: replicas=N: how many replicas acknowledged the last grant or renewal (None: not asked)
+        self.acked: Optional[int] = None
         self.valid_until = 0.0
         self.lost = False
         self.why: Optional[str] = None
@@ -121,6 +131,56 @@ class _Hold:
             except Exception:  # noqa: BLE001 - a callback must not kill the keeper
                 pass
 
+    async def write(self, cmds: List[List[Any]], timeout: Optional[float], what: str) -> List[Any]:
+        """Commands that write (a renewal), then with replicas=N `WAIT N ms`,
+        in one round trip on one connection: the bound one, else one of the
+        server's. Fewer acknowledgements: `durable_check`."""
+        if not self.replicas:
+            return [await self.call(c, timeout) for c in cmds]
+        t = None if timeout is None else timeout + self.replicas_timeout
+        cmds = cmds + [wait_replicas(self.replicas, self.replicas_timeout)]
+        if self.conn is not None:
+            conn = self.conn
+            replies = await _within(t, _pipeline(conn, cmds))
+        else:
+            conn = await self.server.connection(self.ttl_ms)
+            try:
+                replies = await _within(t, _pipeline(conn, cmds))
+            except BaseException:
+                await self.server.put(conn, False)
+                raise
+            await self.server.put(conn, True)
+        self.durable_check(int(replies[-1]), what)
+        return list(replies[:-1])
+
+    async def wait_acks(self, conn: Any, what: str) -> None:
+        """replicas=N, after a write on `conn`: `WAIT N ms` there."""
+        if not self.replicas:
+            return
+        t = self.server.timeout(self.ttl_ms) + self.replicas_timeout
+        cmd = wait_replicas(self.replicas, self.replicas_timeout)
+        acked = await _within(t, _command(conn, cmd))
+        self.durable_check(int(acked), what)
+
+    def durable_check(self, acked: int, what: str) -> None:
+        """Fewer than `replicas` acknowledgements: NotDurable (the caller
+        gives the grant back), or with on_fewer_replicas="warn" a warning."""
+        self.acked = acked
+        if acked >= self.replicas:
+            return
+        msg = (
+            f"{what} of {self.kind.keys!r} acknowledged by {acked} of {self.replicas} replicas "
+            f"within {self.replicas_timeout}s"
+        )
+        if self.on_fewer == "warn":
+            warnings.warn(msg, FewerReplicas, stacklevel=3)
+            return
+        raise NotDurable(msg, acked, self.replicas)
+
+    @property
+    def durable(self) -> Optional[bool]:
+        return None if self.acked is None else self.acked >= self.replicas
+
     def message(self) -> str:
         why = self.why or "its ttl ran out without a successful renewal"
         return f"lease on {self.kind.keys!r} (token {self.token}) lost: {why}"
@@ -155,9 +215,11 @@ class _Hold:
                 if self.conn is not None:
                     n, infos = await self.server.keepalive(self.conn, self.ttl_ms, self.kind.keys, timeout)
                     ok = n >= len(self.kind.keys) and all(holds(i, self.owner) for i in infos)
+                    if ok:
+                        await self.wait_acks(self.conn, "renewal")
                     why = "LOCK.KEEPALIVE found it gone: released, expired, deleted or overwritten"
                 else:
-                    replies = [await self.call(["LOCK.RENEW", k, self.owner, self.ttl_ms], timeout) for k in self.kind.keys]
+                    replies = await self.write([["LOCK.RENEW", k, self.owner, self.ttl_ms] for k in self.kind.keys], timeout, "renewal")
                     ok = all(r == 1 for r in replies)
                     why = "LOCK.RENEW answered 0: the lease expired or the key was deleted"
             except _IO_ERRORS as e:
@@ -168,6 +230,9 @@ class _Hold:
                     await self.lose(f"renewals failed until the lease ran out ({type(e).__name__}: {e})")
                     return None
                 return time.monotonic() + min(0.2, self.ttl_ms / 3000)
+            except NotDurable as e:
+                await self.lose(str(e))
+                return None
             except redis.ResponseError as e:
                 await self.lose(f"the key was replaced by another type or the renewal was refused ({e})")
                 return None
@@ -429,6 +494,17 @@ def _b(key: KeyT) -> bytes:
 _DEFAULT: Any = object()
 
 
+class _Shared:
+    """The key of the one hold of a holder whose tasks share it."""
+
+
+_SHARED = _Shared()
+
+
+def _dur(replicas: int, replicas_timeout: float, on_fewer_replicas: str) -> Dict[str, Any]:
+    return {"replicas": replicas, "replicas_timeout": replicas_timeout, "on_fewer_replicas": on_fewer_replicas}
+
+
 class Holder:
     """One lock of one kind, safe to share: each asyncio task has its own
     hold (its own owner, token and lease), so tasks sharing one object
@@ -446,6 +522,9 @@ class Holder:
         owner: Optional[KeyT] = None,
         bind: bool = True,
         on_lost: Optional[OnLost] = None,
+        replicas: int = 0,
+        replicas_timeout: float = 1.0,
+        on_fewer_replicas: str = "raise",
     ) -> None:
         check_client(client, want_async=True, cls=type(self).__name__)
         self._client = client
@@ -461,9 +540,16 @@ class Holder:
         if on_lost is not None and not callable(on_lost):
             raise TypeError("on_lost must be callable")
         self._on_lost = on_lost
+        check_replicas(replicas, replicas_timeout, on_fewer_replicas)
+        #: replicas=N: each grant and renewal waits (`WAIT N ms`) for N replicas' acknowledgement
+        self.replicas = replicas
+        self.replicas_timeout = float(replicas_timeout)
+        self.on_fewer_replicas = on_fewer_replicas
         self._tasks: "weakref.WeakKeyDictionary[Any, _Hold]" = weakref.WeakKeyDictionary()
         self._shared: Optional[_Hold] = None  # with owner=: one hold for the object
         self._sibling: Optional[Holder] = None  # the other side of a ReadWriteLock
+        self._per_task = True  # False: one hold for every task (the drop-in's thread_local=False)
+        self._renews = True  # False: the keeper leaves this lock's leases to run out (the drop-in's timeout=)
 
     # -- this task's hold -------------------------------------------------
 
@@ -472,11 +558,25 @@ class Holder:
         if self._owner is not None:
             h: Optional[_Hold] = self._shared
         else:
-            task = asyncio.current_task()
+            task = asyncio.current_task() if self._per_task else _SHARED
             h = self._tasks.get(task) if task is not None else None
         if h is not None and h.pid != os.getpid():
             return None  # the parent's, before fork()
         return h
+
+    def _set_hold(self, h: _Hold) -> None:
+        task = asyncio.current_task() if self._per_task else _SHARED
+        self._tasks[task] = h
+
+    async def _drop(self, h: _Hold) -> None:
+        """Forgets a hold this task replaced by a new one (the drop-in's
+        repeat acquire, granted once the old one was gone)."""
+        async with h.io:
+            h.holds = 0
+            h.server.forget(h)
+            if h.conn is not None:
+                conn, h.conn = h.conn, None
+                await h.server.put(conn, clean=False)
 
     def _held(self) -> Optional[_Hold]:
         h = self._hold()
@@ -538,10 +638,10 @@ class Holder:
 
     # -- acquire ----------------------------------------------------------
 
-    async def _new_hold(self) -> _Hold:
+    async def _new_hold(self, given: Optional[bytes] = None) -> _Hold:
         if self._owner is not None:
             self._not_another_threads()
-        owner = self._owner
+        owner = given or self._owner
         if owner is None and self._sibling is not None:
             sib = self._sibling._held()
             owner = sib.owner if sib is not None else None  # one owner per task on a read-write lock
@@ -579,13 +679,19 @@ class Holder:
         the wait ran out. Raises DeadlockError when waiting would close a
         cycle of waits, LockError for any other refusal (a key of another
         type; a read-write lock's mode change while held)."""
+        return await self._acquire(wait)
+
+    async def _acquire(self, wait: Optional[float], given: Optional[bytes] = None, fresh: bool = False) -> bool:
+        """acquire(); `given`: the owner of a new hold; `fresh`: a new hold even
+        when this thread holds one (the drop-in: not reentrant, as redis-py)."""
         wait = check_wait(wait)
         h = self._held()
         if h is not None and self._owner is not None:
             self._not_another_threads()
-        fresh = h is None
-        if h is None:
-            h = await self._new_hold()
+        before = h
+        fresh = fresh or h is None
+        if fresh or h is None:
+            h = await self._new_hold(given)
         try:
             granted = await self._grant(h, wait)
         finally:
@@ -597,8 +703,11 @@ class Holder:
         if not granted:
             return False
         if fresh and self._owner is None:
-            self._tasks[asyncio.current_task()] = h
-        h.server.keep(h, time.monotonic() + h.ttl_ms / 3000)
+            self._set_hold(h)
+        if before is not None and before is not h:
+            await self._drop(before)
+        if self._renews:
+            h.server.keep(h, time.monotonic() + h.ttl_ms / 3000)
         await h.track()
         return True
 
@@ -623,7 +732,10 @@ class Holder:
         timeout = acquire_timeout(wait, h.server.timeout(h.ttl_ms))
         if h.conn is not None:  # a bound holder asks again
             try:
-                return await h.call(self._kind.acquire(h.owner, h.ttl_ms, wait, True), timeout)
+                reply = await h.call(self._kind.acquire(h.owner, h.ttl_ms, wait, True), timeout)
+                if reply is not None:
+                    await self._durable_grant(h, h.conn)
+                return reply
             except redis.ResponseError as e:
                 raise server_error(e, self._kind.keys) from e
             except _IO_ERRORS as e:
@@ -658,11 +770,33 @@ class Holder:
                 if not self.bind and h.holds == 0:
                     await asyncio.shield(self._release_quietly(h))
                 raise
+            if reply is not None:
+                try:
+                    await self._durable_grant(h, conn)
+                except BaseException:
+                    await h.server.put(conn, False)
+                    raise
             if self.bind and reply is not None:
                 h.conn = conn
             else:
                 await h.server.put(conn, True)
             return reply
+
+    async def _durable_grant(self, h: _Hold, conn: Any) -> None:
+        """replicas=N: `WAIT N ms` right after a grant, on its connection;
+        too few acknowledgements give the grant back there (one hold of a
+        reentrant repeat) and raise NotDurable (unless "warn")."""
+        try:
+            await h.wait_acks(conn, "grant")
+        except NotDurable:
+            t = h.server.timeout(h.ttl_ms)
+            try:
+                await _within(t, _pipeline(conn, [["LOCK.RELEASE", k, h.owner] for k in self._kind.keys]))
+            except (redis.RedisError, asyncio.TimeoutError):
+                pass  # the connection closes: a bound grant goes with it, else its lease ends
+            if h.holds > 0 and not self._kind.reentrant:
+                await h.lose("a repeat grant was not acknowledged by enough replicas and was released")
+            raise
 
     # -- while held -------------------------------------------------------
 
@@ -680,7 +814,10 @@ class Holder:
             sent = time.monotonic()
             timeout = h.server.timeout(h.ttl_ms)
             try:
-                replies = [await h.call(["LOCK.RENEW", k, h.owner, ttl_ms], timeout) for k in self._kind.keys]
+                replies = await h.write([["LOCK.RENEW", k, h.owner, ttl_ms] for k in self._kind.keys], timeout, "renewal")
+            except NotDurable:
+                await h.lose("a renewal was not acknowledged by enough replicas")
+                raise
             except redis.ResponseError as e:
                 await h.lose(f"the key was replaced by another type ({e})")
                 raise LeaseLost(h.message()) from e
@@ -789,9 +926,12 @@ class Lock(Holder):
         owner: Optional[KeyT] = None,
         bind: bool = True,
         on_lost: Optional[OnLost] = None,
+        replicas: int = 0,
+        replicas_timeout: float = 1.0,
+        on_fewer_replicas: str = "raise",
     ) -> None:
         super().__init__(
-            client, Kind("LOCK.ACQUIRE", [check_key(key)]), ttl=ttl, wait=wait, owner=owner, bind=bind, on_lost=on_lost
+            client, Kind("LOCK.ACQUIRE", [check_key(key)]), ttl=ttl, wait=wait, owner=owner, bind=bind, on_lost=on_lost, **_dur(replicas, replicas_timeout, on_fewer_replicas)
         )
 
 
@@ -809,9 +949,12 @@ class ReentrantLock(Holder):
         owner: Optional[KeyT] = None,
         bind: bool = True,
         on_lost: Optional[OnLost] = None,
+        replicas: int = 0,
+        replicas_timeout: float = 1.0,
+        on_fewer_replicas: str = "raise",
     ) -> None:
         super().__init__(
-            client, Kind("LOCK.RACQUIRE", [check_key(key)]), ttl=ttl, wait=wait, owner=owner, bind=bind, on_lost=on_lost
+            client, Kind("LOCK.RACQUIRE", [check_key(key)]), ttl=ttl, wait=wait, owner=owner, bind=bind, on_lost=on_lost, **_dur(replicas, replicas_timeout, on_fewer_replicas)
         )
 
 
@@ -832,12 +975,15 @@ class ReadWriteLock:
         owner: Optional[KeyT] = None,
         bind: bool = True,
         on_lost: Optional[OnLost] = None,
+        replicas: int = 0,
+        replicas_timeout: float = 1.0,
+        on_fewer_replicas: str = "raise",
     ) -> None:
         check_client(client, want_async=True, cls="ReadWriteLock")
         key = check_key(key)
-        self._read = Holder(client, Kind("LOCK.READ", [key]), ttl=ttl, wait=wait, owner=owner, bind=bind, on_lost=on_lost)
+        self._read = Holder(client, Kind("LOCK.READ", [key]), ttl=ttl, wait=wait, owner=owner, bind=bind, on_lost=on_lost, **_dur(replicas, replicas_timeout, on_fewer_replicas))
         self._write = Holder(
-            client, Kind("LOCK.RACQUIRE", [key]), ttl=ttl, wait=wait, owner=owner, bind=bind, on_lost=on_lost
+            client, Kind("LOCK.RACQUIRE", [key]), ttl=ttl, wait=wait, owner=owner, bind=bind, on_lost=on_lost, **_dur(replicas, replicas_timeout, on_fewer_replicas)
         )
         self._read._sibling, self._write._sibling = self._write, self._read
 
@@ -864,6 +1010,9 @@ class Semaphore(Holder):
         owner: Optional[KeyT] = None,
         bind: bool = True,
         on_lost: Optional[OnLost] = None,
+        replicas: int = 0,
+        replicas_timeout: float = 1.0,
+        on_fewer_replicas: str = "raise",
     ) -> None:
         if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
             raise ValueError(f"limit must be an integer >= 1, not {limit!r}")
@@ -875,6 +1024,7 @@ class Semaphore(Holder):
             owner=owner,
             bind=bind,
             on_lost=on_lost,
+            **_dur(replicas, replicas_timeout, on_fewer_replicas),
         )
 
 
@@ -893,9 +1043,12 @@ class MultiLock(Holder):
         owner: Optional[KeyT] = None,
         bind: bool = True,
         on_lost: Optional[OnLost] = None,
+        replicas: int = 0,
+        replicas_timeout: float = 1.0,
+        on_fewer_replicas: str = "raise",
     ) -> None:
         super().__init__(
-            client, Kind("LOCK.MACQUIRE", check_keys(keys)), ttl=ttl, wait=wait, owner=owner, bind=bind, on_lost=on_lost
+            client, Kind("LOCK.MACQUIRE", check_keys(keys)), ttl=ttl, wait=wait, owner=owner, bind=bind, on_lost=on_lost, **_dur(replicas, replicas_timeout, on_fewer_replicas)
         )
 
 

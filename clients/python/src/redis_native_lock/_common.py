@@ -14,6 +14,8 @@ __all__ = [
     "LockNotAcquired",
     "LeaseLost",
     "DeadlockError",
+    "NotDurable",
+    "FewerReplicas",
     "Kind",
 ]
 
@@ -38,6 +40,36 @@ class DeadlockError(LockError):
     """The server answered DEADLOCK: waiting would have closed a cycle of
     waits (this holder, through others, waits for itself). Nothing changed;
     release what you hold and retry."""
+
+
+class NotDurable(LockError):
+    """`replicas=N`: fewer than N replicas acknowledged a grant or a renewal
+    within `replicas_timeout` (`WAIT N ms` after it, on its connection). The
+    grant was released (a renewal: the lease was given up). `acked` is how
+    many did."""
+
+    def __init__(self, message: str, acked: int = 0, wanted: int = 0) -> None:
+        super().__init__(message)
+        self.acked = acked
+        self.wanted = wanted
+
+
+class FewerReplicas(UserWarning):
+    """`on_fewer_replicas="warn"`: a grant or renewal kept though fewer than
+    `replicas` replicas acknowledged it (the holder's `durable` is False)."""
+
+
+def check_replicas(replicas: Any, timeout: Any, on_fewer: Any) -> None:
+    if isinstance(replicas, bool) or not isinstance(replicas, int) or replicas < 0:
+        raise ValueError(f"replicas must be an integer >= 0, not {replicas!r}")
+    ms(timeout, "replicas_timeout")
+    if on_fewer not in ("raise", "warn"):
+        raise ValueError(f'on_fewer_replicas must be "raise" or "warn", not {on_fewer!r}')
+
+
+def wait_replicas(replicas: int, timeout: float) -> List[Any]:
+    """`WAIT numreplicas ms`: Redis's own command (not the lock option)."""
+    return ["WAIT", replicas, ms(timeout, "replicas_timeout")]
 
 
 def ms(seconds: float, what: str) -> int:

@@ -11,7 +11,9 @@
 """
 
 from ._async import Holder, Lock, MultiLock, ReadWriteLock, ReentrantLock, Semaphore
-from ._common import DeadlockError, LeaseLost, LockError, LockNotAcquired
+from ._common import DeadlockError, FewerReplicas, LeaseLost, LockError, LockNotAcquired, NotDurable
+from ._dropin import NotDurableLockError
+from ._dropin_async import NativeLock
 
 __all__ = [
     "Holder",
@@ -24,4 +26,8 @@ __all__ = [
     "LockNotAcquired",
     "LeaseLost",
     "DeadlockError",
+    "NotDurable",
+    "FewerReplicas",
+    "NativeLock",
+    "NotDurableLockError",
 ]
