@@ -109,6 +109,9 @@ fn go_package_vet_and_tests_on_a_server_a_stalled_server_a_cluster_node_and_redl
     let server = Server::start();
     let stalled = Server::start();
     let cluster = Cluster::start();
+    let master = Server::start();
+    let replica = Server::start();
+    replica.replicaof(&master);
     let cluster_addrs: Vec<String> = cluster
         .nodes
         .iter()
@@ -125,9 +128,18 @@ fn go_package_vet_and_tests_on_a_server_a_stalled_server_a_cluster_node_and_redl
                 "REDIS_LOCK_STALL_PID",
                 stalled.pid().expect("pid").to_string(),
             )
-            .env("REDIS_LOCK_CLUSTER_ADDRS", cluster_addrs.join(","));
+            .env("REDIS_LOCK_CLUSTER_ADDRS", cluster_addrs.join(","))
+            .env(
+                "REDIS_LOCK_DURABLE_ADDR",
+                format!("127.0.0.1:{}", master.port),
+            )
+            .env(
+                "REDIS_LOCK_DURABLE_REPLICA_PID",
+                replica.pid().expect("pid").to_string(),
+            );
         let out = cmd.output().expect("go test");
         stalled.resume(); // whatever the stall test did
+        replica.resume(); // whatever the durable test did
         let text = String::from_utf8_lossy(&out.stdout).to_string()
             + &String::from_utf8_lossy(&out.stderr);
         assert!(out.status.success(), "go test failed:\n{text}");
@@ -146,6 +158,7 @@ fn go_package_vet_and_tests_on_a_server_a_stalled_server_a_cluster_node_and_redl
         "TestBadInputIsErrInvalid",
         "TestStalledServerStallsNothingElse",
         "TestClusterNodeSingleSlot",
+        "TestDurableGrants",
     ] {
         assert!(ran.iter().any(|r| r == t), "{t} passed:\n{out}");
     }

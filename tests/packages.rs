@@ -247,6 +247,54 @@ fn node_package_a_stalled_server_stalls_nothing_else() {
     let _ = std::fs::remove_dir_all(&project);
 }
 
+/// Durable grants (`replicas`): a master with one replica; the script
+/// (clients/node/test/durable.ts) SIGSTOPs the replica to stop its
+/// acknowledgements (and SIGCONTs it; here again whatever happened): grants
+/// and renewals acknowledged with the replica up; with it paused a grant
+/// released and NotDurableError, or kept with `durable` false when asked,
+/// and a renewal told through `onNotDurable`.
+#[test]
+fn node_package_replicas_wait_after_grant_and_renewal() {
+    let pkg = root().join("clients/node");
+    let project = npm_project("commonjs");
+    std::fs::copy(pkg.join("test/durable.ts"), project.join("durable.ts")).expect("copy");
+    run(
+        "tsc durable.ts",
+        &mut tsc(
+            &project,
+            &[
+                "--strict",
+                "--skipLibCheck",
+                "--target",
+                "ES2022",
+                "--module",
+                "commonjs",
+                "durable.ts",
+            ],
+        ),
+    );
+    let master = Server::start();
+    let replica = Server::start();
+    replica.replicaof(&master);
+    let out = Command::new("node")
+        .arg("durable.js")
+        .current_dir(&project)
+        .env("DURABLE_PORT", master.port.to_string())
+        .env(
+            "DURABLE_REPLICA_PID",
+            replica.pid().expect("pid").to_string(),
+        )
+        .output()
+        .expect("node durable.js");
+    replica.resume();
+    let text =
+        String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr);
+    println!("{text}");
+    assert!(out.status.success(), "node durable.js failed:\n{text}");
+    all_passed("node durable.js", &text);
+    let _ = std::fs::remove_dir_all(&project);
+}
+
 /// The ```ts blocks of clients/node/README.md and of the Node.js section of
 /// docs/clients.md (those with `require(` are CommonJS, the others ESM).
 fn node_doc_examples() -> Vec<(String, String)> {

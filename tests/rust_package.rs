@@ -1097,3 +1097,190 @@ async fn a_deleted_or_overwritten_bound_lock_is_told_within_100_ms_tokio() {
         tokio::time::sleep(ms(10)).await;
     }
 }
+
+/// Durable grants (`.replicas(1, ..)`), blocking, bound and not: with a
+/// real replica up, a grant and its renewals are acknowledged; with it
+/// SIGSTOPped, a grant is released with `Error::NotDurable`, or kept and
+/// flagged with `allow_not_durable`, and a held lock's renewal is told
+/// through `on_not_durable` (the lease kept).
+#[test]
+fn replicas_wait_after_grant_and_renewal_blocking() {
+    let master = Server::start();
+    let replica = Server::start();
+    replica.replicaof(&master);
+    let c = client(&master);
+    for bind in [true, false] {
+        let (told, on_nd) = recorder();
+        let mut l = Lock::exclusive(&c, format!("durable-ok-{bind}"))
+            .bind(bind)
+            .ttl(ms(1500))
+            .replicas(1, ms(2000))
+            .on_lost(|e| println!("LOST {e}"))
+            .on_not_durable(on_nd);
+        let t0 = Instant::now();
+        let g = l.acquire().unwrap().unwrap();
+        println!(
+            "blocking (bind {bind}): grant + WAIT 1 in {:?}",
+            t0.elapsed()
+        );
+        assert_eq!(g.durable(), Some(true));
+        assert_eq!(g.is_bound(), bind);
+        thread::sleep(ms(1100)); // renewals at 500, 1000 ms
+        assert!(
+            !g.is_lost() && g.durable() == Some(true) && told.lock().unwrap().is_empty(),
+            "renewals acknowledged: lost {}, durable {:?}, told {:?}",
+            g.is_lost(),
+            g.durable(),
+            told.lock().unwrap()
+        );
+        g.release().unwrap();
+
+        // Refused and released.
+        replica.pause();
+        let key = format!("durable-refused-{bind}");
+        let mut l = Lock::exclusive(&c, &key).bind(bind).replicas(1, ms(200));
+        let t0 = Instant::now();
+        let r = l.acquire().map(|g| g.map(|g| g.token()));
+        let took = t0.elapsed();
+        let free = !Lock::exclusive(&c, &key).locked().unwrap();
+        // Kept and flagged.
+        let mut k = Lock::exclusive(&c, format!("durable-kept-{bind}"))
+            .bind(bind)
+            .replicas(1, ms(200))
+            .allow_not_durable(true);
+        let kept = k.acquire().unwrap().unwrap();
+        let kept_flag = kept.durable();
+        let kept_owned = kept.owned().unwrap();
+        replica.resume();
+        assert!(
+            matches!(
+                r,
+                Err(Error::NotDurable {
+                    acknowledged: 0,
+                    replicas: 1,
+                    ..
+                })
+            ),
+            "NotDurable: {r:?}"
+        );
+        assert!(
+            took >= ms(190) && took < ms(1500),
+            "the WAIT's timeout: {took:?}"
+        );
+        assert!(free, "released on the master");
+        assert_eq!(kept_flag, Some(false));
+        assert!(kept_owned);
+        kept.release().unwrap();
+
+        // A renewal not acknowledged.
+        let (told, on_nd) = recorder();
+        let mut l = Lock::exclusive(&c, format!("durable-renew-{bind}"))
+            .bind(bind)
+            .ttl(ms(1200))
+            .replicas(1, ms(100))
+            .on_not_durable(on_nd);
+        let g = l.acquire().unwrap().unwrap();
+        assert_eq!(g.durable(), Some(true));
+        replica.pause();
+        thread::sleep(ms(900)); // renewals at 400 and 800 ms
+        let flag = g.durable();
+        let owned = g.owned().unwrap();
+        replica.resume();
+        let first = told.lock().unwrap().first().map(|(_, e)| e.clone());
+        assert!(
+            first
+                .as_deref()
+                .is_some_and(|e| e.contains("0 of 1 replicas")),
+            "told: {first:?}"
+        );
+        assert!(flag == Some(false) && owned && !g.is_lost());
+        thread::sleep(ms(900));
+        assert_eq!(g.durable(), Some(true), "acknowledged again");
+        g.release().unwrap();
+    }
+    // No WAIT without the option.
+    let mut plain = Lock::exclusive(&c, "durable-plain");
+    assert_eq!(plain.acquire().unwrap().unwrap().durable(), None);
+}
+
+/// The same with the tokio API.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn replicas_wait_after_grant_and_renewal_tokio() {
+    let master = Server::start();
+    let replica = Server::start();
+    replica.replicaof(&master);
+    let c = client(&master);
+    for bind in [true, false] {
+        let (told, on_nd) = recorder();
+        let mut l = aio::Lock::exclusive(&c, format!("durable-ok-{bind}"))
+            .bind(bind)
+            .ttl(ms(1500))
+            .on_lost(|e| println!("LOST {e}"))
+            .replicas(1, ms(2000))
+            .on_not_durable(on_nd);
+        let g = l.acquire().await.unwrap().unwrap();
+        assert_eq!(g.durable(), Some(true));
+        assert_eq!(g.is_bound(), bind);
+        tokio::time::sleep(ms(1100)).await;
+        assert!(
+            !g.is_lost() && g.durable() == Some(true) && told.lock().unwrap().is_empty(),
+            "renewals acknowledged: lost {}, durable {:?}, told {:?}",
+            g.is_lost(),
+            g.durable(),
+            told.lock().unwrap()
+        );
+        g.release().await.unwrap();
+
+        replica.pause();
+        let key = format!("durable-refused-{bind}");
+        let mut l = aio::Lock::exclusive(&c, &key)
+            .bind(bind)
+            .replicas(1, ms(200));
+        let r = l.acquire().await.map(|g| g.map(|g| g.token()));
+        let free = !aio::Lock::exclusive(&c, &key).locked().await.unwrap();
+        let mut k = aio::Lock::exclusive(&c, format!("durable-kept-{bind}"))
+            .bind(bind)
+            .replicas(1, ms(200))
+            .allow_not_durable(true);
+        let kept = k.acquire().await.unwrap().unwrap();
+        let kept_flag = kept.durable();
+        replica.resume();
+        assert!(
+            matches!(
+                r,
+                Err(Error::NotDurable {
+                    acknowledged: 0,
+                    replicas: 1,
+                    ..
+                })
+            ),
+            "NotDurable: {r:?}"
+        );
+        assert!(free, "released on the master");
+        assert_eq!(kept_flag, Some(false));
+        kept.release().await.unwrap();
+
+        let (told, on_nd) = recorder();
+        let mut l = aio::Lock::exclusive(&c, format!("durable-renew-{bind}"))
+            .bind(bind)
+            .ttl(ms(1200))
+            .replicas(1, ms(100))
+            .on_not_durable(on_nd);
+        let g = l.acquire().await.unwrap().unwrap();
+        replica.pause();
+        tokio::time::sleep(ms(900)).await;
+        let flag = g.durable();
+        replica.resume();
+        let first = told.lock().unwrap().first().map(|(_, e)| e.clone());
+        assert!(
+            first
+                .as_deref()
+                .is_some_and(|e| e.contains("0 of 1 replicas")),
+            "told: {first:?}"
+        );
+        assert!(flag == Some(false) && !g.is_lost());
+        tokio::time::sleep(ms(900)).await;
+        assert_eq!(g.durable(), Some(true), "acknowledged again");
+        g.release().await.unwrap();
+    }
+}

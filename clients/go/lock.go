@@ -21,6 +21,11 @@ type settings struct {
 	ownerSet bool
 	bind     bool
 	session  *Session
+	// WithReplicas, WithAllowNotDurable, WithOnNotDurable.
+	replicas        int
+	replicasTimeout time.Duration
+	allowNotDurable bool
+	onNotDurable    func(error)
 	// RedLock only.
 	retries    int
 	retryDelay time.Duration
@@ -274,6 +279,9 @@ func (l *Lock) Acquire(ctx context.Context) (*Held, error) {
 		return nil, err
 	}
 	h, err := l.held(sess, owner, reply, sent)
+	if err == nil {
+		err = l.confirm(sess.conn, h)
+	}
 	if err != nil {
 		sess.mu.Lock()
 		sess.closeLocked()
@@ -376,6 +384,9 @@ func (l *Lock) acquireIn(ctx context.Context, sess *Session, owner string, wait 
 	if err == nil && reply != nil {
 		h, err := l.held(sess, owner, reply, sent)
 		if err == nil {
+			err = l.confirm(sess.conn, h)
+		}
+		if err == nil {
 			sess.helds[h] = struct{}{}
 		}
 		sess.mu.Unlock()
@@ -424,6 +435,11 @@ func (l *Lock) acquireIn(ctx context.Context, sess *Session, owner string, wait 
 		}
 	}
 	h, err := l.held(sess, owner, reply, sent)
+	if err == nil && sess.bind {
+		err = l.confirm(sess.conn, h) // after the repeat that bound it there
+	} else if err == nil {
+		err = l.confirm(conn, h)
+	}
 	if err != nil {
 		return nil, err
 	}
@@ -449,6 +465,7 @@ type Held struct {
 	lost     chan struct{}
 	errMu    sync.Mutex
 	err      error
+	durable  bool // under errMu
 }
 
 // Token is the fencing token of the grant (the first key's for Multi):
@@ -629,5 +646,6 @@ func (h *Held) Extend(ctx context.Context, ttl time.Duration) error {
 	}
 	s.ttl = ttl
 	h.deadline = sent.Add(ttl)
+	s.renewedLocked()
 	return nil
 }

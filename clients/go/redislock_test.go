@@ -657,3 +657,93 @@ func TestRedLock(t *testing.T) {
 		t.Fatalf("a second release: %v", err)
 	}
 }
+
+// TestDurableGrants: a master (REDIS_LOCK_DURABLE_ADDR) with one replica
+// whose process (REDIS_LOCK_DURABLE_REPLICA_PID) is SIGSTOPped here to
+// withhold its acknowledgements (SIGCONT again whatever happens). Bound and
+// not: a grant and its renewals acknowledged with the replica up; with it
+// paused, a grant released with ErrNotDurable, or kept with Durable() false
+// WithAllowNotDurable, and a renewal told to WithOnNotDurable.
+func TestDurableGrants(t *testing.T) {
+	addr := env(t, "REDIS_LOCK_DURABLE_ADDR")
+	pid, err := strconv.Atoi(env(t, "REDIS_LOCK_DURABLE_REPLICA_PID"))
+	must(t, err)
+	paused := false
+	pause := func() { must(t, syscall.Kill(pid, syscall.SIGSTOP)); paused = true }
+	resume := func() { must(t, syscall.Kill(pid, syscall.SIGCONT)); paused = false }
+	defer func() {
+		if paused {
+			resume()
+		}
+	}()
+	c := New(addr)
+	defer c.Close()
+	ctx := context.Background()
+	for _, bind := range []bool{true, false} {
+		var mu sync.Mutex
+		var told []error
+		record := func(e error) { mu.Lock(); told = append(told, e); mu.Unlock() }
+		toldNow := func() []error { mu.Lock(); defer mu.Unlock(); return append([]error(nil), told...) }
+
+		l := c.Exclusive(fmt.Sprintf("durable-ok-%v", bind), WithBind(bind), WithTTL(1500*time.Millisecond),
+			WithReplicas(1, 2*time.Second), WithOnNotDurable(record))
+		t0 := time.Now()
+		h := acquired(t, l)
+		t.Logf("bind %v: grant + WAIT 1 in %v", bind, time.Since(t0))
+		if !h.Durable() || h.Bound() != bind {
+			t.Fatalf("bind %v: durable %v, bound %v", bind, h.Durable(), h.Bound())
+		}
+		time.Sleep(1100 * time.Millisecond) // renewals at 500 and 1000 ms
+		if !h.Durable() || h.Err() != nil || len(toldNow()) != 0 {
+			t.Fatalf("bind %v: renewals acknowledged: durable %v, err %v, told %v", bind, h.Durable(), h.Err(), toldNow())
+		}
+		must(t, h.Release(ctx))
+
+		// Refused and released; kept and flagged when allowed.
+		pause()
+		key := fmt.Sprintf("durable-refused-%v", bind)
+		t0 = time.Now()
+		h, err := c.Exclusive(key, WithBind(bind), WithReplicas(1, 200*time.Millisecond)).Acquire(ctx)
+		took := time.Since(t0)
+		var nd *NotDurableError
+		if !errors.Is(err, ErrNotDurable) || !errors.As(err, &nd) || nd.Acknowledged != 0 || nd.Replicas != 1 || h != nil {
+			resume()
+			t.Fatalf("bind %v: want ErrNotDurable 0 of 1, got %v, %v", bind, h, err)
+		}
+		if took < 190*time.Millisecond || took > 1500*time.Millisecond {
+			resume()
+			t.Fatalf("bind %v: took %v, not the WAIT's 200 ms", bind, took)
+		}
+		locked, err := c.Exclusive(key).Locked(ctx)
+		if err != nil || locked {
+			resume()
+			t.Fatalf("bind %v: released on the master: locked %v, %v", bind, locked, err)
+		}
+		kept, err := c.Exclusive(fmt.Sprintf("durable-kept-%v", bind), WithBind(bind),
+			WithReplicas(1, 200*time.Millisecond), WithAllowNotDurable()).Acquire(ctx)
+		resume()
+		if err != nil || kept.Durable() {
+			t.Fatalf("bind %v: kept and flagged: %v, %v", bind, kept, err)
+		}
+		must(t, kept.Release(ctx))
+
+		// A renewal not acknowledged: told, the lease kept.
+		told = nil
+		h = acquired(t, c.Exclusive(fmt.Sprintf("durable-renew-%v", bind), WithBind(bind), WithTTL(1200*time.Millisecond),
+			WithReplicas(1, 100*time.Millisecond), WithOnNotDurable(record)))
+		pause()
+		time.Sleep(900 * time.Millisecond) // renewals at 400 and 800 ms
+		flag, lostErr := h.Durable(), h.Err()
+		resume()
+		got := toldNow()
+		if len(got) == 0 || !errors.Is(got[0], ErrNotDurable) || flag || lostErr != nil {
+			t.Fatalf("bind %v: renewal told: %v, durable %v, err %v", bind, got, flag, lostErr)
+		}
+		t.Logf("bind %v: told %v", bind, got[0])
+		time.Sleep(900 * time.Millisecond)
+		if !h.Durable() {
+			t.Fatalf("bind %v: acknowledged again after the replica resumed", bind)
+		}
+		must(t, h.Release(ctx))
+	}
+}

@@ -27,6 +27,9 @@ type Session struct {
 	ttl     time.Duration
 	bind    bool
 	private bool
+	// WithReplicas given to NewSession: its renewals wait for that many.
+	replicas        int
+	replicasTimeout time.Duration
 
 	mu    sync.Mutex // the connection, helds, closed
 	conn  redis.Conn // nil when not bound and waiting to reconnect
@@ -54,12 +57,13 @@ func (c *Client) NewSession(ctx context.Context, opts ...Option) (*Session, erro
 		return nil, err
 	}
 	if st.session != nil || st.ownerSet || st.wait != 0 {
-		return nil, invalid("NewSession takes WithTTL and WithBind only")
+		return nil, invalid("NewSession takes WithTTL, WithBind and WithReplicas only")
 	}
 	s, err := c.newSession(ctx, st.ttl, st.bind, false)
 	if err != nil {
 		return nil, err
 	}
+	s.replicas, s.replicasTimeout = st.replicas, st.replicasTimeout
 	s.start()
 	return s, nil
 }
@@ -217,6 +221,7 @@ func (s *Session) renewLocked() {
 			for h := range s.helds {
 				h.deadline = now.Add(s.ttl)
 			}
+			s.renewedLocked() // WAIT after LOCK.KEEPALIVE on its connection covers it
 			return
 		}
 		// Fewer renewed than held: find which with LOCK.RENEW.
@@ -259,7 +264,9 @@ func (s *Session) renewLocked() {
 	}
 	if s.private && len(s.helds) == 0 {
 		s.closeLocked()
+		return
 	}
+	s.renewedLocked()
 }
 
 // loseExpired drops the locks whose lease ran out before a renewal answered.

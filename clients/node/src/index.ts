@@ -35,7 +35,10 @@
  * never past the end of the lease). A lost lease sets `lost` (it stays
  * true), aborts `signal`, calls `onLost`, and makes `check()` and
  * `release()` throw LeaseLostError. ioredis's `keyPrefix` is applied to the
- * keys.
+ * keys. With `replicas: N`, `WAIT N replicasTimeout` follows each grant and
+ * renewal on its connection: a grant fewer replicas acknowledged is released
+ * (NotDurableError) or, with `allowNotDurable`, kept with `durable` false; a
+ * renewal fewer acknowledged calls `onNotDurable`.
  */
 
 // `await using` needs Symbol.asyncDispose at run time (Node 18.18+, 20.4+ have it).
@@ -61,6 +64,23 @@ export class LockNotAcquiredError extends LockError {}
 /** A command got no reply within its timeout (a stalled or unreachable server). */
 export class LockTimeoutError extends LockError {}
 
+/**
+ * Fewer replicas than the `replicas` option asked for acknowledged a grant
+ * within `replicasTimeout` (WAIT): the grant was released. A failover could
+ * have handed the lock to someone else.
+ */
+export class NotDurableError extends LockError {
+  constructor(
+    message: string,
+    /** How many replicas acknowledged (WAIT's reply). */
+    readonly acknowledged: number,
+    /** How many were asked for. */
+    readonly replicas: number,
+  ) {
+    super(message);
+  }
+}
+
 /** A key or an owner: any bytes. */
 export type Bytes = string | Buffer;
 
@@ -77,6 +97,19 @@ export interface LockOptions {
   timeout?: number;
   /** Called once when the lease is found lost. */
   onLost?: (why: string) => void;
+  /**
+   * Durable grants: after each grant and each renewal, `WAIT replicas replicasTimeout` on the
+   * same connection. A grant fewer replicas acknowledged is released and NotDurableError
+   * thrown (or, with `allowNotDurable`, kept with `durable` false); a renewal fewer acknowledged
+   * sets `durable` false and calls `onNotDurable`. Default 0: no WAIT. Not on cluster clients.
+   */
+  replicas?: number;
+  /** WAIT's timeout, ms (default 1 000); added to the timeout of that call. */
+  replicasTimeout?: number;
+  /** Keep a grant fewer replicas acknowledged (`durable` false) instead of releasing it and throwing NotDurableError. */
+  allowNotDurable?: boolean;
+  /** Called each time a renewal (or extend()) is acknowledged by fewer than `replicas` replicas; the lease is kept. */
+  onNotDurable?: (why: string) => void;
 }
 
 export interface RedLockOptions {
@@ -118,6 +151,8 @@ interface Adapter {
   prefix: string;
   /** The client's own timeout (command, else connect), ms. */
   timeout: number;
+  /** A cluster client (WAIT cannot follow a grant on its connection). */
+  cluster?: boolean;
 }
 
 /** A subscriber connection: its CLIENT ID, and how to close it. */
@@ -283,6 +318,7 @@ function adapt(client: any, firstKey: Bytes, timeout?: number): Adapter {
     return {
       prefix: client.options?.keyPrefix ?? o.keyPrefix ?? "",
       timeout: t,
+      cluster: true,
       shared: { call: (args, ms, b) => timed(ioCall(client, args, b), ms, String(args[0])), close: async () => {} },
       dedicated: async () => null,
       watcher: null,
@@ -369,6 +405,7 @@ function adapt(client: any, firstKey: Bytes, timeout?: number): Adapter {
     return {
       prefix: "",
       timeout: t,
+      cluster: true,
       shared: {
         call: (args, ms) => timed(client.sendCommand(firstKey, false, nrArgs(args)), ms, String(args[0])),
         close: async () => {},
@@ -476,7 +513,7 @@ function checkWait(v: unknown, what: string): number {
   return checkInt(v, `${what} (ms, or Infinity)`, 0, Number.MAX_SAFE_INTEGER);
 }
 
-const OPTION_NAMES = new Set(["ttl", "wait", "owner", "bind", "timeout", "onLost"]);
+const OPTION_NAMES = new Set(["ttl", "wait", "owner", "bind", "timeout", "onLost", "replicas", "replicasTimeout", "allowNotDurable", "onNotDurable"]);
 
 function prefixed(prefix: string, key: Bytes): Bytes {
   if (prefix === "") return key;
@@ -526,6 +563,11 @@ export class Lock {
   private controller = new AbortController();
   /** The watcher id the bound connection redirects its tracking to (null: none yet). */
   private trackedBy: number | null = null;
+  private replicas: number;
+  private replicasTimeout: number;
+  private allowNotDurable: boolean;
+  private onNotDurable?: (why: string) => void;
+  private durableNow: boolean | null = null;
 
   private constructor(
     client: unknown,
@@ -546,6 +588,14 @@ export class Lock {
     const timeout = opts.timeout === undefined ? undefined : checkInt(opts.timeout, "timeout (ms)", 1, Number.MAX_SAFE_INTEGER);
     this.adapter = adapt(client, names[0], timeout);
     this.keys = names.map((k) => prefixed(this.adapter.prefix, k));
+    this.replicas = checkInt(opts.replicas ?? 0, "replicas", 0, 1_000_000);
+    this.replicasTimeout = checkInt(opts.replicasTimeout ?? 1_000, "replicasTimeout (ms)", 1, Number.MAX_SAFE_INTEGER);
+    if (opts.allowNotDurable !== undefined && typeof opts.allowNotDurable !== "boolean") throw new TypeError("redis-native-lock: allowNotDurable must be a boolean");
+    this.allowNotDurable = opts.allowNotDurable ?? false;
+    if (opts.onNotDurable !== undefined && typeof opts.onNotDurable !== "function") throw new TypeError("redis-native-lock: onNotDurable must be a function");
+    this.onNotDurable = opts.onNotDurable;
+    if (this.replicas > 0 && this.adapter.cluster)
+      throw new TypeError("redis-native-lock: replicas is not supported on a cluster client (WAIT must follow the grant on the same connection)");
   }
 
   static exclusive(client: unknown, key: Bytes, opts?: LockOptions): Lock {
@@ -587,6 +637,15 @@ export class Lock {
   /** True once the lease is known lost, or may have run out; stays true until the next grant. */
   get lost(): boolean {
     return this.lostWhy !== null || (this.holds > 0 && Date.now() >= this.validUntil);
+  }
+
+  /**
+   * With the `replicas` option: true when the last grant and the last renewal were each
+   * acknowledged by that many replicas (WAIT), false when one was not (a grant kept by
+   * `allowNotDurable`, or a renewal). null without the option, or before a grant.
+   */
+  get durable(): boolean | null {
+    return this.durableNow;
   }
 
   /** Aborted when the lease is found lost. */
@@ -688,8 +747,51 @@ export class Lock {
       this.timer = setInterval(() => void this.renew(), Math.max(1, Math.floor(this.ttl / 3)));
       this.timer.unref?.();
     }
+    if (this.replicas > 0) {
+      let acked = -1;
+      let failure: unknown = null;
+      try {
+        acked = await this.acknowledged(this.via);
+      } catch (e) {
+        failure = e;
+      }
+      if (acked >= this.replicas) this.durableNow = true;
+      else if (failure === null && this.allowNotDurable) this.durableNow = false;
+      else {
+        // Not durable (or WAIT failed): give the grant back (the one hold it added).
+        await this.release().catch(() => {});
+        this.durableNow = null;
+        throw failure ?? new NotDurableError(`${show(this.names)} (token ${this.token}): granted, but ${acked} of ${this.replicas} replicas acknowledged within ${this.replicasTimeout} ms; released`, acked, this.replicas);
+      }
+    }
     await this.track();
     return true;
+  }
+
+  /** `WAIT replicas replicasTimeout` on `conn` (the one the grant or renewal went on): how many replicas acknowledged. */
+  private async acknowledged(conn: Conn): Promise<number> {
+    return Number(await conn.call(["WAIT", this.replicas, this.replicasTimeout], this.adapter.timeout + this.replicasTimeout));
+  }
+
+  /** After a renewal: WAIT, and `durable` / `onNotDurable` say how it went. */
+  private async renewedDurably(conn: Conn): Promise<void> {
+    if (this.replicas === 0) return;
+    let why: string | null = null;
+    try {
+      const acked = await this.acknowledged(conn);
+      if (acked < this.replicas) why = `a renewal was acknowledged by ${acked} of ${this.replicas} replicas within ${this.replicasTimeout} ms`;
+    } catch (e) {
+      why = `WAIT after a renewal failed (${errorText(e)})`;
+    }
+    if (this.holds === 0) return;
+    this.durableNow = why === null;
+    if (why !== null) {
+      try {
+        this.onNotDurable?.(why);
+      } catch {
+        // a callback must not break the keepalive
+      }
+    }
   }
 
   /** What the watcher calls: it heard that a held key changed (or it closed). */
@@ -765,6 +867,7 @@ export class Lock {
     const sent = Date.now();
     try {
       let ok: boolean;
+      const via = this.via;
       if (this.conn !== null) {
         // The reads keep the keys tracked (our own KEEPALIVE, a write, drops them) and see a key overwritten.
         const conn = this.conn;
@@ -778,8 +881,10 @@ export class Lock {
         ok = replies.every((r) => Number(r) === 1);
       }
       if (this.holds === 0) return;
-      if (ok) this.validUntil = sent + this.ttl;
-      else
+      if (ok) {
+        this.validUntil = sent + this.ttl;
+        await this.renewedDurably(via);
+      } else
         this.lose(
           this.conn !== null
             ? "LOCK.KEEPALIVE found it gone: released, expired, deleted or overwritten"
@@ -851,6 +956,7 @@ export class Lock {
     }
     this.ttl = ttl;
     this.validUntil = sent + ttl;
+    await this.renewedDurably(this.via);
     await this.track();
   }
 
@@ -930,6 +1036,9 @@ export class Held {
   }
   get lost(): boolean {
     return this.lock.lost;
+  }
+  get durable(): boolean | null {
+    return this.lock.durable;
   }
   get signal(): AbortSignal {
     return this.lock.signal;

@@ -131,6 +131,13 @@ struct Status {
     next_renewal: Instant,
     generation: u64,
     on_lost: Option<OnLost>,
+    /// Told when a renewal is acknowledged by fewer replicas than asked.
+    on_not_durable: Option<OnLost>,
+    /// `WAIT` after each grant and renewal: how many replicas, how long.
+    replicas: u32,
+    replicas_timeout: Duration,
+    /// Whether the last grant and the last renewal were acknowledged (`None`: not asked).
+    durable: Option<bool>,
     /// Wakes this acquisition's watchdog.
     wake: Arc<Notify>,
     /// The watcher heard that a key changed (or a write of our own dropped
@@ -222,6 +229,10 @@ impl Lock {
                     next_renewal: Instant::now(),
                     generation: 0,
                     on_lost: None,
+                    on_not_durable: None,
+                    replicas: 0,
+                    replicas_timeout: Duration::ZERO,
+                    durable: None,
                     wake: Arc::new(Notify::new()),
                     verify: false,
                     pending: Vec::new(),
@@ -297,6 +308,26 @@ impl Lock {
         self
     }
 
+    /// As the blocking [`crate::Lock::replicas`]: `WAIT replicas timeout`
+    /// after each grant and renewal, on its connection.
+    pub fn replicas(mut self, replicas: u32, timeout: Duration) -> Lock {
+        self.opts.replicas = replicas;
+        self.opts.replicas_timeout = timeout;
+        self
+    }
+
+    /// As the blocking [`crate::Lock::allow_not_durable`].
+    pub fn allow_not_durable(mut self, allow: bool) -> Lock {
+        self.opts.allow_not_durable = allow;
+        self
+    }
+
+    /// As the blocking [`crate::Lock::on_not_durable`] (called on the watchdog task).
+    pub fn on_not_durable(self, f: impl Fn(&Error) + Send + Sync + 'static) -> Lock {
+        std_lock(&self.shared.status).on_not_durable = Some(Arc::new(f));
+        self
+    }
+
     pub fn keys(&self) -> Vec<Vec<u8>> {
         self.shared.kind.keys()
     }
@@ -324,6 +355,7 @@ impl Lock {
         let opts = self.opts.clone();
         let owner = std_lock(&s.status).owner.clone();
         s.kind.check(&opts, &owner)?;
+        crate::check_replicas(&opts, &s.client)?;
         let mut slot = s.conn.lock().await;
         flush(&s, &mut slot).await;
         // Taken out while the request waits: a cancelled acquire drops it
@@ -362,6 +394,46 @@ impl Lock {
         let Some(tokens) = tokens(reply)? else {
             return Ok(None);
         };
+        let mut durable = None;
+        if opts.replicas > 0 {
+            // On the grant's connection: WAIT covers it.
+            match wait_acks(
+                &mut slot,
+                opts.replicas,
+                opts.replicas_timeout,
+                opts.timeout,
+            )
+            .await
+            {
+                Ok(n) if n >= i64::from(opts.replicas) => durable = Some(true),
+                Ok(_) if opts.allow_not_durable => durable = Some(false),
+                Ok(n) => {
+                    // Given back on the same connection (one hold: a first grant).
+                    if release_keys(&mut slot, &s.kind, &owner, opts.timeout, false)
+                        .await
+                        .is_err()
+                    {
+                        *slot = None; // closing it frees a bound grant
+                        if !bound {
+                            release_quietly(&s.client, &s.kind, &owner, opts.timeout).await;
+                        }
+                    }
+                    return Err(Error::NotDurable {
+                        keys: s.kind.keys(),
+                        token: tokens.iter().copied().max().unwrap_or(0),
+                        acknowledged: n,
+                        replicas: opts.replicas,
+                    });
+                }
+                Err(e) => {
+                    *slot = None;
+                    if !bound {
+                        release_quietly(&s.client, &s.kind, &owner, opts.timeout).await;
+                    }
+                    return Err(e.into());
+                }
+            }
+        }
         let (generation, wake) = {
             let mut st = std_lock(&s.status);
             st.generation += 1;
@@ -376,6 +448,9 @@ impl Lock {
             st.wake = Arc::new(Notify::new());
             // The watchdog's first work: tracking, and a read of the keys.
             st.verify = bound;
+            st.replicas = opts.replicas;
+            st.replicas_timeout = opts.replicas_timeout;
+            st.durable = durable;
             (st.generation, Arc::clone(&st.wake))
         };
         drop(slot);
@@ -498,6 +573,17 @@ async fn watchdog(s: Arc<Shared>, generation: u64, wake: Arc<Notify>) {
         } else {
             renew_keys(&mut slot, &s.kind, &owner, ttl, io).await
         };
+        let (replicas, wait) = {
+            let st = std_lock(&s.status);
+            (st.replicas, st.replicas_timeout)
+        };
+        // WAIT on the renewal's connection (after LOCK.KEEPALIVE or LOCK.RENEW): covers it.
+        let acks = if renew && replicas > 0 && matches!(result, Ok(None)) {
+            Some(wait_acks(&mut slot, replicas, wait, timeout).await)
+        } else {
+            None
+        };
+        let mut notice = None;
         let news = {
             let mut st = std_lock(&s.status);
             if !st.current(generation) {
@@ -508,6 +594,7 @@ async fn watchdog(s: Arc<Shared>, generation: u64, wake: Arc<Notify>) {
                 Ok(None) => {
                     st.valid_until = sent + ttl;
                     st.next_renewal = Instant::now() + tick(ttl);
+                    notice = acks.and_then(|a| renewed(&mut st, &s.kind, a));
                     None
                 }
                 Ok(Some(why)) => st.set_lost(&s.kind, why),
@@ -533,6 +620,7 @@ async fn watchdog(s: Arc<Shared>, generation: u64, wake: Arc<Notify>) {
             }
         };
         drop(slot);
+        tell(notice);
         if news.is_some() {
             tell(news);
             return;
@@ -649,6 +737,44 @@ enum Released {
     All,
     OneHold,
     Gone(&'static str),
+}
+
+/// `WAIT replicas wait` on the holder's connection (a reply may take `wait`
+/// plus `timeout`): how many replicas acknowledged what it sent before.
+async fn wait_acks(
+    slot: &mut Option<Conn>,
+    replicas: u32,
+    wait: Duration,
+    timeout: Duration,
+) -> redis::RedisResult<i64> {
+    let conn = slot.as_mut().ok_or_else(closed)?;
+    crate::acknowledged(
+        conn.query(
+            &crate::wait_replicas(replicas, wait),
+            Some(timeout.saturating_add(wait)),
+        )
+        .await,
+    )
+}
+
+/// After a renewal acknowledged by `acks` (a `WAIT`'s outcome): sets
+/// `durable`, and the callback to tell when it was not.
+fn renewed(st: &mut Status, kind: &Kind, acks: redis::RedisResult<i64>) -> Option<(OnLost, Error)> {
+    let err = match acks {
+        Ok(n) if n >= i64::from(st.replicas) => {
+            st.durable = Some(true);
+            return None;
+        }
+        Ok(n) => Error::NotDurable {
+            keys: kind.keys(),
+            token: st.tokens.iter().copied().max().unwrap_or(0),
+            acknowledged: n,
+            replicas: st.replicas,
+        },
+        Err(e) => Error::Redis(e),
+    };
+    st.durable = Some(false);
+    st.on_not_durable.clone().map(|f| (f, err))
 }
 
 async fn release_keys(
@@ -788,6 +914,11 @@ impl Guard<'_> {
         std_lock(&self.shared().status).tokens.clone()
     }
 
+    /// As the blocking [`crate::Guard::durable`].
+    pub fn durable(&self) -> Option<bool> {
+        std_lock(&self.shared().status).durable
+    }
+
     pub fn is_bound(&self) -> bool {
         std_lock(&self.shared().status).bound
     }
@@ -827,17 +958,30 @@ impl Guard<'_> {
         };
         let sent = Instant::now();
         let result = renew_keys(&mut slot, &s.kind, &owner, ttl, limit(timeout, left)).await;
+        let (replicas, wait) = {
+            let st = std_lock(&s.status);
+            (st.replicas, st.replicas_timeout)
+        };
+        let acks = if replicas > 0 && matches!(result, Ok(None)) {
+            Some(wait_acks(&mut slot, replicas, wait, timeout).await)
+        } else {
+            None
+        };
         let mut st = std_lock(&s.status);
         if !st.current(self.generation) {
             return Err(st.lost_error(&s.kind));
         }
         let news = match result {
             Ok(None) => {
+                let notice = acks.and_then(|a| renewed(&mut st, &s.kind, a));
                 st.ttl = ttl;
                 st.valid_until = sent + ttl;
                 st.next_renewal = Instant::now() + tick(ttl);
                 st.verify = st.bound; // our write dropped the keys from tracking
                 st.wake.notify_one();
+                drop(st);
+                drop(slot);
+                tell(notice);
                 return Ok(());
             }
             Ok(Some(why)) => st.set_lost(&s.kind, why),

@@ -131,6 +131,13 @@ struct Status {
     /// One per acquisition: a watchdog or a guard of an earlier one is stale.
     generation: u64,
     on_lost: Option<OnLost>,
+    /// Told when a renewal is acknowledged by fewer replicas than asked.
+    on_not_durable: Option<OnLost>,
+    /// `WAIT` after each grant and renewal: how many replicas, how long.
+    replicas: u32,
+    replicas_timeout: Duration,
+    /// Whether the last grant and the last renewal were acknowledged (`None`: not asked).
+    durable: Option<bool>,
     /// The watcher heard that a key changed (or a write of our own dropped
     /// the keys from tracking): the watchdog reads them now.
     verify: bool,
@@ -201,6 +208,10 @@ impl Lock {
                     next_renewal: Instant::now(),
                     generation: 0,
                     on_lost: None,
+                    on_not_durable: None,
+                    replicas: 0,
+                    replicas_timeout: Duration::ZERO,
+                    durable: None,
                     verify: false,
                 }),
                 wake: Condvar::new(),
@@ -295,6 +306,38 @@ impl Lock {
         self
     }
 
+    /// Durable grants: `WAIT replicas timeout` right after each grant and
+    /// each renewal, on the connection that carried it (that reply may take
+    /// the timeout plus [`Lock::timeout`]). A grant fewer replicas
+    /// acknowledged is released and the acquire returns
+    /// [`Error::NotDurable`] (or, with [`Lock::allow_not_durable`], the
+    /// guard with [`Guard::durable`] `Some(false)`); a renewal fewer
+    /// acknowledged keeps the lease and calls [`Lock::on_not_durable`]. 0
+    /// (default): no `WAIT`. Not on a cluster ([`Error::Invalid`]).
+    pub fn replicas(mut self, replicas: u32, timeout: Duration) -> Lock {
+        self.opts.replicas = replicas;
+        self.opts.replicas_timeout = timeout;
+        self
+    }
+
+    /// Keep a grant fewer replicas acknowledged than [`Lock::replicas`]
+    /// asked for, flagged ([`Guard::durable`] `Some(false)`), instead of
+    /// releasing it with [`Error::NotDurable`].
+    pub fn allow_not_durable(mut self, allow: bool) -> Lock {
+        self.opts.allow_not_durable = allow;
+        self
+    }
+
+    /// Called (on the watchdog) when a renewal (or an extend) is
+    /// acknowledged by fewer replicas than [`Lock::replicas`] asked for,
+    /// with [`Error::NotDurable`] (or the `WAIT`'s own failure); the lease
+    /// is kept and [`Guard::durable`] turns `Some(false)` until a renewal is
+    /// acknowledged again.
+    pub fn on_not_durable(self, f: impl Fn(&Error) + Send + Sync + 'static) -> Lock {
+        lock(&self.shared.status).on_not_durable = Some(Arc::new(f));
+        self
+    }
+
     pub fn keys(&self) -> Vec<Vec<u8>> {
         self.shared.kind.keys()
     }
@@ -323,6 +366,7 @@ impl Lock {
         let opts = self.opts.clone();
         let owner = lock(&s.status).owner.clone();
         s.kind.check(&opts, &owner)?;
+        crate::check_replicas(&opts, &s.client)?;
         let mut slot = lock(&s.conn);
         let mut bound = opts.bind && matches!(s.client, Target::Server(_));
         let started = Instant::now();
@@ -365,6 +409,41 @@ impl Lock {
         let Some(tokens) = tokens(reply)? else {
             return Ok(None);
         };
+        let mut durable = None;
+        if opts.replicas > 0 {
+            // On the grant's connection: WAIT covers it.
+            match wait_acks(
+                &mut slot,
+                opts.replicas,
+                opts.replicas_timeout,
+                opts.timeout,
+            ) {
+                Ok(n) if n >= i64::from(opts.replicas) => durable = Some(true),
+                Ok(_) if opts.allow_not_durable => durable = Some(false),
+                Ok(n) => {
+                    // Given back on the same connection (one hold: a first grant).
+                    if release_keys(&mut slot, &s.kind, &owner, opts.timeout, false).is_err() {
+                        *slot = None; // closing it frees a bound grant
+                        if !bound {
+                            release_quietly(&s.client, &s.kind, &owner, opts.timeout);
+                        }
+                    }
+                    return Err(Error::NotDurable {
+                        keys: s.kind.keys(),
+                        token: tokens.iter().copied().max().unwrap_or(0),
+                        acknowledged: n,
+                        replicas: opts.replicas,
+                    });
+                }
+                Err(e) => {
+                    *slot = None;
+                    if !bound {
+                        release_quietly(&s.client, &s.kind, &owner, opts.timeout);
+                    }
+                    return Err(e.into());
+                }
+            }
+        }
         let generation = {
             let mut st = lock(&s.status);
             st.generation += 1;
@@ -378,6 +457,9 @@ impl Lock {
             st.next_renewal = Instant::now() + tick(opts.ttl);
             // The watchdog's first work: tracking, and a read of the keys.
             st.verify = bound;
+            st.replicas = opts.replicas;
+            st.replicas_timeout = opts.replicas_timeout;
+            st.durable = durable;
             st.generation
         };
         drop(slot);
@@ -465,6 +547,12 @@ impl Guard<'_> {
         lock(&self.shared().status).tokens.clone()
     }
 
+    /// With [`Lock::replicas`]: whether the grant and the last renewal were
+    /// each acknowledged by that many replicas; `None` without it.
+    pub fn durable(&self) -> Option<bool> {
+        lock(&self.shared().status).durable
+    }
+
     /// Whether the lock is bound to the holder's connection (`BIND`).
     pub fn is_bound(&self) -> bool {
         lock(&self.shared().status).bound
@@ -507,17 +595,27 @@ impl Guard<'_> {
         };
         let sent = Instant::now();
         let result = renew_keys(&mut slot, &s.kind, &owner, ttl, limit(timeout, left));
+        let (replicas, wait) = {
+            let st = lock(&s.status);
+            (st.replicas, st.replicas_timeout)
+        };
+        let acks = (replicas > 0 && matches!(result, Ok(None)))
+            .then(|| wait_acks(&mut slot, replicas, wait, timeout));
         let mut st = lock(&s.status);
         if !st.current(self.generation) {
             return Err(st.lost_error(&s.kind));
         }
         let news = match result {
             Ok(None) => {
+                let notice = acks.and_then(|a| renewed(&mut st, &s.kind, a));
                 st.ttl = ttl;
                 st.valid_until = sent + ttl;
                 st.next_renewal = Instant::now() + tick(ttl);
                 st.verify = st.bound; // our write dropped the keys from tracking
                 s.wake.notify_all();
+                drop(st);
+                drop(slot);
+                tell(notice);
                 return Ok(());
             }
             Ok(Some(why)) => st.set_lost(&s.kind, why),
@@ -723,6 +821,41 @@ fn release_keys(
     Ok(out)
 }
 
+/// `WAIT replicas wait` on the holder's connection (a reply may take `wait`
+/// plus `timeout`): how many replicas acknowledged what it sent before.
+fn wait_acks(
+    slot: &mut Option<Conn>,
+    replicas: u32,
+    wait: Duration,
+    timeout: Duration,
+) -> redis::RedisResult<i64> {
+    let conn = slot.as_mut().ok_or_else(closed)?;
+    conn.timeouts(Some(timeout.saturating_add(wait)))?;
+    let n = crate::acknowledged(conn.query(&crate::wait_replicas(replicas, wait)));
+    let _ = conn.timeouts(Some(timeout));
+    n
+}
+
+/// After a renewal acknowledged by `acks` (a `WAIT`'s outcome): sets
+/// `durable`, and the callback to tell when it was not.
+fn renewed(st: &mut Status, kind: &Kind, acks: redis::RedisResult<i64>) -> Option<(OnLost, Error)> {
+    let err = match acks {
+        Ok(n) if n >= i64::from(st.replicas) => {
+            st.durable = Some(true);
+            return None;
+        }
+        Ok(n) => Error::NotDurable {
+            keys: kind.keys(),
+            token: st.tokens.iter().copied().max().unwrap_or(0),
+            acknowledged: n,
+            replicas: st.replicas,
+        },
+        Err(e) => Error::Redis(e),
+    };
+    st.durable = Some(false);
+    st.on_not_durable.clone().map(|f| (f, err))
+}
+
 /// `LOCK.RENEW` on every key: `None` when renewed, else why the lease is lost.
 fn renew_keys(
     slot: &mut Option<Conn>,
@@ -826,15 +959,24 @@ fn watchdog(s: &Arc<Shared>, generation: u64) {
         } else {
             renew_keys(&mut slot, &s.kind, &owner, ttl, io)
         };
+        let (replicas, wait) = {
+            let st = lock(&s.status);
+            (st.replicas, st.replicas_timeout)
+        };
+        // WAIT on the renewal's connection (after LOCK.KEEPALIVE or LOCK.RENEW): covers it.
+        let acks = (renew && replicas > 0 && matches!(result, Ok(None)))
+            .then(|| wait_acks(&mut slot, replicas, wait, timeout));
         let mut st = lock(&s.status);
         if !st.current(generation) {
             return;
         }
+        let mut notice = None;
         let news = match result {
             Ok(None) if !renew => None,
             Ok(None) => {
                 st.valid_until = sent + ttl;
                 st.next_renewal = Instant::now() + tick(ttl);
+                notice = acks.and_then(|a| renewed(&mut st, &s.kind, a));
                 None
             }
             Ok(Some(why)) => st.set_lost(&s.kind, why),
@@ -860,6 +1002,7 @@ fn watchdog(s: &Arc<Shared>, generation: u64) {
         };
         drop(st);
         drop(slot);
+        tell(notice);
         if news.is_some() {
             tell(news);
             return;

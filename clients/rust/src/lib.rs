@@ -111,6 +111,14 @@
 //! returns [`Error::Forked`] and its guards neither send nor close anything
 //! (the parent's lock is left to the parent).
 //!
+//! # Durable grants
+//!
+//! [`Lock::replicas`] sends `WAIT n timeout` right after each grant and
+//! renewal on the connection that carried it: a grant fewer replicas
+//! acknowledged is released ([`Error::NotDurable`]) or, with
+//! [`Lock::allow_not_durable`], kept with [`Guard::durable`] `Some(false)`;
+//! a renewal fewer acknowledged calls [`Lock::on_not_durable`].
+//!
 //! RedLock over independent servers: [`redlock`].
 
 use std::fmt;
@@ -168,6 +176,18 @@ pub enum Error {
     Invalid(String),
     /// The `Lock` was made in another process (a `fork` without `exec`).
     Forked,
+    /// Fewer replicas than [`Lock::replicas`] asked for acknowledged a
+    /// grant (`WAIT`) within its timeout: the grant was released (unless
+    /// [`Lock::allow_not_durable`]). Also what [`Lock::on_not_durable`] gets
+    /// for a renewal not acknowledged (the lease is kept).
+    NotDurable {
+        keys: Vec<Vec<u8>>,
+        token: i64,
+        /// How many replicas acknowledged (`WAIT`'s reply).
+        acknowledged: i64,
+        /// How many were asked for.
+        replicas: u32,
+    },
     /// The server or the connection failed (a timeout included), or the
     /// server refused the request.
     Redis(redis::RedisError),
@@ -185,6 +205,16 @@ impl fmt::Display for Error {
             Error::Forked => write!(
                 f,
                 "this lock was made in another process: fork without exec is not supported"
+            ),
+            Error::NotDurable {
+                keys,
+                token,
+                acknowledged,
+                replicas,
+            } => write!(
+                f,
+                "{} (token {token}) acknowledged by {acknowledged} of {replicas} replicas within the timeout: a failover may lose it",
+                show(keys)
             ),
             Error::Redis(e) => write!(f, "redis: {e}"),
         }
@@ -326,6 +356,11 @@ pub(crate) struct Options {
     pub bind: bool,
     /// Connect timeout, and the longest any reply may take beyond a wait.
     pub timeout: Duration,
+    /// `WAIT replicas replicas_timeout` after each grant and renewal (0: none).
+    pub replicas: u32,
+    pub replicas_timeout: Duration,
+    /// Keep a grant fewer replicas acknowledged (flagged) instead of releasing it.
+    pub allow_not_durable: bool,
 }
 
 /// The connect and reply timeout when none is given.
@@ -338,6 +373,9 @@ impl Default for Options {
             wait: None,
             bind: true,
             timeout: DEFAULT_TIMEOUT,
+            replicas: 0,
+            replicas_timeout: Duration::from_secs(1),
+            allow_not_durable: false,
         }
     }
 }
@@ -352,6 +390,28 @@ impl Options {
             None => Some(self.timeout),
         }
     }
+}
+
+/// `WAIT replicas timeout` (a timeout of at least 1 ms: 0 would wait for ever).
+pub(crate) fn wait_replicas(replicas: u32, timeout: Duration) -> redis::Cmd {
+    let mut c = redis::cmd("WAIT");
+    c.arg(replicas).arg(millis(timeout).max(1));
+    c
+}
+
+/// `WAIT`'s reply: how many replicas acknowledged.
+pub(crate) fn acknowledged(v: redis::RedisResult<redis::Value>) -> redis::RedisResult<i64> {
+    v.and_then(|v| redis::from_redis_value::<i64>(v).map_err(Into::into))
+}
+
+/// A cluster connection routes `WAIT` (no key) anywhere: refused there.
+pub(crate) fn check_replicas(o: &Options, client: &Target) -> Result<(), Error> {
+    if o.replicas > 0 && matches!(client, Target::Cluster(_)) {
+        return Err(Error::Invalid(
+            "replicas on a cluster client (WAIT cannot follow the grant on its connection)".into(),
+        ));
+    }
+    Ok(())
 }
 
 /// The next renewal's delay: a third of the ttl.
