@@ -1284,3 +1284,36 @@ async fn replicas_wait_after_grant_and_renewal_tokio() {
         g.release().await.unwrap();
     }
 }
+
+/// Issue 29.3: a grant acknowledged by a replica (`.replicas(1, ..)`)
+/// survives a Sentinel failover. The master is killed right after the
+/// grant (kill -9: nothing more reaches anyone), the Sentinels promote the
+/// replica, and the new master holds the lock under the same token. (The
+/// refusal when the replica does not acknowledge is
+/// `replicas_wait_after_grant_and_renewal_blocking`.)
+#[test]
+fn an_acknowledged_grant_survives_a_sentinel_failover() {
+    let mut g = common::sentinel::Group::start(1, 3, 1000, &[]);
+    let old = g.master_port().expect("a master");
+    let c = redis::Client::open(format!("redis://127.0.0.1:{old}/")).expect("client");
+    let mut l = Lock::exclusive(&c, "durable-across-failover")
+        .ttl(Duration::from_secs(60))
+        .replicas(1, ms(2000));
+    let held = l.acquire().unwrap().expect("granted");
+    assert_eq!(held.durable(), Some(true), "acknowledged by the replica");
+    let token = held.token();
+    g.server_mut(old).kill9();
+    let new = g.wait_new_master(old, Duration::from_secs(60));
+    let mut n = Conn::connect(new);
+    let info = n
+        .lock_info("durable-across-failover")
+        .expect("the new master holds the lock");
+    assert_eq!(info.holders.len(), 1);
+    assert_eq!(info.holders[0].token, token);
+    // Its tokens go on above the one granted before the failover.
+    let next = n
+        .cmd(&["LOCK.ACQUIRE", "after-failover", "b", "10000"])
+        .int();
+    assert!(next > token, "{next} <= {token}");
+    drop(held);
+}
