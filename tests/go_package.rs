@@ -198,24 +198,10 @@ fn go_package_vet_and_tests_on_a_server_a_stalled_server_a_cluster_node_and_redl
 /// The ```go blocks of clients/go/README.md and of the Go section of
 /// docs/clients.md: each is a program of its own.
 fn go_doc_examples() -> Vec<(String, String)> {
-    let mut out = Vec::new();
-    let readme = std::fs::read_to_string(root().join("clients/go/README.md")).expect("README");
-    let docs = std::fs::read_to_string(root().join("docs/clients.md")).expect("docs");
-    let start = docs
-        .find("## Go (redigo): the package")
-        .expect("the Go section of docs/clients.md");
-    let section = &docs[start..];
-    let end = section[3..].find("\n## ").map_or(section.len(), |e| e + 3);
-    for (name, text) in [("readme", readme.as_str()), ("docs", &section[..end])] {
-        let mut rest = text;
-        while let Some(i) = rest.find("```go\n") {
-            let body = &rest[i + 6..];
-            let j = body.find("```").expect("a closed block");
-            out.push((format!("{name}{}", out.len()), body[..j].to_string()));
-            rest = &body[j..][3..];
-        }
-    }
-    out
+    let readme = markdown("clients/go/README.md");
+    let docs = markdown("docs/clients.md");
+    let section = section(&docs, "## Go (redigo): the package");
+    fenced_blocks(&[("readme", &readme), ("docs", section)], "go")
 }
 
 #[test]

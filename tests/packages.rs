@@ -298,24 +298,10 @@ fn node_package_replicas_wait_after_grant_and_renewal() {
 /// The ```ts blocks of clients/node/README.md and of the Node.js section of
 /// docs/clients.md (those with `require(` are CommonJS, the others ESM).
 fn node_doc_examples() -> Vec<(String, String)> {
-    let mut out = Vec::new();
-    let readme = std::fs::read_to_string(root().join("clients/node/README.md")).expect("README");
-    let docs = std::fs::read_to_string(root().join("docs/clients.md")).expect("docs");
-    let start = docs
-        .find("## Node.js (ioredis, node-redis): the package")
-        .expect("the Node.js section of docs/clients.md");
-    let section = &docs[start..];
-    let end = section[3..].find("\n## ").map_or(section.len(), |e| e + 3);
-    for (name, text) in [("README", readme.as_str()), ("docs", &section[..end])] {
-        let mut rest = text;
-        while let Some(i) = rest.find("```ts\n") {
-            let body = &rest[i + 6..];
-            let j = body.find("```").expect("a closed block");
-            out.push((format!("{name}{}", out.len()), body[..j].to_string()));
-            rest = &body[j..][3..];
-        }
-    }
-    out
+    let readme = markdown("clients/node/README.md");
+    let docs = markdown("docs/clients.md");
+    let section = section(&docs, "## Node.js (ioredis, node-redis): the package");
+    fenced_blocks(&[("README", &readme), ("docs", section)], "ts")
 }
 
 #[test]

@@ -28,6 +28,7 @@
 
 use std::time::Duration;
 
+mod docs;
 mod dump;
 mod info;
 mod inputs;
@@ -40,6 +41,8 @@ pub mod load;
 pub mod sentinel;
 
 // Each test uses some of these.
+#[allow(unused_imports)]
+pub use docs::*;
 #[allow(unused_imports)]
 pub use dump::*;
 #[allow(unused_imports)]
