@@ -69,6 +69,16 @@ pub fn clock_skew_ms() -> u64 {
     u64::try_from(CLOCK_SKEW.get()).unwrap_or(0)
 }
 
+/// The bounds on a lease's deadline at `now` (unix ms): the latest a grant
+/// can set (`now + lock.max-ttl`), and the latest a payload, a file or the
+/// stream may carry (that plus `lock.clock-skew-ms`: a server whose clock
+/// is ahead may have set it). `RESTORE` refuses past the second; a load
+/// clamps to the first.
+pub fn deadline_bounds(now: u64) -> (u64, u64) {
+    let latest = now.saturating_add(u64::try_from(max_ttl_ms()).unwrap_or(u64::MAX));
+    (latest, latest.saturating_add(clock_skew_ms()))
+}
+
 pub fn max_waiters() -> usize {
     usize::try_from(MAX_WAITERS.get()).unwrap_or(0)
 }

@@ -184,9 +184,7 @@ fn out_of_bounds(loaded: &mut Loaded, now: u64, loading: bool) -> Option<String>
             "lock: a loaded lock has {holders} holders, past lock.max-holders ({max}): kept as it is"
         ));
     }
-    let max_ttl = u64::try_from(config::max_ttl_ms()).unwrap_or(u64::MAX);
-    let latest = now.saturating_add(max_ttl);
-    let limit = latest.saturating_add(config::clock_skew_ms());
+    let (latest, limit) = config::deadline_bounds(now);
     if loaded.latest_deadline > limit {
         if !loading {
             return Some(format!(

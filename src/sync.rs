@@ -56,9 +56,8 @@ fn within_bounds(holder: &mut Holder, loading: bool) -> Result<(), LockError> {
         }
         return Err(LockError::BadState);
     }
-    let max_ttl = u64::try_from(config::max_ttl_ms()).unwrap_or(u64::MAX);
-    let latest = now.saturating_add(max_ttl);
-    if loading && holder.deadline > latest.saturating_add(config::clock_skew_ms()) {
+    let (latest, limit) = config::deadline_bounds(now);
+    if loading && holder.deadline > limit {
         stats::fixed_at_load(&format!(
             "lock: an AOF lease ended past lock.max-ttl ({}): now ending at {latest}",
             holder.deadline
