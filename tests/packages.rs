@@ -145,15 +145,16 @@ fn tsc(project: &Path, args: &[&str]) -> Command {
     c
 }
 
-#[test]
-fn node_package_installed_from_its_tarball_every_kind_from_typescript_single_and_cluster() {
-    let pkg = root().join("clients/node");
-    let project = npm_project("commonjs");
-    std::fs::copy(pkg.join("test/test.ts"), project.join("test.ts")).expect("copy the script");
+/// clients/node/test/`name`.ts copied into `project` and compiled to
+/// CommonJS with tsc (strict, ES2022, `await using`'s disposables).
+fn compile_test_script(project: &Path, name: &str) {
+    let script = format!("{name}.ts");
+    let from = root().join("clients/node/test").join(&script);
+    std::fs::copy(&from, project.join(&script)).expect("copy the script");
     run(
-        "tsc test.ts",
+        &format!("tsc {script}"),
         &mut tsc(
-            &project,
+            project,
             &[
                 "--strict",
                 "--skipLibCheck",
@@ -163,10 +164,16 @@ fn node_package_installed_from_its_tarball_every_kind_from_typescript_single_and
                 "ES2022,ESNext.Disposable",
                 "--module",
                 "commonjs",
-                "test.ts",
+                &script,
             ],
         ),
     );
+}
+
+#[test]
+fn node_package_installed_from_its_tarball_every_kind_from_typescript_single_and_cluster() {
+    let project = npm_project("commonjs");
+    compile_test_script(&project, "test");
     let server = Server::start();
     let cluster = Cluster::start();
     let out = run(
@@ -212,24 +219,8 @@ fn node_package_installed_from_its_tarball_every_kind_from_typescript_single_and
 /// every call returns within its timeout.
 #[test]
 fn node_package_a_stalled_server_stalls_nothing_else() {
-    let pkg = root().join("clients/node");
     let project = npm_project("commonjs");
-    std::fs::copy(pkg.join("test/stall.ts"), project.join("stall.ts")).expect("copy");
-    run(
-        "tsc stall.ts",
-        &mut tsc(
-            &project,
-            &[
-                "--strict",
-                "--skipLibCheck",
-                "--target",
-                "ES2022",
-                "--module",
-                "commonjs",
-                "stall.ts",
-            ],
-        ),
-    );
+    compile_test_script(&project, "stall");
     let servers: Vec<Server> = (0..3).map(|_| Server::start()).collect();
     let ports: Vec<String> = servers.iter().map(|s| s.port.to_string()).collect();
     let out = Command::new("node")
@@ -255,24 +246,8 @@ fn node_package_a_stalled_server_stalls_nothing_else() {
 /// and a renewal told through `onNotDurable`.
 #[test]
 fn node_package_replicas_wait_after_grant_and_renewal() {
-    let pkg = root().join("clients/node");
     let project = npm_project("commonjs");
-    std::fs::copy(pkg.join("test/durable.ts"), project.join("durable.ts")).expect("copy");
-    run(
-        "tsc durable.ts",
-        &mut tsc(
-            &project,
-            &[
-                "--strict",
-                "--skipLibCheck",
-                "--target",
-                "ES2022",
-                "--module",
-                "commonjs",
-                "durable.ts",
-            ],
-        ),
-    );
+    compile_test_script(&project, "durable");
     let master = Server::start();
     let replica = Server::start();
     replica.replicaof(&master);
