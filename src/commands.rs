@@ -1,5 +1,7 @@
-//! Command handlers: parse, run the core transition, reply. Replication and
-//! the key's expiry are `store::update`'s job; waiting is `waiting`'s.
+//! The lock commands, each declared once (`command!`: name, access, keys,
+//! arity and docs) beside its handler: parse, run the core transition,
+//! reply. Replication and the key's expiry are `store`'s job; waiting is
+//! `waiting`'s.
 
 use std::os::raw::c_long;
 
@@ -12,52 +14,123 @@ use crate::deadlocks;
 use crate::errors::LockError;
 use crate::ffi::{self, api, Argv, DbKey};
 use crate::keys::LockKey;
-use crate::replication;
 use crate::replies;
+use crate::spec::{command, Access, Arg, ArgKind, Keys, Spec, DELETE, RO, UPDATE};
 use crate::stats;
 use crate::store;
 use crate::timers::{self, Keepalive};
 use crate::waiting;
 use lock_core::{Attempt, Kind, Lock, Owner, Release};
 
+const KEY: Arg = Arg::new(c"key", ArgKind::Key);
+const OWNER: Arg = Arg::new(c"owner", ArgKind::String);
+const TTL: Arg = Arg::new(c"ttl", ArgKind::Integer);
+const WAIT: Arg = Arg::option(c"ms", ArgKind::Integer, c"WAIT");
+const BIND: Arg = Arg::flag(c"bind", c"BIND");
+const GRANT_ARGS: &[Arg] = &[KEY, OWNER, TTL, WAIT, BIND];
+
+pub const ACQUIRE: Spec = command! {
+    name: c"lock.acquire",
+    handler: acquire,
+    access: Access::Grant,
+    fast: false,
+    blocking: true,
+    keys: Keys::First(UPDATE),
+    arity: -4,
+    since: c"0.1.0",
+    summary: c"Acquires an exclusive, non-reentrant lock for ttl milliseconds; returns a fencing token, or nil when the lock is held. WAIT blocks up to ms milliseconds (0: no limit); BIND ends the holder when this connection closes.",
+    complexity: c"O(1)",
+    args: GRANT_ARGS,
+};
+
 /// `LOCK.ACQUIRE key owner ttl [WAIT ms] [BIND]`
-pub fn acquire(ctx: &Context, args: Argv<'_>) -> RedisResult {
-    master_only(ctx)?;
+fn acquire(ctx: &Context, args: Argv<'_>) -> RedisResult {
     grant(ctx, args::grant(args, Kind::Acquire)?)
 }
 
+pub const RACQUIRE: Spec = command! {
+    name: c"lock.racquire",
+    handler: racquire,
+    access: Access::Grant,
+    fast: false,
+    blocking: true,
+    keys: Keys::First(UPDATE),
+    arity: -4,
+    since: c"0.1.0",
+    summary: c"Acquires an exclusive, reentrant lock: the holder asking again adds a hold. Returns a fencing token, or nil when the lock is held.",
+    complexity: c"O(1)",
+    args: GRANT_ARGS,
+};
+
 /// `LOCK.RACQUIRE key owner ttl [WAIT ms] [BIND]`
-pub fn racquire(ctx: &Context, args: Argv<'_>) -> RedisResult {
-    master_only(ctx)?;
+fn racquire(ctx: &Context, args: Argv<'_>) -> RedisResult {
     grant(ctx, args::grant(args, Kind::Racquire)?)
 }
 
+pub const READ: Spec = command! {
+    name: c"lock.read",
+    handler: read,
+    access: Access::Grant,
+    fast: false,
+    blocking: true,
+    keys: Keys::First(UPDATE),
+    arity: -4,
+    since: c"0.1.0",
+    summary: c"Acquires the shared (read) side of a read-write lock, reentrant per reader; returns the reader's fencing token, or nil while a writer holds or waits.",
+    complexity: c"O(R), R the readers holding the lock",
+    args: GRANT_ARGS,
+};
+
 /// `LOCK.READ key owner ttl [WAIT ms] [BIND]`
-pub fn read(ctx: &Context, args: Argv<'_>) -> RedisResult {
-    master_only(ctx)?;
+fn read(ctx: &Context, args: Argv<'_>) -> RedisResult {
     grant(ctx, args::grant(args, Kind::Read)?)
 }
 
+pub const SEMAPHORE: Spec = command! {
+    name: c"lock.semaphore",
+    handler: semaphore,
+    access: Access::Grant,
+    fast: false,
+    blocking: true,
+    keys: Keys::First(UPDATE),
+    arity: -5,
+    since: c"0.2.0",
+    summary: c"Takes one of limit permits of a semaphore for ttl milliseconds (one per owner, each with its own lease and token); returns the fencing token, or nil when every permit is held. The grant that creates the key fixes its limit.",
+    complexity: c"O(P), P the permits held",
+    args: &[KEY, Arg::new(c"limit", ArgKind::Integer), OWNER, TTL, WAIT, BIND],
+};
+
 /// `LOCK.SEMAPHORE key limit owner ttl [WAIT ms] [BIND]`
-pub fn semaphore(ctx: &Context, args: Argv<'_>) -> RedisResult {
-    master_only(ctx)?;
+fn semaphore(ctx: &Context, args: Argv<'_>) -> RedisResult {
     grant(ctx, args::semaphore(args)?)
 }
 
+// Its keys are found from numkeys: by its key spec for COMMAND GETKEYS and
+// ACLs, by the command itself (`getkeys-api`) for cluster routing.
+pub const MACQUIRE: Spec = command! {
+    name: c"lock.macquire",
+    handler: macquire,
+    access: Access::Grant,
+    fast: false,
+    blocking: true,
+    keys: Keys::Counted(UPDATE, macquire_keys),
+    arity: -5,
+    since: c"0.2.0",
+    summary: c"Acquires exclusive locks on numkeys keys, all or none, atomically; returns their fencing tokens in key order, or nil. With WAIT it waits for all of them at once, holding none meanwhile; a wait that would close a cycle is answered DEADLOCK.",
+    complexity: c"O(N), N the keys",
+    args: &[
+        Arg::new(c"numkeys", ArgKind::Integer),
+        KEY.many(),
+        OWNER,
+        TTL,
+        WAIT,
+        BIND,
+    ],
+};
+
 /// `LOCK.MACQUIRE numkeys key [key ...] owner ttl [WAIT ms] [BIND]`: all
 /// the keys or none. Every key is decided before any is granted.
-pub fn macquire(ctx: &Context, args: Argv<'_>) -> RedisResult {
-    // A cluster asks where the keys are (`getkeys-api`): Redis routes
-    // module commands by this, not by the key spec.
-    if api!(RedisModule_IsKeysPositionRequest(ctx.ctx)).unwrap_or(0) != 0 {
-        for pos in args::macquire_key_positions(args) {
-            if let Ok(pos) = std::os::raw::c_int::try_from(pos) {
-                api!(RedisModule_KeyAtPos(ctx.ctx, pos));
-            }
-        }
-        return Ok(RedisValue::NoReply);
-    }
-    master_only(ctx)?;
+fn macquire(ctx: &Context, args: Argv<'_>) -> RedisResult {
     let grant = args::macquire(args)?;
     let bind = match grant.bind {
         true => Some(bound_connection(ctx)?),
@@ -111,19 +184,13 @@ pub fn macquire(ctx: &Context, args: Argv<'_>) -> RedisResult {
     }
 }
 
-/// A replica never writes a lock itself, even with `replica-read-only no`:
-/// its tokens would repeat the master's and its state would diverge. Only the
-/// master's stream (`LOCK.SYNC`) writes there.
-fn master_only(ctx: &Context) -> Result<(), LockError> {
-    if !replication::is_replica() {
-        return Ok(());
+/// Where a `LOCK.MACQUIRE` call's keys are, when a cluster asks.
+fn macquire_keys(ctx: &Context, args: Argv<'_>) {
+    for pos in args::macquire_key_positions(args) {
+        if let Ok(pos) = std::os::raw::c_int::try_from(pos) {
+            api!(RedisModule_KeyAtPos(ctx.ctx, pos));
+        }
     }
-    let flags = ctx.get_flags();
-    let from_master = flags.intersects(ContextFlags::REPLICATED | ContextFlags::LOADING);
-    if flags.contains(ContextFlags::SLAVE) && !from_master {
-        return Err(LockError::Replica);
-    }
-    Ok(())
 }
 
 /// A grant request: its attempt, then the answer. The common one, granted
@@ -192,13 +259,28 @@ fn bound_connection(ctx: &Context) -> Result<ClientId, LockError> {
     }
 }
 
+// Not `fast`: it renews every holder bound to the connection, O(B)
+// (docs/design.md, "Bound locks").
+pub const KEEPALIVE: Spec = command! {
+    name: c"lock.keepalive",
+    handler: keepalive,
+    access: Access::Write,
+    fast: false,
+    blocking: false,
+    keys: Keys::None,
+    arity: 2,
+    since: c"0.2.0",
+    summary: c"Renews every holder bound (BIND) to the calling connection to ttl milliseconds from now; returns how many.",
+    complexity: c"O(B), B the holders bound to this connection",
+    args: &[TTL],
+};
+
 /// `LOCK.KEEPALIVE ttl`: renews every holder bound to the calling
 /// connection; the reply is how many. Past one share of work (a connection
 /// with thousands of bound holders), the caller waits while the rest is
 /// done a share per tick, so the server never stalls for long
 /// (`store::keepalive_share`); inside MULTI/EXEC or a script, all at once.
-pub fn keepalive(ctx: &Context, args: Argv<'_>) -> RedisResult {
-    master_only(ctx)?;
+fn keepalive(ctx: &Context, args: Argv<'_>) -> RedisResult {
     let ttl = args::keepalive(args)?;
     let Some(client) = api!(RedisModule_GetClientId(ctx.ctx)) else {
         return Ok(RedisValue::Integer(0));
@@ -220,9 +302,22 @@ pub fn keepalive(ctx: &Context, args: Argv<'_>) -> RedisResult {
     Ok(RedisValue::NoReply)
 }
 
+pub const RELEASE: Spec = command! {
+    name: c"lock.release",
+    handler: release,
+    access: Access::Write,
+    fast: true,
+    blocking: false,
+    keys: Keys::First(DELETE),
+    arity: 3,
+    since: c"0.1.0",
+    summary: c"Removes one of the owner's holds: 1 when its last hold is gone, 0 when it still holds, nil when it held nothing.",
+    complexity: c"O(R + G), R the holders, G the waiters granted as a result",
+    args: &[KEY, OWNER],
+};
+
 /// `LOCK.RELEASE key owner`
-pub fn release(ctx: &Context, args: Argv<'_>) -> RedisResult {
-    master_only(ctx)?;
+fn release(ctx: &Context, args: Argv<'_>) -> RedisResult {
     let release = args::release(args)?;
     let outcome = store::release(ctx, release.key, release.owner)?;
     Ok(match outcome {
@@ -235,18 +330,45 @@ pub fn release(ctx: &Context, args: Argv<'_>) -> RedisResult {
     })
 }
 
+pub const RENEW: Spec = command! {
+    name: c"lock.renew",
+    handler: renew,
+    access: Access::Write,
+    fast: true,
+    blocking: false,
+    keys: Keys::First(UPDATE),
+    arity: 4,
+    since: c"0.1.0",
+    summary: c"Sets the owner's lease to ttl milliseconds from now (holds unchanged): 1, or 0 when it holds nothing.",
+    complexity: c"O(R), R the holders",
+    args: &[KEY, OWNER, TTL],
+};
+
 /// `LOCK.RENEW key owner ttl`
-pub fn renew(ctx: &Context, args: Argv<'_>) -> RedisResult {
-    master_only(ctx)?;
+fn renew(ctx: &Context, args: Argv<'_>) -> RedisResult {
     let renew = args::renew(args)?;
     let renewed = store::renew(ctx, renew.key, renew.owner, renew.ttl)?;
     Ok(RedisValue::Integer(i64::from(renewed)))
 }
 
+pub const INFO: Spec = command! {
+    name: c"lock.info",
+    handler: info,
+    access: Access::Read,
+    fast: true,
+    blocking: false,
+    keys: Keys::First(RO),
+    arity: -2,
+    since: c"0.1.0",
+    summary: c"Describes a lock: mode, holders ([owner, holds, ttl-ms-left, token] each) and waiters; with WAITERS, each waiter's owner and ms waited; nil when free.",
+    complexity: c"O(R), R the holders; O(R+W) with WAITERS, W the waiters",
+    args: &[KEY, Arg::flag(c"waiters", c"WAITERS")],
+};
+
 /// `LOCK.INFO key [WAITERS]`: read-only, so expired holders are hidden, not
 /// removed. `WAITERS` adds `waiting`: each waiting request's owner and how
 /// long it has waited, in queue order.
-pub fn info(ctx: &Context, args: Argv<'_>) -> RedisResult {
+fn info(ctx: &Context, args: Argv<'_>) -> RedisResult {
     let (name, list_waiters) = args::info(args)?;
     let key = LockKey::open(ctx, name, false)?;
     let now = clock::now_ms();

@@ -6,7 +6,7 @@
 //! (`commands`, `store`, `keys`), replicates (`replication`), persists
 //! (`persistence`), waits (`waiting`), keeps time (`timers`), hears about
 //! keys freed by other commands (`events`) and describes itself to Redis
-//! (`metadata`). Every entry point Redis calls is guarded (`guard`).
+//! (`metadata`, from each command's one declaration: `spec`). Every entry point Redis calls is guarded (`guard`).
 
 #![deny(
     clippy::unwrap_used,
@@ -45,6 +45,7 @@ mod module;
 mod persistence;
 mod replication;
 mod replies;
+mod spec;
 mod stats;
 mod store;
 mod sync;
@@ -57,8 +58,8 @@ use std::os::raw::c_int;
 
 use redis_module::{raw, Context, ContextFlags, ModuleOptions, RedisString, Status};
 
-use crate::module::{command, Command};
 use crate::persistence::LOCK_TYPE;
+use crate::spec::Spec;
 
 // The Rust heap is Redis's (counted in `used_memory`); under `cargo test`,
 // where there is no Redis, the system's.
@@ -66,60 +67,19 @@ use crate::persistence::LOCK_TYPE;
 #[global_allocator]
 static ALLOCATOR: alloc::RedisHeap = alloc::RedisHeap;
 
-/// The commands: name, handler, flags, first key, last key, key step. Arity,
-/// key specs, ACL categories and COMMAND DOCS are in `metadata`.
-const COMMANDS: [Command; 10] = [
-    // The grants may block (WAIT): flagged as Redis flags BLPOP, not `fast`.
-    command!(
-        c"lock.acquire",
-        commands::acquire,
-        c"write deny-oom blocking",
-        1,
-        1,
-        1
-    ),
-    command!(
-        c"lock.racquire",
-        commands::racquire,
-        c"write deny-oom blocking",
-        1,
-        1,
-        1
-    ),
-    command!(
-        c"lock.read",
-        commands::read,
-        c"write deny-oom blocking",
-        1,
-        1,
-        1
-    ),
-    command!(
-        c"lock.semaphore",
-        commands::semaphore,
-        c"write deny-oom blocking",
-        1,
-        1,
-        1
-    ),
-    // Its keys are found from numkeys: by its key spec (`metadata`) for
-    // COMMAND GETKEYS and ACLs, by the command itself for cluster routing.
-    command!(
-        c"lock.macquire",
-        commands::macquire,
-        c"write deny-oom blocking getkeys-api",
-        0,
-        0,
-        0
-    ),
-    command!(c"lock.release", commands::release, c"write fast", 1, 1, 1),
-    command!(c"lock.renew", commands::renew, c"write fast", 1, 1, 1),
-    command!(c"lock.info", commands::info, c"readonly fast", 1, 1, 1),
-    // Not `fast`: it renews every holder bound to the connection, O(B)
-    // (docs/design.md, "Bound locks").
-    command!(c"lock.keepalive", commands::keepalive, c"write", 0, 0, 0),
+/// The commands, each declared once beside its handler (`spec::command!`).
+const COMMANDS: &[Spec] = &[
+    commands::ACQUIRE,
+    commands::RACQUIRE,
+    commands::READ,
+    commands::SEMAPHORE,
+    commands::MACQUIRE,
+    commands::RELEASE,
+    commands::RENEW,
+    commands::INFO,
+    commands::KEEPALIVE,
     // Internal: applies one replicated effect (replicas and AOF only).
-    command!(c"lock.sync", sync::sync, c"write", 1, 1, 1),
+    sync::SYNC,
 ];
 
 /// Redis loads the module here.
@@ -129,7 +89,7 @@ pub extern "C" fn RedisModule_OnLoad(
     argv: *mut *mut raw::RedisModuleString,
     argc: c_int,
 ) -> c_int {
-    module::load(ctx, argv, argc, &COMMANDS, on_load)
+    module::load(ctx, argv, argc, COMMANDS, on_load)
 }
 
 fn on_load(ctx: &Context, args: &[RedisString]) -> Status {
@@ -143,7 +103,6 @@ fn on_load(ctx: &Context, args: &[RedisString]) -> Status {
         timers::set_handler(visits::tick);
         let steps = [
             config::register(ctx, args),
-            metadata::describe(ctx),
             events::subscribe(ctx),
             info::register(ctx),
         ];

@@ -10,6 +10,7 @@ use crate::errors::LockError;
 use crate::fencing;
 use crate::ffi::{self, Argv, Str};
 use crate::keys::LockKey;
+use crate::spec::{command, Access, Arg, ArgKind, Keys, Spec, UPDATE};
 use crate::stats;
 use crate::store;
 use crate::timers;
@@ -134,15 +135,31 @@ fn parse(argv: Argv<'_>) -> Result<(Str<'_>, Effect), LockError> {
     }
 }
 
+/// Internal: applies one replicated effect (replicas and AOF only).
+pub const SYNC: Spec = command! {
+    name: c"lock.sync",
+    handler: sync,
+    access: Access::Internal,
+    fast: false,
+    blocking: false,
+    keys: Keys::First(UPDATE),
+    arity: -4,
+    since: c"0.1.0",
+    summary: c"Internal: applies one replicated lock effect (SET owner mode holds token deadline, or DROP owner). Accepted only from the master or the AOF.",
+    complexity: c"O(R), R the holders",
+    args: &[
+        Arg::new(c"key", ArgKind::Key),
+        Arg::new(c"effect", ArgKind::String),
+    ],
+};
+
 /// `LOCK.SYNC`: applies one replicated effect, exactly, whatever the time and
 /// whatever this server held before: the master's stream is authoritative, as
 /// it is for Redis's own types (a key of another type is replaced, holders
 /// that cannot coexist with the one it sets are dropped).
-pub fn sync(ctx: &Context, args: Argv<'_>) -> RedisResult {
+/// (`Access::Internal`: the master's stream and the AOF only.)
+fn sync(ctx: &Context, args: Argv<'_>) -> RedisResult {
     let flags = ctx.get_flags();
-    if !flags.intersects(ContextFlags::REPLICATED | ContextFlags::LOADING) {
-        return Err(LockError::InternalCommand.into());
-    }
     let (name, mut effect) = parse(args)?;
     if let Effect::Set(_, holder) = &mut effect {
         within_bounds(holder, flags.contains(ContextFlags::LOADING))?;
