@@ -50,6 +50,16 @@ pub struct RenewArgs<'a> {
     pub ttl: u64,
 }
 
+/// `LOCK.GUARD key owner [TOKEN token] CALL command [arg ...]`.
+pub struct GuardArgs<'a> {
+    pub key: Str<'a>,
+    pub owner: &'a [u8],
+    /// `TOKEN`: the holder must hold under this token.
+    pub token: Option<u64>,
+    /// Where `command` is in the arguments.
+    pub call: usize,
+}
+
 /// The arguments still to read.
 struct Args<'a> {
     argv: Argv<'a>,
@@ -269,4 +279,36 @@ pub fn info(argv: Argv<'_>) -> Result<(Str<'_>, bool), LockError> {
     };
     args.done().map_err(|_| LockError::Syntax)?;
     Ok((key, waiters))
+}
+
+/// `LOCK.GUARD key owner [TOKEN token] CALL command [arg ...]`: what comes
+/// after `CALL` is the command's, read by Redis.
+pub fn guard(argv: Argv<'_>) -> Result<GuardArgs<'_>, LockError> {
+    let mut args = Args::new(argv);
+    let key = args.next()?;
+    let owner = args.owner()?;
+    let mut token = None;
+    let mut option = args.next()?.as_slice();
+    if option.eq_ignore_ascii_case(b"TOKEN") {
+        let t = args.next()?.parse_integer().ok_or(LockError::BadToken)?;
+        token = Some(
+            u64::try_from(t)
+                .ok()
+                .filter(|t| *t > 0)
+                .ok_or(LockError::BadToken)?,
+        );
+        option = args.next()?.as_slice();
+    }
+    if !option.eq_ignore_ascii_case(b"CALL") {
+        return Err(LockError::Syntax);
+    }
+    if args.left() == 0 {
+        return Err(LockError::Arity);
+    }
+    Ok(GuardArgs {
+        key,
+        owner,
+        token,
+        call: args.at,
+    })
 }

@@ -11,11 +11,11 @@ use crate::args;
 use crate::bindings::{self, ClientId};
 use crate::clock;
 use crate::deadlocks;
-use crate::errors::LockError;
+use crate::errors::{LockError, Unguardable};
 use crate::ffi::{self, api, Argv, DbKey};
 use crate::keys::LockKey;
 use crate::replies;
-use crate::spec::{command, Access, Arg, ArgKind, Keys, Spec, DELETE, RO, UPDATE};
+use crate::spec::{self, command, Access, Arg, ArgKind, Keys, Spec, DELETE, RO, UPDATE};
 use crate::stats;
 use crate::store;
 use crate::timers::{self, Keepalive};
@@ -132,6 +132,9 @@ pub const MACQUIRE: Spec = command! {
 /// the keys or none. Every key is decided before any is granted.
 fn macquire(ctx: &Context, args: Argv<'_>) -> RedisResult {
     let grant = args::macquire(args)?;
+    if grant.wait.is_some() && spec::guarding() {
+        return Err(LockError::NotGuardable(Unguardable::Wait).into());
+    }
     let bind = match grant.bind {
         true => Some(bound_connection(ctx)?),
         false => None,
@@ -198,6 +201,9 @@ fn macquire_keys(ctx: &Context, args: Argv<'_>) {
 /// rest, out of line.
 #[inline(always)]
 fn grant(ctx: &Context, grant: args::Grant<'_>) -> RedisResult {
+    if grant.wait.is_some() && spec::guarding() {
+        return Err(LockError::NotGuardable(Unguardable::Wait).into());
+    }
     let bind = match grant.bind {
         true => Some(bound_connection(ctx)?),
         false => None,

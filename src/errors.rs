@@ -49,8 +49,31 @@ pub enum LockError {
     InternalCommand,
     /// A replicated state that breaks an invariant.
     BadState,
+    /// LOCK.GUARD: the owner does not hold the key now (or not under that
+    /// token).
+    NotHeld,
+    /// LOCK.GUARD's TOKEN is not a positive integer.
+    BadToken,
+    /// LOCK.GUARD asked to run what it may not (what it is, carried here).
+    NotGuardable(Unguardable),
+    /// LOCK.GUARD: the caller's ACL user may not run the command (Redis's
+    /// reason carried here: it names no user data).
+    NoPerm(&'static str),
     /// A bug caught before it could reach Redis (the log has the details).
     Internal,
+}
+
+/// What LOCK.GUARD refuses to run.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Unguardable {
+    /// BLPOP, XREAD and the rest: one atomic step cannot wait.
+    Blocking,
+    /// MULTI, EXEC, WATCH, DISCARD, EVAL, ...: what a script may not run.
+    NoScript,
+    /// Another LOCK.GUARD.
+    Guard,
+    /// A lock command with WAIT.
+    Wait,
 }
 
 impl LockError {
@@ -110,6 +133,21 @@ impl LockError {
                 "ERR LOCK.SYNC is internal: accepted only from the master or the AOF".into()
             }
             LockError::BadState => "ERR invalid lock state".into(),
+            LockError::NotHeld => {
+                "NOTHELD the owner does not hold this lock (or not under this token): nothing was run"
+                    .into()
+            }
+            LockError::BadToken => "ERR TOKEN must be a positive integer".into(),
+            LockError::NotGuardable(what) => format!(
+                "ERR LOCK.GUARD cannot run {}: nothing was run",
+                match what {
+                    Unguardable::Blocking => "a blocking command",
+                    Unguardable::NoScript => "a command that scripts may not run",
+                    Unguardable::Guard => "another LOCK.GUARD",
+                    Unguardable::Wait => "a lock command with WAIT",
+                }
+            ),
+            LockError::NoPerm(why) => format!("NOPERM {why}"),
             LockError::Internal => {
                 "ERR internal error in the lock module (see the server log)".into()
             }

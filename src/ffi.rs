@@ -203,4 +203,17 @@ impl<'a> Argv<'a> {
         // SAFETY: each argument lives for the command's call ('a).
         self.args.get(i).map(|p| unsafe { Str::from_raw(*p) })
     }
+
+    /// The arguments from `i` on (none past the end).
+    pub fn from(self, i: usize) -> Argv<'a> {
+        Argv {
+            args: self.args.get(i..).unwrap_or(&[]),
+        }
+    }
+
+    /// The array and its length, for the module API (which reads them for
+    /// the call only).
+    pub fn as_raw(self) -> (*mut *mut raw::RedisModuleString, usize) {
+        (self.args.as_ptr().cast_mut(), self.args.len())
+    }
 }

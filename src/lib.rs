@@ -37,6 +37,7 @@ mod events;
 mod fencing;
 mod ffi;
 mod guard;
+mod guarded;
 mod info;
 mod keys;
 mod log;
@@ -78,6 +79,7 @@ const COMMANDS: &[Spec] = &[
     commands::RENEW,
     commands::INFO,
     commands::KEEPALIVE,
+    guarded::GUARD,
     // Internal: applies one replicated effect (replicas and AOF only).
     sync::SYNC,
 ];

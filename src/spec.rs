@@ -8,6 +8,7 @@
 
 use std::ffi::CStr;
 use std::os::raw::c_int;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use redis_module::{raw, Context, ContextFlags, RedisResult};
 
@@ -101,6 +102,28 @@ fn from_master(ctx: &Context) -> Result<(), LockError> {
         true => Ok(()),
         false => Err(LockError::InternalCommand),
     }
+}
+
+/// Whether a command runs inside LOCK.GUARD now (Redis runs one command at
+/// a time, on its main thread).
+static GUARDING: AtomicBool = AtomicBool::new(false);
+
+/// Inside LOCK.GUARD, nothing may wait: one atomic step cannot.
+pub fn guarding() -> bool {
+    GUARDING.load(Ordering::Relaxed)
+}
+
+/// Runs `call` as LOCK.GUARD's command: [`guarding`] is true meanwhile.
+pub fn as_guarded<T>(call: impl FnOnce() -> T) -> T {
+    struct Reset;
+    impl Drop for Reset {
+        fn drop(&mut self) {
+            GUARDING.store(false, Ordering::Relaxed);
+        }
+    }
+    GUARDING.store(true, Ordering::Relaxed);
+    let _reset = Reset;
+    call()
 }
 
 /// Where a command's keys are.
@@ -197,6 +220,14 @@ impl Arg {
             token: Some(token),
             optional: true,
             multiple: false,
+        }
+    }
+
+    /// Optional: `[arg]`.
+    pub const fn optional(self) -> Arg {
+        Arg {
+            optional: true,
+            ..self
         }
     }
 

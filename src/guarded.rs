@@ -1,0 +1,288 @@
+//! `LOCK.GUARD key owner [TOKEN token] CALL command [arg ...]`: runs one
+//! Redis command if and only if `owner` holds `key` now, as one atomic step
+//! (docs/design.md, "Guarded commands").
+//!
+//! The check and the command are one command of the module, so nothing can
+//! run between them. The command runs through `RedisModule_Call` as the
+//! caller's ACL user (`C`), under the rules of a script (`S`: no MULTI,
+//! EXEC, WATCH, EVAL, ...), refused when memory is full if it would take
+//! memory (`M`), in the caller's protocol (`0`), with its errors as replies
+//! (`E`), and replicated as itself (`!`): replicas and the AOF see the
+//! command alone, never the check. Blocking commands are refused here (a
+//! script would run them without blocking); a lock command's `WAIT` by the
+//! command itself (`spec::guarding`).
+
+use std::cell::RefCell;
+use std::collections::HashMap;
+use std::ffi::CString;
+use std::os::raw::c_int;
+
+use redis_module::{raw, Context, RedisError, RedisResult, RedisValue};
+
+use crate::args::{self, GuardArgs};
+use crate::bindings;
+use crate::clock;
+use crate::errors::{LockError, Unguardable};
+use crate::ffi::{self, api, Argv};
+use crate::keys::LockKey;
+use crate::spec::{self, command, Access, Arg, ArgKind, Keys, Spec, RO};
+
+pub const GUARD: Spec = command! {
+    name: c"lock.guard",
+    handler: guard,
+    access: Access::Write,
+    fast: false,
+    blocking: false,
+    keys: Keys::FirstAndCalled(RO, called_keys),
+    arity: -5,
+    since: c"0.3.0",
+    summary: c"Runs command (with its arguments) if and only if owner holds the lock at key now (and, with TOKEN, under that fencing token), as one atomic step; the reply is the command's. Otherwise runs nothing and answers NOTHELD.",
+    complexity: c"O(R) for the check, R the holders, then the command's own",
+    args: &[
+        Arg::new(c"key", ArgKind::Key),
+        Arg::new(c"owner", ArgKind::String),
+        Arg::option(c"token", ArgKind::Integer, c"TOKEN"),
+        Arg {
+            name: c"command",
+            kind: ArgKind::String,
+            token: Some(c"CALL"),
+            optional: false,
+            multiple: false,
+        },
+        Arg::new(c"arg", ArgKind::String).many().optional(),
+    ],
+};
+
+/// `LOCK.GUARD key owner [TOKEN token] CALL command [arg ...]`
+fn guard(ctx: &Context, args: Argv<'_>) -> RedisResult {
+    if spec::guarding() {
+        return Err(LockError::NotGuardable(Unguardable::Guard).into());
+    }
+    let guard = args::guard(args)?;
+    let called = args.from(guard.call);
+    let Some(name) = called.get(0) else {
+        return Err(LockError::Arity.into());
+    };
+    let name = name.as_slice().to_ascii_lowercase();
+    if let Some(refused) = refusal(ctx, &name) {
+        return Err(LockError::NotGuardable(refused).into());
+    }
+    if !holds(ctx, &guard)? {
+        return Err(LockError::NotHeld.into());
+    }
+    // A command name never holds a NUL (none is registered with one).
+    let Ok(name) = CString::new(name) else {
+        return Err(LockError::Syntax.into());
+    };
+    let (argv, argc) = called.from(1).as_raw();
+    let reply = spec::as_guarded(|| {
+        api!(RedisModule_Call(
+            ctx.ctx,
+            name.as_ptr(),
+            c"vCSME0!".as_ptr(),
+            argv,
+            argc
+        ))
+    })
+    .filter(|r| !r.is_null())
+    .ok_or(LockError::Internal)?;
+    let sent = send(ctx, reply);
+    api!(RedisModule_FreeCallReply(reply));
+    sent
+}
+
+/// Whether the guard's owner holds its key now: a live holder, under the
+/// token if one is given, not bound to a connection that closed.
+fn holds(ctx: &Context, guard: &GuardArgs<'_>) -> Result<bool, LockError> {
+    // Closed before the command runs: it may change or delete this key.
+    let key = LockKey::open(ctx, guard.key, false)?;
+    let Some(lock) = key.lock()? else {
+        return Ok(false);
+    };
+    let now = clock::now_ms();
+    let Some(holder) = lock.holder(guard.owner) else {
+        return Ok(false);
+    };
+    if !holder.is_live(now) || guard.token.is_some_and(|t| t != holder.token) {
+        return Ok(false);
+    }
+    if bindings::pending() == 0 {
+        return Ok(true);
+    }
+    let closed = bindings::closed_on(&ffi::db_key(ctx, guard.key.as_slice()));
+    Ok(!closed
+        .iter()
+        .any(|(owner, _, token)| owner[..] == *guard.owner && *token == holder.token))
+}
+
+/// The called command's reply, forwarded as it is; an ACL refusal (which
+/// Redis words as a plain error here) as the `NOPERM` error a direct call
+/// gets.
+fn send(ctx: &Context, reply: *mut raw::RedisModuleCallReply) -> RedisResult {
+    if reply_type(reply) == raw::REDISMODULE_REPLY_ERROR {
+        let text = reply_text(reply);
+        let text = text.strip_prefix(b"-").unwrap_or(&text);
+        if let Some(why) = text.strip_prefix(b"ERR acl verification failed, ") {
+            let why = String::from_utf8_lossy(why.trim_ascii_end());
+            return Err(RedisError::String(format!(
+                "NOPERM this user {why} (through LOCK.GUARD)"
+            )));
+        }
+    }
+    api!(RedisModule_ReplyWithCallReply(ctx.ctx, reply));
+    Ok(RedisValue::NoReply)
+}
+
+/// A string or error reply's bytes (copied).
+fn reply_text(reply: *mut raw::RedisModuleCallReply) -> Vec<u8> {
+    let mut len = 0;
+    let Some(ptr) = api!(RedisModule_CallReplyStringPtr(reply, &mut len)) else {
+        return Vec::new();
+    };
+    if ptr.is_null() {
+        return Vec::new();
+    }
+    // SAFETY: the reply owns `len` bytes at `ptr` until it is freed.
+    unsafe { std::slice::from_raw_parts(ptr.cast::<u8>(), len) }.to_vec()
+}
+
+/// What a command's flags say about running it guarded.
+#[derive(Clone, Copy)]
+struct Traits {
+    blocking: bool,
+    noscript: bool,
+}
+
+thread_local! {
+    /// Each command's traits by lower-case name, asked once (`COMMAND
+    /// INFO`): commands are only added (modules loading) or renamed at
+    /// start-up.
+    static TRAITS: RefCell<HashMap<Vec<u8>, Traits>> = RefCell::new(HashMap::new());
+}
+
+/// Why `name` may not run guarded, if it may not. The lock commands block
+/// only with `WAIT`, which they refuse themselves when guarded.
+fn refusal(ctx: &Context, name: &[u8]) -> Option<Unguardable> {
+    let traits = TRAITS.with(|t| t.borrow().get(name).copied());
+    let traits = match traits {
+        Some(t) => t,
+        None => {
+            // An unknown command is Redis's to answer.
+            let t = traits_of(ctx, name)?;
+            TRAITS.with(|m| m.borrow_mut().insert(name.to_vec(), t));
+            t
+        }
+    };
+    if traits.blocking && !name.starts_with(b"lock.") {
+        Some(Unguardable::Blocking)
+    } else if traits.noscript {
+        Some(Unguardable::NoScript)
+    } else {
+        None
+    }
+}
+
+/// The command's flags, from `COMMAND INFO name`; `None` when there is no
+/// such command.
+fn traits_of(ctx: &Context, name: &[u8]) -> Option<Traits> {
+    let reply = api!(RedisModule_Call(
+        ctx.ctx,
+        c"COMMAND".as_ptr(),
+        c"cb".as_ptr(),
+        c"INFO".as_ptr(),
+        name.as_ptr(),
+        name.len()
+    ))
+    .filter(|r| !r.is_null())?;
+    let mut traits = None;
+    let info = element(reply, 0);
+    if !info.is_null() && reply_type(info) == raw::REDISMODULE_REPLY_ARRAY {
+        let flags = element(info, 2);
+        let mut t = Traits {
+            blocking: false,
+            noscript: false,
+        };
+        let count = api!(RedisModule_CallReplyLength(flags)).unwrap_or(0);
+        for i in 0..count {
+            match reply_text(element(flags, i)).as_slice() {
+                b"blocking" => t.blocking = true,
+                b"noscript" => t.noscript = true,
+                _ => {}
+            }
+        }
+        traits = Some(t);
+    }
+    api!(RedisModule_FreeCallReply(reply));
+    traits
+}
+
+fn element(reply: *mut raw::RedisModuleCallReply, i: usize) -> *mut raw::RedisModuleCallReply {
+    if reply.is_null() {
+        return std::ptr::null_mut();
+    }
+    api!(RedisModule_CallReplyArrayElement(reply, i)).unwrap_or(std::ptr::null_mut())
+}
+
+fn reply_type(reply: *mut raw::RedisModuleCallReply) -> isize {
+    api!(RedisModule_CallReplyType(reply)).map_or(-1, |t| t as isize)
+}
+
+/// Where a `LOCK.GUARD` call's keys are: the lock's, then the called
+/// command's (as Redis finds them), so that cluster routing, `COMMAND
+/// GETKEYS` and ACL key patterns see every key the call touches.
+fn called_keys(ctx: &Context, args: Argv<'_>) {
+    key_at(ctx, 1, RO);
+    let Ok(guard) = args::guard(args) else {
+        return;
+    };
+    let (argv, argc) = args.from(guard.call).as_raw();
+    let Ok(argc) = c_int::try_from(argc) else {
+        return;
+    };
+    let mut count: c_int = 0;
+    let mut flags: *mut c_int = std::ptr::null_mut();
+    let positions = api!(RedisModule_GetCommandKeysWithFlags(
+        ctx.ctx, argv, argc, &mut count, &mut flags
+    ))
+    .unwrap_or(std::ptr::null_mut());
+    if positions.is_null() {
+        return;
+    }
+    let count = usize::try_from(count).unwrap_or(0);
+    // SAFETY: Redis returns `count` positions (and as many flags, or none).
+    let at = unsafe { std::slice::from_raw_parts(positions, count) };
+    let key_flags = (!flags.is_null()).then(|| unsafe { std::slice::from_raw_parts(flags, count) });
+    for (i, pos) in at.iter().enumerate() {
+        let Some(pos) = usize::try_from(*pos)
+            .ok()
+            .and_then(|p| c_int::try_from(p + guard.call).ok())
+        else {
+            continue;
+        };
+        let flags = key_flags.and_then(|f| f.get(i)).copied();
+        key_at(
+            ctx,
+            pos,
+            flags.and_then(|f| u32::try_from(f).ok()).unwrap_or(0),
+        );
+    }
+    api!(RedisModule_Free(positions.cast()));
+    if !flags.is_null() {
+        api!(RedisModule_Free(flags.cast()));
+    }
+}
+
+/// Reports a key at `pos` with its key-spec `flags` (none known: 0, which
+/// Redis reads as full access), where the server takes flags.
+fn key_at(ctx: &Context, pos: c_int, flags: u32) {
+    // SAFETY: reads a function pointer RedisModule_Init filled (or left None).
+    let with_flags = unsafe { raw::RedisModule_KeyAtPosWithFlags }.is_some();
+    match c_int::try_from(flags) {
+        Ok(flags) if with_flags && flags != 0 => {
+            api!(RedisModule_KeyAtPosWithFlags(ctx.ctx, pos, flags));
+        }
+        _ => {
+            api!(RedisModule_KeyAtPos(ctx.ctx, pos));
+        }
+    }
+}
