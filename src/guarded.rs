@@ -115,18 +115,22 @@ fn holds(ctx: &Context, guard: &GuardArgs<'_>) -> Result<bool, LockError> {
         .any(|(owner, _, token)| owner[..] == *guard.owner && *token == holder.token))
 }
 
-/// The called command's reply, forwarded as it is; an ACL refusal (which
-/// Redis words as a plain error here) as the `NOPERM` error a direct call
-/// gets.
+/// The called command's reply, forwarded as it is; the refusals Redis
+/// words as plain errors here as a direct call or this module words them:
+/// an ACL refusal as `NOPERM`, a subcommand scripts may not run (`FUNCTION
+/// FLUSH`) as the other commands LOCK.GUARD cannot run.
 fn send(ctx: &Context, reply: *mut raw::RedisModuleCallReply) -> RedisResult {
     if reply_type(reply) == raw::REDISMODULE_REPLY_ERROR {
         let text = reply_text(reply);
-        let text = text.strip_prefix(b"-").unwrap_or(&text);
+        let text = text.strip_prefix(b"-").unwrap_or(&text).trim_ascii_end();
         if let Some(why) = text.strip_prefix(b"ERR acl verification failed, ") {
-            let why = String::from_utf8_lossy(why.trim_ascii_end());
+            let why = String::from_utf8_lossy(why);
             return Err(RedisError::String(format!(
                 "NOPERM this user {why} (through LOCK.GUARD)"
             )));
+        }
+        if text.starts_with(b"ERR command '") && text.ends_with(b"is not allowed on script mode") {
+            return Err(LockError::NotGuardable(Unguardable::NoScript).into());
         }
     }
     api!(RedisModule_ReplyWithCallReply(ctx.ctx, reply));
