@@ -517,3 +517,15 @@ fn a_holder_paused_past_its_lease_cannot_overwrite_the_next_holders_write() {
     // The control: unguarded, A's late write lands over B's.
     assert_eq!(b.cmd(&["GET", "control"]).bulk(), b"from-A");
 }
+
+/// docs/commands.md's LOCK.GUARD example, replayed through redis-cli.
+#[test]
+fn the_documented_example_runs() {
+    let doc = markdown("docs/commands.md");
+    let section = section(&doc, "## LOCK.GUARD");
+    let blocks = fenced_blocks(&[("commands.md LOCK.GUARD ", section)], "");
+    assert!(!blocks.is_empty(), "no example in the LOCK.GUARD section");
+    for (_, block) in blocks {
+        replay_cli_transcript(&block);
+    }
+}
