@@ -459,3 +459,64 @@ fn the_module_loads_without_a_warning() {
     assert!(warnings.is_empty(), "warnings at load: {warnings:?}");
     assert!(log.contains("Module 'lock' loaded"), "{log}");
 }
+
+/// docs/design.md, "Adding a command": a command registered by the module
+/// (the server's own list, not a list kept here) has its section and its
+/// table row in docs/commands.md, a summary in COMMAND DOCS, and a use in
+/// every client package. Internal commands (their summary says so) are
+/// exempt from the clients.
+#[test]
+fn every_registered_command_is_documented_and_in_every_client() {
+    let s = Server::start();
+    let mut c = s.conn();
+    let names = strings(&c.cmd(&["COMMAND", "LIST", "FILTERBY", "MODULE", "lock"]));
+    assert!(names.len() >= 10, "the module's commands: {names:?}");
+    let doc = markdown("docs/commands.md");
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+    let sources = |dir: &str, ext: &str| -> String {
+        let mut text = String::new();
+        let mut dirs = vec![root.join(dir)];
+        while let Some(d) = dirs.pop() {
+            for entry in std::fs::read_dir(&d).expect("client sources").flatten() {
+                let path = entry.path();
+                let name = path.to_string_lossy().into_owned();
+                if path.is_dir() && !name.ends_with("node_modules") && !name.ends_with("/dist") {
+                    dirs.push(path);
+                } else if name.ends_with(ext) && !name.ends_with("_test.go") {
+                    text.push_str(&std::fs::read_to_string(&path).unwrap_or_default());
+                }
+            }
+        }
+        text
+    };
+    let clients = [
+        ("Python", sources("clients/python/src", ".py")),
+        ("Node", sources("clients/node/src", ".ts")),
+        ("Rust", sources("clients/rust/src", ".rs")),
+        ("Go", sources("clients/go", ".go")),
+    ];
+    for name in names {
+        let upper = name.to_uppercase();
+        let docs = c.cmd(&["COMMAND", "DOCS", &name]);
+        let summary = docs.array()[1]
+            .get("summary")
+            .map(|s| s.str())
+            .unwrap_or_default();
+        assert!(!summary.is_empty(), "{upper}: no COMMAND DOCS summary");
+        if summary.starts_with("Internal:") {
+            assert!(doc.contains(&format!("## Internal: {upper}")), "{upper}: no section");
+            continue;
+        }
+        assert!(
+            doc.contains(&format!("\n## {upper} ")) || doc.contains(&format!("\n### {upper} ")),
+            "{upper}: no section in docs/commands.md"
+        );
+        assert!(
+            doc.contains(&format!("| `{upper} ")),
+            "{upper}: no row in docs/commands.md's table"
+        );
+        for (client, text) in &clients {
+            assert!(text.contains(&upper), "{upper}: not in the {client} package");
+        }
+    }
+}
