@@ -122,7 +122,7 @@ fn cost(key: &DbKey, owner: &[u8]) -> usize {
     const ENTRIES: usize = 2 * (std::mem::size_of::<DbKey>() + std::mem::size_of::<Owner>())
         + std::mem::size_of::<Entry>()
         + 32;
-    ENTRIES + 2 * (key.1.len() + owner.len())
+    ENTRIES + 2 * (key.name.len() + owner.len())
 }
 
 /// How many holders are bound now, counting those of closed connections
@@ -400,12 +400,12 @@ pub fn swap_dbs(a: i32, b: i32) {
     let r = &mut *r;
     r.by_key = std::mem::take(&mut r.by_key)
         .into_iter()
-        .map(|((db, key), owners)| ((swap(db), key), owners))
+        .map(|(DbKey { db, name }, owners)| (DbKey { db: swap(db), name }, owners))
         .collect();
     for c in r.by_client.values_mut() {
         c.keys = std::mem::take(&mut c.keys)
             .into_iter()
-            .map(|((db, key), owner)| ((swap(db), key), owner))
+            .map(|(DbKey { db, name }, owner)| (DbKey { db: swap(db), name }, owner))
             .collect();
     }
 }
@@ -418,7 +418,7 @@ pub fn flushed(db: i32) {
     let gone: Vec<(DbKey, Owner)> = registry()
         .by_key
         .iter()
-        .filter(|((d, _), _)| db == -1 || *d == db)
+        .filter(|(k, _)| db == -1 || k.db == db)
         .flat_map(|(key, owners)| owners.keys().map(|o| (key.clone(), o.clone())))
         .collect();
     for (key, owner) in gone {
@@ -431,7 +431,7 @@ mod tests {
     use super::*;
 
     fn key(db: i32, k: &str) -> DbKey {
-        (db, k.as_bytes().to_vec())
+        DbKey::new(db, k.as_bytes())
     }
 
     // One test: the registry is a process-wide static.

@@ -148,7 +148,7 @@ fn macquire(ctx: &Context, args: Argv<'_>) -> RedisResult {
             for (name, token) in grant.keys.iter().zip(&tokens) {
                 bindings::bind(
                     client,
-                    (db, name.as_slice().to_vec()),
+                    DbKey::new(db, name.as_slice()),
                     ask.owner,
                     *token,
                     ask.kind.mode(),

@@ -46,10 +46,10 @@ impl Waits<'_> {
 }
 
 fn read(ctx: &Context, key: &DbKey, now: u64) -> Lock {
-    if !ffi::select_db(ctx, key.0) {
+    if !ffi::select_db(ctx, key.db) {
         return Lock::default();
     }
-    let name = ffi::name(ctx, &key.1);
+    let name = ffi::name(ctx, &key.name);
     let read = LockKey::open(ctx, Str::from(&name), false)
         .map(|k| k.lock().map(|l| l.map(|l| Lock::clone(&l))));
     match read {

@@ -107,7 +107,7 @@ extern "C" fn on_generic(
                 if event == b"restore" {
                     waiting::holders_unsure(&id);
                 }
-                timers::refresh(id.0, &id.1);
+                timers::refresh(id.db, &id.name);
             }
             b"rename_to" | b"move_to" => {
                 let from = MOVED_FROM.with(|m| m.borrow_mut().take());
@@ -120,7 +120,7 @@ extern "C" fn on_generic(
                 }
                 if locks && keys::is_lock(&ctx, key) {
                     waiting::holders_unsure(&id);
-                    timers::refresh(id.0, &id.1);
+                    timers::refresh(id.db, &id.name);
                 }
             }
             b"rename_from" | b"move_from" => {
@@ -129,7 +129,7 @@ extern "C" fn on_generic(
                     return raw::REDISMODULE_OK as c_int;
                 }
                 let id = ffi::db_key(&ctx, name);
-                timers::moved_away(id.0, &id.1);
+                timers::moved_away(id.db, &id.name);
                 MOVED_FROM.with(|m| *m.borrow_mut() = Some(id));
             }
             b"del" if waiting::anyone_waits() => {
@@ -137,7 +137,7 @@ extern "C" fn on_generic(
                 if waiting::is_waited_on(&id) && migrating_away(&ctx, key) {
                     // MIGRATE moved the lock, holders and all, to another
                     // node: the waiters retry there (Redis answers them ASK).
-                    waiting::fail_all(id.0, &id.1, LockError::Migrating);
+                    waiting::fail_all(id.db, &id.name, LockError::Migrating);
                 }
             }
             _ => {}
@@ -356,7 +356,7 @@ extern "C" fn on_client(
 fn wake(dbs: &[i32]) {
     let now = clock::now_ms();
     for db in dbs {
-        for (db, key) in waiting::keys_with_waiters(*db) {
+        for DbKey { db, name: key } in waiting::keys_with_waiters(*db) {
             timers::schedule(db, &key, Some(now));
         }
     }

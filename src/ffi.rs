@@ -91,8 +91,21 @@ macro_rules! call {
 }
 pub(crate) use call;
 
-/// A key in one database.
-pub type DbKey = (i32, Vec<u8>);
+/// A key in one database: the same name in two databases is two locks.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Default)]
+pub struct DbKey {
+    pub db: i32,
+    pub name: Vec<u8>,
+}
+
+impl DbKey {
+    pub fn new(db: i32, name: &[u8]) -> DbKey {
+        DbKey {
+            db,
+            name: name.to_vec(),
+        }
+    }
+}
 
 /// The calling client's database.
 pub fn selected_db(ctx: &Context) -> i32 {
@@ -101,7 +114,7 @@ pub fn selected_db(ctx: &Context) -> i32 {
 
 /// `key` in the calling client's database.
 pub fn db_key(ctx: &Context, key: &[u8]) -> DbKey {
-    (selected_db(ctx), key.to_vec())
+    DbKey::new(selected_db(ctx), key)
 }
 
 /// Selects database `db` for the context's client; false when Redis refuses.

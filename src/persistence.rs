@@ -25,7 +25,7 @@ use crate::bindings;
 use crate::clock;
 use crate::config;
 use crate::fencing;
-use crate::ffi::api;
+use crate::ffi::{api, DbKey};
 use crate::guard::callback as guard;
 use crate::log;
 use crate::replication;
@@ -329,7 +329,7 @@ unsafe extern "C" fn mem_usage2(
         let db = api!(RedisModule_GetDbIdFromOptCtx(ctx));
         let bound = match (key.is_null(), db) {
             (false, Some(db)) => {
-                bindings::memory_of(&(db, RedisString::string_as_slice(key).to_vec()))
+                bindings::memory_of(&DbKey::new(db, RedisString::string_as_slice(key)))
             }
             _ => 0,
         };
@@ -467,7 +467,7 @@ fn unlinked(db: i32, key: &[u8], lock: &Lock) {
             stats::HOLD_TIME.record(u64::from(h.held_ms(h.deadline)));
         }
     }
-    if waiting::is_waited_on(&(db, key.to_vec())) {
+    if waiting::is_waited_on(&DbKey::new(db, key)) {
         timers::schedule(db, key, Some(now));
     } else {
         // Nothing to visit at this name any more (a RENAME or MOVE plans a

@@ -11,7 +11,7 @@ use crate::bindings;
 use crate::clock;
 use crate::errors::LockError;
 use crate::fencing;
-use crate::ffi::{self, call, Str};
+use crate::ffi::{self, call, DbKey, Str};
 use crate::keys::LockKey;
 use crate::replication;
 use crate::replies;
@@ -329,7 +329,7 @@ fn plan_visit(ctx: &Context, name: Str<'_>, visit: Option<u64>) {
     #[cold]
     #[inline(never)]
     fn schedule(ctx: &Context, name: Str<'_>, visit: Option<u64>) {
-        let (db, key) = ffi::db_key(ctx, name.as_slice());
+        let DbKey { db, name: key } = ffi::db_key(ctx, name.as_slice());
         timers::schedule(db, &key, visit);
     }
     if visit.is_some() || timers::any() {
@@ -443,13 +443,13 @@ fn grant_all_ready(ctx: &Context) {
     }
     let home = ffi::selected_db(ctx);
     while let Some((id, keys, request)) = waiting::take_ready() {
-        let Some(db) = keys.first().map(|k| k.0) else {
+        let Some(db) = keys.first().map(|k| k.db) else {
             continue;
         };
         if !waiting::heads_every_queue(id) || !ffi::select_db(ctx, db) {
             continue;
         }
-        let owned: Vec<RedisString> = keys.iter().map(|k| ffi::name(ctx, &k.1)).collect();
+        let owned: Vec<RedisString> = keys.iter().map(|k| ffi::name(ctx, &k.name)).collect();
         let names: Vec<Str> = owned.iter().map(Str::from).collect();
         let ask = Ask::from(&request);
         let outcome = match check_all(ctx, &names, ask, |_| false) {
@@ -654,10 +654,10 @@ pub fn keepalive_share(ctx: &Context, job: &mut Keepalive, budget: Option<Durati
 
 /// Renews one bound holder if it is still the grant it was bound with.
 fn renew_bound(ctx: &Context, b: &bindings::Bound, ttl: u64) -> bool {
-    if !ffi::select_db(ctx, b.key.0) {
+    if !ffi::select_db(ctx, b.key.db) {
         return false;
     }
-    let name = ffi::name(ctx, &b.key.1);
+    let name = ffi::name(ctx, &b.key.name);
     let renewed = update(ctx, Str::from(&name), |txn| {
         let ours = txn.lock.holder(&b.owner).map(|h| h.token) == Some(b.token);
         let renewed = ours && txn.lock.renew(&b.owner, ttl, txn.now, txn.changes);

@@ -8,7 +8,7 @@ use crate::clock;
 use crate::config;
 use crate::errors::LockError;
 use crate::fencing;
-use crate::ffi::{self, Argv, Str};
+use crate::ffi::{self, Argv, DbKey, Str};
 use crate::keys::LockKey;
 use crate::spec::{command, Access, Arg, ArgKind, Keys, Spec, UPDATE};
 use crate::stats;
@@ -193,7 +193,7 @@ fn sync(ctx: &Context, args: Argv<'_>) -> RedisResult {
     })?
     .flatten();
     if sweep.is_some() || timers::any() {
-        let (db, key) = ffi::db_key(ctx, name.as_slice());
+        let DbKey { db, name: key } = ffi::db_key(ctx, name.as_slice());
         timers::schedule(db, &key, sweep);
     }
     // Our own replicas and AOF get the effect as it came.

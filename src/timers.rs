@@ -123,7 +123,7 @@ pub fn any() -> bool {
 /// Visit `key` at `when` (unix ms), or never (`None`). Replaces any earlier plan.
 pub fn schedule(db: i32, key: &[u8], when: Option<u64>) {
     let mut index = index();
-    let id = (db, key.to_vec());
+    let id = DbKey::new(db, key);
     let old = match when {
         Some(at) => index.by_key.insert(id, at),
         None => index.by_key.remove(&id),
@@ -147,11 +147,11 @@ pub fn forget(db: i32, key: &[u8]) {
         return;
     }
     let mut index = index();
-    let id = (db, key.to_vec());
+    let id = DbKey::new(db, key);
     index.refresh.remove(&id);
     index.deferred.remove(&id);
     if let Some(at) = index.by_key.remove(&id) {
-        index.by_time.remove(&(at, id.0, id.1));
+        index.by_time.remove(&(at, id.db, id.name));
     }
 }
 
@@ -162,9 +162,9 @@ pub fn flushed(db: i32) {
     let index = &mut *index;
     let gone = |d: i32| db == -1 || d == db;
     index.by_time.retain(|(_, d, _)| !gone(*d));
-    index.by_key.retain(|(d, _), _| !gone(*d));
-    index.refresh.retain(|(d, _)| !gone(*d));
-    index.deferred.retain(|(d, _)| !gone(*d));
+    index.by_key.retain(|k, _| !gone(k.db));
+    index.refresh.retain(|k| !gone(k.db));
+    index.deferred.retain(|k| !gone(k.db));
 }
 
 /// Visit `key` at `when` unless a visit is already planned before it.
@@ -172,7 +172,7 @@ pub fn schedule_earlier(db: i32, key: &[u8], when: Option<u64>) {
     let Some(when) = when else {
         return;
     };
-    let planned = index().by_key.get(&(db, key.to_vec())).copied();
+    let planned = index().by_key.get(&DbKey::new(db, key)).copied();
     if planned.is_none_or(|at| when < at) {
         schedule(db, key, Some(when));
     }
@@ -181,7 +181,7 @@ pub fn schedule_earlier(db: i32, key: &[u8], when: Option<u64>) {
 /// Visit `key` at once and write its whole state back: something outside the
 /// module put the lock there or changed its Redis TTL.
 pub fn refresh(db: i32, key: &[u8]) {
-    index().refresh.insert((db, key.to_vec()));
+    index().refresh.insert(DbKey::new(db, key));
     schedule(db, key, Some(clock::now_ms()));
 }
 
@@ -189,7 +189,7 @@ pub fn refresh(db: i32, key: &[u8]) {
 /// announce `lock.expired` at the next tick (a value's unlink may not notify).
 pub fn expired(db: i32, key: &[u8], leases: usize) {
     let mut index = index();
-    index.expired.push(((db, key.to_vec()), leases));
+    index.expired.push((DbKey::new(db, key), leases));
     arm(&mut index, 0);
 }
 
@@ -212,9 +212,9 @@ pub fn take_expired(db: i32) -> Vec<(Vec<u8>, usize)> {
     }
     let (mine, others): (Vec<_>, Vec<_>) = std::mem::take(&mut index.expired)
         .into_iter()
-        .partition(|((d, _), _)| *d == db);
+        .partition(|(k, _)| k.db == db);
     index.expired = others;
-    mine.into_iter().map(|((_, key), n)| (key, n)).collect()
+    mine.into_iter().map(|(k, n)| (k.name, n)).collect()
 }
 
 /// A `LOCK.KEEPALIVE` under way: its caller waits (blocked) while the
@@ -255,7 +255,7 @@ pub fn release_bound(grants: Vec<Detached>) {
 pub fn moved_away(db: i32, key: &[u8]) {
     index()
         .expired
-        .retain(|((d, k), _)| !(*d == db && k == key));
+        .retain(|(k, _)| !(k.db == db && k.name == key));
 }
 
 /// SWAPDB: the entries of two databases follow their keys.
@@ -273,12 +273,12 @@ pub fn swap_dbs(a: i32, b: i32) {
         .collect();
     index.by_key = std::mem::take(&mut index.by_key)
         .into_iter()
-        .map(|((db, key), at)| ((swap(db), key), at))
+        .map(|(DbKey { db, name }, at)| (DbKey { db: swap(db), name }, at))
         .collect();
     for set in [&mut index.refresh, &mut index.deferred] {
         *set = std::mem::take(set)
             .into_iter()
-            .map(|(db, key)| (swap(db), key))
+            .map(|DbKey { db, name }| DbKey { db: swap(db), name })
             .collect();
     }
 }
@@ -288,8 +288,8 @@ pub fn swap_dbs(a: i32, b: i32) {
 pub fn promoted() {
     let mut index = index();
     let now = clock::now_ms();
-    for (db, key) in std::mem::take(&mut index.deferred) {
-        if let Some(old) = index.by_key.insert((db, key.clone()), now) {
+    for DbKey { db, name: key } in std::mem::take(&mut index.deferred) {
+        if let Some(old) = index.by_key.insert(DbKey::new(db, &key), now) {
             index.by_time.remove(&(old, db, key.clone()));
         }
         index.by_time.insert((now, db, key));
@@ -371,7 +371,7 @@ fn take_due(now: u64, replica: bool) -> Due {
             break;
         }
         index.by_time.remove(&(at, db, key.clone()));
-        let id = (db, key);
+        let id = DbKey { db, name: key };
         index.by_key.remove(&id);
         let refresh = index.refresh.remove(&id);
         if replica {

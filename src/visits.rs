@@ -7,7 +7,7 @@ use redis_module::Context;
 
 use crate::bindings;
 use crate::errors::LockError;
-use crate::ffi::{self, Str};
+use crate::ffi::{self, DbKey, Str};
 use crate::guard;
 use crate::store;
 use crate::timers::{self, Due};
@@ -16,7 +16,7 @@ use crate::waiting;
 /// One tick's work.
 pub fn tick(ctx: &Context, due: Due) {
     let replica = due.replica;
-    for ((db, key), leases) in due.expired {
+    for (DbKey { db, name: key }, leases) in due.expired {
         guard::callback("announcing an expired lock", (), || {
             if ffi::select_db(ctx, db) {
                 store::announce_expired(ctx, &key, leases);
@@ -35,7 +35,7 @@ pub fn tick(ctx: &Context, due: Due) {
             // Still bound to the closed connection (not re-bound meanwhile).
             if let Some(token) = bindings::take(&b.key, &b.owner, b.client) {
                 waiting::add_revocation(b.key.clone(), b.owner, token, true);
-                visit(ctx, b.key.0, &b.key.1, false);
+                visit(ctx, b.key.db, &b.key.name, false);
             }
         });
     }
@@ -51,7 +51,7 @@ pub fn tick(ctx: &Context, due: Due) {
             }
         });
     }
-    for ((db, key), refresh) in due.visits {
+    for (DbKey { db, name: key }, refresh) in due.visits {
         if replica {
             // Demoted while clients waited (a server that keeps them
             // blocked across the role change, as Valkey does): a replica

@@ -406,7 +406,7 @@ fn block_on(
             (Some(a), Some(b)) => Some(a.min(b)),
             (a, b) => a.or(b),
         };
-        timers::schedule_earlier(key.0, &key.1, visit);
+        timers::schedule_earlier(key.db, &key.name, visit);
     }
     Ok(RedisValue::NoReply)
 }
@@ -554,7 +554,7 @@ fn answer_queued(ctx: &Context, name: Str<'_>, txn: &mut Txn) -> Pending {
 fn visit_now(keys: Vec<DbKey>, this: &DbKey) {
     let now = Some(crate::clock::now_ms());
     for key in keys.iter().filter(|k| *k != this) {
-        timers::schedule(key.0, &key.1, now);
+        timers::schedule(key.db, &key.name, now);
     }
 }
 
@@ -635,7 +635,7 @@ pub fn answer(claimed: Claimed, outcome: Result<Vec<(DbKey, u64)>, LockError>) {
     }
     let now = Some(crate::clock::now_ms());
     for key in left {
-        timers::schedule(key.0, &key.1, now);
+        timers::schedule(key.db, &key.name, now);
     }
 }
 
@@ -712,9 +712,9 @@ pub fn holders_unsure(key: &DbKey) {
 /// holders of both databases' waited keys are unsure until their visits.
 pub fn swap_dbs(a: i32, b: i32) {
     let swap = |key: DbKey| -> DbKey {
-        match key.0 {
-            d if d == a => (b, key.1),
-            d if d == b => (a, key.1),
+        match key.db {
+            d if d == a => DbKey { db: b, ..key },
+            d if d == b => DbKey { db: a, ..key },
             _ => key,
         }
     };
@@ -736,7 +736,7 @@ pub fn swap_dbs(a: i32, b: i32) {
     let both: Vec<DbKey> = r
         .queues
         .keys()
-        .filter(|(d, _)| *d == a || *d == b)
+        .filter(|k| k.db == a || k.db == b)
         .cloned()
         .collect();
     r.unsure.extend(both);
@@ -746,8 +746,8 @@ pub fn swap_dbs(a: i32, b: i32) {
 fn live_holders(ctx: &Context, key: &DbKey, now: u64) -> Vec<Owner> {
     let home = ffi::selected_db(ctx);
     let mut out = Vec::new();
-    if ffi::select_db(ctx, key.0) {
-        let name = ffi::name(ctx, &key.1);
+    if ffi::select_db(ctx, key.db) {
+        let name = ffi::name(ctx, &key.name);
         if let Ok(k) = LockKey::open(ctx, Str::from(&name), false) {
             if let Ok(Some(lock)) = k.lock() {
                 out = lock.live(now).map(|h| Owner::from(h.owner)).collect();
@@ -761,7 +761,7 @@ fn live_holders(ctx: &Context, key: &DbKey, now: u64) -> Vec<Owner> {
 /// Ends the grant `token` of `owner` on `key` at the key's next visit (now).
 pub fn revoke(key: DbKey, owner: Owner, token: u64, disconnect: bool) {
     let at = Some(crate::clock::now_ms());
-    timers::schedule(key.0, &key.1, at);
+    timers::schedule(key.db, &key.name, at);
     add_revocation(key, owner, token, disconnect);
 }
 
@@ -781,7 +781,7 @@ pub fn add_revocation(key: DbKey, owner: Owner, token: u64, disconnect: bool) {
 
 /// Answers every waiter of a key with an error (the key now holds another type).
 pub fn fail_all(db: i32, key: &[u8], error: LockError) {
-    let id = (db, key.to_vec());
+    let id = DbKey::new(db, key);
     let mut left = Vec::new();
     {
         let mut registry = registry();
@@ -803,7 +803,7 @@ pub fn keys_with_waiters(db: i32) -> Vec<DbKey> {
     registry()
         .queues
         .keys()
-        .filter(|(d, _)| db == -1 || *d == db)
+        .filter(|k| db == -1 || k.db == db)
         .cloned()
         .collect()
 }
@@ -864,7 +864,7 @@ fn leave(handle: *mut raw::RedisModuleBlockedClient) {
     api!(RedisModule_UnblockClient(handle, std::ptr::null_mut()));
     let now = Some(crate::clock::now_ms());
     for key in left {
-        timers::schedule(key.0, &key.1, now);
+        timers::schedule(key.db, &key.name, now);
     }
 }
 

@@ -504,7 +504,10 @@ fn every_registered_command_is_documented_and_in_every_client() {
             .unwrap_or_default();
         assert!(!summary.is_empty(), "{upper}: no COMMAND DOCS summary");
         if summary.starts_with("Internal:") {
-            assert!(doc.contains(&format!("## Internal: {upper}")), "{upper}: no section");
+            assert!(
+                doc.contains(&format!("## Internal: {upper}")),
+                "{upper}: no section"
+            );
             continue;
         }
         assert!(
@@ -516,7 +519,10 @@ fn every_registered_command_is_documented_and_in_every_client() {
             "{upper}: no row in docs/commands.md's table"
         );
         for (client, text) in &clients {
-            assert!(text.contains(&upper), "{upper}: not in the {client} package");
+            assert!(
+                text.contains(&upper),
+                "{upper}: not in the {client} package"
+            );
         }
     }
 }
