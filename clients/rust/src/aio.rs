@@ -17,11 +17,11 @@ use redis::aio::MultiplexedConnection;
 use redis::AsyncConnectionConfig;
 use tokio::sync::{Mutex, Notify};
 
+use crate::commands::{self, Exchange, Release, Released, Renew};
 use crate::watch::{self, Watched};
 use crate::{
-    closed, fresh_owner, gone_error, holders, io_failure, judge, limit, millis, sync_pipe, tick,
-    timed_out, tokens, tracking, Error, HolderInfo, Kind, OnLost, Options, Target, RAN_OUT,
-    RELEASE_NIL, RENEW_ZERO, WRONGTYPE,
+    closed, fresh_owner, gone_error, io_failure, limit, tick, timed_out, Error, Kind, OnLost,
+    Options, Target, RAN_OUT, WRONGTYPE,
 };
 
 pub struct Lock {
@@ -105,6 +105,20 @@ impl Conn {
             Conn::Server(c, _) => within(t, p.query_async(c)).await,
             Conn::Cluster(c) => within(t, p.query_async(c)).await,
         }
+    }
+
+    /// Sends `e`'s commands one by one (each reply within `t`), each reply
+    /// handed back to it.
+    async fn run<E: Exchange>(
+        &mut self,
+        mut e: E,
+        t: Option<Duration>,
+    ) -> redis::RedisResult<E::Outcome> {
+        while let Some(cmd) = e.next() {
+            let reply = self.query(cmd, t).await;
+            e.reply(reply)?;
+        }
+        Ok(e.outcome())
     }
 }
 
@@ -197,9 +211,8 @@ async fn flush(s: &Shared, slot: &mut Option<Conn>) {
     for owner in pending {
         let Some(conn) = slot.as_mut() else { return };
         for key in s.kind.keys() {
-            let mut cmd = redis::cmd("LOCK.RELEASE");
-            cmd.arg(key).arg(&owner);
-            if conn.query(&cmd, Some(timeout)).await.is_err() {
+            let release = commands::release(&key, &owner);
+            if conn.query(&release, Some(timeout)).await.is_err() {
                 *slot = None; // closing it frees a bound lock
                 break;
             }
@@ -371,15 +384,19 @@ impl Lock {
         let t = opts
             .acquire_timeout()
             .map(|t| limit(t, t.saturating_sub(started.elapsed())));
-        let mut reply = conn.query(&s.kind.acquire(&opts, &owner, bound), t).await;
+        let mut reply = conn
+            .query(&commands::acquire(&s.kind, &opts, &owner, bound), t)
+            .await;
         if bound && matches!(&reply, Err(e) if e.to_string().contains("syntax error")) {
             bound = false;
-            reply = conn.query(&s.kind.acquire(&opts, &owner, false), t).await;
+            reply = conn
+                .query(&commands::acquire(&s.kind, &opts, &owner, false), t)
+                .await;
         }
         let reply = match reply {
             Ok(r) => r,
             Err(e) => {
-                if e.is_io_error() || e.is_timeout() || e.is_connection_dropped() {
+                if io_failure(&e) {
                     drop(conn);
                     if !bound {
                         release_quietly(&s.client, &s.kind, &owner, opts.timeout).await;
@@ -391,7 +408,7 @@ impl Lock {
             }
         };
         *slot = Some(conn);
-        let Some(tokens) = tokens(reply)? else {
+        let Some(tokens) = commands::tokens(reply)? else {
             return Ok(None);
         };
         let mut durable = None;
@@ -463,18 +480,15 @@ impl Lock {
     }
 
     pub async fn locked(&self) -> Result<bool, Error> {
-        Ok(self.info().await?.is_some())
+        Ok(commands::holders(self.info().await?).is_some())
     }
 
     pub async fn owned(&self) -> Result<bool, Error> {
-        let owner = self.owner_id();
-        Ok(self
-            .info()
-            .await?
-            .is_some_and(|h| h.iter().any(|(o, ..)| *o == owner)))
+        Ok(commands::held_by(self.info().await?, &self.owner_id()))
     }
 
-    async fn info(&self) -> Result<Option<Vec<HolderInfo>>, Error> {
+    /// `LOCK.INFO` of the (first) key, on a connection of its own.
+    async fn info(&self) -> Result<redis::Value, Error> {
         let key = self
             .shared
             .kind
@@ -486,10 +500,7 @@ impl Lock {
         let started = Instant::now();
         let mut conn = Conn::open(&self.shared.client, t).await?;
         let left = limit(t, t.saturating_sub(started.elapsed()));
-        let reply = conn
-            .query(redis::cmd("LOCK.INFO").arg(key), Some(left))
-            .await?;
-        Ok(holders(reply))
+        Ok(conn.query(&commands::info(&key), Some(left)).await?)
     }
 }
 
@@ -497,10 +508,7 @@ async fn release_quietly(client: &Target, kind: &Kind, owner: &[u8], timeout: Du
     if let Ok(mut c) = Conn::open(client, timeout).await {
         for key in kind.keys() {
             let _ = c
-                .query(
-                    redis::cmd("LOCK.RELEASE").arg(key).arg(owner),
-                    Some(timeout),
-                )
+                .query(&commands::release(&key, owner), Some(timeout))
                 .await;
         }
     }
@@ -667,8 +675,7 @@ async fn leave(s: &Shared, slot: &mut Option<Conn>, timeout: Duration) {
     let Some(channel) = watch::leave(c, watch::id_of(s)) else {
         return;
     };
-    let mut publish = redis::cmd("PUBLISH");
-    publish.arg(channel).arg("");
+    let publish = commands::publish(&channel);
     if let Some(conn) = slot.as_mut() {
         if conn.query(&publish, Some(timeout)).await.is_ok() {
             return;
@@ -693,7 +700,7 @@ async fn sync(
     let conn = slot.as_mut().ok_or_else(closed)?;
     match (watcher, &mut *conn) {
         (Some(w), Conn::Server(c, by)) if *by != Some(w) => {
-            match within(Some(timeout), tracking(w).query_async::<()>(c)).await {
+            match within(Some(timeout), commands::tracking(w).query_async::<()>(c)).await {
                 Ok(()) => *by = Some(w),
                 Err(e) if io_failure(&e) => return Err(e),
                 Err(_) => {} // refused (an ACL): the renewals still notice
@@ -703,10 +710,10 @@ async fn sync(
         _ => {}
     }
     match conn
-        .query_pipe(&sync_pipe(kind, renew), Some(timeout))
+        .query_pipe(&commands::sync_pipe(kind, renew), Some(timeout))
         .await
     {
-        Ok(replies) => Ok(judge(kind, owner, renew.is_some(), replies)),
+        Ok(replies) => Ok(commands::judge(kind, owner, renew.is_some(), replies)),
         Err(e) if gone_error(&e) => Ok(Some(WRONGTYPE)),
         Err(e) => Err(e),
     }
@@ -720,23 +727,7 @@ async fn renew_keys(
     timeout: Duration,
 ) -> redis::RedisResult<Option<&'static str>> {
     let conn = slot.as_mut().ok_or_else(closed)?;
-    for key in kind.keys() {
-        let mut cmd = redis::cmd("LOCK.RENEW");
-        cmd.arg(key).arg(owner).arg(millis(ttl).max(1));
-        match conn.query(&cmd, Some(timeout)).await {
-            Ok(redis::Value::Int(1)) => {}
-            Ok(_) => return Ok(Some(RENEW_ZERO)),
-            Err(e) if gone_error(&e) => return Ok(Some(WRONGTYPE)),
-            Err(e) => return Err(e),
-        }
-    }
-    Ok(None)
-}
-
-enum Released {
-    All,
-    OneHold,
-    Gone(&'static str),
+    conn.run(Renew::new(kind, owner, ttl), Some(timeout)).await
 }
 
 /// `WAIT replicas wait` on the holder's connection (a reply may take `wait`
@@ -748,9 +739,9 @@ async fn wait_acks(
     timeout: Duration,
 ) -> redis::RedisResult<i64> {
     let conn = slot.as_mut().ok_or_else(closed)?;
-    crate::acknowledged(
+    commands::acknowledged(
         conn.query(
-            &crate::wait_replicas(replicas, wait),
+            &commands::wait_replicas(replicas, wait),
             Some(timeout.saturating_add(wait)),
         )
         .await,
@@ -785,25 +776,8 @@ async fn release_keys(
     all: bool,
 ) -> redis::RedisResult<Released> {
     let conn = slot.as_mut().ok_or_else(closed)?;
-    let mut out = Released::OneHold;
-    for key in kind.keys() {
-        let mut cmd = redis::cmd("LOCK.RELEASE");
-        cmd.arg(&key).arg(owner);
-        loop {
-            match conn.query(&cmd, Some(timeout)).await {
-                Ok(redis::Value::Nil) => return Ok(Released::Gone(RELEASE_NIL)),
-                Ok(redis::Value::Int(1)) => {
-                    out = Released::All;
-                    break;
-                }
-                Ok(_) if all => continue,
-                Ok(_) => break,
-                Err(e) if gone_error(&e) => return Ok(Released::Gone(WRONGTYPE)),
-                Err(e) => return Err(e),
-            }
-        }
-    }
-    Ok(out)
+    conn.run(Release::new(kind, owner, all), Some(timeout))
+        .await
 }
 
 /// The bookkeeping of ending one guard, done at once (also from `Drop`):
@@ -1017,19 +991,19 @@ impl Guard<'_> {
         let sent = Instant::now();
         let reply = conn
             .query(
-                &s.kind.acquire(&opts, &owner, bound),
+                &commands::acquire(&s.kind, &opts, &owner, bound),
                 Some(limit(timeout, left)),
             )
             .await;
         let reply = match reply {
-            Ok(r) => tokens(r),
+            Ok(r) => commands::tokens(r),
             Err(e) if gone_error(&e) => {
                 let news = std_lock(&s.status).set_lost(&s.kind, WRONGTYPE);
                 tell(news);
                 return Err(std_lock(&s.status).lost_error(&s.kind));
             }
             Err(e) => {
-                if e.is_io_error() || e.is_timeout() || e.is_connection_dropped() {
+                if io_failure(&e) {
                     *slot = None;
                     let news = std_lock(&s.status)
                         .set_lost(&s.kind, &format!("the holder's connection failed ({e})"));
