@@ -10,6 +10,7 @@
 //! acquire of the same `Lock`, whichever comes first).
 
 use std::future::Future;
+use std::ops::{Deref, DerefMut};
 use std::sync::{Arc, Mutex as StdMutex, MutexGuard, PoisonError, Weak};
 use std::time::{Duration, Instant};
 
@@ -18,10 +19,11 @@ use redis::AsyncConnectionConfig;
 use tokio::sync::{Mutex, Notify};
 
 use crate::commands::{self, Exchange, Release, Released, Renew};
+use crate::holding::{tell, Holding};
 use crate::watch::{self, Watched};
 use crate::{
-    closed, fresh_owner, gone_error, io_failure, limit, tick, timed_out, Error, Kind, OnLost,
-    Options, Target, RAN_OUT, WRONGTYPE,
+    closed, fresh_owner, gone_error, io_failure, limit, tick, timed_out, Error, Kind, Options,
+    Target, WRONGTYPE,
 };
 
 pub struct Lock {
@@ -132,74 +134,31 @@ struct Shared {
     status: StdMutex<Status>,
 }
 
+/// A lock's [`Holding`], and what the tokio API adds to it.
 struct Status {
-    owner: Vec<u8>,
-    fixed: bool,
-    ttl: Duration,
-    timeout: Duration,
-    bound: bool,
-    holds: u32,
-    tokens: Vec<i64>,
-    lost: Option<String>,
-    valid_until: Instant,
-    next_renewal: Instant,
-    generation: u64,
-    on_lost: Option<OnLost>,
-    /// Told when a renewal is acknowledged by fewer replicas than asked.
-    on_not_durable: Option<OnLost>,
-    /// `WAIT` after each grant and renewal: how many replicas, how long.
-    replicas: u32,
-    replicas_timeout: Duration,
-    /// Whether the last grant and the last renewal were acknowledged (`None`: not asked).
-    durable: Option<bool>,
+    holding: Holding,
     /// Wakes this acquisition's watchdog.
     wake: Arc<Notify>,
-    /// The watcher heard that a key changed (or a write of our own dropped
-    /// the keys from tracking): the watchdog reads them now.
-    verify: bool,
     /// Owners whose release a dropped guard left to a task: sent before
     /// anything else goes over the connection.
     pending: Vec<Vec<u8>>,
 }
 
+impl Deref for Status {
+    type Target = Holding;
+    fn deref(&self) -> &Holding {
+        &self.holding
+    }
+}
+
+impl DerefMut for Status {
+    fn deref_mut(&mut self) -> &mut Holding {
+        &mut self.holding
+    }
+}
+
 fn std_lock<T>(m: &StdMutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(PoisonError::into_inner)
-}
-
-impl Status {
-    fn current(&self, generation: u64) -> bool {
-        self.generation == generation && self.holds > 0
-    }
-
-    fn set_lost(&mut self, kind: &Kind, why: &str) -> Option<(OnLost, Error)> {
-        if self.lost.is_some() {
-            return None;
-        }
-        self.lost = Some(why.to_string());
-        let err = self.lost_error(kind);
-        self.on_lost.clone().map(|f| (f, err))
-    }
-
-    fn lost_error(&self, kind: &Kind) -> Error {
-        Error::LeaseLost {
-            keys: kind.keys(),
-            token: self.tokens.iter().copied().max().unwrap_or(0),
-            why: self.lost.clone().unwrap_or_else(|| RAN_OUT.into()),
-        }
-    }
-
-    fn check_lost(&mut self, kind: &Kind) -> Option<(OnLost, Error)> {
-        if self.lost.is_none() && Instant::now() >= self.valid_until {
-            return self.set_lost(kind, RAN_OUT);
-        }
-        None
-    }
-}
-
-fn tell(news: Option<(OnLost, Error)>) {
-    if let Some((f, err)) = news {
-        f(&err);
-    }
 }
 
 /// Sends the releases dropped guards left behind.
@@ -230,24 +189,8 @@ impl Lock {
                 pid: std::process::id(),
                 conn: Mutex::new(None),
                 status: StdMutex::new(Status {
-                    owner: fresh_owner(),
-                    fixed: false,
-                    ttl: opts.ttl,
-                    timeout: opts.timeout,
-                    bound: false,
-                    holds: 0,
-                    tokens: Vec::new(),
-                    lost: None,
-                    valid_until: Instant::now(),
-                    next_renewal: Instant::now(),
-                    generation: 0,
-                    on_lost: None,
-                    on_not_durable: None,
-                    replicas: 0,
-                    replicas_timeout: Duration::ZERO,
-                    durable: None,
+                    holding: Holding::new(&opts),
                     wake: Arc::new(Notify::new()),
-                    verify: false,
                     pending: Vec::new(),
                 }),
             }),
@@ -602,7 +545,7 @@ async fn watchdog(s: Arc<Shared>, generation: u64, wake: Arc<Notify>) {
                 Ok(None) => {
                     st.valid_until = sent + ttl;
                     st.next_renewal = Instant::now() + tick(ttl);
-                    notice = acks.and_then(|a| renewed(&mut st, &s.kind, a));
+                    notice = acks.and_then(|a| st.renewed(&s.kind, a));
                     None
                 }
                 Ok(Some(why)) => st.set_lost(&s.kind, why),
@@ -748,26 +691,6 @@ async fn wait_acks(
     )
 }
 
-/// After a renewal acknowledged by `acks` (a `WAIT`'s outcome): sets
-/// `durable`, and the callback to tell when it was not.
-fn renewed(st: &mut Status, kind: &Kind, acks: redis::RedisResult<i64>) -> Option<(OnLost, Error)> {
-    let err = match acks {
-        Ok(n) if n >= i64::from(st.replicas) => {
-            st.durable = Some(true);
-            return None;
-        }
-        Ok(n) => Error::NotDurable {
-            keys: kind.keys(),
-            token: st.tokens.iter().copied().max().unwrap_or(0),
-            acknowledged: n,
-            replicas: st.replicas,
-        },
-        Err(e) => Error::Redis(e),
-    };
-    st.durable = Some(false);
-    st.on_not_durable.clone().map(|f| (f, err))
-}
-
 async fn release_keys(
     slot: &mut Option<Conn>,
     kind: &Kind,
@@ -876,12 +799,7 @@ impl Guard<'_> {
     }
 
     pub fn token(&self) -> i64 {
-        std_lock(&self.shared().status)
-            .tokens
-            .iter()
-            .copied()
-            .max()
-            .unwrap_or(0)
+        std_lock(&self.shared().status).token()
     }
 
     pub fn tokens(&self) -> Vec<i64> {
@@ -947,7 +865,7 @@ impl Guard<'_> {
         }
         let news = match result {
             Ok(None) => {
-                let notice = acks.and_then(|a| renewed(&mut st, &s.kind, a));
+                let notice = acks.and_then(|a| st.renewed(&s.kind, a));
                 st.ttl = ttl;
                 st.valid_until = sent + ttl;
                 st.next_renewal = Instant::now() + tick(ttl);

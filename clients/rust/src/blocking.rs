@@ -6,10 +6,11 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use crate::commands::{self, Exchange, Release, Released, Renew};
+use crate::holding::{tell, Holding};
 use crate::watch::{self, Watched};
 use crate::{
-    closed, fresh_owner, gone_error, io_failure, limit, tick, Error, Kind, OnLost, Options, Target,
-    RAN_OUT, WRONGTYPE,
+    closed, fresh_owner, gone_error, io_failure, limit, tick, Error, Kind, Options, Target,
+    WRONGTYPE,
 };
 
 /// A lock of one kind on its keys, held by one owner. Acquire it with
@@ -117,82 +118,13 @@ struct Shared {
     /// I/O, always with a timeout.
     conn: Mutex<Option<Conn>>,
     /// Never held across I/O: what a guard reads answers at once.
-    status: Mutex<Status>,
+    status: Mutex<Holding>,
     /// Wakes the watchdog (a release, a new ttl).
     wake: Condvar,
 }
 
-struct Status {
-    owner: Vec<u8>,
-    /// The owner was set by [`Lock::owner`]: kept for every acquisition
-    /// (else a fresh UUID per acquisition).
-    fixed: bool,
-    ttl: Duration,
-    timeout: Duration,
-    bound: bool,
-    /// Guards alive (nested by [`Guard::reacquire`]).
-    holds: u32,
-    tokens: Vec<i64>,
-    lost: Option<String>,
-    /// A lower bound of the server's deadline (the lease began after we asked).
-    valid_until: Instant,
-    next_renewal: Instant,
-    /// One per acquisition: a watchdog or a guard of an earlier one is stale.
-    generation: u64,
-    on_lost: Option<OnLost>,
-    /// Told when a renewal is acknowledged by fewer replicas than asked.
-    on_not_durable: Option<OnLost>,
-    /// `WAIT` after each grant and renewal: how many replicas, how long.
-    replicas: u32,
-    replicas_timeout: Duration,
-    /// Whether the last grant and the last renewal were acknowledged (`None`: not asked).
-    durable: Option<bool>,
-    /// The watcher heard that a key changed (or a write of our own dropped
-    /// the keys from tracking): the watchdog reads them now.
-    verify: bool,
-}
-
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(PoisonError::into_inner)
-}
-
-impl Status {
-    fn current(&self, generation: u64) -> bool {
-        self.generation == generation && self.holds > 0
-    }
-
-    /// Marks the lease lost (for good, until the acquisition ends); the
-    /// callback to call, with its error, if this is news.
-    fn set_lost(&mut self, kind: &Kind, why: &str) -> Option<(OnLost, Error)> {
-        if self.lost.is_some() {
-            return None;
-        }
-        self.lost = Some(why.to_string());
-        let err = self.lost_error(kind);
-        self.on_lost.clone().map(|f| (f, err))
-    }
-
-    fn lost_error(&self, kind: &Kind) -> Error {
-        Error::LeaseLost {
-            keys: kind.keys(),
-            token: self.tokens.iter().copied().max().unwrap_or(0),
-            why: self.lost.clone().unwrap_or_else(|| RAN_OUT.into()),
-        }
-    }
-
-    /// Lost, or the lease may have run out (then lost for good).
-    fn check_lost(&mut self, kind: &Kind) -> Option<(OnLost, Error)> {
-        if self.lost.is_none() && Instant::now() >= self.valid_until {
-            return self.set_lost(kind, RAN_OUT);
-        }
-        None
-    }
-}
-
-fn tell(news: Option<(OnLost, Error)>) {
-    if let Some((f, err)) = news {
-        f(&err);
-    }
 }
 
 impl Lock {
@@ -204,25 +136,7 @@ impl Lock {
                 kind,
                 pid: std::process::id(),
                 conn: Mutex::new(None),
-                status: Mutex::new(Status {
-                    owner: fresh_owner(),
-                    fixed: false,
-                    ttl: opts.ttl,
-                    timeout: opts.timeout,
-                    bound: false,
-                    holds: 0,
-                    tokens: Vec::new(),
-                    lost: None,
-                    valid_until: Instant::now(),
-                    next_renewal: Instant::now(),
-                    generation: 0,
-                    on_lost: None,
-                    on_not_durable: None,
-                    replicas: 0,
-                    replicas_timeout: Duration::ZERO,
-                    durable: None,
-                    verify: false,
-                }),
+                status: Mutex::new(Holding::new(&opts)),
                 wake: Condvar::new(),
             }),
             opts,
@@ -540,12 +454,7 @@ impl Guard<'_> {
 
     /// The fencing token (a multi-key lock: the highest of [`Guard::tokens`]).
     pub fn token(&self) -> i64 {
-        lock(&self.shared().status)
-            .tokens
-            .iter()
-            .copied()
-            .max()
-            .unwrap_or(0)
+        lock(&self.shared().status).token()
     }
 
     /// The tokens per key, in key order.
@@ -613,7 +522,7 @@ impl Guard<'_> {
         }
         let news = match result {
             Ok(None) => {
-                let notice = acks.and_then(|a| renewed(&mut st, &s.kind, a));
+                let notice = acks.and_then(|a| st.renewed(&s.kind, a));
                 st.ttl = ttl;
                 st.valid_until = sent + ttl;
                 st.next_renewal = Instant::now() + tick(ttl);
@@ -815,26 +724,6 @@ fn wait_acks(
     n
 }
 
-/// After a renewal acknowledged by `acks` (a `WAIT`'s outcome): sets
-/// `durable`, and the callback to tell when it was not.
-fn renewed(st: &mut Status, kind: &Kind, acks: redis::RedisResult<i64>) -> Option<(OnLost, Error)> {
-    let err = match acks {
-        Ok(n) if n >= i64::from(st.replicas) => {
-            st.durable = Some(true);
-            return None;
-        }
-        Ok(n) => Error::NotDurable {
-            keys: kind.keys(),
-            token: st.tokens.iter().copied().max().unwrap_or(0),
-            acknowledged: n,
-            replicas: st.replicas,
-        },
-        Err(e) => Error::Redis(e),
-    };
-    st.durable = Some(false);
-    st.on_not_durable.clone().map(|f| (f, err))
-}
-
 /// `LOCK.RENEW` on every key: `None` when renewed, else why the lease is lost.
 fn renew_keys(
     slot: &mut Option<Conn>,
@@ -945,7 +834,7 @@ fn watchdog(s: &Arc<Shared>, generation: u64) {
             Ok(None) => {
                 st.valid_until = sent + ttl;
                 st.next_renewal = Instant::now() + tick(ttl);
-                notice = acks.and_then(|a| renewed(&mut st, &s.kind, a));
+                notice = acks.and_then(|a| st.renewed(&s.kind, a));
                 None
             }
             Ok(Some(why)) => st.set_lost(&s.kind, why),

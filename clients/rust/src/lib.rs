@@ -127,6 +127,7 @@ use std::time::Duration;
 pub mod aio;
 mod blocking;
 mod commands;
+mod holding;
 pub mod redlock;
 mod watch;
 
