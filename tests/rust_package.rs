@@ -889,6 +889,8 @@ fn the_package_builds_from_its_packaged_sources() {
             "README.md",
             "src/aio.rs",
             "src/blocking.rs",
+            "src/commands.rs",
+            "src/holding.rs",
             "src/lib.rs",
             "src/redlock.rs",
             "src/watch.rs"

@@ -315,18 +315,6 @@ pub struct Row {
     pub per_request: f64,
 }
 
-/// The lock commands the C reference module (benches/cmodule/lockfloor.c)
-/// does: the same work through the same module API, measured on a server
-/// of its own (rows `floor:<command>`).
-pub const FLOOR_OPS: [Op; 6] = [
-    Op::Acquire,
-    Op::Racquire,
-    Op::Read,
-    Op::Renew,
-    Op::ReleaseHit,
-    Op::ReleaseMiss,
-];
-
 /// redismodule.h, from the `redis-module` crate's sources in Cargo's
 /// registry (the version this crate pins).
 fn redismodule_h_dir() -> io::Result<PathBuf> {
@@ -491,7 +479,7 @@ fn measure_sent(
 /// The lock commands the C reference module has, as rows `<side>:<command>`.
 fn measure_floor_ops(p: &mut Profiled, side: &str, requests: usize) -> io::Result<Vec<Row>> {
     let mut rows = Vec::new();
-    for op in FLOOR_OPS {
+    for op in Op::FLOOR {
         let name = format!("{side}:{}", op.short());
         let per_request = p.measure(
             &name,
@@ -644,7 +632,7 @@ pub fn table(runs: &[Vec<Row>], requests: usize) -> String {
             ],
             1,
         ));
-        for op in FLOOR_OPS {
+        for op in Op::FLOOR {
             let ours = get(rows, &format!("sent:{}", op.short()));
             let floor = get(rows, &format!("floor-sent:{}", op.short()));
             let mut cells = vec![

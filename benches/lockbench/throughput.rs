@@ -131,6 +131,18 @@ impl Op {
         Op::ReleaseMiss,
     ];
 
+    /// The lock commands the C reference module (benches/cmodule/lockfloor.c)
+    /// does: the same work through the same module API, measured on a server
+    /// of its own (rows `floor:<command>`, here and in the profile).
+    pub const FLOOR: [Op; 6] = [
+        Op::Acquire,
+        Op::Racquire,
+        Op::Read,
+        Op::Renew,
+        Op::ReleaseHit,
+        Op::ReleaseMiss,
+    ];
+
     pub fn label(self) -> &'static str {
         match self {
             Op::Ping => "PING (client ceiling)",
@@ -610,7 +622,7 @@ pub fn run(
                     let rate = run_op(pool, scripts, op, requests, &mut results.problems)?;
                     eprint!(" {} {}", op.short(), stats::rate(rate));
                     results.rates.entry(op).or_default().push(rate);
-                    if crate::profile::FLOOR_OPS.contains(&op) {
+                    if Op::FLOOR.contains(&op) {
                         let rate = run_op(
                             floor_pool,
                             floor_scripts,

@@ -10,6 +10,7 @@
 //! acquire of the same `Lock`, whichever comes first).
 
 use std::future::Future;
+use std::ops::{Deref, DerefMut};
 use std::sync::{Arc, Mutex as StdMutex, MutexGuard, PoisonError, Weak};
 use std::time::{Duration, Instant};
 
@@ -17,11 +18,12 @@ use redis::aio::MultiplexedConnection;
 use redis::AsyncConnectionConfig;
 use tokio::sync::{Mutex, Notify};
 
+use crate::commands::{self, Exchange, Release, Released, Renew};
+use crate::holding::{tell, Holding};
 use crate::watch::{self, Watched};
 use crate::{
-    closed, fresh_owner, gone_error, holders, io_failure, judge, limit, millis, sync_pipe, tick,
-    timed_out, tokens, tracking, Error, HolderInfo, Kind, OnLost, Options, Target, RAN_OUT,
-    RELEASE_NIL, RENEW_ZERO, WRONGTYPE,
+    closed, fresh_owner, gone_error, io_failure, limit, tick, timed_out, Error, Kind, Options,
+    Target, WRONGTYPE,
 };
 
 pub struct Lock {
@@ -106,6 +108,20 @@ impl Conn {
             Conn::Cluster(c) => within(t, p.query_async(c)).await,
         }
     }
+
+    /// Sends `e`'s commands one by one (each reply within `t`), each reply
+    /// handed back to it.
+    async fn run<E: Exchange>(
+        &mut self,
+        mut e: E,
+        t: Option<Duration>,
+    ) -> redis::RedisResult<E::Outcome> {
+        while let Some(cmd) = e.next() {
+            let reply = self.query(cmd, t).await;
+            e.reply(reply)?;
+        }
+        Ok(e.outcome())
+    }
 }
 
 struct Shared {
@@ -118,74 +134,31 @@ struct Shared {
     status: StdMutex<Status>,
 }
 
+/// A lock's [`Holding`], and what the tokio API adds to it.
 struct Status {
-    owner: Vec<u8>,
-    fixed: bool,
-    ttl: Duration,
-    timeout: Duration,
-    bound: bool,
-    holds: u32,
-    tokens: Vec<i64>,
-    lost: Option<String>,
-    valid_until: Instant,
-    next_renewal: Instant,
-    generation: u64,
-    on_lost: Option<OnLost>,
-    /// Told when a renewal is acknowledged by fewer replicas than asked.
-    on_not_durable: Option<OnLost>,
-    /// `WAIT` after each grant and renewal: how many replicas, how long.
-    replicas: u32,
-    replicas_timeout: Duration,
-    /// Whether the last grant and the last renewal were acknowledged (`None`: not asked).
-    durable: Option<bool>,
+    holding: Holding,
     /// Wakes this acquisition's watchdog.
     wake: Arc<Notify>,
-    /// The watcher heard that a key changed (or a write of our own dropped
-    /// the keys from tracking): the watchdog reads them now.
-    verify: bool,
     /// Owners whose release a dropped guard left to a task: sent before
     /// anything else goes over the connection.
     pending: Vec<Vec<u8>>,
 }
 
+impl Deref for Status {
+    type Target = Holding;
+    fn deref(&self) -> &Holding {
+        &self.holding
+    }
+}
+
+impl DerefMut for Status {
+    fn deref_mut(&mut self) -> &mut Holding {
+        &mut self.holding
+    }
+}
+
 fn std_lock<T>(m: &StdMutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(PoisonError::into_inner)
-}
-
-impl Status {
-    fn current(&self, generation: u64) -> bool {
-        self.generation == generation && self.holds > 0
-    }
-
-    fn set_lost(&mut self, kind: &Kind, why: &str) -> Option<(OnLost, Error)> {
-        if self.lost.is_some() {
-            return None;
-        }
-        self.lost = Some(why.to_string());
-        let err = self.lost_error(kind);
-        self.on_lost.clone().map(|f| (f, err))
-    }
-
-    fn lost_error(&self, kind: &Kind) -> Error {
-        Error::LeaseLost {
-            keys: kind.keys(),
-            token: self.tokens.iter().copied().max().unwrap_or(0),
-            why: self.lost.clone().unwrap_or_else(|| RAN_OUT.into()),
-        }
-    }
-
-    fn check_lost(&mut self, kind: &Kind) -> Option<(OnLost, Error)> {
-        if self.lost.is_none() && Instant::now() >= self.valid_until {
-            return self.set_lost(kind, RAN_OUT);
-        }
-        None
-    }
-}
-
-fn tell(news: Option<(OnLost, Error)>) {
-    if let Some((f, err)) = news {
-        f(&err);
-    }
 }
 
 /// Sends the releases dropped guards left behind.
@@ -197,9 +170,8 @@ async fn flush(s: &Shared, slot: &mut Option<Conn>) {
     for owner in pending {
         let Some(conn) = slot.as_mut() else { return };
         for key in s.kind.keys() {
-            let mut cmd = redis::cmd("LOCK.RELEASE");
-            cmd.arg(key).arg(&owner);
-            if conn.query(&cmd, Some(timeout)).await.is_err() {
+            let release = commands::release(&key, &owner);
+            if conn.query(&release, Some(timeout)).await.is_err() {
                 *slot = None; // closing it frees a bound lock
                 break;
             }
@@ -217,24 +189,8 @@ impl Lock {
                 pid: std::process::id(),
                 conn: Mutex::new(None),
                 status: StdMutex::new(Status {
-                    owner: fresh_owner(),
-                    fixed: false,
-                    ttl: opts.ttl,
-                    timeout: opts.timeout,
-                    bound: false,
-                    holds: 0,
-                    tokens: Vec::new(),
-                    lost: None,
-                    valid_until: Instant::now(),
-                    next_renewal: Instant::now(),
-                    generation: 0,
-                    on_lost: None,
-                    on_not_durable: None,
-                    replicas: 0,
-                    replicas_timeout: Duration::ZERO,
-                    durable: None,
+                    holding: Holding::new(&opts),
                     wake: Arc::new(Notify::new()),
-                    verify: false,
                     pending: Vec::new(),
                 }),
             }),
@@ -371,15 +327,19 @@ impl Lock {
         let t = opts
             .acquire_timeout()
             .map(|t| limit(t, t.saturating_sub(started.elapsed())));
-        let mut reply = conn.query(&s.kind.acquire(&opts, &owner, bound), t).await;
+        let mut reply = conn
+            .query(&commands::acquire(&s.kind, &opts, &owner, bound), t)
+            .await;
         if bound && matches!(&reply, Err(e) if e.to_string().contains("syntax error")) {
             bound = false;
-            reply = conn.query(&s.kind.acquire(&opts, &owner, false), t).await;
+            reply = conn
+                .query(&commands::acquire(&s.kind, &opts, &owner, false), t)
+                .await;
         }
         let reply = match reply {
             Ok(r) => r,
             Err(e) => {
-                if e.is_io_error() || e.is_timeout() || e.is_connection_dropped() {
+                if io_failure(&e) {
                     drop(conn);
                     if !bound {
                         release_quietly(&s.client, &s.kind, &owner, opts.timeout).await;
@@ -391,7 +351,7 @@ impl Lock {
             }
         };
         *slot = Some(conn);
-        let Some(tokens) = tokens(reply)? else {
+        let Some(tokens) = commands::tokens(reply)? else {
             return Ok(None);
         };
         let mut durable = None;
@@ -463,18 +423,15 @@ impl Lock {
     }
 
     pub async fn locked(&self) -> Result<bool, Error> {
-        Ok(self.info().await?.is_some())
+        Ok(commands::holders(self.info().await?).is_some())
     }
 
     pub async fn owned(&self) -> Result<bool, Error> {
-        let owner = self.owner_id();
-        Ok(self
-            .info()
-            .await?
-            .is_some_and(|h| h.iter().any(|(o, ..)| *o == owner)))
+        Ok(commands::held_by(self.info().await?, &self.owner_id()))
     }
 
-    async fn info(&self) -> Result<Option<Vec<HolderInfo>>, Error> {
+    /// `LOCK.INFO` of the (first) key, on a connection of its own.
+    async fn info(&self) -> Result<redis::Value, Error> {
         let key = self
             .shared
             .kind
@@ -486,10 +443,7 @@ impl Lock {
         let started = Instant::now();
         let mut conn = Conn::open(&self.shared.client, t).await?;
         let left = limit(t, t.saturating_sub(started.elapsed()));
-        let reply = conn
-            .query(redis::cmd("LOCK.INFO").arg(key), Some(left))
-            .await?;
-        Ok(holders(reply))
+        Ok(conn.query(&commands::info(&key), Some(left)).await?)
     }
 }
 
@@ -497,10 +451,7 @@ async fn release_quietly(client: &Target, kind: &Kind, owner: &[u8], timeout: Du
     if let Ok(mut c) = Conn::open(client, timeout).await {
         for key in kind.keys() {
             let _ = c
-                .query(
-                    redis::cmd("LOCK.RELEASE").arg(key).arg(owner),
-                    Some(timeout),
-                )
+                .query(&commands::release(&key, owner), Some(timeout))
                 .await;
         }
     }
@@ -594,7 +545,7 @@ async fn watchdog(s: Arc<Shared>, generation: u64, wake: Arc<Notify>) {
                 Ok(None) => {
                     st.valid_until = sent + ttl;
                     st.next_renewal = Instant::now() + tick(ttl);
-                    notice = acks.and_then(|a| renewed(&mut st, &s.kind, a));
+                    notice = acks.and_then(|a| st.renewed(&s.kind, a));
                     None
                 }
                 Ok(Some(why)) => st.set_lost(&s.kind, why),
@@ -667,8 +618,7 @@ async fn leave(s: &Shared, slot: &mut Option<Conn>, timeout: Duration) {
     let Some(channel) = watch::leave(c, watch::id_of(s)) else {
         return;
     };
-    let mut publish = redis::cmd("PUBLISH");
-    publish.arg(channel).arg("");
+    let publish = commands::publish(&channel);
     if let Some(conn) = slot.as_mut() {
         if conn.query(&publish, Some(timeout)).await.is_ok() {
             return;
@@ -693,7 +643,7 @@ async fn sync(
     let conn = slot.as_mut().ok_or_else(closed)?;
     match (watcher, &mut *conn) {
         (Some(w), Conn::Server(c, by)) if *by != Some(w) => {
-            match within(Some(timeout), tracking(w).query_async::<()>(c)).await {
+            match within(Some(timeout), commands::tracking(w).query_async::<()>(c)).await {
                 Ok(()) => *by = Some(w),
                 Err(e) if io_failure(&e) => return Err(e),
                 Err(_) => {} // refused (an ACL): the renewals still notice
@@ -703,10 +653,10 @@ async fn sync(
         _ => {}
     }
     match conn
-        .query_pipe(&sync_pipe(kind, renew), Some(timeout))
+        .query_pipe(&commands::sync_pipe(kind, renew), Some(timeout))
         .await
     {
-        Ok(replies) => Ok(judge(kind, owner, renew.is_some(), replies)),
+        Ok(replies) => Ok(commands::judge(kind, owner, renew.is_some(), replies)),
         Err(e) if gone_error(&e) => Ok(Some(WRONGTYPE)),
         Err(e) => Err(e),
     }
@@ -720,23 +670,7 @@ async fn renew_keys(
     timeout: Duration,
 ) -> redis::RedisResult<Option<&'static str>> {
     let conn = slot.as_mut().ok_or_else(closed)?;
-    for key in kind.keys() {
-        let mut cmd = redis::cmd("LOCK.RENEW");
-        cmd.arg(key).arg(owner).arg(millis(ttl).max(1));
-        match conn.query(&cmd, Some(timeout)).await {
-            Ok(redis::Value::Int(1)) => {}
-            Ok(_) => return Ok(Some(RENEW_ZERO)),
-            Err(e) if gone_error(&e) => return Ok(Some(WRONGTYPE)),
-            Err(e) => return Err(e),
-        }
-    }
-    Ok(None)
-}
-
-enum Released {
-    All,
-    OneHold,
-    Gone(&'static str),
+    conn.run(Renew::new(kind, owner, ttl), Some(timeout)).await
 }
 
 /// `WAIT replicas wait` on the holder's connection (a reply may take `wait`
@@ -748,33 +682,13 @@ async fn wait_acks(
     timeout: Duration,
 ) -> redis::RedisResult<i64> {
     let conn = slot.as_mut().ok_or_else(closed)?;
-    crate::acknowledged(
+    commands::acknowledged(
         conn.query(
-            &crate::wait_replicas(replicas, wait),
+            &commands::wait_replicas(replicas, wait),
             Some(timeout.saturating_add(wait)),
         )
         .await,
     )
-}
-
-/// After a renewal acknowledged by `acks` (a `WAIT`'s outcome): sets
-/// `durable`, and the callback to tell when it was not.
-fn renewed(st: &mut Status, kind: &Kind, acks: redis::RedisResult<i64>) -> Option<(OnLost, Error)> {
-    let err = match acks {
-        Ok(n) if n >= i64::from(st.replicas) => {
-            st.durable = Some(true);
-            return None;
-        }
-        Ok(n) => Error::NotDurable {
-            keys: kind.keys(),
-            token: st.tokens.iter().copied().max().unwrap_or(0),
-            acknowledged: n,
-            replicas: st.replicas,
-        },
-        Err(e) => Error::Redis(e),
-    };
-    st.durable = Some(false);
-    st.on_not_durable.clone().map(|f| (f, err))
 }
 
 async fn release_keys(
@@ -785,25 +699,8 @@ async fn release_keys(
     all: bool,
 ) -> redis::RedisResult<Released> {
     let conn = slot.as_mut().ok_or_else(closed)?;
-    let mut out = Released::OneHold;
-    for key in kind.keys() {
-        let mut cmd = redis::cmd("LOCK.RELEASE");
-        cmd.arg(&key).arg(owner);
-        loop {
-            match conn.query(&cmd, Some(timeout)).await {
-                Ok(redis::Value::Nil) => return Ok(Released::Gone(RELEASE_NIL)),
-                Ok(redis::Value::Int(1)) => {
-                    out = Released::All;
-                    break;
-                }
-                Ok(_) if all => continue,
-                Ok(_) => break,
-                Err(e) if gone_error(&e) => return Ok(Released::Gone(WRONGTYPE)),
-                Err(e) => return Err(e),
-            }
-        }
-    }
-    Ok(out)
+    conn.run(Release::new(kind, owner, all), Some(timeout))
+        .await
 }
 
 /// The bookkeeping of ending one guard, done at once (also from `Drop`):
@@ -902,12 +799,7 @@ impl Guard<'_> {
     }
 
     pub fn token(&self) -> i64 {
-        std_lock(&self.shared().status)
-            .tokens
-            .iter()
-            .copied()
-            .max()
-            .unwrap_or(0)
+        std_lock(&self.shared().status).token()
     }
 
     pub fn tokens(&self) -> Vec<i64> {
@@ -973,7 +865,7 @@ impl Guard<'_> {
         }
         let news = match result {
             Ok(None) => {
-                let notice = acks.and_then(|a| renewed(&mut st, &s.kind, a));
+                let notice = acks.and_then(|a| st.renewed(&s.kind, a));
                 st.ttl = ttl;
                 st.valid_until = sent + ttl;
                 st.next_renewal = Instant::now() + tick(ttl);
@@ -1017,19 +909,19 @@ impl Guard<'_> {
         let sent = Instant::now();
         let reply = conn
             .query(
-                &s.kind.acquire(&opts, &owner, bound),
+                &commands::acquire(&s.kind, &opts, &owner, bound),
                 Some(limit(timeout, left)),
             )
             .await;
         let reply = match reply {
-            Ok(r) => tokens(r),
+            Ok(r) => commands::tokens(r),
             Err(e) if gone_error(&e) => {
                 let news = std_lock(&s.status).set_lost(&s.kind, WRONGTYPE);
                 tell(news);
                 return Err(std_lock(&s.status).lost_error(&s.kind));
             }
             Err(e) => {
-                if e.is_io_error() || e.is_timeout() || e.is_connection_dropped() {
+                if io_failure(&e) {
                     *slot = None;
                     let news = std_lock(&s.status)
                         .set_lost(&s.kind, &format!("the holder's connection failed ({e})"));

@@ -5,11 +5,12 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError, Weak};
 use std::thread;
 use std::time::{Duration, Instant};
 
+use crate::commands::{self, Exchange, Release, Released, Renew};
+use crate::holding::{tell, Holding};
 use crate::watch::{self, Watched};
 use crate::{
-    closed, fresh_owner, gone_error, holders, io_failure, judge, limit, millis, sync_pipe, tick,
-    tokens, tracking, Error, HolderInfo, Kind, OnLost, Options, Target, RAN_OUT, RELEASE_NIL,
-    RENEW_ZERO, WRONGTYPE,
+    closed, fresh_owner, gone_error, io_failure, limit, tick, Error, Kind, Options, Target,
+    WRONGTYPE,
 };
 
 /// A lock of one kind on its keys, held by one owner. Acquire it with
@@ -95,6 +96,15 @@ impl Conn {
             Conn::Cluster(c) => p.query(&mut **c),
         }
     }
+
+    /// Sends `e`'s commands one by one, each reply handed back to it.
+    fn run<E: Exchange>(&mut self, mut e: E) -> redis::RedisResult<E::Outcome> {
+        while let Some(cmd) = e.next() {
+            let reply = self.query(cmd);
+            e.reply(reply)?;
+        }
+        Ok(e.outcome())
+    }
 }
 
 /// What a `Lock` shares with its watchdog thread.
@@ -108,82 +118,13 @@ struct Shared {
     /// I/O, always with a timeout.
     conn: Mutex<Option<Conn>>,
     /// Never held across I/O: what a guard reads answers at once.
-    status: Mutex<Status>,
+    status: Mutex<Holding>,
     /// Wakes the watchdog (a release, a new ttl).
     wake: Condvar,
 }
 
-struct Status {
-    owner: Vec<u8>,
-    /// The owner was set by [`Lock::owner`]: kept for every acquisition
-    /// (else a fresh UUID per acquisition).
-    fixed: bool,
-    ttl: Duration,
-    timeout: Duration,
-    bound: bool,
-    /// Guards alive (nested by [`Guard::reacquire`]).
-    holds: u32,
-    tokens: Vec<i64>,
-    lost: Option<String>,
-    /// A lower bound of the server's deadline (the lease began after we asked).
-    valid_until: Instant,
-    next_renewal: Instant,
-    /// One per acquisition: a watchdog or a guard of an earlier one is stale.
-    generation: u64,
-    on_lost: Option<OnLost>,
-    /// Told when a renewal is acknowledged by fewer replicas than asked.
-    on_not_durable: Option<OnLost>,
-    /// `WAIT` after each grant and renewal: how many replicas, how long.
-    replicas: u32,
-    replicas_timeout: Duration,
-    /// Whether the last grant and the last renewal were acknowledged (`None`: not asked).
-    durable: Option<bool>,
-    /// The watcher heard that a key changed (or a write of our own dropped
-    /// the keys from tracking): the watchdog reads them now.
-    verify: bool,
-}
-
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(PoisonError::into_inner)
-}
-
-impl Status {
-    fn current(&self, generation: u64) -> bool {
-        self.generation == generation && self.holds > 0
-    }
-
-    /// Marks the lease lost (for good, until the acquisition ends); the
-    /// callback to call, with its error, if this is news.
-    fn set_lost(&mut self, kind: &Kind, why: &str) -> Option<(OnLost, Error)> {
-        if self.lost.is_some() {
-            return None;
-        }
-        self.lost = Some(why.to_string());
-        let err = self.lost_error(kind);
-        self.on_lost.clone().map(|f| (f, err))
-    }
-
-    fn lost_error(&self, kind: &Kind) -> Error {
-        Error::LeaseLost {
-            keys: kind.keys(),
-            token: self.tokens.iter().copied().max().unwrap_or(0),
-            why: self.lost.clone().unwrap_or_else(|| RAN_OUT.into()),
-        }
-    }
-
-    /// Lost, or the lease may have run out (then lost for good).
-    fn check_lost(&mut self, kind: &Kind) -> Option<(OnLost, Error)> {
-        if self.lost.is_none() && Instant::now() >= self.valid_until {
-            return self.set_lost(kind, RAN_OUT);
-        }
-        None
-    }
-}
-
-fn tell(news: Option<(OnLost, Error)>) {
-    if let Some((f, err)) = news {
-        f(&err);
-    }
 }
 
 impl Lock {
@@ -195,25 +136,7 @@ impl Lock {
                 kind,
                 pid: std::process::id(),
                 conn: Mutex::new(None),
-                status: Mutex::new(Status {
-                    owner: fresh_owner(),
-                    fixed: false,
-                    ttl: opts.ttl,
-                    timeout: opts.timeout,
-                    bound: false,
-                    holds: 0,
-                    tokens: Vec::new(),
-                    lost: None,
-                    valid_until: Instant::now(),
-                    next_renewal: Instant::now(),
-                    generation: 0,
-                    on_lost: None,
-                    on_not_durable: None,
-                    replicas: 0,
-                    replicas_timeout: Duration::ZERO,
-                    durable: None,
-                    verify: false,
-                }),
+                status: Mutex::new(Holding::new(&opts)),
                 wake: Condvar::new(),
             }),
             opts,
@@ -381,16 +304,16 @@ impl Lock {
             .map(|t| limit(t, t.saturating_sub(started.elapsed())));
         let mut reply = conn
             .timeouts(reply_timeout)
-            .and_then(|()| conn.query(&s.kind.acquire(&opts, &owner, bound)));
+            .and_then(|()| conn.query(&commands::acquire(&s.kind, &opts, &owner, bound)));
         if bound && matches!(&reply, Err(e) if e.to_string().contains("syntax error")) {
             // A server without BIND: a lease renewed with LOCK.RENEW.
             bound = false;
-            reply = conn.query(&s.kind.acquire(&opts, &owner, false));
+            reply = conn.query(&commands::acquire(&s.kind, &opts, &owner, false));
         }
         let reply = match reply {
             Ok(r) => r,
             Err(e) => {
-                if e.is_io_error() || e.is_timeout() || e.is_connection_dropped() {
+                if io_failure(&e) {
                     // It may have been granted as we stopped listening: a
                     // bound grant ends as the connection closes (now); an
                     // unbound one is given back.
@@ -406,7 +329,7 @@ impl Lock {
         };
         let _ = conn.timeouts(Some(opts.timeout));
         *slot = Some(conn);
-        let Some(tokens) = tokens(reply)? else {
+        let Some(tokens) = commands::tokens(reply)? else {
             return Ok(None);
         };
         let mut durable = None;
@@ -481,18 +404,16 @@ impl Lock {
 
     /// Whether anyone holds the (first) key.
     pub fn locked(&self) -> Result<bool, Error> {
-        Ok(self.info()?.is_some())
+        Ok(commands::holders(self.info()?).is_some())
     }
 
     /// Whether this owner holds the (first) key, as the server says.
     pub fn owned(&self) -> Result<bool, Error> {
-        let owner = self.owner_id();
-        Ok(self
-            .info()?
-            .is_some_and(|h| h.iter().any(|(o, ..)| *o == owner)))
+        Ok(commands::held_by(self.info()?, &self.owner_id()))
     }
 
-    fn info(&self) -> Result<Option<Vec<HolderInfo>>, Error> {
+    /// `LOCK.INFO` of the (first) key, on a connection of its own.
+    fn info(&self) -> Result<redis::Value, Error> {
         let key = self
             .shared
             .kind
@@ -504,15 +425,14 @@ impl Lock {
         let t = self.opts.timeout;
         let mut conn = Conn::open(&self.shared.client, t)?;
         conn.timeouts(Some(limit(t, t.saturating_sub(started.elapsed()))))?;
-        let reply = conn.query(redis::cmd("LOCK.INFO").arg(key))?;
-        Ok(holders(reply))
+        Ok(conn.query(&commands::info(&key))?)
     }
 }
 
 fn release_quietly(client: &Target, kind: &Kind, owner: &[u8], timeout: Duration) {
     if let Ok(mut c) = Conn::open(client, timeout) {
         for key in kind.keys() {
-            let _ = c.query(redis::cmd("LOCK.RELEASE").arg(key).arg(owner));
+            let _ = c.query(&commands::release(&key, owner));
         }
     }
 }
@@ -534,12 +454,7 @@ impl Guard<'_> {
 
     /// The fencing token (a multi-key lock: the highest of [`Guard::tokens`]).
     pub fn token(&self) -> i64 {
-        lock(&self.shared().status)
-            .tokens
-            .iter()
-            .copied()
-            .max()
-            .unwrap_or(0)
+        lock(&self.shared().status).token()
     }
 
     /// The tokens per key, in key order.
@@ -607,7 +522,7 @@ impl Guard<'_> {
         }
         let news = match result {
             Ok(None) => {
-                let notice = acks.and_then(|a| renewed(&mut st, &s.kind, a));
+                let notice = acks.and_then(|a| st.renewed(&s.kind, a));
                 st.ttl = ttl;
                 st.valid_until = sent + ttl;
                 st.next_renewal = Instant::now() + tick(ttl);
@@ -653,17 +568,17 @@ impl Guard<'_> {
         let sent = Instant::now();
         let reply = conn
             .timeouts(Some(limit(timeout, left)))
-            .and_then(|()| conn.query(&s.kind.acquire(&opts, &owner, bound)));
+            .and_then(|()| conn.query(&commands::acquire(&s.kind, &opts, &owner, bound)));
         let _ = conn.timeouts(Some(timeout));
         let reply = match reply {
-            Ok(r) => tokens(r),
+            Ok(r) => commands::tokens(r),
             Err(e) if gone_error(&e) => {
                 let news = lock(&s.status).set_lost(&s.kind, WRONGTYPE);
                 tell(news);
                 return Err(lock(&s.status).lost_error(&s.kind));
             }
             Err(e) => {
-                if e.is_io_error() || e.is_timeout() || e.is_connection_dropped() {
+                if io_failure(&e) {
                     *slot = None;
                     let news = lock(&s.status)
                         .set_lost(&s.kind, &format!("the holder's connection failed ({e})"));
@@ -782,15 +697,6 @@ fn end(s: &Shared, generation: u64, all: bool) -> Result<(), Error> {
     result
 }
 
-enum Released {
-    /// The last hold went (`1`).
-    All,
-    /// One hold of several went (`0`).
-    OneHold,
-    /// The lock was not ours any more: why.
-    Gone(&'static str),
-}
-
 fn release_keys(
     slot: &mut Option<Conn>,
     kind: &Kind,
@@ -800,25 +706,7 @@ fn release_keys(
 ) -> redis::RedisResult<Released> {
     let conn = slot.as_mut().ok_or_else(closed)?;
     conn.timeouts(Some(timeout))?;
-    let mut out = Released::OneHold;
-    for key in kind.keys() {
-        let mut cmd = redis::cmd("LOCK.RELEASE");
-        cmd.arg(&key).arg(owner);
-        loop {
-            match conn.query(&cmd) {
-                Ok(redis::Value::Nil) => return Ok(Released::Gone(RELEASE_NIL)),
-                Ok(redis::Value::Int(1)) => {
-                    out = Released::All;
-                    break;
-                }
-                Ok(_) if all => continue,
-                Ok(_) => break,
-                Err(e) if gone_error(&e) => return Ok(Released::Gone(WRONGTYPE)),
-                Err(e) => return Err(e),
-            }
-        }
-    }
-    Ok(out)
+    conn.run(Release::new(kind, owner, all))
 }
 
 /// `WAIT replicas wait` on the holder's connection (a reply may take `wait`
@@ -831,29 +719,9 @@ fn wait_acks(
 ) -> redis::RedisResult<i64> {
     let conn = slot.as_mut().ok_or_else(closed)?;
     conn.timeouts(Some(timeout.saturating_add(wait)))?;
-    let n = crate::acknowledged(conn.query(&crate::wait_replicas(replicas, wait)));
+    let n = commands::acknowledged(conn.query(&commands::wait_replicas(replicas, wait)));
     let _ = conn.timeouts(Some(timeout));
     n
-}
-
-/// After a renewal acknowledged by `acks` (a `WAIT`'s outcome): sets
-/// `durable`, and the callback to tell when it was not.
-fn renewed(st: &mut Status, kind: &Kind, acks: redis::RedisResult<i64>) -> Option<(OnLost, Error)> {
-    let err = match acks {
-        Ok(n) if n >= i64::from(st.replicas) => {
-            st.durable = Some(true);
-            return None;
-        }
-        Ok(n) => Error::NotDurable {
-            keys: kind.keys(),
-            token: st.tokens.iter().copied().max().unwrap_or(0),
-            acknowledged: n,
-            replicas: st.replicas,
-        },
-        Err(e) => Error::Redis(e),
-    };
-    st.durable = Some(false);
-    st.on_not_durable.clone().map(|f| (f, err))
 }
 
 /// `LOCK.RENEW` on every key: `None` when renewed, else why the lease is lost.
@@ -866,17 +734,7 @@ fn renew_keys(
 ) -> redis::RedisResult<Option<&'static str>> {
     let conn = slot.as_mut().ok_or_else(closed)?;
     conn.timeouts(Some(timeout))?;
-    for key in kind.keys() {
-        let mut cmd = redis::cmd("LOCK.RENEW");
-        cmd.arg(key).arg(owner).arg(millis(ttl).max(1));
-        match conn.query(&cmd) {
-            Ok(redis::Value::Int(1)) => {}
-            Ok(_) => return Ok(Some(RENEW_ZERO)),
-            Err(e) if gone_error(&e) => return Ok(Some(WRONGTYPE)),
-            Err(e) => return Err(e),
-        }
-    }
-    Ok(None)
+    conn.run(Renew::new(kind, owner, ttl))
 }
 
 impl Drop for Guard<'_> {
@@ -976,7 +834,7 @@ fn watchdog(s: &Arc<Shared>, generation: u64) {
             Ok(None) => {
                 st.valid_until = sent + ttl;
                 st.next_renewal = Instant::now() + tick(ttl);
-                notice = acks.and_then(|a| renewed(&mut st, &s.kind, a));
+                notice = acks.and_then(|a| st.renewed(&s.kind, a));
                 None
             }
             Ok(Some(why)) => st.set_lost(&s.kind, why),
@@ -1039,8 +897,7 @@ fn leave(s: &Shared, slot: &mut Option<Conn>, timeout: Duration) {
     let Some(channel) = watch::leave(c, watch::id_of(s)) else {
         return;
     };
-    let mut publish = redis::cmd("PUBLISH");
-    publish.arg(channel).arg("");
+    let publish = commands::publish(&channel);
     if let Some(conn) = slot.as_mut() {
         if conn.timeouts(Some(timeout)).is_ok() && conn.query(&publish).is_ok() {
             return;
@@ -1070,16 +927,18 @@ fn sync(
     let conn = slot.as_mut().ok_or_else(closed)?;
     conn.timeouts(Some(timeout))?;
     match (watcher, &mut *conn) {
-        (Some(w), Conn::Server(c, by)) if *by != Some(w) => match tracking(w).query::<()>(c) {
-            Ok(()) => *by = Some(w),
-            Err(e) if io_failure(&e) => return Err(e),
-            Err(_) => {} // refused (an ACL): the renewals still notice
-        },
+        (Some(w), Conn::Server(c, by)) if *by != Some(w) => {
+            match commands::tracking(w).query::<()>(c) {
+                Ok(()) => *by = Some(w),
+                Err(e) if io_failure(&e) => return Err(e),
+                Err(_) => {} // refused (an ACL): the renewals still notice
+            }
+        }
         (None, _) if renew.is_none() => return Ok(None),
         _ => {}
     }
-    match conn.query_pipe(&sync_pipe(kind, renew)) {
-        Ok(replies) => Ok(judge(kind, owner, renew.is_some(), replies)),
+    match conn.query_pipe(&commands::sync_pipe(kind, renew)) {
+        Ok(replies) => Ok(commands::judge(kind, owner, renew.is_some(), replies)),
         Err(e) if gone_error(&e) => Ok(Some(WRONGTYPE)),
         Err(e) => Err(e),
     }

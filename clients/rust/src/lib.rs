@@ -126,6 +126,8 @@ use std::time::Duration;
 
 pub mod aio;
 mod blocking;
+mod commands;
+mod holding;
 pub mod redlock;
 mod watch;
 
@@ -306,45 +308,6 @@ impl Kind {
         }
         Ok(())
     }
-
-    pub(crate) fn acquire(&self, o: &Options, owner: &[u8], bind: bool) -> redis::Cmd {
-        let mut cmd = match self {
-            Kind::Exclusive(k) => cmd("LOCK.ACQUIRE", k),
-            Kind::Reentrant(k) => cmd("LOCK.RACQUIRE", k),
-            Kind::Read(k) => cmd("LOCK.READ", k),
-            Kind::Semaphore(k, limit) => {
-                let mut c = cmd("LOCK.SEMAPHORE", k);
-                c.arg(*limit);
-                c
-            }
-            Kind::Multi(keys) => {
-                let mut c = redis::cmd("LOCK.MACQUIRE");
-                c.arg(keys.len()).arg(keys);
-                c
-            }
-        };
-        cmd.arg(owner).arg(millis(o.ttl).max(1));
-        match o.wait {
-            None => {}
-            Some(w) if w.is_zero() => {}
-            Some(w) if w == Duration::MAX => {
-                cmd.arg("WAIT").arg(0);
-            }
-            Some(w) => {
-                cmd.arg("WAIT").arg(millis(w).max(1));
-            }
-        }
-        if bind {
-            cmd.arg("BIND");
-        }
-        cmd
-    }
-}
-
-fn cmd(name: &str, key: &[u8]) -> redis::Cmd {
-    let mut c = redis::cmd(name);
-    c.arg(key);
-    c
 }
 
 /// How to acquire: lease, wait, binding, timeouts.
@@ -392,18 +355,6 @@ impl Options {
     }
 }
 
-/// `WAIT replicas timeout` (a timeout of at least 1 ms: 0 would wait for ever).
-pub(crate) fn wait_replicas(replicas: u32, timeout: Duration) -> redis::Cmd {
-    let mut c = redis::cmd("WAIT");
-    c.arg(replicas).arg(millis(timeout).max(1));
-    c
-}
-
-/// `WAIT`'s reply: how many replicas acknowledged.
-pub(crate) fn acknowledged(v: redis::RedisResult<redis::Value>) -> redis::RedisResult<i64> {
-    v.and_then(|v| redis::from_redis_value::<i64>(v).map_err(Into::into))
-}
-
 /// A cluster connection routes `WAIT` (no key) anywhere: refused there.
 pub(crate) fn check_replicas(o: &Options, client: &Target) -> Result<(), Error> {
     if o.replicas > 0 && matches!(client, Target::Cluster(_)) {
@@ -422,56 +373,6 @@ pub(crate) fn tick(ttl: Duration) -> Duration {
 /// A reply or an I/O timeout: never zero (a zero socket timeout is an error).
 pub(crate) fn limit(timeout: Duration, left: Duration) -> Duration {
     timeout.min(left).max(Duration::from_millis(1))
-}
-
-/// Tokens from an acquire's reply: one for a single key, one per key for
-/// `LOCK.MACQUIRE`; `None` when not granted.
-pub(crate) fn tokens(reply: redis::Value) -> redis::RedisResult<Option<Vec<i64>>> {
-    use redis::Value;
-    match reply {
-        Value::Nil => Ok(None),
-        Value::Int(t) => Ok(Some(vec![t])),
-        Value::Array(items) => items
-            .into_iter()
-            .map(redis::from_redis_value::<i64>)
-            .collect::<Result<Vec<_>, _>>()
-            .map(Some)
-            .map_err(Into::into),
-        other => Err(redis::RedisError::from((
-            redis::ErrorKind::Parse,
-            "unexpected reply to a lock request",
-            format!("{other:?}"),
-        ))),
-    }
-}
-
-/// One holder as `LOCK.INFO` shows it: owner, holds, ttl-ms-left, token.
-pub(crate) type HolderInfo = (Vec<u8>, i64, i64, i64);
-
-/// `LOCK.INFO`'s holders; `None` when free. Either protocol.
-pub(crate) fn holders(reply: redis::Value) -> Option<Vec<HolderInfo>> {
-    use redis::Value;
-    let pairs: Vec<(Value, Value)> = match reply {
-        Value::Nil => return None,
-        Value::Array(items) => {
-            let mut it = items.into_iter();
-            let mut out = Vec::new();
-            while let (Some(k), Some(v)) = (it.next(), it.next()) {
-                out.push((k, v));
-            }
-            out
-        }
-        Value::Map(m) => m,
-        _ => return None,
-    };
-    for (k, v) in pairs {
-        let name: Vec<u8> = redis::from_redis_value(k).unwrap_or_default();
-        if name == b"holders" {
-            let list: Vec<HolderInfo> = redis::from_redis_value(v).unwrap_or_default();
-            return Some(list);
-        }
-    }
-    Some(Vec::new())
 }
 
 pub(crate) fn millis(d: Duration) -> u64 {
@@ -500,58 +401,6 @@ pub(crate) const RELEASE_NIL: &str = "LOCK.RELEASE answered nil: the lock was no
 pub(crate) const WRONGTYPE: &str = "the key is no longer a lock (WRONGTYPE): overwritten";
 pub(crate) const TOLD: &str =
     "the key was deleted, overwritten or freed (told by the server at once)";
-
-/// On a bound connection, in one round trip: `LOCK.KEEPALIVE ttl` (when
-/// renewing) and `LOCK.INFO` of each key. The reads say whether the lock is
-/// still ours, and keep the keys in the server's tracking table (a write of
-/// our own, with NOLOOP, drops them).
-pub(crate) fn sync_pipe(kind: &Kind, keepalive: Option<Duration>) -> redis::Pipeline {
-    let mut p = redis::pipe();
-    if let Some(ttl) = keepalive {
-        p.cmd("LOCK.KEEPALIVE").arg(millis(ttl).max(1));
-    }
-    for k in kind.keys() {
-        p.cmd("LOCK.INFO").arg(k);
-    }
-    p
-}
-
-/// What [`sync_pipe`]'s replies say: `None` while the lock is ours.
-pub(crate) fn judge(
-    kind: &Kind,
-    owner: &[u8],
-    keepalive: bool,
-    replies: Vec<redis::Value>,
-) -> Option<&'static str> {
-    let mut it = replies.into_iter();
-    let why = if keepalive { RENEWED_FEWER } else { TOLD };
-    if keepalive {
-        let n: i64 = it
-            .next()
-            .and_then(|v| redis::from_redis_value(v).ok())
-            .unwrap_or(0);
-        if n < i64::try_from(kind.keys().len()).unwrap_or(i64::MAX) {
-            return Some(why);
-        }
-    }
-    for info in it {
-        if !holders(info).is_some_and(|h| h.iter().any(|(o, ..)| o == owner)) {
-            return Some(why);
-        }
-    }
-    None
-}
-
-/// `CLIENT TRACKING ON REDIRECT <watcher> NOLOOP`.
-pub(crate) fn tracking(watcher: i64) -> redis::Cmd {
-    let mut c = redis::cmd("CLIENT");
-    c.arg("TRACKING")
-        .arg("ON")
-        .arg("REDIRECT")
-        .arg(watcher)
-        .arg("NOLOOP");
-    c
-}
 
 /// A failure of the connection itself (not a reply of the server's).
 pub(crate) fn io_failure(e: &redis::RedisError) -> bool {

@@ -12,6 +12,7 @@
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
+use crate::commands;
 use crate::{fresh_owner, millis};
 
 /// A quorum's grant.
@@ -143,8 +144,7 @@ impl RedLock {
                 std::thread::sleep(jitter(self.settings.retry_delay));
             }
             let started = Instant::now();
-            let mut cmd = redis::cmd("LOCK.ACQUIRE");
-            cmd.arg(key).arg(&owner).arg(millis(ttl));
+            let cmd = commands::acquire_once(key, &owner, millis(ttl));
             let replies: Vec<Option<i64>> = self
                 .each(&cmd)
                 .into_iter()
@@ -171,9 +171,7 @@ impl RedLock {
     }
 
     fn release_owner(&self, key: &[u8], owner: &[u8]) -> usize {
-        let mut cmd = redis::cmd("LOCK.RELEASE");
-        cmd.arg(key).arg(owner);
-        self.each(&cmd)
+        self.each(&commands::release(key, owner))
             .into_iter()
             .filter(|r| matches!(r, Some(redis::Value::Int(_))))
             .count()
@@ -188,8 +186,7 @@ impl RedLock {
     /// renewed in time.
     pub fn extend(&self, lease: &mut RedLease, ttl: Duration) -> bool {
         let started = Instant::now();
-        let mut cmd = redis::cmd("LOCK.RENEW");
-        cmd.arg(&lease.key).arg(&lease.owner).arg(millis(ttl));
+        let cmd = commands::renew(&lease.key, &lease.owner, millis(ttl));
         let renewed: Vec<Option<i64>> = self
             .each(&cmd)
             .into_iter()
@@ -263,8 +260,7 @@ impl AsyncRedLock {
                 tokio::time::sleep(jitter(self.settings.retry_delay)).await;
             }
             let started = Instant::now();
-            let mut cmd = redis::cmd("LOCK.ACQUIRE");
-            cmd.arg(key).arg(&owner).arg(millis(ttl));
+            let cmd = commands::acquire_once(key, &owner, millis(ttl));
             let replies: Vec<Option<i64>> = self
                 .each(&cmd)
                 .await
@@ -286,17 +282,13 @@ impl AsyncRedLock {
             ) {
                 return Some(lease);
             }
-            let mut rel = redis::cmd("LOCK.RELEASE");
-            rel.arg(key).arg(&owner);
-            self.each(&rel).await;
+            self.each(&commands::release(key, &owner)).await;
         }
         None
     }
 
     pub async fn release(&self, lease: &RedLease) -> usize {
-        let mut cmd = redis::cmd("LOCK.RELEASE");
-        cmd.arg(&lease.key).arg(&lease.owner);
-        self.each(&cmd)
+        self.each(&commands::release(&lease.key, &lease.owner))
             .await
             .into_iter()
             .filter(|r| matches!(r, Some(redis::Value::Int(_))))
@@ -307,8 +299,7 @@ impl AsyncRedLock {
     /// renewed in time.
     pub async fn extend(&self, lease: &mut RedLease, ttl: Duration) -> bool {
         let started = Instant::now();
-        let mut cmd = redis::cmd("LOCK.RENEW");
-        cmd.arg(&lease.key).arg(&lease.owner).arg(millis(ttl));
+        let cmd = commands::renew(&lease.key, &lease.owner, millis(ttl));
         let renewed: Vec<Option<i64>> = self
             .each(&cmd)
             .await

@@ -136,7 +136,7 @@ fn run(client: &redis::Client, timeout: Duration, ready: &mpsc::Sender<Ready>) {
         let mut conn = c.get_connection_with_timeout(timeout)?;
         conn.set_read_timeout(Some(timeout))?;
         conn.set_write_timeout(Some(timeout))?;
-        let id: i64 = redis::cmd("CLIENT").arg("ID").query(&mut conn)?;
+        let id: i64 = crate::commands::client_id().query(&mut conn)?;
         Ok((conn, id))
     })();
     let Ok((mut conn, conn_id)) = opened else {

@@ -1,0 +1,132 @@
+//! What a lock knows of its current acquisition, the same in the blocking
+//! and the tokio API: owner, lease, tokens, whether it is lost, and the
+//! callbacks to tell. Each API keeps it behind a mutex never held across I/O.
+
+use std::time::{Duration, Instant};
+
+use crate::{fresh_owner, Error, Kind, OnLost, Options, RAN_OUT};
+
+/// One `Lock`'s state: its owner and options, and its current acquisition.
+pub(crate) struct Holding {
+    pub(crate) owner: Vec<u8>,
+    /// The owner was set by [`crate::Lock::owner`]: kept for every acquisition
+    /// (else a fresh UUID per acquisition).
+    pub(crate) fixed: bool,
+    pub(crate) ttl: Duration,
+    pub(crate) timeout: Duration,
+    pub(crate) bound: bool,
+    /// Guards alive (nested by [`crate::Guard::reacquire`]).
+    pub(crate) holds: u32,
+    pub(crate) tokens: Vec<i64>,
+    pub(crate) lost: Option<String>,
+    /// A lower bound of the server's deadline (the lease began after we asked).
+    pub(crate) valid_until: Instant,
+    pub(crate) next_renewal: Instant,
+    /// One per acquisition: a watchdog or a guard of an earlier one is stale.
+    pub(crate) generation: u64,
+    pub(crate) on_lost: Option<OnLost>,
+    /// Told when a renewal is acknowledged by fewer replicas than asked.
+    pub(crate) on_not_durable: Option<OnLost>,
+    /// `WAIT` after each grant and renewal: how many replicas, how long.
+    pub(crate) replicas: u32,
+    pub(crate) replicas_timeout: Duration,
+    /// Whether the last grant and the last renewal were acknowledged (`None`: not asked).
+    pub(crate) durable: Option<bool>,
+    /// The watcher heard that a key changed (or a write of our own dropped
+    /// the keys from tracking): the watchdog reads them now.
+    pub(crate) verify: bool,
+}
+
+impl Holding {
+    /// Nothing held yet: a fresh owner, the default lease.
+    pub(crate) fn new(opts: &Options) -> Holding {
+        Holding {
+            owner: fresh_owner(),
+            fixed: false,
+            ttl: opts.ttl,
+            timeout: opts.timeout,
+            bound: false,
+            holds: 0,
+            tokens: Vec::new(),
+            lost: None,
+            valid_until: Instant::now(),
+            next_renewal: Instant::now(),
+            generation: 0,
+            on_lost: None,
+            on_not_durable: None,
+            replicas: 0,
+            replicas_timeout: Duration::ZERO,
+            durable: None,
+            verify: false,
+        }
+    }
+
+    /// The fencing token: the highest of the tokens (a multi-key lock's).
+    pub(crate) fn token(&self) -> i64 {
+        self.tokens.iter().copied().max().unwrap_or(0)
+    }
+
+    /// Whether `generation`'s acquisition is still held.
+    pub(crate) fn current(&self, generation: u64) -> bool {
+        self.generation == generation && self.holds > 0
+    }
+
+    /// Marks the lease lost (for good, until the acquisition ends); the
+    /// callback to call, with its error, if this is news.
+    pub(crate) fn set_lost(&mut self, kind: &Kind, why: &str) -> Option<(OnLost, Error)> {
+        if self.lost.is_some() {
+            return None;
+        }
+        self.lost = Some(why.to_string());
+        let err = self.lost_error(kind);
+        self.on_lost.clone().map(|f| (f, err))
+    }
+
+    /// The `LeaseLost` error a holder gets.
+    pub(crate) fn lost_error(&self, kind: &Kind) -> Error {
+        Error::LeaseLost {
+            keys: kind.keys(),
+            token: self.token(),
+            why: self.lost.clone().unwrap_or_else(|| RAN_OUT.into()),
+        }
+    }
+
+    /// Lost, or the lease may have run out (then lost for good).
+    pub(crate) fn check_lost(&mut self, kind: &Kind) -> Option<(OnLost, Error)> {
+        if self.lost.is_none() && Instant::now() >= self.valid_until {
+            return self.set_lost(kind, RAN_OUT);
+        }
+        None
+    }
+
+    /// After a renewal acknowledged by `acks` (a `WAIT`'s outcome): sets
+    /// `durable`, and the callback to tell when it was not.
+    pub(crate) fn renewed(
+        &mut self,
+        kind: &Kind,
+        acks: redis::RedisResult<i64>,
+    ) -> Option<(OnLost, Error)> {
+        let err = match acks {
+            Ok(n) if n >= i64::from(self.replicas) => {
+                self.durable = Some(true);
+                return None;
+            }
+            Ok(n) => Error::NotDurable {
+                keys: kind.keys(),
+                token: self.token(),
+                acknowledged: n,
+                replicas: self.replicas,
+            },
+            Err(e) => Error::Redis(e),
+        };
+        self.durable = Some(false);
+        self.on_not_durable.clone().map(|f| (f, err))
+    }
+}
+
+/// Calls the callback, if any, with its error (outside any lock).
+pub(crate) fn tell(news: Option<(OnLost, Error)>) {
+    if let Some((f, err)) = news {
+        f(&err);
+    }
+}
