@@ -99,7 +99,6 @@ pub fn would_deadlock(ctx: &Context, keys: &[DbKey], request: &Request) -> bool 
     if !waiting::may_be_waited_for(&request.owner) {
         return false;
     }
-    let home = ffi::selected_db(ctx);
     let mut waits = Waits {
         ctx,
         now: clock::now_ms(),
@@ -109,8 +108,9 @@ pub fn would_deadlock(ctx: &Context, keys: &[DbKey], request: &Request) -> bool 
         .iter()
         .map(|k| (k.clone(), waiting::end_of(k)))
         .collect();
-    let verdict = deadlock::search(&request.owner, request.kind, &at, &mut waits);
-    ffi::select_db(ctx, home);
+    let verdict = ffi::keeping_db(ctx, || {
+        deadlock::search(&request.owner, request.kind, &at, &mut waits)
+    });
     match verdict {
         Search::Cycle => {
             stats::DEADLOCKS.incr();

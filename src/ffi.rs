@@ -117,6 +117,19 @@ pub fn db_key(ctx: &Context, key: &[u8]) -> DbKey {
     DbKey::new(selected_db(ctx), key)
 }
 
+/// Runs `f`, which may select other databases (`select_db`), and then
+/// selects the calling client's own again (a panic in `f` too).
+pub fn keeping_db<T>(ctx: &Context, f: impl FnOnce() -> T) -> T {
+    struct Home<'c>(&'c Context, i32);
+    impl Drop for Home<'_> {
+        fn drop(&mut self) {
+            select_db(self.0, self.1);
+        }
+    }
+    let _home = Home(ctx, selected_db(ctx));
+    f()
+}
+
 /// Selects database `db` for the context's client; false when Redis refuses.
 pub fn select_db(ctx: &Context, db: i32) -> bool {
     api!(RedisModule_SelectDb(ctx.ctx, db)) == Some(raw::REDISMODULE_OK as c_int)

@@ -441,7 +441,12 @@ fn grant_all_ready(ctx: &Context) {
     if GRANTING.swap(true, Ordering::Relaxed) {
         return;
     }
-    let home = ffi::selected_db(ctx);
+    ffi::keeping_db(ctx, || grant_each_ready(ctx));
+    GRANTING.store(false, Ordering::Relaxed);
+}
+
+/// Grants each ready multi-key request (in its database).
+fn grant_each_ready(ctx: &Context) {
     while let Some((id, keys, request)) = waiting::take_ready() {
         let Some(db) = keys.first().map(|k| k.db) else {
             continue;
@@ -467,8 +472,6 @@ fn grant_all_ready(ctx: &Context) {
         };
         waiting::answer(claimed, outcome);
     }
-    ffi::select_db(ctx, home);
-    GRANTING.store(false, Ordering::Relaxed);
 }
 
 /// The holders of this key bound to a connection that closed end first, in
@@ -631,8 +634,7 @@ pub const KEEPALIVE_SHARE: Duration = Duration::from_millis(2);
 pub fn keepalive_share(ctx: &Context, job: &mut Keepalive, budget: Option<Duration>) -> bool {
     const PAGE: usize = 32;
     let started = Instant::now();
-    let home = ffi::selected_db(ctx);
-    let done = loop {
+    ffi::keeping_db(ctx, || loop {
         let page = bindings::page_of_client(job.client, job.after.as_ref(), PAGE);
         let last = page.len() < PAGE;
         for b in page {
@@ -647,9 +649,7 @@ pub fn keepalive_share(ctx: &Context, job: &mut Keepalive, budget: Option<Durati
         if budget.is_some_and(|b| started.elapsed() >= b) {
             break false;
         }
-    };
-    ffi::select_db(ctx, home);
-    done
+    })
 }
 
 /// Renews one bound holder if it is still the grant it was bound with.

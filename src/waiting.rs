@@ -744,18 +744,19 @@ pub fn swap_dbs(a: i32, b: i32) {
 
 /// The live holders of `key` as stored now.
 fn live_holders(ctx: &Context, key: &DbKey, now: u64) -> Vec<Owner> {
-    let home = ffi::selected_db(ctx);
-    let mut out = Vec::new();
-    if ffi::select_db(ctx, key.db) {
-        let name = ffi::name(ctx, &key.name);
-        if let Ok(k) = LockKey::open(ctx, Str::from(&name), false) {
-            if let Ok(Some(lock)) = k.lock() {
-                out = lock.live(now).map(|h| Owner::from(h.owner)).collect();
-            }
+    ffi::keeping_db(ctx, || {
+        if !ffi::select_db(ctx, key.db) {
+            return Vec::new();
         }
-    }
-    ffi::select_db(ctx, home);
-    out
+        let name = ffi::name(ctx, &key.name);
+        let Ok(k) = LockKey::open(ctx, Str::from(&name), false) else {
+            return Vec::new();
+        };
+        match k.lock() {
+            Ok(Some(lock)) => lock.live(now).map(|h| Owner::from(h.owner)).collect(),
+            _ => Vec::new(),
+        }
+    })
 }
 
 /// Ends the grant `token` of `owner` on `key` at the key's next visit (now).
