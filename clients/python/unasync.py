@@ -2,8 +2,9 @@
 one source: `_sync.py` from `_async.py`, `_dropin.py` from
 `_dropin_async.py` (in src/redis_native_lock). What differs beyond
 `async`/`await` is in `_async_io.py` and `_sync_io.py`, under the same
-names; what is left is below: words, and a few exact passages, each of
-which must be found (else this script stops, so that none goes stale).
+names; what is left is below: words, each module docstring's opening, and
+a few exact passages, each of which must be found (else this script stops,
+so that none goes stale).
 
     python3 clients/python/unasync.py          # rewrite the generated files
     python3 clients/python/unasync.py --check  # exit 1 if one is stale
@@ -44,68 +45,46 @@ WORDS: List[Tuple[str, str]] = [
 
 GENERATED = "# Generated from {src} by clients/python/unasync.py: do not edit; edit {src} and run it.\n"
 
-#: Per file: the generated file, and exact passages of the source (each
-#: found exactly once) with what they are in the blocking API.
+#: Per file: the generated file; where the module docstring's opening
+#: (about the asyncio API) ends, and what opens it instead; exact passages of
+#: the source (each found exactly once) with what they are in the blocking API.
 FILES = {
     "_async.py": (
         "_sync.py",
-        [
-            (
-                '''"""The asyncio API, on redis-py's `redis.asyncio.Redis` and
-`redis.asyncio.RedisCluster`: the blocking API's classes and methods, with
-`await` and `async with`.
-
-One source for both APIs: `_sync.py` is generated from this file by
-`clients/python/unasync.py` (run it after any change here; the package's
-test fails while `_sync.py` is stale). What differs beyond `async`/`await`
-lives in `_async_io.py` and `_sync_io.py`; nothing here calls asyncio itself.
-''',
-                '''"""The blocking API, on redis-py's `Redis` and `RedisCluster`.
+        "\nLayout:",
+        '''"""The blocking API, on redis-py's `Redis` and `RedisCluster`.
 
 Generated from `_async.py` (the asyncio API) by `clients/python/unasync.py`;
 what differs beyond `async`/`await` lives in `_sync_io.py`.
 ''',
-            ),
-        ],
+        [],
     ),
     "_dropin_async.py": (
         "_dropin.py",
-        [
-            (
-                '''"""`NativeLock` for `redis.asyncio`: redis-py's asyncio `Lock` (redis/asyncio/lock.py) on the module's commands,
-for `Redis.lock(name, ..., lock_class=NativeLock)`.
-
-`_dropin.py`, the blocking one, is generated from this file by
-`clients/python/unasync.py` (as `_sync.py` from `_async.py`).
-''',
-                '''"""`NativeLock`: redis-py's `Lock` (redis/lock.py) on the module's commands,
+        "\nredis-py's meanings",
+        '''"""`NativeLock`: redis-py's `Lock` (redis/lock.py) on the module's commands,
 for `Redis.lock(name, ..., lock_class=NativeLock)`.
 
 Generated from `_dropin_async.py` by `clients/python/unasync.py`.
 ''',
-            ),
+        [
             (
                 # redis-py's blocking Lock.acquire takes `sleep`; its asyncio one does not.
-                '''        blocking_timeout: Optional[Number] = None,
-        token: Optional[Union[str, bytes]] = None,
-    ) -> bool:''',
-                '''        blocking_timeout: Optional[Number] = None,
-        sleep: Optional[Number] = None,
-        token: Optional[Union[str, bytes]] = None,
-    ) -> bool:''',
+                "        token: Optional[Union[str, bytes]] = None,\n    ) -> bool:",
+                "        sleep: Optional[Number] = None,\n        token: Optional[Union[str, bytes]] = None,\n    ) -> bool:",
             ),
             ("`blocking_timeout` ran out.\"\"\"", "`blocking_timeout` ran out. `sleep` is unused.\"\"\""),
-            (
-                '__all__ = ["NativeLock", "NotDurableLockError", "DEFAULT_LEASE", "holds", "ms"]',
-                '__all__ = ["NativeLock", "NotDurableLockError", "DEFAULT_LEASE", "wait_of", "owner_of", "holds", "ms"]',
-            ),
+            ('"DEFAULT_LEASE", "holds"', '"DEFAULT_LEASE", "wait_of", "owner_of", "holds"'),
         ],
     ),
 }
 
 
 def generate(src: str, text: str) -> str:
-    _, passages = FILES[src]
+    _, intro_end, intro, passages = FILES[src]
+    if intro_end not in text:
+        raise SystemExit(f"unasync.py: {src}: the docstring's {intro_end.strip()!r} is gone (update FILES)")
+    text = intro + text[text.index(intro_end) :]
     for old, new in passages:
         n = text.count(old)
         if n != 1:
@@ -122,7 +101,7 @@ def main(argv: List[str]) -> int:
         print(__doc__, file=sys.stderr)
         return 2
     stale = []
-    for src, (dst, _) in FILES.items():
+    for src, (dst, *_) in FILES.items():
         want = generate(src, (PACKAGE / src).read_text(encoding="utf-8"))
         path = PACKAGE / dst
         have = path.read_text(encoding="utf-8") if path.exists() else None
