@@ -8,7 +8,8 @@
 //! redis-py's own call patterns), `replicas=N` against a master and its
 //! replica (paused with SIGSTOP), RedLock over five servers with two, then
 //! three, stopped, and every example of clients/python/README.md and the
-//! Python section of docs/clients.md. Every server is on 127.0.0.1, started
+//! Python section of docs/clients.md. First, that the generated blocking
+//! modules (`clients/python/unasync.py`) are not stale. Every server is on 127.0.0.1, started
 //! here.
 
 mod common;
@@ -120,6 +121,13 @@ fn python_wheel_in_a_fresh_virtualenv_whole_suite_examples_and_docs() {
         now_ms()
     ));
     std::fs::create_dir_all(&scratch).expect("scratch dir");
+    // The blocking modules are generated from the asyncio ones: none stale.
+    run(
+        "clients/python/unasync.py --check (run it without --check and commit)",
+        Command::new("python3")
+            .arg(root().join("clients/python/unasync.py"))
+            .arg("--check"),
+    );
     let venv = venv_with_wheel(&scratch);
     // The tests run from a copy of the tests folder, away from the source.
     let tests = scratch.join("tests");

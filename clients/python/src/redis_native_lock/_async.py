@@ -2,7 +2,12 @@
 `redis.asyncio.RedisCluster`: the blocking API's classes and methods, with
 `await` and `async with`.
 
-Layout (as in `_sync.py`, with tasks for threads):
+One source for both APIs: `_sync.py` is generated from this file by
+`clients/python/unasync.py` (run it after any change here; the package's
+test fails while `_sync.py` is stale). What differs beyond `async`/`await`
+lives in `_async_io.py` and `_sync_io.py`; nothing here calls asyncio itself.
+
+Layout:
 - `_Hold`: one acquisition's state (owner, tokens, holds, lease, bound
   connection). A holder object keeps one `_Hold` per task.
 - `_Server`: per process, per client pool (in a cluster: per node): the
@@ -13,8 +18,8 @@ Layout (as in `_sync.py`, with tasks for threads):
 
 from __future__ import annotations
 
-import asyncio
 import os
+import threading
 import time
 import warnings
 import weakref
@@ -22,9 +27,10 @@ from typing import Any, Awaitable, Callable, Dict, List, Optional, Sequence, Set
 
 import redis
 import redis.asyncio
-from redis.asyncio.cluster import RedisCluster
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
+
+from . import _async_io as _io
 
 from ._common import (
     DeadlockError,
@@ -52,27 +58,9 @@ from ._common import (
 )
 
 OnLost = Callable[["Holder", str], Union[None, Awaitable[None]]]
-AsyncClient = Union["redis.asyncio.Redis", "RedisCluster"]
+AsyncClient = Union["redis.asyncio.Redis", "redis.asyncio.RedisCluster"]
 
-_IO_ERRORS = (redis.ConnectionError, redis.TimeoutError, OSError, asyncio.TimeoutError)
-
-
-async def _within(seconds: Optional[float], aw: Awaitable[Any]) -> Any:
-    """`aw` within `seconds` (None: no limit). A read cut short closes its
-    connection (redis-py disconnects on any error in a read)."""
-    if seconds is None:
-        return await aw
-    return await asyncio.wait_for(aw, seconds)
-
-
-async def _command(conn: Any, args: Sequence[Any]) -> Any:
-    await conn.send_command(*args)
-    return await conn.read_response()
-
-
-async def _pipeline(conn: Any, commands: List[List[Any]]) -> List[Any]:
-    await conn.send_packed_command(conn.pack_commands(commands))
-    return [await conn.read_response() for _ in commands]
+_IO_ERRORS = _io.IO_ERRORS
 
 
 class _Hold:
@@ -86,7 +74,7 @@ class _Hold:
         self.server = server
         self.ttl_ms = ttl_ms
         self.pid = os.getpid()
-        self.thread: Any = asyncio.current_task()
+        self.thread: Any = _io.current()
         self.token: Optional[int] = None
         self.tokens: List[int] = []
         self.holds = 0
@@ -101,7 +89,7 @@ class _Hold:
         self.why: Optional[str] = None
         self.pending = False  # an acquire under way (claims an owner= object)
         self.previous: Optional[_Hold] = None
-        self.io = asyncio.Lock()
+        self.io = _io.Lock()
 
     def expired(self) -> bool:
         return self.holds > 0 and time.monotonic() >= self.valid_until
@@ -110,7 +98,7 @@ class _Hold:
         """One command over the bound connection, or a connection of the
         server's, within `timeout`."""
         if self.conn is not None:
-            return await _within(timeout, _command(self.conn, args))
+            return await _io.command(self.conn, args, timeout)
         return await self.server.call(args, timeout)
 
     async def lose(self, why: str) -> None:
@@ -125,9 +113,7 @@ class _Hold:
         holder = self.holder_ref()
         if first and self.on_lost is not None and holder is not None:
             try:
-                result = self.on_lost(holder, self.why)
-                if asyncio.iscoroutine(result):
-                    await result  # (only this server's renewals wait for it)
+                await _io.call_back(self.on_lost, holder, self.why)
             except Exception:  # noqa: BLE001 - a callback must not kill the keeper
                 pass
 
@@ -141,11 +127,11 @@ class _Hold:
         cmds = cmds + [wait_replicas(self.replicas, self.replicas_timeout)]
         if self.conn is not None:
             conn = self.conn
-            replies = await _within(t, _pipeline(conn, cmds))
+            replies = await _io.pipeline(conn, cmds, t)
         else:
             conn = await self.server.connection(self.ttl_ms)
             try:
-                replies = await _within(t, _pipeline(conn, cmds))
+                replies = await _io.pipeline(conn, cmds, t)
             except BaseException:
                 await self.server.put(conn, False)
                 raise
@@ -159,7 +145,7 @@ class _Hold:
             return
         t = self.server.timeout(self.ttl_ms) + self.replicas_timeout
         cmd = wait_replicas(self.replicas, self.replicas_timeout)
-        acked = await _within(t, _command(conn, cmd))
+        acked = await _io.command(conn, cmd, t)
         self.durable_check(int(acked), what)
 
     def durable_check(self, acked: int, what: str) -> None:
@@ -271,75 +257,74 @@ class _Server:
     TRACKING ... REDIRECT`) when a held key changes."""
 
     _all: Dict[Any, "_Server"] = {}
+    _guard = threading.Lock()
 
     def __init__(self, source: Any) -> None:
         self.pid = os.getpid()
-        self._source = source
+        self._source_ref = _io.ref(source)
         self._cls = source.connection_class
         kwargs = dict(source.connection_kwargs)
         self._timeout: Optional[float] = kwargs.get("socket_timeout")
         self._connect_timeout: Optional[float] = kwargs.get("socket_connect_timeout") or self._timeout
         kwargs["decode_responses"] = False  # keys and owners are bytes
         kwargs["retry"] = Retry(NoBackoff(), 0)  # a retry would double a timeout
-        kwargs["socket_timeout"] = None  # every read has a deadline of its own (_within)
         for k in ("maint_notifications_pool_handler", "maint_notifications_config"):
             kwargs.pop(k, None)  # the client pool's, not for connections of ours
         self._kwargs = kwargs
+        self._lock = threading.Lock()  # the state below; never held across I/O
         self._idle: List[Any] = []
         self._due: Dict[_Hold, float] = {}
         self._bound: Set[_Hold] = set()
-        self._wake: Optional[asyncio.Event] = None
-        self._keeper: Optional["asyncio.Task[None]"] = None
+        self._wake = _io.Event()
+        self._keeper: Any = None
         self._watcher: Any = None
         self._watcher_id: Optional[int] = None
-        self._watch_task: Optional["asyncio.Task[None]"] = None
-        self._making_watcher: Optional[asyncio.Lock] = None
+        self._watch_task: Any = None
+        self._making_watcher = _io.Lock()
 
     @classmethod
     async def of(cls, client: Any, key: KeyT) -> "_Server":
         """This process's `_Server` for the pool (or cluster node) that
-        serves `key`. One made before `fork()` is never used by the child."""
-        if isinstance(client, RedisCluster):
-            await client.initialize()  # the slot map is learnt at the first command
-            source: Any = client.get_node_from_key(key)  # type: ignore[arg-type]
-        else:
-            source = client.connection_pool
+        serves `key`. One made in a parent process before `fork()` is never
+        used by the child (its sockets are the parent's)."""
+        source = await _io.source_of(client, key)
         pid = os.getpid()
-        if any(s.pid != pid for s in cls._all.values()):
-            cls._all = {k: s for k, s in cls._all.items() if s.pid == pid}
-        s = cls._all.get(id(source))
-        if s is None or s._source is not source:
-            s = cls._all[id(source)] = cls(source)
-        return s
+        with cls._guard:
+            if any(s.pid != pid for s in cls._all.values()):
+                # Forked: forget the parent's (without closing its sockets).
+                cls._all = {k: s for k, s in cls._all.items() if s.pid == pid}
+            s = cls._all.get(id(source))
+            if s is None or s._source_ref() is not source:
+                s = cls._all[id(source)] = cls(source)
+            return s
 
     def timeout(self, ttl_ms: int) -> float:
         return op_timeout(self._timeout, ttl_ms)
 
     async def connection(self, ttl_ms: int) -> Any:
-        if self._idle:
-            return self._idle.pop()
+        with self._lock:
+            if self._idle:
+                return self._idle.pop()
         t = self.timeout(ttl_ms)
         kwargs = dict(self._kwargs)
         kwargs["socket_connect_timeout"] = min(self._connect_timeout or t, t)
-        conn = self._cls(**kwargs)
+        conn = await _io.open_connection(self._cls, kwargs, t)
         conn._rnl_tracking = None  # the watcher id this connection redirects to
-        await _within(t, conn.connect())  # the handshake too has a deadline
         return conn
 
     async def put(self, conn: Any, clean: bool) -> None:
-        if clean and os.getpid() == self.pid and len(self._idle) < 16:
-            self._idle.append(conn)
-            return
-        try:
-            await conn.disconnect()  # the server frees whatever it still held
-        except Exception:  # noqa: BLE001 - closing what failed
-            pass
+        if clean and os.getpid() == self.pid:
+            with self._lock:
+                if len(self._idle) < 16:
+                    self._idle.append(conn)
+                    return
+        await _io.disconnect(conn)
 
     async def call(self, args: Sequence[Any], timeout: Optional[float]) -> Any:
         """One command over an idle connection of the package's own."""
         conn = await self.connection(int((timeout or 1) * 1000))
         try:
-            reply = await _within(timeout, _command(conn, args))
+            reply = await _io.command(conn, args, timeout)
         except redis.ResponseError:
             await self.put(conn, True)
             raise
@@ -352,62 +337,59 @@ class _Server:
     # -- keeper -----------------------------------------------------------
 
     def keep(self, hold: _Hold, due: float) -> None:
-        self._due[hold] = due
-        if hold.conn is not None:
-            self._bound.add(hold)
-        if self._wake is None:
-            self._wake = asyncio.Event()
-        if self._keeper is None or self._keeper.done():
-            self._keeper = asyncio.get_running_loop().create_task(self._run())
+        with self._lock:
+            self._due[hold] = due
+            if hold.conn is not None:
+                self._bound.add(hold)
+            if not _io.alive(self._keeper):
+                self._keeper = _io.spawn(self._run, name="redis-native-lock-keeper")
         self._wake.set()
 
     def forget(self, hold: _Hold) -> None:
-        self._due.pop(hold, None)
-        self._bound.discard(hold)
-        if not self._bound and not self._due and self._watch_task is not None:
-            # Nothing held here: the watcher goes (cancelling its read closes
-            # it; from inside, it leaves at the top of its loop).
-            if self._watch_task is not asyncio.current_task():
-                self._watch_task.cancel()
+        with self._lock:
+            self._due.pop(hold, None)
+            self._bound.discard(hold)
+            watch = self._watch_task
+            if self._bound or self._due or watch is None:
+                return
+            # Nothing held here: the watcher goes.
             self._watch_task, self._watcher = None, None
+        _io.stop(watch)
 
     async def _run(self) -> None:
-        assert self._wake is not None
         while True:
-            if not self._due:
-                self._wake.clear()
-                try:
-                    await asyncio.wait_for(self._wake.wait(), timeout=30)
-                except asyncio.TimeoutError:
-                    if not self._due:
-                        self._keeper = None
-                        return
+            self._wake.clear()  # before reading the state: a keep() after it wakes the wait
+            with self._lock:
+                now = time.monotonic()
+                first = min(self._due.values(), default=None)
+                ready = [h for h, d in self._due.items() if d <= now]
+                for h in ready:
+                    del self._due[h]
+            if first is None:
+                if not await _io.wait(self._wake, 30):
+                    with self._lock:
+                        if not self._due:
+                            self._keeper = None
+                            return
                 continue
-            now = time.monotonic()
-            first = min(self._due.values())
-            if first > now:
-                self._wake.clear()
-                try:
-                    await asyncio.wait_for(self._wake.wait(), timeout=first - now)
-                except asyncio.TimeoutError:
-                    pass
+            if not ready:
+                await _io.wait(self._wake, first - now)
                 continue
-            ready = [h for h, d in self._due.items() if d <= now]
-            for h in ready:
-                del self._due[h]
             for h in ready:
                 next_due = await h.renew()
-                if next_due is not None and h.holds > 0 and not h.lost:
-                    self._due[h] = next_due
+                if next_due is not None:
+                    with self._lock:
+                        if h.holds > 0 and not h.lost:
+                            self._due[h] = next_due
 
     async def keepalive(self, conn: Any, ttl_ms: int, keys: Sequence[KeyT], timeout: float) -> Any:
         """`LOCK.KEEPALIVE` and `LOCK.INFO` of each key, in one round trip
         (reading the keys again keeps them tracked)."""
-        replies = await _within(timeout, _pipeline(conn, [["LOCK.KEEPALIVE", ttl_ms]] + [["LOCK.INFO", k] for k in keys]))
+        replies = await _io.pipeline(conn, [["LOCK.KEEPALIVE", ttl_ms]] + [["LOCK.INFO", k] for k in keys], timeout)
         return replies[0], [parse_info(r) for r in replies[1:]]
 
     async def infos(self, conn: Any, keys: Sequence[KeyT], timeout: float) -> List[Any]:
-        replies = await _within(timeout, _pipeline(conn, [["LOCK.INFO", k] for k in keys]))
+        replies = await _io.pipeline(conn, [["LOCK.INFO", k] for k in keys], timeout)
         return [parse_info(r) for r in replies]
 
     # -- watcher ----------------------------------------------------------
@@ -415,12 +397,13 @@ class _Server:
     async def track(self, hold: _Hold, timeout: float) -> None:
         """Has the server tell the watcher when a key of `hold` changes:
         client tracking on its bound connection, redirected to the watcher,
-        and a read of each key (what tracking remembers)."""
+        and a read of each key (what tracking remembers). Without a watcher
+        (an old server, no permission), the renewals still notice."""
         try:
             wid = await self._watcher_ready(timeout)
             conn = hold.conn
             if conn._rnl_tracking != wid:
-                await _within(timeout, _command(conn, ["CLIENT", "TRACKING", "ON", "REDIRECT", wid, "NOLOOP"]))
+                await _io.command(conn, ["CLIENT", "TRACKING", "ON", "REDIRECT", wid, "NOLOOP"], timeout)
                 conn._rnl_tracking = wid
             infos = await self.infos(conn, hold.kind.keys, timeout)
         except redis.ResponseError:
@@ -429,58 +412,62 @@ class _Server:
             await hold.lose("the key was deleted or freed right after the grant")
 
     async def _watcher_ready(self, timeout: float) -> int:
-        if self._making_watcher is None:
-            self._making_watcher = asyncio.Lock()
         async with self._making_watcher:
-            if self._watcher is not None and self._watch_task is not None and not self._watch_task.done():
+            if self._watcher is not None and _io.alive(self._watch_task):
                 assert self._watcher_id is not None
                 return self._watcher_id
             kwargs = dict(self._kwargs)
             kwargs["protocol"] = 2  # invalidations as plain pub/sub messages
             kwargs["socket_connect_timeout"] = min(self._connect_timeout or timeout, timeout)
-            w = self._cls(**kwargs)
+            w = await _io.open_connection(self._cls, kwargs, timeout)
             try:
-                await _within(timeout, w.connect())
-                wid = int(await _within(timeout, _command(w, ["CLIENT", "ID"])))
-                await _within(timeout, _command(w, ["SUBSCRIBE", "__redis__:invalidate"]))
+                wid = int(await _io.command(w, ["CLIENT", "ID"], timeout))
+                await _io.command(w, ["SUBSCRIBE", "__redis__:invalidate"], timeout)
             except BaseException:
-                await w.disconnect()
+                await _io.disconnect(w)
                 raise
-            self._watcher, self._watcher_id = w, wid
-            self._watch_task = asyncio.get_running_loop().create_task(self._watch(w))
+            with self._lock:
+                self._watcher, self._watcher_id = w, wid
+                self._watch_task = _io.spawn(self._watch, w, name="redis-native-lock-watcher")
             return wid
 
     async def _watch(self, w: Any) -> None:
         """Reads invalidations (a listener: it waits for news, never for a
         reply); a held key that changed is checked at once."""
         while True:
-            if self._watcher is not w or (not self._bound and not self._due):
-                if self._watcher is w:
+            with self._lock:
+                done = self._watcher is not w or (not self._bound and not self._due)
+                if done and self._watcher is w:
                     self._watcher = None
-                await w.disconnect()
+                bound = list(self._bound)
+            if done:
+                await _io.disconnect(w)
                 return
             try:
-                msg = await w.read_response()
-            except asyncio.CancelledError:
-                raise
+                msg = await _io.listen(w)
             except Exception:  # noqa: BLE001 - the watcher is gone: recheck every bound hold
-                if self._watcher is w:
-                    self._watcher = None
-                for h in list(self._bound):
+                with self._lock:
+                    if self._watcher is w:
+                        self._watcher = None
+                    bound = list(self._bound)
+                for h in bound:
                     if h.conn is not None:
                         h.conn._rnl_tracking = None
                     await h.verify()
+                await _io.disconnect(w)
                 return
             if not (isinstance(msg, list) and len(msg) == 3 and msg[0] == b"message"):
                 continue
             changed = msg[2]
-            for h in list(self._bound):
+            for h in bound:
                 if changed is None or any(_b(k) in changed for k in h.kind.keys):
                     await h.verify()
 
 
 def _after_fork_in_child() -> None:
-    _Server._all = {}  # the parent's connections and tasks are not the child's
+    # The parent's servers, their locks, tasks and threads are not the child's.
+    _Server._all = {}
+    _Server._guard = threading.Lock()
 
 
 if hasattr(os, "register_at_fork"):
@@ -494,23 +481,17 @@ def _b(key: KeyT) -> bytes:
 _DEFAULT: Any = object()
 
 
-class _Shared:
-    """The key of the one hold of a holder whose tasks share it."""
-
-
-_SHARED = _Shared()
-
-
 def _dur(replicas: int, replicas_timeout: float, on_fewer_replicas: str) -> Dict[str, Any]:
     return {"replicas": replicas, "replicas_timeout": replicas_timeout, "on_fewer_replicas": on_fewer_replicas}
 
 
 class Holder:
-    """One lock of one kind, safe to share: each asyncio task has its own
-    hold (its own owner, token and lease), so tasks sharing one object
-    exclude one another like tasks with one object each. With an explicit
-    `owner=` the object is one holder: another task's acquire while it is
-    held raises LockError (the server would let it in as the same owner)."""
+    """One lock of one kind, safe to share: each task has its own hold
+    (its own owner, token and lease), as redis-py's `thread_local=True`, so
+    tasks sharing one object exclude one another like tasks with one
+    object each. With an explicit `owner=` the object is one holder: another
+    task's acquire while it is held raises LockError (the server would let
+    it in as the same owner)."""
 
     def __init__(
         self,
@@ -527,7 +508,7 @@ class Holder:
         on_fewer_replicas: str = "raise",
     ) -> None:
         check_client(client, want_async=True, cls=type(self).__name__)
-        self._client = client
+        self._client: Any = client  # (redis-py types its sync and asyncio clients unlike)
         self._kind = kind
         self._ttl_ms = ms(ttl, "ttl")
         self.ttl = self._ttl_ms / 1000
@@ -545,28 +526,23 @@ class Holder:
         self.replicas = replicas
         self.replicas_timeout = float(replicas_timeout)
         self.on_fewer_replicas = on_fewer_replicas
-        self._tasks: "weakref.WeakKeyDictionary[Any, _Hold]" = weakref.WeakKeyDictionary()
+        self._holds: Any = _io.PerTask()  # the drop-in's thread_local=False: one for every task
         self._shared: Optional[_Hold] = None  # with owner=: one hold for the object
+        self._guard = threading.Lock()  # claims of an owner= object; never held across I/O
         self._sibling: Optional[Holder] = None  # the other side of a ReadWriteLock
-        self._per_task = True  # False: one hold for every task (the drop-in's thread_local=False)
         self._renews = True  # False: the keeper leaves this lock's leases to run out (the drop-in's timeout=)
 
     # -- this task's hold -------------------------------------------------
 
     def _hold(self) -> Optional[_Hold]:
         """This thread's hold (with `owner=`: the object's), held or last held."""
-        if self._owner is not None:
-            h: Optional[_Hold] = self._shared
-        else:
-            task = asyncio.current_task() if self._per_task else _SHARED
-            h = self._tasks.get(task) if task is not None else None
+        h: Optional[_Hold] = self._shared if self._owner is not None else self._holds.get()
         if h is not None and h.pid != os.getpid():
             return None  # the parent's, before fork()
         return h
 
     def _set_hold(self, h: _Hold) -> None:
-        task = asyncio.current_task() if self._per_task else _SHARED
-        self._tasks[task] = h
+        self._holds.set(h)
 
     async def _drop(self, h: _Hold) -> None:
         """Forgets a hold this task replaced by a new one (the drop-in's
@@ -639,29 +615,32 @@ class Holder:
     # -- acquire ----------------------------------------------------------
 
     async def _new_hold(self, given: Optional[bytes] = None) -> _Hold:
-        if self._owner is not None:
-            self._not_another_threads()
-        owner = given or self._owner
-        if owner is None and self._sibling is not None:
-            sib = self._sibling._held()
-            owner = sib.owner if sib is not None else None  # one owner per task on a read-write lock
-        h = _Hold(self, owner or new_owner(), None, self._ttl_ms)  # type: ignore[arg-type]
-        if self._owner is not None:
-            h.pending = True
-            h.previous = self._shared
-            self._shared = h
+        with self._guard:
+            if self._owner is not None:
+                self._not_another_threads()
+            owner = given or self._owner
+            if owner is None and self._sibling is not None:
+                sib = self._sibling._held()
+                owner = sib.owner if sib is not None else None  # one owner per task on a read-write lock
+            h = _Hold(self, owner or new_owner(), None, self._ttl_ms)  # type: ignore[arg-type]
+            if self._owner is not None:
+                h.pending = True  # claimed before the first await: another task's acquire is refused
+                h.previous = self._shared
+                self._shared = h
         try:
             h.server = await _Server.of(self._client, self._kind.keys[0])
         except BaseException:
-            h.pending = False
-            self._shared, h.previous = h.previous, None
+            with self._guard:
+                h.pending = False
+                if self._shared is h:
+                    self._shared, h.previous = h.previous, None
             raise
         return h
 
     def _not_another_threads(self) -> None:
         """With `owner=`, the object is one holder: another task's acquire
         while it is held would enter too (the server sees one owner)."""
-        pid, me = os.getpid(), asyncio.current_task()
+        pid, me = os.getpid(), _io.current()
         for side in (self, self._sibling):
             h = side._shared if side is not None else None
             if h is not None and (h.holds > 0 or h.pending) and h.pid == pid and h.thread != me:
@@ -746,14 +725,14 @@ class Holder:
             conn = await h.server.connection(h.ttl_ms)
             args = self._kind.acquire(h.owner, h.ttl_ms, wait, self.bind)
             try:
-                reply = await _within(timeout, _command(conn, args))
+                reply = await _io.command(conn, args, timeout)
             except redis.exceptions.MovedError:
                 # The slot moved: learn the new map, then ask its node.
                 await h.server.put(conn, True)
                 if moved:
                     raise
                 moved = True
-                await self._client.nodes_manager.initialize()  # type: ignore[union-attr]
+                await self._client.nodes_manager.initialize()
                 h.server = await _Server.of(self._client, self._kind.keys[0])
                 continue
             except redis.ResponseError as e:
@@ -768,7 +747,7 @@ class Holder:
                 # grant; an unbound one is released.
                 await h.server.put(conn, False)
                 if not self.bind and h.holds == 0:
-                    await asyncio.shield(self._release_quietly(h))
+                    await _io.shielded(self._release_quietly, h)
                 raise
             if reply is not None:
                 try:
@@ -791,8 +770,8 @@ class Holder:
         except NotDurable:
             t = h.server.timeout(h.ttl_ms)
             try:
-                await _within(t, _pipeline(conn, [["LOCK.RELEASE", k, h.owner] for k in self._kind.keys]))
-            except (redis.RedisError, asyncio.TimeoutError):
+                await _io.pipeline(conn, [["LOCK.RELEASE", k, h.owner] for k in self._kind.keys], t)
+            except _io.QUIET_ERRORS:
                 pass  # the connection closes: a bound grant goes with it, else its lease ends
             if h.holds > 0 and not self._kind.reentrant:
                 await h.lose("a repeat grant was not acknowledged by enough replicas and was released")
@@ -885,7 +864,7 @@ class Holder:
         for k in self._kind.keys:
             try:
                 await h.server.call(["LOCK.RELEASE", k, h.owner], h.server.timeout(h.ttl_ms))
-            except (redis.RedisError, asyncio.TimeoutError):
+            except _io.QUIET_ERRORS:
                 pass  # the lease ends by itself
 
     # -- with -------------------------------------------------------------
@@ -899,7 +878,7 @@ class Holder:
         if exc_type is not None:
             try:
                 await self.release()
-            except (LockError, redis.RedisError, asyncio.TimeoutError):
+            except (LockError, *_io.QUIET_ERRORS):
                 pass  # the work's own exception goes through
             return
         await self.release()

@@ -246,3 +246,12 @@ def parse_info(reply: Any) -> Optional[Dict[str, Any]]:
 
 def holds(info: Optional[Dict[str, Any]], owner: bytes) -> bool:
     return info is not None and any(h["owner"] == owner for h in info["holders"])
+
+
+def raise_first(replies: List[Any]) -> List[Any]:
+    """A pipeline's replies, each read (so the connection stays in step):
+    the first error reply among them raised, else the replies."""
+    for r in replies:
+        if isinstance(r, Exception):
+            raise r
+    return replies

@@ -1,5 +1,8 @@
+# Generated from _dropin_async.py by clients/python/unasync.py: do not edit; edit _dropin_async.py and run it.
 """`NativeLock`: redis-py's `Lock` (redis/lock.py) on the module's commands,
 for `Redis.lock(name, ..., lock_class=NativeLock)`.
+
+Generated from `_dropin_async.py` by `clients/python/unasync.py`.
 
 redis-py's meanings, mapped onto the module's (docs/clients.md lists every
 difference):
@@ -17,9 +20,8 @@ difference):
 from __future__ import annotations
 
 import logging
-import math
 import time
-from types import SimpleNamespace, TracebackType
+from types import TracebackType
 from typing import Any, Literal, Optional, Type, Union
 
 import redis
@@ -28,62 +30,9 @@ from redis.exceptions import LockError, LockNotOwnedError
 from . import _common
 from ._common import Kind, LeaseLost, NotDurable, check_key, holds, ms, parse_info
 from ._sync import Holder, _Hold
+from ._dropin_common import DEFAULT_LEASE, Number, NotDurableLockError, OneHold, _Local, owner_of, wait_of
 
 logger = logging.getLogger(__name__)
-
-Number = Union[int, float]
-
-#: The lease of a `timeout=None` lock, renewed at a third of it while held.
-DEFAULT_LEASE = 30.0
-
-
-def wait_of(blocking: bool, blocking_timeout: Optional[Number]) -> Optional[float]:
-    """redis-py's blocking/blocking_timeout as the package's wait: not
-    blocking: no WAIT; no timeout: WAIT 0 (no limit); else WAIT ms."""
-    if not blocking:
-        return None
-    if blocking_timeout is None:
-        return math.inf
-    if blocking_timeout <= 0:
-        return None  # redis-py tries once
-    return float(blocking_timeout)
-
-
-def owner_of(client: Any, token: Any) -> bytes:
-    """A token as redis-py encodes it (its client's encoder): the owner."""
-    if isinstance(token, bytes):
-        return token
-    try:
-        encoder = client.get_encoder()
-    except AttributeError:  # asyncio Redis: the pool's
-        encoder = client.connection_pool.get_encoder()
-    out: bytes = encoder.encode(token)
-    return out
-
-
-class NotDurableLockError(LockError, NotDurable):
-    """`replicas=N` on the drop-in: a grant or renewal that fewer than N
-    replicas acknowledged (released); both redis-py's `LockError` and the
-    package's `NotDurable`."""
-
-    def __init__(self, err: NotDurable, lock_name: str) -> None:
-        LockError.__init__(self, str(err), lock_name=lock_name)
-        self.acked = err.acked
-        self.wanted = err.wanted
-
-
-class _Local:
-    """`lock.local`: `local.token` is this thread's token (its owner, bytes)
-    while it holds the lock, else None. Read-only: the token is the owner the
-    server knows, it cannot be swapped in place."""
-
-    def __init__(self, holder: Any) -> None:
-        self._holder = holder
-
-    @property
-    def token(self) -> Optional[bytes]:
-        h = self._holder._held()
-        return h.owner if h is not None else None
 
 
 class _DropinHolder(Holder):
@@ -131,7 +80,7 @@ class NativeLock:
         )
         self._holder._renews = self.timeout is None
         if not self.thread_local:
-            self._holder._local = SimpleNamespace()  # one token for every thread
+            self._holder._holds = OneHold()  # one token for every thread
         self.local = _Local(self._holder)
 
     # -- what redis-py's Lock has ----------------------------------------
@@ -156,9 +105,9 @@ class NativeLock:
 
     def acquire(
         self,
-        sleep: Optional[Number] = None,
         blocking: Optional[bool] = None,
         blocking_timeout: Optional[Number] = None,
+        sleep: Optional[Number] = None,
         token: Optional[Union[str, bytes]] = None,
     ) -> bool:
         """Waits in the server (`WAIT`) for the lock, as redis-py's
@@ -186,7 +135,9 @@ class NativeLock:
 
     def release(self) -> None:
         """Releases this thread's hold: LockError when it holds none,
-        LockNotOwnedError when the server no longer counted it as ours."""
+        LockNotOwnedError when the server no longer counted it as ours.
+        Interrupted midway, the hold is dropped and its connection closed
+        (which frees a bound grant)."""
         if self._holder._held() is None:
             raise LockError("Cannot release a lock that's not owned or is already unlocked.", lock_name=self._lname())
         try:
@@ -251,7 +202,7 @@ class NativeLock:
                     new_ms = int(mine[0]["ttl_ms"]) + add_ms
                 if new_ms <= 0:
                     raise ValueError(f"the lease would end now or before ({new_ms} ms)")
-                reply = h.write([["LOCK.RENEW", key, h.owner, new_ms]], timeout, "renewal")[0]
+                reply = (h.write([["LOCK.RENEW", key, h.owner, new_ms]], timeout, "renewal"))[0]
             except NotDurable as e:
                 h.lose("a renewal was not acknowledged by enough replicas")
                 raise NotDurableLockError(e, self._lname()) from e

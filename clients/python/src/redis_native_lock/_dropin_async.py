@@ -1,6 +1,9 @@
 """`NativeLock` for `redis.asyncio`: redis-py's asyncio `Lock` (redis/asyncio/lock.py) on the module's commands,
 for `Redis.lock(name, ..., lock_class=NativeLock)`.
 
+`_dropin.py`, the blocking one, is generated from this file by
+`clients/python/unasync.py` (as `_sync.py` from `_async.py`).
+
 redis-py's meanings, mapped onto the module's (docs/clients.md lists every
 difference):
 - `timeout=None` (redis-py: a key that never expires) is a lock bound to a
@@ -27,11 +30,9 @@ from redis.exceptions import LockError, LockNotOwnedError
 from . import _common
 from ._common import Kind, LeaseLost, NotDurable, check_key, holds, ms, parse_info
 from ._async import Holder, _Hold
-from ._dropin import DEFAULT_LEASE, NotDurableLockError, _Local, owner_of, wait_of
+from ._dropin_common import DEFAULT_LEASE, Number, NotDurableLockError, OneHold, _Local, owner_of, wait_of
 
 logger = logging.getLogger(__name__)
-
-Number = Union[int, float]
 
 
 class _DropinHolder(Holder):
@@ -79,7 +80,7 @@ class NativeLock:
         )
         self._holder._renews = self.timeout is None
         if not self.thread_local:
-            self._holder._per_task = False  # one token for every task
+            self._holder._holds = OneHold()  # one token for every task
         self.local = _Local(self._holder)
 
     # -- what redis-py's Lock has ----------------------------------------
@@ -134,7 +135,7 @@ class NativeLock:
     async def release(self) -> None:
         """Releases this task's hold: LockError when it holds none,
         LockNotOwnedError when the server no longer counted it as ours.
-        Cancelled midway, the hold is dropped and its connection closed
+        Interrupted midway, the hold is dropped and its connection closed
         (which frees a bound grant)."""
         if self._holder._held() is None:
             raise LockError("Cannot release a lock that's not owned or is already unlocked.", lock_name=self._lname())

@@ -1,6 +1,10 @@
+# Generated from _async.py by clients/python/unasync.py: do not edit; edit _async.py and run it.
 """The blocking API, on redis-py's `Redis` and `RedisCluster`.
 
-Layout (the asyncio twin, `_async.py`, has the same shape):
+Generated from `_async.py` (the asyncio API) by `clients/python/unasync.py`;
+what differs beyond `async`/`await` lives in `_sync_io.py`.
+
+Layout:
 - `_Hold`: one acquisition's state (owner, tokens, holds, lease, bound
   connection). A holder object keeps one `_Hold` per thread.
 - `_Server`: per process, per client pool (in a cluster: per node): the
@@ -19,9 +23,10 @@ import weakref
 from typing import Any, Callable, Dict, List, Optional, Sequence, Set, Union
 
 import redis
-from redis.backoff import NoBackoff
-from redis.cluster import RedisCluster
 from redis.retry import Retry
+from redis.backoff import NoBackoff
+
+from . import _sync_io as _io
 
 from ._common import (
     DeadlockError,
@@ -49,35 +54,9 @@ from ._common import (
 )
 
 OnLost = Callable[["Holder", str], None]
-SyncClient = Union["redis.Redis", "RedisCluster"]
+SyncClient = Union["redis.Redis", "redis.RedisCluster"]
 
-_IO_ERRORS = (redis.ConnectionError, redis.TimeoutError, OSError)
-
-
-def _settimeout(conn: Any, seconds: Optional[float]) -> None:
-    """The read timeout of the next replies on `conn` (redis-py's sync
-    `Connection` has no per-call timeout before 5.x's later releases, so the
-    socket's own is set)."""
-    if getattr(conn, "_sock", None) is None:
-        conn.connect()
-    conn._sock.settimeout(seconds)
-
-
-def _pipe(conn: Any, cmds: List[List[Any]]) -> List[Any]:
-    """Commands in one round trip; every reply read (an error reply raised
-    after the rest, so the connection stays in step)."""
-    conn.send_packed_command(conn.pack_commands(cmds))
-    out: List[Any] = []
-    err: Optional[Exception] = None
-    for _ in cmds:
-        try:
-            out.append(conn.read_response())
-        except redis.ResponseError as e:
-            err = err or e
-            out.append(e)
-    if err is not None:
-        raise err
-    return out
+_IO_ERRORS = _io.IO_ERRORS
 
 
 class _Hold:
@@ -91,7 +70,7 @@ class _Hold:
         self.server = server
         self.ttl_ms = ttl_ms
         self.pid = os.getpid()
-        self.thread = threading.get_ident()
+        self.thread: Any = _io.current()
         self.token: Optional[int] = None
         self.tokens: List[int] = []
         self.holds = 0
@@ -106,7 +85,7 @@ class _Hold:
         self.why: Optional[str] = None
         self.pending = False  # an acquire under way (claims an owner= object)
         self.previous: Optional[_Hold] = None
-        self.io = threading.RLock()
+        self.io = _io.Lock()
 
     def expired(self) -> bool:
         return self.holds > 0 and time.monotonic() >= self.valid_until
@@ -115,9 +94,7 @@ class _Hold:
         """One command over the bound connection, or a connection of the
         server's, within `timeout`."""
         if self.conn is not None:
-            _settimeout(self.conn, timeout)
-            self.conn.send_command(*args)
-            return self.conn.read_response()
+            return _io.command(self.conn, args, timeout)
         return self.server.call(args, timeout)
 
     def lose(self, why: str) -> None:
@@ -132,7 +109,7 @@ class _Hold:
         holder = self.holder_ref()
         if first and self.on_lost is not None and holder is not None:
             try:
-                self.on_lost(holder, self.why)
+                _io.call_back(self.on_lost, holder, self.why)
             except Exception:  # noqa: BLE001 - a callback must not kill the keeper
                 pass
 
@@ -146,13 +123,11 @@ class _Hold:
         cmds = cmds + [wait_replicas(self.replicas, self.replicas_timeout)]
         if self.conn is not None:
             conn = self.conn
-            _settimeout(conn, t)
-            replies = _pipe(conn, cmds)
+            replies = _io.pipeline(conn, cmds, t)
         else:
             conn = self.server.connection(self.ttl_ms)
             try:
-                _settimeout(conn, t)
-                replies = _pipe(conn, cmds)
+                replies = _io.pipeline(conn, cmds, t)
             except BaseException:
                 self.server.put(conn, False)
                 raise
@@ -166,9 +141,7 @@ class _Hold:
             return
         t = self.server.timeout(self.ttl_ms) + self.replicas_timeout
         cmd = wait_replicas(self.replicas, self.replicas_timeout)
-        _settimeout(conn, t)
-        conn.send_command(*cmd)
-        acked = conn.read_response()
+        acked = _io.command(conn, cmd, t)
         self.durable_check(int(acked), what)
 
     def durable_check(self, acked: int, what: str) -> None:
@@ -270,20 +243,21 @@ class _Hold:
 
 
 class _Server:
-    """The package's connections to one server for one client pool, in one
-    process: connections made like the client's (class, host, credentials,
-    database, protocol) with a connect and a read timeout on every one (the
-    client's socket_timeout, else the lease's length); idle ones kept for
-    the next holder after a clean release; a keeper thread renewing this
-    server's leases, and a watcher connection told by the server (client
-    tracking, `CLIENT TRACKING ... REDIRECT`) when a held key changes."""
+    """The package's connections to one server for one client pool (in a
+    cluster: one node), in one process: connections made like the client's
+    (class, host, credentials, database, protocol), every command on them
+    within a deadline (the client's socket_timeout, else the lease's length;
+    a renewal's never past the lease); idle ones kept for the next holder
+    after a clean release; a keeper thread renewing this server's leases, and
+    a watcher connection told by the server (client tracking, `CLIENT
+    TRACKING ... REDIRECT`) when a held key changes."""
 
     _all: Dict[Any, "_Server"] = {}
     _guard = threading.Lock()
 
     def __init__(self, source: Any) -> None:
         self.pid = os.getpid()
-        self._source_ref = weakref.ref(source)
+        self._source_ref = _io.ref(source)
         self._cls = source.connection_class
         kwargs = dict(source.connection_kwargs)
         self._timeout: Optional[float] = kwargs.get("socket_timeout")
@@ -293,26 +267,23 @@ class _Server:
         for k in ("maint_notifications_pool_handler", "maint_notifications_config"):
             kwargs.pop(k, None)  # the client pool's, not for connections of ours
         self._kwargs = kwargs
+        self._lock = threading.Lock()  # the state below; never held across I/O
         self._idle: List[Any] = []
-        self._lock = threading.Lock()
-        self._cv = threading.Condition(self._lock)
         self._due: Dict[_Hold, float] = {}
         self._bound: Set[_Hold] = set()
-        self._keeper: Optional[threading.Thread] = None
+        self._wake = _io.Event()
+        self._keeper: Any = None
         self._watcher: Any = None
         self._watcher_id: Optional[int] = None
-        self._watch_thread: Optional[threading.Thread] = None
+        self._watch_thread: Any = None
+        self._making_watcher = _io.Lock()
 
     @classmethod
     def of(cls, client: Any, key: KeyT) -> "_Server":
-        """This process's `_Server` for the pool that serves `key`. One made
-        in a parent process before `fork()` is never used by the child (its
-        sockets are the parent's)."""
-        if isinstance(client, RedisCluster):
-            node = client.get_node_from_key(key)  # type: ignore[no-untyped-call]
-            source = client.get_redis_connection(node).connection_pool
-        else:
-            source = client.connection_pool
+        """This process's `_Server` for the pool (or cluster node) that
+        serves `key`. One made in a parent process before `fork()` is never
+        used by the child (its sockets are the parent's)."""
+        source = _io.source_of(client, key)
         pid = os.getpid()
         with cls._guard:
             if any(s.pid != pid for s in cls._all.values()):
@@ -330,11 +301,10 @@ class _Server:
         with self._lock:
             if self._idle:
                 return self._idle.pop()
-        kwargs = dict(self._kwargs)
         t = self.timeout(ttl_ms)
-        kwargs["socket_timeout"] = t
+        kwargs = dict(self._kwargs)
         kwargs["socket_connect_timeout"] = min(self._connect_timeout or t, t)
-        conn = self._cls(**kwargs)
+        conn = _io.open_connection(self._cls, kwargs, t)
         conn._rnl_tracking = None  # the watcher id this connection redirects to
         return conn
 
@@ -344,15 +314,13 @@ class _Server:
                 if len(self._idle) < 16:
                     self._idle.append(conn)
                     return
-        conn.disconnect()  # the server frees whatever it still held
+        _io.disconnect(conn)
 
     def call(self, args: Sequence[Any], timeout: Optional[float]) -> Any:
         """One command over an idle connection of the package's own."""
         conn = self.connection(int((timeout or 1) * 1000))
         try:
-            _settimeout(conn, timeout)
-            conn.send_command(*args)
-            reply = conn.read_response()
+            reply = _io.command(conn, args, timeout)
         except redis.ResponseError:
             self.put(conn, True)
             raise
@@ -365,55 +333,60 @@ class _Server:
     # -- keeper -----------------------------------------------------------
 
     def keep(self, hold: _Hold, due: float) -> None:
-        with self._cv:
+        with self._lock:
             self._due[hold] = due
             if hold.conn is not None:
                 self._bound.add(hold)
-            if self._keeper is None or not self._keeper.is_alive():
-                self._keeper = threading.Thread(target=self._run, name="redis-native-lock-keeper", daemon=True)
-                self._keeper.start()
-            self._cv.notify()
+            if not _io.alive(self._keeper):
+                self._keeper = _io.spawn(self._run, name="redis-native-lock-keeper")
+        self._wake.set()
 
     def forget(self, hold: _Hold) -> None:
-        with self._cv:
+        with self._lock:
             self._due.pop(hold, None)
             self._bound.discard(hold)
+            watch = self._watch_thread
+            if self._bound or self._due or watch is None:
+                return
+            # Nothing held here: the watcher goes.
+            self._watch_thread, self._watcher = None, None
+        _io.stop(watch)
 
     def _run(self) -> None:
         while True:
-            with self._cv:
-                if not self._due:
-                    if not self._cv.wait(timeout=30) and not self._due:
-                        self._keeper = None
-                        return
-                    continue
+            self._wake.clear()  # before reading the state: a keep() after it wakes the wait
+            with self._lock:
                 now = time.monotonic()
-                first = min(self._due.values())
-                if first > now:
-                    self._cv.wait(timeout=first - now)
-                    continue
+                first = min(self._due.values(), default=None)
                 ready = [h for h, d in self._due.items() if d <= now]
                 for h in ready:
                     del self._due[h]
+            if first is None:
+                if not _io.wait(self._wake, 30):
+                    with self._lock:
+                        if not self._due:
+                            self._keeper = None
+                            return
+                continue
+            if not ready:
+                _io.wait(self._wake, first - now)
+                continue
             for h in ready:
                 next_due = h.renew()
                 if next_due is not None:
-                    with self._cv:
+                    with self._lock:
                         if h.holds > 0 and not h.lost:
                             self._due[h] = next_due
 
     def keepalive(self, conn: Any, ttl_ms: int, keys: Sequence[KeyT], timeout: float) -> Any:
         """`LOCK.KEEPALIVE` and `LOCK.INFO` of each key, in one round trip
         (reading the keys again keeps them tracked)."""
-        _settimeout(conn, timeout)
-        conn.send_packed_command(conn.pack_commands([["LOCK.KEEPALIVE", ttl_ms]] + [["LOCK.INFO", k] for k in keys]))
-        n = conn.read_response()
-        return n, [parse_info(conn.read_response()) for _ in keys]
+        replies = _io.pipeline(conn, [["LOCK.KEEPALIVE", ttl_ms]] + [["LOCK.INFO", k] for k in keys], timeout)
+        return replies[0], [parse_info(r) for r in replies[1:]]
 
     def infos(self, conn: Any, keys: Sequence[KeyT], timeout: float) -> List[Any]:
-        _settimeout(conn, timeout)
-        conn.send_packed_command(conn.pack_commands([["LOCK.INFO", k] for k in keys]))
-        return [parse_info(conn.read_response()) for _ in keys]
+        replies = _io.pipeline(conn, [["LOCK.INFO", k] for k in keys], timeout)
+        return [parse_info(r) for r in replies]
 
     # -- watcher ----------------------------------------------------------
 
@@ -426,9 +399,7 @@ class _Server:
             wid = self._watcher_ready(timeout)
             conn = hold.conn
             if conn._rnl_tracking != wid:
-                _settimeout(conn, timeout)
-                conn.send_command("CLIENT", "TRACKING", "ON", "REDIRECT", wid, "NOLOOP")
-                conn.read_response()
+                _io.command(conn, ["CLIENT", "TRACKING", "ON", "REDIRECT", wid, "NOLOOP"], timeout)
                 conn._rnl_tracking = wid
             infos = self.infos(conn, hold.kind.keys, timeout)
         except redis.ResponseError:
@@ -437,45 +408,39 @@ class _Server:
             hold.lose("the key was deleted or freed right after the grant")
 
     def _watcher_ready(self, timeout: float) -> int:
-        with self._lock:
-            if self._watcher is not None and self._watch_thread is not None and self._watch_thread.is_alive():
+        with self._making_watcher:
+            if self._watcher is not None and _io.alive(self._watch_thread):
                 assert self._watcher_id is not None
                 return self._watcher_id
             kwargs = dict(self._kwargs)
             kwargs["protocol"] = 2  # invalidations as plain pub/sub messages
-            kwargs["socket_timeout"] = timeout
             kwargs["socket_connect_timeout"] = min(self._connect_timeout or timeout, timeout)
-            w = self._cls(**kwargs)
+            w = _io.open_connection(self._cls, kwargs, timeout)
             try:
-                w.send_command("CLIENT", "ID")
-                wid = int(w.read_response())
-                w.send_command("SUBSCRIBE", "__redis__:invalidate")
-                w.read_response()
+                wid = int(_io.command(w, ["CLIENT", "ID"], timeout))
+                _io.command(w, ["SUBSCRIBE", "__redis__:invalidate"], timeout)
             except BaseException:
-                w.disconnect()
+                _io.disconnect(w)
                 raise
-            self._watcher, self._watcher_id = w, wid
-            self._watch_thread = threading.Thread(
-                target=self._watch, args=(w,), name="redis-native-lock-watcher", daemon=True
-            )
-            self._watch_thread.start()
+            with self._lock:
+                self._watcher, self._watcher_id = w, wid
+                self._watch_thread = _io.spawn(self._watch, w, name="redis-native-lock-watcher")
             return wid
 
     def _watch(self, w: Any) -> None:
-        """Reads invalidations; a held key that changed is checked at once."""
+        """Reads invalidations (a listener: it waits for news, never for a
+        reply); a held key that changed is checked at once."""
         while True:
             with self._lock:
-                if self._watcher is not w:
-                    w.disconnect()
-                    return
-                if not self._bound and not self._due:
+                done = self._watcher is not w or (not self._bound and not self._due)
+                if done and self._watcher is w:
                     self._watcher = None
-                    w.disconnect()
-                    return
+                bound = list(self._bound)
+            if done:
+                _io.disconnect(w)
+                return
             try:
-                if not w.can_read(timeout=1.0):
-                    continue
-                msg = w.read_response()
+                msg = _io.listen(w)
             except Exception:  # noqa: BLE001 - the watcher is gone: recheck every bound hold
                 with self._lock:
                     if self._watcher is w:
@@ -485,20 +450,18 @@ class _Server:
                     if h.conn is not None:
                         h.conn._rnl_tracking = None
                     h.verify()
-                w.disconnect()
+                _io.disconnect(w)
                 return
             if not (isinstance(msg, list) and len(msg) == 3 and msg[0] == b"message"):
                 continue
             changed = msg[2]
-            with self._lock:
-                bound = list(self._bound)
             for h in bound:
                 if changed is None or any(_b(k) in changed for k in h.kind.keys):
                     h.verify()
 
 
 def _after_fork_in_child() -> None:
-    # The parent's servers, their locks and threads are not the child's.
+    # The parent's servers, their locks, threads and threads are not the child's.
     _Server._all = {}
     _Server._guard = threading.Lock()
 
@@ -522,11 +485,9 @@ class Holder:
     """One lock of one kind, safe to share: each thread has its own hold
     (its own owner, token and lease), as redis-py's `thread_local=True`, so
     threads sharing one object exclude one another like threads with one
-    object each. With an explicit `owner=` every thread would be the same
-    holder, so a second thread's acquire while another holds it raises
-    LockError."""
-
-    _KIND = "Holder"
+    object each. With an explicit `owner=` the object is one holder: another
+    thread's acquire while it is held raises LockError (the server would let
+    it in as the same owner)."""
 
     def __init__(
         self,
@@ -543,7 +504,7 @@ class Holder:
         on_fewer_replicas: str = "raise",
     ) -> None:
         check_client(client, want_async=False, cls=type(self).__name__)
-        self._client = client
+        self._client: Any = client  # (redis-py types its sync and asyncio clients unlike)
         self._kind = kind
         self._ttl_ms = ms(ttl, "ttl")
         self.ttl = self._ttl_ms / 1000
@@ -561,9 +522,9 @@ class Holder:
         self.replicas = replicas
         self.replicas_timeout = float(replicas_timeout)
         self.on_fewer_replicas = on_fewer_replicas
-        self._local: Any = threading.local()
+        self._holds: Any = _io.PerTask()  # the drop-in's thread_local=False: one for every thread
         self._shared: Optional[_Hold] = None  # with owner=: one hold for the object
-        self._guard = threading.Lock()
+        self._guard = threading.Lock()  # claims of an owner= object; never held across I/O
         self._sibling: Optional[Holder] = None  # the other side of a ReadWriteLock
         self._renews = True  # False: the keeper leaves this lock's leases to run out (the drop-in's timeout=)
 
@@ -571,13 +532,13 @@ class Holder:
 
     def _hold(self) -> Optional[_Hold]:
         """This thread's hold (with `owner=`: the object's), held or last held."""
-        h: Optional[_Hold] = self._shared if self._owner is not None else getattr(self._local, "hold", None)
+        h: Optional[_Hold] = self._shared if self._owner is not None else self._holds.get()
         if h is not None and h.pid != os.getpid():
             return None  # the parent's, before fork()
         return h
 
     def _set_hold(self, h: _Hold) -> None:
-        self._local.hold = h
+        self._holds.set(h)
 
     def _drop(self, h: _Hold) -> None:
         """Forgets a hold this thread replaced by a new one (the drop-in's
@@ -637,7 +598,7 @@ class Holder:
 
     def locked(self) -> bool:
         """Whether anyone holds the (first) key."""
-        return self._info() is not None
+        return (self._info()) is not None
 
     def owned(self) -> bool:
         """Whether this thread holds the (first) key, as the server says."""
@@ -645,7 +606,7 @@ class Holder:
         return h is not None and holds(self._info(), h.owner)
 
     def _info(self) -> Optional[Dict[str, Any]]:
-        return parse_info(self._client.execute_command("LOCK.INFO", self._kind.keys[0]))  # type: ignore[no-untyped-call]
+        return parse_info(self._client.execute_command("LOCK.INFO", self._kind.keys[0]))
 
     # -- acquire ----------------------------------------------------------
 
@@ -655,20 +616,27 @@ class Holder:
                 self._not_another_threads()
             owner = given or self._owner
             if owner is None and self._sibling is not None:
-                h = self._sibling._held()
-                owner = h.owner if h is not None else None  # one owner per thread on a read-write lock
-            server = _Server.of(self._client, self._kind.keys[0])
-            h = _Hold(self, owner or new_owner(), server, self._ttl_ms)
+                sib = self._sibling._held()
+                owner = sib.owner if sib is not None else None  # one owner per thread on a read-write lock
+            h = _Hold(self, owner or new_owner(), None, self._ttl_ms)  # type: ignore[arg-type]
             if self._owner is not None:
-                h.pending = True
+                h.pending = True  # claimed before the first await: another thread's acquire is refused
                 h.previous = self._shared
                 self._shared = h
-            return h
+        try:
+            h.server = _Server.of(self._client, self._kind.keys[0])
+        except BaseException:
+            with self._guard:
+                h.pending = False
+                if self._shared is h:
+                    self._shared, h.previous = h.previous, None
+            raise
+        return h
 
     def _not_another_threads(self) -> None:
         """With `owner=`, the object is one holder: another thread's acquire
         while it is held would enter too (the server sees one owner)."""
-        pid, me = os.getpid(), threading.get_ident()
+        pid, me = os.getpid(), _io.current()
         for side in (self, self._sibling):
             h = side._shared if side is not None else None
             if h is not None and (h.holds > 0 or h.pending) and h.pid == pid and h.thread != me:
@@ -753,16 +721,14 @@ class Holder:
             conn = h.server.connection(h.ttl_ms)
             args = self._kind.acquire(h.owner, h.ttl_ms, wait, self.bind)
             try:
-                _settimeout(conn, timeout)
-                conn.send_command(*args)
-                reply = conn.read_response()
+                reply = _io.command(conn, args, timeout)
             except redis.exceptions.MovedError:
                 # The slot moved: learn the new map, then ask its node.
                 h.server.put(conn, True)
                 if moved:
                     raise
                 moved = True
-                self._client.nodes_manager.initialize()  # type: ignore[union-attr]
+                self._client.nodes_manager.initialize()
                 h.server = _Server.of(self._client, self._kind.keys[0])
                 continue
             except redis.ResponseError as e:
@@ -772,12 +738,12 @@ class Holder:
                     continue
                 raise server_error(e, self._kind.keys) from e
             except BaseException:
-                # It may have been granted as we stopped listening: closing
-                # the connection frees a bound grant; an unbound one is
-                # released.
+                # It may have been granted as we stopped listening (or the
+                # thread was cancelled): closing the connection frees a bound
+                # grant; an unbound one is released.
                 h.server.put(conn, False)
                 if not self.bind and h.holds == 0:
-                    self._release_quietly(h)
+                    _io.shielded(self._release_quietly, h)
                 raise
             if reply is not None:
                 try:
@@ -798,10 +764,10 @@ class Holder:
         try:
             h.wait_acks(conn, "grant")
         except NotDurable:
+            t = h.server.timeout(h.ttl_ms)
             try:
-                _settimeout(conn, h.server.timeout(h.ttl_ms))
-                _pipe(conn, [["LOCK.RELEASE", k, h.owner] for k in self._kind.keys])
-            except (redis.RedisError, OSError):
+                _io.pipeline(conn, [["LOCK.RELEASE", k, h.owner] for k in self._kind.keys], t)
+            except _io.QUIET_ERRORS:
                 pass  # the connection closes: a bound grant goes with it, else its lease ends
             if h.holds > 0 and not self._kind.reentrant:
                 h.lose("a repeat grant was not acknowledged by enough replicas and was released")
@@ -866,7 +832,7 @@ class Holder:
                     raise
                 replies, gone = [], True
                 why = f"the key was overwritten with another type ({e})"
-            except BaseException:
+            except BaseException:  # a failure or a cancel: in doubt, the connection closes
                 h.holds = 0
                 h.server.forget(h)
                 if h.conn is not None:
@@ -894,7 +860,7 @@ class Holder:
         for k in self._kind.keys:
             try:
                 h.server.call(["LOCK.RELEASE", k, h.owner], h.server.timeout(h.ttl_ms))
-            except redis.RedisError:
+            except _io.QUIET_ERRORS:
                 pass  # the lease ends by itself
 
     # -- with -------------------------------------------------------------
@@ -908,7 +874,7 @@ class Holder:
         if exc_type is not None:
             try:
                 self.release()
-            except (LockError, redis.RedisError):
+            except (LockError, *_io.QUIET_ERRORS):
                 pass  # the work's own exception goes through
             return
         self.release()

@@ -1,0 +1,131 @@
+"""What the blocking API does differently from the asyncio one, in one
+place: reads with a deadline, background threads, locks, the calling
+thread. `_sync.py` (generated from `_async.py`) is written on these;
+`_async_io.py` has the same names."""
+
+from __future__ import annotations
+
+import threading
+import weakref
+from typing import Any, Callable, Dict, List, Optional, Sequence
+
+import redis
+from redis.cluster import RedisCluster
+
+from ._common import raise_first
+
+IO_ERRORS = (redis.ConnectionError, redis.TimeoutError, OSError)
+#: what a best-effort command (a release in doubt) may fail with
+QUIET_ERRORS = (redis.RedisError, OSError)
+
+Lock = threading.RLock  # held across I/O; reentrant, as a thread may come back (on_lost)
+Event = threading.Event
+
+
+def shielded(fn: Callable[..., None], *args: Any) -> None:
+    """`fn(*args)` (a thread is not cancelled midway)."""
+    fn(*args)
+
+
+def current() -> Any:
+    """The calling thread."""
+    return threading.get_ident()
+
+
+def spawn(fn: Callable[..., None], *args: Any, name: str) -> threading.Thread:
+    t = threading.Thread(target=fn, args=args, name=name, daemon=True)
+    t.start()
+    return t
+
+
+def alive(thread: Optional[threading.Thread]) -> bool:
+    return thread is not None and thread.is_alive()
+
+
+def stop(thread: threading.Thread) -> None:
+    """A listener thread sees it is no longer wanted at the top of its loop
+    (within `listen`'s second)."""
+
+
+def wait(event: threading.Event, seconds: float) -> bool:
+    """Whether `event` was set within `seconds`."""
+    return event.wait(seconds)
+
+
+def _settimeout(conn: Any, seconds: Optional[float]) -> None:
+    """The read timeout of the next replies on `conn` (redis-py's sync
+    `Connection` has no per-call timeout, so the socket's own is set)."""
+    if getattr(conn, "_sock", None) is None:
+        conn.connect()
+    conn._sock.settimeout(seconds)
+
+
+def command(conn: Any, args: Sequence[Any], timeout: Optional[float]) -> Any:
+    """One command on `conn`, its reply within `timeout`."""
+    _settimeout(conn, timeout)
+    conn.send_command(*args)
+    return conn.read_response()
+
+
+def pipeline(conn: Any, cmds: List[List[Any]], timeout: Optional[float]) -> List[Any]:
+    """Commands in one round trip within `timeout`; every reply read (an
+    error reply raised after the rest, so the connection stays in step)."""
+    _settimeout(conn, timeout)
+    conn.send_packed_command(conn.pack_commands(cmds))
+    out: List[Any] = []
+    for _ in cmds:
+        try:
+            out.append(conn.read_response())
+        except redis.ResponseError as e:
+            out.append(e)
+    return raise_first(out)
+
+
+def listen(w: Any) -> Any:
+    """The next message on the watcher, or None after a second without one
+    (so that the thread sees when it is no longer wanted)."""
+    if not w.can_read(timeout=1.0):
+        return None
+    return w.read_response()
+
+
+def open_connection(cls: Any, kwargs: Dict[str, Any], timeout: float) -> Any:
+    """A connection of the package's own, with a read timeout of `timeout`
+    (it connects at its first command)."""
+    return cls(**dict(kwargs, socket_timeout=timeout))
+
+
+def disconnect(conn: Any) -> None:
+    conn.disconnect()  # the server frees whatever it still held
+
+
+def source_of(client: Any, key: Any) -> Any:
+    """What a `_Server` is per: the client's pool, or in a cluster the pool
+    of the node that serves `key`."""
+    if isinstance(client, RedisCluster):
+        node = client.get_node_from_key(key)  # type: ignore[no-untyped-call]
+        return client.get_redis_connection(node).connection_pool
+    return client.connection_pool
+
+
+def ref(source: Any) -> Callable[[], Any]:
+    """A weak reference to a `_Server`'s source (a pool dropped by its
+    client is not kept alive by the package)."""
+    return weakref.ref(source)
+
+
+def call_back(fn: Callable[..., Any], *args: Any) -> None:
+    fn(*args)
+
+
+class PerTask:
+    """A value per thread."""
+
+    def __init__(self) -> None:
+        self._local = threading.local()
+
+    def get(self) -> Any:
+        return getattr(self._local, "value", None)
+
+    def set(self, value: Any) -> None:
+        self._local.value = value
