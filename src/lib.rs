@@ -46,6 +46,7 @@ mod module;
 mod persistence;
 mod replication;
 mod replies;
+mod shared;
 mod spec;
 mod stats;
 mod store;

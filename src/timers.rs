@@ -30,10 +30,9 @@
 //! until it becomes a master, and are visited then.
 
 use std::collections::{BTreeSet, HashMap, HashSet, VecDeque};
-use std::ops::{Deref, DerefMut};
 use std::os::raw::c_void;
 use std::sync::atomic::{AtomicBool, AtomicPtr, Ordering};
-use std::sync::{LazyLock, Mutex, MutexGuard, OnceLock};
+use std::sync::{LazyLock, Mutex, OnceLock};
 
 use redis_module::{raw, Context, ContextFlags};
 
@@ -41,6 +40,7 @@ use crate::bindings::{ClientId, Detached};
 use crate::clock;
 use crate::ffi::{self, api, DbKey};
 use crate::guard;
+use crate::shared::{self, Locked};
 use lock_core::Owner;
 
 #[derive(Default)]
@@ -76,30 +76,11 @@ static EXPIRED: AtomicBool = AtomicBool::new(false);
 
 /// The index, locked; `INDEXED` and `EXPIRED` follow it when the lock is
 /// let go.
-struct Locked(MutexGuard<'static, Index>);
-
-impl Deref for Locked {
-    type Target = Index;
-    fn deref(&self) -> &Index {
-        &self.0
-    }
-}
-
-impl DerefMut for Locked {
-    fn deref_mut(&mut self) -> &mut Index {
-        &mut self.0
-    }
-}
-
-impl Drop for Locked {
-    fn drop(&mut self) {
-        INDEXED.store(!self.0.by_key.is_empty(), Ordering::Relaxed);
-        EXPIRED.store(!self.0.expired.is_empty(), Ordering::Relaxed);
-    }
-}
-
-fn index() -> Locked {
-    Locked(INDEX.lock().unwrap_or_else(|p| p.into_inner()))
+fn index() -> Locked<Index> {
+    shared::lock(&INDEX, |index| {
+        INDEXED.store(!index.by_key.is_empty(), Ordering::Relaxed);
+        EXPIRED.store(!index.expired.is_empty(), Ordering::Relaxed);
+    })
 }
 
 /// Makes the module's own context; called once at load.

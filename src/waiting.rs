@@ -20,10 +20,9 @@
 //! granted). A grant whose client vanished before its reply is revoked.
 
 use std::collections::{BTreeSet, HashMap, HashSet};
-use std::ops::{Deref, DerefMut};
 use std::os::raw::{c_int, c_void};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{LazyLock, Mutex, MutexGuard};
+use std::sync::{LazyLock, Mutex};
 
 use redis_module::{raw, Context, ContextFlags, RedisResult, RedisValue};
 
@@ -35,6 +34,7 @@ use crate::ffi::{self, api, Str};
 use crate::guard;
 use crate::keys::LockKey;
 use crate::replies;
+use crate::shared::{self, Locked};
 use crate::stats;
 use crate::timers;
 use crate::txn::Txn;
@@ -199,31 +199,11 @@ static ANY_READY: AtomicBool = AtomicBool::new(false);
 static BUSY: AtomicBool = AtomicBool::new(false);
 
 /// The registry, locked; `BUSY` follows it when the lock is let go.
-struct Locked(MutexGuard<'static, Registry>);
-
-impl Deref for Locked {
-    type Target = Registry;
-    fn deref(&self) -> &Registry {
-        &self.0
-    }
-}
-
-impl DerefMut for Locked {
-    fn deref_mut(&mut self) -> &mut Registry {
-        &mut self.0
-    }
-}
-
-impl Drop for Locked {
-    fn drop(&mut self) {
-        let busy =
-            !self.0.queues.is_empty() || !self.0.revocations.is_empty() || bindings::pending() != 0;
+fn registry() -> Locked<Registry> {
+    shared::lock(&REGISTRY, |r| {
+        let busy = !r.queues.is_empty() || !r.revocations.is_empty() || bindings::pending() != 0;
         BUSY.store(busy, Ordering::Relaxed);
-    }
-}
-
-fn registry() -> Locked {
-    Locked(REGISTRY.lock().unwrap_or_else(|p| p.into_inner()))
+    })
 }
 
 /// Whether any request waits anywhere (cheap: for callbacks on every write).
