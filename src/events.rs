@@ -7,7 +7,9 @@
 //!   the key's waiters and, when every lease in it had run out, has the
 //!   leases counted and `lock.expired` announced.
 //! - The type's load callback indexes a loaded lock whose readers expire
-//!   apart (start-up, DEBUG RELOAD, a replica's full sync): `persistence`.
+//!   apart (start-up, DEBUG RELOAD, a replica's full sync): [`loaded`].
+//!
+//! The type's callbacks themselves are in `persistence`, which calls these.
 //! - Server events, once per flush, swap, role change, load or closed
 //!   connection, not per write: FLUSHDB/FLUSHALL and SWAPDB wake waiters,
 //!   SWAPDB moves the timer's entries and bindings with their keys, a
@@ -30,6 +32,7 @@ use std::ffi::CStr;
 use std::os::raw::{c_char, c_int, c_void};
 use std::sync::atomic::{AtomicU64, Ordering};
 
+use lock_core::Lock;
 use redis_module::{raw, Context, ContextFlags, RedisString, RedisValue, Status};
 
 use crate::bindings;
@@ -45,6 +48,35 @@ use crate::replication;
 use crate::stats;
 use crate::timers;
 use crate::waiting;
+
+/// A lock value is leaving key `key` of database `db` (the type's unlink).
+pub fn unlinked(db: i32, key: &[u8], lock: &Lock) {
+    let now = clock::now_ms();
+    if !lock.is_empty() && !lock.is_held(now) {
+        // Every lease had run out: Redis is expiring it (or a DEL, a write
+        // over it, removes what was left). A RENAME or MOVE that follows
+        // takes this back (`moved_away`).
+        timers::expired(db, key, lock.holder_count());
+        for h in lock.holders() {
+            stats::HOLD_TIME.record(u64::from(h.held_ms(h.deadline)));
+        }
+    }
+    if waiting::is_waited_on(&DbKey::new(db, key)) {
+        timers::schedule(db, key, Some(now));
+    } else {
+        // Nothing to visit at this name any more (a RENAME or MOVE plans a
+        // visit of the new one).
+        timers::forget(db, key);
+    }
+}
+
+/// A loaded lock (key `key` of database `db`) whose readers expire apart
+/// is visited at its earliest deadline `at`, as a command would have
+/// arranged (start-up, DEBUG RELOAD, a replica's full sync; a RESTORE is
+/// refreshed by its keyspace event). The type's load callback calls it.
+pub fn loaded(db: i32, key: &[u8], at: u64) {
+    timers::schedule_earlier(db, key, Some(at));
+}
 
 /// Subscribes to the generic keyspace class and to the server events above.
 pub fn subscribe(ctx: &Context) -> Status {

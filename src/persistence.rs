@@ -24,14 +24,13 @@ use std::os::raw::c_char;
 use crate::bindings;
 use crate::clock;
 use crate::config;
+use crate::events;
 use crate::fencing;
 use crate::ffi::{api, DbKey};
 use crate::guard::callback as guard;
 use crate::log;
 use crate::replication;
 use crate::stats;
-use crate::timers;
-use crate::waiting;
 use lock_core::{Holder, Kind, Loaded, Lock, Mode, Tokens};
 
 /// The encoding version this build writes; it reads every version up to it.
@@ -271,7 +270,13 @@ unsafe extern "C" fn rdb_load(rdb: *mut raw::RedisModuleIO, encver: c_int) -> *m
         match load_lock(rdb, encver) {
             Some(Loaded { lock, sweep_at, .. }) => {
                 stats::value(1, lock.census());
-                index_loaded(rdb, sweep_at);
+                if let Some(at) = sweep_at {
+                    let key = api!(RedisModule_GetKeyNameFromIO(rdb)).unwrap_or(std::ptr::null());
+                    if let (false, Some(db)) = (key.is_null(), api!(RedisModule_GetDbIdFromIO(rdb)))
+                    {
+                        events::loaded(db, RedisString::string_as_slice(key), at);
+                    }
+                }
                 lock.into_raw().cast::<c_void>()
             }
             // The file or payload could not be read (a load fails on it
@@ -450,42 +455,7 @@ unsafe extern "C" fn unlink2(ctx: *mut raw::RedisModuleKeyOptCtx, value: *const 
             return;
         };
         if !key.is_null() {
-            unlinked(db, RedisString::string_as_slice(key), &lock);
+            events::unlinked(db, RedisString::string_as_slice(key), &lock);
         }
     })
-}
-
-/// A lock value is leaving key `key` of database `db` (the type's unlink).
-fn unlinked(db: i32, key: &[u8], lock: &Lock) {
-    let now = clock::now_ms();
-    if !lock.is_empty() && !lock.is_held(now) {
-        // Every lease had run out: Redis is expiring it (or a DEL, a write
-        // over it, removes what was left). A RENAME or MOVE that follows
-        // takes this back (`moved_away`).
-        timers::expired(db, key, lock.holder_count());
-        for h in lock.holders() {
-            stats::HOLD_TIME.record(u64::from(h.held_ms(h.deadline)));
-        }
-    }
-    if waiting::is_waited_on(&DbKey::new(db, key)) {
-        timers::schedule(db, key, Some(now));
-    } else {
-        // Nothing to visit at this name any more (a RENAME or MOVE plans a
-        // visit of the new one).
-        timers::forget(db, key);
-    }
-}
-
-/// A loaded lock whose readers expire apart is visited at its earliest
-/// deadline, as a command would have arranged (start-up, DEBUG RELOAD, a
-/// replica's full sync; a RESTORE is refreshed by its keyspace event).
-fn index_loaded(rdb: *mut raw::RedisModuleIO, sweep_at: Option<u64>) {
-    let Some(at) = sweep_at else {
-        return;
-    };
-    let key = api!(RedisModule_GetKeyNameFromIO(rdb)).unwrap_or(std::ptr::null());
-    let db = api!(RedisModule_GetDbIdFromIO(rdb));
-    if let (false, Some(db)) = (key.is_null(), db) {
-        timers::schedule_earlier(db, RedisString::string_as_slice(key), Some(at));
-    }
 }
