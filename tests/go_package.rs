@@ -159,6 +159,7 @@ fn go_package_vet_and_tests_on_a_server_a_stalled_server_a_cluster_node_and_redl
         "TestStalledServerStallsNothingElse",
         "TestClusterNodeSingleSlot",
         "TestDurableGrants",
+        "TestGuard",
     ] {
         assert!(ran.iter().any(|r| r == t), "{t} passed:\n{out}");
     }

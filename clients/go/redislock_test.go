@@ -597,6 +597,11 @@ func TestClusterNodeSingleSlot(t *testing.T) {
 	c := New(node)
 	defer c.Close()
 	everyKind(t, c, func(n string) string { return "{go}:" + n })
+	g := acquired(t, c.Exclusive("{go}:guard"))
+	if v, err := redis.String(g.Guard(context.Background(), "SET", "{go}:guarded", "v")); err != nil || v != "OK" {
+		t.Fatalf("a guarded SET in the lock key's slot: %q %v", v, err)
+	}
+	must(t, g.Release(context.Background()))
 	h := acquired(t, c.Exclusive("{go}:renewed", WithTTL(600*time.Millisecond)))
 	time.Sleep(1500 * time.Millisecond)
 	must(t, h.Err())
@@ -746,4 +751,141 @@ func TestDurableGrants(t *testing.T) {
 		}
 		must(t, h.Release(ctx))
 	}
+}
+
+// Guard: the command runs while held, on every kind but Multi; refused
+// (ErrLeaseLost, nothing run) once the lease is lost, under another owner,
+// and under a stale token of the same owner name; pipelined with SendGuard.
+func TestGuard(t *testing.T) {
+	addr := env(t, "REDIS_LOCK_ADDR")
+	c := New(addr)
+	defer c.Close()
+	a := admin(t, addr)
+	ctx := context.Background()
+	get := func(key string) string {
+		t.Helper()
+		v, err := redis.String(a.Do("GET", key))
+		if err == redis.ErrNil {
+			return "(nil)"
+		}
+		must(t, err)
+		return v
+	}
+	_, err := a.Do("DEL", "go:guard:n")
+	must(t, err)
+	for i, lock := range []*Lock{
+		c.Exclusive("go:guard:x"),
+		c.Reentrant("go:guard:r"),
+		c.Read("go:guard:rw"),
+		c.Write("go:guard:w"),
+		c.Semaphore("go:guard:s", 2),
+		c.Exclusive("go:guard:unbound", WithBind(false)),
+	} {
+		h := acquired(t, lock)
+		data := "go:guard:data:" + lock.Keys()[0]
+		v, err := redis.String(h.Guard(ctx, "SET", data, "done"))
+		if err != nil || v != "OK" || get(data) != "done" {
+			t.Fatalf("%s: guarded SET: %q %v, %s", lock.Kind(), v, err, get(data))
+		}
+		n, err := redis.Int64(h.Guard(ctx, "INCR", "go:guard:n"))
+		if err != nil || n != int64(i+1) {
+			t.Fatalf("%s: guarded INCR: %d %v", lock.Kind(), n, err)
+		}
+		_, err = h.Guard(ctx, "INCR", data)
+		var re redis.Error
+		if !errors.As(err, &re) || errors.Is(err, ErrLeaseLost) || !strings.Contains(err.Error(), "not an integer") {
+			t.Fatalf("%s: the command's own error: %v", lock.Kind(), err)
+		}
+		must(t, h.Err())
+		must(t, h.Release(ctx))
+		if _, err := h.Guard(ctx, "SET", data, "late"); !errors.Is(err, ErrInvalid) {
+			t.Fatalf("%s: a guard after the release: %v", lock.Kind(), err)
+		}
+	}
+	m := acquired(t, c.Multi([]string{"{go:guard}:m1", "{go:guard}:m2"}))
+	if _, err := m.Guard(ctx, "SET", "{go:guard}:data", "x"); !errors.Is(err, ErrInvalid) {
+		t.Fatalf("a Multi lock's guard: %v", err)
+	}
+	must(t, m.Release(ctx))
+
+	refusedGuard := func(what string, h *Held, data, want string) {
+		t.Helper()
+		_, err := h.Guard(ctx, "SET", data, "from the lost holder")
+		var lost *LeaseLostError
+		if !errors.Is(err, ErrLeaseLost) || !errors.As(err, &lost) || lost.Token != h.Token() {
+			t.Fatalf("%s: %v", what, err)
+		}
+		select {
+		case <-h.Lost():
+		default:
+			t.Fatalf("%s: Lost() not closed", what)
+		}
+		if got := get(data); got != want {
+			t.Fatalf("%s: the data is %q, not %q", what, got, want)
+		}
+	}
+
+	// Released behind its back (unbound, long ttl: only the server's check knows).
+	_, err = a.Do("SET", "go:guard:lost:data", "before")
+	must(t, err)
+	h := acquired(t, c.Exclusive("go:guard:lost", WithBind(false)))
+	n, err := redis.Int(a.Do("LOCK.RELEASE", "go:guard:lost", h.Owner()))
+	if err != nil || n != 1 {
+		t.Fatalf("released behind its back: %d %v", n, err)
+	}
+	must(t, h.Err())
+	refusedGuard("lost", h, "go:guard:lost:data", "before")
+	if err := h.Release(ctx); !errors.Is(err, ErrLeaseLost) {
+		t.Fatalf("release after the refused guard: %v", err)
+	}
+
+	// Another owner holds the key: its data stands.
+	h = acquired(t, c.Exclusive("go:guard:other", WithBind(false)))
+	_, err = a.Do("DEL", "go:guard:other") // as if the lease ran out while this holder paused
+	must(t, err)
+	other := acquired(t, c.Exclusive("go:guard:other"))
+	_, err = other.Guard(ctx, "SET", "go:guard:other:data", "other")
+	must(t, err)
+	refusedGuard("another owner", h, "go:guard:other:data", "other")
+	must(t, other.Err())
+	must(t, other.Release(ctx))
+
+	// The lock's token is sent: the same owner name holding again refuses the stale holder.
+	stale := acquired(t, c.Exclusive("go:guard:tok", WithOwner("go-worker"), WithBind(false)))
+	_, err = a.Do("LOCK.RELEASE", "go:guard:tok", "go-worker")
+	must(t, err)
+	fresh := acquired(t, c.Exclusive("go:guard:tok", WithOwner("go-worker")))
+	if fresh.Token() <= stale.Token() {
+		t.Fatalf("tokens %d then %d", stale.Token(), fresh.Token())
+	}
+	_, err = fresh.Guard(ctx, "SET", "go:guard:tok:data", "fresh")
+	must(t, err)
+	refusedGuard("stale token", stale, "go:guard:tok:data", "fresh")
+
+	// Pipelined on a connection of the caller's: the fresh holder's guard runs, the stale one's is refused.
+	stale2 := acquired(t, c.Exclusive("go:guard:pipe", WithOwner("go-worker"), WithBind(false)))
+	_, err = a.Do("LOCK.RELEASE", "go:guard:pipe", "go-worker")
+	must(t, err)
+	fresh2 := acquired(t, c.Exclusive("go:guard:pipe", WithOwner("go-worker")))
+	conn, err := redis.Dial("tcp", addr)
+	must(t, err)
+	defer conn.Close()
+	must(t, fresh2.SendGuard(conn, "SET", "go:guard:pipe:data", "fresh"))
+	must(t, stale2.SendGuard(conn, "SET", "go:guard:pipe:data", "stale"))
+	must(t, fresh2.SendGuard(conn, "GET", "go:guard:pipe:data"))
+	must(t, conn.Flush())
+	if v, err := redis.String(fresh2.GuardResult(conn.Receive())); err != nil || v != "OK" {
+		t.Fatalf("pipelined guarded SET: %q %v", v, err)
+	}
+	if _, err := stale2.GuardResult(conn.Receive()); !errors.Is(err, ErrLeaseLost) {
+		t.Fatalf("pipelined stale guard: %v", err)
+	}
+	if v, err := redis.String(fresh2.GuardResult(conn.Receive())); err != nil || v != "fresh" {
+		t.Fatalf("pipelined guarded GET: %q %v", v, err)
+	}
+	if err := stale2.SendGuard(conn, "SET", "go:guard:pipe:data", "stale"); !errors.Is(err, ErrLeaseLost) {
+		t.Fatalf("SendGuard of a lease known lost: %v", err)
+	}
+	must(t, fresh.Release(ctx))
+	must(t, fresh2.Release(ctx))
 }

@@ -149,6 +149,8 @@ interface Adapter {
   /** The client's watcher (shared by every lock on this client), or null where there is none (clusters). */
   watcher: Watcher | null;
   prefix: string;
+  /** A command's arguments with its keys prefixed as the client prefixes a direct call's (ioredis `keyPrefix`); the same arguments where the client has no prefix. */
+  prefixKeys(args: Arg[]): Arg[];
   /** The client's own timeout (command, else connect), ms. */
   timeout: number;
   /** A cluster client (WAIT cannot follow a grant on its connection). */
@@ -307,6 +309,15 @@ function ioCall(c: any, args: Arg[], buffers?: boolean): Promise<Reply> {
   return buffers ? c.callBuffer(String(args[0]), ...args.slice(1)) : c.call(String(args[0]), ...args.slice(1));
 }
 
+/** `args` (a command and its arguments) with the command's keys prefixed as ioredis prefixes them in a direct call (its own key table; a command it does not know: none). */
+function ioPrefixed(args: Arg[], prefix: string | Buffer): Arg[] {
+  if (prefix === "" || args.length < 2) return args;
+  // eslint-disable-next-line @typescript-eslint/no-var-requires
+  const { Command } = require("ioredis");
+  const c = new Command(String(args[0]), args.slice(1), { keyPrefix: prefix });
+  return [args[0], ...(c.args as Arg[])];
+}
+
 function nrArgs(args: Arg[]): (string | Buffer)[] {
   return args.map((a) => (Buffer.isBuffer(a) ? a : String(a)));
 }
@@ -315,8 +326,10 @@ function adapt(client: any, firstKey: Bytes, timeout?: number): Adapter {
   if (isIoredisCluster(client)) {
     const o = client.options?.redisOptions ?? {};
     const t = timeout ?? positive(o.commandTimeout, positive(o.connectTimeout, 10_000));
+    const prefix = client.options?.keyPrefix ?? o.keyPrefix ?? "";
     return {
-      prefix: client.options?.keyPrefix ?? o.keyPrefix ?? "",
+      prefix,
+      prefixKeys: (args) => ioPrefixed(args, prefix),
       timeout: t,
       cluster: true,
       shared: { call: (args, ms, b) => timed(ioCall(client, args, b), ms, String(args[0])), close: async () => {} },
@@ -330,6 +343,7 @@ function adapt(client: any, firstKey: Bytes, timeout?: number): Adapter {
     const t = timeout ?? positive(o.commandTimeout, connectTimeout);
     return {
       prefix: o.keyPrefix ?? "",
+      prefixKeys: (args) => ioPrefixed(args, o.keyPrefix ?? ""),
       timeout: t,
       shared: { call: (args, ms, b) => timed(ioCall(client, args, b), ms, String(args[0])), close: async () => {} },
       dedicated: async (onClose) => {
@@ -404,6 +418,7 @@ function adapt(client: any, firstKey: Bytes, timeout?: number): Adapter {
     const t = nrTimeout(client.options?.defaults);
     return {
       prefix: "",
+      prefixKeys: (args) => args,
       timeout: t,
       cluster: true,
       shared: {
@@ -420,6 +435,7 @@ function adapt(client: any, firstKey: Bytes, timeout?: number): Adapter {
       b && typeof c.commandOptions === "function" ? c.sendCommand(nrArgs(args), c.commandOptions({ returnBuffers: true })) : c.sendCommand(nrArgs(args));
     return {
       prefix: "",
+      prefixKeys: (args) => args,
       timeout: t,
       shared: { call: (args, ms, b) => timed(send(client, args, b), ms, String(args[0])), close: async () => {} },
       dedicated: async (onClose) => {
@@ -960,6 +976,43 @@ export class Lock {
     await this.track();
   }
 
+  /**
+   * Runs one Redis command if and only if this holder still holds the lock,
+   * check and command one atomic step in the server: `LOCK.GUARD key owner
+   * TOKEN <this.token> CALL command ...args`, on the lock's connection
+   * (pipelined with whatever else is in flight on it). Resolves to the
+   * command's reply as the client decodes it; the command's own error reply
+   * rejects as the client's error does. When the server answers NOTHELD (the
+   * lock released, expired, deleted, taken by another owner, or held again
+   * under another token) nothing ran: the lease is marked lost and
+   * LeaseLostError thrown, as it is at once, without sending, when the lease
+   * is already known lost. ioredis's `keyPrefix` is applied to the command's
+   * keys as in a direct call. The command's keys must be in the lock key's
+   * slot on a cluster (CROSSSLOT otherwise). One key per guard: a multi-key
+   * lock's guard() is a LockError.
+   */
+  async guard<T = unknown>(command: string, ...args: Arg[]): Promise<T> {
+    if (typeof command !== "string" || command === "") throw new TypeError("redis-native-lock: guard() takes a command name (a non-empty string) first");
+    for (const a of args)
+      if (typeof a !== "string" && typeof a !== "number" && !Buffer.isBuffer(a))
+        throw new TypeError(`redis-native-lock: guard() arguments are strings, numbers or Buffers, not ${a === null ? "null" : typeof a}`);
+    if (this.verb === "LOCK.MACQUIRE") throw new LockError(`guard() of a multi-key lock ${show(this.names)}: LOCK.GUARD checks one key (guard with a lock on that key)`);
+    if (this.holds === 0) {
+      if (this.lostWhy !== null) throw new LeaseLostError(this.message());
+      throw new LockError("guard() of a lock not held");
+    }
+    this.check();
+    try {
+      return (await this.via.call(["LOCK.GUARD", this.keys[0], this.owner, "TOKEN", this.token as number, "CALL", ...this.adapter.prefixKeys([command, ...args])], this.adapter.timeout)) as T;
+    } catch (e) {
+      if (/^NOTHELD/.test(errorText(e))) {
+        this.lose(`LOCK.GUARD answered NOTHELD: not held under token ${this.token} any more (nothing ran)`);
+        throw new LeaseLostError(this.message());
+      }
+      throw e;
+    }
+  }
+
   /** Gives back one hold (all of a non-reentrant lock); throws LeaseLostError if it was no longer ours. */
   async release(): Promise<void> {
     if (this.holds === 0) {
@@ -1048,6 +1101,10 @@ export class Held {
   }
   extend(ttl?: number): Promise<void> {
     return this.lock.extend(ttl);
+  }
+  /** `lock.guard()`: the command, only while held (LeaseLostError otherwise). */
+  guard<T = unknown>(command: string, ...args: (string | number | Buffer)[]): Promise<T> {
+    return this.lock.guard<T>(command, ...args);
   }
   /** Releases now (the end of the scope then does nothing). */
   release(): Promise<void> {

@@ -64,6 +64,142 @@ async function everyKind(client: unknown, label: string): Promise<void> {
     assert(m.tokens.length === 2, "a token per key");
     assert(!(await Lock.exclusive(client, `${t}m2`).acquire(0)), "all or none");
     await m.release();
+    // A guarded write routed with the lock key (same slot), run while held.
+    const g = Lock.exclusive(client, `${t}g`);
+    assert(await g.acquire(), "held");
+    assert(String(await g.guard("SET", `${t}gdata`, "v")) === "OK", "the guarded SET's reply");
+    assert(String(await g.guard("GET", `${t}gdata`)) === "v", "the guarded GET read it");
+    await g.release();
+  });
+}
+
+/** A string key's value through a fresh ioredis connection. */
+async function valueOf(key: string): Promise<string | null> {
+  const r = new Redis(port, "127.0.0.1");
+  try {
+    return await r.get(key);
+  } finally {
+    r.disconnect();
+  }
+}
+
+/** What `f` rejects with (null: it resolved). */
+async function rejection(f: () => Promise<unknown>): Promise<unknown> {
+  try {
+    await f();
+  } catch (e) {
+    return e;
+  }
+  return null;
+}
+
+async function guardTests(client: unknown, label: string): Promise<void> {
+  await test(`${label}: guard() runs the command on every held kind and on hold()'s Held; its reply and its error as the command's`, async () => {
+    const t = tag();
+    const { read } = Lock.readWrite(client, `${t}rw`);
+    const kinds: [string, Lock][] = [
+      ["exclusive", Lock.exclusive(client, `${t}x`)],
+      ["reentrant", Lock.reentrant(client, `${t}r`)],
+      ["read", read],
+      ["write", Lock.write(client, `${t}w`)],
+      ["semaphore", Lock.semaphore(client, `${t}s`, 2)],
+    ];
+    for (const [kind, l] of kinds) {
+      assert(await l.acquire(), `${kind} held`);
+      assert(String(await l.guard("SET", `${t}job:${kind}`, `done by ${kind}`)) === "OK", `${kind}: SET's reply`);
+      assert((await valueOf(`${t}job:${kind}`)) === `done by ${kind}`, `${kind}: written`);
+      assert(Number(await l.guard("INCR", `${t}n`)) === kinds.findIndex(([k]) => k === kind) + 1, `${kind}: INCR's reply`);
+      await l.release();
+    }
+    {
+      await using held = await Lock.exclusive(client, `${t}h`).hold(1000);
+      assert(String(await held.guard("SET", `${t}job:held`, "done")) === "OK", "Held: SET's reply");
+      const e = await rejection(() => held.guard("INCR", `${t}job:held`));
+      assert(e instanceof Error && !(e instanceof LockError) && /not an integer/.test(e.message), `the command's own error, as the client throws it: ${e}`);
+      assert(!held.lost, "a command's error leaves the lease alone");
+      assert(String(await held.guard("SET", `${t}job:held`, "again")) === "OK", "still guarded");
+    }
+    assert((await valueOf(`${t}job:held`)) === "again", "written");
+    assert(!(await Lock.exclusive(client, `${t}h`).locked()), "released at the end of the scope");
+  });
+
+  await test(`${label}: guard() after the lease was lost elsewhere: LeaseLostError from the server's NOTHELD, nothing written`, async () => {
+    const raw = new Redis(port, "127.0.0.1");
+    const t = tag();
+    await raw.set(`${t}data`, "before");
+    // bind: false, a long ttl: the package cannot know, only the server's check refuses.
+    let why = "";
+    const l = Lock.exclusive(client, `${t}k`, { bind: false, ttl: 30_000, onLost: (w) => (why = w) });
+    assert(await l.acquire(), "held");
+    assert(Number(await raw.call("LOCK.RELEASE", `${t}k`, l.owner as string)) === 1, "released behind its back");
+    assert(!l.lost, "the package does not know yet");
+    const e = await rejection(() => l.guard("SET", `${t}data`, "after"));
+    assert(e instanceof LeaseLostError, `LeaseLostError, not ${e}`);
+    assert(l.lost && l.signal.aborted && /NOTHELD/.test(why), `marked lost: ${why}`);
+    assert((await valueOf(`${t}data`)) === "before", "nothing written");
+    const again = await rejection(() => l.guard("SET", `${t}data`, "after"));
+    assert(again instanceof LeaseLostError, `again LeaseLostError, not ${again}`);
+    assert((await l.release().catch((x) => x)) instanceof LeaseLostError, "release: LeaseLostError");
+    raw.disconnect();
+  });
+
+  await test(`${label}: guard() while another owner holds the key is refused; that owner's data is unchanged`, async () => {
+    const raw = new Redis(port, "127.0.0.1");
+    const t = tag();
+    const a = Lock.exclusive(client, `${t}k`, { bind: false, ttl: 30_000 });
+    assert(await a.acquire(), "A holds");
+    await raw.del(`${t}k`); // A's lease gone (as if expired while A paused)
+    const b = Lock.exclusive(client, `${t}k`);
+    assert(await b.acquire(), "B holds");
+    assert(String(await b.guard("SET", `${t}data`, "B")) === "OK", "B's guarded write");
+    const e = await rejection(() => a.guard("SET", `${t}data`, "A"));
+    assert(e instanceof LeaseLostError, `A: LeaseLostError, not ${e}`);
+    assert((await valueOf(`${t}data`)) === "B", "B's write stands");
+    assert(!b.lost && (await b.owned()), "B still holds");
+    await b.release();
+    raw.disconnect();
+  });
+
+  await test(`${label}: guard() sends the lock's token: a stale Lock object is refused though its owner name holds the key again`, async () => {
+    const raw = new Redis(port, "127.0.0.1");
+    const t = tag();
+    const owner = `worker-${t}`;
+    const stale = Lock.exclusive(client, `${t}k`, { owner, bind: false, ttl: 30_000 });
+    assert(await stale.acquire(), "held");
+    assert(Number(await raw.call("LOCK.RELEASE", `${t}k`, owner)) === 1, "released behind its back");
+    const fresh = Lock.exclusive(client, `${t}k`, { owner });
+    assert(await fresh.acquire(), "the same owner name holds it again");
+    assert(fresh.token! > stale.token!, "under a newer token");
+    assert(String(await fresh.guard("SET", `${t}data`, "fresh")) === "OK", "the current holder's guard runs");
+    const e = await rejection(() => stale.guard("SET", `${t}data`, "stale"));
+    assert(e instanceof LeaseLostError, `the stale token: LeaseLostError, not ${e}`);
+    assert((await valueOf(`${t}data`)) === "fresh", "nothing written by the stale one");
+    await fresh.release();
+    raw.disconnect();
+  });
+
+  await test(`${label}: guard() of a lease known lost throws at once; of a lock not held or multi-key, LockError`, async () => {
+    const raw = new Redis(port, "127.0.0.1");
+    const t = tag();
+    await raw.set(`${t}data`, "before");
+    const l = Lock.exclusive(client, `${t}k`, { ttl: 30_000 });
+    assert(await l.acquire(), "held");
+    await raw.del(`${t}k`); // the watcher tells a bound lock at once
+    for (let i = 0; i < 100 && !l.lost; i++) await sleep(5);
+    assert(l.lost, "known lost");
+    await raw.call("LOCK.ACQUIRE", `${t}k`, l.owner as string, 30_000); // held again under the owner name, another token
+    const e = await rejection(() => l.guard("SET", `${t}data`, "after"));
+    assert(e instanceof LeaseLostError, `LeaseLostError, not ${e}`);
+    assert((await valueOf(`${t}data`)) === "before", "nothing written");
+    const free = await rejection(() => Lock.exclusive(client, `${t}free`).guard("SET", `${t}data`, "x"));
+    assert(free instanceof LockError && !(free instanceof LeaseLostError) && /not held/.test((free as Error).message), `not held: ${free}`);
+    const m = Lock.multi(client, [`${t}m1`, `${t}m2`]);
+    assert(await m.acquire(), "multi held");
+    const me = await rejection(() => m.guard("SET", `${t}data`, "x"));
+    assert(me instanceof LockError && /multi-key/.test((me as Error).message), `multi-key: ${me}`);
+    await m.release();
+    assert((await valueOf(`${t}data`)) === "before", "nothing written");
+    raw.disconnect();
   });
 }
 
@@ -349,7 +485,26 @@ async function main(): Promise<void> {
     [nr, "node-redis"],
   ] as const) {
     await issueTests(c, label);
+    await guardTests(c, label);
   }
+
+  await test("ioredis: guard() sends LOCK.GUARD key owner TOKEN <token> CALL command ...", async () => {
+    const base = new Redis(port, "127.0.0.1");
+    const mon = await base.monitor();
+    const seen: string[][] = [];
+    mon.on("monitor", (_time: string, args: string[]) => seen.push(args));
+    const t = tag();
+    const l = Lock.exclusive(io, `${t}k`, { owner: "worker-1" });
+    assert(await l.acquire(), "held");
+    await l.guard("SET", "job:1", "done");
+    await l.release();
+    await sleep(50);
+    mon.disconnect();
+    base.disconnect();
+    const want = ["LOCK.GUARD", `${t}k`, "worker-1", "TOKEN", String(l.token), "CALL", "SET", "job:1", "done"];
+    assert(seen.some((a) => JSON.stringify(a) === JSON.stringify(want)), `sent ${JSON.stringify(want)}; the monitor saw ${JSON.stringify(seen.filter((a) => a[0] === "LOCK.GUARD"))}`);
+    await io.del("job:1");
+  });
 
   await test("ioredis: a waiter is granted when the holder releases", async () => {
     const t = tag();
@@ -419,6 +574,10 @@ async function main(): Promise<void> {
     const l = Lock.exclusive(pre, key);
     assert(await l.acquire(), "held");
     assert((await io.call("LOCK.INFO", `app:${key}`)) !== null, "the prefixed key holds the lock");
+    assert(String(await l.guard("SET", `${key}data`, "v")) === "OK", "a guarded SET");
+    assert((await io.get(`app:${key}data`)) === "v" && (await io.get(`${key}data`)) === null, "the guarded command's key prefixed as in a direct call");
+    assert(String(await l.guard("MSET", `${key}d1`, "1", `${key}d2`, "2")) === "OK", "a guarded MSET");
+    assert((await io.mget(`app:${key}d1`, `app:${key}d2`)).join() === "1,2", "each of its keys prefixed");
     await l.release();
     pre.disconnect();
   });
