@@ -488,6 +488,29 @@ mod docs_example {
     }
 }
 
+mod guard_example {
+    use redis_native_lock::{Error, Lock};
+
+    /// The README's and docs/clients.md's guarded write: `Ok(false)` when
+    /// busy or when the lease was lost before the write (nothing written).
+    pub fn finish_job(client: &redis::Client) -> Result<bool, Error> {
+        let mut lock = Lock::exclusive(client, "{job:1}:lock");
+        let Some(guard) = lock.acquire()? else {
+            return Ok(false);
+        };
+        // Runs in the server iff this grant still holds "{job:1}:lock" (its token).
+        match guard.call::<()>(redis::cmd("SET").arg("{job:1}:state").arg("done")) {
+            Ok(()) => {}
+            Err(Error::LeaseLost { .. }) => return Ok(false), // nothing was written
+            Err(e) => return Err(e),
+        }
+        let runs: i64 = guard.call(redis::cmd("INCR").arg("{job:1}:runs"))?;
+        println!("job 1 finished, run {runs}");
+        guard.release()?;
+        Ok(true)
+    }
+}
+
 #[test]
 fn the_docs_examples_are_these_tests() {
     let s = Server::start();
@@ -496,6 +519,16 @@ fn the_docs_examples_are_these_tests() {
     assert!(readme_example::update_order(&c, &store, "row 1").unwrap());
     assert_eq!(store.rows.lock().unwrap().len(), 1);
     assert_eq!(docs_example::four_workers(&c).unwrap(), 4);
+    assert!(guard_example::finish_job(&c).unwrap());
+    let mut admin = s.conn();
+    assert_eq!(admin.cmd(&["GET", "{job:1}:state"]).str(), "done");
+    assert_eq!(admin.cmd(&["GET", "{job:1}:runs"]).str(), "1");
+    // Busy: nothing written.
+    let mut other = Lock::exclusive(&c, "{job:1}:lock");
+    let held = other.acquire().unwrap().unwrap();
+    assert!(!guard_example::finish_job(&c).unwrap());
+    assert_eq!(admin.cmd(&["GET", "{job:1}:runs"]).str(), "1");
+    drop(held);
     // Every ```rust block of the README and of docs/clients.md's Rust
     // section is in this file, line for line (trimmed), in order.
     let here = include_str!("rust_package.rs");
@@ -1318,4 +1351,252 @@ fn an_acknowledged_grant_survives_a_sentinel_failover() {
         .int();
     assert!(next > token, "{next} <= {token}");
     drop(held);
+}
+
+/// Issue 33: `Guard::call` runs a command iff the grant still holds the
+/// lock (`LOCK.GUARD ... TOKEN <its token> CALL ...`): the command's reply
+/// typed as asked, its own errors as its own; once the lease is lost
+/// (expired in the server, freed and retaken, retaken by the same owner
+/// name under a new token) nothing runs and it is `LeaseLost` for good.
+#[test]
+fn a_guarded_call_runs_only_while_the_grant_holds_blocking() {
+    let s = Server::start();
+    let c = client(&s);
+    let mut admin = s.conn();
+    let get = |admin: &mut Conn, key: &str| admin.cmd(&["GET", key]);
+
+    // Held: runs, the reply typed as asked; the command's own error is its own.
+    let mut l = Lock::exclusive(&c, "g:lock");
+    let g = l.acquire().unwrap().unwrap();
+    let () = g.call(redis::cmd("SET").arg("g:data").arg("a")).unwrap();
+    let n: i64 = g.call(redis::cmd("INCR").arg("g:n")).unwrap();
+    assert_eq!(n, 1);
+    let v: Option<String> = g.call(redis::cmd("GET").arg("g:data")).unwrap();
+    assert_eq!(v.as_deref(), Some("a"));
+    match g.call::<i64>(redis::cmd("INCR").arg("g:data")) {
+        Err(Error::Redis(e)) => assert!(e.to_string().contains("not an integer"), "{e}"),
+        other => panic!("the command's own error: {other:?}"),
+    }
+    assert!(matches!(
+        g.call::<()>(&redis::Cmd::new()),
+        Err(Error::Invalid(_))
+    ));
+    assert!(!g.is_lost(), "the command's error is not a lost lease");
+    g.release().unwrap();
+    assert_eq!(get(&mut admin, "g:data").str(), "a");
+
+    // Expired in the server while the holder did not know (unbound, a
+    // renewal 10 s away): refused by the server, lost for good, told once.
+    let told = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let t2 = std::sync::Arc::clone(&told);
+    let mut l = Lock::exclusive(&c, "g:lock").bind(false).on_lost(move |_| {
+        t2.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+    });
+    let g = l.acquire().unwrap().unwrap();
+    let owner = String::from_utf8(l_owner(&g)).unwrap();
+    // What a pause past the lease does: the server's lease ends.
+    assert_eq!(admin.cmd(&["LOCK.RENEW", "g:lock", &owner, "1"]).int(), 1);
+    thread::sleep(ms(20));
+    assert!(!g.is_lost(), "the holder does not know yet");
+    match g.call::<()>(redis::cmd("SET").arg("g:data").arg("late")) {
+        Err(Error::LeaseLost { keys, token, why }) => {
+            assert_eq!(keys, [b"g:lock".to_vec()]);
+            assert_eq!(token, g.token());
+            assert!(why.contains("NOTHELD"), "{why}");
+        }
+        other => panic!("refused: {other:?}"),
+    }
+    assert_eq!(get(&mut admin, "g:data").str(), "a", "nothing ran");
+    assert!(g.is_lost() && matches!(g.check(), Err(Error::LeaseLost { .. })));
+    assert_eq!(told.load(std::sync::atomic::Ordering::SeqCst), 1);
+    // Known lost: refused again, nothing sent (the key is free: an
+    // unguarded write would run).
+    assert!(matches!(
+        g.call::<()>(redis::cmd("SET").arg("g:data").arg("late")),
+        Err(Error::LeaseLost { .. })
+    ));
+    assert_eq!(get(&mut admin, "g:data").str(), "a");
+    assert_eq!(told.load(std::sync::atomic::Ordering::SeqCst), 1);
+    drop(g);
+
+    // Freed and retaken by another holder, who writes: the first one's
+    // guarded write is refused, the other's stays.
+    let mut a = Lock::exclusive(&c, "g:lock").bind(false);
+    let ga = a.acquire().unwrap().unwrap();
+    let owner = String::from_utf8(l_owner(&ga)).unwrap();
+    assert_eq!(admin.cmd(&["LOCK.RELEASE", "g:lock", &owner]).int(), 1);
+    let mut b = Lock::exclusive(&c, "g:lock");
+    let gb = b.acquire().unwrap().unwrap();
+    let () = gb.call(redis::cmd("SET").arg("g:data").arg("b")).unwrap();
+    assert!(matches!(
+        ga.call::<()>(redis::cmd("SET").arg("g:data").arg("stale")),
+        Err(Error::LeaseLost { .. })
+    ));
+    assert_eq!(get(&mut admin, "g:data").str(), "b");
+    drop((ga, gb));
+
+    // The same owner name holds again, under a new token: the stale guard
+    // is refused (its token is sent), the new one runs. Without the token
+    // the owner name alone would pass (the control).
+    let mut a = Lock::exclusive(&c, "g:lock").owner("worker-a").bind(false);
+    let ga = a.acquire().unwrap().unwrap();
+    assert_eq!(admin.cmd(&["LOCK.RELEASE", "g:lock", "worker-a"]).int(), 1);
+    let mut b = Lock::exclusive(&c, "g:lock").owner("worker-a");
+    let gb = b.acquire().unwrap().unwrap();
+    assert!(gb.token() > ga.token());
+    assert!(matches!(
+        ga.call::<()>(redis::cmd("SET").arg("g:data").arg("stale")),
+        Err(Error::LeaseLost { .. })
+    ));
+    assert_eq!(get(&mut admin, "g:data").str(), "b");
+    let () = gb.call(redis::cmd("SET").arg("g:data").arg("b2")).unwrap();
+    assert_eq!(get(&mut admin, "g:data").str(), "b2");
+    let control = admin.cmd(&["LOCK.GUARD", "g:lock", "worker-a", "CALL", "GET", "g:data"]);
+    assert_eq!(control.str(), "b2", "the owner name alone passes");
+    drop((ga, gb));
+
+    // A bound lock deleted: told at once, refused without sending.
+    let mut l = Lock::exclusive(&c, "g:lock");
+    let g = l.acquire().unwrap().unwrap();
+    admin.cmd(&["DEL", "g:lock"]);
+    wait_until(Duration::from_secs(3), "the deletion told", || g.is_lost());
+    assert!(matches!(
+        g.call::<()>(redis::cmd("SET").arg("g:data").arg("gone")),
+        Err(Error::LeaseLost { .. })
+    ));
+    assert_eq!(get(&mut admin, "g:data").str(), "b2");
+    drop(g);
+
+    // A multi-key lock: its first key, or the one named, each under its
+    // own token; a key not of the lock is refused before sending.
+    let mut m = Lock::multi(&c, ["g:m1", "g:m2"]).bind(false);
+    let g = m.acquire().unwrap().unwrap();
+    let () = g.call(redis::cmd("SET").arg("g:data").arg("m")).unwrap();
+    let () = g
+        .call_on("g:m2", redis::cmd("SET").arg("g:data").arg("m2"))
+        .unwrap();
+    assert!(matches!(
+        g.call_on::<()>("g:other", redis::cmd("SET").arg("g:data").arg("x")),
+        Err(Error::Invalid(_))
+    ));
+    let owner = String::from_utf8(l_owner(&g)).unwrap();
+    assert_eq!(admin.cmd(&["LOCK.RELEASE", "g:m2", &owner]).int(), 1);
+    assert!(matches!(
+        g.call_on::<()>("g:m2", redis::cmd("SET").arg("g:data").arg("x")),
+        Err(Error::LeaseLost { .. })
+    ));
+    assert_eq!(get(&mut admin, "g:data").str(), "m2");
+    drop(g);
+
+    // A reader and a semaphore permit guard too.
+    let mut r = Lock::read(&c, "g:rw");
+    let gr = r.acquire().unwrap().unwrap();
+    let v: String = gr.call(redis::cmd("GET").arg("g:data")).unwrap();
+    assert_eq!(v, "m2");
+    drop(gr);
+    let mut p = Lock::semaphore(&c, "g:sem", 2);
+    let gp = p.acquire().unwrap().unwrap();
+    let n: i64 = gp.call(redis::cmd("INCR").arg("g:n")).unwrap();
+    assert_eq!(n, 2);
+    drop(gp);
+}
+
+/// The owner id a guard's grant went out under.
+fn l_owner(g: &Guard<'_>) -> Vec<u8> {
+    g.lock().owner_id()
+}
+
+/// The same as the blocking test, in tokio: runs while held, refused and
+/// lost for good once the server's lease is gone or retaken by the same
+/// owner name under a new token; calls from several tasks at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_guarded_call_runs_only_while_the_grant_holds_tokio() {
+    let s = Server::start();
+    let c = client(&s);
+    let mut admin = s.conn();
+
+    let mut l = aio::Lock::exclusive(&c, "ga:lock");
+    let g = l.acquire().await.unwrap().unwrap();
+    let () = g
+        .call(redis::cmd("SET").arg("ga:data").arg("a"))
+        .await
+        .unwrap();
+    // Several calls in flight at once on one guard.
+    let incr = redis::cmd("INCR").arg("ga:n").clone();
+    let (a, b, c3, d) = tokio::join!(
+        g.call::<i64>(&incr),
+        g.call::<i64>(&incr),
+        g.call::<i64>(&incr),
+        g.call::<i64>(&incr)
+    );
+    let mut replies = [a.unwrap(), b.unwrap(), c3.unwrap(), d.unwrap()];
+    replies.sort_unstable();
+    assert_eq!(replies, [1, 2, 3, 4]);
+    match g.call::<i64>(redis::cmd("INCR").arg("ga:data")).await {
+        Err(Error::Redis(e)) => assert!(e.to_string().contains("not an integer"), "{e}"),
+        other => panic!("the command's own error: {other:?}"),
+    }
+    assert!(!g.is_lost());
+    g.release().await.unwrap();
+
+    // Expired in the server, the holder not yet knowing: refused, lost.
+    let mut l = aio::Lock::exclusive(&c, "ga:lock").bind(false);
+    let g = l.acquire().await.unwrap().unwrap();
+    let owner = String::from_utf8(g.lock().owner_id()).unwrap();
+    assert_eq!(admin.cmd(&["LOCK.RENEW", "ga:lock", &owner, "1"]).int(), 1);
+    tokio::time::sleep(ms(20)).await;
+    assert!(!g.is_lost());
+    assert!(matches!(
+        g.call::<()>(redis::cmd("SET").arg("ga:data").arg("late"))
+            .await,
+        Err(Error::LeaseLost { .. })
+    ));
+    assert!(g.is_lost());
+    assert_eq!(admin.cmd(&["GET", "ga:data"]).str(), "a");
+    drop(g);
+
+    // The same owner name again, a new token: the stale guard is refused.
+    let mut a = aio::Lock::exclusive(&c, "ga:lock")
+        .owner("worker-a")
+        .bind(false);
+    let ga = a.acquire().await.unwrap().unwrap();
+    assert_eq!(admin.cmd(&["LOCK.RELEASE", "ga:lock", "worker-a"]).int(), 1);
+    let mut b = aio::Lock::exclusive(&c, "ga:lock").owner("worker-a");
+    let gb = b.acquire().await.unwrap().unwrap();
+    let () = gb
+        .call(redis::cmd("SET").arg("ga:data").arg("b"))
+        .await
+        .unwrap();
+    assert!(matches!(
+        ga.call::<()>(redis::cmd("SET").arg("ga:data").arg("stale"))
+            .await,
+        Err(Error::LeaseLost { .. })
+    ));
+    assert_eq!(admin.cmd(&["GET", "ga:data"]).str(), "b");
+    let control = admin.cmd(&[
+        "LOCK.GUARD",
+        "ga:lock",
+        "worker-a",
+        "CALL",
+        "GET",
+        "ga:data",
+    ]);
+    assert_eq!(control.str(), "b", "the owner name alone passes");
+    gb.release().await.unwrap();
+    drop(ga);
+
+    // Multi-key: call_on a named key.
+    let mut m = aio::Lock::multi(&c, ["ga:m1", "ga:m2"]);
+    let g = m.acquire().await.unwrap().unwrap();
+    let () = g
+        .call_on("ga:m2", redis::cmd("SET").arg("ga:data").arg("m"))
+        .await
+        .unwrap();
+    assert!(matches!(
+        g.call_on::<()>("ga:x", redis::cmd("SET").arg("ga:data").arg("x"))
+            .await,
+        Err(Error::Invalid(_))
+    ));
+    g.release().await.unwrap();
+    assert_eq!(admin.cmd(&["GET", "ga:data"]).str(), "m");
 }

@@ -15,10 +15,10 @@ use std::sync::{Arc, Mutex as StdMutex, MutexGuard, PoisonError, Weak};
 use std::time::{Duration, Instant};
 
 use redis::aio::MultiplexedConnection;
-use redis::AsyncConnectionConfig;
+use redis::{AsyncConnectionConfig, FromRedisValue};
 use tokio::sync::{Mutex, Notify};
 
-use crate::commands::{self, Exchange, Release, Released, Renew};
+use crate::commands::{self, Exchange, Guarded, Release, Released, Renew};
 use crate::holding::{tell, Holding};
 use crate::watch::{self, Watched};
 use crate::{
@@ -834,6 +834,68 @@ impl Guard<'_> {
             return Err(std_lock(&s.status).lost_error(&s.kind));
         }
         Ok(())
+    }
+
+    /// As the blocking [`crate::Guard::call`]: `cmd` runs iff this
+    /// acquisition still holds the lock, as one atomic step, else
+    /// [`Error::LeaseLost`] and nothing ran. Calls from several tasks on one
+    /// guard are pipelined on the holder's connection.
+    pub async fn call<T: FromRedisValue>(&self, cmd: &redis::Cmd) -> Result<T, Error> {
+        self.guarded(None, cmd).await
+    }
+
+    /// As the blocking [`crate::Guard::call_on`]: guarded on `key`, one of
+    /// the lock's keys.
+    pub async fn call_on<T: FromRedisValue>(
+        &self,
+        key: impl AsRef<[u8]>,
+        cmd: &redis::Cmd,
+    ) -> Result<T, Error> {
+        self.guarded(Some(key.as_ref()), cmd).await
+    }
+
+    async fn guarded<T: FromRedisValue>(
+        &self,
+        key: Option<&[u8]>,
+        cmd: &redis::Cmd,
+    ) -> Result<T, Error> {
+        self.check()?;
+        let s = self.shared();
+        let (guard, bound, timeout, left) = {
+            let st = std_lock(&s.status);
+            let guard = commands::guard(&s.kind, &st.tokens, &st.owner, key, cmd)?;
+            let left = st.valid_until.saturating_duration_since(Instant::now());
+            (guard, st.bound, st.timeout, left)
+        };
+        // A clone of the multiplexed connection: the watchdog and other
+        // calls are not kept waiting behind this one.
+        let Some(mut conn) = s.conn.lock().await.clone() else {
+            return Err(Error::Redis(closed()));
+        };
+        let reply = conn.query(&guard, Some(limit(timeout, left))).await;
+        match commands::guarded(reply) {
+            Ok(Guarded::Ran(v)) => Ok(v),
+            Ok(Guarded::NotHeld) => {
+                let (err, news) = std_lock(&s.status).not_held(&s.kind, self.generation);
+                tell(news);
+                Err(err)
+            }
+            Err(e) => {
+                if io_failure(&e) && !e.is_timeout() {
+                    // The connection failed (a timeout leaves a multiplexed
+                    // one usable): closing it frees a bound lock.
+                    *s.conn.lock().await = None;
+                    if bound {
+                        let news = std_lock(&s.status).set_lost(
+                            &s.kind,
+                            &format!("the connection the lock was bound to failed ({e})"),
+                        );
+                        tell(news);
+                    }
+                }
+                Err(e.into())
+            }
+        }
     }
 
     pub async fn extend(&self, ttl: Duration) -> Result<(), Error> {

@@ -5,7 +5,9 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError, Weak};
 use std::thread;
 use std::time::{Duration, Instant};
 
-use crate::commands::{self, Exchange, Release, Released, Renew};
+use redis::FromRedisValue;
+
+use crate::commands::{self, Exchange, Guarded, Release, Released, Renew};
 use crate::holding::{tell, Holding};
 use crate::watch::{self, Watched};
 use crate::{
@@ -493,6 +495,87 @@ impl Guard<'_> {
             return Err(lock(&s.status).lost_error(&s.kind));
         }
         Ok(())
+    }
+
+    /// Runs `cmd` in the server if and only if this guard's acquisition
+    /// still holds the lock there, as one atomic step (`LOCK.GUARD key
+    /// owner TOKEN token CALL …`, under this grant's token): fencing for
+    /// data that lives in the same Redis. The reply is the command's, as
+    /// `T` (its error replies are [`Error::Redis`], as a direct call's).
+    /// Not held any more (expired, released, freed, taken by someone else,
+    /// a later grant to the same owner name): nothing runs and it is
+    /// [`Error::LeaseLost`], for good, as [`Guard::check`] then says; a
+    /// lease already known lost sends nothing. A multi-key lock guards on
+    /// its first key ([`Guard::call_on`] names another).
+    ///
+    /// ```no_run
+    /// # fn main() -> Result<(), redis_native_lock::Error> {
+    /// # let client = redis::Client::open("redis://127.0.0.1:6379/")?;
+    /// let mut lock = redis_native_lock::Lock::exclusive(&client, "job:1:lock");
+    /// if let Some(guard) = lock.acquire()? {
+    ///     let () = guard.call(redis::cmd("SET").arg("job:1").arg("done"))?;
+    ///     let n: i64 = guard.call(redis::cmd("INCR").arg("job:1:runs"))?;
+    /// #   let _ = n;
+    /// }
+    /// # Ok(()) }
+    /// ```
+    pub fn call<T: FromRedisValue>(&self, cmd: &redis::Cmd) -> Result<T, Error> {
+        self.guarded(None, cmd)
+    }
+
+    /// [`Guard::call`] guarded on `key`, one of the lock's keys (a
+    /// multi-key lock's: the command runs iff that key is still held, under
+    /// its own token). A key not of the lock: [`Error::Invalid`].
+    pub fn call_on<T: FromRedisValue>(
+        &self,
+        key: impl AsRef<[u8]>,
+        cmd: &redis::Cmd,
+    ) -> Result<T, Error> {
+        self.guarded(Some(key.as_ref()), cmd)
+    }
+
+    fn guarded<T: FromRedisValue>(&self, key: Option<&[u8]>, cmd: &redis::Cmd) -> Result<T, Error> {
+        self.check()?;
+        let s = self.shared();
+        let mut slot = lock(&s.conn);
+        let (guard, bound, timeout, left) = {
+            let st = lock(&s.status);
+            let guard = commands::guard(&s.kind, &st.tokens, &st.owner, key, cmd)?;
+            let left = st.valid_until.saturating_duration_since(Instant::now());
+            (guard, st.bound, st.timeout, left)
+        };
+        let Some(conn) = slot.as_mut() else {
+            return Err(Error::Redis(closed()));
+        };
+        let reply = conn
+            .timeouts(Some(limit(timeout, left)))
+            .and_then(|()| conn.query(&guard));
+        let _ = conn.timeouts(Some(timeout));
+        match commands::guarded(reply) {
+            Ok(Guarded::Ran(v)) => Ok(v),
+            Ok(Guarded::NotHeld) => {
+                drop(slot);
+                let (err, news) = lock(&s.status).not_held(&s.kind, self.generation);
+                tell(news);
+                Err(err)
+            }
+            Err(e) => {
+                if io_failure(&e) {
+                    // A reply may still come: the connection is done for
+                    // (closing it frees a bound lock).
+                    *slot = None;
+                    drop(slot);
+                    if bound {
+                        let news = lock(&s.status).set_lost(
+                            &s.kind,
+                            &format!("the connection the lock was bound to failed ({e})"),
+                        );
+                        tell(news);
+                    }
+                }
+                Err(e.into())
+            }
+        }
     }
 
     /// Sets the lease to `ttl` from now; later renewals use it too.

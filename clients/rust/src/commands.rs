@@ -9,9 +9,9 @@
 use std::collections::VecDeque;
 use std::time::Duration;
 
-use redis::{Cmd, Pipeline, RedisResult, Value};
+use redis::{Arg, Cmd, FromRedisValue, Pipeline, RedisResult, Value};
 
-use crate::{gone_error, millis, Kind, Options};
+use crate::{gone_error, millis, Error, Kind, Options};
 use crate::{RELEASE_NIL, RENEWED_FEWER, RENEW_ZERO, TOLD, WRONGTYPE};
 
 /// `name key…` for the kind: the head of every grant command.
@@ -87,6 +87,74 @@ pub(crate) fn info(key: &[u8]) -> Cmd {
     c.arg(key);
     c
 }
+
+/// `LOCK.GUARD key owner TOKEN token CALL command arg…` for a holder of
+/// `kind` with `tokens` (in key order): guarded on `key` (one of the lock's
+/// keys; `None`: its first) under that key's token, with `call`'s command
+/// and arguments after `CALL`. [`Error::Invalid`] for a key not of the
+/// lock, no command, or a cursor argument (`Cmd::cursor_arg`: its value is
+/// the `redis` crate's own).
+pub(crate) fn guard(
+    kind: &Kind,
+    tokens: &[i64],
+    owner: &[u8],
+    key: Option<&[u8]>,
+    call: &Cmd,
+) -> Result<Cmd, Error> {
+    let keys = kind.keys();
+    let at = match key {
+        None => 0,
+        Some(k) => keys.iter().position(|own| own[..] == *k).ok_or_else(|| {
+            Error::Invalid(format!(
+                "guarded on {:?}, not a key of this lock",
+                String::from_utf8_lossy(k)
+            ))
+        })?,
+    };
+    let (Some(key), Some(token)) = (keys.get(at), tokens.get(at)) else {
+        return Err(Error::Invalid("a guarded call without a held key".into()));
+    };
+    if call.args_iter().len() == 0 {
+        return Err(Error::Invalid("a guarded call with no command".into()));
+    }
+    let mut c = redis::cmd("LOCK.GUARD");
+    c.arg(key).arg(owner).arg("TOKEN").arg(*token).arg("CALL");
+    for arg in call.args_iter() {
+        match arg {
+            Arg::Simple(a) => {
+                c.arg(a);
+            }
+            _ => {
+                return Err(Error::Invalid(
+                    "a guarded call with a cursor argument (pass the cursor as an argument)".into(),
+                ))
+            }
+        }
+    }
+    Ok(c)
+}
+
+/// What a guarded call's reply says.
+pub(crate) enum Guarded<T> {
+    /// The command ran: its reply, as asked for.
+    Ran(T),
+    /// `NOTHELD`: not this holder's now (nothing ran).
+    NotHeld,
+}
+
+/// A `LOCK.GUARD` reply: the command's own (its errors are `Err`, as a
+/// direct call's), or `NOTHELD`.
+pub(crate) fn guarded<T: FromRedisValue>(reply: RedisResult<Value>) -> RedisResult<Guarded<T>> {
+    match reply {
+        Ok(v) => Ok(Guarded::Ran(redis::from_redis_value(v)?)),
+        Err(e) if e.code() == Some("NOTHELD") => Ok(Guarded::NotHeld),
+        Err(e) => Err(e),
+    }
+}
+
+/// Why a lease is lost after a guarded call was refused.
+pub(crate) const NOT_HELD: &str =
+    "LOCK.GUARD answered NOTHELD: not held (under this token) any more; the command did not run";
 
 /// `PUBLISH channel ""`: wakes the watcher listening on `channel`.
 pub(crate) fn publish(channel: &str) -> Cmd {
@@ -436,6 +504,61 @@ mod tests {
             vec![Ok(Value::Int(1)), Err(crate::closed())],
         );
         assert!(out.is_err());
+    }
+
+    #[test]
+    fn a_guarded_call_carries_the_holders_key_owner_and_token() {
+        let packed = |c: &Cmd| String::from_utf8_lossy(&c.get_packed_command()).into_owned();
+        let mut set = redis::cmd("SET");
+        set.arg("job:1").arg(b"d\x00ne");
+        let expected = |key: &str, token: i64| {
+            let mut c = redis::cmd("LOCK.GUARD");
+            c.arg(key)
+                .arg("o")
+                .arg("TOKEN")
+                .arg(token)
+                .arg("CALL")
+                .arg("SET")
+                .arg("job:1")
+                .arg(b"d\x00ne");
+            packed(&c)
+        };
+        let one = Kind::Exclusive(b"k".to_vec());
+        let c = guard(&one, &[7], b"o", None, &set).unwrap();
+        assert_eq!(packed(&c), expected("k", 7));
+        // A multi-key lock: its first key, or the one named, each under its own token.
+        let c = guard(&multi(), &[3, 4], b"o", None, &set).unwrap();
+        assert_eq!(packed(&c), expected("a", 3));
+        let c = guard(&multi(), &[3, 4], b"o", Some(b"b"), &set).unwrap();
+        assert_eq!(packed(&c), expected("b", 4));
+        // Refused before anything is sent.
+        let invalid = |r: Result<Cmd, Error>| matches!(r, Err(Error::Invalid(_)));
+        assert!(invalid(guard(&multi(), &[3, 4], b"o", Some(b"c"), &set)));
+        assert!(invalid(guard(&one, &[], b"o", None, &set)));
+        assert!(invalid(guard(&one, &[7], b"o", None, &redis::Cmd::new())));
+        let mut scan = redis::cmd("SCAN");
+        scan.cursor_arg(0);
+        assert!(invalid(guard(&one, &[7], b"o", None, &scan)));
+    }
+
+    #[test]
+    fn a_guarded_reply_is_the_commands_or_not_held() {
+        assert!(matches!(
+            guarded::<i64>(Ok(Value::Int(5))),
+            Ok(Guarded::Ran(5))
+        ));
+        let not_held = redis::make_extension_error("NOTHELD".into(), Some("not held".into()));
+        assert!(matches!(
+            guarded::<i64>(Err(not_held)),
+            Ok(Guarded::NotHeld)
+        ));
+        // The command's own errors stay its own, WRONGTYPE included.
+        let e = guarded::<i64>(Err(wrongtype()))
+            .err()
+            .map(|e| e.code().map(String::from));
+        assert_eq!(e, Some(Some("WRONGTYPE".to_string())));
+        // A reply not of the type asked for: a parse error.
+        assert!(guarded::<i64>(Ok(Value::Nil)).is_err());
     }
 
     #[test]

@@ -4,6 +4,7 @@
 
 use std::time::{Duration, Instant};
 
+use crate::commands::NOT_HELD;
 use crate::{fresh_owner, Error, Kind, OnLost, Options, RAN_OUT};
 
 /// One `Lock`'s state: its owner and options, and its current acquisition.
@@ -97,6 +98,26 @@ impl Holding {
             return self.set_lost(kind, RAN_OUT);
         }
         None
+    }
+
+    /// A guarded call of `generation`'s acquisition was answered `NOTHELD`:
+    /// the lease is lost for good (if that acquisition is still this one).
+    /// The `LeaseLost` error, and the callback to call if this is news.
+    pub(crate) fn not_held(
+        &mut self,
+        kind: &Kind,
+        generation: u64,
+    ) -> (Error, Option<(OnLost, Error)>) {
+        let news = if self.current(generation) {
+            self.set_lost(kind, NOT_HELD)
+        } else {
+            None
+        };
+        let mut err = self.lost_error(kind);
+        if let Error::LeaseLost { why, .. } = &mut err {
+            NOT_HELD.clone_into(why);
+        }
+        (err, news)
     }
 
     /// After a renewal acknowledged by `acks` (a `WAIT`'s outcome): sets

@@ -26,6 +26,15 @@
 //! [`Lock::multi`] (`LOCK.MACQUIRE`: every key or none; [`Guard::tokens`]
 //! per key). Keys and owners are bytes (`impl AsRef<[u8]>`).
 //!
+//! # Writes only while held
+//!
+//! [`Guard::call`] runs a command in the server if and only if the grant
+//! still holds the lock, as one atomic step (`LOCK.GUARD key owner TOKEN
+//! token CALL ...`): fencing for data in the same Redis. Once the lease is
+//! gone (expired, freed, retaken, or granted again to the same owner name
+//! under another token) nothing runs and it is [`Error::LeaseLost`]. A
+//! multi-key lock guards on its first key, [`Guard::call_on`] on another.
+//!
 //! # One holder, one object: the types keep it so
 //!
 //! A [`Lock`] is one holder (one owner id in the server). Two acquires
