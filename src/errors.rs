@@ -52,6 +52,9 @@ pub enum LockError {
     /// LOCK.GUARD: the owner does not hold the key now (or not under that
     /// token).
     NotHeld,
+    /// LOCK.GUARD's key holds another type (worded apart from the called
+    /// command's own WRONGTYPE, so that a client can tell which).
+    GuardWrongType,
     /// LOCK.GUARD's TOKEN is not a positive integer.
     BadToken,
     /// LOCK.GUARD asked to run what it may not (what it is, carried here).
@@ -138,6 +141,9 @@ impl LockError {
                     .into()
             }
             LockError::BadToken => "ERR TOKEN must be a positive integer".into(),
+            LockError::GuardWrongType => {
+                "WRONGTYPE LOCK.GUARD's key holds another type, not a lock: nothing was run".into()
+            }
             LockError::NotGuardable(what) => format!(
                 "ERR LOCK.GUARD cannot run {}: nothing was run",
                 match what {

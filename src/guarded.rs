@@ -96,7 +96,11 @@ fn guard(ctx: &Context, args: Argv<'_>) -> RedisResult {
 fn holds(ctx: &Context, guard: &GuardArgs<'_>) -> Result<bool, LockError> {
     // Closed before the command runs: it may change or delete this key.
     let key = LockKey::open(ctx, guard.key, false)?;
-    let Some(lock) = key.lock()? else {
+    let lock = match key.lock() {
+        Err(LockError::WrongType) => return Err(LockError::GuardWrongType),
+        other => other?,
+    };
+    let Some(lock) = lock else {
         return Ok(false);
     };
     let now = clock::now_ms();
