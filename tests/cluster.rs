@@ -816,3 +816,255 @@ fn macquire_needs_its_keys_in_one_slot() {
     let r = c.cmd(&["LOCK.MACQUIRE", "2", &a, &format!("{far}:b"), "p", "30000"]);
     assert!(r.err().starts_with("CROSSSLOT"), "{r:?}");
 }
+
+/// `COMMAND GETKEYS` of a `LOCK.GUARD` call, as strings.
+fn getkeys(c: &mut Conn, guard: &[&str]) -> Vec<String> {
+    let mut args = vec!["COMMAND", "GETKEYS"];
+    args.extend_from_slice(guard);
+    let r = c.cmd(&args);
+    r.array().iter().map(Reply::str).collect()
+}
+
+/// How many keys of `slot` each of the six nodes has.
+fn keys_in_slot_everywhere(cl: &Cluster, slot: u16) -> Vec<i64> {
+    cl.nodes
+        .iter()
+        .map(|n| {
+            n.conn()
+                .cmd(&["CLUSTER", "COUNTKEYSINSLOT", &slot.to_string()])
+                .int()
+        })
+        .collect()
+}
+
+/// LOCK.GUARD's keys are the lock key and the called command's keys
+/// (getkeys-api): a cluster routes the guard by them, answers MOVED from a
+/// node that does not serve their slot, and CROSSSLOT when the called
+/// command names a key of another slot than the lock's (even one served by
+/// the same node), whether or not the owner holds the lock; nothing runs
+/// then. `COMMAND GETKEYS` lists every key.
+#[test]
+fn guard_runs_on_the_lock_keys_node_and_needs_every_key_in_its_slot() {
+    let cl = Cluster::start();
+    let masters = cl.masters();
+    let owner = masters[0];
+    let owner_port = cl.nodes[owner].port;
+    let (tag, slot) = tag_on(&cl, owner, "job");
+    let (far_tag, far_slot) = tag_on(&cl, masters[1], "far");
+    // Another slot of the same node.
+    let (near_tag, near_slot) = (0..)
+        .map(|n| tag_on(&cl, owner, &format!("near{n}-")))
+        .find(|(_, s)| *s != slot)
+        .expect("a second slot on the owner");
+    let lock = format!("{tag}:lock");
+    let data = format!("{tag}:data");
+    let far = format!("{far_tag}:data");
+    let near = format!("{near_tag}:data");
+    let mut cc = ClusterClient::new(&cl.ports());
+    let t = token(cc.cmd(&["LOCK.ACQUIRE", &lock, "o", "600000"]));
+    assert_eq!(cc.last_port(), owner_port);
+    let ts = t.to_string();
+
+    // --- Same slot: routed to the owner, runs there.
+    let r = cc.cmd(&["LOCK.GUARD", &lock, "o", "CALL", "SET", &data, "v1"]);
+    assert_eq!(r, Reply::Status("OK".into()), "guarded SET");
+    assert_eq!(
+        cc.last_port(),
+        owner_port,
+        "the guard went to the lock's node"
+    );
+    let r = cc.cmd(&[
+        "LOCK.GUARD",
+        &lock,
+        "o",
+        "TOKEN",
+        &ts,
+        "CALL",
+        "HSET",
+        &format!("{tag}:h"),
+        "f",
+        "1",
+    ]);
+    assert_eq!(r, Reply::Int(1), "guarded HSET under the token");
+    let r = cc.cmd(&[
+        "LOCK.GUARD",
+        &lock,
+        "o",
+        "CALL",
+        "MSET",
+        &format!("{tag}:a"),
+        "1",
+        &format!("{tag}:b"),
+        "2",
+    ]);
+    assert_eq!(r, Reply::Status("OK".into()), "guarded MSET in one slot");
+    // A lock command on another key of the slot.
+    let t2 = token(cc.cmd(&[
+        "LOCK.GUARD",
+        &lock,
+        "o",
+        "CALL",
+        "LOCK.ACQUIRE",
+        &format!("{tag}:other"),
+        "o",
+        "600000",
+    ]));
+    assert!(t2 > t, "a guarded grant on the owner: {t2} after {t}");
+    let mut oc = cl.nodes[owner].conn();
+    assert_eq!(oc.cmd(&["GET", &data]).str(), "v1");
+    assert_eq!(oc.cmd(&["HGET", &format!("{tag}:h"), "f"]).str(), "1");
+    assert_eq!(oc.cmd(&["GET", &format!("{tag}:a")]).str(), "1");
+    assert_eq!(oc.cmd(&["GET", &format!("{tag}:b")]).str(), "2");
+    assert_eq!(
+        oc.lock_info(format!("{tag}:other"))
+            .map(|i| i.holder("o").token),
+        Some(t2)
+    );
+    // Its replica got the called commands.
+    let replica = cl.replica_of(owner);
+    wait_for_sync(&cl.nodes[owner], &cl.nodes[replica]);
+    assert_eq!(
+        readonly(&cl.nodes[replica]).cmd(&["GET", &data]).str(),
+        "v1"
+    );
+    // Not held, wrong token: NOTHELD on the right node, nothing run.
+    for who in [
+        vec!["LOCK.GUARD", &lock, "x", "CALL", "SET", &data, "no"],
+        vec![
+            "LOCK.GUARD",
+            &lock,
+            "o",
+            "TOKEN",
+            "1",
+            "CALL",
+            "SET",
+            &data,
+            "no",
+        ],
+    ] {
+        let r = cc.cmd(&who);
+        assert!(r.err().starts_with("NOTHELD"), "{who:?}: {r:?}");
+        assert_eq!(cc.last_port(), owner_port);
+    }
+    assert_eq!(oc.cmd(&["GET", &data]).str(), "v1", "nothing ran");
+
+    // --- MOVED from any other master, for a guard that would run; the
+    // redirection leads to the owner, where it runs.
+    for &m in masters.iter().filter(|&&m| m != owner) {
+        let r = cl.nodes[m]
+            .conn()
+            .cmd(&["LOCK.GUARD", &lock, "o", "CALL", "SET", &data, "moved"]);
+        assert_eq!(
+            r,
+            Reply::Error(format!("MOVED {slot} 127.0.0.1:{owner_port}")),
+            "a guard sent to node {}",
+            cl.nodes[m].port
+        );
+    }
+    assert_eq!(oc.cmd(&["GET", &data]).str(), "v1", "nothing ran on MOVED");
+    let r = oc.cmd(&["LOCK.GUARD", &lock, "o", "CALL", "SET", &data, "moved"]);
+    assert_eq!(r, Reply::Status("OK".into()), "at the MOVED target");
+    assert_eq!(oc.cmd(&["GET", &data]).str(), "moved");
+
+    // --- CROSSSLOT: a called key of another slot (another node's, or the
+    // same node's), held or not, from every master; nothing runs.
+    let mset_two = [
+        "MSET",
+        &format!("{tag}:c"),
+        "1",
+        &format!("{far_tag}:d"),
+        "2",
+    ];
+    let mut crossing: Vec<Vec<String>> = Vec::new();
+    for owner_name in ["o", "x"] {
+        for called in [
+            vec!["SET", &far, "v"],
+            vec!["SET", &near, "v"],
+            vec!["INCR", &far],
+            vec!["LOCK.ACQUIRE", &far, "o", "1000"],
+            mset_two.to_vec(),
+        ] {
+            let mut args = vec!["LOCK.GUARD", lock.as_str(), owner_name, "CALL"];
+            args.extend(called);
+            crossing.push(args.iter().map(|s| s.to_string()).collect());
+        }
+    }
+    for args in &crossing {
+        for &m in &masters {
+            let r = cl.nodes[m].conn().cmd(args);
+            assert!(
+                r.is_err() && r.err().starts_with("CROSSSLOT"),
+                "{args:?} on node {}: {r:?}",
+                cl.nodes[m].port
+            );
+        }
+    }
+    for s in [far_slot, near_slot] {
+        assert_eq!(
+            keys_in_slot_everywhere(&cl, s),
+            vec![0; 6],
+            "no key of slot {s} on any node"
+        );
+    }
+    assert!(oc.cmd(&["GET", &format!("{tag}:c")]).is_nil(), "MSET ran");
+    assert_eq!(oc.cmd(&["GET", &data]).str(), "moved");
+
+    // --- COMMAND GETKEYS lists the lock key, then the called command's.
+    assert_eq!(
+        getkeys(
+            &mut oc,
+            &["LOCK.GUARD", &lock, "o", "CALL", "SET", &data, "v"]
+        ),
+        vec![lock.clone(), data.clone()]
+    );
+    assert_eq!(
+        getkeys(
+            &mut oc,
+            &[
+                "LOCK.GUARD",
+                &lock,
+                "o",
+                "TOKEN",
+                &ts,
+                "CALL",
+                "SET",
+                &far,
+                "v"
+            ]
+        ),
+        vec![lock.clone(), far.clone()]
+    );
+    assert_eq!(
+        getkeys(
+            &mut oc,
+            &["LOCK.GUARD", &lock, "o", "CALL"]
+                .iter()
+                .chain(&mset_two)
+                .copied()
+                .collect::<Vec<_>>()
+        ),
+        vec![lock.clone(), format!("{tag}:c"), format!("{far_tag}:d")]
+    );
+    assert_eq!(
+        getkeys(
+            &mut oc,
+            &[
+                "LOCK.GUARD",
+                &lock,
+                "o",
+                "CALL",
+                "LOCK.MACQUIRE",
+                "2",
+                &data,
+                &far,
+                "o",
+                "1"
+            ]
+        ),
+        vec![lock.clone(), data.clone(), far.clone()]
+    );
+    assert_eq!(
+        getkeys(&mut oc, &["LOCK.GUARD", &lock, "o", "CALL", "PING"]),
+        vec![lock.clone()]
+    );
+}

@@ -15,6 +15,20 @@
 //!   a positive integer, RELEASE answers 1, 0 or nil, LOCK.INFO satisfies the
 //!   invariants below) and every error must be one the module or Redis
 //!   documents: never the module's "internal error".
+//! - `LOCK.GUARD` (contract v3), one lock command in 40 and in MULTI
+//!   blocks and scripts like the others: hot lock keys, the fuzz owners
+//!   (so the owner sometimes holds), no TOKEN, a token this connection was
+//!   granted or any integer; called: SET, INCR, DEL, HSET, GET, APPEND on
+//!   data keys or on the lock key itself, lock commands, and what a guard
+//!   refuses (blocking commands, MULTI, EXEC, WATCH, EVAL, a WAIT, a nested
+//!   guard). Its reply is an allowed error or the called command's. And
+//!   about 1 command in 300 is a digest-checked guard, alone in MULTI
+//!   (nothing else runs, nothing expires meanwhile; `checked_guard`): a
+//!   refused guard (NOTHELD, `ERR LOCK.GUARD cannot run`) leaves the digest
+//!   of every key it names unchanged (in 1 block of 8, `DEBUG DIGEST` of the
+//!   whole dataset: it costs about 10 us a key on a debug build); a guard
+//!   that ran a data command answered as the command run directly on a
+//!   `COPY` of its key, and left the key as that run left the copy.
 //! - Four waiter threads on their own connections send grants with short
 //!   WAITs (1-5 ms; `WAIT 0` only on a private key whose 20 ms lease is sure
 //!   to end), disconnect while waiting, release, renew, re-enter; with
@@ -34,12 +48,13 @@
 
 mod common;
 
-use std::collections::{BTreeMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
+use common::errors::Unguardable;
 use common::*;
 
 const BATCH: usize = 1000;
@@ -221,6 +236,10 @@ enum Kind {
     Other,
     Multi,
     Exec,
+    /// LOCK.GUARD: an allowed error, or the called command's reply.
+    Guard,
+    /// The EXEC of a digest-checked guard block (`checked_guard`).
+    GuardExec,
 }
 
 struct Cmd {
@@ -237,6 +256,7 @@ fn kind_of(name: &[u8]) -> Kind {
         b"LOCK.RENEW" => Kind::Renew,
         b"LOCK.INFO" => Kind::Info,
         b"LOCK.SYNC" => Kind::Sync,
+        b"LOCK.GUARD" => Kind::Guard,
         b"MULTI" => Kind::Multi,
         b"EXEC" => Kind::Exec,
         _ if n.starts_with(b"LOCK.") => Kind::Unknown,
@@ -252,7 +272,10 @@ fn may_block(args: &[Vec<u8>]) -> bool {
 }
 
 /// One random `LOCK.*` command (random arity, odd arguments).
-fn lock_command(rng: &mut Rng) -> Vec<Vec<u8>> {
+fn lock_command(rng: &mut Rng, tokens: &Tokens) -> Vec<Vec<u8>> {
+    if rng.chance(1, 40) {
+        return guard_command(rng, tokens).0;
+    }
     let name = match rng.below(100) {
         0..=14 => "LOCK.ACQUIRE",
         15..=25 => "LOCK.RACQUIRE",
@@ -356,8 +379,8 @@ fn new_kind_command(rng: &mut Rng, name: &str) -> Vec<Vec<u8>> {
 }
 
 /// A Lua script calling a random lock command; a `WAIT 0` inside must not block.
-fn script(rng: &mut Rng) -> Vec<Vec<u8>> {
-    let mut cmd = lock_command(rng);
+fn script(rng: &mut Rng, tokens: &Tokens) -> Vec<Vec<u8>> {
+    let mut cmd = lock_command(rng, tokens);
     if kind_of(&cmd[0]) == Kind::Grant && cmd.len() == 4 {
         cmd.push(b"WAIT".to_vec());
         cmd.push(b"0".to_vec());
@@ -373,6 +396,324 @@ fn script(rng: &mut Rng) -> Vec<Vec<u8>> {
     let mut args = vec![b"EVAL".to_vec(), body.into_bytes(), b"0".to_vec()];
     args.extend(cmd);
     args
+}
+
+/// Tokens this connection was granted, by `(key, owner)`: a guard's
+/// `TOKEN` is sometimes one of them (right while the grant lives).
+type Tokens = HashMap<(Vec<u8>, Vec<u8>), i64>;
+
+/// Records the token of a granted `LOCK.ACQUIRE`, `RACQUIRE` or `READ`.
+fn note_token(tokens: &mut Tokens, args: &[Vec<u8>], r: &Reply) {
+    if let (Kind::Grant, Reply::Int(t), [name, key, owner, ..]) = (kind_of(&args[0]), r, args) {
+        if *t > 0 && !name.eq_ignore_ascii_case(b"LOCK.SEMAPHORE") && key.starts_with(b"fz:") {
+            if tokens.len() > 10_000 {
+                tokens.clear();
+            }
+            tokens.insert((key.clone(), owner.clone()), *t);
+        }
+    }
+}
+
+/// Keys that guards write (strings and hashes, never locks: the guarded
+/// lock commands only name hot keys), shared by both connections.
+fn data_key(rng: &mut Rng) -> Vec<u8> {
+    format!("fz:d:{}", rng.below(4)).into_bytes()
+}
+
+/// What a guard calls: plain data commands (checked against the same
+/// command run directly), lock commands, what a guard refuses, odd forms.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Called {
+    /// SET, INCR, DEL, HSET, GET, APPEND on a data key.
+    Data,
+    /// The same on the guard's own lock key.
+    OnLock,
+    Lock,
+    Refused,
+    Odd,
+}
+
+/// A plain data command on `key`.
+fn data_command(rng: &mut Rng, key: Vec<u8>) -> Vec<Vec<u8>> {
+    let s = |x: &str| x.as_bytes().to_vec();
+    let name = rng_pick_name(rng);
+    let name = odd_case(rng, name);
+    let mut args = vec![name.clone(), key];
+    match name.to_ascii_uppercase().as_slice() {
+        b"SET" => args.push((rng.below(100)).to_string().into_bytes()),
+        b"HSET" => {
+            args.push(format!("f{}", rng.below(3)).into_bytes());
+            args.push(s("v"));
+        }
+        b"APPEND" => args.push(s("x")),
+        _ => {}
+    }
+    args
+}
+
+fn rng_pick_name(rng: &mut Rng) -> &'static str {
+    const NAMES: &[&str] = &["SET", "SET", "INCR", "INCR", "DEL", "HSET", "GET", "APPEND"];
+    NAMES[rng.below(NAMES.len() as u64) as usize]
+}
+
+/// `LOCK.GUARD key owner [TOKEN token] CALL command [arg ...]`: the lock
+/// key is mostly a hot key, the owner one of the fuzz owners (so that it
+/// sometimes holds), the token absent, one this connection was granted, or
+/// any integer.
+fn guard_command(rng: &mut Rng, tokens: &Tokens) -> (Vec<Vec<u8>>, Called) {
+    let s = |x: &str| x.as_bytes().to_vec();
+    let lock = if rng.chance(9, 10) {
+        hot_key(rng)
+    } else {
+        key(rng)
+    };
+    let owner = if rng.chance(9, 10) {
+        format!("o{}", rng.below(8)).into_bytes()
+    } else {
+        owner(rng)
+    };
+    let mut args = vec![odd_case(rng, "LOCK.GUARD"), lock.clone(), owner.clone()];
+    match rng.below(10) {
+        0..=3 => {}
+        4..=7 => {
+            args.push(odd_case(rng, "TOKEN"));
+            let t = tokens.get(&(lock.clone(), owner.clone())).copied();
+            args.push(match t {
+                Some(t) if rng.chance(3, 4) => t.to_string().into_bytes(),
+                _ => integer(rng),
+            });
+        }
+        _ => args.push(option(rng)), // no CALL where it is due
+    }
+    args.push(odd_case(rng, "CALL"));
+    let (called, what) = match rng.below(100) {
+        0..=44 => {
+            let d = data_key(rng);
+            (data_command(rng, d), Called::Data)
+        }
+        45..=54 => (data_command(rng, lock.clone()), Called::OnLock),
+        55..=69 => {
+            let called = match rng.below(5) {
+                0 => vec![s("LOCK.ACQUIRE"), hot_key(rng), owner.clone(), ttl(rng)],
+                1 => vec![s("LOCK.RELEASE"), lock.clone(), owner.clone()],
+                2 => vec![s("LOCK.RENEW"), lock.clone(), owner.clone(), ttl(rng)],
+                3 => vec![s("LOCK.READ"), hot_key(rng), owner.clone(), ttl(rng)],
+                _ => vec![s("LOCK.INFO"), hot_key(rng)],
+            };
+            (called, Called::Lock)
+        }
+        70..=94 => {
+            let d = data_key(rng);
+            let called: Vec<Vec<u8>> = match rng.below(10) {
+                0 => vec![s("BLPOP"), d, s("0")],
+                1 => vec![s("BRPOPLPUSH"), d.clone(), d, s("1")],
+                2 => vec![s("XREAD"), s("BLOCK"), s("0"), s("STREAMS"), d, s("0")],
+                3 => vec![s("MULTI")],
+                4 => vec![s("EXEC")],
+                5 => vec![s("WATCH"), d],
+                6 => vec![s("EVAL"), s("return 1"), s("0")],
+                7 => {
+                    let mut c = vec![s("LOCK.ACQUIRE"), hot_key(rng), owner.clone(), ttl(rng)];
+                    c.push(odd_case(rng, "WAIT"));
+                    c.push(rng.pick(&["0", "5", "1000"]).as_bytes().to_vec());
+                    c
+                }
+                8 => vec![
+                    s("LOCK.MACQUIRE"),
+                    s("1"),
+                    hot_key(rng),
+                    owner.clone(),
+                    s("100"),
+                    s("WAIT"),
+                    s("0"),
+                ],
+                _ => vec![
+                    s("LOCK.GUARD"),
+                    lock.clone(),
+                    owner.clone(),
+                    s("CALL"),
+                    s("SET"),
+                    d,
+                    s("nested"),
+                ],
+            };
+            (called, Called::Refused)
+        }
+        _ => {
+            let called = match rng.below(4) {
+                0 => vec![s("NOSUCHCOMMAND"), data_key(rng)],
+                1 => vec![s("SET"), data_key(rng)],
+                2 => vec![Vec::new()],
+                _ => vec![s("INCR"), s("fz:str")],
+            };
+            (called, Called::Odd)
+        }
+    };
+    args.extend(called);
+    (args, what)
+}
+
+/// A guard run alone in `MULTI` (no other client, timer or expiry runs
+/// meanwhile), between two `DEBUG DIGEST`s: first a grant to the guard's
+/// owner now and then (so that it often holds), `EXISTS` of the keys it
+/// names (so that lazy expiry happens before the first digest, not inside
+/// the guard), and for a data command a twin of its key (`COPY`), on which
+/// the command then runs directly. `check_guard_exec` reads the 11 replies.
+fn checked_guard(rng: &mut Rng, tokens: &Tokens) -> Vec<Cmd> {
+    let s = |x: &str| x.as_bytes().to_vec();
+    let (guard, what) = guard_command(rng, tokens);
+    let call = guard
+        .iter()
+        .position(|a| a.eq_ignore_ascii_case(b"CALL"))
+        .map_or(guard.len(), |i| i + 1);
+    let called = guard[call.min(guard.len())..].to_vec();
+    let lock = guard[1].clone();
+    let twin = b"fz:twin".to_vec();
+    let data = called.get(1).cloned().unwrap_or_else(|| b"fz:d:0".to_vec());
+    let ping = || vec![s("PING")];
+    let mut q: Vec<Vec<Vec<u8>>> = Vec::new();
+    q.push(if rng.chance(1, 2) && guard.len() > 2 {
+        let name = *rng.pick(&["LOCK.ACQUIRE", "LOCK.RACQUIRE", "LOCK.READ"]);
+        vec![s(name), lock.clone(), guard[2].clone(), s("60000")]
+    } else {
+        ping()
+    });
+    // Every argument of the called command, as if it were a key.
+    let named: Vec<Vec<u8>> = std::iter::once(lock.clone())
+        .chain(called.iter().skip(1).cloned())
+        .collect();
+    let mut exists = vec![s("EXISTS")];
+    exists.extend(named.iter().cloned());
+    q.push(exists);
+    let twinned = what == Called::Data && called.len() >= 2;
+    q.push(vec![s("DEL"), twin.clone()]);
+    q.push(if twinned {
+        vec![s("COPY"), data.clone(), twin.clone()]
+    } else {
+        ping()
+    });
+    // The whole dataset's digest costs about 10 us a key (a debug build):
+    // one block in 8; the others digest the keys the guard names.
+    let digest = if rng.chance(1, 8) {
+        vec![s("DEBUG"), s("DIGEST")]
+    } else {
+        let mut d = vec![s("DEBUG"), s("DIGEST-VALUE")];
+        d.extend(named);
+        d
+    };
+    q.push(digest.clone());
+    q.push(guard);
+    q.push(digest);
+    if twinned {
+        let mut direct = called.clone();
+        direct[1] = twin.clone();
+        q.push(direct);
+        q.push(vec![
+            s("DEBUG"),
+            s("DIGEST-VALUE"),
+            data.clone(),
+            twin.clone(),
+        ]);
+    } else {
+        q.push(ping());
+        q.push(ping());
+    }
+    q.push(vec![
+        s("TYPE"),
+        if what == Called::OnLock { lock } else { data },
+    ]);
+    q.push(vec![s("DEL"), twin]);
+    let mut cmds = vec![Cmd {
+        kind: Kind::Multi,
+        args: vec![s("MULTI")],
+    }];
+    cmds.extend(q.into_iter().map(|args| Cmd {
+        kind: Kind::Other,
+        args,
+    }));
+    cmds.push(Cmd {
+        kind: Kind::GuardExec,
+        args: vec![s("EXEC")],
+    });
+    cmds
+}
+
+/// The checks of a `checked_guard` block, on its queued commands and EXEC's
+/// replies: a guard that answers an error (NOTHELD, `LOCK.GUARD cannot
+/// run`, or the called command's own error unless it is a lock command's)
+/// changed nothing (equal digests); a guard that ran a
+/// data command answered what the command run directly answers and left
+/// its key as the direct run left the twin; on its own lock key, SET
+/// replaced the lock and DEL deleted it.
+fn check_guard_exec(queued: &[&[Vec<u8>]], items: &[Reply], tally: &mut Tally) {
+    if queued.len() != 11 || items.len() != 11 {
+        return; // checked as any EXEC
+    }
+    for (args, item) in queued.iter().zip(items) {
+        if kind_of(&args[0]) == Kind::Grant {
+            check_reply(Kind::Grant, args, item, tally);
+        }
+    }
+    let guard = queued[5];
+    let reply = &items[5];
+    check_reply(Kind::Guard, guard, reply, tally);
+    let (d0, d1) = (&items[4], &items[6]);
+    let refused = matches!(reply, Reply::Error(e) if e.starts_with("NOTHELD")
+        || e.starts_with("ERR LOCK.GUARD cannot run"));
+    tally.count(if refused {
+        "guard refused (digest checked)"
+    } else {
+        "guard ran or failed (checked)"
+    });
+    let call = guard
+        .iter()
+        .position(|a| a.eq_ignore_ascii_case(b"CALL"))
+        .unwrap_or(0);
+    let name = guard.get(call + 1).map(|n| n.to_ascii_uppercase());
+    // A lock command that fails may still drop holders whose leases ended
+    // (as it does called directly): only the others' errors change nothing.
+    let lock_command = name.as_ref().is_some_and(|n| n.starts_with(b"LOCK."));
+    if reply.is_err() {
+        if d0 != d1 && (refused || !lock_command) {
+            tally.bad(format!(
+                "{} -> {reply:?} changed the dataset: DEBUG DIGEST {d0:?} before, {d1:?} after",
+                shown(guard)
+            ));
+        }
+        return;
+    }
+    let direct = queued[7];
+    if direct[0] != b"PING" {
+        // The same data command, run directly on a twin of its key.
+        if *reply != items[7] {
+            tally.bad(format!(
+                "{} -> {reply:?}, but {} -> {:?}",
+                shown(guard),
+                shown(direct),
+                items[7]
+            ));
+        }
+        match &items[8] {
+            Reply::Array(v) if v.len() == 2 && v[0] == v[1] => {}
+            other => tally.bad(format!(
+                "{} left its key unlike {} left the twin: DEBUG DIGEST-VALUE {other:?}",
+                shown(guard),
+                shown(direct)
+            )),
+        }
+        return;
+    }
+    let on_lock = guard.get(call + 2) == Some(&guard[1]);
+    let after = items[9].text();
+    match name.as_deref() {
+        Some(b"SET") if on_lock && (*reply != Reply::Status("OK".into()) || after != "string") => {
+            tally.bad(format!("{} -> {reply:?}, then TYPE {after}", shown(guard)))
+        }
+        Some(b"DEL") if on_lock && (*reply != Reply::Int(1) || after != "none") => {
+            tally.bad(format!("{} -> {reply:?}, then TYPE {after}", shown(guard)))
+        }
+        _ => {}
+    }
 }
 
 /// Writes that change or free locks without the module's commands.
@@ -432,6 +773,12 @@ fn allowed_error(e: &str) -> bool {
         LockError::RepeatedKey,
         LockError::Deadlock,
         LockError::BindInScript,
+        LockError::NotHeld,
+        LockError::BadToken,
+        LockError::NotGuardable(Unguardable::Blocking),
+        LockError::NotGuardable(Unguardable::NoScript),
+        LockError::NotGuardable(Unguardable::Guard),
+        LockError::NotGuardable(Unguardable::Wait),
     ]
     .iter()
     .map(|e| e.message())
@@ -584,8 +931,33 @@ fn check_reply(kind: Kind, args: &[Vec<u8>], r: &Reply, tally: &mut Tally) {
                 return;
             }
         },
+        (Kind::Guard, r) => {
+            // The called command's reply.
+            let call = args
+                .iter()
+                .position(|a| a.eq_ignore_ascii_case(b"CALL"))
+                .map_or(args.len(), |i| i + 1);
+            let called = &args[call.min(args.len())..];
+            let Some(name) = called.first() else {
+                tally.bad(format!("{} -> ran nothing, yet {r:?}", shown(args)));
+                return;
+            };
+            match kind_of(name) {
+                Kind::Other => {
+                    tally.count("guarded");
+                    match (name.to_ascii_uppercase().as_slice(), r) {
+                        (b"SET", Reply::Status(ok)) => ok == "OK",
+                        (b"INCR" | b"DEL" | b"HSET" | b"APPEND", Reply::Int(_)) => true,
+                        (b"GET", Reply::Bulk(_) | Reply::Nil) => true,
+                        _ => false,
+                    }
+                }
+                Kind::Guard | Kind::Multi | Kind::Exec => false,
+                kind => return check_reply(kind, called, r, tally),
+            }
+        }
         (Kind::Sync | Kind::Unknown, _) => false,
-        (Kind::Other | Kind::Multi | Kind::Exec, _) => {
+        (Kind::Other | Kind::Multi | Kind::Exec | Kind::GuardExec, _) => {
             tally.count("other");
             true
         }
@@ -603,7 +975,7 @@ fn check_reply(kind: Kind, args: &[Vec<u8>], r: &Reply, tally: &mut Tally) {
 /// One batch of about `BATCH` commands: the commands and how to check each
 /// reply. Inside MULTI the replies are `+QUEUED` (or an error), and EXEC's
 /// array holds the queued commands' replies.
-fn batch(rng: &mut Rng, waiter_ids: &Mutex<Vec<i64>>, rare_ok: bool) -> Vec<Cmd> {
+fn batch(rng: &mut Rng, waiter_ids: &Mutex<Vec<i64>>, rare_ok: bool, tokens: &Tokens) -> Vec<Cmd> {
     let mut cmds = Vec::with_capacity(BATCH + 16);
     while cmds.len() < BATCH {
         let roll = rng.below(1000);
@@ -614,7 +986,7 @@ fn batch(rng: &mut Rng, waiter_ids: &Mutex<Vec<i64>>, rare_ok: bool) -> Vec<Cmd>
                 args: vec![b"MULTI".to_vec()],
             });
             for _ in 0..1 + rng.below(8) {
-                let mut args = lock_command(rng);
+                let mut args = lock_command(rng, tokens);
                 if kind_of(&args[0]) == Kind::Grant && rng.chance(1, 2) && args.len() == 4 {
                     args.push(b"WAIT".to_vec());
                     args.push(if rng.chance(1, 2) {
@@ -636,7 +1008,7 @@ fn batch(rng: &mut Rng, waiter_ids: &Mutex<Vec<i64>>, rare_ok: bool) -> Vec<Cmd>
         } else if roll < 8 {
             cmds.push(Cmd {
                 kind: Kind::Other,
-                args: script(rng),
+                args: script(rng, tokens),
             });
         } else if roll < 20 {
             let mut args = other_command(rng, waiter_ids);
@@ -648,8 +1020,11 @@ fn batch(rng: &mut Rng, waiter_ids: &Mutex<Vec<i64>>, rare_ok: bool) -> Vec<Cmd>
                 kind: Kind::Other,
                 args,
             });
+        } else if roll < 24 {
+            // A guard alone in MULTI between two DEBUG DIGESTs.
+            cmds.extend(checked_guard(rng, tokens));
         } else {
-            let mut args = lock_command(rng);
+            let mut args = lock_command(rng, tokens);
             if may_block(&args) {
                 // Could block: send it inside MULTI, where it is a try.
                 cmds.push(Cmd {
@@ -675,7 +1050,12 @@ fn batch(rng: &mut Rng, waiter_ids: &Mutex<Vec<i64>>, rare_ok: bool) -> Vec<Cmd>
 
 /// Sends one batch and checks every reply. EXEC's array is checked element by
 /// element against the commands queued since MULTI.
-fn run_batch(c: &mut Conn, cmds: &[Cmd], tally: &mut Tally) -> std::io::Result<()> {
+fn run_batch(
+    c: &mut Conn,
+    cmds: &[Cmd],
+    tally: &mut Tally,
+    tokens: &mut Tokens,
+) -> std::io::Result<()> {
     for cmd in cmds {
         c.send(&cmd.args)?;
     }
@@ -687,7 +1067,7 @@ fn run_batch(c: &mut Conn, cmds: &[Cmd], tally: &mut Tally) -> std::io::Result<(
         match cmd.args[0].as_slice() {
             b"SWAPDB" => tally.count("SWAPDB"),
             b"FLUSHDB" => tally.count("FLUSHDB"),
-            b"DEBUG" => tally.count("DEBUG RELOAD"),
+            b"DEBUG" if cmd.args[1].eq_ignore_ascii_case(b"RELOAD") => tally.count("DEBUG RELOAD"),
             b"EVAL" => tally.count("EVAL"),
             b"MULTI" => tally.count("MULTI"),
             b"CLIENT" => tally.count("CLIENT UNBLOCK"),
@@ -698,6 +1078,20 @@ fn run_batch(c: &mut Conn, cmds: &[Cmd], tally: &mut Tally) -> std::io::Result<(
                 in_multi = true;
                 queued.clear();
                 check_reply(Kind::Other, &cmd.args, &r, tally);
+            }
+            Kind::GuardExec => {
+                in_multi = false;
+                match &r {
+                    Reply::Array(items) => {
+                        let q: Vec<&[Vec<u8>]> =
+                            queued.iter().map(|&at| cmds[at].args.as_slice()).collect();
+                        for (args, item) in q.iter().zip(items) {
+                            note_token(tokens, args, item);
+                        }
+                        check_guard_exec(&q, items, tally);
+                    }
+                    other => check_reply(Kind::Other, &cmd.args, other, tally),
+                }
             }
             Kind::Exec => {
                 in_multi = false;
@@ -712,6 +1106,7 @@ fn run_batch(c: &mut Conn, cmds: &[Cmd], tally: &mut Tally) -> std::io::Result<(
                         }
                         for (&at, item) in queued.iter().zip(items) {
                             let args = &cmds[at].args;
+                            note_token(tokens, args, item);
                             check_reply(kind_of(&args[0]), args, item, tally);
                         }
                     }
@@ -725,7 +1120,10 @@ fn run_batch(c: &mut Conn, cmds: &[Cmd], tally: &mut Tally) -> std::io::Result<(
                     check_reply(kind_of(&cmd.args[0]), &cmd.args, &r, tally);
                 }
             }
-            kind => check_reply(kind, &cmd.args, &r, tally),
+            kind => {
+                note_token(tokens, &cmd.args, &r);
+                check_reply(kind, &cmd.args, &r, tally)
+            }
         }
     }
     Ok(())
@@ -747,9 +1145,10 @@ fn fuzz_connection(
     c.set_timeout(Duration::from_secs(60));
     let mut rng = Rng::new(seed);
     let mut tally = Tally::default();
+    let mut tokens = Tokens::new();
     while tally.commands < quota {
-        let cmds = batch(&mut rng, &waiter_ids, rare_ok);
-        if let Err(e) = run_batch(&mut c, &cmds, &mut tally) {
+        let cmds = batch(&mut rng, &waiter_ids, rare_ok, &tokens);
+        if let Err(e) = run_batch(&mut c, &cmds, &mut tally, &mut tokens) {
             panic!(
                 "fuzz connection (resp3={resp3}): {e} after {} commands; the batch began with {}",
                 tally.commands,
