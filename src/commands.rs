@@ -256,6 +256,11 @@ fn answer_grant(
 /// connection running the transaction). A script or a function has no
 /// connection of its own to outlive: `BIND` there is an error.
 fn bound_connection(ctx: &Context) -> Result<ClientId, LockError> {
+    // Inside LOCK.GUARD: the guard's sender (the command's own client is a
+    // temporary one).
+    if spec::guarding() {
+        return spec::guard_caller().ok_or(LockError::BindInScript);
+    }
     if ctx.get_flags().contains(ContextFlags::LUA) {
         return Err(LockError::BindInScript);
     }

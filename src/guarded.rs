@@ -17,7 +17,7 @@ use std::collections::HashMap;
 use std::ffi::CString;
 use std::os::raw::c_int;
 
-use redis_module::{raw, Context, RedisError, RedisResult, RedisValue};
+use redis_module::{raw, Context, ContextFlags, RedisError, RedisResult, RedisValue};
 
 use crate::args::{self, GuardArgs};
 use crate::bindings;
@@ -64,7 +64,7 @@ fn guard(ctx: &Context, args: Argv<'_>) -> RedisResult {
         return Err(LockError::Arity.into());
     };
     let name = name.as_slice().to_ascii_lowercase();
-    if let Some(refused) = refusal(ctx, &name) {
+    if let Some(refused) = refusal(ctx, &name, called) {
         return Err(LockError::NotGuardable(refused).into());
     }
     if !holds(ctx, &guard)? {
@@ -75,7 +75,12 @@ fn guard(ctx: &Context, args: Argv<'_>) -> RedisResult {
         return Err(LockError::Syntax.into());
     };
     let (argv, argc) = called.from(1).as_raw();
-    let reply = spec::as_guarded(|| {
+    // A script's guard has no connection of its own for a BIND inside.
+    let caller = match ctx.get_flags().contains(ContextFlags::LUA) {
+        true => 0,
+        false => api!(RedisModule_GetClientId(ctx.ctx)).unwrap_or(0),
+    };
+    let reply = spec::as_guarded(caller, || {
         api!(RedisModule_Call(
             ctx.ctx,
             name.as_ptr(),
@@ -169,8 +174,9 @@ thread_local! {
 }
 
 /// Why `name` may not run guarded, if it may not. The lock commands block
-/// only with `WAIT`, which they refuse themselves when guarded.
-fn refusal(ctx: &Context, name: &[u8]) -> Option<Unguardable> {
+/// only with `WAIT`, which they refuse themselves when guarded; the stream
+/// reads only with `BLOCK`.
+fn refusal(ctx: &Context, name: &[u8], called: Argv<'_>) -> Option<Unguardable> {
     let traits = TRAITS.with(|t| t.borrow().get(name).copied());
     let traits = match traits {
         Some(t) => t,
@@ -181,12 +187,25 @@ fn refusal(ctx: &Context, name: &[u8]) -> Option<Unguardable> {
             t
         }
     };
-    if traits.blocking && !name.starts_with(b"lock.") {
+    if traits.blocking && blocks(name, called) {
         Some(Unguardable::Blocking)
     } else if traits.noscript {
         Some(Unguardable::NoScript)
     } else {
         None
+    }
+}
+
+/// Whether a command flagged `blocking` blocks with these arguments.
+fn blocks(name: &[u8], called: Argv<'_>) -> bool {
+    match name {
+        _ if name.starts_with(b"lock.") => false,
+        b"xread" | b"xreadgroup" => (1..called.len())
+            .map_while(|i| called.get(i))
+            .map(|a| a.as_slice())
+            .take_while(|a| !a.eq_ignore_ascii_case(b"STREAMS"))
+            .any(|a| a.eq_ignore_ascii_case(b"BLOCK")),
+        _ => true,
     }
 }
 

@@ -8,7 +8,7 @@
 
 use std::ffi::CStr;
 use std::os::raw::c_int;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 use redis_module::{raw, Context, ContextFlags, RedisResult};
 
@@ -105,22 +105,34 @@ fn from_master(ctx: &Context) -> Result<(), LockError> {
 }
 
 /// Whether a command runs inside LOCK.GUARD now (Redis runs one command at
-/// a time, on its main thread).
+/// a time, on its main thread), and the connection that sent the guard (0:
+/// none of its own, a script's).
 static GUARDING: AtomicBool = AtomicBool::new(false);
+static GUARD_CALLER: AtomicU64 = AtomicU64::new(0);
 
 /// Inside LOCK.GUARD, nothing may wait: one atomic step cannot.
 pub fn guarding() -> bool {
     GUARDING.load(Ordering::Relaxed)
 }
 
-/// Runs `call` as LOCK.GUARD's command: [`guarding`] is true meanwhile.
-pub fn as_guarded<T>(call: impl FnOnce() -> T) -> T {
+/// The connection that sent the LOCK.GUARD running now, if it has one: a
+/// `BIND` inside binds to it (the called command's own client is
+/// `RedisModule_Call`'s, gone when the call returns).
+pub fn guard_caller() -> Option<u64> {
+    Some(GUARD_CALLER.load(Ordering::Relaxed)).filter(|id| *id != 0)
+}
+
+/// Runs `call` as the command of a LOCK.GUARD sent by connection `caller`
+/// (0: none): [`guarding`] is true meanwhile.
+pub fn as_guarded<T>(caller: u64, call: impl FnOnce() -> T) -> T {
     struct Reset;
     impl Drop for Reset {
         fn drop(&mut self) {
             GUARDING.store(false, Ordering::Relaxed);
+            GUARD_CALLER.store(0, Ordering::Relaxed);
         }
     }
+    GUARD_CALLER.store(caller, Ordering::Relaxed);
     GUARDING.store(true, Ordering::Relaxed);
     let _reset = Reset;
     call()

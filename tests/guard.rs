@@ -169,7 +169,18 @@ fn what_cannot_be_one_atomic_step_is_refused_and_nothing_runs() {
     for blocking in [
         &["BLPOP", "q", "0"][..],
         &["BLMOVE", "q", "q2", "LEFT", "LEFT", "0"],
-        &["XREAD", "STREAMS", "s", "0"],
+        &["XREAD", "BLOCK", "0", "STREAMS", "s", "0"],
+        &[
+            "XREADGROUP",
+            "GROUP",
+            "g",
+            "c",
+            "BLOCK",
+            "10",
+            "STREAMS",
+            "s",
+            ">",
+        ],
         &["WAIT", "0", "0"],
     ] {
         refused(&mut c, &g(blocking), cannot);
@@ -199,8 +210,10 @@ fn what_cannot_be_one_atomic_step_is_refused_and_nothing_runs() {
         &g(&["LOCK.MACQUIRE", "2", "o1", "o2", "a", "1000", "WAIT", "0"]),
         cannot,
     );
-    // A lock command without WAIT runs.
+    // A lock command without WAIT runs; so does a stream read without BLOCK.
     token(&c.cmd(&g(&["LOCK.ACQUIRE", "other", "a", "1000"])));
+    let r = c.cmd(&g(&["XREAD", "COUNT", "1", "STREAMS", "s", "0"]));
+    assert_eq!(r.array().len(), 1, "{r:?}");
     assert_eq!(c.cmd(&["LLEN", "q"]).int(), 1);
 }
 
@@ -528,4 +541,37 @@ fn the_documented_example_runs() {
     for (_, block) in blocks {
         replay_cli_transcript(&block);
     }
+}
+
+/// A `BIND` inside a guard binds to the connection that sent the guard, and
+/// ends with it (the called command's own client is a temporary one).
+#[test]
+fn a_bind_inside_a_guard_binds_to_the_guards_connection() {
+    let s = Server::start();
+    let mut c = s.conn();
+    token(&c.acquire("job", "a", 60_000));
+    let mut sender = s.conn();
+    let id = sender.cmd(&["CLIENT", "ID"]).int().to_string();
+    token(&sender.cmd(&[
+        "LOCK.GUARD",
+        "job",
+        "a",
+        "CALL",
+        "LOCK.ACQUIRE",
+        "bound",
+        "a",
+        "600000",
+        "BIND",
+    ]));
+    assert!(c.lock_info("bound").is_some(), "granted");
+    c.cmd(&["CLIENT", "KILL", "ID", &id]);
+    assert!(
+        c.lock_info("bound").is_none(),
+        "ended with the guard's connection"
+    );
+    // A script's guard has no connection of its own to bind to.
+    let script = "return redis.call('LOCK.GUARD', 'job', 'a', 'CALL', 'LOCK.ACQUIRE', 'b2', 'a', '1000', 'BIND')";
+    let r = c.cmd(&["EVAL", script, "0"]);
+    assert!(r.err().contains("BIND is not allowed"), "{r:?}");
+    assert!(c.lock_info("b2").is_none());
 }
