@@ -842,6 +842,9 @@ class Holder:
         MultiLock: the guard checks its first key. In a cluster the
         command's keys must share the lock key's slot (a hash tag)."""
         h = self._held()
+        if h is not None and not h.lost and h.expired():
+            async with h.io:  # known to have run out: given up (its connection closed), nothing sent
+                await h.lose("its ttl ran out without a successful renewal")
         args = self.guard_command(*command)
         key = self._kind.keys[0]
         try:
