@@ -5,7 +5,8 @@
 //! no copy of the source: blocking and asyncio, on `Redis` and
 //! `RedisCluster`, the safety tests (shared objects, fork, a stalled server
 //! among three, lost leases), the redis-py drop-in (`NativeLock`, in
-//! redis-py's own call patterns), `replicas=N` against a master and its
+//! redis-py's own call patterns), guarded commands (`guard()`: refused
+//! after a lost lease or under a stale token), `replicas=N` against a master and its
 //! replica (paused with SIGSTOP), RedLock over five servers with two, then
 //! three, stopped, and every example of clients/python/README.md and the
 //! Python section of docs/clients.md. First, that the generated blocking
@@ -171,6 +172,7 @@ fn python_wheel_in_a_fresh_virtualenv_whole_suite_examples_and_docs() {
                 "test_async",
                 "test_safety",
                 "test_dropin",
+                "test_guard",
                 "test_replicas",
             ])
             .env("REDIS_LOCK_PORT", server.port.to_string())

@@ -23,7 +23,7 @@ import threading
 import time
 import warnings
 import weakref
-from typing import Any, Awaitable, Callable, Dict, List, Optional, Sequence, Set, Union
+from typing import Any, Awaitable, Callable, Dict, List, Optional, Sequence, Set, Tuple, Union
 
 import redis
 import redis.asyncio
@@ -48,6 +48,9 @@ from ._common import (
     check_key,
     check_keys,
     check_wait,
+    guard_args,
+    guard_route,
+    guarded_reply,
     holds,
     ms,
     new_owner,
@@ -807,6 +810,52 @@ class Holder:
             h.valid_until = sent + ttl_ms / 1000
         h.server.keep(h, time.monotonic() + ttl_ms / 3000)
         await h.track()
+
+    # -- guarded commands -------------------------------------------------
+
+    def guard_command(self, *command: Any) -> List[Any]:
+        """`LOCK.GUARD key owner TOKEN token CALL command...` for this task's
+        hold, to queue on a redis-py pipeline or transaction
+        (`pipe.execute_command(*lock.guard_command("SET", k, v))`): there the
+        reply is the raw one, and a lost hold's is a `redis.ResponseError`
+        beginning `NOTHELD`. MultiLock: the guard checks its first key.
+        Raises LeaseLost if this task's lease is known lost, LockError if it
+        holds nothing."""
+        return guard_args(self._kind.keys[0], *self._guard_hold(), command)
+
+    def _guard_hold(self) -> Tuple[bytes, int]:
+        h = self._held()
+        if h is None:
+            raise LockError(f"guard() with {self._kind.keys!r}, which this task does not hold")
+        if h.lost or h.expired():
+            raise LeaseLost(h.message())
+        return h.owner, h.tokens[0]
+
+    async def guard(self, *command: Any) -> Any:
+        """Runs `command` (e.g. `"SET", "job:1", "done"`) in the server if
+        and only if this task still holds the lock under its token, as one
+        atomic step (`LOCK.GUARD`), and returns its reply as
+        `client.execute_command(*command)` would (the command's own errors
+        raised as redis-py raises them). Raises LeaseLost, nothing run, when
+        the lease is gone (the server answered `NOTHELD`, or the loss was
+        already known: nothing is sent), and marks the hold lost.
+        MultiLock: the guard checks its first key. In a cluster the
+        command's keys must share the lock key's slot (a hash tag)."""
+        h = self._held()
+        if h is not None and not h.lost and h.expired():
+            async with h.io:  # known to have run out: given up (its connection closed), nothing sent
+                await h.lose("its ttl ran out without a successful renewal")
+        args = self.guard_command(*command)
+        key = self._kind.keys[0]
+        try:
+            reply = await self._client.execute_command(*args, **guard_route(self._client, key))
+        except redis.ResponseError as e:
+            if not str(e).startswith("NOTHELD") or h is None:
+                raise
+            async with h.io:
+                await h.lose(f"LOCK.GUARD answered NOTHELD: released, expired, deleted or taken since ({e})")
+            raise LeaseLost(h.message()) from e
+        return guarded_reply(self._client, command, reply)
 
     # -- release ----------------------------------------------------------
 

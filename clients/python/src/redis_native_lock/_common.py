@@ -248,6 +248,40 @@ def holds(info: Optional[Dict[str, Any]], owner: bytes) -> bool:
     return info is not None and any(h["owner"] == owner for h in info["holders"])
 
 
+def guard_args(key: KeyT, owner: bytes, token: int, command: Sequence[Any]) -> List[Any]:
+    """`LOCK.GUARD key owner TOKEN token CALL command...`."""
+    if not command:
+        raise TypeError("guard() needs a command to run, e.g. guard(\"SET\", key, value)")
+    return ["LOCK.GUARD", key, owner, "TOKEN", token, "CALL", *command]
+
+
+def guard_route(client: Any, key: KeyT) -> Dict[str, Any]:
+    """execute_command's keywords for a guard: in a cluster, the node that
+    serves the lock key (the guarded command's keys must share its slot; the
+    server answers CROSSSLOT otherwise)."""
+    import redis
+    import redis.asyncio
+
+    if any(isinstance(client, t) for t in (redis.RedisCluster, redis.asyncio.RedisCluster)):
+        return {"target_nodes": client.get_node_from_key(key)}
+    return {}
+
+
+def guarded_reply(client: Any, command: Sequence[Any], reply: Any) -> Any:
+    """A guarded command's reply as `client.execute_command(*command)` would
+    return it: through the client's response callback for that command."""
+    callbacks = getattr(client, "response_callbacks", None)
+    if callbacks is None and hasattr(client, "get_redis_connection"):  # a blocking RedisCluster: its nodes'
+        callbacks = client.get_redis_connection(client.get_default_node()).response_callbacks
+    name = command[0]
+    if isinstance(name, bytes):
+        name = name.decode(errors="replace")
+    if not callbacks or not isinstance(name, str):
+        return reply
+    callback = callbacks.get(name) or callbacks.get(name.upper())
+    return callback(reply) if callback is not None else reply
+
+
 def raise_first(replies: List[Any]) -> List[Any]:
     """A pipeline's replies, each read (so the connection stays in step):
     the first error reply among them raised, else the replies."""

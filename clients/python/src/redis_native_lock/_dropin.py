@@ -168,6 +168,21 @@ class NativeLock:
 
     # -- extras ----------------------------------------------------------
 
+    def guard(self, *command: Any) -> Any:
+        """Runs `command` (e.g. `"SET", "job:1", "done"`) if and only if
+        this thread still holds the lock under its grant, as one atomic step in
+        the server (`LOCK.GUARD ... TOKEN`), and returns its reply as
+        `redis.execute_command(*command)` would. LockNotOwnedError, nothing
+        run, when the lock is no longer ours; LockError when not held."""
+        if self._holder._held() is None:
+            raise LockError("Cannot guard a command with a lock that's not owned", lock_name=self._lname())
+        try:
+            return self._holder.guard(*command)
+        except LeaseLost as e:
+            raise LockNotOwnedError("Cannot guard a command with a lock that's no longer owned", lock_name=self._lname()) from e
+        except _common.LockError as e:
+            raise LockError(str(e), lock_name=self._lname()) from e
+
     @property
     def fencing_token(self) -> Optional[int]:
         """This thread's fencing token from the server (strictly increasing
