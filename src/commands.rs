@@ -29,18 +29,30 @@ const WAIT: Arg = Arg::option(c"ms", ArgKind::Integer, c"WAIT");
 const BIND: Arg = Arg::flag(c"bind", c"BIND");
 const GRANT_ARGS: &[Arg] = &[KEY, OWNER, TTL, WAIT, BIND];
 
-pub const ACQUIRE: Spec = command! {
+/// `LOCK.ACQUIRE`, `RACQUIRE`, `READ`: what the one-key grants share.
+macro_rules! grant_command {
+    (name: $name:literal, handler: $handler:path, summary: $summary:literal, complexity: $complexity:literal $(,)?) => {
+        command! {
+            name: $name,
+            handler: $handler,
+            access: Access::Grant,
+            fast: false,
+            blocking: true,
+            keys: Keys::First(UPDATE),
+            arity: -4,
+            since: c"0.1.0",
+            summary: $summary,
+            complexity: $complexity,
+            args: GRANT_ARGS,
+        }
+    };
+}
+
+pub const ACQUIRE: Spec = grant_command! {
     name: c"lock.acquire",
     handler: acquire,
-    access: Access::Grant,
-    fast: false,
-    blocking: true,
-    keys: Keys::First(UPDATE),
-    arity: -4,
-    since: c"0.1.0",
     summary: c"Acquires an exclusive, non-reentrant lock for ttl milliseconds; returns a fencing token, or nil when the lock is held. WAIT blocks up to ms milliseconds (0: no limit); BIND ends the holder when this connection closes.",
     complexity: c"O(1)",
-    args: GRANT_ARGS,
 };
 
 /// `LOCK.ACQUIRE key owner ttl [WAIT ms] [BIND]`
@@ -48,18 +60,11 @@ fn acquire(ctx: &Context, args: Argv<'_>) -> RedisResult {
     grant(ctx, args::grant(args, Kind::Acquire)?)
 }
 
-pub const RACQUIRE: Spec = command! {
+pub const RACQUIRE: Spec = grant_command! {
     name: c"lock.racquire",
     handler: racquire,
-    access: Access::Grant,
-    fast: false,
-    blocking: true,
-    keys: Keys::First(UPDATE),
-    arity: -4,
-    since: c"0.1.0",
     summary: c"Acquires an exclusive, reentrant lock: the holder asking again adds a hold. Returns a fencing token, or nil when the lock is held.",
     complexity: c"O(1)",
-    args: GRANT_ARGS,
 };
 
 /// `LOCK.RACQUIRE key owner ttl [WAIT ms] [BIND]`
@@ -67,18 +72,11 @@ fn racquire(ctx: &Context, args: Argv<'_>) -> RedisResult {
     grant(ctx, args::grant(args, Kind::Racquire)?)
 }
 
-pub const READ: Spec = command! {
+pub const READ: Spec = grant_command! {
     name: c"lock.read",
     handler: read,
-    access: Access::Grant,
-    fast: false,
-    blocking: true,
-    keys: Keys::First(UPDATE),
-    arity: -4,
-    since: c"0.1.0",
     summary: c"Acquires the shared (read) side of a read-write lock, reentrant per reader; returns the reader's fencing token, or nil while a writer holds or waits.",
     complexity: c"O(R), R the readers holding the lock",
-    args: GRANT_ARGS,
 };
 
 /// `LOCK.READ key owner ttl [WAIT ms] [BIND]`

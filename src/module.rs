@@ -42,32 +42,31 @@ pub fn load(
     // From here on the heap is Redis's, and a panic is caught like anywhere
     // else.
     guard::callback("loading the module", ERR, || {
-        register(ctx, argv, argc, commands, init)
+        if register(ctx, commands).is_none() {
+            return ERR;
+        }
+        let context = Context::new(ctx);
+        let args = redis_module::decode_args(ctx, argv, argc);
+        match init(&context, &args) {
+            Status::Ok => raw::REDISMODULE_OK as c_int,
+            Status::Err => ERR,
+        }
     })
 }
 
-fn register(
-    ctx: *mut raw::RedisModuleCtx,
-    argv: *mut *mut raw::RedisModuleString,
-    argc: c_int,
-    commands: &[Spec],
-    init: fn(&Context, &[RedisString]) -> Status,
-) -> c_int {
-    const ERR: c_int = raw::REDISMODULE_ERR as c_int;
+/// The data type, then each command, registered and described; `None` when
+/// Redis refuses one.
+fn register(ctx: *mut raw::RedisModuleCtx, commands: &[Spec]) -> Option<()> {
     // Every entry `ffi::call!` calls unchecked must be there.
     if let Some(missing) = ffi::required_api_missing() {
         log::warning(&format!(
             "lock: this server lacks {missing}, which the module needs: not loaded"
         ));
-        return ERR;
+        return None;
     }
-    if LOCK_TYPE.create_data_type(ctx).is_err() {
-        return ERR;
-    }
+    LOCK_TYPE.create_data_type(ctx).ok()?;
     for c in commands {
-        let Ok(flags) = CString::new(c.flags()) else {
-            return ERR;
-        };
+        let flags = CString::new(c.flags()).ok()?;
         let (first, last, step) = c.keys.positions();
         let created = api!(RedisModule_CreateCommand(
             ctx,
@@ -79,16 +78,11 @@ fn register(
             step
         ));
         if created != Some(raw::REDISMODULE_OK as c_int) {
-            return ERR;
+            return None;
         }
     }
-    let context = Context::new(ctx);
-    if metadata::describe(&context, commands) == Status::Err {
-        return ERR;
-    }
-    let args = redis_module::decode_args(ctx, argv, argc);
-    match init(&context, &args) {
-        Status::Ok => raw::REDISMODULE_OK as c_int,
-        Status::Err => ERR,
+    match metadata::describe(&Context::new(ctx), commands) {
+        Status::Ok => Some(()),
+        Status::Err => None,
     }
 }
