@@ -689,7 +689,7 @@ pub fn run(data: &[u8]) {
                         token,
                         deadline,
                     };
-                    let got = core.locks[key].put(mode, holder.clone());
+                    let got = core.locks[key].put(Kind::of(mode, None).unwrap(), holder.clone());
                     if got.is_ok() {
                         core.tokens.observe(token);
                     }
@@ -712,7 +712,7 @@ pub fn run(data: &[u8]) {
                                 Some(holder.clone()),
                                 "{ctx}"
                             );
-                            let r = core.replicas[key].put(mode, holder);
+                            let r = core.replicas[key].put(Kind::of(mode, None).unwrap(), holder);
                             assert_eq!(r, Ok(()), "{ctx}: the replica refused a valid put");
                         }
                         Err(_) => assert_eq!(stored(&core.locks[key]), before[key], "{ctx}"),
@@ -993,7 +993,11 @@ fn check_state(core: &Core, model: &Model, ctx: &Ctx) {
             "{ctx}"
         );
         let census = lock.census();
-        assert_eq!(census.iter().sum::<usize>(), holders.len(), "{ctx}");
+        assert_eq!(
+            census.iter().map(|(_, n)| n).sum::<usize>(),
+            holders.len(),
+            "{ctx}"
+        );
         assert_eq!(lock.memory_usage() == 0, holders.is_empty(), "{ctx}");
         assert_eq!(lock.is_empty(), holders.is_empty(), "{ctx}");
         // Admission agrees with the state.

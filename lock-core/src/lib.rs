@@ -24,7 +24,9 @@
 
 mod block;
 pub mod deadlock;
+pub mod effect;
 pub mod lock;
+mod mode;
 pub mod queue;
 pub mod tokens;
 
@@ -41,7 +43,8 @@ mod model_tests;
 pub use block::HolderRef;
 pub use lock::{
     max_holders, set_max_holders, since, Ask, Attempt, Changes, Holder, Invalid, Kind, Loaded,
-    Lock, Mode, Owner, Release, Request,
+    Lock, Owner, Release, Request,
 };
+pub use mode::{Census, Mode, Row};
 pub use queue::Queue;
 pub use tokens::Tokens;
