@@ -30,16 +30,6 @@ mod mode;
 pub mod queue;
 pub mod tokens;
 
-/// The fuzz decoder, shared by the bounded run in
-/// `cargo test` and the cargo-fuzz target (`fuzz/`, feature `fuzzing`).
-#[cfg(any(test, feature = "fuzzing"))]
-pub mod fuzz_ops;
-/// The one reference model both check the core against.
-#[cfg(any(test, feature = "fuzzing"))]
-mod model;
-#[cfg(test)]
-mod model_tests;
-
 pub use block::HolderRef;
 pub use lock::{
     max_holders, set_max_holders, since, Ask, Attempt, Changes, Holder, Invalid, Kind, Loaded,

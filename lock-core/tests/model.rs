@@ -19,10 +19,11 @@ use proptest::prelude::*;
 use proptest::sample::Index;
 use proptest::test_runner::TestCaseError;
 
-use crate::lock::{Attempt, Changes, Holder, Invalid, Kind, Lock, Mode, Owner, Release, Request};
-use crate::model::{mode_of, MWait, Model};
-use crate::queue::Queue;
-use crate::tokens::{Tokens, MAX_TOKEN};
+use lock_core::tokens::{Tokens, MAX_TOKEN};
+use lock_core::{
+    Attempt, Changes, Holder, Invalid, Kind, Lock, Mode, Owner, Queue, Release, Request,
+};
+use lock_model::model::{mode_of, MWait, Model};
 
 const KEYS: usize = 3;
 const OWNERS: u8 = 4;
