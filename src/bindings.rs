@@ -28,7 +28,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{LazyLock, Mutex, MutexGuard};
 
 use crate::ffi::DbKey;
-use lock_core::{Changes, Lock, Mode, Owner};
+use lock_core::{Census, Changes, Lock, Mode, Owner};
 
 /// A client id (`CLIENT ID`).
 pub type ClientId = u64;
@@ -55,7 +55,7 @@ pub struct Bound {
 struct Entry {
     client: ClientId,
     token: u64,
-    mode: usize,
+    mode: Mode,
 }
 
 /// A connection's bindings, in order (`LOCK.KEEPALIVE` pages through them
@@ -63,7 +63,7 @@ struct Entry {
 #[derive(Default)]
 struct Client {
     keys: BTreeSet<(DbKey, Owner)>,
-    census: [usize; 3],
+    census: Census,
 }
 
 #[derive(Default)]
@@ -73,7 +73,7 @@ struct Registry {
     /// Closed connections with bindings not yet ended, and how many.
     closed: HashMap<ClientId, usize>,
     /// The holders of closed connections not yet ended, by mode.
-    closed_census: [usize; 3],
+    closed_census: Census,
 }
 
 impl Registry {
@@ -85,17 +85,13 @@ impl Registry {
             if *left == 0 {
                 self.closed.remove(&e.client);
             }
-            if let Some(n) = self.closed_census.get_mut(e.mode) {
-                *n = n.saturating_sub(1);
-            }
+            self.closed_census.sub(e.mode, 1);
             PENDING.fetch_sub(1, Ordering::Relaxed);
             return;
         }
         if let Some(c) = self.by_client.get_mut(&e.client) {
             c.keys.remove(&(key.clone(), owner.clone()));
-            if let Some(n) = c.census.get_mut(e.mode) {
-                *n = n.saturating_sub(1);
-            }
+            c.census.sub(e.mode, 1);
             if c.keys.is_empty() {
                 self.by_client.remove(&e.client);
             }
@@ -137,14 +133,16 @@ pub fn pending() -> usize {
     PENDING.load(Ordering::Relaxed)
 }
 
-/// [`pending`] by mode (exclusive, shared, semaphore), as `Lock::census`.
+/// [`pending`] by mode, as `Lock::census`.
 /// Never waits for the registry (INFO also runs while a crash report is
 /// written): zeros when it is busy.
-pub fn pending_census() -> [usize; 3] {
+pub fn pending_census() -> Census {
     if pending() == 0 {
-        return [0; 3];
+        return Census::ZERO;
     }
-    REGISTRY.try_lock().map_or([0; 3], |r| r.closed_census)
+    REGISTRY
+        .try_lock()
+        .map_or(Census::ZERO, |r| r.closed_census)
 }
 
 /// The holders of `key` bound to a connection that closed: owner, the
@@ -181,15 +179,6 @@ pub fn without_closed(key: &DbKey, lock: &Lock, now: u64) -> Option<Lock> {
     Some(copy)
 }
 
-/// The index of a mode in `Lock::census`.
-fn mode_index(mode: Mode) -> usize {
-    match mode {
-        Mode::Exclusive => 0,
-        Mode::Shared => 1,
-        Mode::Semaphore => 2,
-    }
-}
-
 /// Bytes the bindings occupy (estimate).
 pub fn memory() -> usize {
     BYTES.load(Ordering::Relaxed)
@@ -211,7 +200,6 @@ pub fn memory_of(key: &DbKey) -> usize {
 pub fn bind(client: ClientId, key: DbKey, owner: &[u8], token: u64, mode: Mode) {
     let mut r = registry();
     let owner: Owner = owner.into();
-    let mode = mode_index(mode);
     let entry = Entry {
         client,
         token,
@@ -226,12 +214,8 @@ pub fn bind(client: ClientId, key: DbKey, owner: &[u8], token: u64, mode: Mode) 
         Some(old) if old.client == client => {
             if old.mode != mode {
                 if let Some(c) = r.by_client.get_mut(&client) {
-                    if let Some(n) = c.census.get_mut(old.mode) {
-                        *n = n.saturating_sub(1);
-                    }
-                    if let Some(n) = c.census.get_mut(mode) {
-                        *n += 1;
-                    }
+                    c.census.sub(old.mode, 1);
+                    c.census.add(mode, 1);
                 }
             }
             return;
@@ -244,9 +228,7 @@ pub fn bind(client: ClientId, key: DbKey, owner: &[u8], token: u64, mode: Mode) 
     }
     let c = r.by_client.entry(client).or_default();
     c.keys.insert((key, owner));
-    if let Some(n) = c.census.get_mut(mode) {
-        *n += 1;
-    }
+    c.census.add(mode, 1);
 }
 
 /// The holder `owner` of `key` is gone: its binding too.
@@ -309,9 +291,7 @@ pub fn detach_client(client: ClientId) -> Vec<Detached> {
     };
     let n = c.keys.len();
     r.closed.insert(client, n);
-    for (all, mine) in r.closed_census.iter_mut().zip(c.census) {
-        *all += mine;
-    }
+    r.closed_census.add_all(c.census);
     PENDING.fetch_add(n, Ordering::Relaxed);
     drop(r);
     c.keys
@@ -434,6 +414,11 @@ mod tests {
         DbKey::new(db, k.as_bytes())
     }
 
+    /// A census's counts in `Mode::ALL` order.
+    fn counts(c: Census) -> Vec<usize> {
+        c.iter().map(|(_, n)| n).collect()
+    }
+
     // One test: the registry is a process-wide static.
     #[test]
     fn bind_move_forget_rename_swap_and_take() {
@@ -480,7 +465,7 @@ mod tests {
         assert_eq!(pending(), 0);
         assert_eq!(detach_client(8).len(), 3);
         assert_eq!(pending(), 3);
-        assert_eq!(pending_census(), [1, 1, 1]);
+        assert_eq!(counts(pending_census()), [1, 1, 1]);
         assert_eq!(
             closed_on(&key(0, "p")),
             vec![(b"o".as_slice().into(), 8, 20)]
@@ -488,11 +473,11 @@ mod tests {
         assert_eq!(take(&key(0, "p"), b"o", 8), Some(20));
         assert!(closed_on(&key(0, "p")).is_empty(), "z's connection is open");
         forget(&key(0, "q"), b"o");
-        assert_eq!(pending_census(), [0, 0, 1]);
+        assert_eq!(counts(pending_census()), [0, 0, 1]);
         // A repeat with BIND elsewhere (after its end) takes it off the list.
         bind(9, key(0, "r"), b"o", 24, Mode::Semaphore);
         assert_eq!(pending(), 0);
-        assert_eq!(pending_census(), [0; 3]);
+        assert_eq!(pending_census(), Census::ZERO);
         assert_eq!(take(&key(0, "r"), b"o", 8), None, "bound to 9 now");
         assert_eq!(page_of_client(9, None, usize::MAX).len(), 2);
         // Paged in order, one at a time, each page after the last.

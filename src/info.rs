@@ -31,21 +31,23 @@ extern "C" fn info(ctx: *mut raw::RedisModuleInfoCtx, for_crash_report: c_int) {
             // A step since the last look is counted before it is shown.
             clock::check_steps(clock::now_ms());
         }
-        let [keys, mut exclusive, mut shared, mut semaphore] = stats::gauges();
-        // The holders of closed connections not yet ended hold nothing.
-        let gone = bindings::pending_census();
-        for (gauge, n) in [&mut exclusive, &mut shared, &mut semaphore]
-            .into_iter()
-            .zip(gone)
-        {
-            *gauge = gauge.saturating_sub(ffi::int(n)).max(0);
+        api!(RedisModule_InfoAddSection(ctx, c"".as_ptr().cast_mut()));
+        let add = |name: &CStr, value: i64| {
+            api!(RedisModule_InfoAddFieldLongLong(
+                ctx,
+                name.as_ptr().cast_mut(),
+                value
+            ));
+        };
+        add(c"keys", stats::lock_keys());
+        // Holders by mode (`holders_<mode>`); the holders of closed
+        // connections not yet ended hold nothing.
+        for (mode, gone) in bindings::pending_census().iter() {
+            let held = stats::holders_in(mode).saturating_sub(ffi::int(gone));
+            add(mode.row().gauge, held.max(0));
         }
         let count = |n: usize| ffi::int(n);
-        let fields: [(&CStr, i64); 22] = [
-            (c"keys", keys),
-            (c"holders_exclusive", exclusive),
-            (c"holders_shared", shared),
-            (c"holders_semaphore", semaphore),
+        let fields: [(&CStr, i64); 18] = [
             // Never blocks (INFO also runs while a crash report is written,
             // when a lock may be held): -1 when the count is not available.
             (c"waiters", waiting::total().map_or(-1, count)),
@@ -91,14 +93,6 @@ extern "C" fn info(ctx: *mut raw::RedisModuleInfoCtx, for_crash_report: c_int) {
                 ffi::int(stats::LOADED_STATE_FIXED.get()),
             ),
         ];
-        api!(RedisModule_InfoAddSection(ctx, c"".as_ptr().cast_mut()));
-        let add = |name: &CStr, value: i64| {
-            api!(RedisModule_InfoAddFieldLongLong(
-                ctx,
-                name.as_ptr().cast_mut(),
-                value
-            ));
-        };
         for (name, value) in fields {
             add(name, value);
         }

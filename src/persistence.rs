@@ -133,7 +133,10 @@ fn load_fields(rdb: *mut raw::RedisModuleIO, encver: c_int, now: u64) -> Option<
             Ok(limit) => Kind::Semaphore(limit),
             Err(_) => return Some(None),
         },
-        (Some(mode), _) => mode.into(),
+        (Some(mode), _) => match Kind::of(mode, None) {
+            Some(kind) => kind,
+            None => return Some(None),
+        },
     };
     let holders: Option<Vec<Holder>> = holders
         .into_iter()
@@ -213,7 +216,7 @@ fn dropped(now: u64) -> Option<Loaded> {
         token: 1,
         deadline: 0,
     };
-    let mut loaded = Lock::from_holders(Mode::Exclusive, vec![ended])
+    let mut loaded = Lock::from_holders(Kind::Racquire, vec![ended])
         .ok()?
         .loaded();
     loaded.sweep_at = Some(now);
@@ -297,7 +300,7 @@ unsafe extern "C" fn aof_rewrite(
         // The same effect replication sends: one `LOCK.SYNC key state owner`
         // per holder.
         for h in lock.holders() {
-            let state = replication::State::of(&lock, &h);
+            let state = lock_core::effect::Encoded::of(&lock, &h);
             let state = state.as_bytes();
             api!(RedisModule_EmitAOF(
                 aof,

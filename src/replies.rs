@@ -36,12 +36,7 @@ fn send_other(ctx: &Context, result: RedisResult) -> c_int {
 
 /// The keyspace event of a grant.
 pub fn event_of(kind: Kind) -> &'static CStr {
-    match kind {
-        Kind::Acquire => c"lock.acquire",
-        Kind::Racquire => c"lock.racquire",
-        Kind::Read => c"lock.read",
-        Kind::Semaphore(_) => c"lock.semaphore",
-    }
+    kind.event()
 }
 
 /// The keyspace event of each key a `LOCK.MACQUIRE` grants.

@@ -9,6 +9,8 @@
 use std::ffi::CStr;
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 
+use lock_core::{Census, Mode};
+
 use crate::clock;
 use crate::ffi::api;
 use crate::log;
@@ -211,8 +213,8 @@ pub static RELEASES_NOT_HELD: Counter = Counter::new();
 pub static LOADED_STATE_FIXED: Counter = Counter::new();
 
 static KEYS: AtomicI64 = AtomicI64::new(0);
-/// Holders by mode: exclusive, shared, semaphore permits.
-static HOLDERS: [AtomicI64; 3] = [AtomicI64::new(0), AtomicI64::new(0), AtomicI64::new(0)];
+/// Holders by mode (a semaphore's: its permits), at each mode's slot.
+static HOLDERS: [AtomicI64; Mode::COUNT] = [const { AtomicI64::new(0) }; Mode::COUNT];
 
 fn delta(n: usize) -> i64 {
     crate::ffi::int(n)
@@ -224,14 +226,14 @@ pub fn lock_keys() -> i64 {
 }
 
 /// A lock value appeared (`+1`) or went (`-1`) with these holders.
-pub fn value(sign: i64, census: [usize; 3]) {
+pub fn value(sign: i64, census: Census) {
     KEYS.fetch_add(sign, Ordering::Relaxed);
     holders(sign, census);
 }
 
 /// Holders added (`+1`) or removed (`-1`) in a stored value, by mode.
-pub fn holders(sign: i64, census: [usize; 3]) {
-    for (gauge, n) in HOLDERS.iter().zip(census) {
+pub fn holders(sign: i64, census: Census) {
+    for (gauge, (_, n)) in HOLDERS.iter().zip(census.iter()) {
         // Most locks hold one mode: no atomic write for the others.
         if n != 0 {
             gauge.fetch_add(sign * delta(n), Ordering::Relaxed);
@@ -239,13 +241,9 @@ pub fn holders(sign: i64, census: [usize; 3]) {
     }
 }
 
-/// The gauges: lock keys, exclusive holders, shared holders, semaphore permits.
-pub fn gauges() -> [i64; 4] {
-    let [e, s, p] = &HOLDERS;
-    [
-        KEYS.load(Ordering::Relaxed),
-        e.load(Ordering::Relaxed),
-        s.load(Ordering::Relaxed),
-        p.load(Ordering::Relaxed),
-    ]
+/// The holders of one mode (a semaphore's: its permits).
+pub fn holders_in(mode: Mode) -> i64 {
+    HOLDERS
+        .get(mode.slot())
+        .map_or(0, |g| g.load(Ordering::Relaxed))
 }

@@ -19,7 +19,7 @@ use crate::stats;
 use crate::timers::{self, Keepalive};
 use crate::txn::{Events, Txn};
 use crate::waiting;
-use lock_core::{Ask, Attempt, Changes, Lock, Release};
+use lock_core::{Ask, Attempt, Census, Changes, Lock, Release};
 
 /// Runs a core transition on the lock at `name`, replicates its effect and
 /// writes the key back. A key of another type is `WRONGTYPE` and runs nothing.
@@ -594,10 +594,10 @@ fn write_back_key<R>(
 /// Deletes the key of a stored lock that emptied in place (its value is
 /// null now: Redis frees nothing of ours), counting out the key and the
 /// holders it had (`census`, by mode) here.
-fn delete_emptied(key: LockKey, census: [usize; 3]) {
+fn delete_emptied(key: LockKey, census: Census) {
     key.delete();
     stats::holders(-1, census);
-    stats::value(-1, [0; 3]);
+    stats::value(-1, Census::ZERO);
 }
 
 /// Counts the leases of a lock Redis expired (all of them had run out) and

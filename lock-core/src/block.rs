@@ -21,9 +21,12 @@
 
 use std::mem::ManuallyDrop;
 
-pub const EXCLUSIVE: u8 = 0;
-pub const SHARED: u8 = 1;
-pub const SEMAPHORE: u8 = 2;
+use crate::mode::Mode;
+
+/// The tags of the modes' blocks, from the mode table.
+pub const EXCLUSIVE: u8 = Mode::Exclusive.tag();
+pub const SHARED: u8 = Mode::Shared.tag();
+pub const SEMAPHORE: u8 = Mode::Semaphore.tag();
 
 /// token, deadline, holds, since.
 const FIXED: usize = 24;
@@ -394,7 +397,7 @@ impl Block {
     /// the [`Survey`] this walk takes on the way (a load walks a block once).
     pub fn from_saved(buf: Vec<u8>, since: u32) -> Option<(Block, Survey)> {
         let tag = *buf.first()?;
-        if tag > SEMAPHORE || buf.len() < header_len(tag) {
+        if Mode::from_tag(tag).is_none() || buf.len() < header_len(tag) {
             return None;
         }
         let mut block = Block { buf };
@@ -433,16 +436,6 @@ impl Block {
             survey.add(&h);
         }
         survey
-    }
-
-    /// Where the block is now (null when empty): changes when it grows or
-    /// shrinks.
-    pub fn as_ptr(&self) -> *const u8 {
-        if self.buf.is_empty() {
-            std::ptr::null()
-        } else {
-            self.buf.as_ptr()
-        }
     }
 
     /// The block at `ptr`, back from [`Block::into_raw`]; empty for null.

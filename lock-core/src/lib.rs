@@ -24,24 +24,17 @@
 
 mod block;
 pub mod deadlock;
+pub mod effect;
 pub mod lock;
+mod mode;
 pub mod queue;
 pub mod tokens;
-
-/// The fuzz decoder, shared by the bounded run in
-/// `cargo test` and the cargo-fuzz target (`fuzz/`, feature `fuzzing`).
-#[cfg(any(test, feature = "fuzzing"))]
-pub mod fuzz_ops;
-/// The one reference model both check the core against.
-#[cfg(any(test, feature = "fuzzing"))]
-mod model;
-#[cfg(test)]
-mod model_tests;
 
 pub use block::HolderRef;
 pub use lock::{
     max_holders, set_max_holders, since, Ask, Attempt, Changes, Holder, Invalid, Kind, Loaded,
-    Lock, Mode, Owner, Release, Request,
+    Lock, Owner, Release, Request,
 };
+pub use mode::{Census, Mode, Row};
 pub use queue::Queue;
 pub use tokens::Tokens;

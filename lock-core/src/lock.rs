@@ -14,65 +14,11 @@
 //! Redis stores for a key is that block, one allocation per lock.
 
 use crate::block::{self, Block, HolderRef, TooLarge};
+pub use crate::mode::{Census, Mode};
 use crate::tokens::Tokens;
 
 /// A holder's identity: a non-empty, binary-safe string chosen by the client.
 pub type Owner = Box<[u8]>;
-
-/// How a lock is held.
-#[derive(Clone, Copy, PartialEq, Eq, Debug)]
-pub enum Mode {
-    Exclusive,
-    Shared,
-    /// Up to the lock's limit of holders, one permit each (`LOCK.SEMAPHORE`).
-    Semaphore,
-}
-
-/// Every mode with its one name (replies, the replication stream, the AOF)
-/// and its one code (the RDB).
-const MODES: [(Mode, &std::ffi::CStr, u64); 3] = [
-    (Mode::Exclusive, c"exclusive", 0),
-    (Mode::Shared, c"shared", 1),
-    (Mode::Semaphore, c"semaphore", 2),
-];
-
-impl Mode {
-    /// The name used in replies and in the replication stream, NUL-terminated.
-    pub fn c_name(self) -> &'static std::ffi::CStr {
-        MODES
-            .iter()
-            .find(|(m, _, _)| *m == self)
-            .map_or(c"exclusive", |(_, n, _)| n)
-    }
-
-    pub fn name(self) -> &'static str {
-        self.c_name().to_str().unwrap_or("exclusive")
-    }
-
-    /// The mode with this name, if any.
-    pub fn from_name(name: &[u8]) -> Option<Mode> {
-        MODES
-            .iter()
-            .find(|(_, n, _)| n.to_bytes() == name)
-            .map(|(m, _, _)| *m)
-    }
-
-    /// The code saved in the RDB.
-    pub fn code(self) -> u64 {
-        MODES
-            .iter()
-            .find(|(m, _, _)| *m == self)
-            .map_or(0, |(_, _, c)| *c)
-    }
-
-    /// The mode saved as `code`, if any.
-    pub fn from_code(code: u64) -> Option<Mode> {
-        MODES
-            .iter()
-            .find(|(_, _, c)| *c == code)
-            .map(|(m, _, _)| *m)
-    }
-}
 
 /// What a grant command asks for.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
@@ -97,22 +43,31 @@ impl Kind {
         }
     }
 
+    /// The kind that describes a stored state of `mode` (exclusive:
+    /// reentrant, so stored hold counts are kept): a semaphore's with its
+    /// `limit`, the others' without one; `None` otherwise.
+    pub fn of(mode: Mode, limit: Option<u32>) -> Option<Kind> {
+        match (mode, limit) {
+            (Mode::Exclusive, None) => Some(Kind::Racquire),
+            (Mode::Shared, None) => Some(Kind::Read),
+            (Mode::Semaphore, Some(limit)) => Some(Kind::Semaphore(limit)),
+            (Mode::Exclusive | Mode::Shared, Some(_)) | (Mode::Semaphore, None) => None,
+        }
+    }
+
+    /// The keyspace event a grant of this kind fires.
+    pub fn event(self) -> &'static std::ffi::CStr {
+        match self {
+            Kind::Acquire => c"lock.acquire",
+            Kind::Racquire => c"lock.racquire",
+            Kind::Read => c"lock.read",
+            Kind::Semaphore(_) => c"lock.semaphore",
+        }
+    }
+
     /// Whether a repeat by a holder adds a hold (reentrant kinds).
     fn adds_holds(self) -> bool {
         matches!(self, Kind::Racquire | Kind::Read)
-    }
-}
-
-/// A state's mode as the kind that describes it (exclusive: reentrant, so
-/// stored hold counts are kept). A semaphore needs its limit: from its mode
-/// alone it gets 0, which no state accepts.
-impl From<Mode> for Kind {
-    fn from(mode: Mode) -> Kind {
-        match mode {
-            Mode::Exclusive => Kind::Racquire,
-            Mode::Shared => Kind::Read,
-            Mode::Semaphore => Kind::Semaphore(0),
-        }
     }
 }
 
@@ -657,19 +612,10 @@ fn own_rules(kind: Kind, holder: &HolderRef<'_>) -> Result<u32, Invalid> {
     }
 }
 
-fn tag_of(mode: Mode) -> u8 {
-    match mode {
-        Mode::Exclusive => block::EXCLUSIVE,
-        Mode::Shared => block::SHARED,
-        Mode::Semaphore => block::SEMAPHORE,
-    }
-}
-
 impl Lock {
     /// Builds a lock from stored holders, checking every invariant. `kind`
     /// carries a semaphore's limit (any kind of the mode does for the others).
-    pub fn from_holders(kind: impl Into<Kind>, holders: Vec<Holder>) -> Result<Lock, Invalid> {
-        let kind = kind.into();
+    pub fn from_holders(kind: Kind, holders: Vec<Holder>) -> Result<Lock, Invalid> {
         let mut lock = Lock::default();
         if holders.len() > LOOK_UP_FEW {
             return Lock::from_many(kind, &holders);
@@ -712,7 +658,7 @@ impl Lock {
             _ => 0,
         };
         for h in holders {
-            lock.block.push(tag_of(kind.mode()), limit, h.as_ref())?;
+            lock.block.push(kind.mode().tag(), limit, h.as_ref())?;
         }
         Ok(lock)
     }
@@ -723,20 +669,17 @@ impl Lock {
 
     /// The mode it is held in (exclusive when empty).
     pub fn mode(&self) -> Mode {
-        match self.block.tag() {
-            Some(block::SHARED) => Mode::Shared,
-            Some(block::SEMAPHORE) => Mode::Semaphore,
-            _ => Mode::Exclusive,
-        }
+        self.block
+            .tag()
+            .and_then(Mode::from_tag)
+            .unwrap_or(Mode::Exclusive)
     }
 
     /// The kind that describes this lock's state as stored and replicated:
     /// its mode, and a semaphore's limit.
     pub fn kind(&self) -> Kind {
-        match self.mode() {
-            Mode::Semaphore => Kind::Semaphore(self.block.limit()),
-            mode => mode.into(),
-        }
+        // A limit exactly when it is a semaphore: always a kind.
+        Kind::of(self.mode(), self.limit()).unwrap_or(Kind::Racquire)
     }
 
     /// A semaphore's limit; `None` for a lock.
@@ -1053,7 +996,7 @@ impl Lock {
             token,
             deadline: now.saturating_add(req.ttl),
         };
-        match self.block.push(tag_of(req.kind.mode()), limit, holder) {
+        match self.block.push(req.kind.mode().tag(), limit, holder) {
             Ok(at) => Ok((token, at)),
             Err(_) => Err(Attempt::TooLarge),
         }
@@ -1182,13 +1125,8 @@ impl Lock {
 
     /// How many holders hold exclusively, share, and hold a semaphore's
     /// permits (expired ones not yet dropped included).
-    pub fn census(&self) -> [usize; 3] {
-        let n = self.block.count();
-        match self.mode() {
-            Mode::Exclusive => [n, 0, 0],
-            Mode::Shared => [0, n, 0],
-            Mode::Semaphore => [0, 0, n],
-        }
+    pub fn census(&self) -> Census {
+        Census::of(self.mode(), self.block.count())
     }
 
     /// Bytes of heap this lock's holders take (its one block; the key and
@@ -1199,8 +1137,8 @@ impl Lock {
 
     /// Sets one holder's exact state (a replicated effect or a loaded record).
     /// `kind` says the mode, and a semaphore's limit.
-    pub fn put(&mut self, kind: impl Into<Kind>, holder: Holder) -> Result<(), Invalid> {
-        self.put_ref(kind.into(), holder.as_ref())
+    pub fn put(&mut self, kind: Kind, holder: Holder) -> Result<(), Invalid> {
+        self.put_ref(kind, holder.as_ref())
     }
 
     /// [`Lock::put`] of a borrowed holder.
@@ -1244,7 +1182,7 @@ impl Lock {
                     self.block.remove(at);
                 }
                 self.block
-                    .push(tag_of(mode), limit, HolderRef { since, ..holder })?;
+                    .push(mode.tag(), limit, HolderRef { since, ..holder })?;
             }
         }
         Ok(())
@@ -1254,8 +1192,7 @@ impl Lock {
     /// whatever this copy held before: holders it cannot coexist with (another
     /// mode or limit, or another exclusive holder) are dropped first. The
     /// holder itself must still be valid.
-    pub fn force(&mut self, kind: impl Into<Kind>, holder: Holder) -> Result<(), Invalid> {
-        let kind = kind.into();
+    pub fn force(&mut self, kind: Kind, holder: Holder) -> Result<(), Invalid> {
         Lock::default().put(kind, holder.clone())?;
         let owner: &[u8] = &holder.owner;
         if kind.mode() == Mode::Exclusive || kind.mode() != self.mode() || self.kind() != kind {
@@ -1289,26 +1226,6 @@ impl Lock {
             }
         }
         self.put(kind, holder)
-    }
-
-    /// Moves the heap block this lock owns to where `relocate` puts it:
-    /// active defragmentation. `relocate(block)` returns the block's new
-    /// address, or `None` to leave it where it is.
-    ///
-    /// # Safety
-    ///
-    /// `relocate` must either return `None`, or copy the whole block (as the
-    /// global allocator sized it) to a new block of the same allocator and
-    /// size class, free the old one and return the new address.
-    pub unsafe fn relocate(&mut self, relocate: &mut dyn FnMut(*mut u8) -> Option<*mut u8>) {
-        let block = std::mem::take(&mut self.block);
-        let old = block.into_raw();
-        if old.is_null() {
-            return;
-        }
-        let new = relocate(old).unwrap_or(old);
-        // SAFETY: the block `into_raw` gave, moved whole (the caller's promise).
-        self.block = unsafe { Block::from_raw(new) };
     }
 
     /// Removes one holder whatever its holds (a replicated effect); false when absent.
@@ -1412,12 +1329,6 @@ impl Lock {
     /// (null when empty, which no key stores). Back with [`Lock::from_raw`].
     pub fn into_raw(self) -> *mut u8 {
         self.block.into_raw()
-    }
-
-    /// Where the lock's block is now (null when empty): it moves when the
-    /// lock grows or shrinks, and the key's value must follow.
-    pub fn as_ptr(&self) -> *const u8 {
-        self.block.as_ptr()
     }
 
     /// The lock whose block is at `ptr` (empty for null).
@@ -1683,49 +1594,27 @@ mod tests {
     }
 
     #[test]
-    fn relocated_blocks_keep_the_lock_whole() {
+    fn a_block_moved_whole_is_the_same_lock() {
+        // What active defragmentation does to a key's value (`persistence`):
+        // the one block copied whole to a new allocation, the old one freed.
         let mut lock = Lock::default();
         let mut tokens = Tokens::starting_after(0);
         for o in ["r1", "r2", "r3"] {
             acquire(&mut lock, &mut tokens, req(Kind::Read, o, 100), 0);
         }
         let before = lock.clone();
-        // The one block is offered once; left where it is, then moved.
-        let mut offered = 0;
-        // SAFETY: `relocate` returns None: nothing moves.
-        unsafe {
-            lock.relocate(&mut |_| {
-                offered += 1;
-                None
-            });
-        }
-        assert_eq!(offered, 1, "one block per lock");
-        assert_eq!(lock, before, "nothing moved, nothing changed");
         let size = lock.memory_usage();
         let layout = std::alloc::Layout::from_size_align(size, 1).unwrap();
-        let old = lock.as_ptr();
+        let old = lock.into_raw();
         // SAFETY: a copy of the whole block to a new one of the same size,
-        // the old one freed: what a defragmenter does.
-        unsafe {
-            lock.relocate(&mut |block| {
-                let new = std::alloc::alloc(layout);
-                std::ptr::copy_nonoverlapping(block, new, size);
-                std::alloc::dealloc(block, layout);
-                Some(new)
-            });
-        }
-        assert_ne!(lock.as_ptr(), old, "moved");
-        assert_eq!(lock, before, "nothing moved, nothing changed");
-    }
-
-    #[test]
-    fn each_mode_has_one_name_and_one_code() {
-        for m in [Mode::Exclusive, Mode::Shared, Mode::Semaphore] {
-            assert_eq!(Mode::from_name(m.name().as_bytes()), Some(m));
-            assert_eq!(Mode::from_code(m.code()), Some(m));
-        }
-        assert_eq!(Mode::from_name(b"Exclusive"), None);
-        assert_eq!(Mode::from_code(3), None);
+        // the old one freed, the new one taken back once.
+        let moved = unsafe {
+            let new = std::alloc::alloc(layout);
+            std::ptr::copy_nonoverlapping(old, new, size);
+            std::alloc::dealloc(old, layout);
+            Lock::from_raw(new)
+        };
+        assert_eq!(moved, before, "moved whole, nothing changed");
     }
 
     #[test]
@@ -1834,10 +1723,11 @@ mod tests {
             Err(Invalid::BadLimit)
         );
         assert_eq!(
-            Lock::from_holders(Mode::Semaphore, vec![h("a", 1, 1)]),
-            Err(Invalid::BadLimit),
-            "a semaphore needs its limit"
+            Lock::from_holders(Kind::Semaphore(0), vec![h("a", 1, 1)]),
+            Err(Invalid::BadLimit)
         );
+        assert_eq!(Kind::of(Mode::Semaphore, None), None, "needs its limit");
+        assert_eq!(Kind::of(Mode::Shared, Some(2)), None, "has no limit");
         // The master's stream wins: a replica past the limit drops its
         // earliest holders, a change of limit drops the others.
         let mut lock =
@@ -1877,13 +1767,13 @@ mod tests {
             token: t,
             deadline: 10,
         };
-        let mut lock = Lock::from_holders(Mode::Exclusive, vec![h("a", 1)]).unwrap();
-        assert_eq!(lock.force(Mode::Exclusive, h("b", 2)), Ok(()));
+        let mut lock = Lock::from_holders(Kind::Racquire, vec![h("a", 1)]).unwrap();
+        assert_eq!(lock.force(Kind::Racquire, h("b", 2)), Ok(()));
         assert_eq!(
             lock.holders().map(|h| h.to_owned()).collect::<Vec<_>>(),
             [h("b", 2)]
         );
-        assert_eq!(lock.force(Mode::Shared, h("r", 3)), Ok(()));
+        assert_eq!(lock.force(Kind::Read, h("r", 3)), Ok(()));
         assert_eq!(
             (
                 lock.mode(),
@@ -1891,17 +1781,17 @@ mod tests {
             ),
             (Mode::Shared, vec![h("r", 3)])
         );
-        assert_eq!(lock.force(Mode::Shared, h("s", 4)), Ok(()));
+        assert_eq!(lock.force(Kind::Read, h("s", 4)), Ok(()));
         assert_eq!(lock.holder_count(), 2, "readers coexist");
-        assert_eq!(lock.force(Mode::Shared, h("t", 4)), Ok(()));
+        assert_eq!(lock.force(Kind::Read, h("t", 4)), Ok(()));
         assert_eq!(lock.holder_count(), 2, "the stale holder of token 4 went");
         let before = lock.clone();
         assert_eq!(
-            lock.force(Mode::Exclusive, h("", 5)),
+            lock.force(Kind::Racquire, h("", 5)),
             Err(Invalid::EmptyOwner)
         );
         assert_eq!(
-            lock.force(Mode::Exclusive, h("w", 0)),
+            lock.force(Kind::Racquire, h("w", 0)),
             Err(Invalid::ZeroToken)
         );
         assert_eq!(lock, before, "an invalid effect changes nothing");
@@ -1917,13 +1807,13 @@ mod tests {
             deadline: d,
         };
         assert_eq!(Lock::default().sweep_at(), None);
-        let one = Lock::from_holders(Mode::Exclusive, vec![h("a", 10)]).unwrap();
+        let one = Lock::from_holders(Kind::Racquire, vec![h("a", 10)]).unwrap();
         assert_eq!(one.sweep_at(), None);
-        let apart = Lock::from_holders(Mode::Shared, vec![h("a", 10), h("b", 20)]).unwrap();
+        let apart = Lock::from_holders(Kind::Read, vec![h("a", 10), h("b", 20)]).unwrap();
         assert_eq!(apart.sweep_at(), Some(10));
         let mut b = h("b", 20);
         b.token = 99;
-        let together = Lock::from_holders(Mode::Shared, vec![h("a", 20), b]).unwrap();
+        let together = Lock::from_holders(Kind::Read, vec![h("a", 20), b]).unwrap();
         assert_eq!(together.sweep_at(), None);
     }
 
@@ -1968,7 +1858,7 @@ mod tests {
     fn a_refresh_and_a_purge_of_many_holders_list_each_once() {
         let n = 5_000;
         let holders = (0..n).map(|i| reader(i, i as u64 + 1, 10 + (i % 2) as u64));
-        let lock = Lock::from_holders(Mode::Shared, holders.collect()).unwrap();
+        let lock = Lock::from_holders(Kind::Read, holders.collect()).unwrap();
         let mut c = Changes::default();
         c.touch(b"r7");
         lock.touch_all(&mut c);
@@ -2049,26 +1939,26 @@ mod tests {
         let many: Vec<Holder> = (0..n)
             .map(|i| reader(i, i as u64 + 1, 50 + (i % 7) as u64))
             .collect();
-        let lock = Lock::from_holders(Mode::Shared, many.clone()).unwrap();
+        let lock = Lock::from_holders(Kind::Read, many.clone()).unwrap();
         let mut one_by_one = Lock::default();
         for h in many.clone() {
-            one_by_one.put(Mode::Shared, h).unwrap();
+            one_by_one.put(Kind::Read, h).unwrap();
         }
         assert_eq!(lock, one_by_one);
         let mut twice = many.clone();
         twice.push(reader(3, 999, 1));
         assert_eq!(
-            Lock::from_holders(Mode::Shared, twice),
+            Lock::from_holders(Kind::Read, twice),
             Err(Invalid::DuplicateOwner)
         );
         let mut same_token = many.clone();
         same_token.push(reader(n, 5, 1));
         assert_eq!(
-            Lock::from_holders(Mode::Shared, same_token),
+            Lock::from_holders(Kind::Read, same_token),
             Err(Invalid::DuplicateToken)
         );
         assert_eq!(
-            Lock::from_holders(Mode::Exclusive, many.clone()),
+            Lock::from_holders(Kind::Racquire, many.clone()),
             Err(Invalid::SecondExclusiveHolder)
         );
         assert_eq!(
@@ -2123,7 +2013,7 @@ mod tests {
     #[test]
     fn a_saved_lock_past_the_limit_is_refused_before_its_walk() {
         let many: Vec<Holder> = (0..20).map(|i| reader(i, i as u64 + 1, 50)).collect();
-        let saved = Lock::from_holders(Mode::Shared, many)
+        let saved = Lock::from_holders(Kind::Read, many)
             .unwrap()
             .saved()
             .to_vec();
@@ -2144,26 +2034,26 @@ mod tests {
             token: t,
             deadline: 10,
         };
-        assert!(Lock::from_holders(Mode::Shared, vec![h("a", 1), h("b", 2)]).is_ok());
+        assert!(Lock::from_holders(Kind::Read, vec![h("a", 1), h("b", 2)]).is_ok());
         assert_eq!(
-            Lock::from_holders(Mode::Shared, vec![h("a", 1), h("b", 1)]),
+            Lock::from_holders(Kind::Read, vec![h("a", 1), h("b", 1)]),
             Err(Invalid::DuplicateToken)
         );
         assert_eq!(
-            Lock::from_holders(Mode::Exclusive, vec![h("a", 1), h("b", 2)]),
+            Lock::from_holders(Kind::Racquire, vec![h("a", 1), h("b", 2)]),
             Err(Invalid::SecondExclusiveHolder)
         );
         assert_eq!(
-            Lock::from_holders(Mode::Shared, vec![h("", 1)]),
+            Lock::from_holders(Kind::Read, vec![h("", 1)]),
             Err(Invalid::EmptyOwner)
         );
-        let mut lock = Lock::from_holders(Mode::Shared, vec![h("a", 1)]).unwrap_or_default();
+        let mut lock = Lock::from_holders(Kind::Read, vec![h("a", 1)]).unwrap_or_default();
         assert_eq!(
-            lock.put(Mode::Exclusive, h("b", 3)),
+            lock.put(Kind::Racquire, h("b", 3)),
             Err(Invalid::ModeMismatch)
         );
         // Replacing the only holder may change the mode.
-        assert_eq!(lock.put(Mode::Exclusive, h("a", 4)), Ok(()));
+        assert_eq!(lock.put(Kind::Racquire, h("a", 4)), Ok(()));
         assert_eq!(lock.mode(), Mode::Exclusive);
     }
 }

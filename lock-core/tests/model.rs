@@ -19,10 +19,11 @@ use proptest::prelude::*;
 use proptest::sample::Index;
 use proptest::test_runner::TestCaseError;
 
-use crate::lock::{Attempt, Changes, Holder, Invalid, Kind, Lock, Mode, Owner, Release, Request};
-use crate::model::{mode_of, MWait, Model};
-use crate::queue::Queue;
-use crate::tokens::{Tokens, MAX_TOKEN};
+use lock_core::tokens::{Tokens, MAX_TOKEN};
+use lock_core::{
+    Attempt, Changes, Holder, Invalid, Kind, Lock, Mode, Owner, Queue, Release, Request,
+};
+use lock_model::model::{mode_of, MWait, Model};
 
 const KEYS: usize = 3;
 const OWNERS: u8 = 4;
@@ -711,8 +712,8 @@ proptest! {
     #[test]
     fn sole_release_and_renew_are_the_general_ones(
         kind in prop_oneof![
-            Just(Kind::from(Mode::Exclusive)),
-            Just(Kind::from(Mode::Shared)),
+            Just(Kind::Racquire),
+            Just(Kind::Read),
             (1u32..4).prop_map(Kind::Semaphore),
         ],
         raw in prop::collection::btree_map(0u8..3, (1u32..3, 0u64..20), 1..4),
@@ -798,7 +799,7 @@ proptest! {
             (Some(2), Some(h)) => { h.token = 0; expected = Err(Invalid::ZeroToken); }
             _ => {}
         }
-        let built = Lock::from_holders(mode, holders.clone());
+        let built = Lock::from_holders(Kind::of(mode, None).unwrap(), holders.clone());
         match expected {
             Ok(()) => {
                 let lock = built.unwrap();
@@ -828,14 +829,14 @@ proptest! {
         if expected.is_ok() && !exclusive && holders.len() >= 2 {
             let mut dup = holders.clone();
             dup[1].token = dup[0].token;
-            prop_assert_eq!(Lock::from_holders(mode, dup), Err(Invalid::DuplicateToken));
+            prop_assert_eq!(Lock::from_holders(Kind::of(mode, None).unwrap(), dup), Err(Invalid::DuplicateToken));
         }
         // A duplicate owner is refused.
         if let Some(h) = holders.first().cloned() {
             if expected.is_ok() && !exclusive {
                 let mut dup = holders.clone();
                 dup.push(h);
-                prop_assert_eq!(Lock::from_holders(mode, dup), Err(Invalid::DuplicateOwner));
+                prop_assert_eq!(Lock::from_holders(Kind::of(mode, None).unwrap(), dup), Err(Invalid::DuplicateOwner));
             }
         }
     }
@@ -844,10 +845,7 @@ proptest! {
 /// A re-entry that would overflow the hold count is refused and changes nothing.
 #[test]
 fn too_many_holds_changes_nothing() {
-    for (kind, mode) in [
-        (Kind::Racquire, Mode::Exclusive),
-        (Kind::Read, Mode::Shared),
-    ] {
+    for kind in [Kind::Racquire, Kind::Read] {
         let holder = Holder {
             owner: name(1),
             holds: u32::MAX - 1,
@@ -855,7 +853,7 @@ fn too_many_holds_changes_nothing() {
             token: 7,
             deadline: 100,
         };
-        let mut lock = Lock::from_holders(mode, vec![holder]).unwrap();
+        let mut lock = Lock::from_holders(kind, vec![holder]).unwrap();
         let mut tokens = Tokens::starting_after(7);
         let mut c = Changes::default();
         let r = request(kind, 1, 50);
@@ -895,7 +893,7 @@ proptest! {
             Holder { owner: b"a"[..].into(), holds: 1, since: 0, token: 7, deadline: 9 },
             Holder { owner: b"bb"[..].into(), holds: 2, since: 0, token: 8, deadline: 10 },
         ];
-        let lock = Lock::from_holders(Mode::Shared, holders).unwrap();
+        let lock = Lock::from_holders(Kind::Read, holders).unwrap();
         let mut saved = lock.saved().to_vec();
         let i = flip.0 % saved.len();
         saved[i] ^= flip.1;

@@ -1,18 +1,16 @@
 //! The one reference model of the core, written independently of its
 //! logic: per key, owner -> hold (expired ones kept until a transition on
 //! the key drops them, as the core does), a FIFO of waiters (multi-key parts
-//! included), and a semaphore's limit. The property tests (`model_tests`)
-//! and the fuzz decoder (`fuzz_ops`, shared with the cargo-fuzz target) both
-//! check the core against it.
+//! included), and a semaphore's limit. The property tests
+//! (`lock-core/tests/model.rs`) and the fuzz runner ([`crate::fuzz`], shared
+//! with the cargo-fuzz target) both check the core against it.
 
 use std::collections::{BTreeMap, VecDeque};
 
-#[cfg(test)]
-use crate::lock::Owner;
-use crate::lock::{Attempt, Invalid, Kind, Mode, Release};
-use crate::tokens::MAX_TOKEN;
+use lock_core::tokens::MAX_TOKEN;
+use lock_core::{Attempt, Invalid, Kind, Mode, Owner, Release};
 
-pub(crate) fn mode_of(kind: Kind) -> Mode {
+pub fn mode_of(kind: Kind) -> Mode {
     match kind {
         Kind::Acquire | Kind::Racquire => Mode::Exclusive,
         Kind::Read => Mode::Shared,
@@ -21,51 +19,51 @@ pub(crate) fn mode_of(kind: Kind) -> Mode {
 }
 
 /// Whether a holder's repeat of `kind` adds a hold.
-pub(crate) fn reentrant(kind: Kind) -> bool {
+pub fn reentrant(kind: Kind) -> bool {
     matches!(kind, Kind::Racquire | Kind::Read)
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) struct MHold {
-    pub(crate) mode: Mode,
-    pub(crate) holds: u32,
-    pub(crate) token: u64,
-    pub(crate) deadline: u64,
+pub struct MHold {
+    pub mode: Mode,
+    pub holds: u32,
+    pub token: u64,
+    pub deadline: u64,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) struct MWait {
-    pub(crate) id: u32,
-    pub(crate) kind: Kind,
-    pub(crate) owner: usize,
-    pub(crate) ttl: u64,
-    pub(crate) part: bool,
+pub struct MWait {
+    pub id: u32,
+    pub kind: Kind,
+    pub owner: usize,
+    pub ttl: u64,
+    pub part: bool,
 }
 
 #[derive(Default)]
-pub(crate) struct MKey {
+pub struct MKey {
     /// A semaphore's limit, set by the grant that finds the key free.
-    pub(crate) limit: u32,
-    pub(crate) holders: BTreeMap<usize, MHold>,
-    pub(crate) queue: VecDeque<MWait>,
+    pub limit: u32,
+    pub holders: BTreeMap<usize, MHold>,
+    pub queue: VecDeque<MWait>,
 }
 
-pub(crate) struct Model {
-    pub(crate) now: u64,
-    pub(crate) last_token: u64,
-    pub(crate) keys: Vec<MKey>,
+pub struct Model {
+    pub now: u64,
+    pub last_token: u64,
+    pub keys: Vec<MKey>,
 }
 
 impl Model {
     /// Drops the holders whose deadline has passed; returns how many.
-    pub(crate) fn purge(&mut self, key: usize) -> usize {
+    pub fn purge(&mut self, key: usize) -> usize {
         let now = self.now;
         let before = self.keys[key].holders.len();
         self.keys[key].holders.retain(|_, h| now < h.deadline);
         before - self.keys[key].holders.len()
     }
 
-    pub(crate) fn grant(
+    pub fn grant(
         &mut self,
         key: usize,
         kind: Kind,
@@ -134,7 +132,7 @@ impl Model {
         Attempt::Granted(token)
     }
 
-    pub(crate) fn release(&mut self, key: usize, owner: usize) -> Release {
+    pub fn release(&mut self, key: usize, owner: usize) -> Release {
         self.purge(key);
         let holders = &mut self.keys[key].holders;
         match holders.get_mut(&owner) {
@@ -150,7 +148,7 @@ impl Model {
         }
     }
 
-    pub(crate) fn renew(&mut self, key: usize, owner: usize, ttl: u64) -> bool {
+    pub fn renew(&mut self, key: usize, owner: usize, ttl: u64) -> bool {
         self.purge(key);
         let deadline = self.now.saturating_add(ttl);
         match self.keys[key].holders.get_mut(&owner) {
@@ -162,7 +160,7 @@ impl Model {
         }
     }
 
-    pub(crate) fn settle(&mut self, key: usize) -> Vec<(u32, Attempt)> {
+    pub fn settle(&mut self, key: usize) -> Vec<(u32, Attempt)> {
         self.purge(key);
         let mut answered = Vec::new();
         while let Some(w) = self.keys[key].queue.front().copied().filter(|w| !w.part) {
@@ -177,12 +175,7 @@ impl Model {
     }
 
     /// The outcome of `Lock::put` as the contract states it.
-    pub(crate) fn put(
-        &mut self,
-        key: usize,
-        owner: Option<usize>,
-        hold: MHold,
-    ) -> Result<(), Invalid> {
+    pub fn put(&mut self, key: usize, owner: Option<usize>, hold: MHold) -> Result<(), Invalid> {
         let Some(owner) = owner else {
             return Err(Invalid::EmptyOwner);
         };
@@ -212,7 +205,7 @@ impl Model {
 
 impl Model {
     /// A model of `keys` free keys at `now`, the counter at `last_token`.
-    pub(crate) fn new(keys: usize, now: u64, last_token: u64) -> Model {
+    pub fn new(keys: usize, now: u64, last_token: u64) -> Model {
         Model {
             now,
             last_token,
@@ -222,10 +215,9 @@ impl Model {
 }
 
 /// Views for the property tests.
-#[cfg(test)]
 impl Model {
     /// The owner's hold on the key if it still holds at `now`.
-    pub(crate) fn live(&self, key: usize, owner: usize) -> Option<MHold> {
+    pub fn live(&self, key: usize, owner: usize) -> Option<MHold> {
         self.keys[key]
             .holders
             .get(&owner)
@@ -235,7 +227,7 @@ impl Model {
 
     /// owner -> (mode, holds, token, deadline) of the live holders, owners
     /// named by `name`.
-    pub(crate) fn live_view(
+    pub fn live_view(
         &self,
         key: usize,
         name: impl Fn(usize) -> Owner,
@@ -249,7 +241,7 @@ impl Model {
     }
 
     /// The queue as (id, kind, owner, ttl), owners named by `name`.
-    pub(crate) fn queue_view(
+    pub fn queue_view(
         &self,
         key: usize,
         name: impl Fn(usize) -> Owner,
