@@ -14,10 +14,9 @@
 
 use std::cell::RefCell;
 use std::collections::HashMap;
-use std::ffi::CString;
 use std::os::raw::c_int;
 
-use redis_module::{raw, Context, ContextFlags, RedisError, RedisResult, RedisValue};
+use redis_module::{raw, Context, RedisError, RedisResult, RedisValue};
 
 use crate::args::{self, GuardArgs};
 use crate::bindings;
@@ -60,40 +59,121 @@ fn guard(ctx: &Context, args: Argv<'_>) -> RedisResult {
     }
     let guard = args::guard(args)?;
     let called = args.from(guard.call);
-    let Some(name) = called.get(0) else {
-        return Err(LockError::Arity.into());
+    // A command name never holds a NUL (none is registered with one).
+    let Some(name) = called.get(0).and_then(|n| Name::of(n.as_slice())) else {
+        return Err(LockError::Syntax.into());
     };
-    let name = name.as_slice().to_ascii_lowercase();
-    if let Some(refused) = refusal(ctx, &name, called) {
+    if let Some(refused) = refusal(ctx, name.bytes(), called) {
         return Err(LockError::NotGuardable(refused).into());
     }
     if !holds(ctx, &guard)? {
         return Err(LockError::NotHeld.into());
     }
-    // A command name never holds a NUL (none is registered with one).
-    let Ok(name) = CString::new(name) else {
-        return Err(LockError::Syntax.into());
-    };
-    let (argv, argc) = called.from(1).as_raw();
-    // A script's guard has no connection of its own for a BIND inside.
-    let caller = match ctx.get_flags().contains(ContextFlags::LUA) {
-        true => 0,
-        false => api!(RedisModule_GetClientId(ctx.ctx)).unwrap_or(0),
-    };
-    let reply = spec::as_guarded(caller, || {
-        api!(RedisModule_Call(
-            ctx.ctx,
-            name.as_ptr(),
-            c"vCSME0!".as_ptr(),
-            argv,
-            argc
-        ))
-    })
-    .filter(|r| !r.is_null())
-    .ok_or(LockError::Internal)?;
+    let reply = spec::as_guarded(ctx.ctx, || call(ctx, &name, called.from(1)))
+        .filter(|r| !r.is_null())
+        .ok_or(LockError::Internal)?;
     let sent = send(ctx, reply);
     api!(RedisModule_FreeCallReply(reply));
     sent
+}
+
+/// Runs the command `name` with `args` (`RedisModule_Call`'s flags: see
+/// the top of this file). Up to eight arguments are passed one by one
+/// (`s`): Redis sizes its argument vector from the format, where a vector
+/// (`v`) costs it a reallocation.
+fn call(ctx: &Context, name: &Name, args: Argv<'_>) -> Option<*mut raw::RedisModuleCallReply> {
+    let (argv, argc) = args.as_raw();
+    let mut a = [std::ptr::null_mut::<raw::RedisModuleString>(); 8];
+    for (slot, i) in a.iter_mut().zip(0..argc) {
+        *slot = args.get(i).map_or(std::ptr::null_mut(), |s| s.raw());
+    }
+    let c = ctx.ctx;
+    let n = name.as_ptr();
+    match argc {
+        0 => api!(RedisModule_Call(c, n, c"CSME0!".as_ptr())),
+        1 => api!(RedisModule_Call(c, n, c"sCSME0!".as_ptr(), a[0])),
+        2 => api!(RedisModule_Call(c, n, c"ssCSME0!".as_ptr(), a[0], a[1])),
+        3 => api!(RedisModule_Call(
+            c,
+            n,
+            c"sssCSME0!".as_ptr(),
+            a[0],
+            a[1],
+            a[2]
+        )),
+        4 => api!(RedisModule_Call(
+            c,
+            n,
+            c"ssssCSME0!".as_ptr(),
+            a[0],
+            a[1],
+            a[2],
+            a[3]
+        )),
+        5 => api!(RedisModule_Call(
+            c,
+            n,
+            c"sssssCSME0!".as_ptr(),
+            a[0],
+            a[1],
+            a[2],
+            a[3],
+            a[4]
+        )),
+        6 => api!(RedisModule_Call(
+            c,
+            n,
+            c"ssssssCSME0!".as_ptr(),
+            a[0],
+            a[1],
+            a[2],
+            a[3],
+            a[4],
+            a[5]
+        )),
+        _ => api!(RedisModule_Call(c, n, c"vCSME0!".as_ptr(), argv, argc)),
+    }
+}
+
+/// A command's name, lower case and ending in a NUL (as `RedisModule_Call`
+/// takes it): on the stack when short, as every command's name is.
+enum Name {
+    Short([u8; 32], usize),
+    Long(Vec<u8>),
+}
+
+impl Name {
+    /// `None` for a name holding a NUL (no command has one).
+    fn of(raw: &[u8]) -> Option<Name> {
+        if raw.contains(&0) {
+            return None;
+        }
+        if raw.len() < 32 {
+            let mut buf = [0; 32];
+            for (b, r) in buf.iter_mut().zip(raw) {
+                *b = r.to_ascii_lowercase();
+            }
+            return Some(Name::Short(buf, raw.len()));
+        }
+        let mut name = raw.to_ascii_lowercase();
+        name.push(0);
+        Some(Name::Long(name))
+    }
+
+    /// Without the NUL.
+    fn bytes(&self) -> &[u8] {
+        match self {
+            Name::Short(buf, len) => buf.get(..*len).unwrap_or(&[]),
+            Name::Long(name) => name.split_last().map_or(&[], |(_, n)| n),
+        }
+    }
+
+    fn as_ptr(&self) -> *const std::os::raw::c_char {
+        match self {
+            Name::Short(buf, _) => buf.as_ptr().cast(),
+            Name::Long(name) => name.as_ptr().cast(),
+        }
+    }
 }
 
 /// Whether the guard's owner holds its key now: a live holder, under the
@@ -129,7 +209,13 @@ fn holds(ctx: &Context, guard: &GuardArgs<'_>) -> Result<bool, LockError> {
 /// an ACL refusal as `NOPERM`, a subcommand scripts may not run (`FUNCTION
 /// FLUSH`) as the other commands LOCK.GUARD cannot run.
 fn send(ctx: &Context, reply: *mut raw::RedisModuleCallReply) -> RedisResult {
-    if reply_type(reply) == raw::REDISMODULE_REPLY_ERROR {
+    // The reply's first byte says whether it is an error (its type would
+    // parse the whole reply).
+    let mut len = 0;
+    let proto = api!(RedisModule_CallReplyProto(reply, &mut len)).unwrap_or(std::ptr::null());
+    // SAFETY: the reply owns `len` bytes at `proto` until it is freed.
+    let first = (!proto.is_null() && len > 0).then(|| unsafe { *proto.cast::<u8>() });
+    if first == Some(b'-') {
         let text = reply_text(reply);
         let text = text.strip_prefix(b"-").unwrap_or(&text).trim_ascii_end();
         if let Some(why) = text.strip_prefix(b"ERR acl verification failed, ") {
@@ -166,24 +252,38 @@ struct Traits {
     noscript: bool,
 }
 
+/// The commands whose traits are known: the last one asked for, and all.
+type Known = (Option<(Vec<u8>, Traits)>, HashMap<Vec<u8>, Traits>);
+
 thread_local! {
     /// Each command's traits by lower-case name, asked once (`COMMAND
     /// INFO`): commands are only added (modules loading) or renamed at
     /// start-up.
-    static TRAITS: RefCell<HashMap<Vec<u8>, Traits>> = RefCell::new(HashMap::new());
+    /// The last command asked for first (most callers guard one or two).
+    static TRAITS: RefCell<Known> = RefCell::new((None, HashMap::new()));
 }
 
 /// Why `name` may not run guarded, if it may not. The lock commands block
 /// only with `WAIT`, which they refuse themselves when guarded; the stream
 /// reads only with `BLOCK`.
 fn refusal(ctx: &Context, name: &[u8], called: Argv<'_>) -> Option<Unguardable> {
-    let traits = TRAITS.with(|t| t.borrow().get(name).copied());
+    let traits = TRAITS.with(|t| {
+        let t = t.borrow();
+        match &t.0 {
+            Some((last, traits)) if last.as_slice() == name => Some(*traits),
+            _ => t.1.get(name).copied(),
+        }
+    });
     let traits = match traits {
         Some(t) => t,
         None => {
             // An unknown command is Redis's to answer.
             let t = traits_of(ctx, name)?;
-            TRAITS.with(|m| m.borrow_mut().insert(name.to_vec(), t));
+            TRAITS.with(|m| {
+                let mut m = m.borrow_mut();
+                m.0 = Some((name.to_vec(), t));
+                m.1.insert(name.to_vec(), t);
+            });
             t
         }
     };

@@ -8,7 +8,7 @@
 
 use std::ffi::CStr;
 use std::os::raw::c_int;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicPtr, Ordering};
 
 use redis_module::{raw, Context, ContextFlags, RedisResult};
 
@@ -21,9 +21,6 @@ use crate::replies;
 /// The C entry point of one command (made by `command!`).
 pub type Entry =
     extern "C" fn(*mut raw::RedisModuleCtx, *mut *mut raw::RedisModuleString, c_int) -> c_int;
-
-/// A command handler: its arguments as Redis passed them (nothing copied).
-pub type Handler = fn(&Context, Argv<'_>) -> RedisResult;
 
 /// Reports where a call's keys are (`RedisModule_KeyAtPos`), for a command
 /// whose keys are found by reading its arguments.
@@ -105,10 +102,9 @@ fn from_master(ctx: &Context) -> Result<(), LockError> {
 }
 
 /// Whether a command runs inside LOCK.GUARD now (Redis runs one command at
-/// a time, on its main thread), and the connection that sent the guard (0:
-/// none of its own, a script's).
+/// a time, on its main thread), and the guard's own context.
 static GUARDING: AtomicBool = AtomicBool::new(false);
-static GUARD_CALLER: AtomicU64 = AtomicU64::new(0);
+static GUARD_CTX: AtomicPtr<raw::RedisModuleCtx> = AtomicPtr::new(std::ptr::null_mut());
 
 /// Inside LOCK.GUARD, nothing may wait: one atomic step cannot.
 pub fn guarding() -> bool {
@@ -118,21 +114,26 @@ pub fn guarding() -> bool {
 /// The connection that sent the LOCK.GUARD running now, if it has one: a
 /// `BIND` inside binds to it (the called command's own client is
 /// `RedisModule_Call`'s, gone when the call returns).
+/// (None inside a script: it has no connection of its own.)
 pub fn guard_caller() -> Option<u64> {
-    Some(GUARD_CALLER.load(Ordering::Relaxed)).filter(|id| *id != 0)
+    let ctx = GUARD_CTX.load(Ordering::Relaxed);
+    if ctx.is_null() || Context::new(ctx).get_flags().contains(ContextFlags::LUA) {
+        return None;
+    }
+    api!(RedisModule_GetClientId(ctx)).filter(|id| *id != 0)
 }
 
-/// Runs `call` as the command of a LOCK.GUARD sent by connection `caller`
-/// (0: none): [`guarding`] is true meanwhile.
-pub fn as_guarded<T>(caller: u64, call: impl FnOnce() -> T) -> T {
+/// Runs `call` as the command of the LOCK.GUARD running in `ctx`:
+/// [`guarding`] is true meanwhile.
+pub fn as_guarded<T>(ctx: *mut raw::RedisModuleCtx, call: impl FnOnce() -> T) -> T {
     struct Reset;
     impl Drop for Reset {
         fn drop(&mut self) {
             GUARDING.store(false, Ordering::Relaxed);
-            GUARD_CALLER.store(0, Ordering::Relaxed);
+            GUARD_CTX.store(std::ptr::null_mut(), Ordering::Relaxed);
         }
     }
-    GUARD_CALLER.store(caller, Ordering::Relaxed);
+    GUARD_CTX.store(ctx, Ordering::Relaxed);
     GUARDING.store(true, Ordering::Relaxed);
     let _reset = Reset;
     call()
@@ -314,7 +315,9 @@ pub fn run(
     argv: *mut *mut raw::RedisModuleString,
     argc: c_int,
     name: &'static CStr,
-    handler: Handler,
+    // A handler (its arguments as Redis passed them, nothing copied) by its
+    // own type, not a pointer: called directly, in line in the entry point.
+    handler: impl FnOnce(&Context, Argv<'_>) -> RedisResult,
     access: Access,
     locate: Option<Locate>,
 ) -> c_int {
