@@ -595,7 +595,7 @@ fn run_callgrind(plan: &Plan, args: &[String]) -> io::Result<()> {
     let write_baseline = args.iter().any(|a| a == "--write-baseline");
     let check = args.iter().any(|a| a == "--check");
     // A check alone measures only what it gates (CI runs it): two servers
-    // of the five, well under half the time.
+    // of the five, and section 9's guards on a third, well under half the time.
     let scope = match check && !write_baseline && repeat == 1 {
         true => profile::Scope::Gated,
         false => profile::Scope::All,
