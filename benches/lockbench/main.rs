@@ -11,7 +11,10 @@
 //! 6. locks bound to their connection: kill to grant, keepalive, the stall
 //!    of a disconnect with many bound locks (`bind`);
 //! 7. what deadlock detection costs with 10,000 requests waiting on 1,000
-//!    keys (`deadlock`).
+//!    keys (`deadlock`);
+//! 9. guarded writes: `LOCK.GUARD ... CALL SET` against `SET` and the Lua
+//!    check-then-set script (`guard`; with `--callgrind --only 9`, its
+//!    instructions alone).
 //!
 //! Options: `--quick` (or `BENCH_QUICK=1`): a ~20 s smoke run with small
 //! counts. `--only 1,3`: some sections only. `--callgrind`: instructions per
@@ -32,6 +35,7 @@ mod bind;
 mod chart;
 mod contention;
 mod deadlock;
+mod guard;
 mod latency;
 mod memory;
 mod profile;
@@ -479,6 +483,20 @@ fn run(plan: &Plan, only: Option<&[u32]>) -> io::Result<()> {
         ));
     }
 
+    if wants(9) {
+        eprintln!("9. guarded writes");
+        let r = guard::run(
+            server.port,
+            plan.requests,
+            plan.rounds,
+            plan.conns,
+            plan.pipeline,
+        )?;
+        body.push_str(&guard::table(&r));
+        body.push('\n');
+        goals.extend(guard::goals(&r));
+    }
+
     if wants(4) || wants(5) {
         eprintln!("4. memory and 5. persistence");
         drop(c);
@@ -577,7 +595,7 @@ fn run_callgrind(plan: &Plan, args: &[String]) -> io::Result<()> {
     let write_baseline = args.iter().any(|a| a == "--write-baseline");
     let check = args.iter().any(|a| a == "--check");
     // A check alone measures only what it gates (CI runs it): two servers
-    // of the five, well under half the time.
+    // of the five, and section 9's guards on a third, well under half the time.
     let scope = match check && !write_baseline && repeat == 1 {
         true => profile::Scope::Gated,
         false => profile::Scope::All,
@@ -590,16 +608,30 @@ fn run_callgrind(plan: &Plan, args: &[String]) -> io::Result<()> {
         "lockbench --callgrind: {} requests per command under valgrind (slow), {repeat} run(s)",
         plan.callgrind_requests
     );
+    // `--only 9`: section 9's rows alone (guard.rs).
+    let guard_only = args.windows(2).any(|a| a[0] == "--only" && a[1] == "9");
+    if guard_only && (check || write_baseline) {
+        return Err(io::Error::other(
+            "--only 9 measures section 9's rows alone: not with --check or --write-baseline",
+        ));
+    }
     let started = Instant::now();
     let mut runs = Vec::new();
     for n in 1..=repeat {
         eprintln!(" run {n}/{repeat}");
-        runs.push(profile::run(
-            &dir.join(format!("run{n}")),
+        let run_dir = dir.join(format!("run{n}"));
+        let mut rows = match guard_only {
+            true => Vec::new(),
+            false => profile::run(&run_dir, &module, plan.callgrind_requests, scope)?,
+        };
+        let all = scope == profile::Scope::All;
+        rows.extend(guard::profile(
+            &run_dir,
             &module,
             plan.callgrind_requests,
-            scope,
+            all,
         )?);
+        runs.push(rows);
     }
     let mut report = format!(
         "## redis-lock: instructions per request ({})\n\n- machine: {}\n- server: `{}`\n- dumps: `{}` (`callgrind_annotate --inclusive=yes <dump>`)\n- wall time: {}\n\n",
@@ -618,7 +650,10 @@ fn run_callgrind(plan: &Plan, args: &[String]) -> io::Result<()> {
     };
     match scope {
         profile::Scope::All => {
-            report.push_str(&profile::table(&runs, plan.callgrind_requests));
+            if !guard_only {
+                report.push_str(&profile::table(&runs, plan.callgrind_requests));
+            }
+            report.push_str(&guard::callgrind_table(&runs, plan.callgrind_requests));
         }
         profile::Scope::Gated => report.push_str(&profile::check_table(&last, &baseline)),
     }

@@ -169,7 +169,7 @@ impl Plain {
 }
 
 /// The scripts, loaded on each server.
-struct Sha {
+pub struct Sha {
     scripts: Scripts,
     set: Vec<u8>,
 }
@@ -190,16 +190,16 @@ const WARM: usize = 1000;
 const WARM_OFFSET: usize = 100_000_000;
 
 /// One server under callgrind, instrumented, with a pool of connections.
-struct Profiled {
+pub struct Profiled {
     server: Server,
     pid: String,
-    c: Conn,
+    pub c: Conn,
     pool: Pool,
     sha: Sha,
 }
 
 impl Profiled {
-    fn start(opts: &Options) -> io::Result<Profiled> {
+    pub fn start(opts: &Options) -> io::Result<Profiled> {
         let server = Server::start(opts)?;
         let pid = server.pid().to_string();
         control(&["-i", "on", &pid])?;
@@ -219,7 +219,7 @@ impl Profiled {
     }
 
     /// Runs `n` requests from key `offset` on, checking every reply.
-    fn run(
+    pub fn run(
         &mut self,
         what: &str,
         (n, offset, replies): (usize, usize, usize),
@@ -243,7 +243,7 @@ impl Profiled {
     }
 
     /// Steps 1 to 3 above for one command; instructions per request.
-    fn measure(
+    pub fn measure(
         &mut self,
         name: &str,
         (n, replies): (usize, usize),
