@@ -70,9 +70,11 @@ chaos: build ## Faults under Sentinel for CHAOS_SECS: paused and killed masters,
 valgrind: build ## Integration tests with redis-server under valgrind memcheck (target/valgrind/summary.txt)
 	scripts/valgrind.sh
 
-lint: deps ## rustfmt check and clippy with -D warnings
+lint: deps ## rustfmt check, clippy with -D warnings, and no doc link to an item that does not exist
 	$(CARGO) fmt --check
 	$(CARGO) clippy --all-targets -- -D warnings
+	RUSTDOCFLAGS="-D rustdoc::broken_intra_doc_links -A rustdoc::private_intra_doc_links" \
+		$(CARGO) doc --no-deps --document-private-items -p redis-lock -p lock-core -p redis-native-lock
 
 fmt: ## Format the code
 	$(CARGO) fmt

@@ -92,12 +92,12 @@ pub const SET_FORMAT: &CStr = c"sbb";
 /// `LOCK.SYNC key DROP owner`.
 pub const DROP_FORMAT: &CStr = c"scb";
 
-/// With nobody listening there is nothing to send: only what Redis counts
-/// for its save points (`server.dirty`) moves, as `RM_Replicate` would move
-/// it (with nobody listening, `RM_ReplicateVerbatim` only does that). True
-/// then; false when the effect must be built and sent.
+/// With nobody listening there is nothing to send: this counts the change
+/// for Redis's save points (`server.dirty`), as `RM_Replicate` would (with
+/// nobody listening, `RM_ReplicateVerbatim` only does that), and answers
+/// true; false, counting nothing, when the effect must be built and sent.
 #[inline]
-fn counted_only(ctx: &Context) -> bool {
+fn count_if_nobody_listens(ctx: &Context) -> bool {
     let quiet = QUIET.load(Ordering::Relaxed);
     if quiet {
         call!(RedisModule_ReplicateVerbatim(ctx.ctx));
@@ -108,7 +108,7 @@ fn counted_only(ctx: &Context) -> bool {
 /// Sends the effect of one transition to replicas and the AOF, straight
 /// through `RedisModule_Replicate` (no argument strings are built here).
 pub fn replicate(ctx: &Context, key: Str<'_>, lock: &Lock, changes: &Changes) {
-    if counted_only(ctx) {
+    if count_if_nobody_listens(ctx) {
         return;
     }
     let mut owners = changes.owners();
@@ -140,7 +140,7 @@ pub fn replicate(ctx: &Context, key: Str<'_>, lock: &Lock, changes: &Changes) {
 /// one it changed (a grant that made the lock, `Lock::first`; a renewal of
 /// its only holder, `Lock::renew_sole`): that holder's state.
 pub fn replicate_sole(ctx: &Context, key: Str<'_>, lock: &Lock) {
-    if counted_only(ctx) {
+    if count_if_nobody_listens(ctx) {
         return;
     }
     if let Some(holder) = lock.holders().next() {
@@ -151,7 +151,7 @@ pub fn replicate_sole(ctx: &Context, key: Str<'_>, lock: &Lock) {
 /// Sends the effect of a transition whose one change is that `owner` no
 /// longer holds (`Lock::release_sole`).
 pub fn replicate_dropped(ctx: &Context, key: Str<'_>, owner: &[u8]) {
-    if counted_only(ctx) {
+    if count_if_nobody_listens(ctx) {
         return;
     }
     replicate_drop(ctx, key, owner);

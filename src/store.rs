@@ -19,7 +19,7 @@ use crate::stats;
 use crate::timers::{self, Keepalive};
 use crate::txn::{Events, Txn};
 use crate::waiting;
-use lock_core::{Ask, Attempt, Census, Changes, Lock, Release};
+use lock_core::{Ask, Attempt, Census, Changes, Lock, Release, Tokens};
 
 /// Runs a core transition on the lock at `name`, replicates its effect and
 /// writes the key back. A key of another type is `WRONGTYPE` and runs nothing.
@@ -77,13 +77,9 @@ fn grant_general(
 ) -> Result<(Attempt, Option<u64>), LockError> {
     let done = transact_open(ctx, key, name, true, |txn| {
         let queued = waiting::has_waiters(ctx, name);
-        let before = txn.tokens.last();
         let attempt = txn
             .lock
             .try_acquire(ask, queued, txn.now, txn.tokens, txn.changes);
-        if txn.tokens.last() != before {
-            stats::GRANTS.incr();
-        }
         if matches!(attempt, Attempt::Granted(_)) {
             txn.events.push(event);
         }
@@ -111,13 +107,9 @@ pub fn release(ctx: &Context, name: Str<'_>, owner: &[u8]) -> Result<Release, Lo
             Some(mut lock) => (lock.census(), lock.release_sole(owner, clock::now_ms())),
         };
         if let Some(held) = held {
-            stats::HOLD_TIME.record(u64::from(held));
-            if bindings::count() != 0 {
-                forget_bound(ctx, name, [owner]);
-            }
-            replication::replicate_dropped(ctx, name, owner);
+            commit(ctx, name, None, Change::Left { owner, held });
             delete_emptied(key, census);
-            settle(ctx, name, [c"lock.release"], false, None);
+            announce(ctx, name, [c"lock.release"], false, None);
             return Ok(Release::Last);
         }
     }
@@ -161,7 +153,7 @@ pub fn renew(ctx: &Context, name: Str<'_>, owner: &[u8], ttl: u64) -> Result<boo
             Some(mut lock) => {
                 let deadline = lock.renew_sole(owner, ttl, clock::now_ms());
                 if deadline.is_some() {
-                    replication::replicate_sole(ctx, name, &lock);
+                    commit(ctx, name, None, Change::Sole(&lock));
                 }
                 deadline
             }
@@ -169,7 +161,7 @@ pub fn renew(ctx: &Context, name: Str<'_>, owner: &[u8], ttl: u64) -> Result<boo
         if let Some(deadline) = renewed {
             key.expire_at(deadline);
             drop(key);
-            settle(ctx, name, [c"lock.renew"], false, None);
+            announce(ctx, name, [c"lock.renew"], false, None);
             return Ok(true);
         }
     }
@@ -186,14 +178,20 @@ fn renew_general(
     ttl: u64,
     waits: bool,
 ) -> Result<bool, LockError> {
-    let done = transact_open(ctx, key, name, waits, |txn| {
-        let renewed = txn.lock.renew(owner, ttl, txn.now, txn.changes);
-        if renewed {
-            txn.events.push(c"lock.renew");
-        }
-        renewed
-    })?;
+    let done = transact_open(ctx, key, name, waits, |txn| renew_in(txn, owner, ttl, None))?;
     Ok(done.unwrap_or(false))
+}
+
+/// The renewal of the general transition, `LOCK.RENEW`'s and
+/// `LOCK.KEEPALIVE`'s: `owner`'s lease ends `ttl` ms from now, if it holds
+/// (under `token`, where given: a binding's grant and no later one).
+fn renew_in(txn: &mut Txn, owner: &[u8], ttl: u64, token: Option<u64>) -> bool {
+    let ours = token.is_none_or(|t| txn.lock.holder(owner).map(|h| h.token) == Some(t));
+    let renewed = ours && txn.lock.renew(owner, ttl, txn.now, txn.changes);
+    if renewed {
+        txn.events.push(c"lock.renew");
+    }
+    renewed
 }
 
 /// [`grant`] on a free key: what the general transition does there (a new
@@ -213,9 +211,7 @@ fn first_grant(
         Ok(granted) => granted,
         Err(refused) => return Ok(refused_first(ctx, key, name, refused)),
     };
-    fencing::issued(&start, &tokens);
-    stats::GRANTS.incr();
-    replication::replicate_sole(ctx, name, &lock);
+    commit(ctx, name, Some((&start, &tokens)), Change::Sole(&lock));
     let (census, deadline) = (lock.census(), lock.latest_deadline());
     key.store(lock)?;
     stats::value(1, census);
@@ -223,7 +219,7 @@ fn first_grant(
         key.expire_at(deadline);
     }
     drop(key);
-    settle(ctx, name, [event], false, None);
+    announce(ctx, name, [event], false, None);
     Ok(Attempt::Granted(token))
 }
 
@@ -233,7 +229,7 @@ fn first_grant(
 #[inline(never)]
 fn refused_first(ctx: &Context, key: LockKey, name: Str<'_>, refused: Attempt) -> Attempt {
     drop(key);
-    settle(ctx, name, [], false, None);
+    announce(ctx, name, [], false, None);
     refused
 }
 
@@ -264,31 +260,75 @@ fn transact_open<R>(
         let pending = waiting::answer_waiters(ctx, name, &mut txn);
         let visit = next_visit(txn.lock, &pending);
         let events = txn.events;
-        fencing::issued(&start, &tokens);
         let expired = changes.expired() > 0;
-        if expired {
-            stats::EXPIRED_LEASES.add(changes.expired());
-        }
-        for held in changes.held() {
-            stats::HOLD_TIME.record(u64::from(held));
-        }
-        if !changes.is_empty() {
-            forget_bindings(ctx, name, lock, &changes);
-            replication::replicate(ctx, name, lock, &changes);
-        }
+        commit(
+            ctx,
+            name,
+            Some((&start, &tokens)),
+            Change::Changes(lock, &changes),
+        );
         Ok(((result, visit, events, expired), !changes.is_empty()))
     })?;
     let Some((result, visit, events, expired)) = done else {
         return Ok(None);
     };
-    settle(ctx, name, events.iter(), expired, visit);
+    announce(ctx, name, events.iter(), expired, visit);
     Ok(Some(result))
 }
 
-/// After a transaction on `name`, its key written back: the leases Redis
+/// What a transition changed in its lock, as [`commit`] takes it.
+enum Change<'a> {
+    /// Its one holder is new or renewed (a first grant, a sole renewal).
+    Sole(&'a Lock),
+    /// Its one holder, `owner`, left after holding `held` ms, and it is
+    /// empty now (a sole release).
+    Left { owner: &'a [u8], held: u32 },
+    /// What a general transition changed (`lock` as it is after it).
+    Changes(&'a Lock, &'a Changes),
+}
+
+/// Every transition's one commit, whichever path decided it: the tokens it
+/// issued (between `tokens`' two counters) made the server's and counted as
+/// grants, the leases that ended counted, the bindings of holders that left
+/// forgotten, the change replicated. Then the caller writes the key back
+/// and [`announce`]s.
+#[inline(always)]
+fn commit(ctx: &Context, name: Str<'_>, tokens: Option<(&Tokens, &Tokens)>, change: Change<'_>) {
+    if let Some((start, end)) = tokens {
+        fencing::issued(start, end);
+        let issued = end.last().saturating_sub(start.last());
+        if issued != 0 {
+            stats::GRANTS.add(usize::try_from(issued).unwrap_or(usize::MAX));
+        }
+    }
+    match change {
+        Change::Sole(lock) => replication::replicate_sole(ctx, name, lock),
+        Change::Left { owner, held } => {
+            stats::HOLD_TIME.record(u64::from(held));
+            if bindings::count() != 0 {
+                forget_bound(ctx, name, [owner]);
+            }
+            replication::replicate_dropped(ctx, name, owner);
+        }
+        Change::Changes(lock, changes) => {
+            if changes.expired() > 0 {
+                stats::EXPIRED_LEASES.add(changes.expired());
+            }
+            for held in changes.held() {
+                stats::HOLD_TIME.record(u64::from(held));
+            }
+            if !changes.is_empty() {
+                forget_bindings(ctx, name, lock, changes);
+                replication::replicate(ctx, name, lock, changes);
+            }
+        }
+    }
+}
+
+/// After a transition on `name`, its key written back: the leases Redis
 /// expired meanwhile announced, the transaction's events fired, the key's
 /// next visit planned, the multi-key requests it made ready granted.
-fn settle(
+fn announce(
     ctx: &Context,
     name: Str<'_>,
     events: impl IntoIterator<Item = &'static CStr>,
@@ -395,9 +435,6 @@ fn grant_each(ctx: &Context, names: &[Str<'_>], ask: Ask<'_>) -> Result<Vec<u64>
                 .lock
                 .try_acquire(ask, false, txn.now, txn.tokens, txn.changes);
             let new = txn.tokens.last() != before;
-            if new {
-                stats::GRANTS.incr();
-            }
             if matches!(attempt, Attempt::Granted(_)) {
                 txn.events.push(replies::MULTI_EVENT);
             }
@@ -659,12 +696,7 @@ fn renew_bound(ctx: &Context, b: &bindings::Bound, ttl: u64) -> bool {
     }
     let name = ffi::name(ctx, &b.key.name);
     let renewed = update(ctx, Str::from(&name), |txn| {
-        let ours = txn.lock.holder(&b.owner).map(|h| h.token) == Some(b.token);
-        let renewed = ours && txn.lock.renew(&b.owner, ttl, txn.now, txn.changes);
-        if renewed {
-            txn.events.push(c"lock.renew");
-        }
-        renewed
+        renew_in(txn, &b.owner, ttl, Some(b.token))
     });
     if !matches!(renewed, Ok(true)) {
         // Released, expired, deleted, or another grant now: stale.

@@ -2,15 +2,16 @@
 //!
 //! A request that cannot be granted blocks its client (`RM_BlockClient`, with
 //! reply, timeout, free and disconnect callbacks) and joins its key's FIFO
-//! queue (`core::Queue`). Whenever a key with waiters changes (`store::update`
-//! calls [`settle`]), the core grants from the head, and each answered waiter
-//! is unblocked with its outcome; its grant is replicated with the
-//! transition that caused it. Locks freed by other means (expiry, DEL, FLUSH,
-//! RENAME ...) reach [`settle`] through the timer (`timers`, `events`).
+//! queue (`lock_core::Queue`). Whenever a key with waiters changes (every
+//! transaction `store` runs calls [`answer_waiters`]), the core grants from
+//! the head (`Queue::settle`), and each answered waiter is unblocked with
+//! its outcome; its grant is replicated with the transition that caused it.
+//! Locks freed by other means (expiry, DEL, FLUSH, RENAME ...) reach
+//! [`answer_waiters`] through the timer (`timers`, `events`).
 //!
 //! A multi-key request (`LOCK.MACQUIRE`) waits in the queue of each of its
 //! keys at once, so the order across keys is the order of arrival. A key's
-//! settle never grants it: when it heads a queue whose lock would admit it,
+//! `Queue::settle` never grants it: when it heads a queue whose lock would admit it,
 //! it is marked ready ([`take_ready`]), and `store` grants it on every key
 //! at once when it heads all its queues and every lock admits it.
 //!
@@ -394,7 +395,7 @@ fn block_on(
 /// The most waiters one transaction answers nil for their WAIT's end.
 const TIMEOUTS_PER_VISIT: usize = 32;
 
-/// What a key's queue needs after [`settle`].
+/// What a key's queue needs after [`answer_waiters`].
 pub struct Pending {
     /// Requests still wait: visit the key at the lock's next expiry.
     pub waiting: bool,
@@ -472,9 +473,8 @@ fn answer_queued(ctx: &Context, name: Str<'_>, txn: &mut Txn) -> Pending {
         visit_now(left, key);
         return Pending::NONE;
     };
-    let before = txn.tokens.last();
+    // (Their tokens are counted as grants by the transaction's commit.)
     let answered = queue.settle(txn.lock, txn.now, txn.tokens, txn.changes);
-    stats::GRANTS.add(usize::try_from(txn.tokens.last() - before).unwrap_or(0));
     let part = queue.head_part();
     for (id, attempt) in answered {
         if let Some(waiter) = registry.take(id, &mut left) {
