@@ -7,7 +7,7 @@
 //! a restart or a promotion forgets it (the holders keep their lease).
 //!
 //! A binding is dropped when its holder's last hold is released or its lease
-//! runs out through a lock command or the timer (`store::update` reports the
+//! runs out through a lock command or the timer (`transitions::update` reports the
 //! owners that left); a holder that leaves by other means (DEL, FLUSH*,
 //! Redis's expiry of the key) leaves a stale binding, found and dropped at
 //! the connection's next `LOCK.KEEPALIVE` or at its close: every use checks
@@ -17,7 +17,7 @@
 //! A connection that closes is marked closed here at once, in O(1) (its
 //! bindings stay indexed by key, each naming the closed client): from then
 //! on every transaction on a key ends the key's holders bound to a closed
-//! connection before anything else (`store`), LOCK.INFO and the deadlock
+//! connection before anything else (`transitions`), LOCK.INFO and the deadlock
 //! search leave them out, and INFO does not count them. The timer ends the
 //! rest later, a share per tick. [`pending`] (one atomic) says whether any
 //! such holder is left, so a server with none pays nothing.

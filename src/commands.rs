@@ -1,6 +1,6 @@
 //! The lock commands, each declared once (`command!`: name, access, keys,
 //! arity and docs) beside its handler: parse, run the core transition,
-//! reply. Replication and the key's expiry are `store`'s job; waiting is
+//! reply. Replication and the key's expiry are `transitions`' job; waiting is
 //! `waiting`'s.
 
 use std::os::raw::c_long;
@@ -17,8 +17,8 @@ use crate::keys::LockKey;
 use crate::replies;
 use crate::spec::{self, command, Access, Arg, ArgKind, Keys, Spec, DELETE, RO, UPDATE};
 use crate::stats;
-use crate::store;
 use crate::timers::{self, Keepalive};
+use crate::transitions;
 use crate::waiting;
 use lock_core::{Attempt, Kind, Lock, Owner, Release};
 
@@ -138,9 +138,9 @@ fn macquire(ctx: &Context, args: Argv<'_>) -> RedisResult {
         false => None,
     };
     let ask = grant.ask;
-    let free = store::check_all(ctx, &grant.keys, ask, |k| waiting::has_waiters(ctx, k))?;
+    let free = transitions::check_all(ctx, &grant.keys, ask, |k| waiting::has_waiters(ctx, k))?;
     if free {
-        let tokens = store::grant_all(ctx, &grant.keys, ask)?;
+        let tokens = transitions::grant_all(ctx, &grant.keys, ask)?;
         let db = ffi::selected_db(ctx);
         if let Some(client) = bind {
             for (name, token) in grant.keys.iter().zip(&tokens) {
@@ -207,7 +207,7 @@ fn grant(ctx: &Context, grant: args::Grant<'_>) -> RedisResult {
         false => None,
     };
     let event = replies::event_of(grant.ask.kind);
-    let (attempt, next_expiry) = store::grant(ctx, grant.key, grant.ask, event)?;
+    let (attempt, next_expiry) = transitions::grant(ctx, grant.key, grant.ask, event)?;
     match (attempt, bind) {
         (Attempt::Granted(_), None) => replies::answer(attempt),
         _ => answer_grant(ctx, &grant, attempt, next_expiry, bind),
@@ -288,7 +288,7 @@ pub const KEEPALIVE: Spec = command! {
 /// connection; the reply is how many. Past one share of work (a connection
 /// with thousands of bound holders), the caller waits while the rest is
 /// done a share per tick, so the server never stalls for long
-/// (`store::keepalive_share`); inside MULTI/EXEC or a script, all at once.
+/// (`transitions::keepalive_share`); inside MULTI/EXEC or a script, all at once.
 fn keepalive(ctx: &Context, args: Argv<'_>) -> RedisResult {
     let ttl = args::keepalive(args)?;
     let Some(client) = api!(RedisModule_GetClientId(ctx.ctx)) else {
@@ -302,8 +302,8 @@ fn keepalive(ctx: &Context, args: Argv<'_>) -> RedisResult {
         caller: 0,
     };
     let can_wait = waiting::can_block(ctx);
-    let budget = can_wait.then_some(store::KEEPALIVE_SHARE);
-    if store::keepalive_share(ctx, &mut job, budget) {
+    let budget = can_wait.then_some(transitions::KEEPALIVE_SHARE);
+    if transitions::keepalive_share(ctx, &mut job, budget) {
         return Ok(RedisValue::Integer(job.renewed));
     }
     job.caller = waiting::block_for_count(ctx)?;
@@ -328,7 +328,7 @@ pub const RELEASE: Spec = command! {
 /// `LOCK.RELEASE key owner`
 fn release(ctx: &Context, args: Argv<'_>) -> RedisResult {
     let release = args::release(args)?;
-    let outcome = store::release(ctx, release.key, release.owner)?;
+    let outcome = transitions::release(ctx, release.key, release.owner)?;
     Ok(match outcome {
         Release::Last => RedisValue::Integer(1),
         Release::Remaining => RedisValue::Integer(0),
@@ -356,7 +356,7 @@ pub const RENEW: Spec = command! {
 /// `LOCK.RENEW key owner ttl`
 fn renew(ctx: &Context, args: Argv<'_>) -> RedisResult {
     let renew = args::renew(args)?;
-    let renewed = store::renew(ctx, renew.key, renew.owner, renew.ttl)?;
+    let renewed = transitions::renew(ctx, renew.key, renew.owner, renew.ttl)?;
     Ok(RedisValue::Integer(i64::from(renewed)))
 }
 

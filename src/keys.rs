@@ -94,7 +94,7 @@ impl LockKey {
     /// `WRONGTYPE` when it holds something else.
     pub fn lock(&self) -> Result<Option<LockRef<'_>>, LockError> {
         Ok(self.value()?.map(|block| LockRef {
-            // SAFETY: a value of our type is a lock's block (`store`); it
+            // SAFETY: a value of our type is a lock's block (`transitions`); it
             // stays the key's (never dropped here) while the key is open.
             lock: ManuallyDrop::new(unsafe { Lock::from_raw(block) }),
             _key: std::marker::PhantomData,

@@ -2,11 +2,13 @@
 //!
 //! This file is the table of contents: the module, its data type and its
 //! commands, one line each. The lock state machine is the `lock-core` crate
-//! (pure Rust, no FFI). The shell around it parses (`args`), runs and writes back
-//! (`commands`, `store`, `keys`), replicates (`replication`), persists
-//! (`persistence`), waits (`waiting`), keeps time (`timers`), hears about
-//! keys freed by other commands (`events`) and describes itself to Redis
-//! (`metadata`, from each command's one declaration: `spec`). Every entry point Redis calls is guarded (`guard`).
+//! (pure Rust, no FFI). The shell around it parses (`args`), runs, commits
+//! and writes back (`commands`, `guarded`, `transitions`, `keys`), replicates
+//! (`replication`, `apply`), persists (`persistence`), waits (`waiting`),
+//! keeps time (`timers`), hears about keys freed by other commands
+//! (`events`) and describes itself to Redis (`metadata`, from each command's
+//! one declaration: `spec`). Every entry point Redis calls is guarded
+//! (`guard`).
 
 #![deny(
     clippy::unwrap_used,
@@ -26,6 +28,7 @@
 
 #[cfg_attr(test, allow(dead_code))]
 mod alloc;
+mod apply;
 mod args;
 mod bindings;
 mod clock;
@@ -49,9 +52,8 @@ mod replies;
 mod shared;
 mod spec;
 mod stats;
-mod store;
-mod sync;
 mod timers;
+mod transitions;
 mod txn;
 mod visits;
 mod waiting;
@@ -82,7 +84,7 @@ const COMMANDS: &[Spec] = &[
     commands::KEEPALIVE,
     guarded::GUARD,
     // Internal: applies one replicated effect (replicas and AOF only).
-    sync::SYNC,
+    apply::SYNC,
 ];
 
 /// Redis loads the module here.

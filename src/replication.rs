@@ -3,7 +3,7 @@
 //! internal command `LOCK.SYNC` (the wire format is `lock_core::effect`'s,
 //! encoder and decoder side by side), so a replica or an AOF replay never
 //! recomputes anything from its own clock. Drops go first: a replica never
-//! holds two modes at once, even midway. This file sends effects; `sync`
+//! holds two modes at once, even midway. This file sends effects; `apply`
 //! applies them.
 
 use std::ffi::CStr;

@@ -13,7 +13,7 @@
 //! indexed at all.
 //!
 //! When the timer fires, it hands what is due to the handler registered at
-//! load (`visits`), which visits each key through `store::update` with no
+//! load (`visits`), which visits each key through `transitions::update` with no
 //! transition of its own: expired holders are dropped (and the drop
 //! replicated), waiters are granted, and the key is indexed again if needed.
 //! A key marked for a refresh also has its whole state written back and

@@ -1,5 +1,5 @@
 //! What a transition sees: the lock (empty when the key does not exist), the
-//! token counter, the change list to fill and the time. `store::update` makes
+//! token counter, the change list to fill and the time. `transitions::update` makes
 //! one for each transition; `waiting::answer_waiters` grants waiters inside it.
 
 use std::ffi::CStr;

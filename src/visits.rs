@@ -9,8 +9,8 @@ use crate::bindings;
 use crate::errors::LockError;
 use crate::ffi::{self, DbKey, Str};
 use crate::guard;
-use crate::store;
 use crate::timers::{self, Due};
+use crate::transitions;
 use crate::waiting;
 
 /// One tick's work.
@@ -19,7 +19,7 @@ pub fn tick(ctx: &Context, due: Due) {
     for (DbKey { db, name: key }, leases) in due.expired {
         guard::callback("announcing an expired lock", (), || {
             if ffi::select_db(ctx, db) {
-                store::announce_expired(ctx, &key, leases);
+                transitions::announce_expired(ctx, &key, leases);
             }
         });
     }
@@ -42,8 +42,8 @@ pub fn tick(ctx: &Context, due: Due) {
     for mut job in due.keepalives {
         guard::callback("a share of LOCK.KEEPALIVE", (), || {
             // A replica does not write: what was renewed is the answer.
-            let done =
-                replica || store::keepalive_share(ctx, &mut job, Some(store::KEEPALIVE_SHARE));
+            let done = replica
+                || transitions::keepalive_share(ctx, &mut job, Some(transitions::KEEPALIVE_SHARE));
             if done {
                 waiting::answer_count(job.caller, job.renewed);
             } else {
@@ -72,7 +72,7 @@ fn visit(ctx: &Context, db: i32, key: &[u8], refresh: bool) {
         return;
     }
     let name = ffi::name(ctx, key);
-    let result = store::update(ctx, Str::from(&name), |txn| {
+    let result = transitions::update(ctx, Str::from(&name), |txn| {
         txn.lock.purge(txn.now, txn.changes);
         if refresh {
             txn.lock.touch_all(txn.changes);

@@ -3,7 +3,7 @@
 //! A request that cannot be granted blocks its client (`RM_BlockClient`, with
 //! reply, timeout, free and disconnect callbacks) and joins its key's FIFO
 //! queue (`lock_core::Queue`). Whenever a key with waiters changes (every
-//! transaction `store` runs calls [`answer_waiters`]), the core grants from
+//! transaction `transitions` runs calls [`answer_waiters`]), the core grants from
 //! the head (`Queue::settle`), and each answered waiter is unblocked with
 //! its outcome; its grant is replicated with the transition that caused it.
 //! Locks freed by other means (expiry, DEL, FLUSH, RENAME ...) reach
@@ -12,7 +12,7 @@
 //! A multi-key request (`LOCK.MACQUIRE`) waits in the queue of each of its
 //! keys at once, so the order across keys is the order of arrival. A key's
 //! `Queue::settle` never grants it: when it heads a queue whose lock would admit it,
-//! it is marked ready ([`take_ready`]), and `store` grants it on every key
+//! it is marked ready ([`take_ready`]), and `transitions` grants it on every key
 //! at once when it heads all its queues and every lock admits it.
 //!
 //! One place decides whether a client still waits: this registry. A waiter
@@ -411,7 +411,7 @@ impl Pending {
     };
 }
 
-/// Settles a key that just changed (called by `store::update` inside the
+/// Settles a key that just changed (called by `transitions::update` inside the
 /// transition, so grants replicate with it): undoes grants whose clients
 /// vanished, answers nil to waiters whose WAIT ran out, then grants from the
 /// head of the queue.
@@ -495,7 +495,7 @@ fn answer_queued(ctx: &Context, name: Str<'_>, txn: &mut Txn) -> Pending {
             unblock(waiter, Ok(attempt), Vec::new());
         }
     }
-    // A multi-key request at the head: `store` tries it on all its keys
+    // A multi-key request at the head: `transitions` tries it on all its keys
     // once this one is written back, if this lock would let it in.
     if let Some(id) = part {
         let admitted = registry

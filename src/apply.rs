@@ -13,8 +13,8 @@ use crate::ffi::{self, Argv, DbKey, Str};
 use crate::keys::LockKey;
 use crate::spec::{command, Access, Arg, ArgKind, Keys, Spec, UPDATE};
 use crate::stats;
-use crate::store;
 use crate::timers;
+use crate::transitions;
 
 /// As on the RDB path: no token a server cannot have issued (the master's
 /// clock may be ahead: a load's bound), refused; in a file (the AOF), a
@@ -102,7 +102,7 @@ fn sync(ctx: &Context, args: Argv<'_>) -> RedisResult {
             key.delete();
         }
     }
-    let sweep = store::write_back(ctx, name, true, |lock| {
+    let sweep = transitions::write_back(ctx, name, true, |lock| {
         if let Some((kind, holder)) = set {
             let token = holder.token;
             lock.force(kind, holder).map_err(|_| LockError::BadState)?;
