@@ -320,23 +320,6 @@ pub fn take(key: &DbKey, owner: &[u8], client: ClientId) -> Option<u64> {
     Some(entry.token)
 }
 
-/// The connection `client` closed: its bindings, taken out of the registry
-/// in one go (tests; the server uses [`detach_client`] and [`take`]).
-#[cfg(test)]
-pub fn take_client(client: ClientId) -> Vec<Bound> {
-    detach_client(client)
-        .into_iter()
-        .filter_map(|d| {
-            let token = take(&d.key, &d.owner, d.client)?;
-            Some(Bound {
-                key: d.key,
-                owner: d.owner,
-                token,
-            })
-        })
-        .collect()
-}
-
 /// RENAME or MOVE carried the lock at `from` to `to` with its holders.
 pub fn moved(from: &DbKey, to: &DbKey) {
     if count() == 0 {
@@ -409,6 +392,22 @@ pub fn flushed(db: i32) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The connection `client` closed: its bindings, taken out of the registry
+    /// in one go (the server uses [`detach_client`] and [`take`]).
+    fn take_client(client: ClientId) -> Vec<Bound> {
+        detach_client(client)
+            .into_iter()
+            .filter_map(|d| {
+                let token = take(&d.key, &d.owner, d.client)?;
+                Some(Bound {
+                    key: d.key,
+                    owner: d.owner,
+                    token,
+                })
+            })
+            .collect()
+    }
 
     fn key(db: i32, k: &str) -> DbKey {
         DbKey::new(db, k.as_bytes())
