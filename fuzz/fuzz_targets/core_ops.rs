@@ -3,8 +3,9 @@
 //! timeouts, visits, replicated SET/DROP effects, clock jumps forward and
 //! backward), every invariant checked after every step.
 //!
-//! The decoder and the checks live in the dev crate `lock-model`
-//! (`lock-core/model/src/fuzz.rs`), shared with the bounded run inside
+//! The decoder (`lock-core/model/src/op.rs`) and the one checker
+//! (`lock-core/model/src/check.rs`, which the property tests use too) live
+//! in the dev crate `lock-model`, shared with the bounded run inside
 //! `cargo test` (`lock-core/tests/fuzz.rs`); neither needs Redis nor the
 //! module's FFI.
 

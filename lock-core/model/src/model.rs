@@ -1,22 +1,15 @@
 //! The one reference model of the core, written independently of its
 //! logic: per key, owner -> hold (expired ones kept until a transition on
 //! the key drops them, as the core does), a FIFO of waiters (multi-key parts
-//! included), and a semaphore's limit. The property tests
-//! (`lock-core/tests/model.rs`) and the fuzz runner ([`crate::fuzz`], shared
-//! with the cargo-fuzz target) both check the core against it.
+//! included), and a semaphore's limit. The one checker ([`crate::check`])
+//! holds the core to it, for the property tests (`lock-core/tests/model.rs`)
+//! and the fuzz runner ([`crate::fuzz`], shared with the cargo-fuzz target).
+//! A kind's mode is the core's own `Kind::mode` (a table, not logic).
 
 use std::collections::{BTreeMap, VecDeque};
 
 use lock_core::tokens::MAX_TOKEN;
 use lock_core::{Attempt, Invalid, Kind, Mode, Owner, Release};
-
-pub fn mode_of(kind: Kind) -> Mode {
-    match kind {
-        Kind::Acquire | Kind::Racquire => Mode::Exclusive,
-        Kind::Read => Mode::Shared,
-        Kind::Semaphore(_) => Mode::Semaphore,
-    }
-}
 
 /// Whether a holder's repeat of `kind` adds a hold.
 pub fn reentrant(kind: Kind) -> bool {
@@ -76,7 +69,7 @@ impl Model {
         let limit = self.keys[key].limit;
         let holders = &mut self.keys[key].holders;
         if let Some(held) = holders.values().next().map(|h| h.mode) {
-            if (held == Mode::Semaphore) != (mode_of(kind) == Mode::Semaphore) {
+            if (held == Mode::Semaphore) != (kind.mode() == Mode::Semaphore) {
                 return Attempt::WrongKind(held);
             }
             if matches!(kind, Kind::Semaphore(l) if l != limit) {
@@ -84,7 +77,7 @@ impl Model {
             }
         }
         if let Some(h) = holders.get_mut(&owner) {
-            if h.mode != mode_of(kind) {
+            if h.mode != kind.mode() {
                 return Attempt::Conflict(h.mode);
             }
             if reentrant(kind) {
@@ -123,7 +116,7 @@ impl Model {
         holders.insert(
             owner,
             MHold {
-                mode: mode_of(kind),
+                mode: kind.mode(),
                 holds: 1,
                 token,
                 deadline,
