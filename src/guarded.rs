@@ -257,9 +257,9 @@ type Known = (Option<(Vec<u8>, Traits)>, HashMap<Vec<u8>, Traits>);
 
 thread_local! {
     /// Each command's traits by lower-case name, asked once (`COMMAND
-    /// INFO`): commands are only added (modules loading) or renamed at
-    /// start-up.
-    /// The last command asked for first (most callers guard one or two).
+    /// INFO`: commands are only added, by modules loading, or renamed at
+    /// start-up), the last one asked for first (most callers guard one or
+    /// two commands).
     static TRAITS: RefCell<Known> = RefCell::new((None, HashMap::new()));
 }
 

@@ -1004,6 +1004,7 @@ fn acl_categories_as_the_server_offers_them() {
         "lock.release",
         "lock.renew",
         "lock.info",
+        "lock.guard",
     ];
     if version < (7, 2) {
         // Redis 7.0 has no ACL categories for module commands and no @lock:
@@ -1034,8 +1035,9 @@ fn acl_categories_as_the_server_offers_them() {
     let blocking = cat(&mut c, "blocking");
     for cmd in all {
         // The grants may block (WAIT): @blocking, not @fast, as BLPOP;
-        // KEEPALIVE's work grows with the connection's bound holders.
-        let want_fast = !grants.contains(&cmd) && cmd != "lock.keepalive";
+        // KEEPALIVE's work grows with the connection's bound holders;
+        // GUARD's is the called command's.
+        let want_fast = !grants.contains(&cmd) && cmd != "lock.keepalive" && cmd != "lock.guard";
         assert_eq!(
             fast.contains(&cmd.to_string()),
             want_fast,
@@ -1050,6 +1052,7 @@ fn acl_categories_as_the_server_offers_them() {
         "lock.macquire",
         "lock.release",
         "lock.renew",
+        "lock.guard",
     ] {
         assert!(write.contains(&cmd.to_string()), "{cmd} in @write");
         assert!(!read.contains(&cmd.to_string()), "{cmd} not in @read");
@@ -1071,6 +1074,10 @@ fn acl_categories_as_the_server_offers_them() {
     for cmd in grants {
         assert!(blocking.contains(&cmd.to_string()), "{cmd} in @blocking");
     }
+    assert!(
+        !blocking.contains(&"lock.guard".to_string()),
+        "lock.guard not in @blocking"
+    );
     // A read-only user may look, not lock.
     c.cmd(&["ACL", "SETUSER", "viewer", "on", ">pw", "~*", "+@read"])
         .ok();
@@ -1080,7 +1087,7 @@ fn acl_categories_as_the_server_offers_them() {
     assert_noperm(&v.acquire("lock:x", "o", 1_000), "LOCK.ACQUIRE as viewer");
 
     if strings(&c.cmd(&["ACL", "CAT"])).contains(&"lock".to_string()) {
-        // The eight commands, LOCK.KEEPALIVE, and at most the internal
+        // The nine commands, LOCK.KEEPALIVE, and at most the internal
         // LOCK.SYNC besides.
         let lock = cat(&mut c, "lock");
         for cmd in all {
@@ -1098,6 +1105,13 @@ fn acl_categories_as_the_server_offers_them() {
         o.cmd(&["AUTH", "only-locks", "pw"]).ok();
         assert!(o.acquire("k", "o", 1_000).int() > 0);
         assert_noperm(&o.cmd(&["GET", "k"]), "GET as only-locks");
+        // @lock gives LOCK.GUARD, not the commands it calls: they run as
+        // the caller.
+        o.acquire("job", "o", 60_000);
+        assert_noperm(
+            &o.cmd(&["LOCK.GUARD", "job", "o", "CALL", "SET", "data", "1"]),
+            "LOCK.GUARD ... CALL SET as only-locks",
+        );
     } else {
         println!("no @lock category on this server ({version:?})");
     }
