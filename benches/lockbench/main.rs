@@ -17,7 +17,8 @@
 //!    instructions alone).
 //!
 //! Options: `--quick` (or `BENCH_QUICK=1`): a ~20 s smoke run with small
-//! counts. `--only 1,3`: some sections only. `--callgrind`: instructions per
+//! counts. `--only 1,3`: some sections only. `--storms` (with `--only 8`):
+//! section 8's storms alone. `--callgrind`: instructions per
 //! request of each command under `valgrind --tool=callgrind` instead (slow,
 //! repeatable). Environment: `REDIS_LOCK_MODULE` (the module to load; else
 //! target/release/libredis_lock.so, built when missing or stale).
@@ -71,6 +72,8 @@ struct Plan {
     deadlock_waiters: usize,
     /// Section 8's sizes: clients already waiting.
     queue_sizes: Vec<usize>,
+    /// `--storms`: section 8's storms alone, without its growth rows.
+    storms_only: bool,
 }
 
 impl Plan {
@@ -97,6 +100,7 @@ impl Plan {
             deadlock_keys: 1000,
             deadlock_waiters: 10_000,
             queue_sizes: vec![10, 100, 1000, 10_000],
+            storms_only: false,
         }
     }
 
@@ -143,7 +147,8 @@ fn main() {
         .position(|a| a == "--only")
         .and_then(|i| args.get(i + 1))
         .map(|v| v.split(',').filter_map(|s| s.trim().parse().ok()).collect());
-    let plan = if quick { Plan::quick() } else { Plan::full() };
+    let mut plan = if quick { Plan::quick() } else { Plan::full() };
+    plan.storms_only = args.iter().any(|a| a == "--storms");
     let result = if callgrind {
         run_callgrind(&plan, &args)
     } else {
@@ -340,7 +345,9 @@ fn run(plan: &Plan, only: Option<&[u32]>) -> io::Result<()> {
             utc_now()
         );
         let svg = chart::contention_svg(&rows, &subtitle);
-        let chart_path = if plan.name == "full" {
+        let chart_path = if plan.storms_only {
+            out_dir()?.join("queues-storms.svg")
+        } else if plan.name == "full" {
             let d = root().join("docs/bench");
             fs::create_dir_all(&d)?;
             d.join("contention.svg")
@@ -416,31 +423,37 @@ fn run(plan: &Plan, only: Option<&[u32]>) -> io::Result<()> {
 
     if wants(8) {
         eprintln!("8. waiting at scale");
-        let rows = queues::growth(server.port, &plan.queue_sizes)?;
+        let rows = match plan.storms_only {
+            true => Vec::new(),
+            false => queues::growth(server.port, &plan.queue_sizes)?,
+        };
         let largest = plan.queue_sizes.iter().copied().max().unwrap_or(10);
         let storms = queues::storms(server.port, largest)?;
         body.push_str(&queues::table(&rows, &storms));
-        let subtitle = format!(
-            "{}; redis {version}; {} run, {}",
-            machine(),
-            plan.name,
-            utc_now()
-        );
-        let chart_path = if plan.name == "full" {
-            let d = root().join("docs/bench");
-            fs::create_dir_all(&d)?;
-            d.join("queues.svg")
-        } else {
-            out_dir()?.join("queues-quick.svg")
-        };
-        fs::write(&chart_path, queues::growth_svg(&rows, &subtitle))?;
-        body.push_str(&format!(
-            "\nChart: `{}`\n\n",
-            chart_path
-                .strip_prefix(root())
-                .unwrap_or(&chart_path)
-                .display()
-        ));
+        // (No chart without the growth rows.)
+        if !plan.storms_only {
+            let subtitle = format!(
+                "{}; redis {version}; {} run, {}",
+                machine(),
+                plan.name,
+                utc_now()
+            );
+            let chart_path = if plan.name == "full" {
+                let d = root().join("docs/bench");
+                fs::create_dir_all(&d)?;
+                d.join("queues.svg")
+            } else {
+                out_dir()?.join("queues-quick.svg")
+            };
+            fs::write(&chart_path, queues::growth_svg(&rows, &subtitle))?;
+            body.push_str(&format!(
+                "\nChart: `{}`\n\n",
+                chart_path
+                    .strip_prefix(root())
+                    .unwrap_or(&chart_path)
+                    .display()
+            ));
+        }
         if let (Some(big), Some(floor)) = (rows.last(), rows.first()) {
             let base = floor.empty_us;
             goals.push((
@@ -460,6 +473,7 @@ fn run(plan: &Plan, only: Option<&[u32]>) -> io::Result<()> {
         }
         let worst = [
             storms.timeouts,
+            storms.timeouts_keys,
             storms.disconnects,
             storms.flushall,
             storms.del,

@@ -41,7 +41,8 @@ pub struct Growth {
 /// The longest PING round trip on its own connection while it runs.
 struct Pinger {
     stop: Arc<AtomicBool>,
-    thread: thread::JoinHandle<Duration>,
+    /// Each round trip: when it ended, and how long it took.
+    thread: thread::JoinHandle<Vec<(Instant, Duration)>>,
 }
 
 impl Pinger {
@@ -50,22 +51,47 @@ impl Pinger {
         let stop = Arc::new(AtomicBool::new(false));
         let flag = stop.clone();
         let thread = thread::spawn(move || {
-            let mut worst = Duration::ZERO;
+            let mut trips = Vec::new();
             while !flag.load(Ordering::Relaxed) {
                 let t = Instant::now();
                 if c.call(&[b"PING"]).is_err() {
                     break;
                 }
-                worst = worst.max(t.elapsed());
+                let end = Instant::now();
+                trips.push((end, end - t));
             }
-            worst
+            trips
         });
         Ok(Pinger { stop, thread })
     }
 
-    fn stop(self) -> Duration {
+    fn trips(self) -> Option<Vec<(Instant, Duration)>> {
         self.stop.store(true, Ordering::Relaxed);
-        self.thread.join().unwrap_or(Duration::MAX)
+        self.thread.join().ok()
+    }
+
+    fn stop(self) -> Duration {
+        match self.trips() {
+            Some(trips) => trips.iter().map(|(_, d)| *d).max().unwrap_or_default(),
+            None => Duration::MAX,
+        }
+    }
+
+    /// The longest round trip that ended before `at`, and the longest
+    /// after it.
+    fn stop_split(self, at: Instant) -> (Duration, Duration) {
+        let Some(trips) = self.trips() else {
+            return (Duration::MAX, Duration::MAX);
+        };
+        let worst = |after: bool| {
+            trips
+                .iter()
+                .filter(|(end, _)| (*end >= at) == after)
+                .map(|(_, d)| *d)
+                .max()
+                .unwrap_or_default()
+        };
+        (worst(false), worst(true))
     }
 }
 
@@ -97,17 +123,30 @@ fn wait_for(c: &mut Conn, what: &str, want: impl Fn(u64) -> bool) -> io::Result<
 /// `n` clients waiting on `key` held by `holder`, owners `w0..`, each
 /// on a connection of its own, all connected first, then all written to.
 fn queue(c: &mut Conn, port: u16, key: &[u8], n: usize, wait: &[u8]) -> io::Result<Vec<TcpStream>> {
+    queue_timed(c, port, key, n, wait).map(|(streams, _)| streams)
+}
+
+/// [`queue`], with when the first request was written (no WAIT can end
+/// sooner than its time after that).
+fn queue_timed(
+    c: &mut Conn,
+    port: u16,
+    key: &[u8],
+    n: usize,
+    wait: &[u8],
+) -> io::Result<(Vec<TcpStream>, Instant)> {
     let before = stat(c, "lock_waiters")?;
     let mut streams = Vec::with_capacity(n);
     for _ in 0..n {
         streams.push(connect(port)?);
     }
+    let written = Instant::now();
     for (i, s) in streams.iter_mut().enumerate() {
         s.write_all(&request(key, format!("w{i}").as_bytes(), wait))?;
     }
     let want = before + n as u64;
     wait_for(c, "the waiters to queue", |w| w >= want)?;
-    Ok(streams)
+    Ok((streams, written))
 }
 
 fn drain(c: &mut Conn, streams: Vec<TcpStream>) -> io::Result<()> {
@@ -165,6 +204,10 @@ pub fn growth(port: u16, sizes: &[usize]) -> io::Result<Vec<Growth>> {
 pub struct Storms {
     pub n: usize,
     pub timeouts: Duration,
+    /// The same waiters before any WAIT ends: nothing happening.
+    pub quiet: Duration,
+    /// As many WAITs ending together over 200 keys.
+    pub timeouts_keys: Duration,
     pub disconnects: Duration,
     pub flushall: Duration,
     pub del: Duration,
@@ -177,16 +220,57 @@ pub struct Storms {
 }
 
 /// Every queued waiter timing out within about the time it takes to write
-/// to all of them (their WAIT deadlines that close together).
-fn timeouts(port: u16, n: usize) -> io::Result<Duration> {
+/// to all of them (their WAIT deadlines that close together): the longest
+/// PING while they all wait, before the first WAIT can end (the same
+/// clients connected, nothing happening: what the machine and Redis cost
+/// alone), and from then until the last has timed out (the storm).
+fn timeouts(port: u16, n: usize) -> io::Result<(Duration, Duration)> {
     let mut c = crate::server::connect(port)?;
     c.ok(&[b"FLUSHALL"])?;
     c.ok(&[b"LOCK.ACQUIRE", b"hot", b"holder", TTL])?;
-    let wait_ms = 1500;
-    let streams = queue(&mut c, port, b"hot", n, wait_ms.to_string().as_bytes())?;
+    let wait = Duration::from_millis(1500);
+    let (streams, written) = queue_timed(
+        &mut c,
+        port,
+        b"hot",
+        n,
+        wait.as_millis().to_string().as_bytes(),
+    )?;
     let pinger = Pinger::start(port)?;
     wait_for(&mut c, "the waits to time out", |w| w == 0)?;
-    let worst = pinger.stop();
+    let (quiet, worst) = pinger.stop_split(written + wait);
+    drain(&mut c, streams)?;
+    Ok((quiet, worst))
+}
+
+/// The same storm over `keys` keys, `n / keys` waiters on each (a tick
+/// visits up to 200 keys: this is what the tick's share of timeouts
+/// bounds): the longest PING from the first WAIT's end until the last.
+fn timeouts_on_keys(port: u16, n: usize, keys: usize) -> io::Result<Duration> {
+    let mut c = crate::server::connect(port)?;
+    c.ok(&[b"FLUSHALL"])?;
+    let wait = Duration::from_millis(1500);
+    let names: Vec<Vec<u8>> = (0..keys.max(1))
+        .map(|k| format!("hot{k}").into_bytes())
+        .collect();
+    for key in &names {
+        c.ok(&[b"LOCK.ACQUIRE", key, b"holder", TTL])?;
+    }
+    let mut streams = Vec::with_capacity(n);
+    for _ in 0..n {
+        streams.push(connect(port)?);
+    }
+    // Round the keys, so that every key's WAITs end over the same span.
+    let written = Instant::now();
+    let ms = wait.as_millis().to_string();
+    for (i, s) in streams.iter_mut().enumerate() {
+        let key = &names[i % names.len()];
+        s.write_all(&request(key, format!("w{i}").as_bytes(), ms.as_bytes()))?;
+    }
+    wait_for(&mut c, "the waiters to queue", |w| w >= n as u64)?;
+    let pinger = Pinger::start(port)?;
+    wait_for(&mut c, "the waits to time out", |w| w == 0)?;
+    let (_, worst) = pinger.stop_split(written + wait);
     drain(&mut c, streams)?;
     Ok(worst)
 }
@@ -291,7 +375,8 @@ pub fn storms(port: u16, n: usize) -> io::Result<Storms> {
     eprintln!("   storms at {n}");
     let waiters_gone = |c: &mut Conn| Ok(stat(c, "lock_waiters")? == 0);
     let one_granted = |c: &mut Conn| Ok(stat(c, "lock_grants_after_wait")? >= 1);
-    let timeouts = timeouts(port, n)?;
+    let (quiet, timeouts) = timeouts(port, n)?;
+    let timeouts_keys = timeouts_on_keys(port, n, 200)?;
     let disconnects = storm(
         port,
         n,
@@ -325,6 +410,8 @@ pub fn storms(port: u16, n: usize) -> io::Result<Storms> {
         blpop_disconnects,
         n,
         timeouts,
+        quiet,
+        timeouts_keys,
         disconnects,
         flushall,
         del,
@@ -360,6 +447,14 @@ pub fn table(rows: &[Growth], storms: &Storms) -> String {
     ));
     for (what, d) in [
         ("every WAIT timing out together", storms.timeouts),
+        (
+            "(the same clients waiting, before any WAIT ends: nothing happening)",
+            storms.quiet,
+        ),
+        (
+            "every WAIT timing out together, the clients spread over 200 keys",
+            storms.timeouts_keys,
+        ),
         (
             "every waiting client disconnecting together",
             storms.disconnects,
