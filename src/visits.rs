@@ -15,6 +15,13 @@ use crate::waiting;
 
 /// One tick's work.
 pub fn tick(ctx: &Context, due: Due) {
+    waiting::tick_begins();
+    tick_work(ctx, due);
+    waiting::tick_ends();
+}
+
+/// [`tick`]'s work, its visits sharing the tick's share of timeouts.
+fn tick_work(ctx: &Context, due: Due) {
     let replica = due.replica;
     for (DbKey { db, name: key }, leases) in due.expired {
         guard::callback("announcing an expired lock", (), || {

@@ -22,7 +22,7 @@
 
 use std::collections::{BTreeSet, HashMap, HashSet};
 use std::os::raw::{c_int, c_void};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{LazyLock, Mutex};
 
 use redis_module::{raw, Context, ContextFlags, RedisResult, RedisValue};
@@ -395,6 +395,31 @@ fn block_on(
 /// The most waiters one transaction answers nil for their WAIT's end.
 const TIMEOUTS_PER_VISIT: usize = 32;
 
+/// The most waiters one tick of the timer answers nil for, all its visits
+/// together: a tick visits up to 200 keys, and 200 keys each with 32 WAITs
+/// ending together would otherwise be 6,400 clients for Redis to unblock
+/// after one event-loop turn. What is left stays due, and the keys'
+/// next visits (at the next tick, a millisecond later: Redis runs a module
+/// timer due now at its next turn, no sooner than 1 ms after the last)
+/// answer the next share. One key's storm is answered at the same pace as
+/// before (32 a tick); a lone timeout is never held back.
+const TIMEOUTS_PER_TICK: usize = 32;
+
+/// What is left of this tick's share of timeouts ([`TIMEOUTS_PER_TICK`]);
+/// `usize::MAX` outside a tick (a command's transaction answers up to
+/// [`TIMEOUTS_PER_VISIT`]).
+static TICK_TIMEOUTS: AtomicUsize = AtomicUsize::new(usize::MAX);
+
+/// A tick of the timer begins: its visits share [`TIMEOUTS_PER_TICK`].
+pub fn tick_begins() {
+    TICK_TIMEOUTS.store(TIMEOUTS_PER_TICK, Ordering::Relaxed);
+}
+
+/// The tick is over: transactions answer their own share again.
+pub fn tick_ends() {
+    TICK_TIMEOUTS.store(usize::MAX, Ordering::Relaxed);
+}
+
 /// What a key's queue needs after [`answer_waiters`].
 pub struct Pending {
     /// Requests still wait: visit the key at the lock's next expiry.
@@ -451,14 +476,22 @@ fn answer_queued(ctx: &Context, name: Str<'_>, txn: &mut Txn) -> Pending {
     // At most a share of them per transaction: the rest stay due, and the
     // key's next visit (at once) answers the next share, so that 10,000
     // WAITs ending together never hold the event loop for all of them.
+    // Within a tick, at most what is left of the tick's share too.
+    let left_in_tick = TICK_TIMEOUTS.load(Ordering::Relaxed);
     let timed_out: Vec<WaiterId> = registry
         .timeouts
         .get(key)
         .into_iter()
         .flat_map(|t| t.range(..=(txn.now, WaiterId::MAX)))
         .map(|(_, id)| *id)
-        .take(TIMEOUTS_PER_VISIT)
+        .take(TIMEOUTS_PER_VISIT.min(left_in_tick))
         .collect();
+    if left_in_tick != usize::MAX {
+        TICK_TIMEOUTS.store(
+            left_in_tick.saturating_sub(timed_out.len()),
+            Ordering::Relaxed,
+        );
+    }
     let mut left = Vec::new();
     for id in timed_out {
         if let Some(waiter) = registry.take(id, &mut left) {

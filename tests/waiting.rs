@@ -224,6 +224,39 @@ fn each_grant_command_waits_and_is_handed_the_lock() {
     }
 }
 
+/// More WAITs ending together, over more keys, than one tick of the timer
+/// answers (32 a tick, all its visits together): every one is answered nil
+/// all the same, over the next ticks, and every queue empties.
+#[test]
+fn waits_ending_together_on_many_keys_are_all_answered() {
+    let s = Server::start();
+    let mut a = s.conn();
+    let keys: Vec<String> = (0..8).map(|k| format!("k{k}")).collect();
+    for k in &keys {
+        token(a.acquire(k, "a", 30_000));
+    }
+    let mut waiters = Vec::new();
+    for k in &keys {
+        for w in 0..20 {
+            let mut c = s.conn();
+            send_wait(&mut c, "LOCK.ACQUIRE", k, &format!("w{w}"), 10_000, 300);
+            waiters.push(c);
+        }
+    }
+    for k in &keys {
+        wait_for_waiters(&mut a, k, 20);
+    }
+    for (i, c) in waiters.iter_mut().enumerate() {
+        let r = reply_within(c, Duration::from_secs(10), "a timed-out WAIT");
+        assert!(r.is_nil(), "waiter {i}: expected nil, got {r:?}");
+    }
+    for k in &keys {
+        let i = info(&mut a, k);
+        assert_eq!(i.waiters, 0, "{k}: {i:?}");
+        assert_eq!(i.holders.len(), 1, "{k}: {i:?}");
+    }
+}
+
 #[test]
 fn a_wait_times_out_with_nil_and_the_client_holds_nothing() {
     let s = Server::start();
