@@ -176,16 +176,12 @@ pub struct Results {
 
 impl Results {
     pub fn median(&self, w: Way) -> f64 {
-        self.rates.get(&w).map_or(f64::NAN, |r| stats::median(r))
+        stats::median_of(&self.rates, &w)
     }
 
     /// Median over rounds of (rate of `w` / rate of `base`) in the same round.
     pub fn paired_ratio(&self, w: Way, base: Way) -> f64 {
-        let (Some(a), Some(b)) = (self.rates.get(&w), self.rates.get(&base)) else {
-            return f64::NAN;
-        };
-        let r: Vec<f64> = a.iter().zip(b).map(|(x, y)| x / y).collect();
-        stats::median(&r)
+        stats::paired_ratio(&self.rates, &w, &base)
     }
 }
 

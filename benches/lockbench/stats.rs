@@ -1,5 +1,7 @@
 //! Medians, percentiles and number formatting.
 
+use std::collections::HashMap;
+use std::hash::Hash;
 use std::time::Duration;
 
 pub fn median(values: &[f64]) -> f64 {
@@ -14,6 +16,21 @@ pub fn median(values: &[f64]) -> f64 {
     } else {
         (v[n / 2 - 1] + v[n / 2]) / 2.0
     }
+}
+
+/// The median of `k`'s rates over the rounds (NaN when it has none).
+pub fn median_of<K: Hash + Eq>(rates: &HashMap<K, Vec<f64>>, k: &K) -> f64 {
+    rates.get(k).map_or(f64::NAN, |r| median(r))
+}
+
+/// The median over rounds of (`a`'s rate / `base`'s rate) in the same
+/// round: two rows run side by side compared round by round.
+pub fn paired_ratio<K: Hash + Eq>(rates: &HashMap<K, Vec<f64>>, a: &K, base: &K) -> f64 {
+    let (Some(a), Some(b)) = (rates.get(a), rates.get(base)) else {
+        return f64::NAN;
+    };
+    let r: Vec<f64> = a.iter().zip(b).map(|(x, y)| x / y).collect();
+    median(&r)
 }
 
 pub fn min_max(values: &[f64]) -> (f64, f64) {

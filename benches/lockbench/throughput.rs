@@ -538,16 +538,12 @@ pub struct Results {
 
 impl Results {
     pub fn median(&self, op: Op) -> f64 {
-        self.rates.get(&op).map_or(f64::NAN, |r| stats::median(r))
+        stats::median_of(&self.rates, &op)
     }
 
     /// Median over rounds of (rate of `op` / rate of `base`) in the same round.
     pub fn paired_ratio(&self, op: Op, base: Op) -> f64 {
-        let (Some(a), Some(b)) = (self.rates.get(&op), self.rates.get(&base)) else {
-            return f64::NAN;
-        };
-        let r: Vec<f64> = a.iter().zip(b).map(|(x, y)| x / y).collect();
-        stats::median(&r)
+        stats::paired_ratio(&self.rates, &op, &base)
     }
 
     /// Median over rounds of (rate of `op` / rate of the same command on
