@@ -13,14 +13,11 @@ use crate::timers::{self, Due};
 use crate::transitions;
 use crate::waiting;
 
-/// One tick's work.
+/// One tick's work, its visits sharing the tick's share of timeouts.
 pub fn tick(ctx: &Context, due: Due) {
-    waiting::tick_begins();
-    tick_work(ctx, due);
-    waiting::tick_ends();
+    waiting::in_tick(|| tick_work(ctx, due));
 }
 
-/// [`tick`]'s work, its visits sharing the tick's share of timeouts.
 fn tick_work(ctx: &Context, due: Due) {
     let replica = due.replica;
     for (DbKey { db, name: key }, leases) in due.expired {

@@ -410,14 +410,18 @@ const TIMEOUTS_PER_TICK: usize = 32;
 /// [`TIMEOUTS_PER_VISIT`]).
 static TICK_TIMEOUTS: AtomicUsize = AtomicUsize::new(usize::MAX);
 
-/// A tick of the timer begins: its visits share [`TIMEOUTS_PER_TICK`].
-pub fn tick_begins() {
+/// Runs a tick of the timer: its visits share [`TIMEOUTS_PER_TICK`]; after
+/// it (a panic included), transactions answer their own share again.
+pub fn in_tick<T>(work: impl FnOnce() -> T) -> T {
+    struct Ends;
+    impl Drop for Ends {
+        fn drop(&mut self) {
+            TICK_TIMEOUTS.store(usize::MAX, Ordering::Relaxed);
+        }
+    }
     TICK_TIMEOUTS.store(TIMEOUTS_PER_TICK, Ordering::Relaxed);
-}
-
-/// The tick is over: transactions answer their own share again.
-pub fn tick_ends() {
-    TICK_TIMEOUTS.store(usize::MAX, Ordering::Relaxed);
+    let _ends = Ends;
+    work()
 }
 
 /// What a key's queue needs after [`answer_waiters`].
