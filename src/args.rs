@@ -115,10 +115,19 @@ impl<'a> Args<'a> {
 /// more to read, decided in line; the rest out of line).
 #[inline(always)]
 fn options(args: &mut Args<'_>) -> Result<(Option<u64>, bool), LockError> {
-    if args.left() == 0 {
-        return Ok((None, false));
+    match args.left() {
+        0 => Ok((None, false)),
+        // `BIND` alone, also in line.
+        1 if args
+            .argv
+            .get(args.at)
+            .is_some_and(|o| o.as_slice().eq_ignore_ascii_case(b"BIND")) =>
+        {
+            args.at += 1;
+            Ok((None, true))
+        }
+        _ => some_options(args),
     }
-    some_options(args)
 }
 
 #[inline(never)]

@@ -2,28 +2,43 @@
 //! grant, so that a closing connection releases all of them, and
 //! `LOCK.KEEPALIVE` renews them.
 //!
-//! A binding is `(db, key, owner) -> (client id, token)`, indexed both ways.
-//! It lives in this server's memory only: it is not saved or replicated, and
-//! a restart or a promotion forgets it (the holders keep their lease).
+//! A binding is `(db, key, owner, token) -> client id`. It lives in this
+//! server's memory only: it is not saved or replicated, and a restart or a
+//! promotion forgets it (the holders keep their lease).
 //!
-//! A binding is dropped when its holder's last hold is released or its lease
-//! runs out through a lock command or the timer (`transitions::update` reports the
-//! owners that left); a holder that leaves by other means (DEL, FLUSH*,
-//! Redis's expiry of the key) leaves a stale binding, found and dropped at
-//! the connection's next `LOCK.KEEPALIVE` or at its close: every use checks
-//! the holder's token first, so a stale binding never touches another grant.
-//! RENAME, MOVE and SWAPDB carry bindings to the lock's new place.
+//! Bindings are kept the way the commands reach them, so that binding and
+//! unbinding cost what a binding costs whatever their number:
+//! - a grant's fencing token names it: a holder that leaves through a lock
+//!   command or the timer reports its token ([`lock_core::Ended`]), found
+//!   here in one look-up of a number (a hash keyed at random per process),
+//!   its key and owner compared byte for byte. Tokens are the server's own
+//!   and unique; a forged state that repeats one chains the bindings under
+//!   it, so every look-up stays exact.
+//! - a connection's bindings are a list in the order bound, each
+//!   numbered: a binding that ends leaves a hole, filled when holes
+//!   outnumber the rest; `LOCK.KEEPALIVE` pages through the list by number
+//!   across event-loop turns (holes and compaction move nothing it relies
+//!   on).
+//! - each binding is one slot of a slab with one allocation (the key's name
+//!   and the owner, together).
 //!
-//! A connection that closes is marked closed here at once, in O(1) (its
-//! bindings stay indexed by key, each naming the closed client): from then
-//! on every transaction on a key ends the key's holders bound to a closed
-//! connection before anything else (`transitions`), LOCK.INFO and the deadlock
-//! search leave them out, and INFO does not count them. The timer ends the
-//! rest later, a share per tick. [`pending`] (one atomic) says whether any
-//! such holder is left, so a server with none pays nothing.
+//! A holder that leaves by other means (DEL, FLUSH*, Redis's expiry of the
+//! key) leaves a stale binding, found and dropped at the connection's next
+//! `LOCK.KEEPALIVE` or at its close: every use checks the holder's token
+//! first, so a stale binding never touches another grant. RENAME, MOVE and
+//! SWAPDB carry bindings to the lock's new place.
+//!
+//! A connection that closes is marked closed here at once (each of its
+//! bindings flagged, nothing copied): from then on every transaction on a
+//! key ends the key's holders bound to a closed connection before anything
+//! else (`transitions`), LOCK.INFO and the deadlock search leave them out,
+//! and INFO does not count them. The timer ends the rest later, a share per
+//! tick. [`pending`] (one atomic) says whether any such holder is left, so
+//! a server with none pays nothing.
 
-use std::collections::{BTreeSet, HashMap};
-use std::ops::Bound::{Excluded, Unbounded};
+use std::collections::hash_map::{Entry, RandomState};
+use std::collections::HashMap;
+use std::hash::{BuildHasher, Hasher};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{LazyLock, Mutex, MutexGuard};
 
@@ -33,76 +48,448 @@ use lock_core::{Census, Changes, Lock, Mode, Owner};
 /// A client id (`CLIENT ID`).
 pub type ClientId = u64;
 
-/// A holder whose connection closed, to end at a later tick.
-#[derive(Debug)]
+/// A binding of a connection that closed, to end at a later tick
+/// ([`take_detached`]): its slot, and its number there (a binding moved to
+/// another connection, or ended, since is not this one).
+#[derive(Clone, Copy, Debug)]
 pub struct Detached {
-    pub key: DbKey,
-    pub owner: Owner,
-    pub client: ClientId,
+    slot: u32,
+    seq: u64,
 }
 
-/// One bound grant: where, whose, and which grant (its token).
+/// One bound grant, copied out: where, whose, which grant (its token), and
+/// its number in its connection's order (`LOCK.KEEPALIVE`'s place).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Bound {
     pub key: DbKey,
     pub owner: Owner,
     pub token: u64,
+    pub seq: u64,
 }
 
-/// A binding as indexed by key: its connection, its grant, the lock's mode
-/// (for INFO's count of holders by mode).
-#[derive(Clone, Copy, Debug)]
-struct Entry {
-    client: ClientId,
+/// No slot: the end of a chain, an ended binding's place in its list.
+const NONE: u32 = u32::MAX;
+
+/// Bytes of a key's name and an owner kept in the slot itself (most fit:
+/// a key of 20 bytes and a UUID), so that binding allocates nothing.
+const INLINE: usize = 62;
+
+/// A key's name, then an owner: in the slot when they fit, else on the heap.
+enum Bytes {
+    Inline(u8, [u8; INLINE]),
+    Heap(Box<[u8]>),
+}
+
+impl Bytes {
+    fn new(name: &[u8], owner: &[u8]) -> Bytes {
+        let len = name.len() + owner.len();
+        if let Ok(short) = u8::try_from(len) {
+            let mut buf = [0u8; INLINE];
+            if let Some(used) = buf.get_mut(..len) {
+                let (n, o) = used.split_at_mut(name.len());
+                n.copy_from_slice(name);
+                o.copy_from_slice(owner);
+                return Bytes::Inline(short, buf);
+            }
+        }
+        let mut bytes = Vec::with_capacity(len);
+        bytes.extend_from_slice(name);
+        bytes.extend_from_slice(owner);
+        Bytes::Heap(bytes.into_boxed_slice())
+    }
+
+    fn as_slice(&self) -> &[u8] {
+        match self {
+            Bytes::Inline(len, buf) => buf.get(..usize::from(*len)).unwrap_or_default(),
+            Bytes::Heap(bytes) => bytes,
+        }
+    }
+
+    /// What they take on the heap.
+    fn heap(&self) -> usize {
+        match self {
+            Bytes::Inline(..) => 0,
+            Bytes::Heap(bytes) => bytes.len(),
+        }
+    }
+}
+
+/// One binding, in its slot.
+struct Binding {
+    /// The key's name, then the owner.
+    bytes: Bytes,
+    name_len: usize,
+    db: i32,
     token: u64,
+    client: ClientId,
+    /// Its connection's list (while the connection is open).
+    list: u32,
+    /// Its number, from the registry's count of binds: its place in its
+    /// connection's order, and what tells it from a later binding in the
+    /// same slot.
+    seq: u64,
+    /// Its entry in its connection's list (while the connection is open).
+    pos: u32,
+    /// The next binding under the same token (only a forged state repeats
+    /// a token).
+    next: u32,
+    /// The lock's mode, for INFO's count of pending holders by mode.
     mode: Mode,
+    /// Its connection closed: it holds nothing, and [`pending`] counts it.
+    closed: bool,
 }
 
-/// A connection's bindings, in order (`LOCK.KEEPALIVE` pages through them
-/// across event-loop turns), and how many of them are in each mode.
+impl Binding {
+    fn name(&self) -> &[u8] {
+        self.bytes
+            .as_slice()
+            .get(..self.name_len)
+            .unwrap_or_default()
+    }
+
+    fn owner(&self) -> &[u8] {
+        self.bytes
+            .as_slice()
+            .get(self.name_len..)
+            .unwrap_or_default()
+    }
+
+    fn is_at(&self, db: i32, name: &[u8]) -> bool {
+        self.db == db && self.name() == name
+    }
+
+    fn bound(&self) -> Bound {
+        Bound {
+            key: DbKey::new(self.db, self.name()),
+            owner: self.owner().into(),
+            token: self.token,
+            seq: self.seq,
+        }
+    }
+
+    /// Approximate bytes: its slot, its bytes on the heap, its entries in
+    /// the token index and in its connection's list.
+    fn cost(&self) -> usize {
+        std::mem::size_of::<Option<Binding>>() + self.bytes.heap() + 16 + 16
+    }
+}
+
+/// One open connection's bindings in the order bound: `(number, slot)`,
+/// the slot [`NONE`] once that binding ended.
 #[derive(Default)]
 struct Client {
-    keys: BTreeSet<(DbKey, Owner)>,
-    census: Census,
+    entries: Vec<(u64, u32)>,
+    live: usize,
+}
+
+/// Holes a connection's list keeps before it is compacted (and never more
+/// than its live entries).
+const HOLES: usize = 32;
+
+/// A hash for numbers the server hands out (tokens, client ids): one
+/// folded multiply, keyed at random per process, so that numbers forged
+/// into a file cannot be chosen to collide.
+#[derive(Clone, Copy)]
+struct Keyed {
+    k0: u64,
+    k1: u64,
+}
+
+static SEEDS: LazyLock<Keyed> = LazyLock::new(|| {
+    let s = RandomState::new();
+    Keyed {
+        k0: s.hash_one(0x5eed_u64),
+        k1: s.hash_one(0x5eed_u64 + 1) | 1,
+    }
+});
+
+impl Default for Keyed {
+    fn default() -> Keyed {
+        *SEEDS
+    }
+}
+
+struct KeyedHasher {
+    keys: Keyed,
+    h: u64,
+}
+
+fn folded_multiply(a: u64, b: u64) -> u64 {
+    let full = u128::from(a).wrapping_mul(u128::from(b));
+    (full as u64) ^ ((full >> 64) as u64)
+}
+
+impl Hasher for KeyedHasher {
+    fn write(&mut self, bytes: &[u8]) {
+        for chunk in bytes.chunks(8) {
+            let mut word = [0u8; 8];
+            if let Some(w) = word.get_mut(..chunk.len()) {
+                w.copy_from_slice(chunk);
+            }
+            self.write_u64(u64::from_le_bytes(word));
+        }
+    }
+
+    fn write_u64(&mut self, x: u64) {
+        self.h = folded_multiply(self.h ^ x ^ self.keys.k0, self.keys.k1);
+    }
+
+    fn finish(&self) -> u64 {
+        self.h
+    }
+}
+
+impl BuildHasher for Keyed {
+    type Hasher = KeyedHasher;
+    fn build_hasher(&self) -> KeyedHasher {
+        KeyedHasher { keys: *self, h: 0 }
+    }
+}
+
+/// Slots come in chunks of this many: a slab that grows never copies what
+/// it holds.
+const CHUNK: usize = 1024;
+
+/// The bindings' slots, by number.
+#[derive(Default)]
+struct Slab {
+    chunks: Vec<Box<[Option<Binding>]>>,
+    /// Slots handed out so far (the ones after are in no use yet).
+    used: usize,
+    free: Vec<u32>,
+}
+
+impl Slab {
+    fn slot(&mut self, at: u32) -> Option<&mut Option<Binding>> {
+        let at = at as usize;
+        self.chunks.get_mut(at / CHUNK)?.get_mut(at % CHUNK)
+    }
+
+    fn get(&self, at: u32) -> Option<&Binding> {
+        let at = at as usize;
+        self.chunks.get(at / CHUNK)?.get(at % CHUNK)?.as_ref()
+    }
+
+    fn get_mut(&mut self, at: u32) -> Option<&mut Binding> {
+        self.slot(at)?.as_mut()
+    }
+
+    /// The number of a free slot (to [`Slab::put`] a binding in next).
+    #[inline]
+    fn vacant(&mut self) -> u32 {
+        if let Some(at) = self.free.pop() {
+            return at;
+        }
+        if self.used.is_multiple_of(CHUNK) {
+            self.chunks.push((0..CHUNK).map(|_| None).collect());
+        }
+        self.used += 1;
+        u32::try_from(self.used - 1).unwrap_or(NONE)
+    }
+
+    /// Puts `binding` in the free slot `at` ([`Slab::vacant`]).
+    #[inline]
+    fn put(&mut self, at: u32, binding: Binding) {
+        if let Some(slot) = self.slot(at) {
+            *slot = Some(binding);
+        }
+    }
+
+    /// The slots in use, by number.
+    fn in_use(&self) -> impl Iterator<Item = (u32, &Binding)> {
+        self.chunks
+            .iter()
+            .flat_map(|c| c.iter())
+            .zip(0..)
+            .filter_map(|(b, at)| Some((at, b.as_ref()?)))
+    }
 }
 
 #[derive(Default)]
 struct Registry {
-    by_key: HashMap<DbKey, HashMap<Owner, Entry>>,
-    by_client: HashMap<ClientId, Client>,
-    /// Closed connections with bindings not yet ended, and how many.
-    closed: HashMap<ClientId, usize>,
+    slab: Slab,
+    /// The first slot bound under each token.
+    by_token: HashMap<u64, u32, Keyed>,
+    /// Open connections with bindings: where each one's list is.
+    clients: HashMap<ClientId, u32, Keyed>,
+    /// Their lists (an empty one is free, its number in `free_lists`).
+    lists: Vec<Client>,
+    free_lists: Vec<u32>,
+    /// The connection that bound last and its list: a connection binding
+    /// many in a row does not look itself up each time (0: none).
+    last: (ClientId, u32),
     /// The holders of closed connections not yet ended, by mode.
     closed_census: Census,
+    /// Binds so far: the next binding's number.
+    seq: u64,
 }
 
 impl Registry {
-    /// The entry `(key, owner)` left the index by key: out of its
-    /// connection's set, or out of what a closed connection has pending.
-    fn unlist(&mut self, key: &DbKey, owner: &Owner, e: Entry) {
-        if let Some(left) = self.closed.get_mut(&e.client) {
-            *left = left.saturating_sub(1);
-            if *left == 0 {
-                self.closed.remove(&e.client);
+    fn get(&self, at: u32) -> Option<&Binding> {
+        self.slab.get(at)
+    }
+
+    fn get_mut(&mut self, at: u32) -> Option<&mut Binding> {
+        self.slab.get_mut(at)
+    }
+
+    /// The slot of the binding of grant `token` on `name` in `db`.
+    fn find(&self, db: i32, name: &[u8], token: u64) -> Option<u32> {
+        self.find_from(*self.by_token.get(&token)?, db, name)
+    }
+
+    /// [`Registry::find`] along the chain from slot `at`.
+    fn find_from(&self, mut at: u32, db: i32, name: &[u8]) -> Option<u32> {
+        while let Some(b) = self.get(at) {
+            if b.is_at(db, name) {
+                return Some(at);
             }
-            self.closed_census.sub(e.mode, 1);
+            at = b.next;
+        }
+        None
+    }
+
+    /// The number of `client`'s list, made when it has none.
+    fn list_of(&mut self, client: ClientId) -> u32 {
+        if self.last.0 == client {
+            return self.last.1;
+        }
+        let at = match self.clients.entry(client) {
+            Entry::Occupied(o) => *o.get(),
+            Entry::Vacant(v) => {
+                let at = match self.free_lists.pop() {
+                    Some(at) => at,
+                    None => {
+                        self.lists.push(Client::default());
+                        u32::try_from(self.lists.len() - 1).unwrap_or(NONE)
+                    }
+                };
+                *v.insert(at)
+            }
+        };
+        self.last = (client, at);
+        at
+    }
+
+    /// `client`'s list is gone (its last binding ended, or it closed).
+    fn drop_list(&mut self, client: ClientId, at: u32) -> Client {
+        self.clients.remove(&client);
+        if self.last.0 == client {
+            self.last = (0, NONE);
+        }
+        self.free_lists.push(at);
+        self.lists
+            .get_mut(at as usize)
+            .map(std::mem::take)
+            .unwrap_or_default()
+    }
+
+    /// Lists slot `at` last in `client`'s order: the list, the binding's
+    /// number and its place there, for the binding to record.
+    #[inline]
+    fn enlist(&mut self, at: u32, client: ClientId) -> (u32, u64, u32) {
+        self.seq += 1;
+        let seq = self.seq;
+        let list = self.list_of(client);
+        let Some(c) = self.lists.get_mut(list as usize) else {
+            return (NONE, seq, NONE);
+        };
+        let pos = u32::try_from(c.entries.len()).unwrap_or(NONE);
+        c.entries.push((seq, at));
+        c.live += 1;
+        (list, seq, pos)
+    }
+
+    /// Lists the binding in slot `at` last in `client`'s order.
+    fn list(&mut self, at: u32, client: ClientId) {
+        let (list, seq, pos) = self.enlist(at, client);
+        if let Some(b) = self.slab.get_mut(at) {
+            b.client = client;
+            b.list = list;
+            b.seq = seq;
+            b.pos = pos;
+            b.closed = false;
+        }
+    }
+
+    /// Takes the binding in slot `at` out of its connection's list, or out
+    /// of what closed connections have pending.
+    fn unlist(&mut self, at: u32) {
+        let Some(b) = self.get_mut(at) else {
+            return;
+        };
+        let (client, list, pos, mode) = (b.client, b.list, b.pos, b.mode);
+        if b.closed {
+            b.closed = false;
+            self.closed_census.sub(mode, 1);
             PENDING.fetch_sub(1, Ordering::Relaxed);
             return;
         }
-        if let Some(c) = self.by_client.get_mut(&e.client) {
-            c.keys.remove(&(key.clone(), owner.clone()));
-            c.census.sub(e.mode, 1);
-            if c.keys.is_empty() {
-                self.by_client.remove(&e.client);
+        let Some(c) = self.lists.get_mut(list as usize) else {
+            return;
+        };
+        if let Some(e) = c.entries.get_mut(pos as usize) {
+            e.1 = NONE;
+        }
+        c.live = c.live.saturating_sub(1);
+        if c.live == 0 {
+            self.drop_list(client, list);
+            return;
+        }
+        let holes = c.entries.len() - c.live;
+        if holes > HOLES && holes > c.live {
+            c.entries.retain(|e| e.1 != NONE);
+            if c.entries.capacity() > 4 * c.entries.len() {
+                c.entries.shrink_to(2 * c.entries.len());
+            }
+            for (e, pos) in c.entries.iter().zip(0..) {
+                if let Some(b) = self.slab.get_mut(e.1) {
+                    b.pos = pos;
+                }
             }
         }
+    }
+
+    /// Ends the binding in slot `at`.
+    fn remove(&mut self, at: u32) -> Option<Binding> {
+        self.unlist(at);
+        let b = self.slab.slot(at)?.take()?;
+        match self.by_token.get(&b.token).copied() {
+            Some(head) if head == at => {
+                if b.next == NONE {
+                    self.by_token.remove(&b.token);
+                } else {
+                    self.by_token.insert(b.token, b.next);
+                }
+            }
+            Some(mut prev) => {
+                while let Some(p) = self.get_mut(prev) {
+                    if p.next == at {
+                        p.next = b.next;
+                        break;
+                    }
+                    prev = p.next;
+                }
+            }
+            None => {}
+        }
+        self.slab.free.push(at);
+        BYTES.fetch_sub(b.cost(), Ordering::Relaxed);
+        if COUNT.fetch_sub(1, Ordering::Relaxed) == 1 {
+            // The last one: what many bindings grew goes back.
+            *self = Registry {
+                seq: self.seq,
+                ..Registry::default()
+            };
+        }
+        Some(b)
     }
 }
 
 static REGISTRY: LazyLock<Mutex<Registry>> = LazyLock::new(Mutex::default);
 /// How many bindings exist: the cheap check on every transition.
 static COUNT: AtomicUsize = AtomicUsize::new(0);
-/// Bytes held by bindings (keys and owners twice, plus entries), for INFO.
+/// Bytes held by bindings, for INFO.
 static BYTES: AtomicUsize = AtomicUsize::new(0);
 /// How many bindings belong to closed connections and are not ended yet:
 /// the cheap check before a transaction looks for them.
@@ -110,15 +497,6 @@ static PENDING: AtomicUsize = AtomicUsize::new(0);
 
 fn registry() -> MutexGuard<'static, Registry> {
     REGISTRY.lock().unwrap_or_else(|p| p.into_inner())
-}
-
-/// Approximate bytes of one binding: both index entries with their copies
-/// of the key and the owner.
-fn cost(key: &DbKey, owner: &[u8]) -> usize {
-    const ENTRIES: usize = 2 * (std::mem::size_of::<DbKey>() + std::mem::size_of::<Owner>())
-        + std::mem::size_of::<Entry>()
-        + 32;
-    ENTRIES + 2 * (key.name.len() + owner.len())
 }
 
 /// How many holders are bound now, counting those of closed connections
@@ -145,208 +523,234 @@ pub fn pending_census() -> Census {
         .map_or(Census::ZERO, |r| r.closed_census)
 }
 
-/// The holders of `key` bound to a connection that closed: owner, the
-/// connection, and the grant's token.
-pub fn closed_on(key: &DbKey) -> Vec<(Owner, ClientId, u64)> {
-    if pending() == 0 {
-        return Vec::new();
-    }
-    let r = registry();
-    let Some(owners) = r.by_key.get(key) else {
-        return Vec::new();
-    };
-    owners
-        .iter()
-        .filter(|(_, e)| r.closed.contains_key(&e.client))
-        .map(|(o, e)| (o.clone(), e.client, e.token))
-        .collect()
-}
-
-/// A copy of `lock` (at `key`) as the next transaction on it will see it:
-/// without the holders of connections that closed; `None` when it has none.
-/// For the readers that must not write: LOCK.INFO, the deadlock search, a
-/// multi-key request's check.
-pub fn without_closed(key: &DbKey, lock: &Lock, now: u64) -> Option<Lock> {
-    let gone = closed_on(key);
-    if gone.is_empty() {
-        return None;
-    }
-    let mut copy = lock.clone();
-    let mut changes = Changes::default();
-    for (owner, _, token) in gone {
-        copy.release_all(&owner, token, now, &mut changes);
-    }
-    Some(copy)
-}
-
 /// Bytes the bindings occupy (estimate).
 pub fn memory() -> usize {
     BYTES.load(Ordering::Relaxed)
 }
 
-/// Bytes the bindings of the holders of `key` take.
-pub fn memory_of(key: &DbKey) -> usize {
-    if count() == 0 {
-        return 0;
-    }
-    registry()
-        .by_key
-        .get(key)
-        .map_or(0, |owners| owners.keys().map(|o| cost(key, o)).sum())
-}
-
-/// Binds a grant (in a lock of `mode`) to `client`, moving it from any
-/// earlier connection.
-pub fn bind(client: ClientId, key: DbKey, owner: &[u8], token: u64, mode: Mode) {
-    let mut r = registry();
-    let owner: Owner = owner.into();
-    let entry = Entry {
-        client,
-        token,
-        mode,
+/// Binds the grant `token` of `owner` on `name` in `db` (a lock of `mode`)
+/// to `client`, moving it from any earlier connection.
+pub fn bind(client: ClientId, db: i32, name: &[u8], owner: &[u8], token: u64, mode: Mode) {
+    let mut guard = registry();
+    let r = &mut *guard;
+    // A new grant's token: one look-up in all.
+    let head = match r.by_token.entry(token) {
+        Entry::Vacant(vacant) => {
+            let at = r.slab.vacant();
+            vacant.insert(at);
+            add(r, at, (client, db, name, owner, token, mode), NONE);
+            return;
+        }
+        Entry::Occupied(occupied) => *occupied.get(),
     };
-    let previous = r
-        .by_key
-        .entry(key.clone())
-        .or_default()
-        .insert(owner.clone(), entry);
-    match previous {
-        Some(old) if old.client == client => {
-            if old.mode != mode {
-                if let Some(c) = r.by_client.get_mut(&client) {
-                    c.census.sub(old.mode, 1);
-                    c.census.add(mode, 1);
-                }
+    if let Some(at) = r.find_from(head, db, name) {
+        let Some(b) = r.get_mut(at) else {
+            return;
+        };
+        if b.owner() == owner {
+            b.mode = mode;
+            if b.closed || b.client != client {
+                r.unlist(at);
+                r.list(at, client);
             }
             return;
         }
-        Some(old) => r.unlist(&key, &owner, old),
-        None => {
-            COUNT.fetch_add(1, Ordering::Relaxed);
-            BYTES.fetch_add(cost(&key, &owner), Ordering::Relaxed);
-        }
+        // Another owner under this grant's token: a forged state; the
+        // grant being bound is the one that holds now.
+        r.remove(at);
     }
-    let c = r.by_client.entry(client).or_default();
-    c.keys.insert((key, owner));
-    c.census.add(mode, 1);
+    let next = r.by_token.get(&token).copied().unwrap_or(NONE);
+    let at = r.slab.vacant();
+    r.by_token.insert(token, at);
+    add(r, at, (client, db, name, owner, token, mode), next);
 }
 
-/// The holder `owner` of `key` is gone: its binding too.
-pub fn forget(key: &DbKey, owner: &[u8]) {
+/// A new binding in the free slot `at` (under its token already), listed
+/// last in its connection's order, `next` after it under the same token.
+#[inline(always)]
+fn add(
+    r: &mut Registry,
+    at: u32,
+    (client, db, name, owner, token, mode): (ClientId, i32, &[u8], &[u8], u64, Mode),
+    next: u32,
+) {
+    let (list, seq, pos) = r.enlist(at, client);
+    let b = Binding {
+        bytes: Bytes::new(name, owner),
+        name_len: name.len(),
+        db,
+        token,
+        client,
+        list,
+        seq,
+        pos,
+        next,
+        mode,
+        closed: false,
+    };
+    COUNT.fetch_add(1, Ordering::Relaxed);
+    BYTES.fetch_add(b.cost(), Ordering::Relaxed);
+    r.slab.put(at, b);
+}
+
+/// The grants `tokens` on `name` in `db` ended (their holders left): their
+/// bindings too.
+pub fn forget(db: i32, name: &[u8], tokens: impl IntoIterator<Item = u64>) {
     if count() == 0 {
         return;
     }
     let mut r = registry();
-    let Some(owners) = r.by_key.get_mut(key) else {
-        return;
-    };
-    let Some(entry) = owners.remove(owner) else {
-        return;
-    };
-    if owners.is_empty() {
-        r.by_key.remove(key);
+    for token in tokens {
+        if let Some(at) = r.find(db, name, token) {
+            r.remove(at);
+        }
     }
-    r.unlist(key, &owner.into(), entry);
-    COUNT.fetch_sub(1, Ordering::Relaxed);
-    BYTES.fetch_sub(cost(key, owner), Ordering::Relaxed);
 }
 
-/// Up to `n` grants bound to `client`, in order, after `after` (from the
-/// first when `None`): a page of them, so that a connection with many is
-/// gone through a share at a time, each share copying only its own.
-pub fn page_of_client(client: ClientId, after: Option<&(DbKey, Owner)>, n: usize) -> Vec<Bound> {
+/// The holders of `lock` (at `name` in `db`) bound to a connection that
+/// closed: owner and grant.
+pub fn closed_of(db: i32, name: &[u8], lock: &Lock) -> Vec<(Owner, u64)> {
+    if pending() == 0 {
+        return Vec::new();
+    }
+    let r = registry();
+    lock.holders()
+        .filter(|h| {
+            r.find(db, name, h.token)
+                .and_then(|at| r.get(at))
+                .is_some_and(|b| b.closed && b.owner() == h.owner)
+        })
+        .map(|h| (h.owner.into(), h.token))
+        .collect()
+}
+
+/// Whether the grant `token` of `owner` on `name` in `db` is bound to a
+/// connection that closed (it holds nothing any more).
+pub fn is_closed(db: i32, name: &[u8], owner: &[u8], token: u64) -> bool {
+    if pending() == 0 {
+        return false;
+    }
+    let r = registry();
+    r.find(db, name, token)
+        .and_then(|at| r.get(at))
+        .is_some_and(|b| b.closed && b.owner() == owner)
+}
+
+/// A copy of `lock` (at `name` in `db`) as the next transaction on it will
+/// see it: without the holders of connections that closed; `None` when it
+/// has none. For the readers that must not write: LOCK.INFO, the deadlock
+/// search, a multi-key request's check.
+pub fn without_closed(db: i32, name: &[u8], lock: &Lock, now: u64) -> Option<Lock> {
+    let gone = closed_of(db, name, lock);
+    if gone.is_empty() {
+        return None;
+    }
+    let mut copy = lock.clone();
+    let mut changes = Changes::default();
+    for (owner, token) in gone {
+        copy.release_all(&owner, token, now, &mut changes);
+    }
+    Some(copy)
+}
+
+/// Bytes the bindings of `lock`'s holders (at `name` in `db`) take.
+pub fn memory_of(db: i32, name: &[u8], lock: &Lock) -> usize {
+    if count() == 0 {
+        return 0;
+    }
+    let r = registry();
+    lock.holders()
+        .filter_map(|h| r.find(db, name, h.token).and_then(|at| r.get(at)))
+        .map(Binding::cost)
+        .sum()
+}
+
+/// Up to `n` grants bound to `client`, in the order bound, after the one
+/// numbered `after` (from the first when `None`): a page of them, so that a
+/// connection with many is gone through a share at a time, each share
+/// copying only its own.
+pub fn page_of_client(client: ClientId, after: Option<u64>, n: usize) -> Vec<Bound> {
     if count() == 0 {
         return Vec::new();
     }
     let r = registry();
-    let Some(c) = r.by_client.get(&client) else {
+    let Some(c) = r
+        .clients
+        .get(&client)
+        .and_then(|at| r.lists.get(*at as usize))
+    else {
         return Vec::new();
     };
-    let from = after.map_or(Unbounded, Excluded);
-    c.keys
-        .range((from, Unbounded))
-        .filter_map(|(key, owner)| {
-            let e = r.by_key.get(key)?.get(owner)?;
-            Some(Bound {
-                key: key.clone(),
-                owner: owner.clone(),
-                token: e.token,
-            })
-        })
+    let from = after.map_or(0, |after| c.entries.partition_point(|e| e.0 <= after));
+    c.entries
+        .get(from..)
+        .unwrap_or_default()
+        .iter()
+        .filter_map(|e| r.get(e.1))
         .take(n)
+        .map(Binding::bound)
         .collect()
 }
 
 /// The connection `client` closed: its holders hold nothing from now on
-/// (the connection is marked closed, in O(1) whatever their number, and
-/// [`pending`] counts them); the list of them, for the timer to end those
-/// no command ends first ([`take`], a share per tick).
+/// (each binding flagged, nothing copied, and [`pending`] counts them); the
+/// list of them, for the timer to end those no command ends first
+/// ([`take_detached`], a share per tick).
 pub fn detach_client(client: ClientId) -> Vec<Detached> {
     if count() == 0 {
         return Vec::new();
     }
     let mut r = registry();
-    let Some(c) = r.by_client.remove(&client) else {
+    let Some(&list) = r.clients.get(&client) else {
         return Vec::new();
     };
-    let n = c.keys.len();
-    r.closed.insert(client, n);
-    r.closed_census.add_all(c.census);
-    PENDING.fetch_add(n, Ordering::Relaxed);
-    drop(r);
-    c.keys
-        .into_iter()
-        .map(|(key, owner)| Detached { key, owner, client })
-        .collect()
+    let c = r.drop_list(client, list);
+    let mut detached = Vec::with_capacity(c.live);
+    let mut census = Census::ZERO;
+    for (seq, at) in c.entries {
+        if let Some(b) = r.get_mut(at) {
+            b.closed = true;
+            census.add(b.mode, 1);
+            detached.push(Detached { slot: at, seq });
+        }
+    }
+    r.closed_census.add_all(census);
+    PENDING.fetch_add(detached.len(), Ordering::Relaxed);
+    detached
 }
 
-/// Ends the binding of `owner` on `key` if it still belongs to `client` (a
-/// repeat with `BIND` may have moved it to another connection meanwhile);
-/// the bound grant's token.
-pub fn take(key: &DbKey, owner: &[u8], client: ClientId) -> Option<u64> {
+/// Ends a closed connection's binding unless a command ended it first or
+/// a repeat with `BIND` moved it to another connection: the grant it was.
+pub fn take_detached(d: &Detached) -> Option<Bound> {
     let mut r = registry();
-    let owners = r.by_key.get_mut(key)?;
-    let entry = *owners.get(owner)?;
-    if entry.client != client {
+    let b = r.get(d.slot)?;
+    if !b.closed || b.seq != d.seq {
         return None;
     }
-    owners.remove(owner);
-    if owners.is_empty() {
-        r.by_key.remove(key);
-    }
-    r.unlist(key, &owner.into(), entry);
-    COUNT.fetch_sub(1, Ordering::Relaxed);
-    BYTES.fetch_sub(cost(key, owner), Ordering::Relaxed);
-    Some(entry.token)
+    r.remove(d.slot).map(|b| b.bound())
 }
 
-/// RENAME or MOVE carried the lock at `from` to `to` with its holders.
-pub fn moved(from: &DbKey, to: &DbKey) {
+/// RENAME or MOVE carried the lock at `from` to `to` with its holders,
+/// whose grants are `tokens`: their bindings follow. (Bindings of the
+/// value RENAME replaced are stale, as after a DEL.)
+pub fn moved(from: &DbKey, to: &DbKey, tokens: impl IntoIterator<Item = u64>) {
     if count() == 0 {
         return;
     }
-    // What was bound at the destination went with the value RENAME replaced.
-    let replaced: Vec<Owner> = registry()
-        .by_key
-        .get(to)
-        .map(|owners| owners.keys().cloned().collect())
-        .unwrap_or_default();
-    for owner in replaced {
-        forget(to, &owner);
-    }
     let mut r = registry();
-    let Some(owners) = r.by_key.remove(from) else {
-        return;
-    };
-    for (owner, e) in &owners {
-        BYTES.fetch_sub(cost(from, owner), Ordering::Relaxed);
-        BYTES.fetch_add(cost(to, owner), Ordering::Relaxed);
-        if let Some(c) = r.by_client.get_mut(&e.client) {
-            c.keys.remove(&(from.clone(), owner.clone()));
-            c.keys.insert((to.clone(), owner.clone()));
+    for token in tokens {
+        let Some(at) = r.find(from.db, &from.name, token) else {
+            continue;
+        };
+        if let Some(b) = r.get_mut(at) {
+            let before = b.cost();
+            b.bytes = Bytes::new(&to.name, b.owner());
+            b.name_len = to.name.len();
+            b.db = to.db;
+            BYTES.fetch_sub(before, Ordering::Relaxed);
+            BYTES.fetch_add(b.cost(), Ordering::Relaxed);
         }
     }
-    r.by_key.insert(to.clone(), owners);
 }
 
 /// SWAPDB: bindings follow their keys.
@@ -354,22 +758,19 @@ pub fn swap_dbs(a: i32, b: i32) {
     if count() == 0 {
         return;
     }
-    let swap = |db: i32| match db {
-        d if d == a => b,
-        d if d == b => a,
-        d => d,
-    };
     let mut r = registry();
-    let r = &mut *r;
-    r.by_key = std::mem::take(&mut r.by_key)
-        .into_iter()
-        .map(|(DbKey { db, name }, owners)| (DbKey { db: swap(db), name }, owners))
-        .collect();
-    for c in r.by_client.values_mut() {
-        c.keys = std::mem::take(&mut c.keys)
-            .into_iter()
-            .map(|(DbKey { db, name }, owner)| (DbKey { db: swap(db), name }, owner))
-            .collect();
+    for binding in r
+        .slab
+        .chunks
+        .iter_mut()
+        .flat_map(|c| c.iter_mut())
+        .flatten()
+    {
+        if binding.db == a {
+            binding.db = b;
+        } else if binding.db == b {
+            binding.db = a;
+        }
     }
 }
 
@@ -378,14 +779,15 @@ pub fn flushed(db: i32) {
     if count() == 0 {
         return;
     }
-    let gone: Vec<(DbKey, Owner)> = registry()
-        .by_key
-        .iter()
-        .filter(|(k, _)| db == -1 || k.db == db)
-        .flat_map(|(key, owners)| owners.keys().map(|o| (key.clone(), o.clone())))
+    let mut r = registry();
+    let gone: Vec<u32> = r
+        .slab
+        .in_use()
+        .filter(|(_, b)| db == -1 || b.db == db)
+        .map(|(at, _)| at)
         .collect();
-    for (key, owner) in gone {
-        forget(&key, &owner);
+    for at in gone {
+        r.remove(at);
     }
 }
 
@@ -394,18 +796,11 @@ mod tests {
     use super::*;
 
     /// The connection `client` closed: its bindings, taken out of the registry
-    /// in one go (the server uses [`detach_client`] and [`take`]).
+    /// in one go (the server uses [`detach_client`] and [`take_detached`]).
     fn take_client(client: ClientId) -> Vec<Bound> {
         detach_client(client)
-            .into_iter()
-            .filter_map(|d| {
-                let token = take(&d.key, &d.owner, d.client)?;
-                Some(Bound {
-                    key: d.key,
-                    owner: d.owner,
-                    token,
-                })
-            })
+            .iter()
+            .filter_map(take_detached)
             .collect()
     }
 
@@ -413,32 +808,61 @@ mod tests {
         DbKey::new(db, k.as_bytes())
     }
 
+    fn bind_at(client: ClientId, k: &DbKey, owner: &[u8], token: u64, mode: Mode) {
+        bind(client, k.db, &k.name, owner, token, mode);
+    }
+
     /// A census's counts in `Mode::ALL` order.
     fn counts(c: Census) -> Vec<usize> {
         c.iter().map(|(_, n)| n).collect()
     }
 
+    /// A lock of `mode` held by `holders` (owner, token).
+    fn lock_of(mode: Mode, holders: &[(&[u8], u64)]) -> Lock {
+        let kind = match mode {
+            Mode::Exclusive => lock_core::Kind::Acquire,
+            Mode::Shared => lock_core::Kind::Read,
+            Mode::Semaphore => lock_core::Kind::Semaphore(10),
+        };
+        let holders = holders
+            .iter()
+            .map(|(owner, token)| lock_core::Holder {
+                owner: (*owner).into(),
+                holds: 1,
+                since: 0,
+                token: *token,
+                deadline: u64::MAX,
+            })
+            .collect();
+        Lock::from_holders(kind, holders).unwrap_or_default()
+    }
+
     // One test: the registry is a process-wide static.
     #[test]
     fn bind_move_forget_rename_swap_and_take() {
-        bind(1, key(0, "a"), b"o", 10, Mode::Exclusive);
-        bind(1, key(0, "b"), b"o", 11, Mode::Exclusive);
-        bind(2, key(0, "c"), b"p", 12, Mode::Exclusive);
+        let ex = Mode::Exclusive;
+        bind_at(1, &key(0, "a"), b"o", 10, ex);
+        bind_at(1, &key(0, "b"), b"o", 11, ex);
+        bind_at(2, &key(0, "c"), b"p", 12, ex);
         assert_eq!(count(), 3);
         assert!(memory() > 0);
         // A repeat with BIND from another connection moves the binding.
-        bind(2, key(0, "a"), b"o", 10, Mode::Exclusive);
+        bind_at(2, &key(0, "a"), b"o", 10, ex);
         assert_eq!(count(), 3);
         assert_eq!(page_of_client(1, None, usize::MAX).len(), 1);
         assert_eq!(page_of_client(2, None, usize::MAX).len(), 2);
-        forget(&key(0, "b"), b"o");
+        // Only the grant's own token, at its own key, ends it.
+        forget(0, b"b", [99]);
+        forget(0, b"a", [11]);
+        forget(1, b"b", [11]);
+        assert_eq!(count(), 3);
+        forget(0, b"b", [11]);
         assert!(page_of_client(1, None, usize::MAX).is_empty());
-        bind(7, key(3, "a2"), b"q", 13, Mode::Exclusive);
-        moved(&key(0, "a"), &key(3, "a2"));
-        assert!(
-            page_of_client(7, None, usize::MAX).is_empty(),
-            "replaced by the RENAME"
-        );
+        let a = lock_of(ex, &[(b"o", 10)]);
+        assert!(memory_of(0, b"a", &a) > 0);
+        moved(&key(0, "a"), &key(3, "a2"), [10]);
+        assert_eq!(memory_of(0, b"a", &a), 0);
+        assert!(memory_of(3, b"a2", &a) > 0);
         swap_dbs(3, 4);
         let mut held: Vec<_> = take_client(2)
             .into_iter()
@@ -448,45 +872,88 @@ mod tests {
         assert_eq!(held, vec![(key(0, "c"), 12), (key(4, "a2"), 10)]);
         assert_eq!(count(), 0);
         assert_eq!(memory(), 0);
-        bind(5, key(2, "x"), b"o", 1, Mode::Exclusive);
-        bind(5, key(3, "y"), b"o", 2, Mode::Exclusive);
+        bind_at(5, &key(2, "x"), b"o", 1, ex);
+        bind_at(5, &key(3, "y"), b"o", 2, ex);
         flushed(2);
         assert_eq!(page_of_client(5, None, usize::MAX).len(), 1);
         flushed(-1);
         assert_eq!(count(), 0);
 
         // A closed connection: its holders are pending at once, whatever
-        // ends them (a command's take, a forget, the timer's take).
-        bind(8, key(0, "p"), b"o", 20, Mode::Exclusive);
-        bind(8, key(0, "q"), b"o", 21, Mode::Shared);
-        bind(8, key(0, "r"), b"o", 22, Mode::Semaphore);
-        bind(9, key(0, "p"), b"z", 23, Mode::Exclusive);
+        // ends them (a command's forget, the timer's take).
+        bind_at(8, &key(0, "p"), b"o", 20, ex);
+        bind_at(8, &key(0, "q"), b"o", 21, Mode::Shared);
+        bind_at(8, &key(0, "r"), b"o", 22, Mode::Semaphore);
+        bind_at(9, &key(0, "p"), b"z", 23, ex);
         assert_eq!(pending(), 0);
-        assert_eq!(detach_client(8).len(), 3);
+        let detached = detach_client(8);
+        assert_eq!(detached.len(), 3);
         assert_eq!(pending(), 3);
         assert_eq!(counts(pending_census()), [1, 1, 1]);
-        assert_eq!(
-            closed_on(&key(0, "p")),
-            vec![(b"o".as_slice().into(), 8, 20)]
-        );
-        assert_eq!(take(&key(0, "p"), b"o", 8), Some(20));
-        assert!(closed_on(&key(0, "p")).is_empty(), "z's connection is open");
-        forget(&key(0, "q"), b"o");
+        let p = lock_of(Mode::Shared, &[(b"o", 20), (b"z", 23)]);
+        assert_eq!(closed_of(0, b"p", &p), vec![(b"o".as_slice().into(), 20)]);
+        assert!(is_closed(0, b"p", b"o", 20));
+        assert!(!is_closed(0, b"p", b"z", 23), "z's connection is open");
+        assert!(!is_closed(0, b"p", b"o", 21), "another grant");
+        let without = without_closed(0, b"p", &p, 0).map(|l| l.holder_count());
+        assert_eq!(without, Some(1));
+        forget(0, b"p", [20]);
+        assert!(closed_of(0, b"p", &p).is_empty());
+        forget(0, b"q", [21]);
         assert_eq!(counts(pending_census()), [0, 0, 1]);
         // A repeat with BIND elsewhere (after its end) takes it off the list.
-        bind(9, key(0, "r"), b"o", 24, Mode::Semaphore);
+        bind_at(9, &key(0, "r"), b"o", 22, Mode::Semaphore);
         assert_eq!(pending(), 0);
         assert_eq!(pending_census(), Census::ZERO);
-        assert_eq!(take(&key(0, "r"), b"o", 8), None, "bound to 9 now");
+        assert!(detached.iter().all(|d| take_detached(d).is_none()));
         assert_eq!(page_of_client(9, None, usize::MAX).len(), 2);
         // Paged in order, one at a time, each page after the last.
         let first = page_of_client(9, None, 1);
-        let at = |b: &[Bound]| (b[0].key.clone(), b[0].owner.clone());
-        let second = page_of_client(9, Some(&at(&first)), 1);
+        let second = page_of_client(9, Some(first[0].seq), 1);
         assert_eq!(second.len(), 1);
-        assert!(at(&first) < at(&second));
-        assert!(page_of_client(9, Some(&at(&second)), 1).is_empty());
+        assert!(first[0].seq < second[0].seq);
+        assert!(page_of_client(9, Some(second[0].seq), 1).is_empty());
         flushed(-1);
         assert_eq!(count(), 0);
+
+        // A forged state repeating a token: each binding is found by its
+        // own key.
+        bind_at(3, &key(0, "f1"), b"o", 77, ex);
+        bind_at(3, &key(0, "f2"), b"o", 77, ex);
+        bind_at(3, &key(0, "f3"), b"o", 77, ex);
+        assert_eq!(count(), 3);
+        forget(0, b"f2", [77]);
+        assert_eq!(count(), 2);
+        assert!(memory_of(0, b"f3", &lock_of(ex, &[(b"o", 77)])) > 0);
+        forget(0, b"f1", [77]);
+        forget(0, b"f3", [77]);
+        assert_eq!(count(), 0);
+
+        // Many bound and most ended: the list is compacted, and paging
+        // by number still goes through the rest in order, once each.
+        for t in 0..1000u64 {
+            bind_at(4, &key(0, &format!("m{t}")), b"o", 1000 + t, ex);
+        }
+        let first = page_of_client(4, None, 10);
+        for t in (0..1000u64).filter(|t| t % 10 != 0) {
+            forget(0, format!("m{t}").as_bytes(), [1000 + t]);
+        }
+        let mut seen = first.iter().filter(|b| b.token % 10 == 0).count();
+        let mut after = first.last().map(|b| b.seq);
+        loop {
+            let page = page_of_client(4, after, 7);
+            let Some(last) = page.last() else {
+                break;
+            };
+            assert!(page.iter().all(|b| b.token % 10 == 0));
+            assert!(page.iter().all(|b| Some(b.seq) > after));
+            seen += page.len();
+            after = Some(last.seq);
+        }
+        assert_eq!(seen, 100);
+        assert_eq!(count(), 100);
+        flushed(-1);
+        assert_eq!(count(), 0);
+        assert_eq!(memory(), 0);
     }
 }

@@ -4,6 +4,7 @@
 //! `waiting`'s.
 
 use std::os::raw::c_long;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use redis_module::{Context, ContextFlags, RedisResult, RedisValue};
 
@@ -146,7 +147,8 @@ fn macquire(ctx: &Context, args: Argv<'_>) -> RedisResult {
             for (name, token) in grant.keys.iter().zip(&tokens) {
                 bindings::bind(
                     client,
-                    DbKey::new(db, name.as_slice()),
+                    db,
+                    name.as_slice(),
                     ask.owner,
                     *token,
                     ask.kind.mode(),
@@ -194,9 +196,9 @@ fn macquire_keys(ctx: &Context, args: Argv<'_>) {
     }
 }
 
-/// A grant request: its attempt, then the answer. The common one, granted
-/// without `BIND`, is answered in line (in each command's own code); the
-/// rest, out of line.
+/// A grant request: its attempt, then the answer. A grant, bound or not,
+/// is answered in line (in each command's own code); the rest, out of
+/// line.
 #[inline(always)]
 fn grant(ctx: &Context, grant: args::Grant<'_>) -> RedisResult {
     if grant.wait.is_some() && spec::guarding() {
@@ -210,12 +212,24 @@ fn grant(ctx: &Context, grant: args::Grant<'_>) -> RedisResult {
     let (attempt, next_expiry) = transitions::grant(ctx, grant.key, grant.ask, event)?;
     match (attempt, bind) {
         (Attempt::Granted(_), None) => replies::answer(attempt),
+        (Attempt::Granted(token), Some(client)) => {
+            let (db, name) = (ffi::selected_db(ctx), grant.key.as_slice());
+            bindings::bind(
+                client,
+                db,
+                name,
+                grant.ask.owner,
+                token,
+                grant.ask.kind.mode(),
+            );
+            replies::answer(attempt)
+        }
         _ => answer_grant(ctx, &grant, attempt, next_expiry, bind),
     }
 }
 
-/// A refused grant (waiting, or its refusal counted) or one bound to its
-/// connection.
+/// A refused grant: waiting, or its refusal counted (and the other
+/// answers that are not a grant).
 #[inline(never)]
 fn answer_grant(
     ctx: &Context,
@@ -239,13 +253,6 @@ fn answer_grant(
                 Ok(RedisValue::Null)
             }
         },
-        Attempt::Granted(token) => {
-            if let Some(client) = bind {
-                let key = ffi::db_key(ctx, grant.key.as_slice());
-                bindings::bind(client, key, grant.ask.owner, token, grant.ask.kind.mode());
-            }
-            replies::answer(attempt)
-        }
         other => replies::answer(other),
     }
 }
@@ -259,14 +266,24 @@ fn bound_connection(ctx: &Context) -> Result<ClientId, LockError> {
     if spec::guarding() {
         return spec::guard_caller().ok_or(LockError::BindInScript);
     }
-    if ctx.get_flags().contains(ContextFlags::LUA) {
-        return Err(LockError::BindInScript);
+    let id = match api!(RedisModule_GetClientId(ctx.ctx)) {
+        Some(id) if id != 0 => id,
+        _ => return Err(LockError::BindInScript),
+    };
+    // A script's commands run as the script's own client, so a connection
+    // seen binding outside one never runs inside one: the last such is
+    // remembered, and its next BIND skips the context's flags (costly).
+    if id != OUTSIDE_SCRIPTS.load(Ordering::Relaxed) {
+        if ctx.get_flags().contains(ContextFlags::LUA) {
+            return Err(LockError::BindInScript);
+        }
+        OUTSIDE_SCRIPTS.store(id, Ordering::Relaxed);
     }
-    match api!(RedisModule_GetClientId(ctx.ctx)) {
-        Some(id) if id != 0 => Ok(id),
-        _ => Err(LockError::BindInScript),
-    }
+    Ok(id)
 }
+
+/// The last connection seen binding outside a script ([`bound_connection`]).
+static OUTSIDE_SCRIPTS: AtomicU64 = AtomicU64::new(0);
 
 // Not `fast`: it renews every holder bound to the connection, O(B)
 // (docs/design.md, "Bound locks").
@@ -385,7 +402,7 @@ fn info(ctx: &Context, args: Argv<'_>) -> RedisResult {
     // Holders of a closed connection hold nothing (left out, not removed).
     let open = stored
         .as_deref()
-        .and_then(|l| bindings::without_closed(&ffi::db_key(ctx, name.as_slice()), l, now));
+        .and_then(|l| bindings::without_closed(ffi::selected_db(ctx), name.as_slice(), l, now));
     match open.as_ref().or(stored.as_deref()) {
         Some(lock) if lock.is_held(now) => {
             let waiting =

@@ -54,7 +54,9 @@ fn read(ctx: &Context, key: &DbKey, now: u64) -> Lock {
         .map(|k| k.lock().map(|l| l.map(|l| Lock::clone(&l))));
     match read {
         // A closed connection's holders keep nobody waiting.
-        Ok(Ok(Some(lock))) => bindings::without_closed(key, &lock, now).unwrap_or(lock),
+        Ok(Ok(Some(lock))) => {
+            bindings::without_closed(key.db, &key.name, &lock, now).unwrap_or(lock)
+        }
         _ => Lock::default(),
     }
 }

@@ -148,7 +148,7 @@ extern "C" fn on_generic(
                 }
                 let id = ffi::db_key(&ctx, name);
                 if let Some(from) = from {
-                    bindings::moved(&from, &id);
+                    bindings::moved(&from, &id, keys::tokens(&ctx, key));
                 }
                 if locks && keys::is_lock(&ctx, key) {
                     waiting::holders_unsure(&id);

@@ -198,10 +198,13 @@ fn holds(ctx: &Context, guard: &GuardArgs<'_>) -> Result<bool, LockError> {
     if bindings::pending() == 0 {
         return Ok(true);
     }
-    let closed = bindings::closed_on(&ffi::db_key(ctx, guard.key.as_slice()));
-    Ok(!closed
-        .iter()
-        .any(|(owner, _, token)| owner[..] == *guard.owner && *token == holder.token))
+    let db = ffi::selected_db(ctx);
+    Ok(!bindings::is_closed(
+        db,
+        guard.key.as_slice(),
+        guard.owner,
+        holder.token,
+    ))
 }
 
 /// The called command's reply, forwarded as it is; the refusals Redis

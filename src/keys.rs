@@ -203,12 +203,29 @@ impl Drop for LockMut<'_> {
 /// server allows (Redis 7.2+: no LRU touch, no hit counted, no lazy expiry;
 /// Redis 7.0 ignores the flags it does not know and counts a keyspace hit).
 pub fn is_lock(ctx: &Context, name: *mut raw::RedisModuleString) -> bool {
+    open_quietly(ctx, name)
+        .and_then(|key| key.value().map(|v| v.is_some()))
+        .unwrap_or(false)
+}
+
+/// `name` opened to read with as few side effects as the server allows.
+fn open_quietly(ctx: &Context, name: *mut raw::RedisModuleString) -> Result<LockKey, LockError> {
     let known = api!(RedisModule_GetOpenKeyModesAll()).unwrap_or(0);
     let noeffects = raw::REDISMODULE_OPEN_KEY_NOEFFECTS & u32::try_from(known).unwrap_or(0);
     let mode = raw::REDISMODULE_READ | raw::REDISMODULE_OPEN_KEY_NOTOUCH | noeffects;
     LockKey::open_raw(ctx, name, mode, false)
-        .and_then(|key| key.value().map(|v| v.is_some()))
-        .unwrap_or(false)
+}
+
+/// The tokens of the holders of the lock at `name` (none when it holds
+/// something else or nothing), looked up as [`is_lock`] does.
+pub fn tokens(ctx: &Context, name: *mut raw::RedisModuleString) -> Vec<u64> {
+    let Ok(key) = open_quietly(ctx, name) else {
+        return Vec::new();
+    };
+    match key.lock() {
+        Ok(Some(lock)) => lock.holders().map(|h| h.token).collect(),
+        _ => Vec::new(),
+    }
 }
 
 impl Drop for LockKey {

@@ -26,7 +26,7 @@ use crate::clock;
 use crate::config;
 use crate::events;
 use crate::fencing;
-use crate::ffi::{api, DbKey};
+use crate::ffi::api;
 use crate::guard::callback as guard;
 use crate::log;
 use crate::replication;
@@ -332,13 +332,12 @@ unsafe extern "C" fn mem_usage2(
 ) -> usize {
     guard("mem_usage", 0, || {
         // SAFETY: as in rdb_save.
-        let own = unsafe { borrowed(value) }.memory_usage();
+        let lock = unsafe { borrowed(value) };
+        let own = lock.memory_usage();
         let key = api!(RedisModule_GetKeyNameFromOptCtx(ctx)).unwrap_or(std::ptr::null());
         let db = api!(RedisModule_GetDbIdFromOptCtx(ctx));
         let bound = match (key.is_null(), db) {
-            (false, Some(db)) => {
-                bindings::memory_of(&DbKey::new(db, RedisString::string_as_slice(key)))
-            }
+            (false, Some(db)) => bindings::memory_of(db, RedisString::string_as_slice(key), &lock),
             _ => 0,
         };
         own + bound

@@ -41,7 +41,6 @@ use crate::clock;
 use crate::ffi::{self, api, DbKey};
 use crate::guard;
 use crate::shared::{self, Locked};
-use lock_core::Owner;
 
 #[derive(Default)]
 struct Index {
@@ -205,8 +204,8 @@ pub fn take_expired(db: i32) -> Vec<(Vec<u8>, usize)> {
 pub struct Keepalive {
     pub client: ClientId,
     pub ttl: u64,
-    /// The last binding renewed (`None`: none yet).
-    pub after: Option<(DbKey, Owner)>,
+    /// The number of the last binding renewed (`None`: none yet).
+    pub after: Option<u64>,
     /// How many were renewed so far: the reply.
     pub renewed: i64,
     /// The blocked caller's handle (`RedisModuleBlockedClient`), to

@@ -19,7 +19,7 @@ use crate::stats;
 use crate::timers::{self, Keepalive};
 use crate::txn::{Events, Txn};
 use crate::waiting;
-use lock_core::{Ask, Attempt, Census, Changes, Lock, Release, Tokens};
+use lock_core::{Ask, Attempt, Census, Changes, Ended, Lock, Release, Tokens};
 
 /// Runs a core transition on the lock at `name`, replicates its effect and
 /// writes the key back. A key of another type is `WRONGTYPE` and runs nothing.
@@ -100,14 +100,14 @@ pub fn release(ctx: &Context, name: Str<'_>, owner: &[u8]) -> Result<Release, Lo
     let mut key = LockKey::open(ctx, name, true)?;
     let waits = waiting::busy();
     if !waits && !timers::any() {
-        let (census, held) = match key.lock_mut()? {
+        let (census, ended) = match key.lock_mut()? {
             None => return Ok(Release::NotHeld),
             // Dropped at the arm's end: an emptied lock leaves the key's
             // value null, as the general transition leaves it.
             Some(mut lock) => (lock.census(), lock.release_sole(owner, clock::now_ms())),
         };
-        if let Some(held) = held {
-            commit(ctx, name, None, Change::Left { owner, held });
+        if let Some(ended) = ended {
+            commit(ctx, name, None, Change::Left { owner, ended });
             delete_emptied(key, census);
             announce(ctx, name, [c"lock.release"], false, None);
             return Ok(Release::Last);
@@ -280,9 +280,9 @@ fn transact_open<R>(
 enum Change<'a> {
     /// Its one holder is new or renewed (a first grant, a sole renewal).
     Sole(&'a Lock),
-    /// Its one holder, `owner`, left after holding `held` ms, and it is
-    /// empty now (a sole release).
-    Left { owner: &'a [u8], held: u32 },
+    /// Its one holder, `owner`, left (how long it held, its grant), and
+    /// it is empty now (a sole release).
+    Left { owner: &'a [u8], ended: Ended },
     /// What a general transition changed (`lock` as it is after it).
     Changes(&'a Lock, &'a Changes),
 }
@@ -303,10 +303,10 @@ fn commit(ctx: &Context, name: Str<'_>, tokens: Option<(&Tokens, &Tokens)>, chan
     }
     match change {
         Change::Sole(lock) => replication::replicate_sole(ctx, name, lock),
-        Change::Left { owner, held } => {
-            stats::HOLD_TIME.record(u64::from(held));
+        Change::Left { owner, ended } => {
+            stats::HOLD_TIME.record(u64::from(ended.held));
             if bindings::count() != 0 {
-                forget_bound(ctx, name, [owner]);
+                forget_bound(ctx, name, [ended.token]);
             }
             replication::replicate_dropped(ctx, name, owner);
         }
@@ -318,7 +318,7 @@ fn commit(ctx: &Context, name: Str<'_>, tokens: Option<(&Tokens, &Tokens)>, chan
                 stats::HOLD_TIME.record(u64::from(held));
             }
             if !changes.is_empty() {
-                forget_bindings(ctx, name, lock, changes);
+                forget_bindings(ctx, name, changes);
                 replication::replicate(ctx, name, lock, changes);
             }
         }
@@ -401,7 +401,7 @@ pub fn check_all(
         let lock = stored.as_deref().unwrap_or(&empty);
         let open = stored
             .as_deref()
-            .and_then(|l| bindings::without_closed(&ffi::db_key(ctx, name.as_slice()), l, now));
+            .and_then(|l| bindings::without_closed(ffi::selected_db(ctx), name.as_slice(), l, now));
         let lock = open.as_ref().unwrap_or(lock);
         match lock.check(ask, queued(*name), now) {
             Attempt::Granted(_) => {}
@@ -518,9 +518,10 @@ fn grant_each_ready(ctx: &Context) {
 #[cold]
 #[inline(never)]
 fn end_closed(ctx: &Context, name: Str<'_>, txn: &mut Txn) {
-    let key = ffi::db_key(ctx, name.as_slice());
-    for (owner, client, token) in bindings::closed_on(&key) {
-        bindings::take(&key, &owner, client);
+    let db = ffi::selected_db(ctx);
+    let name = name.as_slice();
+    for (owner, token) in bindings::closed_of(db, name, txn.lock) {
+        bindings::forget(db, name, [token]);
         if txn.lock.release_all(&owner, token, txn.now, txn.changes) {
             txn.events.push(c"lock.release");
             stats::RELEASES_ON_DISCONNECT.incr();
@@ -530,21 +531,16 @@ fn end_closed(ctx: &Context, name: Str<'_>, txn: &mut Txn) {
 
 /// Holders that left in this transaction take their `BIND` with them.
 #[inline]
-fn forget_bindings(ctx: &Context, name: Str<'_>, lock: &Lock, changes: &Changes) {
+fn forget_bindings(ctx: &Context, name: Str<'_>, changes: &Changes) {
     if bindings::count() != 0 {
-        let found = lock.look_up(changes.owners());
-        let gone = found.iter().filter(|(_, h)| h.is_none()).map(|(o, _)| *o);
-        forget_bound(ctx, name, gone);
+        forget_bound(ctx, name, changes.ended().map(|e| e.token));
     }
 }
 
 #[cold]
 #[inline(never)]
-fn forget_bound<'o>(ctx: &Context, name: Str<'_>, gone: impl IntoIterator<Item = &'o [u8]>) {
-    let key = ffi::db_key(ctx, name.as_slice());
-    for owner in gone {
-        bindings::forget(&key, owner);
-    }
+fn forget_bound(ctx: &Context, name: Str<'_>, tokens: impl IntoIterator<Item = u64>) {
+    bindings::forget(ffi::selected_db(ctx), name.as_slice(), tokens);
 }
 
 /// When this lock must next be looked at without anyone asking: at its
@@ -672,13 +668,13 @@ pub fn keepalive_share(ctx: &Context, job: &mut Keepalive, budget: Option<Durati
     const PAGE: usize = 32;
     let started = Instant::now();
     ffi::keeping_db(ctx, || loop {
-        let page = bindings::page_of_client(job.client, job.after.as_ref(), PAGE);
+        let page = bindings::page_of_client(job.client, job.after, PAGE);
         let last = page.len() < PAGE;
         for b in page {
             if renew_bound(ctx, &b, job.ttl) {
                 job.renewed += 1;
             }
-            job.after = Some((b.key, b.owner));
+            job.after = Some(b.seq);
         }
         if last {
             break true;
@@ -700,7 +696,7 @@ fn renew_bound(ctx: &Context, b: &bindings::Bound, ttl: u64) -> bool {
     });
     if !matches!(renewed, Ok(true)) {
         // Released, expired, deleted, or another grant now: stale.
-        bindings::forget(&b.key, &b.owner);
+        bindings::forget(b.key.db, &b.key.name, [b.token]);
     }
     matches!(renewed, Ok(true))
 }

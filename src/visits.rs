@@ -32,13 +32,13 @@ fn tick_work(ctx: &Context, due: Due) {
         // master's closed connections leave their holders to the lease.
         // (Its binding goes, so nothing counts it as pending.)
         if replica {
-            bindings::take(&b.key, &b.owner, b.client);
+            bindings::take_detached(&b);
             continue;
         }
         guard::callback("releasing a bound grant", (), || {
             // Still bound to the closed connection (not re-bound meanwhile).
-            if let Some(token) = bindings::take(&b.key, &b.owner, b.client) {
-                waiting::add_revocation(b.key.clone(), b.owner, token, true);
+            if let Some(b) = bindings::take_detached(&b) {
+                waiting::add_revocation(b.key.clone(), b.owner, b.token, true);
                 visit(ctx, b.key.db, &b.key.name, false);
             }
         });

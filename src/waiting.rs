@@ -522,7 +522,8 @@ fn answer_queued(ctx: &Context, name: Str<'_>, txn: &mut Txn) -> Pending {
                 if let Some(client) = waiter.bind {
                     bindings::bind(
                         client,
-                        key.clone(),
+                        key.db,
+                        &key.name,
                         &waiter.request.owner,
                         token,
                         waiter.request.kind.mode(),
@@ -638,7 +639,8 @@ pub fn answer(claimed: Claimed, outcome: Result<Vec<(DbKey, u64)>, LockError>) {
                 for (key, token) in &granted {
                     bindings::bind(
                         client,
-                        key.clone(),
+                        key.db,
+                        &key.name,
                         &waiter.request.owner,
                         *token,
                         waiter.request.kind.mode(),
@@ -996,7 +998,7 @@ extern "C" fn free_decision(_raw_ctx: *mut raw::RedisModuleCtx, data: *mut c_voi
                 false => vec![(decision.key, token)],
             };
             for (key, token) in granted {
-                bindings::forget(&key, &decision.owner);
+                bindings::forget(key.db, &key.name, [token]);
                 revoke(key, decision.owner.clone(), token, false);
             }
         }

@@ -230,6 +230,73 @@ fn rename_and_swapdb_carry_the_binding() {
 }
 
 #[test]
+fn move_rename_over_a_bound_lock_and_a_repeated_token_keep_each_binding_with_its_grant() {
+    let s = Server::start();
+    let mut a = s.conn();
+    let mut c = s.conn();
+    // MOVE carries the binding to the other database.
+    token(a.cmd(&["LOCK.ACQUIRE", "mv", "a", "60000", "BIND"]));
+    assert_eq!(c.cmd(&["MOVE", "mv", "2"]).int(), 1);
+    // RENAME over another bound lock: the moved grant stays bound; the
+    // replaced one's binding is stale (as after a DEL) and ends at the close.
+    token(a.cmd(&["LOCK.ACQUIRE", "src", "a", "60000", "BIND"]));
+    token(a.cmd(&["LOCK.ACQUIRE", "dst", "other", "60000", "BIND"]));
+    c.cmd(&["RENAME", "src", "dst"]).ok();
+    // A forged state: a lock restored elsewhere with the same owner and
+    // token, bound by another connection (a repeat), is a binding apart.
+    let t = token(a.cmd(&["LOCK.ACQUIRE", "orig", "a", "60000", "BIND"]));
+    let dump = c.cmd(&["DUMP", "orig"]).bulk().to_vec();
+    let restored = c.cmdv(&[b"RESTORE".to_vec(), b"copy".to_vec(), b"0".to_vec(), dump]);
+    restored.ok();
+    let mut b = s.conn();
+    assert_eq!(
+        token(b.cmd(&["LOCK.ACQUIRE", "copy", "a", "60000", "BIND"])),
+        t,
+        "a repeat by the holder keeps its token"
+    );
+    drop(a);
+    freed(&mut c, "dst", "the renamed lock");
+    freed(&mut c, "orig", "the original lock");
+    c.cmd(&["SELECT", "2"]).ok();
+    freed(&mut c, "mv", "the moved lock");
+    c.cmd(&["SELECT", "0"]).ok();
+    assert!(
+        c.lock_info("copy").is_some(),
+        "the copy is bound to the connection still open"
+    );
+    wait_until(
+        Duration::from_secs(5),
+        "the closed connection's bindings to end",
+        || stat(&mut c, "bound_holders") == 1,
+    );
+    drop(b);
+    freed(&mut c, "copy", "the copy");
+    wait_until(Duration::from_secs(5), "every binding to end", || {
+        stat(&mut c, "bound_holders") == 0 && stat(&mut c, "bindings_memory") == 0
+    });
+}
+
+#[test]
+fn keepalive_pages_through_a_list_with_most_bindings_ended() {
+    let s = Server::start();
+    let mut a = s.conn();
+    for i in 0..500 {
+        token(a.cmd(&["LOCK.ACQUIRE", &format!("k{i}"), "a", "1000", "BIND"]));
+    }
+    // Most end, in no particular order: the list keeps holes, then is
+    // compacted; each remaining binding is renewed once.
+    for k in (0..500).map(|j| (j * 37) % 500).filter(|k| k % 7 != 0) {
+        assert_eq!(a.release(&format!("k{k}"), "a").int(), 1);
+    }
+    let left = (0..500).filter(|i| i % 7 == 0).count();
+    assert_eq!(stat(&mut a, "bound_holders"), left as i64);
+    assert_eq!(a.cmd(&["LOCK.KEEPALIVE", "60000"]).int(), left as i64);
+    for i in (0..500).filter(|i| i % 7 == 0) {
+        assert!(a.lock_info(format!("k{i}")).unwrap().holders[0].ttl > 50_000);
+    }
+}
+
+#[test]
 fn the_servers_idle_timeout_releases_a_bound_lock() {
     let s = Server::builder().config("timeout 1").start();
     let mut a = s.conn();

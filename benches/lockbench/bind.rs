@@ -22,8 +22,13 @@ use std::process::{Child, Command, Stdio};
 use std::thread;
 use std::time::{Duration, Instant};
 
+use std::path::Path;
+
 use crate::common::{encode, Arg, Conn, Reply};
+use crate::profile::{Profiled, Row};
+use crate::server::Options;
 use crate::stats::{self, Percentiles};
+use crate::throughput::KEY_PREFIX;
 
 fn token(r: &Reply, what: &str) -> io::Result<i64> {
     r.as_int()
@@ -385,5 +390,196 @@ pub fn table(r: &Results) -> String {
         r.stall_locks,
         stats::dur_us(r.all_released_us)
     ));
+    s
+}
+
+// ---------------------------------------------------------------------------
+// Instructions (callgrind): what `BIND` adds to a grant and to a release
+// ---------------------------------------------------------------------------
+
+/// The lease of the profiled grants: an hour, as the profile's.
+const PROFILE_TTL: &[u8] = b"3600000";
+/// How many bound locks the connection holds already in the `-100k` rows.
+pub const FILL: usize = 100_000;
+
+/// One measured request: a grant or a release, bound or not.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum Cost {
+    Acquire,
+    AcquireBind,
+    Release,
+    ReleaseBind,
+}
+
+impl Cost {
+    const ALL: [Cost; 4] = [
+        Cost::Acquire,
+        Cost::AcquireBind,
+        Cost::Release,
+        Cost::ReleaseBind,
+    ];
+
+    fn bound(self) -> bool {
+        matches!(self, Cost::AcquireBind | Cost::ReleaseBind)
+    }
+
+    /// The row, with `-100k` when the connection holds [`FILL`] more
+    /// locks, bound as this one. `lock-` rows are gated by `make
+    /// bench-check`: all but the unbound ones with the fill (`base:`),
+    /// which only the full profile measures.
+    fn row(self, filled: bool) -> String {
+        let what = match self {
+            Cost::Acquire => "acquire",
+            Cost::AcquireBind => "acquire-bind",
+            Cost::Release => "release",
+            Cost::ReleaseBind => "release-bind",
+        };
+        match (filled, self.bound()) {
+            (false, _) => format!("lock-bind:{what}"),
+            (true, true) => format!("lock-bind:{what}-100k"),
+            (true, false) => format!("base:bind-{what}-100k"),
+        }
+    }
+
+    fn label(self) -> &'static str {
+        match self {
+            Cost::Acquire => "`LOCK.ACQUIRE k o 3600000`",
+            Cost::AcquireBind => "`LOCK.ACQUIRE k o 3600000 BIND`",
+            Cost::Release => "`LOCK.RELEASE k o` (held unbound)",
+            Cost::ReleaseBind => "`LOCK.RELEASE k o` (held with `BIND`)",
+        }
+    }
+}
+
+/// `LOCK.ACQUIRE <prefix>i o 3600000 [BIND]`.
+fn encode_grant(prefix: &'static [u8], i: usize, bind: bool, buf: &mut Vec<u8>) {
+    let mut args = vec![
+        Arg::B(b"LOCK.ACQUIRE"),
+        Arg::K(prefix, i),
+        Arg::B(b"o"),
+        Arg::B(PROFILE_TTL),
+    ];
+    if bind {
+        args.push(Arg::B(b"BIND"));
+    }
+    encode(buf, &args);
+}
+
+/// The grants and releases, bound and not, on one server with `module`
+/// under callgrind (the profile's steps, [`crate::profile`]): first on a
+/// connection holding only the measured locks, then on one holding
+/// [`FILL`] more, bound as the measured ones are (taken with callgrind's
+/// instrumentation off). Its dumps go below `dir`. Without `all`, only the
+/// rows `make bench-check` gates.
+pub fn profile(dir: &Path, module: &Path, requests: usize, all: bool) -> io::Result<Vec<Row>> {
+    let sub = dir.join("bind-module");
+    std::fs::create_dir_all(&sub)?;
+    let mut p = Profiled::start(&Options {
+        module: Some(module.to_path_buf()),
+        dir: sub,
+        callgrind: true,
+        // As the profile's other servers.
+        extra: ["--hz", "1", "--activerehashing", "no"]
+            .iter()
+            .map(|s| s.to_string())
+            .collect(),
+    })?;
+    let mut rows = Vec::new();
+    for filled in [false, true] {
+        for cost in Cost::ALL {
+            let bind = cost.bound();
+            if filled && !bind && !all {
+                continue;
+            }
+            let release = matches!(cost, Cost::Release | Cost::ReleaseBind);
+            let prepare = |p: &mut Profiled, offset: usize, n: usize| -> io::Result<()> {
+                // The fill once, before the measured keys (after the warm-up's).
+                if filled && offset == 0 {
+                    p.uninstrumented(|p| {
+                        p.run(
+                            "fill",
+                            (FILL, 0, 1),
+                            &|_, i, b| encode_grant(b"fill:", i, bind, b),
+                            &|r| r.as_int().is_some_and(|t| t > 0),
+                        )
+                    })?;
+                }
+                if !release {
+                    return Ok(());
+                }
+                p.run(
+                    "prepare",
+                    (n, offset, 1),
+                    &|_, i, b| encode_grant(KEY_PREFIX, i, bind, b),
+                    &|r| r.as_int().is_some_and(|t| t > 0),
+                )
+            };
+            let name = cost.row(filled);
+            let per_request = p.measure(
+                &name,
+                (requests, 1),
+                &prepare,
+                &|_, i, b| match release {
+                    true => encode(
+                        b,
+                        &[Arg::B(b"LOCK.RELEASE"), Arg::K(KEY_PREFIX, i), Arg::B(b"o")],
+                    ),
+                    false => encode_grant(KEY_PREFIX, i, bind, b),
+                },
+                &|r| match release {
+                    true => *r == Reply::Int(1),
+                    false => r.as_int().is_some_and(|t| t > 0),
+                },
+            )?;
+            rows.push(Row { name, per_request });
+        }
+    }
+    Ok(rows)
+}
+
+/// The goal: a bound grant or release at most this many times the unbound.
+const BIND_GOAL: f64 = 1.10;
+
+/// The callgrind table (Markdown) of [`profile`]'s rows from the last of
+/// `runs`; empty when they were not measured.
+pub fn callgrind_table(runs: &[Vec<Row>], requests: usize) -> String {
+    let Some(rows) = runs.last() else {
+        return String::new();
+    };
+    let get = |name: &str| {
+        rows.iter()
+            .find(|r| r.name == name)
+            .map_or(f64::NAN, |r| r.per_request)
+    };
+    if get(&Cost::AcquireBind.row(false)).is_nan() {
+        return String::new();
+    }
+    let mut s = format!(
+        "\n### 6b. What `BIND` costs: instructions per request (callgrind, server side, {requests} requests each, one connection, one request at a time; request i on lock `k:i`)\n\n"
+    );
+    s.push_str("| the connection holds | command | instructions/request | vs unbound | goal |\n");
+    s.push_str("|---|---|---:|---:|---|\n");
+    for filled in [false, true] {
+        let holds = match filled {
+            false => format!("the measured locks only (0 to {requests})"),
+            true => format!("{FILL} more, bound as the measured ones"),
+        };
+        for (bound, base) in [
+            (Cost::AcquireBind, Cost::Acquire),
+            (Cost::ReleaseBind, Cost::Release),
+        ] {
+            let (b, u) = (get(&bound.row(filled)), get(&base.row(filled)));
+            let ratio = b / u;
+            let verdict = match ratio <= BIND_GOAL {
+                true => format!("at most {BIND_GOAL:.2}x: met"),
+                false => format!("at most {BIND_GOAL:.2}x: not met"),
+            };
+            s.push_str(&format!(
+                "| {holds} | {} | {u:.0} | |  |\n| | {} | {b:.0} | {ratio:.3}x | {verdict} |\n",
+                base.label(),
+                bound.label()
+            ));
+        }
+    }
     s
 }

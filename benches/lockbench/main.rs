@@ -12,6 +12,9 @@
 //!    of a disconnect with many bound locks (`bind`);
 //! 7. what deadlock detection costs with 10,000 requests waiting on 1,000
 //!    keys (`deadlock`);
+//!    With `--callgrind`, what `BIND` adds to a grant and a release, with
+//!    100,000 more bound locks on the connection and without (`--only 6`:
+//!    those rows alone);
 //! 9. guarded writes: `LOCK.GUARD ... CALL SET` against `SET` and the Lua
 //!    check-then-set script (`guard`; with `--callgrind --only 9`, its
 //!    instructions alone).
@@ -622,11 +625,16 @@ fn run_callgrind(plan: &Plan, args: &[String]) -> io::Result<()> {
         "lockbench --callgrind: {} requests per command under valgrind (slow), {repeat} run(s)",
         plan.callgrind_requests
     );
-    // `--only 9`: section 9's rows alone (guard.rs).
-    let guard_only = args.windows(2).any(|a| a[0] == "--only" && a[1] == "9");
-    if guard_only && (check || write_baseline) {
+    // `--only 9`: section 9's rows alone (guard.rs); `--only 6`: section
+    // 6's, what `BIND` adds (bind.rs).
+    let only = args
+        .windows(2)
+        .find(|a| a[0] == "--only")
+        .map(|a| a[1].as_str());
+    let (guard_only, bind_only) = (only == Some("9"), only == Some("6"));
+    if (guard_only || bind_only) && (check || write_baseline) {
         return Err(io::Error::other(
-            "--only 9 measures section 9's rows alone: not with --check or --write-baseline",
+            "--only 6 or 9 measures that section's rows alone: not with --check or --write-baseline",
         ));
     }
     let started = Instant::now();
@@ -634,17 +642,27 @@ fn run_callgrind(plan: &Plan, args: &[String]) -> io::Result<()> {
     for n in 1..=repeat {
         eprintln!(" run {n}/{repeat}");
         let run_dir = dir.join(format!("run{n}"));
-        let mut rows = match guard_only {
+        let mut rows = match guard_only || bind_only {
             true => Vec::new(),
             false => profile::run(&run_dir, &module, plan.callgrind_requests, scope)?,
         };
         let all = scope == profile::Scope::All;
-        rows.extend(guard::profile(
-            &run_dir,
-            &module,
-            plan.callgrind_requests,
-            all,
-        )?);
+        if !bind_only {
+            rows.extend(guard::profile(
+                &run_dir,
+                &module,
+                plan.callgrind_requests,
+                all,
+            )?);
+        }
+        if !guard_only {
+            rows.extend(bind::profile(
+                &run_dir,
+                &module,
+                plan.callgrind_requests,
+                all,
+            )?);
+        }
         runs.push(rows);
     }
     let mut report = format!(
@@ -664,9 +682,10 @@ fn run_callgrind(plan: &Plan, args: &[String]) -> io::Result<()> {
     };
     match scope {
         profile::Scope::All => {
-            if !guard_only {
+            if !guard_only && !bind_only {
                 report.push_str(&profile::table(&runs, plan.callgrind_requests));
             }
+            report.push_str(&bind::callgrind_table(&runs, plan.callgrind_requests));
             report.push_str(&guard::callgrind_table(&runs, plan.callgrind_requests));
         }
         profile::Scope::Gated => report.push_str(&profile::check_table(&last, &baseline)),

@@ -242,6 +242,18 @@ impl Profiled {
         Ok(())
     }
 
+    /// Runs `f` with callgrind's instrumentation off (several times faster):
+    /// state a measurement needs around it, not measured.
+    pub fn uninstrumented<T>(
+        &mut self,
+        f: impl FnOnce(&mut Profiled) -> io::Result<T>,
+    ) -> io::Result<T> {
+        control(&["-i", "off", &self.pid])?;
+        let out = f(self);
+        control(&["-i", "on", &self.pid])?;
+        out
+    }
+
     /// Steps 1 to 3 above for one command; instructions per request.
     pub fn measure(
         &mut self,

@@ -248,6 +248,15 @@ pub enum Release {
 /// Owners up to this long are recorded in [`Changes`] without an allocation.
 const INLINE_OWNER: usize = 48;
 
+/// A holder that ended in a transition: how long it had held (ms;
+/// released: until then, expired: until its deadline) and its grant's
+/// token (what a binding to its connection is found by).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Ended {
+    pub held: u32,
+    pub token: u64,
+}
+
 /// Owners whose state a transition changed, in order, without repeats, and
 /// how many of them left because their lease expired. Most transitions
 /// change one owner: it is kept inline (no allocation when it is no longer
@@ -259,11 +268,11 @@ pub struct Changes {
     first_len: Option<u8>,
     more: Vec<Owner>,
     expired: usize,
-    /// Hold times of holders that ended: the first one inline (most
-    /// transitions end at most one holder: no allocation for it), the rest
-    /// in `held_more`.
-    held_first: Option<u32>,
-    held_more: Vec<u32>,
+    /// The holders that ended, as their hold times and tokens: the first
+    /// one inline (most transitions end at most one holder: no allocation
+    /// for it), the rest in `ended_more`.
+    ended_first: Option<Ended>,
+    ended_more: Vec<Ended>,
     /// Where each listed owner is, by the hash of its bytes, once more
     /// than [`INDEXED_FROM`] are listed: a touch of a lock's every holder
     /// (a refresh, a purge of many) costs linear time, not quadratic.
@@ -318,8 +327,8 @@ impl Default for Changes {
             first_len: None,
             more: Vec::new(),
             expired: 0,
-            held_first: None,
-            held_more: Vec::new(),
+            ended_first: None,
+            ended_more: Vec::new(),
             index: None,
         }
     }
@@ -416,19 +425,28 @@ impl Changes {
         self.expired
     }
 
+    /// The holders that ended here: how long each had held and its grant.
+    pub fn ended(&self) -> impl Iterator<Item = Ended> + '_ {
+        self.ended_first
+            .into_iter()
+            .chain(self.ended_more.iter().copied())
+    }
+
     /// How long each holder that ended here had held, ms (released: until
     /// now; expired: until its deadline).
     pub fn held(&self) -> impl Iterator<Item = u32> + '_ {
-        self.held_first
-            .into_iter()
-            .chain(self.held_more.iter().copied())
+        self.ended().map(|e| e.held)
     }
 
-    fn ended(&mut self, held_ms: u32) {
-        if self.held_first.is_none() {
-            self.held_first = Some(held_ms);
+    fn end(&mut self, h: &HolderRef<'_>, until: u64) {
+        let ended = Ended {
+            held: h.held_ms(until),
+            token: h.token,
+        };
+        if self.ended_first.is_none() {
+            self.ended_first = Some(ended);
         } else {
-            self.held_more.push(held_ms);
+            self.ended_more.push(ended);
         }
     }
 }
@@ -782,7 +800,7 @@ impl Lock {
         for h in self.holders().filter(|h| !h.is_live(now)) {
             changes.touch(h.owner);
             changes.expired += 1;
-            changes.ended(h.held_ms(h.deadline));
+            changes.end(&h, h.deadline);
         }
         self.block.retain(|h| h.is_live(now));
     }
@@ -1030,7 +1048,7 @@ impl Lock {
             self.block.set(at, holds, since, token, deadline);
             return Release::Remaining;
         }
-        changes.ended(h.held_ms(now));
+        changes.end(&h, now);
         self.block.remove(at);
         Release::Last
     }
@@ -1049,7 +1067,7 @@ impl Lock {
         let Some((at, h)) = self.entry(owner).filter(|(_, h)| h.token == token) else {
             return false;
         };
-        changes.ended(h.held_ms(now));
+        changes.end(&h, now);
         changes.touch(owner);
         self.block.remove(at);
         true
@@ -1082,18 +1100,21 @@ impl Lock {
 
     /// [`Lock::release`] in its commonest case, in one step: the lock's only
     /// holder is `owner`, live at `now`, holding once. The lock is emptied
-    /// and the hold's time returned (what `release` records in
-    /// [`Changes::held`]; it touches only `owner` and expires nothing).
+    /// and the hold returned as it ended (what `release` records in
+    /// [`Changes::ended`]; it touches only `owner` and expires nothing).
     /// `None`, and nothing changed, in every other case: `release` decides
     /// those.
-    pub fn release_sole(&mut self, owner: &[u8], now: u64) -> Option<u32> {
+    pub fn release_sole(&mut self, owner: &[u8], now: u64) -> Option<Ended> {
         let (_, h) = self.sole(owner, now)?;
         if h.holds != 1 {
             return None;
         }
-        let held = h.held_ms(now);
+        let ended = Ended {
+            held: h.held_ms(now),
+            token: h.token,
+        };
         self.block = Block::default();
-        Some(held)
+        Some(ended)
     }
 
     /// [`Lock::renew`] in its commonest case, in one step: the lock's only

@@ -171,11 +171,11 @@ proptest! {
         let outcome = general.release(&owner, now, &mut changes);
         let simple = one && outcome == Release::Last && changes.expired() == 0;
         match fast.release_sole(&owner, now) {
-            Some(held) => {
+            Some(ended) => {
                 prop_assert!(simple);
                 prop_assert!(fast.is_empty() && general.is_empty());
                 prop_assert_eq!(changes.owners().collect::<Vec<_>>(), vec![&owner[..]]);
-                prop_assert_eq!(changes.held().collect::<Vec<_>>(), vec![held]);
+                prop_assert_eq!(changes.ended().collect::<Vec<_>>(), vec![ended]);
             }
             None => {
                 prop_assert!(!simple);

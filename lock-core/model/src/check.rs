@@ -871,6 +871,17 @@ fn check_changes(core: &mut Core, key: usize, before: &Stored, step: &Step, ctx:
     );
     assert_eq!(step.changes.expired(), step.purged, "{ctx}: expired count");
     assert_eq!(step.changes.is_empty(), listed.is_empty(), "{ctx}");
+    // Every grant that ended is reported, by its token, once (what the
+    // shell finds a holder's binding by).
+    let mut gone: Vec<u64> = before
+        .iter()
+        .filter(|(o, h)| after.get(*o).is_none_or(|a| a.1 != h.1))
+        .map(|(_, h)| h.1)
+        .collect();
+    let mut ended: Vec<u64> = step.changes.ended().map(|e| e.token).collect();
+    gone.sort_unstable();
+    ended.sort_unstable();
+    assert_eq!(ended, gone, "{ctx}: the grants that ended");
 
     let master = &core.locks[key];
     let replica = &mut core.replicas[key];
