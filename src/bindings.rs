@@ -436,7 +436,7 @@ impl Registry {
             self.drop_list(client, list);
             return;
         }
-        let holes = c.entries.len() - c.live;
+        let holes = c.entries.len().saturating_sub(c.live);
         if holes > HOLES && holes > c.live {
             c.entries.retain(|e| e.1 != NONE);
             if c.entries.capacity() > 4 * c.entries.len() {

@@ -147,7 +147,7 @@ extern "C" fn on_generic(
                     return raw::REDISMODULE_OK as c_int;
                 }
                 let id = ffi::db_key(&ctx, name);
-                if let Some(from) = from {
+                if let Some(from) = from.filter(|_| bindings::count() != 0) {
                     bindings::moved(&from, &id, keys::tokens(&ctx, key));
                 }
                 if locks && keys::is_lock(&ctx, key) {

@@ -193,6 +193,20 @@ fn bind_inside_a_script_is_an_error_and_inside_multi_binds_the_connection() {
     a.cmd(&["LOCK.ACQUIRE", "k", "a", "60000", "BIND"]);
     let r = a.cmd(&["EXEC"]);
     token(r.array()[0].clone());
+    // A connection that bound outside a script is still refused inside
+    // one (the script runs as its own client), a function too.
+    let r = a.cmd(&[
+        "EVAL",
+        "return redis.call('LOCK.ACQUIRE', KEYS[1], 'a', 1000, 'BIND')",
+        "1",
+        "k2",
+    ]);
+    assert!(format!("{r:?}").contains("BIND is not allowed"), "{r:?}");
+    let lib = "#!lua name=bindlib\nredis.register_function('bindit', function(keys) return redis.call('LOCK.ACQUIRE', keys[1], 'a', 1000, 'BIND') end)";
+    assert_eq!(a.cmd(&["FUNCTION", "LOAD", lib]).bulk(), b"bindlib");
+    let r = a.cmd(&["FCALL", "bindit", "1", "k3"]);
+    assert!(format!("{r:?}").contains("BIND is not allowed"), "{r:?}");
+    assert!(a.lock_info("k2").is_none() && a.lock_info("k3").is_none());
     let mut c = s.conn();
     drop(a);
     freed(&mut c, "k", "the transaction's connection closed");
