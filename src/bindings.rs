@@ -10,20 +10,21 @@
 //! unbinding cost what a binding costs whatever their number:
 //! - a grant's fencing token names it: a holder that leaves through a lock
 //!   command or the timer reports its token ([`lock_core::Ended`]), found
-//!   here in one look-up of a number (a hash keyed at random per process),
-//!   its key and owner compared byte for byte. Tokens are the server's own
-//!   and unique; a forged state that repeats one chains the bindings under
-//!   it, so every look-up stays exact.
+//!   here in one look-up of a number ([`TokenIndex`]: a hash keyed at
+//!   random per process, grown a few buckets at a time), its key and owner
+//!   compared byte for byte. Tokens are the server's own and unique; a
+//!   forged state that repeats one chains the bindings under it, so every
+//!   look-up stays exact.
 //! - a connection's bindings are a list in the order bound, each
 //!   numbered: a binding that ends leaves a hole, filled when holes
 //!   outnumber the rest; `LOCK.KEEPALIVE` pages through the list by number
 //!   across event-loop turns (holes and compaction move nothing it relies
 //!   on).
-//! - each binding is one slot of a slab with one allocation (the key's name
-//!   and the owner, together).
+//! - each binding is one slot of a slab that grows in chunks, the key's
+//!   name and the owner inside the slot when they fit (no allocation).
 //!
 //! A holder that leaves by other means (DEL, FLUSH*, Redis's expiry of the
-//! key) leaves a stale binding, found and dropped at the connection's next
+//! key, the value a RENAME replaced) leaves a stale binding, found and dropped at the connection's next
 //! `LOCK.KEEPALIVE` or at its close: every use checks the holder's token
 //! first, so a stale binding never touches another grant. RENAME, MOVE and
 //! SWAPDB carry bindings to the lock's new place.
@@ -170,7 +171,7 @@ impl Binding {
     /// Approximate bytes: its slot, its bytes on the heap, its entries in
     /// the token index and in its connection's list.
     fn cost(&self) -> usize {
-        std::mem::size_of::<Option<Binding>>() + self.bytes.heap() + 16 + 16
+        BASE_COST + self.bytes.heap()
     }
 }
 
@@ -305,11 +306,89 @@ impl Slab {
     }
 }
 
+/// Old buckets moved per change of the index while it is resized, and
+/// empty ones looked at at most.
+const MOVES: usize = 2;
+const EMPTY_VISITS: usize = 20;
+/// The fewest buckets.
+const MIN_BUCKETS: usize = 16;
+
+/// The bindings' slots by their grant's token: buckets of chains through
+/// `Binding::next` (a forged state's repeated token shares one chain), as
+/// many buckets as bindings or more, a power of two. It grows fourfold a
+/// few buckets at a time, as Redis's own dictionaries grow: while it does,
+/// each change moves [`MOVES`] more old buckets, so no bind or release pays
+/// for the whole table whatever its size (fourfold: each binding is moved
+/// a third as often as doubling would, for 4 to 16 bytes of buckets a
+/// binding; it only grows: all of it goes when the last binding does).
+#[derive(Default)]
+struct TokenIndex {
+    keys: Keyed,
+    buckets: Vec<u32>,
+    /// The buckets being emptied into `buckets`: those before `moved` are.
+    old: Vec<u32>,
+    moved: usize,
+    len: usize,
+}
+
+/// A bucket of the index: of its old buckets, or of its current ones.
+#[derive(Clone, Copy)]
+enum Bucket {
+    Old(usize),
+    New(usize),
+}
+
+impl TokenIndex {
+    /// `token`'s hash: its bucket among `n` (a power of two) is its low bits.
+    #[inline]
+    fn hash(&self, token: u64) -> usize {
+        folded_multiply(token ^ self.keys.k0, self.keys.k1) as usize
+    }
+
+    /// `token`'s bucket among `n` (a power of two).
+    #[inline]
+    fn bucket(&self, token: u64, n: usize) -> usize {
+        self.hash(token) & n.wrapping_sub(1)
+    }
+
+    /// The first slots of the chains that may hold the token of hash `h`:
+    /// its old bucket's while not moved, and its current one's ([`NONE`]:
+    /// none).
+    #[inline]
+    fn heads(&self, h: usize) -> (u32, u32) {
+        let mut old = NONE;
+        if !self.old.is_empty() {
+            let b = h & (self.old.len() - 1);
+            if b >= self.moved {
+                old = self.old.get(b).copied().unwrap_or(NONE);
+            }
+        }
+        let new = self
+            .buckets
+            .get(h & self.buckets.len().wrapping_sub(1))
+            .copied()
+            .unwrap_or(NONE);
+        (old, new)
+    }
+
+    /// The buckets that may hold `token`: its old one while not moved,
+    /// and its current one.
+    fn buckets_of(&self, token: u64) -> (Option<Bucket>, Option<Bucket>) {
+        let old = (!self.old.is_empty())
+            .then(|| self.bucket(token, self.old.len()))
+            .filter(|b| *b >= self.moved)
+            .map(Bucket::Old);
+        let new =
+            (!self.buckets.is_empty()).then(|| Bucket::New(self.bucket(token, self.buckets.len())));
+        (old, new)
+    }
+}
+
 #[derive(Default)]
 struct Registry {
     slab: Slab,
-    /// The first slot bound under each token.
-    by_token: HashMap<u64, u32, Keyed>,
+    /// The slots by their grant's token.
+    index: TokenIndex,
     /// Open connections with bindings: where each one's list is.
     clients: HashMap<ClientId, u32, Keyed>,
     /// Their lists (an empty one is free, its number in `free_lists`).
@@ -335,18 +414,123 @@ impl Registry {
 
     /// The slot of the binding of grant `token` on `name` in `db`.
     fn find(&self, db: i32, name: &[u8], token: u64) -> Option<u32> {
-        self.find_from(*self.by_token.get(&token)?, db, name)
+        self.find_hashed(db, name, token, self.index.hash(token))
+    }
+
+    /// [`Registry::find`], with `token`'s hash `h`.
+    #[inline]
+    fn find_hashed(&self, db: i32, name: &[u8], token: u64, h: usize) -> Option<u32> {
+        let (old, new) = self.index.heads(h);
+        if old != NONE {
+            if let Some(at) = self.find_in(old, db, name, token) {
+                return Some(at);
+            }
+        }
+        self.find_in(new, db, name, token)
     }
 
     /// [`Registry::find`] along the chain from slot `at`.
-    fn find_from(&self, mut at: u32, db: i32, name: &[u8]) -> Option<u32> {
+    #[inline]
+    fn find_in(&self, mut at: u32, db: i32, name: &[u8], token: u64) -> Option<u32> {
         while let Some(b) = self.get(at) {
-            if b.is_at(db, name) {
+            if b.token == token && b.is_at(db, name) {
                 return Some(at);
             }
             at = b.next;
         }
         None
+    }
+
+    /// Indexes the free slot `at` under the token of hash `h` (its binding
+    /// goes there next): the slot its binding's `next` is.
+    #[inline]
+    fn index(&mut self, at: u32, h: usize) -> u32 {
+        self.rehash_step();
+        let ix = &mut self.index;
+        if ix.old.is_empty() && ix.len >= ix.buckets.len() {
+            let n = (4 * ix.buckets.len()).max(MIN_BUCKETS);
+            ix.old = std::mem::replace(&mut ix.buckets, vec![NONE; n]);
+            ix.moved = 0;
+        }
+        ix.len += 1;
+        let b = h & ix.buckets.len().wrapping_sub(1);
+        match ix.buckets.get_mut(b) {
+            Some(head) => std::mem::replace(head, at),
+            None => NONE,
+        }
+    }
+
+    /// Takes the slot `at` (its binding, under `token` and before `next`
+    /// in its chain, just taken out) out of the index.
+    fn unindex(&mut self, at: u32, token: u64, next: u32) {
+        let Registry { slab, index, .. } = self;
+        index.len = index.len.saturating_sub(1);
+        let (old, new) = index.buckets_of(token);
+        for head in [old, new].into_iter().flatten() {
+            let chain = match head {
+                Bucket::Old(b) => index.old.get_mut(b),
+                Bucket::New(b) => index.buckets.get_mut(b),
+            };
+            let Some(chain) = chain else {
+                continue;
+            };
+            if *chain == at {
+                *chain = next;
+                break;
+            }
+            let mut prev = *chain;
+            let mut found = false;
+            while let Some(p) = slab.get_mut(prev) {
+                if p.next == at {
+                    p.next = next;
+                    found = true;
+                    break;
+                }
+                prev = p.next;
+            }
+            if found {
+                break;
+            }
+        }
+        self.rehash_step();
+    }
+
+    /// While the index is resized: a few more of its old buckets moved.
+    #[inline]
+    fn rehash_step(&mut self) {
+        if !self.index.old.is_empty() {
+            self.rehash_some();
+        }
+    }
+
+    #[inline(never)]
+    fn rehash_some(&mut self) {
+        let Registry { slab, index, .. } = self;
+        let (mut moves, mut empty) = (MOVES, EMPTY_VISITS);
+        while moves > 0 && empty > 0 {
+            let Some(head) = index.old.get_mut(index.moved) else {
+                break;
+            };
+            let mut at = std::mem::replace(head, NONE);
+            index.moved += 1;
+            if at == NONE {
+                empty -= 1;
+                continue;
+            }
+            moves -= 1;
+            while let Some(b) = slab.get_mut(at) {
+                let next = b.next;
+                let bucket = index.bucket(b.token, index.buckets.len());
+                if let Some(head) = index.buckets.get_mut(bucket) {
+                    b.next = std::mem::replace(head, at);
+                }
+                at = next;
+            }
+        }
+        if index.moved >= index.old.len() {
+            index.old = Vec::new();
+            index.moved = 0;
+        }
     }
 
     /// The number of `client`'s list, made when it has none.
@@ -454,27 +638,11 @@ impl Registry {
     fn remove(&mut self, at: u32) -> Option<Binding> {
         self.unlist(at);
         let b = self.slab.slot(at)?.take()?;
-        match self.by_token.get(&b.token).copied() {
-            Some(head) if head == at => {
-                if b.next == NONE {
-                    self.by_token.remove(&b.token);
-                } else {
-                    self.by_token.insert(b.token, b.next);
-                }
-            }
-            Some(mut prev) => {
-                while let Some(p) = self.get_mut(prev) {
-                    if p.next == at {
-                        p.next = b.next;
-                        break;
-                    }
-                    prev = p.next;
-                }
-            }
-            None => {}
-        }
+        self.unindex(at, b.token, b.next);
         self.slab.free.push(at);
-        BYTES.fetch_sub(b.cost(), Ordering::Relaxed);
+        if b.bytes.heap() != 0 {
+            HEAP_BYTES.fetch_sub(b.bytes.heap(), Ordering::Relaxed);
+        }
         if COUNT.fetch_sub(1, Ordering::Relaxed) == 1 {
             // The last one: what many bindings grew goes back.
             *self = Registry {
@@ -490,7 +658,11 @@ static REGISTRY: LazyLock<Mutex<Registry>> = LazyLock::new(Mutex::default);
 /// How many bindings exist: the cheap check on every transition.
 static COUNT: AtomicUsize = AtomicUsize::new(0);
 /// Bytes held by bindings, for INFO.
-static BYTES: AtomicUsize = AtomicUsize::new(0);
+/// Bytes bindings hold on the heap (key and owner too long for their slot).
+static HEAP_BYTES: AtomicUsize = AtomicUsize::new(0);
+/// What each binding takes besides: its slot, its entries in the token
+/// index (up to four buckets) and in its connection's list.
+const BASE_COST: usize = std::mem::size_of::<Option<Binding>>() + 16 + 16;
 /// How many bindings belong to closed connections and are not ended yet:
 /// the cheap check before a transaction looks for them.
 static PENDING: AtomicUsize = AtomicUsize::new(0);
@@ -525,7 +697,7 @@ pub fn pending_census() -> Census {
 
 /// Bytes the bindings occupy (estimate).
 pub fn memory() -> usize {
-    BYTES.load(Ordering::Relaxed)
+    count() * BASE_COST + HEAP_BYTES.load(Ordering::Relaxed)
 }
 
 /// Binds the grant `token` of `owner` on `name` in `db` (a lock of `mode`)
@@ -533,17 +705,8 @@ pub fn memory() -> usize {
 pub fn bind(client: ClientId, db: i32, name: &[u8], owner: &[u8], token: u64, mode: Mode) {
     let mut guard = registry();
     let r = &mut *guard;
-    // A new grant's token: one look-up in all.
-    let head = match r.by_token.entry(token) {
-        Entry::Vacant(vacant) => {
-            let at = r.slab.vacant();
-            vacant.insert(at);
-            add(r, at, (client, db, name, owner, token, mode), NONE);
-            return;
-        }
-        Entry::Occupied(occupied) => *occupied.get(),
-    };
-    if let Some(at) = r.find_from(head, db, name) {
+    let h = r.index.hash(token);
+    if let Some(at) = r.find_hashed(db, name, token, h) {
         let Some(b) = r.get_mut(at) else {
             return;
         };
@@ -559,14 +722,13 @@ pub fn bind(client: ClientId, db: i32, name: &[u8], owner: &[u8], token: u64, mo
         // grant being bound is the one that holds now.
         r.remove(at);
     }
-    let next = r.by_token.get(&token).copied().unwrap_or(NONE);
     let at = r.slab.vacant();
-    r.by_token.insert(token, at);
+    let next = r.index(at, h);
     add(r, at, (client, db, name, owner, token, mode), next);
 }
 
-/// A new binding in the free slot `at` (under its token already), listed
-/// last in its connection's order, `next` after it under the same token.
+/// A new binding in the free slot `at` (indexed already, before `next` in
+/// its chain), listed last in its connection's order.
 #[inline(always)]
 fn add(
     r: &mut Registry,
@@ -589,7 +751,9 @@ fn add(
         closed: false,
     };
     COUNT.fetch_add(1, Ordering::Relaxed);
-    BYTES.fetch_add(b.cost(), Ordering::Relaxed);
+    if b.bytes.heap() != 0 {
+        HEAP_BYTES.fetch_add(b.bytes.heap(), Ordering::Relaxed);
+    }
     r.slab.put(at, b);
 }
 
@@ -743,12 +907,12 @@ pub fn moved(from: &DbKey, to: &DbKey, tokens: impl IntoIterator<Item = u64>) {
             continue;
         };
         if let Some(b) = r.get_mut(at) {
-            let before = b.cost();
+            let before = b.bytes.heap();
             b.bytes = Bytes::new(&to.name, b.owner());
             b.name_len = to.name.len();
             b.db = to.db;
-            BYTES.fetch_sub(before, Ordering::Relaxed);
-            BYTES.fetch_add(b.cost(), Ordering::Relaxed);
+            HEAP_BYTES.fetch_sub(before, Ordering::Relaxed);
+            HEAP_BYTES.fetch_add(b.bytes.heap(), Ordering::Relaxed);
         }
     }
 }
@@ -953,6 +1117,37 @@ mod tests {
         assert_eq!(seen, 100);
         assert_eq!(count(), 100);
         flushed(-1);
+        assert_eq!(count(), 0);
+        assert_eq!(memory(), 0);
+
+        // Binds and releases interleaved while the token index doubles a
+        // few buckets at a time: each binding is found by its token, on
+        // its own key, exactly, against a plain set.
+        let mut live = std::collections::BTreeSet::new();
+        let mut x: u64 = 7;
+        for step in 0..20_000u64 {
+            x = x
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            let t = (x >> 33) % 5000;
+            let k = format!("s{t}");
+            if x.is_multiple_of(3) && live.remove(&t) {
+                forget(0, k.as_bytes(), [t + 1]);
+            } else if live.insert(t) {
+                bind(20 + step % 3, 0, k.as_bytes(), b"o", t + 1, ex);
+            }
+            assert_eq!(count(), live.len());
+        }
+        for t in &live {
+            let k = format!("s{t}");
+            forget(0, k.as_bytes(), [t + 2]);
+            forget(1, k.as_bytes(), [t + 1]);
+            assert!(memory_of(0, k.as_bytes(), &lock_of(ex, &[(b"o", t + 1)])) > 0);
+        }
+        assert_eq!(count(), live.len());
+        for t in &live {
+            forget(0, format!("s{t}").as_bytes(), [t + 1]);
+        }
         assert_eq!(count(), 0);
         assert_eq!(memory(), 0);
     }
