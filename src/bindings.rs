@@ -276,20 +276,26 @@ impl Slab {
     }
 
     /// The number of a free slot (to [`Slab::put`] a binding in next).
-    #[inline]
+    #[inline(always)]
     fn vacant(&mut self) -> u32 {
         if let Some(at) = self.free.pop() {
             return at;
         }
         if self.used.is_multiple_of(CHUNK) {
-            self.chunks.push((0..CHUNK).map(|_| None).collect());
+            self.add_chunk();
         }
         self.used += 1;
         u32::try_from(self.used - 1).unwrap_or(NONE)
     }
 
+    #[cold]
+    #[inline(never)]
+    fn add_chunk(&mut self) {
+        self.chunks.push((0..CHUNK).map(|_| None).collect());
+    }
+
     /// Puts `binding` in the free slot `at` ([`Slab::vacant`]).
-    #[inline]
+    #[inline(always)]
     fn put(&mut self, at: u32, binding: Binding) {
         if let Some(slot) = self.slot(at) {
             *slot = Some(binding);
@@ -443,15 +449,13 @@ impl Registry {
 
     /// Indexes the free slot `at` under the token of hash `h` (its binding
     /// goes there next): the slot its binding's `next` is.
-    #[inline]
+    #[inline(always)]
     fn index(&mut self, at: u32, h: usize) -> u32 {
         self.rehash_step();
-        let ix = &mut self.index;
-        if ix.old.is_empty() && ix.len >= ix.buckets.len() {
-            let n = (4 * ix.buckets.len()).max(MIN_BUCKETS);
-            ix.old = std::mem::replace(&mut ix.buckets, vec![NONE; n]);
-            ix.moved = 0;
+        if self.index.len >= self.index.buckets.len() {
+            self.grow_index();
         }
+        let ix = &mut self.index;
         ix.len += 1;
         let b = h & ix.buckets.len().wrapping_sub(1);
         match ix.buckets.get_mut(b) {
@@ -495,6 +499,21 @@ impl Registry {
         self.rehash_step();
     }
 
+    /// The index full: it starts growing fourfold (after any growth still
+    /// under way is finished: a growth is done long before the next, each
+    /// change moving old buckets).
+    #[cold]
+    #[inline(never)]
+    fn grow_index(&mut self) {
+        while !self.index.old.is_empty() {
+            self.rehash_some();
+        }
+        let ix = &mut self.index;
+        let n = (4 * ix.buckets.len()).max(MIN_BUCKETS);
+        ix.old = std::mem::replace(&mut ix.buckets, vec![NONE; n]);
+        ix.moved = 0;
+    }
+
     /// While the index is resized: a few more of its old buckets moved.
     #[inline]
     fn rehash_step(&mut self) {
@@ -534,10 +553,16 @@ impl Registry {
     }
 
     /// The number of `client`'s list, made when it has none.
+    #[inline(always)]
     fn list_of(&mut self, client: ClientId) -> u32 {
         if self.last.0 == client {
             return self.last.1;
         }
+        self.look_up_list(client)
+    }
+
+    #[inline(never)]
+    fn look_up_list(&mut self, client: ClientId) -> u32 {
         let at = match self.clients.entry(client) {
             Entry::Occupied(o) => *o.get(),
             Entry::Vacant(v) => {
@@ -570,7 +595,7 @@ impl Registry {
 
     /// Lists slot `at` last in `client`'s order: the list, the binding's
     /// number and its place there, for the binding to record.
-    #[inline]
+    #[inline(always)]
     fn enlist(&mut self, at: u32, client: ClientId) -> (u32, u64, u32) {
         self.seq += 1;
         let seq = self.seq;
@@ -722,9 +747,25 @@ pub fn bind(client: ClientId, db: i32, name: &[u8], owner: &[u8], token: u64, mo
         // grant being bound is the one that holds now.
         r.remove(at);
     }
+    insert(r, h, (client, db, name, owner, token, mode));
+}
+
+/// [`bind`] for a grant just made: its token was issued after every token
+/// this server had issued or seen (`fencing::last`), so no binding can name
+/// it yet and nothing is looked up.
+pub fn bind_new(client: ClientId, db: i32, name: &[u8], owner: &[u8], token: u64, mode: Mode) {
+    let mut guard = registry();
+    let r = &mut *guard;
+    let h = r.index.hash(token);
+    insert(r, h, (client, db, name, owner, token, mode));
+}
+
+/// A new binding, its token of hash `h`: in a free slot, indexed, listed.
+#[inline(always)]
+fn insert(r: &mut Registry, h: usize, what: (ClientId, i32, &[u8], &[u8], u64, Mode)) {
     let at = r.slab.vacant();
     let next = r.index(at, h);
-    add(r, at, (client, db, name, owner, token, mode), next);
+    add(r, at, what, next);
 }
 
 /// A new binding in the free slot `at` (indexed already, before `next` in
@@ -1134,7 +1175,11 @@ mod tests {
             if x.is_multiple_of(3) && live.remove(&t) {
                 forget(0, k.as_bytes(), [t + 1]);
             } else if live.insert(t) {
-                bind(20 + step % 3, 0, k.as_bytes(), b"o", t + 1, ex);
+                // Not bound now: as a new grant's, or found missing.
+                match step % 2 == 0 {
+                    true => bind_new(20 + step % 3, 0, k.as_bytes(), b"o", t + 1, ex),
+                    false => bind(20 + step % 3, 0, k.as_bytes(), b"o", t + 1, ex),
+                }
             }
             assert_eq!(count(), live.len());
         }

@@ -13,6 +13,7 @@ use crate::bindings::{self, ClientId};
 use crate::clock;
 use crate::deadlocks;
 use crate::errors::{LockError, Unguardable};
+use crate::fencing;
 use crate::ffi::{self, api, Argv, DbKey};
 use crate::keys::LockKey;
 use crate::replies;
@@ -209,19 +210,19 @@ fn grant(ctx: &Context, grant: args::Grant<'_>) -> RedisResult {
         false => None,
     };
     let event = replies::event_of(grant.ask.kind);
+    // Tokens above this one are issued by this grant: a new grant's.
+    let issued = bind.map(|_| fencing::last());
     let (attempt, next_expiry) = transitions::grant(ctx, grant.key, grant.ask, event)?;
     match (attempt, bind) {
         (Attempt::Granted(_), None) => replies::answer(attempt),
         (Attempt::Granted(token), Some(client)) => {
             let (db, name) = (ffi::selected_db(ctx), grant.key.as_slice());
-            bindings::bind(
-                client,
-                db,
-                name,
-                grant.ask.owner,
-                token,
-                grant.ask.kind.mode(),
-            );
+            let (owner, mode) = (grant.ask.owner, grant.ask.kind.mode());
+            match issued.is_some_and(|last| token > last) {
+                true => bindings::bind_new(client, db, name, owner, token, mode),
+                // A repeat: its grant may be bound already.
+                false => bindings::bind(client, db, name, owner, token, mode),
+            }
             replies::answer(attempt)
         }
         _ => answer_grant(ctx, &grant, attempt, next_expiry, bind),
