@@ -25,8 +25,7 @@ use std::time::{Duration, Instant};
 use std::path::Path;
 
 use crate::common::{encode, Arg, Conn, Reply};
-use crate::profile::{Profiled, Row};
-use crate::server::Options;
+use crate::profile::{self, Profiled, Row};
 use crate::stats::{self, Percentiles};
 use crate::throughput::KEY_PREFIX;
 
@@ -474,16 +473,7 @@ fn encode_grant(prefix: &'static [u8], i: usize, bind: bool, buf: &mut Vec<u8>) 
 pub fn profile(dir: &Path, module: &Path, requests: usize, all: bool) -> io::Result<Vec<Row>> {
     let sub = dir.join("bind-module");
     std::fs::create_dir_all(&sub)?;
-    let mut p = Profiled::start(&Options {
-        module: Some(module.to_path_buf()),
-        dir: sub,
-        callgrind: true,
-        // As the profile's other servers.
-        extra: ["--hz", "1", "--activerehashing", "no"]
-            .iter()
-            .map(|s| s.to_string())
-            .collect(),
-    })?;
+    let mut p = Profiled::start(&profile::options(Some(module), sub))?;
     let mut rows = Vec::new();
     for filled in [false, true] {
         for cost in Cost::ALL {

@@ -27,7 +27,7 @@ use std::io;
 use std::path::Path;
 
 use crate::common::{encode, Arg, Conn, Reply};
-use crate::profile::{Profiled, Row};
+use crate::profile::{self, Profiled, Row};
 use crate::server::{Options, Server, TempDir};
 use crate::stats;
 use crate::throughput::{Pool, KEY_PREFIX, OWNER, TTL};
@@ -388,16 +388,7 @@ pub fn profile(
             "guard-plain"
         });
         std::fs::create_dir_all(&sub)?;
-        let mut p = Profiled::start(&Options {
-            module: with_module.then(|| module.to_path_buf()),
-            dir: sub,
-            callgrind: true,
-            // As the profile's other servers.
-            extra: ["--hz", "1", "--activerehashing", "no"]
-                .iter()
-                .map(|s| s.to_string())
-                .collect(),
-        })?;
+        let mut p = Profiled::start(&profile::options(with_module.then_some(module), sub))?;
         let sha = load_script(&mut p.c)?;
         for w in Way::ALL {
             if w.needs_module() != with_module {

@@ -367,6 +367,26 @@ pub fn build_floor(dir: &Path) -> io::Result<PathBuf> {
     Ok(out)
 }
 
+/// The profiled servers' configuration beyond the defaults: no cron work
+/// of Redis's own in the counts (`hz 1`, no active rehashing).
+pub fn extra_config() -> Vec<String> {
+    ["--hz", "1", "--activerehashing", "no"]
+        .iter()
+        .map(|s| s.to_string())
+        .collect()
+}
+
+/// A profiled server's options: under callgrind, loading `module` (none:
+/// plain Redis), its files in `dir`, configured as [`extra_config`].
+pub fn options(module: Option<&Path>, dir: PathBuf) -> Options {
+    Options {
+        module: module.map(Path::to_path_buf),
+        dir,
+        callgrind: true,
+        extra: extra_config(),
+    }
+}
+
 /// What a measurement covers.
 #[derive(Clone, Copy, PartialEq, Eq)]
 pub enum Scope {
@@ -384,10 +404,7 @@ pub enum Scope {
 /// server of its own (with `Scope::Gated`, only the module's servers).
 pub fn run(dir: &Path, module: &Path, requests: usize, scope: Scope) -> io::Result<Vec<Row>> {
     let mut rows = Vec::new();
-    let extra: Vec<String> = ["--hz", "1", "--activerehashing", "no"]
-        .iter()
-        .map(|s| s.to_string())
-        .collect();
+    let extra = extra_config();
     let sides: &[bool] = match scope {
         Scope::All => &[false, true],
         Scope::Gated => &[true],
