@@ -1,14 +1,14 @@
 //! redis-lock: native distributed locks for Redis.
 //!
-//! This file is the table of contents: the module, its data type and its
-//! commands, one line each. The lock state machine is the `lock-core` crate
-//! (pure Rust, no FFI). The shell around it parses (`args`), runs, commits
-//! and writes back (`commands`, `guarded`, `transitions`, `keys`), replicates
-//! (`replication`, `apply`), persists (`persistence`), waits (`waiting`),
-//! keeps time (`timers`), hears about keys freed by other commands
-//! (`events`) and describes itself to Redis (`metadata`, from each command's
-//! one declaration: `spec`). Every entry point Redis calls is guarded
-//! (`guard`).
+//! This file is the table of contents: the layers, the commands one line
+//! each, and the load. The lock state machine is the `lock-core` crate (pure
+//! Rust, no FFI). The shell around it is five folders, lowest first, each
+//! using only those before it (docs/design.md, "Layers"): `redis` (the
+//! boundary: the module API, the heap, the log, the panic catch around
+//! every entry point), `time` (the clock, the fencing counter), `state` (a
+//! lock key's storage, transitions, waiting, bindings, deadlocks, timers),
+//! `durability` (RDB, AOF, replicated effects applied, server events) and
+//! `commands` (syntax, the lock commands, `LOCK.GUARD`, `INFO lock`).
 
 #![deny(
     clippy::unwrap_used,
@@ -26,44 +26,44 @@
     )
 )]
 
-#[cfg_attr(test, allow(dead_code))]
-mod alloc;
-mod apply;
-mod args;
-mod bindings;
-mod clock;
+// The layers, lowest first (docs/design.md, "Layers"): each folder uses
+// only the folders above it in this list.
+/// The commands: syntax, the lock commands, `LOCK.GUARD`, `INFO lock`.
 mod commands;
-mod config;
-mod deadlocks;
-mod errors;
-mod events;
-mod fencing;
-mod ffi;
-mod guard;
-mod guarded;
-mod info;
-mod keys;
-mod log;
-mod metadata;
+/// What outlives a command: RDB and AOF, replicated effects applied,
+/// keyspace events from the rest of the server.
+mod durability;
+/// Registration: commands, metadata and the data type, at load.
 mod module;
-mod persistence;
-mod replication;
-mod replies;
-mod shared;
-mod spec;
-mod stats;
-mod timers;
-mod transitions;
-mod txn;
-mod visits;
-mod waiting;
+/// The boundary with Redis: its API without panics, its heap, log,
+/// configuration, replies, effects sent to replicas, and what a command is.
+mod redis;
+/// A lock key's state in the shell: storage, transitions, waiting,
+/// bindings, deadlocks, timers and their visits, counters.
+mod state;
+/// Time and tokens: the clock and the fencing counter.
+mod time;
 
 use std::os::raw::c_int;
 
 use redis_module::{raw, Context, ContextFlags, ModuleOptions, RedisString, Status};
 
-use crate::persistence::LOCK_TYPE;
-use crate::spec::Spec;
+use crate::commands::guard;
+use crate::commands::info_section;
+use crate::commands::lock;
+use crate::durability::apply;
+use crate::durability::events;
+use crate::durability::persistence::LOCK_TYPE;
+use crate::redis::alloc;
+use crate::redis::catch;
+use crate::redis::config;
+use crate::redis::replication;
+use crate::redis::spec::Spec;
+use crate::state::keys;
+use crate::state::timers;
+use crate::state::visits;
+use crate::time::clock;
+use crate::time::fencing;
 
 // The Rust heap is Redis's (counted in `used_memory`); under `cargo test`,
 // where there is no Redis, the system's.
@@ -73,16 +73,16 @@ static ALLOCATOR: alloc::RedisHeap = alloc::RedisHeap;
 
 /// The commands, each declared once beside its handler (`spec::command!`).
 const COMMANDS: &[Spec] = &[
-    commands::ACQUIRE,
-    commands::RACQUIRE,
-    commands::READ,
-    commands::SEMAPHORE,
-    commands::MACQUIRE,
-    commands::RELEASE,
-    commands::RENEW,
-    commands::INFO,
-    commands::KEEPALIVE,
-    guarded::GUARD,
+    lock::ACQUIRE,
+    lock::RACQUIRE,
+    lock::READ,
+    lock::SEMAPHORE,
+    lock::MACQUIRE,
+    lock::RELEASE,
+    lock::RENEW,
+    lock::INFO,
+    lock::KEEPALIVE,
+    guard::GUARD,
     // Internal: applies one replicated effect (replicas and AOF only).
     apply::SYNC,
 ];
@@ -98,7 +98,7 @@ pub extern "C" fn RedisModule_OnLoad(
 }
 
 fn on_load(ctx: &Context, args: &[RedisString]) -> Status {
-    guard::callback("loading the module", Status::Err, || {
+    catch::callback("loading the module", Status::Err, || {
         ctx.set_module_options(ModuleOptions::HANDLE_IO_ERRORS);
         replication::set_replica(ctx.get_flags().contains(ContextFlags::SLAVE));
         keys::set_type(*LOCK_TYPE.raw_type.borrow());
@@ -109,7 +109,7 @@ fn on_load(ctx: &Context, args: &[RedisString]) -> Status {
         let steps = [
             config::register(ctx, args),
             events::subscribe(ctx),
-            info::register(ctx),
+            info_section::register(ctx),
         ];
         if steps.contains(&Status::Err) {
             return Status::Err;

@@ -9,12 +9,12 @@ use std::os::raw::c_int;
 
 use redis_module::{raw, Context, RedisString, Status};
 
-use crate::ffi::{self, api};
-use crate::guard;
-use crate::log;
-use crate::metadata;
-use crate::persistence::LOCK_TYPE;
-use crate::spec::Spec;
+use crate::durability::persistence::LOCK_TYPE;
+use crate::redis::catch;
+use crate::redis::ffi::{self, api};
+use crate::redis::log;
+use crate::redis::metadata;
+use crate::redis::spec::Spec;
 
 /// Registers the module, its data type and its commands, then runs `init`.
 /// Nothing here allocates before `RedisModule_Init`: the Rust heap is
@@ -41,7 +41,7 @@ pub fn load(
     }
     // From here on the heap is Redis's, and a panic is caught like anywhere
     // else.
-    guard::callback("loading the module", ERR, || {
+    catch::callback("loading the module", ERR, || {
         if register(ctx, commands).is_none() {
             return ERR;
         }

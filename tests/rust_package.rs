@@ -922,7 +922,7 @@ fn the_package_builds_from_its_packaged_sources() {
             "README.md",
             "src/aio.rs",
             "src/blocking.rs",
-            "src/commands.rs",
+            "src/commands/lock.rs",
             "src/holding.rs",
             "src/lib.rs",
             "src/redlock.rs",

@@ -18,7 +18,7 @@
 //!   read timeout.
 //! - [`Reply`]: a parsed reply, with accessors that panic with the reply shown.
 //! - [`LockInfo`]: `LOCK.INFO` parsed from either protocol.
-//! - The exact error texts come from the module's own `src/errors.rs`.
+//! - The exact error texts come from the module's own `src/redis/errors.rs`.
 //!
 //! Environment: `REDIS_LOCK_MODULE` (the module's path, else
 //! `target/debug/libredis_lock.so`), `REDIS_SERVER` (else `redis-server`),
@@ -57,7 +57,7 @@ pub use server::*;
 pub use time::*;
 
 /// The module's error texts, compiled from the module's own source.
-#[path = "../../src/errors.rs"]
+#[path = "../../src/redis/errors.rs"]
 pub mod errors;
 
 pub use errors::LockError;

@@ -8,8 +8,8 @@ use std::os::raw::c_int;
 use lock_core::{Attempt, Kind, Mode};
 use redis_module::{Context, RedisResult, RedisValue};
 
-use crate::errors::LockError;
-use crate::ffi::{self, call};
+use crate::redis::errors::LockError;
+use crate::redis::ffi::{self, call};
 
 /// Sends a command's reply: a token or a count, and nil, straight through
 /// the module API (the commonest replies); anything else through

@@ -5,13 +5,13 @@
 
 use redis_module::Context;
 
-use crate::bindings;
-use crate::errors::LockError;
-use crate::ffi::{self, DbKey, Str};
-use crate::guard;
-use crate::timers::{self, Due};
-use crate::transitions;
-use crate::waiting;
+use crate::redis::catch;
+use crate::redis::errors::LockError;
+use crate::redis::ffi::{self, DbKey, Str};
+use crate::state::bindings;
+use crate::state::timers::{self, Due};
+use crate::state::transitions;
+use crate::state::waiting;
 
 /// One tick's work, its visits sharing the tick's share of timeouts.
 pub fn tick(ctx: &Context, due: Due) {
@@ -21,7 +21,7 @@ pub fn tick(ctx: &Context, due: Due) {
 fn tick_work(ctx: &Context, due: Due) {
     let replica = due.replica;
     for (DbKey { db, name: key }, leases) in due.expired {
-        guard::callback("announcing an expired lock", (), || {
+        catch::callback("announcing an expired lock", (), || {
             if ffi::select_db(ctx, db) {
                 transitions::announce_expired(ctx, &key, leases);
             }
@@ -35,7 +35,7 @@ fn tick_work(ctx: &Context, due: Due) {
             bindings::take_detached(&b);
             continue;
         }
-        guard::callback("releasing a bound grant", (), || {
+        catch::callback("releasing a bound grant", (), || {
             // Still bound to the closed connection (not re-bound meanwhile).
             if let Some(b) = bindings::take_detached(&b) {
                 waiting::add_revocation(b.key.clone(), b.owner, b.token, true);
@@ -44,7 +44,7 @@ fn tick_work(ctx: &Context, due: Due) {
         });
     }
     for mut job in due.keepalives {
-        guard::callback("a share of LOCK.KEEPALIVE", (), || {
+        catch::callback("a share of LOCK.KEEPALIVE", (), || {
             // A replica does not write: what was renewed is the answer.
             let done = replica
                 || transitions::keepalive_share(ctx, &mut job, Some(transitions::KEEPALIVE_SHARE));
@@ -62,7 +62,7 @@ fn tick_work(ctx: &Context, due: Due) {
             // must not write, so they are told to go to the master.
             waiting::fail_all(db, &key, LockError::Replica);
         } else {
-            guard::callback("a lock key's visit", (), || {
+            catch::callback("a lock key's visit", (), || {
                 visit(ctx, db, &key, refresh);
             });
         }

@@ -21,16 +21,16 @@ use redis_module::native_types::RedisType;
 use redis_module::{raw, RedisString};
 use std::os::raw::c_char;
 
-use crate::bindings;
-use crate::clock;
-use crate::config;
-use crate::events;
-use crate::fencing;
-use crate::ffi::api;
-use crate::guard::callback as guard;
-use crate::log;
-use crate::replication;
-use crate::stats;
+use crate::durability::events;
+use crate::redis::catch::callback as guard;
+use crate::redis::config;
+use crate::redis::ffi::api;
+use crate::redis::log;
+use crate::redis::replication;
+use crate::state::bindings;
+use crate::state::stats;
+use crate::time::clock;
+use crate::time::fencing;
 use lock_core::{Holder, Kind, Loaded, Lock, Mode, Tokens};
 
 /// The encoding version this build writes; it reads every version up to it.
@@ -372,7 +372,7 @@ unsafe extern "C" fn digest(md: *mut raw::RedisModuleDigest, value: *mut c_void)
     guard("digest", (), || {
         // SAFETY: as in rdb_save.
         let lock = unsafe { borrowed(value) };
-        let n = |v: u64| crate::ffi::int(v);
+        let n = |v: u64| crate::redis::ffi::int(v);
         api!(RedisModule_DigestAddLongLong(md, n(lock.mode().code())));
         if let Some(limit) = lock.limit() {
             api!(RedisModule_DigestAddLongLong(md, i64::from(limit)));

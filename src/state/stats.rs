@@ -11,9 +11,9 @@ use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 
 use lock_core::{Census, Mode};
 
-use crate::clock;
-use crate::ffi::api;
-use crate::log;
+use crate::redis::ffi::api;
+use crate::redis::log;
+use crate::time::clock;
 
 pub struct Counter(AtomicU64);
 
@@ -217,7 +217,7 @@ static KEYS: AtomicI64 = AtomicI64::new(0);
 static HOLDERS: [AtomicI64; Mode::COUNT] = [const { AtomicI64::new(0) }; Mode::COUNT];
 
 fn delta(n: usize) -> i64 {
-    crate::ffi::int(n)
+    crate::redis::ffi::int(n)
 }
 
 /// How many lock keys exist (values stored, loaded and not yet freed).

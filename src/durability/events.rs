@@ -35,19 +35,19 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use lock_core::Lock;
 use redis_module::{raw, Context, ContextFlags, RedisString, RedisValue, Status};
 
-use crate::bindings;
-use crate::clock;
-use crate::config;
-use crate::errors::LockError;
-use crate::fencing;
-use crate::ffi::DbKey;
-use crate::ffi::{self, api};
-use crate::guard;
-use crate::keys;
-use crate::replication;
-use crate::stats;
-use crate::timers;
-use crate::waiting;
+use crate::redis::catch;
+use crate::redis::config;
+use crate::redis::errors::LockError;
+use crate::redis::ffi::DbKey;
+use crate::redis::ffi::{self, api};
+use crate::redis::replication;
+use crate::state::bindings;
+use crate::state::keys;
+use crate::state::stats;
+use crate::state::timers;
+use crate::state::waiting;
+use crate::time::clock;
+use crate::time::fencing;
 
 /// A lock value is leaving key `key` of database `db` (the type's unlink).
 pub fn unlinked(db: i32, key: &[u8], lock: &Lock) {
@@ -122,7 +122,7 @@ extern "C" fn on_generic(
     event: *const c_char,
     key: *mut raw::RedisModuleString,
 ) -> c_int {
-    guard::callback("a keyspace event", raw::REDISMODULE_OK as c_int, || {
+    catch::callback("a keyspace event", raw::REDISMODULE_OK as c_int, || {
         if event.is_null() {
             return raw::REDISMODULE_OK as c_int;
         }
@@ -184,7 +184,7 @@ extern "C" fn on_flush(
     subevent: u64,
     data: *mut c_void,
 ) {
-    guard::callback("a flush event", (), || {
+    catch::callback("a flush event", (), || {
         if subevent != raw::REDISMODULE_SUBEVENT_FLUSHDB_END {
             return;
         }
@@ -234,7 +234,7 @@ extern "C" fn on_swapdb(
     _subevent: u64,
     data: *mut c_void,
 ) {
-    guard::callback("a swapdb event", (), || {
+    catch::callback("a swapdb event", (), || {
         // SAFETY: for this event Redis passes a `RedisModuleSwapDbInfo`.
         let Some(info) = (unsafe { data.cast::<raw::RedisModuleSwapDbInfo>().as_ref() }) else {
             return;
@@ -256,7 +256,7 @@ extern "C" fn on_loaded(
     subevent: u64,
     _data: *mut c_void,
 ) {
-    guard::callback("a loading event", (), || {
+    catch::callback("a loading event", (), || {
         let over = subevent == raw::REDISMODULE_SUBEVENT_LOADING_ENDED
             || subevent == raw::REDISMODULE_SUBEVENT_LOADING_FAILED;
         clock::loading(!over);
@@ -284,7 +284,7 @@ extern "C" fn on_fork(
     subevent: u64,
     _data: *mut c_void,
 ) {
-    guard::callback("a fork event", (), || {
+    catch::callback("a fork event", (), || {
         if subevent == raw::REDISMODULE_SUBEVENT_FORK_CHILD_BORN {
             replication::listeners_may_appear();
         } else {
@@ -304,7 +304,7 @@ extern "C" fn on_cron(
     _subevent: u64,
     _data: *mut c_void,
 ) {
-    guard::callback("the cron event", (), || {
+    catch::callback("the cron event", (), || {
         // The start-up load, if any, is over: loads from now on are
         // reloads or full syncs (`fencing::loaded`).
         fencing::started();
@@ -334,7 +334,7 @@ extern "C" fn on_role(
     subevent: u64,
     _data: *mut c_void,
 ) {
-    guard::callback("a role change", (), || {
+    catch::callback("a role change", (), || {
         let master = subevent == raw::REDISMODULE_EVENT_REPLROLECHANGED_NOW_MASTER;
         replication::set_replica(!master);
         replication::listeners_may_appear();
@@ -356,7 +356,7 @@ extern "C" fn on_client(
     subevent: u64,
     data: *mut c_void,
 ) {
-    guard::callback("a client event", (), || {
+    catch::callback("a client event", (), || {
         if subevent == raw::REDISMODULE_SUBEVENT_CLIENT_CHANGE_CONNECTED {
             // Until the server's stats were first seen (the first cron tick),
             // a look at each connection: a `CONFIG RESETSTAT` right after

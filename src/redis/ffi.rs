@@ -78,7 +78,7 @@ required_api!(
 macro_rules! call {
     ($f:ident($($arg:expr),* $(,)?)) => {{
         // Only entries checked at load.
-        let () = $crate::ffi::required::$f;
+        let () = $crate::redis::ffi::required::$f;
         // SAFETY: `required_api_missing` found the entry filled when the
         // module loaded (it refuses to load otherwise) and nothing empties
         // it after; the arguments are live handles and buffers, as `api!`'s

@@ -18,13 +18,13 @@ use std::os::raw::c_int;
 
 use redis_module::{raw, Context, RedisError, RedisResult, RedisValue};
 
-use crate::args::{self, GuardArgs};
-use crate::bindings;
-use crate::clock;
-use crate::errors::{LockError, Unguardable};
-use crate::ffi::{self, api, Argv};
-use crate::keys::LockKey;
-use crate::spec::{self, command, Access, Arg, ArgKind, Keys, Spec, RO};
+use crate::commands::args::{self, GuardArgs};
+use crate::redis::errors::{LockError, Unguardable};
+use crate::redis::ffi::{self, api, Argv};
+use crate::redis::spec::{self, command, Access, Arg, ArgKind, Keys, Spec, RO};
+use crate::state::bindings;
+use crate::state::keys::LockKey;
+use crate::time::clock;
 
 pub const GUARD: Spec = command! {
     name: c"lock.guard",

@@ -14,7 +14,7 @@ use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 use std::sync::OnceLock;
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
-use crate::log;
+use crate::redis::log;
 
 /// Unix milliseconds from the server: the time its own key expiry uses, so
 /// that a lease and its key's TTL end together, inside a transaction too.
@@ -89,7 +89,7 @@ pub fn reset_steps() {
 /// Looks whether the wall clock `now` (ms) was stepped since the last look.
 pub fn check_steps(now: u64) {
     let mono = STARTED.get_or_init(Instant::now).elapsed().as_millis();
-    let skew = crate::ffi::int(now).saturating_sub(crate::ffi::int(mono));
+    let skew = crate::redis::ffi::int(now).saturating_sub(crate::redis::ffi::int(mono));
     let before = SKEW.swap(skew, Ordering::Relaxed);
     if before == i64::MIN {
         return;

@@ -7,7 +7,7 @@
 
 use std::ffi::CString;
 
-use crate::ffi::api;
+use crate::redis::ffi::api;
 
 /// Logs `message` at the `warning` level.
 pub fn warning(message: &str) {

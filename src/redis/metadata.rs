@@ -11,9 +11,9 @@ use std::os::raw::c_int;
 use redis_module::raw;
 use redis_module::{Context, Status};
 
-use crate::ffi::api;
-use crate::log;
-use crate::spec::{Arg, ArgKind, Keys, Spec};
+use crate::redis::ffi::api;
+use crate::redis::log;
+use crate::redis::spec::{Arg, ArgKind, Keys, Spec};
 
 /// The version as `MODULE LIST` shows it, encoded as Redis modules do:
 /// major * 10000 + minor * 100 + patch.

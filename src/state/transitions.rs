@@ -7,18 +7,18 @@ use std::time::{Duration, Instant};
 
 use redis_module::{Context, RedisString};
 
-use crate::bindings;
-use crate::clock;
-use crate::errors::LockError;
-use crate::fencing;
-use crate::ffi::{self, call, DbKey, Str};
-use crate::keys::LockKey;
-use crate::replication;
-use crate::replies;
-use crate::stats;
-use crate::timers::{self, Keepalive};
-use crate::txn::{Events, Txn};
-use crate::waiting;
+use crate::redis::errors::LockError;
+use crate::redis::ffi::{self, call, DbKey, Str};
+use crate::redis::replication;
+use crate::redis::replies;
+use crate::state::bindings;
+use crate::state::keys::LockKey;
+use crate::state::stats;
+use crate::state::timers::{self, Keepalive};
+use crate::state::txn::{Events, Txn};
+use crate::state::waiting;
+use crate::time::clock;
+use crate::time::fencing;
 use lock_core::{Ask, Attempt, Census, Changes, Ended, Lock, Release, Tokens};
 
 /// Runs a core transition on the lock at `name`, replicates its effect and

@@ -7,11 +7,11 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 
 use redis_module::raw;
 
-use crate::log;
+use crate::redis::log;
 
 /// A command's run (`name` is the command's: its handler and its reply),
 /// the C status it returns. A panic is logged and becomes the error reply
-/// `on_panic` sends, itself guarded. One catch for the whole command: a
+/// `on_panic` sends, itself caught. One catch for the whole command: a
 /// panic while a reply is being written (which nothing in `replies` can
 /// cause) would add the error reply after what was written.
 #[inline(always)]
@@ -38,7 +38,7 @@ pub fn callback<T>(what: impl Describe, fallback: T, body: impl FnOnce() -> T) -
     })
 }
 
-/// What a guarded callback is, for the log (made only when a panic is
+/// What a caught callback is, for the log (made only when a panic is
 /// caught).
 pub trait Describe {
     fn describe(&self) -> std::borrow::Cow<'_, str>;

@@ -43,7 +43,7 @@ use std::hash::{BuildHasher, Hasher};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{LazyLock, Mutex, MutexGuard};
 
-use crate::ffi::DbKey;
+use crate::redis::ffi::DbKey;
 use lock_core::{Census, Changes, Lock, Mode, Owner};
 
 /// A client id (`CLIENT ID`).

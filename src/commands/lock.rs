@@ -8,20 +8,20 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use redis_module::{Context, ContextFlags, RedisResult, RedisValue};
 
-use crate::args;
-use crate::bindings::{self, ClientId};
-use crate::clock;
-use crate::deadlocks;
-use crate::errors::{LockError, Unguardable};
-use crate::fencing;
-use crate::ffi::{self, api, Argv, DbKey};
-use crate::keys::LockKey;
-use crate::replies;
-use crate::spec::{self, command, Access, Arg, ArgKind, Keys, Spec, DELETE, RO, UPDATE};
-use crate::stats;
-use crate::timers::{self, Keepalive};
-use crate::transitions;
-use crate::waiting;
+use crate::commands::args;
+use crate::redis::errors::{LockError, Unguardable};
+use crate::redis::ffi::{self, api, Argv, DbKey};
+use crate::redis::replies;
+use crate::redis::spec::{self, command, Access, Arg, ArgKind, Keys, Spec, DELETE, RO, UPDATE};
+use crate::state::bindings::{self, ClientId};
+use crate::state::deadlocks;
+use crate::state::keys::LockKey;
+use crate::state::stats;
+use crate::state::timers::{self, Keepalive};
+use crate::state::transitions;
+use crate::state::waiting;
+use crate::time::clock;
+use crate::time::fencing;
 use lock_core::{Attempt, Kind, Lock, Owner, Release};
 
 const KEY: Arg = Arg::new(c"key", ArgKind::Key);

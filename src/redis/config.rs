@@ -8,9 +8,9 @@ use std::sync::atomic::{AtomicI64, Ordering};
 
 use redis_module::{raw, Context, RedisString, Status};
 
-use crate::ffi::api;
-use crate::guard;
-use crate::log;
+use crate::redis::catch;
+use crate::redis::ffi::api;
+use crate::redis::log;
 
 /// One numeric setting.
 pub struct Setting {
@@ -102,7 +102,7 @@ impl Setting {
 }
 
 extern "C" fn get(_name: *const c_char, privdata: *mut c_void) -> c_longlong {
-    guard::callback("CONFIG GET", 0, || {
+    catch::callback("CONFIG GET", 0, || {
         // SAFETY: privdata is one of the static settings above.
         unsafe { privdata.cast::<Setting>().as_ref() }.map_or(0, Setting::get)
     })
@@ -114,7 +114,7 @@ extern "C" fn set(
     privdata: *mut c_void,
     _err: *mut *mut raw::RedisModuleString,
 ) -> c_int {
-    guard::callback("CONFIG SET", raw::REDISMODULE_ERR as c_int, || {
+    catch::callback("CONFIG SET", raw::REDISMODULE_ERR as c_int, || {
         // SAFETY: as in `get`. Redis has checked the bounds.
         if let Some(setting) = unsafe { privdata.cast::<Setting>().as_ref() } {
             setting.store(value);

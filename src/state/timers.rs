@@ -19,7 +19,7 @@
 //! A key marked for a refresh also has its whole state written back and
 //! replicated (its Redis TTL again the latest deadline). An entry that no
 //! longer matches its key is harmless: the visit finds nothing to do. Each
-//! visit is guarded on its own, and the timer is re-armed whatever a visit
+//! visit is caught on its own, and the timer is re-armed whatever a visit
 //! did, so one key can never hold up another.
 //!
 //! The timer can be armed from anywhere, even from callbacks Redis gives no
@@ -36,11 +36,11 @@ use std::sync::{LazyLock, Mutex, OnceLock};
 
 use redis_module::{raw, Context, ContextFlags};
 
-use crate::bindings::{ClientId, Detached};
-use crate::clock;
-use crate::ffi::{self, api, DbKey};
-use crate::guard;
-use crate::shared::{self, Locked};
+use crate::redis::catch;
+use crate::redis::ffi::{self, api, DbKey};
+use crate::redis::shared::{self, Locked};
+use crate::state::bindings::{ClientId, Detached};
+use crate::time::clock;
 
 #[derive(Default)]
 struct Index {
@@ -383,8 +383,8 @@ const RETRY_MS: u64 = 10;
 extern "C" fn on_timer(raw_ctx: *mut raw::RedisModuleCtx, _data: *mut c_void) {
     // The timer that fired is spent, whatever happens next.
     index().armed = None;
-    guard::callback("the lock timer", (), || tick(&Context::new(raw_ctx)));
-    guard::callback("arming the lock timer", (), || arm(&mut index(), 0));
+    catch::callback("the lock timer", (), || tick(&Context::new(raw_ctx)));
+    catch::callback("arming the lock timer", (), || arm(&mut index(), 0));
 }
 
 fn tick(ctx: &Context) {

@@ -4,9 +4,9 @@
 //! no `+`, no leading zeros, no spaces, no `-0`, nothing past 64 bits.
 //! Option names are case-insensitive. Extra arguments are an error.
 
-use crate::config;
-use crate::errors::LockError;
-use crate::ffi::{Argv, Str};
+use crate::redis::config;
+use crate::redis::errors::LockError;
+use crate::redis::ffi::{Argv, Str};
 use lock_core::lock::MAX_LIMIT;
 use lock_core::{Ask, Kind};
 

@@ -6,14 +6,14 @@ use std::sync::atomic::Ordering;
 
 use redis_module::{raw, Context, Status};
 
-use crate::bindings;
-use crate::clock;
-use crate::fencing;
-use crate::ffi::{self, api};
-use crate::guard;
-use crate::stats;
-use crate::timers;
-use crate::waiting;
+use crate::redis::catch;
+use crate::redis::ffi::{self, api};
+use crate::state::bindings;
+use crate::state::stats;
+use crate::state::timers;
+use crate::state::waiting;
+use crate::time::clock;
+use crate::time::fencing;
 
 /// Makes `INFO lock` (and `INFO everything`) show this section.
 pub fn register(ctx: &Context) -> Status {
@@ -25,7 +25,7 @@ pub fn register(ctx: &Context) -> Status {
 
 /// The `INFO lock` section.
 extern "C" fn info(ctx: *mut raw::RedisModuleInfoCtx, for_crash_report: c_int) {
-    guard::callback("INFO", (), || {
+    catch::callback("INFO", (), || {
         if for_crash_report == 0 {
             stats::follow_resetstat();
             // A step since the last look is counted before it is shown.

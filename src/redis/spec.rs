@@ -12,11 +12,11 @@ use std::sync::atomic::{AtomicBool, AtomicPtr, Ordering};
 
 use redis_module::{raw, Context, ContextFlags, RedisResult};
 
-use crate::errors::LockError;
-use crate::ffi::{api, Argv};
-use crate::guard;
-use crate::replication;
-use crate::replies;
+use crate::redis::catch;
+use crate::redis::errors::LockError;
+use crate::redis::ffi::{api, Argv};
+use crate::redis::replication;
+use crate::redis::replies;
 
 /// The C entry point of one command (made by `command!`).
 pub type Entry =
@@ -324,7 +324,7 @@ pub fn run(
     // Reading the arguments and writing the reply are inside the guard too:
     // nothing of the call runs outside one.
     let context = Context::new(ctx);
-    guard::command(
+    catch::command(
         name,
         || {
             // SAFETY: what Redis passed to this command.
@@ -365,10 +365,10 @@ macro_rules! command {
             argv: *mut *mut redis_module::raw::RedisModuleString,
             argc: std::os::raw::c_int,
         ) -> std::os::raw::c_int {
-            const LOCATE: Option<$crate::spec::Locate> = $keys.locate();
-            $crate::spec::run(ctx, argv, argc, $name, $handler, $access, LOCATE)
+            const LOCATE: Option<$crate::redis::spec::Locate> = $keys.locate();
+            $crate::redis::spec::run(ctx, argv, argc, $name, $handler, $access, LOCATE)
         }
-        $crate::spec::Spec {
+        $crate::redis::spec::Spec {
             name: $name,
             entry,
             access: $access,

@@ -5,16 +5,16 @@ use lock_core::effect::{Effect, Malformed};
 use lock_core::{Holder, Lock, Tokens};
 use redis_module::{Context, ContextFlags, RedisResult, RedisValue};
 
-use crate::clock;
-use crate::config;
-use crate::errors::LockError;
-use crate::fencing;
-use crate::ffi::{self, Argv, DbKey, Str};
-use crate::keys::LockKey;
-use crate::spec::{command, Access, Arg, ArgKind, Keys, Spec, UPDATE};
-use crate::stats;
-use crate::timers;
-use crate::transitions;
+use crate::redis::config;
+use crate::redis::errors::LockError;
+use crate::redis::ffi::{self, Argv, DbKey, Str};
+use crate::redis::spec::{command, Access, Arg, ArgKind, Keys, Spec, UPDATE};
+use crate::state::keys::LockKey;
+use crate::state::stats;
+use crate::state::timers;
+use crate::state::transitions;
+use crate::time::clock;
+use crate::time::fencing;
 
 /// As on the RDB path: no token a server cannot have issued (the master's
 /// clock may be ahead: a load's bound), refused; in a file (the AOF), a

@@ -27,18 +27,18 @@ use std::sync::{LazyLock, Mutex};
 
 use redis_module::{raw, Context, ContextFlags, RedisResult, RedisValue};
 
-use crate::bindings::{self, ClientId};
-use crate::config;
-use crate::errors::LockError;
-use crate::ffi::DbKey;
-use crate::ffi::{self, api, Str};
-use crate::guard;
-use crate::keys::LockKey;
-use crate::replies;
-use crate::shared::{self, Locked};
-use crate::stats;
-use crate::timers;
-use crate::txn::Txn;
+use crate::redis::catch;
+use crate::redis::config;
+use crate::redis::errors::LockError;
+use crate::redis::ffi::DbKey;
+use crate::redis::ffi::{self, api, Str};
+use crate::redis::replies;
+use crate::redis::shared::{self, Locked};
+use crate::state::bindings::{self, ClientId};
+use crate::state::keys::LockKey;
+use crate::state::stats;
+use crate::state::timers;
+use crate::state::txn::Txn;
 use lock_core::{Attempt, Kind, Owner, Queue, Request};
 
 /// A blocked client's handle, unique while it is blocked.
@@ -325,7 +325,7 @@ fn block_on(
             return Err(LockError::TooManyWaiters(config::MAX_WAITERS.get()).into());
         }
     }
-    let now = crate::clock::now_ms();
+    let now = crate::time::clock::now_ms();
     let deadline = (ms > 0).then(|| now.saturating_add(ms));
     // No timeout callback: Redis's block timeout is not used (see above),
     // and with one, a `CLIENT UNBLOCK id TIMEOUT` arriving after the module
@@ -570,7 +570,7 @@ fn answer_queued(ctx: &Context, name: Str<'_>, txn: &mut Txn) -> Pending {
 
 /// Visits now the keys a waiter left (but not `this` one, being settled).
 fn visit_now(keys: Vec<DbKey>, this: &DbKey) {
-    let now = Some(crate::clock::now_ms());
+    let now = Some(crate::time::clock::now_ms());
     for key in keys.iter().filter(|k| *k != this) {
         timers::schedule(key.db, &key.name, now);
     }
@@ -634,7 +634,7 @@ pub fn answer(claimed: Claimed, outcome: Result<Vec<(DbKey, u64)>, LockError>) {
     match outcome {
         Ok(granted) => {
             stats::GRANTS_AFTER_WAIT.incr();
-            stats::WAIT_TIME.record(crate::clock::now_ms().saturating_sub(waiter.since));
+            stats::WAIT_TIME.record(crate::time::clock::now_ms().saturating_sub(waiter.since));
             if let Some(client) = waiter.bind {
                 for (key, token) in &granted {
                     bindings::bind(
@@ -652,7 +652,7 @@ pub fn answer(claimed: Claimed, outcome: Result<Vec<(DbKey, u64)>, LockError>) {
         }
         Err(e) => unblock(waiter, Err(e), Vec::new()),
     }
-    let now = Some(crate::clock::now_ms());
+    let now = Some(crate::time::clock::now_ms());
     for key in left {
         timers::schedule(key.db, &key.name, now);
     }
@@ -780,7 +780,7 @@ fn live_holders(ctx: &Context, key: &DbKey, now: u64) -> Vec<Owner> {
 
 /// Ends the grant `token` of `owner` on `key` at the key's next visit (now).
 pub fn revoke(key: DbKey, owner: Owner, token: u64, disconnect: bool) {
-    let at = Some(crate::clock::now_ms());
+    let at = Some(crate::time::clock::now_ms());
     timers::schedule(key.db, &key.name, at);
     add_revocation(key, owner, token, disconnect);
 }
@@ -882,7 +882,7 @@ fn leave(handle: *mut raw::RedisModuleBlockedClient) {
     // No private data: nothing is replied (the client is gone) or revoked.
     // Taken above, so this is the handle's one RM_UnblockClient.
     api!(RedisModule_UnblockClient(handle, std::ptr::null_mut()));
-    let now = Some(crate::clock::now_ms());
+    let now = Some(crate::time::clock::now_ms());
     for key in left {
         timers::schedule(key.db, &key.name, now);
     }
@@ -920,7 +920,7 @@ extern "C" fn on_count_reply(
     _argv: *mut *mut raw::RedisModuleString,
     _argc: c_int,
 ) -> c_int {
-    guard::callback("a count's reply", raw::REDISMODULE_OK as c_int, || {
+    catch::callback("a count's reply", raw::REDISMODULE_OK as c_int, || {
         let data =
             api!(RedisModule_GetBlockedClientPrivateData(raw_ctx)).unwrap_or(std::ptr::null_mut());
         // SAFETY: the private data is the `i64` boxed in `answer_count`.
@@ -935,7 +935,7 @@ extern "C" fn on_count_reply(
 }
 
 extern "C" fn free_count(_raw_ctx: *mut raw::RedisModuleCtx, data: *mut c_void) {
-    guard::callback("a count's cleanup", (), || {
+    catch::callback("a count's cleanup", (), || {
         if !data.is_null() {
             // SAFETY: the `i64` boxed in `answer_count`; Redis frees it once.
             drop(unsafe { Box::from_raw(data.cast::<i64>()) });
@@ -948,7 +948,7 @@ extern "C" fn on_reply(
     _argv: *mut *mut raw::RedisModuleString,
     _argc: c_int,
 ) -> c_int {
-    guard::callback("the WAIT reply", raw::REDISMODULE_OK as c_int, || {
+    catch::callback("the WAIT reply", raw::REDISMODULE_OK as c_int, || {
         let ctx = Context::new(raw_ctx);
         let data =
             api!(RedisModule_GetBlockedClientPrivateData(raw_ctx)).unwrap_or(std::ptr::null_mut());
@@ -978,13 +978,13 @@ extern "C" fn on_disconnect(
     _raw_ctx: *mut raw::RedisModuleCtx,
     handle: *mut raw::RedisModuleBlockedClient,
 ) {
-    guard::callback("the WAIT disconnect", (), || {
+    catch::callback("the WAIT disconnect", (), || {
         leave(handle);
     })
 }
 
 extern "C" fn free_decision(_raw_ctx: *mut raw::RedisModuleCtx, data: *mut c_void) {
-    guard::callback("the WAIT cleanup", (), || {
+    catch::callback("the WAIT cleanup", (), || {
         if data.is_null() {
             return;
         }

@@ -10,8 +10,8 @@ use std::sync::atomic::{AtomicPtr, Ordering};
 
 use redis_module::{raw, Context};
 
-use crate::errors::LockError;
-use crate::ffi::{api, call, Str};
+use crate::redis::errors::LockError;
+use crate::redis::ffi::{api, call, Str};
 use lock_core::Lock;
 
 /// The lock data type, as Redis created it (set once at load, from `lib`).

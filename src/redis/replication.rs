@@ -11,7 +11,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 
 use redis_module::{raw, Context};
 
-use crate::ffi::{api, call, Str};
+use crate::redis::ffi::{api, call, Str};
 use lock_core::effect::{self, Encoded};
 use lock_core::{Changes, HolderRef, Lock};
 

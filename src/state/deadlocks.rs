@@ -17,12 +17,12 @@ use std::collections::HashMap;
 
 use redis_module::Context;
 
-use crate::bindings;
-use crate::clock;
-use crate::ffi::{self, DbKey, Str};
-use crate::keys::LockKey;
-use crate::stats;
-use crate::waiting;
+use crate::redis::ffi::{self, DbKey, Str};
+use crate::state::bindings;
+use crate::state::keys::LockKey;
+use crate::state::stats;
+use crate::state::waiting;
+use crate::time::clock;
 use lock_core::deadlock::{self, Search, WaitGraph};
 use lock_core::{Kind, Lock, Owner, Request};
 
