@@ -59,13 +59,13 @@ bench-check: release ## Fail when a command of the module costs >3% more instruc
 fuzz: build ## Long fuzz: cargo-fuzz on the core (FUZZ_SECS), then the live-server fuzz (LIVE_FUZZ_COMMANDS)
 	@command -v cargo-fuzz >/dev/null || $(CARGO) install cargo-fuzz
 	RUSTC_BOOTSTRAP=1 $(CARGO) fuzz run core_ops -- -max_total_time=$(FUZZ_SECS) -print_final_stats=1
-	LIVE_FUZZ_COMMANDS=$(LIVE_FUZZ_COMMANDS) REDIS_LOCK_MODULE=$(CURDIR)/$(DEBUG_SO) $(CARGO) test --test live_fuzz -- --nocapture
+	LIVE_FUZZ_COMMANDS=$(LIVE_FUZZ_COMMANDS) REDIS_LOCK_MODULE=$(CURDIR)/$(DEBUG_SO) $(CARGO) test --test it live_fuzz:: -- --nocapture
 
 soak: release ## Soak: 64 clients, fencing, mutual exclusion, memory back to baseline (SOAK_SECS)
-	SOAK_SECS=$(SOAK_SECS) REDIS_LOCK_MODULE=$(CURDIR)/$(RELEASE_SO) $(CARGO) test --release --test soak -- --ignored --nocapture
+	SOAK_SECS=$(SOAK_SECS) REDIS_LOCK_MODULE=$(CURDIR)/$(RELEASE_SO) $(CARGO) test --release --test it soak:: -- --ignored --nocapture
 
 chaos: build ## Faults under Sentinel for CHAOS_SECS: paused and killed masters, paused replicas, back and forth, one history checked
-	CHAOS_SECS=$(CHAOS_SECS) REDIS_LOCK_MODULE=$(CURDIR)/$(DEBUG_SO) $(CARGO) test --test sentinel -- --ignored --nocapture chaos
+	CHAOS_SECS=$(CHAOS_SECS) REDIS_LOCK_MODULE=$(CURDIR)/$(DEBUG_SO) $(CARGO) test --test it sentinel::chaos -- --ignored --nocapture
 
 valgrind: build ## Integration tests with redis-server under valgrind memcheck (target/valgrind/summary.txt)
 	scripts/valgrind.sh

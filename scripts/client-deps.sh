@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
-# Installs what the client examples' tests need (tests/clients.rs), only when
+# Installs what the client examples' tests need (tests/it/clients.rs), only when
 # missing, project-local and never system-wide:
 #   - redis-py into target/clients/python (pip install --target),
 #   - Node.js and npm from Debian when they are not on the machine,
-#   - Go and redigo from Debian (tests/go_package.rs builds the Go package in
+#   - Go and redigo from Debian (tests/it/go_package.rs builds the Go package in
 #     GOPATH mode against /usr/share/gocode: no Go module proxy is reached).
 # The Rust example's `redis` crate is a dev-dependency: cargo fetches it.
 # Quiet and quick when everything is there; safe to run again.
@@ -35,7 +35,7 @@ if ! command -v python3 >/dev/null 2>&1 || ! python3 -m pip --version >/dev/null
   $sudo apt-get install -y -qq --no-install-recommends python3 python3-pip >/dev/null
 fi
 
-# venv, for the Python package's tests (tests/packages.rs): Debian's Python
+# venv, for the Python package's tests (tests/it/packages.rs): Debian's Python
 # has it in a package of its own.
 if ! python3 -c "import ensurepip, venv" >/dev/null 2>&1; then
   say "installing python3-venv (Debian)"
@@ -45,7 +45,7 @@ if ! python3 -c "import ensurepip, venv" >/dev/null 2>&1; then
   $sudo apt-get install -y -qq --no-install-recommends python3-venv >/dev/null
 fi
 
-# redis_exporter, for the Prometheus recipe's test (tests/prometheus.rs).
+# redis_exporter, for the Prometheus recipe's test (tests/it/prometheus.rs).
 if ! command -v prometheus-redis-exporter >/dev/null 2>&1; then
   say "installing prometheus-redis-exporter (Debian)"
   sudo=$(need_root prometheus-redis-exporter)
@@ -81,7 +81,7 @@ if ! command -v node >/dev/null 2>&1 || ! command -v npm >/dev/null 2>&1; then
 fi
 
 
-# Go and redigo, for the Go package's tests (tests/go_package.rs).
+# Go and redigo, for the Go package's tests (tests/it/go_package.rs).
 if ! command -v go >/dev/null 2>&1 \
     || [ ! -d /usr/share/gocode/src/github.com/gomodule/redigo/redis ]; then
   say "installing golang-go and golang-github-gomodule-redigo-dev (Debian)"

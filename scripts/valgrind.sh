@@ -113,10 +113,11 @@ chmod +x "$wrapper"
 if [ -n "${VALGRIND_TESTS:-}" ]; then
     tests=$VALGRIND_TESTS
 else
-    tests=$(ls tests/*.rs | xargs -n1 basename | sed 's/\.rs$//' | grep -vx soak | tr '\n' ' ')
+    tests=$(ls tests/it/*.rs | xargs -n1 basename | sed 's/\.rs$//' | grep -vx 'soak\|main' | tr '\n' ' ')
 fi
+# One test binary (tests/it): each area is a filter on its module path.
 targets=()
-for t in $tests; do targets+=(--test "$t"); done
+for t in $tests; do targets+=("$t::"); done
 
 echo "== valgrind: tests: $tests"
 echo "== valgrind: logs in $out/logs"
@@ -125,7 +126,7 @@ export REDIS_LOCK_MODULE=$root/target/debug/libredis_lock.so
 export REDIS_LOCK_TEST_STARTUP_SECS=${REDIS_LOCK_TEST_STARTUP_SECS:-180}
 export LIVE_FUZZ_COMMANDS=${LIVE_FUZZ_COMMANDS:-30000}
 start=$(date +%s)
-cargo test --no-fail-fast "${targets[@]}" -- --test-threads="${VALGRIND_TEST_THREADS:-2}" \
+cargo test --no-fail-fast --test it -- "${targets[@]}" --test-threads="${VALGRIND_TEST_THREADS:-2}" \
     >"$out/cargo-test.log" 2>&1
 test_status=$?
 elapsed=$(( $(date +%s) - start ))

@@ -1,6 +1,6 @@
 package redislock
 
-// Integration tests against servers started by tests/go_package.rs:
+// Integration tests against servers started by tests/it/go_package.rs:
 //   REDIS_LOCK_ADDR            a server with the module
 //   REDIS_LOCK_STALL_ADDR/PID  a second server, SIGSTOPped by TestStall
 //   REDIS_LOCK_CLUSTER_ADDRS   the nodes of a cluster (comma-separated)

@@ -9,7 +9,7 @@ so that none goes stale).
     python3 clients/python/unasync.py          # rewrite the generated files
     python3 clients/python/unasync.py --check  # exit 1 if one is stale
 
-Standard library only; run by the package's test (tests/python_package.rs).
+Standard library only; run by the package's test (tests/it/python_package.rs).
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """`replicas=N`: each grant and renewal followed by `WAIT N ms` on its
 connection. REDIS_LOCK_MASTER_PORT: a master with one replica, whose process
 id is REDIS_LOCK_REPLICA_PID (paused here with SIGSTOP, resumed with
-SIGCONT). The tests are skipped without them (tests/python_package.rs sets
+SIGCONT). The tests are skipped without them (tests/it/python_package.rs sets
 them).
 """
 

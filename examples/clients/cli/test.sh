@@ -3,7 +3,7 @@
 #
 #   bash test.sh PORT      (server on 127.0.0.1:PORT)
 #
-# Run by tests/clients.rs (`make test`). Prints one line per test, then
+# Run by tests/it/clients.rs (`make test`). Prints one line per test, then
 # "N passed, M failed"; exits 1 on a failure.
 set -uo pipefail
 cd "$(dirname "$0")"

@@ -3,7 +3,7 @@ DEADLOCK") with redis-py against a real server with the module.
 
     python3 test_kinds.py PORT      (server on 127.0.0.1:PORT)
 
-Run by tests/clients.rs (`make test`), with redis-py on PYTHONPATH.
+Run by tests/it/clients.rs (`make test`), with redis-py on PYTHONPATH.
 Prints one line per test, then "N passed, M failed"; exits 1 on a failure.
 """
 

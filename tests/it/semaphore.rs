@@ -1,11 +1,9 @@
 //! `LOCK.SEMAPHORE` (shared/CONTRACT.md, "Semaphores"): permits that cannot
 //! leak, each with its own lease and token, first come first served.
 
-mod common;
-
 use std::time::{Duration, Instant};
 
-use common::*;
+use crate::common::*;
 
 fn token(r: Reply) -> i64 {
     match r {

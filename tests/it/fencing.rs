@@ -5,9 +5,7 @@
 //! more than `lock.clock-skew-ms`. The servers' wall clocks are shifted for
 //! real (`ShiftedClock`, an LD_PRELOAD shim).
 
-mod common;
-
-use common::*;
+use crate::common::*;
 
 fn token(r: Reply) -> i64 {
     match r {

@@ -4,11 +4,9 @@
 //! RESTORE, a restart from the AOF, a promotion) and a key's Redis TTL that
 //! PERSIST or RESTORE changed. Each of these once went wrong (issue 10).
 
-mod common;
-
 use std::time::{Duration, Instant};
 
-use common::*;
+use crate::common::*;
 
 fn token(r: Reply) -> i64 {
     match r {

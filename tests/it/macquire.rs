@@ -2,11 +2,9 @@
 //! none, atomically; a waiting request holds none of its keys and is never
 //! overtaken on any of them.
 
-mod common;
-
 use std::time::Duration;
 
-use common::*;
+use crate::common::*;
 
 fn tokens(r: Reply) -> Vec<i64> {
     match r {

@@ -21,11 +21,9 @@
 //! The seed is printed; `FAULTS_SEED=<n>` replays a run's choices (not its
 //! timing).
 
-mod common;
-
-use common::load::{test_seed, Rng};
-use common::sentinel::*;
-use common::*;
+use crate::common::load::{test_seed, Rng};
+use crate::common::sentinel::*;
+use crate::common::*;
 use std::time::{Duration, Instant};
 
 /// Sentinels declare a master down after this long without a reply.

@@ -13,10 +13,8 @@
 //! modules (`clients/python/unasync.py`) are not stale. Every server is on 127.0.0.1, started
 //! here.
 
-mod common;
-
-use common::cluster::Cluster;
-use common::*;
+use crate::common::cluster::Cluster;
+use crate::common::*;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 

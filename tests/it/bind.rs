@@ -1,11 +1,9 @@
 //! Locks bound to their connection (`BIND`) and `LOCK.KEEPALIVE`
 //! (shared/CONTRACT.md, "Locks bound to their connection").
 
-mod common;
-
 use std::time::{Duration, Instant};
 
-use common::*;
+use crate::common::*;
 
 fn token(r: Reply) -> i64 {
     match r {

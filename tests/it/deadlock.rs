@@ -2,11 +2,9 @@
 //! that would close a cycle of waits is answered `DEADLOCK` at once, state
 //! unchanged; a chain without a cycle waits.
 
-mod common;
-
 use std::time::Duration;
 
-use common::*;
+use crate::common::*;
 
 fn token(r: Reply) -> i64 {
     match r {

@@ -4,14 +4,12 @@
 //! timer. Every check below is sent in the same write as the `CLIENT KILL`,
 //! so it runs before any timer tick.
 
-mod common;
-
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::thread;
 use std::time::{Duration, Instant};
 
-use common::*;
+use crate::common::*;
 
 fn token(r: &Reply) -> i64 {
     match r {

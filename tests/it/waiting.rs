@@ -3,15 +3,13 @@
 //! server. Timing bounds are generous (a noisy 2-core machine): a wake-up must
 //! come within hundreds of milliseconds, never the seconds a WAIT would last.
 
-mod common;
-
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Barrier, Mutex};
 use std::thread;
 use std::time::{Duration, Instant};
 
-use common::*;
+use crate::common::*;
 
 /// How long a prompt wake-up may take at most (release, DEL, FLUSH ...).
 const PROMPT: Duration = Duration::from_millis(1000);

@@ -46,16 +46,14 @@
 //! Environment: `LIVE_FUZZ_COMMANDS` (default 1000000), `LIVE_FUZZ_SEED`
 //! (replays the command choices, not the timing).
 
-mod common;
-
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use common::errors::Unguardable;
-use common::*;
+use crate::common::errors::Unguardable;
+use crate::common::*;
 
 const BATCH: usize = 1000;
 const HOT_KEYS: u64 = 16;

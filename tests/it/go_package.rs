@@ -10,10 +10,8 @@
 //! run against a server. Go's output is in the failure message, and printed
 //! on success too.
 
-mod common;
-
-use common::cluster::Cluster;
-use common::*;
+use crate::common::cluster::Cluster;
+use crate::common::*;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 

@@ -2,9 +2,7 @@
 //! "State of one key", "Commands", "Fencing tokens" (within one server run) and
 //! "Bad input" sections. Blocking (`WAIT` on a held key) is tested elsewhere.
 
-mod common;
-
-use common::*;
+use crate::common::*;
 use proptest::test_runner::{Config, TestCaseError, TestRunner};
 
 /// A grant's token: a positive integer.

@@ -4,9 +4,7 @@
 //! not compound where nothing new arrived; the counters and the timer's
 //! index stay true around restored and removed locks.
 
-mod common;
-
-use common::*;
+use crate::common::*;
 use std::time::{Duration, Instant};
 
 /// Ten years of ms: the horizon past the clock no token can be beyond

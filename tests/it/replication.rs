@@ -2,9 +2,7 @@
 //! kind of change; refused and bad requests replicate nothing; a replica refuses
 //! writes; a promoted replica issues tokens above everything it received.
 
-mod common;
-
-use common::*;
+use crate::common::*;
 use std::time::Duration;
 
 /// ttl-ms-left on the master and the replica may differ by the time between

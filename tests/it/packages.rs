@@ -9,10 +9,8 @@
 //! `tsc --init`'s defaults, ESM and CommonJS, and run. A server, a 3-master cluster and five RedLock
 //! servers, all on 127.0.0.1, started here.
 
-mod common;
-
-use common::cluster::Cluster;
-use common::*;
+use crate::common::cluster::Cluster;
+use crate::common::*;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 

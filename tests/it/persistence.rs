@@ -2,9 +2,7 @@
 //! with and without the RDB preamble), DUMP/RESTORE, and fencing tokens across
 //! restarts.
 
-mod common;
-
-use common::*;
+use crate::common::*;
 use std::path::Path;
 use std::time::{Duration, Instant};
 

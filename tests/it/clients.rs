@@ -13,8 +13,6 @@
 //! scripts/client-deps.sh (`make test` runs it) into target/clients. A missing
 //! runtime or library fails the test with that advice: it never skips.
 
-mod common;
-
 use std::fs;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -22,7 +20,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::thread;
 use std::time::{Duration, Instant};
 
-use common::*;
+use crate::common::*;
 
 /// How long one example's test script may run.
 const SCRIPT_DEADLINE: Duration = Duration::from_secs(120);

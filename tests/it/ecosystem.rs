@@ -10,14 +10,12 @@
 //! - ACL key patterns on every command; ACL categories where the server has
 //!   them for module commands (Redis 7.2+, Valkey), skipped on 7.0.
 
-mod common;
-
 use std::collections::HashMap;
 use std::path::PathBuf;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use common::*;
+use crate::common::*;
 
 // ---------------------------------------------------------------------------
 // INFO lock

@@ -19,11 +19,9 @@
 //! Tokens are per server: a migrated key's tokens are comparable on the target
 //! because the target observes them; tokens of different masters are not.
 
-mod common;
-
-use common::cluster::*;
-use common::load::*;
-use common::*;
+use crate::common::cluster::*;
+use crate::common::load::*;
+use crate::common::*;
 use std::collections::BTreeMap;
 use std::thread;
 use std::time::{Duration, Instant};

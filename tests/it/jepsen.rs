@@ -3,10 +3,8 @@
 //! and yes), a disk that fills up under the AOF, a client stopped with
 //! SIGSTOP while it holds a lock, and a replica stopped under load.
 
-mod common;
-
-use common::load::*;
-use common::*;
+use crate::common::load::*;
+use crate::common::*;
 use std::io::{BufRead, BufReader, Write};
 use std::path::{Path, PathBuf};
 use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};

@@ -4,14 +4,12 @@
 //! nothing is replicated, and the reply begins `NOTHELD`. Cluster routing and
 //! the live fuzz are in tests/cluster.rs and tests/live_fuzz.rs.
 
-mod common;
-
 use std::fs;
 use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
-use common::*;
+use crate::common::*;
 
 fn token(r: &Reply) -> i64 {
     match r {

@@ -26,11 +26,9 @@
 //!   `INFO lock` shows no key, holder or waiter left; the log has no panic.
 //!
 //! Run: `make soak`, or
-//! `REDIS_LOCK_MODULE=$PWD/target/release/libredis_lock.so cargo test --release --test soak -- --ignored --nocapture`.
+//! `REDIS_LOCK_MODULE=$PWD/target/release/libredis_lock.so cargo test --release --test it soak:: -- --ignored --nocapture`.
 //! Environment: `SOAK_SECS` (default 180), `SOAK_WARMUP_SECS` (default 15),
 //! `SOAK_SEED`, `SOAK_MEMORY_SLACK` (bytes, default 262144).
-
-mod common;
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -38,7 +36,7 @@ use std::sync::{Arc, Mutex};
 use std::thread;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use common::*;
+use crate::common::*;
 
 const CLIENTS: usize = 64;
 const KEYS: usize = 4;

@@ -1,9 +1,7 @@
 //! Command metadata: COMMAND INFO, COMMAND DOCS, COMMAND GETKEYS, COMMAND COUNT
 //! and MODULE LIST.
 
-mod common;
-
-use common::*;
+use crate::common::*;
 
 const GRANTS: [&str; 4] = [
     "lock.acquire",

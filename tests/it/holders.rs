@@ -6,14 +6,12 @@
 //! RENAMEd, MOVEd, RESTOREd and while every lease ends together. Work on a
 //! key used to be quadratic in its holders (0.58 s at 32,000 readers).
 
-mod common;
-
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::thread;
 use std::time::{Duration, Instant};
 
-use common::*;
+use crate::common::*;
 
 /// The longest stall a test allows, and how many times it measures (the
 /// best attempt counts: a loaded 2-core machine delays a PING now and then

@@ -10,10 +10,8 @@
 //! the API's defaults and refusals, the docs' examples, and the package
 //! built from its packaged sources.
 
-mod common;
-
-use common::cluster::Cluster;
-use common::*;
+use crate::common::cluster::Cluster;
+use crate::common::*;
 use redis_native_lock::redlock::{AsyncRedLock, RedLock};
 use redis_native_lock::{aio, Error, Guard, Lock, Target};
 use std::thread;
@@ -532,8 +530,8 @@ fn the_docs_examples_are_these_tests() {
     // Every ```rust block of the README and of docs/clients.md's Rust
     // section is in this file, line for line (trimmed), in order.
     let here = include_str!("rust_package.rs");
-    let readme = include_str!("../clients/rust/README.md");
-    let clients = include_str!("../docs/clients.md");
+    let readme = include_str!("../../clients/rust/README.md");
+    let clients = include_str!("../../docs/clients.md");
     let start = clients
         .find("## Rust (`redis` crate): the package")
         .expect("the Rust section");
@@ -1328,7 +1326,7 @@ async fn replicas_wait_after_grant_and_renewal_tokio() {
 /// `replicas_wait_after_grant_and_renewal_blocking`.)
 #[test]
 fn an_acknowledged_grant_survives_a_sentinel_failover() {
-    let mut g = common::sentinel::Group::start(1, 3, 1000, &[]);
+    let mut g = crate::common::sentinel::Group::start(1, 3, 1000, &[]);
     let old = g.master_port().expect("a master");
     let c = redis::Client::open(format!("redis://127.0.0.1:{old}/")).expect("client");
     let mut l = Lock::exclusive(&c, "durable-across-failover")

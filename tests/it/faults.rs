@@ -15,10 +15,8 @@
 //! The seed is printed; `FAULTS_SEED=<n>` replays a run's choices (not its
 //! timing).
 
-mod common;
-
-use common::load::*;
-use common::*;
+use crate::common::load::*;
+use crate::common::*;
 use std::time::{Duration, Instant};
 
 const THREADS: usize = 6;

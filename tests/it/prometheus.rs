@@ -3,9 +3,7 @@
 //! Lua script clients/prometheus/lock-metrics.lua, against a server started
 //! here; /metrics scraped over loopback.
 
-mod common;
-
-use common::*;
+use crate::common::*;
 use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::path::PathBuf;
