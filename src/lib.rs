@@ -54,7 +54,6 @@ use crate::commands::lock;
 use crate::durability::apply;
 use crate::durability::events;
 use crate::durability::persistence::LOCK_TYPE;
-use crate::redis::alloc;
 use crate::redis::catch;
 use crate::redis::config;
 use crate::redis::replication;
@@ -69,7 +68,7 @@ use crate::time::fencing;
 // where there is no Redis, the system's.
 #[cfg(not(test))]
 #[global_allocator]
-static ALLOCATOR: alloc::RedisHeap = alloc::RedisHeap;
+static ALLOCATOR: crate::redis::alloc::RedisHeap = crate::redis::alloc::RedisHeap;
 
 /// The commands, each declared once beside its handler (`spec::command!`).
 const COMMANDS: &[Spec] = &[

@@ -14,7 +14,7 @@ use crate::redis::ffi::{self, api, Argv, DbKey};
 use crate::redis::replies;
 use crate::redis::spec::{self, command, Access, Arg, ArgKind, Keys, Spec, DELETE, RO, UPDATE};
 use crate::state::bindings::{self, ClientId};
-use crate::state::deadlocks;
+use crate::state::deadlocks::{self, Check};
 use crate::state::keys::LockKey;
 use crate::state::stats;
 use crate::state::timers::{self, Keepalive};
@@ -167,7 +167,8 @@ fn macquire(ctx: &Context, args: Argv<'_>) -> RedisResult {
                 .map(|k| ffi::db_key(ctx, k.as_slice()))
                 .collect();
             let request = ask.to_request();
-            if deadlocks::would_deadlock(ctx, &keys, &request) {
+            let check = deadlocks::check(ctx, &keys, &request);
+            if let Check::Cycle = check {
                 return Err(LockError::Deadlock.into());
             }
             let now = clock::now_ms();
@@ -179,7 +180,11 @@ fn macquire(ctx: &Context, args: Argv<'_>) -> RedisResult {
                     .and_then(|l| l.live(now).map(|h| h.deadline).min());
                 waits.push((key, next_expiry));
             }
-            waiting::block_multi(ctx, waits, request, ms, bind)
+            let id = waiting::block_multi(ctx, waits, request, ms, bind)?;
+            if let Check::Unfinished(search) = check {
+                deadlocks::go_on_later(id, search);
+            }
+            Ok(RedisValue::NoReply)
         }
         _ => {
             stats::REFUSALS.incr();
@@ -244,10 +249,15 @@ fn answer_grant(
             Some(ms) if waiting::can_block(ctx) => {
                 let key = ffi::db_key(ctx, grant.key.as_slice());
                 let request = grant.ask.to_request();
-                if deadlocks::would_deadlock(ctx, &[key], &request) {
+                let check = deadlocks::check(ctx, &[key], &request);
+                if let Check::Cycle = check {
                     return Err(LockError::Deadlock.into());
                 }
-                waiting::block(ctx, grant.key, request, ms, next_expiry, bind)
+                let id = waiting::block(ctx, grant.key, request, ms, next_expiry, bind)?;
+                if let Check::Unfinished(search) = check {
+                    deadlocks::go_on_later(id, search);
+                }
+                Ok(RedisValue::NoReply)
             }
             _ => {
                 stats::REFUSALS.incr();

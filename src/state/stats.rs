@@ -110,11 +110,12 @@ pub static WAIT_TIME: Histogram = Histogram::new();
 pub static HOLD_TIME: Histogram = Histogram::new();
 
 /// Every counter `CONFIG RESETSTAT` resets (the gauges are state, not stats).
-fn counters() -> [&'static Counter; 11] {
+fn counters() -> [&'static Counter; 12] {
     [
         &LOADED_STATE_FIXED,
         &DEADLOCKS,
         &DEADLOCK_SEARCHES_CUT,
+        &DEADLOCK_SEARCHES_SLICED,
         &GRANTS,
         &GRANTS_AFTER_WAIT,
         &REFUSALS,
@@ -203,8 +204,13 @@ pub static EXPIRED_LEASES: Counter = Counter::new();
 pub static RELEASES_ON_DISCONNECT: Counter = Counter::new();
 /// Requests answered `DEADLOCK` instead of waiting.
 pub static DEADLOCKS: Counter = Counter::new();
-/// Deadlock searches stopped at their limit (the request waited).
+/// Deadlock searches given up (the request waited as any other): each
+/// cycle they found was gone once checked, `lock_core::deadlock::RESTARTS`
+/// times over (the graph kept changing under them).
 pub static DEADLOCK_SEARCHES_CUT: Counter = Counter::new();
+/// Deadlock searches that needed more than one slice: their request waited
+/// while they went on over the next ticks.
+pub static DEADLOCK_SEARCHES_SLICED: Counter = Counter::new();
 /// RELEASE by an owner holding nothing (never held, expired, someone else's).
 pub static RELEASES_NOT_HELD: Counter = Counter::new();
 /// Lock state a load took in another form than the file's (a saved counter

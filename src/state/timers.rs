@@ -72,6 +72,8 @@ static MODULE_CTX: AtomicPtr<raw::RedisModuleCtx> = AtomicPtr::new(std::ptr::nul
 /// both, and on a server without shared locks or waiters takes nothing.
 static INDEXED: AtomicBool = AtomicBool::new(false);
 static EXPIRED: AtomicBool = AtomicBool::new(false);
+/// Work a tick must go on with at once (a deadlock search under way).
+static WORK: AtomicBool = AtomicBool::new(false);
 
 /// The index, locked; `INDEXED` and `EXPIRED` follow it when the lock is
 /// let go.
@@ -220,6 +222,13 @@ pub fn keepalive_later(job: Keepalive) {
     arm(&mut index, 0);
 }
 
+/// Some work goes on at the next tick, as soon as Redis has served its
+/// clients once (the handler sees to it: a deadlock search under way).
+pub fn work_now() {
+    WORK.store(true, Ordering::Relaxed);
+    arm(&mut index(), 0);
+}
+
 /// A connection closed: end the grants that were bound to it, over the next
 /// ticks (a connection may hold 100,000: no tick does more than its share).
 pub fn release_bound(grants: Vec<Detached>) {
@@ -281,8 +290,10 @@ pub fn promoted() {
 /// than `not_before` (unix ms).
 fn arm(index: &mut Index, not_before: u64) {
     let first = index.by_time.first().map(|(at, _, _)| *at);
-    let now_too =
-        !index.expired.is_empty() || !index.released.is_empty() || !index.keepalives.is_empty();
+    let now_too = !index.expired.is_empty()
+        || !index.released.is_empty()
+        || !index.keepalives.is_empty()
+        || WORK.load(Ordering::Relaxed);
     let first = match (first, !now_too) {
         (first, true) => first,
         (Some(at), false) => Some(at.min(clock::now_ms())),
@@ -359,6 +370,7 @@ fn take_due(now: u64, replica: bool) -> Due {
         }
         visits.push((id, refresh));
     }
+    WORK.store(false, Ordering::Relaxed);
     let budget = VISITS_PER_TICK.saturating_sub(visits.len());
     let n = budget.min(index.released.len());
     let released = index.released.drain(..n).collect();

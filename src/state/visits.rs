@@ -9,6 +9,7 @@ use crate::redis::catch;
 use crate::redis::errors::LockError;
 use crate::redis::ffi::{self, DbKey, Str};
 use crate::state::bindings;
+use crate::state::deadlocks;
 use crate::state::timers::{self, Due};
 use crate::state::transitions;
 use crate::state::waiting;
@@ -20,6 +21,7 @@ pub fn tick(ctx: &Context, due: Due) {
 
 fn tick_work(ctx: &Context, due: Due) {
     let replica = due.replica;
+    catch::callback("a deadlock search's slice", (), || deadlocks::go_on(ctx));
     for (DbKey { db, name: key }, leases) in due.expired {
         catch::callback("announcing an expired lock", (), || {
             if ffi::select_db(ctx, db) {
