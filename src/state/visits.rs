@@ -13,10 +13,12 @@ use crate::state::deadlocks;
 use crate::state::timers::{self, Due};
 use crate::state::transitions;
 use crate::state::waiting;
+use crate::time::clock;
 
-/// One tick's work, its visits sharing the tick's share of timeouts.
+/// One tick's work, within its share of the turn (`clock::turn`): what
+/// is left goes on at the next tick.
 pub fn tick(ctx: &Context, due: Due) {
-    waiting::in_tick(|| tick_work(ctx, due));
+    clock::turn(|| tick_work(ctx, due));
 }
 
 fn tick_work(ctx: &Context, due: Due) {
@@ -57,7 +59,8 @@ fn tick_work(ctx: &Context, due: Due) {
             }
         });
     }
-    for (DbKey { db, name: key }, refresh) in due.visits {
+    let mut visits = due.visits.into_iter();
+    for (DbKey { db, name: key }, refresh) in visits.by_ref() {
         if replica {
             // Demoted while clients waited (a server that keeps them
             // blocked across the role change, as Valkey does): a replica
@@ -67,6 +70,18 @@ fn tick_work(ctx: &Context, due: Due) {
             catch::callback("a lock key's visit", (), || {
                 visit(ctx, db, &key, refresh);
             });
+        }
+        if clock::turn_over() {
+            break;
+        }
+    }
+    // The share of the turn is spent: the keys not visited are visited at
+    // the next tick.
+    let now = Some(clock::now_ms());
+    for (DbKey { db, name: key }, refresh) in visits {
+        match refresh {
+            true => timers::refresh(db, &key),
+            false => timers::schedule(db, &key, now),
         }
     }
 }

@@ -23,7 +23,7 @@
 use std::collections::{BTreeSet, HashMap, HashSet};
 use std::ops::Bound;
 use std::os::raw::{c_int, c_void};
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{LazyLock, Mutex};
 
 use redis_module::{raw, Context, ContextFlags, RedisValue};
@@ -395,36 +395,25 @@ fn block_on(
     Ok(id)
 }
 
-/// The most waiters one transaction answers nil for their WAIT's end.
+/// The most waiters one command's transaction answers nil for their WAIT's
+/// end (a tick answers as many as its share of the turn allows,
+/// `clock::turn_over`): the rest stay due, and the key's next visit (at
+/// the next tick) answers them.
 const TIMEOUTS_PER_VISIT: usize = 32;
 
-/// The most waiters one tick of the timer answers nil for, all its visits
-/// together: a tick visits up to 200 keys, and 200 keys each with 32 WAITs
-/// ending together would otherwise be 6,400 clients for Redis to unblock
-/// after one event-loop turn. What is left stays due, and the keys'
-/// next visits (at the next tick, a millisecond later: Redis runs a module
-/// timer due now at its next turn, no sooner than 1 ms after the last)
-/// answer the next share. One key's storm is answered at the same pace as
-/// before (32 a tick); a lone timeout is never held back.
-const TIMEOUTS_PER_TICK: usize = 32;
+/// How many timeouts are answered between two looks at the clock in a
+/// tick.
+const TIMEOUTS_PER_LOOK: usize = 16;
 
-/// What is left of this tick's share of timeouts ([`TIMEOUTS_PER_TICK`]);
-/// `usize::MAX` outside a tick (a command's transaction answers up to
-/// [`TIMEOUTS_PER_VISIT`]).
-static TICK_TIMEOUTS: AtomicUsize = AtomicUsize::new(usize::MAX);
-
-/// Runs a tick of the timer: its visits share [`TIMEOUTS_PER_TICK`]; after
-/// it (a panic included), transactions answer their own share again.
-pub fn in_tick<T>(work: impl FnOnce() -> T) -> T {
-    struct Ends;
-    impl Drop for Ends {
-        fn drop(&mut self) {
-            TICK_TIMEOUTS.store(usize::MAX, Ordering::Relaxed);
+/// Drops a timeout entry whose waiter is gone (never expected: `take`
+/// removes both together).
+fn forget_timeout(registry: &mut Registry, key: &DbKey, id: WaiterId) {
+    if let Some(t) = registry.timeouts.get_mut(key) {
+        t.retain(|(_, w)| *w != id);
+        if t.is_empty() {
+            registry.timeouts.remove(key);
         }
     }
-    TICK_TIMEOUTS.store(TIMEOUTS_PER_TICK, Ordering::Relaxed);
-    let _ends = Ends;
-    work()
 }
 
 /// What a key's queue needs after [`answer_waiters`].
@@ -480,30 +469,37 @@ fn answer_queued(ctx: &Context, name: Str<'_>, txn: &mut Txn) -> Pending {
     if !registry.queues.contains_key(key) {
         return Pending::NONE;
     }
-    // At most a share of them per transaction: the rest stay due, and the
-    // key's next visit (at once) answers the next share, so that 10,000
-    // WAITs ending together never hold the event loop for all of them.
-    // Within a tick, at most what is left of the tick's share too.
-    let left_in_tick = TICK_TIMEOUTS.load(Ordering::Relaxed);
-    let timed_out: Vec<WaiterId> = registry
-        .timeouts
-        .get(key)
-        .into_iter()
-        .flat_map(|t| t.range(..=(txn.now, WaiterId::MAX)))
-        .map(|(_, id)| *id)
-        .take(TIMEOUTS_PER_VISIT.min(left_in_tick))
-        .collect();
-    if left_in_tick != usize::MAX {
-        TICK_TIMEOUTS.store(
-            left_in_tick.saturating_sub(timed_out.len()),
-            Ordering::Relaxed,
-        );
-    }
+    // In a command's transaction, at most a few; in a tick, as many as its
+    // share of the turn allows (10,000 WAITs ending together are answered
+    // over the next turns, each turn's share of work bounded, none late by
+    // more than those turns). The rest stay due: the key's next visit (at
+    // the next tick) answers them.
+    let in_turn = crate::time::clock::in_turn();
     let mut left = Vec::new();
-    for id in timed_out {
-        if let Some(waiter) = registry.take(id, &mut left) {
-            stats::WAIT_TIMEOUTS.incr();
-            unblock(waiter, Ok(Attempt::Busy), Vec::new());
+    let mut answered = 0;
+    loop {
+        if answered % TIMEOUTS_PER_LOOK == 0 && answered > 0 && crate::time::clock::turn_over() {
+            break;
+        }
+        if !in_turn && answered >= TIMEOUTS_PER_VISIT {
+            break;
+        }
+        let Some(id) = registry
+            .timeouts
+            .get(key)
+            .and_then(|t| t.range(..=(txn.now, WaiterId::MAX)).next())
+            .map(|(_, id)| *id)
+        else {
+            break;
+        };
+        answered += 1;
+        match registry.take(id, &mut left) {
+            Some(waiter) => {
+                stats::WAIT_TIMEOUTS.incr();
+                unblock(waiter, Ok(Attempt::Busy), Vec::new());
+            }
+            // Not a waiter any more: its entry goes all the same.
+            None => forget_timeout(&mut registry, key, id),
         }
     }
     let Registry { queues, .. } = &mut *registry;
