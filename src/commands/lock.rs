@@ -319,7 +319,13 @@ pub const KEEPALIVE: Spec = command! {
 /// (`transitions::keepalive_share`); inside MULTI/EXEC or a script, all at once.
 fn keepalive(ctx: &Context, args: Argv<'_>) -> RedisResult {
     let ttl = args::keepalive(args)?;
-    let Some(client) = api!(RedisModule_GetClientId(ctx.ctx)) else {
+    // Inside LOCK.GUARD the command's own client is RedisModule_Call's: the
+    // holders renewed are those bound to the guard's sender.
+    let client = match spec::guarding() {
+        true => spec::guard_caller(),
+        false => api!(RedisModule_GetClientId(ctx.ctx)),
+    };
+    let Some(client) = client else {
         return Ok(RedisValue::Integer(0));
     };
     let mut job = Keepalive {
