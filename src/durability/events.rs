@@ -376,11 +376,10 @@ extern "C" fn on_client(
         // Its holders hold nothing from now on: the connection is marked
         // closed at once and every transaction on their keys ends them
         // first; the timer ends the rest, a share per tick.
-        let detached = bindings::detach_client(info.id);
-        if !detached.is_empty() {
+        if let Some(closed) = bindings::detach_client(info.id) {
             waiting::connection_closed();
+            timers::release_bound(closed);
         }
-        timers::release_bound(detached);
     })
 }
 

@@ -53,7 +53,7 @@ struct Index {
     expired: Vec<(DbKey, usize)>,
     /// Keys that came due while this server was a replica.
     deferred: HashSet<DbKey>,
-    /// Grants bound to connections that closed, to end at the next ticks.
+    /// Connections that closed with bound grants, to end at the next ticks.
     released: VecDeque<Detached>,
     /// `LOCK.KEEPALIVE` calls with more left to renew than one share.
     keepalives: Vec<Keepalive>,
@@ -230,13 +230,11 @@ pub fn work_now() {
 }
 
 /// A connection closed: end the grants that were bound to it, over the next
-/// ticks (a connection may hold 100,000: no tick does more than its share).
-pub fn release_bound(grants: Vec<Detached>) {
-    if grants.is_empty() {
-        return;
-    }
+/// ticks (a connection may hold a million: no tick does more than its
+/// share of the turn).
+pub fn release_bound(closed: Detached) {
     let mut index = index();
-    index.released.extend(grants);
+    index.released.push_back(closed);
     arm(&mut index, 0);
 }
 
@@ -334,7 +332,8 @@ pub struct Due {
     pub visits: Vec<(DbKey, bool)>,
     /// Locks Redis removed after all their leases ran out, with the count.
     pub expired: Vec<(DbKey, usize)>,
-    /// Bound grants whose connection closed, within this tick's budget.
+    /// Connections that closed with bound grants: as many of their grants
+    /// as the tick's share of the turn allows are ended.
     pub released: Vec<Detached>,
     /// `LOCK.KEEPALIVE` calls under way: one share each this tick.
     pub keepalives: Vec<Keepalive>,
@@ -371,9 +370,7 @@ fn take_due(now: u64, replica: bool) -> Due {
         visits.push((id, refresh));
     }
     WORK.store(false, Ordering::Relaxed);
-    let budget = VISITS_PER_TICK.saturating_sub(visits.len());
-    let n = budget.min(index.released.len());
-    let released = index.released.drain(..n).collect();
+    let released = index.released.drain(..).collect();
     Due {
         replica,
         visits,

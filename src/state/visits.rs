@@ -15,6 +15,10 @@ use crate::state::transitions;
 use crate::state::waiting;
 use crate::time::clock;
 
+/// How many grants of a closed connection are ended between two looks at
+/// the clock.
+const RELEASED_PER_LOOK: usize = 32;
+
 /// One tick's work, within its share of the turn (`clock::turn`): what
 /// is left goes on at the next tick.
 pub fn tick(ctx: &Context, due: Due) {
@@ -31,21 +35,27 @@ fn tick_work(ctx: &Context, due: Due) {
             }
         });
     }
-    for b in due.released {
-        // A replica has no bindings (they are the master's); a demoted
-        // master's closed connections leave their holders to the lease.
-        // (Its binding goes, so nothing counts it as pending.)
-        if replica {
-            bindings::take_detached(&b);
-            continue;
-        }
-        catch::callback("releasing a bound grant", (), || {
-            // Still bound to the closed connection (not re-bound meanwhile).
-            if let Some(b) = bindings::take_detached(&b) {
-                waiting::add_revocation(b.key.clone(), b.owner, b.token, true);
-                visit(ctx, b.key.db, &b.key.name, false);
+    for closed in due.released {
+        let mut more = true;
+        while more && !clock::turn_over() {
+            let (page, left) = bindings::take_closed(&closed, RELEASED_PER_LOOK);
+            more = left;
+            // A replica has no bindings (they are the master's); a demoted
+            // master's closed connections leave their holders to the lease.
+            // (Their bindings go, so nothing counts them as pending.)
+            if replica {
+                continue;
             }
-        });
+            for b in page {
+                catch::callback("releasing a bound grant", (), || {
+                    waiting::add_revocation(b.key.clone(), b.owner, b.token, true);
+                    visit(ctx, b.key.db, &b.key.name, false);
+                });
+            }
+        }
+        if more {
+            timers::release_bound(closed);
+        }
     }
     for mut job in due.keepalives {
         catch::callback("a share of LOCK.KEEPALIVE", (), || {
