@@ -12,6 +12,7 @@ use crate::commands::args;
 use crate::redis::errors::{LockError, Unguardable};
 use crate::redis::ffi::{self, api, Argv, DbKey};
 use crate::redis::replies;
+use crate::redis::script_caller;
 use crate::redis::spec::{self, command, Access, Arg, ArgKind, Keys, Spec, DELETE, RO, UPDATE};
 use crate::state::bindings::{self, ClientId};
 use crate::state::deadlocks::{self, Check};
@@ -273,6 +274,9 @@ fn answer_grant(
 /// connection running the transaction). A script or a function has no
 /// connection of its own to outlive: `BIND` there is an error.
 fn bound_connection(ctx: &Context) -> Result<ClientId, LockError> {
+    // A script may renew this connection's bound holders from now on: the
+    // script's caller is followed while anything is bound.
+    script_caller::follow(ctx.ctx, true);
     // Inside LOCK.GUARD: the guard's sender (the command's own client is a
     // temporary one).
     if spec::guarding() {
@@ -320,11 +324,21 @@ pub const KEEPALIVE: Spec = command! {
 /// (`transitions::keepalive_share`); inside MULTI/EXEC or a script, all at once.
 fn keepalive(ctx: &Context, args: Argv<'_>) -> RedisResult {
     let ttl = args::keepalive(args)?;
+    if bindings::count() == 0 {
+        return Ok(RedisValue::Integer(0));
+    }
     // Inside LOCK.GUARD the command's own client is RedisModule_Call's: the
-    // holders renewed are those bound to the guard's sender.
-    let client = match spec::guarding() {
-        true => spec::guard_caller(),
-        false => api!(RedisModule_GetClientId(ctx.ctx)),
+    // holders renewed are those bound to the guard's sender. Inside a script
+    // or a function, those of the connection running it.
+    let client = if spec::guarding() {
+        spec::guard_caller()
+    } else if ctx.get_flags().contains(ContextFlags::LUA) {
+        if !script_caller::supported() {
+            return Err(LockError::KeepaliveInScript.into());
+        }
+        script_caller::caller()
+    } else {
+        api!(RedisModule_GetClientId(ctx.ctx))
     };
     let Some(client) = client else {
         return Ok(RedisValue::Integer(0));

@@ -340,3 +340,42 @@ fn memory_usage_and_info_count_the_bindings() {
     assert_eq!(a.release("bound", "owner-1").int(), 1);
     assert_eq!(stat(&mut a, "bindings_memory"), 0);
 }
+
+/// Issue 38.3: inside a script or a function, `LOCK.KEEPALIVE` renews the
+/// holders bound to the connection running it (inside MULTI too: the
+/// script runs at EXEC); another connection's script renews none. Redis 7.0
+/// cannot name that connection to a module: there it is an error reply, not
+/// a silent 0.
+#[test]
+fn keepalive_in_a_script_renews_the_callers_bound_holders() {
+    let s = Server::start();
+    let mut a = s.conn();
+    let mut b = s.conn();
+    let script = "return redis.call('LOCK.KEEPALIVE', ARGV[1])";
+    // Nothing bound anywhere: 0 on every server.
+    assert_eq!(b.cmd(&["EVAL", script, "0", "1000"]).int(), 0);
+    assert!(a.cmd(&["LOCK.ACQUIRE", "s", "o", "5000", "BIND"]).int() > 0);
+    let left = |b: &mut Conn| b.lock_info("s").unwrap().holder("o").ttl;
+    if server_version(&mut a) < (7, 2) {
+        let r = a.cmd(&["EVAL", script, "0", "600000"]);
+        assert!(
+            matches!(&r, Reply::Error(e) if e.starts_with("ERR LOCK.KEEPALIVE in a script")),
+            "{r:?}"
+        );
+        assert!(left(&mut b) <= 5_000);
+        return;
+    }
+    assert_eq!(a.cmd(&["EVAL", script, "0", "600000"]).int(), 1);
+    assert!(left(&mut b) > 500_000);
+    assert_eq!(b.cmd(&["EVAL", script, "0", "900000"]).int(), 0);
+    assert!(left(&mut b) <= 600_000);
+    a.cmd(&["MULTI"]).ok();
+    a.cmd(&["EVAL", script, "0", "700000"]);
+    let exec = a.cmd(&["EXEC"]);
+    assert_eq!(exec.array()[0].clone().int(), 1, "{exec:?}");
+    assert!(left(&mut b) > 600_000);
+    let lib = "#!lua name=ka\nredis.register_function('ka', function(keys, args) return redis.call('LOCK.KEEPALIVE', args[1]) end)";
+    b.cmd(&["FUNCTION", "LOAD", lib]);
+    assert_eq!(a.cmd(&["FCALL", "ka", "0", "800000"]).int(), 1);
+    assert!(left(&mut b) > 700_000);
+}

@@ -973,14 +973,6 @@ fn acl_key_patterns_apply_to_every_command() {
     }
 }
 
-/// `major.minor` of the server (Valkey reports its Redis compatibility version
-/// as `redis_version`, 7.2.4).
-fn server_version(c: &mut Conn) -> (u32, u32) {
-    let v = c.info_field("server", "redis_version");
-    let mut it = v.split('.').map(|p| p.parse::<u32>().unwrap_or(0));
-    (it.next().unwrap_or(0), it.next().unwrap_or(0))
-}
-
 #[test]
 fn acl_categories_as_the_server_offers_them() {
     let s = Server::start();
