@@ -224,7 +224,7 @@ async function issueTests(client: unknown, label: string): Promise<void> {
     const other = Lock.exclusive(client, key, { wait: 5000 });
     const t0 = Date.now();
     assert(!(await other.acquire()), "refused");
-    assert(Date.now() - t0 < 300, `at once (${Date.now() - t0} ms)`);
+    assert(Date.now() - t0 < 2000, `at once, not the 5 s wait (${Date.now() - t0} ms)`);
     await holder.release();
   });
 
@@ -419,7 +419,7 @@ async function issueTests(client: unknown, label: string): Promise<void> {
     let err: unknown = null;
     await rw.write.acquire(5000).catch((e) => (err = e));
     assert(err !== null && /shared/.test(String((err as Error).message)), `the server's error: ${err}`);
-    assert(Date.now() - t0 < 500, "at once");
+    assert(Date.now() - t0 < 2000, "at once, not the 5 s wait");
     assert(await rw.read.owned(), "the read hold is unchanged");
     await rw.read.release();
   });

@@ -137,7 +137,7 @@ class Sync(unittest.TestCase):
         go.set()
         t0 = time.monotonic()
         self.assertTrue(b.acquire(blocking_timeout=5))
-        self.assertLess(time.monotonic() - t0, 1.0)
+        self.assertLess(time.monotonic() - t0, 3)
         b.release()
 
     def test_blocking_false_in_constructor_and_zero_timeout(self):

@@ -188,7 +188,7 @@ class Sync(unittest.TestCase):
         other = rnl.Lock(self.r, key, wait=10)
         start = time.monotonic()
         self.assertFalse(other.acquire())
-        self.assertLess(time.monotonic() - start, 0.5)
+        self.assertLess(time.monotonic() - start, 3)  # not the wait of 10 s
         holder.release()
 
     def test_read_write_lock_honours_owner_and_refuses_a_mode_change_at_once(self):
@@ -201,7 +201,7 @@ class Sync(unittest.TestCase):
         start = time.monotonic()
         with self.assertRaisesRegex(LockError, "shared"):
             rw.write().acquire(wait=5)
-        self.assertLess(time.monotonic() - start, 1)
+        self.assertLess(time.monotonic() - start, 3)
         rw.read().release()
 
     def test_bad_arguments_are_clear_errors(self):
@@ -314,7 +314,7 @@ class Async(unittest.IsolatedAsyncioTestCase):
         self.assertTrue(await holder.acquire())
         start = time.monotonic()
         self.assertFalse(await arnl.Lock(self.r, key).acquire())
-        self.assertLess(time.monotonic() - start, 0.5)
+        self.assertLess(time.monotonic() - start, 3)
         await holder.release()
 
     async def test_read_write_lock_honours_owner_and_refuses_a_mode_change_at_once(self):
@@ -326,7 +326,7 @@ class Async(unittest.IsolatedAsyncioTestCase):
         start = time.monotonic()
         with self.assertRaisesRegex(LockError, "shared"):
             await rw.write().acquire(wait=5)
-        self.assertLess(time.monotonic() - start, 1)
+        self.assertLess(time.monotonic() - start, 3)
         await rw.read().release()
         with self.assertRaisesRegex(TypeError, "list of keys"):
             arnl.MultiLock(self.r, b"abc")
