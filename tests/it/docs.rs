@@ -162,7 +162,14 @@ fn start_as(label: &str, argv: &[String], fill: impl Fn(&str, &Path, u16) -> Str
     let (program, args) = words.split_first().expect("a command");
     assert_eq!(program, "redis-server", "{label}: {argv:?}");
     let log = fs::File::create(data.parent().unwrap().join("server.log")).expect("log");
-    let child = Command::new(server_binary())
+    // A relative REDIS_SERVER is the test's, not the started directory's.
+    let binary = server_binary();
+    let binary = if binary.is_relative() && binary.components().count() > 1 {
+        std::env::current_dir().expect("cwd").join(binary)
+    } else {
+        binary
+    };
+    let child = Command::new(binary)
         .args(args)
         .current_dir(&cwd)
         .stdin(Stdio::null())
