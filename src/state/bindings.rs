@@ -4,7 +4,9 @@
 //!
 //! A binding is `(db, key, owner, token) -> client id`. It lives in this
 //! server's memory only: it is not saved or replicated, and a restart or a
-//! promotion forgets it (the holders keep their lease).
+//! promotion forgets it (the holders keep their lease). A reload of the
+//! server's own data while its connections stay open (`DEBUG RELOAD`)
+//! keeps it: [`flushed`] parks the registry, [`reloaded`] puts it back.
 //!
 //! Bindings are kept the way the commands reach them, so that binding and
 //! unbinding cost what a binding costs whatever their number:

@@ -884,3 +884,42 @@ fn measured_figures_are_benchmarks_mds() {
         stray.join("\n")
     );
 }
+
+/// `lock_bindings_memory` is what docs/commands.md's INFO table says: a
+/// fixed size per binding (the number the row gives), plus the key's and
+/// the owner's lengths when together they pass the slot's room (62 bytes).
+#[test]
+fn the_bindings_memory_estimate_is_the_documented_one() {
+    let doc = markdown("docs/commands.md");
+    let row = doc
+        .lines()
+        .find(|l| l.starts_with("| `lock_bindings_memory` |"))
+        .expect("lock_bindings_memory's row");
+    let fixed: i64 = row
+        .split_whitespace()
+        .zip(row.split_whitespace().skip(1))
+        .filter(|(_, unit)| unit.starts_with("bytes"))
+        .find_map(|(n, _)| n.parse().ok())
+        .unwrap_or_else(|| panic!("a fixed size in bytes in: {row}"));
+    let room: usize = 62;
+    assert!(row.contains(&format!("{room} bytes")), "{row}");
+    let s = Server::start();
+    let mut c = s.conn();
+    let memory = |c: &mut Conn| -> i64 {
+        c.info_field("lock", "lock_bindings_memory")
+            .parse()
+            .unwrap()
+    };
+    c.cmd(&["LOCK.ACQUIRE", "short", "owner", "60000", "BIND"])
+        .int();
+    assert_eq!(memory(&mut c), fixed, "one binding whose key and owner fit");
+    let (key, owner) = ("k".repeat(100), "o".repeat(136));
+    assert!(key.len() + owner.len() > room);
+    c.cmd(&["LOCK.ACQUIRE", &key, &owner, "60000", "BIND"])
+        .int();
+    assert_eq!(
+        memory(&mut c),
+        2 * fixed + (key.len() + owner.len()) as i64,
+        "and one whose key and owner do not"
+    );
+}
