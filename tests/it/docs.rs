@@ -834,8 +834,9 @@ fn every_error_in_the_table_is_produced() {
     }
 }
 
-/// The figures a doc states that look measured: ratios (`0.93x`) and
-/// instruction counts (`9,163 instructions`).
+/// The figures a doc states that look measured: ratios (`0.93x`),
+/// instruction counts (`9,163 instructions`) and times with a fraction or
+/// in µs (`9.1 ms`, `13 µs`).
 fn measured_figures(text: &str) -> Vec<(usize, String)> {
     let mut out = Vec::new();
     for (n, line) in prose(text) {
@@ -854,12 +855,16 @@ fn measured_figures(text: &str) -> Vec<(usize, String)> {
                     out.push((n, w.to_string()));
                 }
             }
-            if number(w)
-                && words
-                    .get(i + 1)
-                    .is_some_and(|x| x.starts_with("instructions"))
-            {
+            let unit = words
+                .get(i + 1)
+                .map(|x| x.trim_end_matches(|c: char| "(),;:.".contains(c)));
+            if number(w) && unit.is_some_and(|x| x.starts_with("instructions")) {
                 out.push((n, w.to_string()));
+            }
+            // Times with a fraction (`9.1 ms`) and any in µs are measured.
+            let time = unit.is_some_and(|u| ["ms", "s", "µs"].contains(&u));
+            if number(w) && time && (w.contains('.') || unit == Some("µs")) {
+                out.push((n, format!("{w} {}", unit.unwrap_or_default())));
             }
         }
     }
