@@ -12,6 +12,7 @@
 //!   in the repository and points to a file (and heading) that exists.
 //! - Errors: every error text of docs/commands.md's table is produced here
 //!   (or, for the few that need a cluster, asserted by another area's test).
+//! - INFO lock: every field in commands.md's table and its example.
 //! - Figures: measured figures live in docs/benchmarks.md; a ratio or an
 //!   instruction count that README.md, docs/design.md or docs/commands.md
 //!   states is one benchmarks.md states too.
@@ -927,4 +928,61 @@ fn the_bindings_memory_estimate_is_the_documented_one() {
         2 * fixed + (key.len() + owner.len()) as i64,
         "and one whose key and owner do not"
     );
+}
+
+/// `INFO lock`'s fields are docs/commands.md's: each in its table (the
+/// buckets between a row's first and last by its `...`), each row's field
+/// in the server's section, and the example shows every field.
+#[test]
+fn every_info_lock_field_is_documented() {
+    let s = Server::start();
+    let mut c = s.conn();
+    let info = c.cmd(&["INFO", "lock"]).str();
+    let fields: BTreeSet<String> = info
+        .lines()
+        .filter_map(|l| l.split_once(':'))
+        .map(|(k, _)| k.to_string())
+        .filter(|k| k.starts_with("lock_"))
+        .collect();
+    assert!(fields.len() > 20, "INFO lock: {info}");
+    let doc = markdown("docs/commands.md");
+    let section = section(&doc, "## INFO lock");
+    let mut named = BTreeSet::new();
+    let mut families = BTreeSet::new();
+    for line in section.lines().filter(|l| l.starts_with("| `lock_")) {
+        let first = line.split(" | ").next().unwrap_or(line);
+        for span in code_spans(first) {
+            named.insert(span.to_string());
+            if first.contains("...") {
+                families.insert(
+                    span.trim_end_matches(|c: char| c.is_ascii_digit())
+                        .to_string(),
+                );
+            }
+        }
+    }
+    for f in &fields {
+        let family = f.trim_end_matches(|c: char| c.is_ascii_digit());
+        assert!(
+            named.contains(f) || families.contains(family),
+            "INFO lock's {f} is not in docs/commands.md's INFO table"
+        );
+    }
+    for n in &named {
+        assert!(
+            fields.contains(n),
+            "docs/commands.md's INFO table names {n}, which INFO lock does not have"
+        );
+    }
+    let example = code_blocks(section)
+        .into_iter()
+        .find(|b| b.contains("INFO lock"))
+        .expect("an INFO lock example");
+    let shown: BTreeSet<String> = example
+        .lines()
+        .filter_map(|l| l.split_once(':'))
+        .map(|(k, _)| k.to_string())
+        .filter(|k| k.starts_with("lock_"))
+        .collect();
+    assert_eq!(shown, fields, "docs/commands.md's INFO lock example");
 }
