@@ -418,9 +418,9 @@ pub const INFO: Spec = command! {
     keys: Keys::First(RO),
     arity: -2,
     since: c"0.1.0",
-    summary: c"Describes a lock: mode, holders ([owner, holds, ttl-ms-left, token] each) and waiters; with WAITERS, each waiter's owner and ms waited; nil when free.",
+    summary: c"Describes a lock: mode, holders ([owner, holds, ttl-ms-left, token] each) and waiters; with WAITERS, each waiter's owner and ms waited (also on a free key that requests wait for, mode free); nil when free.",
     complexity: c"O(R), R the holders; O(R+W) with WAITERS, W the waiters",
-    args: &[KEY, Arg::flag(c"waiters", c"WAITERS")],
+    args: &[KEY, Arg::flag(c"waiters", c"WAITERS").since(c"0.2.0")],
 };
 
 /// `LOCK.INFO key [WAITERS]`: read-only, so expired holders are hidden, not
@@ -439,7 +439,17 @@ fn info(ctx: &Context, args: Argv<'_>) -> RedisResult {
         Some(lock) if lock.is_held(now) => {
             let waiting =
                 list_waiters.then(|| waiting::waiting_on(&ffi::db_key(ctx, name.as_slice()), now));
-            reply_info(ctx, lock, now, waiting::waiters(ctx, name), waiting);
+            reply_info(ctx, Some(lock), now, waiting::waiters(ctx, name), waiting);
+            Ok(RedisValue::NoReply)
+        }
+        // Nobody holds it, and yet requests wait: multi-key requests that
+        // head no other request's way hold a free key for themselves (no
+        // later request overtakes them). With WAITERS, the queue is shown
+        // (`mode` `free`); without, the reply stays nil (the contract's
+        // "nil when free").
+        _ if list_waiters && waiting::has_waiters(ctx, name) => {
+            let waiting = waiting::waiting_on(&ffi::db_key(ctx, name.as_slice()), now);
+            reply_info(ctx, None, now, waiting.len(), Some(waiting));
             Ok(RedisValue::NoReply)
         }
         _ => Ok(RedisValue::Null),
@@ -451,7 +461,7 @@ fn info(ctx: &Context, args: Argv<'_>) -> RedisResult {
 /// that order.
 fn reply_info(
     ctx: &Context,
-    lock: &Lock,
+    lock: Option<&Lock>,
     now: u64,
     waiters: usize,
     waiting: Option<Vec<(Owner, u64)>>,
@@ -466,13 +476,13 @@ fn reply_info(
         ))
     };
     let len = |n: usize| c_long::try_from(n).unwrap_or(c_long::MAX);
-    let limit = lock.limit();
+    let limit = lock.and_then(Lock::limit);
     let fields = 3 + usize::from(limit.is_some()) + usize::from(waiting.is_some());
     api!(RedisModule_ReplyWithMap(c, len(fields)));
     bulk(b"mode");
-    bulk(lock.mode().name().as_bytes());
+    bulk(lock.map_or("free", |l| l.mode().name()).as_bytes());
     bulk(b"holders");
-    let live: Vec<_> = lock.live(now).collect();
+    let live: Vec<_> = lock.into_iter().flat_map(|l| l.live(now)).collect();
     api!(RedisModule_ReplyWithArray(c, len(live.len())));
     for h in live {
         api!(RedisModule_ReplyWithArray(c, 4));

@@ -65,11 +65,11 @@ pub const SYNC: Spec = command! {
     keys: Keys::First(UPDATE),
     arity: -4,
     since: c"0.1.0",
-    summary: c"Internal: applies one replicated lock effect (SET owner mode holds token deadline, or DROP owner). Accepted only from the master or the AOF.",
+    summary: c"Internal: applies one replicated lock effect (mode:holds:token:deadline[:limit] owner, or DROP owner; the 0.2 form SET owner mode holds token deadline [limit] still applies). Accepted only from the master or the AOF.",
     complexity: c"O(R), R the holders",
     args: &[
         Arg::new(c"key", ArgKind::Key),
-        Arg::new(c"effect", ArgKind::String),
+        Arg::new(c"effect", ArgKind::String).many(),
     ],
 };
 

@@ -260,6 +260,19 @@ extern "C" fn on_loaded(
         let over = subevent == raw::REDISMODULE_SUBEVENT_LOADING_ENDED
             || subevent == raw::REDISMODULE_SUBEVENT_LOADING_FAILED;
         clock::loading(!over);
+        match subevent {
+            // DEBUG RELOAD / DEBUG LOADAOF: the server's own data is back,
+            // its connections open all along: so are their bindings.
+            raw::REDISMODULE_SUBEVENT_LOADING_ENDED => {
+                if bindings::reloaded() {
+                    waiting::connection_closed();
+                }
+            }
+            raw::REDISMODULE_SUBEVENT_LOADING_RDB_START
+            | raw::REDISMODULE_SUBEVENT_LOADING_AOF_START => {}
+            // A master's data (a full sync), or no data: bindings stay gone.
+            _ => bindings::drop_parked(),
+        }
         if subevent == raw::REDISMODULE_SUBEVENT_LOADING_ENDED {
             fencing::loaded(
                 replication::is_replica(),
@@ -308,6 +321,11 @@ extern "C" fn on_cron(
         // The start-up load, if any, is over: loads from now on are
         // reloads or full syncs (`fencing::loaded`).
         fencing::started();
+        // A flush of every database that no load of the server's own data
+        // followed (`bindings::flushed`): its bindings go now.
+        if !clock::is_loading() {
+            bindings::drop_parked();
+        }
         stats::follow_resetstat();
         // Several times a second, not on every command: a step is reported
         // within a cron period (and at every `INFO lock`); fencing never

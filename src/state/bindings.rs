@@ -4,7 +4,9 @@
 //!
 //! A binding is `(db, key, owner, token) -> client id`. It lives in this
 //! server's memory only: it is not saved or replicated, and a restart or a
-//! promotion forgets it (the holders keep their lease).
+//! promotion forgets it (the holders keep their lease). A reload of the
+//! server's own data while its connections stay open (`DEBUG RELOAD`)
+//! keeps it: [`flushed`] parks the registry, [`reloaded`] puts it back.
 //!
 //! Bindings are kept the way the commands reach them, so that binding and
 //! unbinding cost what a binding costs whatever their number:
@@ -42,7 +44,7 @@
 use std::collections::hash_map::{Entry, RandomState};
 use std::collections::HashMap;
 use std::hash::{BuildHasher, Hasher};
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{LazyLock, Mutex, MutexGuard};
 
 use crate::redis::ffi::DbKey;
@@ -1019,8 +1021,17 @@ pub fn swap_dbs(a: i32, b: i32) {
     }
 }
 
-/// FLUSHDB / FLUSHALL (`db` -1): the bindings of what was flushed go.
+/// FLUSHDB / FLUSHALL (`db` -1): the bindings of what was flushed go. A
+/// flush of every database may be `DEBUG RELOAD`'s (or `DEBUG LOADAOF`'s),
+/// which loads the server's own data back in the same command while the
+/// connections stay open: the bindings are parked (the registry taken
+/// whole, nothing walked) for [`reloaded`] to put back, and dropped by
+/// [`drop_parked`] if no such load follows.
 pub fn flushed(db: i32) {
+    if db == -1 {
+        park();
+        return;
+    }
     if count() == 0 {
         return;
     }
@@ -1033,6 +1044,83 @@ pub fn flushed(db: i32) {
         .collect();
     for at in gone {
         r.remove(at);
+    }
+}
+
+/// The bindings a flush of every database took away, as they were, until
+/// the load that may follow it (`DEBUG RELOAD`) ends or anything else runs.
+struct Parked {
+    registry: Registry,
+    count: usize,
+    heap: usize,
+    pending: usize,
+}
+
+static PARKED: Mutex<Option<Parked>> = Mutex::new(None);
+/// Whether [`PARKED`] holds anything: the cron's cheap check.
+static ANY_PARKED: AtomicBool = AtomicBool::new(false);
+
+fn parked() -> MutexGuard<'static, Option<Parked>> {
+    PARKED.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// Every database was flushed: the registry is set aside whole (an earlier
+/// parked one is dropped: only the latest state can come back).
+fn park() {
+    let mut r = registry();
+    let seq = r.seq;
+    let registry = std::mem::replace(
+        &mut *r,
+        Registry {
+            seq,
+            ..Registry::default()
+        },
+    );
+    let p = Parked {
+        registry,
+        count: COUNT.swap(0, Ordering::Relaxed),
+        heap: HEAP_BYTES.swap(0, Ordering::Relaxed),
+        pending: PENDING.swap(0, Ordering::Relaxed),
+    };
+    drop(r);
+    let keep = p.count != 0;
+    *parked() = keep.then_some(p);
+    ANY_PARKED.store(keep, Ordering::Relaxed);
+}
+
+/// The server's own data was loaded back right after a flush of every
+/// database (`DEBUG RELOAD`, `DEBUG LOADAOF`): the parked bindings are
+/// back, as they were (their holders came back with their tokens; one whose
+/// holder did not is stale, as after Redis's own expiry of a key, and every
+/// use checks the holder's token first). Whether any belong to a closed
+/// connection, still to be ended ([`pending`]).
+pub fn reloaded() -> bool {
+    if !ANY_PARKED.load(Ordering::Relaxed) {
+        return false;
+    }
+    ANY_PARKED.store(false, Ordering::Relaxed);
+    let Some(p) = parked().take() else {
+        return false;
+    };
+    let mut r = registry();
+    if count() != 0 {
+        // Bound since the flush: what was parked is not the current state.
+        return false;
+    }
+    let seq = r.seq;
+    *r = p.registry;
+    r.seq = r.seq.max(seq);
+    COUNT.store(p.count, Ordering::Relaxed);
+    HEAP_BYTES.store(p.heap, Ordering::Relaxed);
+    PENDING.store(p.pending, Ordering::Relaxed);
+    p.pending != 0
+}
+
+/// No load of the server's own data followed the flush (a plain
+/// `FLUSHALL`, a replica's full sync): the parked bindings go.
+pub fn drop_parked() {
+    if ANY_PARKED.swap(false, Ordering::Relaxed) {
+        drop(parked().take());
     }
 }
 

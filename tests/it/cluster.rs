@@ -779,6 +779,11 @@ fn a_waiter_on_the_source_is_not_granted_a_lock_that_migrate_moved_away() {
          ({on_source:?}) it had {left_after}: the grant vanished without a release"
     );
     assert_eq!(
+        reply,
+        Reply::Error(LockError::Migrating.message()),
+        "the waiter is told to retry where the lock went (docs/commands.md, errors)"
+    );
+    assert_eq!(
         left_on_source, 0,
         "MIGRATE left the slot empty on the source"
     );

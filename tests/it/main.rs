@@ -14,6 +14,7 @@ mod cluster;
 mod commands;
 mod cycles;
 mod deadlock;
+mod docs;
 mod ecosystem;
 mod faults;
 mod fencing;
