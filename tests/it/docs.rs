@@ -13,6 +13,7 @@
 //! - Errors: every error text of docs/commands.md's table is produced here
 //!   (or, for the few that need a cluster, asserted by another area's test).
 //! - INFO lock: every field in commands.md's table and its example.
+//! - The grant commands' redis-cli examples in commands.md replay.
 //! - Figures: measured figures live in docs/benchmarks.md; a ratio, an
 //!   instruction count or a time with a fraction or in µs that README.md,
 //!   docs/design.md or docs/commands.md states is one benchmarks.md states.
@@ -994,4 +995,29 @@ fn every_info_lock_field_is_documented() {
         .filter(|k| k.starts_with("lock_"))
         .collect();
     assert_eq!(shown, fields, "docs/commands.md's INFO lock example");
+}
+
+/// docs/commands.md's redis-cli examples of the grant commands, each
+/// section's in order on a server of its own (LOCK.GUARD's are replayed by
+/// guard::; the others need waiting clients, a connection of their own or
+/// a setting the transcript does not show).
+#[test]
+fn the_grant_examples_of_commands_md_replay() {
+    let doc = markdown("docs/commands.md");
+    for heading in [
+        "## LOCK.RACQUIRE",
+        "## LOCK.READ",
+        "## LOCK.SEMAPHORE",
+        "## LOCK.MACQUIRE",
+    ] {
+        let blocks: Vec<String> = code_blocks(section(&doc, heading))
+            .into_iter()
+            .filter(|b| b.starts_with("127.0.0.1:6379> "))
+            .collect();
+        assert!(!blocks.is_empty(), "{heading}: no example");
+        let s = Server::start();
+        for block in blocks {
+            replay_cli_transcript_on(s.port, &block);
+        }
+    }
 }
