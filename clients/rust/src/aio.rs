@@ -22,8 +22,8 @@ use crate::commands::{self, Exchange, Guarded, Release, Released, Renew};
 use crate::holding::{tell, Holding};
 use crate::watch::{self, Watched};
 use crate::{
-    closed, fresh_owner, gone_error, io_failure, limit, tick, timed_out, Error, Kind, Options,
-    Target, WRONGTYPE,
+    bound_failed, closed, fresh_owner, gone_error, io_failure, limit, tick, timed_out, Error, Kind,
+    Options, Target, WRONGTYPE,
 };
 
 pub struct Lock {
@@ -38,11 +38,10 @@ pub struct Guard<'a> {
     done: bool,
 }
 
-/// A holder's connection: to the server (with the watcher id its client
-/// tracking redirects to, once set), or to the cluster.
+/// A holder's connection: to the server, or to the cluster.
 #[derive(Clone)]
 enum Conn {
-    Server(MultiplexedConnection, Option<i64>),
+    Server(MultiplexedConnection),
     Cluster(redis::cluster_async::ClusterConnection),
 }
 
@@ -73,7 +72,7 @@ impl Conn {
                     c.get_multiplexed_async_connection_with_config(&config),
                 )
                 .await
-                .map(|c| Conn::Server(c, None))
+                .map(Conn::Server)
             }
             Target::Cluster(c) => {
                 // The cluster client takes only a finite response timeout.
@@ -93,7 +92,7 @@ impl Conn {
         t: Option<Duration>,
     ) -> redis::RedisResult<redis::Value> {
         match self {
-            Conn::Server(c, _) => within(t, cmd.query_async(c)).await,
+            Conn::Server(c) => within(t, cmd.query_async(c)).await,
             Conn::Cluster(c) => within(t, cmd.query_async(c)).await,
         }
     }
@@ -104,7 +103,7 @@ impl Conn {
         t: Option<Duration>,
     ) -> redis::RedisResult<Vec<redis::Value>> {
         match self {
-            Conn::Server(c, _) => within(t, p.query_async(c)).await,
+            Conn::Server(c) => within(t, p.query_async(c)).await,
             Conn::Cluster(c) => within(t, p.query_async(c)).await,
         }
     }
@@ -139,9 +138,9 @@ struct Status {
     holding: Holding,
     /// Wakes this acquisition's watchdog.
     wake: Arc<Notify>,
-    /// Owners whose release a dropped guard left to a task: sent before
-    /// anything else goes over the connection.
-    pending: Vec<Vec<u8>>,
+    /// Grants (owner, tokens) whose release a dropped guard left to a
+    /// task: sent before anything else goes over the connection.
+    pending: Vec<(Vec<u8>, Vec<i64>)>,
 }
 
 impl Deref for Status {
@@ -167,10 +166,11 @@ async fn flush(s: &Shared, slot: &mut Option<Conn>) {
         let mut st = std_lock(&s.status);
         (std::mem::take(&mut st.pending), st.timeout)
     };
-    for owner in pending {
+    for (owner, tokens) in pending {
         let Some(conn) = slot.as_mut() else { return };
-        for key in s.kind.keys() {
-            let release = commands::release(&key, &owner);
+        for (key, token) in s.kind.keys().iter().zip(tokens) {
+            // Under the grant's token: a stale guard frees nothing.
+            let release = commands::release(key, &owner, Some(token));
             if conn.query(&release, Some(timeout)).await.is_err() {
                 *slot = None; // closing it frees a bound lock
                 break;
@@ -369,7 +369,7 @@ impl Lock {
                 Ok(_) if opts.allow_not_durable => durable = Some(false),
                 Ok(n) => {
                     // Given back on the same connection (one hold: a first grant).
-                    if release_keys(&mut slot, &s.kind, &owner, opts.timeout, false)
+                    if release_keys(&mut slot, &s.kind, &owner, &tokens, opts.timeout, false)
                         .await
                         .is_err()
                     {
@@ -427,7 +427,11 @@ impl Lock {
     }
 
     pub async fn owned(&self) -> Result<bool, Error> {
-        Ok(commands::held_by(self.info().await?, &self.owner_id()))
+        Ok(commands::held_by(
+            self.info().await?,
+            &self.owner_id(),
+            None,
+        ))
     }
 
     /// `LOCK.INFO` of the (first) key, on a connection of its own.
@@ -451,7 +455,7 @@ async fn release_quietly(client: &Target, kind: &Kind, owner: &[u8], timeout: Du
     if let Ok(mut c) = Conn::open(client, timeout).await {
         for key in kind.keys() {
             let _ = c
-                .query(&commands::release(&key, owner), Some(timeout))
+                .query(&commands::release(&key, owner, None), Some(timeout))
                 .await;
         }
     }
@@ -480,14 +484,16 @@ async fn watchdog(s: Arc<Shared>, generation: u64, wake: Arc<Notify>) {
             let st = std_lock(&s.status);
             (st.bound, st.timeout)
         };
-        let watcher = if bound { join(&s, timeout).await } else { None };
+        if bound {
+            join(&s, timeout).await;
+        }
         if bound && !std_lock(&s.status).current(generation) {
             // Released meanwhile: the release may have left the watcher before we joined.
             leave(&s, &mut None, timeout).await;
             return;
         }
         let mut slot = s.conn.lock().await;
-        let (owner, ttl, timeout, bound, left, renew) = {
+        let (owner, tokens, ttl, timeout, bound, left, renew) = {
             let mut st = std_lock(&s.status);
             if !st.current(generation) || st.lost.is_some() {
                 return;
@@ -504,7 +510,8 @@ async fn watchdog(s: Arc<Shared>, generation: u64, wake: Arc<Notify>) {
                 return;
             }
             let left = st.valid_until.saturating_duration_since(Instant::now());
-            (st.owner.clone(), st.ttl, st.timeout, st.bound, left, renew)
+            let (owner, tokens) = (st.owner.clone(), st.tokens.clone());
+            (owner, tokens, st.ttl, st.timeout, st.bound, left, renew)
         };
         let io = limit(timeout, left);
         if slot.is_none() && !bound {
@@ -516,13 +523,13 @@ async fn watchdog(s: Arc<Shared>, generation: u64, wake: Arc<Notify>) {
                 &mut slot,
                 &s.kind,
                 &owner,
-                watcher,
+                &tokens,
                 renew.then_some(ttl),
                 io,
             )
             .await
         } else {
-            renew_keys(&mut slot, &s.kind, &owner, ttl, io).await
+            renew_keys(&mut slot, &s.kind, &owner, &tokens, ttl, io).await
         };
         let (replicas, wait) = {
             let st = std_lock(&s.status);
@@ -551,10 +558,7 @@ async fn watchdog(s: Arc<Shared>, generation: u64, wake: Arc<Notify>) {
                 Ok(Some(why)) => st.set_lost(&s.kind, why),
                 Err(e) if bound => {
                     *slot = None;
-                    st.set_lost(
-                        &s.kind,
-                        &format!("the connection the lock was bound to failed ({e})"),
-                    )
+                    st.set_lost(&s.kind, &bound_failed(&e))
                 }
                 Err(e) => {
                     *slot = None;
@@ -591,22 +595,19 @@ impl Watched for Shared {
     }
 }
 
-/// The id of the watcher of the lock's server, joined (opened if need be,
-/// off the runtime's threads: opening waits on the network).
-async fn join(s: &Arc<Shared>, timeout: Duration) -> Option<i64> {
+/// Joins the watcher of the lock's server (opened if need be, off the
+/// runtime's threads: opening waits on the network).
+async fn join(s: &Arc<Shared>, timeout: Duration) {
     let Target::Server(c) = &s.client else {
-        return None;
+        return;
     };
     let weak: Weak<dyn Watched> = Arc::downgrade(&(Arc::clone(s) as Arc<dyn Watched>));
     let id = watch::id_of::<Shared>(s);
-    if let Some(w) = watch::try_join(c, id, &weak) {
-        return Some(w);
+    if watch::try_join(c, id, &weak).is_some() {
+        return;
     }
     let c = c.clone();
-    tokio::task::spawn_blocking(move || watch::join(&c, id, weak, timeout))
-        .await
-        .ok()
-        .flatten()
+    let _ = tokio::task::spawn_blocking(move || watch::join(&c, id, weak, timeout)).await;
 }
 
 /// The lock no longer needs the watcher; the last one wakes it to close,
@@ -629,34 +630,28 @@ async fn leave(s: &Shared, slot: &mut Option<Conn>, timeout: Duration) {
     }
 }
 
-/// As the blocking API's: tracking redirected to the watcher (once per
-/// connection), then `LOCK.KEEPALIVE` (when `renew`) and a read of each
-/// key, in one round trip. `None` while the lock is ours.
+/// As the blocking API's: `LOCK.KEEPALIVE` (when `renew`) and a read of
+/// each key, in one round trip. `None` while the grant holds them all.
 async fn sync(
     slot: &mut Option<Conn>,
     kind: &Kind,
     owner: &[u8],
-    watcher: Option<i64>,
+    tokens: &[i64],
     renew: Option<Duration>,
     timeout: Duration,
 ) -> redis::RedisResult<Option<&'static str>> {
     let conn = slot.as_mut().ok_or_else(closed)?;
-    match (watcher, &mut *conn) {
-        (Some(w), Conn::Server(c, by)) if *by != Some(w) => {
-            match within(Some(timeout), commands::tracking(w).query_async::<()>(c)).await {
-                Ok(()) => *by = Some(w),
-                Err(e) if io_failure(&e) => return Err(e),
-                Err(_) => {} // refused (an ACL): the renewals still notice
-            }
-        }
-        (None, _) if renew.is_none() => return Ok(None),
-        _ => {}
-    }
     match conn
         .query_pipe(&commands::sync_pipe(kind, renew), Some(timeout))
         .await
     {
-        Ok(replies) => Ok(commands::judge(kind, owner, renew.is_some(), replies)),
+        Ok(replies) => Ok(commands::judge(
+            kind,
+            owner,
+            tokens,
+            renew.is_some(),
+            replies,
+        )),
         Err(e) if gone_error(&e) => Ok(Some(WRONGTYPE)),
         Err(e) => Err(e),
     }
@@ -666,11 +661,13 @@ async fn renew_keys(
     slot: &mut Option<Conn>,
     kind: &Kind,
     owner: &[u8],
+    tokens: &[i64],
     ttl: Duration,
     timeout: Duration,
 ) -> redis::RedisResult<Option<&'static str>> {
     let conn = slot.as_mut().ok_or_else(closed)?;
-    conn.run(Renew::new(kind, owner, ttl), Some(timeout)).await
+    conn.run(Renew::new(kind, owner, tokens, ttl), Some(timeout))
+        .await
 }
 
 /// `WAIT replicas wait` on the holder's connection (a reply may take `wait`
@@ -695,17 +692,18 @@ async fn release_keys(
     slot: &mut Option<Conn>,
     kind: &Kind,
     owner: &[u8],
+    tokens: &[i64],
     timeout: Duration,
     all: bool,
 ) -> redis::RedisResult<Released> {
     let conn = slot.as_mut().ok_or_else(closed)?;
-    conn.run(Release::new(kind, owner, all), Some(timeout))
+    conn.run(Release::new(kind, owner, tokens, all), Some(timeout))
         .await
 }
 
 /// The bookkeeping of ending one guard, done at once (also from `Drop`):
-/// whether a `LOCK.RELEASE` must go, and for which owner.
-fn unhold(s: &Shared, generation: u64, all: bool) -> Option<Vec<u8>> {
+/// whether a `LOCK.RELEASE` must go, and for which grant (owner, tokens).
+fn unhold(s: &Shared, generation: u64, all: bool) -> Option<(Vec<u8>, Vec<i64>)> {
     let mut st = std_lock(&s.status);
     if !st.current(generation) {
         return None;
@@ -715,7 +713,7 @@ fn unhold(s: &Shared, generation: u64, all: bool) -> Option<Vec<u8>> {
     if last {
         st.wake.notify_one();
     }
-    (all || last || s.kind.counted()).then(|| st.owner.clone())
+    (all || last || s.kind.counted()).then(|| (st.owner.clone(), st.tokens.clone()))
 }
 
 /// After the last hold: the next acquisition, a fresh owner unless fixed.
@@ -737,7 +735,7 @@ async fn end(s: &Shared, generation: u64, all: bool) -> Result<(), Error> {
     let send = unhold(s, generation, all);
     let mut news = None;
     let mut result = Ok(());
-    if let Some(owner) = send {
+    if let Some((owner, tokens)) = send {
         let (timeout, left) = {
             let st = std_lock(&s.status);
             (
@@ -746,7 +744,7 @@ async fn end(s: &Shared, generation: u64, all: bool) -> Result<(), Error> {
             )
         };
         let timeout = limit(timeout, left.max(Duration::from_millis(50)));
-        let outcome = release_keys(&mut slot, &s.kind, &owner, timeout, all).await;
+        let outcome = release_keys(&mut slot, &s.kind, &owner, &tokens, timeout, all).await;
         let mut st = std_lock(&s.status);
         match outcome {
             Ok(Released::Gone(why)) => {
@@ -755,10 +753,7 @@ async fn end(s: &Shared, generation: u64, all: bool) -> Result<(), Error> {
                 *slot = None;
             }
             Ok(Released::All) => st.holds = 0,
-            Ok(Released::OneHold) => {
-                st.verify = st.bound; // our write dropped the keys from tracking
-                st.wake.notify_one();
-            }
+            Ok(Released::OneHold) => st.wake.notify_one(),
             Err(e) => {
                 st.holds = 0;
                 *slot = None;
@@ -794,8 +789,13 @@ impl Guard<'_> {
         self.lock
     }
 
+    /// As the blocking [`crate::Guard::owned`]: this grant, under its token.
     pub async fn owned(&self) -> Result<bool, Error> {
-        self.lock.owned().await
+        let (owner, token) = {
+            let st = std_lock(&self.shared().status);
+            (st.owner.clone(), st.tokens.first().copied())
+        };
+        Ok(commands::held_by(self.lock.info().await?, &owner, token))
     }
 
     pub fn token(&self) -> i64 {
@@ -886,10 +886,7 @@ impl Guard<'_> {
                     // one usable): closing it frees a bound lock.
                     *s.conn.lock().await = None;
                     if bound {
-                        let news = std_lock(&s.status).set_lost(
-                            &s.kind,
-                            &format!("the connection the lock was bound to failed ({e})"),
-                        );
+                        let news = std_lock(&s.status).set_lost(&s.kind, &bound_failed(&e));
                         tell(news);
                     }
                 }
@@ -905,13 +902,14 @@ impl Guard<'_> {
         }
         self.check()?;
         let mut slot = s.conn.lock().await;
-        let (owner, timeout, left) = {
+        let (owner, tokens, timeout, left) = {
             let st = std_lock(&s.status);
             let left = st.valid_until.saturating_duration_since(Instant::now());
-            (st.owner.clone(), st.timeout, left)
+            (st.owner.clone(), st.tokens.clone(), st.timeout, left)
         };
         let sent = Instant::now();
-        let result = renew_keys(&mut slot, &s.kind, &owner, ttl, limit(timeout, left)).await;
+        let io = limit(timeout, left);
+        let result = renew_keys(&mut slot, &s.kind, &owner, &tokens, ttl, io).await;
         let (replicas, wait) = {
             let st = std_lock(&s.status);
             (st.replicas, st.replicas_timeout)
@@ -931,7 +929,6 @@ impl Guard<'_> {
                 st.ttl = ttl;
                 st.valid_until = sent + ttl;
                 st.next_renewal = Instant::now() + tick(ttl);
-                st.verify = st.bound; // our write dropped the keys from tracking
                 st.wake.notify_one();
                 drop(st);
                 drop(slot);
@@ -940,7 +937,10 @@ impl Guard<'_> {
             }
             Ok(Some(why)) => st.set_lost(&s.kind, why),
             Err(e) => {
-                if st.bound || Instant::now() >= st.valid_until {
+                if st.bound {
+                    *slot = None;
+                    st.set_lost(&s.kind, &bound_failed(&e))
+                } else if Instant::now() >= st.valid_until {
                     *slot = None;
                     st.set_lost(&s.kind, &format!("the renewal failed ({e})"))
                 } else {
@@ -985,8 +985,12 @@ impl Guard<'_> {
             Err(e) => {
                 if io_failure(&e) {
                     *slot = None;
-                    let news = std_lock(&s.status)
-                        .set_lost(&s.kind, &format!("the holder's connection failed ({e})"));
+                    let why = if bound {
+                        bound_failed(&e)
+                    } else {
+                        format!("the holder's connection failed ({e})")
+                    };
+                    let news = std_lock(&s.status).set_lost(&s.kind, &why);
                     tell(news);
                 }
                 return Err(e.into());
@@ -997,7 +1001,6 @@ impl Guard<'_> {
             Some(t) if t == st.tokens => {
                 st.holds += 1;
                 st.valid_until = sent + st.ttl;
-                st.verify = st.bound; // our write dropped the keys from tracking
                 st.wake.notify_one();
                 drop(st);
                 drop(slot);
@@ -1007,9 +1010,13 @@ impl Guard<'_> {
                     done: false,
                 }))
             }
-            Some(_) => {
+            Some(other) => {
+                // A new token: the request took a hold of a new grant, given
+                // back under its token (as the blocking API does).
                 let news = st.set_lost(&s.kind, "the lease ended before the re-acquire");
                 drop(st);
+                let _ = release_keys(&mut slot, &s.kind, &owner, &other, timeout, false).await;
+                drop(slot);
                 tell(news);
                 Err(std_lock(&s.status).lost_error(&s.kind))
             }
@@ -1032,10 +1039,10 @@ impl Drop for Guard<'_> {
         if s.pid != std::process::id() {
             return;
         }
-        let Some(owner) = unhold(&s, self.generation, false) else {
+        let Some(grant) = unhold(&s, self.generation, false) else {
             return;
         };
-        std_lock(&s.status).pending.push(owner);
+        std_lock(&s.status).pending.push(grant);
         let generation = self.generation;
         if let Ok(handle) = tokio::runtime::Handle::try_current() {
             handle.spawn(async move {

@@ -11,8 +11,8 @@ use crate::commands::{self, Exchange, Guarded, Release, Released, Renew};
 use crate::holding::{tell, Holding};
 use crate::watch::{self, Watched};
 use crate::{
-    closed, fresh_owner, gone_error, io_failure, limit, tick, Error, Kind, Options, Target,
-    WRONGTYPE,
+    bound_failed, closed, fresh_owner, gone_error, io_failure, limit, tick, Error, Kind, Options,
+    Target, WRONGTYPE,
 };
 
 /// A lock of one kind on its keys, held by one owner. Acquire it with
@@ -32,10 +32,9 @@ pub struct Guard<'a> {
     done: bool,
 }
 
-/// A holder's connection: to the server (with the watcher id its client
-/// tracking redirects to, once set), or to the cluster.
+/// A holder's connection: to the server, or to the cluster.
 enum Conn {
-    Server(redis::Connection, Option<i64>),
+    Server(redis::Connection),
     Cluster(Box<redis::cluster::ClusterConnection>),
 }
 
@@ -58,7 +57,7 @@ impl Conn {
 
     fn open_now(target: &Target, timeout: Duration) -> redis::RedisResult<Conn> {
         let conn = match target {
-            Target::Server(c) => Conn::Server(c.get_connection_with_timeout(timeout)?, None),
+            Target::Server(c) => Conn::Server(c.get_connection_with_timeout(timeout)?),
             Target::Cluster(c) => {
                 let config = redis::cluster::ClusterConfig::new()
                     .set_connection_timeout(timeout)
@@ -74,7 +73,7 @@ impl Conn {
     fn timeouts(&self, read: Option<Duration>) -> redis::RedisResult<()> {
         let write = read.or(Some(crate::DEFAULT_TIMEOUT));
         match self {
-            Conn::Server(c, _) => {
+            Conn::Server(c) => {
                 c.set_read_timeout(read)?;
                 c.set_write_timeout(write)
             }
@@ -87,14 +86,14 @@ impl Conn {
 
     fn query(&mut self, cmd: &redis::Cmd) -> redis::RedisResult<redis::Value> {
         match self {
-            Conn::Server(c, _) => cmd.query(c),
+            Conn::Server(c) => cmd.query(c),
             Conn::Cluster(c) => cmd.query(&mut **c),
         }
     }
 
     fn query_pipe(&mut self, p: &redis::Pipeline) -> redis::RedisResult<Vec<redis::Value>> {
         match self {
-            Conn::Server(c, _) => p.query(c),
+            Conn::Server(c) => p.query(c),
             Conn::Cluster(c) => p.query(&mut **c),
         }
     }
@@ -347,7 +346,9 @@ impl Lock {
                 Ok(_) if opts.allow_not_durable => durable = Some(false),
                 Ok(n) => {
                     // Given back on the same connection (one hold: a first grant).
-                    if release_keys(&mut slot, &s.kind, &owner, opts.timeout, false).is_err() {
+                    let given_back =
+                        release_keys(&mut slot, &s.kind, &owner, &tokens, opts.timeout, false);
+                    if given_back.is_err() {
                         *slot = None; // closing it frees a bound grant
                         if !bound {
                             release_quietly(&s.client, &s.kind, &owner, opts.timeout);
@@ -380,7 +381,7 @@ impl Lock {
             st.lost = None;
             st.valid_until = sent + opts.ttl;
             st.next_renewal = Instant::now() + tick(opts.ttl);
-            // The watchdog's first work: tracking, and a read of the keys.
+            // The watchdog's first work: the watcher, and a read of the keys.
             st.verify = bound;
             st.replicas = opts.replicas;
             st.replicas_timeout = opts.replicas_timeout;
@@ -392,7 +393,7 @@ impl Lock {
         let spawned = thread::Builder::new()
             .name("redis-native-lock-watchdog".into())
             .spawn(move || watchdog(&watched, generation));
-        // (the watchdog tracks the keys: `verify`)
+        // (the watchdog joins the watcher: `verify`)
         if let Err(e) = spawned {
             let _ = end(&s, generation, true);
             return Err(Error::Redis(redis::RedisError::from(e)));
@@ -411,7 +412,7 @@ impl Lock {
 
     /// Whether this owner holds the (first) key, as the server says.
     pub fn owned(&self) -> Result<bool, Error> {
-        Ok(commands::held_by(self.info()?, &self.owner_id()))
+        Ok(commands::held_by(self.info()?, &self.owner_id(), None))
     }
 
     /// `LOCK.INFO` of the (first) key, on a connection of its own.
@@ -434,7 +435,7 @@ impl Lock {
 fn release_quietly(client: &Target, kind: &Kind, owner: &[u8], timeout: Duration) {
     if let Ok(mut c) = Conn::open(client, timeout) {
         for key in kind.keys() {
-            let _ = c.query(&commands::release(&key, owner));
+            let _ = c.query(&commands::release(&key, owner, None));
         }
     }
 }
@@ -449,9 +450,15 @@ impl Guard<'_> {
         self.lock
     }
 
-    /// Whether this owner holds the (first) key, as the server says.
+    /// Whether this guard's grant (its owner, under its token) still holds
+    /// the (first) key, as the server says: false once the owner name holds
+    /// it under a later grant.
     pub fn owned(&self) -> Result<bool, Error> {
-        self.lock.owned()
+        let (owner, token) = {
+            let st = lock(&self.shared().status);
+            (st.owner.clone(), st.tokens.first().copied())
+        };
+        Ok(commands::held_by(self.lock.info()?, &owner, token))
     }
 
     /// The fencing token (a multi-key lock: the highest of [`Guard::tokens`]).
@@ -566,10 +573,7 @@ impl Guard<'_> {
                     *slot = None;
                     drop(slot);
                     if bound {
-                        let news = lock(&s.status).set_lost(
-                            &s.kind,
-                            &format!("the connection the lock was bound to failed ({e})"),
-                        );
+                        let news = lock(&s.status).set_lost(&s.kind, &bound_failed(&e));
                         tell(news);
                     }
                 }
@@ -586,13 +590,20 @@ impl Guard<'_> {
         }
         self.check()?;
         let mut slot = lock(&s.conn);
-        let (owner, timeout, left) = {
+        let (owner, tokens, timeout, left) = {
             let st = lock(&s.status);
             let left = st.valid_until.saturating_duration_since(Instant::now());
-            (st.owner.clone(), st.timeout, left)
+            (st.owner.clone(), st.tokens.clone(), st.timeout, left)
         };
         let sent = Instant::now();
-        let result = renew_keys(&mut slot, &s.kind, &owner, ttl, limit(timeout, left));
+        let result = renew_keys(
+            &mut slot,
+            &s.kind,
+            &owner,
+            &tokens,
+            ttl,
+            limit(timeout, left),
+        );
         let (replicas, wait) = {
             let st = lock(&s.status);
             (st.replicas, st.replicas_timeout)
@@ -609,7 +620,6 @@ impl Guard<'_> {
                 st.ttl = ttl;
                 st.valid_until = sent + ttl;
                 st.next_renewal = Instant::now() + tick(ttl);
-                st.verify = st.bound; // our write dropped the keys from tracking
                 s.wake.notify_all();
                 drop(st);
                 drop(slot);
@@ -618,7 +628,10 @@ impl Guard<'_> {
             }
             Ok(Some(why)) => st.set_lost(&s.kind, why),
             Err(e) => {
-                if st.bound || Instant::now() >= st.valid_until {
+                if st.bound {
+                    *slot = None;
+                    st.set_lost(&s.kind, &bound_failed(&e))
+                } else if Instant::now() >= st.valid_until {
                     *slot = None;
                     st.set_lost(&s.kind, &format!("the renewal failed ({e})"))
                 } else {
@@ -663,8 +676,12 @@ impl Guard<'_> {
             Err(e) => {
                 if io_failure(&e) {
                     *slot = None;
-                    let news = lock(&s.status)
-                        .set_lost(&s.kind, &format!("the holder's connection failed ({e})"));
+                    let why = if bound {
+                        bound_failed(&e)
+                    } else {
+                        format!("the holder's connection failed ({e})")
+                    };
+                    let news = lock(&s.status).set_lost(&s.kind, &why);
                     tell(news);
                 }
                 return Err(e.into());
@@ -675,7 +692,6 @@ impl Guard<'_> {
             Some(t) if t == st.tokens => {
                 st.holds += 1;
                 st.valid_until = sent + st.ttl;
-                st.verify = st.bound; // our write dropped the keys from tracking
                 s.wake.notify_all();
                 drop(st);
                 drop(slot);
@@ -685,10 +701,14 @@ impl Guard<'_> {
                     done: false,
                 }))
             }
-            Some(_) => {
-                // A new token: our grant had ended, this is someone new.
+            Some(other) => {
+                // A new token: our grant had ended, and the request took a
+                // hold of a new one (the owner name was free, or granted
+                // again): given back under its token.
                 let news = st.set_lost(&s.kind, "the lease ended before the re-acquire");
                 drop(st);
+                let _ = release_keys(&mut slot, &s.kind, &owner, &other, timeout, false);
+                drop(slot);
                 tell(news);
                 Err(lock(&s.status).lost_error(&s.kind))
             }
@@ -714,7 +734,7 @@ fn end(s: &Shared, generation: u64, all: bool) -> Result<(), Error> {
     }
     // Waits for a renewal in flight: no renewal follows the release.
     let mut slot = lock(&s.conn);
-    let (owner, timeout, left, send) = {
+    let (owner, tokens, timeout, left, send) = {
         let mut st = lock(&s.status);
         if !st.current(generation) {
             return Ok(());
@@ -726,13 +746,13 @@ fn end(s: &Shared, generation: u64, all: bool) -> Result<(), Error> {
         }
         let left = st.valid_until.saturating_duration_since(Instant::now());
         let send = all || last || s.kind.counted();
-        (st.owner.clone(), st.timeout, left, send)
+        (st.owner.clone(), st.tokens.clone(), st.timeout, left, send)
     };
     let mut news = None;
     let mut result = Ok(());
     if send {
         let timeout = limit(timeout, left.max(Duration::from_millis(50)));
-        let outcome = release_keys(&mut slot, &s.kind, &owner, timeout, all);
+        let outcome = release_keys(&mut slot, &s.kind, &owner, &tokens, timeout, all);
         let mut st = lock(&s.status);
         match outcome {
             Ok(Released::Gone(why)) => {
@@ -741,10 +761,7 @@ fn end(s: &Shared, generation: u64, all: bool) -> Result<(), Error> {
                 *slot = None;
             }
             Ok(Released::All) => st.holds = 0,
-            Ok(Released::OneHold) => {
-                st.verify = st.bound; // our write dropped the keys from tracking
-                s.wake.notify_all();
-            }
+            Ok(Released::OneHold) => s.wake.notify_all(),
             Err(e) => {
                 st.holds = 0;
                 *slot = None; // closing it frees a bound lock
@@ -780,16 +797,18 @@ fn end(s: &Shared, generation: u64, all: bool) -> Result<(), Error> {
     result
 }
 
+/// `LOCK.RELEASE` of the grant (owner, under its `tokens`) on every key.
 fn release_keys(
     slot: &mut Option<Conn>,
     kind: &Kind,
     owner: &[u8],
+    tokens: &[i64],
     timeout: Duration,
     all: bool,
 ) -> redis::RedisResult<Released> {
     let conn = slot.as_mut().ok_or_else(closed)?;
     conn.timeouts(Some(timeout))?;
-    conn.run(Release::new(kind, owner, all))
+    conn.run(Release::new(kind, owner, tokens, all))
 }
 
 /// `WAIT replicas wait` on the holder's connection (a reply may take `wait`
@@ -807,17 +826,19 @@ fn wait_acks(
     n
 }
 
-/// `LOCK.RENEW` on every key: `None` when renewed, else why the lease is lost.
+/// `LOCK.RENEW` of the grant on every key: `None` when renewed, else why
+/// the lease is lost.
 fn renew_keys(
     slot: &mut Option<Conn>,
     kind: &Kind,
     owner: &[u8],
+    tokens: &[i64],
     ttl: Duration,
     timeout: Duration,
 ) -> redis::RedisResult<Option<&'static str>> {
     let conn = slot.as_mut().ok_or_else(closed)?;
     conn.timeouts(Some(timeout))?;
-    conn.run(Renew::new(kind, owner, ttl))
+    conn.run(Renew::new(kind, owner, tokens, ttl))
 }
 
 impl Drop for Guard<'_> {
@@ -856,14 +877,16 @@ fn watchdog(s: &Arc<Shared>, generation: u64) {
             let st = lock(&s.status);
             (st.bound, st.timeout)
         };
-        let watcher = if bound { join(s, timeout) } else { None };
+        if bound {
+            join(s, timeout);
+        }
         if bound && !lock(&s.status).current(generation) {
             // Released meanwhile: the release may have left the watcher before we joined.
             leave(s, &mut None, timeout);
             return;
         }
         let mut slot = lock(&s.conn);
-        let (owner, ttl, timeout, bound, left, renew) = {
+        let (owner, tokens, ttl, timeout, bound, left, renew) = {
             let mut st = lock(&s.status);
             if !st.current(generation) || st.lost.is_some() {
                 return;
@@ -881,7 +904,8 @@ fn watchdog(s: &Arc<Shared>, generation: u64) {
                 return;
             }
             let left = st.valid_until.saturating_duration_since(Instant::now());
-            (st.owner.clone(), st.ttl, st.timeout, st.bound, left, renew)
+            let (owner, tokens) = (st.owner.clone(), st.tokens.clone());
+            (owner, tokens, st.ttl, st.timeout, st.bound, left, renew)
         };
         let io = limit(timeout, left);
         if slot.is_none() && !bound {
@@ -893,12 +917,12 @@ fn watchdog(s: &Arc<Shared>, generation: u64) {
                 &mut slot,
                 &s.kind,
                 &owner,
-                watcher,
+                &tokens,
                 renew.then_some(ttl),
                 io,
             )
         } else {
-            renew_keys(&mut slot, &s.kind, &owner, ttl, io)
+            renew_keys(&mut slot, &s.kind, &owner, &tokens, ttl, io)
         };
         let (replicas, wait) = {
             let st = lock(&s.status);
@@ -923,10 +947,7 @@ fn watchdog(s: &Arc<Shared>, generation: u64) {
             Ok(Some(why)) => st.set_lost(&s.kind, why),
             Err(e) if bound => {
                 *slot = None;
-                st.set_lost(
-                    &s.kind,
-                    &format!("the connection the lock was bound to failed ({e})"),
-                )
+                st.set_lost(&s.kind, &bound_failed(&e))
             }
             Err(e) => {
                 *slot = None;
@@ -962,13 +983,13 @@ impl Watched for Shared {
     }
 }
 
-/// The id of the watcher of the lock's server, joined (opened if need be).
-fn join(s: &Arc<Shared>, timeout: Duration) -> Option<i64> {
+/// Joins the watcher of the lock's server (opened if need be).
+fn join(s: &Arc<Shared>, timeout: Duration) {
     let Target::Server(c) = &s.client else {
-        return None;
+        return;
     };
     let weak: Weak<dyn Watched> = Arc::downgrade(&(Arc::clone(s) as Arc<dyn Watched>));
-    watch::join(c, watch::id_of::<Shared>(s), weak, timeout)
+    watch::join(c, watch::id_of::<Shared>(s), weak, timeout);
 }
 
 /// The lock no longer needs the watcher; the last one wakes it to close,
@@ -996,32 +1017,27 @@ fn leave(s: &Shared, slot: &mut Option<Conn>, timeout: Duration) {
         });
 }
 
-/// On the bound connection: client tracking redirected to the watcher (once
-/// per connection, when there is one), then `LOCK.KEEPALIVE` (when `renew`)
-/// and a read of each key, in one round trip. `None` while the lock is ours.
+/// On the bound connection, in one round trip: `LOCK.KEEPALIVE` (when
+/// `renew`) and a read of each key. `None` while the grant (owner,
+/// `tokens`) holds them all, else why not; `Err` when the connection failed.
 fn sync(
     slot: &mut Option<Conn>,
     kind: &Kind,
     owner: &[u8],
-    watcher: Option<i64>,
+    tokens: &[i64],
     renew: Option<Duration>,
     timeout: Duration,
 ) -> redis::RedisResult<Option<&'static str>> {
     let conn = slot.as_mut().ok_or_else(closed)?;
     conn.timeouts(Some(timeout))?;
-    match (watcher, &mut *conn) {
-        (Some(w), Conn::Server(c, by)) if *by != Some(w) => {
-            match commands::tracking(w).query::<()>(c) {
-                Ok(()) => *by = Some(w),
-                Err(e) if io_failure(&e) => return Err(e),
-                Err(_) => {} // refused (an ACL): the renewals still notice
-            }
-        }
-        (None, _) if renew.is_none() => return Ok(None),
-        _ => {}
-    }
     match conn.query_pipe(&commands::sync_pipe(kind, renew)) {
-        Ok(replies) => Ok(commands::judge(kind, owner, renew.is_some(), replies)),
+        Ok(replies) => Ok(commands::judge(
+            kind,
+            owner,
+            tokens,
+            renew.is_some(),
+            replies,
+        )),
         Err(e) if gone_error(&e) => Ok(Some(WRONGTYPE)),
         Err(e) => Err(e),
     }
