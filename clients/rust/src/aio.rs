@@ -19,7 +19,7 @@ use redis::{AsyncConnectionConfig, FromRedisValue};
 use tokio::sync::{Mutex, Notify};
 
 use crate::commands::{self, Exchange, Guarded, Release, Released, Renew};
-use crate::holding::{tell, Holding};
+use crate::holding::{tell, After, Holding, Reacquired};
 use crate::watch::{self, Watched};
 use crate::{
     bound_failed, closed, fresh_owner, gone_error, io_failure, limit, tick, timed_out, Error, Kind,
@@ -198,99 +198,7 @@ impl Lock {
         }
     }
 
-    pub fn exclusive(client: impl Into<Target>, key: impl AsRef<[u8]>) -> Lock {
-        Lock::new(client.into(), Kind::Exclusive(key.as_ref().to_vec()))
-    }
-
-    pub fn reentrant(client: impl Into<Target>, key: impl AsRef<[u8]>) -> Lock {
-        Lock::new(client.into(), Kind::Reentrant(key.as_ref().to_vec()))
-    }
-
-    pub fn read(client: impl Into<Target>, key: impl AsRef<[u8]>) -> Lock {
-        Lock::new(client.into(), Kind::Read(key.as_ref().to_vec()))
-    }
-
-    pub fn write(client: impl Into<Target>, key: impl AsRef<[u8]>) -> Lock {
-        Lock::new(client.into(), Kind::Reentrant(key.as_ref().to_vec()))
-    }
-
-    pub fn semaphore(client: impl Into<Target>, key: impl AsRef<[u8]>, limit: u32) -> Lock {
-        Lock::new(client.into(), Kind::Semaphore(key.as_ref().to_vec(), limit))
-    }
-
-    pub fn multi<K: AsRef<[u8]>>(
-        client: impl Into<Target>,
-        keys: impl IntoIterator<Item = K>,
-    ) -> Lock {
-        Lock::new(
-            client.into(),
-            Kind::Multi(keys.into_iter().map(|k| k.as_ref().to_vec()).collect()),
-        )
-    }
-
-    pub fn ttl(mut self, ttl: Duration) -> Lock {
-        self.opts.ttl = ttl;
-        self
-    }
-
-    /// Default `None`: do not wait; `Duration::MAX`: without limit.
-    pub fn wait(mut self, wait: Option<Duration>) -> Lock {
-        self.opts.wait = wait;
-        self
-    }
-
-    pub fn owner(self, owner: impl AsRef<[u8]>) -> Lock {
-        {
-            let mut st = std_lock(&self.shared.status);
-            st.owner = owner.as_ref().to_vec();
-            st.fixed = true;
-        }
-        self
-    }
-
-    pub fn bind(mut self, bind: bool) -> Lock {
-        self.opts.bind = bind;
-        self
-    }
-
-    pub fn timeout(mut self, timeout: Duration) -> Lock {
-        self.opts.timeout = timeout;
-        self
-    }
-
-    /// Called (on the watchdog's task) when a lease is found lost.
-    pub fn on_lost(self, f: impl Fn(&Error) + Send + Sync + 'static) -> Lock {
-        std_lock(&self.shared.status).on_lost = Some(Arc::new(f));
-        self
-    }
-
-    /// As the blocking [`crate::Lock::replicas`]: `WAIT replicas timeout`
-    /// after each grant and renewal, on its connection.
-    pub fn replicas(mut self, replicas: u32, timeout: Duration) -> Lock {
-        self.opts.replicas = replicas;
-        self.opts.replicas_timeout = timeout;
-        self
-    }
-
-    /// As the blocking [`crate::Lock::allow_not_durable`].
-    pub fn allow_not_durable(mut self, allow: bool) -> Lock {
-        self.opts.allow_not_durable = allow;
-        self
-    }
-
-    /// As the blocking [`crate::Lock::on_not_durable`] (called on the watchdog task).
-    pub fn on_not_durable(self, f: impl Fn(&Error) + Send + Sync + 'static) -> Lock {
-        std_lock(&self.shared.status).on_not_durable = Some(Arc::new(f));
-        self
-    }
-
-    pub fn keys(&self) -> Vec<Vec<u8>> {
-        self.shared.kind.keys()
-    }
-
-    pub fn owner_id(&self) -> Vec<u8> {
-        std_lock(&self.shared.status).owner.clone()
-    }
+    crate::api::lock_builder!(std_lock);
 
     /// As the blocking [`crate::Lock::acquire`]. Cancelling the future (a
     /// `select!`, a timeout) closes the connection the request waited on,
@@ -541,46 +449,34 @@ async fn watchdog(s: Arc<Shared>, generation: u64, wake: Arc<Notify>) {
         } else {
             None
         };
-        let mut notice = None;
-        let news = {
+        let after = {
             let mut st = std_lock(&s.status);
             if !st.current(generation) {
                 return;
             }
-            match result {
-                Ok(None) if !renew => None,
-                Ok(None) => {
-                    st.valid_until = sent + ttl;
-                    st.next_renewal = Instant::now() + tick(ttl);
-                    notice = acks.and_then(|a| st.renewed(&s.kind, a));
-                    None
-                }
-                Ok(Some(why)) => st.set_lost(&s.kind, why),
-                Err(e) if bound => {
-                    *slot = None;
-                    st.set_lost(&s.kind, &bound_failed(&e))
-                }
-                Err(e) => {
-                    *slot = None;
-                    if Instant::now() + Duration::from_millis(1) >= st.valid_until {
-                        st.set_lost(
-                            &s.kind,
-                            &format!("renewals failed until the lease ran out ({e})"),
-                        )
-                    } else {
-                        st.next_renewal = Instant::now() + tick(ttl).min(Duration::from_secs(1));
-                        None
-                    }
-                }
-            }
+            st.after_pass(&s.kind, result, renew, sent, acks)
         };
-        drop(slot);
-        tell(notice);
-        if news.is_some() {
-            tell(news);
+        let over = after.news.is_some();
+        apply(&s, slot, after);
+        if over {
             return;
         }
     }
+}
+
+/// Applies a decision of [`Holding`]'s: closes the holder's connection
+/// (which frees a bound lock), wakes the watchdog, then tells, outside the
+/// locks.
+fn apply(s: &Shared, mut slot: tokio::sync::MutexGuard<'_, Option<Conn>>, after: After) {
+    if after.close {
+        *slot = None;
+    }
+    if after.wake {
+        std_lock(&s.status).wake.notify_one();
+    }
+    drop(slot);
+    tell(after.notice);
+    tell(after.news);
 }
 
 impl Watched for Shared {
@@ -745,23 +641,15 @@ async fn end(s: &Shared, generation: u64, all: bool) -> Result<(), Error> {
         };
         let timeout = limit(timeout, left.max(Duration::from_millis(50)));
         let outcome = release_keys(&mut slot, &s.kind, &owner, &tokens, timeout, all).await;
-        let mut st = std_lock(&s.status);
-        match outcome {
-            Ok(Released::Gone(why)) => {
-                news = st.set_lost(&s.kind, why);
-                st.holds = 0;
-                *slot = None;
-            }
-            Ok(Released::All) => st.holds = 0,
-            Ok(Released::OneHold) => st.wake.notify_one(),
-            Err(e) => {
-                st.holds = 0;
-                *slot = None;
-                if st.lost.is_none() {
-                    result = Err(e.into());
-                }
-            }
+        let (after, r) = std_lock(&s.status).after_release(&s.kind, outcome);
+        result = r;
+        if after.close {
+            *slot = None;
         }
+        if after.wake {
+            std_lock(&s.status).wake.notify_one();
+        }
+        news = after.news;
     }
     let (last, timeout) = {
         let st = std_lock(&s.status);
@@ -798,43 +686,7 @@ impl Guard<'_> {
         Ok(commands::held_by(self.lock.info().await?, &owner, token))
     }
 
-    pub fn token(&self) -> i64 {
-        std_lock(&self.shared().status).token()
-    }
-
-    pub fn tokens(&self) -> Vec<i64> {
-        std_lock(&self.shared().status).tokens.clone()
-    }
-
-    /// As the blocking [`crate::Guard::durable`].
-    pub fn durable(&self) -> Option<bool> {
-        std_lock(&self.shared().status).durable
-    }
-
-    pub fn is_bound(&self) -> bool {
-        std_lock(&self.shared().status).bound
-    }
-
-    /// True once the lease is known lost, or may have run out; it stays
-    /// true. Never waits.
-    pub fn is_lost(&self) -> bool {
-        let s = self.shared();
-        let (lost, news) = {
-            let mut st = std_lock(&s.status);
-            let news = st.check_lost(&s.kind);
-            (st.lost.is_some(), news)
-        };
-        tell(news);
-        lost
-    }
-
-    pub fn check(&self) -> Result<(), Error> {
-        if self.is_lost() {
-            let s = self.shared();
-            return Err(std_lock(&s.status).lost_error(&s.kind));
-        }
-        Ok(())
-    }
+    crate::api::guard_reads!(std_lock);
 
     /// As the blocking [`crate::Guard::call`]: `cmd` runs iff this
     /// acquisition still holds the lock, as one atomic step, else
@@ -919,39 +771,15 @@ impl Guard<'_> {
         } else {
             None
         };
-        let mut st = std_lock(&s.status);
-        if !st.current(self.generation) {
-            return Err(st.lost_error(&s.kind));
-        }
-        let news = match result {
-            Ok(None) => {
-                let notice = acks.and_then(|a| st.renewed(&s.kind, a));
-                st.ttl = ttl;
-                st.valid_until = sent + ttl;
-                st.next_renewal = Instant::now() + tick(ttl);
-                st.wake.notify_one();
-                drop(st);
-                drop(slot);
-                tell(notice);
-                return Ok(());
+        let (after, result) = {
+            let mut st = std_lock(&s.status);
+            if !st.current(self.generation) {
+                return Err(st.lost_error(&s.kind));
             }
-            Ok(Some(why)) => st.set_lost(&s.kind, why),
-            Err(e) => {
-                if st.bound {
-                    *slot = None;
-                    st.set_lost(&s.kind, &bound_failed(&e))
-                } else if Instant::now() >= st.valid_until {
-                    *slot = None;
-                    st.set_lost(&s.kind, &format!("the renewal failed ({e})"))
-                } else {
-                    return Err(e.into());
-                }
-            }
+            st.after_extend(&s.kind, result, ttl, sent, acks)
         };
-        let err = st.lost_error(&s.kind);
-        drop(st);
-        tell(news);
-        Err(err)
+        apply(s, slot, after);
+        result
     }
 
     /// As the blocking [`crate::Guard::reacquire`].
@@ -996,13 +824,10 @@ impl Guard<'_> {
                 return Err(e.into());
             }
         };
-        let mut st = std_lock(&s.status);
-        match reply? {
-            Some(t) if t == st.tokens => {
-                st.holds += 1;
-                st.valid_until = sent + st.ttl;
-                st.wake.notify_one();
-                drop(st);
+        let reacquired = std_lock(&s.status).reacquired(&s.kind, reply?, sent);
+        match reacquired {
+            Reacquired::Held => {
+                std_lock(&s.status).wake.notify_one();
                 drop(slot);
                 Ok(Some(Guard {
                     generation: self.generation,
@@ -1010,17 +835,15 @@ impl Guard<'_> {
                     done: false,
                 }))
             }
-            Some(other) => {
-                // A new token: the request took a hold of a new grant, given
-                // back under its token (as the blocking API does).
-                let news = st.set_lost(&s.kind, "the lease ended before the re-acquire");
-                drop(st);
+            Reacquired::Stale(other, news) => {
+                // The request took a hold of a new grant: given back under
+                // its token.
                 let _ = release_keys(&mut slot, &s.kind, &owner, &other, timeout, false).await;
                 drop(slot);
                 tell(news);
                 Err(std_lock(&s.status).lost_error(&s.kind))
             }
-            None => Ok(None),
+            Reacquired::Refused => Ok(None),
         }
     }
 

@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 use redis::FromRedisValue;
 
 use crate::commands::{self, Exchange, Guarded, Release, Released, Renew};
-use crate::holding::{tell, Holding};
+use crate::holding::{tell, After, Holding, Reacquired};
 use crate::watch::{self, Watched};
 use crate::{
     bound_failed, closed, fresh_owner, gone_error, io_failure, limit, tick, Error, Kind, Options,
@@ -144,132 +144,7 @@ impl Lock {
         }
     }
 
-    /// An exclusive lock (`LOCK.ACQUIRE`).
-    pub fn exclusive(client: impl Into<Target>, key: impl AsRef<[u8]>) -> Lock {
-        Lock::new(client.into(), Kind::Exclusive(key.as_ref().to_vec()))
-    }
-
-    /// A reentrant exclusive lock (`LOCK.RACQUIRE`), as Redisson's `RLock`:
-    /// [`Guard::reacquire`] adds a hold.
-    pub fn reentrant(client: impl Into<Target>, key: impl AsRef<[u8]>) -> Lock {
-        Lock::new(client.into(), Kind::Reentrant(key.as_ref().to_vec()))
-    }
-
-    /// The read side of a read-write lock (`LOCK.READ`): shared.
-    pub fn read(client: impl Into<Target>, key: impl AsRef<[u8]>) -> Lock {
-        Lock::new(client.into(), Kind::Read(key.as_ref().to_vec()))
-    }
-
-    /// The write side of a read-write lock: exclusive and reentrant
-    /// (`LOCK.RACQUIRE`), with writer preference.
-    pub fn write(client: impl Into<Target>, key: impl AsRef<[u8]>) -> Lock {
-        Lock::new(client.into(), Kind::Reentrant(key.as_ref().to_vec()))
-    }
-
-    /// One permit of a semaphore of `limit` permits (`LOCK.SEMAPHORE`).
-    pub fn semaphore(client: impl Into<Target>, key: impl AsRef<[u8]>, limit: u32) -> Lock {
-        Lock::new(client.into(), Kind::Semaphore(key.as_ref().to_vec(), limit))
-    }
-
-    /// Every key or none (`LOCK.MACQUIRE`); [`Guard::tokens`] per key. No
-    /// key, a repeated key or more than 1000 keys: [`Error::Invalid`].
-    pub fn multi<K: AsRef<[u8]>>(
-        client: impl Into<Target>,
-        keys: impl IntoIterator<Item = K>,
-    ) -> Lock {
-        Lock::new(
-            client.into(),
-            Kind::Multi(keys.into_iter().map(|k| k.as_ref().to_vec()).collect()),
-        )
-    }
-
-    /// The lease (default 30 s), renewed while held.
-    pub fn ttl(mut self, ttl: Duration) -> Lock {
-        self.opts.ttl = ttl;
-        self
-    }
-
-    /// How long to wait in the server. Default `None`: do not wait (one
-    /// try); `Duration::MAX`: without limit.
-    pub fn wait(mut self, wait: Option<Duration>) -> Lock {
-        self.opts.wait = wait;
-        self
-    }
-
-    /// The owner id for every acquisition of this object (every kind sends
-    /// it). By default a fresh UUID per acquisition: a stable id only if you
-    /// mean it (re-entrancy across objects, or a mode change refused).
-    pub fn owner(self, owner: impl AsRef<[u8]>) -> Lock {
-        {
-            let mut st = lock(&self.shared.status);
-            st.owner = owner.as_ref().to_vec();
-            st.fixed = true;
-        }
-        self
-    }
-
-    /// `BIND` (default): the server frees the lock when the holder's
-    /// connection closes. `false`: a lease renewed with `LOCK.RENEW`.
-    pub fn bind(mut self, bind: bool) -> Lock {
-        self.opts.bind = bind;
-        self
-    }
-
-    /// The connect timeout and the longest a reply may take beyond the
-    /// acquire's wait (default 2 s); a renewal or a release also never
-    /// waits past what is left of the lease.
-    pub fn timeout(mut self, timeout: Duration) -> Lock {
-        self.opts.timeout = timeout;
-        self
-    }
-
-    /// Called (on the watchdog's thread) when the watchdog finds a lease
-    /// lost, with the [`Error::LeaseLost`] the holder will get.
-    pub fn on_lost(self, f: impl Fn(&Error) + Send + Sync + 'static) -> Lock {
-        lock(&self.shared.status).on_lost = Some(Arc::new(f));
-        self
-    }
-
-    /// Durable grants: `WAIT replicas timeout` right after each grant and
-    /// each renewal, on the connection that carried it (that reply may take
-    /// the timeout plus [`Lock::timeout`]). A grant fewer replicas
-    /// acknowledged is released and the acquire returns
-    /// [`Error::NotDurable`] (or, with [`Lock::allow_not_durable`], the
-    /// guard with [`Guard::durable`] `Some(false)`); a renewal fewer
-    /// acknowledged keeps the lease and calls [`Lock::on_not_durable`]. 0
-    /// (default): no `WAIT`. Not on a cluster ([`Error::Invalid`]).
-    pub fn replicas(mut self, replicas: u32, timeout: Duration) -> Lock {
-        self.opts.replicas = replicas;
-        self.opts.replicas_timeout = timeout;
-        self
-    }
-
-    /// Keep a grant fewer replicas acknowledged than [`Lock::replicas`]
-    /// asked for, flagged ([`Guard::durable`] `Some(false)`), instead of
-    /// releasing it with [`Error::NotDurable`].
-    pub fn allow_not_durable(mut self, allow: bool) -> Lock {
-        self.opts.allow_not_durable = allow;
-        self
-    }
-
-    /// Called (on the watchdog) when a renewal (or an extend) is
-    /// acknowledged by fewer replicas than [`Lock::replicas`] asked for,
-    /// with [`Error::NotDurable`] (or the `WAIT`'s own failure); the lease
-    /// is kept and [`Guard::durable`] turns `Some(false)` until a renewal is
-    /// acknowledged again.
-    pub fn on_not_durable(self, f: impl Fn(&Error) + Send + Sync + 'static) -> Lock {
-        lock(&self.shared.status).on_not_durable = Some(Arc::new(f));
-        self
-    }
-
-    pub fn keys(&self) -> Vec<Vec<u8>> {
-        self.shared.kind.keys()
-    }
-
-    /// The owner id the current (or next) acquisition uses.
-    pub fn owner_id(&self) -> Vec<u8> {
-        lock(&self.shared.status).owner.clone()
-    }
+    crate::api::lock_builder!(lock);
 
     /// Asks for the lock, waiting in the server as configured (by default
     /// not at all): a guard, or `None` when refused or the wait ran out.
@@ -461,48 +336,7 @@ impl Guard<'_> {
         Ok(commands::held_by(self.lock.info()?, &owner, token))
     }
 
-    /// The fencing token (a multi-key lock: the highest of [`Guard::tokens`]).
-    pub fn token(&self) -> i64 {
-        lock(&self.shared().status).token()
-    }
-
-    /// The tokens per key, in key order.
-    pub fn tokens(&self) -> Vec<i64> {
-        lock(&self.shared().status).tokens.clone()
-    }
-
-    /// With [`Lock::replicas`]: whether the grant and the last renewal were
-    /// each acknowledged by that many replicas; `None` without it.
-    pub fn durable(&self) -> Option<bool> {
-        lock(&self.shared().status).durable
-    }
-
-    /// Whether the lock is bound to the holder's connection (`BIND`).
-    pub fn is_bound(&self) -> bool {
-        lock(&self.shared().status).bound
-    }
-
-    /// True once the lease is known lost, or may have run out; it stays
-    /// true. Never waits on the network.
-    pub fn is_lost(&self) -> bool {
-        let s = self.shared();
-        let (lost, news) = {
-            let mut st = lock(&s.status);
-            let news = st.check_lost(&s.kind);
-            (st.lost.is_some(), news)
-        };
-        tell(news);
-        lost
-    }
-
-    /// `Err(LeaseLost)` if the lease is gone: call it before a protected write.
-    pub fn check(&self) -> Result<(), Error> {
-        if self.is_lost() {
-            let s = self.shared();
-            return Err(lock(&s.status).lost_error(&s.kind));
-        }
-        Ok(())
-    }
+    crate::api::guard_reads!(lock);
 
     /// Runs `cmd` in the server if and only if this guard's acquisition
     /// still holds the lock there, as one atomic step (`LOCK.GUARD key
@@ -614,35 +448,10 @@ impl Guard<'_> {
         if !st.current(self.generation) {
             return Err(st.lost_error(&s.kind));
         }
-        let news = match result {
-            Ok(None) => {
-                let notice = acks.and_then(|a| st.renewed(&s.kind, a));
-                st.ttl = ttl;
-                st.valid_until = sent + ttl;
-                st.next_renewal = Instant::now() + tick(ttl);
-                s.wake.notify_all();
-                drop(st);
-                drop(slot);
-                tell(notice);
-                return Ok(());
-            }
-            Ok(Some(why)) => st.set_lost(&s.kind, why),
-            Err(e) => {
-                if st.bound {
-                    *slot = None;
-                    st.set_lost(&s.kind, &bound_failed(&e))
-                } else if Instant::now() >= st.valid_until {
-                    *slot = None;
-                    st.set_lost(&s.kind, &format!("the renewal failed ({e})"))
-                } else {
-                    return Err(e.into());
-                }
-            }
-        };
-        let err = st.lost_error(&s.kind);
+        let (after, result) = st.after_extend(&s.kind, result, ttl, sent, acks);
         drop(st);
-        tell(news);
-        Err(err)
+        apply(s, slot, after);
+        result
     }
 
     /// Adds a hold (a reentrant or read lock: one more `LOCK.RELEASE` to
@@ -687,13 +496,10 @@ impl Guard<'_> {
                 return Err(e.into());
             }
         };
-        let mut st = lock(&s.status);
-        match reply? {
-            Some(t) if t == st.tokens => {
-                st.holds += 1;
-                st.valid_until = sent + st.ttl;
+        let reacquired = lock(&s.status).reacquired(&s.kind, reply?, sent);
+        match reacquired {
+            Reacquired::Held => {
                 s.wake.notify_all();
-                drop(st);
                 drop(slot);
                 Ok(Some(Guard {
                     generation: self.generation,
@@ -701,18 +507,15 @@ impl Guard<'_> {
                     done: false,
                 }))
             }
-            Some(other) => {
-                // A new token: our grant had ended, and the request took a
-                // hold of a new one (the owner name was free, or granted
-                // again): given back under its token.
-                let news = st.set_lost(&s.kind, "the lease ended before the re-acquire");
-                drop(st);
+            Reacquired::Stale(other, news) => {
+                // The request took a hold of a new grant (the owner name was
+                // free, or granted again): given back under its token.
                 let _ = release_keys(&mut slot, &s.kind, &owner, &other, timeout, false);
                 drop(slot);
                 tell(news);
                 Err(lock(&s.status).lost_error(&s.kind))
             }
-            None => Ok(None),
+            Reacquired::Refused => Ok(None),
         }
     }
 
@@ -753,23 +556,15 @@ fn end(s: &Shared, generation: u64, all: bool) -> Result<(), Error> {
     if send {
         let timeout = limit(timeout, left.max(Duration::from_millis(50)));
         let outcome = release_keys(&mut slot, &s.kind, &owner, &tokens, timeout, all);
-        let mut st = lock(&s.status);
-        match outcome {
-            Ok(Released::Gone(why)) => {
-                news = st.set_lost(&s.kind, why);
-                st.holds = 0;
-                *slot = None;
-            }
-            Ok(Released::All) => st.holds = 0,
-            Ok(Released::OneHold) => s.wake.notify_all(),
-            Err(e) => {
-                st.holds = 0;
-                *slot = None; // closing it frees a bound lock
-                if st.lost.is_none() {
-                    result = Err(e.into());
-                }
-            }
+        let (after, r) = lock(&s.status).after_release(&s.kind, outcome);
+        result = r;
+        if after.close {
+            *slot = None;
         }
+        if after.wake {
+            s.wake.notify_all();
+        }
+        news = after.news;
     }
     let mut st = lock(&s.status);
     if st.holds == 0 {
@@ -935,41 +730,29 @@ fn watchdog(s: &Arc<Shared>, generation: u64) {
         if !st.current(generation) {
             return;
         }
-        let mut notice = None;
-        let news = match result {
-            Ok(None) if !renew => None,
-            Ok(None) => {
-                st.valid_until = sent + ttl;
-                st.next_renewal = Instant::now() + tick(ttl);
-                notice = acks.and_then(|a| st.renewed(&s.kind, a));
-                None
-            }
-            Ok(Some(why)) => st.set_lost(&s.kind, why),
-            Err(e) if bound => {
-                *slot = None;
-                st.set_lost(&s.kind, &bound_failed(&e))
-            }
-            Err(e) => {
-                *slot = None;
-                if Instant::now() + Duration::from_millis(1) >= st.valid_until {
-                    st.set_lost(
-                        &s.kind,
-                        &format!("renewals failed until the lease ran out ({e})"),
-                    )
-                } else {
-                    st.next_renewal = Instant::now() + tick(ttl).min(Duration::from_secs(1));
-                    None
-                }
-            }
-        };
+        let after = st.after_pass(&s.kind, result, renew, sent, acks);
         drop(st);
-        drop(slot);
-        tell(notice);
-        if news.is_some() {
-            tell(news);
+        let over = after.news.is_some();
+        apply(s, slot, after);
+        if over {
             return;
         }
     }
+}
+
+/// Applies a decision of [`Holding`]'s: closes the holder's connection
+/// (which frees a bound lock), wakes the watchdog, then tells, outside the
+/// locks.
+fn apply(s: &Shared, mut slot: MutexGuard<'_, Option<Conn>>, after: After) {
+    if after.close {
+        *slot = None;
+    }
+    if after.wake {
+        s.wake.notify_all();
+    }
+    drop(slot);
+    tell(after.notice);
+    tell(after.news);
 }
 
 impl Watched for Shared {

@@ -134,6 +134,7 @@ use std::fmt;
 use std::time::Duration;
 
 pub mod aio;
+mod api;
 mod blocking;
 mod commands;
 mod holding;
