@@ -239,6 +239,10 @@ func (s *Session) verifyLocked() {
 	}
 	if s.private && len(s.helds) == 0 {
 		s.closeLocked()
+		return
+	}
+	if len(s.helds) > 0 {
+		s.c.rewatch(context.Background())
 	}
 }
 

@@ -3,6 +3,7 @@ package redislock
 import (
 	"context"
 	"sync"
+	"time"
 
 	"github.com/gomodule/redigo/redis"
 )
@@ -22,15 +23,19 @@ import (
 // verifyLocked: LOCK.INFO, read only), so the cause is told as it is. A
 // watcher whose connection fails (the server killed or restarted) makes
 // every watched session check (its own connection fails too, or a new
-// watcher is opened). The holder's own renewals change the key as well:
-// each is followed by one such check.
+// watcher is opened); so does an observer that fails (it pings after
+// pingEvery without a read). The holder's own renewals change the key as
+// well: each is followed by one such check.
 type watcher struct {
 	sub redis.Conn
 	obs redis.Conn
-	// obsMu: the observer's reads (the reader goroutine and watch).
+	// obsMu: the observer's reads (the reader and pinger goroutines, watch).
 	obsMu   sync.Mutex
 	closing bool // under Client.wmu
+	done    chan struct{}
 }
+
+const pingEvery = 5 * time.Second
 
 // watched: the keys of the Client's bound holders, and the sessions
 // holding each (a count per session: one session may hold a key twice).
@@ -86,6 +91,7 @@ func (c *Client) unwatch(sess *Session, keys []string) {
 		c.w.closing = true
 		c.w.sub.Close()
 		c.w.obs.Close()
+		close(c.w.done)
 		c.w = nil
 	}
 }
@@ -117,9 +123,10 @@ func (c *Client) openWatcher(ctx context.Context) *watcher {
 		sub.Close()
 		return nil
 	}
-	w := &watcher{sub: sub, obs: obs}
+	w := &watcher{sub: sub, obs: obs, done: make(chan struct{})}
 	c.w = w
 	go c.read(w)
+	go c.ping(w)
 	for k := range c.keys {
 		w.observe(k, "", 0, c)
 	}
@@ -130,15 +137,52 @@ const invalidations = "__redis__:invalidate"
 
 // observe reads key on the observer (tracking it); whether owner holds it
 // under token there (true when owner is "" or the read failed: the
-// sessions' checks decide).
+// sessions' checks decide). An observer whose connection failed ends the
+// watcher (its subscriber closed: the reader tells every session).
 func (w *watcher) observe(key, owner string, token int64, c *Client) bool {
 	w.obsMu.Lock()
 	reply, err := redis.DoWithTimeout(w.obs, c.timeout, "LOCK.INFO", key)
 	w.obsMu.Unlock()
+	if err != nil && !isReplyError(err) {
+		w.sub.Close()
+		return true
+	}
 	if err != nil || owner == "" {
 		return true
 	}
 	return holds(reply, owner, token)
+}
+
+// ping: the observer is idle between invalidations; a PING every pingEvery
+// finds it dead (CLIENT KILL, the server's idle timeout) and ends the
+// watcher, so the sessions check and a new one is opened.
+func (c *Client) ping(w *watcher) {
+	t := time.NewTicker(pingEvery)
+	defer t.Stop()
+	for {
+		select {
+		case <-w.done:
+			return
+		case <-t.C:
+		}
+		w.obsMu.Lock()
+		_, err := redis.DoWithTimeout(w.obs, c.timeout, "PING")
+		w.obsMu.Unlock()
+		if err != nil {
+			w.sub.Close()
+			return
+		}
+	}
+}
+
+// rewatch (after a session's check): a new watcher when the last one ended
+// and bound holders are left.
+func (c *Client) rewatch(ctx context.Context) {
+	c.wmu.Lock()
+	defer c.wmu.Unlock()
+	if c.w == nil && len(c.keys) > 0 {
+		c.openWatcher(ctx)
+	}
 }
 
 // read: the reader goroutine. Each invalidation re-arms tracking on the
@@ -159,6 +203,7 @@ func (c *Client) read(w *watcher) {
 			}
 			w.sub.Close()
 			w.obs.Close()
+			close(w.done)
 			sessions := map[*Session]bool{}
 			for _, m := range c.keys {
 				for s := range m {
