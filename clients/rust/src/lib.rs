@@ -110,7 +110,13 @@
 //! [`Guard::is_lost`] turns true for good, [`Guard::check`] and the release
 //! return [`Error::LeaseLost`], and [`Lock::on_lost`]'s callback is called.
 //! A key deleted or overwritten (`WRONGTYPE`) is a lost lease too, never a
-//! raw server error. `DEADLOCK` replies are [`Error::Deadlock`].
+//! raw server error. `DEADLOCK` replies are [`Error::Deadlock`]. A bound
+//! lock's loss (its key deleted, overwritten or freed, its connection
+//! killed, the server killed or restarted) is told at once through a
+//! watcher per server (a subscriber and an observer: see the README), each
+//! cause in its own words. The release and every renewal go with the
+//! grant's token (`TOKEN`): a guard whose grant ended never releases or
+//! renews a later grant to the same owner name.
 //!
 //! # fork
 //!
