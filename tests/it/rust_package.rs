@@ -1656,7 +1656,7 @@ fn told_within(told: &Told, d: Duration) -> Option<String> {
 /// failed). Never "the connection failed" for an overwritten key.
 #[test]
 fn a_lost_bound_lock_is_told_before_the_next_keepalive_blocking() {
-    for how in ["DEL", "SET", "RELEASE", "KILL", "KILL9", "RESTART"] {
+    for how in ["KILL", "KILL9", "RESTART", "DEL", "SET", "RELEASE"] {
         let mut s = Server::start();
         let c = client(&s);
         let mut admin = s.conn();
@@ -1699,7 +1699,7 @@ fn a_lost_bound_lock_is_told_before_the_next_keepalive_blocking() {
 /// The same with the tokio API.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_lost_bound_lock_is_told_before_the_next_keepalive_tokio() {
-    for how in ["DEL", "SET", "RELEASE", "KILL", "KILL9", "RESTART"] {
+    for how in ["KILL", "KILL9", "RESTART", "DEL", "SET", "RELEASE"] {
         let mut s = Server::start();
         let c = client(&s);
         let mut admin = s.conn();
@@ -1758,7 +1758,8 @@ fn a_stale_holder_never_ends_a_newer_grant_blocking() {
     let s = Server::start();
     let c = client(&s);
     let mut admin = s.conn();
-    let kinds: [(&str, fn(&redis::Client, &str) -> Lock); 5] = [
+    type Make = fn(&redis::Client, &str) -> Lock;
+    let kinds: [(&str, Make); 5] = [
         ("exclusive", |c, k| Lock::exclusive(c, k)),
         ("reentrant", |c, k| Lock::reentrant(c, k)),
         ("read", |c, k| Lock::read(c, k)),
