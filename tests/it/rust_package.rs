@@ -919,8 +919,9 @@ fn the_package_builds_from_its_packaged_sources() {
             "Cargo.toml.orig",
             "README.md",
             "src/aio.rs",
+            "src/api.rs",
             "src/blocking.rs",
-            "src/commands/lock.rs",
+            "src/commands.rs",
             "src/holding.rs",
             "src/lib.rs",
             "src/redlock.rs",
@@ -1604,4 +1605,309 @@ async fn a_guarded_call_runs_only_while_the_grant_holds_tokio() {
     ));
     g.release().await.unwrap();
     assert_eq!(admin.cmd(&["GET", "ga:data"]).str(), "m");
+}
+
+/// The client id of the one bound holder's connection on `s` (a server with
+/// one holder): a client that is neither the watcher (a subscriber) nor its
+/// observer (tracking on), nor `admin`.
+fn bound_connection(s: &Server, admin: &mut Conn) -> String {
+    let me = admin.cmd(&["CLIENT", "ID"]).int().to_string();
+    let list = admin.cmd(&["CLIENT", "LIST"]).str();
+    let ids: Vec<String> = list
+        .lines()
+        .filter(|l| {
+            let field = |name: &str| {
+                l.split(' ')
+                    .find_map(|f| f.strip_prefix(name))
+                    .unwrap_or("")
+                    .to_string()
+            };
+            let flags = field("flags=");
+            field("id=") != me && !flags.contains('t') && !flags.contains('P')
+        })
+        .map(|l| {
+            l.split(' ')
+                .next()
+                .unwrap_or("")
+                .trim_start_matches("id=")
+                .to_string()
+        })
+        .collect();
+    assert_eq!(
+        ids.len(),
+        1,
+        "one holder's connection on {}:\n{list}",
+        s.port
+    );
+    ids[0].clone()
+}
+
+/// What the lost-lease callback was told (waiting up to `d`: well before
+/// the next renewal, a third of a 30 s ttl away).
+fn told_within(told: &Told, d: Duration) -> Option<String> {
+    let deadline = Instant::now() + d;
+    while Instant::now() < deadline {
+        if let Some((_, why)) = told.lock().unwrap().first() {
+            return Some(why.clone());
+        }
+        thread::sleep(ms(2));
+    }
+    None
+}
+
+/// Issue 40 (blocking): a bound lock lost behind its holder's back is told
+/// before the next keepalive would tell it (a 30 s ttl: the keepalive is
+/// 10 s away), with its own cause: a DEL (freed), a SET (overwritten), a
+/// release by its owner name elsewhere (freed), `CLIENT KILL` of its
+/// connection, kill -9 of the server, and a restart (the connection
+/// failed). Never "the connection failed" for an overwritten key.
+#[test]
+fn a_lost_bound_lock_is_told_before_the_next_keepalive_blocking() {
+    for how in ["KILL", "KILL9", "RESTART", "DEL", "SET", "RELEASE"] {
+        let mut s = Server::start();
+        let c = client(&s);
+        let mut admin = s.conn();
+        let (told, on_lost) = recorder();
+        let mut l = Lock::reentrant(&c, "told").ttl(ms(30_000)).on_lost(on_lost);
+        let mut g = l.acquire().unwrap().unwrap();
+        g.reacquire().unwrap().unwrap().release().unwrap(); // a write of its own first
+        thread::sleep(ms(100));
+        assert!(!g.is_lost(), "{how}: held");
+        let owner = String::from_utf8(l_owner(&g)).unwrap();
+        match how {
+            "DEL" => drop(admin.cmd(&["DEL", "told"])),
+            "SET" => drop(admin.cmd(&["SET", "told", "not a lock"])),
+            "RELEASE" => drop(admin.cmd(&["LOCK.RELEASE", "told", &owner])),
+            "KILL" => {
+                let id = bound_connection(&s, &mut admin);
+                assert_eq!(admin.cmd(&["CLIENT", "KILL", "ID", &id]).int(), 1);
+            }
+            "KILL9" => s.kill9(),
+            _ => s.restart(),
+        }
+        let why = told_within(&told, Duration::from_secs(5))
+            .unwrap_or_else(|| panic!("{how}: not told before the next keepalive"));
+        println!("blocking {how}: {why}");
+        let cause = match how {
+            "DEL" | "RELEASE" => "freed",
+            "SET" => "overwritten",
+            _ => "connection the lock was bound to",
+        };
+        assert!(why.contains(cause), "{how}: told {why:?}, not {cause:?}");
+        assert!(
+            how != "SET" || !why.contains("connection"),
+            "{how}: {why:?}"
+        );
+        assert!(g.is_lost());
+        assert!(matches!(g.release(), Err(Error::LeaseLost { .. })), "{how}");
+    }
+}
+
+/// The same with the tokio API.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lost_bound_lock_is_told_before_the_next_keepalive_tokio() {
+    for how in ["KILL", "KILL9", "RESTART", "DEL", "SET", "RELEASE"] {
+        let mut s = Server::start();
+        let c = client(&s);
+        let mut admin = s.conn();
+        let (told, on_lost) = recorder();
+        let mut l = aio::Lock::reentrant(&c, "told")
+            .ttl(ms(30_000))
+            .on_lost(on_lost);
+        let owner = String::from_utf8(l.owner_id()).unwrap();
+        let mut g = l.acquire().await.unwrap().unwrap();
+        g.reacquire()
+            .await
+            .unwrap()
+            .unwrap()
+            .release()
+            .await
+            .unwrap();
+        tokio::time::sleep(ms(100)).await;
+        assert!(!g.is_lost(), "{how}: held");
+        match how {
+            "DEL" => drop(admin.cmd(&["DEL", "told"])),
+            "SET" => drop(admin.cmd(&["SET", "told", "not a lock"])),
+            "RELEASE" => drop(admin.cmd(&["LOCK.RELEASE", "told", &owner])),
+            "KILL" => {
+                let id = bound_connection(&s, &mut admin);
+                assert_eq!(admin.cmd(&["CLIENT", "KILL", "ID", &id]).int(), 1);
+            }
+            "KILL9" => s.kill9(),
+            _ => s.restart(),
+        }
+        let t = told.clone();
+        let why = tokio::task::spawn_blocking(move || told_within(&t, Duration::from_secs(5)))
+            .await
+            .unwrap()
+            .unwrap_or_else(|| panic!("{how}: not told before the next keepalive"));
+        println!("tokio {how}: {why}");
+        let cause = match how {
+            "DEL" | "RELEASE" => "freed",
+            "SET" => "overwritten",
+            _ => "connection the lock was bound to",
+        };
+        assert!(why.contains(cause), "{how}: told {why:?}, not {cause:?}");
+        assert!(g.is_lost());
+        assert!(
+            matches!(g.release().await, Err(Error::LeaseLost { .. })),
+            "{how}"
+        );
+    }
+}
+
+/// Issue 40 (blocking): a stale holder (its grant lost behind its back, the
+/// owner name granted again to a newer holder) never ends or renews the
+/// newer grant: its release is `LeaseLost`, dropping its guard frees
+/// nothing, its extend is `LeaseLost`, and its renewals stop; every kind.
+#[test]
+fn a_stale_holder_never_ends_a_newer_grant_blocking() {
+    let s = Server::start();
+    let c = client(&s);
+    let mut admin = s.conn();
+    type Make = fn(&redis::Client, &str) -> Lock;
+    let kinds: [(&str, Make); 5] = [
+        ("exclusive", |c, k| Lock::exclusive(c, k)),
+        ("reentrant", |c, k| Lock::reentrant(c, k)),
+        ("read", |c, k| Lock::read(c, k)),
+        ("semaphore", |c, k| Lock::semaphore(c, k, 2)),
+        ("multi", |c, k| Lock::multi(c, [k])),
+    ];
+    for (kind, make) in kinds {
+        for op in ["release", "drop", "extend", "renewal"] {
+            let key = format!("stale:{kind}:{op}");
+            let stale_ttl = if op == "renewal" { 600 } else { 30_000 };
+            let mut stale_lock = make(&c, &key)
+                .owner("worker-1")
+                .bind(false)
+                .ttl(ms(stale_ttl));
+            let stale = stale_lock.acquire().unwrap().unwrap();
+            admin.cmd(&["DEL", &key]); // lost behind its back
+            let mut fresh_lock = make(&c, &key).owner("worker-1").ttl(ms(20_000));
+            let fresh = fresh_lock.acquire().unwrap().unwrap();
+            assert!(fresh.token() > stale.token());
+            assert!(
+                !stale.owned().unwrap(),
+                "{key}: the stale grant is not owned"
+            );
+            match op {
+                "release" => assert!(
+                    matches!(stale.release(), Err(Error::LeaseLost { .. })),
+                    "{key}: the stale release is LeaseLost"
+                ),
+                "drop" => drop(stale),
+                "extend" => {
+                    assert!(matches!(
+                        stale.extend(ms(1000)),
+                        Err(Error::LeaseLost { .. })
+                    ));
+                    drop(stale);
+                }
+                _ => {
+                    wait_until(
+                        Duration::from_secs(3),
+                        "the stale renewal told lost",
+                        || stale.is_lost(),
+                    );
+                    drop(stale);
+                }
+            }
+            assert!(
+                fresh.owned().unwrap() && !fresh.is_lost(),
+                "{key}: the newer grant kept"
+            );
+            let pttl = admin.cmd(&["PTTL", &key]).int();
+            assert!(
+                pttl > 15_000,
+                "{key}: the newer lease shortened: pttl {pttl}"
+            );
+            fresh.release().unwrap();
+            assert!(admin.cmd(&["LOCK.INFO", &key]).is_nil(), "{key}");
+        }
+    }
+}
+
+/// The same with the tokio API (a dropped guard's release is sent by a
+/// task: under its token, it frees nothing of the newer grant).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stale_holder_never_ends_a_newer_grant_tokio() {
+    let s = Server::start();
+    let c = client(&s);
+    let mut admin = s.conn();
+    for op in ["release", "drop", "extend", "renewal"] {
+        for kind in ["exclusive", "reentrant"] {
+            let key = format!("stale:tokio:{kind}:{op}");
+            let make = |ttl: u64| {
+                let l = if kind == "exclusive" {
+                    aio::Lock::exclusive(&c, &key)
+                } else {
+                    aio::Lock::reentrant(&c, &key)
+                };
+                l.owner("worker-1").bind(false).ttl(ms(ttl))
+            };
+            let mut stale_lock = make(if op == "renewal" { 600 } else { 30_000 });
+            let stale = stale_lock.acquire().await.unwrap().unwrap();
+            admin.cmd(&["DEL", &key]);
+            let mut fresh_lock = make(20_000);
+            let fresh = fresh_lock.acquire().await.unwrap().unwrap();
+            assert!(!stale.owned().await.unwrap());
+            match op {
+                "release" => assert!(matches!(
+                    stale.release().await,
+                    Err(Error::LeaseLost { .. })
+                )),
+                "drop" => {
+                    drop(stale);
+                    tokio::time::sleep(ms(200)).await; // the task's release
+                }
+                "extend" => {
+                    assert!(matches!(
+                        stale.extend(ms(1000)).await,
+                        Err(Error::LeaseLost { .. })
+                    ));
+                    drop(stale);
+                }
+                _ => {
+                    let deadline = Instant::now() + Duration::from_secs(3);
+                    while !stale.is_lost() {
+                        assert!(
+                            Instant::now() < deadline,
+                            "{key}: the stale renewal told lost"
+                        );
+                        tokio::time::sleep(ms(20)).await;
+                    }
+                    drop(stale);
+                }
+            }
+            assert!(fresh.owned().await.unwrap() && !fresh.is_lost(), "{key}");
+            let pttl = admin.cmd(&["PTTL", &key]).int();
+            assert!(
+                pttl > 15_000,
+                "{key}: the newer lease shortened: pttl {pttl}"
+            );
+            fresh.release().await.unwrap();
+            assert!(admin.cmd(&["LOCK.INFO", &key]).is_nil(), "{key}");
+        }
+    }
+}
+
+/// One version for every package: Python's, the Rust crate's, Go's
+/// `Version`.
+#[test]
+fn every_package_has_one_version() {
+    let read = |p: &str| std::fs::read_to_string(root_path(p)).expect(p);
+    let between = |text: &str, start: &str| -> String {
+        let at = text.find(start).unwrap_or_else(|| panic!("{start}")) + start.len();
+        text[at..].split('"').next().unwrap_or("").to_string()
+    };
+    let python = between(&read("clients/python/pyproject.toml"), "version = \"");
+    let rust = between(&read("clients/rust/Cargo.toml"), "version = \"");
+    let go = between(&read("clients/go/client.go"), "const Version = \"");
+    assert_eq!(python, "0.3.0");
+    assert_eq!(rust, python, "the Rust crate's version");
+    assert_eq!(go, python, "the Go package's Version");
+}
+
+fn root_path(p: &str) -> std::path::PathBuf {
+    std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join(p)
 }
