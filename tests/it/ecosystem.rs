@@ -21,7 +21,7 @@ use crate::common::*;
 // INFO lock
 // ---------------------------------------------------------------------------
 
-const INFO_FIELDS: [&str; 36] = [
+const INFO_FIELDS: [&str; 37] = [
     "lock_keys",
     "lock_holders_exclusive",
     "lock_holders_shared",
@@ -41,6 +41,7 @@ const INFO_FIELDS: [&str; 36] = [
     "lock_releases_on_disconnect",
     "lock_deadlocks",
     "lock_deadlock_searches_cut",
+    "lock_deadlock_searches_sliced",
     "lock_clock_steps_forward",
     "lock_clock_steps_back",
     "lock_loaded_state_fixed",
