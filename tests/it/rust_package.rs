@@ -920,7 +920,7 @@ fn the_package_builds_from_its_packaged_sources() {
             "README.md",
             "src/aio.rs",
             "src/blocking.rs",
-            "src/commands/lock.rs",
+            "src/commands.rs",
             "src/holding.rs",
             "src/lib.rs",
             "src/redlock.rs",
