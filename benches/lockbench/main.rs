@@ -24,7 +24,7 @@
 //!     and the request's own server time (`stalls`; `--only 10` alone, on
 //!     a server of its own).
 //!
-//! Options: `--quick` (or `BENCH_QUICK=1`): a ~20 s smoke run with small
+//! Options: `--quick` (or `BENCH_QUICK=1`): a ~40 s smoke run with small
 //! counts. `--only 1,3`: some sections only. `--storms` (with `--only 8`):
 //! section 8's storms alone. `--shapes 1,3` (with `--only 10`): some of
 //! section 10's shapes. `--callgrind`: instructions per

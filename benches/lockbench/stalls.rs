@@ -738,7 +738,10 @@ fn bound(c: &mut Conn, port: u16, n: usize) -> io::Result<Vec<Row>> {
         format!("(4) `LOCK.KEEPALIVE` with {n} bound holders"),
         m.clone_reply(),
     )
-    .note(format!("renewed {:?}", count(&m.reply)));
+    .note(format!(
+        "renewed {}",
+        count(&m.reply).map_or("?".into(), |n| n.to_string())
+    ));
     let m = measure(
         &mut h,
         port,
@@ -758,7 +761,10 @@ fn bound(c: &mut Conn, port: u16, n: usize) -> io::Result<Vec<Row>> {
         format!("(4) `LOCK.KEEPALIVE` inside MULTI/EXEC with {n} bound holders"),
         m.clone_reply(),
     )
-    .note(format!("renewed {renewed:?}"));
+    .note(format!(
+        "renewed {}",
+        renewed.map_or("?".into(), |n| n.to_string())
+    ));
     let mut holder = Some(h);
     let m = measure(
         c,
