@@ -286,8 +286,8 @@ func TestKeepaliveRenewsBoundWithKeepaliveElseRenew(t *testing.T) {
 		key := fmt.Sprintf("go:ka:%v", bind)
 		_, err := a.Do("CONFIG", "RESETSTAT")
 		must(t, err)
-		h := acquired(t, c.Exclusive(key, WithTTL(600*time.Millisecond), WithBind(bind)))
-		time.Sleep(1500 * time.Millisecond)
+		h := acquired(t, c.Exclusive(key, WithTTL(2000*time.Millisecond), WithBind(bind)))
+		time.Sleep(3000 * time.Millisecond) // renewals every 667 ms
 		if h.Err() != nil {
 			t.Fatalf("renewed: %v", h.Err())
 		}
@@ -603,8 +603,8 @@ func TestClusterNodeSingleSlot(t *testing.T) {
 		t.Fatalf("a guarded SET in the lock key's slot: %q %v", v, err)
 	}
 	must(t, g.Release(context.Background()))
-	h := acquired(t, c.Exclusive("{go}:renewed", WithTTL(600*time.Millisecond)))
-	time.Sleep(1500 * time.Millisecond)
+	h := acquired(t, c.Exclusive("{go}:renewed", WithTTL(2000*time.Millisecond)))
+	time.Sleep(2500 * time.Millisecond)
 	must(t, h.Err())
 	must(t, h.Release(context.Background()))
 	for i := 0; ; i++ {

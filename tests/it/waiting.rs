@@ -241,7 +241,8 @@ fn waits_ending_together_on_many_keys_are_all_answered() {
     for k in &keys {
         for w in 0..20 {
             let mut c = s.conn();
-            send_wait(&mut c, "LOCK.ACQUIRE", k, &format!("w{w}"), 10_000, 2_000);
+            // Seconds: all 160 must be queued before the first ends.
+            send_wait(&mut c, "LOCK.ACQUIRE", k, &format!("w{w}"), 10_000, 3_000);
             waiters.push(c);
         }
     }

@@ -523,9 +523,9 @@ async function main(): Promise<void> {
     for (const bind of [true, false]) {
       const key = `${tag()}k`;
       let why = "";
-      const l = Lock.exclusive(io, key, { ttl: 600, bind, onLost: (w) => (why = w) });
+      const l = Lock.exclusive(io, key, { ttl: 2000, bind, onLost: (w) => (why = w) });
       assert(await l.acquire(), "held");
-      await sleep(1500);
+      await sleep(2500);
       assert(!l.lost && (await l.owned()), "renewed");
       await io.del(key);
       for (let i = 0; i < 60 && !l.lost; i++) await sleep(50);
