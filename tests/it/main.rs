@@ -20,6 +20,7 @@ mod fencing;
 mod forged;
 mod go_package;
 mod guard;
+mod holder_wait;
 mod holders;
 mod jepsen;
 mod keyspace;
