@@ -26,6 +26,7 @@ mod jepsen;
 mod keyspace;
 mod layers;
 mod live_fuzz;
+mod log_flood;
 mod macquire;
 mod metadata;
 mod packages;
