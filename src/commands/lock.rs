@@ -246,8 +246,11 @@ fn answer_grant(
     next_expiry: Option<u64>,
     bind: Option<ClientId>,
 ) -> RedisResult {
+    // At the holder limit, a request with WAIT waits its turn like a busy
+    // one (v4); only one without WAIT gets the limit's error.
+    let waits = attempt.waits() && (attempt == Attempt::Busy || grant.wait.is_some());
     match attempt {
-        Attempt::Busy => match grant.wait {
+        _ if waits => match grant.wait {
             Some(ms) if waiting::can_block(ctx) => {
                 let key = ffi::db_key(ctx, grant.key.as_slice());
                 let request = grant.ask.to_request();

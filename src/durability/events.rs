@@ -40,6 +40,7 @@ use crate::redis::config;
 use crate::redis::errors::LockError;
 use crate::redis::ffi::DbKey;
 use crate::redis::ffi::{self, api};
+use crate::redis::log;
 use crate::redis::replication;
 use crate::state::bindings;
 use crate::state::keys;
@@ -327,6 +328,7 @@ extern "C" fn on_cron(
             bindings::drop_parked();
         }
         stats::follow_resetstat();
+        log::flush_throttled();
         // Several times a second, not on every command: a step is reported
         // within a cron period (and at every `INFO lock`); fencing never
         // depends on noticing it.

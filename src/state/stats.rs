@@ -140,9 +140,10 @@ static SERVER_STATS_SEEN: [AtomicU64; 2] = [AtomicU64::new(0), AtomicU64::new(0)
 /// reset can only be missed on a server so young that both stats climb back
 /// past their old values within that tick. `INFO lock`, the only reader of
 /// the counters, looks too, so a reset between two reads is always seen.
-/// A load took lock state in another form than its file's: logged, counted.
-pub fn fixed_at_load(what: &str) {
-    log::warning(what);
+/// A load took lock state in another form than its file's: logged (at most
+/// a line a second of each `kind`, with its count), counted.
+pub fn fixed_at_load(kind: &log::Throttled, detail: &str) {
+    kind.warn(detail);
     LOADED_STATE_FIXED.incr();
 }
 
