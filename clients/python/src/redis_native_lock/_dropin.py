@@ -105,9 +105,9 @@ class NativeLock:
 
     def acquire(
         self,
+        sleep: Optional[Number] = None,
         blocking: Optional[bool] = None,
         blocking_timeout: Optional[Number] = None,
-        sleep: Optional[Number] = None,
         token: Optional[Union[str, bytes]] = None,
     ) -> bool:
         """Waits in the server (`WAIT`) for the lock, as redis-py's
