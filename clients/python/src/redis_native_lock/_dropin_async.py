@@ -27,6 +27,7 @@ from typing import Any, Awaitable, Literal, Optional, Type, Union
 import redis
 from redis.exceptions import LockError, LockNotOwnedError
 
+from . import _async_io as _io
 from . import _common
 from ._common import Kind, LeaseLost, NotDurable, check_key, holds, ms, parse_info
 from ._async import Holder, _Hold
@@ -227,11 +228,14 @@ class NativeLock:
                 await h.lose("LOCK.RENEW answered 0: the lease expired or the key was deleted")
                 raise not_owned
             h.valid_until = sent + new_ms / 1000
+        h.server.keep(h, h.valid_until)  # held (its connection kept) to the new end
         await h.track()
         return True
 
     def __repr__(self) -> str:
         return f"<NativeLock name={self.name!r} timeout={self.timeout} token={self.local.token!r}>"
 
+
+_io.ACQUIRES.add(NativeLock.acquire.__code__)  # a task running only this acquires for its awaiter
 
 __all__ = ["NativeLock", "NotDurableLockError", "DEFAULT_LEASE", "holds", "ms"]
