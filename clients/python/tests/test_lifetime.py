@@ -458,9 +458,11 @@ class StoppedServer(unittest.TestCase):
 
         _pid_cached = [_pid(port)]
         self.assertTrue(lock.acquire())
+        dropin = r.lock(key + ":d", lock_class=rnl.NativeLock)
+        self.assertTrue(dropin.acquire(blocking=False))
         os.kill(_pid_cached[0], signal.SIGSTOP)
         try:
-            for call in (lock.locked, lock.owned):
+            for call in (lock.locked, lock.owned, dropin.locked, dropin.owned):
                 t = time.monotonic()
                 with self.assertRaises((redis.TimeoutError, redis.ConnectionError)):
                     call()
@@ -468,6 +470,7 @@ class StoppedServer(unittest.TestCase):
         finally:
             os.kill(_pid_cached[0], signal.SIGCONT)
         lock.release()
+        dropin.release()
         asyncio.run(async_calls())
         r.close()
 
