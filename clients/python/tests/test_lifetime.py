@@ -266,6 +266,9 @@ class Sync(unittest.TestCase):
         b = self.r.lock(key, timeout=60, lock_class=rnl.NativeLock)
         self.assertTrue(b.acquire(token="worker-1"))
         with self.assertRaises(redis.exceptions.LockNotOwnedError):
+            a.extend(600)  # B's lease is not A's to extend
+        self.assertLessEqual(holders(self.r, key)[0][2], 60_000)
+        with self.assertRaises(redis.exceptions.LockNotOwnedError):
             a.release()
         self.assertEqual([t for _, t, _ in holders(self.r, key)], [b.fencing_token])
         b.release()

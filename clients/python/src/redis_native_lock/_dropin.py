@@ -211,9 +211,9 @@ class NativeLock:
                 new_ms = add_ms
                 if add:
                     info = parse_info(h.call(["LOCK.INFO", key], timeout))
-                    mine = [x for x in (info or {}).get("holders", []) if x["owner"] == h.owner]
+                    mine = [x for x in (info or {}).get("holders", []) if x["owner"] == h.owner and x["token"] == h.token]
                     if not mine:
-                        h.lose("LOCK.INFO no longer lists this owner")
+                        h.lose("LOCK.INFO no longer lists this owner under its token")
                         raise not_owned
                     new_ms = int(mine[0]["ttl_ms"]) + add_ms
                 if new_ms <= 0:

@@ -210,9 +210,9 @@ class NativeLock:
                 new_ms = add_ms
                 if add:
                     info = parse_info(await h.call(["LOCK.INFO", key], timeout))
-                    mine = [x for x in (info or {}).get("holders", []) if x["owner"] == h.owner]
+                    mine = [x for x in (info or {}).get("holders", []) if x["owner"] == h.owner and x["token"] == h.token]
                     if not mine:
-                        await h.lose("LOCK.INFO no longer lists this owner")
+                        await h.lose("LOCK.INFO no longer lists this owner under its token")
                         raise not_owned
                     new_ms = int(mine[0]["ttl_ms"]) + add_ms
                 if new_ms <= 0:
