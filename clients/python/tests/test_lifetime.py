@@ -240,23 +240,34 @@ class Sync(unittest.TestCase):
     # -- a stale holder never ends a newer grant -----------------------------
 
     def test_a_stale_holder_cannot_release_or_renew_a_newer_grant_to_its_owner_name(self):
-        for bind in (True, False):
-            key = fresh("stale")
-            a = rnl.Lock(self.r, key, ttl=LONG_TTL, owner="worker-1", bind=bind)
-            self.assertTrue(a.acquire())
-            self.r.execute_command("LOCK.RELEASE", key, "worker-1")  # behind A's back
-            b = rnl.Lock(self.r, key, ttl=LONG_TTL, owner="worker-1", bind=bind)
-            self.assertTrue(b.acquire())
-            if not bind:
-                with self.assertRaises(LeaseLost):
-                    a.extend(LONG_TTL)  # LOCK.RENEW ... TOKEN a's: 0
-            with self.assertRaises(LeaseLost):
-                a.release()
-            (owner, token, _), = holders(self.r, key)
-            self.assertEqual((owner, token), (b"worker-1", b.token), f"bind={bind}: B keeps the lock")
-            self.assertTrue(b.owned())
-            b.release()
-            self.assertEqual(holders(self.r, key), [])
+        kinds = {
+            "Lock": lambda k, **kw: rnl.Lock(self.r, k, **kw),
+            "ReentrantLock": lambda k, **kw: rnl.ReentrantLock(self.r, k, **kw),
+            "ReadWriteLock.read": lambda k, **kw: rnl.ReadWriteLock(self.r, k, **kw).read(),
+            "Semaphore": lambda k, **kw: rnl.Semaphore(self.r, k, 2, **kw),
+            "MultiLock": lambda k, **kw: rnl.MultiLock(self.r, [k, k + ":2"], **kw),
+        }
+        for kind, make in kinds.items():
+            for bind in (True, False):
+                what = f"{kind}, bind={bind}"
+                key = fresh("stale")
+                a = make(key, ttl=LONG_TTL, owner="worker-1", bind=bind)
+                self.assertTrue(a.acquire(), what)
+                for k in a.keys:
+                    self.r.execute_command("LOCK.RELEASE", k, "worker-1")  # behind A's back
+                b = make(key, ttl=LONG_TTL, owner="worker-1", bind=bind)
+                self.assertTrue(b.acquire(), what)
+                if not bind:
+                    with self.assertRaises(LeaseLost, msg=what):
+                        a.extend(LONG_TTL)  # LOCK.RENEW ... TOKEN a's: 0, B's lease untouched
+                with self.assertRaises(LeaseLost, msg=what):
+                    a.release()
+                for k, t in zip(b.keys, b.tokens):
+                    self.assertEqual([(o, tk) for o, tk, _ in holders(self.r, k)], [(b"worker-1", t)], f"{what}: B keeps {k}")
+                self.assertTrue(b.owned(), what)
+                b.release()
+                for k in b.keys:
+                    self.assertEqual(holders(self.r, k), [], what)
 
     def test_a_stale_dropin_cannot_release_a_newer_grant_to_its_token(self):
         key = fresh("stale-dropin")

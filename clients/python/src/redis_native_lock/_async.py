@@ -89,6 +89,7 @@ class _Hold:
         self.handed = False
         self.renews = holder._renews  # False: held to its lease's end (the drop-in's timeout=)
         self.abandoned_why: Optional[str] = None
+        self.own_owner = False
         self.token: Optional[int] = None
         self.tokens: List[int] = []
         self.holds = 0
@@ -104,6 +105,16 @@ class _Hold:
         self.pending = False  # an acquire under way (claims an owner= object)
         self.previous: Optional[_Hold] = None
         self.io = _io.Lock()
+
+    def renewals(self, ttl_ms: int) -> List[List[Any]]:
+        """`LOCK.RENEW key owner ttl TOKEN token` for each key: only this
+        grant is renewed, never a later one to the same owner name."""
+        return [["LOCK.RENEW", k, self.owner, ttl_ms, "TOKEN", t] for k, t in zip(self.kind.keys, self.tokens)]
+
+    def releases(self, tokens: Optional[List[int]] = None) -> List[List[Any]]:
+        """`LOCK.RELEASE key owner TOKEN token` for each key: only this grant
+        is released (a stale holder's release answers nil and changes nothing)."""
+        return [["LOCK.RELEASE", k, self.owner, "TOKEN", t] for k, t in zip(self.kind.keys, tokens or self.tokens)]
 
     def holds_all(self, infos: List[Any]) -> bool:
         """Whether LOCK.INFO of each key lists this hold: its owner under its
@@ -260,9 +271,9 @@ class _Hold:
                         await self.wait_acks(self.conn, "renewal")
                     why = "LOCK.KEEPALIVE found it gone: released, expired, deleted or overwritten"
                 else:
-                    replies = await self.write([["LOCK.RENEW", k, self.owner, self.ttl_ms] for k in self.kind.keys], timeout, "renewal")
+                    replies = await self.write(self.renewals(self.ttl_ms), timeout, "renewal")
                     ok = all(r == 1 for r in replies)
-                    why = "LOCK.RENEW answered 0: the lease expired or the key was deleted"
+                    why = "LOCK.RENEW answered 0: the lease expired, the key was deleted, or the owner holds it under a newer grant"
             except _IO_ERRORS as e:
                 if self.conn is not None:
                     await self.lose(f"the bound connection failed or stalled ({type(e).__name__}: {e})")
@@ -716,6 +727,7 @@ class Holder:
                 sib = self._sibling._held()
                 owner = sib.owner if sib is not None else None  # one owner per task on a read-write lock
             h = _Hold(self, owner or new_owner(), None, self._ttl_ms)  # type: ignore[arg-type]
+            h.own_owner = owner is None  # a UUID of the package's: no other grant carries it
             if self._owner is not None:
                 h.pending = True  # claimed before the first await: another task's acquire is refused
                 h.previous = self._shared
@@ -812,7 +824,7 @@ class Holder:
             try:
                 reply = await h.call(self._kind.acquire(h.owner, h.ttl_ms, wait, True), timeout)
                 if reply is not None:
-                    await self._durable_grant(h, h.conn)
+                    await self._durable_grant(h, h.conn, reply)
                 return reply
             except redis.ResponseError as e:
                 raise server_error(e, self._kind.keys) from e
@@ -850,7 +862,7 @@ class Holder:
                 raise
             if reply is not None:
                 try:
-                    await self._durable_grant(h, conn)
+                    await self._durable_grant(h, conn, reply)
                 except BaseException:
                     await h.server.put(conn, False)
                     raise
@@ -860,7 +872,7 @@ class Holder:
                 await h.server.put(conn, True)
             return reply
 
-    async def _durable_grant(self, h: _Hold, conn: Any) -> None:
+    async def _durable_grant(self, h: _Hold, conn: Any, reply: Any) -> None:
         """replicas=N: `WAIT N ms` right after a grant, on its connection;
         too few acknowledgements give the grant back there (one hold of a
         reentrant repeat) and raise NotDurable (unless "warn")."""
@@ -869,7 +881,8 @@ class Holder:
         except NotDurable:
             t = h.server.timeout(h.ttl_ms)
             try:
-                await _io.pipeline(conn, [["LOCK.RELEASE", k, h.owner] for k in self._kind.keys], t)
+                tokens = [int(x) for x in reply] if isinstance(reply, list) else [int(reply)]
+                await _io.pipeline(conn, h.releases(tokens), t)
             except _io.QUIET_ERRORS:
                 pass  # the connection closes: a bound grant goes with it, else its lease ends
             if h.holds > 0 and not self._kind.reentrant:
@@ -892,7 +905,7 @@ class Holder:
             sent = time.monotonic()
             timeout = h.server.timeout(h.ttl_ms)
             try:
-                replies = await h.write([["LOCK.RENEW", k, h.owner, ttl_ms] for k in self._kind.keys], timeout, "renewal")
+                replies = await h.write(h.renewals(ttl_ms), timeout, "renewal")
             except NotDurable:
                 await h.lose("a renewal was not acknowledged by enough replicas")
                 raise
@@ -900,7 +913,7 @@ class Holder:
                 await h.lose(f"the key was replaced by another type ({e})")
                 raise LeaseLost(h.message()) from e
             if not all(r == 1 for r in replies):
-                await h.lose("LOCK.RENEW answered 0: the lease expired or the key was deleted")
+                await h.lose("LOCK.RENEW answered 0: the lease expired, the key was deleted, or the owner holds it under a newer grant")
                 raise LeaseLost(h.message())
             h.ttl_ms = ttl_ms
             h.valid_until = sent + ttl_ms / 1000
@@ -975,7 +988,7 @@ class Holder:
             timeout = h.server.timeout(h.ttl_ms)
             gone = False
             try:
-                replies = [await h.call(["LOCK.RELEASE", k, h.owner], timeout) for k in self._kind.keys]
+                replies = [await h.call(c, timeout) for c in h.releases()]
             except redis.ResponseError as e:
                 if not str(e).startswith("WRONGTYPE"):
                     raise
@@ -990,7 +1003,7 @@ class Holder:
                 raise
             if not gone:
                 gone = any(r is None for r in replies)
-                why = "LOCK.RELEASE answered nil: the lock was no longer ours"
+                why = "LOCK.RELEASE answered nil: the lock was no longer this grant's (released, expired, deleted, or a newer grant to the same owner)"
             h.holds = 0 if gone or not self._kind.reentrant else h.holds - 1
             if any(r == 1 for r in replies):
                 h.holds = 0
@@ -1006,9 +1019,13 @@ class Holder:
             await h.track()
 
     async def _release_quietly(self, h: _Hold) -> None:
-        for k in self._kind.keys:
+        """Best effort: this grant released (by its token), or, granted in
+        doubt (no reply, so no token), its owner's hold when the owner is a
+        UUID of the package's; else its lease ends it."""
+        cmds = h.releases() if h.tokens else [["LOCK.RELEASE", k, h.owner] for k in self._kind.keys] if h.own_owner else []
+        for c in cmds:
             try:
-                await h.server.call(["LOCK.RELEASE", k, h.owner], h.server.timeout(h.ttl_ms))
+                await h.server.call(c, h.server.timeout(h.ttl_ms))
             except _io.QUIET_ERRORS:
                 pass  # the lease ends by itself
 

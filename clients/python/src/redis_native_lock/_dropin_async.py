@@ -217,7 +217,7 @@ class NativeLock:
                     new_ms = int(mine[0]["ttl_ms"]) + add_ms
                 if new_ms <= 0:
                     raise ValueError(f"the lease would end now or before ({new_ms} ms)")
-                reply = (await h.write([["LOCK.RENEW", key, h.owner, new_ms]], timeout, "renewal"))[0]
+                reply = (await h.write(h.renewals(new_ms), timeout, "renewal"))[0]
             except NotDurable as e:
                 await h.lose("a renewal was not acknowledged by enough replicas")
                 raise NotDurableLockError(e, self._lname()) from e
@@ -225,7 +225,7 @@ class NativeLock:
                 await h.lose(f"the key was replaced by another type ({e})")
                 raise not_owned from e
             if reply != 1:
-                await h.lose("LOCK.RENEW answered 0: the lease expired or the key was deleted")
+                await h.lose("LOCK.RENEW answered 0: the lease expired, the key was deleted, or the owner holds it under a newer grant")
                 raise not_owned
             h.valid_until = sent + new_ms / 1000
         h.server.keep(h, h.valid_until)  # held (its connection kept) to the new end
