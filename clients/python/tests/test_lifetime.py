@@ -189,7 +189,7 @@ class Sync(unittest.TestCase):
 
     def test_a_thread_that_ends_holding_is_not_renewed_and_warned_of(self):
         key, kept = fresh("ended"), fresh("kept")
-        lock, control = rnl.Lock(self.r, key, ttl=1.5), rnl.Lock(self.r, kept, ttl=1.5)
+        lock, control = rnl.Lock(self.r, key, ttl=3), rnl.Lock(self.r, kept, ttl=3)
         self.assertTrue(control.acquire())  # held by a living thread: renewed all along
         with self.assertLogs("redis_native_lock", level="WARNING") as logs:
             t = threading.Thread(target=lambda: self.assertTrue(lock.acquire()))
@@ -219,14 +219,18 @@ class Sync(unittest.TestCase):
         self.r.delete(key)
 
     def test_the_dropins_timeout_ends_it_and_its_connection(self):
+        # (Held after its object is gone: the claim test above, with 60 s.)
         key = fresh("short")
-        lock = self.r.lock(key, timeout=0.5, lock_class=rnl.NativeLock)
+        lock = self.r.lock(key, timeout=1, lock_class=rnl.NativeLock)
         self.assertTrue(lock.acquire())
+        self.assertEqual(len(bound_connection_ids(self.r, self.name)), 1)
         del lock
         gc.collect()
-        self.assertEqual(len(holders(self.r, key)), 1, "held after its object is gone")
-        self.assertTrue(wait_until(lambda: not holders(self.r, key), 10))
-        self.assertTrue(self.r.lock(key, lock_class=rnl.NativeLock).acquire(blocking=False))
+        self.assertTrue(wait_until(lambda: not holders(self.r, key), 30), "ended at its timeout")
+        self.assertTrue(wait_until(lambda: not bound_connection_ids(self.r, self.name), 30), "its connection closed")
+        again = self.r.lock(key, lock_class=rnl.NativeLock)
+        self.assertTrue(again.acquire(blocking=False))
+        again.release()
 
     def test_the_dropins_renewed_lock_whose_thread_ended_ends_with_its_lease(self):
         key = fresh("dropin-ended")
@@ -351,14 +355,14 @@ class Async(unittest.IsolatedAsyncioTestCase):
             await self.r.delete(key)
 
     async def test_a_hold_taken_under_wait_for_timeout_or_a_taskgroup_is_released_by_its_awaiter(self):
-        lock = arnl.Lock(self.r, fresh("awaited"), ttl=1)
+        lock = arnl.Lock(self.r, fresh("awaited"), ttl=2)
 
         async def held():
             return await lock.owned()
 
         # asyncio.wait_for (a task of its own before Python 3.12)
         self.assertTrue(await asyncio.wait_for(lock.acquire(), 5))
-        await asyncio.sleep(2)  # two ttls: renewed for the code that awaited it
+        await asyncio.sleep(4)  # two ttls: renewed for the code that awaited it
         self.assertTrue(await held())
         await lock.release()
         self.assertFalse(await lock.locked())
@@ -376,7 +380,7 @@ class Async(unittest.IsolatedAsyncioTestCase):
             await task
         self.assertTrue(task.result())
         self.assertIsNotNone(lock.token)
-        await asyncio.sleep(2)
+        await asyncio.sleep(4)
         self.assertTrue(await held())
         await lock.release()
         self.assertFalse(await lock.locked())
@@ -387,7 +391,7 @@ class Async(unittest.IsolatedAsyncioTestCase):
         await d.release()
 
     async def test_a_task_that_ends_holding_is_not_renewed_and_warned_of(self):
-        lock, control = arnl.Lock(self.r, fresh("ended"), ttl=1.5), arnl.Lock(self.r, fresh("kept"), ttl=1.5)
+        lock, control = arnl.Lock(self.r, fresh("ended"), ttl=3), arnl.Lock(self.r, fresh("kept"), ttl=3)
         self.assertTrue(await control.acquire())
 
         async def work():
