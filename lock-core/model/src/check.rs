@@ -17,7 +17,9 @@
 //! newcomer never jumps the queue; a refusal, a conflict or a failed `put`
 //! changes nothing but the purge of expired holders; the queue answers its
 //! head in order, never a removed or answered waiter, and stops only at a
-//! head that really cannot be granted; `Changes` lists every owner whose
+//! head that really cannot be granted (held, or at the run's holder limit:
+//! `Start::max_holders`); a release or a renewal with a token acts on the
+//! grant carrying it only; `Changes` lists every owner whose
 //! stored state changed (and a replica fed with exactly those is equal to
 //! the master); only the operated key changes; a lock rebuilt from its
 //! holders (`from_holders`, `put`) is equal to it; and nothing panics.
