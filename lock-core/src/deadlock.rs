@@ -150,6 +150,13 @@ enum Task<K> {
     /// Forward: who `owner`'s requests wait for (its requests from
     /// `after`).
     Requests { owner: Owner, after: Option<u64> },
+    /// Forward: who each of these requests of `owner` waits for (a page
+    /// of them, gone through one by one, the time looked at after each:
+    /// each may read a lock).
+    Expand {
+        owner: Owner,
+        items: VecDeque<(K, u64, Kind)>,
+    },
     /// Forward: `key`'s holders keep `owner` waiting.
     Holders { key: K, owner: Owner },
     /// Forward: the requests on `key` at `from..to` that `owner`'s request
@@ -163,6 +170,9 @@ enum Task<K> {
     },
     /// Backward: the keys with a queue that `owner` holds, after `after`.
     Keys { owner: Owner, after: Option<K> },
+    /// Backward: of these keys, those `owner` holds (a page of them, one by
+    /// one, the time looked at after each: each may read a lock).
+    HeldOf { owner: Owner, keys: VecDeque<K> },
     /// Backward: every request on `key`, from `from`, that `key` (held by
     /// `owner`) does not admit.
     Held { key: K, owner: Owner, from: u64 },
@@ -517,14 +527,27 @@ impl<K: Clone + Eq + Hash> Search<K> {
             Task::Requests { owner, after } => {
                 let (requests, more) = graph.requests_of(&owner, after, PAGE);
                 let n = requests.len();
-                for (key, place, kind) in requests {
-                    self.expand(graph, &owner, &key, place, kind);
-                }
                 if let Some(after) = more {
                     self.fwd.tasks.push_front(Task::Requests {
-                        owner,
+                        owner: owner.clone(),
                         after: Some(after),
                     });
+                }
+                self.fwd.tasks.push_front(Task::Expand {
+                    owner,
+                    items: requests.into(),
+                });
+                n
+            }
+            Task::Expand { owner, mut items } => {
+                let mut n = 0;
+                while let Some((key, place, kind)) = items.pop_front() {
+                    self.expand(graph, &owner, &key, place, kind);
+                    n += 1;
+                    if !items.is_empty() && graph.out_of_time() {
+                        self.fwd.tasks.push_front(Task::Expand { owner, items });
+                        break;
+                    }
                 }
                 n
             }
@@ -603,24 +626,35 @@ impl<K: Clone + Eq + Hash> Search<K> {
                         });
                     }
                 }
-                for key in keys {
-                    if !graph.holds(&key, &owner) {
-                        continue;
+                self.back.tasks.push_front(Task::HeldOf {
+                    owner,
+                    keys: keys.into(),
+                });
+                n
+            }
+            Task::HeldOf { owner, mut keys } => {
+                let mut n = 0;
+                while let Some(key) = keys.pop_front() {
+                    n += 1;
+                    if graph.holds(&key, &owner) {
+                        let listed = self
+                            .back
+                            .listed
+                            .entry(key.clone())
+                            .or_insert_with(Listed::backward);
+                        if !listed.holders {
+                            listed.holders = true;
+                            self.back.tasks.push_back(Task::Held {
+                                key,
+                                owner: owner.clone(),
+                                from: 0,
+                            });
+                        }
                     }
-                    let listed = self
-                        .back
-                        .listed
-                        .entry(key.clone())
-                        .or_insert_with(Listed::backward);
-                    if listed.holders {
-                        continue;
+                    if !keys.is_empty() && graph.out_of_time() {
+                        self.back.tasks.push_front(Task::HeldOf { owner, keys });
+                        break;
                     }
-                    listed.holders = true;
-                    self.back.tasks.push_back(Task::Held {
-                        key,
-                        owner: owner.clone(),
-                        from: 0,
-                    });
                 }
                 n
             }

@@ -45,12 +45,34 @@ use lock_core::{Kind, Lock, Owner, Request};
 /// command, and in a tick for every search going on together.
 pub const SLICE: Duration = Duration::from_micros(500);
 
-/// A key's lock as one search read it, with its live holders for O(1)
-/// look-ups (a key with 1,000 readers and 10,000 requests queued on it is
-/// asked about every one of them).
+/// A key's lock as one search read it. Its live holders are put in a set
+/// for O(1) look-ups at the second question about them (a key with 1,000
+/// readers and 10,000 requests queued on it is asked about every one of
+/// them; most keys are asked once, and a scan of the lock answers that).
 struct Read {
     lock: Lock,
-    holders: HashSet<Owner>,
+    holders: Option<HashSet<Owner>>,
+    now: u64,
+}
+
+impl Read {
+    fn holds(&mut self, owner: &[u8]) -> bool {
+        if let Some(set) = &self.holders {
+            return set.contains(owner);
+        }
+        let set: HashSet<Owner> = self
+            .lock
+            .live(self.now)
+            .map(|h| Owner::from(h.owner))
+            .collect();
+        let held = set.contains(owner);
+        self.holders = Some(set);
+        held
+    }
+
+    fn holds_once(&self, owner: &[u8]) -> bool {
+        self.lock.live(self.now).any(|h| *h.owner == *owner)
+    }
 }
 
 /// The server's waits as the core's search sees them, during one slice.
@@ -66,12 +88,12 @@ struct Waits<'a> {
 
 impl Waits<'_> {
     /// `key`'s lock, read at its first use in this search.
-    fn read(&mut self, key: &DbKey) -> &Read {
+    fn read(&mut self, key: &DbKey) -> &mut Read {
         let (ctx, now) = (self.ctx, self.now);
-        self.reads.entry(key.clone()).or_insert_with(|| {
-            let lock = read(ctx, key, now);
-            let holders = lock.live(now).map(|h| Owner::from(h.owner)).collect();
-            Read { lock, holders }
+        self.reads.entry(key.clone()).or_insert_with(|| Read {
+            lock: read(ctx, key, now),
+            holders: None,
+            now,
         })
     }
 }
@@ -100,7 +122,14 @@ impl WaitGraph for Waits<'_> {
     }
 
     fn holds(&mut self, key: &DbKey, owner: &[u8]) -> bool {
-        self.read(key).holders.contains(owner)
+        // The first question about a key is answered by a scan; from the
+        // second on, by the set made then.
+        let first = !self.reads.contains_key(key);
+        let read = self.read(key);
+        match first {
+            true => read.holds_once(owner),
+            false => read.holds(owner),
+        }
     }
 
     fn waited_keys_held(
@@ -118,7 +147,9 @@ impl WaitGraph for Waits<'_> {
     }
 
     fn holders(&mut self, key: &DbKey) -> Vec<Owner> {
-        self.read(key).holders.iter().cloned().collect()
+        let read = self.read(key);
+        let now = read.now;
+        read.lock.live(now).map(|h| Owner::from(h.owner)).collect()
     }
 
     fn queued(&mut self, key: &DbKey, from: u64, to: u64, limit: usize) -> Vec<(u64, Owner, Kind)> {

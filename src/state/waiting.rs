@@ -149,7 +149,9 @@ impl Registry {
                         self.queues.remove(key);
                         self.set_holders(key, Vec::new());
                     }
-                    false => left.push(key.clone()),
+                    // (A storm of timeouts on one key: the key once.)
+                    false if left.last() != Some(key) => left.push(key.clone()),
+                    false => {}
                 }
             }
         }
