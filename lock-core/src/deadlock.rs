@@ -834,6 +834,7 @@ mod tests {
             kind,
             owner: owner.clone(),
             ttl: 100,
+            session: 0,
         }
     }
 

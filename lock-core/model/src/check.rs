@@ -290,7 +290,11 @@ impl Run {
                 );
                 if got {
                     let h = self.core.locks[key].holder(&name).expect("renewed holder");
-                    assert_eq!(h.deadline, now.saturating_add(ttl), "{ctx}");
+                    assert_eq!(
+                        h.deadline,
+                        now.saturating_add(ttl).min(lock_core::lock::MAX_DEADLINE),
+                        "{ctx}"
+                    );
                     assert_eq!(
                         Some((h.holds, h.token)),
                         mine_before.map(|b| (b.0, b.1)),
@@ -318,6 +322,7 @@ impl Run {
                     kind,
                     owner: owner_name(owner),
                     ttl,
+                    session: 0,
                 };
                 if try_first
                     && self.grant(step, key, (kind, owner, ttl), before, ctx) != Attempt::Busy
@@ -461,6 +466,7 @@ impl Run {
             kind,
             owner: owner_name(owner),
             ttl,
+            session: 0,
         };
         let got = core.locks[key].try_acquire(
             &req,
@@ -609,7 +615,11 @@ fn check_attempt(
             assert!(h.is_live(now), "{ctx}: granted but not live");
             assert!(lock.live(now).any(|l| *l.owner == *name), "{ctx}");
             assert_eq!(h.token, t, "{ctx}: reply token differs from the stored one");
-            assert_eq!(h.deadline, now.saturating_add(ttl), "{ctx}: deadline");
+            assert_eq!(
+                h.deadline,
+                now.saturating_add(ttl).min(lock_core::lock::MAX_DEADLINE),
+                "{ctx}: deadline"
+            );
             assert_eq!(lock.mode(), kind.mode(), "{ctx}: mode");
             match mine_before {
                 Some(b) => {

@@ -8,6 +8,7 @@
 
 use std::collections::{BTreeMap, VecDeque};
 
+use lock_core::lock::MAX_DEADLINE;
 use lock_core::tokens::MAX_TOKEN;
 use lock_core::{Attempt, Invalid, Kind, Mode, Owner, Release};
 
@@ -65,7 +66,7 @@ impl Model {
         queued: bool,
     ) -> Attempt {
         self.purge(key);
-        let deadline = self.now.saturating_add(ttl);
+        let deadline = self.now.saturating_add(ttl).min(MAX_DEADLINE);
         let limit = self.keys[key].limit;
         let holders = &mut self.keys[key].holders;
         if let Some(held) = holders.values().next().map(|h| h.mode) {
@@ -146,7 +147,7 @@ impl Model {
     /// With `token`, only the owner's grant that carries it.
     pub fn renew(&mut self, key: usize, owner: usize, ttl: u64, token: Option<u64>) -> bool {
         self.purge(key);
-        let deadline = self.now.saturating_add(ttl);
+        let deadline = self.now.saturating_add(ttl).min(MAX_DEADLINE);
         let ours = |h: &&mut MHold| token.is_none_or(|t| t == h.token);
         match self.keys[key].holders.get_mut(&owner).filter(ours) {
             Some(h) => {
