@@ -290,7 +290,10 @@ fn macquire_finds_its_keys_from_numkeys() {
     let mut names = Vec::new();
     collect_args(&doc.get("arguments").expect("arguments"), &mut names);
     let names: Vec<&str> = names.iter().map(|(n, _, _)| n.as_str()).collect();
-    assert_eq!(names, ["numkeys", "key", "owner", "ttl", "ms", "bind"]);
+    assert_eq!(
+        names,
+        ["numkeys", "key", "owner", "ttl", "ms", "bind", "id"]
+    );
     for (args, keys) in [
         (vec!["1", "a", "o", "10"], vec!["a"]),
         (

@@ -909,3 +909,16 @@ fn killed_connections_lose_nothing_on_a_session_and_everything_bound() {
     assert_eq!(held, LOCKS, "a session lost nothing");
     assert_eq!(session_info(&mut c, id).expect("live").1, LOCKS as i64);
 }
+
+/// docs/commands.md's LOCK.SESSION example, replayed through redis-cli.
+#[test]
+fn the_docs_session_example_runs() {
+    let doc = markdown("docs/commands.md");
+    let heading = "## LOCK.SESSION OPEN|KEEPALIVE|CLOSE|INFO";
+    let section = section(&doc, heading);
+    let blocks = fenced_blocks(&[(heading, section)], "");
+    assert!(!blocks.is_empty(), "{heading}: no example");
+    for (_, block) in blocks {
+        replay_cli_transcript(&block);
+    }
+}
