@@ -261,8 +261,8 @@ fn load_lock(rdb: *mut raw::RedisModuleIO, encver: c_int) -> Option<Loaded> {
                 true => Lock::from_saved(block, now),
                 false => Lock::from_saved_within(block, now, config::max_holders()),
             }
-            .map(|loaded| on_sessions(loaded, &at_save, loading))
             .map_err(|e| format!("{e:?}"))
+            .and_then(|loaded| on_sessions(loaded, &at_save, loading))
         }
         _ => load_fields(rdb, encver, now)?
             .map(Lock::loaded)
@@ -306,11 +306,31 @@ fn followed_at_save(rdb: *mut raw::RedisModuleIO) -> Option<Vec<(u64, u64)>> {
 /// session this server has stay on it; the others (every one, for a
 /// RESTORE) take the session's deadline at the save as their own lease
 /// (0, ended, when the save did not list it).
-fn on_sessions(mut loaded: Loaded, at_save: &[(u64, u64)], loading: bool) -> Loaded {
+///
+/// A RESTORE of a holder following a session the payload does not list is
+/// refused: no server saves one (a deadline with the session bit set, from
+/// an older encoding, is one).
+fn on_sessions(
+    mut loaded: Loaded,
+    at_save: &[(u64, u64)],
+    loading: bool,
+) -> Result<Loaded, String> {
     if loaded.highest_session == 0 {
-        return loaded;
+        return Ok(loaded);
     }
     let saved = |id: u64| at_save.iter().find(|(s, _)| *s == id).map(|(_, d)| *d);
+    if !loading {
+        if let Some(id) = loaded
+            .lock
+            .sessions()
+            .into_iter()
+            .find(|id| saved(*id).is_none())
+        {
+            return Err(format!(
+                "a holder follows session {id}, which the payload does not list"
+            ));
+        }
+    }
     let n = match loading {
         true => sessions::with_deadlines(|deadline_of| {
             let missing: Vec<u64> = loaded
@@ -327,14 +347,14 @@ fn on_sessions(mut loaded: Loaded, at_save: &[(u64, u64)], loading: bool) -> Loa
         false => loaded.lock.materialize_sessions(saved),
     };
     if n == 0 {
-        return loaded;
+        return Ok(loaded);
     }
     if loading {
         stats::fixed_at_load(&format!(
             "lock: {n} loaded holder(s) followed a session this server does not have: each keeps the session's deadline at the save as its own lease"
         ));
     }
-    loaded.lock.loaded()
+    Ok(loaded.lock.loaded())
 }
 
 unsafe extern "C" fn rdb_load(rdb: *mut raw::RedisModuleIO, encver: c_int) -> *mut c_void {
