@@ -24,7 +24,8 @@ use std::sync::{LazyLock, Mutex};
 
 use crate::redis::ffi::DbKey;
 use crate::redis::shared::{self, Locked};
-use lock_core::{Changes, Lock};
+use crate::state::txn::Txn;
+use lock_core::{Attempt, Changes, Lock, Request};
 
 /// A waiting request's id (`waiting::WaiterId`).
 pub type WaiterId = usize;
@@ -224,6 +225,21 @@ pub fn unlinked(key: &DbKey, lock: &Lock) {
     for id in lock.holders().filter_map(|h| h.session()) {
         leave(id, key);
     }
+}
+
+/// A waiting request granted with `attempt` whose session ended while it
+/// waited (before the timer answered it): the grant is undone in `txn`, and
+/// the caller answers `NOSESSION`.
+pub fn ended_while_waiting(request: &Request, attempt: Attempt, txn: &mut Txn) -> bool {
+    let Attempt::Granted(token) = attempt else {
+        return false;
+    };
+    if request.session == 0 || live_deadline(request.session, txn.now).is_some() {
+        return false;
+    }
+    txn.lock
+        .release_all(&request.owner, token, txn.now, txn.changes);
+    true
 }
 
 /// A waiting request follows session `id`: answered `NOSESSION` if the

@@ -532,6 +532,10 @@ fn grant_each_ready(ctx: &Context) {
             Ok(true) => None,
             Err(e) => Some(e),
         };
+        // Its session ended while it waited: NOSESSION, nothing granted.
+        let ended =
+            ask.session != 0 && sessions::live_deadline(ask.session, clock::now_ms()).is_none();
+        let outcome = outcome.or(ended.then_some(LockError::NoSession));
         let Some(claimed) = waiting::claim(id) else {
             continue;
         };
@@ -569,6 +573,9 @@ fn end_closed(ctx: &Context, name: Str<'_>, txn: &mut Txn) {
 #[cold]
 #[inline(never)]
 fn end_sessions(txn: &mut Txn) {
+    if !txn.lock.has_sessions() {
+        return;
+    }
     let now = txn.now;
     let (lock, changes) = (&mut *txn.lock, &mut *txn.changes);
     sessions::with_deadlines(|deadline_of| lock.end_sessions(deadline_of, now, changes));

@@ -228,7 +228,7 @@ fn a_repeat_moves_to_the_session_it_names() {
 fn a_session_ends_at_its_deadline_even_if_nobody_touches_its_keys() {
     let srv = Server::start();
     let mut c = srv.conn();
-    let id = open(&mut c, 300);
+    let id = open(&mut c, 600_000);
     for i in 0..50 {
         let key = format!("k{i}");
         assert!(
@@ -238,6 +238,11 @@ fn a_session_ends_at_its_deadline_even_if_nobody_touches_its_keys() {
         );
     }
     assert_eq!(c.cmd(&["DBSIZE"]).int(), 50);
+    // Its deadline 300 ms from now; nobody touches its keys after.
+    assert_eq!(
+        c.cmd(&["LOCK.SESSION", "KEEPALIVE", &s(id), "300"]).int(),
+        1
+    );
     wait_until(
         Duration::from_secs(10),
         "the timer ended the session",
@@ -602,13 +607,13 @@ fn a_replica_sees_the_same_sessions_and_holders_and_a_promoted_one_keeps_them() 
 }
 
 #[test]
-fn a_replica_hears_of_a_close_and_of_an_end_by_time() {
+fn a_replica_hears_of_an_end_by_time() {
     let master = Server::start();
     let replica = Server::start();
     replica.replicaof(&master);
     let mut m = master.conn();
     let mut r = replica.conn();
-    let id = open(&mut m, 400);
+    let id = open(&mut m, 600_000);
     for i in 0..20 {
         m.cmd(&[
             "LOCK.ACQUIRE",
@@ -621,6 +626,11 @@ fn a_replica_hears_of_a_close_and_of_an_end_by_time() {
     }
     wait_for_sync(&master, &replica);
     assert_eq!(r.cmd(&["DBSIZE"]).int(), 20);
+    // Shortened: it ends by time, on the master's timer.
+    assert_eq!(
+        m.cmd(&["LOCK.SESSION", "KEEPALIVE", &s(id), "200"]).int(),
+        1
+    );
     wait_until(
         Duration::from_secs(10),
         "the end reached the replica",
@@ -831,10 +841,10 @@ fn killed_connections_lose_nothing_on_a_session_and_everything_bound() {
         c.cmd(&["CLIENT", "SETNAME", "holder"]).ok();
         c
     };
-    // The session: 2 s ttl, kept alive every 100 ms from whichever
+    // The session: 5 s ttl, kept alive every 20 ms or so from whichever
     // connection the client has.
     let mut c = connect();
-    let id = open(&mut c, 2_000);
+    let id = open(&mut c, 5_000);
     for i in 0..LOCKS {
         let key = format!("s{i}");
         encode_strs(
@@ -870,7 +880,7 @@ fn killed_connections_lose_nothing_on_a_session_and_everything_bound() {
     let mut first_kill_seen = false;
     let mut bound_after_first_kill = None;
     while start.elapsed() < Duration::from_secs(10) {
-        match c.try_cmd(&["LOCK.SESSION", "KEEPALIVE", &s(id), "2000"]) {
+        match c.try_cmd(&["LOCK.SESSION", "KEEPALIVE", &s(id), "5000"]) {
             Ok(r) if r.as_int() == Some(1) => {}
             Ok(r) => panic!("the session ended: {r:?}"),
             Err(_) => {
