@@ -38,10 +38,12 @@ struct Session {
     waiters: Vec<WaiterId>,
 }
 
-/// A session that ended, its keys and waiters still to visit.
+/// A session that ended, its keys and waiters still to visit: its key
+/// map taken over whole (ending a session of a million keys moves no key),
+/// then read a page at a time.
 #[derive(Debug)]
 struct Ending {
-    keys: Vec<DbKey>,
+    keys: std::collections::hash_map::IntoIter<DbKey, u32>,
     waiters: Vec<WaiterId>,
 }
 
@@ -115,7 +117,7 @@ impl Table {
         self.by_deadline.remove(&(s.deadline, id));
         if !s.keys.is_empty() || !s.waiters.is_empty() {
             self.ending.push_back(Ending {
-                keys: s.keys.into_keys().collect(),
+                keys: s.keys.into_iter(),
                 waiters: s.waiters,
             });
         }
@@ -264,7 +266,7 @@ pub fn take_work(n: usize) -> (Vec<DbKey>, Vec<WaiterId>) {
         };
         if let Some(w) = e.waiters.pop() {
             waiters.push(w);
-        } else if let Some(k) = e.keys.pop() {
+        } else if let Some((k, _)) = e.keys.next() {
             keys.push(k);
         } else {
             t.ending.pop_front();
@@ -357,9 +359,10 @@ pub fn swap_dbs(a: i32, b: i32) {
             .collect();
     }
     for e in t.ending.iter_mut() {
-        for k in e.keys.iter_mut() {
-            k.db = swap(k.db);
-        }
+        let keys: HashMap<DbKey, u32> = std::mem::take(&mut e.keys)
+            .map(|(k, n)| (DbKey::new(swap(k.db), &k.name), n))
+            .collect();
+        e.keys = keys.into_iter();
     }
 }
 
