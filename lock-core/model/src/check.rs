@@ -565,8 +565,7 @@ impl Run {
         check_attempt(
             core,
             key,
-            (kind, owner, ttl),
-            session,
+            (kind, owner, ttl, session),
             queued,
             got,
             (&before.stored[key], before.modes[key]),
@@ -657,8 +656,7 @@ impl Run {
 fn check_attempt(
     core: &Core,
     key: usize,
-    (kind, owner, ttl): (Kind, usize, u64),
-    session: u64,
+    (kind, owner, ttl, session): (Kind, usize, u64, u64),
     queued: bool,
     got: Attempt,
     (before, mode_before): (&Stored, Mode),
