@@ -249,7 +249,11 @@ impl Run {
         let mut changes = Changes::default();
         let lock = &mut self.core.locks[key];
         let ended = lock.end_sessions(|id| table.get(&id).copied(), now, &mut changes);
-        assert_eq!(ended, self.model.end_sessions(key), "{ctx}: sessions' holders ended");
+        assert_eq!(
+            ended,
+            self.model.end_sessions(key),
+            "{ctx}: sessions' holders ended"
+        );
         assert_eq!(changes.expired(), ended, "{ctx}");
         assert!(
             lock.holders().all(|h| h
@@ -263,7 +267,10 @@ impl Run {
         }
         for owner in changes.owners() {
             assert!(lock.holder(owner).is_none(), "{ctx}");
-            assert!(self.core.replicas[key].remove(owner), "{ctx}: replica lacks {owner:?}");
+            assert!(
+                self.core.replicas[key].remove(owner),
+                "{ctx}: replica lacks {owner:?}"
+            );
         }
     }
 
@@ -373,7 +380,10 @@ impl Run {
                 if got {
                     let h = self.core.locks[key].holder(&name).expect("renewed holder");
                     // A session holder's renewal changes nothing.
-                    let want = match mine_before.map(|b| b.2).filter(|d| session_of(*d).is_some()) {
+                    let want = match mine_before
+                        .map(|b| b.2)
+                        .filter(|d| session_of(*d).is_some())
+                    {
                         Some(d) => d,
                         None => now.saturating_add(ttl).min(lock_core::lock::MAX_DEADLINE),
                     };

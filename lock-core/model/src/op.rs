@@ -166,9 +166,14 @@ pub enum Op {
     },
     /// `LOCK.SESSION OPEN` or `KEEPALIVE`: the session's deadline is now +
     /// ttl (it may shorten it).
-    SessionSet { session: usize, ttl: u64 },
+    SessionSet {
+        session: usize,
+        ttl: u64,
+    },
     /// `LOCK.SESSION CLOSE`.
-    SessionEnd { session: usize },
+    SessionEnd {
+        session: usize,
+    },
 }
 
 /// The sessions a run names (ids drawn like tokens in the shell).
