@@ -932,3 +932,37 @@ fn the_docs_session_example_runs() {
         replay_cli_transcript(&block);
     }
 }
+
+/// A session's holder count follows its holders wherever they go: RENAME
+/// and MOVE carry them (its end still finds them), DEL and FLUSHDB take
+/// them away, SWAPDB moves them with their database.
+#[test]
+fn the_holder_count_follows_rename_move_del_flush_and_swapdb() {
+    let srv = Server::start();
+    let mut c = srv.conn();
+    let id = open(&mut c, 600_000);
+    for key in ["a", "b", "c", "d"] {
+        assert!(
+            c.cmd(&["LOCK.ACQUIRE", key, "o", "1000", "SESSION", &s(id)])
+                .int()
+                > 0
+        );
+    }
+    assert_eq!(c.cmd(&["RENAME", "a", "a2"]).str(), "OK");
+    assert_eq!(c.cmd(&["MOVE", "b", "1"]).int(), 1);
+    assert_eq!(c.cmd(&["DEL", "c"]).int(), 1);
+    assert_eq!(session_info(&mut c, id).expect("live").1, 3);
+    c.cmd(&["SWAPDB", "0", "1"]).ok();
+    assert_eq!(session_info(&mut c, id).expect("live").1, 3);
+    // db 0 now holds b; db 1 holds a2 and d.
+    c.cmd(&["SELECT", "1"]).ok();
+    c.cmd(&["FLUSHDB"]).ok();
+    assert_eq!(session_info(&mut c, id).expect("live").1, 1);
+    c.cmd(&["SELECT", "0"]).ok();
+    assert_eq!(c.cmd(&["LOCK.SESSION", "CLOSE", &s(id)]).int(), 1);
+    wait_until(
+        Duration::from_secs(5),
+        "b cleaned up where it is now",
+        || c.cmd(&["EXISTS", "b"]).int() == 0,
+    );
+}
