@@ -51,6 +51,7 @@ use redis_module::{raw, Context, ContextFlags, ModuleOptions, RedisString, Statu
 use crate::commands::guard;
 use crate::commands::info_section;
 use crate::commands::lock;
+use crate::commands::session;
 use crate::durability::apply;
 use crate::durability::events;
 use crate::durability::persistence::LOCK_TYPE;
@@ -82,6 +83,13 @@ const COMMANDS: &[Spec] = &[
     lock::INFO,
     lock::KEEPALIVE,
     guard::GUARD,
+    // The container first, then its subcommands.
+    session::SESSION,
+    session::OPEN,
+    session::KEEPALIVE,
+    session::CLOSE,
+    session::INFO,
+    session::SYNC,
     // Internal: applies one replicated effect (replicas and AOF only).
     apply::SYNC,
 ];

@@ -68,16 +68,52 @@ fn register(ctx: *mut raw::RedisModuleCtx, commands: &[Spec]) -> Option<()> {
     for c in commands {
         let flags = CString::new(c.flags()).ok()?;
         let (first, last, step) = c.keys.positions();
-        let created = api!(RedisModule_CreateCommand(
-            ctx,
-            c.name.as_ptr(),
-            Some(c.entry),
-            flags.as_ptr(),
-            first,
-            last,
-            step
-        ));
+        let created = match c.container_of() {
+            // `container|sub`: a subcommand of the container registered
+            // before it.
+            Some((container, sub)) => {
+                let container = CString::new(container).ok()?;
+                let sub = CString::new(sub).ok()?;
+                let parent = api!(RedisModule_GetCommand(ctx, container.as_ptr()))
+                    .filter(|p| !p.is_null())?;
+                api!(RedisModule_CreateSubcommand(
+                    parent,
+                    sub.as_ptr(),
+                    Some(c.entry),
+                    flags.as_ptr(),
+                    first,
+                    last,
+                    step
+                ))
+            }
+            // A container (some command is named `its-name|...`): Redis
+            // runs its subcommands, never it.
+            None if commands.iter().any(|s| s.is_subcommand_of(c)) => {
+                api!(RedisModule_CreateCommand(
+                    ctx,
+                    c.name.as_ptr(),
+                    None,
+                    c"".as_ptr(),
+                    0,
+                    0,
+                    0
+                ))
+            }
+            None => api!(RedisModule_CreateCommand(
+                ctx,
+                c.name.as_ptr(),
+                Some(c.entry),
+                flags.as_ptr(),
+                first,
+                last,
+                step
+            )),
+        };
         if created != Some(raw::REDISMODULE_OK as c_int) {
+            log::warning(&format!(
+                "lock: Redis refused the command {}",
+                c.name.to_string_lossy()
+            ));
             return None;
         }
     }

@@ -146,8 +146,11 @@ pub struct Survey {
     pub most_holds: u32,
     pub lowest_token: u64,
     pub highest_token: u64,
+    /// Of the holders' own deadlines (those following a session aside).
     pub earliest_deadline: u64,
     pub latest_deadline: u64,
+    /// The highest session id a holder follows (0: none does).
+    pub highest_session: u64,
 }
 
 impl Survey {
@@ -160,6 +163,7 @@ impl Survey {
         highest_token: 0,
         earliest_deadline: u64::MAX,
         latest_deadline: 0,
+        highest_session: 0,
     };
 
     #[inline]
@@ -169,8 +173,13 @@ impl Survey {
         self.most_holds = self.most_holds.max(h.holds);
         self.lowest_token = self.lowest_token.min(h.token);
         self.highest_token = self.highest_token.max(h.token);
-        self.earliest_deadline = self.earliest_deadline.min(h.deadline);
-        self.latest_deadline = self.latest_deadline.max(h.deadline);
+        match h.session() {
+            Some(id) => self.highest_session = self.highest_session.max(id),
+            None => {
+                self.earliest_deadline = self.earliest_deadline.min(h.deadline);
+                self.latest_deadline = self.latest_deadline.max(h.deadline);
+            }
+        }
     }
 }
 

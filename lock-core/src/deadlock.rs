@@ -868,6 +868,7 @@ mod tests {
             kind,
             owner: owner.clone(),
             ttl: 100,
+            session: 0,
         }
     }
 

@@ -110,6 +110,37 @@ impl Holder {
     }
 }
 
+/// The bit of a holder's deadline that says it follows a session: the
+/// rest of the deadline is the session's id (a number drawn like a token,
+/// at most [`crate::tokens::MAX_TOKEN`]). Real deadlines (unix ms, bounded
+/// by `lock.max-ttl`) never reach it. A session holder's lease is its
+/// session's: the core is told the sessions' deadlines ([`Lock::end_sessions`],
+/// [`HolderRef::deadline_with`]); it reads no table and no clock.
+pub const SESSION_BIT: u64 = 1 << 63;
+
+/// The latest deadline a holder's own lease can have: below
+/// [`SESSION_BIT`] (a lease `now + ttl` past it ends there).
+pub const MAX_DEADLINE: u64 = SESSION_BIT - 1;
+
+/// The end of a lease of `ttl` ms granted at `now`.
+pub fn lease_end(now: u64, ttl: u64) -> u64 {
+    now.saturating_add(ttl).min(MAX_DEADLINE)
+}
+
+/// The deadline a holder following session `id` stores.
+pub const fn session_deadline(id: u64) -> u64 {
+    SESSION_BIT | id
+}
+
+/// The session a stored deadline names, if it names one.
+pub const fn session_of(deadline: u64) -> Option<u64> {
+    if deadline & SESSION_BIT != 0 {
+        Some(deadline & !SESSION_BIT)
+    } else {
+        None
+    }
+}
+
 /// `now` (unix ms) as a holder's `since`.
 pub fn since(now: u64) -> u32 {
     (now & u64::from(u32::MAX)) as u32
@@ -128,8 +159,30 @@ impl<'a> HolderRef<'a> {
         }
     }
 
+    /// Live by its own deadline (a session holder always is: whether its
+    /// session is live is [`HolderRef::is_live_with`]'s question, and
+    /// [`Lock::end_sessions`] ends those whose session ended).
     pub fn is_live(&self, now: u64) -> bool {
         now < self.deadline
+    }
+
+    /// The session it follows, if any.
+    pub fn session(&self) -> Option<u64> {
+        session_of(self.deadline)
+    }
+
+    /// Its lease's end: its own deadline, or its session's
+    /// (`deadline_of(id)`, `None` for an ended or unknown session: 0).
+    pub fn deadline_with(&self, deadline_of: impl Fn(u64) -> Option<u64>) -> u64 {
+        match self.session() {
+            Some(id) => deadline_of(id).unwrap_or(0),
+            None => self.deadline,
+        }
+    }
+
+    /// Live at `now`, its session's deadline given by `deadline_of`.
+    pub fn is_live_with(&self, now: u64, deadline_of: impl Fn(u64) -> Option<u64>) -> bool {
+        now < self.deadline_with(deadline_of)
     }
 
     pub fn to_owned(&self) -> Holder {
@@ -156,6 +209,8 @@ pub struct Request {
     pub kind: Kind,
     pub owner: Owner,
     pub ttl: u64,
+    /// The session the holder follows (`SESSION id`), 0 for none.
+    pub session: u64,
 }
 
 /// A grant request with a borrowed owner: what a command asks before it
@@ -165,6 +220,8 @@ pub struct Ask<'a> {
     pub kind: Kind,
     pub owner: &'a [u8],
     pub ttl: u64,
+    /// The session the holder follows (`SESSION id`), 0 for none.
+    pub session: u64,
 }
 
 impl<'a> From<&'a Request> for Ask<'a> {
@@ -173,6 +230,7 @@ impl<'a> From<&'a Request> for Ask<'a> {
             kind: r.kind,
             owner: &r.owner,
             ttl: r.ttl,
+            session: r.session,
         }
     }
 }
@@ -184,6 +242,7 @@ impl Ask<'_> {
             kind: self.kind,
             owner: self.owner.into(),
             ttl: self.ttl,
+            session: self.session,
         }
     }
 }
@@ -266,6 +325,8 @@ const INLINE_OWNER: usize = 48;
 pub struct Ended {
     pub held: u32,
     pub token: u64,
+    /// The session it followed, 0 for none.
+    pub session: u64,
 }
 
 /// Owners whose state a transition changed, in order, without repeats, and
@@ -284,6 +345,10 @@ pub struct Changes {
     /// for it), the rest in `ended_more`.
     ended_first: Option<Ended>,
     ended_more: Vec<Ended>,
+    /// Holders that began to follow a session here (a grant naming it, a
+    /// repeat moving to it): `(from, to)`, 0 for no session. Ends are in
+    /// `ended`.
+    joined: Vec<(u64, u64)>,
     /// Where each listed owner is, by the hash of its bytes, once more
     /// than [`INDEXED_FROM`] are listed: a touch of a lock's every holder
     /// (a refresh, a purge of many) costs linear time, not quadratic.
@@ -340,6 +405,7 @@ impl Default for Changes {
             expired: 0,
             ended_first: None,
             ended_more: Vec::new(),
+            joined: Vec::new(),
             index: None,
         }
     }
@@ -443,6 +509,12 @@ impl Changes {
             .chain(self.ended_more.iter().copied())
     }
 
+    /// Holders that began to follow a session here: `(from, to)`, 0 for
+    /// no session (a new holder comes from 0).
+    pub fn joined(&self) -> impl Iterator<Item = (u64, u64)> + '_ {
+        self.joined.iter().copied()
+    }
+
     /// How long each holder that ended here had held, ms (released: until
     /// now; expired: until its deadline).
     pub fn held(&self) -> impl Iterator<Item = u32> + '_ {
@@ -453,6 +525,7 @@ impl Changes {
         let ended = Ended {
             held: h.held_ms(until),
             token: h.token,
+            session: h.session().unwrap_or(0),
         };
         if self.ended_first.is_none() {
             self.ended_first = Some(ended);
@@ -499,8 +572,11 @@ pub struct Loaded {
     pub highest_token: u64,
     /// [`Lock::sweep_at`].
     pub sweep_at: Option<u64>,
-    /// The latest deadline any holder carries.
+    /// The latest deadline any holder carries (of its own: a session
+    /// holder's is its session's).
     pub latest_deadline: u64,
+    /// The highest session id a holder follows (0: none does).
+    pub highest_session: u64,
 }
 
 impl Loaded {
@@ -509,8 +585,12 @@ impl Loaded {
         Loaded {
             lock,
             highest_token: survey.highest_token,
-            sweep_at: (earliest < latest).then_some(earliest),
+            // With session holders the key never expires by itself: its
+            // own leases are swept.
+            sweep_at: (earliest < latest || (survey.highest_session != 0 && latest != 0))
+                .then_some(earliest),
             latest_deadline: latest,
+            highest_session: survey.highest_session,
         }
     }
 }
@@ -782,9 +862,13 @@ impl Lock {
         self.deadlines().map(|(_, hi)| hi)
     }
 
-    /// The earliest deadline of any holder: when this lock next changes by itself.
+    /// The earliest deadline of any holder: when this lock next changes by
+    /// itself (holders following a session aside: their session's end
+    /// comes to the key from the session).
     pub fn earliest_deadline(&self) -> Option<u64> {
-        self.deadlines().map(|(lo, _)| lo)
+        self.deadlines()
+            .map(|(lo, _)| lo)
+            .filter(|&d| session_of(d).is_none())
     }
 
     /// When this lock must be visited although nobody asks: the earliest
@@ -792,7 +876,7 @@ impl Lock {
     /// expiring apart). `None` when the key's own expiry is all it needs.
     pub fn sweep_at(&self) -> Option<u64> {
         let (earliest, latest) = self.deadlines()?;
-        (earliest != latest).then_some(earliest)
+        (earliest != latest && session_of(earliest).is_none()).then_some(earliest)
     }
 
     /// Lists every holder as changed, so the whole state is written back and
@@ -814,6 +898,87 @@ impl Lock {
             changes.end(&h, h.deadline);
         }
         self.block.retain(|h| h.is_live(now));
+    }
+
+    /// Does any holder follow a session?
+    pub fn has_sessions(&self) -> bool {
+        self.holders().any(|h| h.session().is_some())
+    }
+
+    /// Ends every holder whose session has ended at `now`: `deadline_of(id)`
+    /// is the session's deadline, `None` when it ended (closed) or is
+    /// unknown. They end as a lease ends (counted as expired), at their
+    /// session's end. How many ended.
+    pub fn end_sessions(
+        &mut self,
+        deadline_of: impl Fn(u64) -> Option<u64>,
+        now: u64,
+        changes: &mut Changes,
+    ) -> usize {
+        let over = |h: &HolderRef<'_>| h.session().is_some() && !h.is_live_with(now, &deadline_of);
+        if !self.holders().any(|h| over(&h)) {
+            return 0;
+        }
+        let mut n = 0;
+        for h in self.holders().filter(|h| over(h)) {
+            changes.touch(h.owner);
+            changes.expired += 1;
+            changes.end(&h, h.deadline_with(&deadline_of).min(now));
+            n += 1;
+        }
+        self.block.retain(|h| !over(h));
+        n
+    }
+
+    /// Its holders live at `now` with the sessions' deadlines of
+    /// `deadline_of` (what LOCK.INFO, a check and a guard read).
+    pub fn live_with<'a>(
+        &'a self,
+        now: u64,
+        deadline_of: impl Fn(u64) -> Option<u64> + Clone + 'a,
+    ) -> impl Iterator<Item = HolderRef<'a>> + Clone + 'a {
+        self.holders()
+            .filter(move |h| h.is_live_with(now, deadline_of.clone()))
+    }
+
+    /// Gives every holder following a session its session's deadline as
+    /// its own lease (`deadline_of(id)`; 0, ended, for an unknown one):
+    /// a copy made by DUMP/RESTORE or MIGRATE, where the session is not.
+    /// How many it changed.
+    pub fn materialize_sessions(&mut self, deadline_of: impl Fn(u64) -> Option<u64>) -> usize {
+        let held: Vec<(usize, u32, u32, u64, u64)> = self
+            .block
+            .entries()
+            .filter_map(|(at, h)| {
+                let id = h.session()?;
+                Some((at, h.holds, h.since, h.token, deadline_of(id).unwrap_or(0)))
+            })
+            .collect();
+        for &(at, holds, since, token, deadline) in &held {
+            self.block.set(at, holds, since, token, deadline);
+        }
+        held.len()
+    }
+
+    /// [`Lock::materialize_sessions`] for the holders following one of
+    /// `ids` only (the others keep their session).
+    pub fn materialize_sessions_of(
+        &mut self,
+        ids: &[u64],
+        deadline_of: impl Fn(u64) -> Option<u64>,
+    ) -> usize {
+        self.materialize_sessions(|id| match ids.contains(&id) {
+            true => deadline_of(id),
+            false => Some(session_deadline(id)),
+        })
+    }
+
+    /// The sessions its holders follow, each once.
+    pub fn sessions(&self) -> Vec<u64> {
+        let mut ids: Vec<u64> = self.holders().filter_map(|h| h.session()).collect();
+        ids.sort_unstable();
+        ids.dedup();
+        ids
     }
 
     /// Would a request of `kind` by someone not holding the lock be granted
@@ -975,7 +1140,6 @@ impl Lock {
         tokens: &mut Tokens,
         changes: &mut Changes,
     ) -> (Attempt, Option<usize>) {
-        let deadline = now.saturating_add(req.ttl);
         let attempt = match verdict {
             Verdict::Refused(attempt) => attempt,
             Verdict::Repeat {
@@ -988,13 +1152,30 @@ impl Lock {
                     true => holds.saturating_add(1),
                     false => holds,
                 };
+                // A session holder's repeat keeps its session, or moves to
+                // the one it names.
+                let was = self
+                    .block
+                    .holder_at(at)
+                    .and_then(|h| h.session())
+                    .unwrap_or(0);
+                let deadline = match (req.session, was) {
+                    (0, 0) => lease_end(now, req.ttl),
+                    (0, s) | (s, _) => session_deadline(s),
+                };
                 self.block.set(at, holds, since, token, deadline);
+                if req.session != 0 && req.session != was {
+                    changes.joined.push((was, req.session));
+                }
                 changes.touch(req.owner);
                 Attempt::Granted(token)
             }
             Verdict::New => match self.add_holder(req, now, tokens) {
                 Ok((token, at)) => {
                     changes.touch(req.owner);
+                    if req.session != 0 {
+                        changes.joined.push((0, req.session));
+                    }
                     return (Attempt::Granted(token), Some(at));
                 }
                 Err(refused) => refused,
@@ -1024,7 +1205,10 @@ impl Lock {
             holds: 1,
             since: since(now),
             token,
-            deadline: now.saturating_add(req.ttl),
+            deadline: match req.session {
+                0 => lease_end(now, req.ttl),
+                s => session_deadline(s),
+            },
         };
         match self.block.push(req.kind.mode().tag(), limit, holder) {
             Ok(at) => Ok((token, at)),
@@ -1114,10 +1298,11 @@ impl Lock {
     ) -> bool {
         self.purge(now, changes);
         match self.grant_of(owner, token).filter(|(_, h)| h.is_live(now)) {
+            // The session is the one renewal: nothing changes.
+            Some((_, h)) if h.session().is_some() => true,
             Some((at, h)) => {
                 let (holds, since, token) = (h.holds, h.since, h.token);
-                self.block
-                    .set(at, holds, since, token, now.saturating_add(ttl));
+                self.block.set(at, holds, since, token, lease_end(now, ttl));
                 changes.touch(owner);
                 true
             }
@@ -1132,7 +1317,8 @@ impl Lock {
         if self.block.count() != 1 {
             return None;
         }
-        self.grant_of(owner, token).filter(|(_, h)| h.is_live(now))
+        self.grant_of(owner, token)
+            .filter(|(_, h)| h.is_live(now) && h.session().is_none())
     }
 
     /// [`Lock::release`] in its commonest case, in one step: the lock's only
@@ -1149,6 +1335,7 @@ impl Lock {
         let ended = Ended {
             held: h.held_ms(now),
             token: h.token,
+            session: 0,
         };
         self.block = Block::default();
         Some(ended)
@@ -1167,7 +1354,7 @@ impl Lock {
     ) -> Option<u64> {
         let (at, h) = self.sole(owner, token, now)?;
         let (holds, since, token) = (h.holds, h.since, h.token);
-        let deadline = now.saturating_add(ttl);
+        let deadline = lease_end(now, ttl);
         self.block.set(at, holds, since, token, deadline);
         Some(deadline)
     }
@@ -1178,7 +1365,7 @@ impl Lock {
         let late: Vec<(usize, u32, u32, u64)> = self
             .block
             .entries()
-            .filter(|(_, h)| h.deadline > latest)
+            .filter(|(_, h)| h.deadline > latest && h.session().is_none())
             .map(|(at, h)| (at, h.holds, h.since, h.token))
             .collect();
         for &(at, holds, since, token) in &late {
@@ -1488,6 +1675,7 @@ mod tests {
             kind: Kind::Acquire,
             owner: o.as_bytes().into(),
             ttl: 1_000,
+            session: 0,
         };
         let t0 = u64::from(u32::MAX) - 100; // since wraps in between
         assert!(matches!(
@@ -1515,6 +1703,7 @@ mod tests {
             kind,
             owner: owner.as_bytes().into(),
             ttl,
+            session: 0,
         }
     }
 

@@ -182,6 +182,7 @@ mod tests {
             kind,
             owner: owner.as_bytes().into(),
             ttl: 100,
+            session: 0,
         }
     }
 

@@ -37,6 +37,7 @@ fn request(kind: Kind, owner: u8, ttl: u64) -> Request {
         kind,
         owner: name(owner),
         ttl,
+        session: 0,
     }
 }
 
@@ -109,7 +110,7 @@ proptest! {
         ttl in prop_oneof![1u64..100_000, Just(u64::MAX)],
         now in any::<u64>(),
     ) {
-        let req = Request { kind, owner: owner.clone().into(), ttl };
+        let req = Request { kind, owner: owner.clone().into(), ttl, session: 0 };
         let mut general = Tokens::starting_after(first_token);
         let mut fast = general;
         let mut lock = Lock::default();

@@ -115,12 +115,21 @@ impl<'a> Args<'a> {
     }
 }
 
-/// `WAIT ms` and `BIND`, in any order, each at most once (none: nothing
-/// more to read, decided in line; the rest out of line).
+/// The grant options: `WAIT ms`, `BIND`, `SESSION id`.
+#[derive(Clone, Copy, Default)]
+struct Options {
+    wait: Option<u64>,
+    bind: bool,
+    /// 0: none.
+    session: u64,
+}
+
+/// `WAIT ms`, `BIND` and `SESSION id`, in any order, each at most once
+/// (none: nothing more to read, decided in line; the rest out of line).
 #[inline(always)]
-fn options(args: &mut Args<'_>) -> Result<(Option<u64>, bool), LockError> {
+fn options(args: &mut Args<'_>) -> Result<Options, LockError> {
     match args.left() {
-        0 => Ok((None, false)),
+        0 => Ok(Options::default()),
         // `BIND` alone, also in line.
         1 if args
             .argv
@@ -128,20 +137,29 @@ fn options(args: &mut Args<'_>) -> Result<(Option<u64>, bool), LockError> {
             .is_some_and(|o| o.as_slice().eq_ignore_ascii_case(b"BIND")) =>
         {
             args.at += 1;
-            Ok((None, true))
+            Ok(Options {
+                bind: true,
+                ..Options::default()
+            })
         }
         _ => some_options(args),
     }
 }
 
 #[inline(never)]
-fn some_options(args: &mut Args<'_>) -> Result<(Option<u64>, bool), LockError> {
+fn some_options(args: &mut Args<'_>) -> Result<Options, LockError> {
     let mut wait = None;
     let mut bind = false;
+    let mut session = 0;
     while let Some(option) = args.next_opt() {
         let option = option.as_slice();
         if option.eq_ignore_ascii_case(b"BIND") && !bind {
             bind = true;
+            continue;
+        }
+        if option.eq_ignore_ascii_case(b"SESSION") && session == 0 {
+            let id = args.next_opt().ok_or(LockError::Syntax)?;
+            session = session_id(id)?;
             continue;
         }
         if !option.eq_ignore_ascii_case(b"WAIT") || wait.is_some() {
@@ -154,7 +172,21 @@ fn some_options(args: &mut Args<'_>) -> Result<(Option<u64>, bool), LockError> {
         }
         wait = Some(u64::try_from(ms).map_err(|_| LockError::BadWait(MAX_WAIT_MS))?);
     }
-    Ok((wait, bind))
+    Ok(Options {
+        wait,
+        bind,
+        session,
+    })
+}
+
+/// A session id: a positive integer as Redis parses it, at most the
+/// highest token, or [`LockError::BadSession`].
+fn session_id(arg: Str<'_>) -> Result<u64, LockError> {
+    let id = arg.parse_integer().ok_or(LockError::BadSession)?;
+    u64::try_from(id)
+        .ok()
+        .filter(|id| (1..=lock_core::tokens::MAX_TOKEN).contains(id))
+        .ok_or(LockError::BadSession)
 }
 
 /// A fencing token given with `TOKEN`: a positive integer as Redis parses
@@ -201,17 +233,27 @@ fn count(arg: Str<'_>, max: usize, error: LockError) -> Result<usize, LockError>
         .ok_or(error)
 }
 
-/// `LOCK.ACQUIRE | LOCK.RACQUIRE | LOCK.READ key owner ttl [WAIT ms] [BIND]`.
+/// `LOCK.ACQUIRE | LOCK.RACQUIRE | LOCK.READ key owner ttl [WAIT ms] [BIND]
+/// [SESSION id]`.
 #[inline(always)]
 pub fn grant(argv: Argv<'_>, kind: Kind) -> Result<Grant<'_>, LockError> {
     let mut args = Args::new(argv);
     let key = args.next()?;
     let owner = args.owner()?;
     let ttl = args.ttl()?;
-    let (wait, bind) = options(&mut args)?;
+    let Options {
+        wait,
+        bind,
+        session,
+    } = options(&mut args)?;
     Ok(Grant {
         key,
-        ask: Ask { kind, owner, ttl },
+        ask: Ask {
+            kind,
+            owner,
+            ttl,
+            session,
+        },
         wait,
         bind,
     })
@@ -226,13 +268,18 @@ pub fn semaphore(argv: Argv<'_>) -> Result<Grant<'_>, LockError> {
     let limit = u32::try_from(limit).map_err(|_| bad)?;
     let owner = args.owner()?;
     let ttl = args.ttl()?;
-    let (wait, bind) = options(&mut args)?;
+    let Options {
+        wait,
+        bind,
+        session,
+    } = options(&mut args)?;
     Ok(Grant {
         key,
         ask: Ask {
             kind: Kind::Semaphore(limit),
             owner,
             ttl,
+            session,
         },
         wait,
         bind,
@@ -274,13 +321,18 @@ pub fn macquire(argv: Argv<'_>) -> Result<MultiGrant<'_>, LockError> {
     }
     let owner = args.owner()?;
     let ttl = args.ttl()?;
-    let (wait, bind) = options(&mut args)?;
+    let Options {
+        wait,
+        bind,
+        session,
+    } = options(&mut args)?;
     Ok(MultiGrant {
         keys,
         ask: Ask {
             kind: Kind::Acquire,
             owner,
             ttl,
+            session,
         },
         wait,
         bind,
@@ -317,6 +369,47 @@ pub fn keepalive(argv: Argv<'_>) -> Result<u64, LockError> {
     let ttl = args.ttl()?;
     args.done()?;
     Ok(ttl)
+}
+
+/// The arguments of a `LOCK.SESSION` subcommand, after its name.
+fn session_args(argv: Argv<'_>) -> Args<'_> {
+    Args { argv, at: 2 }
+}
+
+/// `LOCK.SESSION OPEN ttl`: the session's ttl.
+pub fn session_open(argv: Argv<'_>) -> Result<u64, LockError> {
+    let mut args = session_args(argv);
+    let ttl = args.ttl()?;
+    args.done()?;
+    Ok(ttl)
+}
+
+/// `LOCK.SESSION KEEPALIVE id ttl`: the id and the new ttl.
+pub fn session_keepalive(argv: Argv<'_>) -> Result<(u64, u64), LockError> {
+    let mut args = session_args(argv);
+    let id = session_id(args.next()?)?;
+    let ttl = args.ttl()?;
+    args.done()?;
+    Ok((id, ttl))
+}
+
+/// `LOCK.SESSION CLOSE id` and `LOCK.SESSION INFO id`: the id.
+pub fn session_id_only(argv: Argv<'_>) -> Result<u64, LockError> {
+    let mut args = session_args(argv);
+    let id = session_id(args.next()?)?;
+    args.done()?;
+    Ok(id)
+}
+
+/// `LOCK.SESSIONSYNC id deadline` (internal): a session's absolute
+/// deadline, 0 for its end.
+pub fn session_sync(argv: Argv<'_>) -> Result<(u64, u64), LockError> {
+    let mut args = Args::new(argv);
+    let id = session_id(args.next()?)?;
+    let deadline = args.next()?.parse_integer().ok_or(LockError::Syntax)?;
+    let deadline = u64::try_from(deadline).map_err(|_| LockError::Syntax)?;
+    args.done()?;
+    Ok((id, deadline))
 }
 
 /// `LOCK.INFO key [WAITERS]`: the key, and whether the waiters are listed.

@@ -24,6 +24,7 @@ use crate::redis::ffi::{self, api, Argv};
 use crate::redis::spec::{self, command, Access, Arg, ArgKind, Keys, Spec, RO};
 use crate::state::bindings;
 use crate::state::keys::LockKey;
+use crate::state::sessions;
 use crate::time::clock;
 
 pub const GUARD: Spec = command! {
@@ -193,7 +194,10 @@ fn holds(ctx: &Context, guard: &GuardArgs<'_>) -> Result<bool, LockError> {
     let Some(holder) = lock.holder(guard.owner) else {
         return Ok(false);
     };
-    if !holder.is_live(now) || guard.token.is_some_and(|t| t != holder.token) {
+    if !holder.is_live(now)
+        || guard.token.is_some_and(|t| t != holder.token)
+        || sessions::deadline_of(&holder) <= now
+    {
         return Ok(false);
     }
     if bindings::pending() == 0 {

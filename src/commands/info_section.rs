@@ -9,6 +9,7 @@ use redis_module::{raw, Context, Status};
 use crate::redis::catch;
 use crate::redis::ffi::{self, api};
 use crate::state::bindings;
+use crate::state::sessions;
 use crate::state::stats;
 use crate::state::timers;
 use crate::state::waiting;
@@ -47,7 +48,7 @@ extern "C" fn info(ctx: *mut raw::RedisModuleInfoCtx, for_crash_report: c_int) {
             add(mode.row().gauge, held.max(0));
         }
         let count = |n: usize| ffi::int(n);
-        let fields: [(&CStr, i64); 19] = [
+        let fields: [(&CStr, i64); 20] = [
             // Never blocks (INFO also runs while a crash report is written,
             // when a lock may be held): -1 when the count is not available.
             (c"waiters", waiting::total().map_or(-1, count)),
@@ -71,6 +72,7 @@ extern "C" fn info(ctx: *mut raw::RedisModuleInfoCtx, for_crash_report: c_int) {
                 count(bindings::count().saturating_sub(bindings::pending())),
             ),
             (c"bindings_memory", count(bindings::memory())),
+            (c"sessions", count(sessions::count())),
             (
                 c"releases_on_disconnect",
                 ffi::int(stats::RELEASES_ON_DISCONNECT.get()),

@@ -17,6 +17,7 @@ use crate::redis::spec::{self, command, Access, Arg, ArgKind, Keys, Spec, DELETE
 use crate::state::bindings::{self, ClientId};
 use crate::state::deadlocks::{self, Check};
 use crate::state::keys::LockKey;
+use crate::state::sessions;
 use crate::state::stats;
 use crate::state::timers::{self, Keepalive};
 use crate::state::transitions;
@@ -31,7 +32,8 @@ const TTL: Arg = Arg::new(c"ttl", ArgKind::Integer);
 const WAIT: Arg = Arg::option(c"ms", ArgKind::Integer, c"WAIT");
 const BIND: Arg = Arg::flag(c"bind", c"BIND");
 const TOKEN: Arg = Arg::option(c"token", ArgKind::Integer, c"TOKEN");
-const GRANT_ARGS: &[Arg] = &[KEY, OWNER, TTL, WAIT, BIND];
+const SESSION: Arg = Arg::option(c"id", ArgKind::Integer, c"SESSION");
+const GRANT_ARGS: &[Arg] = &[KEY, OWNER, TTL, WAIT, BIND, SESSION];
 
 /// `LOCK.ACQUIRE`, `RACQUIRE`, `READ`: what the one-key grants share.
 macro_rules! grant_command {
@@ -99,7 +101,15 @@ pub const SEMAPHORE: Spec = command! {
     since: c"0.2.0",
     summary: c"Takes one of limit permits of a semaphore for ttl milliseconds (one per owner, each with its own lease and token); returns the fencing token, or nil when every permit is held. The grant that creates the key fixes its limit.",
     complexity: c"O(P), P the permits held",
-    args: &[KEY, Arg::new(c"limit", ArgKind::Integer), OWNER, TTL, WAIT, BIND],
+    args: &[
+        KEY,
+        Arg::new(c"limit", ArgKind::Integer),
+        OWNER,
+        TTL,
+        WAIT,
+        BIND,
+        SESSION,
+    ],
 };
 
 /// `LOCK.SEMAPHORE key limit owner ttl [WAIT ms] [BIND]`
@@ -127,6 +137,7 @@ pub const MACQUIRE: Spec = command! {
         TTL,
         WAIT,
         BIND,
+        SESSION,
     ],
 };
 
@@ -137,6 +148,7 @@ fn macquire(ctx: &Context, args: Argv<'_>) -> RedisResult {
     if grant.wait.is_some() && spec::guarding() {
         return Err(LockError::NotGuardable(Unguardable::Wait).into());
     }
+    session_live(grant.ask.session)?;
     let bind = match grant.bind {
         true => Some(bound_connection(ctx)?),
         false => None,
@@ -177,12 +189,19 @@ fn macquire(ctx: &Context, args: Argv<'_>) -> RedisResult {
             let mut waits = Vec::with_capacity(keys.len());
             for (key, name) in keys.into_iter().zip(&grant.keys) {
                 let open = LockKey::open(ctx, *name, false)?;
-                let next_expiry = open
-                    .lock()?
-                    .and_then(|l| l.live(now).map(|h| h.deadline).min());
+                let next_expiry = open.lock()?.and_then(|l| {
+                    l.live(now)
+                        .map(|h| h.deadline)
+                        .filter(|d| lock_core::lock::session_of(*d).is_none())
+                        .min()
+                });
                 waits.push((key, next_expiry));
             }
+            let session = request.session;
             let id = waiting::block_multi(ctx, waits, request, ms, bind)?;
+            if session != 0 {
+                sessions::add_waiter(session, id);
+            }
             if let Check::Unfinished(search) = check {
                 deadlocks::go_on_later(id, search);
             }
@@ -211,6 +230,9 @@ fn macquire_keys(ctx: &Context, args: Argv<'_>) {
 fn grant(ctx: &Context, grant: args::Grant<'_>) -> RedisResult {
     if grant.wait.is_some() && spec::guarding() {
         return Err(LockError::NotGuardable(Unguardable::Wait).into());
+    }
+    if grant.ask.session != 0 {
+        session_live(grant.ask.session)?;
     }
     let bind = match grant.bind {
         true => Some(bound_connection(ctx)?),
@@ -258,7 +280,11 @@ fn answer_grant(
                 if let Check::Cycle = check {
                     return Err(LockError::Deadlock.into());
                 }
+                let session = request.session;
                 let id = waiting::block(ctx, grant.key, request, ms, next_expiry, bind)?;
+                if session != 0 {
+                    sessions::add_waiter(session, id);
+                }
                 if let Check::Unfinished(search) = check {
                     deadlocks::go_on_later(id, search);
                 }
@@ -271,6 +297,16 @@ fn answer_grant(
         },
         other => replies::answer(other),
     }
+}
+
+/// `SESSION id` names a live session (or none: 0): else `NOSESSION`,
+/// nothing changed.
+#[inline(never)]
+fn session_live(id: u64) -> Result<(), LockError> {
+    if id == 0 || sessions::live_deadline(id, clock::now_ms()).is_some() {
+        return Ok(());
+    }
+    Err(LockError::NoSession)
 }
 
 /// The connection a `BIND` binds to: the caller's (inside MULTI/EXEC, the
@@ -438,7 +474,10 @@ fn info(ctx: &Context, args: Argv<'_>) -> RedisResult {
     let open = stored
         .as_deref()
         .and_then(|l| bindings::without_closed(ffi::selected_db(ctx), name.as_slice(), l, now));
-    match open.as_ref().or(stored.as_deref()) {
+    // Holders of an ended session hold nothing (left out, not removed).
+    let current = open.as_ref().or(stored.as_deref());
+    let live = current.and_then(|l| sessions::without_ended(l, now));
+    match live.as_ref().or(current) {
         Some(lock) if lock.is_held(now) => {
             let waiting =
                 list_waiters.then(|| waiting::waiting_on(&ffi::db_key(ctx, name.as_slice()), now));
@@ -491,9 +530,10 @@ fn reply_info(
         api!(RedisModule_ReplyWithArray(c, 4));
         bulk(h.owner);
         api!(RedisModule_ReplyWithLongLong(c, i64::from(h.holds)));
+        // A session holder's lease is its session's.
         api!(RedisModule_ReplyWithLongLong(
             c,
-            int(h.deadline.saturating_sub(now))
+            int(sessions::deadline_of(&h).saturating_sub(now))
         ));
         api!(RedisModule_ReplyWithLongLong(c, int(h.token)));
     }

@@ -5,3 +5,4 @@ pub mod args;
 pub mod guard;
 pub mod info_section;
 pub mod lock;
+pub mod session;

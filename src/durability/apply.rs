@@ -11,6 +11,7 @@ use crate::redis::ffi::{self, Argv, DbKey, Str};
 use crate::redis::log;
 use crate::redis::spec::{command, Access, Arg, ArgKind, Keys, Spec, UPDATE};
 use crate::state::keys::LockKey;
+use crate::state::sessions;
 use crate::state::stats;
 use crate::state::timers;
 use crate::state::transitions;
@@ -27,6 +28,13 @@ fn within_bounds(holder: &mut Holder, loading: bool) -> Result<(), LockError> {
             stats::fixed_at_load(&log::AOF_DROPPED, &holder.token.to_string());
         }
         return Err(LockError::BadState);
+    }
+    // A session holder's deadline names its session: an id like a token.
+    if let Some(id) = lock_core::lock::session_of(holder.deadline) {
+        return match Tokens::loadable(id, now) {
+            true => Ok(()),
+            false => Err(LockError::BadState),
+        };
     }
     let (latest, limit) = config::deadline_bounds(now);
     if loading && holder.deadline > limit {
@@ -100,7 +108,16 @@ fn sync(ctx: &Context, args: Argv<'_>) -> RedisResult {
             key.delete();
         }
     }
+    // The sessions the owner's holder followed before and after.
+    let mut followed = (None, None);
     let sweep = transitions::write_back(ctx, name, true, |lock| {
+        let owner = match (&set, &effect) {
+            (Some((_, holder)), _) => Some(&holder.owner[..]),
+            (None, Effect::Drop { owner }) => Some(*owner),
+            _ => None,
+        };
+        followed.0 = owner.and_then(|o| lock.holder(o)).and_then(|h| h.session());
+        followed.1 = set.as_ref().and_then(|(_, h)| h.as_ref().session());
         if let Some((kind, holder)) = set {
             let token = holder.token;
             lock.force(kind, holder).map_err(|_| LockError::BadState)?;
@@ -115,6 +132,15 @@ fn sync(ctx: &Context, args: Argv<'_>) -> RedisResult {
         Ok((lock.sweep_at(), true))
     })?
     .flatten();
+    if followed.0 != followed.1 {
+        let key = ffi::db_key(ctx, name.as_slice());
+        if let Some(id) = followed.0 {
+            sessions::leave(id, &key);
+        }
+        if let Some(id) = followed.1 {
+            sessions::join(id, &key);
+        }
+    }
     if sweep.is_some() || timers::any() {
         let DbKey { db, name: key } = ffi::db_key(ctx, name.as_slice());
         timers::schedule(db, &key, sweep);

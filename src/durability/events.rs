@@ -44,6 +44,7 @@ use crate::redis::log;
 use crate::redis::replication;
 use crate::state::bindings;
 use crate::state::keys;
+use crate::state::sessions;
 use crate::state::stats;
 use crate::state::timers;
 use crate::state::waiting;
@@ -52,6 +53,9 @@ use crate::time::fencing;
 
 /// A lock value is leaving key `key` of database `db` (the type's unlink).
 pub fn unlinked(db: i32, key: &[u8], lock: &Lock) {
+    if sessions::any() {
+        sessions::unlinked(&DbKey::new(db, key), lock);
+    }
     let now = clock::now_ms();
     if !lock.is_empty() && !lock.is_held(now) {
         // Every lease had run out: Redis is expiring it (or a DEL, a write
@@ -151,6 +155,11 @@ extern "C" fn on_generic(
                 if let Some(from) = from.filter(|_| bindings::count() != 0) {
                     bindings::moved(&from, &id, keys::tokens(&ctx, key));
                 }
+                if locks && sessions::any() {
+                    for session in keys::sessions(&ctx, key) {
+                        sessions::join(session, &id);
+                    }
+                }
                 if locks && keys::is_lock(&ctx, key) {
                     waiting::holders_unsure(&id);
                     timers::refresh(id.db, &id.name);
@@ -193,6 +202,7 @@ extern "C" fn on_flush(
         let db =
             unsafe { data.cast::<raw::RedisModuleFlushInfo>().as_ref() }.map_or(-1, |i| i.dbnum);
         bindings::flushed(db);
+        sessions::flushed(db);
         timers::flushed(db);
         wake(&[db]);
     })
@@ -242,6 +252,7 @@ extern "C" fn on_swapdb(
         };
         timers::swap_dbs(info.dbnum_first, info.dbnum_second);
         bindings::swap_dbs(info.dbnum_first, info.dbnum_second);
+        sessions::swap_dbs(info.dbnum_first, info.dbnum_second);
         waiting::swap_dbs(info.dbnum_first, info.dbnum_second);
         wake(&[info.dbnum_first, info.dbnum_second]);
     })

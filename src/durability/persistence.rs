@@ -10,7 +10,16 @@
 //! `count`, then `count` times `owner (string)`, `holds`, `token`,
 //! `deadline (unix ms)`, all unsigned; version 1 (0.1) the same without
 //! semaphores. Both still load.
-//! Aux data (before the keys): `last token issued`.
+//! Encoding version 4 (0.4, sessions): version 3's string, then `n` and `n`
+//! times `session id`, `its deadline at the save (unix ms; 0: ended)`,
+//! unsigned, one for each session its holders follow (a holder following
+//! a session keeps the session's id in its deadline:
+//! `lock_core::lock::session_deadline`). A load keeps the holders on their
+//! session (the aux data brought the sessions first); a RESTORE (DUMP,
+//! MIGRATE) gives each the session's deadline at the dump as its own lease,
+//! and so does a load whose sessions lack that one (logged, counted).
+//! Aux data (before the keys): `last token issued`; from version 4 then
+//! `n` and `n` times `session id`, `deadline (unix ms)`.
 //!
 //! A short or corrupt read returns an error (never a panic): Redis then
 //! refuses the file or the RESTORE payload.
@@ -25,16 +34,18 @@ use crate::durability::events;
 use crate::redis::catch::callback as guard;
 use crate::redis::config;
 use crate::redis::ffi::api;
+use crate::redis::ffi::DbKey;
 use crate::redis::log;
 use crate::redis::replication;
 use crate::state::bindings;
+use crate::state::sessions;
 use crate::state::stats;
 use crate::time::clock;
 use crate::time::fencing;
 use lock_core::{Holder, Kind, Loaded, Lock, Mode, Tokens};
 
 /// The encoding version this build writes; it reads every version up to it.
-pub const ENCODING_VERSION: i32 = 3;
+pub const ENCODING_VERSION: i32 = 4;
 
 /// The lock whose block Redis holds at `value`, read in place (never freed
 /// here).
@@ -85,6 +96,14 @@ unsafe extern "C" fn rdb_save(rdb: *mut raw::RedisModuleIO, value: *mut c_void) 
             saved.as_ptr().cast::<c_char>(),
             saved.len()
         ));
+        let followed = lock.sessions();
+        raw::save_unsigned(rdb, followed.len() as u64);
+        sessions::with_deadlines(|deadline_of| {
+            for id in followed {
+                raw::save_unsigned(rdb, id);
+                raw::save_unsigned(rdb, deadline_of(id).unwrap_or(0));
+            }
+        });
     })
 }
 
@@ -233,11 +252,20 @@ fn load_lock(rdb: *mut raw::RedisModuleIO, encver: c_int) -> Option<Loaded> {
     let read = match encver {
         // A RESTORE past the holder limit is refused from the block's
         // count, before its holders are walked.
-        3 => match loading {
-            true => Lock::from_saved(load_block(rdb)?, now),
-            false => Lock::from_saved_within(load_block(rdb)?, now, config::max_holders()),
+        3 | 4 => {
+            let block = load_block(rdb)?;
+            // Read whatever the block holds: the stream goes on after it.
+            let at_save = match encver {
+                4 => followed_at_save(rdb)?,
+                _ => Vec::new(),
+            };
+            match loading {
+                true => Lock::from_saved(block, now),
+                false => Lock::from_saved_within(block, now, config::max_holders()),
+            }
+            .map_err(|e| format!("{e:?}"))
+            .and_then(|loaded| on_sessions(loaded, &at_save, loading))
         }
-        .map_err(|e| format!("{e:?}")),
         _ => load_fields(rdb, encver, now)?
             .map(Lock::loaded)
             .ok_or_else(|| "a malformed lock".to_string()),
@@ -262,6 +290,71 @@ fn load_lock(rdb: *mut raw::RedisModuleIO, encver: c_int) -> Option<Loaded> {
     dropped(now)
 }
 
+/// Encoding 4's sessions after the block: `(id, deadline at the save)`.
+fn followed_at_save(rdb: *mut raw::RedisModuleIO) -> Option<Vec<(u64, u64)>> {
+    let n = raw::load_unsigned(rdb).ok()?;
+    let mut all = Vec::with_capacity(usize::try_from(n.min(64)).ok()?);
+    for _ in 0..n {
+        let id = raw::load_unsigned(rdb).ok()?;
+        let deadline = raw::load_unsigned(rdb).ok()?;
+        all.push((id, deadline));
+    }
+    Some(all)
+}
+
+/// The session holders of a lock read whole: at a load, those whose
+/// session this server has stay on it; the others (every one, for a
+/// RESTORE) take the session's deadline at the save as their own lease
+/// (0, ended, when the save did not list it).
+///
+/// A RESTORE of a holder following a session the payload does not list is
+/// refused: no server saves one (a deadline with the session bit set, from
+/// an older encoding, is one).
+fn on_sessions(
+    mut loaded: Loaded,
+    at_save: &[(u64, u64)],
+    loading: bool,
+) -> Result<Loaded, String> {
+    if loaded.highest_session == 0 {
+        return Ok(loaded);
+    }
+    let saved = |id: u64| at_save.iter().find(|(s, _)| *s == id).map(|(_, d)| *d);
+    if !loading {
+        if let Some(id) = loaded
+            .lock
+            .sessions()
+            .into_iter()
+            .find(|id| saved(*id).is_none())
+        {
+            return Err(format!(
+                "a holder follows session {id}, which the payload does not list"
+            ));
+        }
+    }
+    let n = match loading {
+        true => sessions::with_deadlines(|deadline_of| {
+            let missing: Vec<u64> = loaded
+                .lock
+                .sessions()
+                .into_iter()
+                .filter(|id| deadline_of(*id).is_none())
+                .collect();
+            if missing.is_empty() {
+                return 0;
+            }
+            loaded.lock.materialize_sessions_of(&missing, saved)
+        }),
+        false => loaded.lock.materialize_sessions(saved),
+    };
+    if n == 0 {
+        return Ok(loaded);
+    }
+    if loading {
+        stats::fixed_at_load(&log::LOAD_SESSION_GONE, &n.to_string());
+    }
+    Ok(loaded.lock.loaded())
+}
+
 unsafe extern "C" fn rdb_load(rdb: *mut raw::RedisModuleIO, encver: c_int) -> *mut c_void {
     guard("rdb_load", std::ptr::null_mut(), || {
         if !(1..=ENCODING_VERSION).contains(&encver) {
@@ -276,6 +369,17 @@ unsafe extern "C" fn rdb_load(rdb: *mut raw::RedisModuleIO, encver: c_int) -> *m
         match load_lock(rdb, encver) {
             Some(Loaded { lock, sweep_at, .. }) => {
                 stats::value(1, lock.census());
+                let followed: Vec<u64> = lock.holders().filter_map(|h| h.session()).collect();
+                if !followed.is_empty() {
+                    let key = api!(RedisModule_GetKeyNameFromIO(rdb)).unwrap_or(std::ptr::null());
+                    if let (false, Some(db)) = (key.is_null(), api!(RedisModule_GetDbIdFromIO(rdb)))
+                    {
+                        let key = DbKey::new(db, RedisString::string_as_slice(key));
+                        for id in followed {
+                            sessions::join(id, &key);
+                        }
+                    }
+                }
                 if let Some(at) = sweep_at {
                     let key = api!(RedisModule_GetKeyNameFromIO(rdb)).unwrap_or(std::ptr::null());
                     if let (false, Some(db)) = (key.is_null(), api!(RedisModule_GetDbIdFromIO(rdb)))
@@ -292,12 +396,30 @@ unsafe extern "C" fn rdb_load(rdb: *mut raw::RedisModuleIO, encver: c_int) -> *m
     })
 }
 
+/// Whether this process emitted the sessions into its AOF rewrite.
+static SESSIONS_EMITTED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
 unsafe extern "C" fn aof_rewrite(
     aof: *mut raw::RedisModuleIO,
     key: *mut raw::RedisModuleString,
     value: *mut c_void,
 ) {
     guard("aof_rewrite", (), || {
+        // The sessions first, once a rewrite (it runs in a child of its
+        // own: the parent never sets this), before any holder follows one.
+        // (A rewrite with no lock key at all keeps no session.)
+        if !SESSIONS_EMITTED.swap(true, std::sync::atomic::Ordering::Relaxed) {
+            let n = |v: u64| std::os::raw::c_longlong::try_from(v).unwrap_or(0);
+            for (id, deadline) in sessions::saved() {
+                api!(RedisModule_EmitAOF(
+                    aof,
+                    replication::SESSION_SYNC_COMMAND.as_ptr(),
+                    c"ll".as_ptr(),
+                    n(id),
+                    n(deadline)
+                ));
+            }
+        }
         // SAFETY: as in rdb_save.
         let lock = unsafe { borrowed(value) };
         // The same effect replication sends: one `LOCK.SYNC key state owner`
@@ -410,6 +532,12 @@ unsafe extern "C" fn aux_save(rdb: *mut raw::RedisModuleIO, when: c_int) {
     guard("aux_save", (), || {
         if when == raw::REDISMODULE_AUX_BEFORE_RDB as c_int {
             raw::save_unsigned(rdb, fencing::to_save());
+            let all = sessions::saved();
+            raw::save_unsigned(rdb, all.len() as u64);
+            for (id, deadline) in all {
+                raw::save_unsigned(rdb, id);
+                raw::save_unsigned(rdb, deadline);
+            }
         }
     })
 }
@@ -441,11 +569,44 @@ unsafe extern "C" fn aux_load(rdb: *mut raw::RedisModuleIO, encver: c_int, when:
             // above it, and no jump follows.
             fencing::raise_floor(saved);
         }
+        if encver >= 4 {
+            let Some(all) = load_sessions(rdb, now) else {
+                return raw::REDISMODULE_ERR as c_int;
+            };
+            sessions::load(all);
+        }
         raw::REDISMODULE_OK as c_int
     })
 }
 
 /// A lock value is leaving its key, whatever removes it (`events::unlinked`).
+/// The aux data's sessions (version 4): each within the bounds a lease
+/// has (an id no server can have issued dropped, a deadline past
+/// `lock.max-ttl` clamped: logged and counted). `None`: a short read.
+fn load_sessions(rdb: *mut raw::RedisModuleIO, now: u64) -> Option<Vec<(u64, u64)>> {
+    let n = raw::load_unsigned(rdb).ok()?;
+    let (latest, limit) = config::deadline_bounds(now);
+    let mut all = Vec::with_capacity(usize::try_from(n.min(1024)).ok()?);
+    for _ in 0..n {
+        let id = raw::load_unsigned(rdb).ok()?;
+        let mut deadline = raw::load_unsigned(rdb).ok()?;
+        if !Tokens::loadable(id, now) {
+            stats::fixed_at_load(&log::LOAD_SESSION_DROPPED, &id.to_string());
+            continue;
+        }
+        if deadline > limit {
+            stats::fixed_at_load(
+                &log::LOAD_CLAMPED,
+                &format!("a session's {deadline}, now ending at {latest}"),
+            );
+            deadline = latest;
+        }
+        fencing::observe(id);
+        all.push((id, deadline));
+    }
+    Some(all)
+}
+
 unsafe extern "C" fn unlink2(ctx: *mut raw::RedisModuleKeyOptCtx, value: *const c_void) {
     guard("unlink", (), || {
         if value.is_null() {

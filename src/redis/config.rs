@@ -59,7 +59,17 @@ pub static MAX_HOLDERS: Setting = Setting::new(
     1_000_000,
 );
 
-const SETTINGS: [&Setting; 4] = [&MAX_TTL, &MAX_WAITERS, &CLOCK_SKEW, &MAX_HOLDERS];
+/// `lock.max-sessions`: the most sessions (`LOCK.SESSION OPEN`) a server
+/// holds at once; an OPEN past it is refused.
+pub static MAX_SESSIONS: Setting = Setting::new(c"max-sessions", 100_000, 0, 100_000_000);
+
+const SETTINGS: [&Setting; 5] = [
+    &MAX_TTL,
+    &MAX_WAITERS,
+    &CLOCK_SKEW,
+    &MAX_HOLDERS,
+    &MAX_SESSIONS,
+];
 
 pub fn max_ttl_ms() -> i64 {
     MAX_TTL.get()
@@ -87,6 +97,10 @@ pub fn max_waiters() -> usize {
 /// or a RESTORE checks a lock's holder count against. Grants read the
 /// core's copy ([`lock_core::max_holders`]), kept equal to this by every
 /// change of the setting.
+pub fn max_sessions() -> usize {
+    usize::try_from(MAX_SESSIONS.get()).unwrap_or(0)
+}
+
 pub fn max_holders() -> usize {
     usize::try_from(MAX_HOLDERS.get()).unwrap_or(1)
 }

@@ -66,6 +66,12 @@ pub enum LockError {
     /// LOCK.GUARD: the caller's ACL user may not run the command (Redis's
     /// reason carried here: it names no user data).
     NoPerm(&'static str),
+    /// `SESSION id` names a session that ended or never existed here.
+    NoSession,
+    /// `LOCK.SESSION OPEN` past `lock.max-sessions` (carried here).
+    TooManySessions(usize),
+    /// A session id that is not a positive integer.
+    BadSession,
     /// A bug caught before it could reach Redis (the log has the details).
     Internal,
 }
@@ -162,6 +168,14 @@ impl LockError {
                 }
             ),
             LockError::NoPerm(why) => format!("NOPERM {why}"),
+            LockError::NoSession => {
+                "NOSESSION no such session: it ended or was never opened on this server: nothing was changed"
+                    .into()
+            }
+            LockError::TooManySessions(max) => format!(
+                "ERR too many sessions are open (lock.max-sessions is {max}): nothing was changed"
+            ),
+            LockError::BadSession => "ERR session id must be a positive integer".into(),
             LockError::Internal => {
                 "ERR internal error in the lock module (see the server log)".into()
             }

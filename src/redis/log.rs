@@ -115,9 +115,23 @@ pub static AOF_DROPPED: Throttled =
     Throttled::new("dropped an AOF effect with a token no server can have issued");
 /// Leases from the AOF clamped to `lock.max-ttl`.
 pub static AOF_CLAMPED: Throttled = Throttled::new("an AOF lease ended past lock.max-ttl");
+/// Loaded holders of a session the server does not have (a RESTORE, or a
+/// file without its sessions): each keeps the saved deadline as its lease.
+pub static LOAD_SESSION_GONE: Throttled = Throttled::new(
+    "loaded holder(s) followed a session this server does not have: each keeps the session's deadline at the save as its own lease",
+);
+/// A saved session with an id no server can have issued, dropped.
+pub static LOAD_SESSION_DROPPED: Throttled =
+    Throttled::new("dropped a saved session with an id no server can have issued");
+/// A session from the AOF with an id no server can have issued, dropped.
+pub static AOF_SESSION_DROPPED: Throttled =
+    Throttled::new("dropped an AOF session with an id no server can have issued");
+/// A session from the AOF ending past `lock.max-ttl`, clamped.
+pub static AOF_SESSION_CLAMPED: Throttled =
+    Throttled::new("an AOF session ended past lock.max-ttl");
 
 /// Every kind, for [`flush_throttled`].
-static KINDS: [&Throttled; 7] = [
+static KINDS: [&Throttled; 11] = [
     &RESTORE_REFUSED,
     &LOAD_DROPPED,
     &LOAD_CLAMPED,
@@ -125,6 +139,10 @@ static KINDS: [&Throttled; 7] = [
     &LOAD_COUNTER,
     &AOF_DROPPED,
     &AOF_CLAMPED,
+    &LOAD_SESSION_GONE,
+    &LOAD_SESSION_DROPPED,
+    &AOF_SESSION_DROPPED,
+    &AOF_SESSION_CLAMPED,
 ];
 
 /// Writes the counted lines that are due (the server's cron, several times

@@ -183,3 +183,20 @@ fn replicate_set(ctx: &Context, key: Str<'_>, lock: &Lock, holder: &HolderRef<'_
         holder.owner.len()
     ));
 }
+
+/// The internal command that applies a session's state on a replica or
+/// from the AOF: `LOCK.SESSIONSYNC id deadline-unix-ms` (0: it ended).
+pub const SESSION_SYNC_COMMAND: &CStr = c"LOCK.SESSIONSYNC";
+
+/// Replicates session `id`'s absolute deadline (open, keepalive), or its
+/// end (`deadline` 0: closed, or its deadline passed).
+pub fn replicate_session(ctx: &Context, id: u64, deadline: u64) {
+    let n = |v: u64| std::os::raw::c_longlong::try_from(v).unwrap_or(0);
+    call!(RedisModule_Replicate(
+        ctx.ctx,
+        SESSION_SYNC_COMMAND.as_ptr(),
+        c"ll".as_ptr(),
+        n(id),
+        n(deadline)
+    ));
+}

@@ -287,6 +287,20 @@ pub struct Spec {
 }
 
 impl Spec {
+    /// A subcommand is named `container|sub` (`lock.session|open`): the
+    /// container's name and its own. A container is a command some other
+    /// is a subcommand of: registration makes it one (Redis runs its
+    /// subcommands, never its handler); its declaration gives its docs.
+    pub fn container_of(&self) -> Option<(&str, &str)> {
+        self.name.to_str().ok()?.split_once('|')
+    }
+
+    /// Whether this command is a subcommand of `container`.
+    pub fn is_subcommand_of(&self, container: &Spec) -> bool {
+        self.container_of()
+            .is_some_and(|(c, _)| container.name.to_str() == Ok(c))
+    }
+
     /// The flags `RedisModule_CreateCommand` takes.
     pub fn flags(&self) -> String {
         let mut flags = String::from(self.access.flags());

@@ -34,6 +34,7 @@ use crate::redis::ffi::{self, DbKey, Str};
 use crate::redis::shared;
 use crate::state::bindings;
 use crate::state::keys::LockKey;
+use crate::state::sessions;
 use crate::state::stats;
 use crate::state::timers;
 use crate::state::waiting::{self, WaiterId};
@@ -108,7 +109,9 @@ fn read(ctx: &Context, key: &DbKey, now: u64) -> Lock {
     match read {
         // A closed connection's holders keep nobody waiting.
         Ok(Ok(Some(lock))) => {
-            bindings::without_closed(key.db, &key.name, &lock, now).unwrap_or(lock)
+            let lock = bindings::without_closed(key.db, &key.name, &lock, now).unwrap_or(lock);
+            // Nor does an ended session's.
+            sessions::without_ended(&lock, now).unwrap_or(lock)
         }
         _ => Lock::default(),
     }

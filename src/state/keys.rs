@@ -136,8 +136,14 @@ impl LockKey {
     }
 
     /// The key expires at `deadline_ms` (unix ms): when its last holder does.
+    /// A lock with a holder following a session (whose deadline is its
+    /// session's: `lock_core::lock::SESSION_BIT`) never expires by itself:
+    /// the session's end visits it.
     pub fn expire_at(&self, deadline_ms: u64) {
-        let at = c_longlong::try_from(deadline_ms).unwrap_or(c_longlong::MAX);
+        let at = match lock_core::lock::session_of(deadline_ms) {
+            Some(_) => c_longlong::from(raw::REDISMODULE_NO_EXPIRE),
+            None => c_longlong::try_from(deadline_ms).unwrap_or(c_longlong::MAX),
+        };
         call!(RedisModule_SetAbsExpire(self.raw(), at));
     }
 }
@@ -224,6 +230,19 @@ pub fn tokens(ctx: &Context, name: *mut raw::RedisModuleString) -> Vec<u64> {
     };
     match key.lock() {
         Ok(Some(lock)) => lock.holders().map(|h| h.token).collect(),
+        _ => Vec::new(),
+    }
+}
+
+/// The session each holder of the lock at `name` follows (one entry a
+/// holder; none for holders with their own lease), looked up as
+/// [`is_lock`] does.
+pub fn sessions(ctx: &Context, name: *mut raw::RedisModuleString) -> Vec<u64> {
+    let Ok(key) = open_quietly(ctx, name) else {
+        return Vec::new();
+    };
+    match key.lock() {
+        Ok(Some(lock)) => lock.holders().filter_map(|h| h.session()).collect(),
         _ => Vec::new(),
     }
 }

@@ -6,6 +6,7 @@
 pub mod bindings;
 pub mod deadlocks;
 pub mod keys;
+pub mod sessions;
 pub mod stats;
 pub mod timers;
 pub mod transitions;

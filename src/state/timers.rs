@@ -38,8 +38,10 @@ use redis_module::{raw, Context, ContextFlags};
 
 use crate::redis::catch;
 use crate::redis::ffi::{self, api, DbKey};
+use crate::redis::replication;
 use crate::redis::shared::{self, Locked};
 use crate::state::bindings::{ClientId, Detached};
+use crate::state::sessions;
 use crate::time::clock;
 
 #[derive(Default)]
@@ -286,8 +288,20 @@ pub fn promoted() {
 
 /// Keeps exactly one Redis timer armed, for the earliest entry, no sooner
 /// than `not_before` (unix ms).
+/// A session opened, was renewed or ended: the timer is armed for the
+/// earliest session deadline (and at once for an ended one's cleaning up).
+pub fn sessions_changed() {
+    arm(&mut index(), 0);
+}
+
 fn arm(index: &mut Index, not_before: u64) {
     let first = index.by_time.first().map(|(at, _, _)| *at);
+    // A master ends sessions at their deadline (a replica hears of it).
+    let sessions = sessions::next_work().filter(|_| !replication::is_replica());
+    let first = match (first, sessions) {
+        (Some(a), Some(b)) => Some(a.min(b)),
+        (a, b) => a.or(b),
+    };
     let now_too = !index.expired.is_empty()
         || !index.released.is_empty()
         || !index.keepalives.is_empty()

@@ -13,6 +13,7 @@ use crate::redis::replication;
 use crate::redis::replies;
 use crate::state::bindings;
 use crate::state::keys::LockKey;
+use crate::state::sessions;
 use crate::state::stats;
 use crate::state::timers::{self, Keepalive};
 use crate::state::txn::{Events, Txn};
@@ -275,6 +276,9 @@ fn transact_open<R>(
         if bindings::pending() != 0 {
             end_closed(ctx, name, &mut txn);
         }
+        if sessions::any() {
+            end_sessions(&mut txn);
+        }
         let result = op(&mut txn);
         let pending = waiting::answer_waiters(ctx, name, &mut txn);
         let visit = next_visit(txn.lock, &pending);
@@ -321,7 +325,12 @@ fn commit(ctx: &Context, name: Str<'_>, tokens: Option<(&Tokens, &Tokens)>, chan
         }
     }
     match change {
-        Change::Sole(lock) => replication::replicate_sole(ctx, name, lock),
+        Change::Sole(lock) => {
+            if let Some(id) = lock.holders().next().and_then(|h| h.session()) {
+                sessions::join(id, &ffi::db_key(ctx, name.as_slice()));
+            }
+            replication::replicate_sole(ctx, name, lock)
+        }
         Change::Left { owner, ended } => {
             stats::HOLD_TIME.record(u64::from(ended.held));
             if bindings::count() != 0 {
@@ -338,6 +347,9 @@ fn commit(ctx: &Context, name: Str<'_>, tokens: Option<(&Tokens, &Tokens)>, chan
             }
             if !changes.is_empty() {
                 forget_bindings(ctx, name, changes);
+                if sessions::any() {
+                    follow_sessions(ctx, name, changes);
+                }
                 replication::replicate(ctx, name, lock, changes);
             }
         }
@@ -422,6 +434,8 @@ pub fn check_all(
             .as_deref()
             .and_then(|l| bindings::without_closed(ffi::selected_db(ctx), name.as_slice(), l, now));
         let lock = open.as_ref().unwrap_or(lock);
+        let live = sessions::without_ended(lock, now);
+        let lock = live.as_ref().unwrap_or(lock);
         match lock.check(ask, queued(*name), now) {
             Attempt::Granted(_) => {}
             Attempt::Busy => free = false,
@@ -518,6 +532,10 @@ fn grant_each_ready(ctx: &Context) {
             Ok(true) => None,
             Err(e) => Some(e),
         };
+        // Its session ended while it waited: NOSESSION, nothing granted.
+        let ended =
+            ask.session != 0 && sessions::live_deadline(ask.session, clock::now_ms()).is_none();
+        let outcome = outcome.or(ended.then_some(LockError::NoSession));
         let Some(claimed) = waiting::claim(id) else {
             continue;
         };
@@ -545,6 +563,41 @@ fn end_closed(ctx: &Context, name: Str<'_>, txn: &mut Txn) {
             txn.events.push(c"lock.release");
             stats::RELEASES_ON_DISCONNECT.incr();
         }
+    }
+}
+
+/// The holders of this key whose session ended end first, in the
+/// transaction that comes to the key (replicated with it), as the timer's
+/// later visit would end them: from the session's end on they hold nothing
+/// for any command. The core decides, from the sessions' deadlines.
+#[cold]
+#[inline(never)]
+fn end_sessions(txn: &mut Txn) {
+    if !txn.lock.has_sessions() {
+        return;
+    }
+    let now = txn.now;
+    let (lock, changes) = (&mut *txn.lock, &mut *txn.changes);
+    sessions::with_deadlines(|deadline_of| lock.end_sessions(deadline_of, now, changes));
+}
+
+/// The sessions' counts follow the holders that joined or left one here.
+#[cold]
+#[inline(never)]
+fn follow_sessions(ctx: &Context, name: Str<'_>, changes: &Changes) {
+    let mut key = None;
+    let mut key = || {
+        key.get_or_insert_with(|| ffi::db_key(ctx, name.as_slice()))
+            .clone()
+    };
+    for e in changes.ended().filter(|e| e.session != 0) {
+        sessions::leave(e.session, &key());
+    }
+    for (from, to) in changes.joined() {
+        if from != 0 {
+            sessions::leave(from, &key());
+        }
+        sessions::join(to, &key());
     }
 }
 

@@ -8,8 +8,10 @@ use redis_module::Context;
 use crate::redis::catch;
 use crate::redis::errors::LockError;
 use crate::redis::ffi::{self, DbKey, Str};
+use crate::redis::replication;
 use crate::state::bindings;
 use crate::state::deadlocks;
+use crate::state::sessions;
 use crate::state::timers::{self, Due};
 use crate::state::transitions;
 use crate::state::waiting;
@@ -69,6 +71,9 @@ fn tick_work(ctx: &Context, due: Due) {
             }
         });
     }
+    if !replica {
+        catch::callback("ending sessions", (), || end_sessions(ctx));
+    }
     let mut visits = due.visits.into_iter();
     for (DbKey { db, name: key }, refresh) in visits.by_ref() {
         if replica {
@@ -98,6 +103,30 @@ fn tick_work(ctx: &Context, due: Due) {
 
 /// Looks at one key: drops expired holders, grants waiters, re-indexes it;
 /// on a refresh, writes its whole state back.
+/// Sessions whose deadline passed end (replicated as one effect each);
+/// then ended sessions are cleaned up a share of the turn at a time: their
+/// waiters answered `NOSESSION`, their keys visited (the holders that
+/// followed them dropped and the drops replicated, the waiters they kept
+/// out granted). What is left waits for the next tick.
+fn end_sessions(ctx: &Context) {
+    const PER_LOOK: usize = 32;
+    for id in sessions::end_due(clock::now_ms()) {
+        replication::replicate_session(ctx, id, 0);
+    }
+    while !clock::turn_over() {
+        let (keys, waiters) = sessions::take_work(PER_LOOK);
+        if keys.is_empty() && waiters.is_empty() {
+            break;
+        }
+        for w in waiters {
+            waiting::refuse(w, LockError::NoSession);
+        }
+        for k in keys {
+            catch::callback("a session's key", (), || visit(ctx, k.db, &k.name, false));
+        }
+    }
+}
+
 fn visit(ctx: &Context, db: i32, key: &[u8], refresh: bool) {
     if !ffi::select_db(ctx, db) {
         return;

@@ -37,6 +37,7 @@ use crate::redis::replies;
 use crate::redis::shared::{self, Locked};
 use crate::state::bindings::{self, ClientId};
 use crate::state::keys::LockKey;
+use crate::state::sessions;
 use crate::state::stats;
 use crate::state::timers;
 use crate::state::txn::Txn;
@@ -516,6 +517,10 @@ fn answer_queued(ctx: &Context, name: Str<'_>, txn: &mut Txn) -> Pending {
     let part = queue.head_part();
     for (id, attempt) in answered {
         if let Some(waiter) = registry.take(id, &mut left) {
+            if sessions::ended_while_waiting(&waiter.request, attempt, txn) {
+                unblock(waiter, Err(LockError::NoSession), Vec::new());
+                continue;
+            }
             if let Attempt::Granted(token) = attempt {
                 stats::GRANTS_AFTER_WAIT.incr();
                 stats::WAIT_TIME.record(txn.now.saturating_sub(waiter.since));

@@ -640,6 +640,15 @@ fn produce_errors() -> Vec<String> {
             &["LOCK.READ", "wr", "o", "60000"],
         ],
     );
+    // Sessions: an unknown one, a bad id, one past the cap.
+    run(
+        &mut c,
+        &[&["LOCK.ACQUIRE", "sk", "o", "1000", "SESSION", "424242"]],
+    );
+    run(&mut c, &[&["LOCK.SESSION", "INFO", "x"]]);
+    c.cmd(&["CONFIG", "SET", "lock.max-sessions", "0"]);
+    run(&mut c, &[&["LOCK.SESSION", "OPEN", "1000"]]);
+    c.cmd(&["CONFIG", "SET", "lock.max-sessions", "100000"]);
     c.cmd(&["LOCK.ACQUIRE", "q", "holder", "60000"]);
     c.cmd(&["CONFIG", "SET", "lock.max-waiters", "0"]);
     run(

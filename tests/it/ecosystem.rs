@@ -21,7 +21,7 @@ use crate::common::*;
 // INFO lock
 // ---------------------------------------------------------------------------
 
-const INFO_FIELDS: [&str; 37] = [
+const INFO_FIELDS: [&str; 38] = [
     "lock_keys",
     "lock_holders_exclusive",
     "lock_holders_shared",
@@ -38,6 +38,7 @@ const INFO_FIELDS: [&str; 37] = [
     "lock_last_token",
     "lock_bound_holders",
     "lock_bindings_memory",
+    "lock_sessions",
     "lock_releases_on_disconnect",
     "lock_deadlocks",
     "lock_deadlock_searches_cut",
@@ -322,6 +323,7 @@ fn config_resetstat_resets_the_counters_not_the_gauges() {
             "lock_last_token",
             "lock_bound_holders",
             "lock_bindings_memory",
+            "lock_sessions",
         ]
         .contains(&f);
         if gauge {
@@ -585,6 +587,7 @@ fn config_set_and_get_with_bounds() {
         [
             ("lock.clock-skew-ms".to_string(), "60000".to_string()),
             ("lock.max-holders".to_string(), "1000".to_string()),
+            ("lock.max-sessions".to_string(), "100000".to_string()),
             ("lock.max-ttl".to_string(), MAX_TTL.to_string()),
             ("lock.max-waiters".to_string(), "10000".to_string())
         ]

@@ -39,6 +39,12 @@
 //!   their releases and renewals name their grant's `TOKEN`. A waiter
 //!   that gets no reply within 30 s fails the test (this found a client left
 //!   without any reply when `CLIENT UNBLOCK id TIMEOUT` raced its grant).
+//! - Sessions (v4): one lock command in 25 is a `LOCK.SESSION` subcommand
+//!   (OPEN, KEEPALIVE, CLOSE, INFO, odd arities and unknown ones) on a pool
+//!   of sessions (opened at the start and by the fuzz's own OPENs) or on
+//!   any integer, and a quarter of the grants carry `SESSION id` (a pooled
+//!   session, live or ended, or any integer): replies are an id, 0/1, a
+//!   count, nil or the INFO map, or `NOSESSION` and the documented errors.
 //! - Afterwards: PING answers; the server log has no panic, no "internal
 //!   error", no crash report; every key of type `redislock` in db 0 and 1
 //!   has a `LOCK.INFO` (read in `MULTI` with its `PTTL`) where mode exclusive
@@ -242,6 +248,8 @@ enum Kind {
     Guard,
     /// The EXEC of a digest-checked guard block (`checked_guard`).
     GuardExec,
+    /// `LOCK.SESSION` (its subcommand in the second argument).
+    Session,
 }
 
 struct Cmd {
@@ -259,6 +267,7 @@ fn kind_of(name: &[u8]) -> Kind {
         b"LOCK.INFO" => Kind::Info,
         b"LOCK.SYNC" => Kind::Sync,
         b"LOCK.GUARD" => Kind::Guard,
+        b"LOCK.SESSION" => Kind::Session,
         b"MULTI" => Kind::Multi,
         b"EXEC" => Kind::Exec,
         _ if n.starts_with(b"LOCK.") => Kind::Unknown,
@@ -277,6 +286,9 @@ fn may_block(args: &[Vec<u8>]) -> bool {
 fn lock_command(rng: &mut Rng, tokens: &Tokens) -> Vec<Vec<u8>> {
     if rng.chance(1, 40) {
         return guard_command(rng, tokens).0;
+    }
+    if rng.chance(1, 25) {
+        return session_command(rng);
     }
     let name = match rng.below(100) {
         0..=14 => "LOCK.ACQUIRE",
@@ -339,6 +351,9 @@ fn lock_command(rng: &mut Rng, tokens: &Tokens) -> Vec<Vec<u8>> {
     // was granted for that key and owner (right while the grant lives), or
     // any integer; now and then followed by another option or a second TOKEN.
     let kind = kind_of(name.as_bytes());
+    if kind == Kind::Grant && len == natural {
+        maybe_session(rng, &mut args);
+    }
     if matches!(kind, Kind::Release | Kind::Renew) && len == natural && rng.chance(1, 2) {
         let granted = tokens.get(&(args[1].clone(), args[2].clone())).copied();
         args.push(odd_case(rng, "TOKEN"));
@@ -393,6 +408,7 @@ fn new_kind_command(rng: &mut Rng, name: &str) -> Vec<Vec<u8>> {
             args.push(integer(rng));
         }
     }
+    maybe_session(rng, &mut args);
     if rng.chance(1, 12) {
         args.truncate(1 + rng.below(args.len() as u64) as usize);
     }
@@ -419,12 +435,80 @@ fn script(rng: &mut Rng, tokens: &Tokens) -> Vec<Vec<u8>> {
     args
 }
 
+/// Session ids the fuzz names: opened at the start and by its own OPENs
+/// (the live fuzz is the one test using it).
+static SESSIONS: Mutex<Vec<i64>> = Mutex::new(Vec::new());
+
+/// A session id: mostly a pooled one (live or ended), else any integer.
+fn session_id(rng: &mut Rng) -> Vec<u8> {
+    let pooled = {
+        let pool = SESSIONS.lock().unwrap();
+        (!pool.is_empty() && rng.chance(3, 4)).then(|| *rng.pick(&pool))
+    };
+    match pooled {
+        Some(id) => id.to_string().into_bytes(),
+        None => integer(rng),
+    }
+}
+
+/// `[SESSION id]` on a grant, a quarter of the time.
+fn maybe_session(rng: &mut Rng, args: &mut Vec<Vec<u8>>) {
+    if rng.chance(1, 4) {
+        args.push(odd_case(rng, "SESSION"));
+        args.push(session_id(rng));
+    }
+}
+
+/// A random `LOCK.SESSION` subcommand, mostly well formed.
+fn session_command(rng: &mut Rng) -> Vec<Vec<u8>> {
+    let mut args = vec![odd_case(rng, "LOCK.SESSION")];
+    match rng.below(20) {
+        0..=4 => {
+            args.push(odd_case(rng, "OPEN"));
+            args.push(if rng.chance(1, 2) {
+                b"60000".to_vec()
+            } else {
+                ttl(rng)
+            });
+        }
+        5..=11 => {
+            args.push(odd_case(rng, "KEEPALIVE"));
+            args.push(session_id(rng));
+            args.push(ttl(rng));
+        }
+        12 | 13 => {
+            args.push(odd_case(rng, "CLOSE"));
+            args.push(session_id(rng));
+        }
+        14..=17 => {
+            args.push(odd_case(rng, "INFO"));
+            args.push(session_id(rng));
+        }
+        18 => args.push(rng.bytes(6)),
+        _ => {
+            for _ in 0..rng.below(5) {
+                args.push(integer(rng));
+            }
+        }
+    }
+    args
+}
+
 /// Tokens this connection was granted, by `(key, owner)`: a guard's
 /// `TOKEN` is sometimes one of them (right while the grant lives).
 type Tokens = HashMap<(Vec<u8>, Vec<u8>), i64>;
 
 /// Records the token of a granted `LOCK.ACQUIRE`, `RACQUIRE` or `READ`.
 fn note_token(tokens: &mut Tokens, args: &[Vec<u8>], r: &Reply) {
+    if let (Kind::Session, Reply::Int(id), Some(sub)) = (kind_of(&args[0]), r, args.get(1)) {
+        if sub.eq_ignore_ascii_case(b"OPEN") && *id > 0 {
+            let mut pool = SESSIONS.lock().unwrap();
+            if pool.len() >= 32 {
+                pool.remove(0);
+            }
+            pool.push(*id);
+        }
+    }
     if let (Kind::Grant, Reply::Int(t), [name, key, owner, ..]) = (kind_of(&args[0]), r, args) {
         if *t > 0 && !name.eq_ignore_ascii_case(b"LOCK.SEMAPHORE") && key.starts_with(b"fz:") {
             if tokens.len() > 10_000 {
@@ -800,6 +884,9 @@ fn allowed_error(e: &str) -> bool {
         LockError::NotGuardable(Unguardable::NoScript),
         LockError::NotGuardable(Unguardable::Guard),
         LockError::NotGuardable(Unguardable::Wait),
+        LockError::NoSession,
+        LockError::TooManySessions(100_000),
+        LockError::BadSession,
     ]
     .iter()
     .map(|e| e.message())
@@ -975,6 +1062,22 @@ fn check_reply(kind: Kind, args: &[Vec<u8>], r: &Reply, tally: &mut Tally) {
                 }
                 Kind::Guard | Kind::Multi | Kind::Exec => false,
                 kind => return check_reply(kind, called, r, tally),
+            }
+        }
+        (Kind::Session, r) => {
+            tally.count("session");
+            let sub = args
+                .get(1)
+                .map(|s| s.to_ascii_uppercase())
+                .unwrap_or_default();
+            match (sub.as_slice(), r) {
+                (b"OPEN", Reply::Int(id)) => *id > 0,
+                (b"KEEPALIVE", Reply::Int(n)) => *n == 0 || *n == 1,
+                (b"CLOSE", Reply::Int(n)) => *n >= 0,
+                (b"INFO", Reply::Nil) => true,
+                (b"INFO", Reply::Array(a)) => a.len() == 4,
+                (b"INFO", Reply::Map(m)) => m.len() == 2,
+                _ => false,
             }
         }
         (Kind::Sync | Kind::Unknown, _) => false,
@@ -1418,6 +1521,11 @@ fn live_fuzz_random_commands() {
         let mut c = server.conn();
         c.cmd(&["SET", "fz:str", "v"]).ok();
         c.cmd(&["RPUSH", "fz:list", "a"]);
+        let mut pool = SESSIONS.lock().unwrap();
+        pool.clear();
+        for _ in 0..4 {
+            pool.push(c.cmd(&["LOCK.SESSION", "OPEN", "600000"]).int());
+        }
     }
 
     let stop = Arc::new(AtomicBool::new(false));

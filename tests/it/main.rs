@@ -40,6 +40,7 @@ mod replication;
 mod rust_package;
 mod semaphore;
 mod sentinel;
+mod session;
 mod setup;
 mod soak;
 mod waiting;

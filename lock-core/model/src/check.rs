@@ -24,6 +24,14 @@
 //! the master); only the operated key changes; a lock rebuilt from its
 //! holders (`from_holders`, `put`) is equal to it; and nothing panics.
 //!
+//! Sessions (v4): grants with `SESSION` (refused before any transaction
+//! when the session is not live), sessions opened, renewed, shortened and
+//! closed; before every transaction on a key the core ends the holders whose
+//! session ended from the deadlines it is given (`Lock::end_sessions`),
+//! against the model's own ending; a session holder's deadline is its
+//! session's id (`session_deadline`), kept by a repeat naming none, moved by
+//! one naming another, untouched by a renewal; the replica follows.
+//!
 //! The clock may run backwards (a wall clock can be stepped back): a holder
 //! past its deadline that no transition has dropped yet is then live again.
 //! That is allowed; what must hold is that no transition ever grants on top
@@ -37,7 +45,8 @@ use lock_core::{
 };
 
 use crate::model::{reentrant, MHold, MKey, MWait, Model};
-use crate::op::{owner_name, Op, PutToken, Start, Tok, Who, KEYS, MAX_NOW};
+use crate::op::{owner_name, Op, PutToken, Start, Tok, Who, KEYS, MAX_NOW, SESSIONS};
+use lock_core::lock::{session_deadline, session_of};
 
 /// Runs `ops` from `start` against the core and the model, checking every
 /// step. Panics on the first broken invariant.
@@ -179,6 +188,7 @@ impl Run {
             now: self.core.now,
             start: self.start,
         };
+        self.end_sessions(&op, ctx);
         let before = Before {
             stored: self.core.locks.iter().map(stored).collect(),
             modes: self.core.locks.iter().map(Lock::mode).collect(),
@@ -219,6 +229,62 @@ impl Run {
         self.n += 1;
     }
 
+    /// What every transaction on a key does first, as the shell runs it
+    /// (a grant, a release, a renewal, a visit): the holders whose session
+    /// ended end, the core deciding from the sessions' deadlines it is
+    /// given. The replica follows; their tokens never come back.
+    fn end_sessions(&mut self, op: &Op, ctx: &Ctx) {
+        let key = match *op {
+            Op::Grant { key, .. }
+            | Op::Release { key, .. }
+            | Op::Renew { key, .. }
+            | Op::Settle { key }
+            | Op::Enqueue {
+                key,
+                try_first: true,
+                ..
+            } => key,
+            Op::SessionGrant { key, session, .. } if self.session_live(session) => key,
+            _ => return,
+        };
+        let (now, table) = (self.core.now, self.model.sessions.clone());
+        let mut changes = Changes::default();
+        let lock = &mut self.core.locks[key];
+        let ended = lock.end_sessions(|id| table.get(&id).copied(), now, &mut changes);
+        assert_eq!(
+            ended,
+            self.model.end_sessions(key),
+            "{ctx}: sessions' holders ended"
+        );
+        assert_eq!(changes.expired(), ended, "{ctx}");
+        assert!(
+            lock.holders().all(|h| h
+                .session()
+                .is_none_or(|id| table.get(&id).is_some_and(|d| now < *d))),
+            "{ctx}: a holder of an ended session left"
+        );
+        for e in changes.ended() {
+            assert_ne!(e.session, 0, "{ctx}: only session holders end here");
+            self.tokens_dead.insert(e.token);
+        }
+        for owner in changes.owners() {
+            assert!(lock.holder(owner).is_none(), "{ctx}");
+            assert!(
+                self.core.replicas[key].remove(owner),
+                "{ctx}: replica lacks {owner:?}"
+            );
+        }
+    }
+
+    /// Whether session `i` of [`SESSIONS`] is live now.
+    fn session_live(&self, i: usize) -> bool {
+        let id = SESSIONS[i % SESSIONS.len()];
+        self.model
+            .sessions
+            .get(&id)
+            .is_some_and(|d| self.core.now < *d)
+    }
+
     /// The operation itself, on both, with the checks of its results.
     fn apply(&mut self, op: &Op, before: &Before, step: &mut Step, ctx: &Ctx) {
         let now = self.core.now;
@@ -239,7 +305,30 @@ impl Run {
                 who,
                 ttl,
             } => {
-                self.grant(step, key, (kind, owner_of(who), ttl), before, ctx);
+                self.grant(step, key, (kind, owner_of(who), ttl), 0, before, ctx);
+            }
+
+            Op::SessionGrant {
+                key,
+                kind,
+                who,
+                ttl,
+                session,
+            } => {
+                // Not live: NOSESSION before any transaction, nothing changed.
+                if self.session_live(session) {
+                    let id = SESSIONS[session];
+                    self.grant(step, key, (kind, owner_of(who), ttl), id, before, ctx);
+                }
+            }
+
+            Op::SessionSet { session, ttl } => {
+                let deadline = now.saturating_add(ttl);
+                self.model.sessions.insert(SESSIONS[session], deadline);
+            }
+
+            Op::SessionEnd { session } => {
+                self.model.sessions.remove(&SESSIONS[session]);
             }
 
             Op::Release { key, who, token } => {
@@ -292,7 +381,15 @@ impl Run {
                 );
                 if got {
                     let h = self.core.locks[key].holder(&name).expect("renewed holder");
-                    assert_eq!(h.deadline, now.saturating_add(ttl), "{ctx}");
+                    // A session holder's renewal changes nothing.
+                    let want = match mine_before
+                        .map(|b| b.2)
+                        .filter(|d| session_of(*d).is_some())
+                    {
+                        Some(d) => d,
+                        None => now.saturating_add(ttl).min(lock_core::lock::MAX_DEADLINE),
+                    };
+                    assert_eq!(h.deadline, want, "{ctx}");
                     assert_eq!(
                         Some((h.holds, h.token)),
                         mine_before.map(|b| (b.0, b.1)),
@@ -320,11 +417,12 @@ impl Run {
                     kind,
                     owner: owner_name(owner),
                     ttl,
+                    session: 0,
                 };
                 // Refused busy or at the holder limit, it waits (v4).
                 if try_first
                     && !self
-                        .grant(step, key, (kind, owner, ttl), before, ctx)
+                        .grant(step, key, (kind, owner, ttl), 0, before, ctx)
                         .waits()
                 {
                     return;
@@ -417,6 +515,7 @@ impl Run {
                         holds,
                         token,
                         deadline,
+                        session: 0,
                     },
                 );
                 assert_eq!(got, want, "{ctx}: core vs model");
@@ -455,6 +554,7 @@ impl Run {
         step: &mut Step,
         key: usize,
         (kind, owner, ttl): (Kind, usize, u64),
+        session: u64,
         before: &Before,
         ctx: &Ctx,
     ) -> Attempt {
@@ -466,6 +566,7 @@ impl Run {
             kind,
             owner: owner_name(owner),
             ttl,
+            session,
         };
         let got = core.locks[key].try_acquire_within(
             &req,
@@ -475,12 +576,12 @@ impl Run {
             &mut step.changes,
             self.start.max_holders,
         );
-        let want = self.model.grant(key, kind, owner, ttl, queued);
+        let want = self.model.grant_in(key, kind, owner, ttl, session, queued);
         assert_eq!(got, want, "{ctx}: core vs model");
         check_attempt(
             core,
             key,
-            (kind, owner, ttl),
+            (kind, owner, ttl, session),
             queued,
             got,
             (&before.stored[key], before.modes[key]),
@@ -575,7 +676,7 @@ impl Run {
 fn check_attempt(
     core: &Core,
     key: usize,
-    (kind, owner, ttl): (Kind, usize, u64),
+    (kind, owner, ttl, session): (Kind, usize, u64, u64),
     queued: bool,
     got: Attempt,
     (before, mode_before): (&Stored, Mode),
@@ -619,7 +720,17 @@ fn check_attempt(
             assert!(h.is_live(now), "{ctx}: granted but not live");
             assert!(lock.live(now).any(|l| *l.owner == *name), "{ctx}");
             assert_eq!(h.token, t, "{ctx}: reply token differs from the stored one");
-            assert_eq!(h.deadline, now.saturating_add(ttl), "{ctx}: deadline");
+            // Its own lease; its session's (named, or kept by a repeat
+            // that names none).
+            let kept = mine_before
+                .map(|b| b.2)
+                .filter(|d| session == 0 && session_of(*d).is_some());
+            let want = match (session, kept) {
+                (0, Some(d)) => d,
+                (0, None) => now.saturating_add(ttl).min(lock_core::lock::MAX_DEADLINE),
+                (s, _) => session_deadline(s),
+            };
+            assert_eq!(h.deadline, want, "{ctx}: deadline");
             assert_eq!(lock.mode(), kind.mode(), "{ctx}: mode");
             match mine_before {
                 Some(b) => {
@@ -776,9 +887,14 @@ fn check_state(core: &Core, model: &Model, ctx: &Ctx) {
             holders.iter().map(|h| h.deadline).max(),
             "{ctx}"
         );
+        // Session holders' ends come from their session, not the lock.
         assert_eq!(
             lock.earliest_deadline(),
-            holders.iter().map(|h| h.deadline).min(),
+            holders
+                .iter()
+                .map(|h| h.deadline)
+                .min()
+                .filter(|d| session_of(*d).is_none()),
             "{ctx}"
         );
         let census = lock.census();

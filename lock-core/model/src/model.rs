@@ -8,6 +8,7 @@
 
 use std::collections::{BTreeMap, VecDeque};
 
+use lock_core::lock::{session_deadline, MAX_DEADLINE};
 use lock_core::tokens::MAX_TOKEN;
 use lock_core::{Attempt, Invalid, Kind, Mode, Owner, Release};
 
@@ -21,7 +22,11 @@ pub struct MHold {
     pub mode: Mode,
     pub holds: u32,
     pub token: u64,
+    /// Its own deadline, or (following a session) the session's id in the
+    /// form the core stores it (`session_deadline`).
     pub deadline: u64,
+    /// The session it follows, 0 for none.
+    pub session: u64,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -48,6 +53,8 @@ pub struct Model {
     /// (`TooManyHolders`), and waits when queued.
     pub max_holders: usize,
     pub keys: Vec<MKey>,
+    /// Open sessions: id -> deadline (the shell's table).
+    pub sessions: BTreeMap<u64, u64>,
 }
 
 impl Model {
@@ -59,6 +66,17 @@ impl Model {
         before - self.keys[key].holders.len()
     }
 
+    /// Drops the holders whose session ended (closed, unknown, or its
+    /// deadline passed): what every transaction does first. How many.
+    pub fn end_sessions(&mut self, key: usize) -> usize {
+        let (now, sessions) = (self.now, &self.sessions);
+        let before = self.keys[key].holders.len();
+        self.keys[key]
+            .holders
+            .retain(|_, h| h.session == 0 || sessions.get(&h.session).is_some_and(|d| now < *d));
+        before - self.keys[key].holders.len()
+    }
+
     pub fn grant(
         &mut self,
         key: usize,
@@ -67,8 +85,24 @@ impl Model {
         ttl: u64,
         queued: bool,
     ) -> Attempt {
+        self.grant_in(key, kind, owner, ttl, 0, queued)
+    }
+
+    /// A grant, with `SESSION session` (0: none).
+    pub fn grant_in(
+        &mut self,
+        key: usize,
+        kind: Kind,
+        owner: usize,
+        ttl: u64,
+        session: u64,
+        queued: bool,
+    ) -> Attempt {
         self.purge(key);
-        let deadline = self.now.saturating_add(ttl);
+        let deadline = match session {
+            0 => self.now.saturating_add(ttl).min(MAX_DEADLINE),
+            s => session_deadline(s),
+        };
         let limit = self.keys[key].limit;
         let holders = &mut self.keys[key].holders;
         if let Some(held) = holders.values().next().map(|h| h.mode) {
@@ -89,7 +123,12 @@ impl Model {
                 }
                 h.holds += 1;
             }
-            h.deadline = deadline;
+            // A session holder's repeat keeps its session, or moves to the
+            // one it names.
+            if session != 0 || h.session == 0 {
+                h.deadline = deadline;
+                h.session = session;
+            }
             return Attempt::Granted(h.token);
         }
         if queued {
@@ -126,6 +165,7 @@ impl Model {
                 holds: 1,
                 token,
                 deadline,
+                session,
             },
         );
         Attempt::Granted(token)
@@ -152,11 +192,14 @@ impl Model {
     /// With `token`, only the owner's grant that carries it.
     pub fn renew(&mut self, key: usize, owner: usize, ttl: u64, token: Option<u64>) -> bool {
         self.purge(key);
-        let deadline = self.now.saturating_add(ttl);
+        let deadline = self.now.saturating_add(ttl).min(MAX_DEADLINE);
         let ours = |h: &&mut MHold| token.is_none_or(|t| t == h.token);
         match self.keys[key].holders.get_mut(&owner).filter(ours) {
             Some(h) => {
-                h.deadline = deadline;
+                // A session holder's renewal changes nothing.
+                if h.session == 0 {
+                    h.deadline = deadline;
+                }
                 true
             }
             None => false,
@@ -216,6 +259,7 @@ impl Model {
             last_token,
             max_holders,
             keys: (0..keys).map(|_| MKey::default()).collect(),
+            sessions: BTreeMap::new(),
         }
     }
 }

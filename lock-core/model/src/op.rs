@@ -155,13 +155,35 @@ pub enum Op {
         key: usize,
         who: Who,
     },
+    /// A grant with `SESSION` (one of [`SESSIONS`], by index), refused
+    /// before any transaction (`NOSESSION`) when it is not live.
+    SessionGrant {
+        key: usize,
+        kind: Kind,
+        who: Who,
+        ttl: u64,
+        session: usize,
+    },
+    /// `LOCK.SESSION OPEN` or `KEEPALIVE`: the session's deadline is now +
+    /// ttl (it may shorten it).
+    SessionSet {
+        session: usize,
+        ttl: u64,
+    },
+    /// `LOCK.SESSION CLOSE`.
+    SessionEnd {
+        session: usize,
+    },
 }
+
+/// The sessions a run names (ids drawn like tokens in the shell).
+pub const SESSIONS: [u64; 2] = [3, 1_700_000_000_000_077];
 
 impl Op {
     /// The key the operation acts on (none for the clock).
     pub fn key(&self) -> Option<usize> {
         match *self {
-            Op::Clock { .. } => None,
+            Op::Clock { .. } | Op::SessionSet { .. } | Op::SessionEnd { .. } => None,
             Op::Grant { key, .. }
             | Op::Release { key, .. }
             | Op::Renew { key, .. }
@@ -170,7 +192,8 @@ impl Op {
             | Op::RemoveId { key, .. }
             | Op::Settle { key }
             | Op::Put(Put { key, .. })
-            | Op::Drop { key, .. } => Some(key),
+            | Op::Drop { key, .. }
+            | Op::SessionGrant { key, .. } => Some(key),
         }
     }
 
@@ -194,6 +217,16 @@ impl Op {
             Op::Grant { key, who, .. } | Op::Drop { key, who } => {
                 *key %= KEYS;
                 *who = Who::Owner(who.resolve(model, *key));
+            }
+            Op::SessionGrant {
+                key, who, session, ..
+            } => {
+                *key %= KEYS;
+                *who = Who::Owner(who.resolve(model, *key));
+                *session %= SESSIONS.len();
+            }
+            Op::SessionSet { session, .. } | Op::SessionEnd { session } => {
+                *session %= SESSIONS.len();
             }
             Op::Enqueue { key, owner, .. } => {
                 *key %= KEYS;
@@ -430,9 +463,25 @@ fn decode_op(input: &mut Input) -> Op {
                 _ => i64::from(input.byte() % 64) - 8,
             },
         }),
-        _ => Op::Drop {
-            key: input.key(),
-            who: input.who(),
+        _ => match input.byte() % 8 {
+            0..=3 => Op::Drop {
+                key: input.key(),
+                who: input.who(),
+            },
+            4 | 5 => Op::SessionGrant {
+                key: input.key(),
+                kind: input.kind(),
+                who: input.who(),
+                ttl: input.ttl(),
+                session: usize::from(input.byte()),
+            },
+            6 => Op::SessionSet {
+                session: usize::from(input.byte()),
+                ttl: 1 + u64::from(input.byte() % 64),
+            },
+            _ => Op::SessionEnd {
+                session: usize::from(input.byte()),
+            },
         },
     }
 }
@@ -580,6 +629,10 @@ pub mod strategy {
             3 => key().prop_map(|key| Op::Settle { key }),
             1 => put(),
             1 => (key(), who()).prop_map(|(key, who)| Op::Drop { key, who }),
+            3 => (key(), kind(), who(), ttl(), 0..2usize)
+                .prop_map(|(key, kind, who, ttl, session)| Op::SessionGrant { key, kind, who, ttl, session }),
+            2 => (0..2usize, 1u64..=60).prop_map(|(session, ttl)| Op::SessionSet { session, ttl }),
+            1 => (0..2usize).prop_map(|session| Op::SessionEnd { session }),
         ]
     }
 }

@@ -1,0 +1,395 @@
+//! Sessions (`LOCK.SESSION`): leases that many holders share.
+//!
+//! A holder following a session stores the session's id in place of its
+//! own deadline (`lock_core::lock::session_deadline`): renewing the session
+//! is one change here, whatever its holders (`LOCK.SESSION KEEPALIVE` is
+//! O(1)), and the core decides a holder's liveness from the deadline this
+//! table gives it (`deadline_of`). A session that ended (closed, or its
+//! deadline passed) is gone from the table at once, so every command sees
+//! its holders ended from that moment; the cleaning up (its keys visited,
+//! their holders dropped and the drops replicated, their waiters granted,
+//! its own waiters answered `NOSESSION`) is sliced across the timer's ticks
+//! ([`take_work`]).
+//!
+//! Per session the table keeps its deadline, how many holders follow it
+//! and on which keys (a count per key: the keys its end must visit), and
+//! the waiters that asked with it. Holders join through the commits of
+//! transitions (`lock_core::Changes::joined`), loads and applied effects,
+//! and leave through ended holders (`lock_core::Ended::session`), the
+//! unlink of a key and flushes.
+
+use std::collections::{BTreeSet, HashMap, VecDeque};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{LazyLock, Mutex};
+
+use crate::redis::ffi::DbKey;
+use crate::redis::shared::{self, Locked};
+use crate::state::txn::Txn;
+use lock_core::{Attempt, Changes, Lock, Request};
+
+/// A waiting request's id (`waiting::WaiterId`).
+pub type WaiterId = usize;
+
+#[derive(Default, Debug)]
+struct Session {
+    deadline: u64,
+    holders: u64,
+    keys: HashMap<DbKey, u32>,
+    waiters: Vec<WaiterId>,
+}
+
+/// A session that ended, its keys and waiters still to visit: its key
+/// map taken over whole (ending a session of a million keys moves no key),
+/// then read a page at a time.
+#[derive(Debug)]
+struct Ending {
+    keys: std::collections::hash_map::IntoIter<DbKey, u32>,
+    waiters: Vec<WaiterId>,
+}
+
+#[derive(Default)]
+struct Table {
+    live: HashMap<u64, Session>,
+    by_deadline: BTreeSet<(u64, u64)>,
+    ending: VecDeque<Ending>,
+}
+
+static TABLE: LazyLock<Mutex<Table>> = LazyLock::new(Mutex::default);
+
+/// Whether a session ever existed here (opened, received or loaded): from
+/// then on every transaction asks the table whether its key's session
+/// holders still hold; a server that never used one takes nothing else.
+static ANY: AtomicBool = AtomicBool::new(false);
+/// How many sessions are live (open), for `INFO lock` and the cap.
+static LIVE: AtomicUsize = AtomicUsize::new(0);
+/// The earliest session deadline (`u64::MAX`: none), for the timer.
+static NEXT_END: AtomicU64 = AtomicU64::new(u64::MAX);
+/// Whether ended sessions have cleaning up left.
+static ENDING: AtomicBool = AtomicBool::new(false);
+
+fn table() -> Locked<Table> {
+    shared::lock(&TABLE, |t| {
+        if !t.live.is_empty() {
+            ANY.store(true, Ordering::Relaxed);
+        }
+        LIVE.store(t.live.len(), Ordering::Relaxed);
+        ENDING.store(!t.ending.is_empty(), Ordering::Relaxed);
+        let next = t.by_deadline.first().map_or(u64::MAX, |(at, _)| *at);
+        NEXT_END.store(next, Ordering::Relaxed);
+    })
+}
+
+/// Whether a session ever existed here (one atomic).
+#[inline]
+pub fn any() -> bool {
+    ANY.load(Ordering::Relaxed)
+}
+
+/// How many sessions are open.
+pub fn count() -> usize {
+    LIVE.load(Ordering::Relaxed)
+}
+
+/// When the timer must next look at sessions: the earliest deadline, or
+/// now-ish when an ended session still has cleaning up (`None`: never).
+pub fn next_work() -> Option<u64> {
+    if ENDING.load(Ordering::Relaxed) {
+        return Some(0);
+    }
+    Some(NEXT_END.load(Ordering::Relaxed)).filter(|&at| at != u64::MAX)
+}
+
+impl Table {
+    fn set_deadline(&mut self, id: u64, deadline: u64) -> bool {
+        let Some(s) = self.live.get_mut(&id) else {
+            return false;
+        };
+        self.by_deadline.remove(&(s.deadline, id));
+        s.deadline = deadline;
+        self.by_deadline.insert((deadline, id));
+        true
+    }
+
+    /// Ends `id`: out of the table, its keys and waiters queued for the
+    /// cleaning up. Its holder count then.
+    fn end(&mut self, id: u64) -> Option<u64> {
+        let s = self.live.remove(&id)?;
+        self.by_deadline.remove(&(s.deadline, id));
+        if !s.keys.is_empty() || !s.waiters.is_empty() {
+            self.ending.push_back(Ending {
+                keys: s.keys.into_iter(),
+                waiters: s.waiters,
+            });
+        }
+        Some(s.holders)
+    }
+}
+
+/// Opens session `id` live until `deadline` (a new one, or one a master
+/// or a file names: its deadline set).
+pub fn open(id: u64, deadline: u64) {
+    let mut t = table();
+    if !t.set_deadline(id, deadline) {
+        t.live.insert(
+            id,
+            Session {
+                deadline,
+                ..Session::default()
+            },
+        );
+        t.by_deadline.insert((deadline, id));
+    }
+}
+
+/// The deadline of a live session at `now` (`None`: ended or unknown).
+pub fn live_deadline(id: u64, now: u64) -> Option<u64> {
+    table()
+        .live
+        .get(&id)
+        .map(|s| s.deadline)
+        .filter(|&d| now < d)
+}
+
+/// `LOCK.SESSION KEEPALIVE`: the session's deadline becomes `deadline`, if
+/// it is live at `now` (false: it ended, or never was).
+pub fn keep_alive(id: u64, deadline: u64, now: u64) -> bool {
+    let mut t = table();
+    match t.live.get(&id) {
+        Some(s) if now < s.deadline => t.set_deadline(id, deadline),
+        _ => false,
+    }
+}
+
+/// Ends session `id` now (CLOSE, its end applied from a master or a file):
+/// how many holders followed it (`None`: it was not live).
+pub fn end(id: u64) -> Option<u64> {
+    table().end(id)
+}
+
+/// The sessions whose deadline passed at `now`, ended (their ids).
+pub fn end_due(now: u64) -> Vec<u64> {
+    let mut t = table();
+    let mut ended = Vec::new();
+    while let Some(&(at, id)) = t.by_deadline.first() {
+        if at > now {
+            break;
+        }
+        t.end(id);
+        ended.push(id);
+    }
+    ended
+}
+
+/// `LOCK.SESSION INFO`: the deadline and holder count of a session live
+/// at `now`.
+pub fn info(id: u64, now: u64) -> Option<(u64, u64)> {
+    table()
+        .live
+        .get(&id)
+        .filter(|s| now < s.deadline)
+        .map(|s| (s.deadline, s.holders))
+}
+
+/// Runs `f` with the sessions' deadlines (`None`: ended or unknown), the
+/// table locked once for all of its look-ups.
+pub fn with_deadlines<R>(f: impl FnOnce(&dyn Fn(u64) -> Option<u64>) -> R) -> R {
+    let t = table();
+    let deadline_of = |id: u64| t.live.get(&id).map(|s| s.deadline);
+    f(&deadline_of)
+}
+
+/// A holder on `key` began to follow session `id`.
+pub fn join(id: u64, key: &DbKey) {
+    let mut t = table();
+    if let Some(s) = t.live.get_mut(&id) {
+        s.holders += 1;
+        *s.keys.entry(key.clone()).or_insert(0) += 1;
+    }
+}
+
+/// A holder on `key` stopped following session `id`.
+pub fn leave(id: u64, key: &DbKey) {
+    let mut t = table();
+    if let Some(s) = t.live.get_mut(&id) {
+        s.holders = s.holders.saturating_sub(1);
+        if let Some(n) = s.keys.get_mut(key) {
+            *n = n.saturating_sub(1);
+            if *n == 0 {
+                s.keys.remove(key);
+            }
+        }
+    }
+}
+
+/// A lock with holders left key `key` (DEL, a write over it, the old name
+/// of RENAME and MOVE): those following a session leave it.
+pub fn unlinked(key: &DbKey, lock: &Lock) {
+    for id in lock.holders().filter_map(|h| h.session()) {
+        leave(id, key);
+    }
+}
+
+/// A waiting request granted with `attempt` whose session ended while it
+/// waited (before the timer answered it): the grant is undone in `txn`, and
+/// the caller answers `NOSESSION`.
+pub fn ended_while_waiting(request: &Request, attempt: Attempt, txn: &mut Txn) -> bool {
+    let Attempt::Granted(token) = attempt else {
+        return false;
+    };
+    if request.session == 0 || live_deadline(request.session, txn.now).is_some() {
+        return false;
+    }
+    txn.lock
+        .release_all(&request.owner, token, txn.now, txn.changes);
+    true
+}
+
+/// A waiting request follows session `id`: answered `NOSESSION` if the
+/// session ends first.
+pub fn add_waiter(id: u64, waiter: WaiterId) {
+    if let Some(s) = table().live.get_mut(&id) {
+        s.waiters.push(waiter);
+    }
+}
+
+/// Up to `n` pieces of cleaning up of ended sessions: keys to visit and
+/// waiters to answer. Empty when none is left.
+pub fn take_work(n: usize) -> (Vec<DbKey>, Vec<WaiterId>) {
+    if !ENDING.load(Ordering::Relaxed) {
+        return (Vec::new(), Vec::new());
+    }
+    let mut t = table();
+    let (mut keys, mut waiters) = (Vec::new(), Vec::new());
+    while keys.len() + waiters.len() < n {
+        let Some(e) = t.ending.front_mut() else {
+            break;
+        };
+        if let Some(w) = e.waiters.pop() {
+            waiters.push(w);
+        } else if let Some((k, _)) = e.keys.next() {
+            keys.push(k);
+        } else {
+            t.ending.pop_front();
+        }
+    }
+    (keys, waiters)
+}
+
+/// The lock as its holders stand at `now`, those whose session ended left
+/// out (`None`: none of them did): what a read (LOCK.INFO, a check, a
+/// guard, the deadlock search) sees, as if the timer had ended them.
+pub fn without_ended(lock: &Lock, now: u64) -> Option<Lock> {
+    if !any() || !lock.has_sessions() {
+        return None;
+    }
+    let mut open = lock.clone();
+    let mut changes = Changes::default();
+    let ended = with_deadlines(|deadline_of| open.end_sessions(deadline_of, now, &mut changes));
+    (ended > 0).then_some(open)
+}
+
+/// A holder's lease end as reads show it: its own deadline or its
+/// session's (0 for an ended one).
+pub fn deadline_of(h: &lock_core::HolderRef<'_>) -> u64 {
+    match h.session() {
+        None => h.deadline,
+        Some(_) => with_deadlines(|deadline_of| h.deadline_with(deadline_of)),
+    }
+}
+
+/// Every session, as a file keeps it: `(id, deadline)`.
+pub fn saved() -> Vec<(u64, u64)> {
+    let t = table();
+    let mut all: Vec<(u64, u64)> = t.live.iter().map(|(id, s)| (*id, s.deadline)).collect();
+    all.sort_unstable();
+    all
+}
+
+/// A file's sessions replace the table (a load: the keys that follow are
+/// counted in as they load).
+pub fn load(sessions: impl IntoIterator<Item = (u64, u64)>) {
+    let mut t = table();
+    *t = Table::default();
+    for (id, deadline) in sessions {
+        t.live.insert(
+            id,
+            Session {
+                deadline,
+                ..Session::default()
+            },
+        );
+        t.by_deadline.insert((deadline, id));
+    }
+}
+
+/// FLUSHDB / FLUSHALL (`db` -1): the holders of the flushed keys are gone.
+pub fn flushed(db: i32) {
+    if !any() {
+        return;
+    }
+    let mut t = table();
+    for s in t.live.values_mut() {
+        let mut gone = 0u64;
+        s.keys.retain(|k, n| {
+            let flushed = db == -1 || k.db == db;
+            if flushed {
+                gone += u64::from(*n);
+            }
+            !flushed
+        });
+        s.holders = s.holders.saturating_sub(gone);
+    }
+}
+
+/// SWAPDB: the keys of `a` are `b`'s and the other way round.
+pub fn swap_dbs(a: i32, b: i32) {
+    if !any() {
+        return;
+    }
+    let swap = |db: i32| match db {
+        d if d == a => b,
+        d if d == b => a,
+        d => d,
+    };
+    let mut t = table();
+    for s in t.live.values_mut() {
+        s.keys = std::mem::take(&mut s.keys)
+            .into_iter()
+            .map(|(k, n)| (DbKey::new(swap(k.db), &k.name), n))
+            .collect();
+    }
+    for e in t.ending.iter_mut() {
+        let keys: HashMap<DbKey, u32> = std::mem::take(&mut e.keys)
+            .map(|(k, n)| (DbKey::new(swap(k.db), &k.name), n))
+            .collect();
+        e.keys = keys.into_iter();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn counts_follow_joins_and_leaves_and_end_queues_keys() {
+        load([(7, 1000)]);
+        let k = DbKey::new(0, b"k");
+        join(7, &k);
+        join(7, &k);
+        join(7, &DbKey::new(0, b"j"));
+        leave(7, &k);
+        assert_eq!(info(7, 10), Some((1000, 2)));
+        assert_eq!(info(7, 1000), None);
+        assert!(keep_alive(7, 2000, 999));
+        assert!(!keep_alive(7, 3000, 2000));
+        assert_eq!(end_due(1999), Vec::<u64>::new());
+        assert_eq!(end_due(2000), vec![7]);
+        assert_eq!(end(7), None);
+        let (mut keys, waiters) = take_work(10);
+        keys.sort_by(|a, b| a.name.cmp(&b.name));
+        assert_eq!(keys, vec![DbKey::new(0, b"j"), k]);
+        assert!(waiters.is_empty());
+        assert_eq!(take_work(10).0.len(), 0);
+        assert!(any());
+    }
+}
