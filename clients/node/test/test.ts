@@ -6,7 +6,7 @@
 // and "N passed, M failed".
 import { Redis, Cluster } from "ioredis";
 import { createClient, createCluster } from "redis";
-import { DeadlockError, LeaseLostError, Lock, LockError, RedLock } from "redis-native-lock";
+import { DeadlockError, LeaseLostError, Lock, LockError, RedLock, RedisClient } from "redis-native-lock";
 
 const port = Number(process.env.REDIS_LOCK_PORT);
 const clusterPort = Number(process.env.REDIS_LOCK_CLUSTER_PORT);
@@ -31,7 +31,7 @@ async function test(name: string, f: () => Promise<void>): Promise<void> {
 
 const tag = () => `{${Math.random().toString(36).slice(2, 10)}}`;
 
-async function everyKind(client: unknown, label: string): Promise<void> {
+async function everyKind(client: RedisClient, label: string): Promise<void> {
   await test(`${label}: every kind`, async () => {
     const t = tag();
     const a = Lock.exclusive(client, `${t}x`);
@@ -42,7 +42,8 @@ async function everyKind(client: unknown, label: string): Promise<void> {
     const b = Lock.exclusive(client, `${t}x`);
     await b.with(async (l) => assert(l.token! > first, "tokens increase"));
     const r = Lock.reentrant(client, `${t}r`);
-    assert((await r.acquire()) && (await r.acquire()), "re-entered");
+    assert(await r.acquire(), "held");
+    await r.reacquire(); // re-entered: a second hold
     await r.release();
     assert(await r.owned(), "one hold left");
     await r.release();
@@ -93,7 +94,7 @@ async function rejection(f: () => Promise<unknown>): Promise<unknown> {
   return null;
 }
 
-async function guardTests(client: unknown, label: string): Promise<void> {
+async function guardTests(client: RedisClient, label: string): Promise<void> {
   await test(`${label}: guard() runs the command on every held kind and on hold()'s Held; its reply and its error as the command's`, async () => {
     const t = tag();
     const { read } = Lock.readWrite(client, `${t}rw`);
@@ -216,7 +217,7 @@ async function holders(key: string | Buffer): Promise<Buffer[]> {
   }
 }
 
-async function issueTests(client: unknown, label: string): Promise<void> {
+async function issueTests(client: RedisClient, label: string): Promise<void> {
   await test(`${label}: acquire() with no argument does not wait, whatever the wait option`, async () => {
     const key = `${tag()}nw`;
     const holder = Lock.exclusive(client, key);
@@ -228,43 +229,82 @@ async function issueTests(client: unknown, label: string): Promise<void> {
     await holder.release();
   });
 
-  await test(`${label}: one Lock object shared by 8 concurrent callers: never two inside (fenced counter)`, async () => {
-    const key = `${tag()}sh`;
-    const shared = Lock.exclusive(client, key, { ttl: 5000 });
-    let inside = 0;
-    let maxInside = 0;
-    let counter = 0;
-    let lastToken = 0;
-    let refused = 0;
-    let refusedMsg = "";
-    const caller = async () => {
-      for (let done = 0; done < 3; ) {
-        try {
-          if (!(await shared.acquire(2000))) continue;
-        } catch (e) {
-          if (!(e instanceof LockError)) throw e;
-          refused++;
-          refusedMsg = (e as Error).message;
-          await sleep(2 + Math.random() * 10);
-          continue;
+  for (const kind of ["exclusive", "reentrant", "write", "read"] as const) {
+    await test(`${label}: one ${kind} Lock object shared by 8 concurrent tasks: never two inside, the others refused with a clear LockError (fenced counter)`, async () => {
+      const key = `${tag()}sh`;
+      const shared = Lock[kind](client, key, { ttl: 5000 });
+      let inside = 0;
+      let maxInside = 0;
+      let counter = 0;
+      let lastToken = 0;
+      let refused = 0;
+      let refusedMsg = "";
+      const held: string[] = []; // the refusals that found the object holding (not an acquire in flight)
+      const caller = async () => {
+        for (let done = 0; done < 3; ) {
+          try {
+            if (!(await shared.acquire(2000))) continue;
+          } catch (e) {
+            if (!(e instanceof LockError)) throw e;
+            refused++;
+            refusedMsg = (e as Error).message;
+            if (/already holds/.test(refusedMsg)) held.push(refusedMsg);
+            await sleep(2 + Math.random() * 10);
+            continue;
+          }
+          inside++;
+          maxInside = Math.max(maxInside, inside);
+          const token = shared.token!;
+          assert(token > lastToken, "the storage accepts only a higher token");
+          lastToken = token;
+          const seen = counter;
+          await sleep(3);
+          counter = seen + 1; // a lost update if two were inside
+          inside--;
+          done++;
+          await shared.release();
         }
-        inside++;
-        maxInside = Math.max(maxInside, inside);
-        const token = shared.token!;
-        assert(token > lastToken, "the storage accepts only a higher token");
-        lastToken = token;
-        const seen = counter;
-        await sleep(3);
-        counter = seen + 1; // a lost update if two were inside
-        inside--;
-        done++;
-        await shared.release();
-      }
-    };
-    await Promise.all(Array.from({ length: 8 }, caller));
-    assert(maxInside === 1, `one inside at a time (max ${maxInside})`);
-    assert(counter === 24, `no lost update (${counter})`);
-    assert(refused > 0 && /same Lock object|already holds/.test(refusedMsg), `the others got a clear LockError: ${refusedMsg}`);
+      };
+      await Promise.all(Array.from({ length: 8 }, caller));
+      assert(maxInside === 1, `one inside at a time (max ${maxInside})`);
+      assert(counter === 24, `no lost update (${counter})`);
+      assert(refused > 0 && /same Lock object|already holds/.test(refusedMsg), `the others got a clear LockError: ${refusedMsg}`);
+      if (kind !== "exclusive") assert(held.every((m) => /reacquire\(\)/.test(m)), `a refusal while held names reacquire(): ${held[0]}`);
+    });
+  }
+
+  await test(`${label}: reacquire() adds a hold of a reentrant, read or write lock (one release() each); LockError for the other kinds and when not held`, async () => {
+    const t = tag();
+    for (const kind of ["reentrant", "write", "read"] as const) {
+      const l = Lock[kind](client, `${t}${kind}`);
+      assert((await rejection(() => l.reacquire())) instanceof LockError, `${kind}: not held`);
+      assert(await l.acquire(), `${kind}: held`);
+      const token = l.token;
+      await l.reacquire();
+      await l.reacquire();
+      assert(l.token === token, `${kind}: the same grant`);
+      const hs = await holders(`${t}${kind}`);
+      assert(hs.length === 1, `${kind}: one holder`);
+      await l.release();
+      await l.release();
+      assert(await l.owned(), `${kind}: one hold left`);
+      await l.release();
+      assert(!(await l.locked()), `${kind}: free after three releases`);
+    }
+    for (const l of [Lock.exclusive(client, `${t}x`), Lock.semaphore(client, `${t}s`, 2), Lock.multi(client, [`${t}m1`, `${t}m2`])]) {
+      assert(await l.acquire(), "held");
+      const e = await rejection(() => l.reacquire());
+      assert(e instanceof LockError && /one hold/.test((e as Error).message), `one hold: ${e}`);
+      await l.release();
+    }
+    {
+      await using held = await Lock.reentrant(client, `${t}h`).hold(1000);
+      await held.reacquire();
+      await held.reacquire();
+      await held.release();
+      assert(await held.lock.owned(), "two holds left");
+    }
+    assert(!(await Lock.exclusive(client, `${t}h`).locked()), "the end of the scope gave back every hold the Held took");
   });
 
   await test(`${label}: a bound holder hears its connection close within 100 ms; lost stays true`, async () => {
@@ -320,7 +360,7 @@ async function issueTests(client: unknown, label: string): Promise<void> {
       assert(await l.acquire(), "held");
       assert(l.bound, "bound");
       if (op === "SET") {
-        assert(await l.acquire(), "re-entered");
+        await l.reacquire(); // re-entered
         await l.extend(3000);
         await sleep(1100); // one renewal (at 1000 ms); the next is at 2000 ms
       } else await sleep(50);
@@ -434,7 +474,7 @@ async function issueTests(client: unknown, label: string): Promise<void> {
       ["a fractional ttl", () => Lock.exclusive(client, "k", { ttl: 1.5 })],
       ["a limit of 0", () => Lock.semaphore(client, "k", 0)],
       ["an unknown option", () => Lock.exclusive(client, "k", { wiat: 5 } as never)],
-      ["not a client", () => Lock.exclusive({}, "k")],
+      ["not a client", () => Lock.exclusive({} as never, "k")],
     ];
     for (const [what, f] of cases) {
       let e: unknown = null;
@@ -473,6 +513,11 @@ async function issueTests(client: unknown, label: string): Promise<void> {
 }
 
 async function main(): Promise<void> {
+  if (process.env.REDLOCK_PORTS) {
+    await redlockTest();
+    console.log(`${passed} passed, ${failed} failed`);
+    process.exit(failed ? 1 : 0);
+  }
   const io = new Redis(port, "127.0.0.1");
   const nr = createClient({ url: `redis://127.0.0.1:${port}` });
   nr.on("error", () => {}); // the CLIENT KILL test closes it too: it reconnects
@@ -592,6 +637,14 @@ async function main(): Promise<void> {
     await nrc.disconnect();
   }
 
+  io.disconnect();
+  await nr.disconnect();
+  console.log(`${passed} passed, ${failed} failed`);
+  process.exit(failed ? 1 : 0);
+}
+
+/** RedLock over five servers (REDLOCK_PORTS), REDLOCK_DOWN of them, the last ones, stopped. */
+async function redlockTest(): Promise<void> {
   const ports = (process.env.REDLOCK_PORTS ?? "").split(",").filter(Boolean).map(Number);
   if (ports.length === 5) {
     const down = Number(process.env.REDLOCK_DOWN ?? 0);
@@ -620,10 +673,6 @@ async function main(): Promise<void> {
     });
   }
 
-  io.disconnect();
-  await nr.disconnect();
-  console.log(`${passed} passed, ${failed} failed`);
-  process.exit(failed ? 1 : 0);
 }
 
 main().catch((e) => {
