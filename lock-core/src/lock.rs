@@ -1036,10 +1036,27 @@ impl Lock {
         Ok((lock, token))
     }
 
-    /// `LOCK.RELEASE`: removes one of the owner's holds.
-    pub fn release(&mut self, owner: &[u8], now: u64, changes: &mut Changes) -> Release {
+    /// The owner's entry (offset and state), live or not, when its grant
+    /// carries `token` (any grant of the owner's when `None`): `TOKEN` on
+    /// `LOCK.RELEASE` and `LOCK.RENEW`, a binding's grant. Another grant to
+    /// the same owner name (the old one ended, a new one began) is not it.
+    fn grant_of(&self, owner: &[u8], token: Option<u64>) -> Option<(usize, HolderRef<'_>)> {
+        self.entry(owner)
+            .filter(|(_, h)| token.is_none_or(|t| t == h.token))
+    }
+
+    /// `LOCK.RELEASE`: removes one of the owner's holds; with `token`, only
+    /// of its grant carrying that token ([`Release::NotHeld`], and nothing
+    /// changed but the purge, when the owner holds under another).
+    pub fn release(
+        &mut self,
+        owner: &[u8],
+        token: Option<u64>,
+        now: u64,
+        changes: &mut Changes,
+    ) -> Release {
         self.purge(now, changes);
-        let Some((at, h)) = self.entry(owner) else {
+        let Some((at, h)) = self.grant_of(owner, token) else {
             return Release::NotHeld;
         };
         changes.touch(owner);
@@ -1064,7 +1081,7 @@ impl Lock {
         changes: &mut Changes,
     ) -> bool {
         self.purge(now, changes);
-        let Some((at, h)) = self.entry(owner).filter(|(_, h)| h.token == token) else {
+        let Some((at, h)) = self.grant_of(owner, Some(token)) else {
             return false;
         };
         changes.end(&h, now);
@@ -1073,10 +1090,18 @@ impl Lock {
         true
     }
 
-    /// `LOCK.RENEW`: the owner's deadline becomes `now + ttl`; false when it holds nothing.
-    pub fn renew(&mut self, owner: &[u8], ttl: u64, now: u64, changes: &mut Changes) -> bool {
+    /// `LOCK.RENEW`: the owner's deadline becomes `now + ttl`; false when it
+    /// holds nothing (with `token`: nothing under that token).
+    pub fn renew(
+        &mut self,
+        owner: &[u8],
+        ttl: u64,
+        token: Option<u64>,
+        now: u64,
+        changes: &mut Changes,
+    ) -> bool {
         self.purge(now, changes);
-        match self.entry(owner).filter(|(_, h)| h.is_live(now)) {
+        match self.grant_of(owner, token).filter(|(_, h)| h.is_live(now)) {
             Some((at, h)) => {
                 let (holds, since, token) = (h.holds, h.since, h.token);
                 self.block
@@ -1088,14 +1113,14 @@ impl Lock {
         }
     }
 
-    /// The lock's only holder, when it has exactly one and that is `owner`,
-    /// live at `now`: its offset and state.
+    /// The lock's only holder, when it has exactly one and that is `owner`
+    /// (under `token`, when given), live at `now`: its offset and state.
     #[inline]
-    fn sole(&self, owner: &[u8], now: u64) -> Option<(usize, HolderRef<'_>)> {
+    fn sole(&self, owner: &[u8], token: Option<u64>, now: u64) -> Option<(usize, HolderRef<'_>)> {
         if self.block.count() != 1 {
             return None;
         }
-        self.entry(owner).filter(|(_, h)| h.is_live(now))
+        self.grant_of(owner, token).filter(|(_, h)| h.is_live(now))
     }
 
     /// [`Lock::release`] in its commonest case, in one step: the lock's only
@@ -1104,8 +1129,8 @@ impl Lock {
     /// [`Changes::ended`]; it touches only `owner` and expires nothing).
     /// `None`, and nothing changed, in every other case: `release` decides
     /// those.
-    pub fn release_sole(&mut self, owner: &[u8], now: u64) -> Option<Ended> {
-        let (_, h) = self.sole(owner, now)?;
+    pub fn release_sole(&mut self, owner: &[u8], token: Option<u64>, now: u64) -> Option<Ended> {
+        let (_, h) = self.sole(owner, token, now)?;
         if h.holds != 1 {
             return None;
         }
@@ -1121,8 +1146,14 @@ impl Lock {
     /// holder is `owner`, live at `now`. Its lease ends at `now + ttl`,
     /// returned (the lock's one deadline; `renew` touches only `owner` and
     /// expires nothing). `None`, and nothing changed, in every other case.
-    pub fn renew_sole(&mut self, owner: &[u8], ttl: u64, now: u64) -> Option<u64> {
-        let (at, h) = self.sole(owner, now)?;
+    pub fn renew_sole(
+        &mut self,
+        owner: &[u8],
+        ttl: u64,
+        token: Option<u64>,
+        now: u64,
+    ) -> Option<u64> {
+        let (at, h) = self.sole(owner, token, now)?;
         let (holds, since, token) = (h.holds, h.since, h.token);
         let deadline = now.saturating_add(ttl);
         self.block.set(at, holds, since, token, deadline);
@@ -1451,7 +1482,7 @@ mod tests {
             lock.try_acquire(&req("a"), false, t0, &mut tokens, &mut c),
             Attempt::Granted(_)
         ));
-        assert_eq!(lock.release(b"a", t0 + 250, &mut c), Release::Last);
+        assert_eq!(lock.release(b"a", None, t0 + 250, &mut c), Release::Last);
         assert_eq!(c.held().collect::<Vec<_>>(), [250]);
         let mut c = Changes::default();
         let t1 = t0 + 300;
@@ -1506,7 +1537,10 @@ mod tests {
         assert!(lock.is_held(1099));
         assert!(!lock.is_held(1100));
         let mut changes = Changes::default();
-        assert_eq!(lock.release(b"a", 1100, &mut changes), Release::NotHeld);
+        assert_eq!(
+            lock.release(b"a", None, 1100, &mut changes),
+            Release::NotHeld
+        );
         assert!(lock.is_empty());
         assert_eq!(changes.owners().count(), 1, "the purge is a change");
         assert_eq!(
@@ -1528,10 +1562,10 @@ mod tests {
         // ACQUIRE by the same owner adds nothing.
         acquire(&mut lock, &mut tokens, req(Kind::Acquire, "a", 100), 0);
         let mut c = Changes::default();
-        assert_eq!(lock.release(b"a", 1, &mut c), Release::Remaining);
-        assert_eq!(lock.release(b"a", 1, &mut c), Release::Remaining);
-        assert_eq!(lock.release(b"a", 1, &mut c), Release::Last);
-        assert_eq!(lock.release(b"a", 1, &mut c), Release::NotHeld);
+        assert_eq!(lock.release(b"a", None, 1, &mut c), Release::Remaining);
+        assert_eq!(lock.release(b"a", None, 1, &mut c), Release::Remaining);
+        assert_eq!(lock.release(b"a", None, 1, &mut c), Release::Last);
+        assert_eq!(lock.release(b"a", None, 1, &mut c), Release::NotHeld);
     }
 
     #[test]
@@ -1604,14 +1638,66 @@ mod tests {
         acquire(&mut lock, &mut tokens, req(Kind::Read, "a", 100), 0);
         acquire(&mut lock, &mut tokens, req(Kind::Read, "b", 100), 0);
         let mut c = Changes::default();
-        assert!(lock.renew(b"a", 1000, 50, &mut c));
+        assert!(lock.renew(b"a", 1000, None, 50, &mut c));
         assert_eq!(lock.holder(b"a").map(|h| h.deadline), Some(1050));
         assert_eq!(lock.holder(b"b").map(|h| h.deadline), Some(100));
         assert!(
-            !lock.renew(b"b", 1000, 100, &mut c),
+            !lock.renew(b"b", 1000, None, 100, &mut c),
             "expired: nothing to renew"
         );
-        assert!(!lock.renew(b"zz", 1000, 100, &mut c));
+        assert!(!lock.renew(b"zz", 1000, None, 100, &mut c));
+    }
+
+    #[test]
+    fn a_token_names_one_grant_and_another_changes_nothing() {
+        let mut tokens = Tokens::starting_after(0);
+        for kind in [
+            Kind::Acquire,
+            Kind::Racquire,
+            Kind::Read,
+            Kind::Semaphore(3),
+        ] {
+            let mut lock = Lock::default();
+            let Attempt::Granted(old) = acquire(&mut lock, &mut tokens, req(kind, "a", 10), 0)
+            else {
+                panic!("granted")
+            };
+            // The grant ends behind its holder's back; a new one to the same
+            // owner name follows.
+            lock.purge(10, &mut Changes::default());
+            let Attempt::Granted(new) = acquire(&mut lock, &mut tokens, req(kind, "a", 100), 10)
+            else {
+                panic!("granted")
+            };
+            acquire(&mut lock, &mut tokens, req(kind, "b", 100), 10);
+            let before = lock.clone();
+            let mut c = Changes::default();
+            assert_eq!(lock.release(b"a", Some(old), 11, &mut c), Release::NotHeld);
+            assert!(!lock.renew(b"a", 500, Some(old), 11, &mut c));
+            assert_eq!(lock.release_sole(b"a", Some(old), 11), None);
+            assert_eq!(lock.renew_sole(b"a", 500, Some(old), 11), None);
+            assert!(c.is_empty() && lock == before, "{kind:?}: nothing changed");
+            assert!(lock.renew(b"a", 500, Some(new), 11, &mut c));
+            assert_eq!(lock.holder(b"a").map(|h| h.deadline), Some(511));
+            assert_eq!(lock.release(b"a", Some(new), 11, &mut c), Release::Last);
+            let shared = kind.mode() != Mode::Exclusive;
+            assert_eq!(lock.holder(b"b").is_some(), shared, "{kind:?}: b untouched");
+        }
+        // A reentrant grant: each hold given back under its token.
+        let mut lock = Lock::default();
+        let Attempt::Granted(t) = acquire(&mut lock, &mut tokens, req(Kind::Racquire, "a", 10), 0)
+        else {
+            panic!("granted")
+        };
+        acquire(&mut lock, &mut tokens, req(Kind::Racquire, "a", 10), 0);
+        let mut c = Changes::default();
+        assert_eq!(lock.release(b"a", Some(t + 1), 1, &mut c), Release::NotHeld);
+        assert_eq!(lock.release(b"a", Some(t), 1, &mut c), Release::Remaining);
+        assert_eq!(
+            lock.release_sole(b"a", Some(t), 1).map(|e| e.token),
+            Some(t)
+        );
+        assert!(lock.is_empty());
     }
 
     #[test]
@@ -1676,7 +1762,7 @@ mod tests {
         }
         assert_eq!(lock, before, "refusals change nothing");
         let mut c = Changes::default();
-        assert_eq!(lock.release(b"b", 2, &mut c), Release::Last);
+        assert_eq!(lock.release(b"b", None, 2, &mut c), Release::Last);
         assert_eq!(
             acquire(&mut lock, &mut tokens, sem("c"), 2),
             Attempt::Granted(3)

@@ -188,7 +188,7 @@ mod tests {
         q.push(4, req(Kind::Read, "r3"));
         let mut c = Changes::default();
         assert!(q.settle(&mut lock, 50, &mut tokens, &mut c).is_empty());
-        lock.release(b"w0", 50, &mut c);
+        lock.release(b"w0", None, 50, &mut c);
         let answered = q.settle(&mut lock, 50, &mut tokens, &mut c);
         assert_eq!(
             answered,
@@ -222,7 +222,7 @@ mod tests {
         q.push_part(1, req(Kind::Acquire, "m"));
         q.push(2, req(Kind::Read, "r"));
         let mut c = Changes::default();
-        lock.release(b"w0", 1, &mut c);
+        lock.release(b"w0", None, 1, &mut c);
         assert!(q.settle(&mut lock, 1, &mut tokens, &mut c).is_empty());
         assert_eq!(q.head_part(), Some(1));
         assert!(lock.is_empty(), "the part is never granted by one key");

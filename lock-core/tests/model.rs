@@ -136,6 +136,8 @@ proptest! {
     /// renewal) leave exactly what `release` and `renew` leave, and act on
     /// exactly the locks where those touch the one live holder and expire
     /// nothing (holding once, for a release); elsewhere they change nothing.
+    /// With a `token` (`TOKEN`: the holder's own, another grant's, or none
+    /// issued) as well as without.
     #[test]
     fn sole_release_and_renew_are_the_general_ones(
         kind in prop_oneof![
@@ -147,6 +149,7 @@ proptest! {
         who in 0u8..4,
         now in 0u64..20,
         ttl in prop_oneof![0u64..10, Just(u64::MAX)],
+        token in prop::option::of(0u64..6),
     ) {
         let semaphore = matches!(kind, Kind::Semaphore(_));
         let holders: Vec<Holder> = raw
@@ -168,9 +171,9 @@ proptest! {
 
         let (mut general, mut fast) = (make().unwrap(), make().unwrap());
         let mut changes = Changes::default();
-        let outcome = general.release(&owner, now, &mut changes);
+        let outcome = general.release(&owner, token, now, &mut changes);
         let simple = one && outcome == Release::Last && changes.expired() == 0;
-        match fast.release_sole(&owner, now) {
+        match fast.release_sole(&owner, token, now) {
             Some(ended) => {
                 prop_assert!(simple);
                 prop_assert!(fast.is_empty() && general.is_empty());
@@ -185,9 +188,9 @@ proptest! {
 
         let (mut general, mut fast) = (make().unwrap(), make().unwrap());
         let mut changes = Changes::default();
-        let renewed = general.renew(&owner, ttl, now, &mut changes);
+        let renewed = general.renew(&owner, ttl, token, now, &mut changes);
         let simple = one && renewed && changes.expired() == 0;
-        match fast.renew_sole(&owner, ttl, now) {
+        match fast.renew_sole(&owner, ttl, token, now) {
             Some(deadline) => {
                 prop_assert!(simple);
                 prop_assert_eq!(fast.saved(), general.saved());

@@ -37,17 +37,21 @@ pub struct MultiGrant<'a> {
 /// The most keys one `LOCK.MACQUIRE` takes.
 pub const MAX_KEYS: usize = 1000;
 
-/// `LOCK.RELEASE key owner`.
+/// `LOCK.RELEASE key owner [TOKEN token]`.
 pub struct ReleaseArgs<'a> {
     pub key: Str<'a>,
     pub owner: &'a [u8],
+    /// `TOKEN`: only the owner's grant carrying this token.
+    pub token: Option<u64>,
 }
 
-/// `LOCK.RENEW key owner ttl`.
+/// `LOCK.RENEW key owner ttl [TOKEN token]`.
 pub struct RenewArgs<'a> {
     pub key: Str<'a>,
     pub owner: &'a [u8],
     pub ttl: u64,
+    /// `TOKEN`: only the owner's grant carrying this token.
+    pub token: Option<u64>,
 }
 
 /// `LOCK.GUARD key owner [TOKEN token] CALL command [arg ...]`.
@@ -153,6 +157,41 @@ fn some_options(args: &mut Args<'_>) -> Result<(Option<u64>, bool), LockError> {
     Ok((wait, bind))
 }
 
+/// A fencing token given with `TOKEN`: a positive integer as Redis parses
+/// it, or [`LockError::BadToken`].
+fn token_value(arg: Str<'_>) -> Result<u64, LockError> {
+    let t = arg.parse_integer().ok_or(LockError::BadToken)?;
+    u64::try_from(t)
+        .ok()
+        .filter(|t| *t > 0)
+        .ok_or(LockError::BadToken)
+}
+
+/// `[TOKEN token]` and the end of the arguments: none left, decided in
+/// line (the plain `LOCK.RELEASE` and `LOCK.RENEW`); the rest out of line.
+#[inline(always)]
+fn token_option(args: Args<'_>) -> Result<Option<u64>, LockError> {
+    match args.left() {
+        0 => Ok(None),
+        _ => some_token(args),
+    }
+}
+
+/// `TOKEN token`, once, and nothing after it: an unknown or repeated
+/// option, or `TOKEN` without its value, is a syntax error.
+#[inline(never)]
+fn some_token(mut args: Args<'_>) -> Result<Option<u64>, LockError> {
+    let mut token = None;
+    while let Some(option) = args.next_opt() {
+        if !option.as_slice().eq_ignore_ascii_case(b"TOKEN") || token.is_some() {
+            return Err(LockError::Syntax);
+        }
+        let value = args.next_opt().ok_or(LockError::Syntax)?;
+        token = Some(token_value(value)?);
+    }
+    Ok(token)
+}
+
 /// An integer argument from 1 to `max`, or `error`.
 fn count(arg: Str<'_>, max: usize, error: LockError) -> Result<usize, LockError> {
     let n = arg.parse_integer().ok_or(error)?;
@@ -248,25 +287,28 @@ pub fn macquire(argv: Argv<'_>) -> Result<MultiGrant<'_>, LockError> {
     })
 }
 
+/// `LOCK.RELEASE key owner [TOKEN token]`.
 pub fn release(argv: Argv<'_>) -> Result<ReleaseArgs<'_>, LockError> {
     let mut args = Args::new(argv);
-    let parsed = ReleaseArgs {
-        key: args.next()?,
-        owner: args.owner()?,
-    };
-    args.done()?;
-    Ok(parsed)
+    let key = args.next()?;
+    let owner = args.owner()?;
+    let token = token_option(args)?;
+    Ok(ReleaseArgs { key, owner, token })
 }
 
+/// `LOCK.RENEW key owner ttl [TOKEN token]`.
 pub fn renew(argv: Argv<'_>) -> Result<RenewArgs<'_>, LockError> {
     let mut args = Args::new(argv);
-    let parsed = RenewArgs {
-        key: args.next()?,
-        owner: args.owner()?,
-        ttl: args.ttl()?,
-    };
-    args.done()?;
-    Ok(parsed)
+    let key = args.next()?;
+    let owner = args.owner()?;
+    let ttl = args.ttl()?;
+    let token = token_option(args)?;
+    Ok(RenewArgs {
+        key,
+        owner,
+        ttl,
+        token,
+    })
 }
 
 /// `LOCK.KEEPALIVE ttl`.
@@ -299,13 +341,7 @@ pub fn guard(argv: Argv<'_>) -> Result<GuardArgs<'_>, LockError> {
     let mut token = None;
     let mut option = args.next()?.as_slice();
     if option.eq_ignore_ascii_case(b"TOKEN") {
-        let t = args.next()?.parse_integer().ok_or(LockError::BadToken)?;
-        token = Some(
-            u64::try_from(t)
-                .ok()
-                .filter(|t| *t > 0)
-                .ok_or(LockError::BadToken)?,
-        );
+        token = Some(token_value(args.next()?)?);
         option = args.next()?.as_slice();
     }
     if !option.eq_ignore_ascii_case(b"CALL") {

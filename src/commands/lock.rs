@@ -29,6 +29,7 @@ const OWNER: Arg = Arg::new(c"owner", ArgKind::String);
 const TTL: Arg = Arg::new(c"ttl", ArgKind::Integer);
 const WAIT: Arg = Arg::option(c"ms", ArgKind::Integer, c"WAIT");
 const BIND: Arg = Arg::flag(c"bind", c"BIND");
+const TOKEN: Arg = Arg::option(c"token", ArgKind::Integer, c"TOKEN");
 const GRANT_ARGS: &[Arg] = &[KEY, OWNER, TTL, WAIT, BIND];
 
 /// `LOCK.ACQUIRE`, `RACQUIRE`, `READ`: what the one-key grants share.
@@ -336,17 +337,17 @@ pub const RELEASE: Spec = command! {
     fast: true,
     blocking: false,
     keys: Keys::First(DELETE),
-    arity: 3,
+    arity: -3,
     since: c"0.1.0",
-    summary: c"Removes one of the owner's holds: 1 when its last hold is gone, 0 when it still holds, nil when it held nothing.",
+    summary: c"Removes one of the owner's holds: 1 when its last hold is gone, 0 when it still holds, nil when it held nothing. With TOKEN, only the owner's grant carrying that fencing token (another grant to the same owner: nil, nothing changed).",
     complexity: c"O(R + G), R the holders, G the waiters granted as a result",
-    args: &[KEY, OWNER],
+    args: &[KEY, OWNER, TOKEN],
 };
 
-/// `LOCK.RELEASE key owner`
+/// `LOCK.RELEASE key owner [TOKEN token]`
 fn release(ctx: &Context, args: Argv<'_>) -> RedisResult {
     let release = args::release(args)?;
-    let outcome = transitions::release(ctx, release.key, release.owner)?;
+    let outcome = transitions::release(ctx, release.key, release.owner, release.token)?;
     Ok(match outcome {
         Release::Last => RedisValue::Integer(1),
         Release::Remaining => RedisValue::Integer(0),
@@ -364,17 +365,17 @@ pub const RENEW: Spec = command! {
     fast: true,
     blocking: false,
     keys: Keys::First(UPDATE),
-    arity: 4,
+    arity: -4,
     since: c"0.1.0",
-    summary: c"Sets the owner's lease to ttl milliseconds from now (holds unchanged): 1, or 0 when it holds nothing.",
+    summary: c"Sets the owner's lease to ttl milliseconds from now (holds unchanged): 1, or 0 when it holds nothing. With TOKEN, only the owner's grant carrying that fencing token (another grant to the same owner: 0, nothing changed).",
     complexity: c"O(R), R the holders",
-    args: &[KEY, OWNER, TTL],
+    args: &[KEY, OWNER, TTL, TOKEN],
 };
 
-/// `LOCK.RENEW key owner ttl`
+/// `LOCK.RENEW key owner ttl [TOKEN token]`
 fn renew(ctx: &Context, args: Argv<'_>) -> RedisResult {
     let renew = args::renew(args)?;
-    let renewed = transitions::renew(ctx, renew.key, renew.owner, renew.ttl)?;
+    let renewed = transitions::renew(ctx, renew.key, renew.owner, renew.ttl, renew.token)?;
     Ok(RedisValue::Integer(i64::from(renewed)))
 }
 

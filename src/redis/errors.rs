@@ -55,7 +55,8 @@ pub enum LockError {
     /// LOCK.GUARD's key holds another type (worded apart from the called
     /// command's own WRONGTYPE, so that a client can tell which).
     GuardWrongType,
-    /// LOCK.GUARD's TOKEN is not a positive integer.
+    /// A TOKEN (LOCK.GUARD's, LOCK.RELEASE's, LOCK.RENEW's) is not a
+    /// positive integer.
     BadToken,
     /// LOCK.GUARD asked to run what it may not (what it is, carried here).
     NotGuardable(Unguardable),

@@ -88,7 +88,8 @@ fn grant_general(
     done.ok_or(LockError::Internal)
 }
 
-/// `LOCK.RELEASE`: one of `owner`'s holds on `name` removed.
+/// `LOCK.RELEASE`: one of `owner`'s holds on `name` removed (with `token`,
+/// of its grant carrying that token only: the core decides).
 ///
 /// The most common release, of a lock's only holder holding once while
 /// nobody waits for any key and no visit is planned, is one step: the lock
@@ -96,7 +97,12 @@ fn grant_general(
 /// transition there), the key deleted, the drop replicated and announced.
 /// Everything else is the general transition, on the same open key; a
 /// missing key nobody waits for runs nothing.
-pub fn release(ctx: &Context, name: Str<'_>, owner: &[u8]) -> Result<Release, LockError> {
+pub fn release(
+    ctx: &Context,
+    name: Str<'_>,
+    owner: &[u8],
+    token: Option<u64>,
+) -> Result<Release, LockError> {
     let mut key = LockKey::open(ctx, name, true)?;
     let waits = waiting::busy();
     if !waits && !timers::any() {
@@ -104,7 +110,10 @@ pub fn release(ctx: &Context, name: Str<'_>, owner: &[u8]) -> Result<Release, Lo
             None => return Ok(Release::NotHeld),
             // Dropped at the arm's end: an emptied lock leaves the key's
             // value null, as the general transition leaves it.
-            Some(mut lock) => (lock.census(), lock.release_sole(owner, clock::now_ms())),
+            Some(mut lock) => (
+                lock.census(),
+                lock.release_sole(owner, token, clock::now_ms()),
+            ),
         };
         if let Some(ended) = ended {
             commit(ctx, name, None, Change::Left { owner, ended });
@@ -113,7 +122,7 @@ pub fn release(ctx: &Context, name: Str<'_>, owner: &[u8]) -> Result<Release, Lo
             return Ok(Release::Last);
         }
     }
-    release_general(ctx, key, name, owner, waits)
+    release_general(ctx, key, name, owner, token, waits)
 }
 
 /// [`release`] through the general transition (out of line, as
@@ -124,10 +133,11 @@ fn release_general(
     key: LockKey,
     name: Str<'_>,
     owner: &[u8],
+    token: Option<u64>,
     waits: bool,
 ) -> Result<Release, LockError> {
     let done = transact_open(ctx, key, name, waits, |txn| {
-        let outcome = txn.lock.release(owner, txn.now, txn.changes);
+        let outcome = txn.lock.release(owner, token, txn.now, txn.changes);
         if outcome != Release::NotHeld {
             txn.events.push(c"lock.release");
         }
@@ -137,21 +147,27 @@ fn release_general(
 }
 
 /// `LOCK.RENEW`: `owner`'s lease on `name` ends `ttl` ms from now; whether
-/// the owner held it.
+/// the owner held it (with `token`, under that token).
 ///
 /// The most common renewal, of a lock's only holder while nobody waits for
 /// any key and no visit is planned, is one step ([`Lock::renew_sole`],
 /// property-tested to match the general transition there): the lease and
 /// the key's expiry moved, the holder's state replicated and announced.
 /// Everything else is the general transition, on the same open key.
-pub fn renew(ctx: &Context, name: Str<'_>, owner: &[u8], ttl: u64) -> Result<bool, LockError> {
+pub fn renew(
+    ctx: &Context,
+    name: Str<'_>,
+    owner: &[u8],
+    ttl: u64,
+    token: Option<u64>,
+) -> Result<bool, LockError> {
     let mut key = LockKey::open(ctx, name, true)?;
     let waits = waiting::busy();
     if !waits && !timers::any() {
         let renewed = match key.lock_mut()? {
             None => return Ok(false),
             Some(mut lock) => {
-                let deadline = lock.renew_sole(owner, ttl, clock::now_ms());
+                let deadline = lock.renew_sole(owner, ttl, token, clock::now_ms());
                 if deadline.is_some() {
                     commit(ctx, name, None, Change::Sole(&lock));
                 }
@@ -165,7 +181,7 @@ pub fn renew(ctx: &Context, name: Str<'_>, owner: &[u8], ttl: u64) -> Result<boo
             return Ok(true);
         }
     }
-    renew_general(ctx, key, name, owner, ttl, waits)
+    renew_general(ctx, key, name, owner, ttl, token, waits)
 }
 
 /// [`renew`] through the general transition (out of line).
@@ -176,18 +192,21 @@ fn renew_general(
     name: Str<'_>,
     owner: &[u8],
     ttl: u64,
+    token: Option<u64>,
     waits: bool,
 ) -> Result<bool, LockError> {
-    let done = transact_open(ctx, key, name, waits, |txn| renew_in(txn, owner, ttl, None))?;
+    let done = transact_open(ctx, key, name, waits, |txn| {
+        renew_in(txn, owner, ttl, token)
+    })?;
     Ok(done.unwrap_or(false))
 }
 
 /// The renewal of the general transition, `LOCK.RENEW`'s and
 /// `LOCK.KEEPALIVE`'s: `owner`'s lease ends `ttl` ms from now, if it holds
-/// (under `token`, where given: a binding's grant and no later one).
+/// (under `token`, where given: `TOKEN`, or a binding's grant and no later
+/// one).
 fn renew_in(txn: &mut Txn, owner: &[u8], ttl: u64, token: Option<u64>) -> bool {
-    let ours = token.is_none_or(|t| txn.lock.holder(owner).map(|h| h.token) == Some(t));
-    let renewed = ours && txn.lock.renew(owner, ttl, txn.now, txn.changes);
+    let renewed = txn.lock.renew(owner, ttl, token, txn.now, txn.changes);
     if renewed {
         txn.events.push(c"lock.renew");
     }

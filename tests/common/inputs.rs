@@ -133,24 +133,65 @@ pub fn bad_inputs(key: &str, holder: &str, strkey: &str) -> Vec<BadInput> {
         v.push((words(&[cmd, s, o, b"100000"]), wrongtype.clone()));
         v.push((words(&[cmd, s, b"x", b"100000"]), wrongtype.clone()));
     }
-    // LOCK.RELEASE (arity 3).
+    // LOCK.RELEASE (arity -3) and LOCK.RENEW (arity -4): `[TOKEN token]`.
+    let token = Expect::Exact(LockError::BadToken.message());
+    let bad_tokens: Vec<&[u8]> = vec![
+        b"0",
+        b"-1",
+        b"abc",
+        b"+5",
+        b"05",
+        b" 5",
+        b"-0",
+        b"1.5",
+        b"",
+        b"9223372036854775808",
+        b"99999999999999999999",
+    ];
     v.push((words(&[b"LOCK.RELEASE"]), Expect::Arity));
     v.push((words(&[b"LOCK.RELEASE", k]), Expect::Arity));
-    v.push((words(&[b"LOCK.RELEASE", k, o, b"extra"]), Expect::Arity));
     v.push((words(&[b"LOCK.RELEASE", k, b""]), empty.clone()));
     v.push((words(&[b"LOCK.RELEASE", s, o]), wrongtype.clone()));
-    // LOCK.RENEW (arity 4).
+    v.push((
+        words(&[b"LOCK.RELEASE", s, o, b"TOKEN", b"5"]),
+        wrongtype.clone(),
+    ));
     v.push((words(&[b"LOCK.RENEW"]), Expect::Arity));
     v.push((words(&[b"LOCK.RENEW", k, o]), Expect::Arity));
-    v.push((
-        words(&[b"LOCK.RENEW", k, o, b"100000", b"extra"]),
-        Expect::Arity,
-    ));
     v.push((words(&[b"LOCK.RENEW", k, b"", b"100000"]), empty.clone()));
     for t in &bad_ttls {
         v.push((words(&[b"LOCK.RENEW", k, o, t]), ttl.clone()));
+        v.push((
+            words(&[b"LOCK.RENEW", k, o, t, b"TOKEN", b"5"]),
+            ttl.clone(),
+        ));
     }
     v.push((words(&[b"LOCK.RENEW", s, o, b"100000"]), wrongtype.clone()));
+    v.push((
+        words(&[b"LOCK.RENEW", s, o, b"100000", b"TOKEN", b"5"]),
+        wrongtype.clone(),
+    ));
+    for head in [
+        words(&[b"LOCK.RELEASE", k, o]),
+        words(&[b"LOCK.RENEW", k, o, b"100000"]),
+    ] {
+        let with = |tail: &[&[u8]]| [head.clone(), words(tail)].concat();
+        v.push((with(&[b"extra"]), syntax.clone()));
+        v.push((with(&[b"TOKEN"]), syntax.clone()));
+        v.push((with(&[b"WAIT", b"5"]), syntax.clone()));
+        v.push((with(&[b"TOKEN", b"5", b"TOKEN", b"5"]), syntax.clone()));
+        v.push((with(&[b"token", b"5", b"extra"]), syntax.clone()));
+        v.push((with(&[b"TOKEN", b"5", b"TOKEN"]), syntax.clone()));
+        for t in &bad_tokens {
+            v.push((with(&[b"TOKEN", t]), token.clone()));
+            v.push((with(&[b"token", t]), token.clone()));
+        }
+        // An empty owner is refused before the token is read.
+        let mut no_owner = head.clone();
+        no_owner[2] = Vec::new();
+        no_owner.extend(words(&[b"TOKEN", b"abc"]));
+        v.push((no_owner, empty.clone()));
+    }
     // LOCK.INFO (arity -2): key [WAITERS].
     v.push((words(&[b"LOCK.INFO"]), Expect::Arity));
     v.push((

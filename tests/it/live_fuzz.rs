@@ -14,7 +14,10 @@
 //!   a pipeline never stalls. Every reply is checked for its shape (a token is
 //!   a positive integer, RELEASE answers 1, 0 or nil, LOCK.INFO satisfies the
 //!   invariants below) and every error must be one the module or Redis
-//!   documents: never the module's "internal error".
+//!   documents: never the module's "internal error". Half the
+//!   `LOCK.RELEASE` and `LOCK.RENEW` commands carry `TOKEN` (v4): a token
+//!   this connection was granted for that key and owner, or any integer,
+//!   now and then repeated or followed by another option.
 //! - `LOCK.GUARD` (contract v3), one lock command in 40 and in MULTI
 //!   blocks and scripts like the others: hot lock keys, the fuzz owners
 //!   (so the owner sometimes holds), no TOKEN, a token this connection was
@@ -32,7 +35,8 @@
 //! - Four waiter threads on their own connections send grants with short
 //!   WAITs (1-5 ms; `WAIT 0` only on a private key whose 20 ms lease is sure
 //!   to end), disconnect while waiting, release, renew, re-enter; with
-//!   `lock.max-waiters 2` some get the "too many waiters" error. A waiter
+//!   `lock.max-waiters 2` some get the "too many waiters" error; half
+//!   their releases and renewals name their grant's `TOKEN`. A waiter
 //!   that gets no reply within 30 s fails the test (this found a client left
 //!   without any reply when `CLIENT UNBLOCK id TIMEOUT` raced its grant).
 //! - Afterwards: PING answers; the server log has no panic, no "internal
@@ -330,6 +334,25 @@ fn lock_command(rng: &mut Rng, tokens: &Tokens) -> Vec<Vec<u8>> {
             }
         };
         args.push(a);
+    }
+    // `[TOKEN token]` on RELEASE and RENEW (v4): a token this connection
+    // was granted for that key and owner (right while the grant lives), or
+    // any integer; now and then followed by another option or a second TOKEN.
+    let kind = kind_of(name.as_bytes());
+    if matches!(kind, Kind::Release | Kind::Renew) && len == natural && rng.chance(1, 2) {
+        let granted = tokens.get(&(args[1].clone(), args[2].clone())).copied();
+        args.push(odd_case(rng, "TOKEN"));
+        args.push(match granted {
+            Some(t) if rng.chance(3, 4) => t.to_string().into_bytes(),
+            _ => integer(rng),
+        });
+        if rng.chance(1, 20) {
+            args.push(match rng.below(2) {
+                0 => odd_case(rng, "TOKEN"),
+                _ => option(rng),
+            });
+            args.push(integer(rng));
+        }
     }
     args
 }
@@ -1280,12 +1303,22 @@ fn waiter(
             }
             _ => false,
         };
+        // Half the releases and renewals name the grant's token (v4).
+        let token = match (&r, rng.chance(1, 2)) {
+            (Reply::Int(t), true) => vec!["TOKEN".to_string(), t.to_string()],
+            _ => Vec::new(),
+        };
+        let with_token = |args: &[&str]| -> Vec<String> {
+            let mut args: Vec<String> = args.iter().map(|a| a.to_string()).collect();
+            args.extend(token.iter().cloned());
+            args
+        };
         match &r {
             _ if granted => {
                 tally.granted += 1;
                 match rng.below(4) {
                     0 | 1 => {
-                        let r = c.cmd(&["LOCK.RELEASE", &key, &owner]);
+                        let r = c.cmd(&with_token(&["LOCK.RELEASE", &key, &owner]));
                         let fine = match &r {
                             Reply::Int(0 | 1) | Reply::Nil => true,
                             Reply::Error(e) => allowed_error(e),
@@ -1296,7 +1329,7 @@ fn waiter(
                         }
                     }
                     2 => {
-                        let r = c.cmd(&["LOCK.RENEW", &key, &owner, "20"]);
+                        let r = c.cmd(&with_token(&["LOCK.RENEW", &key, &owner, "20"]));
                         let fine = match &r {
                             Reply::Int(0 | 1) => true,
                             Reply::Error(e) => allowed_error(e),

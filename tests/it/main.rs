@@ -32,6 +32,7 @@ mod persistence;
 mod prometheus;
 mod python_package;
 mod references;
+mod release_token;
 mod replication;
 mod rust_package;
 mod semaphore;

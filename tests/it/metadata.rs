@@ -25,8 +25,8 @@ fn arity(cmd: &str) -> i64 {
     match cmd {
         "lock.acquire" | "lock.racquire" | "lock.read" => -4,
         "lock.semaphore" => -5,
-        "lock.release" => 3,
-        "lock.renew" => 4,
+        "lock.release" => -3,
+        "lock.renew" => -4,
         "lock.info" => -2,
         other => panic!("unknown command {other}"),
     }
@@ -197,6 +197,15 @@ fn command_docs_for_every_command() {
             );
         } else {
             assert!(wait.is_none(), "{cmd}: no WAIT here: {names:?}");
+        }
+        // RELEASE and RENEW take `[TOKEN token]` (v4), an optional integer.
+        if cmd == "lock.release" || cmd == "lock.renew" {
+            assert!(
+                names.iter().any(|(n, t, optional)| n == "token"
+                    && *optional
+                    && t.as_deref() == Some("TOKEN")),
+                "{cmd}: the optional `TOKEN token`: {names:?}"
+            );
         }
         // The key argument is tied to the key spec.
         let first = &args.array()[0];

@@ -35,7 +35,7 @@ use lock_core::{
 };
 
 use crate::model::{reentrant, MHold, MKey, MWait, Model};
-use crate::op::{owner_name, Op, PutToken, Start, Who, KEYS, MAX_NOW};
+use crate::op::{owner_name, Op, PutToken, Start, Tok, Who, KEYS, MAX_NOW};
 
 /// Runs `ops` from `start` against the core and the model, checking every
 /// step. Panics on the first broken invariant.
@@ -80,6 +80,15 @@ fn model_stored(key: &MKey) -> Stored {
         .iter()
         .map(|(&o, h)| (owner_name(o), (h.holds, h.token, h.deadline)))
         .collect()
+}
+
+/// The token of a resolved operation.
+fn token_of(token: Tok) -> Option<u64> {
+    match token {
+        Tok::None => None,
+        Tok::Given(t) => Some(t),
+        Tok::Own | Tok::Behind(_) => unreachable!("resolved before the step"),
+    }
 }
 
 /// The owner of a resolved operation.
@@ -231,15 +240,18 @@ impl Run {
                 self.grant(step, key, (kind, owner_of(who), ttl), before, ctx);
             }
 
-            Op::Release { key, who } => {
+            Op::Release { key, who, token } => {
                 let owner = owner_of(who);
+                let token = token_of(token);
                 step.purged = self.model.purge(key);
                 let name = owner_name(owner);
-                let got = self.core.locks[key].release(&name, now, &mut step.changes);
-                assert_eq!(got, self.model.release(key, owner), "{ctx}: core vs model");
+                let got = self.core.locks[key].release(&name, token, now, &mut step.changes);
+                let want = self.model.release(key, owner, token);
+                assert_eq!(got, want, "{ctx}: core vs model");
+                // With a token, only the grant carrying it counts.
                 let live_before = before.stored[key]
                     .get(&name)
-                    .filter(|h| now < h.2)
+                    .filter(|h| now < h.2 && token.is_none_or(|t| t == h.1))
                     .map(|h| h.0);
                 let after = self.core.locks[key].holder(&name).map(|h| h.holds);
                 match got {
@@ -255,14 +267,22 @@ impl Run {
                 }
             }
 
-            Op::Renew { key, who, ttl } => {
+            Op::Renew {
+                key,
+                who,
+                ttl,
+                token,
+            } => {
                 let owner = owner_of(who);
+                let token = token_of(token);
                 step.purged = self.model.purge(key);
                 let name = owner_name(owner);
-                let got = self.core.locks[key].renew(&name, ttl, now, &mut step.changes);
-                let want = self.model.renew(key, owner, ttl);
+                let got = self.core.locks[key].renew(&name, ttl, token, now, &mut step.changes);
+                let want = self.model.renew(key, owner, ttl, token);
                 assert_eq!(got, want, "{ctx}: core vs model");
-                let mine_before = before.stored[key].get(&name);
+                let mine_before = before.stored[key]
+                    .get(&name)
+                    .filter(|h| token.is_none_or(|t| t == h.1));
                 assert_eq!(
                     got,
                     mine_before.is_some_and(|h| now < h.2),

@@ -125,10 +125,12 @@ impl Model {
         Attempt::Granted(token)
     }
 
-    pub fn release(&mut self, key: usize, owner: usize) -> Release {
+    /// With `token`, only the owner's grant that carries it.
+    pub fn release(&mut self, key: usize, owner: usize, token: Option<u64>) -> Release {
         self.purge(key);
         let holders = &mut self.keys[key].holders;
-        match holders.get_mut(&owner) {
+        let ours = |h: &&mut MHold| token.is_none_or(|t| t == h.token);
+        match holders.get_mut(&owner).filter(ours) {
             None => Release::NotHeld,
             Some(h) if h.holds > 1 => {
                 h.holds -= 1;
@@ -141,10 +143,12 @@ impl Model {
         }
     }
 
-    pub fn renew(&mut self, key: usize, owner: usize, ttl: u64) -> bool {
+    /// With `token`, only the owner's grant that carries it.
+    pub fn renew(&mut self, key: usize, owner: usize, ttl: u64, token: Option<u64>) -> bool {
         self.purge(key);
         let deadline = self.now.saturating_add(ttl);
-        match self.keys[key].holders.get_mut(&owner) {
+        let ours = |h: &&mut MHold| token.is_none_or(|t| t == h.token);
+        match self.keys[key].holders.get_mut(&owner).filter(ours) {
             Some(h) => {
                 h.deadline = deadline;
                 true

@@ -62,6 +62,38 @@ impl Who {
     }
 }
 
+/// The `TOKEN` a release or a renewal sends.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Tok {
+    /// None: any grant of the owner's.
+    None,
+    /// The owner's own stored grant's token (live or not; the last issued
+    /// when it has none).
+    Own,
+    /// The token issued `k` grants ago (another holder's, an ended grant's,
+    /// or the owner's own).
+    Behind(u64),
+    /// This token (what `Own` and `Behind` resolve to).
+    Given(u64),
+}
+
+impl Tok {
+    /// The token sent by `owner` on `key` in `model`'s state.
+    pub fn resolve(self, model: &Model, key: usize, owner: usize) -> Option<u64> {
+        match self {
+            Tok::None => None,
+            Tok::Own => Some(
+                model.keys[key]
+                    .holders
+                    .get(&owner)
+                    .map_or(model.last_token, |h| h.token),
+            ),
+            Tok::Behind(k) => Some(model.last_token.saturating_sub(k)),
+            Tok::Given(t) => Some(t),
+        }
+    }
+}
+
 /// One operation on the core (and the model).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Op {
@@ -76,11 +108,13 @@ pub enum Op {
     Release {
         key: usize,
         who: Who,
+        token: Tok,
     },
     Renew {
         key: usize,
         who: Who,
         ttl: u64,
+        token: Tok,
     },
     /// The clock moves forward (`true`) or backward.
     Clock {
@@ -145,10 +179,19 @@ impl Op {
     pub fn resolve(&self, model: &Model) -> Op {
         let mut op = self.clone();
         match &mut op {
-            Op::Grant { key, who, .. }
-            | Op::Release { key, who }
-            | Op::Renew { key, who, .. }
-            | Op::Drop { key, who } => {
+            Op::Release { key, who, token }
+            | Op::Renew {
+                key, who, token, ..
+            } => {
+                *key %= KEYS;
+                let owner = who.resolve(model, *key);
+                *who = Who::Owner(owner);
+                *token = match token.resolve(model, *key, owner) {
+                    Some(t) => Tok::Given(t),
+                    None => Tok::None,
+                };
+            }
+            Op::Grant { key, who, .. } | Op::Drop { key, who } => {
                 *key %= KEYS;
                 *who = Who::Owner(who.resolve(model, *key));
             }
@@ -245,6 +288,15 @@ impl Input<'_> {
         }
     }
 
+    /// No token mostly; the owner's own, or a recent one.
+    fn tok(&mut self) -> Tok {
+        match self.byte() % 8 {
+            0..=3 => Tok::None,
+            4 | 5 => Tok::Own,
+            _ => Tok::Behind(u64::from(self.byte() % 4)),
+        }
+    }
+
     fn kind(&mut self) -> Kind {
         match self.byte() % 6 {
             0 => Kind::Acquire,
@@ -294,11 +346,13 @@ fn decode_op(input: &mut Input) -> Op {
         3 | 4 => Op::Release {
             key: input.key(),
             who: input.who(),
+            token: input.tok(),
         },
         5 => Op::Renew {
             key: input.key(),
             who: input.who(),
             ttl: input.ttl(),
+            token: input.tok(),
         },
         6 | 7 => {
             let ms = match input.byte() % 8 {
@@ -394,7 +448,7 @@ pub fn decode(data: &[u8]) -> (Start, Vec<Op>) {
 pub mod strategy {
     use proptest::prelude::*;
 
-    use super::{Op, Put, PutToken, Start, Who, KEYS, OWNERS};
+    use super::{Op, Put, PutToken, Start, Tok, Who, KEYS, OWNERS};
     use lock_core::tokens::MAX_TOKEN;
     use lock_core::{Kind, Mode};
 
@@ -432,6 +486,16 @@ pub mod strategy {
             2 => Just(Kind::Racquire),
             4 => Just(Kind::Read),
             1 => (1u32..=3).prop_map(Kind::Semaphore),
+        ]
+    }
+
+    /// `TOKEN`: none half the time, else the owner's own or a recent one
+    /// (another holder's, an ended grant's).
+    fn tok() -> impl Strategy<Value = Tok> {
+        prop_oneof![
+            4 => Just(Tok::None),
+            2 => Just(Tok::Own),
+            2 => (0u64..4).prop_map(Tok::Behind),
         ]
     }
 
@@ -475,8 +539,9 @@ pub mod strategy {
         prop_oneof![
             5 => (key(), kind(), who(), ttl())
                 .prop_map(|(key, kind, who, ttl)| Op::Grant { key, kind, who, ttl }),
-            3 => (key(), who()).prop_map(|(key, who)| Op::Release { key, who }),
-            2 => (key(), who(), ttl()).prop_map(|(key, who, ttl)| Op::Renew { key, who, ttl }),
+            3 => (key(), who(), tok()).prop_map(|(key, who, token)| Op::Release { key, who, token }),
+            2 => (key(), who(), ttl(), tok())
+                .prop_map(|(key, who, ttl, token)| Op::Renew { key, who, ttl, token }),
             // Time moves by 0..=40 ms, small steps more often than large
             // ones; now and then it is stepped back.
             2 => prop_oneof![0u64..=5, 0u64..=40]
