@@ -373,8 +373,10 @@ fn node_docs_examples_compile_with_tsc_init_defaults_esm_and_commonjs_and_run() 
     );
     let server = Server::start();
     let url = format!("redis://127.0.0.1:{}", server.port);
-    for ((label, clients), module_type) in CLIENTS
-        .iter()
+    // The examples use ioredis (and bad.ts node-redis's types): the sets with
+    // the two ioredis majors; node-redis 5's set would repeat the first.
+    for ((label, clients), module_type) in [&CLIENTS[0], &CLIENTS[2]]
+        .into_iter()
         .flat_map(|c| ["module", "commonjs"].map(|m| (c, m)))
     {
         println!("{module_type} with {label}");

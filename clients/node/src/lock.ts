@@ -429,6 +429,7 @@ export class Lock {
     return infos.every((info, i) => holdsOwner(info, this.owner, this.tokens[i]));
   }
 
+  /** After an unbound grant request that timed out: frees a grant that crossed the timeout (by owner: its token never came back). */
   private releaseQuietly(): void {
     for (const k of this.keys) this.adapter.shared.call(["LOCK.RELEASE", k, this.owner], this.adapter.timeout).catch(() => {});
   }
@@ -455,7 +456,7 @@ export class Lock {
         ]);
         ok = Number(n) >= this.keys.length && this.holdsAll(infos);
       } else {
-        const replies = await Promise.all(this.keys.map((k) => this.adapter.shared.call(["LOCK.RENEW", k, this.owner, this.ttl], budget)));
+        const replies = await Promise.all(this.keys.map((k, i) => this.adapter.shared.call(["LOCK.RENEW", k, this.owner, this.ttl, "TOKEN", this.tokens[i]], budget)));
         ok = replies.every((r) => Number(r) === 1);
       }
       if (this.holds === 0) return;
@@ -466,7 +467,7 @@ export class Lock {
         this.lose(
           this.conn !== null
             ? "LOCK.KEEPALIVE found it gone: released, expired, deleted or overwritten"
-            : "LOCK.RENEW answered 0: the lease expired or the key was deleted",
+            : "LOCK.RENEW answered 0: the lease expired, the key was deleted, or it is held under another token",
         );
     } catch (e) {
       if (this.holds === 0) return;
@@ -520,7 +521,7 @@ export class Lock {
     const budget = Math.min(this.adapter.timeout, Math.max(1, this.validUntil - sent));
     let replies: Reply[];
     try {
-      replies = await Promise.all(this.keys.map((k) => this.via.call(["LOCK.RENEW", k, this.owner, ttl], budget)));
+      replies = await Promise.all(this.keys.map((k, i) => this.via.call(["LOCK.RENEW", k, this.owner, ttl, "TOKEN", this.tokens[i]], budget)));
     } catch (e) {
       if (/^WRONGTYPE/.test(errorText(e))) {
         this.lose(`the key is no longer a lock (${errorText(e)})`);
@@ -529,7 +530,7 @@ export class Lock {
       throw e;
     }
     if (replies.some((r) => Number(r) !== 1)) {
-      this.lose("LOCK.RENEW answered 0: the lease expired or the key was deleted");
+      this.lose("LOCK.RENEW answered 0: the lease expired, the key was deleted, or it is held under another token");
       throw new LeaseLostError(this.message());
     }
     this.ttl = ttl;
@@ -575,7 +576,12 @@ export class Lock {
     }
   }
 
-  /** Gives back one hold (all of a non-reentrant lock); throws LeaseLostError if it was no longer ours. */
+  /**
+   * Gives back one hold (all of a non-reentrant lock): `LOCK.RELEASE key owner
+   * TOKEN <token>` per key, so it ends this object's grant and never a later
+   * one to the same owner name. LeaseLostError if it was no longer ours (the
+   * server answered nil and changed nothing), or was known lost.
+   */
   async release(): Promise<void> {
     if (this.holds === 0) {
       if (this.lostWhy !== null) throw new LeaseLostError(this.message());
@@ -585,7 +591,7 @@ export class Lock {
     let replies: Reply[] = [];
     let failure: unknown = null;
     try {
-      for (const k of this.keys) replies.push(await this.via.call(["LOCK.RELEASE", k, this.owner], this.adapter.timeout));
+      for (const [i, k] of this.keys.entries()) replies.push(await this.via.call(["LOCK.RELEASE", k, this.owner, "TOKEN", this.tokens[i]], this.adapter.timeout));
     } catch (e) {
       failure = e;
     }
@@ -598,7 +604,7 @@ export class Lock {
       await this.closeConn();
     } else if (!wasLost && !gone && failure === null) await this.track();
     if (gone || wasLost) {
-      this.lose(wrongType ? `the key is no longer a lock (${errorText(failure)})` : "LOCK.RELEASE answered nil: the lock was no longer ours");
+      this.lose(wrongType ? `the key is no longer a lock (${errorText(failure)})` : `LOCK.RELEASE answered nil: the grant under token ${this.token} was no longer there (nothing released)`);
       throw new LeaseLostError(this.message());
     }
     if (failure !== null) throw failure;

@@ -38,9 +38,12 @@ export class RedLock {
     this.quorum = Math.floor(servers.length / 2) + 1;
   }
 
-  private async each(args: Arg[], limit: number): Promise<(Reply | Error)[]> {
+  /** `command(i)` on every server i at once; a server it gives null for is not asked (its reply: null). */
+  private async each(command: (server: number) => Arg[] | null, limit: number): Promise<(Reply | Error)[]> {
     return Promise.all(
-      this.servers.map(async (s) => {
+      this.servers.map(async (s, i) => {
+        const args = command(i);
+        if (args === null) return null;
         try {
           const a = adapt(s, args[1] as Bytes, this.opts.timeout);
           return await a.shared.call(args, Math.min(a.timeout, limit));
@@ -60,23 +63,24 @@ export class RedLock {
     for (let attempt = 0; attempt < retries; attempt++) {
       if (attempt) await new Promise((r) => setTimeout(r, Math.random() * (this.opts.retryDelay ?? 200)));
       const started = Date.now();
-      const replies = await this.each(["LOCK.ACQUIRE", key, owner, ttl], ttl);
+      const replies = await this.each(() => ["LOCK.ACQUIRE", key, owner, ttl], ttl);
       const tokens = new Map<number, number>();
       replies.forEach((r, i) => {
         if (typeof r === "number") tokens.set(i, r);
       });
       const validity = ttl - (Date.now() - started) - (ttl * (this.opts.driftFactor ?? 0.01) + 2);
       if (tokens.size >= this.quorum && validity > 0) return { key, owner, tokens, validUntil: started + validity };
-      await this.each(["LOCK.RELEASE", key, owner], ttl);
+      // No quorum: give back each grant (by its token), and by owner where the reply never came (a grant may have crossed it).
+      await this.each((i) => (tokens.has(i) ? ["LOCK.RELEASE", key, owner, "TOKEN", tokens.get(i)!] : replies[i] instanceof Error ? ["LOCK.RELEASE", key, owner] : null), ttl);
     }
     return null;
   }
 
-  /** Renews on every server; true when a quorum renewed it within the ttl (`validUntil` updated). */
+  /** Renews the lease's grant on every server that granted it (`LOCK.RENEW ... TOKEN`: never a later grant to the same owner name); true when a quorum renewed it within the ttl (`validUntil` updated). */
   async extend(lease: RedLockLease, ttl: number): Promise<boolean> {
     checkInt(ttl, "ttl (ms)", 1, Number.MAX_SAFE_INTEGER);
     const started = Date.now();
-    const replies = await this.each(["LOCK.RENEW", lease.key, lease.owner, ttl], ttl);
+    const replies = await this.each((i) => (lease.tokens.has(i) ? ["LOCK.RENEW", lease.key, lease.owner, ttl, "TOKEN", lease.tokens.get(i)!] : null), ttl);
     const renewed = replies.filter((r) => r === 1).length;
     const validity = ttl - (Date.now() - started) - (ttl * (this.opts.driftFactor ?? 0.01) + 2);
     if (renewed >= this.quorum && validity > 0) {
@@ -86,9 +90,9 @@ export class RedLock {
     return false;
   }
 
-  /** Releases on every server; how many released a hold. */
+  /** Releases the lease's grant on every server that granted it (`LOCK.RELEASE ... TOKEN`: never a later grant to the same owner name); how many released it. */
   async release(lease: RedLockLease): Promise<number> {
-    return (await this.each(["LOCK.RELEASE", lease.key, lease.owner], Infinity)).filter((r) => r === 0 || r === 1).length;
+    return (await this.each((i) => (lease.tokens.has(i) ? ["LOCK.RELEASE", lease.key, lease.owner, "TOKEN", lease.tokens.get(i)!] : null), Infinity)).filter((r) => r === 0 || r === 1).length;
   }
 
   /** Holds the lease for `work`: LockNotAcquiredError without a quorum; LeaseLostError if the lease's validity ran out before the work ended. */

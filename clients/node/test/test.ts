@@ -307,6 +307,80 @@ async function issueTests(client: RedisClient, label: string): Promise<void> {
     assert(!(await Lock.exclusive(client, `${t}h`).locked()), "the end of the scope gave back every hold the Held took");
   });
 
+  await test(`${label}: a stale holder (its grant gone behind its back, the same owner name granted again) cannot release, renew or extend the new grant: LeaseLostError, the new holder keeps it`, async () => {
+    const raw = new Redis(port, "127.0.0.1");
+    const t = tag();
+    const owner = `worker-${t}`;
+    const kinds: [string, (k: string, o: { bind: boolean; ttl: number }) => Lock][] = [
+      ["exclusive", (k, o) => Lock.exclusive(client, k, { owner, ...o })],
+      ["reentrant", (k, o) => Lock.reentrant(client, k, { owner, ...o })],
+      ["read", (k, o) => Lock.read(client, k, { owner, ...o })],
+      ["write", (k, o) => Lock.write(client, k, { owner, ...o })],
+      ["semaphore", (k, o) => Lock.semaphore(client, k, 3, { owner, ...o })],
+    ];
+    for (const bind of [false, true])
+      for (const [kind, make] of kinds) {
+        const what = `${kind}, ${bind ? "bound" : "unbound"}`;
+        const key = `${t}${kind}${bind}`;
+        const a = make(key, { bind, ttl: 30_000 });
+        assert(await a.acquire(), `${what}: A holds`);
+        await raw.del(key); // A's grant gone behind its back (as an expiry during a pause, a failover)
+        const b = make(key, { bind: false, ttl: 30_000 });
+        assert(await b.acquire(), `${what}: B holds, under A's owner name`);
+        assert(b.token! > a.token!, `${what}: a newer token`);
+        const ext = await rejection(() => a.extend(30_000));
+        assert(ext instanceof LeaseLostError || (bind && a.lost), `${what}: A's extend(): LeaseLostError, not ${ext}`);
+        const rel = await rejection(() => a.release());
+        assert(rel instanceof LeaseLostError, `${what}: A's release(): LeaseLostError, not ${rel}`);
+        assert(!b.lost && (await b.owned()), `${what}: B still holds`);
+        const hs = await holders(key);
+        assert(hs.length === 1, `${what}: one holder (${hs.length})`);
+        await b.release();
+        assert(!(await b.locked()), `${what}: B's release frees it`);
+      }
+    // multi-key: each key's own token
+    const m = Lock.multi(client, [`${t}m1`, `${t}m2`], { owner, bind: false });
+    assert(await m.acquire(), "multi: A holds");
+    await raw.del(`${t}m1`, `${t}m2`);
+    const mb = Lock.multi(client, [`${t}m1`, `${t}m2`], { owner, bind: false });
+    assert(await mb.acquire(), "multi: B holds");
+    assert((await rejection(() => m.release())) instanceof LeaseLostError, "multi: A's release(): LeaseLostError");
+    assert((await holders(`${t}m1`)).length === 1 && (await holders(`${t}m2`)).length === 1, "multi: B holds both keys");
+    await mb.release();
+    raw.disconnect();
+  });
+
+  await test(`${label}: a stale unbound holder's renewal (LOCK.RENEW TOKEN) answers 0: it is told lost and B's lease is not renewed by it`, async () => {
+    const raw = new Redis(port, "127.0.0.1");
+    const t = tag();
+    const owner = `worker-${t}`;
+    let why = "";
+    const a = Lock.exclusive(client, `${t}k`, { owner, bind: false, ttl: 600, onLost: (w) => (why = w) });
+    assert(await a.acquire(), "A holds");
+    await raw.del(`${t}k`);
+    const b = Lock.exclusive(client, `${t}k`, { owner, bind: false, ttl: 30_000 });
+    assert(await b.acquire(), "B holds");
+    for (let i = 0; i < 100 && !a.lost; i++) await sleep(10); // A's next renewal is at 200 ms
+    assert(a.lost && /LOCK.RENEW answered 0/.test(why), `A told lost by its renewal: ${why}`);
+    assert((await rejection(() => a.release())) instanceof LeaseLostError, "A's release(): LeaseLostError");
+    assert(!b.lost && (await b.owned()), "B still holds");
+    await b.release();
+    raw.disconnect();
+  });
+
+  await test(`${label}: reacquire() after the grant was deleted: LeaseLostError, the new grant it got given back`, async () => {
+    const raw = new Redis(port, "127.0.0.1");
+    const key = `${tag()}ra`;
+    const l = Lock.reentrant(client, key, { bind: false, ttl: 30_000 });
+    assert(await l.acquire(), "held");
+    await raw.del(key);
+    const e = await rejection(() => l.reacquire());
+    assert(e instanceof LeaseLostError && l.lost, `LeaseLostError: ${e}`);
+    for (let i = 0; i < 50 && (await l.locked()); i++) await sleep(10);
+    assert(!(await l.locked()), "the grant the re-entry made was given back");
+    raw.disconnect();
+  });
+
   await test(`${label}: a bound holder hears its connection close within 100 ms; lost stays true`, async () => {
     const key = `${tag()}kl`;
     let lostAt = 0;
@@ -533,7 +607,7 @@ async function main(): Promise<void> {
     await guardTests(c, label);
   }
 
-  await test("ioredis: guard() sends LOCK.GUARD key owner TOKEN <token> CALL command ...", async () => {
+  await test("ioredis: guard(), release(), extend() and a renewal send the grant's TOKEN (LOCK.GUARD, LOCK.RELEASE, LOCK.RENEW)", async () => {
     const base = new Redis(port, "127.0.0.1");
     const mon = await base.monitor();
     const seen: string[][] = [];
@@ -543,11 +617,22 @@ async function main(): Promise<void> {
     assert(await l.acquire(), "held");
     await l.guard("SET", "job:1", "done");
     await l.release();
+    const m = Lock.multi(io, [`${t}m1`, `${t}m2`], { owner: "worker-1", bind: false, ttl: 300 });
+    assert(await m.acquire(), "held");
+    await m.extend(300);
+    await sleep(150); // a renewal (at 100 ms)
+    await m.release();
     await sleep(50);
     mon.disconnect();
     base.disconnect();
-    const want = ["LOCK.GUARD", `${t}k`, "worker-1", "TOKEN", String(l.token), "CALL", "SET", "job:1", "done"];
-    assert(seen.some((a) => JSON.stringify(a) === JSON.stringify(want)), `sent ${JSON.stringify(want)}; the monitor saw ${JSON.stringify(seen.filter((a) => a[0] === "LOCK.GUARD"))}`);
+    const sent = (want: string[]) => assert(seen.some((a) => JSON.stringify(a) === JSON.stringify(want)), `sent ${JSON.stringify(want)}; the monitor saw ${JSON.stringify(seen.filter((a) => a[0] === want[0]))}`);
+    sent(["LOCK.GUARD", `${t}k`, "worker-1", "TOKEN", String(l.token), "CALL", "SET", "job:1", "done"]);
+    sent(["LOCK.RELEASE", `${t}k`, "worker-1", "TOKEN", String(l.token)]);
+    for (const [i, k] of [`${t}m1`, `${t}m2`].entries()) {
+      sent(["LOCK.RELEASE", k, "worker-1", "TOKEN", String(m.tokens[i])]);
+      assert(seen.filter((a) => JSON.stringify(a) === JSON.stringify(["LOCK.RENEW", k, "worker-1", "300", "TOKEN", String(m.tokens[i])])).length >= 2, `extend() and a renewal of ${k} sent its token`);
+    }
+    assert(!seen.some((a) => (a[0] === "LOCK.RELEASE" || a[0] === "LOCK.RENEW") && a[1].startsWith(t) && a[a.length - 2] !== "TOKEN"), "no release or renewal without a token");
     await io.del("job:1");
   });
 
@@ -666,6 +751,17 @@ async function redlockTest(): Promise<void> {
           return l.tokens.size;
         }, { owner });
         assert(got === 5 - down, "with() held it on the live servers");
+        // A stale lease (its grants gone, the same owner granted again) releases and extends nothing.
+        const o = `redlock-worker-${tag()}`;
+        const stale = await rl.acquire(`${key}s`, 10_000, { owner: o });
+        assert(stale !== null, "the first lease");
+        await Promise.all(servers.map((s) => s.del(`${key}s`).catch(() => 0)));
+        const fresh = await rl.acquire(`${key}s`, 10_000, { owner: o });
+        assert(fresh !== null && [...fresh.tokens.values()].every((tk, i) => tk > [...stale!.tokens.values()][i]), "the same owner granted again, newer tokens");
+        assert(!(await rl.extend(stale!, 10_000)), "the stale lease's extend renews nothing");
+        assert((await rl.release(stale!)) === 0, "the stale lease releases nothing");
+        assert((await new RedLock(servers, { retries: 1 }).acquire(`${key}s`, 10_000)) === null, "the fresh lease still holds");
+        assert((await rl.release(fresh!)) === 5 - down, "the fresh lease releases");
       } else {
         assert(lease === null, "no quorum");
       }
