@@ -3,7 +3,8 @@
 // the client, node-redis bound), then the third server is SIGSTOPped for
 // three lease lengths (SIGCONT at the end, whatever happens). The locks on
 // the other two are kept; the stalled server's are reported lost within a
-// lease; every call on the stalled server returns within its timeout.
+// lease; every call on the stalled server returns within its timeout. Then
+// the third server is killed (SIGKILL) under bound locks: told within 100 ms.
 // Prints one line per test and "N passed, M failed".
 import { Redis } from "ioredis";
 import { createClient } from "redis";
@@ -88,6 +89,30 @@ async function main(): Promise<void> {
     check(e2 instanceof LockTimeoutError, `it is a LockTimeoutError (${e2})`);
   } finally {
     process.kill(pid, "SIGCONT");
+  }
+  // Then the third server killed (kill -9) under bound locks of both clients: each holder told at once.
+  const killed: Lock[] = [];
+  const killedLost: number[] = [];
+  for (const [j, c] of [ios[2], nrs[2]].entries()) {
+    const l = Lock.exclusive(c, `stall-killed-${j}`, { ttl: 30_000, onLost: () => (killedLost[j] = Date.now()) });
+    // The continued server answers again (its clients may have timed out meanwhile).
+    for (let i = 0; i < 50; i++) {
+      try {
+        if (await l.acquire()) break;
+      } catch {
+        await sleep(100);
+      }
+    }
+    check(l.held && l.bound, `a bound lock on the continued server (${j ? "node-redis" : "ioredis"})`);
+    killed.push(l);
+  }
+  const killedAt = Date.now();
+  process.kill(pid, "SIGKILL");
+  for (let i = 0; i < 100 && killedLost.filter((t) => t !== undefined).length < 2; i++) await sleep(5);
+  for (const [j, l] of killed.entries()) {
+    const took = killedLost[j] === undefined ? "never" : `${killedLost[j] - killedAt} ms`;
+    console.log(`     ${j ? "node-redis" : "ioredis"}: a bound lock on a server killed (kill -9) told after ${took}`);
+    check(l.lost && killedLost[j] !== undefined && killedLost[j] - killedAt <= 100, `the killed server's bound lock told within 100 ms (${took})`);
   }
   for (const i of [0, 1]) for (const l of locks[i]) await l.release();
   ios.forEach((c) => c.disconnect());
