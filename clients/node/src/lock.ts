@@ -305,7 +305,11 @@ export class Lock {
       }
       throw deadlockOrSelf(e);
     }
-    if (this.holds === 0) throw new LockError("reacquire() of a lock released meanwhile");
+    if (this.holds === 0) {
+      // released meanwhile by another call: the hold this request added is given back
+      if (reply !== null) void this.adapter.shared.call(["LOCK.RELEASE", this.keys[0], this.owner, "TOKEN", Number(reply)], this.adapter.timeout).catch(() => {});
+      throw new LockError("reacquire() of a lock released meanwhile");
+    }
     if (reply === null || Number(reply) !== this.token) {
       if (reply !== null) void this.via.call(["LOCK.RELEASE", this.keys[0], this.owner, "TOKEN", Number(reply)], this.adapter.timeout).catch(() => {});
       this.lose(reply === null ? "a re-entry was refused: someone else holds the key" : `a re-entry found the grant gone: the server granted a new one (token ${Number(reply)}), given back`);
@@ -640,9 +644,10 @@ export class Lock {
     return (await this.adapter.shared.call(["LOCK.INFO", this.keys[0]], this.adapter.timeout)) !== null;
   }
 
-  /** Whether this owner holds the (first) key, as the server says. */
+  /** Whether this holder holds the (first) key, as the server says: the owner under this object's token while the object holds it (a later grant to the same owner name is not its), else the owner under any token. */
   async owned(): Promise<boolean> {
-    return holdsOwner(await this.adapter.shared.call(["LOCK.INFO", this.keys[0]], this.adapter.timeout, true), this.owner);
+    const info = await this.adapter.shared.call(["LOCK.INFO", this.keys[0]], this.adapter.timeout, true);
+    return holdsOwner(info, this.owner, this.holds > 0 ? this.tokens[0] : undefined);
   }
 }
 

@@ -330,6 +330,7 @@ async function issueTests(client: RedisClient, label: string): Promise<void> {
         assert(b.token! > a.token!, `${what}: a newer token`);
         const ext = await rejection(() => a.extend(30_000));
         assert(ext instanceof LeaseLostError || (bind && a.lost), `${what}: A's extend(): LeaseLostError, not ${ext}`);
+        assert(!(await a.owned()), `${what}: A's owned() is false (B's grant is not A's)`);
         const rel = await rejection(() => a.release());
         assert(rel instanceof LeaseLostError, `${what}: A's release(): LeaseLostError, not ${rel}`);
         assert(!b.lost && (await b.owned()), `${what}: B still holds`);
