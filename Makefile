@@ -44,7 +44,7 @@ test-matrix: build client-deps ## Integration tests on Redis 7.0 (Debian), Redis
 	@valkey=$$(scripts/valkey.sh) && echo "== Valkey: $$($$valkey --version)" && \
 		REDIS_SERVER=$$valkey REDIS_LOCK_MODULE=$(CURDIR)/$(DEBUG_SO) $(CARGO) test --tests
 
-bench: release ## Benchmarks vs SET NX PX, Lua lock scripts and a C module doing the same work (~4.5 min); writes docs/bench/contention.svg
+bench: release ## Benchmarks vs SET NX PX, Lua lock scripts and a C module doing the same work, and the stalls of section 10 (~7 min); writes docs/bench/contention.svg
 	REDIS_LOCK_MODULE=$(CURDIR)/$(RELEASE_SO) $(CARGO) bench --bench lockbench
 
 bench-profile: release ## Instructions per request under callgrind, 3 runs with each row's spread (~15 min)

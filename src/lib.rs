@@ -26,22 +26,22 @@
     )
 )]
 
-// The layers, lowest first (docs/design.md, "Layers"): each folder uses
-// only the folders above it in this list.
-/// The commands: syntax, the lock commands, `LOCK.GUARD`, `INFO lock`.
+// The folders, one per layer (lowest first: redis, time, state,
+// durability, commands; docs/design.md, "Layers"), and the registration.
+// The commands: syntax, the lock commands, `LOCK.GUARD`, `INFO lock`.
 mod commands;
-/// What outlives a command: RDB and AOF, replicated effects applied,
-/// keyspace events from the rest of the server.
+// What outlives a command: RDB and AOF, replicated effects applied,
+// keyspace events from the rest of the server.
 mod durability;
-/// Registration: commands, metadata and the data type, at load.
+// Registration: commands, metadata and the data type, at load.
 mod module;
-/// The boundary with Redis: its API without panics, its heap, log,
-/// configuration, replies, effects sent to replicas, and what a command is.
+// The boundary with Redis: its API without panics, its heap, log,
+// configuration, replies, effects sent to replicas, and what a command is.
 mod redis;
-/// A lock key's state in the shell: storage, transitions, waiting,
-/// bindings, deadlocks, timers and their visits, counters.
+// A lock key's state in the shell: storage, transitions, waiting,
+// bindings, deadlocks, timers and their visits, counters.
 mod state;
-/// Time and tokens: the clock and the fencing counter.
+// Time and tokens: the clock and the fencing counter.
 mod time;
 
 use std::os::raw::c_int;
@@ -54,8 +54,6 @@ use crate::commands::lock;
 use crate::durability::apply;
 use crate::durability::events;
 use crate::durability::persistence::LOCK_TYPE;
-#[cfg(not(test))]
-use crate::redis::alloc;
 use crate::redis::catch;
 use crate::redis::config;
 use crate::redis::replication;
@@ -70,7 +68,7 @@ use crate::time::fencing;
 // where there is no Redis, the system's.
 #[cfg(not(test))]
 #[global_allocator]
-static ALLOCATOR: alloc::RedisHeap = alloc::RedisHeap;
+static ALLOCATOR: crate::redis::alloc::RedisHeap = crate::redis::alloc::RedisHeap;
 
 /// The commands, each declared once beside its handler (`spec::command!`).
 const COMMANDS: &[Spec] = &[

@@ -165,25 +165,7 @@ fn load_script(c: &mut Conn) -> io::Result<Vec<u8>> {
 // ---------------------------------------------------------------------------
 
 /// The throughput runs' results: each way's rate in each round.
-pub struct Results {
-    pub rates: HashMap<Way, Vec<f64>>,
-    pub requests: usize,
-    pub rounds: usize,
-    pub conns: usize,
-    pub pipeline: usize,
-    pub problems: Vec<String>,
-}
-
-impl Results {
-    pub fn median(&self, w: Way) -> f64 {
-        stats::median_of(&self.rates, &w)
-    }
-
-    /// Median over rounds of (rate of `w` / rate of `base`) in the same round.
-    pub fn paired_ratio(&self, w: Way, base: Way) -> f64 {
-        stats::paired_ratio(&self.rates, &w, &base)
-    }
-}
+pub type Results = stats::Rounds<Way>;
 
 /// One server of the runs: a connection for `FLUSHDB`, the pool, the
 /// script's SHA1 there.
@@ -266,14 +248,7 @@ pub fn run(
     })?;
     let mut module = Side::new(module_port, conns, pipeline)?;
     let mut plain = Side::new(plain_server.port, conns, pipeline)?;
-    let mut results = Results {
-        rates: HashMap::new(),
-        requests,
-        rounds,
-        conns,
-        pipeline,
-        problems: Vec::new(),
-    };
+    let mut results = Results::new(requests, rounds, conns, pipeline);
     for round in 1..=rounds {
         eprint!("  round {round}/{rounds}:");
         let mut order = Way::ALL.to_vec();

@@ -17,11 +17,17 @@
 //!    those rows alone);
 //! 9. guarded writes: `LOCK.GUARD ... CALL SET` against `SET` and the Lua
 //!    check-then-set script (`guard`; with `--callgrind --only 9`, its
-//!    instructions alone).
+//!    instructions alone);
+//! 10. stalls: for each shape of state clients can build (wide wait-for
+//!     graphs, long chains, deadlines together, a million bound holders,
+//!     20,000 holders of one key), the longest PING on another connection
+//!     and the request's own server time (`stalls`; `--only 10` alone, on
+//!     a server of its own).
 //!
-//! Options: `--quick` (or `BENCH_QUICK=1`): a ~20 s smoke run with small
+//! Options: `--quick` (or `BENCH_QUICK=1`): a ~40 s smoke run with small
 //! counts. `--only 1,3`: some sections only. `--storms` (with `--only 8`):
-//! section 8's storms alone. `--callgrind`: instructions per
+//! section 8's storms alone. `--shapes 1,3` (with `--only 10`): some of
+//! section 10's shapes. `--callgrind`: instructions per
 //! request of each command under `valgrind --tool=callgrind` instead (slow,
 //! repeatable). Environment: `REDIS_LOCK_MODULE` (the module to load; else
 //! target/release/libredis_lock.so, built when missing or stale).
@@ -45,6 +51,7 @@ mod memory;
 mod profile;
 mod queues;
 mod server;
+mod stalls;
 mod stats;
 mod throughput;
 
@@ -77,6 +84,8 @@ struct Plan {
     queue_sizes: Vec<usize>,
     /// `--storms`: section 8's storms alone, without its growth rows.
     storms_only: bool,
+    /// Section 10's sizes.
+    stalls: stalls::Plan,
 }
 
 impl Plan {
@@ -104,6 +113,7 @@ impl Plan {
             deadlock_waiters: 10_000,
             queue_sizes: vec![10, 100, 1000, 10_000],
             storms_only: false,
+            stalls: stalls::Plan::full(),
         }
     }
 
@@ -127,6 +137,7 @@ impl Plan {
             deadlock_keys: 100,
             deadlock_waiters: 1000,
             queue_sizes: vec![10, 100, 1000],
+            stalls: stalls::Plan::quick(),
             ..Plan::full()
         }
     }
@@ -152,6 +163,12 @@ fn main() {
         .map(|v| v.split(',').filter_map(|s| s.trim().parse().ok()).collect());
     let mut plan = if quick { Plan::quick() } else { Plan::full() };
     plan.storms_only = args.iter().any(|a| a == "--storms");
+    // `--shapes 1,3` (with `--only 10`): some of section 10's shapes.
+    plan.stalls.shapes = args
+        .iter()
+        .position(|a| a == "--shapes")
+        .and_then(|i| args.get(i + 1))
+        .map(|v| v.split(',').filter_map(|s| s.trim().parse().ok()).collect());
     let result = if callgrind {
         run_callgrind(&plan, &args)
     } else {
@@ -512,6 +529,13 @@ fn run(plan: &Plan, only: Option<&[u32]>) -> io::Result<()> {
         body.push_str(&guard::table(&r));
         body.push('\n');
         goals.extend(guard::goals(&r));
+    }
+
+    if wants(10) {
+        eprintln!("10. stalls");
+        let rows = stalls::run(&module, &plan.stalls)?;
+        body.push_str(&stalls::table(&rows));
+        body.push('\n');
     }
 
     if wants(4) || wants(5) {

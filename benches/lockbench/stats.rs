@@ -33,6 +33,39 @@ pub fn paired_ratio<K: Hash + Eq>(rates: &HashMap<K, Vec<f64>>, a: &K, base: &K)
     median(&r)
 }
 
+/// A throughput run's results, whatever its rows (`K`): each row's rate in
+/// each round, and how the run was made.
+pub struct Rounds<K> {
+    pub rates: HashMap<K, Vec<f64>>,
+    pub requests: usize,
+    pub rounds: usize,
+    pub conns: usize,
+    pub pipeline: usize,
+    pub problems: Vec<String>,
+}
+
+impl<K: Hash + Eq> Rounds<K> {
+    pub fn new(requests: usize, rounds: usize, conns: usize, pipeline: usize) -> Rounds<K> {
+        Rounds {
+            rates: HashMap::new(),
+            requests,
+            rounds,
+            conns,
+            pipeline,
+            problems: Vec::new(),
+        }
+    }
+
+    pub fn median(&self, k: K) -> f64 {
+        median_of(&self.rates, &k)
+    }
+
+    /// Median over rounds of (rate of `k` / rate of `base`) in the same round.
+    pub fn paired_ratio(&self, k: K, base: K) -> f64 {
+        paired_ratio(&self.rates, &k, &base)
+    }
+}
+
 pub fn min_max(values: &[f64]) -> (f64, f64) {
     values
         .iter()

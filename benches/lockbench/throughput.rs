@@ -524,28 +524,21 @@ impl Pool {
     }
 }
 
-/// Section 1's results: each command's rate in each round.
+/// Section 1's results: each command's rate in each round, and the same
+/// commands' on the C reference module's server.
 pub struct Results {
-    pub rates: HashMap<Op, Vec<f64>>,
-    /// The same commands on the C reference module's server.
+    pub rounds: stats::Rounds<Op>,
     pub floor_rates: HashMap<Op, Vec<f64>>,
-    pub requests: usize,
-    pub rounds: usize,
-    pub conns: usize,
-    pub pipeline: usize,
-    pub problems: Vec<String>,
+}
+
+impl std::ops::Deref for Results {
+    type Target = stats::Rounds<Op>;
+    fn deref(&self) -> &stats::Rounds<Op> {
+        &self.rounds
+    }
 }
 
 impl Results {
-    pub fn median(&self, op: Op) -> f64 {
-        stats::median_of(&self.rates, &op)
-    }
-
-    /// Median over rounds of (rate of `op` / rate of `base`) in the same round.
-    pub fn paired_ratio(&self, op: Op, base: Op) -> f64 {
-        stats::paired_ratio(&self.rates, &op, &base)
-    }
-
     /// Median over rounds of (rate of `op` / rate of the same command on
     /// the C reference module) in the same round.
     pub fn floor_ratio(&self, op: Op) -> f64 {
@@ -590,13 +583,8 @@ pub fn run(
         scripts: floor_scripts,
     } = floor;
     let mut results = Results {
+        rounds: stats::Rounds::new(requests, rounds, pool.conns.len(), pool.pipeline),
         floor_rates: HashMap::new(),
-        rates: HashMap::new(),
-        requests,
-        rounds,
-        conns: pool.conns.len(),
-        pipeline: pool.pipeline,
-        problems: Vec::new(),
     };
     for round in 1..=rounds {
         eprint!("  round {round}/{rounds}:");
@@ -615,16 +603,16 @@ pub fn run(
                     } else {
                         (&mut *plain_pool, plain_scripts)
                     };
-                    let rate = run_op(pool, scripts, op, requests, &mut results.problems)?;
+                    let rate = run_op(pool, scripts, op, requests, &mut results.rounds.problems)?;
                     eprint!(" {} {}", op.short(), stats::rate(rate));
-                    results.rates.entry(op).or_default().push(rate);
+                    results.rounds.rates.entry(op).or_default().push(rate);
                     if Op::FLOOR.contains(&op) {
                         let rate = run_op(
                             floor_pool,
                             floor_scripts,
                             op,
                             requests,
-                            &mut results.problems,
+                            &mut results.rounds.problems,
                         )?;
                         eprint!(" (C {})", stats::rate(rate));
                         results.floor_rates.entry(op).or_default().push(rate);
@@ -678,7 +666,7 @@ pub fn table(r: &Results) -> String {
     let mut s = String::new();
     s.push_str(&format!(
         "### 1. Throughput, uncontended, unique keys ({} requests per run, {} connections x pipeline {}, median of {} interleaved rounds)\n\n",
-        r.requests, r.conns, r.pipeline, r.rounds
+        r.requests, r.conns, r.pipeline, r.rounds.rounds
     ));
     s.push_str("| command | req/s (median) | rounds min-max | compared with | ratio | goal |\n");
     s.push_str("|---|---:|---:|---|---:|---|\n");

@@ -4,10 +4,14 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"sync"
 	"time"
 
 	"github.com/gomodule/redigo/redis"
 )
+
+// Version of the package (the same for every package of redis-lock).
+const Version = "0.3.0"
 
 // DefaultTimeout bounds every connect, read and write of a Client (a
 // waiting acquire's reply may take its wait plus this).
@@ -29,6 +33,10 @@ type Client struct {
 	timeout  time.Duration
 	dialOpts []redis.DialOption
 	pool     *redis.Pool
+
+	wmu  sync.Mutex // w and keys
+	w    *watcher   // nil until a bound holder needs it
+	keys watched
 }
 
 // ClientOption configures a Client.

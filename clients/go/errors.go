@@ -26,6 +26,12 @@ var (
 	ErrInvalid = errors.New("redislock: invalid request")
 	// ErrClosed: the Session (or Client) was closed.
 	ErrClosed = errors.New("redislock: closed")
+	// ErrHeld: an Acquire of a Lock built WithOwner while a Held of that
+	// Lock is live, or another Acquire of it is under way: one owner name
+	// is one holder in the server, so a second goroutine would be "inside"
+	// too. Refused at once, nothing sent. Use a Lock per holder (no
+	// WithOwner), or Held.Reacquire for another hold.
+	ErrHeld = errors.New("redislock: already held through this Lock (one owner, one holder)")
 )
 
 // LeaseLostError is the ErrLeaseLost of one holder: errors.Is(err,

@@ -109,15 +109,23 @@ func (k Kind) String() string {
 	return [...]string{"exclusive", "reentrant", "read", "write", "semaphore", "multi"}[k]
 }
 
-// Lock describes what to acquire: a kind, keys, options. It holds no state
-// of a holder: each Acquire is a new holder (a fresh owner, unless
-// WithOwner), so one Lock may be shared by goroutines.
+// Lock describes what to acquire: a kind, keys, options. Without
+// WithOwner it holds no state of a holder: each Acquire is a new holder (a
+// fresh owner), so one Lock may be shared by goroutines, each Acquire its
+// own hold. WithOwner makes the Lock one holder (the server cannot tell two
+// users of one owner name apart): while a Held of it is live (not released,
+// not lost), or an Acquire of it is under way, another Acquire of the same
+// Lock is refused at once with ErrHeld; add a hold with Held.Reacquire.
 type Lock struct {
 	c     *Client
 	kind  Kind
 	keys  []string
 	limit int
 	s     settings
+
+	mu      sync.Mutex // WithOwner: the one holder
+	busy    bool       // an Acquire under way
+	current *Held
 }
 
 func (c *Client) newLock(kind Kind, keys []string, limit int, opts []Option) *Lock {
@@ -231,7 +239,8 @@ func (l *Lock) holdsAdd() bool {
 // Acquire takes the lock: a *Held, or ErrNotAcquired when it is busy (and
 // stayed busy for the wait given WithWait), ErrDeadlock when waiting would
 // close a cycle, ctx.Err() when ctx ended the wait (the server's queue is
-// left: the waiting connection is closed).
+// left: the waiting connection is closed), ErrHeld for a second Acquire of
+// a Lock built WithOwner while its holder is live.
 func (l *Lock) Acquire(ctx context.Context) (*Held, error) {
 	if l.s.err != nil {
 		return nil, l.s.err
@@ -242,7 +251,43 @@ func (l *Lock) Acquire(ctx context.Context) (*Held, error) {
 	owner := l.s.owner
 	if !l.s.ownerSet {
 		owner = freshOwner()
+	} else {
+		if err := l.reserve(); err != nil {
+			return nil, err
+		}
+		h, err := l.acquire(ctx, owner)
+		l.mu.Lock()
+		l.busy = false
+		if err == nil {
+			l.current = h
+		}
+		l.mu.Unlock()
+		return h, err
 	}
+	return l.acquire(ctx, owner)
+}
+
+// reserve: the Lock's one holder (WithOwner) is free; marks an Acquire
+// under way. ErrHeld otherwise.
+func (l *Lock) reserve() error {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	live := false
+	if h := l.current; h != nil {
+		select {
+		case <-h.lost: // released or lost: over
+		default:
+			live = true
+		}
+	}
+	if l.busy || live {
+		return fmt.Errorf("%w: %s %s, owner %q", ErrHeld, l.kind, showKeys(l.keys), l.s.owner)
+	}
+	l.busy = true
+	return nil
+}
+
+func (l *Lock) acquire(ctx context.Context, owner string) (*Held, error) {
 	wait := l.s.wait
 	if dl, ok := ctx.Deadline(); ok && wait != 0 {
 		left := time.Until(dl)
@@ -289,9 +334,9 @@ func (l *Lock) Acquire(ctx context.Context) (*Held, error) {
 		return nil, err
 	}
 	sess.mu.Lock()
-	sess.helds[h] = struct{}{}
-	sess.mu.Unlock()
 	sess.start()
+	sess.addLocked(ctx, h)
+	sess.mu.Unlock()
 	return h, nil
 }
 
@@ -387,7 +432,7 @@ func (l *Lock) acquireIn(ctx context.Context, sess *Session, owner string, wait 
 			err = l.confirm(sess.conn, h)
 		}
 		if err == nil {
-			sess.helds[h] = struct{}{}
+			sess.addLocked(ctx, h)
 		}
 		sess.mu.Unlock()
 		return h, err
@@ -429,7 +474,8 @@ func (l *Lock) acquireIn(ctx context.Context, sess *Session, owner string, wait 
 			return nil, serverError(err)
 		}
 		if l.holdsAdd() { // that repeat added a hold: take it back
-			if _, err := redis.DoWithTimeout(sess.conn, sess.c.timeout, "LOCK.RELEASE", l.keys[0], owner); err != nil {
+			t, _ := redis.Int64(reply, nil)
+			if _, err := redis.DoWithTimeout(sess.conn, sess.c.timeout, "LOCK.RELEASE", l.keys[0], owner, "TOKEN", t); err != nil {
 				return nil, err
 			}
 		}
@@ -443,7 +489,7 @@ func (l *Lock) acquireIn(ctx context.Context, sess *Session, owner string, wait 
 	if err != nil {
 		return nil, err
 	}
-	sess.helds[h] = struct{}{}
+	sess.addLocked(ctx, h)
 	return h, nil
 }
 
@@ -548,11 +594,13 @@ func (h *Held) Release(ctx context.Context) error {
 	}
 	var lostWhy string
 	last := true
-	for _, k := range h.keys {
-		n, err := redis.Int(redis.DoWithTimeout(s.conn, s.c.timeout, "LOCK.RELEASE", k, h.owner))
+	for i, k := range h.keys {
+		// Under the grant's token: a stale holder never ends a newer grant
+		// to the same owner name (nil, nothing changed).
+		n, err := redis.Int(redis.DoWithTimeout(s.conn, s.c.timeout, "LOCK.RELEASE", k, h.owner, "TOKEN", h.tokens[i]))
 		switch {
 		case err == redis.ErrNil:
-			lostWhy = fmt.Sprintf("key %q was no longer held at the release", k)
+			lostWhy = fmt.Sprintf("key %q was no longer held by this grant at the release (released elsewhere, expired, deleted, or granted again under another token)", k)
 		case isWrongType(err):
 			lostWhy = fmt.Sprintf("key %q overwritten: %v", k, err)
 		case err != nil:
@@ -566,14 +614,14 @@ func (h *Held) Release(ctx context.Context) error {
 		}
 	}
 	if lostWhy != "" {
-		delete(s.helds, h)
+		s.forgetLocked(h)
 		h.released = true
 		err := &LeaseLostError{Keys: h.keys, Token: h.token(), Why: lostWhy}
 		h.markLost(err)
 		return err
 	}
 	if last {
-		delete(s.helds, h)
+		s.forgetLocked(h)
 		h.released = true
 		h.markLost(ErrClosed)
 	} else {
@@ -599,7 +647,7 @@ func (h *Held) Reacquire(ctx context.Context) error {
 	if err != nil {
 		if isWrongType(err) || err == redis.ErrNil {
 			// Nil: someone else holds it now; WRONGTYPE: overwritten.
-			delete(s.helds, h)
+			s.forgetLocked(h)
 			lost := &LeaseLostError{Keys: h.keys, Token: h.token(), Why: fmt.Sprintf("at the reacquire: %v", err)}
 			h.markLost(lost)
 			return lost
@@ -607,7 +655,12 @@ func (h *Held) Reacquire(ctx context.Context) error {
 		return serverError(err)
 	}
 	if t != h.token() {
-		return fmt.Errorf("redislock: the reacquire got token %d, not %d: the first hold was lost", t, h.token())
+		// A new grant (ours ended; the owner name was free, or granted
+		// again to another holder): give back the hold just taken, under
+		// its token.
+		_, _ = redis.DoWithTimeout(s.conn, s.c.timeout, "LOCK.RELEASE", h.keys[0], h.owner, "TOKEN", t)
+		s.dropLost(h, fmt.Sprintf("the reacquire got token %d, not %d: this grant had ended", t, h.token()))
+		return h.Err()
 	}
 	h.holds++
 	return nil
@@ -629,15 +682,15 @@ func (h *Held) Extend(ctx context.Context, ttl time.Duration) error {
 		return err
 	}
 	sent := time.Now()
-	for _, k := range h.keys {
-		n, err := redis.Int(redis.DoWithTimeout(s.conn, s.c.timeout, "LOCK.RENEW", k, h.owner, millis(ttl)))
+	for i, k := range h.keys {
+		n, err := redis.Int(redis.DoWithTimeout(s.conn, s.c.timeout, "LOCK.RENEW", k, h.owner, millis(ttl), "TOKEN", h.tokens[i]))
 		if err == nil && n == 1 {
 			continue
 		}
 		if err != nil && !isReplyError(err) {
 			return err
 		}
-		why := fmt.Sprintf("key %q no longer held at the extend", k)
+		why := fmt.Sprintf("key %q no longer held by this grant at the extend", k)
 		if err != nil {
 			why = fmt.Sprintf("key %q: %v", k, err)
 		}

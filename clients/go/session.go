@@ -42,6 +42,8 @@ type Session struct {
 	loopDone chan struct{}
 	done     chan struct{}
 	doneOnce sync.Once
+	// check: the watcher saw a key of this session change (buffered 1).
+	check chan struct{}
 }
 
 // NewSession connects to the server and starts the session's keepalive.
@@ -80,6 +82,7 @@ func (c *Client) newSession(ctx context.Context, ttl time.Duration, bind, privat
 		stop:     make(chan struct{}),
 		loopDone: make(chan struct{}),
 		done:     make(chan struct{}),
+		check:    make(chan struct{}, 1),
 	}, nil
 }
 
@@ -104,9 +107,9 @@ func (s *Session) Close() error {
 	var first error
 	if !s.bind && s.conn != nil {
 		for h := range s.helds {
-			for _, k := range h.keys {
-				for i := 0; i < 1000; i++ { // every hold of a reentrant lock
-					n, err := redis.Int(redis.DoWithTimeout(s.conn, s.c.timeout, "LOCK.RELEASE", k, h.owner))
+			for i, k := range h.keys {
+				for j := 0; j < 1000; j++ { // every hold of a reentrant lock
+					n, err := redis.Int(redis.DoWithTimeout(s.conn, s.c.timeout, "LOCK.RELEASE", k, h.owner, "TOKEN", h.tokens[i]))
 					if err != nil || n == 1 {
 						if err != nil && err != redis.ErrNil && first == nil {
 							first = err
@@ -118,9 +121,9 @@ func (s *Session) Close() error {
 		}
 	}
 	for h := range s.helds {
+		s.forgetLocked(h)
 		h.markLost(ErrClosed)
 	}
-	s.helds = map[*Held]struct{}{}
 	s.closeLocked()
 	return first
 }
@@ -166,6 +169,11 @@ func (s *Session) loop() {
 			return
 		case <-s.done:
 			return
+		case <-s.check:
+			s.mu.Lock()
+			s.verifyLocked()
+			s.mu.Unlock()
+			continue
 		case <-t.C:
 		}
 		s.mu.Lock()
@@ -176,6 +184,88 @@ func (s *Session) loop() {
 		s.mu.Unlock()
 		t.Reset(p)
 	}
+}
+
+// poke tells the keepalive goroutine to check the session's locks now
+// (the watcher saw one of its keys change, or the watcher failed).
+func (s *Session) poke() {
+	select {
+	case s.check <- struct{}{}:
+	default: // a check is already due
+	}
+}
+
+// verifyLocked (s.mu held): reads every lock of the session on its own
+// connection (LOCK.INFO, one round trip: a check changes nothing, so it
+// sets off no invalidation of its own) and drops each one its grant no
+// longer holds, with the cause: the bound connection closed (CLIENT KILL,
+// the server's timeout, a restart), the key overwritten, deleted or freed
+// elsewhere, or the owner name granted again under another token.
+func (s *Session) verifyLocked() {
+	if s.closed || !s.bind || s.conn == nil || len(s.helds) == 0 {
+		return
+	}
+	s.loseExpired(time.Now())
+	if s.closed || s.conn == nil {
+		return
+	}
+	type probe struct {
+		h     *Held
+		key   string
+		token int64
+	}
+	var probes []probe
+	for h := range s.helds {
+		for i, k := range h.keys {
+			if err := s.conn.Send("LOCK.INFO", k); err != nil {
+				s.failLocked(fmt.Sprintf("the connection the lock was bound to failed: %v", err))
+				return
+			}
+			probes = append(probes, probe{h, k, h.tokens[i]})
+		}
+	}
+	replies, err := redis.Values(redis.DoWithTimeout(s.conn, s.c.timeout, ""))
+	if err != nil || len(replies) != len(probes) {
+		s.failLocked(fmt.Sprintf("the connection the lock was bound to was closed or failed (the server frees a bound lock with it): %v", err))
+		return
+	}
+	for i, p := range probes {
+		if _, still := s.helds[p.h]; !still {
+			continue
+		}
+		if why := judge(replies[i], p.key, p.h.owner, p.token); why != "" {
+			s.dropLost(p.h, why)
+		}
+	}
+	if s.private && len(s.helds) == 0 {
+		s.closeLocked()
+		return
+	}
+	if len(s.helds) > 0 {
+		s.c.rewatch(context.Background())
+	}
+}
+
+// judge: why LOCK.INFO's reply on key says that (owner, token) no longer
+// holds it; "" when it does (or the reply is another error: the renewals
+// decide).
+func judge(reply interface{}, key, owner string, token int64) string {
+	if re, ok := reply.(redis.Error); ok {
+		if isWrongType(re) {
+			return fmt.Sprintf("key %q overwritten (no longer a lock: %v)", key, re)
+		}
+		return ""
+	}
+	if reply == nil {
+		return fmt.Sprintf("key %q deleted, freed or expired (LOCK.INFO: free)", key)
+	}
+	if holds(reply, owner, token) {
+		return ""
+	}
+	if holds(reply, owner, 0) {
+		return fmt.Sprintf("key %q held by the same owner name under a newer grant: this grant (token %d) ended", key, token)
+	}
+	return fmt.Sprintf("key %q deleted or freed, and held by someone else now", key)
 }
 
 // leaseLeft: the shortest lease left among the session's locks, by this
@@ -210,7 +300,7 @@ func (s *Session) renewLocked() {
 	if s.bind {
 		n, err := redis.Int(redis.DoWithTimeout(s.conn, to, "LOCK.KEEPALIVE", ttl))
 		if err != nil {
-			s.failLocked(fmt.Sprintf("keepalive failed: %v", err))
+			s.failLocked(fmt.Sprintf("the connection the lock was bound to failed at the keepalive: %v", err))
 			return
 		}
 		want := 0
@@ -236,19 +326,19 @@ func (s *Session) renewLocked() {
 	}
 	for h := range s.helds {
 	keys:
-		for _, k := range h.keys {
-			n, err := redis.Int(redis.DoWithTimeout(s.conn, to, "LOCK.RENEW", k, h.owner, ttl))
+		for i, k := range h.keys {
+			n, err := redis.Int(redis.DoWithTimeout(s.conn, to, "LOCK.RENEW", k, h.owner, ttl, "TOKEN", h.tokens[i]))
 			switch {
 			case err == nil && n == 1:
 				continue
 			case err == nil:
-				s.dropLost(h, fmt.Sprintf("key %q no longer held (released elsewhere, expired or deleted)", k))
+				s.dropLost(h, fmt.Sprintf("key %q no longer held by this grant (released elsewhere, expired, deleted, or granted again under another token)", k))
 			case isWrongType(err):
 				s.dropLost(h, fmt.Sprintf("key %q overwritten: %v", k, err))
 			case isReplyError(err):
 				s.dropLost(h, fmt.Sprintf("renewal refused: %v", err))
 			case s.bind:
-				s.failLocked(fmt.Sprintf("renewal failed: %v", err))
+				s.failLocked(fmt.Sprintf("the connection the lock was bound to failed at the renewal: %v", err))
 				return
 			default: // not bound: reconnect at the next tick, while the lease lasts
 				s.conn.Close()
@@ -282,8 +372,27 @@ func (s *Session) loseExpired(now time.Time) {
 }
 
 func (s *Session) dropLost(h *Held, why string) {
-	delete(s.helds, h)
+	s.forgetLocked(h)
 	h.markLost(&LeaseLostError{Keys: h.keys, Token: h.token(), Why: why})
+}
+
+// addLocked: h is held in the session from now on (bound: watched).
+func (s *Session) addLocked(ctx context.Context, h *Held) {
+	s.helds[h] = struct{}{}
+	if s.bind {
+		s.c.watch(ctx, s, h)
+	}
+}
+
+// forgetLocked: h is no longer held in the session.
+func (s *Session) forgetLocked(h *Held) {
+	if _, ok := s.helds[h]; !ok {
+		return
+	}
+	delete(s.helds, h)
+	if s.bind {
+		s.c.unwatch(s, h.keys)
+	}
 }
 
 // failLocked: the bound connection failed; the server frees (or freed)

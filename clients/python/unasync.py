@@ -69,9 +69,9 @@ Generated from `_dropin_async.py` by `clients/python/unasync.py`.
 ''',
         [
             (
-                # redis-py's blocking Lock.acquire takes `sleep`; its asyncio one does not.
-                "        token: Optional[Union[str, bytes]] = None,\n    ) -> bool:",
-                "        sleep: Optional[Number] = None,\n        token: Optional[Union[str, bytes]] = None,\n    ) -> bool:",
+                # redis-py's blocking Lock.acquire takes `sleep` first; its asyncio one has none.
+                "        self,\n        blocking: Optional[bool] = None,\n        blocking_timeout: Optional[Number] = None,\n        token:",
+                "        self,\n        sleep: Optional[Number] = None,\n        blocking: Optional[bool] = None,\n        blocking_timeout: Optional[Number] = None,\n        token:",
             ),
             ("`blocking_timeout` ran out.\"\"\"", "`blocking_timeout` ran out. `sleep` is unused.\"\"\""),
             ('"DEFAULT_LEASE", "holds"', '"DEFAULT_LEASE", "wait_of", "owner_of", "holds"'),

@@ -14,32 +14,72 @@
 //! and linear in the part of the wait graph it walks. It goes both ways at
 //! once: forward from the new request (whom it would wait for, and whom
 //! they wait for...) and backward from its owner (who waits for it, and who
-//! waits for them...), always on the smaller frontier, and stops when the
-//! two meet (a cycle) or either side has nothing left (none): its cost is
-//! about that of the smaller side. A new worker on a hot key, whom nobody
-//! waits for, costs one look-up however long the queue; a request in the
-//! middle of a long chain walks the short side. Each owner is expanded once
-//! a side, each key's holders (or its holders' dependents) are listed once,
-//! and each queue is gone through at most twice a side (for everyone and
-//! for writers, remembering per key how far from which place requests were
-//! listed): a walk over every request of a queue of n requests is O(n).
+//! waits for them...), always on the side that has done less work so far,
+//! and stops when the two meet (a cycle) or either side has nothing left
+//! (none): its cost is about twice that of the cheaper side. A new worker
+//! on a hot key, whom nobody waits for, costs one look-up however long the
+//! queue; a request whose key's holder waits for nothing costs a few steps
+//! however many wait behind the keys its owner holds; a request in the
+//! middle of a long chain walks the short side. Each owner is expanded
+//! once a side, each key's holders (or its holders' dependents) are listed
+//! once, and each queue is gone through at most twice a side (for everyone
+//! and for writers, remembering per key how far from which place requests
+//! were listed): a walk over every request of a queue of n requests is
+//! O(n).
+//!
+//! The walk is resumable ([`Search::run`]): every listing is done a page of
+//! at most [`PAGE`] entries at a time, and the walk stops between pages
+//! when the graph says its time is up ([`WaitGraph::out_of_time`]). The
+//! shell lets a request whose search needs more than one slice wait while
+//! the search goes on over the next turns of its event loop. The graph may
+//! change between slices: a cycle found then is checked edge by edge
+//! against the graph as it is now ([`Search::stale`] before a slice that
+//! follows a change), and the search starts again when one is gone.
 
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::hash::Hash;
 
 use crate::lock::{Kind, Lock, Owner, Request};
 
+/// A page of an owner's waiting requests (each one's key, its place in that
+/// key's queue, what it asks) and the cursor to go on from when more are
+/// left.
+pub type Requests<K> = (Vec<(K, u64, Kind)>, Option<u64>);
+
+/// How many entries one step of a walk lists at most: the walk checks its
+/// time between steps.
+pub const PAGE: usize = 256;
+
+/// How many times a search starts again when a cycle it found was gone
+/// once checked (the graph changed under it); after that it answers
+/// [`Verdict::Clear`] (the request waits as any other).
+pub const RESTARTS: u32 = 3;
+
 /// What the search asks of the shell, which keeps the waiting requests and
 /// reads the locks: keys are the shell's own (`K`), places are sequence
-/// numbers in a key's queue (`crate::Queue::place`).
+/// numbers in a key's queue (`crate::Queue::place`). Every listing is
+/// paged: at most `limit` entries, and a way to go on after the last.
 pub trait WaitGraph {
     type Key: Clone + Eq + Hash;
-    /// Every waiting request of `owner`: its key, its place in that key's
-    /// queue, what it asks.
-    fn requests_of(&mut self, owner: &[u8]) -> Vec<(Self::Key, u64, Kind)>;
-    /// Keys with a queue that `owner` may hold (each is checked with
+    /// `owner`'s waiting requests, after the cursor `after` (`None`: from
+    /// the first), at most about `limit` of them: each one's key, its place
+    /// in that key's queue, what it asks; and the cursor to go on from
+    /// when more are left.
+    fn requests_of(
+        &mut self,
+        owner: &[u8],
+        after: Option<u64>,
+        limit: usize,
+    ) -> Requests<Self::Key>;
+    /// Keys with a queue that `owner` may hold, after `after`, at most
+    /// `limit` of them, in a stable order (each is checked with
     /// [`WaitGraph::holds`]; none it holds may be missing).
-    fn waited_keys_held(&mut self, owner: &[u8]) -> Vec<Self::Key>;
+    fn waited_keys_held(
+        &mut self,
+        owner: &[u8],
+        after: Option<&Self::Key>,
+        limit: usize,
+    ) -> Vec<Self::Key>;
     /// Whether `owner` holds `key` now (its requests there wait for nobody).
     fn holds(&mut self, key: &Self::Key, owner: &[u8]) -> bool;
     /// Whether `key`'s lock admits a request of `kind` from someone not
@@ -47,13 +87,27 @@ pub trait WaitGraph {
     fn admits(&mut self, key: &Self::Key, kind: Kind) -> bool;
     /// The live holders of `key`.
     fn holders(&mut self, key: &Self::Key) -> Vec<Owner>;
-    /// The requests queued on `key` at places `from..to`: owner and kind.
-    fn queued(&mut self, key: &Self::Key, from: u64, to: u64) -> Vec<(Owner, Kind)>;
+    /// The requests queued on `key` at places `from..to`, at most `limit`
+    /// of them: place, owner and kind.
+    fn queued(
+        &mut self,
+        key: &Self::Key,
+        from: u64,
+        to: u64,
+        limit: usize,
+    ) -> Vec<(u64, Owner, Kind)>;
+    /// Whether this slice's time is up (asked between steps).
+    fn out_of_time(&mut self) -> bool {
+        false
+    }
+    /// Forget what was read and kept (a check of a cycle reads the graph
+    /// as it is now).
+    fn forget(&mut self) {}
 }
 
-/// The verdict of a [`search`].
+/// The verdict of a [`Search`].
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
-pub enum Search {
+pub enum Verdict {
     /// Waiting would close a cycle: answer `DEADLOCK`.
     Cycle,
     /// No cycle: wait.
@@ -89,11 +143,74 @@ impl Listed {
     }
 }
 
+/// One step of listing left to do.
+enum Task<K> {
+    /// Forward: who the new request waits for, on each of its keys.
+    Start,
+    /// Forward: who `owner`'s requests wait for (its requests from
+    /// `after`).
+    Requests { owner: Owner, after: Option<u64> },
+    /// Forward: `key`'s holders keep `owner` waiting.
+    Holders { key: K, owner: Owner },
+    /// Forward: the requests on `key` at `from..to` that `owner`'s request
+    /// of `kind` cannot pass.
+    Queued {
+        key: K,
+        owner: Owner,
+        kind: Kind,
+        from: u64,
+        to: u64,
+    },
+    /// Backward: the keys with a queue that `owner` holds, after `after`.
+    Keys { owner: Owner, after: Option<K> },
+    /// Backward: every request on `key`, from `from`, that `key` (held by
+    /// `owner`) does not admit.
+    Held { key: K, owner: Owner, from: u64 },
+    /// Backward: who waits behind `owner`'s requests (from `after`).
+    Behind { owner: Owner, after: Option<u64> },
+    /// Backward: the requests on `key` at `from..to`, behind `owner`'s
+    /// request of `kind` there, that cannot pass it.
+    After {
+        key: K,
+        owner: Owner,
+        kind: Kind,
+        from: u64,
+        to: u64,
+    },
+}
+
+impl<K> Task<K> {
+    /// Whether this is a listing for `me`'s new request (forward).
+    fn of(&self, me: &[u8]) -> bool {
+        match self {
+            Task::Start => true,
+            Task::Holders { owner, .. } | Task::Queued { owner, .. } => **owner == *me,
+            _ => false,
+        }
+    }
+}
+
+/// Where the two sides of a walk met.
+enum Met {
+    /// The forward side reached `at`, which the backward side had seen
+    /// (or the new request's owner itself), from `by`.
+    Forward { by: Owner, at: Owner },
+    /// The backward side found `at`, which the forward side had seen,
+    /// waiting for `of`.
+    Backward { at: Owner, of: Owner },
+}
+
 /// One direction's state.
 struct Side<K> {
     seen: HashSet<Owner>,
     next: VecDeque<Owner>,
     listed: HashMap<K, Listed>,
+    tasks: VecDeque<Task<K>>,
+    /// Who reached each owner: forward, the owner waiting for it;
+    /// backward, the owner it waits for.
+    parent: HashMap<Owner, Owner>,
+    /// Steps taken (the walk goes on the side that took fewer).
+    work: u64,
 }
 
 impl<K> Side<K> {
@@ -102,87 +219,479 @@ impl<K> Side<K> {
             seen: HashSet::new(),
             next: VecDeque::new(),
             listed: HashMap::new(),
+            tasks: VecDeque::new(),
+            parent: HashMap::new(),
+            work: 0,
         }
+    }
+
+    fn exhausted(&self) -> bool {
+        self.tasks.is_empty() && self.next.is_empty()
     }
 }
 
-/// Whether `me`, about to wait with a request of `kind` on each of `keys`
-/// (at the end of each queue), would close a cycle of waits back to itself.
-pub fn search<G: WaitGraph>(
-    me: &[u8],
+/// Where a search stands.
+enum Phase {
+    Walking,
+    /// A cycle was found; its edges `path[i] -> path[i + 1]` from `at` on
+    /// are checked against the graph as it is now.
+    Checking {
+        path: Vec<Owner>,
+        at: usize,
+    },
+    Done(Verdict),
+}
+
+/// A search for a cycle of waits through a new request, resumable: see the
+/// module's documentation.
+pub struct Search<K> {
+    me: Owner,
     kind: Kind,
-    keys: &[(G::Key, u64)],
-    graph: &mut G,
-) -> Search {
-    let mut walk = Walk {
-        me,
-        fwd: Side::new(),
-        back: Side::new(),
-        cycle: false,
-    };
-    // Who waits for `me` already: if nobody does, no wait can close a cycle.
-    walk.back.seen.insert(me.into());
-    walk.expand_back(graph, me);
-    if walk.back.next.is_empty() {
-        return Search::Clear;
-    }
-    for (key, end) in keys {
-        walk.expand(graph, me, key, *end, kind);
-    }
-    while !walk.cycle && !walk.fwd.next.is_empty() && !walk.back.next.is_empty() {
-        if walk.fwd.next.len() <= walk.back.next.len() {
-            if let Some(owner) = walk.fwd.next.pop_front() {
-                for (key, place, kind) in graph.requests_of(&owner) {
-                    walk.expand(graph, &owner, &key, place, kind);
-                }
-            }
-        } else if let Some(owner) = walk.back.next.pop_front() {
-            walk.expand_back(graph, &owner);
-        }
-    }
-    match walk.cycle {
-        true => Search::Cycle,
-        false => Search::Clear,
-    }
-}
-
-struct Walk<'m, K> {
-    me: &'m [u8],
+    keys: Vec<(K, u64)>,
     fwd: Side<K>,
     back: Side<K>,
-    cycle: bool,
+    /// Where the two sides met.
+    met: Option<Met>,
+    phase: Phase,
+    /// The graph may have changed since the walk read it: a cycle found is
+    /// checked before it is believed.
+    stale: bool,
+    restarts: u32,
 }
 
-impl<K: Clone + Eq + Hash> Walk<'_, K> {
-    /// `owner` is waited for by the new request, through others.
-    fn reach(&mut self, owner: Owner) {
+impl<K: Clone + Eq + Hash> Search<K> {
+    /// A search for `me`, about to wait with a request of `kind` on each of
+    /// `keys` (at the end of each queue, at the place given).
+    pub fn new(me: &[u8], kind: Kind, keys: &[(K, u64)]) -> Search<K> {
+        let mut search = Search {
+            me: me.into(),
+            kind,
+            keys: keys.to_vec(),
+            fwd: Side::new(),
+            back: Side::new(),
+            met: None,
+            phase: Phase::Walking,
+            stale: false,
+            restarts: 0,
+        };
+        search.start();
+        search
+    }
+
+    fn start(&mut self) {
+        self.fwd = Side::new();
+        self.back = Side::new();
+        self.met = None;
+        self.phase = Phase::Walking;
+        self.stale = false;
+        let me = self.me.clone();
+        // Who waits for `me` already: if nobody does, no wait can close a
+        // cycle (the backward side runs out at once).
+        self.back.seen.insert(me.clone());
+        self.back.tasks.push_back(Task::Keys {
+            owner: me.clone(),
+            after: None,
+        });
+        self.back.tasks.push_back(Task::Behind {
+            owner: me,
+            after: None,
+        });
+        self.fwd.tasks.push_back(Task::Start);
+    }
+
+    /// The graph may have changed since the last slice: what the walk
+    /// found from now on is checked before it is believed.
+    pub fn stale(&mut self) {
+        self.stale = true;
+    }
+
+    /// Whether the search gave up: every cycle it found was gone once
+    /// checked, [`RESTARTS`] times over (its verdict is then `Clear`).
+    pub fn gave_up(&self) -> bool {
+        self.restarts > RESTARTS
+    }
+
+    /// The verdict, once reached.
+    pub fn verdict(&self) -> Option<Verdict> {
+        match self.phase {
+            Phase::Done(v) => Some(v),
+            _ => None,
+        }
+    }
+
+    /// Goes on until a verdict or until `graph` says its time is up
+    /// (checked between steps; at least one step is taken).
+    pub fn run<G: WaitGraph<Key = K>>(&mut self, graph: &mut G) -> Option<Verdict> {
+        loop {
+            match &self.phase {
+                Phase::Done(v) => return Some(*v),
+                Phase::Walking => self.walk_step(graph),
+                Phase::Checking { .. } => self.check_step(graph),
+            }
+            if let Phase::Done(v) = self.phase {
+                return Some(v);
+            }
+            if graph.out_of_time() {
+                return None;
+            }
+        }
+    }
+
+    /// One step of the walk, on the side that did less so far.
+    fn walk_step<G: WaitGraph<Key = K>>(&mut self, graph: &mut G) {
+        if self.met.is_some() {
+            return self.found(graph);
+        }
+        // Forward side done: every owner the new request waits for was
+        // reached, and none was its own: no cycle.
+        if self.fwd.exhausted() {
+            self.phase = Phase::Done(Verdict::Clear);
+            return;
+        }
+        // Backward side done: everyone who waits for the new request's
+        // owner is seen, so a cycle needs one of them among the new
+        // request's own blockers: list those (the forward side's first
+        // tasks), nothing further.
+        let forward = match self.back.exhausted() {
+            true => match self.fwd.tasks.front() {
+                Some(task) if task.of(&self.me) => true,
+                _ => {
+                    self.phase = Phase::Done(Verdict::Clear);
+                    return;
+                }
+            },
+            false => self.fwd.work <= self.back.work,
+        };
+        let side = match forward {
+            true => &mut self.fwd,
+            false => &mut self.back,
+        };
+        side.work += 1;
+        let task = match side.tasks.pop_front() {
+            Some(task) => task,
+            None => match side.next.pop_front() {
+                Some(owner) if forward => Task::Requests { owner, after: None },
+                Some(owner) => {
+                    side.tasks.push_back(Task::Behind {
+                        owner: owner.clone(),
+                        after: None,
+                    });
+                    Task::Keys { owner, after: None }
+                }
+                None => return,
+            },
+        };
+        let listed = self.task(graph, task);
+        let side = match forward {
+            true => &mut self.fwd,
+            false => &mut self.back,
+        };
+        side.work += listed as u64;
+        if self.met.is_some() {
+            self.found(graph);
+        }
+    }
+
+    /// The sides met: a cycle, believed at once unless the graph may have
+    /// changed under the walk.
+    fn found<G: WaitGraph<Key = K>>(&mut self, graph: &mut G) {
+        match self.stale {
+            false => self.phase = Phase::Done(Verdict::Cycle),
+            true => {
+                let path = self.path();
+                graph.forget();
+                self.phase = Phase::Checking { path, at: 0 };
+            }
+        }
+    }
+
+    /// The cycle found: `me`, whom it waits for, ..., `me` again.
+    fn path(&self) -> Vec<Owner> {
+        let (mut path, mut at) = match &self.met {
+            Some(Met::Forward { by, at }) => {
+                let mut path = self.forward_chain(by);
+                path.push(at.clone());
+                (path, at.clone())
+            }
+            Some(Met::Backward { at, of }) => {
+                let mut path = self.forward_chain(at);
+                path.push(of.clone());
+                (path, of.clone())
+            }
+            None => return Vec::new(),
+        };
+        while *at != *self.me && path.len() <= self.back.parent.len() + self.fwd.parent.len() + 2 {
+            match self.back.parent.get(&at) {
+                Some(p) => {
+                    path.push(p.clone());
+                    at = p.clone();
+                }
+                None => break,
+            }
+        }
+        path
+    }
+
+    /// `me`, ..., `to`: the forward side's way from the new request to `to`.
+    fn forward_chain(&self, to: &Owner) -> Vec<Owner> {
+        let mut chain = vec![to.clone()];
+        let mut at = to.clone();
+        while *at != *self.me && chain.len() <= self.fwd.parent.len() + 1 {
+            match self.fwd.parent.get(&at) {
+                Some(p) => {
+                    chain.push(p.clone());
+                    at = p.clone();
+                }
+                None => break,
+            }
+        }
+        chain.reverse();
+        chain
+    }
+
+    /// Checks one edge of the cycle found against the graph as it is now.
+    fn check_step<G: WaitGraph<Key = K>>(&mut self, graph: &mut G) {
+        let Phase::Checking { path, at } = &mut self.phase else {
+            return;
+        };
+        let (Some(x), Some(y)) = (path.get(*at).cloned(), path.get(*at + 1).cloned()) else {
+            self.phase = Phase::Done(Verdict::Cycle);
+            return;
+        };
+        *at += 1;
+        if !waits_for(graph, &x, &y) {
+            self.restarts += 1;
+            match self.restarts > RESTARTS {
+                true => self.phase = Phase::Done(Verdict::Clear),
+                false => {
+                    graph.forget();
+                    self.start();
+                }
+            }
+        }
+    }
+
+    /// `owner` is waited for by the new request, through `by`.
+    fn reach(&mut self, owner: Owner, by: &Owner) {
+        if self.met.is_some() {
+            return;
+        }
         if *owner == *self.me || self.back.seen.contains(&owner) {
-            self.cycle = true;
+            self.met = Some(Met::Forward {
+                by: by.clone(),
+                at: owner,
+            });
         } else if self.fwd.seen.insert(owner.clone()) {
+            self.fwd.parent.insert(owner.clone(), by.clone());
             self.fwd.next.push_back(owner);
         }
     }
 
-    /// `owner` waits for the new request's owner, through others.
-    fn reach_back(&mut self, owner: Owner) {
+    /// `owner` waits for `of`, who waits for the new request's owner.
+    fn reach_back(&mut self, owner: Owner, of: &Owner) {
+        if self.met.is_some() {
+            return;
+        }
         if self.fwd.seen.contains(&owner) {
-            self.cycle = true;
+            self.met = Some(Met::Backward {
+                at: owner,
+                of: of.clone(),
+            });
         } else if self.back.seen.insert(owner.clone()) {
+            self.back.parent.insert(owner.clone(), of.clone());
             self.back.next.push_back(owner);
         }
     }
 
+    /// Does one task, a page at most; what is left of it goes back first
+    /// in line. Returns how many entries it listed.
+    fn task<G: WaitGraph<Key = K>>(&mut self, graph: &mut G, task: Task<K>) -> usize {
+        match task {
+            Task::Start => {
+                let me = self.me.clone();
+                for (key, end) in self.keys.clone() {
+                    self.expand(graph, &me, &key, end, self.kind);
+                }
+                self.keys.len()
+            }
+            Task::Requests { owner, after } => {
+                let (requests, more) = graph.requests_of(&owner, after, PAGE);
+                let n = requests.len();
+                for (key, place, kind) in requests {
+                    self.expand(graph, &owner, &key, place, kind);
+                }
+                if let Some(after) = more {
+                    self.fwd.tasks.push_front(Task::Requests {
+                        owner,
+                        after: Some(after),
+                    });
+                }
+                n
+            }
+            Task::Holders { key, owner } => {
+                let holders = graph.holders(&key);
+                let n = holders.len();
+                for h in holders {
+                    if *h != *owner {
+                        self.reach(h, &owner);
+                    }
+                }
+                n
+            }
+            Task::Queued {
+                key,
+                owner,
+                kind,
+                from,
+                to,
+            } => {
+                let page = graph.queued(&key, from, to, PAGE);
+                let n = page.len();
+                let last = page.last().map(|(place, _, _)| *place);
+                for (_, o, k) in page {
+                    let passes = kind == Kind::Read && k == Kind::Read;
+                    if !passes && *o != *owner {
+                        self.reach(o, &owner);
+                    }
+                }
+                if let (true, Some(last)) = (n == PAGE, last) {
+                    self.fwd.tasks.push_front(Task::Queued {
+                        key,
+                        owner,
+                        kind,
+                        from: last.saturating_add(1),
+                        to,
+                    });
+                }
+                n
+            }
+            Task::After {
+                key,
+                owner,
+                kind,
+                from,
+                to,
+            } => {
+                let page = graph.queued(&key, from, to, PAGE);
+                let n = page.len();
+                let last = page.last().map(|(place, _, _)| *place);
+                for (_, o, k) in page {
+                    let passes = kind == Kind::Read && k == Kind::Read;
+                    if !passes && *o != *owner && !graph.holds(&key, &o) {
+                        self.reach_back(o, &owner);
+                    }
+                }
+                if let (true, Some(last)) = (n == PAGE, last) {
+                    self.back.tasks.push_front(Task::After {
+                        key,
+                        owner,
+                        kind,
+                        from: last.saturating_add(1),
+                        to,
+                    });
+                }
+                n
+            }
+            Task::Keys { owner, after } => {
+                let keys = graph.waited_keys_held(&owner, after.as_ref(), PAGE);
+                let n = keys.len();
+                if n == PAGE {
+                    if let Some(last) = keys.last() {
+                        self.back.tasks.push_front(Task::Keys {
+                            owner: owner.clone(),
+                            after: Some(last.clone()),
+                        });
+                    }
+                }
+                for key in keys {
+                    if !graph.holds(&key, &owner) {
+                        continue;
+                    }
+                    let listed = self
+                        .back
+                        .listed
+                        .entry(key.clone())
+                        .or_insert_with(Listed::backward);
+                    if listed.holders {
+                        continue;
+                    }
+                    listed.holders = true;
+                    self.back.tasks.push_back(Task::Held {
+                        key,
+                        owner: owner.clone(),
+                        from: 0,
+                    });
+                }
+                n
+            }
+            Task::Held { key, owner, from } => {
+                let page = graph.queued(&key, from, u64::MAX, PAGE);
+                let n = page.len();
+                let last = page.last().map(|(place, _, _)| *place);
+                for (_, o, k) in page {
+                    if !graph.admits(&key, k) && !graph.holds(&key, &o) {
+                        self.reach_back(o, &owner);
+                    }
+                }
+                if let (true, Some(last)) = (n == PAGE, last) {
+                    self.back.tasks.push_front(Task::Held {
+                        key,
+                        owner,
+                        from: last.saturating_add(1),
+                    });
+                }
+                n
+            }
+            Task::Behind { owner, after } => {
+                let (requests, more) = graph.requests_of(&owner, after, PAGE);
+                let n = requests.len();
+                if let Some(after) = more {
+                    self.back.tasks.push_front(Task::Behind {
+                        owner: owner.clone(),
+                        after: Some(after),
+                    });
+                }
+                for (key, place, kind) in requests {
+                    let listed = self
+                        .back
+                        .listed
+                        .entry(key.clone())
+                        .or_insert_with(Listed::backward);
+                    let from = place.saturating_add(1);
+                    let to = match kind {
+                        Kind::Read => listed.writers.min(listed.all),
+                        _ => listed.all,
+                    };
+                    match kind {
+                        Kind::Read => listed.writers = listed.writers.min(from),
+                        _ => listed.all = listed.all.min(from),
+                    }
+                    if from < to {
+                        self.back.tasks.push_back(Task::After {
+                            key,
+                            owner: owner.clone(),
+                            kind,
+                            from,
+                            to,
+                        });
+                    }
+                }
+                n
+            }
+        }
+    }
+
     /// Lists what `owner`'s request of `kind` at `place` on `key` waits
-    /// for, skipping what this side listed there already.
+    /// for, skipping what the forward side listed there already.
     fn expand<G: WaitGraph<Key = K>>(
         &mut self,
         graph: &mut G,
-        owner: &[u8],
+        owner: &Owner,
         key: &K,
         place: u64,
         kind: Kind,
     ) {
-        if self.cycle || graph.holds(key, owner) {
+        if self.met.is_some() || graph.holds(key, owner) {
             return;
         }
         let listed = self
@@ -198,7 +707,7 @@ impl<K: Clone + Eq + Hash> Walk<'_, K> {
         // The new request's own listing skips its owner's requests queued
         // ahead: it leaves the places listed as they were, so that a later
         // listing there reaches its owner through them (a cycle).
-        if *owner != *self.me {
+        if **owner != *self.me {
             match kind {
                 Kind::Read => listed.writers = listed.writers.max(place),
                 _ => listed.all = listed.all.max(place),
@@ -206,74 +715,68 @@ impl<K: Clone + Eq + Hash> Walk<'_, K> {
         }
         if holders {
             listed.holders = true;
-            for h in graph.holders(key) {
-                if *h != *owner {
-                    self.reach(h);
-                }
-            }
+            self.fwd.tasks.push_back(Task::Holders {
+                key: key.clone(),
+                owner: owner.clone(),
+            });
         }
         if from < to {
-            for (o, k) in graph.queued(key, from, to) {
-                let passes = kind == Kind::Read && k == Kind::Read;
-                if !passes && *o != *owner {
-                    self.reach(o);
-                }
-            }
+            self.fwd.tasks.push_back(Task::Queued {
+                key: key.clone(),
+                owner: owner.clone(),
+                kind,
+                from,
+                to,
+            });
         }
     }
+}
 
-    /// Lists who waits for `owner`: the requests its keys do not admit
-    /// (those of owners not holding them), and those queued behind its own
-    /// requests that cannot pass them.
-    fn expand_back<G: WaitGraph<Key = K>>(&mut self, graph: &mut G, owner: &[u8]) {
-        for key in graph.waited_keys_held(owner) {
-            if self.cycle {
-                return;
-            }
-            if !graph.holds(&key, owner) {
-                continue;
-            }
-            let listed = self
-                .back
-                .listed
-                .entry(key.clone())
-                .or_insert_with(Listed::backward);
-            if listed.holders {
-                continue;
-            }
-            listed.holders = true;
-            for (o, k) in graph.queued(&key, 0, u64::MAX) {
-                if !graph.admits(&key, k) && !graph.holds(&key, &o) {
-                    self.reach_back(o);
-                }
+/// Whether `x` waits for `y` now: some waiting request of `x`, on a key
+/// `x` does not hold, is kept out by `y` holding the key or by a request of
+/// `y` queued ahead of it that it cannot pass. Reads every request of
+/// both (a check of one edge of a cycle found).
+fn waits_for<G: WaitGraph>(graph: &mut G, x: &[u8], y: &[u8]) -> bool {
+    let all = |graph: &mut G, owner: &[u8]| {
+        let mut out = Vec::new();
+        let mut after = None;
+        loop {
+            let (page, more) = graph.requests_of(owner, after, PAGE);
+            out.extend(page);
+            match more {
+                Some(m) => after = Some(m),
+                None => return out,
             }
         }
-        for (key, place, kind) in graph.requests_of(owner) {
-            if self.cycle {
-                return;
-            }
-            let listed = self
-                .back
-                .listed
-                .entry(key.clone())
-                .or_insert_with(Listed::backward);
-            let from = place.saturating_add(1);
-            let to = match kind {
-                Kind::Read => listed.writers.min(listed.all),
-                _ => listed.all,
-            };
-            match kind {
-                Kind::Read => listed.writers = listed.writers.min(from),
-                _ => listed.all = listed.all.min(from),
-            }
-            if from < to {
-                for (o, k) in graph.queued(&key, from, to) {
-                    let passes = kind == Kind::Read && k == Kind::Read;
-                    if !passes && *o != *owner && !graph.holds(&key, &o) {
-                        self.reach_back(o);
-                    }
-                }
-            }
+    };
+    let mine = all(graph, x);
+    let theirs = all(graph, y);
+    mine.into_iter().any(|(key, place, kind)| {
+        if graph.holds(&key, x) {
+            return false;
+        }
+        if graph.holds(&key, y) && !graph.admits(&key, kind) {
+            return true;
+        }
+        theirs.iter().any(|(k, p, their)| {
+            *k == key && *p < place && !(kind == Kind::Read && *their == Kind::Read)
+        })
+    })
+}
+
+/// Runs a whole search at once (no time limit): whether `me`, about to
+/// wait with a request of `kind` on each of `keys` (at the end of each
+/// queue), would close a cycle of waits back to itself.
+pub fn search<G: WaitGraph>(
+    me: &[u8],
+    kind: Kind,
+    keys: &[(G::Key, u64)],
+    graph: &mut G,
+) -> Verdict {
+    let mut search = Search::new(me, kind, keys);
+    loop {
+        if let Some(v) = search.run(graph) {
+            return v;
         }
     }
 }
@@ -334,31 +837,63 @@ mod tests {
         }
     }
 
+    /// An owner's requests: key, place, kind.
+    type Requested = Vec<(usize, u64, Kind)>;
+
     /// Locks and their queues, as the shell keeps them: the search's graph.
     struct State {
         locks: Vec<Lock>,
         queues: Vec<Queue<u32>>,
         now: u64,
+        /// Every step is a slice of its own (`Search::run` returns after
+        /// each): the resumable walk must reach the same verdicts.
+        slices: bool,
+        /// A queued request (key, id) that leaves when the search forgets
+        /// what it read: the graph changing under a sliced search.
+        change: Option<(usize, u32)>,
+        /// Each owner's requests (key, place, kind), made at first use.
+        by_owner: Option<HashMap<Owner, Requested>>,
     }
 
     impl WaitGraph for State {
         type Key = usize;
-        fn requests_of(&mut self, owner: &[u8]) -> Vec<(usize, u64, Kind)> {
-            let mut out = Vec::new();
-            for (k, q) in self.queues.iter().enumerate() {
-                for w in q.iter().filter(|w| *w.request.owner == *owner) {
-                    out.push((k, q.place(w.id).unwrap(), w.request.kind));
+        fn requests_of(
+            &mut self,
+            owner: &[u8],
+            after: Option<u64>,
+            limit: usize,
+        ) -> Requests<usize> {
+            if self.by_owner.is_none() {
+                let mut index: HashMap<Owner, Requested> = HashMap::new();
+                for (k, q) in self.queues.iter().enumerate() {
+                    for w in q.iter() {
+                        let at = (k, q.place(w.id).unwrap(), w.request.kind);
+                        index.entry(w.request.owner.clone()).or_default().push(at);
+                    }
                 }
+                self.by_owner = Some(index);
             }
-            out
+            let all = self.by_owner.as_ref().unwrap().get(owner);
+            let all = all.map_or(&[][..], |v| &v[..]);
+            let from = after.unwrap_or(0) as usize;
+            let page: Vec<_> = all.iter().skip(from).take(limit).cloned().collect();
+            let next = from + page.len();
+            (page, (next < all.len()).then_some(next as u64))
         }
         fn holds(&mut self, key: &usize, owner: &[u8]) -> bool {
             self.locks[*key].live(self.now).any(|h| *h.owner == *owner)
         }
-        fn waited_keys_held(&mut self, owner: &[u8]) -> Vec<usize> {
+        fn waited_keys_held(
+            &mut self,
+            owner: &[u8],
+            after: Option<&usize>,
+            limit: usize,
+        ) -> Vec<usize> {
             // Every key with a queue: a superset, as the trait allows.
-            (0..self.locks.len())
+            let from = after.map_or(0, |a| a + 1);
+            (from..self.locks.len())
                 .filter(|k| !self.queues[*k].is_empty() && self.holds(k, owner))
+                .take(limit)
                 .collect()
         }
         fn admits(&mut self, key: &usize, kind: Kind) -> bool {
@@ -370,11 +905,28 @@ mod tests {
                 .map(|h| Owner::from(h.owner))
                 .collect()
         }
-        fn queued(&mut self, key: &usize, from: u64, to: u64) -> Vec<(Owner, Kind)> {
+        fn queued(
+            &mut self,
+            key: &usize,
+            from: u64,
+            to: u64,
+            limit: usize,
+        ) -> Vec<(u64, Owner, Kind)> {
             self.queues[*key]
                 .between(from, to)
-                .map(|(_, w)| (w.request.owner.clone(), w.request.kind))
+                .take(limit)
+                .map(|(p, w)| (p, w.request.owner.clone(), w.request.kind))
                 .collect()
+        }
+        fn out_of_time(&mut self) -> bool {
+            self.slices
+        }
+        fn forget(&mut self) {
+            // A change made while a cycle found waits to be checked.
+            if let Some((key, id)) = self.change.take() {
+                self.queues[key].remove(id);
+                self.by_owner = None;
+            }
         }
     }
 
@@ -396,12 +948,15 @@ mod tests {
                 locks,
                 queues,
                 now: 1,
+                slices: false,
+                change: None,
+                by_owner: None,
             }
         }
 
         /// The definition, walked the naive way: every owner's blockers
         /// from `blockers` and `queued_blockers`, then reachability.
-        fn naive(&self, me: &Owner, kind: Kind, keys: &[usize]) -> Search {
+        fn naive(&self, me: &Owner, kind: Kind, keys: &[usize]) -> Verdict {
             let mut edges: HashMap<Owner, BTreeSet<Owner>> = HashMap::new();
             for (k, q) in self.queues.iter().enumerate() {
                 for w in q.iter() {
@@ -420,7 +975,7 @@ mod tests {
             let mut seen: HashSet<Owner> = reach.iter().cloned().collect();
             while let Some(x) = reach.pop() {
                 if x == *me {
-                    return Search::Cycle;
+                    return Verdict::Cycle;
                 }
                 for y in edges.get(&x).into_iter().flatten() {
                     if seen.insert(y.clone()) {
@@ -428,12 +983,26 @@ mod tests {
                     }
                 }
             }
-            Search::Clear
+            Verdict::Clear
         }
 
-        fn search(&mut self, me: &Owner, kind: Kind, keys: &[usize]) -> Search {
+        fn search(&mut self, me: &Owner, kind: Kind, keys: &[usize]) -> Verdict {
             let at: Vec<(usize, u64)> = keys.iter().map(|k| (*k, self.queues[*k].end())).collect();
-            search(me, kind, &at, self)
+            self.slices = false;
+            let whole = search(me, kind, &at, self);
+            // The same search a step at a time: the same verdict.
+            self.slices = true;
+            let mut sliced = Search::new(me, kind, &at);
+            let mut steps = 0u64;
+            let verdict = loop {
+                steps += 1;
+                if let Some(v) = sliced.run(self) {
+                    break v;
+                }
+            };
+            self.slices = false;
+            assert_eq!(whole, verdict, "sliced in {steps} steps");
+            whole
         }
     }
 
@@ -474,18 +1043,18 @@ mod tests {
             &[(1, 1, w), (2, 2, w)],
         );
         // o3 asking for k0 closes o3 -> o1 -> o2 -> o3.
-        assert_eq!(st.search(&o(3), w, &[0]), Search::Cycle);
+        assert_eq!(st.search(&o(3), w, &[0]), Verdict::Cycle);
         // o9, holding nothing, waits in a chain.
-        assert_eq!(st.search(&o(9), w, &[0]), Search::Clear);
+        assert_eq!(st.search(&o(9), w, &[0]), Verdict::Clear);
         // Behind a waiting writer of its own: o5's request queued ahead
         // keeps o4 waiting, who holds k2... through a queue, not a holder.
         let mut st = State::new(2, &[(0, 1, w), (1, 4, w)], &[(0, 5, w), (0, 4, w)]);
-        assert_eq!(st.search(&o(5), w, &[1]), Search::Cycle);
+        assert_eq!(st.search(&o(5), w, &[1]), Verdict::Cycle);
         // Readers pass readers: a reader behind a reader waits for nobody.
         let r = Kind::Read;
         let mut st = State::new(2, &[(0, 1, r), (1, 2, w)], &[(1, 1, w), (0, 3, r)]);
-        assert_eq!(st.search(&o(2), r, &[0]), Search::Clear);
-        assert_eq!(st.search(&o(2), w, &[0]), Search::Cycle);
+        assert_eq!(st.search(&o(2), r, &[0]), Verdict::Clear);
+        assert_eq!(st.search(&o(2), w, &[0]), Verdict::Cycle);
     }
 
     #[test]
@@ -501,7 +1070,7 @@ mod tests {
             held.search(&o(1), w, &[1, 0]),
             held.naive(&o(1), w, &[1, 0])
         );
-        assert_eq!(held.search(&o(1), w, &[1, 0]), Search::Cycle);
+        assert_eq!(held.search(&o(1), w, &[1, 0]), Verdict::Cycle);
     }
 
     fn kind_of(n: u8) -> Kind {
@@ -573,7 +1142,115 @@ mod tests {
         }
         let mut st = State::new(1_000, &held, &queued);
         // The bottom owner asking for the top key closes a cycle 1,000 long.
-        assert_eq!(st.search(&o(0), w, &[999]), Search::Cycle);
-        assert_eq!(st.search(&o(5_000), w, &[999]), Search::Clear);
+        assert_eq!(st.search(&o(0), w, &[999]), Verdict::Cycle);
+        assert_eq!(st.search(&o(5_000), w, &[999]), Verdict::Clear);
+    }
+
+    #[test]
+    fn a_cycle_gone_by_the_time_it_is_found_is_not_answered() {
+        let w = Kind::Acquire;
+        // k0 held by o1, who waits for k1, held by o2: o2 asking for k0
+        // closes a cycle.
+        let mut st = State::new(2, &[(0, 1, w), (1, 2, w)], &[(1, 1, w)]);
+        assert_eq!(st.search(&o(2), w, &[0]), Verdict::Cycle);
+        // The same search, sliced over a graph that changes: o1's request
+        // (waiter 0) leaves before the cycle is checked.
+        let at = [(0, st.queues[0].end())];
+        let mut search = Search::new(&o(2), w, &at);
+        search.stale();
+        st.change = Some((1, 0));
+        assert_eq!(search.run(&mut st), Some(Verdict::Clear));
+        assert_eq!(st.naive(&o(2), w, &[0]), Verdict::Clear);
+        // Unchanged, a stale search checks the cycle and believes it.
+        let mut st = State::new(2, &[(0, 1, w), (1, 2, w)], &[(1, 1, w)]);
+        let mut search = Search::new(&o(2), w, &at);
+        search.stale();
+        assert_eq!(search.run(&mut st), Some(Verdict::Cycle));
+    }
+
+    /// Steps a whole search takes when each step is its own slice.
+    fn steps(st: &mut State, me: &Owner, kind: Kind, keys: &[usize]) -> (Verdict, u64) {
+        let at: Vec<(usize, u64)> = keys.iter().map(|k| (*k, st.queues[*k].end())).collect();
+        st.slices = true;
+        let mut search = Search::new(me, kind, &at);
+        let mut n = 0;
+        let v = loop {
+            n += 1;
+            if let Some(v) = search.run(st) {
+                break v;
+            }
+        };
+        st.slices = false;
+        (v, n)
+    }
+
+    #[test]
+    fn a_reader_holding_keys_that_thousands_wait_on_is_answered_in_a_few_steps() {
+        // 20 readers hold each of 6 keys; 300 writers wait on all 6;
+        // reader 0 asks for key 6, held by someone who waits for nothing.
+        let (r, w) = (Kind::Read, Kind::Acquire);
+        let mut held: Vec<_> = (0..6)
+            .flat_map(|k| (0..20).map(move |o| (k, o, r)))
+            .collect();
+        held.push((6, 5_000, w));
+        let queued: Vec<_> = (0..300)
+            .flat_map(|o| (0..6).map(move |k| (k, 1_000 + o, w)))
+            .collect();
+        let mut st = State::new(7, &held, &queued);
+        let (verdict, n) = steps(&mut st, &o(0), w, &[6]);
+        assert_eq!(verdict, st.naive(&o(0), w, &[6]));
+        assert_eq!(verdict, Verdict::Clear);
+        // The holder's side runs out first: the 1,800 queued requests
+        // behind reader 0's keys (8 pages) are not all listed.
+        assert!(n < 8, "{n} steps");
+        // The same reader asking for a key one of the writers holds: a
+        // cycle, found however wide the fan.
+        st.locks.push(Lock::default());
+        st.queues.push(Queue::default());
+        let mut tokens = Tokens::starting_after(1_000_000);
+        let mut c = Changes::default();
+        st.locks[7].try_acquire(&req(w, &o(1_200)), false, 0, &mut tokens, &mut c);
+        let (verdict, _) = steps(&mut st, &o(0), w, &[7]);
+        assert_eq!(verdict, Verdict::Cycle);
+        assert_eq!(verdict, st.naive(&o(0), w, &[7]));
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(16))]
+        /// Wide shapes: many readers on many keys, many writers waiting on
+        /// several keys each, the requester a reader among them.
+        #[test]
+        fn search_is_reachability_on_wide_fans(
+            readers in 1u32..40,
+            writers in 1u32..60,
+            keys in 1usize..6,
+            per in 1usize..4,
+            me in 0u32..120,
+            ask in 0usize..7,
+            seed in any::<u64>(),
+        ) {
+            let mut x = seed | 1;
+            let mut next = move |n: u64| {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                x % n
+            };
+            let mut held: Vec<_> = (0..keys)
+                .flat_map(|k| (0..readers).map(move |o| (k, o, Kind::Read)))
+                .collect();
+            // Key `keys` is held by a writer who may wait too.
+            held.push((keys, 100 + next(writers as u64) as u32, Kind::Acquire));
+            let mut queued = Vec::new();
+            for wtr in 0..writers {
+                for _ in 0..per {
+                    queued.push((next(keys as u64 + 1) as usize, 100 + wtr, kind_of(next(3) as u8)));
+                }
+            }
+            let mut st = State::new(keys + 1, &held, &queued);
+            let ask = [ask.min(keys)];
+            let want = st.naive(&o(me), Kind::Acquire, &ask);
+            prop_assert_eq!(st.search(&o(me), Kind::Acquire, &ask), want);
+        }
     }
 }

@@ -213,6 +213,17 @@ pub enum Attempt {
     TooManyHolders(usize),
 }
 
+impl Attempt {
+    /// Whether a request with `WAIT` waits out this refusal in the queue:
+    /// held by others or others queued ahead ([`Attempt::Busy`]), or the
+    /// key at its holder limit ([`Attempt::TooManyHolders`], contract v4:
+    /// only a request without `WAIT` gets the limit's error). A queue's
+    /// head refused so keeps its place ([`crate::Queue::settle`]).
+    pub fn waits(self) -> bool {
+        matches!(self, Attempt::Busy | Attempt::TooManyHolders(_))
+    }
+}
+
 /// The default of [`max_holders`].
 pub const DEFAULT_MAX_HOLDERS: usize = 1000;
 
@@ -925,7 +936,8 @@ impl Lock {
     /// nobody queued ahead answers it, the lock purged at `now` first. Their
     /// owners are found through `index`, built on the second request and
     /// kept up to date here: granting `k` requests to a lock of `n` holders
-    /// costs time linear in `k + n`, not their product.
+    /// costs time linear in `k + n`, not their product. At most `max`
+    /// holders ([`max_holders`] in the shell).
     pub fn grant_in_turn(
         &mut self,
         req: Ask<'_>,
@@ -933,8 +945,8 @@ impl Lock {
         tokens: &mut Tokens,
         changes: &mut Changes,
         index: &mut HolderIndex,
+        max: usize,
     ) -> Attempt {
-        let max = max_holders();
         if !index.first_done {
             // Most settles grant one request: no index for it.
             index.first_done = true;
@@ -2109,7 +2121,14 @@ mod tests {
         let mut index = HolderIndex::default();
         let (mut ca, mut cb) = (Changes::default(), Changes::default());
         for r in &asks {
-            let a = lock.grant_in_turn(Ask::from(r), 5, &mut tokens, &mut ca, &mut index);
+            let a = lock.grant_in_turn(
+                Ask::from(r),
+                5,
+                &mut tokens,
+                &mut ca,
+                &mut index,
+                max_holders(),
+            );
             let b = plain.try_acquire(r, false, 5, &mut plain_tokens, &mut cb);
             assert_eq!(a, b);
         }

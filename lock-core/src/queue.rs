@@ -16,7 +16,7 @@
 use std::collections::{BTreeMap, HashMap};
 use std::hash::Hash;
 
-use crate::lock::{Ask, Attempt, Changes, HolderIndex, Lock, Request};
+use crate::lock::{max_holders, Ask, Attempt, Changes, HolderIndex, Lock, Request};
 use crate::tokens::Tokens;
 
 /// A waiting request, identified by the shell's waiter id `W`.
@@ -127,13 +127,28 @@ impl<W: Eq + Hash + Copy> Queue<W> {
 
     /// Grants from the head while the head can be granted, up to a
     /// multi-key part. Returns each answered waiter with its outcome, in
-    /// queue order; they have left the queue.
+    /// queue order; they have left the queue. A head refused for the holder
+    /// limit keeps its place, as a busy one does ([`Attempt::waits`]):
+    /// readers at the head are granted together up to the limit.
     pub fn settle(
         &mut self,
         lock: &mut Lock,
         now: u64,
         tokens: &mut Tokens,
         changes: &mut Changes,
+    ) -> Vec<(W, Attempt)> {
+        self.settle_within(lock, now, tokens, changes, max_holders())
+    }
+
+    /// [`Queue::settle`] with at most `max` holders (in place of
+    /// [`max_holders`]).
+    pub fn settle_within(
+        &mut self,
+        lock: &mut Lock,
+        now: u64,
+        tokens: &mut Tokens,
+        changes: &mut Changes,
+        max: usize,
     ) -> Vec<(W, Attempt)> {
         let mut answered = Vec::new();
         lock.purge(now, changes);
@@ -143,9 +158,9 @@ impl<W: Eq + Hash + Copy> Queue<W> {
             if waiter.part {
                 break;
             }
-            let attempt =
-                lock.grant_in_turn(Ask::from(&waiter.request), now, tokens, changes, &mut index);
-            if attempt == Attempt::Busy {
+            let ask = Ask::from(&waiter.request);
+            let attempt = lock.grant_in_turn(ask, now, tokens, changes, &mut index, max);
+            if attempt.waits() {
                 break;
             }
             let id = waiter.id;
@@ -244,5 +259,47 @@ mod tests {
         q.push(7, req(Kind::Acquire, "a"));
         let answered = q.settle(&mut lock, 1, &mut tokens, &mut c);
         assert_eq!(answered, vec![(7, Attempt::Conflict(Mode::Shared))]);
+    }
+
+    #[test]
+    fn readers_past_the_holder_limit_keep_their_place_until_a_holder_leaves() {
+        for kind in [Kind::Read, Kind::Semaphore(10)] {
+            let mut lock = Lock::default();
+            let mut tokens = Tokens::starting_after(0);
+            let mut c = Changes::default();
+            if kind == Kind::Read {
+                lock.try_acquire(&req(Kind::Acquire, "w0"), false, 0, &mut tokens, &mut c);
+            }
+            let mut q = Queue::default();
+            for i in 0..6 {
+                q.push(i, req(kind, &format!("r{i}")));
+            }
+            q.push(6, req(kind, "r6"));
+            lock.release(b"w0", None, 1, &mut c);
+            let answered = q.settle_within(&mut lock, 1, &mut tokens, &mut c, 3);
+            let ids: Vec<_> = answered.iter().map(|(id, _)| *id).collect();
+            assert_eq!(ids, [0, 1, 2], "{kind:?}: three granted together");
+            assert!(answered
+                .iter()
+                .all(|(_, a)| matches!(a, Attempt::Granted(_))));
+            assert_eq!(q.iter().map(|w| w.id).collect::<Vec<_>>(), [3, 4, 5, 6]);
+            assert!(q
+                .settle_within(&mut lock, 2, &mut tokens, &mut c, 3)
+                .is_empty());
+            // One holder leaves: the next one in turn, and only it.
+            lock.release(b"r1", None, 3, &mut c);
+            let answered = q.settle_within(&mut lock, 3, &mut tokens, &mut c, 3);
+            assert_eq!(answered.iter().map(|(id, _)| *id).collect::<Vec<_>>(), [3]);
+            assert_eq!(lock.holder_count(), 3);
+            // Two leases end (ttl 100; r3's a little later): the next two,
+            // in order, up to the limit; then the last.
+            let answered = q.settle_within(&mut lock, 101, &mut tokens, &mut c, 3);
+            assert_eq!(
+                answered.iter().map(|(id, _)| *id).collect::<Vec<_>>(),
+                [4, 5]
+            );
+            let answered = q.settle_within(&mut lock, 103, &mut tokens, &mut c, 3);
+            assert_eq!(answered.iter().map(|(id, _)| *id).collect::<Vec<_>>(), [6]);
+        }
     }
 }

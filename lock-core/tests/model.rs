@@ -49,6 +49,7 @@ fn core_matches_the_model_regression() {
     let start = Start {
         last_token: 0,
         now: 1_000_000,
+        max_holders: 1000,
     };
     check(
         start,

@@ -47,6 +47,7 @@ pub const GUARD: Spec = command! {
             token: Some(c"CALL"),
             optional: false,
             multiple: false,
+            since: None,
         },
         Arg::new(c"arg", ArgKind::String).many().optional(),
     ],

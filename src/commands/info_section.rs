@@ -47,7 +47,7 @@ extern "C" fn info(ctx: *mut raw::RedisModuleInfoCtx, for_crash_report: c_int) {
             add(mode.row().gauge, held.max(0));
         }
         let count = |n: usize| ffi::int(n);
-        let fields: [(&CStr, i64); 18] = [
+        let fields: [(&CStr, i64); 19] = [
             // Never blocks (INFO also runs while a crash report is written,
             // when a lock may be held): -1 when the count is not available.
             (c"waiters", waiting::total().map_or(-1, count)),
@@ -79,6 +79,10 @@ extern "C" fn info(ctx: *mut raw::RedisModuleInfoCtx, for_crash_report: c_int) {
             (
                 c"deadlock_searches_cut",
                 ffi::int(stats::DEADLOCK_SEARCHES_CUT.get()),
+            ),
+            (
+                c"deadlock_searches_sliced",
+                ffi::int(stats::DEADLOCK_SEARCHES_SLICED.get()),
             ),
             (
                 c"clock_steps_forward",

@@ -12,9 +12,10 @@ use crate::commands::args;
 use crate::redis::errors::{LockError, Unguardable};
 use crate::redis::ffi::{self, api, Argv, DbKey};
 use crate::redis::replies;
+use crate::redis::script_caller;
 use crate::redis::spec::{self, command, Access, Arg, ArgKind, Keys, Spec, DELETE, RO, UPDATE};
 use crate::state::bindings::{self, ClientId};
-use crate::state::deadlocks;
+use crate::state::deadlocks::{self, Check};
 use crate::state::keys::LockKey;
 use crate::state::stats;
 use crate::state::timers::{self, Keepalive};
@@ -168,7 +169,8 @@ fn macquire(ctx: &Context, args: Argv<'_>) -> RedisResult {
                 .map(|k| ffi::db_key(ctx, k.as_slice()))
                 .collect();
             let request = ask.to_request();
-            if deadlocks::would_deadlock(ctx, &keys, &request) {
+            let check = deadlocks::check(ctx, &keys, &request);
+            if let Check::Cycle = check {
                 return Err(LockError::Deadlock.into());
             }
             let now = clock::now_ms();
@@ -180,7 +182,11 @@ fn macquire(ctx: &Context, args: Argv<'_>) -> RedisResult {
                     .and_then(|l| l.live(now).map(|h| h.deadline).min());
                 waits.push((key, next_expiry));
             }
-            waiting::block_multi(ctx, waits, request, ms, bind)
+            let id = waiting::block_multi(ctx, waits, request, ms, bind)?;
+            if let Check::Unfinished(search) = check {
+                deadlocks::go_on_later(id, search);
+            }
+            Ok(RedisValue::NoReply)
         }
         _ => {
             stats::REFUSALS.incr();
@@ -240,15 +246,23 @@ fn answer_grant(
     next_expiry: Option<u64>,
     bind: Option<ClientId>,
 ) -> RedisResult {
+    // At the holder limit, a request with WAIT waits its turn like a busy
+    // one (v4); only one without WAIT gets the limit's error.
+    let waits = attempt.waits() && (attempt == Attempt::Busy || grant.wait.is_some());
     match attempt {
-        Attempt::Busy => match grant.wait {
+        _ if waits => match grant.wait {
             Some(ms) if waiting::can_block(ctx) => {
                 let key = ffi::db_key(ctx, grant.key.as_slice());
                 let request = grant.ask.to_request();
-                if deadlocks::would_deadlock(ctx, &[key], &request) {
+                let check = deadlocks::check(ctx, &[key], &request);
+                if let Check::Cycle = check {
                     return Err(LockError::Deadlock.into());
                 }
-                waiting::block(ctx, grant.key, request, ms, next_expiry, bind)
+                let id = waiting::block(ctx, grant.key, request, ms, next_expiry, bind)?;
+                if let Check::Unfinished(search) = check {
+                    deadlocks::go_on_later(id, search);
+                }
+                Ok(RedisValue::NoReply)
             }
             _ => {
                 stats::REFUSALS.incr();
@@ -263,6 +277,9 @@ fn answer_grant(
 /// connection running the transaction). A script or a function has no
 /// connection of its own to outlive: `BIND` there is an error.
 fn bound_connection(ctx: &Context) -> Result<ClientId, LockError> {
+    // A script may renew this connection's bound holders from now on: the
+    // script's caller is followed while anything is bound.
+    script_caller::follow(ctx.ctx, true);
     // Inside LOCK.GUARD: the guard's sender (the command's own client is a
     // temporary one).
     if spec::guarding() {
@@ -310,7 +327,23 @@ pub const KEEPALIVE: Spec = command! {
 /// (`transitions::keepalive_share`); inside MULTI/EXEC or a script, all at once.
 fn keepalive(ctx: &Context, args: Argv<'_>) -> RedisResult {
     let ttl = args::keepalive(args)?;
-    let Some(client) = api!(RedisModule_GetClientId(ctx.ctx)) else {
+    if bindings::count() == 0 {
+        return Ok(RedisValue::Integer(0));
+    }
+    // Inside LOCK.GUARD the command's own client is RedisModule_Call's: the
+    // holders renewed are those bound to the guard's sender. Inside a script
+    // or a function, those of the connection running it.
+    let client = if spec::guarding() {
+        spec::guard_caller()
+    } else if ctx.get_flags().contains(ContextFlags::LUA) {
+        if !script_caller::supported() {
+            return Err(LockError::KeepaliveInScript.into());
+        }
+        script_caller::caller()
+    } else {
+        api!(RedisModule_GetClientId(ctx.ctx))
+    };
+    let Some(client) = client else {
         return Ok(RedisValue::Integer(0));
     };
     let mut job = Keepalive {
@@ -388,9 +421,9 @@ pub const INFO: Spec = command! {
     keys: Keys::First(RO),
     arity: -2,
     since: c"0.1.0",
-    summary: c"Describes a lock: mode, holders ([owner, holds, ttl-ms-left, token] each) and waiters; with WAITERS, each waiter's owner and ms waited; nil when free.",
+    summary: c"Describes a lock: mode, holders ([owner, holds, ttl-ms-left, token] each) and waiters; with WAITERS, each waiter's owner and ms waited (also on a free key that requests wait for, mode free); nil when free.",
     complexity: c"O(R), R the holders; O(R+W) with WAITERS, W the waiters",
-    args: &[KEY, Arg::flag(c"waiters", c"WAITERS")],
+    args: &[KEY, Arg::flag(c"waiters", c"WAITERS").since(c"0.2.0")],
 };
 
 /// `LOCK.INFO key [WAITERS]`: read-only, so expired holders are hidden, not
@@ -409,7 +442,17 @@ fn info(ctx: &Context, args: Argv<'_>) -> RedisResult {
         Some(lock) if lock.is_held(now) => {
             let waiting =
                 list_waiters.then(|| waiting::waiting_on(&ffi::db_key(ctx, name.as_slice()), now));
-            reply_info(ctx, lock, now, waiting::waiters(ctx, name), waiting);
+            reply_info(ctx, Some(lock), now, waiting::waiters(ctx, name), waiting);
+            Ok(RedisValue::NoReply)
+        }
+        // Nobody holds it, and yet requests wait: multi-key requests that
+        // head no other request's way hold a free key for themselves (no
+        // later request overtakes them). With WAITERS, the queue is shown
+        // (`mode` `free`); without, the reply stays nil (the contract's
+        // "nil when free").
+        _ if list_waiters && waiting::has_waiters(ctx, name) => {
+            let waiting = waiting::waiting_on(&ffi::db_key(ctx, name.as_slice()), now);
+            reply_info(ctx, None, now, waiting.len(), Some(waiting));
             Ok(RedisValue::NoReply)
         }
         _ => Ok(RedisValue::Null),
@@ -421,7 +464,7 @@ fn info(ctx: &Context, args: Argv<'_>) -> RedisResult {
 /// that order.
 fn reply_info(
     ctx: &Context,
-    lock: &Lock,
+    lock: Option<&Lock>,
     now: u64,
     waiters: usize,
     waiting: Option<Vec<(Owner, u64)>>,
@@ -436,13 +479,13 @@ fn reply_info(
         ))
     };
     let len = |n: usize| c_long::try_from(n).unwrap_or(c_long::MAX);
-    let limit = lock.limit();
+    let limit = lock.and_then(Lock::limit);
     let fields = 3 + usize::from(limit.is_some()) + usize::from(waiting.is_some());
     api!(RedisModule_ReplyWithMap(c, len(fields)));
     bulk(b"mode");
-    bulk(lock.mode().name().as_bytes());
+    bulk(lock.map_or("free", |l| l.mode().name()).as_bytes());
     bulk(b"holders");
-    let live: Vec<_> = lock.live(now).collect();
+    let live: Vec<_> = lock.into_iter().flat_map(|l| l.live(now)).collect();
     api!(RedisModule_ReplyWithArray(c, len(live.len())));
     for h in live {
         api!(RedisModule_ReplyWithArray(c, 4));

@@ -8,6 +8,7 @@ use redis_module::{Context, ContextFlags, RedisResult, RedisValue};
 use crate::redis::config;
 use crate::redis::errors::LockError;
 use crate::redis::ffi::{self, Argv, DbKey, Str};
+use crate::redis::log;
 use crate::redis::spec::{command, Access, Arg, ArgKind, Keys, Spec, UPDATE};
 use crate::state::keys::LockKey;
 use crate::state::stats;
@@ -23,19 +24,16 @@ fn within_bounds(holder: &mut Holder, loading: bool) -> Result<(), LockError> {
     let now = clock::now_ms();
     if !Tokens::loadable(holder.token, now) {
         if loading {
-            stats::fixed_at_load(&format!(
-                "lock: dropped an AOF effect with a token no server can have issued ({})",
-                holder.token
-            ));
+            stats::fixed_at_load(&log::AOF_DROPPED, &holder.token.to_string());
         }
         return Err(LockError::BadState);
     }
     let (latest, limit) = config::deadline_bounds(now);
     if loading && holder.deadline > limit {
-        stats::fixed_at_load(&format!(
-            "lock: an AOF lease ended past lock.max-ttl ({}): now ending at {latest}",
-            holder.deadline
-        ));
+        stats::fixed_at_load(
+            &log::AOF_CLAMPED,
+            &format!("deadline {}, now ending at {latest}", holder.deadline),
+        );
         holder.deadline = latest;
     }
     Ok(())
@@ -65,11 +63,11 @@ pub const SYNC: Spec = command! {
     keys: Keys::First(UPDATE),
     arity: -4,
     since: c"0.1.0",
-    summary: c"Internal: applies one replicated lock effect (SET owner mode holds token deadline, or DROP owner). Accepted only from the master or the AOF.",
+    summary: c"Internal: applies one replicated lock effect (mode:holds:token:deadline[:limit] owner, or DROP owner; the 0.2 form SET owner mode holds token deadline [limit] still applies). Accepted only from the master or the AOF.",
     complexity: c"O(R), R the holders",
     args: &[
         Arg::new(c"key", ArgKind::Key),
-        Arg::new(c"effect", ArgKind::String),
+        Arg::new(c"effect", ArgKind::String).many(),
     ],
 };
 

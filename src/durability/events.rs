@@ -40,6 +40,7 @@ use crate::redis::config;
 use crate::redis::errors::LockError;
 use crate::redis::ffi::DbKey;
 use crate::redis::ffi::{self, api};
+use crate::redis::log;
 use crate::redis::replication;
 use crate::state::bindings;
 use crate::state::keys;
@@ -260,6 +261,19 @@ extern "C" fn on_loaded(
         let over = subevent == raw::REDISMODULE_SUBEVENT_LOADING_ENDED
             || subevent == raw::REDISMODULE_SUBEVENT_LOADING_FAILED;
         clock::loading(!over);
+        match subevent {
+            // DEBUG RELOAD / DEBUG LOADAOF: the server's own data is back,
+            // its connections open all along: so are their bindings.
+            raw::REDISMODULE_SUBEVENT_LOADING_ENDED => {
+                if bindings::reloaded() {
+                    waiting::connection_closed();
+                }
+            }
+            raw::REDISMODULE_SUBEVENT_LOADING_RDB_START
+            | raw::REDISMODULE_SUBEVENT_LOADING_AOF_START => {}
+            // A master's data (a full sync), or no data: bindings stay gone.
+            _ => bindings::drop_parked(),
+        }
         if subevent == raw::REDISMODULE_SUBEVENT_LOADING_ENDED {
             fencing::loaded(
                 replication::is_replica(),
@@ -308,7 +322,13 @@ extern "C" fn on_cron(
         // The start-up load, if any, is over: loads from now on are
         // reloads or full syncs (`fencing::loaded`).
         fencing::started();
+        // A flush of every database that no load of the server's own data
+        // followed (`bindings::flushed`): its bindings go now.
+        if !clock::is_loading() {
+            bindings::drop_parked();
+        }
         stats::follow_resetstat();
+        log::flush_throttled();
         // Several times a second, not on every command: a step is reported
         // within a cron period (and at every `INFO lock`); fencing never
         // depends on noticing it.
@@ -376,11 +396,10 @@ extern "C" fn on_client(
         // Its holders hold nothing from now on: the connection is marked
         // closed at once and every transaction on their keys ends them
         // first; the timer ends the rest, a share per tick.
-        let detached = bindings::detach_client(info.id);
-        if !detached.is_empty() {
+        if let Some(closed) = bindings::detach_client(info.id) {
             waiting::connection_closed();
+            timers::release_bound(closed);
         }
-        timers::release_bound(detached);
     })
 }
 

@@ -182,9 +182,10 @@ fn out_of_bounds(loaded: &mut Loaded, now: u64, loading: bool) -> Option<String>
         // Kept: dropping holders would let others in while they believe
         // they hold it. Every operation on it is linear; grants wait until
         // it is back under the limit.
-        stats::fixed_at_load(&format!(
-            "lock: a loaded lock has {holders} holders, past lock.max-holders ({max}): kept as it is"
-        ));
+        stats::fixed_at_load(
+            &log::LOAD_CROWDED,
+            &format!("{holders} holders, lock.max-holders is {max}"),
+        );
     }
     let (latest, limit) = config::deadline_bounds(now);
     if loaded.latest_deadline > limit {
@@ -197,9 +198,10 @@ fn out_of_bounds(loaded: &mut Loaded, now: u64, loading: bool) -> Option<String>
         let n = loaded.lock.clamp_deadlines(latest);
         loaded.latest_deadline = latest;
         loaded.sweep_at = loaded.lock.sweep_at();
-        stats::fixed_at_load(&format!(
-            "lock: {n} lease(s) of a loaded lock ended past lock.max-ttl: now ending at {latest}"
-        ));
+        stats::fixed_at_load(
+            &log::LOAD_CLAMPED,
+            &format!("{n} lease(s) of a lock now ending at {latest}"),
+        );
     }
     None
 }
@@ -253,21 +255,22 @@ fn load_lock(rdb: *mut raw::RedisModuleIO, encver: c_int) -> Option<Loaded> {
     };
     if !loading {
         // RESTORE: refused with an error, nothing changed.
-        log::warning(&format!("lock: refused a RESTORE payload: {why}"));
+        log::RESTORE_REFUSED.warn(&why);
         return None;
     }
-    stats::fixed_at_load(&format!(
-        "lock: dropped a loaded lock no server can have made ({why}); the rest of the load goes on"
-    ));
+    stats::fixed_at_load(&log::LOAD_DROPPED, &why);
     dropped(now)
 }
 
 unsafe extern "C" fn rdb_load(rdb: *mut raw::RedisModuleIO, encver: c_int) -> *mut c_void {
     guard("rdb_load", std::ptr::null_mut(), || {
         if !(1..=ENCODING_VERSION).contains(&encver) {
-            log::warning(&format!(
-                "lock: cannot load encoding version {encver} (this build reads 1 to {ENCODING_VERSION})"
-            ));
+            let why =
+                format!("encoding version {encver} (this build reads 1 to {ENCODING_VERSION})");
+            match clock::is_loading() {
+                true => log::warning(&format!("lock: cannot load {why}")),
+                false => log::RESTORE_REFUSED.warn(&why),
+            }
             return std::ptr::null_mut();
         }
         match load_lock(rdb, encver) {
@@ -427,9 +430,7 @@ unsafe extern "C" fn aux_load(rdb: *mut raw::RedisModuleIO, encver: c_int, when:
             saved
         } else {
             let clamped = Tokens::horizon(now);
-            stats::fixed_at_load(&format!(
-                "lock: a saved token counter no server can have reached ({saved}): taken as {clamped}"
-            ));
+            stats::fixed_at_load(&log::LOAD_COUNTER, &format!("{saved}, taken as {clamped}"));
             clamped
         };
         if fencing::starting() || replication::is_replica() {

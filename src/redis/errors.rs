@@ -41,6 +41,9 @@ pub enum LockError {
     TooManyHolders(usize),
     /// `BIND` where no connection of the caller's own can hold it.
     BindInScript,
+    /// `LOCK.KEEPALIVE` in a script on a server that cannot name the
+    /// connection running the script (Redis 7.0).
+    KeepaliveInScript,
     /// This server became a replica while the client waited.
     Replica,
     /// The awaited key moved to another node with its slot (cluster MIGRATE).
@@ -122,6 +125,10 @@ impl LockError {
             }
             LockError::BindInScript => {
                 "ERR BIND is not allowed in scripts and functions: they have no connection of their own"
+                    .into()
+            }
+            LockError::KeepaliveInScript => {
+                "ERR LOCK.KEEPALIVE in a script or function needs Redis 7.2 or later (this server cannot name the connection running the script): call it outside the script"
                     .into()
             }
             LockError::Replica => "READONLY You can't write against a read only replica.".into(),

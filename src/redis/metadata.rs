@@ -64,6 +64,7 @@ fn raw_args(args: &[Arg]) -> Vec<raw::RedisModuleCommandArg> {
             r.type_ = raw_kind(a.kind);
             r.key_spec_index = if a.kind == ArgKind::Key { 0 } else { -1 };
             r.token = a.token.map_or(std::ptr::null(), CStr::as_ptr);
+            r.since = a.since.map_or(std::ptr::null(), CStr::as_ptr);
             r.flags = if a.optional {
                 raw::REDISMODULE_CMD_ARG_OPTIONAL as c_int
             } else {

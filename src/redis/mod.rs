@@ -14,5 +14,6 @@ pub mod log;
 pub mod metadata;
 pub mod replication;
 pub mod replies;
+pub mod script_caller;
 pub mod shared;
 pub mod spec;

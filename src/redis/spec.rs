@@ -190,6 +190,9 @@ pub struct Arg {
     pub optional: bool,
     /// Repeated (`key [key ...]`).
     pub multiple: bool,
+    /// The version that added it to a command that existed before
+    /// (`COMMAND DOCS`' `since` of the argument).
+    pub since: Option<&'static CStr>,
 }
 
 /// An argument's type in `COMMAND DOCS`.
@@ -211,6 +214,7 @@ impl Arg {
             token: None,
             optional: false,
             multiple: false,
+            since: None,
         }
     }
 
@@ -222,6 +226,7 @@ impl Arg {
             token: Some(token),
             optional: true,
             multiple: false,
+            since: None,
         }
     }
 
@@ -233,6 +238,7 @@ impl Arg {
             token: Some(token),
             optional: true,
             multiple: false,
+            since: None,
         }
     }
 
@@ -248,6 +254,14 @@ impl Arg {
     pub const fn many(self) -> Arg {
         Arg {
             multiple: true,
+            ..self
+        }
+    }
+
+    /// Added in `version` to a command that existed before.
+    pub const fn since(self, version: &'static CStr) -> Arg {
+        Arg {
+            since: Some(version),
             ..self
         }
     }

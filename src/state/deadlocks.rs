@@ -12,36 +12,67 @@
 //! complete and linear in the wait graph (every cycle is found, however
 //! long; nothing is cut), and its cost is paid only by a request about to
 //! block.
+//!
+//! The search never holds the event loop for long, whatever graph clients
+//! built: the command runs it for at most [`SLICE`]; a search that needs
+//! more lets the request wait (it is queued as any other) and goes on over
+//! the next ticks ([`go_on`], at most [`SLICE`] a tick for all of them).
+//! When it finds a cycle then, the request leaves its queues and is
+//! answered `DEADLOCK`, state unchanged, as if it had been answered at
+//! once; a cycle found after the graph may have changed is checked edge by
+//! edge first (the core's `Search::stale`). A request granted, timed out or
+//! gone before its search ends needs no verdict: the search is dropped.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
+use std::sync::{LazyLock, Mutex};
+use std::time::{Duration, Instant};
 
 use redis_module::Context;
 
+use crate::redis::errors::LockError;
 use crate::redis::ffi::{self, DbKey, Str};
+use crate::redis::shared;
 use crate::state::bindings;
 use crate::state::keys::LockKey;
 use crate::state::stats;
-use crate::state::waiting;
+use crate::state::timers;
+use crate::state::waiting::{self, WaiterId};
 use crate::time::clock;
-use lock_core::deadlock::{self, Search, WaitGraph};
+use lock_core::deadlock::{Requests, Search, Verdict, WaitGraph};
 use lock_core::{Kind, Lock, Owner, Request};
 
-/// The server's waits as the core's search sees them.
+/// The longest a search runs in one turn of the event loop: in the
+/// command, and in a tick for every search going on together.
+pub const SLICE: Duration = Duration::from_micros(500);
+
+/// A key's lock as one search read it, with its live holders for O(1)
+/// look-ups (a key with 1,000 readers and 10,000 requests queued on it is
+/// asked about every one of them).
+struct Read {
+    lock: Lock,
+    holders: HashSet<Owner>,
+}
+
+/// The server's waits as the core's search sees them, during one slice.
 struct Waits<'a> {
     ctx: &'a Context,
     now: u64,
     /// Each key's lock as read once in this search (many requests wait on
     /// one key); empty when free or not a lock.
-    locks: HashMap<DbKey, Lock>,
+    reads: &'a mut HashMap<DbKey, Read>,
+    /// When this slice ends.
+    until: Instant,
 }
 
 impl Waits<'_> {
     /// `key`'s lock, read at its first use in this search.
-    fn lock(&mut self, key: &DbKey) -> &Lock {
+    fn read(&mut self, key: &DbKey) -> &Read {
         let (ctx, now) = (self.ctx, self.now);
-        self.locks
-            .entry(key.clone())
-            .or_insert_with(|| read(ctx, key, now))
+        self.reads.entry(key.clone()).or_insert_with(|| {
+            let lock = read(ctx, key, now);
+            let holders = lock.live(now).map(|h| Owner::from(h.owner)).collect();
+            Read { lock, holders }
+        })
     }
 }
 
@@ -64,60 +95,148 @@ fn read(ctx: &Context, key: &DbKey, now: u64) -> Lock {
 impl WaitGraph for Waits<'_> {
     type Key = DbKey;
 
-    fn requests_of(&mut self, owner: &[u8]) -> Vec<(DbKey, u64, Kind)> {
-        waiting::requests_of(owner)
+    fn requests_of(&mut self, owner: &[u8], after: Option<u64>, limit: usize) -> Requests<DbKey> {
+        waiting::requests_of(owner, after, limit)
     }
 
     fn holds(&mut self, key: &DbKey, owner: &[u8]) -> bool {
-        let now = self.now;
-        self.lock(key).live(now).any(|h| *h.owner == *owner)
+        self.read(key).holders.contains(owner)
     }
 
-    fn waited_keys_held(&mut self, owner: &[u8]) -> Vec<DbKey> {
-        waiting::waited_keys_held(owner)
+    fn waited_keys_held(
+        &mut self,
+        owner: &[u8],
+        after: Option<&DbKey>,
+        limit: usize,
+    ) -> Vec<DbKey> {
+        waiting::waited_keys_held(owner, after, limit)
     }
 
     fn admits(&mut self, key: &DbKey, kind: Kind) -> bool {
         let now = self.now;
-        self.lock(key).admits(kind, now)
+        self.read(key).lock.admits(kind, now)
     }
 
     fn holders(&mut self, key: &DbKey) -> Vec<Owner> {
-        let now = self.now;
-        self.lock(key)
-            .live(now)
-            .map(|h| Owner::from(h.owner))
-            .collect()
+        self.read(key).holders.iter().cloned().collect()
     }
 
-    fn queued(&mut self, key: &DbKey, from: u64, to: u64) -> Vec<(Owner, Kind)> {
-        waiting::queued(key, from, to)
+    fn queued(&mut self, key: &DbKey, from: u64, to: u64, limit: usize) -> Vec<(u64, Owner, Kind)> {
+        waiting::queued(key, from, to, limit)
+    }
+
+    fn out_of_time(&mut self) -> bool {
+        Instant::now() >= self.until
+    }
+
+    fn forget(&mut self) {
+        self.reads.clear();
     }
 }
 
+/// A search that goes on after its request started waiting.
+pub struct Unfinished {
+    search: Search<DbKey>,
+    reads: HashMap<DbKey, Read>,
+}
+
+/// What a search found in the command's slice.
+pub enum Check {
+    /// Waiting would close a cycle: answer `DEADLOCK` (counted).
+    Cycle,
+    /// No cycle: wait.
+    Clear,
+    /// Not done: wait, and hand it to [`go_on_later`] with the waiter.
+    Unfinished(Box<Unfinished>),
+}
+
 /// Whether `request`, about to wait on `keys`, would close a cycle of
-/// waits (answered `DEADLOCK`, counted in `INFO lock`).
-pub fn would_deadlock(ctx: &Context, keys: &[DbKey], request: &Request) -> bool {
+/// waits, as far as one slice tells.
+pub fn check(ctx: &Context, keys: &[DbKey], request: &Request) -> Check {
     if !waiting::may_be_waited_for(&request.owner) {
-        return false;
+        return Check::Clear;
     }
-    let mut waits = Waits {
-        ctx,
-        now: clock::now_ms(),
-        locks: HashMap::new(),
-    };
     let at: Vec<(DbKey, u64)> = keys
         .iter()
         .map(|k| (k.clone(), waiting::end_of(k)))
         .collect();
-    let verdict = ffi::keeping_db(ctx, || {
-        deadlock::search(&request.owner, request.kind, &at, &mut waits)
+    let mut unfinished = Box::new(Unfinished {
+        search: Search::new(&request.owner, request.kind, &at),
+        reads: HashMap::new(),
     });
-    match verdict {
-        Search::Cycle => {
+    match slice(ctx, &mut unfinished, Instant::now() + SLICE) {
+        Some(Verdict::Cycle) => {
             stats::DEADLOCKS.incr();
-            true
+            Check::Cycle
         }
-        Search::Clear => false,
+        Some(Verdict::Clear) => Check::Clear,
+        None => {
+            stats::DEADLOCK_SEARCHES_SLICED.incr();
+            Check::Unfinished(unfinished)
+        }
+    }
+}
+
+/// Runs one slice of a search, until `until`.
+fn slice(ctx: &Context, unfinished: &mut Unfinished, until: Instant) -> Option<Verdict> {
+    let Unfinished { search, reads } = unfinished;
+    let mut waits = Waits {
+        ctx,
+        now: clock::now_ms(),
+        reads,
+        until,
+    };
+    ffi::keeping_db(ctx, || search.run(&mut waits))
+}
+
+/// A search going on, with the waiter it is for.
+type GoingOn = (WaiterId, Box<Unfinished>);
+
+/// Searches going on.
+static GOING_ON: LazyLock<Mutex<Vec<GoingOn>>> = LazyLock::new(Mutex::default);
+
+/// Goes on with `unfinished` over the next ticks, for the waiter `id`.
+pub fn go_on_later(id: WaiterId, unfinished: Box<Unfinished>) {
+    shared::lock(&GOING_ON, |_| ()).push((id, unfinished));
+    timers::work_now();
+}
+
+/// A tick's share of the searches going on (at most [`SLICE`] for all of
+/// them, each in turn): a cycle found answers its waiter `DEADLOCK`.
+pub fn go_on(ctx: &Context) {
+    let mut going = std::mem::take(&mut *shared::lock(&GOING_ON, |_| ()));
+    if going.is_empty() {
+        return;
+    }
+    let until = Instant::now() + SLICE;
+    let mut left = Vec::with_capacity(going.len());
+    let mut turn = going.drain(..);
+    for (id, mut unfinished) in turn.by_ref() {
+        if !waiting::still_waits(id) {
+            continue;
+        }
+        // The graph may have changed since its last slice.
+        unfinished.search.stale();
+        match slice(ctx, &mut unfinished, until) {
+            Some(Verdict::Cycle) => {
+                if waiting::refuse(id, LockError::Deadlock) {
+                    stats::DEADLOCKS.incr();
+                }
+            }
+            Some(Verdict::Clear) => {
+                if unfinished.search.gave_up() {
+                    stats::DEADLOCK_SEARCHES_CUT.incr();
+                }
+            }
+            None => left.push((id, unfinished)),
+        }
+        if Instant::now() >= until {
+            break;
+        }
+    }
+    left.extend(turn);
+    if !left.is_empty() {
+        shared::lock(&GOING_ON, |_| ()).extend(left);
+        timers::work_now();
     }
 }

@@ -110,11 +110,12 @@ pub static WAIT_TIME: Histogram = Histogram::new();
 pub static HOLD_TIME: Histogram = Histogram::new();
 
 /// Every counter `CONFIG RESETSTAT` resets (the gauges are state, not stats).
-fn counters() -> [&'static Counter; 11] {
+fn counters() -> [&'static Counter; 12] {
     [
         &LOADED_STATE_FIXED,
         &DEADLOCKS,
         &DEADLOCK_SEARCHES_CUT,
+        &DEADLOCK_SEARCHES_SLICED,
         &GRANTS,
         &GRANTS_AFTER_WAIT,
         &REFUSALS,
@@ -139,9 +140,10 @@ static SERVER_STATS_SEEN: [AtomicU64; 2] = [AtomicU64::new(0), AtomicU64::new(0)
 /// reset can only be missed on a server so young that both stats climb back
 /// past their old values within that tick. `INFO lock`, the only reader of
 /// the counters, looks too, so a reset between two reads is always seen.
-/// A load took lock state in another form than its file's: logged, counted.
-pub fn fixed_at_load(what: &str) {
-    log::warning(what);
+/// A load took lock state in another form than its file's: logged (at most
+/// a line a second of each `kind`, with its count), counted.
+pub fn fixed_at_load(kind: &log::Throttled, detail: &str) {
+    kind.warn(detail);
     LOADED_STATE_FIXED.incr();
 }
 
@@ -203,8 +205,13 @@ pub static EXPIRED_LEASES: Counter = Counter::new();
 pub static RELEASES_ON_DISCONNECT: Counter = Counter::new();
 /// Requests answered `DEADLOCK` instead of waiting.
 pub static DEADLOCKS: Counter = Counter::new();
-/// Deadlock searches stopped at their limit (the request waited).
+/// Deadlock searches given up (the request waited as any other): each
+/// cycle they found was gone once checked, `lock_core::deadlock::RESTARTS`
+/// times over (the graph kept changing under them).
 pub static DEADLOCK_SEARCHES_CUT: Counter = Counter::new();
+/// Deadlock searches that needed more than one slice: their request waited
+/// while they went on over the next ticks.
+pub static DEADLOCK_SEARCHES_SLICED: Counter = Counter::new();
 /// RELEASE by an owner holding nothing (never held, expired, someone else's).
 pub static RELEASES_NOT_HELD: Counter = Counter::new();
 /// Lock state a load took in another form than the file's (a saved counter

@@ -53,7 +53,7 @@ struct Index {
     expired: Vec<(DbKey, usize)>,
     /// Keys that came due while this server was a replica.
     deferred: HashSet<DbKey>,
-    /// Grants bound to connections that closed, to end at the next ticks.
+    /// Connections that closed with bound grants, to end at the next ticks.
     released: VecDeque<Detached>,
     /// `LOCK.KEEPALIVE` calls with more left to renew than one share.
     keepalives: Vec<Keepalive>,
@@ -72,6 +72,8 @@ static MODULE_CTX: AtomicPtr<raw::RedisModuleCtx> = AtomicPtr::new(std::ptr::nul
 /// both, and on a server without shared locks or waiters takes nothing.
 static INDEXED: AtomicBool = AtomicBool::new(false);
 static EXPIRED: AtomicBool = AtomicBool::new(false);
+/// Work a tick must go on with at once (a deadlock search under way).
+static WORK: AtomicBool = AtomicBool::new(false);
 
 /// The index, locked; `INDEXED` and `EXPIRED` follow it when the lock is
 /// let go.
@@ -220,14 +222,19 @@ pub fn keepalive_later(job: Keepalive) {
     arm(&mut index, 0);
 }
 
+/// Some work goes on at the next tick, as soon as Redis has served its
+/// clients once (the handler sees to it: a deadlock search under way).
+pub fn work_now() {
+    WORK.store(true, Ordering::Relaxed);
+    arm(&mut index(), 0);
+}
+
 /// A connection closed: end the grants that were bound to it, over the next
-/// ticks (a connection may hold 100,000: no tick does more than its share).
-pub fn release_bound(grants: Vec<Detached>) {
-    if grants.is_empty() {
-        return;
-    }
+/// ticks (a connection may hold a million: no tick does more than its
+/// share of the turn).
+pub fn release_bound(closed: Detached) {
     let mut index = index();
-    index.released.extend(grants);
+    index.released.push_back(closed);
     arm(&mut index, 0);
 }
 
@@ -281,8 +288,10 @@ pub fn promoted() {
 /// than `not_before` (unix ms).
 fn arm(index: &mut Index, not_before: u64) {
     let first = index.by_time.first().map(|(at, _, _)| *at);
-    let now_too =
-        !index.expired.is_empty() || !index.released.is_empty() || !index.keepalives.is_empty();
+    let now_too = !index.expired.is_empty()
+        || !index.released.is_empty()
+        || !index.keepalives.is_empty()
+        || WORK.load(Ordering::Relaxed);
     let first = match (first, !now_too) {
         (first, true) => first,
         (Some(at), false) => Some(at.min(clock::now_ms())),
@@ -323,7 +332,8 @@ pub struct Due {
     pub visits: Vec<(DbKey, bool)>,
     /// Locks Redis removed after all their leases ran out, with the count.
     pub expired: Vec<(DbKey, usize)>,
-    /// Bound grants whose connection closed, within this tick's budget.
+    /// Connections that closed with bound grants: as many of their grants
+    /// as the tick's share of the turn allows are ended.
     pub released: Vec<Detached>,
     /// `LOCK.KEEPALIVE` calls under way: one share each this tick.
     pub keepalives: Vec<Keepalive>,
@@ -359,9 +369,8 @@ fn take_due(now: u64, replica: bool) -> Due {
         }
         visits.push((id, refresh));
     }
-    let budget = VISITS_PER_TICK.saturating_sub(visits.len());
-    let n = budget.min(index.released.len());
-    let released = index.released.drain(..n).collect();
+    WORK.store(false, Ordering::Relaxed);
+    let released = index.released.drain(..).collect();
     Due {
         replica,
         visits,

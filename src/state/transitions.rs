@@ -675,8 +675,9 @@ pub fn notify(ctx: &Context, event: &CStr, key: Str<'_>) {
     ));
 }
 
-/// The most event-loop time one share of a `LOCK.KEEPALIVE` takes.
-pub const KEEPALIVE_SHARE: Duration = Duration::from_millis(2);
+/// The most event-loop time one share of a `LOCK.KEEPALIVE` takes: a
+/// tick's share of the turn.
+pub const KEEPALIVE_SHARE: Duration = crate::time::clock::TURN;
 
 /// One share of a `LOCK.KEEPALIVE`: renews the holders bound to the job's
 /// connection after the last one it renewed, a page at a time, until all

@@ -9,17 +9,25 @@ use crate::redis::catch;
 use crate::redis::errors::LockError;
 use crate::redis::ffi::{self, DbKey, Str};
 use crate::state::bindings;
+use crate::state::deadlocks;
 use crate::state::timers::{self, Due};
 use crate::state::transitions;
 use crate::state::waiting;
+use crate::time::clock;
 
-/// One tick's work, its visits sharing the tick's share of timeouts.
+/// How many grants of a closed connection are ended between two looks at
+/// the clock.
+const RELEASED_PER_LOOK: usize = 32;
+
+/// One tick's work, within its share of the turn (`clock::turn`): what
+/// is left goes on at the next tick.
 pub fn tick(ctx: &Context, due: Due) {
-    waiting::in_tick(|| tick_work(ctx, due));
+    clock::turn(|| tick_work(ctx, due));
 }
 
 fn tick_work(ctx: &Context, due: Due) {
     let replica = due.replica;
+    catch::callback("a deadlock search's slice", (), || deadlocks::go_on(ctx));
     for (DbKey { db, name: key }, leases) in due.expired {
         catch::callback("announcing an expired lock", (), || {
             if ffi::select_db(ctx, db) {
@@ -27,21 +35,27 @@ fn tick_work(ctx: &Context, due: Due) {
             }
         });
     }
-    for b in due.released {
-        // A replica has no bindings (they are the master's); a demoted
-        // master's closed connections leave their holders to the lease.
-        // (Its binding goes, so nothing counts it as pending.)
-        if replica {
-            bindings::take_detached(&b);
-            continue;
-        }
-        catch::callback("releasing a bound grant", (), || {
-            // Still bound to the closed connection (not re-bound meanwhile).
-            if let Some(b) = bindings::take_detached(&b) {
-                waiting::add_revocation(b.key.clone(), b.owner, b.token, true);
-                visit(ctx, b.key.db, &b.key.name, false);
+    for closed in due.released {
+        let mut more = true;
+        while more && !clock::turn_over() {
+            let (page, left) = bindings::take_closed(&closed, RELEASED_PER_LOOK);
+            more = left;
+            // A replica has no bindings (they are the master's); a demoted
+            // master's closed connections leave their holders to the lease.
+            // (Their bindings go, so nothing counts them as pending.)
+            if replica {
+                continue;
             }
-        });
+            for b in page {
+                catch::callback("releasing a bound grant", (), || {
+                    waiting::add_revocation(b.key.clone(), b.owner, b.token, true);
+                    visit(ctx, b.key.db, &b.key.name, false);
+                });
+            }
+        }
+        if more {
+            timers::release_bound(closed);
+        }
     }
     for mut job in due.keepalives {
         catch::callback("a share of LOCK.KEEPALIVE", (), || {
@@ -55,7 +69,8 @@ fn tick_work(ctx: &Context, due: Due) {
             }
         });
     }
-    for (DbKey { db, name: key }, refresh) in due.visits {
+    let mut visits = due.visits.into_iter();
+    for (DbKey { db, name: key }, refresh) in visits.by_ref() {
         if replica {
             // Demoted while clients waited (a server that keeps them
             // blocked across the role change, as Valkey does): a replica
@@ -65,6 +80,18 @@ fn tick_work(ctx: &Context, due: Due) {
             catch::callback("a lock key's visit", (), || {
                 visit(ctx, db, &key, refresh);
             });
+        }
+        if clock::turn_over() {
+            break;
+        }
+    }
+    // The share of the turn is spent: the keys not visited are visited at
+    // the next tick.
+    let now = Some(clock::now_ms());
+    for (DbKey { db, name: key }, refresh) in visits {
+        match refresh {
+            true => timers::refresh(db, &key),
+            false => timers::schedule(db, &key, now),
         }
     }
 }

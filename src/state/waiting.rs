@@ -21,11 +21,12 @@
 //! granted). A grant whose client vanished before its reply is revoked.
 
 use std::collections::{BTreeSet, HashMap, HashSet};
+use std::ops::Bound;
 use std::os::raw::{c_int, c_void};
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{LazyLock, Mutex};
 
-use redis_module::{raw, Context, ContextFlags, RedisResult, RedisValue};
+use redis_module::{raw, Context, ContextFlags, RedisValue};
 
 use crate::redis::catch;
 use crate::redis::config;
@@ -39,6 +40,7 @@ use crate::state::keys::LockKey;
 use crate::state::stats;
 use crate::state::timers;
 use crate::state::txn::Txn;
+use lock_core::deadlock::Requests;
 use lock_core::{Attempt, Kind, Owner, Queue, Request};
 
 /// A blocked client's handle, unique while it is blocked.
@@ -85,8 +87,9 @@ struct Registry {
     queues: HashMap<DbKey, Queue<WaiterId>>,
     waiters: HashMap<WaiterId, Blocked>,
     revocations: HashMap<DbKey, Vec<Revocation>>,
-    /// Each owner's waiting requests (deadlock detection).
-    by_owner: HashMap<Owner, Vec<WaiterId>>,
+    /// Each owner's waiting requests (deadlock detection), in a stable
+    /// order a search can page through across turns.
+    by_owner: HashMap<Owner, BTreeSet<WaiterId>>,
     /// Multi-key requests that head a queue whose lock would admit them.
     ready: Vec<WaiterId>,
     /// Each queue's WAIT deadlines, earliest first: the waiters a visit
@@ -101,7 +104,7 @@ struct Registry {
     /// value put in place by other means (RESTORE, RENAME, MOVE, SWAPDB)
     /// makes its key `unsure` until its next transaction.
     key_holders: HashMap<DbKey, Vec<Owner>>,
-    holds_waited: HashMap<Owner, HashSet<DbKey>>,
+    holds_waited: HashMap<Owner, BTreeSet<DbKey>>,
     unsure: HashSet<DbKey>,
 }
 
@@ -123,7 +126,7 @@ impl Registry {
         self.by_owner
             .entry(blocked.request.owner.clone())
             .or_default()
-            .push(id);
+            .insert(id);
         self.waiters.insert(id, blocked);
     }
 
@@ -151,7 +154,7 @@ impl Registry {
             }
         }
         if let Some(ids) = self.by_owner.get_mut(&blocked.request.owner) {
-            ids.retain(|w| *w != id);
+            ids.remove(&id);
             if ids.is_empty() {
                 self.by_owner.remove(&blocked.request.owner);
             }
@@ -291,7 +294,7 @@ pub fn block(
     ms: u64,
     next_expiry: Option<u64>,
     bind: Option<ClientId>,
-) -> RedisResult {
+) -> Result<WaiterId, LockError> {
     let key = ffi::db_key(ctx, key.as_slice());
     block_on(ctx, vec![(key, next_expiry)], request, false, ms, bind)
 }
@@ -305,7 +308,7 @@ pub fn block_multi(
     request: Request,
     ms: u64,
     bind: Option<ClientId>,
-) -> RedisResult {
+) -> Result<WaiterId, LockError> {
     block_on(ctx, keys, request, true, ms, bind)
 }
 
@@ -316,13 +319,13 @@ fn block_on(
     multi: bool,
     ms: u64,
     bind: Option<ClientId>,
-) -> RedisResult {
+) -> Result<WaiterId, LockError> {
     {
         let registry = registry();
         let full =
             |k: &DbKey| registry.queues.get(k).map_or(0, Queue::len) >= config::max_waiters();
         if keys.iter().any(|(k, _)| full(k)) {
-            return Err(LockError::TooManyWaiters(config::MAX_WAITERS.get()).into());
+            return Err(LockError::TooManyWaiters(config::MAX_WAITERS.get()));
         }
     }
     let now = crate::time::clock::now_ms();
@@ -389,39 +392,28 @@ fn block_on(
         };
         timers::schedule_earlier(key.db, &key.name, visit);
     }
-    Ok(RedisValue::NoReply)
+    Ok(id)
 }
 
-/// The most waiters one transaction answers nil for their WAIT's end.
+/// The most waiters one command's transaction answers nil for their WAIT's
+/// end (a tick answers as many as its share of the turn allows,
+/// `clock::turn_over`): the rest stay due, and the key's next visit (at
+/// the next tick) answers them.
 const TIMEOUTS_PER_VISIT: usize = 32;
 
-/// The most waiters one tick of the timer answers nil for, all its visits
-/// together: a tick visits up to 200 keys, and 200 keys each with 32 WAITs
-/// ending together would otherwise be 6,400 clients for Redis to unblock
-/// after one event-loop turn. What is left stays due, and the keys'
-/// next visits (at the next tick, a millisecond later: Redis runs a module
-/// timer due now at its next turn, no sooner than 1 ms after the last)
-/// answer the next share. One key's storm is answered at the same pace as
-/// before (32 a tick); a lone timeout is never held back.
-const TIMEOUTS_PER_TICK: usize = 32;
+/// How many timeouts are answered between two looks at the clock in a
+/// tick.
+const TIMEOUTS_PER_LOOK: usize = 16;
 
-/// What is left of this tick's share of timeouts ([`TIMEOUTS_PER_TICK`]);
-/// `usize::MAX` outside a tick (a command's transaction answers up to
-/// [`TIMEOUTS_PER_VISIT`]).
-static TICK_TIMEOUTS: AtomicUsize = AtomicUsize::new(usize::MAX);
-
-/// Runs a tick of the timer: its visits share [`TIMEOUTS_PER_TICK`]; after
-/// it (a panic included), transactions answer their own share again.
-pub fn in_tick<T>(work: impl FnOnce() -> T) -> T {
-    struct Ends;
-    impl Drop for Ends {
-        fn drop(&mut self) {
-            TICK_TIMEOUTS.store(usize::MAX, Ordering::Relaxed);
+/// Drops a timeout entry whose waiter is gone (never expected: `take`
+/// removes both together).
+fn forget_timeout(registry: &mut Registry, key: &DbKey, id: WaiterId) {
+    if let Some(t) = registry.timeouts.get_mut(key) {
+        t.retain(|(_, w)| *w != id);
+        if t.is_empty() {
+            registry.timeouts.remove(key);
         }
     }
-    TICK_TIMEOUTS.store(TIMEOUTS_PER_TICK, Ordering::Relaxed);
-    let _ends = Ends;
-    work()
 }
 
 /// What a key's queue needs after [`answer_waiters`].
@@ -477,30 +469,37 @@ fn answer_queued(ctx: &Context, name: Str<'_>, txn: &mut Txn) -> Pending {
     if !registry.queues.contains_key(key) {
         return Pending::NONE;
     }
-    // At most a share of them per transaction: the rest stay due, and the
-    // key's next visit (at once) answers the next share, so that 10,000
-    // WAITs ending together never hold the event loop for all of them.
-    // Within a tick, at most what is left of the tick's share too.
-    let left_in_tick = TICK_TIMEOUTS.load(Ordering::Relaxed);
-    let timed_out: Vec<WaiterId> = registry
-        .timeouts
-        .get(key)
-        .into_iter()
-        .flat_map(|t| t.range(..=(txn.now, WaiterId::MAX)))
-        .map(|(_, id)| *id)
-        .take(TIMEOUTS_PER_VISIT.min(left_in_tick))
-        .collect();
-    if left_in_tick != usize::MAX {
-        TICK_TIMEOUTS.store(
-            left_in_tick.saturating_sub(timed_out.len()),
-            Ordering::Relaxed,
-        );
-    }
+    // In a command's transaction, at most a few; in a tick, as many as its
+    // share of the turn allows (10,000 WAITs ending together are answered
+    // over the next turns, each turn's share of work bounded, none late by
+    // more than those turns). The rest stay due: the key's next visit (at
+    // the next tick) answers them.
+    let in_turn = crate::time::clock::in_turn();
     let mut left = Vec::new();
-    for id in timed_out {
-        if let Some(waiter) = registry.take(id, &mut left) {
-            stats::WAIT_TIMEOUTS.incr();
-            unblock(waiter, Ok(Attempt::Busy), Vec::new());
+    let mut answered = 0;
+    loop {
+        if answered % TIMEOUTS_PER_LOOK == 0 && answered > 0 && crate::time::clock::turn_over() {
+            break;
+        }
+        if !in_turn && answered >= TIMEOUTS_PER_VISIT {
+            break;
+        }
+        let Some(id) = registry
+            .timeouts
+            .get(key)
+            .and_then(|t| t.range(..=(txn.now, WaiterId::MAX)).next())
+            .map(|(_, id)| *id)
+        else {
+            break;
+        };
+        answered += 1;
+        match registry.take(id, &mut left) {
+            Some(waiter) => {
+                stats::WAIT_TIMEOUTS.incr();
+                unblock(waiter, Ok(Attempt::Busy), Vec::new());
+            }
+            // Not a waiter any more: its entry goes all the same.
+            None => forget_timeout(&mut registry, key, id),
         }
     }
     let Registry { queues, .. } = &mut *registry;
@@ -658,44 +657,83 @@ pub fn answer(claimed: Claimed, outcome: Result<Vec<(DbKey, u64)>, LockError>) {
     }
 }
 
-/// Every request `owner` has waiting: its key, its place in that key's
-/// queue, what it asks (deadlock detection).
-pub fn requests_of(owner: &[u8]) -> Vec<(DbKey, u64, Kind)> {
+/// `owner`'s waiting requests after the waiter `after` (deadlock
+/// detection, a page at a time): each one's key, its place in that key's
+/// queue, what it asks; at least `limit` entries when that many are left
+/// (whole waiters: a multi-key request's keys all at once), and the waiter
+/// to go on after when more are left.
+pub fn requests_of(owner: &[u8], after: Option<u64>, limit: usize) -> Requests<DbKey> {
     let registry = registry();
     let Some(ids) = registry.by_owner.get(owner) else {
-        return Vec::new();
+        return (Vec::new(), None);
+    };
+    let from = match after.and_then(|a| WaiterId::try_from(a).ok()) {
+        Some(a) => Bound::Excluded(a),
+        None => Bound::Unbounded,
     };
     let mut out = Vec::new();
-    for id in ids {
-        let Some(w) = registry.waiters.get(id) else {
-            continue;
-        };
-        for key in &w.keys {
-            if let Some(place) = registry.queues.get(key).and_then(|q| q.place(*id)) {
-                out.push((key.clone(), place, w.request.kind));
+    let mut ids = ids.range((from, Bound::Unbounded)).peekable();
+    while let Some(id) = ids.next() {
+        if let Some(w) = registry.waiters.get(id) {
+            for key in &w.keys {
+                if let Some(place) = registry.queues.get(key).and_then(|q| q.place(*id)) {
+                    out.push((key.clone(), place, w.request.kind));
+                }
             }
         }
+        if out.len() >= limit && ids.peek().is_some() {
+            return (out, Some(*id as u64));
+        }
     }
-    out
+    (out, None)
 }
 
-/// The keys with a queue that `owner` held at their last transaction
-/// (deadlock detection checks each against the lock).
-pub fn waited_keys_held(owner: &[u8]) -> Vec<DbKey> {
-    registry()
-        .holds_waited
-        .get(owner)
-        .map_or_else(Vec::new, |keys| keys.iter().cloned().collect())
+/// The keys with a queue that `owner` held at their last transaction,
+/// after `after`, at most `limit` (deadlock detection checks each against
+/// the lock).
+pub fn waited_keys_held(owner: &[u8], after: Option<&DbKey>, limit: usize) -> Vec<DbKey> {
+    let registry = registry();
+    let Some(keys) = registry.holds_waited.get(owner) else {
+        return Vec::new();
+    };
+    let from = after.map_or(Bound::Unbounded, Bound::Excluded);
+    keys.range::<DbKey, _>((from, Bound::Unbounded))
+        .take(limit)
+        .cloned()
+        .collect()
 }
 
-/// The requests queued on `key` at places `from..to`: owner and kind.
-pub fn queued(key: &DbKey, from: u64, to: u64) -> Vec<(Owner, Kind)> {
+/// The requests queued on `key` at places `from..to`, at most `limit`:
+/// place, owner and kind.
+pub fn queued(key: &DbKey, from: u64, to: u64, limit: usize) -> Vec<(u64, Owner, Kind)> {
     let registry = registry();
     registry.queues.get(key).map_or_else(Vec::new, |q| {
         q.between(from, to)
-            .map(|(_, w)| (w.request.owner.clone(), w.request.kind))
+            .take(limit)
+            .map(|(place, w)| (place, w.request.owner.clone(), w.request.kind))
             .collect()
     })
+}
+
+/// Whether the waiter `id` still waits (not granted, timed out, gone).
+pub fn still_waits(id: WaiterId) -> bool {
+    registry().waiters.contains_key(&id)
+}
+
+/// Answers the waiter `id` with `error` and takes it out of every queue
+/// (a deadlock found after it started waiting): state unchanged, but the
+/// requests behind it may now be granted, so its keys are visited.
+pub fn refuse(id: WaiterId, error: LockError) -> bool {
+    let mut left = Vec::new();
+    let Some(waiter) = registry().take(id, &mut left) else {
+        return false;
+    };
+    unblock(waiter, Err(error), Vec::new());
+    let now = Some(crate::time::clock::now_ms());
+    for key in left {
+        timers::schedule(key.db, &key.name, now);
+    }
+    true
 }
 
 /// Where a request joining `key`'s queue now would stand.

@@ -108,3 +108,46 @@ pub fn check_steps(now: u64) {
         ));
     }
 }
+
+/// The module's share of one turn of the event loop (a tick of its timer):
+/// the work a tick does (visits, timeouts answered, deadlock searches going
+/// on) stops when it is spent, and what is left goes on at the next tick,
+/// after Redis has served its clients once.
+pub const TURN: std::time::Duration = std::time::Duration::from_micros(800);
+
+/// When the current tick's share ends, in nanoseconds after [`monotonic`]'s
+/// origin; `u64::MAX` outside a tick.
+static TURN_ENDS: AtomicU64 = AtomicU64::new(u64::MAX);
+
+/// Nanoseconds on the monotonic clock since the first call.
+fn monotonic() -> u64 {
+    static ORIGIN: OnceLock<Instant> = OnceLock::new();
+    let origin = *ORIGIN.get_or_init(Instant::now);
+    u64::try_from(origin.elapsed().as_nanos()).unwrap_or(u64::MAX)
+}
+
+/// Runs a tick's work with its share of the turn ([`TURN`]); after it (a
+/// panic included), nothing is in a tick.
+pub fn turn<T>(work: impl FnOnce() -> T) -> T {
+    struct Ends;
+    impl Drop for Ends {
+        fn drop(&mut self) {
+            TURN_ENDS.store(u64::MAX, Ordering::Relaxed);
+        }
+    }
+    let share = u64::try_from(TURN.as_nanos()).unwrap_or(u64::MAX);
+    TURN_ENDS.store(monotonic().saturating_add(share), Ordering::Relaxed);
+    let _ends = Ends;
+    work()
+}
+
+/// Whether the code runs in a tick ([`turn`]).
+pub fn in_turn() -> bool {
+    TURN_ENDS.load(Ordering::Relaxed) != u64::MAX
+}
+
+/// Whether the tick's share of the turn is spent (never outside a tick).
+pub fn turn_over() -> bool {
+    let ends = TURN_ENDS.load(Ordering::Relaxed);
+    ends != u64::MAX && monotonic() >= ends
+}

@@ -46,6 +46,13 @@ pub fn fenced_blocks(texts: &[(&str, &str)], lang: &str) -> Vec<(String, String)
 /// and increasing; other integers of 4 digits or more are remaining times,
 /// within 5 s of the transcript's; everything else is compared exactly.
 pub fn replay_cli_transcript(text: &str) {
+    let s = super::server::Server::start();
+    replay_cli_transcript_on(s.port, text);
+}
+
+/// [`replay_cli_transcript`] against the server listening on `port` (one
+/// started as the docs start it).
+pub fn replay_cli_transcript_on(port: u16, text: &str) {
     const PROMPT: &str = "127.0.0.1:6379> ";
     let mut steps: Vec<(&str, Vec<&str>)> = Vec::new();
     for line in text.lines() {
@@ -55,7 +62,6 @@ pub fn replay_cli_transcript(text: &str) {
             (None, None) => panic!("output before any command: {line:?}"),
         }
     }
-    let s = super::server::Server::start();
     // (the transcript's, the actual)
     let mut tokens: Vec<(i64, i64)> = Vec::new();
     for (cmd, expected) in steps {
@@ -63,7 +69,7 @@ pub fn replay_cli_transcript(text: &str) {
         for (w, h) in &tokens {
             sent = sent.replace(&w.to_string(), &h.to_string());
         }
-        let got = redis_cli(s.port, &sent);
+        let got = redis_cli(port, &sent);
         let got: Vec<&str> = got.lines().collect();
         let show = || format!("{cmd}\n--- expected ---\n{expected:#?}\n--- got ---\n{got:#?}");
         assert_eq!(got.len(), expected.len(), "line count\n{}", show());

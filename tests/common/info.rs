@@ -133,3 +133,11 @@ pub fn assert_same_lock(a: &Option<LockInfo>, b: &Option<LockInfo>, ttl_slack: i
         _ => panic!("{what}: {a:?} vs {b:?}"),
     }
 }
+
+/// `major.minor` of the server (Valkey reports its Redis compatibility version
+/// as `redis_version`, 7.2.4).
+pub fn server_version(c: &mut Conn) -> (u32, u32) {
+    let v = c.info_field("server", "redis_version");
+    let mut it = v.split('.').map(|p| p.parse::<u32>().unwrap_or(0));
+    (it.next().unwrap_or(0), it.next().unwrap_or(0))
+}

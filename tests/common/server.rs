@@ -19,7 +19,8 @@ pub fn module_path() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("target/debug/libredis_lock.so")
 }
 
-fn server_binary() -> PathBuf {
+/// `REDIS_SERVER`, else `redis-server` from `PATH`.
+pub fn server_binary() -> PathBuf {
     std::env::var_os("REDIS_SERVER")
         .map(PathBuf::from)
         .unwrap_or_else(|| PathBuf::from("redis-server"))

@@ -340,3 +340,108 @@ fn memory_usage_and_info_count_the_bindings() {
     assert_eq!(a.release("bound", "owner-1").int(), 1);
     assert_eq!(stat(&mut a, "bindings_memory"), 0);
 }
+
+/// Issue 38.3: inside a script or a function, `LOCK.KEEPALIVE` renews the
+/// holders bound to the connection running it (inside MULTI too: the
+/// script runs at EXEC); another connection's script renews none. Redis 7.0
+/// cannot name that connection to a module: there it is an error reply, not
+/// a silent 0.
+#[test]
+fn keepalive_in_a_script_renews_the_callers_bound_holders() {
+    let s = Server::start();
+    let mut a = s.conn();
+    let mut b = s.conn();
+    let script = "return redis.call('LOCK.KEEPALIVE', ARGV[1])";
+    // Nothing bound anywhere: 0 on every server.
+    assert_eq!(b.cmd(&["EVAL", script, "0", "1000"]).int(), 0);
+    assert!(a.cmd(&["LOCK.ACQUIRE", "s", "o", "5000", "BIND"]).int() > 0);
+    let left = |b: &mut Conn| b.lock_info("s").unwrap().holder("o").ttl;
+    if server_version(&mut a) < (7, 2) {
+        let r = a.cmd(&["EVAL", script, "0", "600000"]);
+        assert!(
+            matches!(&r, Reply::Error(e) if e.starts_with("ERR LOCK.KEEPALIVE in a script")),
+            "{r:?}"
+        );
+        assert!(left(&mut b) <= 5_000);
+        return;
+    }
+    assert_eq!(a.cmd(&["EVAL", script, "0", "600000"]).int(), 1);
+    assert!(left(&mut b) > 500_000);
+    assert_eq!(b.cmd(&["EVAL", script, "0", "900000"]).int(), 0);
+    assert!(left(&mut b) <= 600_000);
+    a.cmd(&["MULTI"]).ok();
+    a.cmd(&["EVAL", script, "0", "700000"]);
+    let exec = a.cmd(&["EXEC"]);
+    assert_eq!(exec.array()[0].clone().int(), 1, "{exec:?}");
+    assert!(left(&mut b) > 600_000);
+    let lib = "#!lua name=ka\nredis.register_function('ka', function(keys, args) return redis.call('LOCK.KEEPALIVE', args[1]) end)";
+    b.cmd(&["FUNCTION", "LOAD", lib]);
+    assert_eq!(a.cmd(&["FCALL", "ka", "0", "800000"]).int(), 1);
+    assert!(left(&mut b) > 700_000);
+}
+
+/// `DEBUG RELOAD` (and `DEBUG LOADAOF`) load the server's own data back
+/// while every connection stays open: the bindings stay too (KEEPALIVE
+/// renews them, the close frees them). A `FLUSHALL` drops them, even when a
+/// reload follows at once.
+#[test]
+fn bindings_survive_debug_reload_and_loadaof_and_go_with_flushall() {
+    let s = Server::builder().config("appendonly yes").start();
+    let mut a = s.conn();
+    let t1 = token(a.cmd(&["LOCK.ACQUIRE", "k1", "a", "60000", "BIND"]));
+    token(a.cmd(&["LOCK.READ", "k2", "a", "60000", "BIND"]));
+    let mut c = s.conn();
+    for reload in [["DEBUG", "RELOAD"], ["DEBUG", "LOADAOF"]] {
+        assert!(c.cmd(&reload).is("OK"), "{reload:?}");
+        assert_eq!(stat(&mut c, "bound_holders"), 2, "after {reload:?}");
+        assert_eq!(c.lock_info("k1").unwrap().holders[0].token, t1);
+        assert_eq!(a.cmd(&["LOCK.KEEPALIVE", "50000"]).int(), 2, "{reload:?}");
+    }
+    // A closed connection's holders are still ended after a reload.
+    let mut b = s.conn();
+    token(b.cmd(&["LOCK.ACQUIRE", "k3", "b", "60000", "BIND"]));
+    let id = b.cmd(&["CLIENT", "ID"]).int();
+    let mut pipe = s.conn();
+    pipe.push(&[b"CLIENT", b"KILL", b"ID", id.to_string().as_bytes()]);
+    pipe.push(&[b"DEBUG", b"RELOAD"]);
+    pipe.flush().unwrap();
+    assert_eq!(pipe.read_reply().unwrap().int(), 1);
+    assert!(pipe.read_reply().unwrap().is("OK"));
+    freed(
+        &mut c,
+        "k3",
+        "k3 freed by its connection's close across DEBUG RELOAD",
+    );
+    drop(a);
+    freed(
+        &mut c,
+        "k1",
+        "k1 freed by its connection's close after DEBUG RELOAD",
+    );
+    freed(
+        &mut c,
+        "k2",
+        "k2 freed by its connection's close after DEBUG RELOAD",
+    );
+    assert_eq!(stat(&mut c, "releases_on_disconnect"), 3);
+    assert_eq!(stat(&mut c, "bound_holders"), 0);
+
+    // FLUSHALL, then at once a reload: the flushed bindings stay gone.
+    let mut d = s.conn();
+    token(d.cmd(&["LOCK.ACQUIRE", "k4", "d", "60000", "BIND"]));
+    d.push(&[b"FLUSHALL"]);
+    d.push(&[b"LOCK.ACQUIRE", b"k4", b"d", b"60000"]);
+    d.push(&[b"DEBUG", b"RELOAD"]);
+    d.flush().unwrap();
+    assert!(d.read_reply().unwrap().is("OK"));
+    let t4 = token(d.read_reply().unwrap());
+    assert!(d.read_reply().unwrap().is("OK"));
+    assert_eq!(stat(&mut c, "bound_holders"), 0);
+    assert_eq!(d.cmd(&["LOCK.KEEPALIVE", "50000"]).int(), 0);
+    let id = d.cmd(&["CLIENT", "ID"]).int();
+    assert_eq!(c.cmd(&["CLIENT", "KILL", "ID", &id.to_string()]).int(), 1);
+    let info = c
+        .lock_info("k4")
+        .expect("an unbound grant outlives its connection");
+    assert_eq!(info.holders[0].token, t4);
+}

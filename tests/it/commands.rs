@@ -876,3 +876,29 @@ fn lock_info_waiters_is_zero_without_waiters() {
         "a refusal without WAIT does not queue"
     );
 }
+
+/// `MIGRATE` to another server outside a cluster (docs/commands.md, "Keys
+/// and other commands"): the lock moves with its holder and token, and is
+/// gone here as after `DEL`, so a client waiting here is granted it here.
+#[test]
+fn standalone_migrate_moves_the_holder_and_frees_the_key_here() {
+    let source = Server::start();
+    let target = Server::start();
+    let mut c = source.conn();
+    let t = token(c.acquire("m", "holder", 60000));
+    let mut w = source.conn();
+    w.send(&["LOCK.ACQUIRE", "m", "waiter", "60000", "WAIT", "10000"])
+        .unwrap();
+    w.set_timeout(std::time::Duration::from_secs(8));
+    wait_until(std::time::Duration::from_secs(5), "the waiter", || {
+        c.lock_info("m").is_some_and(|i| i.waiters == 1)
+    });
+    let port = target.port.to_string();
+    let r = c.cmd(&["MIGRATE", "127.0.0.1", &port, "m", "0", "5000"]);
+    assert!(r.is("OK"), "MIGRATE: {r:?}");
+    let granted = token(w.read_reply().expect("the waiter's answer"));
+    assert!(granted > t, "a new grant here, above the moved one's token");
+    assert_eq!(info(&mut c, "m").holder("waiter").token, granted);
+    let mut there = target.conn();
+    assert_eq!(info(&mut there, "m").holder("holder").token, t);
+}

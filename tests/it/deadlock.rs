@@ -197,3 +197,131 @@ fn a_cycle_a_thousand_owners_long_is_found_at_once() {
     assert!(r.is_nil(), "{r:?}");
     assert_eq!(stat(&mut c, "deadlocks"), 1);
 }
+
+/// Issue 38: a search too long for one turn of the event loop lets its
+/// request wait while it goes on over the next ticks, then answers
+/// `DEADLOCK` and changes nothing. A chain of 3,000 owners closed by the
+/// bottom one walks 3,000 steps (slices of 0.5 ms: several turns in a debug
+/// build); meanwhile the closing request waits in the queue like any other.
+#[test]
+fn a_search_longer_than_a_turn_waits_then_answers_deadlock() {
+    let s = Server::start();
+    let mut c = s.conn();
+    const N: usize = 3_000;
+    let mut keys = Vec::new();
+    for i in 0..N {
+        keys.push(format!("k{i}"));
+    }
+    // One connection grants every holder (holders need no connection).
+    for (i, k) in keys.iter().enumerate() {
+        let owner = format!("o{i}");
+        c.push(&[b"LOCK.ACQUIRE", k.as_bytes(), owner.as_bytes(), b"600000"]);
+    }
+    c.flush().unwrap();
+    for _ in 0..N {
+        token(c.read_reply().unwrap());
+    }
+    let mut chain = Vec::new();
+    for i in 1..N {
+        let mut w = s.conn();
+        w.send(&[
+            "LOCK.ACQUIRE",
+            &keys[i - 1],
+            &format!("o{i}"),
+            "600000",
+            "WAIT",
+            "0",
+        ])
+        .unwrap();
+        chain.push(w);
+    }
+    wait_until(Duration::from_secs(60), "the chain to queue", || {
+        stat(&mut c, "waiters") == (N - 1) as i64
+    });
+    let before = stat(&mut c, "deadlock_searches_sliced");
+    let mut closing = s.conn();
+    closing.set_timeout(Duration::from_secs(30));
+    let r = closing.cmd(&["LOCK.ACQUIRE", &keys[N - 1], "o0", "600000", "WAIT", "0"]);
+    assert!(is_deadlock(&r), "the closing request: {r:?}");
+    assert!(
+        stat(&mut c, "deadlock_searches_sliced") > before,
+        "the search went on over several turns"
+    );
+    // Nothing changed: o0 still holds k0, everyone else still waits, the
+    // closing request left the queue it waited in.
+    assert_eq!(stat(&mut c, "waiters"), (N - 1) as i64);
+    assert_eq!(stat(&mut c, "deadlocks"), 1);
+    assert!(c.lock_info("k0").unwrap().holder("o0").token > 0);
+    assert_eq!(c.lock_info(&keys[N - 1]).unwrap().waiters, 0);
+    // A request in the middle of the chain that closes no cycle waits, and
+    // its WAIT ends in nil.
+    let r = closing.cmd(&[
+        "LOCK.ACQUIRE",
+        &keys[N / 2],
+        "fresh",
+        "600000",
+        "WAIT",
+        "200",
+    ]);
+    assert!(r.is_nil(), "{r:?}");
+    assert_eq!(stat(&mut c, "deadlocks"), 1);
+}
+
+/// Issue 38's fan: readers holding many keys that many writers wait on
+/// all at once (`LOCK.MACQUIRE`). A reader asking for a key whose holder
+/// waits for nothing waits (no cycle) without listing the writers; a reader
+/// asking for a key one of the waiting writers holds closes a cycle, found
+/// however wide the fan, and answered `DEADLOCK` with nothing changed.
+#[test]
+fn readers_under_a_wide_fan_of_waiting_writers() {
+    let s = Server::start();
+    let mut c = s.conn();
+    const KEYS: usize = 10;
+    const READERS: usize = 100;
+    const WRITERS: usize = 500;
+    let keys: Vec<String> = (0..KEYS).map(|k| format!("f{k}")).collect();
+    for k in &keys {
+        for r in 0..READERS {
+            let owner = format!("reader-{r}");
+            c.push(&[b"LOCK.READ", k.as_bytes(), owner.as_bytes(), b"600000"]);
+        }
+    }
+    c.flush().unwrap();
+    for _ in 0..KEYS * READERS {
+        token(c.read_reply().unwrap());
+    }
+    // Writer 0 holds `y` before it waits with the others.
+    token(c.acquire("y", "writer-0", 600_000));
+    token(c.acquire("z", "idle", 600_000));
+    let mut writers = Vec::new();
+    for w in 0..WRITERS {
+        let mut conn = s.conn();
+        let mut args = vec!["LOCK.MACQUIRE".to_string(), KEYS.to_string()];
+        args.extend(keys.iter().cloned());
+        args.extend([
+            format!("writer-{w}"),
+            "600000".into(),
+            "WAIT".into(),
+            "0".into(),
+        ]);
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        conn.send(&args).unwrap();
+        writers.push(conn);
+    }
+    wait_until(Duration::from_secs(60), "the writers to queue", || {
+        stat(&mut c, "waiters") == WRITERS as i64
+    });
+    // z's holder waits for nothing: no cycle, the WAIT runs out.
+    let r = c.cmd(&["LOCK.ACQUIRE", "z", "reader-0", "1000", "WAIT", "50"]);
+    assert!(r.is_nil(), "{r:?}");
+    // y's holder waits for every reader: reader 0 asking for y closes a
+    // cycle.
+    let mut asking = s.conn();
+    asking.set_timeout(Duration::from_secs(30));
+    let r = asking.cmd(&["LOCK.ACQUIRE", "y", "reader-0", "1000", "WAIT", "0"]);
+    assert!(is_deadlock(&r), "{r:?}");
+    assert_eq!(stat(&mut c, "deadlocks"), 1);
+    assert_eq!(stat(&mut c, "waiters"), WRITERS as i64);
+    assert_eq!(c.lock_info(&keys[0]).unwrap().holders.len(), READERS);
+    assert!(c.lock_info("y").unwrap().holder("writer-0").token > 0);
+}

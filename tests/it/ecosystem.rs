@@ -21,7 +21,7 @@ use crate::common::*;
 // INFO lock
 // ---------------------------------------------------------------------------
 
-const INFO_FIELDS: [&str; 36] = [
+const INFO_FIELDS: [&str; 37] = [
     "lock_keys",
     "lock_holders_exclusive",
     "lock_holders_shared",
@@ -41,6 +41,7 @@ const INFO_FIELDS: [&str; 36] = [
     "lock_releases_on_disconnect",
     "lock_deadlocks",
     "lock_deadlock_searches_cut",
+    "lock_deadlock_searches_sliced",
     "lock_clock_steps_forward",
     "lock_clock_steps_back",
     "lock_loaded_state_fixed",
@@ -971,14 +972,6 @@ fn acl_key_patterns_apply_to_every_command() {
     for k in ["lock:1", "lock:2", "lock:3"] {
         assert_eq!(u.release(k, "o").int(), 1, "{k}");
     }
-}
-
-/// `major.minor` of the server (Valkey reports its Redis compatibility version
-/// as `redis_version`, 7.2.4).
-fn server_version(c: &mut Conn) -> (u32, u32) {
-    let v = c.info_field("server", "redis_version");
-    let mut it = v.split('.').map(|p| p.parse::<u32>().unwrap_or(0));
-    (it.next().unwrap_or(0), it.next().unwrap_or(0))
 }
 
 #[test]

@@ -110,6 +110,7 @@ fn go_package_vet_and_tests_on_a_server_a_stalled_server_a_cluster_node_and_redl
     let master = Server::start();
     let replica = Server::start();
     replica.replicaof(&master);
+    let mut killed = Server::start();
     let cluster_addrs: Vec<String> = cluster
         .nodes
         .iter()
@@ -134,6 +135,11 @@ fn go_package_vet_and_tests_on_a_server_a_stalled_server_a_cluster_node_and_redl
             .env(
                 "REDIS_LOCK_DURABLE_REPLICA_PID",
                 replica.pid().expect("pid").to_string(),
+            )
+            .env("REDIS_LOCK_KILL_ADDR", format!("127.0.0.1:{}", killed.port))
+            .env(
+                "REDIS_LOCK_KILL_PID",
+                killed.pid().expect("pid").to_string(),
             );
         let out = cmd.output().expect("go test");
         stalled.resume(); // whatever the stall test did
@@ -158,6 +164,10 @@ fn go_package_vet_and_tests_on_a_server_a_stalled_server_a_cluster_node_and_redl
         "TestClusterNodeSingleSlot",
         "TestDurableGrants",
         "TestGuard",
+        "TestLostBoundLockToldBeforeTheNextKeepalive",
+        "TestKilledServerToldBeforeTheNextKeepalive",
+        "TestStaleHolderNeverEndsANewerGrant",
+        "TestSharedLockWithOwnerLetsOneIn",
     ] {
         assert!(ran.iter().any(|r| r == t), "{t} passed:\n{out}");
     }
@@ -166,6 +176,7 @@ fn go_package_vet_and_tests_on_a_server_a_stalled_server_a_cluster_node_and_redl
         skipped.len() == 1 && skipped[0].contains("TestRedLock"),
         "only TestRedLock (run below) is skipped here:\n{out}"
     );
+    assert!(!killed.is_running(), "TestKilledServer... killed it");
     drop(cluster);
     drop(stalled);
 

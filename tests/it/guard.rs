@@ -545,3 +545,24 @@ fn a_bind_inside_a_guard_binds_to_the_guards_connection() {
     assert!(r.err().contains("BIND is not allowed"), "{r:?}");
     assert!(c.lock_info("b2").is_none());
 }
+
+/// Issue 38.3: `LOCK.KEEPALIVE` through `LOCK.GUARD` renews the holders
+/// bound to the guard's sender (the called command's own client is a
+/// temporary one, which holds nothing).
+#[test]
+fn keepalive_through_the_guard_renews_the_senders_bound_holders() {
+    let s = Server::start();
+    let mut c = s.conn();
+    token(&c.cmd(&["LOCK.ACQUIRE", "g", "me", "5000", "BIND"]));
+    token(&c.cmd(&["LOCK.ACQUIRE", "other", "me", "5000", "BIND"]));
+    let r = c.cmd(&["LOCK.GUARD", "g", "me", "CALL", "LOCK.KEEPALIVE", "600000"]);
+    assert_eq!(r, Reply::Int(2), "both bound holders renewed");
+    for key in ["g", "other"] {
+        let ttl = c.lock_info(key).unwrap().holder("me").ttl;
+        assert!(ttl > 60_000, "{key}: renewed to about 600 s, left {ttl}");
+    }
+    // Another connection's guard renews its own bound holders: none.
+    let mut d = s.conn();
+    let r = d.cmd(&["LOCK.GUARD", "g", "me", "CALL", "LOCK.KEEPALIVE", "1000"]);
+    assert_eq!(r, Reply::Int(0));
+}

@@ -239,3 +239,53 @@ fn inside_multi_wait_is_an_immediate_try() {
     assert!(r.array()[0].is_nil(), "{r:?}");
     assert!(c.lock_info("a").is_none());
 }
+
+/// A free key that only a waiting multi-key request is queued on: nobody
+/// holds it, yet `LOCK.ACQUIRE` is refused there (nobody overtakes the
+/// request). `LOCK.INFO key WAITERS` shows that queue (`mode` `free`, no
+/// holders, `waiters` and `waiting`); `LOCK.INFO key` stays nil (free).
+#[test]
+fn info_with_waiters_shows_the_queue_on_a_free_key() {
+    let s = Server::start();
+    let mut c = s.conn();
+    token(c.acquire("b", "holder", 60000));
+    let mut m = s.conn();
+    m.send(&[
+        "LOCK.MACQUIRE",
+        "2",
+        "a",
+        "b",
+        "multi",
+        "60000",
+        "WAIT",
+        "10000",
+    ])
+    .unwrap();
+    m.set_timeout(Duration::from_secs(8));
+    let mut obs = s.conn();
+    wait_until(Duration::from_secs(5), "the request to queue", || {
+        waiters(&mut obs, "b") == 1
+    });
+    assert!(c.acquire("a", "late", 60000).is_nil());
+    assert!(c.cmd(&["LOCK.INFO", "a"]).is_nil(), "free: nil");
+    for proto in [2, 3] {
+        let mut q = s.conn();
+        if proto == 3 {
+            q.hello3();
+        }
+        let r = q.cmd(&["LOCK.INFO", "a", "WAITERS"]);
+        let pairs = r.pairs();
+        let names: Vec<&str> = pairs.iter().map(|(n, _)| n.as_str()).collect();
+        assert_eq!(names, ["mode", "holders", "waiters", "waiting"], "{r:?}");
+        assert!(pairs[0].1.is("free"), "{r:?}");
+        assert!(pairs[1].1.array().is_empty(), "{r:?}");
+        assert_eq!(pairs[2].1.int(), 1, "{r:?}");
+        let waiting = pairs[3].1.array();
+        assert_eq!(waiting.len(), 1, "{r:?}");
+        assert_eq!(waiting[0].array()[0].bulk(), b"multi", "{r:?}");
+    }
+    // A key nobody holds or waits for is nil with WAITERS too.
+    assert!(c.cmd(&["LOCK.INFO", "z", "WAITERS"]).is_nil());
+    assert_eq!(c.release("b", "holder").int(), 1);
+    assert_eq!(tokens(m.read_reply().unwrap()).len(), 2);
+}

@@ -533,3 +533,50 @@ fn every_registered_command_is_documented_and_in_every_client() {
         }
     }
 }
+
+/// `COMMAND DOCS` says when `LOCK.INFO`'s `WAITERS` came (an argument
+/// added to a command that existed), and `LOCK.SYNC`'s summary describes
+/// the effect form this version sends and writes to the AOF (0.3:
+/// `mode:holds:token:deadline owner`), the 0.2 form as still applied.
+#[test]
+fn command_docs_give_waiters_its_since_and_lock_sync_its_current_form() {
+    let s = Server::start();
+    let mut c = s.conn();
+    let r = c.cmd(&["COMMAND", "DOCS", "lock.info"]);
+    let args = r.pairs()[0].1.get("arguments").expect("arguments");
+    let waiters = args
+        .array()
+        .iter()
+        .find(|a| a.get("name").map(|n| n.str()).as_deref() == Some("waiters"))
+        .unwrap_or_else(|| panic!("no WAITERS argument: {args:?}"));
+    assert_eq!(
+        waiters.get("since").map(|v| v.str()).as_deref(),
+        Some("0.2.0"),
+        "{waiters:?}"
+    );
+    let r = c.cmd(&["COMMAND", "DOCS", "lock.sync"]);
+    let summary = r.pairs()[0].1.get("summary").expect("summary").str();
+    assert!(
+        summary.contains("mode:holds:token:deadline[:limit] owner"),
+        "{summary}"
+    );
+    // And that is the form the AOF holds: what a grant writes.
+    let s = Server::builder().config("appendonly yes").start();
+    let mut c = s.conn();
+    let token = c.acquire("k", "o", 60000).int();
+    let aof = aof_text(&s);
+    let form = format!("exclusive:1:{token}:");
+    assert!(aof.contains(&form), "the AOF has the 0.3 form: {aof}");
+    assert!(!aof.contains("\r\nSET\r\n"), "no 0.2 form: {aof}");
+}
+
+/// The AOF's text: every file of the server's `appendonlydir`.
+fn aof_text(s: &Server) -> String {
+    let dir = s.dir.join("appendonlydir");
+    let mut out = String::new();
+    for e in std::fs::read_dir(&dir).expect("appendonlydir") {
+        let bytes = std::fs::read(e.expect("entry").path()).expect("read");
+        out.push_str(&String::from_utf8_lossy(&bytes));
+    }
+    out
+}

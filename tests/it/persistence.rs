@@ -964,3 +964,29 @@ fn an_rdb_written_by_0_2_loads() {
     drop(s);
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// A lease that was legal when granted, past `lock.max-ttl` once the
+/// setting is lowered, is clamped at the next load and counted in
+/// `lock_loaded_state_fixed` (docs/commands.md: not only forged state), the
+/// log line naming the setting.
+#[test]
+fn a_lowered_max_ttl_clamps_a_loaded_lease_and_counts_it() {
+    let s = Server::start();
+    let mut c = s.conn();
+    let token = c.acquire("long", "o", 600_000).int();
+    assert!(c.cmd(&["CONFIG", "SET", "lock.max-ttl", "5000"]).is("OK"));
+    assert!(c.cmd(&["DEBUG", "RELOAD"]).is("OK"));
+    let fixed: i64 = c
+        .info_field("lock", "lock_loaded_state_fixed")
+        .parse()
+        .unwrap();
+    assert_eq!(fixed, 1);
+    let info = c.lock_info("long").expect("still held");
+    assert_eq!(info.holders[0].token, token);
+    assert!(info.holders[0].ttl <= 5000, "{info:?}");
+    assert!(
+        s.log_tail(50).contains("past lock.max-ttl"),
+        "{}",
+        s.log_tail(50)
+    );
+}

@@ -7,7 +7,9 @@
 //! among three, lost leases), the redis-py drop-in (`NativeLock`, in
 //! redis-py's own call patterns), guarded commands (`guard()`: refused
 //! after a lost lease or under a stale token), `replicas=N` against a master and its
-//! replica (paused with SIGSTOP), RedLock over five servers with two, then
+//! replica (paused with SIGSTOP), how long a hold lives (`test_lifetime`: a lost
+//! bound lock told at once, on a server of its own that it kills and restarts;
+//! holds that outlive their thread or task; a stale holder's release), RedLock over five servers with two, then
 //! three, stopped, and every example of clients/python/README.md and the
 //! Python section of docs/clients.md. First, that the generated blocking
 //! modules (`clients/python/unasync.py`) are not stale. Every server is on 127.0.0.1, started
@@ -172,12 +174,19 @@ fn python_wheel_in_a_fresh_virtualenv_whole_suite_examples_and_docs() {
                 "test_dropin",
                 "test_guard",
                 "test_replicas",
+                "test_lifetime",
             ])
             .env("REDIS_LOCK_PORT", server.port.to_string())
             .env("REDIS_LOCK_CLUSTER_PORT", cluster.nodes[0].port.to_string())
             .env("REDIS_LOCK_STALL_PORTS", stall_ports.join(","))
             .env("REDIS_LOCK_MASTER_PORT", master.port.to_string())
-            .env("REDIS_LOCK_REPLICA_PID", replica_pid.to_string()),
+            .env("REDIS_LOCK_REPLICA_PID", replica_pid.to_string())
+            // test_lifetime kills a server of its own with SIGKILL and starts it again.
+            .env(
+                "REDIS_LOCK_SERVER_BIN",
+                std::env::var_os("REDIS_SERVER").unwrap_or_else(|| "redis-server".into()),
+            )
+            .env("REDIS_LOCK_MODULE", module_path()),
     );
     assert!(
         !out.contains("skipped"),

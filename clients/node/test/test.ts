@@ -225,7 +225,7 @@ async function issueTests(client: RedisClient, label: string): Promise<void> {
     const other = Lock.exclusive(client, key, { wait: 5000 });
     const t0 = Date.now();
     assert(!(await other.acquire()), "refused");
-    assert(Date.now() - t0 < 300, `at once (${Date.now() - t0} ms)`);
+    assert(Date.now() - t0 < 2000, `at once, not the 5 s wait (${Date.now() - t0} ms)`);
     await holder.release();
   });
 
@@ -534,7 +534,7 @@ async function issueTests(client: RedisClient, label: string): Promise<void> {
     let err: unknown = null;
     await rw.write.acquire(5000).catch((e) => (err = e));
     assert(err !== null && /shared/.test(String((err as Error).message)), `the server's error: ${err}`);
-    assert(Date.now() - t0 < 500, "at once");
+    assert(Date.now() - t0 < 2000, "at once, not the 5 s wait");
     assert(await rw.read.owned(), "the read hold is unchanged");
     await rw.read.release();
   });
@@ -654,9 +654,9 @@ async function main(): Promise<void> {
     for (const bind of [true, false]) {
       const key = `${tag()}k`;
       let why = "";
-      const l = Lock.exclusive(io, key, { ttl: 600, bind, onLost: (w) => (why = w) });
+      const l = Lock.exclusive(io, key, { ttl: 2000, bind, onLost: (w) => (why = w) });
       assert(await l.acquire(), "held");
-      await sleep(1500);
+      await sleep(2500);
       assert(!l.lost && (await l.owned()), "renewed");
       await io.del(key);
       for (let i = 0; i < 60 && !l.lost; i++) await sleep(50);

@@ -214,6 +214,17 @@ class SyncServer(SyncBase, unittest.TestCase):
         self.assertIsInstance(refused, redis.ResponseError)
         self.assertTrue(str(refused).startswith("NOTHELD"), refused)
         self.assertEqual(value, b"a")
+        # execute() raises the first error, its text prefixed by redis-py
+        # ("Command # 1 (...) of pipeline caused error: NOTHELD ..."), as the docs say.
+        for transaction in (True, False):
+            pipe = self.r.pipeline(transaction=transaction)
+            pipe.execute_command(*lock.guard_command("SET", data, "late"))
+            with self.assertRaises(redis.ResponseError) as raised:
+                pipe.execute()
+            text = str(raised.exception)
+            self.assertRegex(text, r"^Command # 1 \(LOCK\.GUARD .*\) of pipeline caused error: NOTHELD ")
+            self.assertEqual(text.split("caused error: ", 1)[1][:7], "NOTHELD")
+        self.assertEqual(self.r.get(data), b"a")
 
 
 @unittest.skipUnless(CLUSTER_PORT, "REDIS_LOCK_CLUSTER_PORT not set")

@@ -70,6 +70,23 @@ class Sync(unittest.TestCase):
             self.assertIsNone(granted, "too few servers left to grant it")
         self.assertEqual(sum(self.held_anywhere(key)), 1 if granted is None else len(UP))
 
+    def test_a_stale_lease_cannot_release_or_extend_a_newer_one_of_the_same_owner(self):
+        if DOWN > 2:
+            self.skipTest("no quorum with 3 of 5 servers stopped: test_quorum checks the refusal")
+        key = "redlock:" + uuid.uuid4().hex
+        rl = RedLock(self.servers, retries=1)
+        old = rl.acquire(key, ttl=30, owner="worker-1")
+        self.assertIsNotNone(old)
+        for s in self.up:
+            s.execute_command("LOCK.RELEASE", key, "worker-1")  # behind its back
+        new = rl.acquire(key, ttl=30, owner="worker-1")
+        self.assertIsNotNone(new)
+        self.assertFalse(rl.extend(old, 60), "LOCK.RENEW ... TOKEN old: 0 everywhere")
+        self.assertEqual(rl.release(old), 0, "LOCK.RELEASE ... TOKEN old: nil everywhere")
+        self.assertTrue(all(self.held_anywhere(key)), "the newer lease is held on every live server")
+        self.assertEqual(rl.release(new), len(UP))
+        self.assertFalse(any(self.held_anywhere(key)))
+
 
 @unittest.skipUnless(len(PORTS) == 5, "REDLOCK_PORTS must name five servers")
 class Async(unittest.IsolatedAsyncioTestCase):

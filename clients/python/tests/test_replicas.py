@@ -51,9 +51,7 @@ class Replicas(unittest.TestCase):
     def test_acknowledged_with_the_replica_up(self):
         name = key("up")
         lock = Lock(self.r, name, ttl=3, replicas=1, replicas_timeout=1)
-        t0 = time.monotonic()
         self.assertTrue(lock.acquire())
-        self.assertLess(time.monotonic() - t0, 0.5)
         self.assertEqual(lock._held().acked, 1)
         self.assertTrue(lock.owned())
         time.sleep(1.5)  # a renewal (at a third of the ttl), acknowledged too
@@ -91,10 +89,10 @@ class Replicas(unittest.TestCase):
     def test_renewal_not_acknowledged_gives_the_lease_up(self):
         name = key("renew")
         lost = []
-        lock = Lock(self.r, name, ttl=0.9, replicas=1, replicas_timeout=0.2, on_lost=lambda h, why: lost.append(why))
+        lock = Lock(self.r, name, ttl=3, replicas=1, replicas_timeout=0.2, on_lost=lambda h, why: lost.append(why))
         self.assertTrue(lock.acquire())
         with Paused():
-            time.sleep(0.8)  # the renewal at 0.3 s waits 0.2 s for the paused replica
+            time.sleep(2.2)  # the renewal at 1 s waits 0.2 s for the paused replica
             self.assertTrue(lock.lost)
             self.assertIn("replicas", lost[0])
             self.assertIsNone(self.r.execute_command("LOCK.INFO", name))  # given up on the master

@@ -19,11 +19,11 @@ use redis::{AsyncConnectionConfig, FromRedisValue};
 use tokio::sync::{Mutex, Notify};
 
 use crate::commands::{self, Exchange, Guarded, Release, Released, Renew};
-use crate::holding::{tell, Holding};
+use crate::holding::{tell, After, Holding, Reacquired};
 use crate::watch::{self, Watched};
 use crate::{
-    closed, fresh_owner, gone_error, io_failure, limit, tick, timed_out, Error, Kind, Options,
-    Target, WRONGTYPE,
+    bound_failed, closed, fresh_owner, gone_error, io_failure, limit, tick, timed_out, Error, Kind,
+    Options, Target, WRONGTYPE,
 };
 
 pub struct Lock {
@@ -38,11 +38,10 @@ pub struct Guard<'a> {
     done: bool,
 }
 
-/// A holder's connection: to the server (with the watcher id its client
-/// tracking redirects to, once set), or to the cluster.
+/// A holder's connection: to the server, or to the cluster.
 #[derive(Clone)]
 enum Conn {
-    Server(MultiplexedConnection, Option<i64>),
+    Server(MultiplexedConnection),
     Cluster(redis::cluster_async::ClusterConnection),
 }
 
@@ -73,7 +72,7 @@ impl Conn {
                     c.get_multiplexed_async_connection_with_config(&config),
                 )
                 .await
-                .map(|c| Conn::Server(c, None))
+                .map(Conn::Server)
             }
             Target::Cluster(c) => {
                 // The cluster client takes only a finite response timeout.
@@ -93,7 +92,7 @@ impl Conn {
         t: Option<Duration>,
     ) -> redis::RedisResult<redis::Value> {
         match self {
-            Conn::Server(c, _) => within(t, cmd.query_async(c)).await,
+            Conn::Server(c) => within(t, cmd.query_async(c)).await,
             Conn::Cluster(c) => within(t, cmd.query_async(c)).await,
         }
     }
@@ -104,7 +103,7 @@ impl Conn {
         t: Option<Duration>,
     ) -> redis::RedisResult<Vec<redis::Value>> {
         match self {
-            Conn::Server(c, _) => within(t, p.query_async(c)).await,
+            Conn::Server(c) => within(t, p.query_async(c)).await,
             Conn::Cluster(c) => within(t, p.query_async(c)).await,
         }
     }
@@ -139,9 +138,9 @@ struct Status {
     holding: Holding,
     /// Wakes this acquisition's watchdog.
     wake: Arc<Notify>,
-    /// Owners whose release a dropped guard left to a task: sent before
-    /// anything else goes over the connection.
-    pending: Vec<Vec<u8>>,
+    /// Grants (owner, tokens) whose release a dropped guard left to a
+    /// task: sent before anything else goes over the connection.
+    pending: Vec<(Vec<u8>, Vec<i64>)>,
 }
 
 impl Deref for Status {
@@ -167,10 +166,11 @@ async fn flush(s: &Shared, slot: &mut Option<Conn>) {
         let mut st = std_lock(&s.status);
         (std::mem::take(&mut st.pending), st.timeout)
     };
-    for owner in pending {
+    for (owner, tokens) in pending {
         let Some(conn) = slot.as_mut() else { return };
-        for key in s.kind.keys() {
-            let release = commands::release(&key, &owner);
+        for (key, token) in s.kind.keys().iter().zip(tokens) {
+            // Under the grant's token: a stale guard frees nothing.
+            let release = commands::release(key, &owner, Some(token));
             if conn.query(&release, Some(timeout)).await.is_err() {
                 *slot = None; // closing it frees a bound lock
                 break;
@@ -198,99 +198,7 @@ impl Lock {
         }
     }
 
-    pub fn exclusive(client: impl Into<Target>, key: impl AsRef<[u8]>) -> Lock {
-        Lock::new(client.into(), Kind::Exclusive(key.as_ref().to_vec()))
-    }
-
-    pub fn reentrant(client: impl Into<Target>, key: impl AsRef<[u8]>) -> Lock {
-        Lock::new(client.into(), Kind::Reentrant(key.as_ref().to_vec()))
-    }
-
-    pub fn read(client: impl Into<Target>, key: impl AsRef<[u8]>) -> Lock {
-        Lock::new(client.into(), Kind::Read(key.as_ref().to_vec()))
-    }
-
-    pub fn write(client: impl Into<Target>, key: impl AsRef<[u8]>) -> Lock {
-        Lock::new(client.into(), Kind::Reentrant(key.as_ref().to_vec()))
-    }
-
-    pub fn semaphore(client: impl Into<Target>, key: impl AsRef<[u8]>, limit: u32) -> Lock {
-        Lock::new(client.into(), Kind::Semaphore(key.as_ref().to_vec(), limit))
-    }
-
-    pub fn multi<K: AsRef<[u8]>>(
-        client: impl Into<Target>,
-        keys: impl IntoIterator<Item = K>,
-    ) -> Lock {
-        Lock::new(
-            client.into(),
-            Kind::Multi(keys.into_iter().map(|k| k.as_ref().to_vec()).collect()),
-        )
-    }
-
-    pub fn ttl(mut self, ttl: Duration) -> Lock {
-        self.opts.ttl = ttl;
-        self
-    }
-
-    /// Default `None`: do not wait; `Duration::MAX`: without limit.
-    pub fn wait(mut self, wait: Option<Duration>) -> Lock {
-        self.opts.wait = wait;
-        self
-    }
-
-    pub fn owner(self, owner: impl AsRef<[u8]>) -> Lock {
-        {
-            let mut st = std_lock(&self.shared.status);
-            st.owner = owner.as_ref().to_vec();
-            st.fixed = true;
-        }
-        self
-    }
-
-    pub fn bind(mut self, bind: bool) -> Lock {
-        self.opts.bind = bind;
-        self
-    }
-
-    pub fn timeout(mut self, timeout: Duration) -> Lock {
-        self.opts.timeout = timeout;
-        self
-    }
-
-    /// Called (on the watchdog's task) when a lease is found lost.
-    pub fn on_lost(self, f: impl Fn(&Error) + Send + Sync + 'static) -> Lock {
-        std_lock(&self.shared.status).on_lost = Some(Arc::new(f));
-        self
-    }
-
-    /// As the blocking [`crate::Lock::replicas`]: `WAIT replicas timeout`
-    /// after each grant and renewal, on its connection.
-    pub fn replicas(mut self, replicas: u32, timeout: Duration) -> Lock {
-        self.opts.replicas = replicas;
-        self.opts.replicas_timeout = timeout;
-        self
-    }
-
-    /// As the blocking [`crate::Lock::allow_not_durable`].
-    pub fn allow_not_durable(mut self, allow: bool) -> Lock {
-        self.opts.allow_not_durable = allow;
-        self
-    }
-
-    /// As the blocking [`crate::Lock::on_not_durable`] (called on the watchdog task).
-    pub fn on_not_durable(self, f: impl Fn(&Error) + Send + Sync + 'static) -> Lock {
-        std_lock(&self.shared.status).on_not_durable = Some(Arc::new(f));
-        self
-    }
-
-    pub fn keys(&self) -> Vec<Vec<u8>> {
-        self.shared.kind.keys()
-    }
-
-    pub fn owner_id(&self) -> Vec<u8> {
-        std_lock(&self.shared.status).owner.clone()
-    }
+    crate::api::lock_builder!(std_lock);
 
     /// As the blocking [`crate::Lock::acquire`]. Cancelling the future (a
     /// `select!`, a timeout) closes the connection the request waited on,
@@ -369,7 +277,7 @@ impl Lock {
                 Ok(_) if opts.allow_not_durable => durable = Some(false),
                 Ok(n) => {
                     // Given back on the same connection (one hold: a first grant).
-                    if release_keys(&mut slot, &s.kind, &owner, opts.timeout, false)
+                    if release_keys(&mut slot, &s.kind, &owner, &tokens, opts.timeout, false)
                         .await
                         .is_err()
                     {
@@ -427,7 +335,11 @@ impl Lock {
     }
 
     pub async fn owned(&self) -> Result<bool, Error> {
-        Ok(commands::held_by(self.info().await?, &self.owner_id()))
+        Ok(commands::held_by(
+            self.info().await?,
+            &self.owner_id(),
+            None,
+        ))
     }
 
     /// `LOCK.INFO` of the (first) key, on a connection of its own.
@@ -451,7 +363,7 @@ async fn release_quietly(client: &Target, kind: &Kind, owner: &[u8], timeout: Du
     if let Ok(mut c) = Conn::open(client, timeout).await {
         for key in kind.keys() {
             let _ = c
-                .query(&commands::release(&key, owner), Some(timeout))
+                .query(&commands::release(&key, owner, None), Some(timeout))
                 .await;
         }
     }
@@ -480,14 +392,16 @@ async fn watchdog(s: Arc<Shared>, generation: u64, wake: Arc<Notify>) {
             let st = std_lock(&s.status);
             (st.bound, st.timeout)
         };
-        let watcher = if bound { join(&s, timeout).await } else { None };
+        if bound {
+            join(&s, timeout).await;
+        }
         if bound && !std_lock(&s.status).current(generation) {
             // Released meanwhile: the release may have left the watcher before we joined.
             leave(&s, &mut None, timeout).await;
             return;
         }
         let mut slot = s.conn.lock().await;
-        let (owner, ttl, timeout, bound, left, renew) = {
+        let (owner, tokens, ttl, timeout, bound, left, renew) = {
             let mut st = std_lock(&s.status);
             if !st.current(generation) || st.lost.is_some() {
                 return;
@@ -504,7 +418,8 @@ async fn watchdog(s: Arc<Shared>, generation: u64, wake: Arc<Notify>) {
                 return;
             }
             let left = st.valid_until.saturating_duration_since(Instant::now());
-            (st.owner.clone(), st.ttl, st.timeout, st.bound, left, renew)
+            let (owner, tokens) = (st.owner.clone(), st.tokens.clone());
+            (owner, tokens, st.ttl, st.timeout, st.bound, left, renew)
         };
         let io = limit(timeout, left);
         if slot.is_none() && !bound {
@@ -516,13 +431,13 @@ async fn watchdog(s: Arc<Shared>, generation: u64, wake: Arc<Notify>) {
                 &mut slot,
                 &s.kind,
                 &owner,
-                watcher,
+                &tokens,
                 renew.then_some(ttl),
                 io,
             )
             .await
         } else {
-            renew_keys(&mut slot, &s.kind, &owner, ttl, io).await
+            renew_keys(&mut slot, &s.kind, &owner, &tokens, ttl, io).await
         };
         let (replicas, wait) = {
             let st = std_lock(&s.status);
@@ -534,49 +449,34 @@ async fn watchdog(s: Arc<Shared>, generation: u64, wake: Arc<Notify>) {
         } else {
             None
         };
-        let mut notice = None;
-        let news = {
+        let after = {
             let mut st = std_lock(&s.status);
             if !st.current(generation) {
                 return;
             }
-            match result {
-                Ok(None) if !renew => None,
-                Ok(None) => {
-                    st.valid_until = sent + ttl;
-                    st.next_renewal = Instant::now() + tick(ttl);
-                    notice = acks.and_then(|a| st.renewed(&s.kind, a));
-                    None
-                }
-                Ok(Some(why)) => st.set_lost(&s.kind, why),
-                Err(e) if bound => {
-                    *slot = None;
-                    st.set_lost(
-                        &s.kind,
-                        &format!("the connection the lock was bound to failed ({e})"),
-                    )
-                }
-                Err(e) => {
-                    *slot = None;
-                    if Instant::now() + Duration::from_millis(1) >= st.valid_until {
-                        st.set_lost(
-                            &s.kind,
-                            &format!("renewals failed until the lease ran out ({e})"),
-                        )
-                    } else {
-                        st.next_renewal = Instant::now() + tick(ttl).min(Duration::from_secs(1));
-                        None
-                    }
-                }
-            }
+            st.after_pass(&s.kind, result, renew, sent, acks)
         };
-        drop(slot);
-        tell(notice);
-        if news.is_some() {
-            tell(news);
+        let over = after.news.is_some();
+        apply(&s, slot, after);
+        if over {
             return;
         }
     }
+}
+
+/// Applies a decision of [`Holding`]'s: closes the holder's connection
+/// (which frees a bound lock), wakes the watchdog, then tells, outside the
+/// locks.
+fn apply(s: &Shared, mut slot: tokio::sync::MutexGuard<'_, Option<Conn>>, after: After) {
+    if after.close {
+        *slot = None;
+    }
+    if after.wake {
+        std_lock(&s.status).wake.notify_one();
+    }
+    drop(slot);
+    tell(after.notice);
+    tell(after.news);
 }
 
 impl Watched for Shared {
@@ -591,22 +491,19 @@ impl Watched for Shared {
     }
 }
 
-/// The id of the watcher of the lock's server, joined (opened if need be,
-/// off the runtime's threads: opening waits on the network).
-async fn join(s: &Arc<Shared>, timeout: Duration) -> Option<i64> {
+/// Joins the watcher of the lock's server (opened if need be, off the
+/// runtime's threads: opening waits on the network).
+async fn join(s: &Arc<Shared>, timeout: Duration) {
     let Target::Server(c) = &s.client else {
-        return None;
+        return;
     };
     let weak: Weak<dyn Watched> = Arc::downgrade(&(Arc::clone(s) as Arc<dyn Watched>));
     let id = watch::id_of::<Shared>(s);
-    if let Some(w) = watch::try_join(c, id, &weak) {
-        return Some(w);
+    if watch::try_join(c, id, &weak).is_some() {
+        return;
     }
     let c = c.clone();
-    tokio::task::spawn_blocking(move || watch::join(&c, id, weak, timeout))
-        .await
-        .ok()
-        .flatten()
+    let _ = tokio::task::spawn_blocking(move || watch::join(&c, id, weak, timeout)).await;
 }
 
 /// The lock no longer needs the watcher; the last one wakes it to close,
@@ -629,34 +526,28 @@ async fn leave(s: &Shared, slot: &mut Option<Conn>, timeout: Duration) {
     }
 }
 
-/// As the blocking API's: tracking redirected to the watcher (once per
-/// connection), then `LOCK.KEEPALIVE` (when `renew`) and a read of each
-/// key, in one round trip. `None` while the lock is ours.
+/// As the blocking API's: `LOCK.KEEPALIVE` (when `renew`) and a read of
+/// each key, in one round trip. `None` while the grant holds them all.
 async fn sync(
     slot: &mut Option<Conn>,
     kind: &Kind,
     owner: &[u8],
-    watcher: Option<i64>,
+    tokens: &[i64],
     renew: Option<Duration>,
     timeout: Duration,
 ) -> redis::RedisResult<Option<&'static str>> {
     let conn = slot.as_mut().ok_or_else(closed)?;
-    match (watcher, &mut *conn) {
-        (Some(w), Conn::Server(c, by)) if *by != Some(w) => {
-            match within(Some(timeout), commands::tracking(w).query_async::<()>(c)).await {
-                Ok(()) => *by = Some(w),
-                Err(e) if io_failure(&e) => return Err(e),
-                Err(_) => {} // refused (an ACL): the renewals still notice
-            }
-        }
-        (None, _) if renew.is_none() => return Ok(None),
-        _ => {}
-    }
     match conn
         .query_pipe(&commands::sync_pipe(kind, renew), Some(timeout))
         .await
     {
-        Ok(replies) => Ok(commands::judge(kind, owner, renew.is_some(), replies)),
+        Ok(replies) => Ok(commands::judge(
+            kind,
+            owner,
+            tokens,
+            renew.is_some(),
+            replies,
+        )),
         Err(e) if gone_error(&e) => Ok(Some(WRONGTYPE)),
         Err(e) => Err(e),
     }
@@ -666,11 +557,13 @@ async fn renew_keys(
     slot: &mut Option<Conn>,
     kind: &Kind,
     owner: &[u8],
+    tokens: &[i64],
     ttl: Duration,
     timeout: Duration,
 ) -> redis::RedisResult<Option<&'static str>> {
     let conn = slot.as_mut().ok_or_else(closed)?;
-    conn.run(Renew::new(kind, owner, ttl), Some(timeout)).await
+    conn.run(Renew::new(kind, owner, tokens, ttl), Some(timeout))
+        .await
 }
 
 /// `WAIT replicas wait` on the holder's connection (a reply may take `wait`
@@ -695,17 +588,18 @@ async fn release_keys(
     slot: &mut Option<Conn>,
     kind: &Kind,
     owner: &[u8],
+    tokens: &[i64],
     timeout: Duration,
     all: bool,
 ) -> redis::RedisResult<Released> {
     let conn = slot.as_mut().ok_or_else(closed)?;
-    conn.run(Release::new(kind, owner, all), Some(timeout))
+    conn.run(Release::new(kind, owner, tokens, all), Some(timeout))
         .await
 }
 
 /// The bookkeeping of ending one guard, done at once (also from `Drop`):
-/// whether a `LOCK.RELEASE` must go, and for which owner.
-fn unhold(s: &Shared, generation: u64, all: bool) -> Option<Vec<u8>> {
+/// whether a `LOCK.RELEASE` must go, and for which grant (owner, tokens).
+fn unhold(s: &Shared, generation: u64, all: bool) -> Option<(Vec<u8>, Vec<i64>)> {
     let mut st = std_lock(&s.status);
     if !st.current(generation) {
         return None;
@@ -715,7 +609,7 @@ fn unhold(s: &Shared, generation: u64, all: bool) -> Option<Vec<u8>> {
     if last {
         st.wake.notify_one();
     }
-    (all || last || s.kind.counted()).then(|| st.owner.clone())
+    (all || last || s.kind.counted()).then(|| (st.owner.clone(), st.tokens.clone()))
 }
 
 /// After the last hold: the next acquisition, a fresh owner unless fixed.
@@ -737,7 +631,7 @@ async fn end(s: &Shared, generation: u64, all: bool) -> Result<(), Error> {
     let send = unhold(s, generation, all);
     let mut news = None;
     let mut result = Ok(());
-    if let Some(owner) = send {
+    if let Some((owner, tokens)) = send {
         let (timeout, left) = {
             let st = std_lock(&s.status);
             (
@@ -746,27 +640,16 @@ async fn end(s: &Shared, generation: u64, all: bool) -> Result<(), Error> {
             )
         };
         let timeout = limit(timeout, left.max(Duration::from_millis(50)));
-        let outcome = release_keys(&mut slot, &s.kind, &owner, timeout, all).await;
-        let mut st = std_lock(&s.status);
-        match outcome {
-            Ok(Released::Gone(why)) => {
-                news = st.set_lost(&s.kind, why);
-                st.holds = 0;
-                *slot = None;
-            }
-            Ok(Released::All) => st.holds = 0,
-            Ok(Released::OneHold) => {
-                st.verify = st.bound; // our write dropped the keys from tracking
-                st.wake.notify_one();
-            }
-            Err(e) => {
-                st.holds = 0;
-                *slot = None;
-                if st.lost.is_none() {
-                    result = Err(e.into());
-                }
-            }
+        let outcome = release_keys(&mut slot, &s.kind, &owner, &tokens, timeout, all).await;
+        let (after, r) = std_lock(&s.status).after_release(&s.kind, outcome);
+        result = r;
+        if after.close {
+            *slot = None;
         }
+        if after.wake {
+            std_lock(&s.status).wake.notify_one();
+        }
+        news = after.news;
     }
     let (last, timeout) = {
         let st = std_lock(&s.status);
@@ -794,47 +677,16 @@ impl Guard<'_> {
         self.lock
     }
 
+    /// As the blocking [`crate::Guard::owned`]: this grant, under its token.
     pub async fn owned(&self) -> Result<bool, Error> {
-        self.lock.owned().await
-    }
-
-    pub fn token(&self) -> i64 {
-        std_lock(&self.shared().status).token()
-    }
-
-    pub fn tokens(&self) -> Vec<i64> {
-        std_lock(&self.shared().status).tokens.clone()
-    }
-
-    /// As the blocking [`crate::Guard::durable`].
-    pub fn durable(&self) -> Option<bool> {
-        std_lock(&self.shared().status).durable
-    }
-
-    pub fn is_bound(&self) -> bool {
-        std_lock(&self.shared().status).bound
-    }
-
-    /// True once the lease is known lost, or may have run out; it stays
-    /// true. Never waits.
-    pub fn is_lost(&self) -> bool {
-        let s = self.shared();
-        let (lost, news) = {
-            let mut st = std_lock(&s.status);
-            let news = st.check_lost(&s.kind);
-            (st.lost.is_some(), news)
+        let (owner, token) = {
+            let st = std_lock(&self.shared().status);
+            (st.owner.clone(), st.tokens.first().copied())
         };
-        tell(news);
-        lost
+        Ok(commands::held_by(self.lock.info().await?, &owner, token))
     }
 
-    pub fn check(&self) -> Result<(), Error> {
-        if self.is_lost() {
-            let s = self.shared();
-            return Err(std_lock(&s.status).lost_error(&s.kind));
-        }
-        Ok(())
-    }
+    crate::api::guard_reads!(std_lock);
 
     /// As the blocking [`crate::Guard::call`]: `cmd` runs iff this
     /// acquisition still holds the lock, as one atomic step, else
@@ -886,10 +738,7 @@ impl Guard<'_> {
                     // one usable): closing it frees a bound lock.
                     *s.conn.lock().await = None;
                     if bound {
-                        let news = std_lock(&s.status).set_lost(
-                            &s.kind,
-                            &format!("the connection the lock was bound to failed ({e})"),
-                        );
+                        let news = std_lock(&s.status).set_lost(&s.kind, &bound_failed(&e));
                         tell(news);
                     }
                 }
@@ -905,13 +754,14 @@ impl Guard<'_> {
         }
         self.check()?;
         let mut slot = s.conn.lock().await;
-        let (owner, timeout, left) = {
+        let (owner, tokens, timeout, left) = {
             let st = std_lock(&s.status);
             let left = st.valid_until.saturating_duration_since(Instant::now());
-            (st.owner.clone(), st.timeout, left)
+            (st.owner.clone(), st.tokens.clone(), st.timeout, left)
         };
         let sent = Instant::now();
-        let result = renew_keys(&mut slot, &s.kind, &owner, ttl, limit(timeout, left)).await;
+        let io = limit(timeout, left);
+        let result = renew_keys(&mut slot, &s.kind, &owner, &tokens, ttl, io).await;
         let (replicas, wait) = {
             let st = std_lock(&s.status);
             (st.replicas, st.replicas_timeout)
@@ -921,37 +771,15 @@ impl Guard<'_> {
         } else {
             None
         };
-        let mut st = std_lock(&s.status);
-        if !st.current(self.generation) {
-            return Err(st.lost_error(&s.kind));
-        }
-        let news = match result {
-            Ok(None) => {
-                let notice = acks.and_then(|a| st.renewed(&s.kind, a));
-                st.ttl = ttl;
-                st.valid_until = sent + ttl;
-                st.next_renewal = Instant::now() + tick(ttl);
-                st.verify = st.bound; // our write dropped the keys from tracking
-                st.wake.notify_one();
-                drop(st);
-                drop(slot);
-                tell(notice);
-                return Ok(());
+        let (after, result) = {
+            let mut st = std_lock(&s.status);
+            if !st.current(self.generation) {
+                return Err(st.lost_error(&s.kind));
             }
-            Ok(Some(why)) => st.set_lost(&s.kind, why),
-            Err(e) => {
-                if st.bound || Instant::now() >= st.valid_until {
-                    *slot = None;
-                    st.set_lost(&s.kind, &format!("the renewal failed ({e})"))
-                } else {
-                    return Err(e.into());
-                }
-            }
+            st.after_extend(&s.kind, result, ttl, sent, acks)
         };
-        let err = st.lost_error(&s.kind);
-        drop(st);
-        tell(news);
-        Err(err)
+        apply(s, slot, after);
+        result
     }
 
     /// As the blocking [`crate::Guard::reacquire`].
@@ -985,21 +813,21 @@ impl Guard<'_> {
             Err(e) => {
                 if io_failure(&e) {
                     *slot = None;
-                    let news = std_lock(&s.status)
-                        .set_lost(&s.kind, &format!("the holder's connection failed ({e})"));
+                    let why = if bound {
+                        bound_failed(&e)
+                    } else {
+                        format!("the holder's connection failed ({e})")
+                    };
+                    let news = std_lock(&s.status).set_lost(&s.kind, &why);
                     tell(news);
                 }
                 return Err(e.into());
             }
         };
-        let mut st = std_lock(&s.status);
-        match reply? {
-            Some(t) if t == st.tokens => {
-                st.holds += 1;
-                st.valid_until = sent + st.ttl;
-                st.verify = st.bound; // our write dropped the keys from tracking
-                st.wake.notify_one();
-                drop(st);
+        let reacquired = std_lock(&s.status).reacquired(&s.kind, reply?, sent);
+        match reacquired {
+            Reacquired::Held => {
+                std_lock(&s.status).wake.notify_one();
                 drop(slot);
                 Ok(Some(Guard {
                     generation: self.generation,
@@ -1007,13 +835,15 @@ impl Guard<'_> {
                     done: false,
                 }))
             }
-            Some(_) => {
-                let news = st.set_lost(&s.kind, "the lease ended before the re-acquire");
-                drop(st);
+            Reacquired::Stale(other, news) => {
+                // The request took a hold of a new grant: given back under
+                // its token.
+                let _ = release_keys(&mut slot, &s.kind, &owner, &other, timeout, false).await;
+                drop(slot);
                 tell(news);
                 Err(std_lock(&s.status).lost_error(&s.kind))
             }
-            None => Ok(None),
+            Reacquired::Refused => Ok(None),
         }
     }
 
@@ -1032,10 +862,10 @@ impl Drop for Guard<'_> {
         if s.pid != std::process::id() {
             return;
         }
-        let Some(owner) = unhold(&s, self.generation, false) else {
+        let Some(grant) = unhold(&s, self.generation, false) else {
             return;
         };
-        std_lock(&s.status).pending.push(owner);
+        std_lock(&s.status).pending.push(grant);
         let generation = self.generation;
         if let Ok(handle) = tokio::runtime::Handle::try_current() {
             handle.spawn(async move {

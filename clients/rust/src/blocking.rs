@@ -8,11 +8,11 @@ use std::time::{Duration, Instant};
 use redis::FromRedisValue;
 
 use crate::commands::{self, Exchange, Guarded, Release, Released, Renew};
-use crate::holding::{tell, Holding};
+use crate::holding::{tell, After, Holding, Reacquired};
 use crate::watch::{self, Watched};
 use crate::{
-    closed, fresh_owner, gone_error, io_failure, limit, tick, Error, Kind, Options, Target,
-    WRONGTYPE,
+    bound_failed, closed, fresh_owner, gone_error, io_failure, limit, tick, Error, Kind, Options,
+    Target, WRONGTYPE,
 };
 
 /// A lock of one kind on its keys, held by one owner. Acquire it with
@@ -32,10 +32,9 @@ pub struct Guard<'a> {
     done: bool,
 }
 
-/// A holder's connection: to the server (with the watcher id its client
-/// tracking redirects to, once set), or to the cluster.
+/// A holder's connection: to the server, or to the cluster.
 enum Conn {
-    Server(redis::Connection, Option<i64>),
+    Server(redis::Connection),
     Cluster(Box<redis::cluster::ClusterConnection>),
 }
 
@@ -58,7 +57,7 @@ impl Conn {
 
     fn open_now(target: &Target, timeout: Duration) -> redis::RedisResult<Conn> {
         let conn = match target {
-            Target::Server(c) => Conn::Server(c.get_connection_with_timeout(timeout)?, None),
+            Target::Server(c) => Conn::Server(c.get_connection_with_timeout(timeout)?),
             Target::Cluster(c) => {
                 let config = redis::cluster::ClusterConfig::new()
                     .set_connection_timeout(timeout)
@@ -74,7 +73,7 @@ impl Conn {
     fn timeouts(&self, read: Option<Duration>) -> redis::RedisResult<()> {
         let write = read.or(Some(crate::DEFAULT_TIMEOUT));
         match self {
-            Conn::Server(c, _) => {
+            Conn::Server(c) => {
                 c.set_read_timeout(read)?;
                 c.set_write_timeout(write)
             }
@@ -87,14 +86,14 @@ impl Conn {
 
     fn query(&mut self, cmd: &redis::Cmd) -> redis::RedisResult<redis::Value> {
         match self {
-            Conn::Server(c, _) => cmd.query(c),
+            Conn::Server(c) => cmd.query(c),
             Conn::Cluster(c) => cmd.query(&mut **c),
         }
     }
 
     fn query_pipe(&mut self, p: &redis::Pipeline) -> redis::RedisResult<Vec<redis::Value>> {
         match self {
-            Conn::Server(c, _) => p.query(c),
+            Conn::Server(c) => p.query(c),
             Conn::Cluster(c) => p.query(&mut **c),
         }
     }
@@ -145,132 +144,7 @@ impl Lock {
         }
     }
 
-    /// An exclusive lock (`LOCK.ACQUIRE`).
-    pub fn exclusive(client: impl Into<Target>, key: impl AsRef<[u8]>) -> Lock {
-        Lock::new(client.into(), Kind::Exclusive(key.as_ref().to_vec()))
-    }
-
-    /// A reentrant exclusive lock (`LOCK.RACQUIRE`), as Redisson's `RLock`:
-    /// [`Guard::reacquire`] adds a hold.
-    pub fn reentrant(client: impl Into<Target>, key: impl AsRef<[u8]>) -> Lock {
-        Lock::new(client.into(), Kind::Reentrant(key.as_ref().to_vec()))
-    }
-
-    /// The read side of a read-write lock (`LOCK.READ`): shared.
-    pub fn read(client: impl Into<Target>, key: impl AsRef<[u8]>) -> Lock {
-        Lock::new(client.into(), Kind::Read(key.as_ref().to_vec()))
-    }
-
-    /// The write side of a read-write lock: exclusive and reentrant
-    /// (`LOCK.RACQUIRE`), with writer preference.
-    pub fn write(client: impl Into<Target>, key: impl AsRef<[u8]>) -> Lock {
-        Lock::new(client.into(), Kind::Reentrant(key.as_ref().to_vec()))
-    }
-
-    /// One permit of a semaphore of `limit` permits (`LOCK.SEMAPHORE`).
-    pub fn semaphore(client: impl Into<Target>, key: impl AsRef<[u8]>, limit: u32) -> Lock {
-        Lock::new(client.into(), Kind::Semaphore(key.as_ref().to_vec(), limit))
-    }
-
-    /// Every key or none (`LOCK.MACQUIRE`); [`Guard::tokens`] per key. No
-    /// key, a repeated key or more than 1000 keys: [`Error::Invalid`].
-    pub fn multi<K: AsRef<[u8]>>(
-        client: impl Into<Target>,
-        keys: impl IntoIterator<Item = K>,
-    ) -> Lock {
-        Lock::new(
-            client.into(),
-            Kind::Multi(keys.into_iter().map(|k| k.as_ref().to_vec()).collect()),
-        )
-    }
-
-    /// The lease (default 30 s), renewed while held.
-    pub fn ttl(mut self, ttl: Duration) -> Lock {
-        self.opts.ttl = ttl;
-        self
-    }
-
-    /// How long to wait in the server. Default `None`: do not wait (one
-    /// try); `Duration::MAX`: without limit.
-    pub fn wait(mut self, wait: Option<Duration>) -> Lock {
-        self.opts.wait = wait;
-        self
-    }
-
-    /// The owner id for every acquisition of this object (every kind sends
-    /// it). By default a fresh UUID per acquisition: a stable id only if you
-    /// mean it (re-entrancy across objects, or a mode change refused).
-    pub fn owner(self, owner: impl AsRef<[u8]>) -> Lock {
-        {
-            let mut st = lock(&self.shared.status);
-            st.owner = owner.as_ref().to_vec();
-            st.fixed = true;
-        }
-        self
-    }
-
-    /// `BIND` (default): the server frees the lock when the holder's
-    /// connection closes. `false`: a lease renewed with `LOCK.RENEW`.
-    pub fn bind(mut self, bind: bool) -> Lock {
-        self.opts.bind = bind;
-        self
-    }
-
-    /// The connect timeout and the longest a reply may take beyond the
-    /// acquire's wait (default 2 s); a renewal or a release also never
-    /// waits past what is left of the lease.
-    pub fn timeout(mut self, timeout: Duration) -> Lock {
-        self.opts.timeout = timeout;
-        self
-    }
-
-    /// Called (on the watchdog's thread) when the watchdog finds a lease
-    /// lost, with the [`Error::LeaseLost`] the holder will get.
-    pub fn on_lost(self, f: impl Fn(&Error) + Send + Sync + 'static) -> Lock {
-        lock(&self.shared.status).on_lost = Some(Arc::new(f));
-        self
-    }
-
-    /// Durable grants: `WAIT replicas timeout` right after each grant and
-    /// each renewal, on the connection that carried it (that reply may take
-    /// the timeout plus [`Lock::timeout`]). A grant fewer replicas
-    /// acknowledged is released and the acquire returns
-    /// [`Error::NotDurable`] (or, with [`Lock::allow_not_durable`], the
-    /// guard with [`Guard::durable`] `Some(false)`); a renewal fewer
-    /// acknowledged keeps the lease and calls [`Lock::on_not_durable`]. 0
-    /// (default): no `WAIT`. Not on a cluster ([`Error::Invalid`]).
-    pub fn replicas(mut self, replicas: u32, timeout: Duration) -> Lock {
-        self.opts.replicas = replicas;
-        self.opts.replicas_timeout = timeout;
-        self
-    }
-
-    /// Keep a grant fewer replicas acknowledged than [`Lock::replicas`]
-    /// asked for, flagged ([`Guard::durable`] `Some(false)`), instead of
-    /// releasing it with [`Error::NotDurable`].
-    pub fn allow_not_durable(mut self, allow: bool) -> Lock {
-        self.opts.allow_not_durable = allow;
-        self
-    }
-
-    /// Called (on the watchdog) when a renewal (or an extend) is
-    /// acknowledged by fewer replicas than [`Lock::replicas`] asked for,
-    /// with [`Error::NotDurable`] (or the `WAIT`'s own failure); the lease
-    /// is kept and [`Guard::durable`] turns `Some(false)` until a renewal is
-    /// acknowledged again.
-    pub fn on_not_durable(self, f: impl Fn(&Error) + Send + Sync + 'static) -> Lock {
-        lock(&self.shared.status).on_not_durable = Some(Arc::new(f));
-        self
-    }
-
-    pub fn keys(&self) -> Vec<Vec<u8>> {
-        self.shared.kind.keys()
-    }
-
-    /// The owner id the current (or next) acquisition uses.
-    pub fn owner_id(&self) -> Vec<u8> {
-        lock(&self.shared.status).owner.clone()
-    }
+    crate::api::lock_builder!(lock);
 
     /// Asks for the lock, waiting in the server as configured (by default
     /// not at all): a guard, or `None` when refused or the wait ran out.
@@ -347,7 +221,9 @@ impl Lock {
                 Ok(_) if opts.allow_not_durable => durable = Some(false),
                 Ok(n) => {
                     // Given back on the same connection (one hold: a first grant).
-                    if release_keys(&mut slot, &s.kind, &owner, opts.timeout, false).is_err() {
+                    let given_back =
+                        release_keys(&mut slot, &s.kind, &owner, &tokens, opts.timeout, false);
+                    if given_back.is_err() {
                         *slot = None; // closing it frees a bound grant
                         if !bound {
                             release_quietly(&s.client, &s.kind, &owner, opts.timeout);
@@ -380,7 +256,7 @@ impl Lock {
             st.lost = None;
             st.valid_until = sent + opts.ttl;
             st.next_renewal = Instant::now() + tick(opts.ttl);
-            // The watchdog's first work: tracking, and a read of the keys.
+            // The watchdog's first work: the watcher, and a read of the keys.
             st.verify = bound;
             st.replicas = opts.replicas;
             st.replicas_timeout = opts.replicas_timeout;
@@ -392,7 +268,7 @@ impl Lock {
         let spawned = thread::Builder::new()
             .name("redis-native-lock-watchdog".into())
             .spawn(move || watchdog(&watched, generation));
-        // (the watchdog tracks the keys: `verify`)
+        // (the watchdog joins the watcher: `verify`)
         if let Err(e) = spawned {
             let _ = end(&s, generation, true);
             return Err(Error::Redis(redis::RedisError::from(e)));
@@ -411,7 +287,7 @@ impl Lock {
 
     /// Whether this owner holds the (first) key, as the server says.
     pub fn owned(&self) -> Result<bool, Error> {
-        Ok(commands::held_by(self.info()?, &self.owner_id()))
+        Ok(commands::held_by(self.info()?, &self.owner_id(), None))
     }
 
     /// `LOCK.INFO` of the (first) key, on a connection of its own.
@@ -434,7 +310,7 @@ impl Lock {
 fn release_quietly(client: &Target, kind: &Kind, owner: &[u8], timeout: Duration) {
     if let Ok(mut c) = Conn::open(client, timeout) {
         for key in kind.keys() {
-            let _ = c.query(&commands::release(&key, owner));
+            let _ = c.query(&commands::release(&key, owner, None));
         }
     }
 }
@@ -449,53 +325,18 @@ impl Guard<'_> {
         self.lock
     }
 
-    /// Whether this owner holds the (first) key, as the server says.
+    /// Whether this guard's grant (its owner, under its token) still holds
+    /// the (first) key, as the server says: false once the owner name holds
+    /// it under a later grant.
     pub fn owned(&self) -> Result<bool, Error> {
-        self.lock.owned()
-    }
-
-    /// The fencing token (a multi-key lock: the highest of [`Guard::tokens`]).
-    pub fn token(&self) -> i64 {
-        lock(&self.shared().status).token()
-    }
-
-    /// The tokens per key, in key order.
-    pub fn tokens(&self) -> Vec<i64> {
-        lock(&self.shared().status).tokens.clone()
-    }
-
-    /// With [`Lock::replicas`]: whether the grant and the last renewal were
-    /// each acknowledged by that many replicas; `None` without it.
-    pub fn durable(&self) -> Option<bool> {
-        lock(&self.shared().status).durable
-    }
-
-    /// Whether the lock is bound to the holder's connection (`BIND`).
-    pub fn is_bound(&self) -> bool {
-        lock(&self.shared().status).bound
-    }
-
-    /// True once the lease is known lost, or may have run out; it stays
-    /// true. Never waits on the network.
-    pub fn is_lost(&self) -> bool {
-        let s = self.shared();
-        let (lost, news) = {
-            let mut st = lock(&s.status);
-            let news = st.check_lost(&s.kind);
-            (st.lost.is_some(), news)
+        let (owner, token) = {
+            let st = lock(&self.shared().status);
+            (st.owner.clone(), st.tokens.first().copied())
         };
-        tell(news);
-        lost
+        Ok(commands::held_by(self.lock.info()?, &owner, token))
     }
 
-    /// `Err(LeaseLost)` if the lease is gone: call it before a protected write.
-    pub fn check(&self) -> Result<(), Error> {
-        if self.is_lost() {
-            let s = self.shared();
-            return Err(lock(&s.status).lost_error(&s.kind));
-        }
-        Ok(())
-    }
+    crate::api::guard_reads!(lock);
 
     /// Runs `cmd` in the server if and only if this guard's acquisition
     /// still holds the lock there, as one atomic step (`LOCK.GUARD key
@@ -566,10 +407,7 @@ impl Guard<'_> {
                     *slot = None;
                     drop(slot);
                     if bound {
-                        let news = lock(&s.status).set_lost(
-                            &s.kind,
-                            &format!("the connection the lock was bound to failed ({e})"),
-                        );
+                        let news = lock(&s.status).set_lost(&s.kind, &bound_failed(&e));
                         tell(news);
                     }
                 }
@@ -586,13 +424,20 @@ impl Guard<'_> {
         }
         self.check()?;
         let mut slot = lock(&s.conn);
-        let (owner, timeout, left) = {
+        let (owner, tokens, timeout, left) = {
             let st = lock(&s.status);
             let left = st.valid_until.saturating_duration_since(Instant::now());
-            (st.owner.clone(), st.timeout, left)
+            (st.owner.clone(), st.tokens.clone(), st.timeout, left)
         };
         let sent = Instant::now();
-        let result = renew_keys(&mut slot, &s.kind, &owner, ttl, limit(timeout, left));
+        let result = renew_keys(
+            &mut slot,
+            &s.kind,
+            &owner,
+            &tokens,
+            ttl,
+            limit(timeout, left),
+        );
         let (replicas, wait) = {
             let st = lock(&s.status);
             (st.replicas, st.replicas_timeout)
@@ -603,33 +448,10 @@ impl Guard<'_> {
         if !st.current(self.generation) {
             return Err(st.lost_error(&s.kind));
         }
-        let news = match result {
-            Ok(None) => {
-                let notice = acks.and_then(|a| st.renewed(&s.kind, a));
-                st.ttl = ttl;
-                st.valid_until = sent + ttl;
-                st.next_renewal = Instant::now() + tick(ttl);
-                st.verify = st.bound; // our write dropped the keys from tracking
-                s.wake.notify_all();
-                drop(st);
-                drop(slot);
-                tell(notice);
-                return Ok(());
-            }
-            Ok(Some(why)) => st.set_lost(&s.kind, why),
-            Err(e) => {
-                if st.bound || Instant::now() >= st.valid_until {
-                    *slot = None;
-                    st.set_lost(&s.kind, &format!("the renewal failed ({e})"))
-                } else {
-                    return Err(e.into());
-                }
-            }
-        };
-        let err = st.lost_error(&s.kind);
+        let (after, result) = st.after_extend(&s.kind, result, ttl, sent, acks);
         drop(st);
-        tell(news);
-        Err(err)
+        apply(s, slot, after);
+        result
     }
 
     /// Adds a hold (a reentrant or read lock: one more `LOCK.RELEASE` to
@@ -663,21 +485,21 @@ impl Guard<'_> {
             Err(e) => {
                 if io_failure(&e) {
                     *slot = None;
-                    let news = lock(&s.status)
-                        .set_lost(&s.kind, &format!("the holder's connection failed ({e})"));
+                    let why = if bound {
+                        bound_failed(&e)
+                    } else {
+                        format!("the holder's connection failed ({e})")
+                    };
+                    let news = lock(&s.status).set_lost(&s.kind, &why);
                     tell(news);
                 }
                 return Err(e.into());
             }
         };
-        let mut st = lock(&s.status);
-        match reply? {
-            Some(t) if t == st.tokens => {
-                st.holds += 1;
-                st.valid_until = sent + st.ttl;
-                st.verify = st.bound; // our write dropped the keys from tracking
+        let reacquired = lock(&s.status).reacquired(&s.kind, reply?, sent);
+        match reacquired {
+            Reacquired::Held => {
                 s.wake.notify_all();
-                drop(st);
                 drop(slot);
                 Ok(Some(Guard {
                     generation: self.generation,
@@ -685,14 +507,15 @@ impl Guard<'_> {
                     done: false,
                 }))
             }
-            Some(_) => {
-                // A new token: our grant had ended, this is someone new.
-                let news = st.set_lost(&s.kind, "the lease ended before the re-acquire");
-                drop(st);
+            Reacquired::Stale(other, news) => {
+                // The request took a hold of a new grant (the owner name was
+                // free, or granted again): given back under its token.
+                let _ = release_keys(&mut slot, &s.kind, &owner, &other, timeout, false);
+                drop(slot);
                 tell(news);
                 Err(lock(&s.status).lost_error(&s.kind))
             }
-            None => Ok(None),
+            Reacquired::Refused => Ok(None),
         }
     }
 
@@ -714,7 +537,7 @@ fn end(s: &Shared, generation: u64, all: bool) -> Result<(), Error> {
     }
     // Waits for a renewal in flight: no renewal follows the release.
     let mut slot = lock(&s.conn);
-    let (owner, timeout, left, send) = {
+    let (owner, tokens, timeout, left, send) = {
         let mut st = lock(&s.status);
         if !st.current(generation) {
             return Ok(());
@@ -726,33 +549,22 @@ fn end(s: &Shared, generation: u64, all: bool) -> Result<(), Error> {
         }
         let left = st.valid_until.saturating_duration_since(Instant::now());
         let send = all || last || s.kind.counted();
-        (st.owner.clone(), st.timeout, left, send)
+        (st.owner.clone(), st.tokens.clone(), st.timeout, left, send)
     };
     let mut news = None;
     let mut result = Ok(());
     if send {
         let timeout = limit(timeout, left.max(Duration::from_millis(50)));
-        let outcome = release_keys(&mut slot, &s.kind, &owner, timeout, all);
-        let mut st = lock(&s.status);
-        match outcome {
-            Ok(Released::Gone(why)) => {
-                news = st.set_lost(&s.kind, why);
-                st.holds = 0;
-                *slot = None;
-            }
-            Ok(Released::All) => st.holds = 0,
-            Ok(Released::OneHold) => {
-                st.verify = st.bound; // our write dropped the keys from tracking
-                s.wake.notify_all();
-            }
-            Err(e) => {
-                st.holds = 0;
-                *slot = None; // closing it frees a bound lock
-                if st.lost.is_none() {
-                    result = Err(e.into());
-                }
-            }
+        let outcome = release_keys(&mut slot, &s.kind, &owner, &tokens, timeout, all);
+        let (after, r) = lock(&s.status).after_release(&s.kind, outcome);
+        result = r;
+        if after.close {
+            *slot = None;
         }
+        if after.wake {
+            s.wake.notify_all();
+        }
+        news = after.news;
     }
     let mut st = lock(&s.status);
     if st.holds == 0 {
@@ -780,16 +592,18 @@ fn end(s: &Shared, generation: u64, all: bool) -> Result<(), Error> {
     result
 }
 
+/// `LOCK.RELEASE` of the grant (owner, under its `tokens`) on every key.
 fn release_keys(
     slot: &mut Option<Conn>,
     kind: &Kind,
     owner: &[u8],
+    tokens: &[i64],
     timeout: Duration,
     all: bool,
 ) -> redis::RedisResult<Released> {
     let conn = slot.as_mut().ok_or_else(closed)?;
     conn.timeouts(Some(timeout))?;
-    conn.run(Release::new(kind, owner, all))
+    conn.run(Release::new(kind, owner, tokens, all))
 }
 
 /// `WAIT replicas wait` on the holder's connection (a reply may take `wait`
@@ -807,17 +621,19 @@ fn wait_acks(
     n
 }
 
-/// `LOCK.RENEW` on every key: `None` when renewed, else why the lease is lost.
+/// `LOCK.RENEW` of the grant on every key: `None` when renewed, else why
+/// the lease is lost.
 fn renew_keys(
     slot: &mut Option<Conn>,
     kind: &Kind,
     owner: &[u8],
+    tokens: &[i64],
     ttl: Duration,
     timeout: Duration,
 ) -> redis::RedisResult<Option<&'static str>> {
     let conn = slot.as_mut().ok_or_else(closed)?;
     conn.timeouts(Some(timeout))?;
-    conn.run(Renew::new(kind, owner, ttl))
+    conn.run(Renew::new(kind, owner, tokens, ttl))
 }
 
 impl Drop for Guard<'_> {
@@ -856,14 +672,16 @@ fn watchdog(s: &Arc<Shared>, generation: u64) {
             let st = lock(&s.status);
             (st.bound, st.timeout)
         };
-        let watcher = if bound { join(s, timeout) } else { None };
+        if bound {
+            join(s, timeout);
+        }
         if bound && !lock(&s.status).current(generation) {
             // Released meanwhile: the release may have left the watcher before we joined.
             leave(s, &mut None, timeout);
             return;
         }
         let mut slot = lock(&s.conn);
-        let (owner, ttl, timeout, bound, left, renew) = {
+        let (owner, tokens, ttl, timeout, bound, left, renew) = {
             let mut st = lock(&s.status);
             if !st.current(generation) || st.lost.is_some() {
                 return;
@@ -881,7 +699,8 @@ fn watchdog(s: &Arc<Shared>, generation: u64) {
                 return;
             }
             let left = st.valid_until.saturating_duration_since(Instant::now());
-            (st.owner.clone(), st.ttl, st.timeout, st.bound, left, renew)
+            let (owner, tokens) = (st.owner.clone(), st.tokens.clone());
+            (owner, tokens, st.ttl, st.timeout, st.bound, left, renew)
         };
         let io = limit(timeout, left);
         if slot.is_none() && !bound {
@@ -893,12 +712,12 @@ fn watchdog(s: &Arc<Shared>, generation: u64) {
                 &mut slot,
                 &s.kind,
                 &owner,
-                watcher,
+                &tokens,
                 renew.then_some(ttl),
                 io,
             )
         } else {
-            renew_keys(&mut slot, &s.kind, &owner, ttl, io)
+            renew_keys(&mut slot, &s.kind, &owner, &tokens, ttl, io)
         };
         let (replicas, wait) = {
             let st = lock(&s.status);
@@ -911,44 +730,29 @@ fn watchdog(s: &Arc<Shared>, generation: u64) {
         if !st.current(generation) {
             return;
         }
-        let mut notice = None;
-        let news = match result {
-            Ok(None) if !renew => None,
-            Ok(None) => {
-                st.valid_until = sent + ttl;
-                st.next_renewal = Instant::now() + tick(ttl);
-                notice = acks.and_then(|a| st.renewed(&s.kind, a));
-                None
-            }
-            Ok(Some(why)) => st.set_lost(&s.kind, why),
-            Err(e) if bound => {
-                *slot = None;
-                st.set_lost(
-                    &s.kind,
-                    &format!("the connection the lock was bound to failed ({e})"),
-                )
-            }
-            Err(e) => {
-                *slot = None;
-                if Instant::now() + Duration::from_millis(1) >= st.valid_until {
-                    st.set_lost(
-                        &s.kind,
-                        &format!("renewals failed until the lease ran out ({e})"),
-                    )
-                } else {
-                    st.next_renewal = Instant::now() + tick(ttl).min(Duration::from_secs(1));
-                    None
-                }
-            }
-        };
+        let after = st.after_pass(&s.kind, result, renew, sent, acks);
         drop(st);
-        drop(slot);
-        tell(notice);
-        if news.is_some() {
-            tell(news);
+        let over = after.news.is_some();
+        apply(s, slot, after);
+        if over {
             return;
         }
     }
+}
+
+/// Applies a decision of [`Holding`]'s: closes the holder's connection
+/// (which frees a bound lock), wakes the watchdog, then tells, outside the
+/// locks.
+fn apply(s: &Shared, mut slot: MutexGuard<'_, Option<Conn>>, after: After) {
+    if after.close {
+        *slot = None;
+    }
+    if after.wake {
+        s.wake.notify_all();
+    }
+    drop(slot);
+    tell(after.notice);
+    tell(after.news);
 }
 
 impl Watched for Shared {
@@ -962,13 +766,13 @@ impl Watched for Shared {
     }
 }
 
-/// The id of the watcher of the lock's server, joined (opened if need be).
-fn join(s: &Arc<Shared>, timeout: Duration) -> Option<i64> {
+/// Joins the watcher of the lock's server (opened if need be).
+fn join(s: &Arc<Shared>, timeout: Duration) {
     let Target::Server(c) = &s.client else {
-        return None;
+        return;
     };
     let weak: Weak<dyn Watched> = Arc::downgrade(&(Arc::clone(s) as Arc<dyn Watched>));
-    watch::join(c, watch::id_of::<Shared>(s), weak, timeout)
+    watch::join(c, watch::id_of::<Shared>(s), weak, timeout);
 }
 
 /// The lock no longer needs the watcher; the last one wakes it to close,
@@ -996,32 +800,27 @@ fn leave(s: &Shared, slot: &mut Option<Conn>, timeout: Duration) {
         });
 }
 
-/// On the bound connection: client tracking redirected to the watcher (once
-/// per connection, when there is one), then `LOCK.KEEPALIVE` (when `renew`)
-/// and a read of each key, in one round trip. `None` while the lock is ours.
+/// On the bound connection, in one round trip: `LOCK.KEEPALIVE` (when
+/// `renew`) and a read of each key. `None` while the grant (owner,
+/// `tokens`) holds them all, else why not; `Err` when the connection failed.
 fn sync(
     slot: &mut Option<Conn>,
     kind: &Kind,
     owner: &[u8],
-    watcher: Option<i64>,
+    tokens: &[i64],
     renew: Option<Duration>,
     timeout: Duration,
 ) -> redis::RedisResult<Option<&'static str>> {
     let conn = slot.as_mut().ok_or_else(closed)?;
     conn.timeouts(Some(timeout))?;
-    match (watcher, &mut *conn) {
-        (Some(w), Conn::Server(c, by)) if *by != Some(w) => {
-            match commands::tracking(w).query::<()>(c) {
-                Ok(()) => *by = Some(w),
-                Err(e) if io_failure(&e) => return Err(e),
-                Err(_) => {} // refused (an ACL): the renewals still notice
-            }
-        }
-        (None, _) if renew.is_none() => return Ok(None),
-        _ => {}
-    }
     match conn.query_pipe(&commands::sync_pipe(kind, renew)) {
-        Ok(replies) => Ok(commands::judge(kind, owner, renew.is_some(), replies)),
+        Ok(replies) => Ok(commands::judge(
+            kind,
+            owner,
+            tokens,
+            renew.is_some(),
+            replies,
+        )),
         Err(e) if gone_error(&e) => Ok(Some(WRONGTYPE)),
         Err(e) => Err(e),
     }

@@ -12,7 +12,7 @@ use std::time::Duration;
 use redis::{Arg, Cmd, FromRedisValue, Pipeline, RedisResult, Value};
 
 use crate::{gone_error, millis, Error, Kind, Options};
-use crate::{RELEASE_NIL, RENEWED_FEWER, RENEW_ZERO, TOLD, WRONGTYPE};
+use crate::{FREED, REGRANTED, RELEASE_NIL, RENEWED_FEWER, RENEW_ZERO, TAKEN, WRONGTYPE};
 
 /// `name key…` for the kind: the head of every grant command.
 fn head(kind: &Kind) -> Cmd {
@@ -67,17 +67,28 @@ pub(crate) fn acquire(kind: &Kind, o: &Options, owner: &[u8], bind: bool) -> Cmd
     cmd
 }
 
-/// `LOCK.RELEASE key owner`.
-pub(crate) fn release(key: &[u8], owner: &[u8]) -> Cmd {
+/// `LOCK.RELEASE key owner [TOKEN token]`: with the grant's token, a
+/// holder whose grant ended never releases a later grant to the same owner
+/// name (nil, nothing changed). Without: only where no grant is known (a
+/// request whose reply was lost).
+pub(crate) fn release(key: &[u8], owner: &[u8], token: Option<i64>) -> Cmd {
     let mut c = redis::cmd("LOCK.RELEASE");
     c.arg(key).arg(owner);
+    if let Some(t) = token {
+        c.arg("TOKEN").arg(t);
+    }
     c
 }
 
-/// `LOCK.RENEW key owner ttl-ms`, the ttl as given.
-pub(crate) fn renew(key: &[u8], owner: &[u8], ttl_ms: u64) -> Cmd {
+/// `LOCK.RENEW key owner ttl-ms [TOKEN token]`, the ttl as given: with the
+/// token, renews that grant only (`0` when the owner name holds the key
+/// under another one). Without: RedLock's fresh owner on every server.
+pub(crate) fn renew(key: &[u8], owner: &[u8], ttl_ms: u64, token: Option<i64>) -> Cmd {
     let mut c = redis::cmd("LOCK.RENEW");
     c.arg(key).arg(owner).arg(ttl_ms);
+    if let Some(t) = token {
+        c.arg("TOKEN").arg(t);
+    }
     c
 }
 
@@ -241,17 +252,24 @@ pub(crate) fn holders(reply: Value) -> Option<Vec<HolderInfo>> {
     Some(Vec::new())
 }
 
-/// Whether `LOCK.INFO`'s reply names `owner` among the holders.
-pub(crate) fn held_by(reply: Value, owner: &[u8]) -> bool {
-    holders(reply).is_some_and(|h| h.iter().any(|(o, ..)| o == owner))
+/// Whether `LOCK.INFO`'s reply names `owner` among the holders (under
+/// `token`, when given).
+pub(crate) fn held_by(reply: Value, owner: &[u8], token: Option<i64>) -> bool {
+    holders(reply).is_some_and(|h| {
+        h.iter()
+            .any(|(o, _, _, t)| o == owner && token.is_none_or(|token| *t == token))
+    })
 }
 
 /// On a bound connection, in one round trip: `LOCK.KEEPALIVE ttl` (when
 /// renewing) and `LOCK.INFO` of each key. The reads say whether the lock is
 /// still ours, and keep the keys in the server's tracking table (a write of
 /// our own, with NOLOOP, drops them).
+/// An error reply is one reply among the others (`ignore_errors`): a key's
+/// `WRONGTYPE` is an overwritten key, never a failed connection.
 pub(crate) fn sync_pipe(kind: &Kind, keepalive: Option<Duration>) -> Pipeline {
     let mut p = redis::pipe();
+    p.ignore_errors();
     if let Some(ttl) = keepalive {
         p.cmd("LOCK.KEEPALIVE").arg(millis(ttl).max(1));
     }
@@ -261,28 +279,45 @@ pub(crate) fn sync_pipe(kind: &Kind, keepalive: Option<Duration>) -> Pipeline {
     p
 }
 
-/// What [`sync_pipe`]'s replies say: `None` while the lock is ours.
+/// What [`sync_pipe`]'s replies say: `None` while the grant (owner and
+/// `tokens`, in key order) holds every key, else why not.
 pub(crate) fn judge(
     kind: &Kind,
     owner: &[u8],
+    tokens: &[i64],
     keepalive: bool,
     replies: Vec<Value>,
 ) -> Option<&'static str> {
     let mut it = replies.into_iter();
-    let why = if keepalive { RENEWED_FEWER } else { TOLD };
-    if keepalive {
-        let n: i64 = it
-            .next()
-            .and_then(|v| redis::from_redis_value(v).ok())
-            .unwrap_or(0);
-        if n < i64::try_from(kind.keys().len()).unwrap_or(i64::MAX) {
-            return Some(why);
+    // LOCK.KEEPALIVE's count (an error reply: nothing renewed).
+    let renewed = if keepalive {
+        it.next()
+            .and_then(|v| redis::from_redis_value::<i64>(v).ok())
+            .unwrap_or(0)
+    } else {
+        i64::MAX
+    };
+    for (info, token) in it.zip(tokens) {
+        if let Value::ServerError(e) = &info {
+            if e.code() == "WRONGTYPE" {
+                return Some(WRONGTYPE);
+            }
+            continue; // no verdict: the renewal decides
         }
+        let holders = holders(info);
+        let Some(holders) = holders else {
+            return Some(FREED);
+        };
+        if holders.iter().any(|(o, _, _, t)| o == owner && t == token) {
+            continue;
+        }
+        if holders.iter().any(|(o, ..)| o == owner) {
+            return Some(REGRANTED);
+        }
+        return Some(TAKEN);
     }
-    for info in it {
-        if !held_by(info, owner) {
-            return Some(why);
-        }
+    if renewed < i64::try_from(kind.keys().len()).unwrap_or(i64::MAX) {
+        return Some(RENEWED_FEWER);
     }
     None
 }
@@ -321,9 +356,15 @@ pub(crate) struct Release {
 }
 
 impl Release {
-    pub(crate) fn new(kind: &Kind, owner: &[u8], all: bool) -> Release {
+    /// Under the grant's `tokens` (in key order).
+    pub(crate) fn new(kind: &Kind, owner: &[u8], tokens: &[i64], all: bool) -> Release {
         Release {
-            cmds: kind.keys().iter().map(|k| release(k, owner)).collect(),
+            cmds: kind
+                .keys()
+                .iter()
+                .zip(tokens)
+                .map(|(k, t)| release(k, owner, Some(*t)))
+                .collect(),
             all,
             out: Released::OneHold,
         }
@@ -373,10 +414,16 @@ pub(crate) struct Renew {
 }
 
 impl Renew {
-    pub(crate) fn new(kind: &Kind, owner: &[u8], ttl: Duration) -> Renew {
+    /// Under the grant's `tokens` (in key order).
+    pub(crate) fn new(kind: &Kind, owner: &[u8], tokens: &[i64], ttl: Duration) -> Renew {
         let ms = millis(ttl).max(1);
         Renew {
-            cmds: kind.keys().iter().map(|k| renew(k, owner, ms)).collect(),
+            cmds: kind
+                .keys()
+                .iter()
+                .zip(tokens)
+                .map(|(k, t)| renew(k, owner, ms, Some(*t)))
+                .collect(),
             lost: None,
         }
     }
@@ -443,27 +490,33 @@ mod tests {
     #[test]
     fn a_release_goes_key_by_key_and_stops_at_a_lock_not_ours() {
         let (sent, out) = run(
-            Release::new(&multi(), b"o", false),
+            Release::new(&multi(), b"o", &[3, 4], false),
             vec![Ok(Value::Int(1)), Ok(Value::Int(1))],
         );
+        // Each key under its own token.
         assert_eq!(
             sent,
-            [release(b"a", b"o"), release(b"b", b"o")].map(|c| c.get_packed_command())
+            [release(b"a", b"o", Some(3)), release(b"b", b"o", Some(4))]
+                .map(|c| c.get_packed_command())
         );
+        assert!(String::from_utf8_lossy(&sent[1]).ends_with("$5\r\nTOKEN\r\n$1\r\n4\r\n"));
         assert!(matches!(out, Ok(Released::All)));
 
-        let (sent, out) = run(Release::new(&multi(), b"o", false), vec![Ok(Value::Nil)]);
+        let (sent, out) = run(
+            Release::new(&multi(), b"o", &[3, 4], false),
+            vec![Ok(Value::Nil)],
+        );
         assert_eq!(sent.len(), 1);
         assert!(matches!(out, Ok(Released::Gone(RELEASE_NIL))));
 
         let (_, out) = run(
-            Release::new(&Kind::Reentrant(b"k".to_vec()), b"o", false),
+            Release::new(&Kind::Reentrant(b"k".to_vec()), b"o", &[7], false),
             vec![Ok(Value::Int(0))],
         );
         assert!(matches!(out, Ok(Released::OneHold)));
 
         let (_, out) = run(
-            Release::new(&Kind::Exclusive(b"k".to_vec()), b"o", false),
+            Release::new(&Kind::Exclusive(b"k".to_vec()), b"o", &[7], false),
             vec![Err(wrongtype())],
         );
         assert!(matches!(out, Ok(Released::Gone(WRONGTYPE))));
@@ -472,7 +525,7 @@ mod tests {
     #[test]
     fn a_release_of_every_hold_repeats_until_the_last() {
         let (sent, out) = run(
-            Release::new(&Kind::Reentrant(b"k".to_vec()), b"o", true),
+            Release::new(&Kind::Reentrant(b"k".to_vec()), b"o", &[7], true),
             vec![Ok(Value::Int(0)), Ok(Value::Int(0)), Ok(Value::Int(1))],
         );
         assert_eq!(sent.len(), 3);
@@ -482,28 +535,72 @@ mod tests {
     #[test]
     fn a_renewal_stops_at_the_first_key_not_renewed() {
         let (sent, out) = run(
-            Renew::new(&multi(), b"o", Duration::from_micros(10)),
+            Renew::new(&multi(), b"o", &[3, 4], Duration::from_micros(10)),
             vec![Ok(Value::Int(1)), Ok(Value::Int(0))],
         );
-        // A ttl under 1 ms is sent as 1.
+        // A ttl under 1 ms is sent as 1; each key under its own token.
         assert_eq!(
             sent,
-            [renew(b"a", b"o", 1), renew(b"b", b"o", 1)].map(|c| c.get_packed_command())
+            [renew(b"a", b"o", 1, Some(3)), renew(b"b", b"o", 1, Some(4))]
+                .map(|c| c.get_packed_command())
         );
         assert!(matches!(out, Ok(Some(RENEW_ZERO))));
 
         let (sent, out) = run(
-            Renew::new(&multi(), b"o", Duration::from_secs(1)),
+            Renew::new(&multi(), b"o", &[3, 4], Duration::from_secs(1)),
             vec![Err(wrongtype())],
         );
         assert_eq!(sent.len(), 1);
         assert!(matches!(out, Ok(Some(WRONGTYPE))));
 
         let (_, out) = run(
-            Renew::new(&multi(), b"o", Duration::from_secs(1)),
+            Renew::new(&multi(), b"o", &[3, 4], Duration::from_secs(1)),
             vec![Ok(Value::Int(1)), Err(crate::closed())],
         );
         assert!(out.is_err());
+    }
+
+    #[test]
+    fn a_read_tells_each_cause_apart() {
+        let info = |holders: Vec<(&str, i64)>| {
+            let list = holders
+                .into_iter()
+                .map(|(o, t)| {
+                    Value::Array(vec![
+                        Value::BulkString(o.into()),
+                        Value::Int(1),
+                        Value::Int(1000),
+                        Value::Int(t),
+                    ])
+                })
+                .collect();
+            Value::Array(vec![
+                Value::BulkString(b"mode".to_vec()),
+                Value::BulkString(b"exclusive".to_vec()),
+                Value::BulkString(b"holders".to_vec()),
+                Value::Array(list),
+            ])
+        };
+        let k = Kind::Exclusive(b"k".to_vec());
+        let judged = |renewed: Option<i64>, v: Value| {
+            let mut replies: Vec<Value> = renewed.map(Value::Int).into_iter().collect();
+            replies.push(v);
+            judge(&k, b"o", &[7], renewed.is_some(), replies)
+        };
+        assert_eq!(judged(None, info(vec![("o", 7)])), None);
+        assert_eq!(judged(Some(1), info(vec![("o", 7)])), None);
+        assert_eq!(judged(None, Value::Nil), Some(FREED));
+        assert_eq!(judged(None, info(vec![("o", 9)])), Some(REGRANTED));
+        assert_eq!(judged(Some(1), info(vec![("p", 9)])), Some(TAKEN));
+        assert_eq!(judged(Some(0), info(vec![("o", 7)])), Some(RENEWED_FEWER));
+        // The read's cause comes first: KEEPALIVE renewed nothing because it was freed.
+        assert_eq!(judged(Some(0), Value::Nil), Some(FREED));
+        // A WRONGTYPE read (the pipeline ignores errors): overwritten.
+        let wrongtype = redis::ServerError::try_from(wrongtype()).expect("a server error");
+        assert_eq!(
+            judged(Some(0), Value::ServerError(wrongtype)),
+            Some(WRONGTYPE)
+        );
     }
 
     #[test]

@@ -1,11 +1,39 @@
 //! What a lock knows of its current acquisition, the same in the blocking
 //! and the tokio API: owner, lease, tokens, whether it is lost, and the
-//! callbacks to tell. Each API keeps it behind a mutex never held across I/O.
+//! callbacks to tell; and what each reply of a renewal, an extend, a
+//! re-acquire or a release means for it (the decisions: each API only
+//! carries the commands and applies [`After`]). Each API keeps it behind a
+//! mutex never held across I/O.
 
 use std::time::{Duration, Instant};
 
-use crate::commands::NOT_HELD;
-use crate::{fresh_owner, Error, Kind, OnLost, Options, RAN_OUT};
+use crate::commands::{Released, NOT_HELD};
+use crate::{bound_failed, fresh_owner, tick, Error, Kind, OnLost, Options, RAN_OUT};
+
+/// A callback to call (outside any lock), with its error.
+pub(crate) type News = Option<(OnLost, Error)>;
+
+/// What the API does after a decision: tell (outside the locks), close the
+/// holder's connection (a bound lock is freed with it), wake the watchdog.
+#[derive(Default)]
+pub(crate) struct After {
+    pub(crate) news: News,
+    /// A renewal fewer replicas acknowledged ([`Holding::renewed`]).
+    pub(crate) notice: News,
+    pub(crate) close: bool,
+    pub(crate) wake: bool,
+}
+
+/// What a re-acquire's reply means.
+pub(crate) enum Reacquired {
+    /// One more hold of this grant.
+    Held,
+    /// Not granted (busy).
+    Refused,
+    /// A new grant (this one had ended): the hold just taken is given back
+    /// under these tokens; the lease is lost.
+    Stale(Vec<i64>, News),
+}
 
 /// One `Lock`'s state: its owner and options, and its current acquisition.
 pub(crate) struct Holding {
@@ -142,6 +170,130 @@ impl Holding {
         };
         self.durable = Some(false);
         self.on_not_durable.clone().map(|f| (f, err))
+    }
+}
+
+impl Holding {
+    /// After a watchdog's pass (`renew`: `LOCK.KEEPALIVE` or `LOCK.RENEW`
+    /// sent; else a check) sent at `sent`: `result` is `None` while held,
+    /// else why not; `acks` a `WAIT`'s outcome. `news` set: the watchdog ends.
+    pub(crate) fn after_pass(
+        &mut self,
+        kind: &Kind,
+        result: redis::RedisResult<Option<&'static str>>,
+        renew: bool,
+        sent: Instant,
+        acks: Option<redis::RedisResult<i64>>,
+    ) -> After {
+        let mut after = After::default();
+        match result {
+            Ok(None) if !renew => {}
+            Ok(None) => {
+                self.valid_until = sent + self.ttl;
+                self.next_renewal = Instant::now() + tick(self.ttl);
+                after.notice = acks.and_then(|a| self.renewed(kind, a));
+            }
+            Ok(Some(why)) => after.news = self.set_lost(kind, why),
+            Err(e) if self.bound => {
+                after.close = true;
+                after.news = self.set_lost(kind, &bound_failed(&e));
+            }
+            Err(e) => {
+                after.close = true;
+                if Instant::now() + Duration::from_millis(1) >= self.valid_until {
+                    let why = format!("renewals failed until the lease ran out ({e})");
+                    after.news = self.set_lost(kind, &why);
+                } else {
+                    // Unbound: reconnect and try again soon, while the lease lasts.
+                    let soon = tick(self.ttl).min(Duration::from_secs(1));
+                    self.next_renewal = Instant::now() + soon;
+                }
+            }
+        }
+        after
+    }
+
+    /// After an extend to `ttl` sent at `sent`: `Ok` with what to do, or the
+    /// error to return (with what to do first).
+    pub(crate) fn after_extend(
+        &mut self,
+        kind: &Kind,
+        result: redis::RedisResult<Option<&'static str>>,
+        ttl: Duration,
+        sent: Instant,
+        acks: Option<redis::RedisResult<i64>>,
+    ) -> (After, Result<(), Error>) {
+        let mut after = After::default();
+        match result {
+            Ok(None) => {
+                after.notice = acks.and_then(|a| self.renewed(kind, a));
+                self.ttl = ttl;
+                self.valid_until = sent + ttl;
+                self.next_renewal = Instant::now() + tick(ttl);
+                after.wake = true;
+                return (after, Ok(()));
+            }
+            Ok(Some(why)) => after.news = self.set_lost(kind, why),
+            Err(e) if self.bound => {
+                after.close = true;
+                after.news = self.set_lost(kind, &bound_failed(&e));
+            }
+            Err(e) if Instant::now() >= self.valid_until => {
+                after.close = true;
+                after.news = self.set_lost(kind, &format!("the renewal failed ({e})"));
+            }
+            Err(e) => return (after, Err(e.into())),
+        }
+        (after, Err(self.lost_error(kind)))
+    }
+
+    /// A re-acquire's reply (the tokens granted, `None` when refused), sent
+    /// at `sent`.
+    pub(crate) fn reacquired(
+        &mut self,
+        kind: &Kind,
+        tokens: Option<Vec<i64>>,
+        sent: Instant,
+    ) -> Reacquired {
+        match tokens {
+            Some(t) if t == self.tokens => {
+                self.holds += 1;
+                self.valid_until = sent + self.ttl;
+                Reacquired::Held
+            }
+            Some(other) => Reacquired::Stale(
+                other,
+                self.set_lost(kind, "the lease ended before the re-acquire"),
+            ),
+            None => Reacquired::Refused,
+        }
+    }
+
+    /// After a release was sent: its outcome; the error it is, if any.
+    pub(crate) fn after_release(
+        &mut self,
+        kind: &Kind,
+        outcome: redis::RedisResult<Released>,
+    ) -> (After, Result<(), Error>) {
+        let mut after = After::default();
+        let mut result = Ok(());
+        match outcome {
+            Ok(Released::Gone(why)) => {
+                after.news = self.set_lost(kind, why);
+                self.holds = 0;
+                after.close = true;
+            }
+            Ok(Released::All) => self.holds = 0,
+            Ok(Released::OneHold) => after.wake = true,
+            Err(e) => {
+                self.holds = 0;
+                after.close = true; // closing it frees a bound lock
+                if self.lost.is_none() {
+                    result = Err(e.into());
+                }
+            }
+        }
+        (after, result)
     }
 }
 

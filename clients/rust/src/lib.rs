@@ -110,7 +110,13 @@
 //! [`Guard::is_lost`] turns true for good, [`Guard::check`] and the release
 //! return [`Error::LeaseLost`], and [`Lock::on_lost`]'s callback is called.
 //! A key deleted or overwritten (`WRONGTYPE`) is a lost lease too, never a
-//! raw server error. `DEADLOCK` replies are [`Error::Deadlock`].
+//! raw server error. `DEADLOCK` replies are [`Error::Deadlock`]. A bound
+//! lock's loss (its key deleted, overwritten or freed, its connection
+//! killed, the server killed or restarted) is told at once through a
+//! watcher per server (a subscriber and an observer: see the README), each
+//! cause in its own words. The release and every renewal go with the
+//! grant's token (`TOKEN`): a guard whose grant ended never releases or
+//! renews a later grant to the same owner name.
 //!
 //! # fork
 //!
@@ -134,6 +140,7 @@ use std::fmt;
 use std::time::Duration;
 
 pub mod aio;
+mod api;
 mod blocking;
 mod commands;
 mod holding;
@@ -400,16 +407,24 @@ pub(crate) fn closed() -> redis::RedisError {
     redis::RedisError::from(std::io::Error::other("the holder's connection is closed"))
 }
 
-/// Why a lease is lost, from the renewal's outcome.
+/// Why a lease is lost: each cause its own words.
 pub(crate) const RENEWED_FEWER: &str =
-    "LOCK.KEEPALIVE found it gone: released, expired, deleted or overwritten";
+    "LOCK.KEEPALIVE renewed fewer locks than held: released, expired, deleted or overwritten";
 pub(crate) const RENEW_ZERO: &str =
-    "LOCK.RENEW answered 0: the lease expired or the key was deleted";
+    "LOCK.RENEW under this grant's token answered 0: the lease expired, the key was deleted, or the owner name was granted again";
 pub(crate) const RAN_OUT: &str = "its ttl ran out without a successful renewal";
-pub(crate) const RELEASE_NIL: &str = "LOCK.RELEASE answered nil: the lock was no longer ours";
+pub(crate) const RELEASE_NIL: &str =
+    "LOCK.RELEASE under this grant's token answered nil: the grant had ended (released elsewhere, expired, deleted, or the owner name granted again)";
 pub(crate) const WRONGTYPE: &str = "the key is no longer a lock (WRONGTYPE): overwritten";
-pub(crate) const TOLD: &str =
-    "the key was deleted, overwritten or freed (told by the server at once)";
+pub(crate) const FREED: &str =
+    "the key was deleted or the lock freed (released elsewhere or expired): LOCK.INFO finds it free";
+pub(crate) const REGRANTED: &str =
+    "the owner name holds the lock under a newer grant: this grant had ended";
+pub(crate) const TAKEN: &str = "the lock was freed and another owner holds it now";
+/// The bound connection failed: the server frees a lock bound to it.
+pub(crate) fn bound_failed(e: &redis::RedisError) -> String {
+    format!("the connection the lock was bound to failed or was closed, which frees the lock ({e})")
+}
 
 /// A failure of the connection itself (not a reply of the server's).
 pub(crate) fn io_failure(e: &redis::RedisError) -> bool {

@@ -171,7 +171,7 @@ impl RedLock {
     }
 
     fn release_owner(&self, key: &[u8], owner: &[u8]) -> usize {
-        self.each(&commands::release(key, owner))
+        self.each(&commands::release(key, owner, None))
             .into_iter()
             .filter(|r| matches!(r, Some(redis::Value::Int(_))))
             .count()
@@ -186,7 +186,7 @@ impl RedLock {
     /// renewed in time.
     pub fn extend(&self, lease: &mut RedLease, ttl: Duration) -> bool {
         let started = Instant::now();
-        let cmd = commands::renew(&lease.key, &lease.owner, millis(ttl));
+        let cmd = commands::renew(&lease.key, &lease.owner, millis(ttl), None);
         let renewed: Vec<Option<i64>> = self
             .each(&cmd)
             .into_iter()
@@ -282,13 +282,13 @@ impl AsyncRedLock {
             ) {
                 return Some(lease);
             }
-            self.each(&commands::release(key, &owner)).await;
+            self.each(&commands::release(key, &owner, None)).await;
         }
         None
     }
 
     pub async fn release(&self, lease: &RedLease) -> usize {
-        self.each(&commands::release(&lease.key, &lease.owner))
+        self.each(&commands::release(&lease.key, &lease.owner, None))
             .await
             .into_iter()
             .filter(|r| matches!(r, Some(redis::Value::Int(_))))
@@ -299,7 +299,7 @@ impl AsyncRedLock {
     /// renewed in time.
     pub async fn extend(&self, lease: &mut RedLease, ttl: Duration) -> bool {
         let started = Instant::now();
-        let cmd = commands::renew(&lease.key, &lease.owner, millis(ttl));
+        let cmd = commands::renew(&lease.key, &lease.owner, millis(ttl), None);
         let renewed: Vec<Option<i64>> = self
             .each(&cmd)
             .await

@@ -157,7 +157,7 @@ impl Run {
                 queues: (0..KEYS).map(|_| Queue::default()).collect(),
                 replicas: vec![Lock::default(); KEYS],
             },
-            model: Model::new(KEYS, start.now, start.last_token),
+            model: Model::new(KEYS, start.now, start.last_token, start.max_holders),
             n: 0,
             next_id: 0,
             removed_ids: BTreeSet::new(),
@@ -319,8 +319,11 @@ impl Run {
                     owner: owner_name(owner),
                     ttl,
                 };
+                // Refused busy or at the holder limit, it waits (v4).
                 if try_first
-                    && self.grant(step, key, (kind, owner, ttl), before, ctx) != Attempt::Busy
+                    && !self
+                        .grant(step, key, (kind, owner, ttl), before, ctx)
+                        .waits()
                 {
                     return;
                 }
@@ -462,12 +465,13 @@ impl Run {
             owner: owner_name(owner),
             ttl,
         };
-        let got = core.locks[key].try_acquire(
+        let got = core.locks[key].try_acquire_within(
             &req,
             queued,
             core.now,
             &mut core.tokens,
             &mut step.changes,
+            self.start.max_holders,
         );
         let want = self.model.grant(key, kind, owner, ttl, queued);
         assert_eq!(got, want, "{ctx}: core vs model");
@@ -497,11 +501,13 @@ impl Run {
             .map(|w| (w.id, w.request.clone()))
             .collect();
         step.purged = self.model.purge(key);
-        let got = core.queues[key].settle(
+        let max = self.start.max_holders;
+        let got = core.queues[key].settle_within(
             &mut core.locks[key],
             now,
             &mut core.tokens,
             &mut step.changes,
+            max,
         );
         let want = self.model.settle(key);
         assert_eq!(got, want, "{ctx}: core vs model");
@@ -520,7 +526,7 @@ impl Run {
                 self.answered_ids.insert(id),
                 "{ctx}: waiter {id} answered twice"
             );
-            assert_ne!(outcome, Attempt::Busy, "{ctx}: Busy answered");
+            assert!(!outcome.waits(), "{ctx}: {outcome:?} answered");
             if let Attempt::Granted(t) = outcome {
                 let h = core.locks[key]
                     .holder(&req.owner)
@@ -540,7 +546,8 @@ impl Run {
         }
         // The new head, if any, really cannot be granted now (a multi-key
         // part is never granted here, whatever the lock): readers at the
-        // head went together, and a waiting writer blocks the rest.
+        // head went together up to the holder limit, and a waiting writer
+        // blocks the rest.
         let lock = &core.locks[key];
         if let Some(head) = core.queues[key].iter().next().filter(|w| !w.part) {
             let owner = &head.request.owner;
@@ -549,11 +556,12 @@ impl Run {
                 "{ctx}: head holds"
             );
             assert!(lock.is_held(now), "{ctx}: free lock, waiter left waiting");
+            let full = lock.live(now).count() >= max;
             assert!(
-                !lock.admits(head.request.kind, now),
+                full || !lock.admits(head.request.kind, now),
                 "{ctx}: head admissible"
             );
-            if head.request.kind == Kind::Read {
+            if head.request.kind == Kind::Read && !full {
                 assert_eq!(lock.mode(), Mode::Exclusive, "{ctx}: a reader left waiting");
             }
         }

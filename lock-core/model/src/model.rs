@@ -44,6 +44,9 @@ pub struct MKey {
 pub struct Model {
     pub now: u64,
     pub last_token: u64,
+    /// `lock.max-holders`: a new holder past it is refused
+    /// (`TooManyHolders`), and waits when queued.
+    pub max_holders: usize,
     pub keys: Vec<MKey>,
 }
 
@@ -100,6 +103,9 @@ impl Model {
         };
         if !compatible {
             return Attempt::Busy;
+        }
+        if holders.len() >= self.max_holders {
+            return Attempt::TooManyHolders(self.max_holders);
         }
         if self.last_token >= MAX_TOKEN {
             return Attempt::TokensExhausted;
@@ -162,7 +168,8 @@ impl Model {
         let mut answered = Vec::new();
         while let Some(w) = self.keys[key].queue.front().copied().filter(|w| !w.part) {
             let outcome = self.grant(key, w.kind, w.owner, w.ttl, false);
-            if outcome == Attempt::Busy {
+            // Busy or at the holder limit: the head keeps its place.
+            if matches!(outcome, Attempt::Busy | Attempt::TooManyHolders(_)) {
                 break;
             }
             self.keys[key].queue.pop_front();
@@ -201,11 +208,13 @@ impl Model {
 }
 
 impl Model {
-    /// A model of `keys` free keys at `now`, the counter at `last_token`.
-    pub fn new(keys: usize, now: u64, last_token: u64) -> Model {
+    /// A model of `keys` free keys at `now`, the counter at `last_token`,
+    /// at most `max_holders` holders a key.
+    pub fn new(keys: usize, now: u64, last_token: u64, max_holders: usize) -> Model {
         Model {
             now,
             last_token,
+            max_holders,
             keys: (0..keys).map(|_| MKey::default()).collect(),
         }
     }

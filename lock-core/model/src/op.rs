@@ -231,12 +231,17 @@ pub enum PutToken {
     Zero,
 }
 
-/// The start of a run: the token counter and the clock.
+/// The start of a run: the token counter, the clock and the holder limit
+/// (`lock.max-holders`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Start {
     pub last_token: u64,
     pub now: u64,
+    pub max_holders: usize,
 }
+
+/// `lock.max-holders`'s default: never reached by [`OWNERS`] owners.
+pub const DEFAULT_MAX_HOLDERS: usize = lock_core::lock::DEFAULT_MAX_HOLDERS;
 
 // ---------------------------------------------------------------------------
 // Decoding bytes (the fuzz target, the bounded fuzz run).
@@ -332,7 +337,16 @@ fn decode_start(input: &mut Input) -> Start {
         1 => input.u64() % MAX_NOW,
         _ => WALL_CLOCK + input.u16(),
     };
-    Start { last_token, now }
+    // Now and then a holder limit the owners reach.
+    let max_holders = match input.byte() % 4 {
+        0 => 1 + usize::from(input.byte() % 3),
+        _ => DEFAULT_MAX_HOLDERS,
+    };
+    Start {
+        last_token,
+        now,
+        max_holders,
+    }
 }
 
 fn decode_op(input: &mut Input) -> Op {
@@ -448,19 +462,29 @@ pub fn decode(data: &[u8]) -> (Start, Vec<Op>) {
 pub mod strategy {
     use proptest::prelude::*;
 
-    use super::{Op, Put, PutToken, Start, Tok, Who, KEYS, OWNERS};
+    use super::{Op, Put, PutToken, Start, Tok, Who, DEFAULT_MAX_HOLDERS, KEYS, OWNERS};
     use lock_core::tokens::MAX_TOKEN;
     use lock_core::{Kind, Mode};
 
     /// The counter, sometimes close to exhaustion (`TokensExhausted` must
-    /// refuse and change nothing), and a clock far from the epoch.
+    /// refuse and change nothing), a clock far from the epoch, and now and
+    /// then a holder limit of 1 to 3 (readers and permits wait for it).
     pub fn start() -> impl Strategy<Value = Start> {
         let last_token = prop_oneof![
             4 => 0u64..1000,
             1 => (MAX_TOKEN - 6)..=MAX_TOKEN,
         ];
-        (last_token, 1_000_000u64..2_000_000)
-            .prop_map(|(last_token, now)| Start { last_token, now })
+        let max_holders = prop_oneof![
+            2 => Just(DEFAULT_MAX_HOLDERS),
+            1 => 1usize..=3,
+        ];
+        (last_token, 1_000_000u64..2_000_000, max_holders).prop_map(
+            |(last_token, now, max_holders)| Start {
+                last_token,
+                now,
+                max_holders,
+            },
+        )
     }
 
     /// Key 0 is the busiest; keys 1 and 2 still see every operation.

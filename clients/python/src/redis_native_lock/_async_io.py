@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import weakref
-from typing import Any, Awaitable, Callable, Coroutine, Dict, List, Optional, Sequence
+from typing import Any, Awaitable, Callable, Coroutine, Dict, List, Optional, Sequence, Set, Tuple
 
 import redis
 from redis.asyncio.cluster import RedisCluster
@@ -30,6 +30,94 @@ async def shielded(fn: Callable[..., Awaitable[None]], *args: Any) -> None:
 def current() -> Any:
     """The calling task (None outside one)."""
     return asyncio.current_task()
+
+
+def ended(task: Any) -> bool:
+    """Whether a hold's task is done (it can release nothing any more)."""
+    return task is not None and task.done()
+
+
+#: The code of the package's acquire() coroutines (`Holder.acquire`,
+#: `NativeLock.acquire`): a task that runs one of them and nothing else was
+#: made to wait for the grant on its awaiter's behalf.
+ACQUIRES: Set[Any] = set()
+
+
+def helper() -> bool:
+    """Whether the calling task runs only an acquire() (`asyncio.wait_for`
+    before Python 3.12, `TaskGroup.create_task(lock.acquire())`,
+    `asyncio.gather`): its grant is for the task that awaits it."""
+    task = asyncio.current_task()
+    return task is not None and getattr(task.get_coro(), "cr_code", None) in ACQUIRES
+
+
+async def try_lock(lock: asyncio.Lock) -> bool:
+    """Takes `lock` if it is free, without waiting."""
+    if lock.locked():
+        return False
+    await lock.acquire()
+    return True
+
+
+async def nap() -> None:
+    """(The blocking watcher's pause when a connection it saw readable is in use.)"""
+
+
+def readable(conn: Any) -> bool:
+    """Whether the server closed `conn` (or it failed) while no command was under way."""
+    reader = getattr(conn, "_reader", None)
+    writer = getattr(conn, "_writer", None)
+    if reader is None or writer is None:
+        return True
+    return reader.at_eof() or reader.exception() is not None or writer.transport.is_closing()
+
+
+_closing: Set["asyncio.Task[None]"] = set()  # the checks under way (a task needs a reference)
+
+
+def on_close(conn: Any, hold: Any) -> None:
+    """Has the event loop tell `hold` (`hold.closed()`) the moment the server
+    closes `conn` (its transport's EOF or loss), with no command under way.
+    Without redis-py's stream internals: nothing (the renewals notice)."""
+    conn._rnl_hold = weakref.ref(hold)
+    if getattr(conn, "_rnl_hooked", False):
+        return
+    transport = getattr(getattr(conn, "_writer", None), "transport", None)
+    protocol = transport.get_protocol() if transport is not None else None
+    if protocol is None:
+        return
+    conn._rnl_hooked = True
+
+    def tell() -> None:
+        ref = getattr(conn, "_rnl_hold", None)
+        h = ref() if ref is not None else None
+        if h is not None:
+            task = asyncio.get_running_loop().create_task(h.closed())
+            _closing.add(task)
+            task.add_done_callback(_closing.discard)
+
+    def hook(name: str) -> None:
+        original = getattr(protocol, name)
+
+        def hooked(*args: Any) -> Any:
+            out = original(*args)
+            try:
+                tell()
+            except Exception:  # noqa: BLE001 - the transport's callback must not fail
+                pass
+            return out
+
+        setattr(protocol, name, hooked)
+
+    hook("eof_received")
+    hook("connection_lost")
+
+
+class Poke:
+    """(The blocking watcher's wake-up; asyncio's is told by `on_close`.)"""
+
+    def poke(self) -> None:
+        pass
 
 
 def spawn(fn: Callable[..., Coroutine[Any, Any, None]], *args: Any, name: str) -> "asyncio.Task[None]":
@@ -92,9 +180,10 @@ async def pipeline(conn: Any, cmds: List[List[Any]], timeout: Optional[float]) -
     return out
 
 
-async def listen(w: Any) -> Any:
-    """The next message on the watcher (it waits for news, never for a reply)."""
-    return await w.read_response()
+async def listen(w: Any, bound: Sequence[Any], poke: Poke) -> Tuple[Any, List[Any]]:
+    """The next message on the watcher (it waits for news, never for a
+    reply), and no holds (closed bound connections come by `on_close`)."""
+    return await w.read_response(), []
 
 
 async def open_connection(cls: Any, kwargs: Dict[str, Any], timeout: float) -> Any:

@@ -244,8 +244,9 @@ def parse_info(reply: Any) -> Optional[Dict[str, Any]]:
     return out
 
 
-def holds(info: Optional[Dict[str, Any]], owner: bytes) -> bool:
-    return info is not None and any(h["owner"] == owner for h in info["holders"])
+def holds(info: Optional[Dict[str, Any]], owner: bytes, token: Optional[int] = None) -> bool:
+    """Whether LOCK.INFO lists `owner` (under `token`, when given)."""
+    return info is not None and any(h["owner"] == owner and (token is None or h["token"] == token) for h in info["holders"])
 
 
 def guard_args(key: KeyT, owner: bytes, token: int, command: Sequence[Any]) -> List[Any]:

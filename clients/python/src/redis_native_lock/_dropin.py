@@ -27,6 +27,7 @@ from typing import Any, Literal, Optional, Type, Union
 import redis
 from redis.exceptions import LockError, LockNotOwnedError
 
+from . import _sync_io as _io
 from . import _common
 from ._common import Kind, LeaseLost, NotDurable, check_key, holds, ms, parse_info
 from ._sync import Holder, _Hold
@@ -105,9 +106,9 @@ class NativeLock:
 
     def acquire(
         self,
+        sleep: Optional[Number] = None,
         blocking: Optional[bool] = None,
         blocking_timeout: Optional[Number] = None,
-        sleep: Optional[Number] = None,
         token: Optional[Union[str, bytes]] = None,
     ) -> bool:
         """Waits in the server (`WAIT`) for the lock, as redis-py's
@@ -210,14 +211,14 @@ class NativeLock:
                 new_ms = add_ms
                 if add:
                     info = parse_info(h.call(["LOCK.INFO", key], timeout))
-                    mine = [x for x in (info or {}).get("holders", []) if x["owner"] == h.owner]
+                    mine = [x for x in (info or {}).get("holders", []) if x["owner"] == h.owner and x["token"] == h.token]
                     if not mine:
-                        h.lose("LOCK.INFO no longer lists this owner")
+                        h.lose("LOCK.INFO no longer lists this owner under its token")
                         raise not_owned
                     new_ms = int(mine[0]["ttl_ms"]) + add_ms
                 if new_ms <= 0:
                     raise ValueError(f"the lease would end now or before ({new_ms} ms)")
-                reply = (h.write([["LOCK.RENEW", key, h.owner, new_ms]], timeout, "renewal"))[0]
+                reply = (h.write(h.renewals(new_ms), timeout, "renewal"))[0]
             except NotDurable as e:
                 h.lose("a renewal was not acknowledged by enough replicas")
                 raise NotDurableLockError(e, self._lname()) from e
@@ -225,14 +226,17 @@ class NativeLock:
                 h.lose(f"the key was replaced by another type ({e})")
                 raise not_owned from e
             if reply != 1:
-                h.lose("LOCK.RENEW answered 0: the lease expired or the key was deleted")
+                h.lose("LOCK.RENEW answered 0: the lease expired, the key was deleted, or the owner holds it under a newer grant")
                 raise not_owned
             h.valid_until = sent + new_ms / 1000
+        h.server.keep(h, h.valid_until)  # held (its connection kept) to the new end
         h.track()
         return True
 
     def __repr__(self) -> str:
         return f"<NativeLock name={self.name!r} timeout={self.timeout} token={self.local.token!r}>"
 
+
+_io.ACQUIRES.add(NativeLock.acquire.__code__)  # a thread running only this acquires for its awaiter
 
 __all__ = ["NativeLock", "NotDurableLockError", "DEFAULT_LEASE", "wait_of", "owner_of", "holds", "ms"]

@@ -15,6 +15,7 @@ Layout:
 
 from __future__ import annotations
 
+import logging
 import os
 import threading
 import time
@@ -60,6 +61,7 @@ OnLost = Callable[["Holder", str], None]
 SyncClient = Union["redis.Redis", "redis.RedisCluster"]
 
 _IO_ERRORS = _io.IO_ERRORS
+_log = logging.getLogger("redis_native_lock")
 
 
 class _Hold:
@@ -73,7 +75,17 @@ class _Hold:
         self.server = server
         self.ttl_ms = ttl_ms
         self.pid = os.getpid()
-        self.thread: Any = _io.current()
+        self.thread: Any = _io.current()  # the thread that holds it (a Task)
+        #: per thread (not `owner=`, not the drop-in's thread_local=False): the
+        #: thread's end is the holder's end
+        self.per_task = holder._owner is None and isinstance(holder._holds, _io.PerTask)
+        #: granted in a thread that ran only acquire() (asyncio.wait_for before
+        #: Python 3.12, a TaskGroup's create_task): the thread that uses the
+        #: object next takes it over (`Holder._adopt`)
+        self.handed = False
+        self.renews = holder._renews  # False: held to its lease's end (the drop-in's timeout=)
+        self.abandoned_why: Optional[str] = None
+        self.own_owner = False
         self.token: Optional[int] = None
         self.tokens: List[int] = []
         self.holds = 0
@@ -89,6 +101,21 @@ class _Hold:
         self.pending = False  # an acquire under way (claims an owner= object)
         self.previous: Optional[_Hold] = None
         self.io = _io.Lock()
+
+    def renewals(self, ttl_ms: int) -> List[List[Any]]:
+        """`LOCK.RENEW key owner ttl TOKEN token` for each key: only this
+        grant is renewed, never a later one to the same owner name."""
+        return [["LOCK.RENEW", k, self.owner, ttl_ms, "TOKEN", t] for k, t in zip(self.kind.keys, self.tokens)]
+
+    def releases(self, tokens: Optional[List[int]] = None) -> List[List[Any]]:
+        """`LOCK.RELEASE key owner TOKEN token` for each key: only this grant
+        is released (a stale holder's release answers nil and changes nothing)."""
+        return [["LOCK.RELEASE", k, self.owner, "TOKEN", t] for k, t in zip(self.kind.keys, tokens or self.tokens)]
+
+    def holds_all(self, infos: List[Any]) -> bool:
+        """Whether LOCK.INFO of each key lists this hold: its owner under its
+        own token (a newer grant to the same owner name is not this one)."""
+        return len(infos) == len(self.tokens) and all(holds(i, self.owner, t) for i, t in zip(infos, self.tokens))
 
     def expired(self) -> bool:
         return self.holds > 0 and time.monotonic() >= self.valid_until
@@ -170,6 +197,28 @@ class _Hold:
         why = self.why or "its ttl ran out without a successful renewal"
         return f"lease on {self.kind.keys!r} (token {self.token}) lost: {why}"
 
+    def abandoned(self) -> Optional[str]:
+        """Why nobody can release this hold any more (None: somebody can):
+        its lock object is gone, or (a hold per thread) its thread ended."""
+        if self.holder_ref() is None:
+            return "its lock object was garbage-collected while it held the lock"
+        if self.per_task and not self.handed and _io.ended(self.thread):
+            return "the thread that acquired it ended without releasing it"
+        return None
+
+    def closed(self) -> None:
+        """The watcher saw the bound connection readable while no command
+        of ours was under way on it: the server closed it (CLIENT KILL, its
+        idle timeout, a shutdown or crash), which freed the lock."""
+        if not _io.try_lock(self.io):
+            _io.nap()  # a command under way: it reads its reply (or the failure) itself
+            return
+        try:
+            if self.conn is not None and self.holds > 0 and not self.lost and _io.readable(self.conn):
+                self.lose("the server closed the bound connection (CLIENT KILL, its timeout, a restart): it freed the lock")
+        finally:
+            self.io.release()
+
     def track(self) -> None:
         """After a command of our own on a bound hold's key (which, with
         NOLOOP, drops the key from the server's tracking table), has the
@@ -193,20 +242,34 @@ class _Hold:
             sent = time.monotonic()
             left = self.valid_until - sent
             if left <= 0:
-                self.lose("the lease ran out before it could be renewed")
+                self.lose("the lease ran out before it could be renewed" if self.renews else "its timeout ran out (not renewed)")
                 return None
+            if not self.renews:
+                return self.valid_until  # held to its end (its connection kept), then given up
+            gone = self.abandoned()
+            if gone is not None:
+                if self.abandoned_why is None:
+                    self.abandoned_why = self.why = f"not renewed: {gone}"
+                    _log.warning(
+                        "a hold of %r (token %s) is no longer renewed: %s; it ends with its lease, within %.1f s",
+                        self.kind.keys,
+                        self.token,
+                        gone,
+                        left,
+                    )
+                return self.valid_until
             timeout = min(self.server.timeout(self.ttl_ms), left)
             try:
                 if self.conn is not None:
                     n, infos = self.server.keepalive(self.conn, self.ttl_ms, self.kind.keys, timeout)
-                    ok = n >= len(self.kind.keys) and all(holds(i, self.owner) for i in infos)
+                    ok = n >= len(self.kind.keys) and self.holds_all(infos)
                     if ok:
                         self.wait_acks(self.conn, "renewal")
                     why = "LOCK.KEEPALIVE found it gone: released, expired, deleted or overwritten"
                 else:
-                    replies = self.write([["LOCK.RENEW", k, self.owner, self.ttl_ms] for k in self.kind.keys], timeout, "renewal")
+                    replies = self.write(self.renewals(self.ttl_ms), timeout, "renewal")
                     ok = all(r == 1 for r in replies)
-                    why = "LOCK.RENEW answered 0: the lease expired or the key was deleted"
+                    why = "LOCK.RENEW answered 0: the lease expired, the key was deleted, or the owner holds it under a newer grant"
             except _IO_ERRORS as e:
                 if self.conn is not None:
                     self.lose(f"the bound connection failed or stalled ({type(e).__name__}: {e})")
@@ -241,7 +304,7 @@ class _Hold:
             except redis.ResponseError as e:
                 self.lose(f"the key was replaced by another type ({e})")
                 return
-            if not all(holds(i, self.owner) for i in infos):
+            if not self.holds_all(infos):
                 self.lose("the key was deleted, overwritten or freed (told by the server at once)")
 
 
@@ -280,6 +343,7 @@ class _Server:
         self._watcher_id: Optional[int] = None
         self._watch_thread: Any = None
         self._making_watcher = _io.Lock()
+        self._poke = _io.Poke()  # wakes the watcher when a bound hold comes
 
     @classmethod
     def of(cls, client: Any, key: KeyT) -> "_Server":
@@ -309,9 +373,11 @@ class _Server:
         kwargs["socket_connect_timeout"] = min(self._connect_timeout or t, t)
         conn = _io.open_connection(self._cls, kwargs, t)
         conn._rnl_tracking = None  # the watcher id this connection redirects to
+        conn._rnl_hold = None  # the hold bound to it (`_io.on_close`)
         return conn
 
     def put(self, conn: Any, clean: bool) -> None:
+        conn._rnl_hold = None  # no hold's any more (`_io.on_close`)
         if clean and os.getpid() == self.pid:
             with self._lock:
                 if len(self._idle) < 16:
@@ -336,13 +402,21 @@ class _Server:
     # -- keeper -----------------------------------------------------------
 
     def keep(self, hold: _Hold, due: float) -> None:
+        """Renews `hold` from `due` on (a hold that is not renewed: gives it
+        up then); keeps it, and its bound connection, until it ends, whether
+        or not its lock object or thread still exists."""
+        new_bound = False
         with self._lock:
             self._due[hold] = due
-            if hold.conn is not None:
+            if hold.conn is not None and hold not in self._bound:
                 self._bound.add(hold)
+                new_bound = True
             if not _io.alive(self._keeper):
                 self._keeper = _io.spawn(self._run, name="redis-native-lock-keeper")
         self._wake.set()
+        if new_bound:
+            _io.on_close(hold.conn, hold)  # asyncio: told when the server closes it
+            self._poke.poke()  # blocking: the watcher polls its socket too
 
     def forget(self, hold: _Hold) -> None:
         with self._lock:
@@ -407,7 +481,7 @@ class _Server:
             infos = self.infos(conn, hold.kind.keys, timeout)
         except redis.ResponseError:
             return
-        if not all(holds(i, hold.owner) for i in infos):
+        if not hold.holds_all(infos):
             hold.lose("the key was deleted or freed right after the grant")
 
     def _watcher_ready(self, timeout: float) -> int:
@@ -443,7 +517,7 @@ class _Server:
                 _io.disconnect(w)
                 return
             try:
-                msg = _io.listen(w)
+                msg, closed = _io.listen(w, bound, self._poke)
             except Exception:  # noqa: BLE001 - the watcher is gone: recheck every bound hold
                 with self._lock:
                     if self._watcher is w:
@@ -455,6 +529,8 @@ class _Server:
                     h.verify()
                 _io.disconnect(w)
                 return
+            for h in closed:
+                h.closed()
             if not (isinstance(msg, list) and len(msg) == 3 and msg[0] == b"message"):
                 continue
             changed = msg[2]
@@ -530,14 +606,35 @@ class Holder:
         self._guard = threading.Lock()  # claims of an owner= object; never held across I/O
         self._sibling: Optional[Holder] = None  # the other side of a ReadWriteLock
         self._renews = True  # False: the keeper leaves this lock's leases to run out (the drop-in's timeout=)
+        self._handed: List[_Hold] = []  # granted in threads that ran only acquire(): for the next thread
 
     # -- this thread's hold -------------------------------------------------
 
     def _hold(self) -> Optional[_Hold]:
         """This thread's hold (with `owner=`: the object's), held or last held."""
         h: Optional[_Hold] = self._shared if self._owner is not None else self._holds.get()
+        if self._handed and (h is None or h.holds == 0):
+            h = self._adopt() or h
         if h is not None and h.pid != os.getpid():
             return None  # the parent's, before fork()
+        return h
+
+    def _adopt(self) -> Optional[_Hold]:
+        """A hold granted in a thread that ran only `acquire()` (the thread
+        `asyncio.wait_for` makes before Python 3.12, `TaskGroup.create_task(
+        lock.acquire())`), once that thread is done: this thread, which uses the
+        object next, takes it over (the code that awaited the acquire)."""
+        me = _io.current()
+        with self._guard:
+            self._handed = [h for h in self._handed if h.holds > 0 and not h.lost]
+            for h in reversed(self._handed):
+                if h.thread is not me and _io.ended(h.thread):
+                    self._handed.remove(h)
+                    h.handed, h.thread = False, me
+                    break
+            else:
+                return None
+        self._set_hold(h)
         return h
 
     def _set_hold(self, h: _Hold) -> None:
@@ -604,12 +701,16 @@ class Holder:
         return (self._info()) is not None
 
     def owned(self) -> bool:
-        """Whether this thread holds the (first) key, as the server says."""
+        """Whether this thread holds the (first) key, under its token, as the server says."""
         h = self._held()
-        return h is not None and holds(self._info(), h.owner)
+        return h is not None and holds(self._info(), h.owner, h.tokens[0] if h.tokens else None)
 
     def _info(self) -> Optional[Dict[str, Any]]:
-        return parse_info(self._client.execute_command("LOCK.INFO", self._kind.keys[0]))
+        """LOCK.INFO of the first key over a connection of the package's, within
+        its deadline (the client's socket_timeout, else the ttl; no retries)."""
+        key = self._kind.keys[0]
+        server = _Server.of(self._client, key)
+        return parse_info(server.call(["LOCK.INFO", key], server.timeout(self._ttl_ms)))
 
     # -- acquire ----------------------------------------------------------
 
@@ -622,6 +723,7 @@ class Holder:
                 sib = self._sibling._held()
                 owner = sib.owner if sib is not None else None  # one owner per thread on a read-write lock
             h = _Hold(self, owner or new_owner(), None, self._ttl_ms)  # type: ignore[arg-type]
+            h.own_owner = owner is None  # a UUID of the package's: no other grant carries it
             if self._owner is not None:
                 h.pending = True  # claimed before the first await: another thread's acquire is refused
                 h.previous = self._shared
@@ -682,10 +784,13 @@ class Holder:
             return False
         if fresh and self._owner is None:
             self._set_hold(h)
+            if h.per_task and _io.helper():
+                with self._guard:
+                    h.handed = True
+                    self._handed.append(h)
         if before is not None and before is not h:
             self._drop(before)
-        if self._renews:
-            h.server.keep(h, time.monotonic() + h.ttl_ms / 3000)
+        h.server.keep(h, time.monotonic() + h.ttl_ms / 3000 if self._renews else h.valid_until)
         h.track()
         return True
 
@@ -698,8 +803,11 @@ class Holder:
             h.tokens = [int(t) for t in reply] if isinstance(reply, list) else [int(reply)]
             h.token = max(h.tokens)
             h.holds = h.holds + 1 if self._kind.reentrant else 1
+            if wait:  # a waiter's lease starts at its grant, which its reply follows at once
+                sent = time.monotonic()
             h.valid_until = sent + h.ttl_ms / 1000
             h.lost, h.why = False, None
+            h.abandoned_why = None
             return True
 
     def _send_acquire(self, h: _Hold, wait: Optional[float]) -> Any:
@@ -712,7 +820,7 @@ class Holder:
             try:
                 reply = h.call(self._kind.acquire(h.owner, h.ttl_ms, wait, True), timeout)
                 if reply is not None:
-                    self._durable_grant(h, h.conn)
+                    self._durable_grant(h, h.conn, reply)
                 return reply
             except redis.ResponseError as e:
                 raise server_error(e, self._kind.keys) from e
@@ -750,7 +858,7 @@ class Holder:
                 raise
             if reply is not None:
                 try:
-                    self._durable_grant(h, conn)
+                    self._durable_grant(h, conn, reply)
                 except BaseException:
                     h.server.put(conn, False)
                     raise
@@ -760,7 +868,7 @@ class Holder:
                 h.server.put(conn, True)
             return reply
 
-    def _durable_grant(self, h: _Hold, conn: Any) -> None:
+    def _durable_grant(self, h: _Hold, conn: Any, reply: Any) -> None:
         """replicas=N: `WAIT N ms` right after a grant, on its connection;
         too few acknowledgements give the grant back there (one hold of a
         reentrant repeat) and raise NotDurable (unless "warn")."""
@@ -769,7 +877,8 @@ class Holder:
         except NotDurable:
             t = h.server.timeout(h.ttl_ms)
             try:
-                _io.pipeline(conn, [["LOCK.RELEASE", k, h.owner] for k in self._kind.keys], t)
+                tokens = [int(x) for x in reply] if isinstance(reply, list) else [int(reply)]
+                _io.pipeline(conn, h.releases(tokens), t)
             except _io.QUIET_ERRORS:
                 pass  # the connection closes: a bound grant goes with it, else its lease ends
             if h.holds > 0 and not self._kind.reentrant:
@@ -792,7 +901,7 @@ class Holder:
             sent = time.monotonic()
             timeout = h.server.timeout(h.ttl_ms)
             try:
-                replies = h.write([["LOCK.RENEW", k, h.owner, ttl_ms] for k in self._kind.keys], timeout, "renewal")
+                replies = h.write(h.renewals(ttl_ms), timeout, "renewal")
             except NotDurable:
                 h.lose("a renewal was not acknowledged by enough replicas")
                 raise
@@ -800,7 +909,7 @@ class Holder:
                 h.lose(f"the key was replaced by another type ({e})")
                 raise LeaseLost(h.message()) from e
             if not all(r == 1 for r in replies):
-                h.lose("LOCK.RENEW answered 0: the lease expired or the key was deleted")
+                h.lose("LOCK.RENEW answered 0: the lease expired, the key was deleted, or the owner holds it under a newer grant")
                 raise LeaseLost(h.message())
             h.ttl_ms = ttl_ms
             h.valid_until = sent + ttl_ms / 1000
@@ -875,7 +984,7 @@ class Holder:
             timeout = h.server.timeout(h.ttl_ms)
             gone = False
             try:
-                replies = [h.call(["LOCK.RELEASE", k, h.owner], timeout) for k in self._kind.keys]
+                replies = [h.call(c, timeout) for c in h.releases()]
             except redis.ResponseError as e:
                 if not str(e).startswith("WRONGTYPE"):
                     raise
@@ -890,7 +999,7 @@ class Holder:
                 raise
             if not gone:
                 gone = any(r is None for r in replies)
-                why = "LOCK.RELEASE answered nil: the lock was no longer ours"
+                why = "LOCK.RELEASE answered nil: the lock was no longer this grant's (released, expired, deleted, or a newer grant to the same owner)"
             h.holds = 0 if gone or not self._kind.reentrant else h.holds - 1
             if any(r == 1 for r in replies):
                 h.holds = 0
@@ -906,9 +1015,13 @@ class Holder:
             h.track()
 
     def _release_quietly(self, h: _Hold) -> None:
-        for k in self._kind.keys:
+        """Best effort: this grant released (by its token), or, granted in
+        doubt (no reply, so no token), its owner's hold when the owner is a
+        UUID of the package's; else its lease ends it."""
+        cmds = h.releases() if h.tokens else [["LOCK.RELEASE", k, h.owner] for k in self._kind.keys] if h.own_owner else []
+        for c in cmds:
             try:
-                h.server.call(["LOCK.RELEASE", k, h.owner], h.server.timeout(h.ttl_ms))
+                h.server.call(c, h.server.timeout(h.ttl_ms))
             except _io.QUIET_ERRORS:
                 pass  # the lease ends by itself
 
@@ -1075,6 +1188,8 @@ class MultiLock(Holder):
             client, Kind("LOCK.MACQUIRE", check_keys(keys)), ttl=ttl, wait=wait, owner=owner, bind=bind, on_lost=on_lost, **_dur(replicas, replicas_timeout, on_fewer_replicas)
         )
 
+
+_io.ACQUIRES.add(Holder.acquire.__code__)  # a thread running only this acquires for its awaiter
 
 __all__ = [
     "Holder",

@@ -5,9 +5,12 @@ thread. `_sync.py` (generated from `_async.py`) is written on these;
 
 from __future__ import annotations
 
+import select
+import socket
 import threading
+import time
 import weakref
-from typing import Any, Callable, Dict, List, Optional, Sequence
+from typing import Any, Callable, Dict, List, Optional, Sequence, Set, Tuple
 
 import redis
 from redis.cluster import RedisCluster
@@ -29,7 +32,82 @@ def shielded(fn: Callable[..., None], *args: Any) -> None:
 
 def current() -> Any:
     """The calling thread."""
-    return threading.get_ident()
+    return threading.current_thread()
+
+
+def ended(thread: Any) -> bool:
+    """Whether a hold's thread has exited (it can release nothing any more)."""
+    return thread is not None and not thread.is_alive()
+
+
+ACQUIRES: Set[Any] = set()  # (asyncio's helper tasks; a thread is never one)
+
+
+def helper() -> bool:
+    return False
+
+
+def try_lock(lock: Any) -> bool:
+    """Takes `lock` if it is free, without waiting."""
+    return bool(lock.acquire(blocking=False))
+
+
+def nap() -> None:
+    """A connection the watcher saw readable is in use: its user reads the
+    reply; the watcher looks again shortly, without spinning."""
+    time.sleep(0.002)
+
+
+def readable(conn: Any) -> bool:
+    """Whether `conn`'s socket has something to read (the server closed it,
+    or it failed) while no command is under way on it."""
+    sock = getattr(conn, "_sock", None)
+    if sock is None or sock.fileno() < 0:
+        return True
+    try:
+        return bool(select.select([sock], [], [], 0)[0])
+    except (OSError, ValueError):
+        return True
+
+
+def on_close(conn: Any, hold: Any) -> None:
+    """(asyncio's hook; here the watcher polls the bound sockets: `listen`.)"""
+    conn._rnl_hold = weakref.ref(hold)
+
+
+class Poke:
+    """Wakes the watcher's poll (a socket pair) when a bound hold comes, so
+    that it polls that connection's socket too."""
+
+    def __init__(self) -> None:
+        self._pair: Optional[Tuple[socket.socket, socket.socket]] = None
+        self._guard = threading.Lock()
+
+    def fileno(self) -> int:
+        with self._guard:
+            if self._pair is None:
+                a, b = socket.socketpair()
+                a.setblocking(False)
+                b.setblocking(False)
+                self._pair = (a, b)
+            return self._pair[0].fileno()
+
+    def poke(self) -> None:
+        pair = self._pair
+        if pair is not None:
+            try:
+                pair[1].send(b"x")
+            except OSError:
+                pass  # full: a wake-up is pending already
+
+    def drain(self) -> None:
+        pair = self._pair
+        if pair is not None:
+            try:
+                while pair[0].recv(4096):
+                    pass
+            except OSError:
+                pass
 
 
 def spawn(fn: Callable[..., None], *args: Any, name: str) -> threading.Thread:
@@ -81,12 +159,37 @@ def pipeline(conn: Any, cmds: List[List[Any]], timeout: Optional[float]) -> List
     return raise_first(out)
 
 
-def listen(w: Any) -> Any:
+def listen(w: Any, bound: Sequence[Any], poke: Poke) -> Tuple[Any, List[Any]]:
     """The next message on the watcher, or None after a second without one
-    (so that the thread sees when it is no longer wanted)."""
-    if not w.can_read(timeout=1.0):
-        return None
-    return w.read_response()
+    (so that the thread sees when it is no longer wanted); with it, the
+    holds of `bound` whose connection became readable (the server closed
+    it: checked by `hold.closed()`). One poll of every socket."""
+    if w.can_read(timeout=0):
+        return w.read_response(), []
+    watcher = w._sock.fileno()
+    waker = poke.fileno()
+    fds: Dict[int, Any] = {}
+    for h in bound:
+        sock = getattr(h.conn, "_sock", None)
+        fd = sock.fileno() if sock is not None else -1
+        if fd >= 0:
+            fds[fd] = h
+    try:
+        if hasattr(select, "poll"):
+            p = select.poll()
+            for fd in (watcher, waker, *fds):
+                p.register(fd, select.POLLIN)
+            ready = [fd for fd, _ in p.poll(1000)]
+        else:  # pragma: no cover - Windows
+            ready = [s for s in select.select([watcher, waker, *fds], [], [], 1.0)[0]]
+    except (OSError, ValueError):
+        return None, []  # a socket closed meanwhile: the next round sees it
+    if waker in ready:
+        poke.drain()
+    closed = [fds[fd] for fd in ready if fd in fds]
+    if watcher in ready:
+        return w.read_response(), closed
+    return None, closed
 
 
 def open_connection(cls: Any, kwargs: Dict[str, Any], timeout: float) -> Any:

@@ -22,7 +22,7 @@ import asyncio
 import random
 import time
 from contextlib import asynccontextmanager, contextmanager
-from typing import Any, AsyncIterator, Dict, Iterator, List, Optional, Sequence
+from typing import Any, AsyncIterator, Dict, Iterator, List, Mapping, Optional, Sequence
 
 import redis
 
@@ -45,6 +45,31 @@ class RedLease:
     def remaining(self) -> float:
         """Seconds of validity left on this process's monotonic clock."""
         return max(0.0, self._valid_until - time.monotonic())
+
+
+def _with_token(args: Sequence[Any], tokens: Optional[Mapping[int, Optional[int]]], i: int) -> Optional[List[Any]]:
+    """The command for server `i`: `args` (no `tokens`), `args TOKEN t` where
+    this lease's grant there has token t, `args` alone where `tokens` says
+    None (a grant in doubt of an owner of the package's), else nothing."""
+    if tokens is None:
+        return list(args)
+    if i not in tokens:
+        return None
+    t = tokens[i]
+    return list(args) if t is None else [*args, "TOKEN", t]
+
+
+def _tokens_or_owner(me: bytes, owner: Optional[KeyT], replies: List[Any]) -> Dict[int, Optional[int]]:
+    """After a failed attempt: each grant released by its token; where no
+    token came back (a refusal, or a reply lost), by owner alone when the
+    owner is a fresh UUID of the package's (no other grant carries it)."""
+    out: Dict[int, Optional[int]] = {}
+    for i, r in enumerate(replies):
+        if isinstance(r, int) and not isinstance(r, bool):
+            out[i] = r
+        elif owner is None:
+            out[i] = None
+    return out
 
 
 class _Base:
@@ -86,11 +111,14 @@ class RedLock(_Base):
     """RedLock with blocking redis-py clients of independent masters (short
     socket timeouts, no retries: a dead server must cost little)."""
 
-    def _each(self, *args: Any) -> List[Any]:
+    def _each(self, *args: Any, tokens: Optional[Mapping[int, Optional[int]]] = None) -> List[Any]:
+        """`args` on every server; with `tokens`, `... TOKEN t` on each server
+        that granted this lease (its token), nothing on the others."""
         out = []
-        for s in self.servers:
+        for i, s in enumerate(self.servers):
+            cmd = _with_token(args, tokens, i)
             try:
-                out.append(s.execute_command(*args))
+                out.append(s.execute_command(*cmd) if cmd is not None else None)
             except redis.RedisError:
                 out.append(None)
         return out
@@ -102,20 +130,21 @@ class RedLock(_Base):
             if attempt:
                 time.sleep(random.uniform(0, self.retry_delay))
             started = time.monotonic()
-            lease = self._outcome(key, me, ttl_ms, self._each("LOCK.ACQUIRE", key, me, ttl_ms), started)
+            replies = self._each("LOCK.ACQUIRE", key, me, ttl_ms)
+            lease = self._outcome(key, me, ttl_ms, replies, started)
             if lease is not None:
                 return lease
-            self._each("LOCK.RELEASE", key, me)
+            self._each("LOCK.RELEASE", key, me, tokens=_tokens_or_owner(me, owner, replies))
         return None
 
     def extend(self, lease: RedLease, ttl: Optional[float] = None) -> bool:
         ttl_ms = ms(ttl, "ttl") if ttl is not None else lease.ttl_ms
         started = time.monotonic()
-        renewed = sum(r == 1 for r in self._each("LOCK.RENEW", lease.key, lease.owner, ttl_ms))
+        renewed = sum(r == 1 for r in self._each("LOCK.RENEW", lease.key, lease.owner, ttl_ms, tokens=lease.tokens))
         return self._extended(lease, ttl_ms, renewed, started)
 
     def release(self, lease: RedLease) -> int:
-        return sum(r is not None for r in self._each("LOCK.RELEASE", lease.key, lease.owner))
+        return sum(r is not None for r in self._each("LOCK.RELEASE", lease.key, lease.owner, tokens=lease.tokens))
 
     @contextmanager
     def lock(self, key: KeyT, ttl: float) -> Iterator[RedLease]:
@@ -134,14 +163,15 @@ class AsyncRedLock(_Base):
 
     _ASYNC = True
 
-    async def _each(self, *args: Any) -> List[Any]:
-        async def one(s: Any) -> Any:
+    async def _each(self, *args: Any, tokens: Optional[Mapping[int, Optional[int]]] = None) -> List[Any]:
+        async def one(i: int, s: Any) -> Any:
+            cmd = _with_token(args, tokens, i)
             try:
-                return await s.execute_command(*args)
+                return await s.execute_command(*cmd) if cmd is not None else None
             except redis.RedisError:
                 return None
 
-        return list(await asyncio.gather(*(one(s) for s in self.servers)))
+        return list(await asyncio.gather(*(one(i, s) for i, s in enumerate(self.servers))))
 
     async def acquire(self, key: KeyT, ttl: float, owner: Optional[KeyT] = None) -> Optional[RedLease]:
         ttl_ms = ms(ttl, "ttl")
@@ -154,17 +184,17 @@ class AsyncRedLock(_Base):
             lease = self._outcome(key, me, ttl_ms, replies, started)
             if lease is not None:
                 return lease
-            await self._each("LOCK.RELEASE", key, me)
+            await self._each("LOCK.RELEASE", key, me, tokens=_tokens_or_owner(me, owner, replies))
         return None
 
     async def extend(self, lease: RedLease, ttl: Optional[float] = None) -> bool:
         ttl_ms = ms(ttl, "ttl") if ttl is not None else lease.ttl_ms
         started = time.monotonic()
-        renewed = sum(r == 1 for r in await self._each("LOCK.RENEW", lease.key, lease.owner, ttl_ms))
+        renewed = sum(r == 1 for r in await self._each("LOCK.RENEW", lease.key, lease.owner, ttl_ms, tokens=lease.tokens))
         return self._extended(lease, ttl_ms, renewed, started)
 
     async def release(self, lease: RedLease) -> int:
-        return sum(r is not None for r in await self._each("LOCK.RELEASE", lease.key, lease.owner))
+        return sum(r is not None for r in await self._each("LOCK.RELEASE", lease.key, lease.owner, tokens=lease.tokens))
 
     @asynccontextmanager
     async def lock(self, key: KeyT, ttl: float) -> AsyncIterator[RedLease]:

@@ -1,0 +1,990 @@
+//! Section 10: stalls (issue 38). For each shape of state a client can
+//! build, the longest PING round trip on another connection while the work
+//! happens (how long the event loop was held), the request's own server
+//! time (`INFO commandstats`, usec per call), its round trip, how late
+//! `WAIT` deadlines were answered where that applies, and the worst event of
+//! `LATENCY LATEST` (`latency-monitor-threshold 1`: Redis's own record of a
+//! command that ran 1 ms or more).
+//!
+//! The shapes: (1) readers x waiting writers x keys, a request by a reader
+//! on a key whose holder waits for nothing (and one closing a cycle); (2) a
+//! request joining a chain of waits in its middle, and one closing a cycle
+//! through the whole chain; (3) `WAIT`s with one deadline on one held key;
+//! (4) `LOCK.KEEPALIVE` with many bound holders, alone and inside MULTI; (5)
+//! the close of a connection holding them; (6) keyspace commands on a key
+//! with 20,000 holders. Its own server (waiters connect over a Unix socket,
+//! the file-descriptor limit raised for 100,000 of them), never part of
+//! `make bench-check`: wall-clock figures on a shared machine.
+
+use std::fs;
+use std::io::{self, Read, Write};
+use std::os::unix::net::UnixStream;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::thread;
+use std::time::{Duration, Instant};
+
+use crate::common::{encode_strs, Conn, Reply};
+use crate::server::{self, Options, Server, TempDir};
+use crate::stats;
+
+/// Sizes of one run.
+pub struct Plan {
+    /// Readers holding every key of the fan.
+    pub fan_readers: usize,
+    /// Connections waiting as writers on all the keys of the fan.
+    pub fan_writers: usize,
+    pub fan_keys: Vec<usize>,
+    /// Requests in a chain of waits (section 7's shape: 10 a key).
+    pub chains: Vec<usize>,
+    /// `WAIT`s with one deadline on one key.
+    pub deadlines: usize,
+    /// Bound holders of one connection.
+    pub bound: Vec<usize>,
+    /// Holders of one key.
+    pub holders: usize,
+    /// `--shapes 1,3`: those shapes alone (all when `None`).
+    pub shapes: Option<Vec<u32>>,
+}
+
+impl Plan {
+    pub fn full() -> Plan {
+        Plan {
+            fan_readers: 1000,
+            fan_writers: 10_000,
+            fan_keys: vec![30, 100],
+            chains: vec![10_000, 100_000],
+            deadlines: 10_000,
+            bound: vec![100_000, 1_000_000],
+            holders: 20_000,
+            shapes: None,
+        }
+    }
+
+    pub fn quick() -> Plan {
+        Plan {
+            fan_readers: 100,
+            fan_writers: 1000,
+            fan_keys: vec![30],
+            chains: vec![1000, 10_000],
+            deadlines: 1000,
+            bound: vec![10_000, 100_000],
+            holders: 2000,
+            shapes: None,
+        }
+    }
+
+    /// The most connections open at once (the longest chain).
+    fn connections(&self) -> usize {
+        self.chains
+            .iter()
+            .copied()
+            .chain([self.fan_writers + 1, self.deadlines])
+            .max()
+            .unwrap_or(0)
+    }
+}
+
+/// One row of the table.
+pub struct Row {
+    pub shape: String,
+    /// The longest PING round trip while it happened.
+    pub ping: Duration,
+    /// Server time of the request (µs per call, `INFO commandstats`).
+    pub server_us: Option<f64>,
+    /// The request's round trip, or how long the work took.
+    pub took: Option<Duration>,
+    /// How late the nils came after their deadline: p50 and max.
+    pub late: Option<(Duration, Duration)>,
+    /// `LATENCY LATEST`'s worst event: name and ms.
+    pub latency: Option<(String, i64)>,
+    pub note: String,
+}
+
+impl Row {
+    fn new(shape: String, m: Measured) -> Row {
+        Row {
+            shape,
+            ping: m.ping,
+            server_us: m.server_us,
+            took: Some(m.took),
+            late: None,
+            latency: m.latency,
+            note: String::new(),
+        }
+    }
+
+    fn note(mut self, note: impl Into<String>) -> Row {
+        self.note = note.into();
+        self
+    }
+}
+
+/// PINGs on its own connection until stopped: each round trip, when it
+/// ended and how long it took.
+struct Pinger {
+    stop: Arc<AtomicBool>,
+    thread: thread::JoinHandle<Vec<(Instant, Duration)>>,
+}
+
+impl Pinger {
+    fn start(port: u16) -> io::Result<Pinger> {
+        let mut c = server::connect(port)?;
+        let stop = Arc::new(AtomicBool::new(false));
+        let flag = stop.clone();
+        let thread = thread::spawn(move || {
+            let mut trips = Vec::new();
+            while !flag.load(Ordering::Relaxed) {
+                let t = Instant::now();
+                if c.call(&[b"PING"]).is_err() {
+                    break;
+                }
+                let end = Instant::now();
+                trips.push((end, end - t));
+            }
+            trips
+        });
+        Ok(Pinger { stop, thread })
+    }
+
+    /// The longest round trip.
+    fn stop(self) -> Duration {
+        self.stop.store(true, Ordering::Relaxed);
+        match self.thread.join() {
+            Ok(trips) => trips.iter().map(|(_, d)| *d).max().unwrap_or_default(),
+            Err(_) => Duration::MAX,
+        }
+    }
+}
+
+/// What one measured act gave.
+struct Measured {
+    ping: Duration,
+    server_us: Option<f64>,
+    took: Duration,
+    latency: Option<(String, i64)>,
+    reply: Option<Reply>,
+}
+
+/// `(calls, usec)` of `cmdstat_<name>` (zero when never called).
+fn cmdstat(c: &mut Conn, name: &str) -> io::Result<(f64, f64)> {
+    let text = c.ok(&[b"INFO", b"commandstats"])?.text();
+    let prefix = format!("cmdstat_{name}:");
+    let Some(line) = text.lines().find_map(|l| l.strip_prefix(prefix.as_str())) else {
+        return Ok((0.0, 0.0));
+    };
+    let field = |f: &str| -> f64 {
+        line.split(',')
+            .find_map(|kv| kv.strip_prefix(f)?.strip_prefix('='))
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(f64::NAN)
+    };
+    Ok((field("calls"), field("usec")))
+}
+
+/// `LATENCY LATEST`'s worst event since the last `LATENCY RESET`.
+fn latency_worst(c: &mut Conn) -> io::Result<Option<(String, i64)>> {
+    let r = c.ok(&[b"LATENCY", b"LATEST"])?;
+    let Reply::Array(events) = r else {
+        return Ok(None);
+    };
+    Ok(events
+        .iter()
+        .filter_map(|e| match e {
+            Reply::Array(f) => {
+                let name = f.first()?.text();
+                let max = f.get(3)?.as_int()?;
+                Some((name, max))
+            }
+            _ => None,
+        })
+        .max_by_key(|(_, ms)| *ms))
+}
+
+fn stat(c: &mut Conn, field: &str) -> io::Result<u64> {
+    c.try_info_field("lock", field)?
+        .parse()
+        .map_err(|_| io::Error::other(format!("{field} is not a number")))
+}
+
+fn wait_stat(c: &mut Conn, field: &str, what: &str, want: impl Fn(u64) -> bool) -> io::Result<()> {
+    let deadline = Instant::now() + Duration::from_secs(600);
+    loop {
+        if want(stat(c, field)?) {
+            return Ok(());
+        }
+        if Instant::now() > deadline {
+            return Err(io::Error::other(format!("timed out waiting for {what}")));
+        }
+        thread::sleep(Duration::from_millis(5));
+    }
+}
+
+/// Runs `act` (which returns its reply, if a request) with the statistics
+/// reset before and a PING loop on another connection around it; `done`
+/// says when the work it started is over (a close's releases); `stat_of`
+/// names the command whose server time counts.
+fn measure(
+    c: &mut Conn,
+    port: u16,
+    stat_of: Option<&str>,
+    act: &mut dyn FnMut(&mut Conn) -> io::Result<Option<Reply>>,
+    done: &mut dyn FnMut(&mut Conn) -> io::Result<bool>,
+) -> io::Result<Measured> {
+    c.ok(&[b"CONFIG", b"RESETSTAT"])?;
+    c.ok(&[b"LATENCY", b"RESET"])?;
+    let pinger = Pinger::start(port)?;
+    thread::sleep(Duration::from_millis(50));
+    let t = Instant::now();
+    let reply = act(c)?;
+    let deadline = Instant::now() + Duration::from_secs(600);
+    while !done(c)? && Instant::now() < deadline {
+        thread::sleep(Duration::from_millis(1));
+    }
+    let took = t.elapsed();
+    // What the act left to the module's timer.
+    thread::sleep(Duration::from_millis(100));
+    let ping = pinger.stop();
+    let server_us = match stat_of {
+        Some(name) => {
+            let (calls, usec) = cmdstat(c, name)?;
+            (calls > 0.0).then(|| usec / calls)
+        }
+        None => None,
+    };
+    let latency = latency_worst(c)?;
+    Ok(Measured {
+        ping,
+        server_us,
+        took,
+        latency,
+        reply,
+    })
+}
+
+/// One request on `c`, measured.
+fn request(c: &mut Conn, port: u16, stat_of: &str, args: &[&[u8]]) -> io::Result<Measured> {
+    measure(
+        c,
+        port,
+        Some(stat_of),
+        &mut |c| c.call(args).map(Some),
+        &mut |_| Ok(true),
+    )
+}
+
+/// Connections that wait: each written one request and left blocked.
+struct Waiters {
+    socks: Vec<UnixStream>,
+}
+
+impl Waiters {
+    fn open(sock: &Path, n: usize) -> io::Result<Waiters> {
+        let mut socks = Vec::with_capacity(n);
+        for _ in 0..n {
+            socks.push(UnixStream::connect(sock)?);
+        }
+        Ok(Waiters { socks })
+    }
+
+    /// Writes `make(i)`'s request to connection `i`, in batches of
+    /// `batch`, each waited for (`lock_waiters` reaching `before` plus the
+    /// requests written) so that every request is in the server when the
+    /// next batch is written.
+    fn write(
+        &mut self,
+        c: &mut Conn,
+        batch: usize,
+        make: &mut dyn FnMut(usize) -> Vec<u8>,
+    ) -> io::Result<()> {
+        let before = stat(c, "lock_waiters")?;
+        let n = self.socks.len();
+        let mut i = 0;
+        while i < n {
+            let end = (i + batch).min(n);
+            for (j, s) in self.socks.iter_mut().enumerate().take(end).skip(i) {
+                s.write_all(&make(j))?;
+            }
+            i = end;
+            let want = before + i as u64;
+            wait_stat(c, "lock_waiters", "the waiters to queue", |w| w >= want)?;
+        }
+        Ok(())
+    }
+
+    /// Closes them all and waits until no request waits.
+    fn close(self, c: &mut Conn) -> io::Result<()> {
+        drop(self.socks);
+        wait_stat(c, "lock_waiters", "the waiters to leave", |w| w == 0)
+    }
+}
+
+fn cmd(args: &[&[u8]]) -> Vec<u8> {
+    let mut buf = Vec::new();
+    encode_strs(&mut buf, args);
+    buf
+}
+
+/// `n` requests `make(i)` pipelined on `c` in batches, every reply checked.
+fn pipelined(
+    c: &mut Conn,
+    n: usize,
+    make: &dyn Fn(usize) -> Vec<Vec<u8>>,
+    ok: &dyn Fn(&Reply) -> bool,
+) -> io::Result<()> {
+    const BATCH: usize = 2000;
+    let mut i = 0;
+    while i < n {
+        let end = (i + BATCH).min(n);
+        for j in i..end {
+            let args = make(j);
+            let refs: Vec<&[u8]> = args.iter().map(Vec::as_slice).collect();
+            c.push(&refs);
+        }
+        c.flush()?;
+        for _ in i..end {
+            let r = c.read_reply()?;
+            if !ok(&r) {
+                return Err(io::Error::other(format!("unexpected reply {}", r.show())));
+            }
+        }
+        i = end;
+    }
+    Ok(())
+}
+
+fn is_token(r: &Reply) -> bool {
+    r.as_int().is_some_and(|t| t > 0)
+}
+
+fn is_deadlock(r: &Reply) -> bool {
+    matches!(r, Reply::Error(e) if e.starts_with("DEADLOCK"))
+}
+
+fn show(r: &Option<Reply>) -> String {
+    match r {
+        Some(Reply::Nil) => "nil".into(),
+        Some(Reply::Error(e)) => e.split_whitespace().next().unwrap_or("").to_string(),
+        Some(r) => r.show(),
+        None => "-".into(),
+    }
+}
+
+const TTL: &[u8] = b"3600000";
+
+/// The soft limit on open files, raised to `want` when it is lower (as
+/// root, or within the hard limit): what the bench and the server it
+/// starts next may open.
+fn raise_fd_limit(want: usize) -> usize {
+    let read = || -> Option<usize> {
+        fs::read_to_string("/proc/self/limits")
+            .ok()?
+            .lines()
+            .find(|l| l.starts_with("Max open files"))?
+            .split_whitespace()
+            .nth(3)?
+            .parse()
+            .ok()
+    };
+    let now = read().unwrap_or(1024);
+    if now >= want {
+        return now;
+    }
+    let _ = std::process::Command::new("prlimit")
+        .args([
+            "--pid",
+            &std::process::id().to_string(),
+            &format!("--nofile={want}:{want}"),
+        ])
+        .status();
+    read().unwrap_or(now)
+}
+
+/// (1) `readers` hold each of `keys` keys (`LOCK.READ`, one connection
+/// grants them all), `writers` connections wait as writers on all the keys
+/// (`LOCK.MACQUIRE keys ... WAIT 0`; the first also holds `zc`); then
+/// `reader-0` asks for `z`, held by an owner who waits for nothing, and for
+/// `zc`, which closes a cycle (`DEADLOCK`).
+fn fan(
+    c: &mut Conn,
+    port: u16,
+    sock: &Path,
+    readers: usize,
+    writers: usize,
+    keys: usize,
+) -> io::Result<Vec<Row>> {
+    eprintln!("   fan: {readers} readers x {writers} waiting writers x {keys} keys");
+    c.ok(&[b"FLUSHALL"])?;
+    let names: Vec<Vec<u8>> = (0..keys).map(|k| format!("f{k}").into_bytes()).collect();
+    pipelined(
+        c,
+        readers * keys,
+        &|i| {
+            vec![
+                b"LOCK.READ".to_vec(),
+                names[i % keys].clone(),
+                format!("reader-{}", i / keys).into_bytes(),
+                TTL.to_vec(),
+            ]
+        },
+        &is_token,
+    )?;
+    c.ok(&[b"LOCK.ACQUIRE", b"z", b"z-holder", TTL])?;
+    c.ok(&[b"LOCK.ACQUIRE", b"zc", b"writer-0", TTL])?;
+    let mut w = Waiters::open(sock, writers)?;
+    let numkeys = keys.to_string();
+    let started = Instant::now();
+    w.write(c, 100, &mut |i| {
+        let owner = format!("writer-{i}");
+        let mut args: Vec<&[u8]> = vec![b"LOCK.MACQUIRE", numkeys.as_bytes()];
+        args.extend(names.iter().map(Vec::as_slice));
+        args.extend([owner.as_bytes(), TTL, b"WAIT", b"0"]);
+        cmd(&args)
+    })?;
+    eprintln!(
+        "   ({:.1} s to queue them)",
+        started.elapsed().as_secs_f64()
+    );
+    let shape = format!("(1) {readers} readers x {writers} waiting writers x {keys} keys");
+    let m = request(
+        c,
+        port,
+        "lock.acquire",
+        &[b"LOCK.ACQUIRE", b"z", b"reader-0", b"1000", b"WAIT", b"1"],
+    )?;
+    let plain = Row::new(
+        format!("{shape}: `LOCK.ACQUIRE z reader-0 1000 WAIT 1`, z's holder waits for nothing"),
+        m.clone_reply(),
+    )
+    .note(format!("answered {}", show(&m.reply)));
+    let m = request(
+        c,
+        port,
+        "lock.acquire",
+        &[
+            b"LOCK.ACQUIRE",
+            b"zc",
+            b"reader-0",
+            b"1000",
+            b"WAIT",
+            b"10000",
+        ],
+    )?;
+    let found = m.reply.as_ref().is_some_and(is_deadlock);
+    let cycle = Row::new(
+        format!("{shape}: the same reader closing a cycle (`zc` held by a waiting writer)"),
+        m.clone_reply(),
+    )
+    .note(format!(
+        "answered {}{}",
+        show(&m.reply),
+        if found { "" } else { " (not DEADLOCK)" }
+    ));
+    w.close(c)?;
+    c.ok(&[b"FLUSHALL"])?;
+    Ok(vec![plain, cycle])
+}
+
+impl Measured {
+    /// A copy without the reply (a row keeps only the figures).
+    fn clone_reply(&self) -> Measured {
+        Measured {
+            ping: self.ping,
+            server_us: self.server_us,
+            took: self.took,
+            latency: self.latency.clone(),
+            reply: None,
+        }
+    }
+}
+
+/// (2) A chain of `n` waiting requests over `n / 10` keys (section 7's
+/// shape: key `k<i>` held by `o<i>`, who waits for the ten keys below its
+/// own); then `o<mid>` asks for `side`, held by an owner further down (the
+/// request joins the chain in its middle: no cycle), and `o0`, at the
+/// bottom, asks for the top key (a cycle through the whole chain).
+///
+/// `multi`: each owner's ten waits are one `LOCK.MACQUIRE` of its ten keys
+/// on one connection instead of ten requests on ten: the same wait-for
+/// graph, `n` requests queued on the keys, a tenth of the connections (what
+/// fits a limit of 20,000 open files for `n` = 100,000).
+fn chain(c: &mut Conn, port: u16, sock: &Path, n: usize, multi: bool) -> io::Result<Vec<Row>> {
+    eprintln!("   chain of {n}{}", if multi { " (MACQUIRE)" } else { "" });
+    c.ok(&[b"FLUSHALL"])?;
+    let keys = (n / 10).max(2);
+    pipelined(
+        c,
+        keys,
+        &|i| {
+            vec![
+                b"LOCK.ACQUIRE".to_vec(),
+                format!("k{i}").into_bytes(),
+                format!("o{i}").into_bytes(),
+                TTL.to_vec(),
+            ]
+        },
+        &is_token,
+    )?;
+    let mid = keys / 2;
+    let below = mid.saturating_sub(20);
+    c.ok(&[
+        b"LOCK.ACQUIRE",
+        b"side",
+        format!("o{below}").as_bytes(),
+        TTL,
+    ])?;
+    // Who waits for key `i`: `o<i+1>` .. `o<i+10>`, `x<j>` above the top.
+    let owner = |j: usize| match j < keys {
+        true => format!("o{j}"),
+        false => format!("x{j}"),
+    };
+    let started = Instant::now();
+    let w = match multi {
+        false => {
+            let mut w = Waiters::open(sock, keys * 10)?;
+            w.write(c, 100, &mut |j| {
+                let (i, m) = (j / 10, j % 10);
+                cmd(&[
+                    b"LOCK.ACQUIRE",
+                    format!("k{i}").as_bytes(),
+                    owner(i + 1 + m).as_bytes(),
+                    TTL,
+                    b"WAIT",
+                    b"0",
+                ])
+            })?;
+            w
+        }
+        true => {
+            // Owner `j` (1 ..= keys + 9) waits for the keys `j - 10` ..
+            // `j - 1` that exist, in one request.
+            let mut w = Waiters::open(sock, keys + 9)?;
+            w.write(c, 100, &mut |x| {
+                let j = x + 1;
+                let ks: Vec<Vec<u8>> = (j.saturating_sub(10)..j.min(keys))
+                    .map(|i| format!("k{i}").into_bytes())
+                    .collect();
+                let numkeys = ks.len().to_string();
+                let who = owner(j);
+                let mut args: Vec<&[u8]> = vec![b"LOCK.MACQUIRE", numkeys.as_bytes()];
+                args.extend(ks.iter().map(Vec::as_slice));
+                args.extend([who.as_bytes(), TTL, b"WAIT", b"0"]);
+                cmd(&args)
+            })?;
+            w
+        }
+    };
+    eprintln!(
+        "   ({:.1} s to queue them)",
+        started.elapsed().as_secs_f64()
+    );
+    let form = match multi {
+        true => format!("{n} (as {} `MACQUIRE`s of 10 keys)", keys + 9),
+        false => n.to_string(),
+    };
+    let mid_owner = format!("o{mid}");
+    let m = request(
+        c,
+        port,
+        "lock.acquire",
+        &[
+            b"LOCK.ACQUIRE",
+            b"side",
+            mid_owner.as_bytes(),
+            b"1000",
+            b"WAIT",
+            b"1000",
+        ],
+    )?;
+    let middle = Row::new(
+        format!("(2) a request joining a chain of {form} in its middle (no cycle; `WAIT 1000`)"),
+        m.clone_reply(),
+    )
+    .note(format!("answered {}", show(&m.reply)));
+    let top = format!("k{}", keys - 1);
+    let m = request(
+        c,
+        port,
+        "lock.acquire",
+        &[
+            b"LOCK.ACQUIRE",
+            top.as_bytes(),
+            b"o0",
+            b"1000",
+            b"WAIT",
+            b"10000",
+        ],
+    )?;
+    let found = m.reply.as_ref().is_some_and(is_deadlock);
+    let cycle = Row::new(
+        format!("(2) a request closing a cycle through the chain of {form} (`WAIT 10000`)"),
+        m.clone_reply(),
+    )
+    .note(format!(
+        "answered {}{}",
+        show(&m.reply),
+        if found { "" } else { " (not DEADLOCK)" }
+    ));
+    w.close(c)?;
+    c.ok(&[b"FLUSHALL"])?;
+    Ok(vec![middle, cycle])
+}
+
+/// (3) `n` `WAIT`s on one held key, each sent with the time left to one
+/// common deadline (written 100 at a time, each batch in the server before
+/// the next is written): how late the server answered them (`lock_waiters`
+/// read in a loop on another connection: p50 when half had been answered,
+/// max when the last was), and the longest PING meanwhile.
+fn deadlines(c: &mut Conn, port: u16, sock: &Path, n: usize) -> io::Result<Row> {
+    eprintln!("   {n} deadlines together");
+    c.ok(&[b"FLUSHALL"])?;
+    c.ok(&[b"LOCK.ACQUIRE", b"hot", b"holder", TTL])?;
+    let mut w = Waiters::open(sock, n)?;
+    let target = Instant::now() + Duration::from_millis(3000 + n as u64 / 5);
+    let mut too_late = false;
+    w.write(c, 100, &mut |i| {
+        let left = target.saturating_duration_since(Instant::now()).as_millis();
+        too_late |= left < 100;
+        cmd(&[
+            b"LOCK.ACQUIRE",
+            b"hot",
+            format!("w{i}").as_bytes(),
+            TTL,
+            b"WAIT",
+            left.max(1).to_string().as_bytes(),
+        ])
+    })?;
+    if too_late {
+        return Err(io::Error::other(
+            "the WAITs were written too slowly for their common deadline",
+        ));
+    }
+    c.ok(&[b"CONFIG", b"RESETSTAT"])?;
+    c.ok(&[b"LATENCY", b"RESET"])?;
+    thread::sleep(
+        target
+            .saturating_duration_since(Instant::now())
+            .saturating_sub(Duration::from_millis(200)),
+    );
+    let pinger = Pinger::start(port)?;
+    let (mut half, mut last) = (None, None);
+    let limit = Instant::now() + Duration::from_secs(60);
+    while last.is_none() && Instant::now() < limit {
+        let left = stat(c, "lock_waiters")?;
+        let at = Instant::now();
+        if half.is_none() && left <= (n / 2) as u64 {
+            half = Some(at);
+        }
+        if left == 0 {
+            last = Some(at);
+        }
+    }
+    thread::sleep(Duration::from_millis(50));
+    let ping = pinger.stop();
+    let late =
+        |at: Option<Instant>| at.map_or(Duration::MAX, |t| t.saturating_duration_since(target));
+    // Every reply a nil.
+    let mut nils = 0;
+    for s in &mut w.socks {
+        s.set_read_timeout(Some(Duration::from_secs(5)))?;
+        let mut buf = [0u8; 5];
+        if s.read_exact(&mut buf).is_ok() && buf.starts_with(b"$-1") {
+            nils += 1;
+        }
+    }
+    let latency = latency_worst(c)?;
+    w.close(c)?;
+    c.ok(&[b"FLUSHALL"])?;
+    Ok(Row {
+        shape: format!("(3) {n} `WAIT`s on one held key with one deadline"),
+        ping,
+        server_us: None,
+        took: None,
+        late: Some((late(half), late(last))),
+        latency,
+        note: format!("{nils} of {n} answered nil"),
+    })
+}
+
+/// (4) and (5): one connection holding `n` bound locks renews them with
+/// `LOCK.KEEPALIVE`, alone and inside MULTI/EXEC, then closes.
+fn bound(c: &mut Conn, port: u16, n: usize) -> io::Result<Vec<Row>> {
+    eprintln!("   {n} bound holders");
+    c.ok(&[b"FLUSHALL"])?;
+    let mut h = server::connect(port)?;
+    let started = Instant::now();
+    pipelined(
+        &mut h,
+        n,
+        &|i| {
+            vec![
+                b"LOCK.ACQUIRE".to_vec(),
+                format!("b:{i}").into_bytes(),
+                b"O".to_vec(),
+                TTL.to_vec(),
+                b"BIND".to_vec(),
+            ]
+        },
+        &is_token,
+    )?;
+    eprintln!(
+        "   ({:.1} s to grant them)",
+        started.elapsed().as_secs_f64()
+    );
+    let count = |r: &Option<Reply>| r.as_ref().and_then(Reply::as_int);
+    let m = request(&mut h, port, "lock.keepalive", &[b"LOCK.KEEPALIVE", TTL])?;
+    let alone = Row::new(
+        format!("(4) `LOCK.KEEPALIVE` with {n} bound holders"),
+        m.clone_reply(),
+    )
+    .note(format!(
+        "renewed {}",
+        count(&m.reply).map_or("?".into(), |n| n.to_string())
+    ));
+    let m = measure(
+        &mut h,
+        port,
+        Some("lock.keepalive"),
+        &mut |h| {
+            h.ok(&[b"MULTI"])?;
+            h.call(&[b"LOCK.KEEPALIVE", TTL])?;
+            h.call(&[b"EXEC"]).map(Some)
+        },
+        &mut |_| Ok(true),
+    )?;
+    let renewed = match &m.reply {
+        Some(Reply::Array(a)) => a.first().and_then(Reply::as_int),
+        _ => None,
+    };
+    let multi = Row::new(
+        format!("(4) `LOCK.KEEPALIVE` inside MULTI/EXEC with {n} bound holders"),
+        m.clone_reply(),
+    )
+    .note(format!(
+        "renewed {}",
+        renewed.map_or("?".into(), |n| n.to_string())
+    ));
+    let mut holder = Some(h);
+    let m = measure(
+        c,
+        port,
+        None,
+        &mut |_| {
+            drop(holder.take());
+            Ok(None)
+        },
+        &mut |c| Ok(c.ok(&[b"DBSIZE"])?.as_int() == Some(0)),
+    )?;
+    let close = Row {
+        server_us: None,
+        ..Row::new(
+            format!("(5) a connection holding {n} bound locks closes"),
+            m.clone_reply(),
+        )
+    }
+    .note("took: until the last of its keys was gone (`DBSIZE` 0)");
+    c.ok(&[b"FLUSHALL"])?;
+    Ok(vec![alone, multi, close])
+}
+
+/// (6) `n` readers of one key (`lock.max-holders` raised to fit), then
+/// PERSIST, PEXPIRE, RENAME, MOVE and RESTORE of that key.
+fn holders(c: &mut Conn, port: u16, n: usize) -> io::Result<Vec<Row>> {
+    eprintln!("   {n} holders on one key");
+    c.ok(&[b"FLUSHALL"])?;
+    c.ok(&[
+        b"CONFIG",
+        b"SET",
+        b"lock.max-holders",
+        n.max(1000).to_string().as_bytes(),
+    ])?;
+    pipelined(
+        c,
+        n,
+        &|i| {
+            vec![
+                b"LOCK.READ".to_vec(),
+                b"big".to_vec(),
+                format!("r{i}").into_bytes(),
+                TTL.to_vec(),
+            ]
+        },
+        &is_token,
+    )?;
+    let payload = c.ok(&[b"DUMP", b"big"])?;
+    let payload = payload.bulk().to_vec();
+    let mut rows = Vec::new();
+    let steps: [(&str, &str, Vec<&[u8]>); 5] = [
+        (
+            "persist",
+            "PERSIST big",
+            vec![b"PERSIST".as_slice(), b"big"],
+        ),
+        (
+            "pexpire",
+            "PEXPIRE big 3600000",
+            vec![b"PEXPIRE".as_slice(), b"big", b"3600000"],
+        ),
+        (
+            "rename",
+            "RENAME big big2",
+            vec![b"RENAME".as_slice(), b"big", b"big2"],
+        ),
+        (
+            "move",
+            "MOVE big2 1",
+            vec![b"MOVE".as_slice(), b"big2", b"1"],
+        ),
+        (
+            "restore",
+            "RESTORE big3 0 <DUMP of it>",
+            vec![b"RESTORE".as_slice(), b"big3", b"0", &payload],
+        ),
+    ];
+    for (stat_of, label, args) in steps {
+        let m = request(c, port, stat_of, &args)?;
+        rows.push(
+            Row::new(
+                format!("(6) `{label}` of a key with {n} holders"),
+                m.clone_reply(),
+            )
+            .note(format!("answered {}", show(&m.reply))),
+        );
+    }
+    c.ok(&[b"FLUSHALL"])?;
+    c.ok(&[b"CONFIG", b"SET", b"lock.max-holders", b"1000"])?;
+    Ok(rows)
+}
+
+/// Nothing happening: what the machine costs a PING at rest.
+fn at_rest(c: &mut Conn, port: u16) -> io::Result<Row> {
+    let m = measure(
+        c,
+        port,
+        None,
+        &mut |_| {
+            thread::sleep(Duration::from_secs(1));
+            Ok(None)
+        },
+        &mut |_| Ok(true),
+    )?;
+    Ok(Row {
+        took: None,
+        ..Row::new("(nothing happening: 1 s at rest)".into(), m)
+    })
+}
+
+pub fn run(module: &Path, plan: &Plan) -> io::Result<Vec<Row>> {
+    let conns = plan.connections();
+    // The bench's connections and the server's (which inherits the limit).
+    let limit = raise_fd_limit(conns + 10_000);
+    let fits = |n: usize| n + 1000 <= limit;
+    let skipped = |n: usize, what: String| {
+        Row {
+        shape: what,
+        ping: Duration::ZERO,
+        server_us: None,
+        took: None,
+        late: None,
+        latency: None,
+        note: format!("skipped: {n} connections, the open-file limit is {limit} (run as root, or raise `ulimit -n`)"),
+    }
+    };
+    let dir = TempDir::new()?;
+    let sock: PathBuf = dir.0.join("redis.sock");
+    let server = Server::start(&Options {
+        module: Some(module.to_path_buf()),
+        dir: dir.0.clone(),
+        callgrind: false,
+        extra: [
+            "--maxclients",
+            &(conns + 1000).min(limit.saturating_sub(100)).to_string(),
+            "--unixsocket",
+            &sock.display().to_string(),
+            "--unixsocketperm",
+            "700",
+            "--latency-monitor-threshold",
+            "1",
+        ]
+        .iter()
+        .map(|s| s.to_string())
+        .collect(),
+    })?;
+    let port = server.port;
+    let mut c = server.conn()?;
+    c.set_read_timeout(Duration::from_secs(600))?;
+    c.ok(&[b"CONFIG", b"SET", b"lock.max-waiters", b"1000000"])?;
+    let wants = |n: u32| plan.shapes.as_ref().is_none_or(|s| s.contains(&n));
+    let mut rows = vec![at_rest(&mut c, port)?];
+    for &keys in plan.fan_keys.iter().filter(|_| wants(1)) {
+        if !fits(plan.fan_writers) {
+            rows.push(skipped(
+                plan.fan_writers,
+                format!("(1) fan over {keys} keys"),
+            ));
+            continue;
+        }
+        rows.extend(fan(
+            &mut c,
+            port,
+            &sock,
+            plan.fan_readers,
+            plan.fan_writers,
+            keys,
+        )?);
+    }
+    for &n in plan.chains.iter().filter(|_| wants(2)) {
+        // One connection a request when they fit, else one a MACQUIRE of
+        // ten keys (the same graph).
+        if fits(n) {
+            rows.extend(chain(&mut c, port, &sock, n, false)?);
+        } else if fits(n / 10 + 10) {
+            rows.extend(chain(&mut c, port, &sock, n, true)?);
+        } else {
+            rows.push(skipped(n / 10, format!("(2) a chain of {n}")));
+        }
+    }
+    match fits(plan.deadlines) {
+        _ if !wants(3) => {}
+        true => rows.push(deadlines(&mut c, port, &sock, plan.deadlines)?),
+        false => rows.push(skipped(plan.deadlines, "(3) deadlines together".into())),
+    }
+    for &n in plan.bound.iter().filter(|_| wants(4) || wants(5)) {
+        rows.extend(bound(&mut c, port, n)?);
+    }
+    if wants(6) {
+        rows.extend(holders(&mut c, port, plan.holders)?);
+    }
+    drop(c);
+    drop(server);
+    drop(dir);
+    Ok(rows)
+}
+
+pub fn table(rows: &[Row]) -> String {
+    let mut s = String::from(
+        "### 10. Stalls (a server of its own; the longest PING round trip on another connection while each shape happens; the request's server time from `INFO commandstats`, which Redis 7.0 counts twice for a request that blocked; `LATENCY LATEST`'s worst event with `latency-monitor-threshold 1`: `command` is the call alone)\n\n",
+    );
+    s.push_str("| shape | longest PING | request's server time (commandstats) | round trip / took | nils late (p50 / max) | `LATENCY LATEST` | |\n|---|---:|---:|---:|---:|---|---|\n");
+    let us = |d: Duration| stats::dur_us(d.as_secs_f64() * 1e6);
+    for r in rows {
+        s.push_str(&format!(
+            "| {} | {} | {} | {} | {} | {} | {} |\n",
+            r.shape,
+            us(r.ping),
+            r.server_us.map_or("-".into(), stats::dur_us),
+            r.took.map_or("-".into(), us),
+            r.late.map_or("-".into(), |(p50, max)| format!(
+                "{} / {}",
+                us(p50),
+                us(max)
+            )),
+            r.latency
+                .as_ref()
+                .map_or("-".into(), |(e, ms)| format!("{e} {ms} ms")),
+            r.note,
+        ));
+    }
+    s
+}
