@@ -356,12 +356,12 @@ async function issueTests(client: RedisClient, label: string): Promise<void> {
     const t = tag();
     const owner = `worker-${t}`;
     let why = "";
-    const a = Lock.exclusive(client, `${t}k`, { owner, bind: false, ttl: 600, onLost: (w) => (why = w) });
+    const a = Lock.exclusive(client, `${t}k`, { owner, bind: false, ttl: 3000, onLost: (w) => (why = w) });
     assert(await a.acquire(), "A holds");
     await raw.del(`${t}k`);
     const b = Lock.exclusive(client, `${t}k`, { owner, bind: false, ttl: 30_000 });
     assert(await b.acquire(), "B holds");
-    for (let i = 0; i < 100 && !a.lost; i++) await sleep(10); // A's next renewal is at 200 ms
+    for (let i = 0; i < 100 && !a.lost; i++) await sleep(50); // A's next renewal is at 1000 ms
     assert(a.lost && /LOCK.RENEW answered 0/.test(why), `A told lost by its renewal: ${why}`);
     assert((await rejection(() => a.release())) instanceof LeaseLostError, "A's release(): LeaseLostError");
     assert(!b.lost && (await b.owned()), "B still holds");
@@ -618,10 +618,11 @@ async function main(): Promise<void> {
     assert(await l.acquire(), "held");
     await l.guard("SET", "job:1", "done");
     await l.release();
-    const m = Lock.multi(io, [`${t}m1`, `${t}m2`], { owner: "worker-1", bind: false, ttl: 300 });
+    const m = Lock.multi(io, [`${t}m1`, `${t}m2`], { owner: "worker-1", bind: false, ttl: 1500 });
     assert(await m.acquire(), "held");
-    await m.extend(300);
-    await sleep(150); // a renewal (at 100 ms)
+    await m.extend(1500);
+    const renews = () => seen.filter((a) => a[0] === "LOCK.RENEW" && a[1] === `${t}m1`).length;
+    for (let i = 0; i < 100 && renews() < 2; i++) await sleep(50); // extend()'s, then the keeper's (at 500 ms)
     await m.release();
     await sleep(50);
     mon.disconnect();
@@ -631,7 +632,7 @@ async function main(): Promise<void> {
     sent(["LOCK.RELEASE", `${t}k`, "worker-1", "TOKEN", String(l.token)]);
     for (const [i, k] of [`${t}m1`, `${t}m2`].entries()) {
       sent(["LOCK.RELEASE", k, "worker-1", "TOKEN", String(m.tokens[i])]);
-      assert(seen.filter((a) => JSON.stringify(a) === JSON.stringify(["LOCK.RENEW", k, "worker-1", "300", "TOKEN", String(m.tokens[i])])).length >= 2, `extend() and a renewal of ${k} sent its token`);
+      assert(seen.filter((a) => JSON.stringify(a) === JSON.stringify(["LOCK.RENEW", k, "worker-1", "1500", "TOKEN", String(m.tokens[i])])).length >= 2, `extend() and a renewal of ${k} sent its token`);
     }
     assert(!seen.some((a) => (a[0] === "LOCK.RELEASE" || a[0] === "LOCK.RENEW") && a[1].startsWith(t) && a[a.length - 2] !== "TOKEN"), "no release or renewal without a token");
     await io.del("job:1");
