@@ -382,10 +382,20 @@ async function issueTests(client: RedisClient, label: string): Promise<void> {
     raw.disconnect();
   });
 
-  await test(`${label}: a bound holder hears its connection close within 100 ms; lost stays true`, async () => {
+  // "At once" is asserted as "by the event itself, long before the next keepalive": a ttl of 30 s (a
+  // keepalive every 10 s), told within 5 s and for the event's reason (a bound no loaded machine
+  // misses); the time it took is printed.
+  await test(`${label}: a bound holder hears its connection close at once (CLIENT KILL); lost stays true`, async () => {
     const key = `${tag()}kl`;
     let lostAt = 0;
-    const l = Lock.exclusive(client, key, { ttl: 6000, onLost: () => (lostAt = Date.now()) });
+    let why = "";
+    const l = Lock.exclusive(client, key, {
+      ttl: 30_000,
+      onLost: (w) => {
+        lostAt = Date.now();
+        why = w;
+      },
+    });
     assert(await l.acquire(), "held");
     assert(l.bound, "bound");
     const killer = new Redis(port, "127.0.0.1");
@@ -401,9 +411,10 @@ async function issueTests(client: RedisClient, label: string): Promise<void> {
     assert(id, `the bound connection in CLIENT LIST:\n${list}`);
     const killedAt = Date.now();
     await killer.call("CLIENT", "KILL", "ID", id!);
-    for (let i = 0; i < 40 && lostAt === 0; i++) await sleep(10);
+    for (let i = 0; i < 500 && lostAt === 0; i++) await sleep(10);
     killer.disconnect();
-    assert(lostAt !== 0 && lostAt - killedAt <= 100, `told within 100 ms (${lostAt ? lostAt - killedAt : "never"})`);
+    console.log(`     ${label}: CLIENT KILL of a bound connection told after ${lostAt ? `${lostAt - killedAt} ms` : "never"}`);
+    assert(lostAt !== 0 && /connection the lock was bound to/.test(why), `told by the connection's end, not a renewal (${lostAt ? lostAt - killedAt : "never"}: ${why})`);
     assert(l.lost && l.signal.aborted, "lost, signal aborted");
     let threw = false;
     await l.release().catch((e) => (threw = e instanceof LeaseLostError));
@@ -414,7 +425,7 @@ async function issueTests(client: RedisClient, label: string): Promise<void> {
     await again.release();
   });
 
-  await test(`${label}: DEL or SET over a held bound lock is told within 100 ms by the watcher (one per client); lost stays true`, async () => {
+  await test(`${label}: DEL or SET over a held bound lock is told at once by the watcher (one per client); lost stays true`, async () => {
     const raw = new Redis(port, "127.0.0.1");
     const watchers = async () => Number(((await raw.call("PUBSUB", "NUMSUB", "__redis__:invalidate")) as unknown[])[1]);
     const before = await watchers(); // 0 unless another client's bound locks are held
@@ -426,7 +437,7 @@ async function issueTests(client: RedisClient, label: string): Promise<void> {
       const whys: string[] = [];
       // SET: a reentrant lock re-entered, extended and renewed once first (each a write of its own, after which it reads the key again to stay tracked)
       const l = (op === "DEL" ? Lock.exclusive : Lock.reentrant)(client, key, {
-        ttl: op === "DEL" ? 10_000 : 3000,
+        ttl: op === "DEL" ? 30_000 : 6000,
         onLost: (why) => {
           lostAt = Date.now();
           whys.push(why);
@@ -436,8 +447,8 @@ async function issueTests(client: RedisClient, label: string): Promise<void> {
       assert(l.bound, "bound");
       if (op === "SET") {
         await l.reacquire(); // re-entered
-        await l.extend(3000);
-        await sleep(1100); // one renewal (at 1000 ms); the next is at 2000 ms
+        await l.extend(6000);
+        await sleep(2200); // one renewal (at 2000 ms); the next is at 4000 ms
       } else await sleep(50);
       assert(!l.lost, "not lost yet");
       const now = await watchers();
@@ -445,11 +456,11 @@ async function issueTests(client: RedisClient, label: string): Promise<void> {
       const t0 = Date.now();
       if (op === "DEL") await raw.del(key);
       else await raw.set(key, "x");
-      for (let i = 0; i < 500 && lostAt === 0; i++) await sleep(1);
+      for (let i = 0; i < 1000 && lostAt === 0; i++) await sleep(1);
       const took = lostAt - t0;
       console.log(`     ${label}: ${op} over a held bound lock told after ${lostAt ? `${took} ms` : "never"}`);
-      assert(lostAt !== 0 && took <= 100, `told within 100 ms (${lostAt ? took : "never"})`);
-      assert(/told by the server at once/.test(whys[0] ?? ""), `told by the watcher, not a renewal: ${whys}`);
+      assert(lostAt !== 0, "told");
+      assert(/told by the server at once/.test(whys[0] ?? ""), `told by the watcher, not a renewal (${took} ms): ${whys}`);
       assert(l.lost && l.signal.aborted, "lost, signal aborted");
       let threw = false;
       await l.release().catch((e) => (threw = e instanceof LeaseLostError));
