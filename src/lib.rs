@@ -60,6 +60,7 @@ use crate::redis::config;
 use crate::redis::replication;
 use crate::redis::spec::Spec;
 use crate::state::keys;
+use crate::state::stats;
 use crate::state::timers;
 use crate::state::visits;
 use crate::time::clock;
@@ -114,6 +115,10 @@ fn on_load(ctx: &Context, args: &[RedisString]) -> Status {
         if steps.contains(&Status::Err) {
             return Status::Err;
         }
+        // What a `CONFIG RESETSTAT` takes away from now on, and where the
+        // wall clock stands (`INFO lock` and the timer look again).
+        stats::follow_resetstat(events::own_ctx());
+        clock::check_steps(clock::now_ms());
         // Above every token an earlier run can have issued (its saved
         // counter, loaded next, can only raise this).
         fencing::jump_ahead(clock::now_ms(), config::clock_skew_ms());
