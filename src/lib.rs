@@ -115,6 +115,7 @@ fn on_load(ctx: &Context, args: &[RedisString]) -> Status {
         if steps.contains(&Status::Err) {
             return Status::Err;
         }
+        events::start(ctx);
         // What a `CONFIG RESETSTAT` takes away from now on, and where the
         // wall clock stands (`INFO lock` and the timer look again).
         stats::follow_resetstat(events::own_ctx());

@@ -46,6 +46,7 @@ mod profile;
 mod queues;
 mod server;
 mod stats;
+mod tax;
 mod throughput;
 
 use std::fs;
@@ -631,10 +632,11 @@ fn run_callgrind(plan: &Plan, args: &[String]) -> io::Result<()> {
         .windows(2)
         .find(|a| a[0] == "--only")
         .map(|a| a[1].as_str());
-    let (guard_only, bind_only) = (only == Some("9"), only == Some("6"));
-    if (guard_only || bind_only) && (check || write_baseline) {
+    let (guard_only, bind_only, tax_only) =
+        (only == Some("9"), only == Some("6"), only == Some("10"));
+    if (guard_only || bind_only || tax_only) && (check || write_baseline) {
         return Err(io::Error::other(
-            "--only 6 or 9 measures that section's rows alone: not with --check or --write-baseline",
+            "--only 6, 9 or 10 measures that section's rows alone: not with --check or --write-baseline",
         ));
     }
     let started = Instant::now();
@@ -642,12 +644,12 @@ fn run_callgrind(plan: &Plan, args: &[String]) -> io::Result<()> {
     for n in 1..=repeat {
         eprintln!(" run {n}/{repeat}");
         let run_dir = dir.join(format!("run{n}"));
-        let mut rows = match guard_only || bind_only {
+        let mut rows = match guard_only || bind_only || tax_only {
             true => Vec::new(),
             false => profile::run(&run_dir, &module, plan.callgrind_requests, scope)?,
         };
         let all = scope == profile::Scope::All;
-        if !bind_only {
+        if !bind_only && !tax_only {
             rows.extend(guard::profile(
                 &run_dir,
                 &module,
@@ -655,8 +657,16 @@ fn run_callgrind(plan: &Plan, args: &[String]) -> io::Result<()> {
                 all,
             )?);
         }
-        if !guard_only {
+        if !guard_only && !tax_only {
             rows.extend(bind::profile(
+                &run_dir,
+                &module,
+                plan.callgrind_requests,
+                all,
+            )?);
+        }
+        if !guard_only && !bind_only {
+            rows.extend(tax::profile(
                 &run_dir,
                 &module,
                 plan.callgrind_requests,
@@ -682,11 +692,12 @@ fn run_callgrind(plan: &Plan, args: &[String]) -> io::Result<()> {
     };
     match scope {
         profile::Scope::All => {
-            if !guard_only && !bind_only {
+            if !guard_only && !bind_only && !tax_only {
                 report.push_str(&profile::table(&runs, plan.callgrind_requests));
             }
             report.push_str(&bind::callgrind_table(&runs, plan.callgrind_requests));
             report.push_str(&guard::callgrind_table(&runs, plan.callgrind_requests));
+            report.push_str(&tax::callgrind_table(&runs, plan.callgrind_requests));
         }
         profile::Scope::Gated => report.push_str(&profile::check_table(&last, &baseline)),
     }

@@ -117,7 +117,8 @@ fn sync(ctx: &Context, args: Argv<'_>) -> RedisResult {
         Ok((lock.sweep_at(), true))
     })?
     .flatten();
-    if sweep.is_some() || timers::any() {
+    // A visit to plan, or this key's planned one to drop.
+    if sweep.is_some() || timers::any() && timers::planned(ffi::selected_db(ctx), name.as_slice()) {
         let DbKey { db, name: key } = ffi::db_key(ctx, name.as_slice());
         timers::schedule(db, &key, sweep);
     }

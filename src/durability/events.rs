@@ -10,12 +10,15 @@
 //!   apart (start-up, DEBUG RELOAD, a replica's full sync): [`loaded`].
 //!
 //! The type's callbacks themselves are in `persistence`, which calls these.
-//! - Server events, once per flush, swap, role change, load or closed
-//!   connection, not per write: FLUSHDB/FLUSHALL and SWAPDB wake waiters,
-//!   SWAPDB moves the timer's entries and bindings with their keys, a
-//!   promotion or the end of a load jumps the token counter ahead
-//!   (`fencing`) and a promotion visits what came due while the server was a
-//!   replica; a closed connection releases what was bound to it.
+//! - Server events, once per flush, swap, role change, load or fork, not
+//!   per write: FLUSHDB/FLUSHALL and SWAPDB wake waiters, SWAPDB moves the
+//!   timer's entries and bindings with their keys, a promotion or the end
+//!   of a load jumps the token counter ahead (`fencing`) and a promotion
+//!   visits what came due while the server was a replica. Closed
+//!   connections (`CLIENT_CHANGE`) only while some grant is bound: a closed
+//!   connection releases what was bound to it ([`watch_clients`]).
+//! - Nothing periodic: no cron event; one timer at the event loop's first
+//!   turn ([`on_started`]).
 //! - One keyspace class, `generic` (`g`): the only way to hear that a lock
 //!   appeared under a new name or database (`rename_to`, `move_to`,
 //!   `restore`) or that its Redis TTL was changed (`expire`, `persist`), and
@@ -79,9 +82,9 @@ pub fn loaded(db: i32, key: &[u8], at: u64) {
 }
 
 /// Subscribes to the generic keyspace class and to the server events above
-/// (closed connections only while some grant is bound: [`watch_clients`]),
-/// and plans the start-up's one look ([`on_started`]). Nothing periodic:
-/// a server that no lock is used on runs none of the module's code.
+/// (closed connections only while some grant is bound: [`watch_clients`]).
+/// Nothing periodic: a server that no lock is used on runs none of the
+/// module's code.
 pub fn subscribe(ctx: &Context) -> Status {
     let keyspace = api!(RedisModule_SubscribeToKeyspaceEvents(
         ctx.ctx,
@@ -104,22 +107,28 @@ pub fn subscribe(ctx: &Context) -> Status {
         server_event(raw::REDISMODULE_EVENT_LOADING, on_loaded),
         server_event(raw::REDISMODULE_EVENT_FORK_CHILD, on_fork),
     ];
+    if all.iter().all(|s| *s == ok) {
+        Status::Ok
+    } else {
+        Status::Err
+    }
+}
+
+/// The rest of the load, once nothing can fail it any more (a timer or a
+/// context left behind by a load Redis refused would outlive the module's
+/// code): the module's own context, the first binding's subscription, and
+/// the start-up's one look ([`on_started`]), at the event loop's first
+/// turn, after the start-up load (Redis runs no timer while it loads).
+pub fn start(ctx: &Context) {
     let own = api!(RedisModule_GetDetachedThreadSafeContext(ctx.ctx)).unwrap_or_default();
     OWN_CTX.store(own, Ordering::Relaxed);
     bindings::on_first_binding(watch_clients);
-    // Fires at the event loop's first turn, after the start-up load (Redis
-    // runs no timer while it loads).
-    let started = api!(RedisModule_CreateTimer(
+    api!(RedisModule_CreateTimer(
         ctx.ctx,
         0,
         Some(on_started),
         std::ptr::null_mut()
     ));
-    if all.iter().all(|s| *s == ok) && !own.is_null() && started.is_some() {
-        Status::Ok
-    } else {
-        Status::Err
-    }
 }
 
 /// The module's own context (detached, used on the main thread only): to
@@ -145,11 +154,21 @@ extern "C" fn on_generic(
     key: *mut raw::RedisModuleString,
 ) -> c_int {
     // Most of these are not about locks: while no lock exists and nobody
-    // waits, two atomic loads and nothing else (a lock being renamed or
-    // moved exists all along: `MOVED_FROM` is never left behind).
-    if stats::lock_keys() == 0 && !waiting::anyone_waits() {
+    // waits, two atomic loads and nothing else, not even a stack frame for
+    // the rest (a lock being renamed or moved exists all along:
+    // `MOVED_FROM` is never left behind).
+    if stats::lock_keys() == 0 && !waiting::busy() {
         return raw::REDISMODULE_OK as c_int;
     }
+    on_generic_heard(raw_ctx, event, key)
+}
+
+#[inline(never)]
+fn on_generic_heard(
+    raw_ctx: *mut raw::RedisModuleCtx,
+    event: *const c_char,
+    key: *mut raw::RedisModuleString,
+) -> c_int {
     catch::callback("a keyspace event", raw::REDISMODULE_OK as c_int, || {
         if event.is_null() {
             return raw::REDISMODULE_OK as c_int;
@@ -325,7 +344,7 @@ extern "C" fn on_fork(
 /// loads from now on are reloads or full syncs (`fencing::loaded`), and
 /// whether effects have a listener is looked at once. Later looks happen
 /// at a fork's end, a load's end, and while effects are built
-/// (`replication::effect_built`): nothing runs periodically.
+/// (`replication::BUILT`): nothing runs periodically.
 extern "C" fn on_started(raw_ctx: *mut raw::RedisModuleCtx, _data: *mut c_void) {
     catch::callback("the start-up look", (), || {
         fencing::started();

@@ -143,11 +143,11 @@ fn counters() -> [&'static Counter; 11] {
 /// module looks once at load).
 ///
 /// Looks: at every `INFO lock` (the only reader of the counters), before
-/// the first change of a counter after a second without a look, and a
-/// second after that change (one timer): what a counter counted between a
-/// reset and the look that sees it (at most a second's changes, in a
-/// second that had a look before the reset) is reset with the rest. A
-/// server whose counters do not move runs nothing.
+/// the first change of a counter after ten quiet seconds, and every second
+/// from then until the counters stood still for ten seconds (one timer):
+/// what a counter counted between a reset and the look that sees it (at
+/// most a second's changes) is reset with the rest. A server whose counters
+/// do not move runs nothing.
 static SEEN: Mutex<(u64, u64)> = Mutex::new((0, 0));
 
 /// Redis's count of `LOCK.SYNC` calls (its `INFO commandstats`), `None` when
@@ -203,6 +203,7 @@ pub fn follow_resetstat(ctx: *mut raw::RedisModuleCtx) {
         return;
     }
     OWN_CTX.store(ctx, Ordering::Relaxed);
+    CHANGED.store(false, Ordering::Relaxed);
     let mut seen = SEEN.lock().unwrap_or_else(|p| p.into_inner());
     let (server_then, ours_then) = *seen;
     let Some(server) = server_internal_calls(ctx) else {
@@ -218,25 +219,31 @@ pub fn follow_resetstat(ctx: *mut raw::RedisModuleCtx) {
         clock::reset_steps();
     }
     mark(ctx);
-    // As Redis counted it (should it not count the module's calls, the
-    // look is only less sure, never wrong).
-    *seen = (
-        server_internal_calls(ctx).unwrap_or(server),
-        crate::redis::spec::internal_calls(),
-    );
+    // Redis counts the module's own call as the module does (every server
+    // the module supports; tests/it/ecosystem.rs).
+    let after = crate::redis::spec::internal_calls();
+    *seen = (server.saturating_add(after.saturating_sub(ours)), after);
 }
 
 /// The module's own context (the last one a look was given), for the timer.
 static OWN_CTX: AtomicPtr<raw::RedisModuleCtx> = AtomicPtr::new(std::ptr::null_mut());
-/// Whether a look is planned (a counter moved since the last one).
+/// Whether a look is planned (a counter moved less than a second ago).
 static LOOK_PLANNED: AtomicBool = AtomicBool::new(false);
+/// Whether a counter moved since the last look.
+static CHANGED: AtomicBool = AtomicBool::new(false);
+/// Looks in a row that found no counter moved; the timer stops after
+/// [`QUIET_LOOKS_KEPT`] of them.
+static QUIET_LOOKS: AtomicU64 = AtomicU64::new(0);
+const QUIET_LOOKS_KEPT: u64 = 10;
 const LOOK_AFTER_MS: i64 = 1_000;
 
-/// A counter is about to move. The first change after a second without a
-/// look looks first (a reset before it is seen before it counts), and plans
-/// a look a second later; changes meanwhile cost one atomic load. (Counters
-/// move on Redis's main thread only; gauges, which a free on a background
-/// thread moves, plan nothing.)
+/// A counter is about to move. The first change after ten quiet seconds
+/// looks first (a reset before it is seen before it counts), and plans a
+/// look a second later, which plans the next until counters stood still for
+/// ten looks: under load, even with pauses, the looks are the timer's, none
+/// in a command. Changes
+/// meanwhile cost two atomic loads. (Counters move on Redis's main thread
+/// only; gauges, which a free on a background thread moves, plan nothing.)
 #[inline]
 fn look_soon() {
     #[cold]
@@ -253,25 +260,45 @@ fn look_soon() {
         if u32::try_from(flags).unwrap_or(0) & raw::REDISMODULE_CTX_FLAGS_LOADING == 0 {
             follow_resetstat(ctx);
         }
-        let planned = api!(RedisModule_CreateTimer(
-            ctx,
-            LOOK_AFTER_MS,
-            Some(on_look),
-            std::ptr::null_mut()
-        ));
-        if planned.is_none() {
-            LOOK_PLANNED.store(false, Ordering::Relaxed);
-        }
+        plan(ctx);
     }
     if !LOOK_PLANNED.load(Ordering::Relaxed) && !LOOK_PLANNED.swap(true, Ordering::Relaxed) {
         look_and_plan();
+    }
+    if !CHANGED.load(Ordering::Relaxed) {
+        CHANGED.store(true, Ordering::Relaxed);
+    }
+}
+
+/// A look a second from now ([`LOOK_PLANNED`] is set).
+fn plan(ctx: *mut raw::RedisModuleCtx) {
+    let planned = api!(RedisModule_CreateTimer(
+        ctx,
+        LOOK_AFTER_MS,
+        Some(on_look),
+        std::ptr::null_mut()
+    ));
+    if planned.is_none() {
+        LOOK_PLANNED.store(false, Ordering::Relaxed);
     }
 }
 
 extern "C" fn on_look(_raw_ctx: *mut raw::RedisModuleCtx, _data: *mut c_void) {
     catch::callback("the RESETSTAT look", (), || {
-        LOOK_PLANNED.store(false, Ordering::Relaxed);
-        follow_resetstat(OWN_CTX.load(Ordering::Relaxed));
+        let ctx = OWN_CTX.load(Ordering::Relaxed);
+        follow_resetstat(ctx);
+        // Counters moved since the last look, or did not for a few looks
+        // only: the next in a second (a pause in a steady load then costs
+        // its next command no look); after that, nothing.
+        let quiet = match CHANGED.swap(false, Ordering::Relaxed) {
+            true => 0,
+            false => QUIET_LOOKS.load(Ordering::Relaxed) + 1,
+        };
+        QUIET_LOOKS.store(quiet, Ordering::Relaxed);
+        match quiet < QUIET_LOOKS_KEPT {
+            true => plan(ctx),
+            false => LOOK_PLANNED.store(false, Ordering::Relaxed),
+        }
     })
 }
 
