@@ -54,6 +54,7 @@ use crate::commands::lock;
 use crate::durability::apply;
 use crate::durability::events;
 use crate::durability::persistence::LOCK_TYPE;
+#[cfg(not(test))]
 use crate::redis::alloc;
 use crate::redis::catch;
 use crate::redis::config;

@@ -233,8 +233,12 @@ fn server_version() -> String {
         .unwrap_or_else(|_| "?".into())
 }
 
+/// Where reports and dumps go: `LOCKBENCH_DIR`, else target/lockbench (two
+/// runs at once, on two servers, each with its own).
 fn out_dir() -> io::Result<PathBuf> {
-    let dir = root().join("target/lockbench");
+    let dir = std::env::var_os("LOCKBENCH_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| root().join("target/lockbench"));
     fs::create_dir_all(&dir)?;
     Ok(dir)
 }

@@ -42,7 +42,7 @@ pub fn is_replica() -> bool {
 /// backlog for a first replica, or turns the AOF on, in the same call that
 /// forks, and whatever ran before the fork is in the snapshot), a role
 /// change, a load. A fork's end, the end of a load, the event loop's first
-/// turn (`events`) and every 1,024th effect built look again.
+/// turn (`events`) and every 65,536th effect built look again.
 static QUIET: AtomicBool = AtomicBool::new(false);
 
 /// Effects may have a listener from now on (see [`QUIET`]).
@@ -114,7 +114,7 @@ fn count_if_nobody_listens(ctx: &Context) -> bool {
 /// whose effects nobody needs has them skipped, one that runs no lock
 /// command runs nothing.
 static BUILT: AtomicU64 = AtomicU64::new(0);
-const LOOK_EVERY: u64 = 1024;
+const LOOK_EVERY: u64 = 65_536;
 
 #[cold]
 #[inline(never)]

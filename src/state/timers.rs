@@ -37,7 +37,7 @@ use std::sync::{LazyLock, Mutex, OnceLock};
 use redis_module::{raw, Context, ContextFlags};
 
 use crate::redis::catch;
-use crate::redis::ffi::{self, api, DbKey, DbKeyMap, KeyFilter, KeyRef};
+use crate::redis::ffi::{self, api, DbKey, DbKeyMap, KeyAt, KeyFilter, KeyRef};
 use crate::redis::shared::{self, Locked};
 use crate::state::bindings::{ClientId, Detached};
 use crate::time::clock;
@@ -110,13 +110,13 @@ pub fn any() -> bool {
 /// load while no key is indexed; else the filter, then, if it cannot say
 /// no, a map look-up, nothing copied): the fast paths' question.
 #[inline]
-pub fn planned(db: i32, name: &[u8]) -> bool {
+pub fn planned(key: &KeyAt<'_>) -> bool {
     #[cold]
     #[inline(never)]
     fn indexed(db: i32, name: &[u8]) -> bool {
         index().by_key.contains_key(&(db, name) as &dyn KeyRef)
     }
-    INDEXED.load(Ordering::Relaxed) && PLANNED.may_contain(db, name) && indexed(db, name)
+    INDEXED.load(Ordering::Relaxed) && PLANNED.may_contain(key) && indexed(key.db, key.name)
 }
 
 /// Visit `key` at `when` (unix ms), or never (`None`). Replaces any earlier plan.

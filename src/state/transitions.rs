@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 use redis_module::{Context, RedisString};
 
 use crate::redis::errors::LockError;
-use crate::redis::ffi::{self, call, DbKey, Str};
+use crate::redis::ffi::{self, call, DbKey, KeyAt, Str};
 use crate::redis::replication;
 use crate::redis::replies;
 use crate::state::bindings;
@@ -341,10 +341,8 @@ fn anything_pending() -> bool {
 /// transition.
 #[inline(never)]
 fn key_is_quiet(ctx: &Context, name: Str<'_>) -> bool {
-    let db = ffi::selected_db(ctx);
-    bindings::pending() == 0
-        && !waiting::waits_for(db, name.as_slice())
-        && !timers::planned(db, name.as_slice())
+    let key = KeyAt::new(ffi::selected_db(ctx), name.as_slice());
+    bindings::pending() == 0 && !waiting::waits_for(&key) && !timers::planned(&key)
 }
 
 /// [`announce`] after a one-step transition, whose key has no visit to plan
@@ -403,7 +401,9 @@ fn plan_visit(ctx: &Context, name: Str<'_>, visit: Option<u64>) {
         let DbKey { db, name: key } = ffi::db_key(ctx, name.as_slice());
         timers::schedule(db, &key, visit);
     }
-    if visit.is_some() || timers::any() && timers::planned(ffi::selected_db(ctx), name.as_slice()) {
+    if visit.is_some()
+        || timers::any() && timers::planned(&KeyAt::new(ffi::selected_db(ctx), name.as_slice()))
+    {
         schedule(ctx, name, visit);
     }
 }

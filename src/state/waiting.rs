@@ -32,7 +32,7 @@ use crate::redis::catch;
 use crate::redis::config;
 use crate::redis::errors::LockError;
 use crate::redis::ffi::{self, api, Str};
-use crate::redis::ffi::{DbKey, DbKeyMap, KeyFilter, KeyRef};
+use crate::redis::ffi::{DbKey, DbKeyMap, KeyAt, KeyFilter, KeyRef};
 use crate::redis::replies;
 use crate::redis::shared::{self, Locked};
 use crate::state::bindings::{self, ClientId};
@@ -238,13 +238,13 @@ pub fn busy() -> bool {
 /// while nobody waits anywhere; else the filter, then, if it cannot say no,
 /// a map look-up, nothing copied): the fast paths' question.
 #[inline]
-pub fn waits_for(db: i32, name: &[u8]) -> bool {
+pub fn waits_for(key: &KeyAt<'_>) -> bool {
     #[cold]
     #[inline(never)]
     fn queued(db: i32, name: &[u8]) -> bool {
         registry().queues.contains_key(&(db, name) as &dyn KeyRef)
     }
-    BUSY.load(Ordering::Relaxed) && WAITED.may_contain(db, name) && queued(db, name)
+    BUSY.load(Ordering::Relaxed) && WAITED.may_contain(key) && queued(key.db, key.name)
 }
 
 /// A connection with bound holders closed: transitions take the general
@@ -265,7 +265,7 @@ pub fn waiters(ctx: &Context, key: Str<'_>) -> usize {
         return 0;
     }
     let db = ffi::selected_db(ctx);
-    if !WAITED.may_contain(db, key.as_slice()) {
+    if !WAITED.may_contain(&KeyAt::new(db, key.as_slice())) {
         return 0;
     }
     registry()
@@ -478,7 +478,7 @@ fn answer_queued(ctx: &Context, name: Str<'_>, txn: &mut Txn) -> Pending {
     }
     // Requests waiting for other keys only: nothing copied or looked up.
     let db = ffi::selected_db(ctx);
-    if registry.revocations.is_empty() && !WAITED.may_contain(db, name.as_slice()) {
+    if registry.revocations.is_empty() && !WAITED.may_contain(&KeyAt::new(db, name.as_slice())) {
         return Pending::NONE;
     }
     let key = &DbKey::new(db, name.as_slice());

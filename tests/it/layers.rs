@@ -85,7 +85,7 @@ fn uses(text: &str, folders: &[String]) -> Vec<String> {
         };
         let first = word(rest);
         assert!(!first.is_empty(), "use one `use crate::x` line per module");
-        if folders.iter().any(|f| *f == first) {
+        if folders.contains(&first) {
             let after = &rest[first.len()..];
             let second = after.strip_prefix("::").map(word).unwrap_or_default();
             assert!(
