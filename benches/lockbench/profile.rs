@@ -766,10 +766,13 @@ pub fn check_table(rows: &[Row], baseline: &str) -> String {
     );
     for (name, base) in gated_baseline(baseline) {
         let now = get(rows, name);
-        s.push_str(&format!(
-            "| {name} | {now:.0} | {base:.0} | {:+.1}% |\n",
-            (now - base) / base * 100.0
-        ));
+        // A row whose baseline is 0 (the module's own code at rest) is
+        // shown as its change in instructions.
+        let change = match base == 0.0 {
+            true => format!("{now:+.0}"),
+            false => format!("{:+.1}%", (now - base) / base * 100.0),
+        };
+        s.push_str(&format!("| {name} | {now:.0} | {base:.0} | {change} |\n"));
     }
     s
 }
