@@ -57,9 +57,11 @@ use crate::durability::events;
 use crate::durability::persistence::LOCK_TYPE;
 use crate::redis::catch;
 use crate::redis::config;
+use crate::redis::log;
 use crate::redis::replication;
 use crate::redis::spec::Spec;
 use crate::state::keys;
+use crate::state::stats;
 use crate::state::timers;
 use crate::state::visits;
 use crate::time::clock;
@@ -121,6 +123,12 @@ fn on_load(ctx: &Context, args: &[RedisString]) -> Status {
         if steps.contains(&Status::Err) {
             return Status::Err;
         }
+        events::start(ctx);
+        log::init(events::own_ctx());
+        // What a `CONFIG RESETSTAT` takes away from now on, and where the
+        // wall clock stands (`INFO lock` and the timer look again).
+        stats::follow_resetstat(events::own_ctx());
+        clock::check_steps(clock::now_ms());
         // Above every token an earlier run can have issued (its saved
         // counter, loaded next, can only raise this).
         fencing::jump_ahead(clock::now_ms(), config::clock_skew_ms());

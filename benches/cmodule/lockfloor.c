@@ -28,13 +28,17 @@
  *
  * Loaded with the argument "floor-only", it registers only that type and
  * FLOOR.SET, so that it can be loaded beside the Rust module (whose LOCK.*
- * commands the others would clash with).
+ * commands the others would clash with). With "events-only", it registers
+ * only redis-lock's command names (each refusing every call) and the same
+ * event subscriptions as redis-lock, each with an empty callback: the
+ * module API's floor for what loading redis-lock costs every other client
+ * (the bench's "What the module costs others").
  *
  * Build:
  *   cc -O2 -shared -fPIC -Wall -Wextra -Werror -I<dir of redismodule.h> \
  *      -o lockfloor.so lockfloor.c
  * (redismodule.h: the redis-module crate's src/include/).
- * Load: loadmodule lockfloor.so [floor-only]
+ * Load: loadmodule lockfloor.so [floor-only | events-only]
  */
 
 #include <stddef.h>
@@ -634,9 +638,85 @@ static size_t lock_mem_usage(const void *value) {
     return size;
 }
 
+/* ---- events-only: the API's floor for what redis-lock hears ----
+ *
+ * The same subscriptions redis-lock makes at rest (src/durability/events.rs:
+ * the generic keyspace class, and the server events FLUSHDB, SWAPDB,
+ * REPLICATION_ROLE_CHANGED, LOADING and FORK_CHILD), each with an empty
+ * callback: what Redis itself spends on a module that hears them, which no
+ * module can go below. The bench's tax table (section "What the module
+ * costs others") puts it beside the module. */
+
+static int empty_keyspace(RedisModuleCtx *ctx, int type, const char *event,
+                          RedisModuleString *key) {
+    (void)ctx;
+    (void)type;
+    (void)event;
+    (void)key;
+    return REDISMODULE_OK;
+}
+
+static void empty_server_event(RedisModuleCtx *ctx, RedisModuleEvent e, uint64_t sub,
+                               void *data) {
+    (void)ctx;
+    (void)e;
+    (void)sub;
+    (void)data;
+}
+
+static int subscribe_empty(RedisModuleCtx *ctx) {
+    if (RedisModule_SubscribeToKeyspaceEvents(ctx, REDISMODULE_NOTIFY_GENERIC,
+                                              empty_keyspace) == REDISMODULE_ERR)
+        return REDISMODULE_ERR;
+    RedisModuleEvent events[] = {
+        RedisModuleEvent_FlushDB,
+        RedisModuleEvent_SwapDB,
+        RedisModuleEvent_ReplicationRoleChanged,
+        RedisModuleEvent_Loading,
+        RedisModuleEvent_ForkChild,
+    };
+    for (size_t i = 0; i < sizeof(events) / sizeof(events[0]); i++)
+        if (RedisModule_SubscribeToServerEvent(ctx, events[i], empty_server_event) ==
+            REDISMODULE_ERR)
+            return REDISMODULE_ERR;
+    return REDISMODULE_OK;
+}
+
+/* The command names redis-lock registers, in its order (src/lib.rs's
+ * COMMANDS), so that the server's command table holds the same names laid
+ * out the same way: a lookup of another command walks what it walks beside
+ * redis-lock. Each refuses every call. */
+static int stub_cmd(RedisModuleCtx *ctx, RedisModuleString **argv, int argc) {
+    (void)argv;
+    (void)argc;
+    return RedisModule_ReplyWithError(ctx, "ERR events-only");
+}
+
+static int register_names(RedisModuleCtx *ctx) {
+    static const char *names[] = {
+        "lock.acquire", "lock.racquire", "lock.read",      "lock.semaphore",
+        "lock.macquire", "lock.release", "lock.renew",     "lock.info",
+        "lock.keepalive", "lock.guard",  "lock.sync",
+    };
+    for (size_t i = 0; i < sizeof(names) / sizeof(names[0]); i++)
+        if (RedisModule_CreateCommand(ctx, names[i], stub_cmd, "write", 0, 0, 0) ==
+            REDISMODULE_ERR)
+            return REDISMODULE_ERR;
+    return REDISMODULE_OK;
+}
+
 int RedisModule_OnLoad(RedisModuleCtx *ctx, RedisModuleString **argv, int argc) {
     if (RedisModule_Init(ctx, "lockfloor", 1, REDISMODULE_APIVER_1) == REDISMODULE_ERR)
         return REDISMODULE_ERR;
+    if (argc == 1) {
+        size_t len;
+        const char *arg = RedisModule_StringPtrLen(argv[0], &len);
+        if (len == 11 && strncasecmp(arg, "events-only", 11) == 0) {
+            if (register_names(ctx) == REDISMODULE_ERR)
+                return REDISMODULE_ERR;
+            return subscribe_empty(ctx);
+        }
+    }
 
     RedisModuleTypeMethods fm = {
         .version = REDISMODULE_TYPE_METHOD_VERSION,
@@ -658,7 +738,8 @@ int RedisModule_OnLoad(RedisModuleCtx *ctx, RedisModuleString **argv, int argc) 
             return REDISMODULE_OK;
     }
     if (argc != 0) {
-        RedisModule_Log(ctx, "warning", "lockfloor: the only argument is floor-only");
+        RedisModule_Log(ctx, "warning",
+                        "lockfloor: the only argument is floor-only or events-only");
         return REDISMODULE_ERR;
     }
 

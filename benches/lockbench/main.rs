@@ -53,6 +53,7 @@ mod queues;
 mod server;
 mod stalls;
 mod stats;
+mod tax;
 mod throughput;
 
 use std::fs;
@@ -249,8 +250,12 @@ fn server_version() -> String {
         .unwrap_or_else(|_| "?".into())
 }
 
+/// Where reports and dumps go: `LOCKBENCH_DIR`, else target/lockbench (two
+/// runs at once, on two servers, each with its own).
 fn out_dir() -> io::Result<PathBuf> {
-    let dir = root().join("target/lockbench");
+    let dir = std::env::var_os("LOCKBENCH_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| root().join("target/lockbench"));
     fs::create_dir_all(&dir)?;
     Ok(dir)
 }
@@ -655,10 +660,11 @@ fn run_callgrind(plan: &Plan, args: &[String]) -> io::Result<()> {
         .windows(2)
         .find(|a| a[0] == "--only")
         .map(|a| a[1].as_str());
-    let (guard_only, bind_only) = (only == Some("9"), only == Some("6"));
-    if (guard_only || bind_only) && (check || write_baseline) {
+    let (guard_only, bind_only, tax_only) =
+        (only == Some("9"), only == Some("6"), only == Some("11"));
+    if (guard_only || bind_only || tax_only) && (check || write_baseline) {
         return Err(io::Error::other(
-            "--only 6 or 9 measures that section's rows alone: not with --check or --write-baseline",
+            "--only 6, 9 or 11 measures that section's rows alone: not with --check or --write-baseline",
         ));
     }
     let started = Instant::now();
@@ -666,12 +672,12 @@ fn run_callgrind(plan: &Plan, args: &[String]) -> io::Result<()> {
     for n in 1..=repeat {
         eprintln!(" run {n}/{repeat}");
         let run_dir = dir.join(format!("run{n}"));
-        let mut rows = match guard_only || bind_only {
+        let mut rows = match guard_only || bind_only || tax_only {
             true => Vec::new(),
             false => profile::run(&run_dir, &module, plan.callgrind_requests, scope)?,
         };
         let all = scope == profile::Scope::All;
-        if !bind_only {
+        if !bind_only && !tax_only {
             rows.extend(guard::profile(
                 &run_dir,
                 &module,
@@ -679,8 +685,16 @@ fn run_callgrind(plan: &Plan, args: &[String]) -> io::Result<()> {
                 all,
             )?);
         }
-        if !guard_only {
+        if !guard_only && !tax_only {
             rows.extend(bind::profile(
+                &run_dir,
+                &module,
+                plan.callgrind_requests,
+                all,
+            )?);
+        }
+        if !guard_only && !bind_only {
+            rows.extend(tax::profile(
                 &run_dir,
                 &module,
                 plan.callgrind_requests,
@@ -706,11 +720,12 @@ fn run_callgrind(plan: &Plan, args: &[String]) -> io::Result<()> {
     };
     match scope {
         profile::Scope::All => {
-            if !guard_only && !bind_only {
+            if !guard_only && !bind_only && !tax_only {
                 report.push_str(&profile::table(&runs, plan.callgrind_requests));
             }
             report.push_str(&bind::callgrind_table(&runs, plan.callgrind_requests));
             report.push_str(&guard::callgrind_table(&runs, plan.callgrind_requests));
+            report.push_str(&tax::callgrind_table(&runs, plan.callgrind_requests));
         }
         profile::Scope::Gated => report.push_str(&profile::check_table(&last, &baseline)),
     }

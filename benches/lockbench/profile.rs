@@ -132,7 +132,7 @@ impl Plain {
         matches!(self, Plain::Del | Plain::Expire)
     }
 
-    fn encode(self, s: &Sha, i: usize, buf: &mut Vec<u8>) {
+    pub fn encode(self, s: &Sha, i: usize, buf: &mut Vec<u8>) {
         let k = Arg::K(KEY_PREFIX, i);
         let b = Arg::B;
         match self {
@@ -196,6 +196,9 @@ pub struct Profiled {
     pub c: Conn,
     pool: Pool,
     sha: Sha,
+    /// Empty only the selected database between rows (`FLUSHDB`), keeping
+    /// what other databases hold (section 11's busy server).
+    pub flush_db_only: bool,
 }
 
 impl Profiled {
@@ -215,7 +218,35 @@ impl Profiled {
             c,
             pool,
             sha,
+            flush_db_only: false,
         })
+    }
+
+    pub fn port(&self) -> u16 {
+        self.server.port
+    }
+
+    /// [`Profiled::measure`] for a lock command (its keys prepared as the
+    /// first table's rows are).
+    pub fn measure_op(&mut self, name: &str, op: Op, requests: usize) -> io::Result<f64> {
+        self.measure(
+            name,
+            (requests, op.replies()),
+            &prepare_lock(op),
+            &|s, i, b| op.encode(&s.scripts, i, b),
+            &|r| op.expected(r),
+        )
+    }
+
+    /// [`Profiled::measure`] for a command on keys that are not locks.
+    pub fn measure_plain(&mut self, name: &str, op: Plain, requests: usize) -> io::Result<f64> {
+        self.measure(
+            name,
+            (requests, 1),
+            &prepare_plain(op),
+            &|s, i, b| op.encode(s, i, b),
+            &|r| op.expected(r),
+        )
     }
 
     /// Runs `n` requests from key `offset` on, checking every reply.
@@ -263,7 +294,11 @@ impl Profiled {
         encode: &dyn Fn(&Sha, usize, &mut Vec<u8>),
         check: &dyn Fn(&Reply) -> bool,
     ) -> io::Result<f64> {
-        self.c.ok(&[b"FLUSHALL", b"SYNC"])?;
+        let flush: &[u8] = match self.flush_db_only {
+            true => b"FLUSHDB",
+            false => b"FLUSHALL",
+        };
+        self.c.ok(&[flush, b"SYNC"])?;
         prepare(self, WARM_OFFSET, WARM)?;
         prepare(self, 0, n)?;
         self.run(name, (WARM, WARM_OFFSET, replies), encode, check)?;
@@ -731,10 +766,13 @@ pub fn check_table(rows: &[Row], baseline: &str) -> String {
     );
     for (name, base) in gated_baseline(baseline) {
         let now = get(rows, name);
-        s.push_str(&format!(
-            "| {name} | {now:.0} | {base:.0} | {:+.1}% |\n",
-            (now - base) / base * 100.0
-        ));
+        // A row whose baseline is 0 (the module's own code at rest) is
+        // shown as its change in instructions.
+        let change = match base == 0.0 {
+            true => format!("{now:+.0}"),
+            false => format!("{:+.1}%", (now - base) / base * 100.0),
+        };
+        s.push_str(&format!("| {name} | {now:.0} | {base:.0} | {change} |\n"));
     }
     s
 }
@@ -751,7 +789,10 @@ fn gated_baseline(baseline: &str) -> impl Iterator<Item = (&str, f64)> {
             Some((parts.next()?, parts.next()?.parse::<f64>().ok()?))
         })
         .filter(|(name, _)| {
-            name.starts_with("lock-") || name.starts_with("module:") || name.starts_with("sent:")
+            name.starts_with("lock-")
+                || name.starts_with("module:")
+                || name.starts_with("sent:")
+                || name.starts_with("busy:")
         })
 }
 

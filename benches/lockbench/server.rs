@@ -121,6 +121,16 @@ pub struct Server {
 
 impl Server {
     pub fn start(opts: &Options) -> io::Result<Server> {
+        Server::start_with(opts, false)
+    }
+
+    /// [`Server::start`], under callgrind counting the whole process (its
+    /// cron and event handlers too; `opts.callgrind` is taken as set).
+    pub fn start_whole(opts: &Options) -> io::Result<Server> {
+        Server::start_with(opts, true)
+    }
+
+    fn start_with(opts: &Options, whole: bool) -> io::Result<Server> {
         let mut b = common::Server::builder()
             .dir(&opts.dir)
             .startup_deadline(STARTUP_DEADLINE)
@@ -129,7 +139,9 @@ impl Server {
             Some(m) => b.module_at(m),
             None => b.without_module(),
         };
-        if opts.callgrind {
+        if whole {
+            b = b.callgrind_whole(&opts.dir.join("callgrind.out"));
+        } else if opts.callgrind {
             b = b.callgrind(&opts.dir.join("callgrind.out"));
         }
         for pair in opts.extra.chunks(2) {

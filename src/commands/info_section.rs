@@ -6,6 +6,7 @@ use std::sync::atomic::Ordering;
 
 use redis_module::{raw, Context, Status};
 
+use crate::durability::events;
 use crate::redis::catch;
 use crate::redis::ffi::{self, api};
 use crate::state::bindings;
@@ -28,7 +29,7 @@ pub fn register(ctx: &Context) -> Status {
 extern "C" fn info(ctx: *mut raw::RedisModuleInfoCtx, for_crash_report: c_int) {
     catch::callback("INFO", (), || {
         if for_crash_report == 0 {
-            stats::follow_resetstat();
+            stats::follow_resetstat(events::own_ctx());
             // A step since the last look is counted before it is shown.
             clock::check_steps(clock::now_ms());
         }

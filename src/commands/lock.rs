@@ -313,9 +313,6 @@ fn session_live(id: u64) -> Result<(), LockError> {
 /// connection running the transaction). A script or a function has no
 /// connection of its own to outlive: `BIND` there is an error.
 fn bound_connection(ctx: &Context) -> Result<ClientId, LockError> {
-    // A script may renew this connection's bound holders from now on: the
-    // script's caller is followed while anything is bound.
-    script_caller::follow(ctx.ctx, true);
     // Inside LOCK.GUARD: the guard's sender (the command's own client is a
     // temporary one).
     if spec::guarding() {

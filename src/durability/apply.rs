@@ -7,7 +7,7 @@ use redis_module::{Context, ContextFlags, RedisResult, RedisValue};
 
 use crate::redis::config;
 use crate::redis::errors::LockError;
-use crate::redis::ffi::{self, Argv, DbKey, Str};
+use crate::redis::ffi::{self, Argv, DbKey, KeyAt, Str};
 use crate::redis::log;
 use crate::redis::spec::{command, Access, Arg, ArgKind, Keys, Spec, UPDATE};
 use crate::state::keys::LockKey;
@@ -141,7 +141,10 @@ fn sync(ctx: &Context, args: Argv<'_>) -> RedisResult {
             sessions::join(id, &key);
         }
     }
-    if sweep.is_some() || timers::any() {
+    // A visit to plan, or this key's planned one to drop.
+    if sweep.is_some()
+        || timers::any() && timers::planned(&KeyAt::new(ffi::selected_db(ctx), name.as_slice()))
+    {
         let DbKey { db, name: key } = ffi::db_key(ctx, name.as_slice());
         timers::schedule(db, &key, sweep);
     }

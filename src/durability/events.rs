@@ -10,12 +10,15 @@
 //!   apart (start-up, DEBUG RELOAD, a replica's full sync): [`loaded`].
 //!
 //! The type's callbacks themselves are in `persistence`, which calls these.
-//! - Server events, once per flush, swap, role change, load or closed
-//!   connection, not per write: FLUSHDB/FLUSHALL and SWAPDB wake waiters,
-//!   SWAPDB moves the timer's entries and bindings with their keys, a
-//!   promotion or the end of a load jumps the token counter ahead
-//!   (`fencing`) and a promotion visits what came due while the server was a
-//!   replica; a closed connection releases what was bound to it.
+//! - Server events, once per flush, swap, role change, load or fork, not
+//!   per write: FLUSHDB/FLUSHALL and SWAPDB wake waiters, SWAPDB moves the
+//!   timer's entries and bindings with their keys, a promotion or the end
+//!   of a load jumps the token counter ahead (`fencing`) and a promotion
+//!   visits what came due while the server was a replica. Closed
+//!   connections (`CLIENT_CHANGE`) only while some grant is bound: a closed
+//!   connection releases what was bound to it ([`watch_clients`]).
+//! - Nothing periodic: no cron event; one timer at the event loop's first
+//!   turn ([`on_started`]).
 //! - One keyspace class, `generic` (`g`): the only way to hear that a lock
 //!   appeared under a new name or database (`rename_to`, `move_to`,
 //!   `restore`) or that its Redis TTL was changed (`expire`, `persist`), and
@@ -30,7 +33,7 @@
 use std::cell::RefCell;
 use std::ffi::CStr;
 use std::os::raw::{c_char, c_int, c_void};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicPtr, Ordering};
 
 use lock_core::Lock;
 use redis_module::{raw, Context, ContextFlags, RedisString, RedisValue, Status};
@@ -40,8 +43,8 @@ use crate::redis::config;
 use crate::redis::errors::LockError;
 use crate::redis::ffi::DbKey;
 use crate::redis::ffi::{self, api};
-use crate::redis::log;
 use crate::redis::replication;
+use crate::redis::script_caller;
 use crate::state::bindings;
 use crate::state::keys;
 use crate::state::sessions;
@@ -83,7 +86,10 @@ pub fn loaded(db: i32, key: &[u8], at: u64) {
     timers::schedule_earlier(db, key, Some(at));
 }
 
-/// Subscribes to the generic keyspace class and to the server events above.
+/// Subscribes to the generic keyspace class and to the server events above
+/// (closed connections only while some grant is bound: [`watch_clients`]).
+/// Nothing periodic: a server that no lock is used on runs none of the
+/// module's code.
 pub fn subscribe(ctx: &Context) -> Status {
     let keyspace = api!(RedisModule_SubscribeToKeyspaceEvents(
         ctx.ctx,
@@ -103,9 +109,7 @@ pub fn subscribe(ctx: &Context) -> Status {
         server_event(raw::REDISMODULE_EVENT_FLUSHDB, on_flush),
         server_event(raw::REDISMODULE_EVENT_SWAPDB, on_swapdb),
         server_event(raw::REDISMODULE_EVENT_REPLICATION_ROLE_CHANGED, on_role),
-        server_event(raw::REDISMODULE_EVENT_CLIENT_CHANGE, on_client),
         server_event(raw::REDISMODULE_EVENT_LOADING, on_loaded),
-        server_event(raw::REDISMODULE_EVENT_CRON_LOOP, on_cron),
         server_event(raw::REDISMODULE_EVENT_FORK_CHILD, on_fork),
     ];
     if all.iter().all(|s| *s == ok) {
@@ -113,6 +117,33 @@ pub fn subscribe(ctx: &Context) -> Status {
     } else {
         Status::Err
     }
+}
+
+/// The rest of the load, once nothing can fail it any more (a timer or a
+/// context left behind by a load Redis refused would outlive the module's
+/// code): the module's own context, the first binding's subscription, and
+/// the start-up's one look ([`on_started`]), at the event loop's first
+/// turn, after the start-up load (Redis runs no timer while it loads).
+pub fn start(ctx: &Context) {
+    let own = api!(RedisModule_GetDetachedThreadSafeContext(ctx.ctx)).unwrap_or_default();
+    OWN_CTX.store(own, Ordering::Relaxed);
+    bindings::on_first_binding(watch_clients);
+    api!(RedisModule_CreateTimer(
+        ctx.ctx,
+        0,
+        Some(on_started),
+        std::ptr::null_mut()
+    ));
+}
+
+/// The module's own context (detached, used on the main thread only): to
+/// subscribe and unsubscribe where Redis hands no context.
+static OWN_CTX: AtomicPtr<raw::RedisModuleCtx> = AtomicPtr::new(std::ptr::null_mut());
+
+/// The module's own context, for `RedisModule_Call` where Redis hands none
+/// (`INFO lock`'s look for `CONFIG RESETSTAT`: `stats::follow_resetstat`).
+pub fn own_ctx() -> *mut raw::RedisModuleCtx {
+    OWN_CTX.load(Ordering::Relaxed)
 }
 
 thread_local! {
@@ -127,6 +158,22 @@ extern "C" fn on_generic(
     event: *const c_char,
     key: *mut raw::RedisModuleString,
 ) -> c_int {
+    // Most of these are not about locks: while no lock exists and nobody
+    // waits, two atomic loads and nothing else, not even a stack frame for
+    // the rest (a lock being renamed or moved exists all along:
+    // `MOVED_FROM` is never left behind).
+    if stats::lock_keys() == 0 && !waiting::busy() {
+        return raw::REDISMODULE_OK as c_int;
+    }
+    on_generic_heard(raw_ctx, event, key)
+}
+
+#[inline(never)]
+fn on_generic_heard(
+    raw_ctx: *mut raw::RedisModuleCtx,
+    event: *const c_char,
+    key: *mut raw::RedisModuleString,
+) -> c_int {
     catch::callback("a keyspace event", raw::REDISMODULE_OK as c_int, || {
         if event.is_null() {
             return raw::REDISMODULE_OK as c_int;
@@ -135,8 +182,8 @@ extern "C" fn on_generic(
         let event = unsafe { CStr::from_ptr(event) }.to_bytes();
         let ctx = Context::new(raw_ctx);
         let name = RedisString::string_as_slice(key);
-        // Most of these are not about locks: nothing is looked at, and the
-        // key's name is not even copied, while no lock exists at all.
+        // With no lock anywhere (someone waits for a key that has none),
+        // nothing is looked at and the key's name is not even copied.
         let locks = stats::lock_keys() > 0;
         match event {
             b"restore" | b"expire" | b"persist" if locks && keys::is_lock(&ctx, key) => {
@@ -202,6 +249,20 @@ extern "C" fn on_flush(
         let db =
             unsafe { data.cast::<raw::RedisModuleFlushInfo>().as_ref() }.map_or(-1, |i| i.dbnum);
         bindings::flushed(db);
+        if db == -1 {
+            // A flush of every database parks the bindings (a DEBUG RELOAD
+            // loads the server's own data right after, in the same turn);
+            // if no load followed by the next turn, they go.
+            let own = OWN_CTX.load(Ordering::Relaxed);
+            if !own.is_null() {
+                api!(RedisModule_CreateTimer(
+                    own,
+                    0,
+                    Some(on_flushed_turn),
+                    std::ptr::null_mut()
+                ));
+            }
+        }
         sessions::flushed(db);
         timers::flushed(db);
         wake(&[db]);
@@ -318,42 +379,26 @@ extern "C" fn on_fork(
     })
 }
 
-/// The server's cron (`hz` times a second): follows `CONFIG RESETSTAT`.
-/// Cron ticks since the last look at who receives effects.
-static LISTENER_LOOK: AtomicU64 = AtomicU64::new(0);
-const LISTENER_LOOK_EVERY: u64 = 10;
-
-extern "C" fn on_cron(
-    raw_ctx: *mut raw::RedisModuleCtx,
-    _event: raw::RedisModuleEvent,
-    _subevent: u64,
-    _data: *mut c_void,
-) {
-    catch::callback("the cron event", (), || {
-        // The start-up load, if any, is over: loads from now on are
-        // reloads or full syncs (`fencing::loaded`).
-        fencing::started();
-        // A flush of every database that no load of the server's own data
-        // followed (`bindings::flushed`): its bindings go now.
+/// The turn after a flush of every database: the bindings it parked go,
+/// unless a load of the server's own data is under way (it takes them back
+/// at its end, `bindings::reloaded`).
+extern "C" fn on_flushed_turn(_raw_ctx: *mut raw::RedisModuleCtx, _data: *mut c_void) {
+    catch::callback("the turn after a flush", (), || {
         if !clock::is_loading() {
             bindings::drop_parked();
         }
-        stats::follow_resetstat();
-        log::flush_throttled();
-        // Several times a second, not on every command: a step is reported
-        // within a cron period (and at every `INFO lock`); fencing never
-        // depends on noticing it.
-        clock::check_steps(clock::now_ms());
-        // A backlog Redis freed (`repl-backlog-ttl`), an AOF turned off, a
-        // module loaded at run time: every tenth tick (once a second at the
-        // default `hz` 10), whatever the state, so it is also a second look
-        // behind the fork and role events.
-        if LISTENER_LOOK
-            .fetch_add(1, Ordering::Relaxed)
-            .is_multiple_of(LISTENER_LOOK_EVERY)
-        {
-            replication::check_listeners(&Context::new(raw_ctx));
-        }
+    })
+}
+
+/// The event loop's first turn (the start-up load, if any, is over):
+/// loads from now on are reloads or full syncs (`fencing::loaded`), and
+/// whether effects have a listener is looked at once. Later looks happen
+/// at a fork's end, a load's end, and while effects are built
+/// (`replication::BUILT`): nothing runs periodically.
+extern "C" fn on_started(raw_ctx: *mut raw::RedisModuleCtx, _data: *mut c_void) {
+    catch::callback("the start-up look", (), || {
+        fencing::started();
+        replication::check_listeners(&Context::new(raw_ctx));
     })
 }
 
@@ -379,25 +424,87 @@ extern "C" fn on_role(
     })
 }
 
+/// Whether the module hears connections close (`CLIENT_CHANGE`): only while
+/// some grant is bound, so that no other connection pays for the event.
+static WATCHING: AtomicBool = AtomicBool::new(false);
+/// Whether a look to stop hearing them is planned ([`unwatch_soon`]).
+static UNWATCH_PLANNED: AtomicBool = AtomicBool::new(false);
+
+const CLIENT_CHANGE: raw::RedisModuleEvent = raw::RedisModuleEvent {
+    id: raw::REDISMODULE_EVENT_CLIENT_CHANGE,
+    dataver: 1,
+};
+
+/// The first grant is bound (`bindings`, with no binding before it):
+/// connections closing are heard from now on, before the command that
+/// bound it returns.
+fn watch_clients() {
+    if WATCHING.swap(true, Ordering::Relaxed) {
+        return;
+    }
+    let ctx = OWN_CTX.load(Ordering::Relaxed);
+    // A script may renew its caller's bound holders from now on.
+    script_caller::follow(ctx, true);
+    let done = api!(RedisModule_SubscribeToServerEvent(
+        ctx,
+        CLIENT_CHANGE,
+        Some(on_client)
+    ));
+    if done != Some(raw::REDISMODULE_OK as c_int) {
+        WATCHING.store(false, Ordering::Relaxed);
+        crate::redis::log::warning(
+            "lock: could not subscribe to closed connections: a bound grant ends with its lease",
+        );
+    }
+}
+
+/// A connection closed while no grant is bound: stop hearing them, at the
+/// event loop's next turn (Redis is walking its listeners now, and frees
+/// one that unsubscribes inside its own call), if still none is bound.
+fn unwatch_soon(ctx: *mut raw::RedisModuleCtx) {
+    if UNWATCH_PLANNED.swap(true, Ordering::Relaxed) {
+        return;
+    }
+    let planned = api!(RedisModule_CreateTimer(
+        ctx,
+        0,
+        Some(on_unwatch),
+        std::ptr::null_mut()
+    ));
+    if planned.is_none() {
+        UNWATCH_PLANNED.store(false, Ordering::Relaxed);
+    }
+}
+
+extern "C" fn on_unwatch(_raw_ctx: *mut raw::RedisModuleCtx, _data: *mut c_void) {
+    catch::callback("the closed-connection look", (), || {
+        UNWATCH_PLANNED.store(false, Ordering::Relaxed);
+        if bindings::count() != 0 || !WATCHING.load(Ordering::Relaxed) {
+            return;
+        }
+        let ctx = OWN_CTX.load(Ordering::Relaxed);
+        let done = api!(RedisModule_SubscribeToServerEvent(ctx, CLIENT_CHANGE, None));
+        if done == Some(raw::REDISMODULE_OK as c_int) {
+            WATCHING.store(false, Ordering::Relaxed);
+            script_caller::follow(ctx, false);
+        }
+    })
+}
+
 /// A connection closed: every grant bound to it ends at its key's next
 /// visit (now), all holds at once, as by LOCK.RELEASE.
 extern "C" fn on_client(
-    _raw_ctx: *mut raw::RedisModuleCtx,
+    raw_ctx: *mut raw::RedisModuleCtx,
     _event: raw::RedisModuleEvent,
     subevent: u64,
     data: *mut c_void,
 ) {
     catch::callback("a client event", (), || {
-        if subevent == raw::REDISMODULE_SUBEVENT_CLIENT_CHANGE_CONNECTED {
-            // Until the server's stats were first seen (the first cron tick),
-            // a look at each connection: a `CONFIG RESETSTAT` right after
-            // start-up is then seen as the stats going down.
-            stats::look_until_seen();
+        if subevent != raw::REDISMODULE_SUBEVENT_CLIENT_CHANGE_DISCONNECTED {
             return;
         }
-        if subevent != raw::REDISMODULE_SUBEVENT_CLIENT_CHANGE_DISCONNECTED
-            || bindings::count() == 0
-        {
+        if bindings::count() == 0 {
+            unwatch_soon(raw_ctx);
             return;
         }
         // SAFETY: for this event Redis passes a `RedisModuleClientInfo`.

@@ -1,7 +1,13 @@
 //! The bottom layer: calling the Redis module API without panicking, and the
 //! few conversions every layer needs. Imports nothing from the crate.
 
+use std::borrow::Borrow;
+use std::collections::hash_map::RandomState;
+use std::collections::HashMap;
+use std::hash::{BuildHasher, Hash, Hasher};
 use std::os::raw::c_int;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::LazyLock;
 
 use redis_module::{raw, Context, RedisString};
 
@@ -104,6 +110,225 @@ impl DbKey {
             db,
             name: name.to_vec(),
         }
+    }
+}
+
+/// A key looked up by its database and name, borrowed: a map of [`DbKey`]s
+/// answers `(db, &name)` without the name being copied
+/// (`map.contains_key(&(db, name) as &dyn KeyRef)`).
+pub trait KeyRef {
+    fn db(&self) -> i32;
+    fn name(&self) -> &[u8];
+}
+
+impl KeyRef for DbKey {
+    fn db(&self) -> i32 {
+        self.db
+    }
+    fn name(&self) -> &[u8] {
+        &self.name
+    }
+}
+
+impl KeyRef for (i32, &[u8]) {
+    fn db(&self) -> i32 {
+        self.0
+    }
+    fn name(&self) -> &[u8] {
+        self.1
+    }
+}
+
+impl<'a> Borrow<dyn KeyRef + 'a> for DbKey {
+    fn borrow(&self) -> &(dyn KeyRef + 'a) {
+        self
+    }
+}
+
+// As `DbKey`'s derived `Hash` and `Eq`: its database, then its name.
+impl Hash for dyn KeyRef + '_ {
+    fn hash<H: Hasher>(&self, state: &mut H) {
+        self.db().hash(state);
+        self.name().hash(state);
+    }
+}
+
+impl PartialEq for dyn KeyRef + '_ {
+    fn eq(&self, other: &Self) -> bool {
+        self.db() == other.db() && self.name() == other.name()
+    }
+}
+
+impl Eq for dyn KeyRef + '_ {}
+
+/// A map by key that the fast paths ask on every lock command of a busy
+/// server (is anyone waiting for this key, is its visit planned): hashed
+/// with one folded multiply per eight bytes, keyed at random per process
+/// (clients choose key names: a fixed hash would let them choose
+/// collisions), about a fifth of `HashMap`'s default hash of a short key.
+pub type DbKeyMap<V> = HashMap<DbKey, V, KeyHash>;
+
+/// [`DbKeyMap`]'s hash: its seeds.
+#[derive(Clone, Copy)]
+pub struct KeyHash {
+    k0: u64,
+    k1: u64,
+}
+
+static KEY_SEEDS: LazyLock<KeyHash> = LazyLock::new(|| {
+    let s = RandomState::new();
+    KeyHash {
+        k0: s.hash_one(0x6b65_u64),
+        k1: s.hash_one(0x6b66_u64) | 1,
+    }
+});
+
+impl Default for KeyHash {
+    fn default() -> KeyHash {
+        *KEY_SEEDS
+    }
+}
+
+impl BuildHasher for KeyHash {
+    type Hasher = KeyHasher;
+    fn build_hasher(&self) -> KeyHasher {
+        KeyHasher {
+            seeds: *self,
+            h: self.k0,
+        }
+    }
+}
+
+pub struct KeyHasher {
+    seeds: KeyHash,
+    h: u64,
+}
+
+impl Hasher for KeyHasher {
+    fn write(&mut self, bytes: &[u8]) {
+        let mut words = bytes.chunks_exact(8);
+        for w in &mut words {
+            let mut word = [0u8; 8];
+            word.copy_from_slice(w);
+            self.write_u64(u64::from_le_bytes(word));
+        }
+        let rest = words.remainder();
+        if !rest.is_empty() {
+            let mut word = [0u8; 8];
+            if let Some(w) = word.get_mut(..rest.len()) {
+                w.copy_from_slice(rest);
+            }
+            // A name's length is hashed before it: zeros added here are
+            // never confused with zeros in it.
+            self.write_u64(u64::from_le_bytes(word));
+        }
+    }
+
+    fn write_u64(&mut self, x: u64) {
+        let full = u128::from(self.h ^ x).wrapping_mul(u128::from(self.seeds.k1));
+        self.h = (full as u64) ^ ((full >> 64) as u64);
+    }
+
+    fn write_i32(&mut self, x: i32) {
+        self.write_u64(u64::from(x as u32));
+    }
+
+    fn write_usize(&mut self, x: usize) {
+        self.write_u64(x as u64);
+    }
+
+    fn finish(&self) -> u64 {
+        self.h
+    }
+}
+
+/// A key set's filter, readable without the set's lock: a bit per hash of a
+/// key's database and name ([`KeyAt`], keyed as [`KeyHash`]), set when a key joins the set,
+/// all cleared when the set is emptied. No bit: the key is not in the set,
+/// for certain; a bit: it may be (the set itself then answers). The fast
+/// paths ask it before they lock the waiting registry or the timer's index.
+pub struct KeyFilter {
+    bits: [AtomicU64; KeyFilter::WORDS],
+    dirty: AtomicBool,
+}
+
+impl KeyFilter {
+    /// 65,536 bits (8 KiB): with 10,000 keys in the set, one key of seven
+    /// not in it is looked up for nothing; emptying it is 1,024 stores,
+    /// once per emptied set.
+    const WORDS: usize = 1024;
+
+    pub const fn new() -> KeyFilter {
+        KeyFilter {
+            bits: [const { AtomicU64::new(0) }; KeyFilter::WORDS],
+            dirty: AtomicBool::new(false),
+        }
+    }
+
+    fn bit(key: &KeyAt<'_>) -> (usize, u64) {
+        ((key.hash >> 54) as usize, 1 << (key.hash & 63))
+    }
+
+    /// `(db, name)` joins the set.
+    pub fn insert(&self, db: i32, name: &[u8]) {
+        let (word, bit) = KeyFilter::bit(&KeyAt::new(db, name));
+        if let Some(w) = self.bits.get(word) {
+            w.fetch_or(bit, Ordering::Relaxed);
+        }
+        self.dirty.store(true, Ordering::Relaxed);
+    }
+
+    /// Whether `key` may be in the set.
+    #[inline]
+    pub fn may_contain(&self, key: &KeyAt<'_>) -> bool {
+        let (word, bit) = KeyFilter::bit(key);
+        self.bits
+            .get(word)
+            .is_some_and(|w| w.load(Ordering::Relaxed) & bit != 0)
+    }
+
+    /// The set is empty.
+    pub fn clear(&self) {
+        if self.dirty.swap(false, Ordering::Relaxed) {
+            for w in &self.bits {
+                w.store(0, Ordering::Relaxed);
+            }
+        }
+    }
+}
+
+/// A key by database and name, with its hash for [`KeyFilter`] (made once
+/// for every filter a fast path asks): one multiply per eight bytes of the
+/// name, no call.
+pub struct KeyAt<'a> {
+    pub db: i32,
+    pub name: &'a [u8],
+    hash: u64,
+}
+
+impl<'a> KeyAt<'a> {
+    pub fn new(db: i32, name: &'a [u8]) -> KeyAt<'a> {
+        let seeds = *KEY_SEEDS;
+        let mix = |h: u64, x: u64| {
+            let full = u128::from(h ^ x).wrapping_mul(u128::from(seeds.k1));
+            (full as u64) ^ ((full >> 64) as u64)
+        };
+        let mut h = mix(seeds.k0, u64::from(db as u32) ^ ((name.len() as u64) << 32));
+        let mut words = name.chunks_exact(8);
+        for w in &mut words {
+            let mut word = [0u8; 8];
+            word.copy_from_slice(w);
+            h = mix(h, u64::from_le_bytes(word));
+        }
+        let rest = words.remainder();
+        if !rest.is_empty() {
+            let tail = rest
+                .iter()
+                .rev()
+                .fold(0u64, |acc, b| (acc << 8) | u64::from(*b));
+            h = mix(h, tail);
+        }
+        KeyAt { db, name, hash: h }
     }
 }
 

@@ -7,6 +7,8 @@
 
 use std::ffi::CString;
 
+use redis_module::raw;
+
 use crate::redis::ffi::api;
 
 /// Logs `message` at the `warning` level.
@@ -86,6 +88,9 @@ impl Throttled {
             .last_line
             .is_some_and(|at| now.duration_since(at) < THROTTLE)
         {
+            // Counted: its line comes with the next, or from a timer a
+            // second from now (nothing runs periodically).
+            flush_later();
             return;
         }
         warning(&format!(
@@ -145,8 +150,46 @@ static KINDS: [&Throttled; 11] = [
     &AOF_SESSION_CLAMPED,
 ];
 
-/// Writes the counted lines that are due (the server's cron, several times
-/// a second): a burst's count is logged within about a second of its end.
+/// The module's own context, for the flush timer (set once at load).
+static OWN_CTX: std::sync::atomic::AtomicPtr<raw::RedisModuleCtx> =
+    std::sync::atomic::AtomicPtr::new(std::ptr::null_mut());
+/// Whether the flush timer is armed.
+static FLUSH_ARMED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// Gives the log the module's own context (`events::own_ctx`), for the
+/// timer that writes counted lines.
+pub fn init(ctx: *mut raw::RedisModuleCtx) {
+    OWN_CTX.store(ctx, std::sync::atomic::Ordering::Relaxed);
+}
+
+/// Arms the timer that writes the counted lines a second from now, once.
+fn flush_later() {
+    use std::sync::atomic::Ordering;
+    let ctx = OWN_CTX.load(Ordering::Relaxed);
+    if ctx.is_null() || FLUSH_ARMED.swap(true, Ordering::Relaxed) {
+        return;
+    }
+    let ms = i64::try_from(THROTTLE.as_millis()).unwrap_or(1000);
+    let armed = api!(RedisModule_CreateTimer(
+        ctx,
+        ms,
+        Some(on_flush),
+        std::ptr::null_mut()
+    ));
+    if armed.is_none() {
+        FLUSH_ARMED.store(false, Ordering::Relaxed);
+    }
+}
+
+extern "C" fn on_flush(_ctx: *mut raw::RedisModuleCtx, _data: *mut std::os::raw::c_void) {
+    // No panic can happen here (locks taken as they are, no indexing).
+    FLUSH_ARMED.store(false, std::sync::atomic::Ordering::Relaxed);
+    flush_throttled();
+}
+
+/// Writes the counted lines that are due (a timer armed when a line was
+/// counted instead of written): a burst's count is logged within about a
+/// second of its end.
 pub fn flush_throttled() {
     for kind in KINDS {
         kind.flush();

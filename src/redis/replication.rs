@@ -7,7 +7,7 @@
 //! applies them.
 
 use std::ffi::CStr;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 use redis_module::{raw, Context};
 
@@ -41,8 +41,8 @@ pub fn is_replica() -> bool {
 /// runs: a fork (a full sync's snapshot, an AOF rewrite: Redis creates a
 /// backlog for a first replica, or turns the AOF on, in the same call that
 /// forks, and whatever ran before the fork is in the snapshot), a role
-/// change, a load. A fork's end, the end of a load and the cron look again
-/// (`events`).
+/// change, a load. A fork's end, the end of a load, the event loop's first
+/// turn (`events`) and every 65,536th effect built look again.
 static QUIET: AtomicBool = AtomicBool::new(false);
 
 /// Effects may have a listener from now on (see [`QUIET`]).
@@ -101,8 +101,25 @@ fn count_if_nobody_listens(ctx: &Context) -> bool {
     let quiet = QUIET.load(Ordering::Relaxed);
     if quiet {
         call!(RedisModule_ReplicateVerbatim(ctx.ctx));
+    } else if BUILT.fetch_add(1, Ordering::Relaxed) % LOOK_EVERY == LOOK_EVERY - 1 {
+        look_again(ctx);
     }
     quiet
+}
+
+/// Effects built since load. Listeners can go without an event (a backlog
+/// Redis frees after `repl-backlog-ttl`, an AOF turned off, the last replica
+/// gone): while effects are built, every [`LOOK_EVERY`]th looks again
+/// whether anything listens. Nothing else looks periodically: a server
+/// whose effects nobody needs has them skipped, one that runs no lock
+/// command runs nothing.
+static BUILT: AtomicU64 = AtomicU64::new(0);
+const LOOK_EVERY: u64 = 65_536;
+
+#[cold]
+#[inline(never)]
+fn look_again(ctx: &Context) {
+    check_listeners(ctx);
 }
 
 /// Sends the effect of one transition to replicas and the AOF, straight

@@ -8,7 +8,7 @@
 
 use std::ffi::CStr;
 use std::os::raw::c_int;
-use std::sync::atomic::{AtomicBool, AtomicPtr, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU64, Ordering};
 
 use redis_module::{raw, Context, ContextFlags, RedisResult};
 
@@ -66,9 +66,30 @@ impl Access {
         match self {
             Access::Read => Ok(()),
             Access::Write | Access::Grant => master_only(ctx),
-            Access::Internal => from_master(ctx),
+            Access::Internal => {
+                count_internal_call(ctx);
+                from_master(ctx)
+            }
         }
     }
+}
+
+/// Calls of the internal command (`LOCK.SYNC`) Redis counts in its own
+/// command stats too: every call of its entry, except those of an AOF being
+/// loaded (Redis runs them outside its stats). `stats::follow_resetstat`
+/// compares the two to see `CONFIG RESETSTAT`.
+static INTERNAL_CALLS: AtomicU64 = AtomicU64::new(0);
+
+fn count_internal_call(ctx: &Context) {
+    if !ctx.get_flags().contains(ContextFlags::LOADING) {
+        INTERNAL_CALLS.fetch_add(1, Ordering::Relaxed);
+    }
+}
+
+/// How many calls of the internal command Redis has counted at least, since
+/// the module was loaded, if it never reset its stats.
+pub fn internal_calls() -> u64 {
+    INTERNAL_CALLS.load(Ordering::Relaxed)
 }
 
 /// A replica never writes a lock itself, even with `replica-read-only no`:

@@ -45,7 +45,7 @@ use std::collections::hash_map::{Entry, RandomState};
 use std::collections::HashMap;
 use std::hash::{BuildHasher, Hasher};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::{LazyLock, Mutex, MutexGuard};
+use std::sync::{LazyLock, Mutex, MutexGuard, OnceLock};
 
 use crate::redis::ffi::DbKey;
 use lock_core::{Census, Changes, Lock, Mode, Owner};
@@ -725,6 +725,15 @@ const BASE_COST: usize = std::mem::size_of::<Option<Binding>>() + 16 + 16;
 /// the cheap check before a transaction looks for them.
 static PENDING: AtomicUsize = AtomicUsize::new(0);
 
+/// Called when the first binding appears (none before it): `events` starts
+/// hearing connections close then, and only then.
+static FIRST_BOUND: OnceLock<fn()> = OnceLock::new();
+
+/// Registers what runs when the first binding appears (once, at load).
+pub fn on_first_binding(f: fn()) {
+    let _ = FIRST_BOUND.set(f);
+}
+
 fn registry() -> MutexGuard<'static, Registry> {
     REGISTRY.lock().unwrap_or_else(|p| p.into_inner())
 }
@@ -825,7 +834,11 @@ fn add(
         next,
         mode,
     };
-    COUNT.fetch_add(1, Ordering::Relaxed);
+    if COUNT.fetch_add(1, Ordering::Relaxed) == 0 {
+        if let Some(first) = FIRST_BOUND.get() {
+            first();
+        }
+    }
     if b.bytes.heap() != 0 {
         HEAP_BYTES.fetch_add(b.bytes.heap(), Ordering::Relaxed);
     }

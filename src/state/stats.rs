@@ -6,11 +6,15 @@
 //! thread, hence atomics). Holders whose lease expired but whom no command or
 //! timer has dropped yet still count.
 
-use std::ffi::CStr;
-use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
+use std::ffi::{c_void, CStr};
+use std::sync::atomic::{AtomicBool, AtomicI64, AtomicPtr, AtomicU64, Ordering};
+use std::sync::Mutex;
+
+use redis_module::raw;
 
 use lock_core::{Census, Mode};
 
+use crate::redis::catch;
 use crate::redis::ffi::api;
 use crate::redis::log;
 use crate::time::clock;
@@ -23,6 +27,7 @@ impl Counter {
     }
 
     pub fn add(&self, n: usize) {
+        look_soon();
         self.0
             .fetch_add(u64::try_from(n).unwrap_or(u64::MAX), Ordering::Relaxed);
     }
@@ -127,19 +132,25 @@ fn counters() -> [&'static Counter; 12] {
     ]
 }
 
-/// Stats of the server's that only grow, except when `CONFIG RESETSTAT` sets
-/// them back to 0, as last seen.
-const MONOTONIC_STATS: [&CStr; 2] = [c"total_connections_received", c"total_commands_processed"];
-static SERVER_STATS_SEEN: [AtomicU64; 2] = [AtomicU64::new(0), AtomicU64::new(0)];
+/// `CONFIG RESETSTAT` resets Redis's own stats and fires no module event
+/// (nor does anything else a module can hear without taxing every command).
+/// Redis's command stats count every call of the module's internal command
+/// (`LOCK.SYNC`), and so does the module (`spec::internal_calls`): between
+/// two looks Redis's count grows by at least the module's, unless it was
+/// reset. Every look ends with a call of the module's own (a no-op: the
+/// command refuses a call that is not the master's stream), so that there is
+/// always something a reset takes away: a reset is seen at the next look
+/// however many calls follow it, the first one after start-up included (the
+/// module looks once at load).
+///
+/// Looks: at every `INFO lock` (the only reader of the counters), before
+/// the first change of a counter after ten quiet seconds, and every second
+/// from then until the counters stood still for ten seconds (one timer):
+/// what a counter counted between a reset and the look that sees it (at
+/// most a second's changes) is reset with the rest. A server whose counters
+/// do not move runs nothing.
+static SEEN: Mutex<(u64, u64)> = Mutex::new((0, 0));
 
-/// `CONFIG RESETSTAT` resets Redis's own stats and fires no module event (nor
-/// does anything else a module can hear without taxing every command), so
-/// the module sees it as the server's own growing stats going down, and
-/// resets its counters too. Called from the server's cron (`hz` times a
-/// second, never per command): the counters follow within one cron tick. A
-/// reset can only be missed on a server so young that both stats climb back
-/// past their old values within that tick. `INFO lock`, the only reader of
-/// the counters, looks too, so a reset between two reads is always seen.
 /// A load took lock state in another form than its file's: logged (at most
 /// a line a second of each `kind`, with its count), counted.
 pub fn fixed_at_load(kind: &log::Throttled, detail: &str) {
@@ -147,39 +158,67 @@ pub fn fixed_at_load(kind: &log::Throttled, detail: &str) {
     LOADED_STATE_FIXED.incr();
 }
 
-/// [`follow_resetstat`] while the server's stats were never seen above 0
-/// (a cheap check after that).
-pub fn look_until_seen() {
-    if SERVER_STATS_SEEN
-        .iter()
-        .all(|seen| seen.load(Ordering::Relaxed) == 0)
-    {
-        follow_resetstat();
+/// Redis's count of `LOCK.SYNC` calls (its `INFO commandstats`), `None` when
+/// it cannot be read.
+fn server_internal_calls(ctx: *mut raw::RedisModuleCtx) -> Option<u64> {
+    let info = api!(RedisModule_GetServerInfo(ctx, c"commandstats".as_ptr()))?;
+    if info.is_null() {
+        return None;
+    }
+    let field = api!(RedisModule_ServerInfoGetFieldC(
+        info,
+        c"cmdstat_lock.sync".as_ptr()
+    ))
+    .unwrap_or(std::ptr::null());
+    // Absent: never called since the last reset.
+    let calls = match field.is_null() {
+        true => Some(0),
+        // SAFETY: a NUL-terminated string owned by `info`, read before it is freed.
+        false => unsafe { CStr::from_ptr(field) }
+            .to_bytes()
+            .split(|b| *b == b',')
+            .find_map(|kv| kv.strip_prefix(b"calls="))
+            .and_then(|v| std::str::from_utf8(v).ok()?.parse().ok()),
+    };
+    api!(RedisModule_FreeServerInfo(ctx, info));
+    calls
+}
+
+/// One call of the internal command, refused (it changes nothing, is not
+/// replicated, and is not an error reply Redis counts: `RedisModule_Call`'s
+/// replies are the module's), so that Redis's count has one call a reset
+/// would take away.
+fn mark(ctx: *mut raw::RedisModuleCtx) {
+    let empty = c"".as_ptr();
+    let reply = api!(RedisModule_Call(
+        ctx,
+        c"lock.sync".as_ptr(),
+        c"ccc".as_ptr(),
+        empty,
+        empty,
+        empty
+    ));
+    if let Some(reply) = reply.filter(|r| !r.is_null()) {
+        api!(RedisModule_FreeCallReply(reply));
     }
 }
 
-pub fn follow_resetstat() {
-    // No context: the caller frees the data (as below).
-    let null = std::ptr::null_mut();
-    let info = api!(RedisModule_GetServerInfo(null, c"stats".as_ptr())).unwrap_or_default();
-    if info.is_null() {
+/// Looks whether Redis reset its stats since the last look, and resets the
+/// counters if so (at `INFO lock`, and once at load). `ctx`: a context of
+/// the module's own.
+pub fn follow_resetstat(ctx: *mut raw::RedisModuleCtx) {
+    if ctx.is_null() {
         return;
     }
-    let mut went_down = false;
-    for (name, seen) in MONOTONIC_STATS.iter().zip(&SERVER_STATS_SEEN) {
-        let field =
-            api!(RedisModule_ServerInfoGetFieldC(info, name.as_ptr())).unwrap_or(std::ptr::null());
-        if field.is_null() {
-            continue;
-        }
-        // SAFETY: a NUL-terminated string owned by `info`, read before it is freed.
-        let text = unsafe { CStr::from_ptr(field) };
-        if let Some(now) = text.to_str().ok().and_then(|t| t.parse::<u64>().ok()) {
-            went_down |= now < seen.swap(now, Ordering::Relaxed);
-        }
-    }
-    api!(RedisModule_FreeServerInfo(null, info));
-    if went_down {
+    OWN_CTX.store(ctx, Ordering::Relaxed);
+    CHANGED.store(false, Ordering::Relaxed);
+    let mut seen = SEEN.lock().unwrap_or_else(|p| p.into_inner());
+    let (server_then, ours_then) = *seen;
+    let Some(server) = server_internal_calls(ctx) else {
+        return;
+    };
+    let ours = crate::redis::spec::internal_calls();
+    if server < server_then.saturating_add(ours.saturating_sub(ours_then)) {
         for c in counters() {
             c.reset();
         }
@@ -187,6 +226,88 @@ pub fn follow_resetstat() {
         HOLD_TIME.reset();
         clock::reset_steps();
     }
+    mark(ctx);
+    // Redis counts the module's own call as the module does (every server
+    // the module supports; tests/it/ecosystem.rs).
+    let after = crate::redis::spec::internal_calls();
+    *seen = (server.saturating_add(after.saturating_sub(ours)), after);
+}
+
+/// The module's own context (the last one a look was given), for the timer.
+static OWN_CTX: AtomicPtr<raw::RedisModuleCtx> = AtomicPtr::new(std::ptr::null_mut());
+/// Whether a look is planned (a counter moved less than a second ago).
+static LOOK_PLANNED: AtomicBool = AtomicBool::new(false);
+/// Whether a counter moved since the last look.
+static CHANGED: AtomicBool = AtomicBool::new(false);
+/// Looks in a row that found no counter moved; the timer stops after
+/// [`QUIET_LOOKS_KEPT`] of them.
+static QUIET_LOOKS: AtomicU64 = AtomicU64::new(0);
+const QUIET_LOOKS_KEPT: u64 = 10;
+const LOOK_AFTER_MS: i64 = 1_000;
+
+/// A counter is about to move. The first change after ten quiet seconds
+/// looks first (a reset before it is seen before it counts), and plans a
+/// look a second later, which plans the next until counters stood still for
+/// ten looks: under load, even with pauses, the looks are the timer's, none
+/// in a command. Changes
+/// meanwhile cost two atomic loads. (Counters move on Redis's main thread
+/// only; gauges, which a free on a background thread moves, plan nothing.)
+#[inline]
+fn look_soon() {
+    #[cold]
+    #[inline(never)]
+    fn look_and_plan() {
+        let ctx = OWN_CTX.load(Ordering::Relaxed);
+        if ctx.is_null() {
+            LOOK_PLANNED.store(false, Ordering::Relaxed);
+            return;
+        }
+        // Not in the middle of a load (a value's load callback counts what
+        // it fixed): the timer looks after it.
+        let flags = api!(RedisModule_GetContextFlags(ctx)).unwrap_or(0);
+        if u32::try_from(flags).unwrap_or(0) & raw::REDISMODULE_CTX_FLAGS_LOADING == 0 {
+            follow_resetstat(ctx);
+        }
+        plan(ctx);
+    }
+    if !LOOK_PLANNED.load(Ordering::Relaxed) && !LOOK_PLANNED.swap(true, Ordering::Relaxed) {
+        look_and_plan();
+    }
+    if !CHANGED.load(Ordering::Relaxed) {
+        CHANGED.store(true, Ordering::Relaxed);
+    }
+}
+
+/// A look a second from now ([`LOOK_PLANNED`] is set).
+fn plan(ctx: *mut raw::RedisModuleCtx) {
+    let planned = api!(RedisModule_CreateTimer(
+        ctx,
+        LOOK_AFTER_MS,
+        Some(on_look),
+        std::ptr::null_mut()
+    ));
+    if planned.is_none() {
+        LOOK_PLANNED.store(false, Ordering::Relaxed);
+    }
+}
+
+extern "C" fn on_look(_raw_ctx: *mut raw::RedisModuleCtx, _data: *mut c_void) {
+    catch::callback("the RESETSTAT look", (), || {
+        let ctx = OWN_CTX.load(Ordering::Relaxed);
+        follow_resetstat(ctx);
+        // Counters moved since the last look, or did not for a few looks
+        // only: the next in a second (a pause in a steady load then costs
+        // its next command no look); after that, nothing.
+        let quiet = match CHANGED.swap(false, Ordering::Relaxed) {
+            true => 0,
+            false => QUIET_LOOKS.load(Ordering::Relaxed) + 1,
+        };
+        QUIET_LOOKS.store(quiet, Ordering::Relaxed);
+        match quiet < QUIET_LOOKS_KEPT {
+            true => plan(ctx),
+            false => LOOK_PLANNED.store(false, Ordering::Relaxed),
+        }
+    })
 }
 
 /// New holders granted (re-entries and retries not counted).

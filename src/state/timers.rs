@@ -29,7 +29,7 @@
 //! A replica does not write: keys that come due there wait in `deferred`
 //! until it becomes a master, and are visited then.
 
-use std::collections::{BTreeSet, HashMap, HashSet, VecDeque};
+use std::collections::{BTreeSet, HashSet, VecDeque};
 use std::os::raw::c_void;
 use std::sync::atomic::{AtomicBool, AtomicPtr, Ordering};
 use std::sync::{LazyLock, Mutex, OnceLock};
@@ -37,7 +37,7 @@ use std::sync::{LazyLock, Mutex, OnceLock};
 use redis_module::{raw, Context, ContextFlags};
 
 use crate::redis::catch;
-use crate::redis::ffi::{self, api, DbKey};
+use crate::redis::ffi::{self, api, DbKey, DbKeyMap, KeyAt, KeyFilter, KeyRef};
 use crate::redis::replication;
 use crate::redis::shared::{self, Locked};
 use crate::state::bindings::{ClientId, Detached};
@@ -47,7 +47,7 @@ use crate::time::clock;
 #[derive(Default)]
 struct Index {
     by_time: BTreeSet<(u64, i32, Vec<u8>)>,
-    by_key: HashMap<DbKey, u64>,
+    by_key: DbKeyMap<u64>,
     /// Keys whose next visit also writes back and replicates their whole state.
     refresh: HashSet<DbKey>,
     /// Locks Redis removed after every lease in them ran out, with how many
@@ -79,8 +79,14 @@ static WORK: AtomicBool = AtomicBool::new(false);
 
 /// The index, locked; `INDEXED` and `EXPIRED` follow it when the lock is
 /// let go.
+/// The indexed keys, filtered ([`planned`] asks it first).
+static PLANNED: KeyFilter = KeyFilter::new();
+
 fn index() -> Locked<Index> {
     shared::lock(&INDEX, |index| {
+        if index.by_key.is_empty() {
+            PLANNED.clear();
+        }
         INDEXED.store(!index.by_key.is_empty(), Ordering::Relaxed);
         EXPIRED.store(!index.expired.is_empty(), Ordering::Relaxed);
     })
@@ -104,12 +110,28 @@ pub fn any() -> bool {
     INDEXED.load(Ordering::Relaxed)
 }
 
+/// Whether a visit of key `name` of database `db` is planned (one atomic
+/// load while no key is indexed; else the filter, then, if it cannot say
+/// no, a map look-up, nothing copied): the fast paths' question.
+#[inline]
+pub fn planned(key: &KeyAt<'_>) -> bool {
+    #[cold]
+    #[inline(never)]
+    fn indexed(db: i32, name: &[u8]) -> bool {
+        index().by_key.contains_key(&(db, name) as &dyn KeyRef)
+    }
+    INDEXED.load(Ordering::Relaxed) && PLANNED.may_contain(key) && indexed(key.db, key.name)
+}
+
 /// Visit `key` at `when` (unix ms), or never (`None`). Replaces any earlier plan.
 pub fn schedule(db: i32, key: &[u8], when: Option<u64>) {
     let mut index = index();
     let id = DbKey::new(db, key);
     let old = match when {
-        Some(at) => index.by_key.insert(id, at),
+        Some(at) => {
+            PLANNED.insert(db, key);
+            index.by_key.insert(id, at)
+        }
         None => index.by_key.remove(&id),
     };
     if old == when {
@@ -264,6 +286,9 @@ pub fn swap_dbs(a: i32, b: i32) {
         .into_iter()
         .map(|(DbKey { db, name }, at)| (DbKey { db: swap(db), name }, at))
         .collect();
+    for k in index.by_key.keys() {
+        PLANNED.insert(k.db, &k.name);
+    }
     for set in [&mut index.refresh, &mut index.deferred] {
         *set = std::mem::take(set)
             .into_iter()
@@ -278,6 +303,7 @@ pub fn promoted() {
     let mut index = index();
     let now = clock::now_ms();
     for DbKey { db, name: key } in std::mem::take(&mut index.deferred) {
+        PLANNED.insert(db, &key);
         if let Some(old) = index.by_key.insert(DbKey::new(db, &key), now) {
             index.by_time.remove(&(old, db, key.clone()));
         }

@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 use redis_module::{Context, RedisString};
 
 use crate::redis::errors::LockError;
-use crate::redis::ffi::{self, call, DbKey, Str};
+use crate::redis::ffi::{self, call, DbKey, KeyAt, Str};
 use crate::redis::replication;
 use crate::redis::replies;
 use crate::state::bindings;
@@ -45,8 +45,8 @@ fn transact<R>(
 /// `name`, firing `event` when granted: the attempt, and the lock's earliest
 /// deadline (when a refused request may next be admitted).
 ///
-/// The most common grant, on a free key while nobody waits for any key and
-/// no visit is planned, is one step: the lock made by [`Lock::first`] (the
+/// The most common grant, on a free key nobody waits for and whose visit
+/// is not planned, is one step: the lock made by [`Lock::first`] (the
 /// core's equivalent of the general transition there, property-tested to
 /// match it), stored, replicated and announced. Everything else is the
 /// general transition, on the same open key.
@@ -57,9 +57,9 @@ pub fn grant(
     event: &'static CStr,
 ) -> Result<(Attempt, Option<u64>), LockError> {
     let key = LockKey::open(ctx, name, true)?;
-    // The atomics first; a key that exists is read once, by the general
-    // transition (which also answers WRONGTYPE).
-    if !waiting::busy() && !timers::any() && key.is_empty() {
+    // A key that exists is read once, by the general transition (which
+    // also answers WRONGTYPE).
+    if key.is_empty() && (!anything_pending() || key_is_quiet(ctx, name)) {
         return first_grant(ctx, key, name, ask, event).map(|attempt| (attempt, None));
     }
     grant_general(ctx, key, name, ask, event)
@@ -92,12 +92,13 @@ fn grant_general(
 /// `LOCK.RELEASE`: one of `owner`'s holds on `name` removed (with `token`,
 /// of its grant carrying that token only: the core decides).
 ///
-/// The most common release, of a lock's only holder holding once while
-/// nobody waits for any key and no visit is planned, is one step: the lock
+/// The most common release, of a lock's only holder holding once, on a key
+/// nobody waits for and whose visit is not planned, is one step: the lock
 /// emptied by [`Lock::release_sole`] (property-tested to match the general
 /// transition there), the key deleted, the drop replicated and announced.
 /// Everything else is the general transition, on the same open key; a
-/// missing key nobody waits for runs nothing.
+/// missing key runs nothing (if requests wait for it, the removal of its
+/// lock planned their visit: `events::unlinked`).
 pub fn release(
     ctx: &Context,
     name: Str<'_>,
@@ -105,8 +106,8 @@ pub fn release(
     token: Option<u64>,
 ) -> Result<Release, LockError> {
     let mut key = LockKey::open(ctx, name, true)?;
-    let waits = waiting::busy();
-    if !waits && !timers::any() {
+    let quiet = !anything_pending() || key.is_empty() || key_is_quiet(ctx, name);
+    if quiet {
         let (census, ended) = match key.lock_mut()? {
             None => return Ok(Release::NotHeld),
             // Dropped at the arm's end: an emptied lock leaves the key's
@@ -119,11 +120,11 @@ pub fn release(
         if let Some(ended) = ended {
             commit(ctx, name, None, Change::Left { owner, ended });
             delete_emptied(key, census);
-            announce(ctx, name, [c"lock.release"], false, None);
+            announce_quiet(ctx, name, c"lock.release");
             return Ok(Release::Last);
         }
     }
-    release_general(ctx, key, name, owner, token, waits)
+    release_general(ctx, key, name, owner, token, !quiet)
 }
 
 /// [`release`] through the general transition (out of line, as
@@ -150,8 +151,8 @@ fn release_general(
 /// `LOCK.RENEW`: `owner`'s lease on `name` ends `ttl` ms from now; whether
 /// the owner held it (with `token`, under that token).
 ///
-/// The most common renewal, of a lock's only holder while nobody waits for
-/// any key and no visit is planned, is one step ([`Lock::renew_sole`],
+/// The most common renewal, of a lock's only holder, on a key nobody waits
+/// for and whose visit is not planned, is one step ([`Lock::renew_sole`],
 /// property-tested to match the general transition there): the lease and
 /// the key's expiry moved, the holder's state replicated and announced.
 /// Everything else is the general transition, on the same open key.
@@ -163,8 +164,8 @@ pub fn renew(
     token: Option<u64>,
 ) -> Result<bool, LockError> {
     let mut key = LockKey::open(ctx, name, true)?;
-    let waits = waiting::busy();
-    if !waits && !timers::any() {
+    let quiet = !anything_pending() || key.is_empty() || key_is_quiet(ctx, name);
+    if quiet {
         let renewed = match key.lock_mut()? {
             None => return Ok(false),
             Some(mut lock) => {
@@ -178,11 +179,11 @@ pub fn renew(
         if let Some(deadline) = renewed {
             key.expire_at(deadline);
             drop(key);
-            announce(ctx, name, [c"lock.renew"], false, None);
+            announce_quiet(ctx, name, c"lock.renew");
             return Ok(true);
         }
     }
-    renew_general(ctx, key, name, owner, ttl, token, waits)
+    renew_general(ctx, key, name, owner, ttl, token, !quiet)
 }
 
 /// [`renew`] through the general transition (out of line).
@@ -239,7 +240,7 @@ fn first_grant(
         key.expire_at(deadline);
     }
     drop(key);
-    announce(ctx, name, [event], false, None);
+    announce_quiet(ctx, name, event);
     Ok(Attempt::Granted(token))
 }
 
@@ -356,6 +357,34 @@ fn commit(ctx: &Context, name: Str<'_>, tokens: Option<(&Tokens, &Tokens)>, chan
     }
 }
 
+/// Whether anyone waits, a visit is planned, or a closed connection's bound
+/// holder is left to end, anywhere (atomics): only then does a fast path
+/// look at its own key ([`key_is_quiet`]).
+#[inline(always)]
+fn anything_pending() -> bool {
+    waiting::busy() || timers::any()
+}
+
+/// Whether a transition on `name` may take its one step: nobody waits for
+/// this key, its visit is not planned, and no closed connection's bound
+/// holder is left to end. Chosen by the key's own state: what waits or is
+/// planned on other keys costs two look-ups here, never the general
+/// transition.
+#[inline(never)]
+fn key_is_quiet(ctx: &Context, name: Str<'_>) -> bool {
+    let key = KeyAt::new(ffi::selected_db(ctx), name.as_slice());
+    bindings::pending() == 0 && !waiting::waits_for(&key) && !timers::planned(&key)
+}
+
+/// [`announce`] after a one-step transition, whose key has no visit to plan
+/// or drop ([`key_is_quiet`]).
+#[inline]
+fn announce_quiet(ctx: &Context, name: Str<'_>, event: &'static CStr) {
+    announce_expired_elsewhere(ctx);
+    notify(ctx, event, name);
+    grant_ready(ctx);
+}
+
 /// After a transition on `name`, its key written back: the leases Redis
 /// expired meanwhile announced, the transaction's events fired, the key's
 /// next visit planned, the multi-key requests it made ready granted.
@@ -394,7 +423,7 @@ fn announce_expired_elsewhere(ctx: &Context) {
 }
 
 /// The key's next visit (`None`: no visit, or one planned before is
-/// dropped), when a visit is asked for or some key has one planned.
+/// dropped), when a visit is asked for or this key has one planned.
 #[inline]
 fn plan_visit(ctx: &Context, name: Str<'_>, visit: Option<u64>) {
     #[cold]
@@ -403,7 +432,9 @@ fn plan_visit(ctx: &Context, name: Str<'_>, visit: Option<u64>) {
         let DbKey { db, name: key } = ffi::db_key(ctx, name.as_slice());
         timers::schedule(db, &key, visit);
     }
-    if visit.is_some() || timers::any() {
+    if visit.is_some()
+        || timers::any() && timers::planned(&KeyAt::new(ffi::selected_db(ctx), name.as_slice()))
+    {
         schedule(ctx, name, visit);
     }
 }

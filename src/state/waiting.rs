@@ -21,6 +21,7 @@
 //! granted). A grant whose client vanished before its reply is revoked.
 
 use std::collections::{BTreeSet, HashMap, HashSet};
+use std::hash::BuildHasher;
 use std::ops::Bound;
 use std::os::raw::{c_int, c_void};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -31,8 +32,8 @@ use redis_module::{raw, Context, ContextFlags, RedisValue};
 use crate::redis::catch;
 use crate::redis::config;
 use crate::redis::errors::LockError;
-use crate::redis::ffi::DbKey;
 use crate::redis::ffi::{self, api, Str};
+use crate::redis::ffi::{DbKey, DbKeyMap, KeyAt, KeyFilter, KeyRef};
 use crate::redis::replies;
 use crate::redis::shared::{self, Locked};
 use crate::state::bindings::{self, ClientId};
@@ -85,7 +86,7 @@ struct Decision {
 
 #[derive(Default)]
 struct Registry {
-    queues: HashMap<DbKey, Queue<WaiterId>>,
+    queues: DbKeyMap<Queue<WaiterId>>,
     waiters: HashMap<WaiterId, Blocked>,
     revocations: HashMap<DbKey, Vec<Revocation>>,
     /// Each owner's waiting requests (deadlock detection), in a stable
@@ -112,6 +113,7 @@ struct Registry {
 impl Registry {
     fn insert(&mut self, id: WaiterId, blocked: Blocked) {
         for key in &blocked.keys {
+            WAITED.insert(key.db, &key.name);
             let queue = self.queues.entry(key.clone()).or_default();
             match blocked.multi {
                 true => queue.push_part(id, blocked.request.clone()),
@@ -206,8 +208,14 @@ static ANY_READY: AtomicBool = AtomicBool::new(false);
 static BUSY: AtomicBool = AtomicBool::new(false);
 
 /// The registry, locked; `BUSY` follows it when the lock is let go.
+/// The keys with a queue, filtered ([`waits_for`] asks it first).
+static WAITED: KeyFilter = KeyFilter::new();
+
 fn registry() -> Locked<Registry> {
     shared::lock(&REGISTRY, |r| {
+        if r.queues.is_empty() {
+            WAITED.clear();
+        }
         let busy = !r.queues.is_empty() || !r.revocations.is_empty() || bindings::pending() != 0;
         BUSY.store(busy, Ordering::Relaxed);
     })
@@ -224,17 +232,25 @@ pub fn anyone_waits() -> bool {
     BUSY.load(Ordering::Relaxed) && queued()
 }
 
-/// Whether a transition must take the general path: some request waits, or
-/// some holder bound to a closed connection is not ended yet (one atomic
-/// load when neither: the fast paths' check).
+/// Whether a request may wait, or a holder bound to a closed connection may
+/// be left to end, anywhere (one atomic load): the fast paths then ask
+/// about their own key ([`waits_for`]).
 #[inline]
 pub fn busy() -> bool {
+    BUSY.load(Ordering::Relaxed)
+}
+
+/// Whether requests wait for key `name` of database `db` (one atomic load
+/// while nobody waits anywhere; else the filter, then, if it cannot say no,
+/// a map look-up, nothing copied): the fast paths' question.
+#[inline]
+pub fn waits_for(key: &KeyAt<'_>) -> bool {
     #[cold]
     #[inline(never)]
-    fn check() -> bool {
-        bindings::pending() != 0 || !registry().queues.is_empty()
+    fn queued(db: i32, name: &[u8]) -> bool {
+        registry().queues.contains_key(&(db, name) as &dyn KeyRef)
     }
-    BUSY.load(Ordering::Relaxed) && check()
+    BUSY.load(Ordering::Relaxed) && WAITED.may_contain(key) && queued(key.db, key.name)
 }
 
 /// A connection with bound holders closed: transitions take the general
@@ -254,13 +270,13 @@ pub fn waiters(ctx: &Context, key: Str<'_>) -> usize {
     if !BUSY.load(Ordering::Relaxed) {
         return 0;
     }
-    let registry = registry();
-    if registry.queues.is_empty() {
+    let db = ffi::selected_db(ctx);
+    if !WAITED.may_contain(&KeyAt::new(db, key.as_slice())) {
         return 0;
     }
-    registry
+    registry()
         .queues
-        .get(&ffi::db_key(ctx, key.as_slice()))
+        .get(&(db, key.as_slice()) as &dyn KeyRef)
         .map_or(0, Queue::len)
 }
 
@@ -455,7 +471,12 @@ fn answer_queued(ctx: &Context, name: Str<'_>, txn: &mut Txn) -> Pending {
     if registry.queues.is_empty() && registry.revocations.is_empty() {
         return Pending::NONE;
     }
-    let key = &ffi::db_key(ctx, name.as_slice());
+    // Requests waiting for other keys only: nothing copied or looked up.
+    let db = ffi::selected_db(ctx);
+    if registry.revocations.is_empty() && !WAITED.may_contain(&KeyAt::new(db, name.as_slice())) {
+        return Pending::NONE;
+    }
+    let key = &DbKey::new(db, name.as_slice());
     if let Some(revoked) = registry.revocations.remove(key) {
         for r in revoked {
             if txn
@@ -782,7 +803,10 @@ pub fn swap_dbs(a: i32, b: i32) {
             _ => key,
         }
     };
-    fn moved<V>(map: &mut HashMap<DbKey, V>, swap: impl Fn(DbKey) -> DbKey) {
+    fn moved<V, S: BuildHasher + Default>(
+        map: &mut HashMap<DbKey, V, S>,
+        swap: impl Fn(DbKey) -> DbKey,
+    ) {
         *map = std::mem::take(map)
             .into_iter()
             .map(|(k, v)| (swap(k), v))
@@ -791,6 +815,9 @@ pub fn swap_dbs(a: i32, b: i32) {
     let mut registry = registry();
     let r = &mut *registry;
     moved(&mut r.queues, swap);
+    for k in r.queues.keys() {
+        WAITED.insert(k.db, &k.name);
+    }
     moved(&mut r.revocations, swap);
     moved(&mut r.timeouts, swap);
     moved(&mut r.key_holders, swap);

@@ -3,8 +3,8 @@
 //!
 //! A wall clock can be stepped (an NTP correction, an operator, a VM
 //! restored from a snapshot). [`check_steps`] compares how far it moved with
-//! how far the monotonic clock moved since the last look (at every cron
-//! tick, timer tick and `INFO lock`): a step of more than a second either
+//! how far the monotonic clock moved since the last look (at load, every
+//! timer tick and `INFO lock`; nothing periodic): a step of more than a second either
 //! way is logged and counted (`INFO lock`), never silent. A
 //! step forward ends at once every lease it passed; a step back lengthens
 //! every lease by as much. Fencing tokens stay unique and increasing either

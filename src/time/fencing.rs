@@ -26,7 +26,7 @@ static LAST: AtomicU64 = AtomicU64::new(0);
 /// The next token is above this (skew-margin jumps, a reloaded save).
 static FLOOR: AtomicU64 = AtomicU64::new(0);
 /// The server is starting: its first loads are of an earlier run's files.
-/// Ends at the first cron tick, which comes after the start-up load.
+/// Ends at the event loop's first turn, which comes after the start-up load.
 static STARTING: AtomicBool = AtomicBool::new(true);
 /// Something came from a master since the last jump.
 static RECEIVED: AtomicBool = AtomicBool::new(false);

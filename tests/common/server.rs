@@ -144,6 +144,25 @@ impl ServerBuilder {
         self
     }
 
+    /// Runs the server under callgrind counting the whole process (its
+    /// cron, timers and event handlers too), instrumentation off until
+    /// `callgrind_control -i on`: what a server costs at rest, or a
+    /// connection's whole life. Same hash seed as [`Self::callgrind`].
+    pub fn callgrind_whole(mut self, out_file: &Path) -> Self {
+        self = self.callgrind(out_file);
+        self.wrapper = [
+            "valgrind",
+            "--tool=callgrind",
+            "--instr-atstart=no",
+            "--collect-atstart=yes",
+        ]
+        .iter()
+        .map(|s| s.to_string())
+        .chain([format!("--callgrind-out-file={}", out_file.display())])
+        .collect();
+        self
+    }
+
     /// How long the server may take to answer PING (loading a big file).
     pub fn startup_deadline(mut self, d: Duration) -> Self {
         self.startup = Some(d);

@@ -341,3 +341,60 @@ fn keepalive_with_100000_bound_locks_renews_them_all_and_the_longest_ping_is_rep
     });
     c2.ping();
 }
+
+/// Issue 39: the module hears connections close only while some grant is
+/// bound (it subscribes at the first binding, and stops after a close
+/// finds none). Whatever the moment, a bound grant is freed when its
+/// connection closes: the very first binding, one made after the last
+/// binding ended and other connections closed meanwhile, and one made while
+/// the module is about to stop hearing closes.
+#[test]
+fn a_bound_grant_is_freed_on_close_whenever_the_module_started_hearing_closes() {
+    let s = Server::start();
+    let mut c = s.conn();
+    let freed_on_close = |c: &mut Conn, key: &str| {
+        let mut holder = s.conn();
+        token(&holder.cmd(&["LOCK.ACQUIRE", key, "h", "600000", "BIND"]));
+        assert_eq!(stat(c, "bound_holders"), 1);
+        drop(holder);
+        wait_until(Duration::from_secs(5), "the bound grant freed", || {
+            c.lock_info(key).is_none()
+        });
+        assert_eq!(stat(c, "bound_holders"), 0);
+    };
+    // Connections come and go before any binding: nothing to free.
+    for _ in 0..3 {
+        drop(s.conn());
+    }
+    // The first binding of the server's life.
+    freed_on_close(&mut c, "first");
+    // The last binding ends by a release, other connections close (the
+    // module stops hearing closes), then a new binding.
+    let mut holder = s.conn();
+    token(&holder.cmd(&["LOCK.ACQUIRE", "released", "h", "600000", "BIND"]));
+    assert_eq!(holder.cmd(&["LOCK.RELEASE", "released", "h"]).int(), 1);
+    drop(holder);
+    for _ in 0..3 {
+        drop(s.conn());
+    }
+    sleep_ms(100);
+    freed_on_close(&mut c, "after-the-last");
+    // A binding in the same write as a close that finds none bound (the
+    // module plans to stop hearing closes, and must not).
+    let mut other = s.conn();
+    let mut holder = s.conn();
+    other.push(&[b"PING"]);
+    other.flush().unwrap();
+    drop(other);
+    token(&holder.cmd(&["LOCK.ACQUIRE", "racing", "h", "600000", "BIND"]));
+    sleep_ms(100);
+    drop(holder);
+    wait_until(
+        Duration::from_secs(5),
+        "the racing bound grant freed",
+        || c.lock_info("racing").is_none(),
+    );
+    // And again after all that.
+    freed_on_close(&mut c, "again");
+    assert_eq!(stat(&mut c, "releases_on_disconnect"), 4);
+}

@@ -1,0 +1,623 @@
+//! `--callgrind`'s section 11, what the module costs others (issue 39): a
+//! server that loads the module against one that does not, and against one
+//! that loads the C module's `events-only` mode (benches/cmodule: the same
+//! event subscriptions with empty callbacks, the module API's floor), at
+//! `hz 10`:
+//!
+//! - at rest: the whole process under callgrind for a few seconds of
+//!   nothing (no client sends anything), per cron tick (the dump's calls of
+//!   `serverCron`) times `hz`: instructions a second, at `hz 10` and
+//!   `hz 100`;
+//! - a connection: opened, one PING, closed, the whole process, less the
+//!   cron ticks that fell in (at the at-rest cost of a tick);
+//! - other clients' writes on keys that are not locks, a request's own work
+//!   as every callgrind row (`profile`).
+//!
+//! And every lock command on a busy server against the quiet one
+//! (`profile`'s rows): in database 1, one client waiting for a held lock,
+//! a shared lock whose readers' leases run out apart (a visit planned), and
+//! a grant bound to an open connection; the measured keys in database 0
+//! (emptied with `FLUSHDB`, not `FLUSHALL`, between rows). With the full
+//! run, again with 10,000 clients waiting on 10,000 other keys.
+
+use std::fs;
+use std::io::{self, Read, Write};
+use std::net::{Ipv4Addr, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use crate::common::{encode, Arg, Reply};
+use crate::profile::{self, Plain, Profiled, Row};
+use crate::server::{Options, Server};
+use crate::throughput::{Op, KEY_PREFIX, OWNER};
+
+/// Seconds of nothing an at-rest row watches.
+const REST_SECS: u64 = 3;
+/// Connections a connection row opens and closes.
+const CONNS: usize = 1000;
+/// The busy server's waiters in the full run's second busy shape.
+const MANY_WAITERS: usize = 10_000;
+
+/// The three servers of the tax table.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Side {
+    Plain,
+    Module,
+    Floor,
+}
+
+impl Side {
+    fn name(self) -> &'static str {
+        match self {
+            Side::Plain => "plain",
+            Side::Module => "module",
+            Side::Floor => "events-floor",
+        }
+    }
+}
+
+/// The writes of the tax table: commands of other clients on keys that are
+/// not locks, each firing one generic keyspace event or none.
+#[derive(Clone, Copy)]
+enum OtherWrite {
+    Set,
+    SetEx,
+    Expire,
+    Getex,
+    Del,
+    Rename,
+}
+
+impl OtherWrite {
+    const ALL: [OtherWrite; 6] = [
+        OtherWrite::Set,
+        OtherWrite::SetEx,
+        OtherWrite::Expire,
+        OtherWrite::Getex,
+        OtherWrite::Del,
+        OtherWrite::Rename,
+    ];
+
+    fn short(self) -> &'static str {
+        match self {
+            OtherWrite::Set => "set",
+            OtherWrite::SetEx => "set-ex",
+            OtherWrite::Expire => "expire",
+            OtherWrite::Getex => "getex",
+            OtherWrite::Del => "del",
+            OtherWrite::Rename => "rename",
+        }
+    }
+
+    fn label(self) -> &'static str {
+        match self {
+            OtherWrite::Set => "`SET k v` (no generic event)",
+            OtherWrite::SetEx => "`SET k v EX 100` (`expire`)",
+            OtherWrite::Expire => "`EXPIRE k 100` (`expire`)",
+            OtherWrite::Getex => "`GETEX k EX 200` (`expire`)",
+            OtherWrite::Del => "`DEL k` (`del`)",
+            OtherWrite::Rename => "`RENAME k k2` (`rename_from`, `rename_to`)",
+        }
+    }
+
+    fn needs_strings(self) -> bool {
+        !matches!(self, OtherWrite::Set | OtherWrite::SetEx)
+    }
+
+    fn encode(self, i: usize, buf: &mut Vec<u8>) {
+        let k = Arg::K(KEY_PREFIX, i);
+        let b = Arg::B;
+        match self {
+            OtherWrite::Set => encode(buf, &[b(b"SET"), k, b(OWNER)]),
+            OtherWrite::SetEx => encode(buf, &[b(b"SET"), k, b(OWNER), b(b"EX"), b(b"100")]),
+            OtherWrite::Expire => encode(buf, &[b(b"EXPIRE"), k, b(b"100")]),
+            OtherWrite::Getex => encode(buf, &[b(b"GETEX"), k, b(b"EX"), b(b"200")]),
+            OtherWrite::Del => encode(buf, &[b(b"DEL"), k]),
+            OtherWrite::Rename => encode(buf, &[b(b"RENAME"), k, Arg::K(b"renamed:", i)]),
+        }
+    }
+
+    fn expected(self, r: &Reply) -> bool {
+        match self {
+            OtherWrite::Set | OtherWrite::SetEx | OtherWrite::Rename => r.is("OK"),
+            OtherWrite::Expire | OtherWrite::Del => *r == Reply::Int(1),
+            OtherWrite::Getex => matches!(r, Reply::Bulk(_)),
+        }
+    }
+}
+
+/// A server of `side` at `hz`, under callgrind (section 11's own options:
+/// room for 10,000 waiting clients).
+fn server_opts(side: Side, load: &Path, dir: PathBuf, hz: u32) -> Options {
+    let mut opts = profile::options(None, dir);
+    opts.extra = vec![
+        "--hz".into(),
+        hz.to_string(),
+        "--activerehashing".into(),
+        "no".into(),
+        "--maxclients".into(),
+        "12000".into(),
+    ];
+    match side {
+        Side::Plain => {}
+        Side::Module => opts.module = Some(load.to_path_buf()),
+        // The C module's `events-only` mode (its argument on the
+        // loadmodule line).
+        Side::Floor => opts.extra.extend([
+            "--loadmodule".into(),
+            format!("{} events-only", load.display()),
+        ]),
+    }
+    opts
+}
+
+fn control(args: &[&str]) -> io::Result<()> {
+    let out = Command::new("callgrind_control").args(args).output()?;
+    if !out.status.success() {
+        return Err(io::Error::other(format!(
+            "callgrind_control {args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        )));
+    }
+    Ok(())
+}
+
+/// The instructions of a whole-process dump, and its calls of `serverCron`
+/// (the cron ticks it covers).
+fn dump_totals(dump: &Path) -> io::Result<(u64, u64)> {
+    let text = fs::read_to_string(dump)?;
+    let total = text
+        .lines()
+        .find_map(|l| {
+            l.strip_prefix("summary:")
+                .or_else(|| l.strip_prefix("totals:"))
+        })
+        .and_then(|v| v.split_whitespace().next()?.parse().ok())
+        .ok_or_else(|| io::Error::other(format!("no summary in {}", dump.display())))?;
+    // Names are compressed: `cfn=(12) serverCron` once, `cfn=(12)` after.
+    let id = text.lines().find_map(|l| {
+        let rest = l.strip_prefix("cfn=").or_else(|| l.strip_prefix("fn="))?;
+        let (id, name) = rest.split_once(' ')?;
+        (name == "serverCron").then(|| id.to_string())
+    });
+    let mut ticks = 0;
+    if let Some(id) = id {
+        let mut after = false;
+        for l in text.lines() {
+            if let Some(rest) = l.strip_prefix("cfn=") {
+                after = rest.split(' ').next() == Some(id.as_str());
+            } else if let Some(calls) = l.strip_prefix("calls=") {
+                if after {
+                    ticks += calls
+                        .split_whitespace()
+                        .next()
+                        .and_then(|n| n.parse::<u64>().ok())
+                        .unwrap_or(0);
+                }
+                after = false;
+            }
+        }
+    }
+    Ok((total, ticks))
+}
+
+fn newest_dump(dir: &Path) -> io::Result<PathBuf> {
+    fs::read_dir(dir)?
+        .flatten()
+        .filter_map(|e| {
+            let name = e.file_name().into_string().ok()?;
+            let n: u32 = name.strip_prefix("callgrind.out.")?.parse().ok()?;
+            Some((n, e.path()))
+        })
+        .max_by_key(|(n, _)| *n)
+        .map(|(_, p)| p)
+        .ok_or_else(|| io::Error::other("callgrind wrote no dump"))
+}
+
+/// Zeroes the counters, runs `f`, dumps: the dump's instructions and ticks.
+fn window(
+    server: &Server,
+    name: &str,
+    f: impl FnOnce() -> io::Result<()>,
+) -> io::Result<(u64, u64)> {
+    let pid = server.pid().to_string();
+    control(&["-z", &pid])?;
+    f()?;
+    control(&["-d", name, &pid])?;
+    dump_totals(&newest_dump(server.dir())?)
+}
+
+/// The instructions of `dump` in the module's own code (`libredis_lock`),
+/// from `callgrind_annotate`.
+fn own_code(dump: &Path) -> io::Result<u64> {
+    let out = Command::new("callgrind_annotate")
+        .arg("--threshold=100")
+        .arg(dump)
+        .output()?;
+    let text = String::from_utf8_lossy(&out.stdout);
+    Ok(text
+        .lines()
+        .filter(|l| l.contains("libredis_lock"))
+        .filter_map(|l| {
+            l.split_whitespace()
+                .next()?
+                .replace(',', "")
+                .parse::<u64>()
+                .ok()
+        })
+        .sum())
+}
+
+/// At-rest rows (instructions a second at `hz` 10 and 100, and of them the
+/// module's own code) and the connection row of one side, on a server
+/// counted whole.
+fn rest_and_conn(dir: &Path, side: Side, load: &Path, rows: &mut Vec<Row>) -> io::Result<()> {
+    let sub = dir.join(format!("tax-whole-{}", side.name()));
+    fs::create_dir_all(&sub)?;
+    let server = Server::start_whole(&server_opts(side, load, sub, 10))?;
+    let pid = server.pid().to_string();
+    control(&["-i", "on", &pid])?;
+    let mut c = server.conn()?;
+    c.ok(&[b"PING"])?;
+    for hz in [10u32, 100, 1] {
+        c.ok(&[b"CONFIG", b"SET", b"hz", hz.to_string().as_bytes()])?;
+        std::thread::sleep(Duration::from_millis(500));
+        // Not gated (`make bench-check`): the allocator's statistics at each
+        // cron tick, most of an idle server's work, move with the heap's
+        // layout by a few percent; the module's own code, gated, does not.
+        let name = format!("at-rest:{}:hz{hz}", side.name());
+        let (total, ticks) = window(&server, &name, || {
+            std::thread::sleep(Duration::from_secs(REST_SECS));
+            Ok(())
+        })?;
+        let per_tick = total as f64 / ticks.max(1) as f64;
+        let per_second = per_tick * f64::from(hz);
+        let own = own_code(&newest_dump(server.dir())?)? as f64 / ticks.max(1) as f64;
+        eprintln!(
+            "  {name}: {per_second:.0} instructions/s ({ticks} ticks; the module's own code {:.0}/s)",
+            own * f64::from(hz)
+        );
+        if hz == 1 {
+            // A connection's whole life, at `hz 1` (the fewest cron ticks
+            // to take out: a connection's cost does not depend on `hz`).
+            let name = format!("{}:conn", side.name());
+            let port = server.port;
+            let (total, ticks) = window(&server, &name, || {
+                for _ in 0..CONNS {
+                    let mut s = TcpStream::connect((Ipv4Addr::LOCALHOST, port))?;
+                    s.write_all(b"*1\r\n$4\r\nPING\r\n")?;
+                    let mut reply = [0u8; 7];
+                    s.read_exact(&mut reply)?;
+                }
+                // The closes, freed at the event loop's next turns.
+                std::thread::sleep(Duration::from_millis(1000));
+                Ok(())
+            })?;
+            let per_conn = (total as f64 - ticks as f64 * per_tick) / CONNS as f64;
+            let own_conn = own_code(&newest_dump(server.dir())?)? as f64 / CONNS as f64;
+            eprintln!(
+                "  {name}: {per_conn:.0} instructions/connection ({ticks} ticks taken out; the module's own code {own_conn:.0})"
+            );
+            rows.push(Row {
+                name,
+                per_request: per_conn,
+            });
+            rows.push(Row {
+                name: format!("{}:conn-own", side.name()),
+                per_request: own_conn,
+            });
+            continue;
+        }
+        rows.push(Row {
+            name,
+            per_request: per_second,
+        });
+        rows.push(Row {
+            name: format!("{}:rest-own-hz{hz}", side.name()),
+            per_request: own * f64::from(hz),
+        });
+    }
+    Ok(())
+}
+
+/// The write rows of one side at `hz 10`, a request's own work.
+fn writes(
+    dir: &Path,
+    side: Side,
+    load: &Path,
+    requests: usize,
+    rows: &mut Vec<Row>,
+) -> io::Result<()> {
+    let sub = dir.join(format!("tax-writes-{}", side.name()));
+    fs::create_dir_all(&sub)?;
+    let mut p = Profiled::start(&server_opts(side, load, sub, 10))?;
+    for w in OtherWrite::ALL {
+        // Not `module:`: `make bench-check` measures the module's side
+        // alone, and gates the busy rows, at rest and per connection.
+        let name = format!("hz10-{}:{}", side.name(), w.short());
+        let prepare = move |p: &mut Profiled, offset: usize, n: usize| -> io::Result<()> {
+            if !w.needs_strings() {
+                return Ok(());
+            }
+            p.run(
+                "prepare",
+                (n, offset, 1),
+                &|s, i, b| Plain::Set.encode(s, i, b),
+                &|r| r.is("OK"),
+            )
+        };
+        let per_request = p.measure(
+            &name,
+            (requests, 1),
+            &prepare,
+            &|_, i, b| w.encode(i, b),
+            &|r| w.expected(r),
+        )?;
+        rows.push(Row { name, per_request });
+    }
+    Ok(())
+}
+
+/// The busy shape in database 1 (see the top), with `waiters` clients
+/// waiting (one each on a key of its own): the connections that keep it,
+/// to be dropped after the rows.
+fn make_busy(port: u16, waiters: usize) -> io::Result<Vec<TcpStream>> {
+    let mut keep = Vec::new();
+    let mut holder = TcpStream::connect((Ipv4Addr::LOCALHOST, port))?;
+    let mut buf = Vec::new();
+    encode(&mut buf, &[Arg::B(b"SELECT"), Arg::B(b"1")]);
+    for i in 0..waiters {
+        encode(
+            &mut buf,
+            &[
+                Arg::B(b"LOCK.ACQUIRE"),
+                Arg::K(b"busy:held:", i),
+                Arg::B(b"holder"),
+                Arg::B(b"3600000"),
+            ],
+        );
+    }
+    // A grant bound to this open connection; a shared lock whose readers
+    // run out apart (its visit planned).
+    for args in [
+        &[
+            &b"LOCK.ACQUIRE"[..],
+            b"busy:bound",
+            b"holder",
+            b"3600000",
+            b"BIND",
+        ][..],
+        &[b"LOCK.READ", b"busy:shared", b"r1", b"3600000"],
+        &[b"LOCK.READ", b"busy:shared", b"r2", b"3500000"],
+    ] {
+        let args: Vec<Arg> = args.iter().map(|a| Arg::B(a)).collect();
+        encode(&mut buf, &args);
+    }
+    holder.write_all(&buf)?;
+    // Its replies: +OK, then one integer per grant.
+    let want = 1 + waiters + 3;
+    let mut got = 0;
+    let mut chunk = [0u8; 65536];
+    holder.set_read_timeout(Some(Duration::from_secs(120)))?;
+    while got < want {
+        let n = holder.read(&mut chunk)?;
+        if n == 0 {
+            return Err(io::Error::other("the busy holder's connection closed"));
+        }
+        got += chunk[..n].iter().filter(|b| **b == b'\n').count();
+    }
+    keep.push(holder);
+    for i in 0..waiters {
+        let mut s = TcpStream::connect((Ipv4Addr::LOCALHOST, port))?;
+        let mut buf = Vec::new();
+        encode(&mut buf, &[Arg::B(b"SELECT"), Arg::B(b"1")]);
+        encode(
+            &mut buf,
+            &[
+                Arg::B(b"LOCK.ACQUIRE"),
+                Arg::K(b"busy:held:", i),
+                Arg::K(b"waiter:", i),
+                Arg::B(b"3600000"),
+                Arg::B(b"WAIT"),
+                Arg::B(b"0"),
+            ],
+        );
+        s.write_all(&buf)?;
+        keep.push(s);
+    }
+    let mut c = crate::server::connect(port)?;
+    let start = Instant::now();
+    loop {
+        let n: usize = c
+            .try_info_field("lock", "lock_waiters")?
+            .parse()
+            .unwrap_or(0);
+        if n >= waiters {
+            break;
+        }
+        if start.elapsed() > Duration::from_secs(600) {
+            return Err(io::Error::other(format!(
+                "{n} of {waiters} waiters after 600 s"
+            )));
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    Ok(keep)
+}
+
+/// The lock commands and another client's `SET NX PX`, as rows
+/// `<tag>:<command>`, the measured keys in database 0.
+fn lock_rows(p: &mut Profiled, tag: &str, requests: usize, rows: &mut Vec<Row>) -> io::Result<()> {
+    for op in Op::ALL {
+        if !op.needs_module() {
+            continue;
+        }
+        let name = format!("{tag}:{}", op.short());
+        let per_request = p.measure_op(&name, op, requests)?;
+        rows.push(Row { name, per_request });
+    }
+    let name = format!("{tag}:{}", Plain::SetNxPx.short());
+    let per_request = p.measure_plain(&name, Plain::SetNxPx, requests)?;
+    rows.push(Row { name, per_request });
+    Ok(())
+}
+
+/// The lock commands on one server, quiet (`quiet:`), then busy with one
+/// waiter (`busy:`); with `all`, on a second server with 10,000 waiters
+/// (`busy10k:`). Quiet and busy rows empty only database 0 between rows.
+fn busy_rows(
+    dir: &Path,
+    module: &Path,
+    requests: usize,
+    all: bool,
+    rows: &mut Vec<Row>,
+) -> io::Result<()> {
+    for waiters in [1, MANY_WAITERS] {
+        if waiters != 1 && !all {
+            continue;
+        }
+        let tag = match waiters {
+            1 => "busy".to_string(),
+            n => format!("busy{}k", n / 1000),
+        };
+        let sub = dir.join(format!("tax-{tag}"));
+        fs::create_dir_all(&sub)?;
+        let mut opts = profile::options(Some(module), sub);
+        opts.extra.extend(["--maxclients".into(), "12000".into()]);
+        let mut p = Profiled::start(&opts)?;
+        p.flush_db_only = true;
+        // (Not with `make bench-check`, which gates the busy rows alone.)
+        if waiters == 1 && all {
+            lock_rows(&mut p, "quiet", requests, rows)?;
+        }
+        let keep = p.uninstrumented(|p| make_busy(p.port(), waiters))?;
+        lock_rows(&mut p, &tag, requests, rows)?;
+        drop(keep);
+    }
+    Ok(())
+}
+
+/// Section 11's rows. `all`: every side and both busy shapes; else the
+/// module's rows that `make bench-check` gates.
+pub fn profile(dir: &Path, module: &Path, requests: usize, all: bool) -> io::Result<Vec<Row>> {
+    fs::create_dir_all(dir)?;
+    let mut rows = Vec::new();
+    let sides: Vec<(Side, PathBuf)> = match all {
+        true => vec![
+            (Side::Plain, PathBuf::new()),
+            (Side::Floor, profile::build_floor(dir)?),
+            (Side::Module, module.to_path_buf()),
+        ],
+        false => vec![(Side::Module, module.to_path_buf())],
+    };
+    for (side, load) in &sides {
+        rest_and_conn(dir, *side, load, &mut rows)?;
+    }
+    if all {
+        for (side, load) in &sides {
+            writes(dir, *side, load, requests, &mut rows)?;
+        }
+    }
+    busy_rows(dir, module, requests, all, &mut rows)?;
+    Ok(rows)
+}
+
+/// Section 11 (Markdown) from the last run's rows; empty without them.
+pub fn callgrind_table(runs: &[Vec<Row>], requests: usize) -> String {
+    let Some(rows) = runs.last() else {
+        return String::new();
+    };
+    let get = |name: &str| {
+        rows.iter()
+            .find(|r| r.name == name)
+            .map_or(f64::NAN, |r| r.per_request)
+    };
+    if get("module:rest-own-hz10").is_nan() {
+        return String::new();
+    }
+    let mut s = String::from("\n### 11. What the module costs others (callgrind)\n\n");
+    if !get("at-rest:plain:hz10").is_nan() {
+        s.push_str(&format!(
+            "Servers from the same binary: without the module, with the C module's `events-only` mode (the same event subscriptions, empty callbacks: the module API's floor), with the module; no lock in use. At rest: the whole process for {REST_SECS} s of nothing, per cron tick times `hz`. A connection: opened, one PING, closed ({CONNS} of them), the whole process less the cron ticks in it. Writes: {requests} requests each on keys that are not locks, a request's own work, `hz 10`.\n\n"
+        ));
+        s.push_str("| | without the module | the API's floor | with the module | ratio (module / without) | module - floor |\n|---|---:|---:|---:|---:|---:|\n");
+        let mut line = |label: &str, short: &str, unit: &str| {
+            let side =
+                |side: &str| match (short.strip_prefix("at-rest:"), short.strip_prefix("hz10-")) {
+                    (Some(hz), _) => get(&format!("at-rest:{side}:{hz}")),
+                    (_, Some(w)) => get(&format!("hz10-{side}:{w}")),
+                    _ => get(&format!("{side}:{short}")),
+                };
+            let (p, f, m) = (side("plain"), side("events-floor"), side("module"));
+            let ratio = match p > 0.0 {
+                true => format!("{:.3}x", m / p),
+                false => String::new(),
+            };
+            s.push_str(&format!(
+                "| {label} | {p:.0} | {f:.0} | {m:.0} | {ratio} | {:+.0}{unit} |\n",
+                m - f
+            ));
+        };
+        line(
+            "the server at rest, `hz 10`, instructions a second",
+            "at-rest:hz10",
+            "",
+        );
+        line(
+            "the server at rest, `hz 100`, instructions a second",
+            "at-rest:hz100",
+            "",
+        );
+        line("of it the module's own code, `hz 10`", "rest-own-hz10", "");
+        line(
+            "of it the module's own code, `hz 100`",
+            "rest-own-hz100",
+            "",
+        );
+        line(
+            "a connection opened, one PING, closed (cron at `hz 1`, its ticks taken out)",
+            "conn",
+            "",
+        );
+        line("of it the module's own code", "conn-own", "");
+        for w in OtherWrite::ALL {
+            line(w.label(), &format!("hz10-{}", w.short()), "");
+        }
+    }
+    s.push_str(&format!(
+        "\n#### Lock commands on a quiet server and on a busy one ({requests} requests each, `hz 1`)\n\nBoth on one server, the measured keys in database 0 (`FLUSHDB` between rows): quiet first, then busy, with in database 1 one client waiting for a held lock, a shared lock whose two readers' leases run out apart (its visit planned), a grant bound to an open connection. The 10,000 waiters (on 10,000 keys) on a second server.\n\n"
+    ));
+    let many = !get(&format!("busy10k:{}", Op::Acquire.short())).is_nan();
+    s.push_str("| command | quiet | busy | ratio |");
+    if many {
+        s.push_str(" busy, 10,000 waiting on other keys | ratio |");
+    }
+    s.push('\n');
+    s.push_str("|---|---:|---:|---:|");
+    if many {
+        s.push_str("---:|---:|");
+    }
+    s.push('\n');
+    let mut line = |label: &str, short: &str| {
+        let q = get(&format!("quiet:{short}"));
+        let b = get(&format!("busy:{short}"));
+        if b.is_nan() {
+            return;
+        }
+        s.push_str(&format!("| {label} | {q:.0} | {b:.0} | {:.3}x |", b / q));
+        if many {
+            let m = get(&format!("busy10k:{short}"));
+            s.push_str(&format!(" {m:.0} | {:.3}x |", m / q));
+        }
+        s.push('\n');
+    };
+    for op in Op::ALL {
+        if op.needs_module() {
+            line(op.label(), op.short());
+        }
+    }
+    let set = Plain::SetNxPx;
+    line(&format!("another client's {}", set.label()), set.short());
+    s
+}
