@@ -789,12 +789,21 @@ fn gated_baseline(baseline: &str) -> impl Iterator<Item = (&str, f64)> {
             Some((parts.next()?, parts.next()?.parse::<f64>().ok()?))
         })
         .filter(|(name, _)| {
-            name.starts_with("lock-")
+            (name.starts_with("lock-")
                 || name.starts_with("module:")
                 || name.starts_with("sent:")
-                || name.starts_with("busy:")
+                || name.starts_with("busy:"))
+                && !UNGATED.contains(name)
         })
 }
+
+/// Rows of the module's server that are Redis's own work and move with its
+/// allocator between runs by more than the gate's 3%: a connection's whole
+/// life (measured less the cron's ticks at rest, which are not gated
+/// either: two runs of one build gave 21,305 and 20,967 against a baseline
+/// of 20,595). The module's own code per connection (`module:conn-own`, 0)
+/// is gated.
+const UNGATED: [&str; 1] = ["module:conn"];
 
 /// Rows of the module's server (its commands, and the other commands with
 /// the module loaded) more than `tolerance` (0.03 = 3%) more expensive than
