@@ -50,6 +50,7 @@ mod latency;
 mod memory;
 mod profile;
 mod queues;
+mod renewals;
 mod server;
 mod stalls;
 mod stats;
@@ -427,6 +428,8 @@ fn run(plan: &Plan, only: Option<&[u32]>) -> io::Result<()> {
         eprintln!("6. bound locks");
         let r = bind::run(server.port, plan.bind_samples, plan.stall_locks)?;
         body.push_str(&bind::table(&r));
+        body.push('\n');
+        body.push_str(&renewals::table(&renewals::run(server.port)?));
         body.push('\n');
         goals.push((
             "a killed holder's bound lock granted to its waiter: p99 < 50 ms".into(),
