@@ -145,9 +145,10 @@ mod blocking;
 mod commands;
 mod holding;
 pub mod redlock;
+mod session;
 mod watch;
 
-pub use blocking::{Guard, Lock};
+pub use blocking::{Guard, Lock, Session};
 pub use redis;
 
 /// What a lock talks to: a server (`redis::Client`) or a cluster
@@ -340,6 +341,8 @@ pub(crate) struct Options {
     pub replicas_timeout: Duration,
     /// Keep a grant fewer replicas acknowledged (flagged) instead of releasing it.
     pub allow_not_durable: bool,
+    /// Granted in this session (`SESSION id`, no `BIND`, no watchdog).
+    pub session: Option<session::Link>,
 }
 
 /// The connect and reply timeout when none is given.
@@ -355,6 +358,7 @@ impl Default for Options {
             replicas: 0,
             replicas_timeout: Duration::from_secs(1),
             allow_not_durable: false,
+            session: None,
         }
     }
 }
@@ -421,6 +425,9 @@ pub(crate) const FREED: &str =
 pub(crate) const REGRANTED: &str =
     "the owner name holds the lock under a newer grant: this grant had ended";
 pub(crate) const TAKEN: &str = "the lock was freed and another owner holds it now";
+/// `extend` of a lock in a session: refused, nothing sent.
+pub(crate) const IN_SESSION: &str =
+    "a lock in a session has the session's lease: extend refused (the session's keeper renews it; set the Session's ttl)";
 /// The bound connection failed: the server frees a lock bound to it.
 pub(crate) fn bound_failed(e: &redis::RedisError) -> String {
     format!("the connection the lock was bound to failed or was closed, which frees the lock ({e})")
