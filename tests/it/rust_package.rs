@@ -2028,7 +2028,10 @@ fn many_locks_in_a_session_share_one_keepalive_blocking() {
         assert!(!g.is_lost(), "{k} is held");
         assert!(held_as(&mut admin, k, g), "{k} held by its grant");
     }
-    assert!(matches!(guards[0].extend(ms(5_000)), Err(Error::Invalid(_))));
+    assert!(matches!(
+        guards[0].extend(ms(5_000)),
+        Err(Error::Invalid(_))
+    ));
     for g in guards {
         g.release().unwrap();
     }
@@ -2038,10 +2041,7 @@ fn many_locks_in_a_session_share_one_keepalive_blocking() {
     assert_eq!(session.close().unwrap(), 0);
     assert_eq!(session_holders(&mut admin, id), None, "closed");
     // The README's example.
-    assert_eq!(
-        session_example::hold_jobs(&c, &["a", "b", "c"]).unwrap(),
-        3
-    );
+    assert_eq!(session_example::hold_jobs(&c, &["a", "b", "c"]).unwrap(), 3);
     assert!(admin.lock_info("job:a").is_none());
 }
 
@@ -2086,7 +2086,10 @@ fn session_locks_survive_every_connection_killed_and_bound_ones_do_not() {
         .collect();
     println!("{n} session locks acquired in {:?}", t.elapsed());
     let killed = kill_every_100_ms(&s, Duration::from_secs(3));
-    assert!(killed >= n as i64, "the holder's connections were killed: {killed}");
+    assert!(
+        killed >= n as i64,
+        "the holder's connections were killed: {killed}"
+    );
     let mut admin = s.conn();
     let id = session.ids()[0].1;
     assert_eq!(session_holders(&mut admin, id), Some(n as i64));
@@ -2099,13 +2102,26 @@ fn session_locks_survive_every_connection_killed_and_bound_ones_do_not() {
     for g in guards {
         g.release().unwrap(); // on new connections
     }
-    println!("{n} released in {:?} (each on a new connection)", t.elapsed());
+    println!(
+        "{n} released in {:?} (each on a new connection)",
+        t.elapsed()
+    );
     assert!(keys.iter().all(|k| admin.lock_info(k).is_none()));
+    // Acquired again through a Lock whose connection was killed: a new one.
+    admin
+        .cmd(&["CLIENT", "KILL", "TYPE", "normal", "SKIPME", "yes"])
+        .int();
+    let again = locks[0]
+        .acquire()
+        .unwrap()
+        .expect("granted on a new connection");
+    assert!(held_as(&mut admin, &keys[0], &again));
+    again.release().unwrap();
     drop(locks);
     session.close().unwrap();
 
     // The same with BIND, no session: all freed at the first kill.
-    let n = 200;
+    let n = 1_000;
     let (told, on_lost) = recorder();
     let on_lost = std::sync::Arc::new(on_lost);
     let keys: Vec<String> = (0..n).map(|i| format!("bound:{i}")).collect();
@@ -2177,7 +2193,10 @@ fn a_session_ended_from_outside_loses_every_lock_once_blocking() {
                 .cmd(&["CLIENT", "PAUSE", &pause.to_string(), "ALL"])
                 .ok();
         }
-        assert!(told_n(&told, n, Duration::from_secs(5)), "{round}: each told");
+        assert!(
+            told_n(&told, n, Duration::from_secs(5)),
+            "{round}: each told"
+        );
         assert!(told_n(&own_told, n, Duration::from_secs(1)));
         let at = told.lock().unwrap().last().map(|(at, _)| *at).unwrap();
         println!(
@@ -2235,7 +2254,10 @@ fn closing_a_session_releases_its_locks_blocking() {
         let c = c.clone();
         thread::spawn(move || {
             let mut w = Lock::exclusive(&c, "close:a").wait(Some(Duration::from_secs(10)));
-            let g = w.acquire().unwrap().expect("granted once the session closed");
+            let g = w
+                .acquire()
+                .unwrap()
+                .expect("granted once the session closed");
             let t = g.token();
             g.release().unwrap();
             t
@@ -2259,6 +2281,12 @@ fn closing_a_session_releases_its_locks_blocking() {
     assert!(admin.lock_info("close:b").is_none());
     assert_eq!(session_holders(&mut admin, id), None);
     drop(gb);
+    // A lock on another server than its Session's: refused, nothing sent.
+    let other = Server::start();
+    let s3 = Session::new(&c);
+    let mut elsewhere = Lock::exclusive(&client(&other), "close:c").session(&s3);
+    assert!(matches!(elsewhere.acquire(), Err(Error::Invalid(_))));
+    assert!(s3.ids().is_empty());
 }
 
 /// tokio: many locks on one session (no LOCK.RENEW), an external CLOSE
@@ -2286,14 +2314,22 @@ async fn a_session_in_tokio() {
     assert!(calls(&mut admin, "lock.session|keepalive") >= 2);
     assert_eq!(calls(&mut admin, "lock.renew"), renews);
     assert_eq!(session_holders(&mut admin, id), Some(n as i64));
-    assert!(guards.iter().all(|g| !g.is_lost() && g.session_id() == Some(id)));
-    assert!(matches!(guards[0].extend(ms(1_000)).await, Err(Error::Invalid(_))));
+    assert!(guards
+        .iter()
+        .all(|g| !g.is_lost() && g.session_id() == Some(id)));
+    assert!(matches!(
+        guards[0].extend(ms(1_000)).await,
+        Err(Error::Invalid(_))
+    ));
     assert_eq!(session.close().await.unwrap(), n as i64);
     assert!(keys.iter().all(|k| admin.lock_info(k).is_none()));
     for g in guards {
         g.release().await.unwrap();
     }
-    assert!(told.lock().unwrap().is_empty(), "closed: released, not lost");
+    assert!(
+        told.lock().unwrap().is_empty(),
+        "closed: released, not lost"
+    );
     // Ended from outside: each lock told once.
     let mut guards = Vec::new();
     for l in locks.iter_mut() {

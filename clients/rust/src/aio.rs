@@ -98,12 +98,14 @@ impl Drop for Session {
 
 /// The session on `key`'s node: at once if open, else opened off the
 /// runtime's threads.
-async fn ensure(link: &session::Link, key: &[u8]) -> Result<(String, i64), Error> {
-    if let Some(found) = link.0.cached(key) {
-        return Ok(found);
+async fn ensure(link: &session::Link, target: &Target, key: &[u8]) -> Result<(String, i64), Error> {
+    if link.0.serves(target) {
+        if let Some(found) = link.0.cached(key) {
+            return Ok(found);
+        }
     }
-    let (core, key) = (Arc::clone(&link.0), key.to_vec());
-    tokio::task::spawn_blocking(move || core.ensure(&key))
+    let (core, target, key) = (Arc::clone(&link.0), target.clone(), key.to_vec());
+    tokio::task::spawn_blocking(move || core.ensure(&target, &key))
         .await
         .unwrap_or_else(|e| {
             Err(Error::Redis(redis::RedisError::from(
@@ -339,7 +341,7 @@ impl Lock {
         // In a session: its id on the key's node (opened the first time).
         let first = s.kind.keys().into_iter().next().unwrap_or_default();
         let mut session = match &opts.session {
-            Some(link) => Some(ensure(link, &first).await?),
+            Some(link) => Some(ensure(link, &s.client, &first).await?),
             None => None,
         };
         let mut slot = s.conn.lock().await;
@@ -347,6 +349,7 @@ impl Lock {
         // Taken out while the request waits: a cancelled acquire drops it
         // (closing it frees a grant made meanwhile).
         let started = Instant::now();
+        let reused = slot.is_some();
         let mut conn = match slot.take() {
             Some(c) => c,
             None => Conn::open(&s.client, opts.timeout).await?,
@@ -361,6 +364,14 @@ impl Lock {
         let mut reply = conn
             .query(&commands::acquire(&s.kind, &opts, &owner, bound, id), t)
             .await;
+        if id.is_some() && reused && matches!(&reply, Err(e) if io_failure(e) && !e.is_timeout()) {
+            // A session lock outlives its connection: one that died while
+            // idle (killed: it ran nothing) is replaced.
+            conn = Conn::open(&s.client, opts.timeout).await?;
+            reply = conn
+                .query(&commands::acquire(&s.kind, &opts, &owner, false, id), t)
+                .await;
+        }
         if bound && matches!(&reply, Err(e) if e.to_string().contains("syntax error")) {
             bound = false;
             reply = conn
@@ -372,7 +383,7 @@ impl Lock {
                 // The session ended (or, in a cluster, the slot moved): once
                 // more, in a session opened anew.
                 link.0.refused(node, *id);
-                match ensure(link, &first).await {
+                match ensure(link, &s.client, &first).await {
                     Ok(again) => {
                         let id = Some(again.1);
                         session = Some(again);

@@ -277,12 +277,13 @@ impl Lock {
         // In a session: its id on the key's node (opened the first time).
         let first = s.kind.keys().into_iter().next().unwrap_or_default();
         let mut session = match &opts.session {
-            Some(link) => Some(link.0.ensure(&first)?),
+            Some(link) => Some(link.0.ensure(&s.client, &first)?),
             None => None,
         };
         let mut slot = lock(&s.conn);
         let mut bound = opts.bind && matches!(s.client, Target::Server(_)) && session.is_none();
         let started = Instant::now();
+        let reused = slot.is_some();
         let mut conn = match slot.take() {
             Some(c) => c,
             None => Conn::open(&s.client, opts.timeout)?,
@@ -296,6 +297,14 @@ impl Lock {
         let mut reply = conn
             .timeouts(reply_timeout)
             .and_then(|()| conn.query(&commands::acquire(&s.kind, &opts, &owner, bound, id)));
+        if id.is_some() && reused && matches!(&reply, Err(e) if io_failure(e) && !e.is_timeout()) {
+            // A session lock outlives its connection: one that died while
+            // idle (killed: it ran nothing) is replaced.
+            conn = Conn::open(&s.client, opts.timeout)?;
+            reply = conn
+                .timeouts(reply_timeout)
+                .and_then(|()| conn.query(&commands::acquire(&s.kind, &opts, &owner, false, id)));
+        }
         if bound && matches!(&reply, Err(e) if e.to_string().contains("syntax error")) {
             // A server without BIND: a lease renewed with LOCK.RENEW.
             bound = false;
@@ -306,7 +315,7 @@ impl Lock {
                 // The session ended (or, in a cluster, the slot moved): once
                 // more, in a session opened anew.
                 link.0.refused(node, *id);
-                match link.0.ensure(&first) {
+                match link.0.ensure(&s.client, &first) {
                     Ok(again) => {
                         let id = Some(again.1);
                         session = Some(again);

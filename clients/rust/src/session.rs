@@ -75,9 +75,11 @@ pub(crate) struct Core {
     /// Wakes the keeper (a session opened, a grant refused, closed).
     wake: Condvar,
     /// The keeper's connection (a cluster connection routes by address):
-    /// OPEN, KEEPALIVE and CLOSE go over it. Held across I/O, always with
-    /// a timeout.
+    /// the keepalives go over it. Held across I/O, always with a timeout.
     conn: Mutex<Option<Conn>>,
+    /// OPEN, CLOSE and CLUSTER SLOTS go over this one: an opener never
+    /// keeps the keeper waiting (it must be back at a deadline).
+    opener: Mutex<Option<Conn>>,
 }
 
 /// A lock's link to its session (the `Options` field).
@@ -113,7 +115,20 @@ impl Core {
             }),
             wake: Condvar::new(),
             conn: Mutex::new(None),
+            opener: Mutex::new(None),
         })
+    }
+
+    /// Whether a lock on `target` can be in this session: the same server
+    /// (or a cluster: the session opens on the key's node).
+    pub(crate) fn serves(&self, target: &Target) -> bool {
+        match (&self.target, target) {
+            (Target::Server(a), Target::Server(b)) => {
+                a.get_connection_info().addr() == b.get_connection_info().addr()
+            }
+            (Target::Cluster(_), Target::Cluster(_)) => true,
+            _ => false,
+        }
     }
 
     pub(crate) fn set_ttl(&self, ttl: Duration) {
@@ -151,12 +166,21 @@ impl Core {
     }
 
     /// The session on `key`'s node: opened (`LOCK.SESSION OPEN`) if none is.
-    pub(crate) fn ensure(self: &Arc<Self>, key: &[u8]) -> Result<(String, i64), Error> {
+    pub(crate) fn ensure(
+        self: &Arc<Self>,
+        target: &Target,
+        key: &[u8],
+    ) -> Result<(String, i64), Error> {
         if self.pid != std::process::id() {
             return Err(Error::Forked);
         }
         if lock(&self.state).dropped {
             return Err(Error::Invalid("the lock's Session was dropped".into()));
+        }
+        if !self.serves(target) {
+            return Err(Error::Invalid(
+                "a lock and its Session must be on the same server (or cluster)".into(),
+            ));
         }
         if let Some(found) = self.cached(key) {
             return Ok(found);
@@ -168,7 +192,7 @@ impl Core {
         if ttl < Duration::from_millis(1) {
             return Err(Error::Invalid("a session ttl under 1 ms".into()));
         }
-        let mut conn = lock(&self.conn);
+        let mut conn = lock(&self.opener);
         let node = match &self.target {
             Target::Server(_) => String::new(),
             Target::Cluster(_) => self.cluster_node(&mut conn, key, timeout)?,
@@ -321,7 +345,7 @@ impl Core {
                 }
             }
         }
-        let mut conn = lock(&self.conn);
+        let mut conn = lock(&self.opener);
         let mut ended = 0;
         let mut failed = None;
         for (node, n) in &nodes {
@@ -352,10 +376,28 @@ impl Core {
     }
 }
 
-/// Sends `cmd` to `node` ("": the server) on the keeper's connection,
-/// opened if need be; a failed connection is dropped (the next use opens
-/// another).
+/// Sends `cmd` to `node` ("": the server) on `conn`, opened if need be; a
+/// failed connection is dropped. One that had died while idle (killed, the
+/// server's idle `timeout`: it ran nothing) is replaced at once, and the
+/// command sent again on the new one.
 fn query(
+    target: &Target,
+    conn: &mut Option<Conn>,
+    node: &str,
+    cmd: &redis::Cmd,
+    timeout: Duration,
+) -> redis::RedisResult<Value> {
+    let reused = conn.is_some();
+    let reply = query_once(target, conn, node, cmd, timeout);
+    match reply {
+        Err(e) if reused && io_failure(&e) && !e.is_timeout() => {
+            query_once(target, conn, node, cmd, timeout)
+        }
+        reply => reply,
+    }
+}
+
+fn query_once(
     target: &Target,
     conn: &mut Option<Conn>,
     node: &str,
@@ -433,24 +475,9 @@ fn keepalive(core: &Arc<Core>, node: &str, id: i64) {
     let left = earliest.map_or(timeout, |d| d.saturating_duration_since(Instant::now()));
     let io = limit(timeout, left);
     let mut conn = lock(&core.conn);
-    let reused = conn.is_some();
+    let sent = Instant::now();
     let keepalive = commands::session_keepalive(id, ttl);
-    let mut sent = Instant::now();
-    let mut reply = query(&core.target, &mut conn, node, &keepalive, io);
-    if reused && matches!(&reply, Err(e) if io_failure(e) && !e.is_timeout()) {
-        // The connection had died while idle (killed, the server's
-        // timeout): at once on a new one (a keepalive may go twice),
-        // within what is left.
-        sent = Instant::now();
-        let left = earliest.map_or(timeout, |d| d.saturating_duration_since(sent));
-        reply = query(
-            &core.target,
-            &mut conn,
-            node,
-            &keepalive,
-            limit(timeout, left),
-        );
-    }
+    let reply = query(&core.target, &mut conn, node, &keepalive, io);
     drop(conn);
     match reply.map(redis::from_redis_value::<i64>) {
         Ok(Ok(1)) => {
