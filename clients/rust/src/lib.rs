@@ -118,6 +118,16 @@
 //! grant's token (`TOKEN`): a guard whose grant ended never releases or
 //! renews a later grant to the same owner name.
 //!
+//! # Sessions
+//!
+//! A [`Session`] (tokio: [`aio::Session`]) is one lease (`LOCK.SESSION`)
+//! that many locks share: [`Lock::session`] grants a lock with `SESSION
+//! id` and without `BIND`, and the session's keeper (one thread per
+//! `Session`) renews them all with one `LOCK.SESSION KEEPALIVE` per server,
+//! reconnecting after a failure until the session's deadline: a killed
+//! connection loses nothing. A session that ends marks every lock on it
+//! lost, each told once; [`Session::close`] (and dropping it) releases them.
+//!
 //! # fork
 //!
 //! `fork` without `exec` is not supported: the watchdogs are threads (or
