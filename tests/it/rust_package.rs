@@ -2394,3 +2394,39 @@ fn a_session_in_a_cluster_opens_one_per_node() {
     session.close().unwrap();
     assert!(session.ids().is_empty());
 }
+
+/// Every kind in a session: each granted with `SESSION id` (the server
+/// counts its holders), a reentrant lock re-entered in it, each released.
+#[test]
+fn every_kind_in_a_session_blocking() {
+    use redis_native_lock::Session;
+    let s = Server::start();
+    let c = client(&s);
+    let mut admin = s.conn();
+    let session = Session::new(&c);
+    let mut r = Lock::reentrant(&c, "kind:r").session(&session);
+    let mut rd = Lock::read(&c, "kind:rw").session(&session);
+    let mut sem = Lock::semaphore(&c, "kind:sem", 2).session(&session);
+    let mut m = Lock::multi(&c, ["kind:m1", "kind:m2"]).session(&session);
+    let mut gr = r.acquire().unwrap().unwrap();
+    let id = gr.session_id().unwrap();
+    let again = gr.reacquire().unwrap().expect("re-entered");
+    let grd = rd.acquire().unwrap().unwrap();
+    let gs = sem.acquire().unwrap().unwrap();
+    let gm = m.acquire().unwrap().unwrap();
+    // One holder per key (a reentrant lock's two holds are one holder).
+    assert_eq!(session_holders(&mut admin, id), Some(5));
+    assert!([grd.session_id(), gs.session_id(), gm.session_id()]
+        .iter()
+        .all(|i| *i == Some(id)));
+    again.release().unwrap();
+    assert!(!gr.is_lost());
+    gr.release().unwrap();
+    grd.release().unwrap();
+    gs.release().unwrap();
+    gm.release().unwrap();
+    assert_eq!(session_holders(&mut admin, id), Some(0));
+    for k in ["kind:r", "kind:rw", "kind:sem", "kind:m1", "kind:m2"] {
+        assert!(admin.lock_info(k).is_none(), "{k} released");
+    }
+}

@@ -1046,6 +1046,9 @@ impl Drop for Guard<'_> {
             return;
         }
         let Some(grant) = unhold(&s, self.generation, false) else {
+            // Nothing to send (a hold of several, or closed with its
+            // session): the acquisition ends with its last hold.
+            finish(&s, self.generation);
             return;
         };
         std_lock(&s.status).pending.push(grant);

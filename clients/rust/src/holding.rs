@@ -302,7 +302,10 @@ impl Holding {
         match tokens {
             Some(t) if t == self.tokens => {
                 self.holds += 1;
-                self.valid_until = sent + self.ttl;
+                if self.session.is_none() {
+                    // (a session's lock: the session's deadline stands)
+                    self.valid_until = sent + self.ttl;
+                }
                 Reacquired::Held
             }
             Some(other) => Reacquired::Stale(
