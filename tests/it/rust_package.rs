@@ -1995,7 +1995,7 @@ fn many_locks_in_a_session_share_one_keepalive_blocking() {
     let c = client(&s);
     let mut admin = s.conn();
     let (told, on_lost) = recorder();
-    let session = Session::new(&c).ttl(ms(900)).on_lost(on_lost);
+    let session = Session::new(&c).ttl(ms(1_500)).on_lost(on_lost);
     assert!(session.ids().is_empty(), "opened lazily");
     let n = 200;
     let keys: Vec<String> = (0..n).map(|i| format!("sess:{i}")).collect();
@@ -2018,9 +2018,9 @@ fn many_locks_in_a_session_share_one_keepalive_blocking() {
         calls(&mut admin, "lock.renew"),
         calls(&mut admin, "lock.keepalive"),
     );
-    thread::sleep(ms(2_100)); // several of the session's keepalives (every 300 ms), past 2 ttls
+    thread::sleep(ms(3_200)); // several of the session's keepalives (every 500 ms), past 2 ttls
     let session_keepalives = calls(&mut admin, "lock.session|keepalive");
-    println!("{n} locks held 2.1 s: {session_keepalives} LOCK.SESSION KEEPALIVE");
+    println!("{n} locks held 3.2 s: {session_keepalives} LOCK.SESSION KEEPALIVE");
     assert!(session_keepalives >= 2, "renewed by the session");
     assert_eq!(calls(&mut admin, "lock.renew"), renews, "no LOCK.RENEW");
     assert_eq!(calls(&mut admin, "lock.keepalive"), keepalives);
@@ -2297,7 +2297,7 @@ async fn a_session_in_tokio() {
     let c = client(&s);
     let mut admin = s.conn();
     let (told, on_lost) = recorder();
-    let session = aio::Session::new(&c).ttl(ms(600)).on_lost(on_lost);
+    let session = aio::Session::new(&c).ttl(ms(1_200)).on_lost(on_lost);
     let n = 100;
     let keys: Vec<String> = (0..n).map(|i| format!("tokio:{i}")).collect();
     let mut locks: Vec<aio::Lock> = keys
@@ -2310,7 +2310,7 @@ async fn a_session_in_tokio() {
     }
     let id = session.ids()[0].1;
     let renews = calls(&mut admin, "lock.renew");
-    tokio::time::sleep(ms(1_500)).await;
+    tokio::time::sleep(ms(2_500)).await; // past two ttls
     assert!(calls(&mut admin, "lock.session|keepalive") >= 2);
     assert_eq!(calls(&mut admin, "lock.renew"), renews);
     assert_eq!(session_holders(&mut admin, id), Some(n as i64));
@@ -2356,7 +2356,7 @@ fn a_session_in_a_cluster_opens_one_per_node() {
     use redis_native_lock::Session;
     let cluster = Cluster::start();
     let cc = cluster_client(&cluster);
-    let session = Session::new(&cc).ttl(ms(900));
+    let session = Session::new(&cc).ttl(ms(1_500));
     // Two keys whose slots two different primaries serve.
     let mut keys: Vec<(String, usize)> = Vec::new();
     for i in 0.. {
@@ -2379,7 +2379,7 @@ fn a_session_in_a_cluster_opens_one_per_node() {
         .collect();
     let ids = session.ids();
     assert_eq!(ids.len(), 2, "one session per node: {ids:?}");
-    thread::sleep(ms(2_000)); // renewed on each node past two ttls
+    thread::sleep(ms(3_200)); // renewed on each node past two ttls
     for ((k, owner), g) in keys.iter().zip(&guards) {
         let mut node = cluster.nodes[*owner].conn();
         let id = g.session_id().unwrap();
