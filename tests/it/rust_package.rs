@@ -2281,6 +2281,10 @@ fn closing_a_session_releases_its_locks_blocking() {
     assert!(admin.lock_info("close:b").is_none());
     assert_eq!(session_holders(&mut admin, id), None);
     drop(gb);
+    // A Session is shared by threads (a lock per thread in one session).
+    fn shared<T: Send + Sync>() {}
+    shared::<Session>();
+    shared::<aio::Session>();
     // A lock on another server than its Session's: refused, nothing sent.
     let other = Server::start();
     let s3 = Session::new(&c);

@@ -468,8 +468,8 @@ fn follow(s: &Arc<Shared>, core: &Arc<session::Core>, node: &str, id: i64, gener
             let _ = s.renewed(generation, deadline);
         }
         None => {
-            if let Some((Some(own), err)) = s.ended(generation, session::ENDED_DEADLINE) {
-                own(&err);
+            if let Some((own, err)) = s.ended(generation, session::ENDED_DEADLINE) {
+                core.tell(own, &err);
             }
         }
     }

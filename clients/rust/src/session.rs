@@ -265,6 +265,17 @@ impl Core {
         })
     }
 
+    /// Tells a lock's loss: its own callback, then the session's.
+    pub(crate) fn tell(&self, own: Option<OnLost>, err: &Error) {
+        if let Some(own) = own {
+            own(err);
+        }
+        let session = lock(&self.state).on_lost.clone();
+        if let Some(session) = session {
+            session(err);
+        }
+    }
+
     /// A lock granted in `node`'s session `id` follows it from now on. The
     /// session's deadline, or `None` if that session has ended meanwhile.
     pub(crate) fn follow(
