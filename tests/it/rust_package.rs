@@ -2434,3 +2434,75 @@ fn every_kind_in_a_session_blocking() {
         assert!(admin.lock_info(k).is_none(), "{k} released");
     }
 }
+
+/// A grant answered `NOSESSION` (the session closed from outside, long
+/// before the keeper's next tick): the session has ended, its locks are
+/// told lost at once, and the grant is made in a new session.
+#[test]
+fn a_grant_answered_nosession_ends_the_session_blocking() {
+    use redis_native_lock::Session;
+    let s = Server::start();
+    let c = client(&s);
+    let mut admin = s.conn();
+    let (told, on_lost) = recorder();
+    let session = Session::new(&c).on_lost(on_lost); // 30 s: the next keepalive is 10 s away
+    let mut a = Lock::exclusive(&c, "nos:a").session(&session);
+    let ga = a.acquire().unwrap().unwrap();
+    let id = ga.session_id().unwrap();
+    assert_eq!(
+        admin.cmd(&["LOCK.SESSION", "CLOSE", &id.to_string()]).int(),
+        1
+    );
+    let mut b = Lock::exclusive(&c, "nos:b").session(&session);
+    let gb = b.acquire().unwrap().expect("granted in a new session");
+    assert_ne!(gb.session_id(), Some(id));
+    assert_eq!(
+        session.ids(),
+        vec![(String::new(), gb.session_id().unwrap())]
+    );
+    let why = told_within(&told, Duration::from_secs(1)).expect("told at once");
+    assert!(why.contains("NOSESSION"), "{why}");
+    assert!(ga.is_lost());
+    assert_eq!(told.lock().unwrap().len(), 1);
+    gb.release().unwrap();
+    drop(ga);
+}
+
+/// tokio: session locks survive every connection of the process killed
+/// every 100 ms (the keeper reconnects; each lock's release goes on a new
+/// connection).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn session_locks_survive_every_connection_killed_tokio() {
+    let s = Server::start();
+    let c = client(&s);
+    let (told, on_lost) = recorder();
+    let session = aio::Session::new(&c).ttl(ms(1_200)).on_lost(on_lost);
+    let n = 200;
+    let keys: Vec<String> = (0..n).map(|i| format!("tkill:{i}")).collect();
+    let mut locks: Vec<aio::Lock> = keys
+        .iter()
+        .map(|k| aio::Lock::exclusive(&c, k).session(&session))
+        .collect();
+    let mut guards = Vec::new();
+    for l in locks.iter_mut() {
+        guards.push(l.acquire().await.unwrap().expect("granted"));
+    }
+    let killer = {
+        let s = &s;
+        tokio::task::block_in_place(move || kill_every_100_ms(s, Duration::from_secs(3)))
+    };
+    assert!(killer >= n as i64);
+    let mut admin = s.conn();
+    for (k, g) in keys.iter().zip(&guards) {
+        assert!(!g.is_lost(), "{k}");
+        assert!(admin
+            .lock_info(k)
+            .is_some_and(|i| i.holders.iter().any(|h| h.token == g.token())));
+    }
+    assert!(told.lock().unwrap().is_empty(), "none lost");
+    for g in guards {
+        g.release().await.unwrap();
+    }
+    assert!(keys.iter().all(|k| admin.lock_info(k).is_none()));
+    session.close().await.unwrap();
+}
