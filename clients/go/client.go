@@ -37,6 +37,12 @@ type Client struct {
 	wmu  sync.Mutex // w and keys
 	w    *watcher   // nil until a bound holder needs it
 	keys watched
+
+	// The keeper of the server sessions open on this server.
+	kmu      sync.Mutex
+	kept     map[*nodeSession]time.Time // next keepalive due
+	kwake    chan struct{}
+	krunning bool
 }
 
 // ClientOption configures a Client.

@@ -39,21 +39,21 @@ const pingEvery = 5 * time.Second
 
 // watched: the keys of the Client's bound holders, and the sessions
 // holding each (a count per session: one session may hold a key twice).
-type watched map[string]map[*Session]int
+type watched map[string]map[*binding]int
 
 // watch registers sess's holder of keys with the watcher (opened if there
 // is none) and arms tracking on them; it tells sess to check at once when
 // a key is not held by (owner, tokens) already. No watcher (an ACL that
 // refuses SUBSCRIBE or CLIENT TRACKING, a server gone): the renewals still
 // notice a loss.
-func (c *Client) watch(ctx context.Context, sess *Session, h *Held) {
+func (c *Client) watch(ctx context.Context, sess *binding, h *Held) {
 	c.wmu.Lock()
 	if c.keys == nil {
 		c.keys = watched{}
 	}
 	for _, k := range h.keys {
 		if c.keys[k] == nil {
-			c.keys[k] = map[*Session]int{}
+			c.keys[k] = map[*binding]int{}
 		}
 		c.keys[k][sess]++
 	}
@@ -74,7 +74,7 @@ func (c *Client) watch(ctx context.Context, sess *Session, h *Held) {
 }
 
 // unwatch: sess no longer holds h's keys; the last holder closes the watcher.
-func (c *Client) unwatch(sess *Session, keys []string) {
+func (c *Client) unwatch(sess *binding, keys []string) {
 	c.wmu.Lock()
 	defer c.wmu.Unlock()
 	for _, k := range keys {
@@ -204,7 +204,7 @@ func (c *Client) read(w *watcher) {
 			w.sub.Close()
 			w.obs.Close()
 			close(w.done)
-			sessions := map[*Session]bool{}
+			sessions := map[*binding]bool{}
 			for _, m := range c.keys {
 				for s := range m {
 					sessions[s] = true
@@ -231,7 +231,7 @@ func (c *Client) read(w *watcher) {
 			}
 			c.wmu.Unlock()
 		}
-		sessions := map[*Session]bool{}
+		sessions := map[*binding]bool{}
 		for _, k := range keys {
 			c.wmu.Lock()
 			m := c.keys[k]
