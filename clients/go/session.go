@@ -251,6 +251,9 @@ func (ns *nodeSession) expire() {
 	lost := ns.endLocked(fmt.Sprintf("session %d: no keepalive acknowledged before its deadline (ttl %v)", ns.id, s.ttl))
 	s.mu.Unlock()
 	s.tell(lost)
+	// A keepalive still on its way may have renewed it on the server: end
+	// it there too, so that nothing stays held that was told lost.
+	go func() { _, _ = ns.c.doRetry(context.Background(), "LOCK.SESSION", "CLOSE", ns.id) }()
 }
 
 // acked: a keepalive sent at sent was answered 1.

@@ -238,8 +238,9 @@ func (c *Client) read(w *watcher) {
 			for s := range m {
 				sessions[s] = true
 			}
+			held := len(m) > 0 // read under wmu: unwatch writes m
 			c.wmu.Unlock()
-			if len(m) > 0 {
+			if held {
 				w.observe(k, "", 0, c) // tracked again before the check
 			}
 		}
