@@ -520,9 +520,10 @@ type Held struct {
 	tokens []int64
 
 	// Under sess.mu.
-	holds    int
-	deadline time.Time
-	released bool
+	holds     int
+	deadline  time.Time
+	released  bool
+	releasing bool // a server session's lock: its RELEASE under way
 
 	lostOnce sync.Once
 	lost     chan struct{}

@@ -70,6 +70,8 @@ type nodeSession struct {
 	timer    *time.Timer
 	ended    bool
 	helds    map[*Held]struct{}
+	// checking: a check goroutine runs; recheck: poked meanwhile.
+	checking, recheck bool
 }
 
 // WithOnLost, given to NewSession, is called once for each lock of the
@@ -161,6 +163,7 @@ func (s *Session) Close() error {
 		for h := range ns.helds {
 			h.released = true
 			helds = append(helds, h)
+			ns.c.unwatch(ns, h.keys)
 		}
 		ns.helds = nil
 	}
@@ -300,6 +303,7 @@ func (ns *nodeSession) endLocked(why string) []lostLock {
 	ns.c.unkeep(ns)
 	var lost []lostLock
 	for h := range ns.helds {
+		ns.c.unwatch(ns, h.keys)
 		err := &LeaseLostError{Keys: h.keys, Token: h.token(), Why: why}
 		if h.markLost(err) {
 			lost = append(lost, lostLock{h, err})
@@ -314,12 +318,118 @@ func (ns *nodeSession) dropLocked(h *Held, why string) []lostLock {
 	if _, ok := ns.helds[h]; !ok {
 		return nil
 	}
-	delete(ns.helds, h)
+	ns.forgetLocked(h)
 	err := &LeaseLostError{Keys: h.keys, Token: h.token(), Why: why}
 	if h.markLost(err) {
 		return []lostLock{{h, err}}
 	}
 	return nil
+}
+
+// forgetLocked (s.mu held): h is no longer held in ns.
+func (ns *nodeSession) forgetLocked(h *Held) {
+	if _, ok := ns.helds[h]; ok {
+		delete(ns.helds, h)
+		ns.c.unwatch(ns, h.keys)
+	}
+}
+
+// poke: the watcher saw a key of ns change (or ended): a check, on a
+// goroutine of its own (one at a time; a poke during it runs another).
+func (ns *nodeSession) poke() {
+	s := ns.s
+	s.mu.Lock()
+	if ns.ended || len(ns.helds) == 0 {
+		s.mu.Unlock()
+		return
+	}
+	if ns.checking {
+		ns.recheck = true
+		s.mu.Unlock()
+		return
+	}
+	ns.checking = true
+	s.mu.Unlock()
+	go func() {
+		for {
+			ns.check()
+			s.mu.Lock()
+			again := ns.recheck && !ns.ended
+			ns.recheck = false
+			ns.checking = again
+			s.mu.Unlock()
+			if !again {
+				break
+			}
+		}
+		ns.c.rewatch(context.Background())
+	}()
+}
+
+// check reads, in one round trip on a pooled connection, the session
+// (LOCK.SESSION INFO: nil when it ended on the server: closed elsewhere, or
+// its deadline passed there) and every key of its locks (LOCK.INFO), and
+// tells what ended with its cause. A connection error tells nothing: the
+// keeper and the deadline decide.
+func (ns *nodeSession) check() {
+	s := ns.s
+	type probe struct {
+		h     *Held
+		key   string
+		token int64
+	}
+	var probes []probe
+	s.mu.Lock()
+	if ns.ended {
+		s.mu.Unlock()
+		return
+	}
+	id := ns.id
+	for h := range ns.helds {
+		if h.releasing {
+			continue
+		}
+		for i, k := range h.keys {
+			probes = append(probes, probe{h, k, h.tokens[i]})
+		}
+	}
+	s.mu.Unlock()
+	conn, err := ns.c.pool.GetContext(context.Background())
+	if err != nil {
+		return
+	}
+	defer conn.Close()
+	if err := conn.Send("LOCK.SESSION", "INFO", id); err != nil {
+		return
+	}
+	for _, p := range probes {
+		if err := conn.Send("LOCK.INFO", p.key); err != nil {
+			return
+		}
+	}
+	replies, err := redis.Values(redis.DoWithTimeout(conn, ns.c.timeout, ""))
+	if err != nil || len(replies) != len(probes)+1 {
+		return
+	}
+	if replies[0] == nil {
+		ns.end(fmt.Sprintf("session %d ended on the server (closed elsewhere, or its deadline passed there)", id))
+		return
+	}
+	if _, failed := replies[0].(redis.Error); failed {
+		return
+	}
+	var lost []lostLock
+	s.mu.Lock()
+	for i, p := range probes {
+		if _, still := ns.helds[p.h]; !still || p.h.releasing {
+			continue
+		}
+		if why := judge(replies[i+1], p.key, p.h.owner, p.token); why != "" {
+			lost = append(lost, ns.dropLocked(p.h, why)...)
+		}
+	}
+	s.mu.Unlock()
+	s.tell(lost)
 }
 
 // tell calls WithOnLost's callback for each lock lost.
@@ -528,14 +638,24 @@ func (l *Lock) acquireSession(ctx context.Context, s *Session, owner string, wai
 		return nil, err
 	}
 	s.mu.Lock()
-	defer s.mu.Unlock()
 	if s.closed {
+		s.mu.Unlock()
 		return nil, ErrClosed // its CLOSE ended the grant
 	}
 	if ns.ended {
+		s.mu.Unlock()
 		return nil, fmt.Errorf("%w: session %d ended at the grant", ErrNoSession, ns.id)
 	}
 	ns.helds[h] = struct{}{}
+	s.mu.Unlock()
+	// Watched: a key changed elsewhere, or the session ended elsewhere, is
+	// told at once (unwatched as it leaves ns.helds).
+	l.c.watch(ctx, ns, h)
+	s.mu.Lock()
+	if _, still := ns.helds[h]; !still {
+		l.c.unwatch(ns, h.keys) // it left while the watch was set up
+	}
+	s.mu.Unlock()
 	return h, nil
 }
 
@@ -553,6 +673,7 @@ func (h *Held) releaseSession(ctx context.Context) error {
 		s.mu.Unlock()
 		return err
 	}
+	h.releasing = true // the watcher's check leaves it alone
 	s.mu.Unlock()
 	var lostWhy string
 	last := true
@@ -564,12 +685,16 @@ func (h *Held) releaseSession(ctx context.Context) error {
 		case isWrongType(err):
 			lostWhy = fmt.Sprintf("key %q overwritten: %v", k, err)
 		case err != nil:
+			s.mu.Lock()
+			h.releasing = false
+			s.mu.Unlock()
 			return err
 		case n == 0:
 			last = false
 		}
 	}
 	s.mu.Lock()
+	h.releasing = false
 	if err := h.Err(); err != nil { // the session ended meanwhile
 		h.released = true
 		s.mu.Unlock()
@@ -584,7 +709,7 @@ func (h *Held) releaseSession(ctx context.Context) error {
 	}
 	defer s.mu.Unlock()
 	if last {
-		delete(ns.helds, h)
+		ns.forgetLocked(h)
 		h.released = true
 		h.markLost(ErrClosed)
 	} else {

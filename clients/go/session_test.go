@@ -333,10 +333,13 @@ func TestSessionSurvivesKilledConnections(t *testing.T) {
 }
 
 // A session ended from outside marks every lock lost and calls back once
-// per lock: LOCK.SESSION CLOSE from another connection (the next keepalive
-// answers 0), and a server asleep past the ttl (the local timer at the
-// deadline: told while the server still sleeps). The next lock in the
-// Session opens a new session id.
+// per lock: LOCK.SESSION CLOSE from another connection (told at once by
+// the watcher: a ttl of 30 s puts the next keepalive 10 s away; without a
+// watcher, refused by an ACL, by the next keepalive answered 0), and a
+// server asleep past the ttl (the local timer at the deadline: told while
+// the server still sleeps). The next lock in the Session opens a new
+// session id. A lock deleted or overwritten behind its back is told at
+// once too, alone.
 func TestSessionEndedFromOutside(t *testing.T) {
 	addr := env(t, "REDIS_LOCK_ADDR")
 	a := admin(t, addr)
@@ -344,29 +347,59 @@ func TestSessionEndedFromOutside(t *testing.T) {
 	c := New(addr, WithTimeout(5*time.Second))
 	defer c.Close()
 
+	closedFromOutside := func(c *Client, ttl time.Duration, prefix, cause string) {
+		lost := newLostCounter()
+		s, err := c.NewSession(ctx, WithTTL(ttl), WithOnLost(lost.onLost))
+		must(t, err)
+		defer s.Close()
+		var hs []*Held
+		for i := 0; i < 50; i++ {
+			hs = append(hs, acquired(t, c.Exclusive(fmt.Sprintf("%s%d", prefix, i), WithSession(s))))
+		}
+		id := s.ID(c)
+		time.Sleep(50 * time.Millisecond)
+		ended, err := redis.Int(a.Do("LOCK.SESSION", "CLOSE", id))
+		must(t, err)
+		if ended != 50 {
+			t.Fatalf("CLOSE ended %d holders", ended)
+		}
+		for _, h := range hs {
+			lostWithin(t, h, 5*time.Second, "closed from outside", cause)
+		}
+		lost.onceEach(t, hs)
+		h := acquired(t, c.Exclusive(prefix+"after", WithSession(s)))
+		if s.ID(c) == id || s.ID(c) == 0 {
+			t.Fatalf("a new session after the end: %d, was %d", s.ID(c), id)
+		}
+		must(t, h.Release(ctx))
+	}
+	closedFromOutside(c, 30*time.Second, "go:out:c", "ended on the server")
+	_, err := a.Do("ACL", "SETUSER", "go-nowatch", "on", "nopass", "+@all", "-subscribe", "~*", "&*")
+	must(t, err)
+	nowatch := New(addr, WithDialOptions(redis.DialUsername("go-nowatch"), redis.DialPassword("any")))
+	defer nowatch.Close()
+	closedFromOutside(nowatch, 900*time.Millisecond, "go:out:n", "answered 0")
+
+	// One lock deleted, one overwritten: those two told, the rest kept.
 	lost := newLostCounter()
-	s, err := c.NewSession(ctx, WithTTL(900*time.Millisecond), WithOnLost(lost.onLost))
+	s1, err := c.NewSession(ctx, WithTTL(30*time.Second), WithOnLost(lost.onLost))
 	must(t, err)
-	defer s.Close()
+	defer s1.Close()
 	var hs []*Held
-	for i := 0; i < 50; i++ {
-		hs = append(hs, acquired(t, c.Exclusive(fmt.Sprintf("go:out:c%d", i), WithSession(s))))
+	for i := 0; i < 5; i++ {
+		hs = append(hs, acquired(t, c.Exclusive(fmt.Sprintf("go:out:k%d", i), WithSession(s1))))
 	}
-	id := s.ID(c)
-	ended, err := redis.Int(a.Do("LOCK.SESSION", "CLOSE", id))
+	_, err = a.Do("DEL", "go:out:k0")
 	must(t, err)
-	if ended != 50 {
-		t.Fatalf("CLOSE ended %d holders", ended)
+	_, err = a.Do("SET", "go:out:k1", "not a lock")
+	must(t, err)
+	lostWithin(t, hs[0], 5*time.Second, "deleted in a session", "deleted")
+	lostWithin(t, hs[1], 5*time.Second, "overwritten in a session", "overwritten")
+	lost.onceEach(t, hs[:2])
+	for _, h := range hs[2:] {
+		must(t, h.Err())
 	}
-	for _, h := range hs {
-		lostWithin(t, h, 3*time.Second, "closed from outside", "answered 0")
-	}
-	lost.onceEach(t, hs)
-	h := acquired(t, c.Exclusive("go:out:after", WithSession(s)))
-	if s.ID(c) == id || s.ID(c) == 0 {
-		t.Fatalf("a new session after the end: %d, was %d", s.ID(c), id)
-	}
-	must(t, h.Release(ctx))
+	must(t, s1.Close())
 
 	// The server asleep (DEBUG SLEEP 3) past the ttl: the keepalive gets no
 	// answer; the locks are told lost by the deadline, before it wakes.
