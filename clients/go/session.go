@@ -488,6 +488,12 @@ func (c *Client) keep(ns *nodeSession, due time.Time) {
 func (c *Client) unkeep(ns *nodeSession) {
 	c.kmu.Lock()
 	delete(c.kept, ns)
+	if len(c.kept) == 0 && c.krunning {
+		select { // it exits now, not at its next due time
+		case c.kwake <- struct{}{}:
+		default:
+		}
+	}
 	c.kmu.Unlock()
 }
 
