@@ -400,6 +400,8 @@ func TestSessionEndedFromOutside(t *testing.T) {
 		must(t, h.Err())
 	}
 	must(t, s1.Close())
+	_, err = a.Do("DEL", "go:out:k1")
+	must(t, err)
 
 	// The server asleep (DEBUG SLEEP 3) past the ttl: the keepalive gets no
 	// answer; the locks are told lost by the deadline, before it wakes.
