@@ -403,6 +403,31 @@ func TestSessionEndedFromOutside(t *testing.T) {
 	_, err = a.Do("DEL", "go:out:k1")
 	must(t, err)
 
+	// A wait in a session that ends while it waits: ErrNoSession.
+	s3, err := c.NewSession(ctx, WithTTL(30*time.Second))
+	must(t, err)
+	defer s3.Close()
+	first := acquired(t, c.Exclusive("go:out:w0", WithSession(s3)))
+	busy := acquired(t, c.Exclusive("go:out:w1"))
+	waited := make(chan error, 1)
+	go func() {
+		_, err := c.Exclusive("go:out:w1", WithSession(s3), WithWait(20*time.Second)).Acquire(ctx)
+		waited <- err
+	}()
+	time.Sleep(200 * time.Millisecond)
+	_, err = a.Do("LOCK.SESSION", "CLOSE", s3.ID(c))
+	must(t, err)
+	select {
+	case err := <-waited:
+		if !errors.Is(err, ErrNoSession) {
+			t.Fatalf("a waiter whose session ended: %v", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("the waiter was not answered when its session ended")
+	}
+	lostWithin(t, first, 5*time.Second, "the session of a waiter closed", "ended")
+	must(t, busy.Release(ctx))
+
 	// The server asleep (DEBUG SLEEP 3) past the ttl: the keepalive gets no
 	// answer; the locks are told lost by the deadline, before it wakes.
 	lost = newLostCounter()
