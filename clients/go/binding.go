@@ -29,6 +29,8 @@ type binding struct {
 	// WithReplicas given to NewSession: its renewals wait for that many.
 	replicas        int
 	replicasTimeout time.Duration
+	// WithOnLost given to NewSession.
+	onLost func(*Held, error)
 
 	mu    sync.Mutex // the connection, helds, closed
 	conn  redis.Conn // nil when not bound and waiting to reconnect
@@ -341,7 +343,10 @@ func (s *binding) loseExpired(now time.Time) {
 
 func (s *binding) dropLost(h *Held, why string) {
 	s.forgetLocked(h)
-	h.markLost(&LeaseLostError{Keys: h.keys, Token: h.token(), Why: why})
+	err := &LeaseLostError{Keys: h.keys, Token: h.token(), Why: why}
+	if h.markLost(err) && s.onLost != nil {
+		go s.onLost(h, err) // s.mu is held here
+	}
 }
 
 // addLocked: h is held in the session from now on (bound: watched).

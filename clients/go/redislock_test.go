@@ -387,7 +387,8 @@ func TestBoundSessionOneKeepaliveForManyLocks(t *testing.T) {
 	defer c.Close()
 	a := admin(t, addr)
 	ctx := context.Background()
-	s, err := c.NewSession(ctx, WithTTL(600*time.Millisecond), WithBind(true))
+	lost := newLostCounter()
+	s, err := c.NewSession(ctx, WithTTL(600*time.Millisecond), WithBind(true), WithOnLost(lost.onLost))
 	must(t, err)
 	_, err = a.Do("CONFIG", "RESETSTAT")
 	must(t, err)
@@ -411,6 +412,8 @@ func TestBoundSessionOneKeepaliveForManyLocks(t *testing.T) {
 	case <-time.After(2 * time.Second):
 		t.Fatal("the deleted one not seen lost")
 	}
+	waitUntil(t, 2*time.Second, "the lost callback", func() bool { return lost.total() == 1 })
+	lost.onceEach(t, hs[:1])
 	time.Sleep(500 * time.Millisecond)
 	for _, h := range hs[1:] {
 		must(t, h.Err())

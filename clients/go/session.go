@@ -76,9 +76,10 @@ type nodeSession struct {
 
 // WithOnLost, given to NewSession, is called once for each lock of the
 // Session that is lost (the session ended, or the lock ended behind its
-// back: deleted, overwritten, released elsewhere), with the lock and its
-// *LeaseLostError, on a goroutine of the package, after Lost() is closed.
-// Never for a release or Close.
+// back: deleted, overwritten, released elsewhere; WithBind(true): its
+// connection failed), with the lock and its *LeaseLostError, on a
+// goroutine of the package, after Lost() is closed. Never for a release
+// or Close.
 func WithOnLost(f func(h *Held, err error)) Option {
 	return func(s *settings) { s.onLost = f }
 }
@@ -110,7 +111,7 @@ func (c *Client) NewSession(ctx context.Context, opts ...Option) (*Session, erro
 		if err != nil {
 			return nil, err
 		}
-		b.replicas, b.replicasTimeout = st.replicas, st.replicasTimeout
+		b.replicas, b.replicasTimeout, b.onLost = st.replicas, st.replicasTimeout, st.onLost
 		b.start()
 		s.bound = b
 		s.done = b.done
