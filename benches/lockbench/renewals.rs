@@ -188,7 +188,10 @@ fn measure(port: u16, how: How, idle_cpu_per_s: f64) -> io::Result<Way> {
             })?,
             How::BindEach => {
                 for h in &mut each {
-                    encode(h.out(), &[Arg::B(b"LOCK.KEEPALIVE"), Arg::B(ttl.as_bytes())]);
+                    encode(
+                        h.out(),
+                        &[Arg::B(b"LOCK.KEEPALIVE"), Arg::B(ttl.as_bytes())],
+                    );
                     h.flush()?;
                 }
                 for h in &mut each {
@@ -218,10 +221,13 @@ fn measure(port: u16, how: How, idle_cpu_per_s: f64) -> io::Result<Way> {
     let secs = started.elapsed().as_secs_f64();
     let (calls1, usec1, cpu1) = counters(&mut c)?;
     // Every lock still held: none lost to a late renewal.
-    let held = crate::server::connect(port)?
-        .call(&[b"LOCK.INFO", &[how.prefix(), b"0"].concat()])?;
+    let held =
+        crate::server::connect(port)?.call(&[b"LOCK.INFO", &[how.prefix(), b"0"].concat()])?;
     if held == Reply::Nil {
-        return Err(io::Error::other(format!("{}: a lock was lost", how.label())));
+        return Err(io::Error::other(format!(
+            "{}: a lock was lost",
+            how.label()
+        )));
     }
     drop(each);
     c.call(&[b"FLUSHALL"])?;
