@@ -27,7 +27,7 @@ becomes True, `on_lost(holder, why)` is called, `check()` and leaving the
 
 from ._common import DeadlockError, FewerReplicas, LeaseLost, LockError, LockNotAcquired, NotDurable
 from ._dropin import NativeLock, NotDurableLockError
-from ._sync import Holder, Lock, MultiLock, ReadWriteLock, ReentrantLock, Semaphore
+from ._sync import Holder, Lock, MultiLock, ReadWriteLock, ReentrantLock, Semaphore, Session
 
 __version__ = "0.3.0"
 
@@ -38,6 +38,7 @@ __all__ = [
     "ReadWriteLock",
     "Semaphore",
     "MultiLock",
+    "Session",
     "LockError",
     "LockNotAcquired",
     "LeaseLost",
