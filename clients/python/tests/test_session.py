@@ -290,7 +290,7 @@ class SessionTest(unittest.TestCase):
 
     @unittest.skipUnless(CLUSTER_PORT, "REDIS_LOCK_CLUSTER_PORT not set")
     def test_cluster_one_session_per_node(self):
-        rc = RedisCluster(port=CLUSTER_PORT)
+        rc = RedisCluster(host="127.0.0.1", port=CLUSTER_PORT)
         try:
             keys, nodes = [], set()
             while len(nodes) < 2:

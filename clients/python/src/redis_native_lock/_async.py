@@ -365,6 +365,8 @@ class _Server:
         self._making_watcher = _io.Lock()
         self._poke = _io.Poke()  # wakes the watcher when a bound hold comes
         self._watched: Dict[bytes, Set[_Hold]] = {}  # session holds by key (told by the watcher too)
+        self._tracker: Any = None  # reads the session holds' keys for the watcher (`read_tracked`)
+        self._tracking = _io.Lock()
 
     @classmethod
     async def of(cls, client: Any, key: KeyT) -> "_Server":
@@ -385,8 +387,8 @@ class _Server:
     def timeout(self, ttl_ms: int) -> float:
         return op_timeout(self._timeout, ttl_ms)
 
-    async def connection(self, ttl_ms: int) -> Any:
-        while True:
+    async def connection(self, ttl_ms: int, fresh: bool = False) -> Any:
+        while not fresh:
             with self._lock:
                 idle = self._idle.pop() if self._idle else None
             if idle is None:
@@ -545,7 +547,8 @@ class _Server:
             return self._watcher_id if self._watcher is not None and _io.alive(self._watch_task) else None
 
     async def read_tracked(self, keys: Sequence[KeyT], timeout: float) -> Optional[List[Any]]:
-        """LOCK.INFO of `keys` on an ordinary connection of the package's
+        """LOCK.INFO of `keys` on the tracker: a connection of the package's
+        (never pooled: a tracking connection whose watcher goes is told so)
         with client tracking redirected to the watcher, so that the server
         tells the watcher when one changes (a session's holds: a CLOSE from
         elsewhere is known at once). None when the server has no tracking."""
@@ -553,20 +556,26 @@ class _Server:
             wid = await self._watcher_ready(timeout)
         except redis.ResponseError:
             return None
-        conn = await self.connection(max(1, int(timeout * 1000)))
-        try:
-            if conn._rnl_tracking != wid:
-                await _io.command(conn, ["CLIENT", "TRACKING", "ON", "REDIRECT", wid, "NOLOOP"], timeout)
-                conn._rnl_tracking = wid
-            infos = await self.infos(conn, keys, timeout)
-        except redis.ResponseError:
-            await self.put(conn, True)
-            return None
-        except BaseException:
-            await self.put(conn, False)
-            raise
-        await self.put(conn, True)
-        return infos
+        async with self._tracking:
+            conn = self._tracker
+            if conn is not None and (conn._rnl_tracking != wid or _io.readable(conn)):
+                self._tracker = None
+                await _io.disconnect(conn)  # its watcher is gone, or the server closed it
+                conn = None
+            try:
+                if conn is None:
+                    conn = await self.connection(max(1, int(timeout * 1000)), fresh=True)
+                    await _io.command(conn, ["CLIENT", "TRACKING", "ON", "REDIRECT", wid, "NOLOOP"], timeout)
+                    conn._rnl_tracking = wid
+                    self._tracker = conn
+                return await self.infos(conn, keys, timeout)
+            except redis.ResponseError:
+                return None
+            except BaseException:
+                self._tracker = None
+                if conn is not None:
+                    await _io.disconnect(conn)
+                raise
 
     async def _watcher_ready(self, timeout: float) -> int:
         async with self._making_watcher:
