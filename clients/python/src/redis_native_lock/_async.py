@@ -387,7 +387,7 @@ class _Server:
     def timeout(self, ttl_ms: int) -> float:
         return op_timeout(self._timeout, ttl_ms)
 
-    async def connection(self, ttl_ms: int, fresh: bool = False) -> Any:
+    async def connection(self, ttl_ms: int, fresh: bool = False, limit: Optional[float] = None) -> Any:
         while not fresh:
             with self._lock:
                 idle = self._idle.pop() if self._idle else None
@@ -396,7 +396,7 @@ class _Server:
             if not _io.readable(idle):
                 return idle
             await _io.disconnect(idle)  # closed by the server while idle (CLIENT KILL, its timeout)
-        t = self.timeout(ttl_ms)
+        t = self.timeout(ttl_ms) if limit is None else min(self.timeout(ttl_ms), limit)  # a new one's handshake too
         kwargs = dict(self._kwargs)
         kwargs["socket_connect_timeout"] = min(self._connect_timeout or t, t)
         conn = await _io.open_connection(self._cls, kwargs, t)
@@ -422,8 +422,9 @@ class _Server:
             await _io.disconnect(conn)
 
     async def call(self, args: Sequence[Any], timeout: Optional[float]) -> Any:
-        """One command over an idle connection of the package's own."""
-        conn = await self.connection(int((timeout or 1) * 1000))
+        """One command over an idle connection of the package's own (a new
+        one, handshake included, within `timeout` too)."""
+        conn = await self.connection(int((timeout or 1) * 1000), limit=timeout)
         try:
             reply = await _io.command(conn, args, timeout)
         except redis.ResponseError:
@@ -564,7 +565,7 @@ class _Server:
                 conn = None
             try:
                 if conn is None:
-                    conn = await self.connection(max(1, int(timeout * 1000)), fresh=True)
+                    conn = await self.connection(max(1, int(timeout * 1000)), fresh=True, limit=timeout)
                     await _io.command(conn, ["CLIENT", "TRACKING", "ON", "REDIRECT", wid, "NOLOOP"], timeout)
                     conn._rnl_tracking = wid
                     self._tracker = conn

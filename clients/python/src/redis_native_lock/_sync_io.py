@@ -66,7 +66,11 @@ def readable(conn: Any) -> bool:
     if sock is None or sock.fileno() < 0:
         return True
     try:
-        return bool(select.select([sock], [], [], 0)[0])
+        if hasattr(select, "poll"):  # select() refuses a descriptor above 1023 (many bound locks)
+            p = select.poll()
+            p.register(sock.fileno(), select.POLLIN)
+            return bool(p.poll(0))
+        return bool(select.select([sock], [], [], 0)[0])  # pragma: no cover - Windows
     except (OSError, ValueError):
         return True
 
