@@ -104,14 +104,14 @@ class SessionTest(unittest.TestCase):
         return any(h[0] == lock.owner and h[3] == lock.token for h in holders)
 
     def test_many_locks_renewed_by_one_keepalive_and_no_renew(self):
-        with Session(self.r, ttl=0.6) as s:
+        with Session(self.r, ttl=1) as s:
             locks = [Lock(self.r, fresh("many"), session=s) for _ in range(200)]
             for lock in locks:
                 self.assertTrue(lock.acquire())
                 self.assertFalse(lock.bound)  # SESSION id, no BIND
             self.assertEqual(len(s.ids), 1)
             self.admin.config_resetstat()
-            time.sleep(2.0)  # several ttls: only the session's keepalives keep them
+            time.sleep(2.5)  # several ttls: only the session's keepalives keep them
             self.assertGreaterEqual(calls(self.admin, "lock.session|keepalive"), 3)
             self.assertEqual(calls(self.admin, "lock.renew"), 0)
             self.assertEqual(calls(self.admin, "lock.keepalive"), 0)
@@ -295,6 +295,18 @@ class SessionTest(unittest.TestCase):
         self.assertIsNone(self.admin.execute_command("LOCK.SESSION", "INFO", sid))
         self.assertIsNone(self.admin.execute_command("LOCK.INFO", key))  # freed at exit, not in 60 s
 
+    def test_a_session_object_collected_is_closed_by_the_keeper(self):
+        import gc
+
+        s = Session(self.r, ttl=0.6)
+        lock = Lock(self.r, fresh("gc"), session=s)
+        self.assertTrue(lock.acquire())
+        lock.release()
+        sid = s.ids[0]
+        del s, lock
+        gc.collect()
+        self.assertTrue(until(lambda: self.admin.execute_command("LOCK.SESSION", "INFO", sid) is None, 5))
+
     def test_multilock_and_native_lock_in_a_session_survive_a_kill(self):
         with Session(self.r, ttl=5) as s:
             m = MultiLock(self.r, [fresh("m"), fresh("m")], session=s)
@@ -346,14 +358,14 @@ class AsyncSessionTest(unittest.IsolatedAsyncioTestCase):
             told.append(h)
 
         try:
-            s = aio.Session(r, ttl=0.6, on_lost=on_lost)
+            s = aio.Session(r, ttl=1.5, on_lost=on_lost)
             locks = [aio.Lock(r, fresh("a"), session=s) for _ in range(100)]
             for lock in locks:
                 self.assertTrue(await lock.acquire())
             await admin.config_resetstat()
             await asyncio.sleep(0.3)
             Killer(PORT, name).kill_once()  # every connection of the holder
-            await asyncio.sleep(1.5)
+            await asyncio.sleep(2)  # past its ttl: its keepalives kept it
             stats = await admin.info("commandstats")
             self.assertGreaterEqual(stats.get("cmdstat_lock.session|keepalive", {}).get("calls", 0), 2)
             self.assertNotIn("cmdstat_lock.renew", stats)

@@ -646,7 +646,7 @@ class _Lease:
     conn = None  # (never bound: the keeper's `keep` looks)
 
     def __init__(self, session: "Session", server: _Server, sid: int, sent: float) -> None:
-        self.session = session
+        self.session_ref = weakref.ref(session)  # its holds keep it alive; nothing else here
         self.server = server
         self.id = sid
         self.ttl_ms = session._ttl_ms
@@ -741,6 +741,15 @@ class _Lease:
         connection found dead); returns when to send the next (None: over)."""
         if self.over:
             self.end(self.why or "it ended")
+            return None
+        if self.session_ref() is None:  # no lock on it, and nobody can use or close it any more
+            self.over = self.ended = True
+            self.why = "its Session object was garbage-collected"
+            self.server.forget(self)
+            try:
+                self.server.call(["LOCK.SESSION", "CLOSE", self.id], self._timeout())
+            except _io.QUIET_ERRORS:
+                pass  # its deadline ends it
             return None
         now = time.monotonic()
         if now >= self.deadline:
