@@ -320,7 +320,10 @@ fn a_storm_of_waits_ending_together_is_answered_nil_and_never_early() {
         let (mut b, _) = waiter(&s, &mut a, "LOCK.ACQUIRE", &names[0], "after", 30_000, 1);
         assert_eq!(a.release(&names[0], "holder"), Reply::Int(1));
         let r = reply_within(&mut b, PROMPT, "the waiter after the storm");
-        assert!(r.as_int().is_some_and(|t| t > 0), "expected a token, got {r:?}");
+        assert!(
+            r.as_int().is_some_and(|t| t > 0),
+            "expected a token, got {r:?}"
+        );
     }
 }
 
@@ -343,14 +346,34 @@ fn waiters_freed_by_leases_ending_together_are_all_granted() {
     let mut waiters = Vec::new();
     for k in 0..n {
         let mut c = s.conn();
-        send_wait(&mut c, "LOCK.ACQUIRE", &format!("freed:{k}"), &format!("w{k}"), 60_000, 0);
+        send_wait(
+            &mut c,
+            "LOCK.ACQUIRE",
+            &format!("freed:{k}"),
+            &format!("w{k}"),
+            60_000,
+            0,
+        );
         waiters.push(c);
     }
     for (k, c) in waiters.iter_mut().enumerate() {
-        let r = reply_within(c, Duration::from_secs(30), "a waiter freed by the leases' end");
-        let t = r.as_int().unwrap_or_else(|| panic!("waiter {k}: expected a token, got {r:?}"));
-        assert!(t > held[k], "waiter {k}: token {t} not above the holder's {}", held[k]);
-        assert_eq!(holders(&mut a, &format!("freed:{k}")), vec![format!("w{k}")]);
+        let r = reply_within(
+            c,
+            Duration::from_secs(30),
+            "a waiter freed by the leases' end",
+        );
+        let t = r
+            .as_int()
+            .unwrap_or_else(|| panic!("waiter {k}: expected a token, got {r:?}"));
+        assert!(
+            t > held[k],
+            "waiter {k}: token {t} not above the holder's {}",
+            held[k]
+        );
+        assert_eq!(
+            holders(&mut a, &format!("freed:{k}")),
+            vec![format!("w{k}")]
+        );
     }
 }
 
