@@ -377,6 +377,41 @@ fn waiters_freed_by_leases_ending_together_are_all_granted() {
     }
 }
 
+/// More readers freed at once than the module unblocks in one turn (1,500
+/// behind a writer, `lock.max-holders` raised to fit; the rest of the
+/// replies go out over the next turns): every one is granted, with its own
+/// token, and all of them hold the key together.
+#[test]
+fn readers_freed_together_past_a_turns_unblocks_are_all_granted() {
+    let s = Server::start();
+    let mut a = s.conn();
+    let n = 1500;
+    assert_eq!(
+        a.cmd(&["CONFIG", "SET", "lock.max-holders", "2000"]),
+        Reply::Status("OK".into())
+    );
+    token(a.acquire("many", "writer", 60_000));
+    let mut readers = Vec::new();
+    for i in 0..n {
+        let mut c = s.conn();
+        send_wait(&mut c, "LOCK.READ", "many", &format!("r{i}"), 60_000, 0);
+        readers.push(c);
+    }
+    wait_for_waiters(&mut a, "many", n);
+    assert_eq!(a.release("many", "writer"), Reply::Int(1));
+    let mut tokens = HashSet::new();
+    for (i, c) in readers.iter_mut().enumerate() {
+        let r = reply_within(c, Duration::from_secs(30), "a reader freed together");
+        let t = r
+            .as_int()
+            .unwrap_or_else(|| panic!("reader {i}: expected a token, got {r:?}"));
+        assert!(tokens.insert(t), "reader {i}: token {t} given twice");
+    }
+    let i = info(&mut a, "many");
+    assert_eq!(i.waiters, 0, "{i:?}");
+    assert_eq!(i.holders.len(), 1500, "every reader holds the key");
+}
+
 #[test]
 fn a_wait_times_out_with_nil_and_the_client_holds_nothing() {
     let s = Server::start();
