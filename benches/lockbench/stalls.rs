@@ -632,33 +632,123 @@ fn chain(c: &mut Conn, port: u16, sock: &Path, n: usize, multi: bool) -> io::Res
     Ok(vec![middle, cycle])
 }
 
-/// (3) `n` `WAIT`s on one held key, each sent with the time left to one
-/// common deadline (written 100 at a time, each batch in the server before
-/// the next is written): how late the server answered them (`lock_waiters`
-/// read in a loop on another connection: p50 when half had been answered,
-/// max when the last was), and the longest PING meanwhile.
-fn deadlines(c: &mut Conn, port: u16, sock: &Path, n: usize) -> io::Result<Row> {
-    eprintln!("   {n} deadlines together");
+/// What falls together in shape (3).
+#[derive(Clone, Copy)]
+enum Together {
+    /// `n` `WAIT`s with one deadline, on `keys` held keys (waiter `i` on
+    /// key `i % keys`): answered nil.
+    Nils { keys: usize },
+    /// `n` readers wait behind a writer whose lease ends at the deadline
+    /// (`lock.max-holders` raised to fit): granted together.
+    Readers,
+    /// `n` waiters on `n` keys held by one session that ends at the
+    /// deadline: each granted its key.
+    Session,
+}
+
+/// (3) `n` requests answered together at one common moment: `WAIT`s with
+/// one deadline (each sent with the time left to it; written 100 at a
+/// time, each batch in the server before the next is written) on one key
+/// or spread over keys, or waiters freed by one lease's or one session's
+/// end. How late the server answered them (`lock_waiters` read in a loop
+/// on another connection: p50 when half had been answered, max when the
+/// last was), and the longest PING meanwhile.
+fn together(c: &mut Conn, port: u16, sock: &Path, n: usize, what: Together) -> io::Result<Row> {
     c.ok(&[b"FLUSHALL"])?;
-    c.ok(&[b"LOCK.ACQUIRE", b"hot", b"holder", TTL])?;
-    let mut w = Waiters::open(sock, n)?;
     let target = Instant::now() + Duration::from_millis(3000 + n as u64 / 5);
+    let left_ms = || {
+        target
+            .saturating_duration_since(Instant::now())
+            .as_millis()
+            .max(1)
+            .to_string()
+    };
+    let shape = match what {
+        Together::Nils { keys: 1 } => format!("(3) {n} `WAIT`s on one held key with one deadline"),
+        Together::Nils { keys } => {
+            format!("(3) {n} `WAIT`s with one deadline spread over {keys} held keys")
+        }
+        Together::Readers => {
+            format!("(3) {n} readers waiting behind a writer whose lease ends, granted together")
+        }
+        Together::Session => {
+            format!("(3) {n} waiters on {n} keys held by one session that ends, each granted")
+        }
+    };
+    eprintln!("   {shape}");
+    match what {
+        Together::Nils { keys } => pipelined(
+            c,
+            keys,
+            &|i| {
+                vec![
+                    b"LOCK.ACQUIRE".to_vec(),
+                    format!("hot{i}").into_bytes(),
+                    b"holder".to_vec(),
+                    TTL.to_vec(),
+                ]
+            },
+            &is_token,
+        )?,
+        Together::Readers => {
+            let max = (n + 1000).to_string();
+            c.ok(&[b"CONFIG", b"SET", b"lock.max-holders", max.as_bytes()])?;
+            c.ok(&[b"LOCK.ACQUIRE", b"hot0", b"writer", left_ms().as_bytes()])?;
+        }
+        Together::Session => {
+            let id = c.call(&[b"LOCK.SESSION", b"OPEN", left_ms().as_bytes()])?;
+            let id = id
+                .as_int()
+                .ok_or_else(|| io::Error::other(format!("LOCK.SESSION OPEN: {}", id.show())))?
+                .to_string();
+            pipelined(
+                c,
+                n,
+                &|i| {
+                    vec![
+                        b"LOCK.ACQUIRE".to_vec(),
+                        format!("hot{i}").into_bytes(),
+                        b"holder".to_vec(),
+                        TTL.to_vec(),
+                        b"SESSION".to_vec(),
+                        id.clone().into_bytes(),
+                    ]
+                },
+                &is_token,
+            )?;
+        }
+    }
+    let mut w = Waiters::open(sock, n)?;
     let mut too_late = false;
     w.write(c, 100, &mut |i| {
-        let left = target.saturating_duration_since(Instant::now()).as_millis();
-        too_late |= left < 100;
-        cmd(&[
-            b"LOCK.ACQUIRE",
-            b"hot",
-            format!("w{i}").as_bytes(),
-            TTL,
-            b"WAIT",
-            left.max(1).to_string().as_bytes(),
-        ])
+        let left = left_ms();
+        too_late |= left.len() < 3;
+        let owner = format!("w{i}");
+        match what {
+            Together::Nils { keys } => cmd(&[
+                b"LOCK.ACQUIRE",
+                format!("hot{}", i % keys).as_bytes(),
+                owner.as_bytes(),
+                TTL,
+                b"WAIT",
+                left.as_bytes(),
+            ]),
+            Together::Readers => {
+                cmd(&[b"LOCK.READ", b"hot0", owner.as_bytes(), TTL, b"WAIT", b"0"])
+            }
+            Together::Session => cmd(&[
+                b"LOCK.ACQUIRE",
+                format!("hot{i}").as_bytes(),
+                owner.as_bytes(),
+                TTL,
+                b"WAIT",
+                b"0",
+            ]),
+        }
     })?;
     if too_late {
         return Err(io::Error::other(
-            "the WAITs were written too slowly for their common deadline",
+            "the requests were written too slowly for their common deadline",
         ));
     }
     c.ok(&[b"CONFIG", b"RESETSTAT"])?;
@@ -685,26 +775,34 @@ fn deadlines(c: &mut Conn, port: u16, sock: &Path, n: usize) -> io::Result<Row> 
     let ping = pinger.stop();
     let late =
         |at: Option<Instant>| at.map_or(Duration::MAX, |t| t.saturating_duration_since(target));
-    // Every reply a nil.
-    let mut nils = 0;
+    // Every reply as expected: a nil, or a token.
+    let (mut good, want) = match what {
+        Together::Nils { .. } => (0, "answered nil"),
+        _ => (0, "granted"),
+    };
     for s in &mut w.socks {
         s.set_read_timeout(Some(Duration::from_secs(5)))?;
         let mut buf = [0u8; 5];
-        if s.read_exact(&mut buf).is_ok() && buf.starts_with(b"$-1") {
-            nils += 1;
-        }
+        let ok = match what {
+            Together::Nils { .. } => s.read_exact(&mut buf).is_ok() && buf.starts_with(b"$-1"),
+            _ => s.read(&mut buf).is_ok_and(|got| got > 1 && buf[0] == b':'),
+        };
+        good += usize::from(ok);
     }
     let latency = latency_worst(c)?;
     w.close(c)?;
     c.ok(&[b"FLUSHALL"])?;
+    if let Together::Readers = what {
+        c.ok(&[b"CONFIG", b"SET", b"lock.max-holders", b"1000"])?;
+    }
     Ok(Row {
-        shape: format!("(3) {n} `WAIT`s on one held key with one deadline"),
+        shape,
         ping,
         server_us: None,
         took: None,
         late: Some((late(half), late(last))),
         latency,
-        note: format!("{nils} of {n} answered nil"),
+        note: format!("{good} of {n} {want}"),
     })
 }
 
@@ -946,10 +1044,20 @@ pub fn run(module: &Path, plan: &Plan) -> io::Result<Vec<Row>> {
             rows.push(skipped(n / 10, format!("(2) a chain of {n}")));
         }
     }
-    match fits(plan.deadlines) {
+    let n = plan.deadlines;
+    match fits(n) {
         _ if !wants(3) => {}
-        true => rows.push(deadlines(&mut c, port, &sock, plan.deadlines)?),
-        false => rows.push(skipped(plan.deadlines, "(3) deadlines together".into())),
+        true => {
+            for what in [
+                Together::Nils { keys: 1 },
+                Together::Nils { keys: n },
+                Together::Readers,
+                Together::Session,
+            ] {
+                rows.push(together(&mut c, port, &sock, n, what)?);
+            }
+        }
+        false => rows.push(skipped(n, "(3) deadlines together".into())),
     }
     for &n in plan.bound.iter().filter(|_| wants(4) || wants(5)) {
         rows.extend(bound(&mut c, port, n)?);

@@ -30,7 +30,7 @@
 //! until it becomes a master, and are visited then.
 
 use std::collections::{BTreeSet, HashSet, VecDeque};
-use std::os::raw::c_void;
+use std::os::raw::{c_int, c_void};
 use std::sync::atomic::{AtomicBool, AtomicPtr, Ordering};
 use std::sync::{LazyLock, Mutex, OnceLock};
 
@@ -432,18 +432,26 @@ const RETRY_MS: u64 = 10;
 extern "C" fn on_timer(raw_ctx: *mut raw::RedisModuleCtx, _data: *mut c_void) {
     // The timer that fired is spent, whatever happens next.
     index().armed = None;
-    catch::callback("the lock timer", (), || tick(&Context::new(raw_ctx)));
-    catch::callback("arming the lock timer", (), || arm(&mut index(), 0));
+    let ran = catch::callback("the lock timer", false, || tick(&Context::new(raw_ctx)));
+    catch::callback("arming the lock timer", (), || {
+        let mut index = index();
+        arm(&mut index, 0);
+        if ran && due_now(&index) {
+            drop(index);
+            next_turn();
+        }
+    });
 }
 
-fn tick(ctx: &Context) {
+/// Runs a tick's work; `false` when it could not (writes paused, a load).
+fn tick(ctx: &Context) -> bool {
     let flags = ctx.get_flags();
     if writes_paused() || flags.contains(ContextFlags::LOADING) {
         // CLIENT PAUSE WRITE, FAILOVER, CLUSTER FAILOVER: Redis neither
         // deletes expired keys nor accepts writes or replication now, and
         // a write here aborts the server. Keep every entry; look again soon.
         arm(&mut index(), clock::now_ms().saturating_add(RETRY_MS));
-        return;
+        return false;
     }
     let replica = flags.contains(ContextFlags::SLAVE);
     let now = clock::now_ms();
@@ -452,6 +460,76 @@ fn tick(ctx: &Context) {
     if let Some(handler) = HANDLER.get() {
         handler(ctx, due);
     }
+    true
+}
+
+/// Whether work is due now: an entry whose time has come (the rest of a
+/// storm of WAIT deadlines, keys a tick's share left unvisited) or work
+/// that goes on at once.
+fn due_now(index: &Index) -> bool {
+    let now_too = !index.expired.is_empty()
+        || !index.released.is_empty()
+        || !index.keepalives.is_empty()
+        || WORK.load(Ordering::Relaxed);
+    now_too
+        || index
+            .by_time
+            .first()
+            .is_some_and(|(at, _, _)| *at <= clock::now_ms())
+}
+
+/// Whether the wake of [`next_turn`] is posted and not yet handled.
+static WAKE_POSTED: AtomicBool = AtomicBool::new(false);
+
+/// A tick left work that is due now: the next tick runs at the event
+/// loop's next turn, right after Redis has written the replies of this
+/// one, without the millisecond Redis puts between a module timer's
+/// callback and its next (a timer armed inside a timer callback fires one
+/// millisecond after it at the soonest, and the event loop sleeps it out).
+/// A one-shot event (`RM_EventLoopAddOneShot`, written to the server's
+/// module pipe, so the event loop does not sleep) runs [`on_wake`] there,
+/// outside any timer callback, where a timer armed with no delay fires in
+/// the same turn. Without the API (before Redis 7.0), the timer alone.
+fn next_turn() {
+    if WAKE_POSTED.swap(true, Ordering::Relaxed) {
+        return;
+    }
+    let posted = api!(RedisModule_EventLoopAddOneShot(
+        Some(on_wake),
+        std::ptr::null_mut()
+    ));
+    if posted != Some(raw::REDISMODULE_OK as c_int) {
+        WAKE_POSTED.store(false, Ordering::Relaxed);
+    }
+}
+
+/// The event loop's next turn after a tick that left work due now: the
+/// timer is armed again with no delay, so it fires in this turn, after the
+/// clients' events (replacing the one armed inside the last tick, due a
+/// millisecond after it).
+extern "C" fn on_wake(_data: *mut c_void) {
+    WAKE_POSTED.store(false, Ordering::Relaxed);
+    catch::callback("the lock timer's next turn", (), || {
+        let mut index = index();
+        if !due_now(&index) {
+            return;
+        }
+        let ctx = MODULE_CTX.load(Ordering::Relaxed);
+        if ctx.is_null() {
+            return;
+        }
+        if let Some((id, _)) = index.armed.take() {
+            let mut data: *mut c_void = std::ptr::null_mut();
+            api!(RedisModule_StopTimer(ctx, id, &mut data));
+        }
+        let id = api!(RedisModule_CreateTimer(
+            ctx,
+            0,
+            Some(on_timer),
+            std::ptr::null_mut()
+        ));
+        index.armed = id.map(|id| (id, clock::now_ms()));
+    });
 }
 
 /// Whether Redis pauses writes (and with them expiry and replication).

@@ -29,6 +29,11 @@ pub fn tick(ctx: &Context, due: Due) {
 
 fn tick_work(ctx: &Context, due: Due) {
     let replica = due.replica;
+    catch::callback(
+        "unblocking what waited for a turn",
+        (),
+        waiting::unblock_later,
+    );
     catch::callback("a deadlock search's slice", (), || deadlocks::go_on(ctx));
     for (DbKey { db, name: key }, leases) in due.expired {
         catch::callback("announcing an expired lock", (), || {

@@ -20,11 +20,11 @@
 //! out or disconnected (then it is no longer in any queue, so it is never
 //! granted). A grant whose client vanished before its reply is revoked.
 
-use std::collections::{BTreeSet, HashMap, HashSet};
+use std::collections::{BTreeSet, HashMap, HashSet, VecDeque};
 use std::hash::BuildHasher;
 use std::ops::Bound;
 use std::os::raw::{c_int, c_void};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{LazyLock, Mutex};
 
 use redis_module::{raw, Context, ContextFlags, RedisValue};
@@ -952,8 +952,67 @@ fn unblock(waiter: Blocked, outcome: Result<Attempt, LockError>, granted: Vec<(D
     });
     let data = Box::into_raw(decision).cast::<c_void>();
     // `waiter` was taken out of the registry: this is its handle's one
-    // RM_UnblockClient, and nothing uses the handle after it.
+    // RM_UnblockClient (now or from `LATER`), and nothing uses the handle
+    // after it.
+    let handle = waiter.handle as usize;
+    if ANY_LATER.load(Ordering::Relaxed)
+        || UNBLOCKED.fetch_add(1, Ordering::Relaxed) >= UNBLOCKS_PER_TURN
+    {
+        let mut later = shared::lock(&LATER, |_| {});
+        later.push_back((handle, data as usize));
+        if !ANY_LATER.swap(true, Ordering::Relaxed) {
+            drop(later);
+            timers::work_now();
+        }
+        return;
+    }
     api!(RedisModule_UnblockClient(waiter.handle, data));
+}
+
+/// Clients the module unblocked since Redis last ran its reply callbacks
+/// for them (it runs them all, then writes their replies, before the event
+/// loop's next sleep): each reply or cleanup callback sets it back to 0.
+static UNBLOCKED: AtomicUsize = AtomicUsize::new(0);
+
+/// The most clients unblocked before Redis has answered them: Redis's own
+/// work per unblocked client (its reply callback, unblocking, the write of
+/// the reply) is a few microseconds, so a turn that unblocked 10,000 at
+/// once (readers granted together) held the event loop for tens of
+/// milliseconds after the module's work. Past it, unblocks wait in
+/// [`LATER`], in order, for the next turns ([`unblock_later`]); the grant
+/// itself is made and replicated at once (a client that goes away meanwhile
+/// is revoked as before, by the cleanup callback).
+const UNBLOCKS_PER_TURN: usize = 1024;
+
+/// Unblocks deferred to the next turns: each blocked-client handle with its
+/// boxed `Decision`.
+static LATER: LazyLock<Mutex<VecDeque<(usize, usize)>>> = LazyLock::new(Mutex::default);
+static ANY_LATER: AtomicBool = AtomicBool::new(false);
+
+/// At a tick: unblocks what [`unblock`] deferred, up to a turn's worth; the
+/// rest at the next tick, at once.
+pub fn unblock_later() {
+    if !ANY_LATER.load(Ordering::Relaxed) {
+        return;
+    }
+    let mut later = shared::lock(&LATER, |_| {});
+    while UNBLOCKED.load(Ordering::Relaxed) < UNBLOCKS_PER_TURN {
+        let Some((handle, data)) = later.pop_front() else {
+            break;
+        };
+        UNBLOCKED.fetch_add(1, Ordering::Relaxed);
+        // Its one RM_UnblockClient (see `unblock`).
+        api!(RedisModule_UnblockClient(
+            handle as *mut raw::RedisModuleBlockedClient,
+            data as *mut c_void
+        ));
+    }
+    let more = !later.is_empty();
+    ANY_LATER.store(more, Ordering::Relaxed);
+    drop(later);
+    if more {
+        timers::work_now();
+    }
 }
 
 /// Removes a waiter whose client went away (or that Redis unblocked itself,
@@ -1038,6 +1097,7 @@ extern "C" fn on_reply(
     _argv: *mut *mut raw::RedisModuleString,
     _argc: c_int,
 ) -> c_int {
+    UNBLOCKED.store(0, Ordering::Relaxed);
     catch::callback("the WAIT reply", raw::REDISMODULE_OK as c_int, || {
         let ctx = Context::new(raw_ctx);
         let data =
@@ -1074,6 +1134,7 @@ extern "C" fn on_disconnect(
 }
 
 extern "C" fn free_decision(_raw_ctx: *mut raw::RedisModuleCtx, data: *mut c_void) {
+    UNBLOCKED.store(0, Ordering::Relaxed);
     catch::callback("the WAIT cleanup", (), || {
         if data.is_null() {
             return;

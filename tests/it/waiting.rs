@@ -260,6 +260,158 @@ fn waits_ending_together_on_many_keys_are_all_answered() {
     }
 }
 
+/// A storm of WAITs ending together, more than a turn's share (1,000 on one
+/// key, then 1,000 over 500 keys: answered over several turns of the event
+/// loop): every one is answered nil, none before its own deadline (a few
+/// are seen still blocked just before it, and each reply comes at least its
+/// WAIT after it was sent), the queues empty, the holders keep their locks,
+/// and a request queued after the storm is granted in its turn.
+#[test]
+fn a_storm_of_waits_ending_together_is_answered_nil_and_never_early() {
+    let s = Server::start();
+    let mut a = s.conn();
+    for (keys, per_key) in [(1usize, 1000usize), (500, 2)] {
+        let names: Vec<String> = (0..keys).map(|k| format!("storm{keys}:{k}")).collect();
+        for k in &names {
+            token(a.acquire(k, "holder", 60_000));
+        }
+        let common = Instant::now() + Duration::from_secs(6);
+        let mut waiters = Vec::new();
+        for i in 0..keys * per_key {
+            let mut c = s.conn();
+            let left = common.saturating_duration_since(Instant::now()).as_millis();
+            let wait = i64::try_from(left).unwrap_or(1).max(1);
+            let sent = send_wait(
+                &mut c,
+                "LOCK.ACQUIRE",
+                &names[i % keys],
+                &format!("w{i}"),
+                WAITER_TTL,
+                wait,
+            );
+            waiters.push((c, sent, wait));
+        }
+        // Just before the common deadline (when it is still ahead), a
+        // sample is still blocked.
+        if let Some(before) = common.checked_sub(Duration::from_millis(300)) {
+            thread::sleep(before.saturating_duration_since(Instant::now()));
+            if Instant::now() < before {
+                for (c, _, _) in waiters.iter_mut().step_by(100) {
+                    assert_still_blocked(c, 1, "a WAIT of the storm before its deadline");
+                }
+            }
+        }
+        for (i, (c, sent, wait)) in waiters.iter_mut().enumerate() {
+            let r = reply_within(c, Duration::from_secs(30), "a WAIT of the storm");
+            let waited = sent.elapsed();
+            assert!(r.is_nil(), "waiter {i}: expected nil, got {r:?}");
+            assert!(
+                waited >= Duration::from_millis(u64::try_from(*wait).unwrap_or(0)),
+                "waiter {i}: answered {waited:?} after it asked, before its WAIT of {wait} ms"
+            );
+        }
+        for k in &names {
+            let i = info(&mut a, k);
+            assert_eq!(i.waiters, 0, "{k}: {i:?}");
+            assert_eq!(holders(&mut a, k), vec!["holder".to_string()], "{k}");
+        }
+        // The queue still works after the storm: a new waiter is granted
+        // when the holder releases.
+        let (mut b, _) = waiter(&s, &mut a, "LOCK.ACQUIRE", &names[0], "after", 30_000, 1);
+        assert_eq!(a.release(&names[0], "holder"), Reply::Int(1));
+        let r = reply_within(&mut b, PROMPT, "the waiter after the storm");
+        assert!(
+            r.as_int().is_some_and(|t| t > 0),
+            "expected a token, got {r:?}"
+        );
+    }
+}
+
+/// Waiters freed together by leases that end together (1,000 keys, each
+/// held by one owner whose leases end at once, one waiter each: their
+/// visits take several turns): every waiter is granted its key, with a
+/// token above the holder's, and holds it alone.
+#[test]
+fn waiters_freed_by_leases_ending_together_are_all_granted() {
+    let s = Server::start();
+    let mut a = s.conn();
+    let n = 1000;
+    let end = Instant::now() + Duration::from_secs(5);
+    let mut held = Vec::new();
+    for k in 0..n {
+        let left = end.saturating_duration_since(Instant::now()).as_millis();
+        let ttl = i64::try_from(left).unwrap_or(1).max(1);
+        held.push(token(a.acquire(&format!("freed:{k}"), "holder", ttl)));
+    }
+    let mut waiters = Vec::new();
+    for k in 0..n {
+        let mut c = s.conn();
+        send_wait(
+            &mut c,
+            "LOCK.ACQUIRE",
+            &format!("freed:{k}"),
+            &format!("w{k}"),
+            60_000,
+            0,
+        );
+        waiters.push(c);
+    }
+    for (k, c) in waiters.iter_mut().enumerate() {
+        let r = reply_within(
+            c,
+            Duration::from_secs(30),
+            "a waiter freed by the leases' end",
+        );
+        let t = r
+            .as_int()
+            .unwrap_or_else(|| panic!("waiter {k}: expected a token, got {r:?}"));
+        assert!(
+            t > held[k],
+            "waiter {k}: token {t} not above the holder's {}",
+            held[k]
+        );
+        assert_eq!(
+            holders(&mut a, &format!("freed:{k}")),
+            vec![format!("w{k}")]
+        );
+    }
+}
+
+/// More readers freed at once than the module unblocks in one turn (1,500
+/// behind a writer, `lock.max-holders` raised to fit; the rest of the
+/// replies go out over the next turns): every one is granted, with its own
+/// token, and all of them hold the key together.
+#[test]
+fn readers_freed_together_past_a_turns_unblocks_are_all_granted() {
+    let s = Server::start();
+    let mut a = s.conn();
+    let n = 1500;
+    assert_eq!(
+        a.cmd(&["CONFIG", "SET", "lock.max-holders", "2000"]),
+        Reply::Status("OK".into())
+    );
+    token(a.acquire("many", "writer", 60_000));
+    let mut readers = Vec::new();
+    for i in 0..n {
+        let mut c = s.conn();
+        send_wait(&mut c, "LOCK.READ", "many", &format!("r{i}"), 60_000, 0);
+        readers.push(c);
+    }
+    wait_for_waiters(&mut a, "many", n);
+    assert_eq!(a.release("many", "writer"), Reply::Int(1));
+    let mut tokens = HashSet::new();
+    for (i, c) in readers.iter_mut().enumerate() {
+        let r = reply_within(c, Duration::from_secs(30), "a reader freed together");
+        let t = r
+            .as_int()
+            .unwrap_or_else(|| panic!("reader {i}: expected a token, got {r:?}"));
+        assert!(tokens.insert(t), "reader {i}: token {t} given twice");
+    }
+    let i = info(&mut a, "many");
+    assert_eq!(i.waiters, 0, "{i:?}");
+    assert_eq!(i.holders.len(), 1500, "every reader holds the key");
+}
+
 #[test]
 fn a_wait_times_out_with_nil_and_the_client_holds_nothing() {
     let s = Server::start();
