@@ -27,7 +27,7 @@
 //! edge first (the core's `Search::stale`). A request granted, timed out or
 //! gone before its search ends needs no verdict: the search is dropped.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashSet;
 use std::os::raw::{c_int, c_void};
 use std::sync::atomic::{AtomicBool, AtomicPtr, Ordering};
 use std::sync::{LazyLock, Mutex};
@@ -37,7 +37,7 @@ use redis_module::{raw, Context, ContextFlags};
 
 use crate::redis::catch;
 use crate::redis::errors::LockError;
-use crate::redis::ffi::{self, api, DbKey, Str};
+use crate::redis::ffi::{self, api, DbKey, DbKeyMap, KeyHash, Str};
 use crate::redis::shared;
 use crate::state::bindings;
 use crate::state::keys::LockKey;
@@ -53,56 +53,89 @@ use lock_core::{Kind, Lock, Owner, Request};
 /// command, and in a tick for every search going on together.
 pub const SLICE: Duration = Duration::from_micros(500);
 
-/// A key's lock as one search read it. Its live holders are put in a set
-/// for O(1) look-ups at the second question about them (a key with 1,000
-/// readers and 10,000 requests queued on it is asked about every one of
-/// them; most keys are asked once, and a scan of the lock answers that).
+/// A key's lock as one search read it, with its live holders listed once:
+/// a few are scanned, many are also put in a set at the first question
+/// about them (a key with 1,000 readers and 10,000 requests queued on it is
+/// asked about every one of them).
 struct Read {
     lock: Lock,
-    holders: Option<HashSet<Owner>>,
+    live: Vec<Owner>,
+    set: Option<HashSet<Owner, KeyHash>>,
     now: u64,
 }
 
+/// Up to this many live holders, a question about one is a scan.
+const SCANNED: usize = 8;
+
 impl Read {
-    fn holds(&mut self, owner: &[u8]) -> bool {
-        if let Some(set) = &self.holders {
-            return set.contains(owner);
+    fn new(lock: Lock, now: u64) -> Read {
+        let live = lock.live(now).map(|h| Owner::from(h.owner)).collect();
+        Read {
+            lock,
+            live,
+            set: None,
+            now,
         }
-        let set: HashSet<Owner> = self
-            .lock
-            .live(self.now)
-            .map(|h| Owner::from(h.owner))
-            .collect();
-        let held = set.contains(owner);
-        self.holders = Some(set);
-        held
     }
 
-    fn holds_once(&self, owner: &[u8]) -> bool {
-        self.lock.live(self.now).any(|h| *h.owner == *owner)
+    fn holds(&mut self, owner: &[u8]) -> bool {
+        if self.live.len() <= SCANNED {
+            return self.live.iter().any(|h| **h == *owner);
+        }
+        let live = &self.live;
+        self.set
+            .get_or_insert_with(|| live.iter().cloned().collect())
+            .contains(owner)
     }
+
+    fn admits(&self, kind: Kind) -> bool {
+        self.live.is_empty() || self.lock.admits(kind, self.now)
+    }
+}
+
+/// Each key's lock as read once in one search (many requests wait on one
+/// key; empty when free or not a lock), by key, and the last one asked
+/// about (a page of a queue asks about its key once an entry).
+#[derive(Default)]
+struct Reads {
+    at: DbKeyMap<usize>,
+    reads: Vec<(DbKey, Read)>,
+    last: usize,
 }
 
 /// The server's waits as the core's search sees them, during one slice.
 struct Waits<'a> {
     ctx: &'a Context,
     now: u64,
-    /// Each key's lock as read once in this search (many requests wait on
-    /// one key); empty when free or not a lock.
-    reads: &'a mut HashMap<DbKey, Read>,
+    reads: &'a mut Reads,
     /// When this slice ends.
     until: Instant,
 }
 
 impl Waits<'_> {
-    /// `key`'s lock, read at its first use in this search.
-    fn read(&mut self, key: &DbKey) -> &mut Read {
-        let (ctx, now) = (self.ctx, self.now);
-        self.reads.entry(key.clone()).or_insert_with(|| Read {
-            lock: read(ctx, key, now),
-            holders: None,
-            now,
-        })
+    /// `f` on `key`'s lock, read at its first use in this search (looked
+    /// up without a copy of the key after that).
+    fn read<T>(&mut self, key: &DbKey, f: impl FnOnce(&mut Read) -> T) -> T {
+        let reads = &mut *self.reads;
+        let last = reads.reads.get(reads.last).filter(|(k, _)| k == key);
+        let at = match last
+            .map(|_| reads.last)
+            .or_else(|| reads.at.get(key).copied())
+        {
+            Some(at) => at,
+            None => {
+                let read = Read::new(read(self.ctx, key, self.now), self.now);
+                reads.reads.push((key.clone(), read));
+                let at = reads.reads.len() - 1;
+                reads.at.insert(key.clone(), at);
+                at
+            }
+        };
+        reads.last = at;
+        match reads.reads.get_mut(at) {
+            Some((_, read)) => f(read),
+            None => f(&mut Read::new(Lock::default(), self.now)),
+        }
     }
 }
 
@@ -132,14 +165,7 @@ impl WaitGraph for Waits<'_> {
     }
 
     fn holds(&mut self, key: &DbKey, owner: &[u8]) -> bool {
-        // The first question about a key is answered by a scan; from the
-        // second on, by the set made then.
-        let first = !self.reads.contains_key(key);
-        let read = self.read(key);
-        match first {
-            true => read.holds_once(owner),
-            false => read.holds(owner),
-        }
+        self.read(key, |read| read.holds(owner))
     }
 
     fn waited_keys_held(
@@ -152,14 +178,11 @@ impl WaitGraph for Waits<'_> {
     }
 
     fn admits(&mut self, key: &DbKey, kind: Kind) -> bool {
-        let now = self.now;
-        self.read(key).lock.admits(kind, now)
+        self.read(key, |read| read.admits(kind))
     }
 
     fn holders(&mut self, key: &DbKey) -> Vec<Owner> {
-        let read = self.read(key);
-        let now = read.now;
-        read.lock.live(now).map(|h| Owner::from(h.owner)).collect()
+        self.read(key, |read| read.live.clone())
     }
 
     fn queued(&mut self, key: &DbKey, from: u64, to: u64, limit: usize) -> Vec<(u64, Owner, Kind)> {
@@ -171,14 +194,14 @@ impl WaitGraph for Waits<'_> {
     }
 
     fn forget(&mut self) {
-        self.reads.clear();
+        *self.reads = Reads::default();
     }
 }
 
 /// A search that goes on after its request started waiting.
 pub struct Unfinished {
-    search: Search<DbKey>,
-    reads: HashMap<DbKey, Read>,
+    search: Search<DbKey, KeyHash>,
+    reads: Reads,
 }
 
 /// What a search found in the command's slice.
@@ -202,8 +225,8 @@ pub fn check(ctx: &Context, keys: &[DbKey], request: &Request) -> Check {
         .map(|k| (k.clone(), waiting::end_of(k)))
         .collect();
     let mut unfinished = Box::new(Unfinished {
-        search: Search::new(&request.owner, request.kind, &at),
-        reads: HashMap::new(),
+        search: Search::with_hasher(&request.owner, request.kind, &at),
+        reads: Reads::default(),
     });
     match slice(ctx, &mut unfinished, Instant::now() + SLICE) {
         Some(Verdict::Cycle) => {
