@@ -501,7 +501,9 @@ impl<K: Clone + Eq + Hash, S: BuildHasher + Default> Search<K, S> {
                 by: by.clone(),
                 at: owner,
             });
-        } else if self.fwd.seen.insert(owner.clone()) {
+        } else if !self.fwd.seen.contains(&owner) {
+            // (Most owners are reached many times: no copy but the first.)
+            self.fwd.seen.insert(owner.clone());
             self.fwd.parent.insert(owner.clone(), by.clone());
             self.fwd.next.push_back(owner);
         }
@@ -517,7 +519,8 @@ impl<K: Clone + Eq + Hash, S: BuildHasher + Default> Search<K, S> {
                 at: owner,
                 of: of.clone(),
             });
-        } else if self.back.seen.insert(owner.clone()) {
+        } else if !self.back.seen.contains(&owner) {
+            self.back.seen.insert(owner.clone());
             self.back.parent.insert(owner.clone(), of.clone());
             self.back.next.push_back(owner);
         }
