@@ -93,14 +93,28 @@ impl Read {
     }
 }
 
-/// Each key's lock as read once in one search (many requests wait on one
-/// key; empty when free or not a lock), by key, and the last one asked
-/// about (a page of a queue asks about its key once an entry).
+/// The keys one search met, each under a number of its own (the core's
+/// key: no copy of a key's name, no hash of it, past the first meeting),
+/// and each key's lock as read once in the search (many requests wait on
+/// one key; empty when free or not a lock), by number.
 #[derive(Default)]
 struct Reads {
-    at: DbKeyMap<usize>,
-    reads: Vec<(DbKey, Read)>,
-    last: usize,
+    ids: DbKeyMap<usize>,
+    keys: Vec<DbKey>,
+    reads: Vec<Option<Read>>,
+}
+
+impl Reads {
+    /// `key`'s number, given at its first meeting.
+    fn id(&mut self, key: &DbKey) -> usize {
+        if let Some(id) = self.ids.get(key) {
+            return *id;
+        }
+        let id = self.keys.len();
+        self.keys.push(key.clone());
+        self.ids.insert(key.clone(), id);
+        id
+    }
 }
 
 /// The server's waits as the core's search sees them, during one slice.
@@ -113,28 +127,23 @@ struct Waits<'a> {
 }
 
 impl Waits<'_> {
-    /// `f` on `key`'s lock, read at its first use in this search (looked
-    /// up without a copy of the key after that).
-    fn read<T>(&mut self, key: &DbKey, f: impl FnOnce(&mut Read) -> T) -> T {
+    /// `f` on key `id`'s lock, read at its first use in this search.
+    fn read<T>(&mut self, id: usize, f: impl FnOnce(&mut Read) -> T) -> T {
         let reads = &mut *self.reads;
-        let last = reads.reads.get(reads.last).filter(|(k, _)| k == key);
-        let at = match last
-            .map(|_| reads.last)
-            .or_else(|| reads.at.get(key).copied())
-        {
-            Some(at) => at,
-            None => {
+        if !matches!(reads.reads.get(id), Some(Some(_))) {
+            if let Some(key) = reads.keys.get(id) {
                 let read = Read::new(read(self.ctx, key, self.now), self.now);
-                reads.reads.push((key.clone(), read));
-                let at = reads.reads.len() - 1;
-                reads.at.insert(key.clone(), at);
-                at
+                if reads.reads.len() <= id {
+                    reads.reads.resize_with(id + 1, || None);
+                }
+                if let Some(slot) = reads.reads.get_mut(id) {
+                    *slot = Some(read);
+                }
             }
-        };
-        reads.last = at;
-        match reads.reads.get_mut(at) {
-            Some((_, read)) => f(read),
-            None => f(&mut Read::new(Lock::default(), self.now)),
+        }
+        match reads.reads.get_mut(id) {
+            Some(Some(read)) => f(read),
+            _ => f(&mut Read::new(Lock::default(), self.now)),
         }
     }
 }
@@ -158,35 +167,42 @@ fn read(ctx: &Context, key: &DbKey, now: u64) -> Lock {
 }
 
 impl WaitGraph for Waits<'_> {
-    type Key = DbKey;
+    type Key = usize;
 
-    fn requests_of(&mut self, owner: &[u8], after: Option<u64>, limit: usize) -> Requests<DbKey> {
-        waiting::requests_of(owner, after, limit)
+    fn requests_of(&mut self, owner: &[u8], after: Option<u64>, limit: usize) -> Requests<usize> {
+        let reads = &mut *self.reads;
+        waiting::requests_of(owner, after, limit, |key| reads.id(key))
     }
 
-    fn holds(&mut self, key: &DbKey, owner: &[u8]) -> bool {
-        self.read(key, |read| read.holds(owner))
+    fn holds(&mut self, key: &usize, owner: &[u8]) -> bool {
+        self.read(*key, |read| read.holds(owner))
     }
 
     fn waited_keys_held(
         &mut self,
         owner: &[u8],
-        after: Option<&DbKey>,
+        after: Option<&usize>,
         limit: usize,
-    ) -> Vec<DbKey> {
-        waiting::waited_keys_held(owner, after, limit)
+    ) -> Vec<usize> {
+        let reads = &mut *self.reads;
+        let after = after.and_then(|id| reads.keys.get(*id));
+        let keys = waiting::waited_keys_held(owner, after, limit);
+        keys.iter().map(|key| reads.id(key)).collect()
     }
 
-    fn admits(&mut self, key: &DbKey, kind: Kind) -> bool {
-        self.read(key, |read| read.admits(kind))
+    fn admits(&mut self, key: &usize, kind: Kind) -> bool {
+        self.read(*key, |read| read.admits(kind))
     }
 
-    fn holders(&mut self, key: &DbKey) -> Vec<Owner> {
-        self.read(key, |read| read.live.clone())
+    fn holders(&mut self, key: &usize) -> Vec<Owner> {
+        self.read(*key, |read| read.live.clone())
     }
 
-    fn queued(&mut self, key: &DbKey, from: u64, to: u64, limit: usize) -> Vec<(u64, Owner, Kind)> {
-        waiting::queued(key, from, to, limit)
+    fn queued(&mut self, key: &usize, from: u64, to: u64, limit: usize) -> Vec<(u64, Owner, Kind)> {
+        match self.reads.keys.get(*key) {
+            Some(key) => waiting::queued(key, from, to, limit),
+            None => Vec::new(),
+        }
     }
 
     fn out_of_time(&mut self) -> bool {
@@ -194,13 +210,14 @@ impl WaitGraph for Waits<'_> {
     }
 
     fn forget(&mut self) {
-        *self.reads = Reads::default();
+        // (The keys keep their numbers: the search holds them.)
+        self.reads.reads.clear();
     }
 }
 
 /// A search that goes on after its request started waiting.
 pub struct Unfinished {
-    search: Search<DbKey, KeyHash>,
+    search: Search<usize, KeyHash>,
     reads: Reads,
 }
 
@@ -220,13 +237,14 @@ pub fn check(ctx: &Context, keys: &[DbKey], request: &Request) -> Check {
     if !waiting::may_be_waited_for(&request.owner) {
         return Check::Clear;
     }
-    let at: Vec<(DbKey, u64)> = keys
+    let mut reads = Reads::default();
+    let at: Vec<(usize, u64)> = keys
         .iter()
-        .map(|k| (k.clone(), waiting::end_of(k)))
+        .map(|k| (reads.id(k), waiting::end_of(k)))
         .collect();
     let mut unfinished = Box::new(Unfinished {
         search: Search::with_hasher(&request.owner, request.kind, &at),
-        reads: Reads::default(),
+        reads,
     });
     match slice(ctx, &mut unfinished, Instant::now() + SLICE) {
         Some(Verdict::Cycle) => {

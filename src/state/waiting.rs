@@ -705,8 +705,14 @@ pub fn answer(claimed: Claimed, outcome: Result<Vec<(DbKey, u64)>, LockError>) {
 /// detection, a page at a time): each one's key, its place in that key's
 /// queue, what it asks; at least `limit` entries when that many are left
 /// (whole waiters: a multi-key request's keys all at once), and the waiter
-/// to go on after when more are left.
-pub fn requests_of(owner: &[u8], after: Option<u64>, limit: usize) -> Requests<DbKey> {
+/// to go on after when more are left. Each key is given as `key_of` makes
+/// it (the search's number for it: no copy).
+pub fn requests_of<K>(
+    owner: &[u8],
+    after: Option<u64>,
+    limit: usize,
+    mut key_of: impl FnMut(&DbKey) -> K,
+) -> Requests<K> {
     let registry = registry();
     let Some(ids) = registry.by_owner.get(owner) else {
         return (Vec::new(), None);
@@ -721,7 +727,7 @@ pub fn requests_of(owner: &[u8], after: Option<u64>, limit: usize) -> Requests<D
         if let Some(w) = registry.waiters.get(id) {
             for (key, place) in w.keys.iter().zip(&w.places) {
                 if *place != u64::MAX {
-                    out.push((key.clone(), *place, w.request.kind));
+                    out.push((key_of(key), *place, w.request.kind));
                 }
             }
         }
