@@ -50,7 +50,7 @@ use lock_core::deadlock::{Requests, Search, Verdict, WaitGraph};
 use lock_core::{Kind, Lock, Owner, Request};
 
 /// The longest a search runs in one turn of the event loop: in the
-/// command, and in a tick for every search going on together.
+/// command, and in a turn for every search going on together.
 pub const SLICE: Duration = Duration::from_micros(500);
 
 /// A key's lock as one search read it, with its live holders listed once:
