@@ -275,6 +275,50 @@ fn request(c: &mut Conn, port: u16, stat_of: &str, args: &[&[u8]]) -> io::Result
     )
 }
 
+/// [`request`], and the server main thread's CPU time from just before the
+/// request was sent until its reply, in ms (`INFO cpu`): the module's work
+/// (a search going on over many turns) and Redis's own between its slices
+/// (the PING loop among it), whatever share of the cores the machine's load
+/// leaves the server.
+fn request_cpu(
+    c: &mut Conn,
+    port: u16,
+    stat_of: &str,
+    args: &[&[u8]],
+) -> io::Result<(Measured, f64)> {
+    let mut cpu = f64::NAN;
+    let m = measure(
+        c,
+        port,
+        Some(stat_of),
+        &mut |c| {
+            let before = main_thread_cpu(c)?;
+            let reply = c.call(args)?;
+            cpu = (main_thread_cpu(c)? - before) * 1000.0;
+            Ok(Some(reply))
+        },
+        &mut |_| Ok(true),
+    )?;
+    Ok((m, cpu))
+}
+
+/// The server main thread's CPU time so far, in seconds (user and system).
+fn main_thread_cpu(c: &mut Conn) -> io::Result<f64> {
+    let text = c.ok(&[b"INFO", b"cpu"])?.text();
+    let field = |name: &str| {
+        text.lines()
+            .find_map(|l| {
+                l.strip_prefix(name)?
+                    .strip_prefix(':')?
+                    .trim()
+                    .parse::<f64>()
+                    .ok()
+            })
+            .unwrap_or(f64::NAN)
+    };
+    Ok(field("used_cpu_user_main_thread") + field("used_cpu_sys_main_thread"))
+}
+
 /// Connections that wait: each written one request and left blocked.
 struct Waiters {
     socks: Vec<UnixStream>,
@@ -459,7 +503,7 @@ fn fan(
         m.clone_reply(),
     )
     .note(format!("answered {}", show(&m.reply)));
-    let m = request(
+    let (m, cpu) = request_cpu(
         c,
         port,
         "lock.acquire",
@@ -478,7 +522,7 @@ fn fan(
         m.clone_reply(),
     )
     .note(format!(
-        "answered {}{}",
+        "answered {}{}; main thread CPU {cpu:.1} ms",
         show(&m.reply),
         if found { "" } else { " (not DEADLOCK)" }
     ));
@@ -604,7 +648,7 @@ fn chain(c: &mut Conn, port: u16, sock: &Path, n: usize, multi: bool) -> io::Res
     )
     .note(format!("answered {}", show(&m.reply)));
     let top = format!("k{}", keys - 1);
-    let m = request(
+    let (m, cpu) = request_cpu(
         c,
         port,
         "lock.acquire",
@@ -623,7 +667,7 @@ fn chain(c: &mut Conn, port: u16, sock: &Path, n: usize, multi: bool) -> io::Res
         m.clone_reply(),
     )
     .note(format!(
-        "answered {}{}",
+        "answered {}{}; main thread CPU {cpu:.1} ms",
         show(&m.reply),
         if found { "" } else { " (not DEADLOCK)" }
     ));

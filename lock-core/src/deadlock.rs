@@ -36,8 +36,9 @@
 //! against the graph as it is now ([`Search::stale`] before a slice that
 //! follows a change), and the search starts again when one is gone.
 
+use std::collections::hash_map::RandomState;
 use std::collections::{HashMap, HashSet, VecDeque};
-use std::hash::Hash;
+use std::hash::{BuildHasher, Hash};
 
 use crate::lock::{Kind, Lock, Owner, Request};
 
@@ -211,26 +212,26 @@ enum Met {
 }
 
 /// One direction's state.
-struct Side<K> {
-    seen: HashSet<Owner>,
+struct Side<K, S> {
+    seen: HashSet<Owner, S>,
     next: VecDeque<Owner>,
-    listed: HashMap<K, Listed>,
+    listed: HashMap<K, Listed, S>,
     tasks: VecDeque<Task<K>>,
     /// Who reached each owner: forward, the owner waiting for it;
     /// backward, the owner it waits for.
-    parent: HashMap<Owner, Owner>,
+    parent: HashMap<Owner, Owner, S>,
     /// Steps taken (the walk goes on the side that took fewer).
     work: u64,
 }
 
-impl<K> Side<K> {
-    fn new() -> Side<K> {
+impl<K, S: Default> Side<K, S> {
+    fn new() -> Side<K, S> {
         Side {
-            seen: HashSet::new(),
+            seen: HashSet::default(),
             next: VecDeque::new(),
-            listed: HashMap::new(),
+            listed: HashMap::default(),
             tasks: VecDeque::new(),
-            parent: HashMap::new(),
+            parent: HashMap::default(),
             work: 0,
         }
     }
@@ -253,13 +254,15 @@ enum Phase {
 }
 
 /// A search for a cycle of waits through a new request, resumable: see the
-/// module's documentation.
-pub struct Search<K> {
+/// module's documentation. Its sets and maps hash with `S` (the shell may
+/// give a cheaper hash than the default, keyed per process as that one is:
+/// owners and keys are chosen by clients).
+pub struct Search<K, S = RandomState> {
     me: Owner,
     kind: Kind,
     keys: Vec<(K, u64)>,
-    fwd: Side<K>,
-    back: Side<K>,
+    fwd: Side<K, S>,
+    back: Side<K, S>,
     /// Where the two sides met.
     met: Option<Met>,
     phase: Phase,
@@ -273,6 +276,13 @@ impl<K: Clone + Eq + Hash> Search<K> {
     /// A search for `me`, about to wait with a request of `kind` on each of
     /// `keys` (at the end of each queue, at the place given).
     pub fn new(me: &[u8], kind: Kind, keys: &[(K, u64)]) -> Search<K> {
+        Search::with_hasher(me, kind, keys)
+    }
+}
+
+impl<K: Clone + Eq + Hash, S: BuildHasher + Default> Search<K, S> {
+    /// [`Search::new`], its sets and maps hashed with `S`.
+    pub fn with_hasher(me: &[u8], kind: Kind, keys: &[(K, u64)]) -> Search<K, S> {
         let mut search = Search {
             me: me.into(),
             kind,
@@ -491,7 +501,9 @@ impl<K: Clone + Eq + Hash> Search<K> {
                 by: by.clone(),
                 at: owner,
             });
-        } else if self.fwd.seen.insert(owner.clone()) {
+        } else if !self.fwd.seen.contains(&owner) {
+            // (Most owners are reached many times: no copy but the first.)
+            self.fwd.seen.insert(owner.clone());
             self.fwd.parent.insert(owner.clone(), by.clone());
             self.fwd.next.push_back(owner);
         }
@@ -507,7 +519,8 @@ impl<K: Clone + Eq + Hash> Search<K> {
                 at: owner,
                 of: of.clone(),
             });
-        } else if self.back.seen.insert(owner.clone()) {
+        } else if !self.back.seen.contains(&owner) {
+            self.back.seen.insert(owner.clone());
             self.back.parent.insert(owner.clone(), of.clone());
             self.back.next.push_back(owner);
         }
@@ -637,13 +650,10 @@ impl<K: Clone + Eq + Hash> Search<K> {
                 while let Some(key) = keys.pop_front() {
                     n += 1;
                     if graph.holds(&key, &owner) {
-                        let listed = self
-                            .back
-                            .listed
-                            .entry(key.clone())
-                            .or_insert_with(Listed::backward);
-                        if !listed.holders {
-                            listed.holders = true;
+                        let first = listing(&mut self.back.listed, &key, Listed::backward, |l| {
+                            !std::mem::replace(&mut l.holders, true)
+                        });
+                        if first {
                             self.back.tasks.push_back(Task::Held {
                                 key,
                                 owner: owner.clone(),
@@ -686,20 +696,18 @@ impl<K: Clone + Eq + Hash> Search<K> {
                     });
                 }
                 for (key, place, kind) in requests {
-                    let listed = self
-                        .back
-                        .listed
-                        .entry(key.clone())
-                        .or_insert_with(Listed::backward);
                     let from = place.saturating_add(1);
-                    let to = match kind {
-                        Kind::Read => listed.writers.min(listed.all),
-                        _ => listed.all,
-                    };
-                    match kind {
-                        Kind::Read => listed.writers = listed.writers.min(from),
-                        _ => listed.all = listed.all.min(from),
-                    }
+                    let to = listing(&mut self.back.listed, &key, Listed::backward, |listed| {
+                        let to = match kind {
+                            Kind::Read => listed.writers.min(listed.all),
+                            _ => listed.all,
+                        };
+                        match kind {
+                            Kind::Read => listed.writers = listed.writers.min(from),
+                            _ => listed.all = listed.all.min(from),
+                        }
+                        to
+                    });
                     if from < to {
                         self.back.tasks.push_back(Task::After {
                             key,
@@ -728,27 +736,27 @@ impl<K: Clone + Eq + Hash> Search<K> {
         if self.met.is_some() || graph.holds(key, owner) {
             return;
         }
-        let listed = self
-            .fwd
-            .listed
-            .entry(key.clone())
-            .or_insert_with(Listed::forward);
-        let holders = !listed.holders && !graph.admits(key, kind);
-        let (from, to) = match kind {
-            Kind::Read => (listed.writers.max(listed.all), place),
-            _ => (listed.all, place),
-        };
-        // The new request's own listing skips its owner's requests queued
-        // ahead: it leaves the places listed as they were, so that a later
-        // listing there reaches its owner through them (a cycle).
-        if **owner != *self.me {
-            match kind {
-                Kind::Read => listed.writers = listed.writers.max(place),
-                _ => listed.all = listed.all.max(place),
+        let me = &self.me;
+        let (holders, from, to) = listing(&mut self.fwd.listed, key, Listed::forward, |listed| {
+            let holders = !listed.holders && !graph.admits(key, kind);
+            let (from, to) = match kind {
+                Kind::Read => (listed.writers.max(listed.all), place),
+                _ => (listed.all, place),
+            };
+            // The new request's own listing skips its owner's requests
+            // queued ahead: it leaves the places listed as they were, so
+            // that a later listing there reaches its owner through them (a
+            // cycle).
+            if **owner != **me {
+                match kind {
+                    Kind::Read => listed.writers = listed.writers.max(place),
+                    _ => listed.all = listed.all.max(place),
+                }
             }
-        }
+            listed.holders |= holders;
+            (holders, from, to)
+        });
         if holders {
-            listed.holders = true;
             self.fwd.tasks.push_back(Task::Holders {
                 key: key.clone(),
                 owner: owner.clone(),
@@ -762,6 +770,25 @@ impl<K: Clone + Eq + Hash> Search<K> {
                 from,
                 to,
             });
+        }
+    }
+}
+
+/// `f` on how far a side listed around `key` (a copy of the key is made
+/// only at its first listing: most keys are listed many times).
+fn listing<K: Clone + Eq + Hash, S: BuildHasher, T>(
+    listed: &mut HashMap<K, Listed, S>,
+    key: &K,
+    new: fn() -> Listed,
+    f: impl FnOnce(&mut Listed) -> T,
+) -> T {
+    match listed.get_mut(key) {
+        Some(l) => f(l),
+        None => {
+            let mut l = new();
+            let t = f(&mut l);
+            listed.insert(key.clone(), l);
+            t
         }
     }
 }

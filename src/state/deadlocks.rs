@@ -15,22 +15,29 @@
 //!
 //! The search never holds the event loop for long, whatever graph clients
 //! built: the command runs it for at most [`SLICE`]; a search that needs
-//! more lets the request wait (it is queued as any other) and goes on over
-//! the next ticks ([`go_on`], at most [`SLICE`] a tick for all of them).
+//! more lets the request wait (it is queued as any other) and goes on at
+//! each of the event loop's next turns ([`go_on`], at most [`SLICE`] a turn
+//! for all of them): the module hears the loop's before-sleep while a
+//! search goes on (and only then), and wakes the loop so that it does not
+//! sleep between two slices; Redis serves its clients between them. (A
+//! server without that event goes on in the timer's ticks instead.)
 //! When it finds a cycle then, the request leaves its queues and is
 //! answered `DEADLOCK`, state unchanged, as if it had been answered at
 //! once; a cycle found after the graph may have changed is checked edge by
 //! edge first (the core's `Search::stale`). A request granted, timed out or
 //! gone before its search ends needs no verdict: the search is dropped.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashSet;
+use std::os::raw::{c_int, c_void};
+use std::sync::atomic::{AtomicBool, AtomicPtr, Ordering};
 use std::sync::{LazyLock, Mutex};
 use std::time::{Duration, Instant};
 
-use redis_module::Context;
+use redis_module::{raw, Context, ContextFlags};
 
+use crate::redis::catch;
 use crate::redis::errors::LockError;
-use crate::redis::ffi::{self, DbKey, Str};
+use crate::redis::ffi::{self, api, DbKey, DbKeyMap, KeyHash, Str};
 use crate::redis::shared;
 use crate::state::bindings;
 use crate::state::keys::LockKey;
@@ -43,36 +50,70 @@ use lock_core::deadlock::{Requests, Search, Verdict, WaitGraph};
 use lock_core::{Kind, Lock, Owner, Request};
 
 /// The longest a search runs in one turn of the event loop: in the
-/// command, and in a tick for every search going on together.
+/// command, and in a turn for every search going on together.
 pub const SLICE: Duration = Duration::from_micros(500);
 
-/// A key's lock as one search read it. Its live holders are put in a set
-/// for O(1) look-ups at the second question about them (a key with 1,000
-/// readers and 10,000 requests queued on it is asked about every one of
-/// them; most keys are asked once, and a scan of the lock answers that).
+/// A key's lock as one search read it, with its live holders listed once:
+/// a few are scanned, many are also put in a set at the first question
+/// about them (a key with 1,000 readers and 10,000 requests queued on it is
+/// asked about every one of them).
 struct Read {
     lock: Lock,
-    holders: Option<HashSet<Owner>>,
+    live: Vec<Owner>,
+    set: Option<HashSet<Owner, KeyHash>>,
     now: u64,
 }
 
+/// Up to this many live holders, a question about one is a scan.
+const SCANNED: usize = 8;
+
 impl Read {
-    fn holds(&mut self, owner: &[u8]) -> bool {
-        if let Some(set) = &self.holders {
-            return set.contains(owner);
+    fn new(lock: Lock, now: u64) -> Read {
+        let live = lock.live(now).map(|h| Owner::from(h.owner)).collect();
+        Read {
+            lock,
+            live,
+            set: None,
+            now,
         }
-        let set: HashSet<Owner> = self
-            .lock
-            .live(self.now)
-            .map(|h| Owner::from(h.owner))
-            .collect();
-        let held = set.contains(owner);
-        self.holders = Some(set);
-        held
     }
 
-    fn holds_once(&self, owner: &[u8]) -> bool {
-        self.lock.live(self.now).any(|h| *h.owner == *owner)
+    fn holds(&mut self, owner: &[u8]) -> bool {
+        if self.live.len() <= SCANNED {
+            return self.live.iter().any(|h| **h == *owner);
+        }
+        let live = &self.live;
+        self.set
+            .get_or_insert_with(|| live.iter().cloned().collect())
+            .contains(owner)
+    }
+
+    fn admits(&self, kind: Kind) -> bool {
+        self.live.is_empty() || self.lock.admits(kind, self.now)
+    }
+}
+
+/// The keys one search met, each under a number of its own (the core's
+/// key: no copy of a key's name, no hash of it, past the first meeting),
+/// and each key's lock as read once in the search (many requests wait on
+/// one key; empty when free or not a lock), by number.
+#[derive(Default)]
+struct Reads {
+    ids: DbKeyMap<usize>,
+    keys: Vec<DbKey>,
+    reads: Vec<Option<Read>>,
+}
+
+impl Reads {
+    /// `key`'s number, given at its first meeting.
+    fn id(&mut self, key: &DbKey) -> usize {
+        if let Some(id) = self.ids.get(key) {
+            return *id;
+        }
+        let id = self.keys.len();
+        self.keys.push(key.clone());
+        self.ids.insert(key.clone(), id);
+        id
     }
 }
 
@@ -80,22 +121,30 @@ impl Read {
 struct Waits<'a> {
     ctx: &'a Context,
     now: u64,
-    /// Each key's lock as read once in this search (many requests wait on
-    /// one key); empty when free or not a lock.
-    reads: &'a mut HashMap<DbKey, Read>,
+    reads: &'a mut Reads,
     /// When this slice ends.
     until: Instant,
 }
 
 impl Waits<'_> {
-    /// `key`'s lock, read at its first use in this search.
-    fn read(&mut self, key: &DbKey) -> &mut Read {
-        let (ctx, now) = (self.ctx, self.now);
-        self.reads.entry(key.clone()).or_insert_with(|| Read {
-            lock: read(ctx, key, now),
-            holders: None,
-            now,
-        })
+    /// `f` on key `id`'s lock, read at its first use in this search.
+    fn read<T>(&mut self, id: usize, f: impl FnOnce(&mut Read) -> T) -> T {
+        let reads = &mut *self.reads;
+        if !matches!(reads.reads.get(id), Some(Some(_))) {
+            if let Some(key) = reads.keys.get(id) {
+                let read = Read::new(read(self.ctx, key, self.now), self.now);
+                if reads.reads.len() <= id {
+                    reads.reads.resize_with(id + 1, || None);
+                }
+                if let Some(slot) = reads.reads.get_mut(id) {
+                    *slot = Some(read);
+                }
+            }
+        }
+        match reads.reads.get_mut(id) {
+            Some(Some(read)) => f(read),
+            _ => f(&mut Read::new(Lock::default(), self.now)),
+        }
     }
 }
 
@@ -118,45 +167,42 @@ fn read(ctx: &Context, key: &DbKey, now: u64) -> Lock {
 }
 
 impl WaitGraph for Waits<'_> {
-    type Key = DbKey;
+    type Key = usize;
 
-    fn requests_of(&mut self, owner: &[u8], after: Option<u64>, limit: usize) -> Requests<DbKey> {
-        waiting::requests_of(owner, after, limit)
+    fn requests_of(&mut self, owner: &[u8], after: Option<u64>, limit: usize) -> Requests<usize> {
+        let reads = &mut *self.reads;
+        waiting::requests_of(owner, after, limit, |key| reads.id(key))
     }
 
-    fn holds(&mut self, key: &DbKey, owner: &[u8]) -> bool {
-        // The first question about a key is answered by a scan; from the
-        // second on, by the set made then.
-        let first = !self.reads.contains_key(key);
-        let read = self.read(key);
-        match first {
-            true => read.holds_once(owner),
-            false => read.holds(owner),
-        }
+    fn holds(&mut self, key: &usize, owner: &[u8]) -> bool {
+        self.read(*key, |read| read.holds(owner))
     }
 
     fn waited_keys_held(
         &mut self,
         owner: &[u8],
-        after: Option<&DbKey>,
+        after: Option<&usize>,
         limit: usize,
-    ) -> Vec<DbKey> {
-        waiting::waited_keys_held(owner, after, limit)
+    ) -> Vec<usize> {
+        let reads = &mut *self.reads;
+        let after = after.and_then(|id| reads.keys.get(*id));
+        let keys = waiting::waited_keys_held(owner, after, limit);
+        keys.iter().map(|key| reads.id(key)).collect()
     }
 
-    fn admits(&mut self, key: &DbKey, kind: Kind) -> bool {
-        let now = self.now;
-        self.read(key).lock.admits(kind, now)
+    fn admits(&mut self, key: &usize, kind: Kind) -> bool {
+        self.read(*key, |read| read.admits(kind))
     }
 
-    fn holders(&mut self, key: &DbKey) -> Vec<Owner> {
-        let read = self.read(key);
-        let now = read.now;
-        read.lock.live(now).map(|h| Owner::from(h.owner)).collect()
+    fn holders(&mut self, key: &usize) -> Vec<Owner> {
+        self.read(*key, |read| read.live.clone())
     }
 
-    fn queued(&mut self, key: &DbKey, from: u64, to: u64, limit: usize) -> Vec<(u64, Owner, Kind)> {
-        waiting::queued(key, from, to, limit)
+    fn queued(&mut self, key: &usize, from: u64, to: u64, limit: usize) -> Vec<(u64, Owner, Kind)> {
+        match self.reads.keys.get(*key) {
+            Some(key) => waiting::queued(key, from, to, limit),
+            None => Vec::new(),
+        }
     }
 
     fn out_of_time(&mut self) -> bool {
@@ -164,14 +210,15 @@ impl WaitGraph for Waits<'_> {
     }
 
     fn forget(&mut self) {
-        self.reads.clear();
+        // (The keys keep their numbers: the search holds them.)
+        self.reads.reads.clear();
     }
 }
 
 /// A search that goes on after its request started waiting.
 pub struct Unfinished {
-    search: Search<DbKey>,
-    reads: HashMap<DbKey, Read>,
+    search: Search<usize, KeyHash>,
+    reads: Reads,
 }
 
 /// What a search found in the command's slice.
@@ -190,13 +237,14 @@ pub fn check(ctx: &Context, keys: &[DbKey], request: &Request) -> Check {
     if !waiting::may_be_waited_for(&request.owner) {
         return Check::Clear;
     }
-    let at: Vec<(DbKey, u64)> = keys
+    let mut reads = Reads::default();
+    let at: Vec<(usize, u64)> = keys
         .iter()
-        .map(|k| (k.clone(), waiting::end_of(k)))
+        .map(|k| (reads.id(k), waiting::end_of(k)))
         .collect();
     let mut unfinished = Box::new(Unfinished {
-        search: Search::new(&request.owner, request.kind, &at),
-        reads: HashMap::new(),
+        search: Search::with_hasher(&request.owner, request.kind, &at),
+        reads,
     });
     match slice(ctx, &mut unfinished, Instant::now() + SLICE) {
         Some(Verdict::Cycle) => {
@@ -206,6 +254,7 @@ pub fn check(ctx: &Context, keys: &[DbKey], request: &Request) -> Check {
         Some(Verdict::Clear) => Check::Clear,
         None => {
             stats::DEADLOCK_SEARCHES_SLICED.incr();
+            hear_turns(ctx);
             Check::Unfinished(unfinished)
         }
     }
@@ -229,13 +278,15 @@ type GoingOn = (WaiterId, Box<Unfinished>);
 /// Searches going on.
 static GOING_ON: LazyLock<Mutex<Vec<GoingOn>>> = LazyLock::new(Mutex::default);
 
-/// Goes on with `unfinished` over the next ticks, for the waiter `id`.
+/// Goes on with `unfinished` at the next turns, for the waiter `id`.
 pub fn go_on_later(id: WaiterId, unfinished: Box<Unfinished>) {
     shared::lock(&GOING_ON, |_| ()).push((id, unfinished));
-    timers::work_now();
+    if !HEARING.load(Ordering::Relaxed) {
+        timers::work_now();
+    }
 }
 
-/// A tick's share of the searches going on (at most [`SLICE`] for all of
+/// A turn's share of the searches going on (at most [`SLICE`] for all of
 /// them, each in turn): a cycle found answers its waiter `DEADLOCK`.
 pub fn go_on(ctx: &Context) {
     let mut going = std::mem::take(&mut *shared::lock(&GOING_ON, |_| ()));
@@ -271,6 +322,93 @@ pub fn go_on(ctx: &Context) {
     left.extend(turn);
     if !left.is_empty() {
         shared::lock(&GOING_ON, |_| ()).extend(left);
-        timers::work_now();
+        if !HEARING.load(Ordering::Relaxed) {
+            timers::work_now();
+        }
     }
+}
+
+/// Whether the module hears the event loop's before-sleep: only while a
+/// search goes on ([`on_turn`]), so that no turn pays for it otherwise.
+static HEARING: AtomicBool = AtomicBool::new(false);
+/// The module's own context (detached), made at the first search that
+/// goes on: to stop hearing turns where Redis hands no context.
+static OWN_CTX: AtomicPtr<raw::RedisModuleCtx> = AtomicPtr::new(std::ptr::null_mut());
+
+const EVENT_LOOP: raw::RedisModuleEvent = raw::RedisModuleEvent {
+    id: raw::REDISMODULE_EVENT_EVENTLOOP,
+    dataver: 1,
+};
+
+/// A search goes on after its command: hear the event loop's turns from
+/// now on (a server without the event: the timer's ticks go on with it,
+/// [`go_on_later`]), and look after the next turn whether any still does.
+fn hear_turns(ctx: &Context) {
+    if HEARING.load(Ordering::Relaxed) {
+        return;
+    }
+    let mut own = OWN_CTX.load(Ordering::Relaxed);
+    if own.is_null() {
+        own = api!(RedisModule_GetDetachedThreadSafeContext(ctx.ctx)).unwrap_or_default();
+        OWN_CTX.store(own, Ordering::Relaxed);
+    }
+    if own.is_null() {
+        return;
+    }
+    let done = api!(RedisModule_SubscribeToServerEvent(
+        own,
+        EVENT_LOOP,
+        Some(on_turn)
+    ));
+    if done == Some(raw::REDISMODULE_OK as c_int) {
+        HEARING.store(true, Ordering::Relaxed);
+        wake();
+    }
+}
+
+/// The event loop is about to sleep: a slice of the searches going on,
+/// and, while any is left, no sleep (the loop wakes at once, serves its
+/// clients, and comes back here).
+extern "C" fn on_turn(
+    raw_ctx: *mut raw::RedisModuleCtx,
+    _event: raw::RedisModuleEvent,
+    subevent: u64,
+    _data: *mut c_void,
+) {
+    catch::callback("a deadlock search's slice", (), || {
+        if subevent != raw::REDISMODULE_SUBEVENT_EVENTLOOP_BEFORE_SLEEP {
+            return;
+        }
+        let ctx = Context::new(raw_ctx);
+        // Loading: the keys are not there yet; the next turn looks again.
+        if ctx.get_flags().contains(ContextFlags::LOADING) {
+            return;
+        }
+        go_on(&ctx);
+        wake();
+    })
+}
+
+/// Wakes the event loop at once (it does not sleep before its next turn):
+/// a one-shot callback, which stops hearing turns when no search is left.
+fn wake() {
+    let _ = api!(RedisModule_EventLoopAddOneShot(
+        Some(on_wake),
+        std::ptr::null_mut()
+    ));
+}
+
+/// The event loop woke (outside its walk of event listeners, where one
+/// must not unsubscribe): no search left, no turn is heard any more.
+extern "C" fn on_wake(_data: *mut c_void) {
+    catch::callback("the deadlock searches' look", (), || {
+        if !HEARING.load(Ordering::Relaxed) || !shared::lock(&GOING_ON, |_| ()).is_empty() {
+            return;
+        }
+        let own = OWN_CTX.load(Ordering::Relaxed);
+        let done = api!(RedisModule_SubscribeToServerEvent(own, EVENT_LOOP, None));
+        if done == Some(raw::REDISMODULE_OK as c_int) {
+            HEARING.store(false, Ordering::Relaxed);
+        }
+    })
 }

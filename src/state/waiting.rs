@@ -52,6 +52,10 @@ struct Blocked {
     handle: *mut raw::RedisModuleBlockedClient,
     /// Its key, or a multi-key request's keys in the order given.
     keys: Vec<DbKey>,
+    /// Its place in each key's queue, as `keys` (set when it queues; a
+    /// place never changes while it waits): the deadlock search reads them
+    /// without a look at each queue.
+    places: Vec<u64>,
     /// What it asks of each key.
     request: Request,
     multi: bool,
@@ -111,7 +115,7 @@ struct Registry {
 }
 
 impl Registry {
-    fn insert(&mut self, id: WaiterId, blocked: Blocked) {
+    fn insert(&mut self, id: WaiterId, mut blocked: Blocked) {
         for key in &blocked.keys {
             WAITED.insert(key.db, &key.name);
             let queue = self.queues.entry(key.clone()).or_default();
@@ -126,6 +130,17 @@ impl Registry {
                     .insert((at, id));
             }
         }
+        // (A key given twice: its later place stands for both.)
+        blocked.places = blocked
+            .keys
+            .iter()
+            .map(|k| {
+                self.queues
+                    .get(k)
+                    .and_then(|q| q.place(id))
+                    .unwrap_or(u64::MAX)
+            })
+            .collect();
         self.by_owner
             .entry(blocked.request.owner.clone())
             .or_default()
@@ -396,6 +411,7 @@ fn block_on(
         Blocked {
             handle,
             keys: keys.iter().map(|(k, _)| k.clone()).collect(),
+            places: Vec::new(),
             request,
             multi,
             deadline,
@@ -692,8 +708,14 @@ pub fn answer(claimed: Claimed, outcome: Result<Vec<(DbKey, u64)>, LockError>) {
 /// detection, a page at a time): each one's key, its place in that key's
 /// queue, what it asks; at least `limit` entries when that many are left
 /// (whole waiters: a multi-key request's keys all at once), and the waiter
-/// to go on after when more are left.
-pub fn requests_of(owner: &[u8], after: Option<u64>, limit: usize) -> Requests<DbKey> {
+/// to go on after when more are left. Each key is given as `key_of` makes
+/// it (the search's number for it: no copy).
+pub fn requests_of<K>(
+    owner: &[u8],
+    after: Option<u64>,
+    limit: usize,
+    mut key_of: impl FnMut(&DbKey) -> K,
+) -> Requests<K> {
     let registry = registry();
     let Some(ids) = registry.by_owner.get(owner) else {
         return (Vec::new(), None);
@@ -706,9 +728,9 @@ pub fn requests_of(owner: &[u8], after: Option<u64>, limit: usize) -> Requests<D
     let mut ids = ids.range((from, Bound::Unbounded)).peekable();
     while let Some(id) = ids.next() {
         if let Some(w) = registry.waiters.get(id) {
-            for key in &w.keys {
-                if let Some(place) = registry.queues.get(key).and_then(|q| q.place(*id)) {
-                    out.push((key.clone(), place, w.request.kind));
+            for (key, place) in w.keys.iter().zip(&w.places) {
+                if *place != u64::MAX {
+                    out.push((key_of(key), *place, w.request.kind));
                 }
             }
         }
