@@ -1101,10 +1101,7 @@ fn a_session_is_the_opening_nodes_only() {
         &id,
     ]);
     assert!(r.err().starts_with("NOSESSION"), "{r:?}");
-    assert!(
-        b.lock_info(&format!("{far}:k")).is_none(),
-        "nothing granted"
-    );
+    assert!(b.lock_info(format!("{far}:k")).is_none(), "nothing granted");
     assert!(b.cmd(&["LOCK.SESSION", "INFO", &id]).is_nil());
     assert_eq!(b.cmd(&["LOCK.SESSION", "KEEPALIVE", &id, "60000"]).int(), 0);
     // The session there is that node's own, and both live side by side.
@@ -1118,9 +1115,9 @@ fn a_session_is_the_opening_nodes_only() {
         &other,
     ]));
     assert_eq!(a.cmd(&["LOCK.SESSION", "CLOSE", &id]).int(), 1);
-    assert!(a.lock_info(&format!("{near}:k")).is_none(), "ended with it");
+    assert!(a.lock_info(format!("{near}:k")).is_none(), "ended with it");
     assert!(
-        b.lock_info(&format!("{far}:k")).is_some(),
+        b.lock_info(format!("{far}:k")).is_some(),
         "the other node's holds"
     );
 }

@@ -153,6 +153,7 @@ pub mod aio;
 mod api;
 mod blocking;
 mod commands;
+mod conn;
 mod holding;
 pub mod redlock;
 mod session;

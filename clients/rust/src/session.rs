@@ -15,8 +15,8 @@ use std::time::{Duration, Instant};
 
 use redis::Value;
 
-use crate::blocking::Conn;
 use crate::commands;
+use crate::conn::Conn;
 use crate::{closed, io_failure, limit, tick, Error, OnLost, Target};
 
 /// Why a lock on a session is lost: each cause its own words.
