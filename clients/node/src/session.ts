@@ -39,10 +39,12 @@ export class NodeSession {
   private opening: Promise<number> | null = null;
   private endTimer: NodeJS.Timeout | null = null;
 
+  /** The keeper of its server while it is open (looked up at each open: the one there is, or a new one). */
+  private keeper: Keeper | null = null;
+
   constructor(
     private session: Session,
     readonly node: Node,
-    private keeper: Keeper,
   ) {}
 
   /** The session's id on this server, opening it (LOCK.SESSION OPEN) the first time and after it ended. */
@@ -59,6 +61,7 @@ export class NodeSession {
           }
           this.id = Number(reply);
           this.acknowledged(sent);
+          this.keeper = keeperOf(this.session.client, this.node.name);
           this.keeper.add(this);
           return this.id;
         },
@@ -114,7 +117,7 @@ export class NodeSession {
       this.session.lastError = errorText(e);
     } finally {
       this.inFlight = false;
-      this.keeper.schedule();
+      this.keeper?.schedule();
     }
   }
 
@@ -140,7 +143,8 @@ export class NodeSession {
     this.deadline = 0;
     if (this.endTimer !== null) clearTimeout(this.endTimer);
     this.endTimer = null;
-    this.keeper.remove(this);
+    this.keeper?.remove(this);
+    this.keeper = null;
   }
 
   /** LOCK.SESSION CLOSE: its locks end on the server at once, reported released. The number of holders it ended. */
@@ -284,7 +288,7 @@ export class Session {
     const node = await this.adapter.node(key);
     let ns = this.nodes.get(node.name);
     if (ns === undefined) {
-      ns = new NodeSession(this, node, keeperOf(this.client, node.name));
+      ns = new NodeSession(this, node);
       this.nodes.set(node.name, ns);
     }
     return ns;
