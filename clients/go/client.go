@@ -37,6 +37,12 @@ type Client struct {
 	wmu  sync.Mutex // w and keys
 	w    *watcher   // nil until a bound holder needs it
 	keys watched
+
+	// The keeper of the server sessions open on this server.
+	kmu      sync.Mutex
+	kept     map[*nodeSession]time.Time // next keepalive due
+	kwake    chan struct{}
+	krunning bool
 }
 
 // ClientOption configures a Client.
@@ -76,8 +82,9 @@ func New(addr string, opts ...ClientOption) *Client {
 // Addr is the server's address as given to New.
 func (c *Client) Addr() string { return c.addr }
 
-// Close closes the Client's pool. Held locks and Sessions keep their own
-// connections until they are released or closed.
+// Close closes the Client's pool. Held locks and bound Sessions keep their
+// own connections until they are released or closed; close the server
+// Sessions first (their keeper and Close then use new connections).
 func (c *Client) Close() error { return c.pool.Close() }
 
 func (c *Client) dial(ctx context.Context) (redis.Conn, error) {

@@ -109,7 +109,7 @@ func (l *Lock) confirm(conn redis.Conn, h *Held) error {
 
 // renewedLocked follows a renewal on s.conn with WAIT when one of the
 // session's locks (or the session) asked for replicas (s.mu held).
-func (s *Session) renewedLocked() {
+func (s *binding) renewedLocked() {
 	n, wait := s.replicas, s.replicasTimeout
 	for h := range s.helds {
 		if h.lock.s.replicas > n {

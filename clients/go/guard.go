@@ -28,12 +28,12 @@ func (h *Held) Guard(ctx context.Context, cmd string, args ...interface{}) (inte
 	if err := h.guardable(cmd); err != nil {
 		return nil, err
 	}
-	conn, err := h.sess.c.pool.GetContext(ctx)
+	conn, err := h.lock.c.pool.GetContext(ctx)
 	if err != nil {
 		return nil, err
 	}
 	defer conn.Close()
-	return h.GuardResult(redis.DoWithTimeout(conn, h.sess.c.timeout, "LOCK.GUARD", h.guardArgs(cmd, args)...))
+	return h.GuardResult(redis.DoWithTimeout(conn, h.lock.c.timeout, "LOCK.GUARD", h.guardArgs(cmd, args)...))
 }
 
 // SendGuard queues the guard of one command on conn, a connection of the
@@ -55,12 +55,20 @@ func (h *Held) GuardResult(reply interface{}, err error) (interface{}, error) {
 	if !errors.As(err, &re) || !strings.HasPrefix(string(re), "NOTHELD") {
 		return reply, err
 	}
-	s := h.sess
-	s.mu.Lock()
-	if _, held := s.helds[h]; held {
-		s.dropLost(h, fmt.Sprintf("LOCK.GUARD under token %d answered %q: nothing ran", h.token(), string(re)))
+	why := fmt.Sprintf("LOCK.GUARD under token %d answered %q: nothing ran", h.token(), string(re))
+	if ns := h.ns; ns != nil {
+		ns.s.mu.Lock()
+		lost := ns.dropLocked(h, why)
+		ns.s.mu.Unlock()
+		ns.s.tell(lost)
+	} else {
+		s := h.sess
+		s.mu.Lock()
+		if _, held := s.helds[h]; held {
+			s.dropLost(h, why)
+		}
+		s.mu.Unlock()
 	}
-	s.mu.Unlock()
 	if lost := h.Err(); errors.Is(lost, ErrLeaseLost) {
 		return nil, lost
 	}
@@ -74,6 +82,14 @@ func (h *Held) guardable(cmd string) error {
 	}
 	if len(h.keys) != 1 {
 		return invalid("a guard of a %s lock: LOCK.GUARD checks one key", h.lock.kind)
+	}
+	if ns := h.ns; ns != nil {
+		ns.s.mu.Lock()
+		defer ns.s.mu.Unlock()
+		if h.released {
+			return fmt.Errorf("%w: a guard of a released lock", ErrInvalid)
+		}
+		return h.Err() // the session's deadline timer ends it in time
 	}
 	s := h.sess
 	s.mu.Lock()

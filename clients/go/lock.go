@@ -20,7 +20,9 @@ type settings struct {
 	owner    string
 	ownerSet bool
 	bind     bool
+	bindSet  bool
 	session  *Session
+	onLost   func(*Held, error) // NewSession only
 	// WithReplicas, WithAllowNotDurable, WithOnNotDurable.
 	replicas        int
 	replicasTimeout time.Duration
@@ -79,11 +81,15 @@ func WithOwner(owner string) Option {
 
 // WithBind(false) acquires without BIND (through a proxy, or a server that
 // refuses it): the lock outlives a dead connection until its lease ends,
-// and the keepalive renews it with LOCK.RENEW. Bound by default.
-func WithBind(bind bool) Option { return func(s *settings) { s.bind = bind } }
+// and the keepalive renews it with LOCK.RENEW. Bound by default, except in
+// a Session (not given to its locks). NewSession(ctx, WithBind(true)): a
+// bound-connection Session (see Session).
+func WithBind(bind bool) Option { return func(s *settings) { s.bind, s.bindSet = bind, true } }
 
-// WithSession acquires in s: bound to its connection, renewed by its one
-// keepalive, with its ttl.
+// WithSession acquires in sess, with its ttl: a server session's lock is
+// granted with `SESSION id` and without BIND, and renewed by nothing but
+// the session's keepalive (Extend is refused); a WithBind(true) Session's
+// lock is bound to its connection and renewed by its LOCK.KEEPALIVE.
 func WithSession(sess *Session) Option {
 	return func(s *settings) {
 		if sess == nil {
@@ -159,8 +165,13 @@ func (l *Lock) check() error {
 	if l.kind == KindSemaphore && (l.limit < 1 || l.limit > 1000000) {
 		return invalid("a semaphore of %d permits (1 to 1000000)", l.limit)
 	}
-	if l.s.session != nil && l.s.session.c != l.c {
-		return invalid("the session is on another Client")
+	if sess := l.s.session; sess != nil {
+		if sess.bound != nil && sess.c != l.c {
+			return invalid("a WithBind(true) session is on another Client")
+		}
+		if l.s.bindSet {
+			return invalid("WithBind is for locks without a Session (or for NewSession)")
+		}
 	}
 	return nil
 }
@@ -298,10 +309,12 @@ func (l *Lock) acquire(ctx context.Context, owner string) (*Held, error) {
 			wait = left
 		}
 	}
-	if sess := l.s.session; sess != nil {
-		return l.acquireIn(ctx, sess, owner, wait)
+	if sess := l.s.session; sess != nil && sess.bound != nil {
+		return l.acquireIn(ctx, sess.bound, owner, wait)
+	} else if sess != nil {
+		return l.acquireSession(ctx, sess, owner, wait)
 	}
-	sess, err := l.c.newSession(ctx, l.s.ttl, l.s.bind, true)
+	sess, err := l.c.newBinding(ctx, l.s.ttl, l.s.bind, true)
 	if err != nil {
 		return nil, err
 	}
@@ -390,7 +403,7 @@ func (l *Lock) waitOn(ctx context.Context, conn redis.Conn, wait time.Duration, 
 }
 
 // held makes the Held of a grant's reply (a token, or tokens for Multi).
-func (l *Lock) held(sess *Session, owner string, reply interface{}, sent time.Time) (*Held, error) {
+func (l *Lock) held(sess *binding, owner string, reply interface{}, sent time.Time) (*Held, error) {
 	var tokens []int64
 	var err error
 	if l.kind == KindMulti {
@@ -403,18 +416,21 @@ func (l *Lock) held(sess *Session, owner string, reply interface{}, sent time.Ti
 	if err != nil || len(tokens) != len(l.keys) {
 		return nil, fmt.Errorf("redislock: unexpected grant reply %v (%v)", reply, err)
 	}
-	return &Held{
+	h := &Held{
 		lock: l, sess: sess, owner: owner, keys: l.keys, tokens: tokens, holds: 1,
-		deadline: sent.Add(sess.ttl),
-		lost:     make(chan struct{}),
-	}, nil
+		lost: make(chan struct{}),
+	}
+	if sess != nil {
+		h.deadline = sent.Add(sess.ttl)
+	}
+	return h, nil
 }
 
 // acquireIn acquires in a shared session: a try on its connection; when
 // busy and told to wait, the wait goes on a connection of its own (the
 // session's keepalive must not queue behind it), and once granted the
 // holder is bound to the session's connection by a repeat with BIND.
-func (l *Lock) acquireIn(ctx context.Context, sess *Session, owner string, wait time.Duration) (*Held, error) {
+func (l *Lock) acquireIn(ctx context.Context, sess *binding, owner string, wait time.Duration) (*Held, error) {
 	name, args := l.command(owner, sess.ttl)
 	if sess.bind {
 		args = append(args, "BIND")
@@ -497,15 +513,17 @@ func (l *Lock) acquireIn(ctx context.Context, sess *Session, owner string, wait 
 // methods are safe for concurrent use.
 type Held struct {
 	lock   *Lock
-	sess   *Session
+	sess   *binding     // nil in a server session
+	ns     *nodeSession // in a server session (its Session's mu guards below)
 	owner  string
 	keys   []string
 	tokens []int64
 
 	// Under sess.mu.
-	holds    int
-	deadline time.Time
-	released bool
+	holds     int
+	deadline  time.Time
+	released  bool
+	releasing bool // a server session's lock: its RELEASE under way
 
 	lostOnce sync.Once
 	lost     chan struct{}
@@ -530,27 +548,34 @@ func (h *Held) Owner() string { return h.owner }
 func (h *Held) Keys() []string { return append([]string(nil), h.keys...) }
 
 // Bound reports whether the holder is bound to its connection (BIND).
-func (h *Held) Bound() bool { return h.sess.bind }
+func (h *Held) Bound() bool { return h.sess != nil && h.sess.bind }
+
+// Session is the Session the lock was acquired in, nil if none.
+func (h *Held) Session() *Session { return h.lock.s.session }
 
 // Lost is closed when the lease is lost (or its session closed): stop the
 // work, or cancel it (select on it, or use it to cancel a context).
 func (h *Held) Lost() <-chan struct{} { return h.lost }
 
 // Err is nil while the lease holds; then a *LeaseLostError (errors.Is
-// ErrLeaseLost), or ErrClosed when the session was closed.
+// ErrLeaseLost), or ErrClosed once released or its Session closed.
 func (h *Held) Err() error {
 	h.errMu.Lock()
 	defer h.errMu.Unlock()
 	return h.err
 }
 
-func (h *Held) markLost(err error) {
+// markLost ends the holder with err (the first call only: true).
+func (h *Held) markLost(err error) bool {
+	first := false
 	h.lostOnce.Do(func() {
+		first = true
 		h.errMu.Lock()
 		h.err = err
 		h.errMu.Unlock()
 		close(h.lost)
 	})
+	return first
 }
 
 // usable: the session's lock held, the holder still registered.
@@ -572,6 +597,9 @@ func (h *Held) usable() error {
 // already gone (released elsewhere, expired, deleted, overwritten). The
 // keepalive stops for it before the release is sent.
 func (h *Held) Release(ctx context.Context) error {
+	if h.ns != nil {
+		return h.releaseSession(ctx)
+	}
 	s := h.sess
 	s.mu.Lock()
 	defer func() {
@@ -636,6 +664,9 @@ func (h *Held) Reacquire(ctx context.Context) error {
 	if !h.lock.holdsAdd() {
 		return invalid("a %s lock has one hold", h.lock.kind)
 	}
+	if h.ns != nil {
+		return h.reacquireSession(ctx)
+	}
 	s := h.sess
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -670,8 +701,8 @@ func (h *Held) Reacquire(ctx context.Context) error {
 // from then on. A Session's locks share its ttl: Extend on them is refused.
 func (h *Held) Extend(ctx context.Context, ttl time.Duration) error {
 	s := h.sess
-	if !s.private {
-		return invalid("the locks of a Session share its ttl")
+	if s == nil || !s.private {
+		return invalid("the locks of a Session share its ttl (its keepalive is their one renewal)")
 	}
 	if ttl < time.Millisecond {
 		return invalid("ttl %v is below 1 ms", ttl)

@@ -379,14 +379,16 @@ func TestLostLease(t *testing.T) {
 	must(t, other.Release(ctx))
 }
 
-// One session, many locks, one keepalive.
-func TestSessionOneKeepaliveForManyLocks(t *testing.T) {
+// A bound Session (WithBind(true)): many locks on one connection, one
+// LOCK.KEEPALIVE; closing it frees them.
+func TestBoundSessionOneKeepaliveForManyLocks(t *testing.T) {
 	addr := env(t, "REDIS_LOCK_ADDR")
 	c := New(addr)
 	defer c.Close()
 	a := admin(t, addr)
 	ctx := context.Background()
-	s, err := c.NewSession(ctx, WithTTL(600*time.Millisecond))
+	lost := newLostCounter()
+	s, err := c.NewSession(ctx, WithTTL(600*time.Millisecond), WithBind(true), WithOnLost(lost.onLost))
 	must(t, err)
 	_, err = a.Do("CONFIG", "RESETSTAT")
 	must(t, err)
@@ -410,6 +412,8 @@ func TestSessionOneKeepaliveForManyLocks(t *testing.T) {
 	case <-time.After(2 * time.Second):
 		t.Fatal("the deleted one not seen lost")
 	}
+	waitUntil(t, 2*time.Second, "the lost callback", func() bool { return lost.total() == 1 })
+	lost.onceEach(t, hs[:1])
 	time.Sleep(500 * time.Millisecond)
 	for _, h := range hs[1:] {
 		must(t, h.Err())
@@ -954,7 +958,7 @@ func TestLostBoundLockToldBeforeTheNextKeepalive(t *testing.T) {
 			var s *Session
 			if session {
 				var err error
-				s, err = c.NewSession(ctx, ttl)
+				s, err = c.NewSession(ctx, ttl, WithBind(true))
 				must(t, err)
 				opts = append(opts, WithSession(s))
 			}
@@ -1002,14 +1006,21 @@ func TestKilledServerToldBeforeTheNextKeepalive(t *testing.T) {
 	c := New(addr, WithTimeout(500*time.Millisecond))
 	defer c.Close()
 	h := acquired(t, c.Exclusive("go:kill9", WithTTL(30*time.Second)))
-	s, err := c.NewSession(context.Background(), WithTTL(30*time.Second))
+	s, err := c.NewSession(context.Background(), WithTTL(30*time.Second), WithBind(true))
 	must(t, err)
 	defer s.Close()
 	hs := acquired(t, c.Exclusive("go:kill9:s", WithSession(s)))
+	// A server session outlives connections, not its server: its locks
+	// are lost at its deadline (1 s), by the local timer.
+	ss, err := c.NewSession(context.Background(), WithTTL(1*time.Second))
+	must(t, err)
+	defer ss.Close()
+	hss := acquired(t, c.Exclusive("go:kill9:ss", WithSession(ss)))
 	time.Sleep(50 * time.Millisecond)
 	must(t, syscall.Kill(pid, syscall.SIGKILL))
 	lostWithin(t, h, 5*time.Second, "kill -9", "connection")
-	lostWithin(t, hs, 5*time.Second, "kill -9 (session)", "connection")
+	lostWithin(t, hs, 5*time.Second, "kill -9 (bound session)", "connection")
+	lostWithin(t, hss, 5*time.Second, "kill -9 (server session)", "deadline")
 }
 
 // Issue 40: a stale holder (its lease lost behind its back, the owner name

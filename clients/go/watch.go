@@ -8,8 +8,9 @@ import (
 	"github.com/gomodule/redigo/redis"
 )
 
-// The watcher tells a bound holder at once that its lock changed: one per
-// Client, opened by the first bound holder and closed after the last. Two
+// The watcher tells a bound holder, or a lock in a server session, at once
+// that its lock changed: one per Client, opened by the first such holder
+// and closed after the last. Two
 // connections of its own: a subscriber to __redis__:invalidate, and an
 // observer whose client tracking is redirected to it (CLIENT TRACKING ON
 // REDIRECT <subscriber id>) and which reads each held key with LOCK.INFO.
@@ -25,7 +26,10 @@ import (
 // every watched session check (its own connection fails too, or a new
 // watcher is opened); so does an observer that fails (it pings after
 // pingEvery without a read). The holder's own renewals change the key as
-// well: each is followed by one such check.
+// well: each is followed by one such check. A server session's locks are
+// watched the same way (nodeSession.check: LOCK.SESSION INFO and LOCK.INFO
+// on a pooled connection), which tells a session closed or ended elsewhere
+// at once too: its end changes every key its holders held.
 type watcher struct {
 	sub redis.Conn
 	obs redis.Conn
@@ -37,23 +41,26 @@ type watcher struct {
 
 const pingEvery = 5 * time.Second
 
-// watched: the keys of the Client's bound holders, and the sessions
-// holding each (a count per session: one session may hold a key twice).
-type watched map[string]map[*Session]int
+// watched: the keys of the Client's bound and session holders, and who
+// holds each (a count per binding or session: one may hold a key twice).
+type watched map[string]map[poker]int
+
+// poker: a binding or a server session, told to check its locks.
+type poker interface{ poke() }
 
 // watch registers sess's holder of keys with the watcher (opened if there
 // is none) and arms tracking on them; it tells sess to check at once when
 // a key is not held by (owner, tokens) already. No watcher (an ACL that
 // refuses SUBSCRIBE or CLIENT TRACKING, a server gone): the renewals still
 // notice a loss.
-func (c *Client) watch(ctx context.Context, sess *Session, h *Held) {
+func (c *Client) watch(ctx context.Context, sess poker, h *Held) {
 	c.wmu.Lock()
 	if c.keys == nil {
 		c.keys = watched{}
 	}
 	for _, k := range h.keys {
 		if c.keys[k] == nil {
-			c.keys[k] = map[*Session]int{}
+			c.keys[k] = map[poker]int{}
 		}
 		c.keys[k][sess]++
 	}
@@ -74,7 +81,7 @@ func (c *Client) watch(ctx context.Context, sess *Session, h *Held) {
 }
 
 // unwatch: sess no longer holds h's keys; the last holder closes the watcher.
-func (c *Client) unwatch(sess *Session, keys []string) {
+func (c *Client) unwatch(sess poker, keys []string) {
 	c.wmu.Lock()
 	defer c.wmu.Unlock()
 	for _, k := range keys {
@@ -204,7 +211,7 @@ func (c *Client) read(w *watcher) {
 			w.sub.Close()
 			w.obs.Close()
 			close(w.done)
-			sessions := map[*Session]bool{}
+			sessions := map[poker]bool{}
 			for _, m := range c.keys {
 				for s := range m {
 					sessions[s] = true
@@ -231,15 +238,16 @@ func (c *Client) read(w *watcher) {
 			}
 			c.wmu.Unlock()
 		}
-		sessions := map[*Session]bool{}
+		sessions := map[poker]bool{}
 		for _, k := range keys {
 			c.wmu.Lock()
 			m := c.keys[k]
 			for s := range m {
 				sessions[s] = true
 			}
+			held := len(m) > 0 // read under wmu: unwatch writes m
 			c.wmu.Unlock()
-			if len(m) > 0 {
+			if held {
 				w.observe(k, "", 0, c) // tracked again before the check
 			}
 		}

@@ -18,7 +18,7 @@
 //! and leave through ended holders (`lock_core::Ended::session`), the
 //! unlink of a key and flushes.
 
-use std::collections::{BTreeSet, HashMap, VecDeque};
+use std::collections::{hash_set, BTreeSet, HashMap, HashSet, VecDeque};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{LazyLock, Mutex};
 
@@ -35,7 +35,9 @@ struct Session {
     deadline: u64,
     holders: u64,
     keys: HashMap<DbKey, u32>,
-    waiters: Vec<WaiterId>,
+    /// The requests waiting with it now (each leaves at its answer:
+    /// [`drop_waiter`]; a waiter's id is used again after it).
+    waiters: HashSet<WaiterId>,
 }
 
 /// A session that ended, its keys and waiters still to visit: its key
@@ -44,7 +46,7 @@ struct Session {
 #[derive(Debug)]
 struct Ending {
     keys: std::collections::hash_map::IntoIter<DbKey, u32>,
-    waiters: Vec<WaiterId>,
+    waiters: hash_set::IntoIter<WaiterId>,
 }
 
 #[derive(Default)]
@@ -118,7 +120,7 @@ impl Table {
         if !s.keys.is_empty() || !s.waiters.is_empty() {
             self.ending.push_back(Ending {
                 keys: s.keys.into_iter(),
-                waiters: s.waiters,
+                waiters: s.waiters.into_iter(),
             });
         }
         Some(s.holders)
@@ -248,7 +250,16 @@ pub fn ended_while_waiting(request: &Request, attempt: Attempt, txn: &mut Txn) -
 /// session ends first.
 pub fn add_waiter(id: u64, waiter: WaiterId) {
     if let Some(s) = table().live.get_mut(&id) {
-        s.waiters.push(waiter);
+        s.waiters.insert(waiter);
+    }
+}
+
+/// A waiting request of session `id` was answered (granted, timed out,
+/// refused, its client gone): it no longer follows the session, and its
+/// id may be a later request's.
+pub fn drop_waiter(id: u64, waiter: WaiterId) {
+    if let Some(s) = table().live.get_mut(&id) {
+        s.waiters.remove(&waiter);
     }
 }
 
@@ -264,7 +275,7 @@ pub fn take_work(n: usize) -> (Vec<DbKey>, Vec<WaiterId>) {
         let Some(e) = t.ending.front_mut() else {
             break;
         };
-        if let Some(w) = e.waiters.pop() {
+        if let Some(w) = e.waiters.next() {
             waiters.push(w);
         } else if let Some((k, _)) = e.keys.next() {
             keys.push(k);

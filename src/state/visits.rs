@@ -119,7 +119,7 @@ fn end_sessions(ctx: &Context) {
             break;
         }
         for w in waiters {
-            waiting::refuse(w, LockError::NoSession);
+            waiting::refuse_if_session_ended(w);
         }
         for k in keys {
             catch::callback("a session's key", (), || visit(ctx, k.db, &k.name, false));

@@ -165,6 +165,9 @@ impl Registry {
             }
         }
         self.ready.retain(|w| *w != id);
+        if blocked.request.session != 0 {
+            sessions::drop_waiter(blocked.request.session, id);
+        }
         Some(blocked)
     }
 }
@@ -762,6 +765,21 @@ pub fn refuse(id: WaiterId, error: LockError) -> bool {
         timers::schedule(key.db, &key.name, now);
     }
     true
+}
+
+/// Answers the waiter `id` `NOSESSION` if it still waits with a session
+/// that ended (a session's end answers the waiters it had; one answered
+/// since may have left its id to a request that does not follow it).
+pub fn refuse_if_session_ended(id: WaiterId) -> bool {
+    let session = match registry().waiters.get(&id) {
+        Some(w) => w.request.session,
+        None => return false,
+    };
+    let now = crate::time::clock::now_ms();
+    if session == 0 || sessions::live_deadline(session, now).is_some() {
+        return false;
+    }
+    refuse(id, LockError::NoSession)
 }
 
 /// Where a request joining `key`'s queue now would stand.

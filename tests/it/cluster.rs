@@ -1071,3 +1071,56 @@ fn guard_runs_on_the_lock_keys_node_and_needs_every_key_in_its_slot() {
         vec![lock.clone()]
     );
 }
+
+/// A session lives on the node that opened it: a grant on another node
+/// naming it is `NOSESSION` and changes nothing there, while the node that
+/// opened it grants under it; each node's sessions are its own.
+#[test]
+fn a_session_is_the_opening_nodes_only() {
+    let cl = Cluster::start();
+    let (here, there) = (cl.masters()[0], cl.masters()[1]);
+    let (near, _) = tag_on(&cl, here, "s");
+    let (far, _) = tag_on(&cl, there, "t");
+    let mut a = cl.nodes[here].conn();
+    let mut b = cl.nodes[there].conn();
+    let id = a.cmd(&["LOCK.SESSION", "OPEN", "60000"]).int().to_string();
+    token(a.cmd(&[
+        "LOCK.ACQUIRE",
+        &format!("{near}:k"),
+        "o",
+        "1000",
+        "SESSION",
+        &id,
+    ]));
+    let r = b.cmd(&[
+        "LOCK.ACQUIRE",
+        &format!("{far}:k"),
+        "o",
+        "1000",
+        "SESSION",
+        &id,
+    ]);
+    assert!(r.err().starts_with("NOSESSION"), "{r:?}");
+    assert!(
+        b.lock_info(&format!("{far}:k")).is_none(),
+        "nothing granted"
+    );
+    assert!(b.cmd(&["LOCK.SESSION", "INFO", &id]).is_nil());
+    assert_eq!(b.cmd(&["LOCK.SESSION", "KEEPALIVE", &id, "60000"]).int(), 0);
+    // The session there is that node's own, and both live side by side.
+    let other = b.cmd(&["LOCK.SESSION", "OPEN", "60000"]).int().to_string();
+    token(b.cmd(&[
+        "LOCK.ACQUIRE",
+        &format!("{far}:k"),
+        "o",
+        "1000",
+        "SESSION",
+        &other,
+    ]));
+    assert_eq!(a.cmd(&["LOCK.SESSION", "CLOSE", &id]).int(), 1);
+    assert!(a.lock_info(&format!("{near}:k")).is_none(), "ended with it");
+    assert!(
+        b.lock_info(&format!("{far}:k")).is_some(),
+        "the other node's holds"
+    );
+}

@@ -5,7 +5,8 @@
 //! installs it and golang-go). `gofmt -l` and `go vet`, then its `go test`
 //! against servers started here: a server, a second one SIGSTOPped by the
 //! stall test, a 3-master cluster (redigo has no cluster client: one node,
-//! keys in its slots), and five RedLock servers with two, then three,
+//! keys in its slots; a Session opens a session on each node's Client), and
+//! five RedLock servers with two, then three,
 //! stopped; and the Go programs of docs/clients.md and clients/go/README.md,
 //! run against a server. Go's output is in the failure message, and printed
 //! on success too.
@@ -158,6 +159,10 @@ fn go_package_vet_and_tests_on_a_server_a_stalled_server_a_cluster_node_and_redl
         "TestKeepaliveRenewsBoundWithKeepaliveElseRenew",
         "TestLostLease",
         "TestSessionOneKeepaliveForManyLocks",
+        "TestBoundSessionOneKeepaliveForManyLocks",
+        "TestSessionSurvivesKilledConnections",
+        "TestSessionEndedFromOutside",
+        "TestSessionOnePerClusterNode",
         "TestDeadlockIsAnError",
         "TestBadInputIsErrInvalid",
         "TestStalledServerStallsNothingElse",

@@ -9,7 +9,12 @@
 //! after a lost lease or under a stale token), `replicas=N` against a master and its
 //! replica (paused with SIGSTOP), how long a hold lives (`test_lifetime`: a lost
 //! bound lock told at once, on a server of its own that it kills and restarts;
-//! holds that outlive their thread or task; a stale holder's release), RedLock over five servers with two, then
+//! holds that outlive their thread or task; a stale holder's release), sessions (`test_session`,
+//! on a server of their own: many locks renewed by one `LOCK.SESSION KEEPALIVE` and no
+//! `LOCK.RENEW`; issue 42's fault test in full: 1,000 locks on a session while every connection of
+//! the holder is killed every 100 ms for 10 s, none lost, and the same run with `BIND` losing them
+//! all at the first kill; a session ended from elsewhere or past its deadline; close and exit),
+//! RedLock over five servers with two, then
 //! three, stopped, and every example of clients/python/README.md and the
 //! Python section of docs/clients.md. First, that the generated blocking
 //! modules (`clients/python/unasync.py`) are not stale. Every server is on 127.0.0.1, started
@@ -161,6 +166,8 @@ fn python_wheel_in_a_fresh_virtualenv_whole_suite_examples_and_docs() {
     replica.replicaof(&master);
     wait_for_sync(&master, &replica);
     let replica_pid = replica.pid().expect("the replica's pid");
+    // test_session counts this server's commands, kills its connections and pauses it.
+    let sessions = Server::start();
     let out = run(
         "the package's unittest suite",
         python(&venv, &tests)
@@ -175,12 +182,17 @@ fn python_wheel_in_a_fresh_virtualenv_whole_suite_examples_and_docs() {
                 "test_guard",
                 "test_replicas",
                 "test_lifetime",
+                "test_session",
             ])
             .env("REDIS_LOCK_PORT", server.port.to_string())
             .env("REDIS_LOCK_CLUSTER_PORT", cluster.nodes[0].port.to_string())
             .env("REDIS_LOCK_STALL_PORTS", stall_ports.join(","))
             .env("REDIS_LOCK_MASTER_PORT", master.port.to_string())
             .env("REDIS_LOCK_REPLICA_PID", replica_pid.to_string())
+            .env("REDIS_LOCK_SESSION_PORT", sessions.port.to_string())
+            // Issue 42's fault test in full: 1,000 locks, a kill every 100 ms for 10 s.
+            .env("REDIS_LOCK_FAULT_LOCKS", "1000")
+            .env("REDIS_LOCK_FAULT_SECONDS", "10")
             // test_lifetime kills a server of its own with SIGKILL and starts it again.
             .env(
                 "REDIS_LOCK_SERVER_BIN",

@@ -925,6 +925,7 @@ fn the_package_builds_from_its_packaged_sources() {
             "src/holding.rs",
             "src/lib.rs",
             "src/redlock.rs",
+            "src/session.rs",
             "src/watch.rs"
         ]
     );
@@ -1910,4 +1911,598 @@ fn every_package_has_one_version() {
 
 fn root_path(p: &str) -> std::path::PathBuf {
     std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join(p)
+}
+
+/// The README's Session example, as it runs here.
+mod session_example {
+    use redis_native_lock::{Error, Lock, Session};
+    use std::time::Duration;
+
+    /// Holds a lock per job in one session: one keepalive renews them all,
+    /// and a reconnect loses none of them.
+    pub fn hold_jobs(client: &redis::Client, jobs: &[&str]) -> Result<usize, Error> {
+        let session = Session::new(client)
+            .ttl(Duration::from_secs(30))
+            .on_lost(|e| eprintln!("lost: {e}")); // once per lock, if the session ends
+        let mut locks: Vec<Lock> = jobs
+            .iter()
+            .map(|job| Lock::exclusive(client, format!("job:{job}")).session(&session))
+            .collect();
+        let mut guards = Vec::new();
+        for lock in &mut locks {
+            if let Some(guard) = lock.acquire()? {
+                guards.push(guard);
+            }
+        }
+        let held = guards.len();
+        // ... the work: guard.check()? before each write, guard.token() to fence it
+        for guard in guards {
+            guard.release()?; // LOCK.RELEASE key owner TOKEN t, as for any lock
+        }
+        session.close()?; // dropping the Session closes it too
+        Ok(held)
+    }
+}
+
+/// `INFO commandstats`' calls of `cmd` ("lock.renew", "lock.session|keepalive").
+fn calls(admin: &mut Conn, cmd: &str) -> i64 {
+    let stats = admin.info("commandstats");
+    info_get(&stats, &format!("cmdstat_{cmd}"))
+        .and_then(|v| {
+            v.split(',')
+                .find_map(|f| f.strip_prefix("calls="))
+                .and_then(|n| n.parse().ok())
+        })
+        .unwrap_or(0)
+}
+
+/// `LOCK.SESSION INFO id`'s holders; `None` when the session has ended.
+fn session_holders(admin: &mut Conn, id: i64) -> Option<i64> {
+    let r = admin.cmd(&["LOCK.SESSION", "INFO", &id.to_string()]);
+    (!r.is_nil()).then(|| r.get("holders").expect("holders").int())
+}
+
+/// Whether `key` is held by this guard's grant (owner and token), as the server says.
+fn held_as(admin: &mut Conn, key: &str, g: &Guard<'_>) -> bool {
+    admin.lock_info(key).is_some_and(|i| {
+        i.holders
+            .iter()
+            .any(|h| h.owner == l_owner(g) && h.token == g.token())
+    })
+}
+
+/// Waits up to `d` for `told` to hold `n` callbacks.
+fn told_n(told: &Told, n: usize, d: Duration) -> bool {
+    let deadline = Instant::now() + d;
+    while Instant::now() < deadline {
+        if told.lock().unwrap().len() >= n {
+            return true;
+        }
+        thread::sleep(ms(5));
+    }
+    false
+}
+
+/// Issue 42 (the package's Session): many locks on one session, granted
+/// with `SESSION id` and without `BIND`, renewed by the session's
+/// keepalives alone (no `LOCK.RENEW`, no `LOCK.KEEPALIVE`: counted by the
+/// server), `extend` refused, released as any lock; opened lazily; the
+/// README's example.
+#[test]
+fn many_locks_in_a_session_share_one_keepalive_blocking() {
+    use redis_native_lock::Session;
+    let s = Server::start();
+    let c = client(&s);
+    let mut admin = s.conn();
+    let (told, on_lost) = recorder();
+    let session = Session::new(&c).ttl(ms(1_500)).on_lost(on_lost);
+    assert!(session.ids().is_empty(), "opened lazily");
+    let n = 200;
+    let keys: Vec<String> = (0..n).map(|i| format!("sess:{i}")).collect();
+    let mut locks: Vec<Lock> = keys
+        .iter()
+        .map(|k| Lock::exclusive(&c, k).session(&session))
+        .collect();
+    let guards: Vec<Guard<'_>> = locks
+        .iter_mut()
+        .map(|l| l.acquire().unwrap().expect("granted"))
+        .collect();
+    let ids = session.ids();
+    assert_eq!(ids.len(), 1, "one session on the server: {ids:?}");
+    let id = ids[0].1;
+    assert!(guards
+        .iter()
+        .all(|g| g.session_id() == Some(id) && !g.is_bound()));
+    assert_eq!(session_holders(&mut admin, id), Some(n as i64));
+    let (renews, keepalives) = (
+        calls(&mut admin, "lock.renew"),
+        calls(&mut admin, "lock.keepalive"),
+    );
+    thread::sleep(ms(3_200)); // several of the session's keepalives (every 500 ms), past 2 ttls
+    let session_keepalives = calls(&mut admin, "lock.session|keepalive");
+    println!("{n} locks held 3.2 s: {session_keepalives} LOCK.SESSION KEEPALIVE");
+    assert!(session_keepalives >= 2, "renewed by the session");
+    assert_eq!(calls(&mut admin, "lock.renew"), renews, "no LOCK.RENEW");
+    assert_eq!(calls(&mut admin, "lock.keepalive"), keepalives);
+    for (k, g) in keys.iter().zip(&guards) {
+        assert!(!g.is_lost(), "{k} is held");
+        assert!(held_as(&mut admin, k, g), "{k} held by its grant");
+    }
+    assert!(matches!(
+        guards[0].extend(ms(5_000)),
+        Err(Error::Invalid(_))
+    ));
+    for g in guards {
+        g.release().unwrap();
+    }
+    assert!(keys.iter().all(|k| admin.lock_info(k).is_none()));
+    assert_eq!(session_holders(&mut admin, id), Some(0));
+    assert!(told.lock().unwrap().is_empty(), "nothing lost");
+    assert_eq!(session.close().unwrap(), 0);
+    assert_eq!(session_holders(&mut admin, id), None, "closed");
+    // The README's example.
+    assert_eq!(session_example::hold_jobs(&c, &["a", "b", "c"]).unwrap(), 3);
+    assert!(admin.lock_info("job:a").is_none());
+}
+
+/// Kills every normal connection but its own (`CLIENT KILL TYPE normal
+/// SKIPME yes`: the holder's, its session's keeper's) every 100 ms for `d`.
+fn kill_every_100_ms(s: &Server, d: Duration) -> i64 {
+    let mut killer = s.conn();
+    let end = Instant::now() + d;
+    let mut killed = 0;
+    while Instant::now() < end {
+        killed += killer
+            .cmd(&["CLIENT", "KILL", "TYPE", "normal", "SKIPME", "yes"])
+            .int();
+        thread::sleep(ms(100));
+    }
+    killed
+}
+
+/// Issue 42 item 3, the fault test: a holder with 1,000 locks on a session
+/// while every connection of the holder is killed every 100 ms for 3 s
+/// (the full 10 s run is the Python package's): none lost, each still held
+/// under its token, none told lost, each released afterwards. The same
+/// with `BIND` and no session: every lock freed at the first kill, and each
+/// told lost.
+#[test]
+fn session_locks_survive_every_connection_killed_and_bound_ones_do_not() {
+    use redis_native_lock::Session;
+    let s = Server::start();
+    let c = client(&s);
+    let n = 1_000;
+    let (told, on_lost) = recorder();
+    let session = Session::new(&c).ttl(ms(1_500)).on_lost(on_lost);
+    let keys: Vec<String> = (0..n).map(|i| format!("fault:{i}")).collect();
+    let mut locks: Vec<Lock> = keys
+        .iter()
+        .map(|k| Lock::exclusive(&c, k).session(&session))
+        .collect();
+    let t = Instant::now();
+    let guards: Vec<Guard<'_>> = locks
+        .iter_mut()
+        .map(|l| l.acquire().unwrap().expect("granted"))
+        .collect();
+    println!("{n} session locks acquired in {:?}", t.elapsed());
+    let killed = kill_every_100_ms(&s, Duration::from_secs(3));
+    assert!(
+        killed >= n as i64,
+        "the holder's connections were killed: {killed}"
+    );
+    let mut admin = s.conn();
+    let id = session.ids()[0].1;
+    assert_eq!(session_holders(&mut admin, id), Some(n as i64));
+    for (k, g) in keys.iter().zip(&guards) {
+        assert!(!g.is_lost(), "{k} is not lost");
+        assert!(held_as(&mut admin, k, g), "{k} still held under its token");
+    }
+    assert!(told.lock().unwrap().is_empty(), "none told lost");
+    let t = Instant::now();
+    for g in guards {
+        g.release().unwrap(); // on new connections
+    }
+    println!(
+        "{n} released in {:?} (each on a new connection)",
+        t.elapsed()
+    );
+    assert!(keys.iter().all(|k| admin.lock_info(k).is_none()));
+    // Acquired again through a Lock whose connection was killed: a new one.
+    admin
+        .cmd(&["CLIENT", "KILL", "TYPE", "normal", "SKIPME", "yes"])
+        .int();
+    let again = locks[0]
+        .acquire()
+        .unwrap()
+        .expect("granted on a new connection");
+    assert!(held_as(&mut admin, &keys[0], &again));
+    again.release().unwrap();
+    drop(locks);
+    session.close().unwrap();
+
+    // The same with BIND, no session: all freed at the first kill.
+    let n = 1_000;
+    let (told, on_lost) = recorder();
+    let on_lost = std::sync::Arc::new(on_lost);
+    let keys: Vec<String> = (0..n).map(|i| format!("bound:{i}")).collect();
+    let mut locks: Vec<Lock> = keys
+        .iter()
+        .map(|k| {
+            let f = on_lost.clone();
+            Lock::exclusive(&c, k).on_lost(move |e| f(e))
+        })
+        .collect();
+    let guards: Vec<Guard<'_>> = locks
+        .iter_mut()
+        .map(|l| l.acquire().unwrap().expect("granted"))
+        .collect();
+    assert!(guards.iter().all(|g| g.is_bound()));
+    admin
+        .cmd(&["CLIENT", "KILL", "TYPE", "normal", "SKIPME", "yes"])
+        .int();
+    let mut admin = s.conn();
+    assert!(
+        keys.iter().all(|k| admin.lock_info(k).is_none()),
+        "every bound lock freed at the first kill"
+    );
+    assert!(told_n(&told, n, Duration::from_secs(10)), "each told lost");
+    assert!(guards.iter().all(|g| g.is_lost()));
+    drop(guards);
+}
+
+/// A session ended from outside: `LOCK.SESSION CLOSE` from another
+/// connection (the next keepalive answers 0), and a server that answers
+/// nothing past the session's deadline (`CLIENT PAUSE`: told at the
+/// deadline, before the paused server answers anything). Every lock lost,
+/// each told once, through its own `on_lost` and the session's; a later
+/// lock opens a new session.
+#[test]
+fn a_session_ended_from_outside_loses_every_lock_once_blocking() {
+    use redis_native_lock::Session;
+    let s = Server::start();
+    let c = client(&s);
+    let mut admin = s.conn();
+    for (round, ttl) in [("closed", 900), ("paused", 600)] {
+        let (told, on_lost) = recorder();
+        let (own_told, own) = recorder();
+        let own = std::sync::Arc::new(own);
+        let session = Session::new(&c).ttl(ms(ttl)).on_lost(on_lost);
+        let n = 50;
+        let keys: Vec<String> = (0..n).map(|i| format!("{round}:{i}")).collect();
+        let mut locks: Vec<Lock> = keys
+            .iter()
+            .map(|k| {
+                let f = own.clone();
+                Lock::exclusive(&c, k)
+                    .session(&session)
+                    .on_lost(move |e| f(e))
+            })
+            .collect();
+        let guards: Vec<Guard<'_>> = locks
+            .iter_mut()
+            .map(|l| l.acquire().unwrap().expect("granted"))
+            .collect();
+        let id = session.ids()[0].1;
+        let t0 = Instant::now();
+        let pause = 3_000;
+        if round == "closed" {
+            let ended = admin.cmd(&["LOCK.SESSION", "CLOSE", &id.to_string()]);
+            assert_eq!(ended.int(), n as i64);
+        } else {
+            admin
+                .cmd(&["CLIENT", "PAUSE", &pause.to_string(), "ALL"])
+                .ok();
+        }
+        assert!(
+            told_n(&told, n, Duration::from_secs(5)),
+            "{round}: each told"
+        );
+        assert!(told_n(&own_told, n, Duration::from_secs(1)));
+        let at = told.lock().unwrap().last().map(|(at, _)| *at).unwrap();
+        println!(
+            "{round}: {n} locks told lost {:?} after (ttl {ttl} ms)",
+            at - t0
+        );
+        if round == "paused" {
+            assert!(
+                at < t0 + ms(pause),
+                "told at the deadline, before the paused server answered"
+            );
+            let why = told.lock().unwrap()[0].1.clone();
+            assert!(why.contains("deadline"), "{why}");
+        }
+        thread::sleep(ms(ttl)); // more keepalive ticks: no callback twice
+        assert_eq!(told.lock().unwrap().len(), n, "{round}: once per lock");
+        assert_eq!(own_told.lock().unwrap().len(), n);
+        for g in &guards {
+            assert!(g.is_lost());
+            assert!(matches!(g.check(), Err(Error::LeaseLost { .. })));
+        }
+        if round == "paused" {
+            admin.cmd(&["CLIENT", "UNPAUSE"]).ok();
+        }
+        for g in guards {
+            assert!(matches!(g.release(), Err(Error::LeaseLost { .. })));
+        }
+        // A later lock on the same Session: a new session.
+        let mut later = Lock::exclusive(&c, format!("{round}:later")).session(&session);
+        let g = later.acquire().unwrap().expect("granted");
+        assert_ne!(g.session_id(), Some(id), "a new session");
+        assert!(!g.is_lost());
+        g.release().unwrap();
+        drop(locks);
+        drop(session);
+    }
+}
+
+/// `close()` ends the session's locks in the server at once (a waiter is
+/// granted) and here (released: no callback, the release sends nothing);
+/// dropping the `Session` closes it too (clean exit).
+#[test]
+fn closing_a_session_releases_its_locks_blocking() {
+    use redis_native_lock::Session;
+    let s = Server::start();
+    let c = client(&s);
+    let mut admin = s.conn();
+    let (told, on_lost) = recorder();
+    let session = Session::new(&c).on_lost(on_lost);
+    let mut a = Lock::exclusive(&c, "close:a").session(&session);
+    let ga = a.acquire().unwrap().unwrap();
+    let first = ga.token();
+    let id = ga.session_id().unwrap();
+    let waiter = {
+        let c = c.clone();
+        thread::spawn(move || {
+            let mut w = Lock::exclusive(&c, "close:a").wait(Some(Duration::from_secs(10)));
+            let g = w
+                .acquire()
+                .unwrap()
+                .expect("granted once the session closed");
+            let t = g.token();
+            g.release().unwrap();
+            t
+        })
+    };
+    while admin.lock_info("close:a").map_or(0, |i| i.waiters) == 0 {
+        thread::sleep(ms(5));
+    }
+    assert_eq!(session.close().unwrap(), 1, "one holder ended");
+    assert!(waiter.join().unwrap() > first, "the waiter was granted");
+    assert!(ga.is_lost(), "nothing is held any more");
+    ga.release().unwrap();
+    assert!(told.lock().unwrap().is_empty(), "released, not lost");
+    assert_eq!(session_holders(&mut admin, id), None);
+    // Dropping the Session closes it, its locks with it.
+    let s2 = Session::new(&c);
+    let mut b = Lock::exclusive(&c, "close:b").session(&s2);
+    let gb = b.acquire().unwrap().unwrap();
+    let id = gb.session_id().unwrap();
+    drop(s2);
+    assert!(admin.lock_info("close:b").is_none());
+    assert_eq!(session_holders(&mut admin, id), None);
+    drop(gb);
+    // A Session is shared by threads (a lock per thread in one session).
+    fn shared<T: Send + Sync>() {}
+    shared::<Session>();
+    shared::<aio::Session>();
+    // A lock on another server than its Session's: refused, nothing sent.
+    let other = Server::start();
+    let s3 = Session::new(&c);
+    let mut elsewhere = Lock::exclusive(&client(&other), "close:c").session(&s3);
+    assert!(matches!(elsewhere.acquire(), Err(Error::Invalid(_))));
+    assert!(s3.ids().is_empty());
+}
+
+/// tokio: many locks on one session (no LOCK.RENEW), an external CLOSE
+/// tells each lock once, and `close().await` releases them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_session_in_tokio() {
+    let s = Server::start();
+    let c = client(&s);
+    let mut admin = s.conn();
+    let (told, on_lost) = recorder();
+    let session = aio::Session::new(&c).ttl(ms(1_200)).on_lost(on_lost);
+    let n = 100;
+    let keys: Vec<String> = (0..n).map(|i| format!("tokio:{i}")).collect();
+    let mut locks: Vec<aio::Lock> = keys
+        .iter()
+        .map(|k| aio::Lock::exclusive(&c, k).session(&session))
+        .collect();
+    let mut guards = Vec::new();
+    for l in locks.iter_mut() {
+        guards.push(l.acquire().await.unwrap().expect("granted"));
+    }
+    let id = session.ids()[0].1;
+    let renews = calls(&mut admin, "lock.renew");
+    tokio::time::sleep(ms(2_500)).await; // past two ttls
+    assert!(calls(&mut admin, "lock.session|keepalive") >= 2);
+    assert_eq!(calls(&mut admin, "lock.renew"), renews);
+    assert_eq!(session_holders(&mut admin, id), Some(n as i64));
+    assert!(guards
+        .iter()
+        .all(|g| !g.is_lost() && g.session_id() == Some(id)));
+    assert!(matches!(
+        guards[0].extend(ms(1_000)).await,
+        Err(Error::Invalid(_))
+    ));
+    assert_eq!(session.close().await.unwrap(), n as i64);
+    assert!(keys.iter().all(|k| admin.lock_info(k).is_none()));
+    for g in guards {
+        g.release().await.unwrap();
+    }
+    assert!(
+        told.lock().unwrap().is_empty(),
+        "closed: released, not lost"
+    );
+    // Ended from outside: each lock told once.
+    let mut guards = Vec::new();
+    for l in locks.iter_mut() {
+        guards.push(l.acquire().await.unwrap().expect("granted"));
+    }
+    let id = session.ids()[0].1;
+    assert_eq!(
+        admin.cmd(&["LOCK.SESSION", "CLOSE", &id.to_string()]).int(),
+        n as i64
+    );
+    assert!(told_n(&told, n, Duration::from_secs(5)));
+    tokio::time::sleep(ms(600)).await;
+    assert_eq!(told.lock().unwrap().len(), n, "once per lock");
+    assert!(guards.iter().all(|g| g.is_lost()));
+    drop(guards);
+    session.close().await.unwrap();
+}
+
+/// A cluster: locks on keys of two nodes open one session per node, each
+/// renewed on its node.
+#[test]
+fn a_session_in_a_cluster_opens_one_per_node() {
+    use crate::common::cluster::key_slot;
+    use redis_native_lock::Session;
+    let cluster = Cluster::start();
+    let cc = cluster_client(&cluster);
+    let session = Session::new(&cc).ttl(ms(1_500));
+    // Two keys whose slots two different primaries serve.
+    let mut keys: Vec<(String, usize)> = Vec::new();
+    for i in 0.. {
+        let k = format!("node:{i}");
+        let owner = cluster.owner(key_slot(k.as_bytes()));
+        if keys.iter().all(|(_, o)| *o != owner) {
+            keys.push((k, owner));
+        }
+        if keys.len() == 2 {
+            break;
+        }
+    }
+    let mut locks: Vec<Lock> = keys
+        .iter()
+        .map(|(k, _)| Lock::exclusive(&cc, k).session(&session))
+        .collect();
+    let guards: Vec<Guard<'_>> = locks
+        .iter_mut()
+        .map(|l| l.acquire().unwrap().expect("granted"))
+        .collect();
+    let ids = session.ids();
+    assert_eq!(ids.len(), 2, "one session per node: {ids:?}");
+    thread::sleep(ms(3_200)); // renewed on each node past two ttls
+    for ((k, owner), g) in keys.iter().zip(&guards) {
+        let mut node = cluster.nodes[*owner].conn();
+        let id = g.session_id().unwrap();
+        assert!(ids.iter().any(|(_, i)| *i == id));
+        assert_eq!(session_holders(&mut node, id), Some(1), "{k}'s node");
+        assert!(!g.is_lost());
+        assert!(held_as(&mut node, k, g));
+    }
+    for g in guards {
+        g.release().unwrap();
+    }
+    session.close().unwrap();
+    assert!(session.ids().is_empty());
+}
+
+/// Every kind in a session: each granted with `SESSION id` (the server
+/// counts its holders), a reentrant lock re-entered in it, each released.
+#[test]
+fn every_kind_in_a_session_blocking() {
+    use redis_native_lock::Session;
+    let s = Server::start();
+    let c = client(&s);
+    let mut admin = s.conn();
+    let session = Session::new(&c);
+    let mut r = Lock::reentrant(&c, "kind:r").session(&session);
+    let mut rd = Lock::read(&c, "kind:rw").session(&session);
+    let mut sem = Lock::semaphore(&c, "kind:sem", 2).session(&session);
+    let mut m = Lock::multi(&c, ["kind:m1", "kind:m2"]).session(&session);
+    let mut gr = r.acquire().unwrap().unwrap();
+    let id = gr.session_id().unwrap();
+    let again = gr.reacquire().unwrap().expect("re-entered");
+    let grd = rd.acquire().unwrap().unwrap();
+    let gs = sem.acquire().unwrap().unwrap();
+    let gm = m.acquire().unwrap().unwrap();
+    // One holder per key (a reentrant lock's two holds are one holder).
+    assert_eq!(session_holders(&mut admin, id), Some(5));
+    assert!([grd.session_id(), gs.session_id(), gm.session_id()]
+        .iter()
+        .all(|i| *i == Some(id)));
+    again.release().unwrap();
+    assert!(!gr.is_lost());
+    gr.release().unwrap();
+    grd.release().unwrap();
+    gs.release().unwrap();
+    gm.release().unwrap();
+    assert_eq!(session_holders(&mut admin, id), Some(0));
+    for k in ["kind:r", "kind:rw", "kind:sem", "kind:m1", "kind:m2"] {
+        assert!(admin.lock_info(k).is_none(), "{k} released");
+    }
+}
+
+/// A grant answered `NOSESSION` (the session closed from outside, long
+/// before the keeper's next tick): the session has ended, its locks are
+/// told lost at once, and the grant is made in a new session.
+#[test]
+fn a_grant_answered_nosession_ends_the_session_blocking() {
+    use redis_native_lock::Session;
+    let s = Server::start();
+    let c = client(&s);
+    let mut admin = s.conn();
+    let (told, on_lost) = recorder();
+    let session = Session::new(&c).on_lost(on_lost); // 30 s: the next keepalive is 10 s away
+    let mut a = Lock::exclusive(&c, "nos:a").session(&session);
+    let ga = a.acquire().unwrap().unwrap();
+    let id = ga.session_id().unwrap();
+    assert_eq!(
+        admin.cmd(&["LOCK.SESSION", "CLOSE", &id.to_string()]).int(),
+        1
+    );
+    let mut b = Lock::exclusive(&c, "nos:b").session(&session);
+    let gb = b.acquire().unwrap().expect("granted in a new session");
+    assert_ne!(gb.session_id(), Some(id));
+    assert_eq!(
+        session.ids(),
+        vec![(String::new(), gb.session_id().unwrap())]
+    );
+    let why = told_within(&told, Duration::from_secs(1)).expect("told at once");
+    assert!(why.contains("NOSESSION"), "{why}");
+    assert!(ga.is_lost());
+    assert_eq!(told.lock().unwrap().len(), 1);
+    gb.release().unwrap();
+    drop(ga);
+}
+
+/// tokio: session locks survive every connection of the process killed
+/// every 100 ms (the keeper reconnects; each lock's release goes on a new
+/// connection).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn session_locks_survive_every_connection_killed_tokio() {
+    let s = Server::start();
+    let c = client(&s);
+    let (told, on_lost) = recorder();
+    let session = aio::Session::new(&c).ttl(ms(1_200)).on_lost(on_lost);
+    let n = 200;
+    let keys: Vec<String> = (0..n).map(|i| format!("tkill:{i}")).collect();
+    let mut locks: Vec<aio::Lock> = keys
+        .iter()
+        .map(|k| aio::Lock::exclusive(&c, k).session(&session))
+        .collect();
+    let mut guards = Vec::new();
+    for l in locks.iter_mut() {
+        guards.push(l.acquire().await.unwrap().expect("granted"));
+    }
+    let killer = {
+        let s = &s;
+        tokio::task::block_in_place(move || kill_every_100_ms(s, Duration::from_secs(3)))
+    };
+    assert!(killer >= n as i64);
+    let mut admin = s.conn();
+    for (k, g) in keys.iter().zip(&guards) {
+        assert!(!g.is_lost(), "{k}");
+        assert!(admin
+            .lock_info(k)
+            .is_some_and(|i| i.holders.iter().any(|h| h.token == g.token())));
+    }
+    assert!(told.lock().unwrap().is_empty(), "none lost");
+    for g in guards {
+        g.release().await.unwrap();
+    }
+    assert!(keys.iter().all(|k| admin.lock_info(k).is_none()));
+    session.close().await.unwrap();
 }

@@ -347,6 +347,60 @@ fn close_grants_the_waiters_and_ends_the_sessions_own_waiters_with_nosession() {
     assert_eq!(session_info(&mut c, third).expect("live").1, 1);
 }
 
+/// A session's waiter that was granted leaves the session's waiters: its
+/// id (the blocked client's) may be a later waiter's, which the session's
+/// end must not answer `NOSESSION`.
+#[test]
+fn a_session_ends_only_its_own_waiters_not_those_granted_before() {
+    let srv = Server::start();
+    let mut c = srv.conn();
+    let id = open(&mut c, 600_000);
+    assert!(
+        c.cmd(&["LOCK.ACQUIRE", "k1", "o1", "600000", "SESSION", &s(id)])
+            .int()
+            > 0
+    );
+    assert!(c.cmd(&["LOCK.ACQUIRE", "w", "o9", "30000"]).int() > 0);
+    // One connection waits twice: first with the session (granted), then
+    // without one on the session's key; its blocked client is made the
+    // same way both times.
+    let mut b = srv.conn();
+    for round in 0..20 {
+        let owner = format!("o1b-{round}");
+        b.send(&[
+            "LOCK.ACQUIRE",
+            "w",
+            &owner,
+            "600000",
+            "SESSION",
+            &s(id),
+            "WAIT",
+            "5000",
+        ])
+        .unwrap();
+        wait_until(Duration::from_secs(5), "the session's waiter waits", || {
+            c.lock_info("w").is_some_and(|i| i.waiters == 1)
+        });
+        let holder = match round {
+            0 => "o9".to_string(),
+            n => format!("o1b-{}", n - 1),
+        };
+        assert_eq!(c.cmd(&["LOCK.RELEASE", "w", &holder]).int(), 1);
+        assert!(b.read_reply().expect("granted").int() > 0);
+    }
+    b.send(&["LOCK.ACQUIRE", "k1", "o2", "30000", "WAIT", "5000"])
+        .unwrap();
+    wait_until(Duration::from_secs(5), "o2 waits", || {
+        c.lock_info("k1").is_some_and(|i| i.waiters == 1)
+    });
+    assert_eq!(c.cmd(&["LOCK.SESSION", "CLOSE", &s(id)]).int(), 2);
+    let r = b.read_reply().expect("o2");
+    assert!(
+        matches!(r, Reply::Int(t) if t > 0),
+        "o2 granted, not refused: {r:?}"
+    );
+}
+
 #[test]
 fn bind_with_session_ends_at_the_first_of_the_two() {
     let srv = Server::start();

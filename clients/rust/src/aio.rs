@@ -20,6 +20,7 @@ use tokio::sync::{Mutex, Notify};
 
 use crate::commands::{self, Exchange, Guarded, Release, Released, Renew};
 use crate::holding::{tell, After, Holding, Reacquired};
+use crate::session::{self, Follower};
 use crate::watch::{self, Watched};
 use crate::{
     bound_failed, closed, fresh_owner, gone_error, io_failure, limit, tick, timed_out, Error, Kind,
@@ -29,6 +30,117 @@ use crate::{
 pub struct Lock {
     shared: Arc<Shared>,
     opts: Options,
+}
+
+/// As the blocking [`crate::Session`]: one lease for many locks, its keeper
+/// a thread of its own (its I/O never blocks the runtime). Close it with
+/// [`Session::close`]`.await`; a `Session` dropped unclosed is closed on a
+/// thread spawned for it (best effort).
+pub struct Session {
+    core: Arc<session::Core>,
+}
+
+impl Session {
+    /// As the blocking [`crate::Session::new`]: nothing is sent yet.
+    pub fn new(client: impl Into<Target>) -> Session {
+        Session {
+            core: session::Core::new(client.into()),
+        }
+    }
+
+    /// The session's lease (default 30 s), renewed at a third of it.
+    pub fn ttl(self, ttl: Duration) -> Self {
+        self.core.set_ttl(ttl);
+        self
+    }
+
+    /// The connect timeout and the longest a keeper's reply may take (default 2 s).
+    pub fn timeout(self, timeout: Duration) -> Self {
+        self.core.set_timeout(timeout);
+        self
+    }
+
+    /// Called once per lock on the session when it ends (after the lock's
+    /// own `on_lost`), with that lock's [`Error::LeaseLost`].
+    pub fn on_lost(self, f: impl Fn(&Error) + Send + Sync + 'static) -> Self {
+        self.core.set_on_lost(Arc::new(f));
+        self
+    }
+
+    /// The sessions open now, as (node, id) ("" on a single server).
+    pub fn ids(&self) -> Vec<(String, i64)> {
+        self.core.ids()
+    }
+
+    /// As the blocking [`crate::Session::close`].
+    pub async fn close(&self) -> Result<i64, Error> {
+        let core = Arc::clone(&self.core);
+        tokio::task::spawn_blocking(move || core.close())
+            .await
+            .unwrap_or_else(|e| {
+                Err(Error::Redis(redis::RedisError::from(
+                    std::io::Error::other(e),
+                )))
+            })
+    }
+}
+
+impl Drop for Session {
+    /// Closes it on a thread of its own (best effort): `close().await` first
+    /// to know it is done.
+    fn drop(&mut self) {
+        let core = Arc::clone(&self.core);
+        let _ = std::thread::Builder::new()
+            .name("redis-native-lock-session-close".into())
+            .spawn(move || core.drop_session());
+    }
+}
+
+/// The session on `key`'s node: at once if open, else opened off the
+/// runtime's threads.
+async fn ensure(link: &session::Link, target: &Target, key: &[u8]) -> Result<(String, i64), Error> {
+    if link.0.serves(target) {
+        if let Some(found) = link.0.cached(key) {
+            return Ok(found);
+        }
+    }
+    let (core, target, key) = (Arc::clone(&link.0), target.clone(), key.to_vec());
+    tokio::task::spawn_blocking(move || core.ensure(&target, &key))
+        .await
+        .unwrap_or_else(|e| {
+            Err(Error::Redis(redis::RedisError::from(
+                std::io::Error::other(e),
+            )))
+        })
+}
+
+/// The lock follows its session from now on; a session ended meanwhile: lost.
+fn follow(s: &Arc<Shared>, core: &Arc<session::Core>, node: &str, id: i64, generation: u64) {
+    let weak: Weak<dyn Follower> = Arc::downgrade(&(Arc::clone(s) as Arc<dyn Follower>));
+    match core.follow(node, id, weak, generation) {
+        Some(deadline) => {
+            let _ = s.renewed(generation, deadline);
+        }
+        None => {
+            if let Some((own, err)) = s.ended(generation, session::ENDED_DEADLINE) {
+                core.tell(own, &err);
+            }
+        }
+    }
+}
+
+impl Follower for Shared {
+    fn renewed(&self, generation: u64, until: Instant) -> bool {
+        std_lock(&self.status).session_renewed(generation, until)
+    }
+
+    fn ended(&self, generation: u64, why: &str) -> Option<(Option<crate::OnLost>, Error)> {
+        std_lock(&self.status).session_ended(&self.kind, generation, why)
+    }
+
+    fn closed(&self, generation: u64) {
+        std_lock(&self.status).session_closed(generation, session::CLOSED);
+    }
 }
 
 #[must_use = "release the guard with .release().await"]
@@ -200,6 +312,12 @@ impl Lock {
 
     crate::api::lock_builder!(std_lock);
 
+    /// As the blocking [`crate::Lock::session`]: holds in `session`.
+    pub fn session(mut self, session: &Session) -> Self {
+        self.opts.session = Some(session::Link(Arc::clone(&session.core)));
+        self
+    }
+
     /// As the blocking [`crate::Lock::acquire`]. Cancelling the future (a
     /// `select!`, a timeout) closes the connection the request waited on,
     /// which frees a grant it may have got meanwhile (bound); an unbound
@@ -220,29 +338,64 @@ impl Lock {
         let owner = std_lock(&s.status).owner.clone();
         s.kind.check(&opts, &owner)?;
         crate::check_replicas(&opts, &s.client)?;
+        // In a session: its id on the key's node (opened the first time).
+        let first = s.kind.keys().into_iter().next().unwrap_or_default();
+        let mut session = match &opts.session {
+            Some(link) => Some(ensure(link, &s.client, &first).await?),
+            None => None,
+        };
         let mut slot = s.conn.lock().await;
         flush(&s, &mut slot).await;
         // Taken out while the request waits: a cancelled acquire drops it
         // (closing it frees a grant made meanwhile).
         let started = Instant::now();
+        let reused = slot.is_some();
         let mut conn = match slot.take() {
             Some(c) => c,
             None => Conn::open(&s.client, opts.timeout).await?,
         };
-        let mut bound = opts.bind && matches!(s.client, Target::Server(_));
+        let mut bound = opts.bind && matches!(s.client, Target::Server(_)) && session.is_none();
         let sent = Instant::now();
         // One deadline for connecting and the reply.
         let t = opts
             .acquire_timeout()
             .map(|t| limit(t, t.saturating_sub(started.elapsed())));
+        let id = session.as_ref().map(|(_, id)| *id);
         let mut reply = conn
-            .query(&commands::acquire(&s.kind, &opts, &owner, bound), t)
+            .query(&commands::acquire(&s.kind, &opts, &owner, bound, id), t)
             .await;
+        if id.is_some() && reused && matches!(&reply, Err(e) if io_failure(e) && !e.is_timeout()) {
+            // A session lock outlives its connection: one that died while
+            // idle (killed: it ran nothing) is replaced.
+            conn = Conn::open(&s.client, opts.timeout).await?;
+            reply = conn
+                .query(&commands::acquire(&s.kind, &opts, &owner, false, id), t)
+                .await;
+        }
         if bound && matches!(&reply, Err(e) if e.to_string().contains("syntax error")) {
             bound = false;
             reply = conn
-                .query(&commands::acquire(&s.kind, &opts, &owner, false), t)
+                .query(&commands::acquire(&s.kind, &opts, &owner, false, None), t)
                 .await;
+        }
+        if let (Some(link), Some((node, id))) = (&opts.session, &session) {
+            if matches!(&reply, Err(e) if commands::no_session(e)) {
+                // The session ended (or, in a cluster, the slot moved): once
+                // more, in a session opened anew.
+                link.0.refused(node, *id);
+                match ensure(link, &s.client, &first).await {
+                    Ok(again) => {
+                        let id = Some(again.1);
+                        session = Some(again);
+                        let cmd = commands::acquire(&s.kind, &opts, &owner, false, id);
+                        reply = conn.query(&cmd, t).await;
+                    }
+                    Err(e) => {
+                        *slot = Some(conn);
+                        return Err(e);
+                    }
+                }
+            }
         }
         let reply = match reply {
             Ok(r) => r,
@@ -319,10 +472,17 @@ impl Lock {
             st.replicas = opts.replicas;
             st.replicas_timeout = opts.replicas_timeout;
             st.durable = durable;
+            st.session = session.as_ref().map(|(_, id)| *id);
+            st.released = false;
             (st.generation, Arc::clone(&st.wake))
         };
         drop(slot);
-        tokio::spawn(watchdog(Arc::clone(&s), generation, wake));
+        if let (Some(link), Some((node, id))) = (&opts.session, &session) {
+            // No watchdog: the session's keeper is its one renewal.
+            follow(&s, &link.0, node, *id, generation);
+        } else {
+            tokio::spawn(watchdog(Arc::clone(&s), generation, wake));
+        }
         Ok(Some(Guard {
             lock: self,
             generation,
@@ -604,12 +764,14 @@ fn unhold(s: &Shared, generation: u64, all: bool) -> Option<(Vec<u8>, Vec<i64>)>
     if !st.current(generation) {
         return None;
     }
-    st.holds = if all { 0 } else { st.holds - 1 };
+    // Closed with its session: released already.
+    st.holds = if all || st.released { 0 } else { st.holds - 1 };
     let last = st.holds == 0;
     if last {
         st.wake.notify_one();
     }
-    (all || last || s.kind.counted()).then(|| (st.owner.clone(), st.tokens.clone()))
+    (!st.released && (all || last || s.kind.counted()))
+        .then(|| (st.owner.clone(), st.tokens.clone()))
 }
 
 /// After the last hold: the next acquisition, a fresh owner unless fixed.
@@ -640,7 +802,14 @@ async fn end(s: &Shared, generation: u64, all: bool) -> Result<(), Error> {
             )
         };
         let timeout = limit(timeout, left.max(Duration::from_millis(50)));
-        let outcome = release_keys(&mut slot, &s.kind, &owner, &tokens, timeout, all).await;
+        let mut outcome = release_keys(&mut slot, &s.kind, &owner, &tokens, timeout, all).await;
+        let in_session = std_lock(&s.status).session.is_some();
+        if in_session && matches!(&outcome, Err(e) if io_failure(e)) {
+            // A session lock outlives its connection: the release goes on
+            // a new one (a killed connection ran nothing).
+            *slot = Conn::open(&s.client, timeout).await.ok();
+            outcome = release_keys(&mut slot, &s.kind, &owner, &tokens, timeout, all).await;
+        }
         let (after, r) = std_lock(&s.status).after_release(&s.kind, outcome);
         result = r;
         if after.close {
@@ -653,7 +822,7 @@ async fn end(s: &Shared, generation: u64, all: bool) -> Result<(), Error> {
     }
     let (last, timeout) = {
         let st = std_lock(&s.status);
-        if result.is_ok() && st.lost.is_some() {
+        if result.is_ok() && st.lost.is_some() && !st.released {
             result = Err(st.lost_error(&s.kind));
         }
         (st.holds == 0 && st.bound, st.timeout)
@@ -721,7 +890,15 @@ impl Guard<'_> {
         };
         // A clone of the multiplexed connection: the watchdog and other
         // calls are not kept waiting behind this one.
-        let Some(mut conn) = s.conn.lock().await.clone() else {
+        let conn = {
+            let mut slot = s.conn.lock().await;
+            if slot.is_none() && !bound {
+                // Unbound (a session lock's connection killed): a new one.
+                *slot = Conn::open(&s.client, limit(timeout, left)).await.ok();
+            }
+            slot.clone()
+        };
+        let Some(mut conn) = conn else {
             return Err(Error::Redis(closed()));
         };
         let reply = conn.query(&guard, Some(limit(timeout, left))).await;
@@ -751,6 +928,9 @@ impl Guard<'_> {
         let s = self.shared();
         if ttl < Duration::from_millis(1) {
             return Err(Error::Invalid("a ttl under 1 ms".into()));
+        }
+        if std_lock(&s.status).session.is_some() {
+            return Err(Error::Invalid(crate::IN_SESSION.into()));
         }
         self.check()?;
         let mut slot = s.conn.lock().await;
@@ -788,18 +968,21 @@ impl Guard<'_> {
         let s = Arc::clone(&self.lock.shared);
         let opts = self.lock.opts.clone();
         let mut slot = s.conn.lock().await;
-        let (owner, bound, timeout, left) = {
+        let (owner, bound, timeout, left, session) = {
             let st = std_lock(&s.status);
             let left = st.valid_until.saturating_duration_since(Instant::now());
-            (st.owner.clone(), st.bound, st.timeout, left)
+            (st.owner.clone(), st.bound, st.timeout, left, st.session)
         };
+        if slot.is_none() && !bound {
+            *slot = Conn::open(&s.client, limit(timeout, left)).await.ok();
+        }
         let Some(conn) = slot.as_mut() else {
             return Err(Error::Redis(closed()));
         };
         let sent = Instant::now();
         let reply = conn
             .query(
-                &commands::acquire(&s.kind, &opts, &owner, bound),
+                &commands::acquire(&s.kind, &opts, &owner, bound, session),
                 Some(limit(timeout, left)),
             )
             .await;
@@ -863,6 +1046,9 @@ impl Drop for Guard<'_> {
             return;
         }
         let Some(grant) = unhold(&s, self.generation, false) else {
+            // Nothing to send (a hold of several, or closed with its
+            // session): the acquisition ends with its last hold.
+            finish(&s, self.generation);
             return;
         };
         std_lock(&s.status).pending.push(grant);

@@ -165,6 +165,11 @@ macro_rules! guard_reads {
             $lock(&self.shared().status).durable
         }
 
+        /// The id of the session the grant follows; `None` outside a session.
+        pub fn session_id(&self) -> Option<i64> {
+            $lock(&self.shared().status).session
+        }
+
         /// Whether the lock is bound to the holder's connection (`BIND`).
         pub fn is_bound(&self) -> bool {
             $lock(&self.shared().status).bound

@@ -9,6 +9,7 @@ use redis::FromRedisValue;
 
 use crate::commands::{self, Exchange, Guarded, Release, Released, Renew};
 use crate::holding::{tell, After, Holding, Reacquired};
+use crate::session::{self, Follower};
 use crate::watch::{self, Watched};
 use crate::{
     bound_failed, closed, fresh_owner, gone_error, io_failure, limit, tick, Error, Kind, Options,
@@ -32,8 +33,77 @@ pub struct Guard<'a> {
     done: bool,
 }
 
+/// A session (`LOCK.SESSION`): one lease that many locks share, renewed
+/// by one `LOCK.SESSION KEEPALIVE` per server at a third of its ttl (a
+/// keeper thread per `Session`, reconnecting after a failure until the
+/// session's deadline), that survives the client's reconnects. Locks join
+/// it with [`Lock::session`]: granted with `SESSION id` and without `BIND`,
+/// no watchdog of their own. Opened lazily on the first lock's server (per
+/// node in a cluster). When it ends (a keepalive answered 0, a grant
+/// answered `NOSESSION`, or its deadline passed with no keepalive
+/// acknowledged: told at the deadline) every lock on it is lost, each told
+/// once ([`Lock::on_lost`], then [`Session::on_lost`]); a later lock opens a
+/// new session. [`Session::close`] (and dropping the `Session`) ends its
+/// locks at once, released (not lost: no callback).
+pub struct Session {
+    core: Arc<session::Core>,
+}
+
+impl Session {
+    /// A session for locks on `client`'s server (or cluster); nothing is
+    /// sent until a lock needs it.
+    pub fn new(client: impl Into<Target>) -> Session {
+        Session {
+            core: session::Core::new(client.into()),
+        }
+    }
+
+    /// The session's lease (default 30 s), renewed at a third of it.
+    pub fn ttl(self, ttl: Duration) -> Self {
+        self.core.set_ttl(ttl);
+        self
+    }
+
+    /// The connect timeout and the longest a keeper's reply may take
+    /// (default 2 s; never past the session's deadline).
+    pub fn timeout(self, timeout: Duration) -> Self {
+        self.core.set_timeout(timeout);
+        self
+    }
+
+    /// Called once per lock on the session when the session ends (after
+    /// the lock's own [`Lock::on_lost`]), with that lock's
+    /// [`Error::LeaseLost`]; on the keeper's thread (or the acquire's).
+    pub fn on_lost(self, f: impl Fn(&Error) + Send + Sync + 'static) -> Self {
+        self.core.set_on_lost(Arc::new(f));
+        self
+    }
+
+    /// The sessions open now, as (node, id): the node is "" on a single
+    /// server, "host:port" in a cluster.
+    pub fn ids(&self) -> Vec<(String, i64)> {
+        self.core.ids()
+    }
+
+    /// `LOCK.SESSION CLOSE` on every node it opened: its locks end at once
+    /// in the server (waiters are granted) and here (released: `is_lost()`
+    /// true, no callback, their release sends nothing and is `Ok`). How
+    /// many holders ended, as the servers say. A lock acquired later opens
+    /// a new session.
+    pub fn close(&self) -> Result<i64, Error> {
+        self.core.close()
+    }
+}
+
+impl Drop for Session {
+    /// Closes it, best effort (each node's reply within the timeout).
+    fn drop(&mut self) {
+        let _ = self.core.drop_session();
+    }
+}
+
 /// A holder's connection: to the server, or to the cluster.
-enum Conn {
+pub(crate) enum Conn {
     Server(redis::Connection),
     Cluster(Box<redis::cluster::ClusterConnection>),
 }
@@ -42,7 +112,7 @@ impl Conn {
     /// A connection with a connect timeout and read/write timeouts. The
     /// `redis` crate's handshake reads with the timeout per read (several
     /// reads): it runs on a thread of its own, given up after `timeout`.
-    fn open(target: &Target, timeout: Duration) -> redis::RedisResult<Conn> {
+    pub(crate) fn open(target: &Target, timeout: Duration) -> redis::RedisResult<Conn> {
         let (tx, rx) = std::sync::mpsc::channel();
         let target = target.clone();
         thread::Builder::new()
@@ -70,7 +140,7 @@ impl Conn {
     }
 
     /// Read and write timeouts (`None`: a read waits as long as it takes).
-    fn timeouts(&self, read: Option<Duration>) -> redis::RedisResult<()> {
+    pub(crate) fn timeouts(&self, read: Option<Duration>) -> redis::RedisResult<()> {
         let write = read.or(Some(crate::DEFAULT_TIMEOUT));
         match self {
             Conn::Server(c) => {
@@ -88,6 +158,36 @@ impl Conn {
         match self {
             Conn::Server(c) => cmd.query(c),
             Conn::Cluster(c) => cmd.query(&mut **c),
+        }
+    }
+
+    /// `cmd` to `node` ("host:port" in a cluster; on a server, the server).
+    pub(crate) fn on_node(
+        &mut self,
+        node: &str,
+        cmd: &redis::Cmd,
+    ) -> redis::RedisResult<redis::Value> {
+        use redis::cluster_routing::{RoutingInfo, SingleNodeRoutingInfo};
+        match self {
+            Conn::Server(c) => cmd.query(c),
+            Conn::Cluster(c) if node.is_empty() => {
+                c.route_command(cmd, RoutingInfo::SingleNode(SingleNodeRoutingInfo::Random))
+            }
+            Conn::Cluster(c) => {
+                let (host, port) = node.rsplit_once(':').unwrap_or((node, ""));
+                let port = port.parse().map_err(|_| {
+                    redis::RedisError::from((
+                        redis::ErrorKind::Client,
+                        "a node address without a port",
+                        node.to_string(),
+                    ))
+                })?;
+                let routing = RoutingInfo::SingleNode(SingleNodeRoutingInfo::ByAddress {
+                    host: host.to_string(),
+                    port,
+                });
+                c.route_command(cmd, routing)
+            }
         }
     }
 
@@ -146,6 +246,14 @@ impl Lock {
 
     crate::api::lock_builder!(lock);
 
+    /// Holds in `session`: granted with `SESSION id` (no `BIND`), renewed
+    /// only by the session's keeper ([`Guard::extend`] is refused), lost when
+    /// the session ends; it survives its connections being killed.
+    pub fn session(mut self, session: &Session) -> Self {
+        self.opts.session = Some(session::Link(Arc::clone(&session.core)));
+        self
+    }
+
     /// Asks for the lock, waiting in the server as configured (by default
     /// not at all): a guard, or `None` when refused or the wait ran out.
     /// [`Error::Deadlock`] when waiting would close a cycle of waits.
@@ -166,9 +274,16 @@ impl Lock {
         let owner = lock(&s.status).owner.clone();
         s.kind.check(&opts, &owner)?;
         crate::check_replicas(&opts, &s.client)?;
+        // In a session: its id on the key's node (opened the first time).
+        let first = s.kind.keys().into_iter().next().unwrap_or_default();
+        let mut session = match &opts.session {
+            Some(link) => Some(link.0.ensure(&s.client, &first)?),
+            None => None,
+        };
         let mut slot = lock(&s.conn);
-        let mut bound = opts.bind && matches!(s.client, Target::Server(_));
+        let mut bound = opts.bind && matches!(s.client, Target::Server(_)) && session.is_none();
         let started = Instant::now();
+        let reused = slot.is_some();
         let mut conn = match slot.take() {
             Some(c) => c,
             None => Conn::open(&s.client, opts.timeout)?,
@@ -178,13 +293,40 @@ impl Lock {
         let reply_timeout = opts
             .acquire_timeout()
             .map(|t| limit(t, t.saturating_sub(started.elapsed())));
+        let id = session.as_ref().map(|(_, id)| *id);
         let mut reply = conn
             .timeouts(reply_timeout)
-            .and_then(|()| conn.query(&commands::acquire(&s.kind, &opts, &owner, bound)));
+            .and_then(|()| conn.query(&commands::acquire(&s.kind, &opts, &owner, bound, id)));
+        if id.is_some() && reused && matches!(&reply, Err(e) if io_failure(e) && !e.is_timeout()) {
+            // A session lock outlives its connection: one that died while
+            // idle (killed: it ran nothing) is replaced.
+            conn = Conn::open(&s.client, opts.timeout)?;
+            reply = conn
+                .timeouts(reply_timeout)
+                .and_then(|()| conn.query(&commands::acquire(&s.kind, &opts, &owner, false, id)));
+        }
         if bound && matches!(&reply, Err(e) if e.to_string().contains("syntax error")) {
             // A server without BIND: a lease renewed with LOCK.RENEW.
             bound = false;
-            reply = conn.query(&commands::acquire(&s.kind, &opts, &owner, false));
+            reply = conn.query(&commands::acquire(&s.kind, &opts, &owner, false, None));
+        }
+        if let (Some(link), Some((node, id))) = (&opts.session, &session) {
+            if matches!(&reply, Err(e) if commands::no_session(e)) {
+                // The session ended (or, in a cluster, the slot moved): once
+                // more, in a session opened anew.
+                link.0.refused(node, *id);
+                match link.0.ensure(&s.client, &first) {
+                    Ok(again) => {
+                        let id = Some(again.1);
+                        session = Some(again);
+                        reply = conn.query(&commands::acquire(&s.kind, &opts, &owner, false, id));
+                    }
+                    Err(e) => {
+                        *slot = Some(conn);
+                        return Err(e);
+                    }
+                }
+            }
         }
         let reply = match reply {
             Ok(r) => r,
@@ -261,9 +403,20 @@ impl Lock {
             st.replicas = opts.replicas;
             st.replicas_timeout = opts.replicas_timeout;
             st.durable = durable;
+            st.session = session.as_ref().map(|(_, id)| *id);
+            st.released = false;
             st.generation
         };
         drop(slot);
+        if let (Some(link), Some((node, id))) = (&opts.session, &session) {
+            // No watchdog: the session's keeper is its one renewal.
+            follow(&s, &link.0, node, *id, generation);
+            return Ok(Some(Guard {
+                lock: self,
+                generation,
+                done: false,
+            }));
+        }
         let watched = Arc::clone(&s);
         let spawned = thread::Builder::new()
             .name("redis-native-lock-watchdog".into())
@@ -304,6 +457,35 @@ impl Lock {
         let mut conn = Conn::open(&self.shared.client, t)?;
         conn.timeouts(Some(limit(t, t.saturating_sub(started.elapsed()))))?;
         Ok(conn.query(&commands::info(&key))?)
+    }
+}
+
+/// The lock follows its session from now on; a session ended meanwhile: lost.
+fn follow(s: &Arc<Shared>, core: &Arc<session::Core>, node: &str, id: i64, generation: u64) {
+    let weak: Weak<dyn Follower> = Arc::downgrade(&(Arc::clone(s) as Arc<dyn Follower>));
+    match core.follow(node, id, weak, generation) {
+        Some(deadline) => {
+            let _ = s.renewed(generation, deadline);
+        }
+        None => {
+            if let Some((own, err)) = s.ended(generation, session::ENDED_DEADLINE) {
+                core.tell(own, &err);
+            }
+        }
+    }
+}
+
+impl Follower for Shared {
+    fn renewed(&self, generation: u64, until: Instant) -> bool {
+        lock(&self.status).session_renewed(generation, until)
+    }
+
+    fn ended(&self, generation: u64, why: &str) -> Option<(Option<crate::OnLost>, Error)> {
+        lock(&self.status).session_ended(&self.kind, generation, why)
+    }
+
+    fn closed(&self, generation: u64) {
+        lock(&self.status).session_closed(generation, session::CLOSED);
     }
 }
 
@@ -385,6 +567,10 @@ impl Guard<'_> {
             let left = st.valid_until.saturating_duration_since(Instant::now());
             (guard, st.bound, st.timeout, left)
         };
+        if slot.is_none() && !bound {
+            // Unbound (a session lock's connection killed): a new one.
+            *slot = Conn::open(&s.client, limit(timeout, left)).ok();
+        }
         let Some(conn) = slot.as_mut() else {
             return Err(Error::Redis(closed()));
         };
@@ -421,6 +607,9 @@ impl Guard<'_> {
         let s = self.shared();
         if ttl < Duration::from_millis(1) {
             return Err(Error::Invalid("a ttl under 1 ms".into()));
+        }
+        if lock(&s.status).session.is_some() {
+            return Err(Error::Invalid(crate::IN_SESSION.into()));
         }
         self.check()?;
         let mut slot = lock(&s.conn);
@@ -462,18 +651,22 @@ impl Guard<'_> {
         let s = Arc::clone(&self.lock.shared);
         let opts = self.lock.opts.clone();
         let mut slot = lock(&s.conn);
-        let (owner, bound, timeout, left) = {
+        let (owner, bound, timeout, left, session) = {
             let st = lock(&s.status);
             let left = st.valid_until.saturating_duration_since(Instant::now());
-            (st.owner.clone(), st.bound, st.timeout, left)
+            (st.owner.clone(), st.bound, st.timeout, left, st.session)
         };
+        if slot.is_none() && !bound {
+            // Unbound (a session lock's connection killed): a new one.
+            *slot = Conn::open(&s.client, limit(timeout, left)).ok();
+        }
         let Some(conn) = slot.as_mut() else {
             return Err(Error::Redis(closed()));
         };
         let sent = Instant::now();
         let reply = conn
             .timeouts(Some(limit(timeout, left)))
-            .and_then(|()| conn.query(&commands::acquire(&s.kind, &opts, &owner, bound)));
+            .and_then(|()| conn.query(&commands::acquire(&s.kind, &opts, &owner, bound, session)));
         let _ = conn.timeouts(Some(timeout));
         let reply = match reply {
             Ok(r) => commands::tokens(r),
@@ -537,25 +730,40 @@ fn end(s: &Shared, generation: u64, all: bool) -> Result<(), Error> {
     }
     // Waits for a renewal in flight: no renewal follows the release.
     let mut slot = lock(&s.conn);
-    let (owner, tokens, timeout, left, send) = {
+    let (owner, tokens, timeout, left, send, in_session) = {
         let mut st = lock(&s.status);
         if !st.current(generation) {
             return Ok(());
         }
-        st.holds = if all { 0 } else { st.holds - 1 };
+        // Closed with its session: released already.
+        st.holds = if all || st.released { 0 } else { st.holds - 1 };
         let last = st.holds == 0;
         if last {
             s.wake.notify_all();
         }
         let left = st.valid_until.saturating_duration_since(Instant::now());
-        let send = all || last || s.kind.counted();
-        (st.owner.clone(), st.tokens.clone(), st.timeout, left, send)
+        let send = !st.released && (all || last || s.kind.counted());
+        let in_session = st.session.is_some();
+        (
+            st.owner.clone(),
+            st.tokens.clone(),
+            st.timeout,
+            left,
+            send,
+            in_session,
+        )
     };
     let mut news = None;
     let mut result = Ok(());
     if send {
         let timeout = limit(timeout, left.max(Duration::from_millis(50)));
-        let outcome = release_keys(&mut slot, &s.kind, &owner, &tokens, timeout, all);
+        let mut outcome = release_keys(&mut slot, &s.kind, &owner, &tokens, timeout, all);
+        if in_session && matches!(&outcome, Err(e) if io_failure(e)) {
+            // A session lock outlives its connection (killed, closed): the
+            // release goes on a new one (a killed connection ran nothing).
+            *slot = Conn::open(&s.client, timeout).ok();
+            outcome = release_keys(&mut slot, &s.kind, &owner, &tokens, timeout, all);
+        }
         let (after, r) = lock(&s.status).after_release(&s.kind, outcome);
         result = r;
         if after.close {
@@ -576,7 +784,7 @@ fn end(s: &Shared, generation: u64, all: bool) -> Result<(), Error> {
             st = lock(&s.status);
         }
     }
-    if result.is_ok() && st.lost.is_some() {
+    if result.is_ok() && st.lost.is_some() && !st.released {
         result = Err(st.lost_error(&s.kind));
     }
     drop(slot);

@@ -47,8 +47,14 @@ pub(crate) fn acquire_once(key: &[u8], owner: &[u8], ttl_ms: u64) -> Cmd {
 }
 
 /// A lock's grant command: the kind's head, owner, ttl (at least 1 ms),
-/// `WAIT` as the options say, and `BIND` when `bind`.
-pub(crate) fn acquire(kind: &Kind, o: &Options, owner: &[u8], bind: bool) -> Cmd {
+/// `WAIT` as the options say, `BIND` when `bind`, `SESSION id` in a session.
+pub(crate) fn acquire(
+    kind: &Kind,
+    o: &Options,
+    owner: &[u8],
+    bind: bool,
+    session: Option<i64>,
+) -> Cmd {
     let mut cmd = head(kind);
     cmd.arg(owner).arg(millis(o.ttl).max(1));
     match o.wait {
@@ -64,7 +70,34 @@ pub(crate) fn acquire(kind: &Kind, o: &Options, owner: &[u8], bind: bool) -> Cmd
     if bind {
         cmd.arg("BIND");
     }
+    if let Some(id) = session {
+        cmd.arg("SESSION").arg(id);
+    }
     cmd
+}
+
+/// `LOCK.SESSION OPEN ttl`, `KEEPALIVE id ttl`, `CLOSE id`.
+pub(crate) fn session_open(ttl: Duration) -> Cmd {
+    let mut c = redis::cmd("LOCK.SESSION");
+    c.arg("OPEN").arg(millis(ttl).max(1));
+    c
+}
+
+pub(crate) fn session_keepalive(id: i64, ttl: Duration) -> Cmd {
+    let mut c = redis::cmd("LOCK.SESSION");
+    c.arg("KEEPALIVE").arg(id).arg(millis(ttl).max(1));
+    c
+}
+
+pub(crate) fn session_close(id: i64) -> Cmd {
+    let mut c = redis::cmd("LOCK.SESSION");
+    c.arg("CLOSE").arg(id);
+    c
+}
+
+/// A grant refused because the session it names ended (or lives on another node).
+pub(crate) fn no_session(e: &redis::RedisError) -> bool {
+    e.code() == Some("NOSESSION")
 }
 
 /// `LOCK.RELEASE key owner [TOKEN token]`: with the grant's token, a
@@ -666,7 +699,13 @@ mod tests {
             wait: Some(Duration::MAX),
             ..Options::default()
         };
-        let c = packed(acquire(&Kind::Semaphore(b"s".to_vec(), 3), &o, b"o", true));
+        let c = packed(acquire(
+            &Kind::Semaphore(b"s".to_vec(), 3),
+            &o,
+            b"o",
+            true,
+            None,
+        ));
         assert_eq!(
             c,
             packed({
@@ -686,7 +725,13 @@ mod tests {
             ..o
         };
         assert_eq!(
-            packed(acquire(&Kind::Exclusive(b"k".to_vec()), &o, b"o", false)),
+            packed(acquire(
+                &Kind::Exclusive(b"k".to_vec()),
+                &o,
+                b"o",
+                false,
+                None
+            )),
             packed(acquire_once(b"k", b"o", 1500))
         );
     }

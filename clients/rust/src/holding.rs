@@ -64,6 +64,10 @@ pub(crate) struct Holding {
     /// The watcher heard that a key changed (or a write of our own dropped
     /// the keys from tracking): the watchdog reads them now.
     pub(crate) verify: bool,
+    /// The session id the grant follows (`SESSION id`): its keeper renews it.
+    pub(crate) session: Option<i64>,
+    /// Ended by its session's `close()`: released, nothing left to send.
+    pub(crate) released: bool,
 }
 
 impl Holding {
@@ -87,6 +91,46 @@ impl Holding {
             replicas_timeout: Duration::ZERO,
             durable: None,
             verify: false,
+            session: None,
+            released: false,
+        }
+    }
+
+    /// The session's keepalive was acknowledged: the lease lasts until
+    /// `until`. False once `generation`'s acquisition is over.
+    pub(crate) fn session_renewed(&mut self, generation: u64, until: Instant) -> bool {
+        if !self.current(generation) {
+            return false;
+        }
+        if self.lost.is_none() {
+            self.valid_until = until;
+        }
+        true
+    }
+
+    /// The session ended: lost for good; the lock's callback (if any) and
+    /// its error, if this is news.
+    pub(crate) fn session_ended(
+        &mut self,
+        kind: &Kind,
+        generation: u64,
+        why: &str,
+    ) -> Option<(Option<OnLost>, Error)> {
+        if !self.current(generation) || self.lost.is_some() {
+            return None;
+        }
+        self.lost = Some(why.to_string());
+        Some((self.on_lost.clone(), self.lost_error(kind)))
+    }
+
+    /// The session was closed: the grant is over (released, not lost by
+    /// surprise: no callback; a release sends nothing).
+    pub(crate) fn session_closed(&mut self, generation: u64, why: &str) {
+        if self.current(generation) {
+            self.released = true;
+            if self.lost.is_none() {
+                self.lost = Some(why.to_string());
+            }
         }
     }
 
@@ -258,7 +302,10 @@ impl Holding {
         match tokens {
             Some(t) if t == self.tokens => {
                 self.holds += 1;
-                self.valid_until = sent + self.ttl;
+                if self.session.is_none() {
+                    // (a session's lock: the session's deadline stands)
+                    self.valid_until = sent + self.ttl;
+                }
                 Reacquired::Held
             }
             Some(other) => Reacquired::Stale(

@@ -118,6 +118,16 @@
 //! grant's token (`TOKEN`): a guard whose grant ended never releases or
 //! renews a later grant to the same owner name.
 //!
+//! # Sessions
+//!
+//! A [`Session`] (tokio: [`aio::Session`]) is one lease (`LOCK.SESSION`)
+//! that many locks share: [`Lock::session`] grants a lock with `SESSION
+//! id` and without `BIND`, and the session's keeper (one thread per
+//! `Session`) renews them all with one `LOCK.SESSION KEEPALIVE` per server,
+//! reconnecting after a failure until the session's deadline: a killed
+//! connection loses nothing. A session that ends marks every lock on it
+//! lost, each told once; [`Session::close`] (and dropping it) releases them.
+//!
 //! # fork
 //!
 //! `fork` without `exec` is not supported: the watchdogs are threads (or
@@ -145,9 +155,10 @@ mod blocking;
 mod commands;
 mod holding;
 pub mod redlock;
+mod session;
 mod watch;
 
-pub use blocking::{Guard, Lock};
+pub use blocking::{Guard, Lock, Session};
 pub use redis;
 
 /// What a lock talks to: a server (`redis::Client`) or a cluster
@@ -340,6 +351,8 @@ pub(crate) struct Options {
     pub replicas_timeout: Duration,
     /// Keep a grant fewer replicas acknowledged (flagged) instead of releasing it.
     pub allow_not_durable: bool,
+    /// Granted in this session (`SESSION id`, no `BIND`, no watchdog).
+    pub session: Option<session::Link>,
 }
 
 /// The connect and reply timeout when none is given.
@@ -355,6 +368,7 @@ impl Default for Options {
             replicas: 0,
             replicas_timeout: Duration::from_secs(1),
             allow_not_durable: false,
+            session: None,
         }
     }
 }
@@ -421,6 +435,9 @@ pub(crate) const FREED: &str =
 pub(crate) const REGRANTED: &str =
     "the owner name holds the lock under a newer grant: this grant had ended";
 pub(crate) const TAKEN: &str = "the lock was freed and another owner holds it now";
+/// `extend` of a lock in a session: refused, nothing sent.
+pub(crate) const IN_SESSION: &str =
+    "a lock in a session has the session's lease: extend refused (the session's keeper renews it; set the Session's ttl)";
 /// The bound connection failed: the server frees a lock bound to it.
 pub(crate) fn bound_failed(e: &redis::RedisError) -> String {
     format!("the connection the lock was bound to failed or was closed, which frees the lock ({e})")

@@ -23,11 +23,15 @@ a third of the ttl, every command within a deadline. `bind=False`, or a server w
 renewed with `LOCK.RENEW` instead. A lost lease is signalled: `lost`
 becomes True, `on_lost(holder, why)` is called, `check()` and leaving the
 `with` block raise `LeaseLost`.
+
+Many locks, one lease: `Session(r, ttl=30)` and `session=` on any kind
+(`SESSION id`, no `BIND`): one `LOCK.SESSION KEEPALIVE` per server renews
+them all, and a reconnect loses none; `close()` (or `with`) ends them.
 """
 
 from ._common import DeadlockError, FewerReplicas, LeaseLost, LockError, LockNotAcquired, NotDurable
 from ._dropin import NativeLock, NotDurableLockError
-from ._sync import Holder, Lock, MultiLock, ReadWriteLock, ReentrantLock, Semaphore
+from ._sync import Holder, Lock, MultiLock, ReadWriteLock, ReentrantLock, Semaphore, Session
 
 __version__ = "0.3.0"
 
@@ -38,6 +42,7 @@ __all__ = [
     "ReadWriteLock",
     "Semaphore",
     "MultiLock",
+    "Session",
     "LockError",
     "LockNotAcquired",
     "LeaseLost",

@@ -13,7 +13,9 @@ Layout:
 - `_Server`: per process, per client pool (in a cluster: per node): the
   package's connections to that server, its keeper task (renewals) and its
   watcher (invalidations of held keys). A stalled server stalls only its own.
-- `Holder` and the five kinds: what a user calls.
+- `_Lease`: a `Session` on one server (in a cluster: one node): its id,
+  its deadline, the holds that follow it; renewed by that server's keeper.
+- `Holder` and the five kinds: what a user calls; `Session`.
 """
 
 from __future__ import annotations
@@ -88,6 +90,9 @@ class _Hold:
         #: object next takes it over (`Holder._adopt`)
         self.handed = False
         self.renews = holder._renews  # False: held to its lease's end (the drop-in's timeout=)
+        self.session: Optional[Session] = holder._session
+        self.lease: Optional[_Lease] = None  # the session's, on this server, once granted in it
+        self.granted_in: Optional[_Lease] = None  # the lease the last grant named
         self.abandoned_why: Optional[str] = None
         self.own_owner = False
         self.token: Optional[int] = None
@@ -122,7 +127,13 @@ class _Hold:
         return len(infos) == len(self.tokens) and all(holds(i, self.owner, t) for i, t in zip(infos, self.tokens))
 
     def expired(self) -> bool:
+        if self.lease is not None:  # a session's: its lease is the session's
+            return self.holds > 0 and (self.lease.over or time.monotonic() >= self.lease.deadline)
         return self.holds > 0 and time.monotonic() >= self.valid_until
+
+    def keeps(self) -> bool:
+        """Whether the keeper keeps it after a renewal."""
+        return self.holds > 0 and not self.lost
 
     async def call(self, args: Sequence[Any], timeout: Optional[float]) -> Any:
         """One command over the bound connection, or a connection of the
@@ -141,11 +152,13 @@ class _Hold:
             conn, self.conn = self.conn, None
             await self.server.put(conn, clean=False)  # closing it frees the bound grant
         holder = self.holder_ref()
-        if first and self.on_lost is not None and holder is not None:
-            try:
-                await _io.call_back(self.on_lost, holder, self.why)
-            except Exception:  # noqa: BLE001 - a callback must not kill the keeper
-                pass
+        session_lost = self.session.on_lost if self.session is not None and self.lease is not None else None
+        for fn in (self.on_lost, session_lost):
+            if first and fn is not None and holder is not None:
+                try:
+                    await _io.call_back(fn, holder, self.why)
+                except Exception:  # noqa: BLE001 - a callback must not kill the keeper
+                    pass
 
     async def write(self, cmds: List[List[Any]], timeout: Optional[float], what: str) -> List[Any]:
         """Commands that write (a renewal), then with replicas=N `WAIT N ms`,
@@ -297,6 +310,9 @@ class _Hold:
     async def verify(self) -> None:
         """The watcher heard that a held key changed: is it still ours?
         (Reading the key again also keeps it tracked.)"""
+        if self.lease is not None:
+            await self.lease.verify(self)
+            return
         async with self.io:
             if self.holds == 0 or self.lost or self.conn is None:
                 return
@@ -339,7 +355,7 @@ class _Server:
         self._kwargs = kwargs
         self._lock = threading.Lock()  # the state below; never held across I/O
         self._idle: List[Any] = []
-        self._due: Dict[_Hold, float] = {}
+        self._due: Dict[Any, float] = {}  # holds and leases (`_Lease`): when to renew each
         self._bound: Set[_Hold] = set()
         self._wake = _io.Event()
         self._keeper: Any = None
@@ -348,6 +364,9 @@ class _Server:
         self._watch_task: Any = None
         self._making_watcher = _io.Lock()
         self._poke = _io.Poke()  # wakes the watcher when a bound hold comes
+        self._watched: Dict[bytes, Set[_Hold]] = {}  # session holds by key (told by the watcher too)
+        self._tracker: Any = None  # reads the session holds' keys for the watcher (`read_tracked`)
+        self._tracking = _io.Lock()
 
     @classmethod
     async def of(cls, client: Any, key: KeyT) -> "_Server":
@@ -368,11 +387,16 @@ class _Server:
     def timeout(self, ttl_ms: int) -> float:
         return op_timeout(self._timeout, ttl_ms)
 
-    async def connection(self, ttl_ms: int) -> Any:
-        with self._lock:
-            if self._idle:
-                return self._idle.pop()
-        t = self.timeout(ttl_ms)
+    async def connection(self, ttl_ms: int, fresh: bool = False, limit: Optional[float] = None) -> Any:
+        while not fresh:
+            with self._lock:
+                idle = self._idle.pop() if self._idle else None
+            if idle is None:
+                break
+            if not _io.readable(idle):
+                return idle
+            await _io.disconnect(idle)  # closed by the server while idle (CLIENT KILL, its timeout)
+        t = self.timeout(ttl_ms) if limit is None else min(self.timeout(ttl_ms), limit)  # a new one's handshake too
         kwargs = dict(self._kwargs)
         kwargs["socket_connect_timeout"] = min(self._connect_timeout or t, t)
         conn = await _io.open_connection(self._cls, kwargs, t)
@@ -389,9 +413,18 @@ class _Server:
                     return
         await _io.disconnect(conn)
 
+    async def drop_idle(self) -> None:
+        """Closes the idle connections (one failed: the others may have too,
+        e.g. after a `CLIENT KILL` of them all); the next command opens one."""
+        with self._lock:
+            idle, self._idle = self._idle, []
+        for conn in idle:
+            await _io.disconnect(conn)
+
     async def call(self, args: Sequence[Any], timeout: Optional[float]) -> Any:
-        """One command over an idle connection of the package's own."""
-        conn = await self.connection(int((timeout or 1) * 1000))
+        """One command over an idle connection of the package's own (a new
+        one, handshake included, within `timeout` too)."""
+        conn = await self.connection(int((timeout or 1) * 1000), limit=timeout)
         try:
             reply = await _io.command(conn, args, timeout)
         except redis.ResponseError:
@@ -405,7 +438,7 @@ class _Server:
 
     # -- keeper -----------------------------------------------------------
 
-    def keep(self, hold: _Hold, due: float) -> None:
+    def keep(self, hold: Any, due: float) -> None:
         """Renews `hold` from `due` on (a hold that is not renewed: gives it
         up then); keeps it, and its bound connection, until it ends, whether
         or not its lock object or task still exists."""
@@ -422,12 +455,21 @@ class _Server:
             _io.on_close(hold.conn, hold)  # asyncio: told when the server closes it
             self._poke.poke()  # blocking: the watcher polls its socket too
 
-    def forget(self, hold: _Hold) -> None:
+    def forget(self, hold: Any) -> None:
+        lease = getattr(hold, "lease", None)
+        if lease is not None:
+            lease.holds.discard(hold)
         with self._lock:
+            for k in hold.kind.keys if lease is not None else ():
+                held = self._watched.get(_b(k))
+                if held is not None:
+                    held.discard(hold)
+                    if not held:
+                        del self._watched[_b(k)]
             self._due.pop(hold, None)
             self._bound.discard(hold)
             watch = self._watch_task
-            if self._bound or self._due or watch is None:
+            if self._bound or self._due or self._watched or watch is None:
                 return
             # Nothing held here: the watcher goes.
             self._watch_task, self._watcher = None, None
@@ -456,7 +498,7 @@ class _Server:
                 next_due = await h.renew()
                 if next_due is not None:
                     with self._lock:
-                        if h.holds > 0 and not h.lost:
+                        if h.keeps():
                             self._due[h] = next_due
 
     async def keepalive(self, conn: Any, ttl_ms: int, keys: Sequence[KeyT], timeout: float) -> Any:
@@ -488,6 +530,54 @@ class _Server:
         if not hold.holds_all(infos):
             await hold.lose("the key was deleted or freed right after the grant")
 
+    def watch(self, hold: _Hold) -> None:
+        """A session hold: the watcher checks it when one of its keys changes."""
+        with self._lock:
+            for k in hold.kind.keys:
+                self._watched.setdefault(_b(k), set()).add(hold)
+
+    def _session_holds(self, changed: Any) -> List[_Hold]:
+        with self._lock:
+            if changed is None:
+                return [h for held in self._watched.values() for h in held]
+            return [h for k in changed for h in self._watched.get(k, ())]
+
+    def watcher_id(self) -> Optional[int]:
+        """The live watcher's client id (None: none now)."""
+        with self._lock:
+            return self._watcher_id if self._watcher is not None and _io.alive(self._watch_task) else None
+
+    async def read_tracked(self, keys: Sequence[KeyT], timeout: float) -> Optional[List[Any]]:
+        """LOCK.INFO of `keys` on the tracker: a connection of the package's
+        (never pooled: a tracking connection whose watcher goes is told so)
+        with client tracking redirected to the watcher, so that the server
+        tells the watcher when one changes (a session's holds: a CLOSE from
+        elsewhere is known at once). None when the server has no tracking."""
+        try:
+            wid = await self._watcher_ready(timeout)
+        except redis.ResponseError:
+            return None
+        async with self._tracking:
+            conn = self._tracker
+            if conn is not None and (conn._rnl_tracking != wid or _io.readable(conn)):
+                self._tracker = None
+                await _io.disconnect(conn)  # its watcher is gone, or the server closed it
+                conn = None
+            try:
+                if conn is None:
+                    conn = await self.connection(max(1, int(timeout * 1000)), fresh=True, limit=timeout)
+                    await _io.command(conn, ["CLIENT", "TRACKING", "ON", "REDIRECT", wid, "NOLOOP"], timeout)
+                    conn._rnl_tracking = wid
+                    self._tracker = conn
+                return await self.infos(conn, keys, timeout)
+            except redis.ResponseError:
+                return None
+            except BaseException:
+                self._tracker = None
+                if conn is not None:
+                    await _io.disconnect(conn)
+                raise
+
     async def _watcher_ready(self, timeout: float) -> int:
         async with self._making_watcher:
             if self._watcher is not None and _io.alive(self._watch_task):
@@ -513,7 +603,7 @@ class _Server:
         reply); a held key that changed is checked at once."""
         while True:
             with self._lock:
-                done = self._watcher is not w or (not self._bound and not self._due)
+                done = self._watcher is not w or (not self._bound and not self._due and not self._watched)
                 if done and self._watcher is w:
                     self._watcher = None
                 bound = list(self._bound)
@@ -541,6 +631,260 @@ class _Server:
             for h in bound:
                 if changed is None or any(_b(k) in changed for k in h.kind.keys):
                     await h.verify()
+            for h in self._session_holds(changed):
+                await h.verify()
+
+
+class _Lease:
+    """A `Session` on one server (in a cluster: one node): the id
+    `LOCK.SESSION OPEN` gave, its deadline (the send time of the last
+    acknowledged keepalive, or of the OPEN, plus the ttl: the server's is
+    later), and the holds granted in it (`SESSION id`, no `BIND`). The
+    server's keeper sends `LOCK.SESSION KEEPALIVE id ttl` at a third of the
+    ttl over the package's ordinary connections, retrying a failed one (a
+    new connection each time) until the deadline; it ends the lease, and
+    marks its holds lost, at the first of: a keepalive answered 0, a grant
+    answered `NOSESSION`, the deadline passed with no acknowledged
+    keepalive (the keeper wakes at the deadline itself)."""
+
+    conn = None  # (never bound: the keeper's `keep` looks)
+
+    def __init__(self, session: "Session", server: _Server, sid: int, sent: float) -> None:
+        self.session_ref = weakref.ref(session)  # its holds keep it alive; nothing else here
+        self.server = server
+        self.id = sid
+        self.ttl_ms = session._ttl_ms
+        self.deadline = sent + self.ttl_ms / 1000
+        self.holds: Set[_Hold] = set()
+        self.over = False  # ended (or ending): no new grant names it
+        self.ended = False  # its holds were told
+        self.why: Optional[str] = None
+        self.tracked_by: Optional[int] = None  # the watcher its holds' keys were last read for
+
+    def keeps(self) -> bool:
+        return not self.over
+
+    def _timeout(self) -> float:
+        return max(0.001, min(self.server.timeout(self.ttl_ms), self.deadline - time.monotonic()))
+
+    async def track(self, holds: List[_Hold]) -> None:
+        """Has the server tell the watcher when a key of `holds` changes
+        (their keys read, in one round trip, on a tracking connection); a
+        hold found gone is checked at once. Best effort: the keepalives
+        decide in the end."""
+        keys = [k for h in holds for k in h.kind.keys]
+        try:
+            infos = await self.server.read_tracked(keys, min(self._timeout(), self.ttl_ms / 3000)) if keys else None
+        except _IO_ERRORS:
+            return
+        if infos is None:
+            return
+        self.tracked_by = self.server.watcher_id()
+        at = 0
+        for h in holds:
+            n = len(h.kind.keys)
+            if not h.holds_all(infos[at : at + n]):
+                await self.verify(h)
+            at += n
+
+    async def verify(self, h: _Hold) -> None:
+        """The watcher heard that a key of `h` changed: still held? If not,
+        is the session still live? (Closed from elsewhere, or over on the
+        server: every hold lost at once.)"""
+        if self.over or h.holds == 0 or h.lost:
+            return
+        try:
+            infos = await self.server.read_tracked(h.kind.keys, self._timeout())
+            if infos is None or h.holds_all(infos):
+                return
+            live = await self.server.call(["LOCK.SESSION", "INFO", self.id], self._timeout())
+        except (*_IO_ERRORS, redis.ResponseError):
+            return  # the keepalives decide
+        if live is None:
+            self.end_soon("the server ended it (LOCK.SESSION CLOSE from elsewhere, or its deadline there): told by the server at once")
+            return
+        async with h.io:
+            if h.holds > 0 and not h.lost and h.lease is self:
+                await h.lose("the key was deleted, overwritten or freed (told by the server at once)")
+
+    def end_soon(self, why: str) -> None:
+        """Ends it from any task or thread: its holds are told by the keeper,
+        at once (never under a hold's own lock, which the caller may hold)."""
+        if not self.over:
+            self.over, self.why = True, why
+        self.server.keep(self, time.monotonic())
+
+    async def end(self, why: str) -> None:
+        self.over = True
+        if self.why is None:
+            self.why = why
+        self.ended = True
+        self.server.forget(self)
+        for h in list(self.holds):
+            async with h.io:
+                if h.holds > 0 and not h.lost:
+                    await h.lose(f"its session {self.id} ended: {self.why}")
+                else:
+                    self.server.forget(h)
+
+    async def add(self, h: _Hold) -> None:
+        """A hold granted in this lease (a lease that ended meanwhile: lost)."""
+        if h.lease is not None and h.lease is not self:
+            h.lease.holds.discard(h)
+        h.lease = self
+        self.holds.add(h)
+        if self.ended:
+            async with h.io:
+                await h.lose(f"its session {self.id} ended: {self.why}")
+            return
+        self.server.watch(h)
+        await self.track([h])
+
+    async def renew(self) -> Optional[float]:
+        """The keeper's turn: one keepalive (or two, the first on a
+        connection found dead); returns when to send the next (None: over)."""
+        if self.over:
+            await self.end(self.why or "it ended")
+            return None
+        if self.session_ref() is None:  # no lock on it, and nobody can use or close it any more
+            self.over = self.ended = True
+            self.why = "its Session object was garbage-collected"
+            self.server.forget(self)
+            try:
+                await self.server.call(["LOCK.SESSION", "CLOSE", self.id], self._timeout())
+            except _io.QUIET_ERRORS:
+                pass  # its deadline ends it
+            return None
+        now = time.monotonic()
+        if now >= self.deadline:
+            await self.end("its deadline passed with no acknowledged LOCK.SESSION KEEPALIVE")
+            return None
+        await self._release_abandoned()
+        for attempt in range(2):
+            sent = time.monotonic()
+            left = self.deadline - sent
+            if left <= 0:
+                break
+            try:
+                reply = await self.server.call(["LOCK.SESSION", "KEEPALIVE", self.id, self.ttl_ms], min(self.server.timeout(self.ttl_ms), left))
+            except _IO_ERRORS:
+                await self.server.drop_idle()  # killed together, most likely: a fresh one next
+                continue
+            except redis.ResponseError as e:
+                await self.end(f"LOCK.SESSION KEEPALIVE was refused ({e})")
+                return None
+            if reply != 1:
+                await self.end("LOCK.SESSION KEEPALIVE answered 0: the session ended on the server (closed, or its deadline passed there)")
+                return None
+            self.deadline = sent + self.ttl_ms / 1000
+            if self.tracked_by is None or self.tracked_by != self.server.watcher_id():
+                await self.track(list(self.holds))  # a new watcher (the last one failed): tell it
+            return time.monotonic() + self.ttl_ms / 3000
+        # Not acknowledged: again shortly (a new connection), and at the deadline at the latest.
+        return min(time.monotonic() + min(0.05, self.ttl_ms / 6000), self.deadline)
+
+    async def _release_abandoned(self) -> None:
+        """Holds nobody can release any more (their object collected, their
+        task ended) are released (the session would keep them forever)."""
+        for h in list(self.holds):
+            gone = h.abandoned()
+            if gone is None or h.holds == 0 or h.lost:
+                continue
+            _log.warning("a hold of %r (token %s) on session %s is released: %s", h.kind.keys, h.token, self.id, gone)
+            async with h.io:
+                h.holds = 0
+                h.why = f"released by the package: {gone}"
+                self.server.forget(h)
+                for c in h.releases():
+                    try:
+                        await self.server.call(c, self.server.timeout(self.ttl_ms))
+                    except _io.QUIET_ERRORS:
+                        pass  # it ends with the session
+
+
+class Session:
+    """One lease for many locks (`LOCK.SESSION`): the locks given
+    `session=` follow it instead of a lease each, and a `CLIENT KILL` or a
+    reconnect of any connection loses none of them. Opened lazily on each
+    server (in a cluster: each node) the first time a lock there is granted
+    in it; kept alive by that server's keeper (one per server for every
+    lock and session of the package on it) with `LOCK.SESSION KEEPALIVE id
+    ttl` at a third of `ttl` (seconds, default 30), over the package's
+    ordinary connections, retried on new ones until its deadline. When it
+    ends (a keepalive answered 0, a grant answered NOSESSION, its deadline
+    passed unacknowledged) every lock on it is lost at once: `lost`, the
+    lock's `on_lost` and this `on_lost(holder, why)`, once per lock. A lock
+    granted after that opens a new session id. `close()` (and leaving the
+    `with` block; the blocking API also at the interpreter's exit) ends it
+    on every server at once: its locks are released, not lost."""
+
+    def __init__(self, client: AsyncClient, *, ttl: float = 30.0, on_lost: Optional[OnLost] = None) -> None:
+        check_client(client, want_async=True, cls="Session")
+        self._client: Any = client
+        self._ttl_ms = ms(ttl, "ttl")
+        self.ttl = self._ttl_ms / 1000
+        if on_lost is not None and not callable(on_lost):
+            raise TypeError("on_lost must be callable")
+        self.on_lost = on_lost
+        self._leases: Dict[_Server, _Lease] = {}
+        self._opening = _io.Lock()
+        self.closed = False
+        _io.close_at_exit(self)
+
+    @property
+    def ids(self) -> List[int]:
+        """The ids of this session on the servers (nodes) it is open on."""
+        return [x.id for x in list(self._leases.values()) if not x.over]
+
+    async def _lease(self, server: _Server) -> _Lease:
+        """This session on `server`: opened (`LOCK.SESSION OPEN ttl`) the
+        first time, and again after it ended."""
+        async with self._opening:
+            if self.closed:
+                raise LockError("this Session was closed: make a new one")
+            lease = self._leases.get(server)
+            if lease is not None and not lease.over and time.monotonic() < lease.deadline:
+                return lease
+            sent = time.monotonic()
+            try:
+                sid = await server.call(["LOCK.SESSION", "OPEN", self._ttl_ms], server.timeout(self._ttl_ms))
+            except redis.ResponseError as e:
+                raise LockError(f"LOCK.SESSION OPEN was refused: {e}") from e
+            lease = self._leases[server] = _Lease(self, server, int(sid), sent)
+            server.keep(lease, time.monotonic() + self._ttl_ms / 3000)
+            return lease
+
+    async def close(self) -> None:
+        """Ends the session on every server it is open on
+        (`LOCK.SESSION CLOSE id`): its locks are released there at once and
+        here (not held, not lost). The Session cannot be used again."""
+        async with self._opening:
+            self.closed = True
+            leases = list(self._leases.values())
+            self._leases.clear()
+        for lease in leases:
+            if lease.over:
+                continue
+            lease.over = lease.ended = True
+            lease.why = "closed"
+            lease.server.forget(lease)
+            try:
+                await lease.server.call(["LOCK.SESSION", "CLOSE", lease.id], lease.server.timeout(lease.ttl_ms))
+            except _io.QUIET_ERRORS:
+                pass  # its deadline ends it on the server
+            for h in list(lease.holds):
+                async with h.io:
+                    h.holds = 0
+                    lease.server.forget(h)
+
+    async def __aenter__(self) -> "Session":
+        return self
+
+    async def __aexit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
+        await self.close()
+
+    def __repr__(self) -> str:
+        return f"<Session ttl={self.ttl} ids={self.ids} closed={self.closed}>"
 
 
 def _after_fork_in_child() -> None:
@@ -585,8 +929,13 @@ class Holder:
         replicas: int = 0,
         replicas_timeout: float = 1.0,
         on_fewer_replicas: str = "raise",
+        session: Optional["Session"] = None,
     ) -> None:
         check_client(client, want_async=True, cls=type(self).__name__)
+        if session is not None and not isinstance(session, Session):
+            raise TypeError(f"session must be a {Session.__module__}.Session of this API, not {type(session).__name__}")
+        #: the Session the lock's holds follow (`SESSION id`, no `BIND`, not renewed one by one)
+        self._session = session
         self._client: Any = client  # (redis-py types its sync and asyncio clients unlike)
         self._kind = kind
         self._ttl_ms = ms(ttl, "ttl")
@@ -596,7 +945,7 @@ class Holder:
         self._owner = owner_bytes(owner) if owner is not None else None
         if not isinstance(bind, bool):
             raise TypeError(f"bind must be True or False, not {bind!r}")
-        self.bind = bind
+        self.bind = bind and session is None  # a session's lock survives its connections
         if on_lost is not None and not callable(on_lost):
             raise TypeError("on_lost must be callable")
         self._on_lost = on_lost
@@ -794,6 +1143,9 @@ class Holder:
                     self._handed.append(h)
         if before is not None and before is not h:
             await self._drop(before)
+        if h.granted_in is not None:
+            await h.granted_in.add(h)  # renewed by its session's keepalives, never on its own
+            return True
         h.server.keep(h, time.monotonic() + h.ttl_ms / 3000 if self._renews else h.valid_until)
         await h.track()
         return True
@@ -832,9 +1184,13 @@ class Holder:
                 await h.lose(f"the bound connection failed ({type(e).__name__}: {e})")
                 raise
         moved = False
+        renamed = False
         while True:
+            lease = await self._session._lease(h.server) if self._session is not None else None
             conn = await h.server.connection(h.ttl_ms)
             args = self._kind.acquire(h.owner, h.ttl_ms, wait, self.bind)
+            if lease is not None:
+                args += ["SESSION", lease.id]
             try:
                 reply = await _io.command(conn, args, timeout)
             except redis.exceptions.MovedError:
@@ -851,6 +1207,12 @@ class Holder:
                 if self.bind and "syntax" in str(e).lower():
                     self.bind = False  # a server without BIND: lease watchdog
                     continue
+                if lease is not None and str(e).startswith("NOSESSION"):
+                    # The session ended on the server: its locks are lost; once, a new one.
+                    lease.end_soon(f"a grant naming it was answered {e}")
+                    if not renamed:
+                        renamed = True
+                        continue
                 raise server_error(e, self._kind.keys) from e
             except BaseException:
                 # It may have been granted as we stopped listening (or the
@@ -866,6 +1228,7 @@ class Holder:
                 except BaseException:
                     await h.server.put(conn, False)
                     raise
+            h.granted_in = lease if reply is not None else None
             if self.bind and reply is not None:
                 h.conn = conn
             else:
@@ -899,6 +1262,11 @@ class Holder:
         h = self._held()
         if h is None:
             raise LockError(f"extend() of {self._kind.keys!r}, which this task does not hold")
+        if h.lease is not None:
+            raise LockError(
+                f"extend() of {self._kind.keys!r}, held in a Session: its lease is the session's, "
+                "renewed by the session's keepalives (LOCK.RENEW would change nothing)"
+            )
         async with h.io:
             if h.lost:
                 raise LeaseLost(h.message())
@@ -1070,9 +1438,10 @@ class Lock(Holder):
         replicas: int = 0,
         replicas_timeout: float = 1.0,
         on_fewer_replicas: str = "raise",
+        session: Optional["Session"] = None,
     ) -> None:
         super().__init__(
-            client, Kind("LOCK.ACQUIRE", [check_key(key)]), ttl=ttl, wait=wait, owner=owner, bind=bind, on_lost=on_lost, **_dur(replicas, replicas_timeout, on_fewer_replicas)
+            client, Kind("LOCK.ACQUIRE", [check_key(key)]), ttl=ttl, wait=wait, owner=owner, bind=bind, on_lost=on_lost, **_dur(replicas, replicas_timeout, on_fewer_replicas), session=session
         )
 
 
@@ -1093,9 +1462,10 @@ class ReentrantLock(Holder):
         replicas: int = 0,
         replicas_timeout: float = 1.0,
         on_fewer_replicas: str = "raise",
+        session: Optional["Session"] = None,
     ) -> None:
         super().__init__(
-            client, Kind("LOCK.RACQUIRE", [check_key(key)]), ttl=ttl, wait=wait, owner=owner, bind=bind, on_lost=on_lost, **_dur(replicas, replicas_timeout, on_fewer_replicas)
+            client, Kind("LOCK.RACQUIRE", [check_key(key)]), ttl=ttl, wait=wait, owner=owner, bind=bind, on_lost=on_lost, **_dur(replicas, replicas_timeout, on_fewer_replicas), session=session
         )
 
 
@@ -1119,12 +1489,13 @@ class ReadWriteLock:
         replicas: int = 0,
         replicas_timeout: float = 1.0,
         on_fewer_replicas: str = "raise",
+        session: Optional["Session"] = None,
     ) -> None:
         check_client(client, want_async=True, cls="ReadWriteLock")
         key = check_key(key)
-        self._read = Holder(client, Kind("LOCK.READ", [key]), ttl=ttl, wait=wait, owner=owner, bind=bind, on_lost=on_lost, **_dur(replicas, replicas_timeout, on_fewer_replicas))
+        self._read = Holder(client, Kind("LOCK.READ", [key]), ttl=ttl, wait=wait, owner=owner, bind=bind, on_lost=on_lost, **_dur(replicas, replicas_timeout, on_fewer_replicas), session=session)
         self._write = Holder(
-            client, Kind("LOCK.RACQUIRE", [key]), ttl=ttl, wait=wait, owner=owner, bind=bind, on_lost=on_lost, **_dur(replicas, replicas_timeout, on_fewer_replicas)
+            client, Kind("LOCK.RACQUIRE", [key]), ttl=ttl, wait=wait, owner=owner, bind=bind, on_lost=on_lost, **_dur(replicas, replicas_timeout, on_fewer_replicas), session=session
         )
         self._read._sibling, self._write._sibling = self._write, self._read
 
@@ -1154,6 +1525,7 @@ class Semaphore(Holder):
         replicas: int = 0,
         replicas_timeout: float = 1.0,
         on_fewer_replicas: str = "raise",
+        session: Optional["Session"] = None,
     ) -> None:
         if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
             raise ValueError(f"limit must be an integer >= 1, not {limit!r}")
@@ -1166,6 +1538,7 @@ class Semaphore(Holder):
             bind=bind,
             on_lost=on_lost,
             **_dur(replicas, replicas_timeout, on_fewer_replicas),
+            session=session,
         )
 
 
@@ -1187,9 +1560,10 @@ class MultiLock(Holder):
         replicas: int = 0,
         replicas_timeout: float = 1.0,
         on_fewer_replicas: str = "raise",
+        session: Optional["Session"] = None,
     ) -> None:
         super().__init__(
-            client, Kind("LOCK.MACQUIRE", check_keys(keys)), ttl=ttl, wait=wait, owner=owner, bind=bind, on_lost=on_lost, **_dur(replicas, replicas_timeout, on_fewer_replicas)
+            client, Kind("LOCK.MACQUIRE", check_keys(keys)), ttl=ttl, wait=wait, owner=owner, bind=bind, on_lost=on_lost, **_dur(replicas, replicas_timeout, on_fewer_replicas), session=session
         )
 
 
@@ -1202,6 +1576,7 @@ __all__ = [
     "ReadWriteLock",
     "Semaphore",
     "MultiLock",
+    "Session",
     "LockError",
     "LockNotAcquired",
     "LeaseLost",

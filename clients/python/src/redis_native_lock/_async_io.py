@@ -228,6 +228,12 @@ async def call_back(fn: Callable[..., Any], *args: Any) -> None:
         await result
 
 
+def close_at_exit(session: Any) -> None:
+    """(The blocking API closes its sessions at the interpreter's exit; an
+    asyncio one is closed by `async with` or `await session.close()`: at
+    exit its event loop is gone. Unclosed, it ends with its ttl.)"""
+
+
 class PerTask:
     """A value per asyncio task (None outside one)."""
 

@@ -15,6 +15,10 @@ difference):
   when it is granted; `sleep` is accepted and unused (no polling).
 - The token (redis-py's value of the key) is the lock's owner; the server's
   fencing token is `fencing_token`.
+- `session=` (a keyword of the constructor, not of `Redis.lock()`, which
+  passes none): the lock follows the `Session` (`SESSION id`, no `BIND`),
+  survives a reconnect, and is renewed by the session's keepalives only;
+  no `timeout` then, so `extend()` and `reacquire()` raise `LockError`.
 """
 
 from __future__ import annotations
@@ -30,7 +34,7 @@ from redis.exceptions import LockError, LockNotOwnedError
 from . import _async_io as _io
 from . import _common
 from ._common import Kind, LeaseLost, NotDurable, check_key, holds, ms, parse_info
-from ._async import Holder, _Hold
+from ._async import Holder, Session, _Hold
 from ._dropin_common import DEFAULT_LEASE, Number, NotDurableLockError, OneHold, _Local, owner_of, wait_of
 
 logger = logging.getLogger(__name__)
@@ -59,7 +63,10 @@ class NativeLock:
         replicas: int = 0,
         replicas_timeout: float = 1.0,
         on_fewer_replicas: str = "raise",
+        session: Optional[Session] = None,
     ) -> None:
+        if session is not None and timeout:
+            raise ValueError("a NativeLock in a session has no timeout: it holds while the session lives")
         self.redis = redis
         self.name = name
         self.timeout = timeout if timeout else None  # redis-py: a falsy timeout is none
@@ -78,6 +85,7 @@ class NativeLock:
             replicas=replicas,
             replicas_timeout=replicas_timeout,
             on_fewer_replicas=on_fewer_replicas,
+            session=session,
         )
         self._holder._renews = self.timeout is None
         if not self.thread_local:

@@ -5,6 +5,7 @@ thread. `_sync.py` (generated from `_async.py`) is written on these;
 
 from __future__ import annotations
 
+import atexit
 import select
 import socket
 import threading
@@ -65,7 +66,11 @@ def readable(conn: Any) -> bool:
     if sock is None or sock.fileno() < 0:
         return True
     try:
-        return bool(select.select([sock], [], [], 0)[0])
+        if hasattr(select, "poll"):  # select() refuses a descriptor above 1023 (many bound locks)
+            p = select.poll()
+            p.register(sock.fileno(), select.POLLIN)
+            return bool(p.poll(0))
+        return bool(select.select([sock], [], [], 0)[0])  # pragma: no cover - Windows
     except (OSError, ValueError):
         return True
 
@@ -219,6 +224,25 @@ def ref(source: Any) -> Callable[[], Any]:
 
 def call_back(fn: Callable[..., Any], *args: Any) -> None:
     fn(*args)
+
+
+_open_sessions: "weakref.WeakSet[Any]" = weakref.WeakSet()
+
+
+def close_at_exit(session: Any) -> None:
+    """A session still open at the interpreter's exit is closed then
+    (`LOCK.SESSION CLOSE` on each server: its locks are released at once)."""
+    _open_sessions.add(session)
+
+
+@atexit.register
+def _close_sessions() -> None:
+    for s in list(_open_sessions):
+        try:
+            if not s.closed:
+                s.close()
+        except Exception:  # noqa: BLE001 - exiting: the session's ttl ends it anyway
+            pass
 
 
 class PerTask:

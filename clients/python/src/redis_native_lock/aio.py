@@ -10,7 +10,7 @@
         await storage.write(data, fencing_token=lock.token)
 """
 
-from ._async import Holder, Lock, MultiLock, ReadWriteLock, ReentrantLock, Semaphore
+from ._async import Holder, Lock, MultiLock, ReadWriteLock, ReentrantLock, Semaphore, Session
 from ._common import DeadlockError, FewerReplicas, LeaseLost, LockError, LockNotAcquired, NotDurable
 from ._dropin import NotDurableLockError
 from ._dropin_async import NativeLock
@@ -22,6 +22,7 @@ __all__ = [
     "ReadWriteLock",
     "Semaphore",
     "MultiLock",
+    "Session",
     "LockError",
     "LockNotAcquired",
     "LeaseLost",
