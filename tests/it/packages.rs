@@ -3,9 +3,11 @@
 //! `clients/node` packed as `npm pack` makes it from a clean copy
 //! (its `prepare` builds) and the tarball installed into fresh npm projects
 //! beside ioredis and node-redis, then TypeScript scripts
-//! (clients/node/test/test.ts, stall.ts) compiled with tsc and run: every
-//! kind with both clients, single server and cluster, RedLock, and a
-//! SIGSTOPped server among three; and the docs' Node examples compiled with
+//! (clients/node/test/test.ts, session.ts, stall.ts, durable.ts) compiled
+//! with tsc and run: every kind with both clients, single server and
+//! cluster, sessions, RedLock, and a SIGSTOPped server among three; the
+//! client sets of a test run at once, each against its own servers (issue
+//! 41: CI time); and the docs' Node examples compiled with
 //! `tsc --init`'s defaults, ESM and CommonJS, and run. A server, a 3-master cluster and five RedLock
 //! servers, all on 127.0.0.1, started here.
 
@@ -108,9 +110,12 @@ fn node_tarball() -> PathBuf {
         .clone()
 }
 
+/// A fresh directory (a count as well as the time: tests make them at once).
 fn temp_dir(what: &str) -> PathBuf {
+    static MADE: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+    let n = MADE.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     let dir = std::env::temp_dir().join("redis-lock-tests").join(format!(
-        "{what}-{}-{}",
+        "{what}-{}-{}-{n}",
         std::process::id(),
         now_ms()
     ));
@@ -245,13 +250,27 @@ fn node_package_every_kind_with_the_newest_majors_ioredis_6_node_redis_6() {
     every_kind_single_and_cluster(&CLIENTS[2]);
 }
 
+/// `f` for each client set of CLIENTS, all at once (a thread each, each
+/// starting its own servers); a failure of any fails the test.
+fn each_client_set_at_once(f: impl Fn(&str, &[&str; 2]) + Sync) {
+    std::thread::scope(|s| {
+        for (label, clients) in &CLIENTS {
+            let f = &f;
+            s.spawn(move || f(label, clients));
+        }
+    });
+}
+
 /// clients/node/test/test.ts with `clients`: against a server and a
 /// 3-master cluster, then RedLock over five servers (only that test, with
-/// REDLOCK_PORTS) with none, two, then three stopped.
+/// REDLOCK_PORTS) with none, two, then three stopped; and
+/// clients/node/test/session.ts (sessions) against the same server and
+/// cluster.
 fn every_kind_single_and_cluster((label, clients): &(&str, [&str; 2])) {
     println!("with {label}");
     let project = npm_project("commonjs", clients);
     compile_test_script(&project, "test");
+    compile_test_script(&project, "session");
     let server = Server::start();
     let cluster = Cluster::start();
     let out = run(
@@ -266,6 +285,22 @@ fn every_kind_single_and_cluster((label, clients): &(&str, [&str; 2])) {
     // The notice latency of a lost lease, as the script measured it.
     for line in out.lines().filter(|l| l.contains(" told after ")) {
         println!("{}", line.trim());
+    }
+    let out = run(
+        "the sessions script against a server and a cluster",
+        Command::new("node")
+            .arg("session.js")
+            .current_dir(&project)
+            .env("REDIS_LOCK_PORT", server.port.to_string())
+            .env("REDIS_LOCK_CLUSTER_PORT", cluster.nodes[0].port.to_string()),
+    );
+    all_passed("node session.js", &out);
+    assert!(
+        out.contains("locks in a Session survive every connection of the holder killed"),
+        "the fault test ran:\n{out}"
+    );
+    for line in out.lines().filter(|l| l.contains(" killed in ")) {
+        println!("{label}: {}", line.trim());
     }
     drop(cluster);
     let mut servers: Vec<Server> = (0..5).map(|_| Server::start()).collect();
@@ -298,7 +333,7 @@ fn every_kind_single_and_cluster((label, clients): &(&str, [&str; 2])) {
 /// script (SIGKILL) under bound locks, told within 100 ms.
 #[test]
 fn node_package_a_stalled_server_stalls_nothing_else() {
-    for (label, clients) in &CLIENTS {
+    each_client_set_at_once(|label, clients| {
         println!("with {label}");
         let project = npm_project("commonjs", clients);
         compile_test_script(&project, "stall");
@@ -319,10 +354,10 @@ fn node_package_a_stalled_server_stalls_nothing_else() {
         assert!(out.status.success(), "node stall.js failed:\n{text}");
         all_passed("node stall.js", &text);
         for line in text.lines().filter(|l| l.contains(" told after ")) {
-            println!("{}", line.trim());
+            println!("{label}: {}", line.trim());
         }
         let _ = std::fs::remove_dir_all(&project);
-    }
+    });
 }
 
 /// Durable grants (`replicas`): a master with one replica; the script
@@ -333,7 +368,7 @@ fn node_package_a_stalled_server_stalls_nothing_else() {
 /// and a renewal told through `onNotDurable`.
 #[test]
 fn node_package_replicas_wait_after_grant_and_renewal() {
-    for (label, clients) in &CLIENTS {
+    each_client_set_at_once(|label, clients| {
         println!("with {label}");
         let project = npm_project("commonjs", clients);
         compile_test_script(&project, "durable");
@@ -353,11 +388,11 @@ fn node_package_replicas_wait_after_grant_and_renewal() {
         replica.resume();
         let text = String::from_utf8_lossy(&out.stdout).to_string()
             + &String::from_utf8_lossy(&out.stderr);
-        println!("{text}");
+        println!("{label}:\n{text}");
         assert!(out.status.success(), "node durable.js failed:\n{text}");
         all_passed("node durable.js", &text);
         let _ = std::fs::remove_dir_all(&project);
-    }
+    });
 }
 
 /// The ```ts blocks of clients/node/README.md and of the Node.js section of

@@ -49,6 +49,30 @@ export interface Adapter {
   timeout: number;
   /** A cluster client (WAIT cannot follow a grant on its connection). */
   cluster?: boolean;
+  /** The server that holds `key` (a key as sent, prefixed): its name ("" for a single server; a cluster's "host:port" of the key's master) and commands sent to it through the client's ordinary connections. */
+  node(key: Bytes): Promise<Node>;
+}
+
+/** One server of a client: its name, and commands to it through the client (reconnecting as the client does). */
+export interface Node {
+  name: string;
+  conn: Conn;
+}
+
+/** The cluster hash slot of `key` (CRC16 of the key, or of its `{hash tag}`, mod 16384). */
+export function keySlot(key: Bytes): number {
+  let b = Buffer.isBuffer(key) ? key : Buffer.from(key);
+  const open = b.indexOf(0x7b);
+  if (open >= 0) {
+    const close = b.indexOf(0x7d, open + 1);
+    if (close > open + 1) b = b.subarray(open + 1, close);
+  }
+  let crc = 0;
+  for (const byte of b) {
+    crc ^= byte << 8;
+    for (let i = 0; i < 8; i++) crc = crc & 0x8000 ? ((crc << 1) ^ 0x1021) & 0xffff : (crc << 1) & 0xffff;
+  }
+  return crc % 16384;
 }
 
 /** Rejects with LockTimeoutError after `ms` (Infinity: never). */
@@ -182,11 +206,13 @@ function direct(client: any, lib: Library, t: number, connectTimeout: number, pr
     }
     return o;
   };
+  const shared: Conn = { call: (args, ms, b) => timed(lib.send(client, args, b), ms, String(args[0])), close: async () => {} };
   return {
     prefix,
     prefixKeys,
     timeout: t,
-    shared: { call: (args, ms, b) => timed(lib.send(client, args, b), ms, String(args[0])), close: async () => {} },
+    shared,
+    node: async () => ({ name: "", conn: shared }),
     dedicated: async (onClose) => {
       const o = await opened(connectTimeout, false, onClose, "connecting");
       return { call: (args, ms, b) => timed(o.send(args, b), ms, String(args[0])), close: () => o.close() };
@@ -210,8 +236,31 @@ function direct(client: any, lib: Library, t: number, connectTimeout: number, pr
 }
 
 /** A cluster client: commands through it (it routes them), no connection of the package's own, no watcher. */
-function cluster(call: Conn["call"], t: number, prefix: string, prefixKeys: (args: Arg[]) => Arg[]): Adapter {
-  return { prefix, prefixKeys, timeout: t, cluster: true, shared: { call, close: async () => {} }, dedicated: async () => null, watcher: null };
+function cluster(call: Conn["call"], t: number, prefix: string, prefixKeys: (args: Arg[]) => Arg[], node: Adapter["node"]): Adapter {
+  return { prefix, prefixKeys, timeout: t, cluster: true, shared: { call, close: async () => {} }, dedicated: async () => null, watcher: null, node };
+}
+
+/** An ioredis Cluster's master for `key`'s slot (the slots are loaded by a command routed with the key first, when not yet known): commands to it go through the cluster's connection to that node, looked up at each call (the cluster replaces it when it reconnects). */
+async function ioredisNode(client: any, key: Bytes, t: number): Promise<Node> {
+  const slot = keySlot(key);
+  const master = () => client.slots?.[slot]?.[0] as string | undefined;
+  if (master() === undefined) await timed(ioredis.send(client, ["EXISTS", key]), t, "EXISTS");
+  const name = master() ?? `slot ${slot}`;
+  const call: Conn["call"] = (args, ms, b) => {
+    const n = (client.nodes("master") as any[]).find((c) => `${c.options?.host}:${c.options?.port}` === name);
+    if (n === undefined) return Promise.reject(new Error(`no connection to the cluster node ${name}`));
+    return timed(ioredis.send(n, args, b), ms, String(args[0]));
+  };
+  return { name, conn: { call, close: async () => {} } };
+}
+
+/** A node-redis cluster's master for `key`'s slot: commands to it routed with `key`. */
+async function nodeRedisNode(client: any, key: Bytes): Promise<Node> {
+  const slot = keySlot(key);
+  const m = client.slots?.[slot]?.master;
+  const name = m === undefined ? `slot ${slot}` : String(m.address ?? `${m.host}:${m.port}`);
+  const call: Conn["call"] = (args, ms, b) => timed(client.sendCommand(key, false, nrArgs(args), b ? NR_BUFFERS : undefined), ms, String(args[0]));
+  return { name, conn: { call, close: async () => {} } };
 }
 
 /** `args` (a command and its arguments) with the command's keys prefixed as ioredis prefixes them in a direct call (its own key table; a command it does not know: none). */
@@ -232,7 +281,13 @@ export function adapt(client: any, firstKey: Bytes, timeout?: number): Adapter {
     const o = client.options?.redisOptions ?? {};
     const t = timeout ?? positive(o.commandTimeout, positive(o.connectTimeout, 10_000));
     const prefix = client.options?.keyPrefix ?? o.keyPrefix ?? "";
-    return cluster((args, ms, b) => timed(ioredis.send(client, args, b), ms, String(args[0])), t, prefix, (args) => ioPrefixed(args, prefix));
+    return cluster(
+      (args, ms, b) => timed(ioredis.send(client, args, b), ms, String(args[0])),
+      t,
+      prefix,
+      (args) => ioPrefixed(args, prefix),
+      (key) => ioredisNode(client, key, t),
+    );
   }
   if (isIoredis && typeof client?.duplicate === "function" && client?.options !== undefined) {
     const o = client.options;
@@ -245,7 +300,7 @@ export function adapt(client: any, firstKey: Bytes, timeout?: number): Adapter {
   if (typeof client?.sendCommand === "function" && typeof client?.getMasters === "function") {
     const t = nrTimeout(client.options?.defaults);
     const call: Conn["call"] = (args, ms, b) => timed(client.sendCommand(firstKey, false, nrArgs(args), b ? NR_BUFFERS : undefined), ms, String(args[0]));
-    return cluster(call, t, "", unprefixed);
+    return cluster(call, t, "", unprefixed, (key) => nodeRedisNode(client, key));
   }
   if (typeof client?.sendCommand === "function" && typeof client?.duplicate === "function") {
     const t = nrTimeout(client.options);

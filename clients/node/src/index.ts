@@ -24,7 +24,8 @@
  * a LockError (give each task its own Lock); a reentrant, read or write
  * lock's next hold is `reacquire()`.
  *
- * The files: `lock.ts` (Lock, Held), `redlock.ts`, `clients.ts` (ioredis and
+ * The files: `lock.ts` (Lock, Held), `session.ts` (Session: one lease for
+ * many locks, LOCK.SESSION), `redlock.ts`, `clients.ts` (ioredis and
  * node-redis behind one Adapter), `watcher.ts` (the invalidation watcher),
  * `errors.ts`, `checks.ts` (argument checks).
  *
@@ -54,4 +55,6 @@ export type { IoredisClient, NodeRedisClient, RedisClient } from "./clients";
 export { Held, Lock } from "./lock";
 export type { LockOptions } from "./lock";
 export { RedLock } from "./redlock";
+export { Session } from "./session";
+export type { SessionOptions } from "./session";
 export type { RedLockLease, RedLockOptions } from "./redlock";

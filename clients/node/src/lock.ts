@@ -4,6 +4,7 @@ import { Adapter, adapt, Arg, Conn, RedisClient, Reply } from "./clients";
 import { Bytes, checkBytes, checkInt, checkWait, randomOwner, show } from "./checks";
 import { deadlockOrSelf, errorText, LeaseLostError, LockError, LockNotAcquiredError, LockTimeoutError, NotDurableError } from "./errors";
 import { Watched } from "./watcher";
+import { NodeSession, Session, SessionLock } from "./session";
 
 // `await using` needs Symbol.asyncDispose at run time (Node 18.18+, 20.4+ have it).
 const symbols = Symbol as unknown as { asyncDispose?: symbol };
@@ -35,12 +36,18 @@ export interface LockOptions {
   allowNotDurable?: boolean;
   /** Called each time a renewal (or extend()) is acknowledged by fewer than `replicas` replicas; the lease is kept. */
   onNotDurable?: (why: string) => void;
+  /**
+   * Hold it in this Session (made from the same client): granted with `SESSION id`, not bound, no
+   * renewal of its own (the session's keepalive is its one renewal; `extend()` is a LockError); lost
+   * when the session ends; survives the client's reconnects.
+   */
+  session?: Session;
 }
 
 
 type Verb = "LOCK.ACQUIRE" | "LOCK.RACQUIRE" | "LOCK.READ" | "LOCK.SEMAPHORE" | "LOCK.MACQUIRE";
 
-const OPTION_NAMES = new Set(["ttl", "wait", "owner", "bind", "timeout", "onLost", "replicas", "replicasTimeout", "allowNotDurable", "onNotDurable"]);
+const OPTION_NAMES = new Set(["ttl", "wait", "owner", "bind", "timeout", "onLost", "replicas", "replicasTimeout", "allowNotDurable", "onNotDurable", "session"]);
 
 function prefixed(prefix: string, key: Bytes): Bytes {
   if (prefix === "") return key;
@@ -91,6 +98,12 @@ export class Lock {
   private allowNotDurable: boolean;
   private onNotDurable?: (why: string) => void;
   private durableNow: boolean | null = null;
+  private session: Session | null;
+  /** The server's session this object holds in (while it holds), and its id at the grant. */
+  private inSession: NodeSession | null = null;
+  private sessionId = 0;
+  /** The Session's close() ended the hold: release() has nothing left to do. */
+  private closedBySession = false;
 
   private constructor(
     client: RedisClient,
@@ -119,6 +132,13 @@ export class Lock {
     this.onNotDurable = opts.onNotDurable;
     if (this.replicas > 0 && this.adapter.cluster)
       throw new TypeError("redis-native-lock: replicas is not supported on a cluster client (WAIT must follow the grant on the same connection)");
+    if (opts.session !== undefined && !(opts.session instanceof Session)) throw new TypeError("redis-native-lock: session must be a Session");
+    this.session = opts.session ?? null;
+    if (this.session !== null) {
+      if (this.session.client !== client) throw new TypeError("redis-native-lock: a lock in a Session is made with the Session's client (the same object)");
+      if (opts.bind === true) throw new TypeError("redis-native-lock: a lock in a Session is not bound (bind: true and session exclude each other)");
+      this.bind = false;
+    }
   }
 
   static exclusive(client: RedisClient, key: Bytes, opts?: LockOptions): Lock {
@@ -159,7 +179,8 @@ export class Lock {
 
   /** True once the lease is known lost, or may have run out; stays true until the next grant. */
   get lost(): boolean {
-    return this.lostWhy !== null || (this.holds > 0 && Date.now() >= this.validUntil);
+    const until = this.inSession !== null ? this.inSession.deadline : this.validUntil;
+    return this.lostWhy !== null || (this.holds > 0 && Date.now() >= until);
   }
 
   /**
@@ -192,6 +213,7 @@ export class Lock {
     else a = [this.verb, this.keys[0], this.owner, this.ttl];
     if (wait !== 0) a.push("WAIT", wait === Infinity ? 0 : wait);
     if (bind) a.push("BIND");
+    if (this.session !== null) a.push("SESSION", this.sessionId);
     return a;
   }
 
@@ -237,6 +259,7 @@ export class Lock {
 
   private async acquireOnce(wait: number): Promise<boolean> {
     this.lostWhy = null;
+    if (this.session !== null) return this.acquireInSession(this.session, wait, true);
     if (this.bind && this.conn === null) {
       // The watcher opens (or is there already) while the bound connection connects.
       this.adapter.watcher?.id(this.watched, this.adapter.timeout).catch(() => {});
@@ -269,13 +292,80 @@ export class Lock {
     this.holds = 1;
     if (this.controller.signal.aborted) this.controller = new AbortController();
     this.validUntil = sent + this.ttl;
-    if (this.timer === null) {
+    if (this.timer === null && this.session === null) {
       this.timer = setInterval(() => void this.renew(), Math.max(1, Math.floor(this.ttl / 3)));
       this.timer.unref?.();
     }
     await this.grantedDurably();
     await this.track();
     return true;
+  }
+
+  /**
+   * A grant in the Session: `SESSION id` (the session opened on the key's
+   * server if needed), not bound, no renewal timer. A wait goes on a
+   * connection of its own (closed after the reply, nothing bound to it) so
+   * that it holds up none of the client's commands (the keepalives go through
+   * them); a cluster client has none: its wait is on the node's connection.
+   * NOSESSION (the session ended meanwhile): it is ended here too (its locks
+   * lost) and the request made once more in a new session.
+   */
+  private async acquireInSession(session: Session, wait: number, retry: boolean): Promise<boolean> {
+    const start = Date.now();
+    const ns = await session.on(this.keys[0]);
+    const id = await ns.open();
+    this.sessionId = id;
+    this.closedBySession = false;
+    const conn = wait !== 0 ? await this.adapter.dedicated(() => {}) : null;
+    let reply: Reply;
+    try {
+      reply = await (conn ?? this.adapter.shared).call(this.args(wait, false), wait + this.adapter.timeout);
+    } catch (e) {
+      if (/^NOSESSION/.test(errorText(e))) {
+        ns.ended(id, `a grant naming session ${id} was answered ${errorText(e)}`);
+        const left = Number.isFinite(wait) && wait > 0 ? wait - (Date.now() - start) : wait;
+        if (retry && !session.closed && (left === 0 || left > 0)) return this.acquireInSession(session, Math.max(0, left), false);
+      }
+      if (e instanceof LockTimeoutError) void this.releaseQuietly();
+      throw deadlockOrSelf(e);
+    } finally {
+      if (conn !== null) void conn.close();
+    }
+    if (reply === null) return false;
+    this.tokens = Array.isArray(reply) ? reply.map(Number) : [Number(reply)];
+    this.token = Math.max(...this.tokens);
+    this.holds = 1;
+    if (this.controller.signal.aborted) this.controller = new AbortController();
+    this.inSession = ns;
+    if (ns.id !== id) {
+      this.lose(`session ${id} ended while its grant was on the way (the grant ended with it)`);
+      return true;
+    }
+    ns.locks.add(this.member);
+    await this.grantedDurably();
+    return true;
+  }
+
+  /** What the Session calls. */
+  private readonly member: SessionLock = {
+    lock: this,
+    sessionEnded: (why) => {
+      this.inSession = null;
+      if (this.holds > 0) this.lose(why);
+    },
+    sessionClosed: () => {
+      this.inSession = null;
+      if (this.holds > 0 && this.lostWhy === null) {
+        this.holds = 0;
+        this.closedBySession = true;
+      }
+    },
+  };
+
+  /** Out of its session's locks (released, lost). */
+  private leaveSession(): void {
+    this.inSession?.locks.delete(this.member);
+    this.inSession = null;
   }
 
   /**
@@ -301,6 +391,10 @@ export class Lock {
     } catch (e) {
       if (/^WRONGTYPE/.test(errorText(e))) {
         this.lose(`the key is no longer a lock (${errorText(e)})`);
+        throw new LeaseLostError(this.message());
+      }
+      if (/^NOSESSION/.test(errorText(e)) && this.inSession !== null) {
+        this.inSession.ended(this.sessionId, `a re-entry naming session ${this.sessionId} was answered ${errorText(e)}`);
         throw new LeaseLostError(this.message());
       }
       throw deadlockOrSelf(e);
@@ -491,6 +585,7 @@ export class Lock {
   private lose(why: string): void {
     if (this.lostWhy !== null) return;
     this.lostWhy = why;
+    this.leaveSession();
     this.stopTimer();
     this.adapter.watcher?.remove(this.watched);
     this.controller.abort(new LeaseLostError(this.message()));
@@ -519,6 +614,7 @@ export class Lock {
   /** Sets the lease to `ttl` ms from now (default: the lock's); throws LeaseLostError if no longer held. */
   async extend(ttl: number = this.ttl): Promise<void> {
     checkInt(ttl, "ttl (ms)", 1, Number.MAX_SAFE_INTEGER);
+    if (this.session !== null) throw new LockError("extend() of a lock in a Session: the session's keepalive is its one renewal (LOCK.RENEW would change nothing)");
     if (this.holds === 0) throw new LockError("extend() of a lock not held");
     this.check();
     const sent = Date.now();
@@ -588,6 +684,7 @@ export class Lock {
    */
   async release(): Promise<void> {
     if (this.holds === 0) {
+      if (this.closedBySession) return; // ended by its Session's close(): released already
       if (this.lostWhy !== null) throw new LeaseLostError(this.message());
       throw new LockError("release() of a lock not held");
     }
@@ -605,6 +702,7 @@ export class Lock {
     else this.holds -= 1;
     if (this.holds === 0) {
       this.stopTimer();
+      this.leaveSession();
       await this.closeConn();
     } else if (!wasLost && !gone && failure === null) await this.track();
     if (gone || wasLost) {

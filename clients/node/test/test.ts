@@ -750,6 +750,8 @@ async function redlockTest(): Promise<void> {
       const servers = ports.map((p) => new Redis(p, "127.0.0.1", { maxRetriesPerRequest: 0, connectTimeout: 200, enableOfflineQueue: false, retryStrategy: () => null }));
       servers.forEach((s) => s.on("error", () => {}));
       await sleep(300);
+      // The live servers connected (a loaded machine may take longer than the sleep; no offline queue here).
+      for (const s of servers.slice(0, 5 - down)) for (let i = 0; i < 200 && s.status !== "ready"; i++) await sleep(50);
       const rl = new RedLock(servers, { retries: 2, retryDelay: 50 });
       const key = `red${tag()}`;
       const lease = await rl.acquire(key, 10_000);
