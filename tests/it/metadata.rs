@@ -553,10 +553,7 @@ fn every_registered_command_is_documented_and_in_every_client() {
 
 /// Commands the server has and the packages do not offer yet, each with
 /// why. docs/clients.md says the same.
-const SERVER_ONLY: &[(&str, &str)] = &[(
-    "LOCK.SESSION",
-    "issue 42 item 2: each package's Session object, built on the server's sessions, comes next",
-)];
+const SERVER_ONLY: &[(&str, &str)] = &[];
 
 /// `COMMAND DOCS` says when `LOCK.INFO`'s `WAITERS` came (an argument
 /// added to a command that existed), and `LOCK.SYNC`'s summary describes
