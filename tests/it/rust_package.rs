@@ -922,6 +922,7 @@ fn the_package_builds_from_its_packaged_sources() {
             "src/api.rs",
             "src/blocking.rs",
             "src/commands.rs",
+            "src/conn.rs",
             "src/holding.rs",
             "src/lib.rs",
             "src/redlock.rs",
