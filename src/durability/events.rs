@@ -41,7 +41,7 @@ use redis_module::{raw, Context, ContextFlags, RedisString, RedisValue, Status};
 use crate::redis::catch;
 use crate::redis::config;
 use crate::redis::errors::LockError;
-use crate::redis::ffi::DbKey;
+use crate::redis::ffi::{DbKey, KeyAt};
 use crate::redis::ffi::{self, api};
 use crate::redis::replication;
 use crate::redis::script_caller;
@@ -168,16 +168,73 @@ extern "C" fn on_generic(
     on_generic_heard(raw_ctx, event, key)
 }
 
+/// Some lock value left its name (the type's unlink) since the last
+/// `rename_from` or `move_from` was looked at: the next one is (a lock
+/// being renamed or moved may have been unlinked from its old name first).
+static LEFT_A_NAME: AtomicBool = AtomicBool::new(false);
+
+/// The last `rename_from` or `move_from` was looked at (`MOVED_FROM`): its
+/// `*_to` is too.
+static MOVING: AtomicBool = AtomicBool::new(false);
+
+/// A lock value left its name (the type's unlink: `persistence`).
+pub fn moved_or_gone() {
+    LEFT_A_NAME.store(true, Ordering::Relaxed);
+}
+
+/// Whether a generic event may be about a lock, or a key requests wait for
+/// (exactly: no when it is not; the event's name told apart by its first
+/// bytes, the key's name by `keys::may_be_lock` or the waiting filter), so
+/// that another key's write costs a hash and a few loads, no call into
+/// Redis but the name's. The events the module acts on: `expire`,
+/// `persist`, `restore` (of a lock), `rename_*` and `move_*` (of a lock:
+/// its old name was counted still, or it was unlinked from it first), `del`
+/// (of a waited key). Any other: no.
+#[inline(always)]
+fn may_concern_locks(
+    raw_ctx: *mut raw::RedisModuleCtx,
+    event: *const c_char,
+    key: *mut raw::RedisModuleString,
+) -> bool {
+    // SAFETY: Redis passes the event's name NUL-terminated: a byte is read
+    // only after every one before it was seen not to be NUL.
+    let at = |i: usize| unsafe { *event.add(i) } as u8;
+    let name = || RedisString::string_as_slice(key);
+    let moved = |from: bool| match from {
+        true => LEFT_A_NAME.load(Ordering::Relaxed) || keys::may_be_lock(name()),
+        false => MOVING.load(Ordering::Relaxed),
+    };
+    match at(0) {
+        b'e' | b'p' => keys::may_be_lock(name()),
+        b'r' if at(1) == b'e' => match at(2) {
+            b'n' if at(3) == b'a' && at(4) == b'm' && at(5) == b'e' && at(6) == b'_' => {
+                moved(at(7) == b'f')
+            }
+            _ => keys::may_be_lock(name()),
+        },
+        b'm' if at(1) == b'o' && at(2) == b'v' && at(3) == b'e' && at(4) == b'_' => {
+            moved(at(5) == b'f')
+        }
+        b'd' => {
+            waiting::busy() && {
+                let db = ffi::selected_db(&Context::new(raw_ctx));
+                waiting::waits_for(&KeyAt::new(db, name()))
+            }
+        }
+        _ => false,
+    }
+}
+
 #[inline(never)]
 fn on_generic_heard(
     raw_ctx: *mut raw::RedisModuleCtx,
     event: *const c_char,
     key: *mut raw::RedisModuleString,
 ) -> c_int {
+    if event.is_null() || !may_concern_locks(raw_ctx, event, key) {
+        return raw::REDISMODULE_OK as c_int;
+    }
     catch::callback("a keyspace event", raw::REDISMODULE_OK as c_int, || {
-        if event.is_null() {
-            return raw::REDISMODULE_OK as c_int;
-        }
         // SAFETY: Redis passes the event's name as a NUL-terminated string.
         let event = unsafe { CStr::from_ptr(event) }.to_bytes();
         let ctx = Context::new(raw_ctx);
@@ -194,6 +251,7 @@ fn on_generic_heard(
                 timers::refresh(id.db, &id.name);
             }
             b"rename_to" | b"move_to" => {
+                MOVING.store(false, Ordering::Relaxed);
                 let from = MOVED_FROM.with(|m| m.borrow_mut().take());
                 if from.is_none() && !locks {
                     return raw::REDISMODULE_OK as c_int;
@@ -208,11 +266,14 @@ fn on_generic_heard(
                     }
                 }
                 if locks && keys::is_lock(&ctx, key) {
+                    // Its new name counted (its old one was at its unlink).
+                    keys::named(name, false);
                     waiting::holders_unsure(&id);
                     timers::refresh(id.db, &id.name);
                 }
             }
             b"rename_from" | b"move_from" => {
+                LEFT_A_NAME.store(false, Ordering::Relaxed);
                 if !locks {
                     MOVED_FROM.with(|m| *m.borrow_mut() = None);
                     return raw::REDISMODULE_OK as c_int;
@@ -220,6 +281,7 @@ fn on_generic_heard(
                 let id = ffi::db_key(&ctx, name);
                 timers::moved_away(id.db, &id.name);
                 MOVED_FROM.with(|m| *m.borrow_mut() = Some(id));
+                MOVING.store(true, Ordering::Relaxed);
             }
             b"del" if waiting::anyone_waits() => {
                 let id = ffi::db_key(&ctx, name);

@@ -6,12 +6,12 @@ use std::mem::ManuallyDrop;
 use std::ops::{Deref, DerefMut};
 use std::os::raw::{c_int, c_longlong, c_void};
 use std::ptr::NonNull;
-use std::sync::atomic::{AtomicPtr, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU8, AtomicUsize, Ordering};
 
 use redis_module::{raw, Context};
 
 use crate::redis::errors::LockError;
-use crate::redis::ffi::{api, call, Str};
+use crate::redis::ffi::{api, call, KeyAt, Str};
 use lock_core::Lock;
 
 /// The lock data type, as Redis created it (set once at load, from `lib`).
@@ -30,6 +30,8 @@ fn lock_type() -> *mut raw::RedisModuleType {
 /// (Redis returns no handle for it).
 pub struct LockKey {
     key: Option<NonNull<raw::RedisModuleKey>>,
+    /// Its name, as Redis passed it to the command (for [`named`]).
+    name: *mut raw::RedisModuleString,
 }
 
 impl LockKey {
@@ -54,7 +56,7 @@ impl LockKey {
         if key.is_none() && writable {
             return Err(LockError::Internal);
         }
-        Ok(LockKey { key })
+        Ok(LockKey { key, name })
     }
 
     fn raw(&self) -> *mut raw::RedisModuleKey {
@@ -114,8 +116,9 @@ impl LockKey {
         }))
     }
 
-    /// Stores a new lock in an empty key.
-    pub fn store(&self, lock: Lock) -> Result<(), LockError> {
+    /// Stores a new lock in an empty key; `alone`: no other lock exists
+    /// (`stats::lock_keys` is 0: for [`named`]).
+    pub fn store(&self, lock: Lock, alone: bool) -> Result<(), LockError> {
         let block = lock.into_raw();
         let status = call!(RedisModule_ModuleTypeSetValue(
             self.raw(),
@@ -123,6 +126,8 @@ impl LockKey {
             block.cast::<c_void>()
         ));
         if status == raw::REDISMODULE_OK as c_int {
+            // SAFETY: the name the key was opened with lives while it is open.
+            named(unsafe { Str::from_raw(self.name) }.as_slice(), alone);
             Ok(())
         } else {
             // SAFETY: Redis did not take the block; it is still ours to free.
@@ -203,6 +208,110 @@ impl Drop for LockMut<'_> {
             ));
         }
     }
+}
+
+/// The names lock values have, as a counting filter: two of 131,072
+/// one-byte counters per name (a hash of the name alone: a lock keeps its
+/// name through `SWAPDB` and `MOVE`), each counting the lock values that
+/// have a name hashing there. Every way a lock gets a name counts it
+/// ([`named`]: a store, a load or `RESTORE`, the new name of `RENAME` and
+/// `MOVE`, `events`), every unlink uncounts it ([`unnamed`]), so a name
+/// with a zero counter holds no lock, for certain: what the keyspace
+/// callback asks before anything else about another key's write
+/// ([`may_be_lock`]). Counts left behind by values Redis dropped without
+/// unlinking them (a flush, a load's discarded database, a `RESTORE`
+/// already expired) only make it answer "maybe" more often, until no lock
+/// is left: the next name counted then starts from zeros. A counter at
+/// 255 stays there. 128 KiB, static (its pages resident as names touch
+/// them): with 1,000 locks, one name in 4,000 that is not one is looked up
+/// for nothing; with 10,000, one in 50.
+struct NameFilter {
+    counts: [AtomicU8; NameFilter::SLOTS],
+    /// Counted minus uncounted: counts left behind while not zero with no
+    /// lock left.
+    sum: AtomicUsize,
+    /// A lock got a name this could not read: every name may be one until
+    /// no lock is left.
+    unsure: AtomicBool,
+}
+
+static NAMES: NameFilter = NameFilter {
+    counts: [const { AtomicU8::new(0) }; NameFilter::SLOTS],
+    sum: AtomicUsize::new(0),
+    unsure: AtomicBool::new(false),
+};
+
+impl NameFilter {
+    const SLOTS: usize = 1 << 17;
+
+    /// The name's two counters.
+    #[inline(always)]
+    fn slots(name: &[u8]) -> [usize; 2] {
+        let h = KeyAt::new(0, name).hash();
+        [(h >> 47) as usize, ((h >> 30) as usize) & (NameFilter::SLOTS - 1)]
+    }
+
+    fn counter(&self, slot: usize) -> Option<&AtomicU8> {
+        self.counts.get(slot)
+    }
+}
+
+/// A lock value now has the name `name` (in some database); `alone`: no
+/// other lock value exists (`stats::lock_keys` is 0).
+pub fn named(name: &[u8], alone: bool) {
+    let f = &NAMES;
+    if alone && f.sum.load(Ordering::Relaxed) != 0 {
+        // No lock is left: what stayed counted was left behind.
+        for c in &f.counts {
+            c.store(0, Ordering::Relaxed);
+        }
+        f.sum.store(0, Ordering::Relaxed);
+        f.unsure.store(false, Ordering::Relaxed);
+    }
+    for slot in NameFilter::slots(name) {
+        if let Some(c) = f.counter(slot) {
+            // Saturating: a counter at 255 stays there.
+            let _ = c.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| n.checked_add(1));
+        }
+    }
+    f.sum.fetch_add(1, Ordering::Relaxed);
+}
+
+/// A lock value whose name could not be read got one: [`may_be_lock`]
+/// says yes to every name until no lock is left.
+pub fn named_unknown() {
+    NAMES.unsure.store(true, Ordering::Relaxed);
+    NAMES.sum.fetch_add(1, Ordering::Relaxed);
+}
+
+/// A lock value left the name `name` (the type's unlink).
+pub fn unnamed(name: &[u8]) {
+    let f = &NAMES;
+    for slot in NameFilter::slots(name) {
+        if let Some(c) = f.counter(slot) {
+            let was = c.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| match n {
+                // Saturated (or never counted, which cannot be): kept.
+                0 | u8::MAX => None,
+                n => Some(n - 1),
+            });
+            if was == Err(0) {
+                f.unsure.store(true, Ordering::Relaxed);
+            }
+        }
+    }
+    let _ = f
+        .sum
+        .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| n.checked_sub(1));
+}
+
+/// Whether `name` may hold a lock (in some database): no, for certain,
+/// when one of its counters is zero. Loads, a hash, no call.
+#[inline]
+pub fn may_be_lock(name: &[u8]) -> bool {
+    let f = &NAMES;
+    let [a, b] = NameFilter::slots(name);
+    let zero = |slot: usize| f.counter(slot).is_some_and(|c| c.load(Ordering::Relaxed) == 0);
+    !(zero(a) || zero(b)) || f.unsure.load(Ordering::Relaxed)
 }
 
 /// Whether `name` holds a lock, looked up with as few side effects as the
