@@ -332,10 +332,15 @@ fn writes(
     let sub = dir.join(format!("tax-writes-{}", side.name()));
     fs::create_dir_all(&sub)?;
     let mut p = Profiled::start(&server_opts(side, load, sub, 10))?;
+    // Not `module:`: `make bench-check` measures the module's side alone,
+    // and gates the busy rows, at rest and per connection.
+    write_rows(&mut p, &format!("hz10-{}", side.name()), requests, rows)
+}
+
+/// The write rows on `p`'s server, as `<tag>:<write>`.
+fn write_rows(p: &mut Profiled, tag: &str, requests: usize, rows: &mut Vec<Row>) -> io::Result<()> {
     for w in OtherWrite::ALL {
-        // Not `module:`: `make bench-check` measures the module's side
-        // alone, and gates the busy rows, at rest and per connection.
-        let name = format!("hz10-{}:{}", side.name(), w.short());
+        let name = format!("{tag}:{}", w.short());
         let prepare = move |p: &mut Profiled, offset: usize, n: usize| -> io::Result<()> {
             if !w.needs_strings() {
                 return Ok(());
@@ -490,9 +495,15 @@ fn busy_rows(
         // (Not with `make bench-check`, which gates the busy rows alone.)
         if waiters == 1 && all {
             lock_rows(&mut p, "quiet", requests, rows)?;
+            write_rows(&mut p, "quiet-writes", requests, rows)?;
         }
         let keep = p.uninstrumented(|p| make_busy(p.port(), waiters))?;
         lock_rows(&mut p, &tag, requests, rows)?;
+        // Other clients' writes while locks are in use (not gated: a row
+        // of `make bench-check` is `busy:`).
+        if all {
+            write_rows(&mut p, &format!("{tag}-writes"), requests, rows)?;
+        }
         drop(keep);
     }
     Ok(())
@@ -619,5 +630,22 @@ pub fn callgrind_table(runs: &[Vec<Row>], requests: usize) -> String {
     }
     let set = Plain::SetNxPx;
     line(&format!("another client's {}", set.label()), set.short());
+    if !get("busy-writes:expire").is_nan() {
+        s.push_str(&format!(
+            "\n#### Other clients' writes while locks are in use ({requests} requests each)\n\nOn keys that are not locks, database 0, the servers above (`hz 1`): quiet (no lock), busy (database 1 as above: three locks, one client waiting), and with 10,000 more locks, each waited for; the API's floor from the first table (`hz 10`).\n\n| | the API's floor | quiet | busy | busy - floor | 10,000 locks waited for | - floor |\n|---|---:|---:|---:|---:|---:|---:|\n"
+        ));
+        for w in OtherWrite::ALL {
+            let f = get(&format!("hz10-events-floor:{}", w.short()));
+            let q = get(&format!("quiet-writes:{}", w.short()));
+            let b = get(&format!("busy-writes:{}", w.short()));
+            let m = get(&format!("busy10k-writes:{}", w.short()));
+            s.push_str(&format!(
+                "| {} | {f:.0} | {q:.0} | {b:.0} | {:+.0} | {m:.0} | {:+.0} |\n",
+                w.label(),
+                b - f,
+                m - f
+            ));
+        }
+    }
     s
 }
