@@ -25,7 +25,10 @@
 //!   that MIGRATE moved a waited-for key away (`del`). Its cost falls on
 //!   generic commands (DEL, EXPIRE, RENAME ...) and on writes that set a TTL
 //!   (`SET ... PX` fires `expire`); writes without a TTL (SET, INCR, HSET,
-//!   LPUSH, scripts) fire no generic event and pay nothing.
+//!   LPUSH, scripts) fire no generic event and pay nothing. While some lock
+//!   exists, an event on a name no lock has is told apart by a count of
+//!   the names locks have (`keys::may_be_lock`): a hash and a few loads,
+//!   the key never opened.
 //!
 //! Event callbacks must not write: every visit they ask for is made by the
 //! timer (`timers`), right after.
