@@ -44,7 +44,7 @@ use redis_module::{raw, Context, ContextFlags, RedisString, RedisValue, Status};
 use crate::redis::catch;
 use crate::redis::config;
 use crate::redis::errors::LockError;
-use crate::redis::ffi::{DbKey, KeyAt};
+use crate::redis::ffi::DbKey;
 use crate::redis::ffi::{self, api};
 use crate::redis::replication;
 use crate::redis::script_caller;
@@ -168,6 +168,11 @@ extern "C" fn on_generic(
     if stats::lock_keys() == 0 && !waiting::busy() {
         return raw::REDISMODULE_OK as c_int;
     }
+    // While some exist, an event on a name no lock has, a hash and a few
+    // loads (out of line, as is the rest).
+    if event.is_null() || !may_concern_locks(event, key) {
+        return raw::REDISMODULE_OK as c_int;
+    }
     on_generic_heard(raw_ctx, event, key)
 }
 
@@ -180,25 +185,27 @@ static LEFT_A_NAME: AtomicBool = AtomicBool::new(false);
 /// `*_to` is too.
 static MOVING: AtomicBool = AtomicBool::new(false);
 
+/// Some lock value left its name since the last `del` was looked at: the
+/// next one is (`MIGRATE` unlinks the lock it moved away before its `del`;
+/// a key that holds no lock has nothing to migrate).
+static DELETED_A_LOCK: AtomicBool = AtomicBool::new(false);
+
 /// A lock value left its name (the type's unlink: `persistence`).
 pub fn moved_or_gone() {
     LEFT_A_NAME.store(true, Ordering::Relaxed);
+    DELETED_A_LOCK.store(true, Ordering::Relaxed);
 }
 
 /// Whether a generic event may be about a lock, or a key requests wait for
 /// (exactly: no when it is not; the event's name told apart by its first
-/// bytes, the key's name by `keys::may_be_lock` or the waiting filter), so
-/// that another key's write costs a hash and a few loads, no call into
-/// Redis but the name's. The events the module acts on: `expire`,
-/// `persist`, `restore` (of a lock), `rename_*` and `move_*` (of a lock:
-/// its old name was counted still, or it was unlinked from it first), `del`
-/// (of a waited key). Any other: no.
-#[inline(always)]
-fn may_concern_locks(
-    raw_ctx: *mut raw::RedisModuleCtx,
-    event: *const c_char,
-    key: *mut raw::RedisModuleString,
-) -> bool {
+/// bytes, the key's name by `keys::may_be_lock`), so that another key's
+/// write costs a hash and a few loads, no call into Redis but the name's.
+/// The events the module acts on: `expire`, `persist`, `restore` (of a
+/// lock), `rename_*` and `move_*` (of a lock: its old name was counted
+/// still, or it was unlinked from it first), `del` (of a lock requests
+/// wait for, which `MIGRATE` unlinked first). Any other: no.
+#[inline(never)]
+fn may_concern_locks(event: *const c_char, key: *mut raw::RedisModuleString) -> bool {
     // SAFETY: Redis passes the event's name NUL-terminated: a byte is read
     // only after every one before it was seen not to be NUL.
     let at = |i: usize| unsafe { *event.add(i) } as u8;
@@ -218,12 +225,7 @@ fn may_concern_locks(
         b'm' if at(1) == b'o' && at(2) == b'v' && at(3) == b'e' && at(4) == b'_' => {
             moved(at(5) == b'f')
         }
-        b'd' => {
-            waiting::busy() && {
-                let db = ffi::selected_db(&Context::new(raw_ctx));
-                waiting::waits_for(&KeyAt::new(db, name()))
-            }
-        }
+        b'd' => DELETED_A_LOCK.load(Ordering::Relaxed) && waiting::busy(),
         _ => false,
     }
 }
@@ -234,9 +236,6 @@ fn on_generic_heard(
     event: *const c_char,
     key: *mut raw::RedisModuleString,
 ) -> c_int {
-    if event.is_null() || !may_concern_locks(raw_ctx, event, key) {
-        return raw::REDISMODULE_OK as c_int;
-    }
     catch::callback("a keyspace event", raw::REDISMODULE_OK as c_int, || {
         // SAFETY: Redis passes the event's name as a NUL-terminated string.
         let event = unsafe { CStr::from_ptr(event) }.to_bytes();
@@ -286,7 +285,11 @@ fn on_generic_heard(
                 MOVED_FROM.with(|m| *m.borrow_mut() = Some(id));
                 MOVING.store(true, Ordering::Relaxed);
             }
-            b"del" if waiting::anyone_waits() => {
+            b"del" => {
+                DELETED_A_LOCK.store(false, Ordering::Relaxed);
+                if !waiting::anyone_waits() {
+                    return raw::REDISMODULE_OK as c_int;
+                }
                 let id = ffi::db_key(&ctx, name);
                 if waiting::is_waited_on(&id) && migrating_away(&ctx, key) {
                     // MIGRATE moved the lock, holders and all, to another

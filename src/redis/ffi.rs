@@ -330,11 +330,6 @@ impl<'a> KeyAt<'a> {
         }
         KeyAt { db, name, hash: h }
     }
-
-    /// Its hash, as [`KeyFilter`] takes it.
-    pub fn hash(&self) -> u64 {
-        self.hash
-    }
 }
 
 /// The calling client's database.

@@ -11,7 +11,7 @@ use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU8, AtomicUsize, Ordering};
 use redis_module::{raw, Context};
 
 use crate::redis::errors::LockError;
-use crate::redis::ffi::{api, call, KeyAt, Str};
+use crate::redis::ffi::{api, call, Str};
 use lock_core::Lock;
 
 /// The lock data type, as Redis created it (set once at load, from `lib`).
@@ -244,10 +244,34 @@ static NAMES: NameFilter = NameFilter {
 impl NameFilter {
     const SLOTS: usize = 1 << 17;
 
-    /// The name's two counters.
+    /// The name's two counters: a folded multiply per eight bytes, the
+    /// last eight read whole (overlapping), no loop over bytes but for a
+    /// name shorter than eight.
     #[inline(always)]
     fn slots(name: &[u8]) -> [usize; 2] {
-        let h = KeyAt::new(0, name).hash();
+        const K: u64 = 0x9E37_79B9_7F4A_7C15;
+        let mix = |h: u64, w: u64| {
+            let full = u128::from(h ^ w).wrapping_mul(u128::from(K));
+            (full as u64) ^ ((full >> 64) as u64)
+        };
+        let word = |b: &[u8]| u64::from_le_bytes(<[u8; 8]>::try_from(b).unwrap_or([0; 8]));
+        let n = name.len();
+        let mut h = mix(n as u64, 0x6c6f_636b);
+        if n >= 8 {
+            let mut words = name.chunks_exact(8);
+            for w in &mut words {
+                h = mix(h, word(w));
+            }
+            if !words.remainder().is_empty() {
+                h = mix(h, word(name.get(n - 8..).unwrap_or_default()));
+            }
+        } else {
+            let tail = name
+                .iter()
+                .rev()
+                .fold(0u64, |acc, b| (acc << 8) | u64::from(*b));
+            h = mix(h, tail);
+        }
         [(h >> 47) as usize, ((h >> 30) as usize) & (NameFilter::SLOTS - 1)]
     }
 
@@ -268,13 +292,15 @@ pub fn named(name: &[u8], alone: bool) {
         f.sum.store(0, Ordering::Relaxed);
         f.unsure.store(false, Ordering::Relaxed);
     }
+    // Main thread only (stores, loads, unlinks, events): loads and stores.
     for slot in NameFilter::slots(name) {
         if let Some(c) = f.counter(slot) {
             // Saturating: a counter at 255 stays there.
-            let _ = c.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| n.checked_add(1));
+            let n = c.load(Ordering::Relaxed);
+            c.store(n.saturating_add(1), Ordering::Relaxed);
         }
     }
-    f.sum.fetch_add(1, Ordering::Relaxed);
+    f.sum.store(f.sum.load(Ordering::Relaxed) + 1, Ordering::Relaxed);
 }
 
 /// A lock value whose name could not be read got one: [`may_be_lock`]
@@ -289,19 +315,17 @@ pub fn unnamed(name: &[u8]) {
     let f = &NAMES;
     for slot in NameFilter::slots(name) {
         if let Some(c) = f.counter(slot) {
-            let was = c.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| match n {
-                // Saturated (or never counted, which cannot be): kept.
-                0 | u8::MAX => None,
-                n => Some(n - 1),
-            });
-            if was == Err(0) {
-                f.unsure.store(true, Ordering::Relaxed);
+            match c.load(Ordering::Relaxed) {
+                // Saturated: kept.
+                u8::MAX => {}
+                // Never counted (which cannot be): unsure from now on.
+                0 => f.unsure.store(true, Ordering::Relaxed),
+                n => c.store(n - 1, Ordering::Relaxed),
             }
         }
     }
-    let _ = f
-        .sum
-        .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| n.checked_sub(1));
+    let sum = f.sum.load(Ordering::Relaxed);
+    f.sum.store(sum.saturating_sub(1), Ordering::Relaxed);
 }
 
 /// Whether `name` may hold a lock (in some database): no, for certain,

@@ -218,6 +218,8 @@ fn renew_in(txn: &mut Txn, owner: &[u8], ttl: u64, token: Option<u64>) -> bool {
 /// [`grant`] on a free key: what the general transition does there (a new
 /// token, the lock stored with its expiry, its one holder replicated, the
 /// event), step by step, with nothing to purge, answer, unbind or visit.
+/// In line in each caller ([`grant`]'s is the common grant).
+#[inline(always)]
 fn first_grant(
     ctx: &Context,
     key: LockKey,
