@@ -272,7 +272,10 @@ impl NameFilter {
                 .fold(0u64, |acc, b| (acc << 8) | u64::from(*b));
             h = mix(h, tail);
         }
-        [(h >> 47) as usize, ((h >> 30) as usize) & (NameFilter::SLOTS - 1)]
+        [
+            (h >> 47) as usize,
+            ((h >> 30) as usize) & (NameFilter::SLOTS - 1),
+        ]
     }
 
     fn counter(&self, slot: usize) -> Option<&AtomicU8> {
@@ -300,7 +303,8 @@ pub fn named(name: &[u8], alone: bool) {
             c.store(n.saturating_add(1), Ordering::Relaxed);
         }
     }
-    f.sum.store(f.sum.load(Ordering::Relaxed) + 1, Ordering::Relaxed);
+    f.sum
+        .store(f.sum.load(Ordering::Relaxed) + 1, Ordering::Relaxed);
 }
 
 /// A lock value whose name could not be read got one: [`may_be_lock`]
@@ -334,7 +338,10 @@ pub fn unnamed(name: &[u8]) {
 pub fn may_be_lock(name: &[u8]) -> bool {
     let f = &NAMES;
     let [a, b] = NameFilter::slots(name);
-    let zero = |slot: usize| f.counter(slot).is_some_and(|c| c.load(Ordering::Relaxed) == 0);
+    let zero = |slot: usize| {
+        f.counter(slot)
+            .is_some_and(|c| c.load(Ordering::Relaxed) == 0)
+    };
     !(zero(a) || zero(b)) || f.unsure.load(Ordering::Relaxed)
 }
 
