@@ -168,8 +168,17 @@ extern "C" fn on_generic(
     if stats::lock_keys() == 0 && !waiting::busy() {
         return raw::REDISMODULE_OK as c_int;
     }
-    // While some exist, an event on a name no lock has, a hash and a few
-    // loads (out of line, as is the rest).
+    on_generic_locks(raw_ctx, event, key)
+}
+
+/// [`on_generic`] while some lock exists: an event on a name no lock has
+/// is a hash and a few loads ([`may_concern_locks`]), the rest out of line.
+#[inline(never)]
+fn on_generic_locks(
+    raw_ctx: *mut raw::RedisModuleCtx,
+    event: *const c_char,
+    key: *mut raw::RedisModuleString,
+) -> c_int {
     if event.is_null() || !may_concern_locks(event, key) {
         return raw::REDISMODULE_OK as c_int;
     }
@@ -204,7 +213,7 @@ pub fn moved_or_gone() {
 /// lock), `rename_*` and `move_*` (of a lock: its old name was counted
 /// still, or it was unlinked from it first), `del` (of a lock requests
 /// wait for, which `MIGRATE` unlinked first). Any other: no.
-#[inline(never)]
+#[inline(always)]
 fn may_concern_locks(event: *const c_char, key: *mut raw::RedisModuleString) -> bool {
     // SAFETY: Redis passes the event's name NUL-terminated: a byte is read
     // only after every one before it was seen not to be NUL.
