@@ -244,9 +244,10 @@ static NAMES: NameFilter = NameFilter {
 impl NameFilter {
     const SLOTS: usize = 1 << 17;
 
-    /// The name's two counters: a folded multiply per eight bytes, the
-    /// last eight read whole (overlapping), no loop over bytes but for a
-    /// name shorter than eight.
+    /// The name's two counters: one folded multiply per eight bytes (a
+    /// name of up to eight bytes read as two overlapping halves, of up to
+    /// three as its first, middle and last byte: no loop over bytes), its
+    /// length mixed in.
     #[inline(always)]
     fn slots(name: &[u8]) -> [usize; 2] {
         const K: u64 = 0x9E37_79B9_7F4A_7C15;
@@ -254,24 +255,37 @@ impl NameFilter {
             let full = u128::from(h ^ w).wrapping_mul(u128::from(K));
             (full as u64) ^ ((full >> 64) as u64)
         };
-        let word = |b: &[u8]| u64::from_le_bytes(<[u8; 8]>::try_from(b).unwrap_or([0; 8]));
+        let word = |b: Option<&[u8]>| {
+            u64::from_le_bytes(
+                b.and_then(|b| <[u8; 8]>::try_from(b).ok())
+                    .unwrap_or([0; 8]),
+            )
+        };
+        let half = |b: Option<&[u8]>| {
+            u64::from(u32::from_le_bytes(
+                b.and_then(|b| <[u8; 4]>::try_from(b).ok())
+                    .unwrap_or([0; 4]),
+            ))
+        };
+        let byte = |i: usize| u64::from(name.get(i).copied().unwrap_or(0));
         let n = name.len();
-        let mut h = mix(n as u64, 0x6c6f_636b);
-        if n >= 8 {
-            let mut words = name.chunks_exact(8);
-            for w in &mut words {
-                h = mix(h, word(w));
+        let seed = 0x6c6f_636b_0000_0000 ^ n as u64;
+        let h = match n {
+            0 => mix(seed, 0),
+            1..=3 => mix(seed, byte(0) << 16 | byte(n / 2) << 8 | byte(n - 1)),
+            4..=8 => mix(seed, half(name.get(..4)) << 32 | half(name.get(n - 4..))),
+            _ => {
+                let mut h = seed;
+                let mut words = name.chunks_exact(8);
+                for w in &mut words {
+                    h = mix(h, word(Some(w)));
+                }
+                if !words.remainder().is_empty() {
+                    h = mix(h, word(name.get(n - 8..)));
+                }
+                h
             }
-            if !words.remainder().is_empty() {
-                h = mix(h, word(name.get(n - 8..).unwrap_or_default()));
-            }
-        } else {
-            let tail = name
-                .iter()
-                .rev()
-                .fold(0u64, |acc, b| (acc << 8) | u64::from(*b));
-            h = mix(h, tail);
-        }
+        };
         [
             (h >> 47) as usize,
             ((h >> 30) as usize) & (NameFilter::SLOTS - 1),
@@ -287,7 +301,7 @@ impl NameFilter {
 /// other lock value exists (`stats::lock_keys` is 0).
 pub fn named(name: &[u8], alone: bool) {
     let f = &NAMES;
-    if alone && f.sum.load(Ordering::Relaxed) != 0 {
+    if alone && (f.sum.load(Ordering::Relaxed) != 0 || f.unsure.load(Ordering::Relaxed)) {
         // No lock is left: what stayed counted was left behind.
         for c in &f.counts {
             c.store(0, Ordering::Relaxed);
@@ -317,19 +331,22 @@ pub fn named_unknown() {
 /// A lock value left the name `name` (the type's unlink).
 pub fn unnamed(name: &[u8]) {
     let f = &NAMES;
+    let mut kept = false;
     for slot in NameFilter::slots(name) {
         if let Some(c) = f.counter(slot) {
             match c.load(Ordering::Relaxed) {
-                // Saturated: kept.
-                u8::MAX => {}
+                // Saturated: kept (left behind, for [`named`] to clear).
+                u8::MAX => kept = true,
                 // Never counted (which cannot be): unsure from now on.
                 0 => f.unsure.store(true, Ordering::Relaxed),
                 n => c.store(n - 1, Ordering::Relaxed),
             }
         }
     }
-    let sum = f.sum.load(Ordering::Relaxed);
-    f.sum.store(sum.saturating_sub(1), Ordering::Relaxed);
+    if !kept {
+        let sum = f.sum.load(Ordering::Relaxed);
+        f.sum.store(sum.saturating_sub(1), Ordering::Relaxed);
+    }
 }
 
 /// Whether `name` may hold a lock (in some database): no, for certain,
@@ -392,5 +409,56 @@ impl Drop for LockKey {
         if self.key.is_some() {
             call!(RedisModule_CloseKey(self.raw()));
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// One test: the filter is the process's.
+    #[test]
+    fn the_name_filter_never_says_no_to_a_counted_name() {
+        let names: Vec<Vec<u8>> = (0..2000)
+            .map(|i| format!("lock:{i}").into_bytes())
+            .chain([b"".to_vec(), b"a".to_vec(), b"ab\0".to_vec()])
+            .chain([b"a name longer than sixteen bytes".to_vec()])
+            .collect();
+        for n in &names {
+            named(n, false);
+        }
+        assert!(names.iter().all(|n| may_be_lock(n)));
+        // Others, of every length class, mostly not (1 in about 1,000 may
+        // share both counters with 2,000 names).
+        let others: Vec<Vec<u8>> = (0..2000)
+            .map(|i| format!("cache:{i}:{}", "x".repeat(i % 20)).into_bytes())
+            .collect();
+        let maybe = others.iter().filter(|n| may_be_lock(n)).count();
+        assert!(maybe < 20, "{maybe} of 2,000 other names may be locks");
+        // Uncounted, they are gone; counted again, back.
+        for n in &names {
+            unnamed(n);
+        }
+        assert!(names.iter().all(|n| !may_be_lock(n)));
+        assert!(!NAMES.unsure.load(Ordering::Relaxed));
+        // A counter at 255 stays there.
+        for _ in 0..300 {
+            named(b"hot", false);
+        }
+        for _ in 0..300 {
+            unnamed(b"hot");
+        }
+        assert!(may_be_lock(b"hot"));
+        // Left behind: cleared by the next name counted alone.
+        named(b"fresh", true);
+        assert!(!may_be_lock(b"hot") && may_be_lock(b"fresh"));
+        unnamed(b"fresh");
+        // A name uncounted that was never counted: every name may be one,
+        // until the next alone.
+        unnamed(b"never");
+        assert!(may_be_lock(b"anything"));
+        named(b"fresh", true);
+        assert!(!may_be_lock(b"anything"));
+        unnamed(b"fresh");
     }
 }
