@@ -623,12 +623,13 @@ unsafe extern "C" fn unlink2(ctx: *mut raw::RedisModuleKeyOptCtx, value: *const 
         }
         let name = RedisString::string_as_slice(key);
         // Every lock value leaving its name is uncounted, an emptied one
-        // (null, deleted next) too.
+        // (null: a transition deleting the key it emptied) too.
         keys::unnamed(name);
-        events::moved_or_gone();
         if value.is_null() {
             return;
         }
+        // Not an emptied one: no RENAME, MOVE or MIGRATE carries it.
+        events::moved_or_gone();
         // SAFETY: as in rdb_save.
         let lock = unsafe { borrowed(value) };
         let Some(db) = api!(RedisModule_GetDbIdFromOptCtx(ctx)) else {
