@@ -332,10 +332,15 @@ fn writes(
     let sub = dir.join(format!("tax-writes-{}", side.name()));
     fs::create_dir_all(&sub)?;
     let mut p = Profiled::start(&server_opts(side, load, sub, 10))?;
+    // Not `module:`: `make bench-check` measures the module's side alone,
+    // and gates the busy rows, at rest and per connection.
+    write_rows(&mut p, &format!("hz10-{}", side.name()), requests, rows)
+}
+
+/// The write rows on `p`'s server, as `<tag>:<write>`.
+fn write_rows(p: &mut Profiled, tag: &str, requests: usize, rows: &mut Vec<Row>) -> io::Result<()> {
     for w in OtherWrite::ALL {
-        // Not `module:`: `make bench-check` measures the module's side
-        // alone, and gates the busy rows, at rest and per connection.
-        let name = format!("hz10-{}:{}", side.name(), w.short());
+        let name = format!("{tag}:{}", w.short());
         let prepare = move |p: &mut Profiled, offset: usize, n: usize| -> io::Result<()> {
             if !w.needs_strings() {
                 return Ok(());
@@ -449,6 +454,12 @@ fn make_busy(port: u16, waiters: usize) -> io::Result<Vec<TcpStream>> {
 /// The lock commands and another client's `SET NX PX`, as rows
 /// `<tag>:<command>`, the measured keys in database 0.
 fn lock_rows(p: &mut Profiled, tag: &str, requests: usize, rows: &mut Vec<Row>) -> io::Result<()> {
+    // Another client's write first: on names that were never locks (the
+    // lock rows' locks go with a `FLUSHDB`, which leaves their names
+    // counted while other locks exist: design.md, "Lock names, counted").
+    let name = format!("{tag}:{}", Plain::SetNxPx.short());
+    let per_request = p.measure_plain(&name, Plain::SetNxPx, requests)?;
+    rows.push(Row { name, per_request });
     for op in Op::ALL {
         if !op.needs_module() {
             continue;
@@ -457,9 +468,6 @@ fn lock_rows(p: &mut Profiled, tag: &str, requests: usize, rows: &mut Vec<Row>) 
         let per_request = p.measure_op(&name, op, requests)?;
         rows.push(Row { name, per_request });
     }
-    let name = format!("{tag}:{}", Plain::SetNxPx.short());
-    let per_request = p.measure_plain(&name, Plain::SetNxPx, requests)?;
-    rows.push(Row { name, per_request });
     Ok(())
 }
 
@@ -490,8 +498,17 @@ fn busy_rows(
         // (Not with `make bench-check`, which gates the busy rows alone.)
         if waiters == 1 && all {
             lock_rows(&mut p, "quiet", requests, rows)?;
+            write_rows(&mut p, "quiet-writes", requests, rows)?;
         }
         let keep = p.uninstrumented(|p| make_busy(p.port(), waiters))?;
+        // Other clients' writes while locks are in use (not gated: a row
+        // of `make bench-check` is `busy:`), first: on names that were
+        // never locks (the lock rows' locks in database 0 go with a
+        // `FLUSHDB`, which leaves their names counted while other locks
+        // exist: design.md, "Lock names, counted").
+        if all {
+            write_rows(&mut p, &format!("{tag}-writes"), requests, rows)?;
+        }
         lock_rows(&mut p, &tag, requests, rows)?;
         drop(keep);
     }
@@ -619,5 +636,22 @@ pub fn callgrind_table(runs: &[Vec<Row>], requests: usize) -> String {
     }
     let set = Plain::SetNxPx;
     line(&format!("another client's {}", set.label()), set.short());
+    if !get("busy-writes:expire").is_nan() {
+        s.push_str(&format!(
+            "\n#### Other clients' writes while locks are in use ({requests} requests each)\n\nOn keys that are not locks, database 0, the servers above (`hz 1`): quiet (no lock), busy (database 1 as above: three locks, one client waiting), and with 10,000 more locks, each waited for; the API's floor from the first table (`hz 10`).\n\n| | the API's floor | quiet | busy | busy - floor | 10,000 locks waited for | - floor |\n|---|---:|---:|---:|---:|---:|---:|\n"
+        ));
+        for w in OtherWrite::ALL {
+            let f = get(&format!("hz10-events-floor:{}", w.short()));
+            let q = get(&format!("quiet-writes:{}", w.short()));
+            let b = get(&format!("busy-writes:{}", w.short()));
+            let m = get(&format!("busy10k-writes:{}", w.short()));
+            s.push_str(&format!(
+                "| {} | {f:.0} | {q:.0} | {b:.0} | {:+.0} | {m:.0} | {:+.0} |\n",
+                w.label(),
+                b - f,
+                m - f
+            ));
+        }
+    }
     s
 }

@@ -25,7 +25,10 @@
 //!   that MIGRATE moved a waited-for key away (`del`). Its cost falls on
 //!   generic commands (DEL, EXPIRE, RENAME ...) and on writes that set a TTL
 //!   (`SET ... PX` fires `expire`); writes without a TTL (SET, INCR, HSET,
-//!   LPUSH, scripts) fire no generic event and pay nothing.
+//!   LPUSH, scripts) fire no generic event and pay nothing. While some lock
+//!   exists, an event on a name no lock has is told apart by a count of
+//!   the names locks have (`keys::may_be_lock`): a hash and a few loads,
+//!   the key never opened.
 //!
 //! Event callbacks must not write: every visit they ask for is made by the
 //! timer (`timers`), right after.
@@ -165,7 +168,75 @@ extern "C" fn on_generic(
     if stats::lock_keys() == 0 && !waiting::busy() {
         return raw::REDISMODULE_OK as c_int;
     }
+    on_generic_locks(raw_ctx, event, key)
+}
+
+/// [`on_generic`] while some lock exists: an event on a name no lock has
+/// is a hash and a few loads ([`may_concern_locks`]), the rest out of line.
+#[inline(never)]
+fn on_generic_locks(
+    raw_ctx: *mut raw::RedisModuleCtx,
+    event: *const c_char,
+    key: *mut raw::RedisModuleString,
+) -> c_int {
+    if event.is_null() || !may_concern_locks(event, key) {
+        return raw::REDISMODULE_OK as c_int;
+    }
     on_generic_heard(raw_ctx, event, key)
+}
+
+/// Some lock value left its name (the type's unlink) since the last
+/// `rename_from` or `move_from` was looked at: the next one is (a lock
+/// being renamed or moved may have been unlinked from its old name first).
+static LEFT_A_NAME: AtomicBool = AtomicBool::new(false);
+
+/// The last `rename_from` or `move_from` was looked at (`MOVED_FROM`): its
+/// `*_to` is too.
+static MOVING: AtomicBool = AtomicBool::new(false);
+
+/// Some lock value left its name since the last `del` was looked at: the
+/// next one is (`MIGRATE` unlinks the lock it moved away before its `del`;
+/// a key that holds no lock has nothing to migrate).
+static DELETED_A_LOCK: AtomicBool = AtomicBool::new(false);
+
+/// A lock value left its name (the type's unlink: `persistence`).
+pub fn moved_or_gone() {
+    LEFT_A_NAME.store(true, Ordering::Relaxed);
+    DELETED_A_LOCK.store(true, Ordering::Relaxed);
+}
+
+/// Whether a generic event may be about a lock, or a key requests wait for
+/// (exactly: no when it is not; the event's name told apart by its first
+/// bytes, the key's name by `keys::may_be_lock`), so that another key's
+/// write costs a hash and a few loads, no call into Redis but the name's.
+/// The events the module acts on: `expire`, `persist`, `restore` (of a
+/// lock), `rename_*` and `move_*` (of a lock: its old name was counted
+/// still, or it was unlinked from it first), `del` (of a lock requests
+/// wait for, which `MIGRATE` unlinked first). Any other: no.
+#[inline(always)]
+fn may_concern_locks(event: *const c_char, key: *mut raw::RedisModuleString) -> bool {
+    // SAFETY: Redis passes the event's name NUL-terminated: a byte is read
+    // only after every one before it was seen not to be NUL.
+    let at = |i: usize| unsafe { *event.add(i) } as u8;
+    let name = || RedisString::string_as_slice(key);
+    let moved = |from: bool| match from {
+        true => LEFT_A_NAME.load(Ordering::Relaxed) || keys::may_be_lock(name()),
+        false => MOVING.load(Ordering::Relaxed),
+    };
+    match at(0) {
+        b'e' | b'p' => keys::may_be_lock(name()),
+        b'r' if at(1) == b'e' => match at(2) {
+            b'n' if at(3) == b'a' && at(4) == b'm' && at(5) == b'e' && at(6) == b'_' => {
+                moved(at(7) == b'f')
+            }
+            _ => keys::may_be_lock(name()),
+        },
+        b'm' if at(1) == b'o' && at(2) == b'v' && at(3) == b'e' && at(4) == b'_' => {
+            moved(at(5) == b'f')
+        }
+        b'd' => DELETED_A_LOCK.load(Ordering::Relaxed) && waiting::busy(),
+        _ => false,
+    }
 }
 
 #[inline(never)]
@@ -175,9 +246,6 @@ fn on_generic_heard(
     key: *mut raw::RedisModuleString,
 ) -> c_int {
     catch::callback("a keyspace event", raw::REDISMODULE_OK as c_int, || {
-        if event.is_null() {
-            return raw::REDISMODULE_OK as c_int;
-        }
         // SAFETY: Redis passes the event's name as a NUL-terminated string.
         let event = unsafe { CStr::from_ptr(event) }.to_bytes();
         let ctx = Context::new(raw_ctx);
@@ -194,6 +262,7 @@ fn on_generic_heard(
                 timers::refresh(id.db, &id.name);
             }
             b"rename_to" | b"move_to" => {
+                MOVING.store(false, Ordering::Relaxed);
                 let from = MOVED_FROM.with(|m| m.borrow_mut().take());
                 if from.is_none() && !locks {
                     return raw::REDISMODULE_OK as c_int;
@@ -208,11 +277,14 @@ fn on_generic_heard(
                     }
                 }
                 if locks && keys::is_lock(&ctx, key) {
+                    // Its new name counted (its old one was at its unlink).
+                    keys::named(name, false);
                     waiting::holders_unsure(&id);
                     timers::refresh(id.db, &id.name);
                 }
             }
             b"rename_from" | b"move_from" => {
+                LEFT_A_NAME.store(false, Ordering::Relaxed);
                 if !locks {
                     MOVED_FROM.with(|m| *m.borrow_mut() = None);
                     return raw::REDISMODULE_OK as c_int;
@@ -220,8 +292,13 @@ fn on_generic_heard(
                 let id = ffi::db_key(&ctx, name);
                 timers::moved_away(id.db, &id.name);
                 MOVED_FROM.with(|m| *m.borrow_mut() = Some(id));
+                MOVING.store(true, Ordering::Relaxed);
             }
-            b"del" if waiting::anyone_waits() => {
+            b"del" => {
+                DELETED_A_LOCK.store(false, Ordering::Relaxed);
+                if !waiting::anyone_waits() {
+                    return raw::REDISMODULE_OK as c_int;
+                }
                 let id = ffi::db_key(&ctx, name);
                 if waiting::is_waited_on(&id) && migrating_away(&ctx, key) {
                     // MIGRATE moved the lock, holders and all, to another

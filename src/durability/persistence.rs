@@ -38,6 +38,7 @@ use crate::redis::ffi::DbKey;
 use crate::redis::log;
 use crate::redis::replication;
 use crate::state::bindings;
+use crate::state::keys;
 use crate::state::sessions;
 use crate::state::stats;
 use crate::time::clock;
@@ -369,6 +370,13 @@ unsafe extern "C" fn rdb_load(rdb: *mut raw::RedisModuleIO, encver: c_int) -> *m
         match load_lock(rdb, encver) {
             Some(Loaded { lock, sweep_at, .. }) => {
                 stats::value(1, lock.census());
+                // The name it is loaded under counted (`keys::named`).
+                match api!(RedisModule_GetKeyNameFromIO(rdb)) {
+                    Some(key) if !key.is_null() => {
+                        keys::named(RedisString::string_as_slice(key), false);
+                    }
+                    _ => keys::named_unknown(),
+                }
                 let followed: Vec<u64> = lock.holders().filter_map(|h| h.session()).collect();
                 if !followed.is_empty() {
                     let key = api!(RedisModule_GetKeyNameFromIO(rdb)).unwrap_or(std::ptr::null());
@@ -609,17 +617,24 @@ fn load_sessions(rdb: *mut raw::RedisModuleIO, now: u64) -> Option<Vec<(u64, u64
 
 unsafe extern "C" fn unlink2(ctx: *mut raw::RedisModuleKeyOptCtx, value: *const c_void) {
     guard("unlink", (), || {
+        let key = api!(RedisModule_GetKeyNameFromOptCtx(ctx)).unwrap_or(std::ptr::null());
+        if key.is_null() {
+            return;
+        }
+        let name = RedisString::string_as_slice(key);
+        // Every lock value leaving its name is uncounted, an emptied one
+        // (null: a transition deleting the key it emptied) too.
+        keys::unnamed(name);
         if value.is_null() {
             return;
         }
+        // Not an emptied one: no RENAME, MOVE or MIGRATE carries it.
+        events::moved_or_gone();
         // SAFETY: as in rdb_save.
         let lock = unsafe { borrowed(value) };
-        let key = api!(RedisModule_GetKeyNameFromOptCtx(ctx)).unwrap_or(std::ptr::null());
         let Some(db) = api!(RedisModule_GetDbIdFromOptCtx(ctx)) else {
             return;
         };
-        if !key.is_null() {
-            events::unlinked(db, RedisString::string_as_slice(key), &lock);
-        }
+        events::unlinked(db, name, &lock);
     })
 }

@@ -44,7 +44,7 @@
 use std::collections::hash_map::{Entry, RandomState};
 use std::collections::HashMap;
 use std::hash::{BuildHasher, Hasher};
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{LazyLock, Mutex, MutexGuard, OnceLock};
 
 use crate::redis::ffi::DbKey;
@@ -744,6 +744,68 @@ pub fn count() -> usize {
     COUNT.load(Ordering::Relaxed)
 }
 
+/// Whether the grant `token` may be bound (no: it is not, for certain): a
+/// bit of a 65,536-bit filter of the bound grants' tokens, so a release or
+/// an ended lease asks the registry only about its own grant, whatever is
+/// bound elsewhere ([`forget`] is the exact answer).
+#[inline]
+pub fn may_be_bound(token: u64) -> bool {
+    BOUND_TOKENS.may_contain(token)
+}
+
+/// The bound grants' tokens as a filter ([`may_be_bound`]): a bit set per
+/// binding made; all cleared when a binding is made while no other exists
+/// and none is parked (a flush's, which a reload may bring back), once
+/// 1,024 were made since the last clearing (a word a binding, amortized:
+/// at most one bit in 64 left over).
+static BOUND_TOKENS: TokenFilter = TokenFilter::new();
+
+struct TokenFilter {
+    bits: [AtomicU64; TokenFilter::WORDS],
+    /// Bits set since the last clearing.
+    set: AtomicUsize,
+}
+
+impl TokenFilter {
+    const WORDS: usize = 1024;
+
+    const fn new() -> TokenFilter {
+        TokenFilter {
+            bits: [const { AtomicU64::new(0) }; TokenFilter::WORDS],
+            set: AtomicUsize::new(0),
+        }
+    }
+
+    /// The token's word and bit (tokens are a counter: its bits mixed).
+    fn bit(token: u64) -> (usize, u64) {
+        let h = token.wrapping_mul(0x9E37_79B9_7F4A_7C15);
+        ((h >> 54) as usize, 1 << ((h >> 48) & 63))
+    }
+
+    fn insert(&self, token: u64) {
+        let set = self.set.fetch_add(1, Ordering::Relaxed);
+        if set >= TokenFilter::WORDS && count() == 1 && !ANY_PARKED.load(Ordering::Relaxed) {
+            // The only binding: what earlier ones set goes.
+            for w in &self.bits {
+                w.store(0, Ordering::Relaxed);
+            }
+            self.set.store(1, Ordering::Relaxed);
+        }
+        let (word, bit) = TokenFilter::bit(token);
+        if let Some(w) = self.bits.get(word) {
+            w.fetch_or(bit, Ordering::Relaxed);
+        }
+    }
+
+    #[inline]
+    fn may_contain(&self, token: u64) -> bool {
+        let (word, bit) = TokenFilter::bit(token);
+        self.bits
+            .get(word)
+            .is_some_and(|w| w.load(Ordering::Relaxed) & bit != 0)
+    }
+}
+
 /// How many bound holders belong to connections that closed and are not
 /// ended yet (they hold nothing: the next transaction on their key ends them).
 pub fn pending() -> usize {
@@ -839,6 +901,7 @@ fn add(
             first();
         }
     }
+    BOUND_TOKENS.insert(token);
     if b.bytes.heap() != 0 {
         HEAP_BYTES.fetch_add(b.bytes.heap(), Ordering::Relaxed);
     }

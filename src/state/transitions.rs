@@ -218,6 +218,8 @@ fn renew_in(txn: &mut Txn, owner: &[u8], ttl: u64, token: Option<u64>) -> bool {
 /// [`grant`] on a free key: what the general transition does there (a new
 /// token, the lock stored with its expiry, its one holder replicated, the
 /// event), step by step, with nothing to purge, answer, unbind or visit.
+/// In line in each caller ([`grant`]'s is the common grant).
+#[inline(always)]
 fn first_grant(
     ctx: &Context,
     key: LockKey,
@@ -234,7 +236,7 @@ fn first_grant(
     };
     commit(ctx, name, Some((&start, &tokens)), Change::Sole(&lock));
     let (census, deadline) = (lock.census(), lock.latest_deadline());
-    key.store(lock)?;
+    key.store(lock, stats::lock_keys() == 0)?;
     stats::value(1, census);
     if let Some(deadline) = deadline {
         key.expire_at(deadline);
@@ -334,7 +336,7 @@ fn commit(ctx: &Context, name: Str<'_>, tokens: Option<(&Tokens, &Tokens)>, chan
         }
         Change::Left { owner, ended } => {
             stats::HOLD_TIME.record(u64::from(ended.held));
-            if bindings::count() != 0 {
+            if bindings::count() != 0 && bindings::may_be_bound(ended.token) {
                 forget_bound(ctx, name, [ended.token]);
             }
             replication::replicate_dropped(ctx, name, owner);
@@ -493,17 +495,7 @@ pub fn grant_all(ctx: &Context, names: &[Str<'_>], ask: Ask<'_>) -> Result<Vec<u
 fn grant_each(ctx: &Context, names: &[Str<'_>], ask: Ask<'_>) -> Result<Vec<u64>, LockError> {
     let mut tokens: Vec<(u64, bool)> = Vec::with_capacity(names.len());
     for name in names {
-        let attempt = update(ctx, *name, |txn| {
-            let before = txn.tokens.last();
-            let attempt = txn
-                .lock
-                .try_acquire(ask, false, txn.now, txn.tokens, txn.changes);
-            let new = txn.tokens.last() != before;
-            if matches!(attempt, Attempt::Granted(_)) {
-                txn.events.push(replies::MULTI_EVENT);
-            }
-            (attempt, new)
-        });
+        let attempt = grant_part(ctx, *name, ask);
         match attempt {
             Ok((Attempt::Granted(token), new)) => tokens.push((token, new)),
             refused => {
@@ -523,6 +515,32 @@ fn grant_each(ctx: &Context, names: &[Str<'_>], ask: Ask<'_>) -> Result<Vec<u64>
         }
     }
     Ok(tokens.into_iter().map(|(t, _)| t).collect())
+}
+
+/// One key of a multi-key grant: the attempt, and whether it issued a new
+/// token (a grant to undo should a later key refuse). On a free key nobody
+/// waits for and whose visit is not planned, one step, as [`grant`]'s
+/// ([`first_grant`]: chosen by the key's own state, what waits elsewhere
+/// costs the look-ups of [`key_is_quiet`]); else the general transition.
+fn grant_part(ctx: &Context, name: Str<'_>, ask: Ask<'_>) -> Result<(Attempt, bool), LockError> {
+    let key = LockKey::open(ctx, name, true)?;
+    if key.is_empty() && (!anything_pending() || key_is_quiet(ctx, name)) {
+        let attempt = first_grant(ctx, key, name, ask, replies::MULTI_EVENT)?;
+        let new = matches!(attempt, Attempt::Granted(_));
+        return Ok((attempt, new));
+    }
+    let done = transact_open(ctx, key, name, true, |txn| {
+        let before = txn.tokens.last();
+        let attempt = txn
+            .lock
+            .try_acquire(ask, false, txn.now, txn.tokens, txn.changes);
+        let new = txn.tokens.last() != before;
+        if matches!(attempt, Attempt::Granted(_)) {
+            txn.events.push(replies::MULTI_EVENT);
+        }
+        (attempt, new)
+    })?;
+    done.ok_or(LockError::Internal)
 }
 
 /// Grants the multi-key requests that became ready (each heads a queue
@@ -632,10 +650,12 @@ fn follow_sessions(ctx: &Context, name: Str<'_>, changes: &Changes) {
     }
 }
 
-/// Holders that left in this transaction take their `BIND` with them.
+/// Holders that left in this transaction take their `BIND` with them
+/// (looked up only for grants that may be bound: what is bound elsewhere
+/// costs nothing here).
 #[inline]
 fn forget_bindings(ctx: &Context, name: Str<'_>, changes: &Changes) {
-    if bindings::count() != 0 {
+    if bindings::count() != 0 && changes.ended().any(|e| bindings::may_be_bound(e.token)) {
         forget_bound(ctx, name, changes.ended().map(|e| e.token));
     }
 }
@@ -719,7 +739,7 @@ fn write_back_key<R>(
         }
         (false, None) => {}
         (false, Some(deadline)) => {
-            key.store(fresh)?;
+            key.store(fresh, stats::lock_keys() == 0)?;
             stats::value(1, census);
             key.expire_at(deadline);
         }

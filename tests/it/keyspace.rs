@@ -269,6 +269,67 @@ fn pexpire_cannot_move_a_lock_keys_ttl_away_from_its_last_deadline() {
     });
 }
 
+/// The keyspace callback looks at a key's `EXPIRE` only if its name may be
+/// a lock's (a count of the names locks have): every way a lock gets a
+/// name counts it, so a `PEXPIRE` on the lock is still undone wherever it
+/// went, and whatever other keys and locks did before.
+#[test]
+fn pexpire_is_undone_on_a_lock_under_every_name_it_gets() {
+    let s = Server::start();
+    let mut c = s.conn();
+    let guarded = |c: &mut Conn, db: &str, key: &str, what: &str| {
+        c.cmd(&["SELECT", db]).ok();
+        assert_eq!(c.cmd(&["PEXPIRE", key, "100000"]).int(), 1, "{what}");
+        wait_until(Duration::from_secs(3), what, || {
+            let p = c.pttl(key);
+            p > 0 && p <= 60_000
+        });
+        c.cmd(&["SELECT", "0"]).ok();
+    };
+    // Other keys come and go around the locks: plain keys renamed, a lock
+    // released and another taken, a lock deleted.
+    c.cmd(&["SET", "plain", "v"]).ok();
+    c.cmd(&["RENAME", "plain", "plain2"]).ok();
+    token(c.acquire("gone", "a", 60_000));
+    assert_eq!(c.cmd(&["DEL", "gone"]).int(), 1);
+    token(c.acquire("released", "a", 60_000));
+    assert_eq!(c.release("released", "a"), Reply::Int(1));
+
+    token(c.acquire("k", "a", 60_000));
+    guarded(&mut c, "0", "k", "a new lock");
+    c.cmd(&["RENAME", "k", "k2"]).ok();
+    guarded(&mut c, "0", "k2", "after RENAME");
+    // A plain key renamed onto a lock's name, and a lock taken there again.
+    c.cmd(&["SET", "plain3", "v"]).ok();
+    c.cmd(&["RENAME", "plain3", "k2"]).ok();
+    assert_eq!(c.cmd(&["PEXPIRE", "k2", "100000"]).int(), 1);
+    assert!(c.pttl("k2") > 60_000, "a plain key keeps its TTL");
+    c.cmd(&["DEL", "k2"]).int();
+    token(c.acquire("k2", "a", 60_000));
+    guarded(&mut c, "0", "k2", "a lock again where a plain key was");
+    assert_eq!(c.cmd(&["MOVE", "k2", "3"]).int(), 1);
+    guarded(&mut c, "3", "k2", "after MOVE");
+    c.cmd(&["SWAPDB", "3", "4"]).ok();
+    guarded(&mut c, "4", "k2", "after SWAPDB");
+    c.cmd(&["SELECT", "4"]).ok();
+    let payload = c.cmd(&["DUMP", "k2"]).bulk().to_vec();
+    c.cmd(&["SELECT", "0"]).ok();
+    c.cmdv(&[b"RESTORE".to_vec(), b"k3".to_vec(), b"0".to_vec(), payload])
+        .ok();
+    guarded(&mut c, "0", "k3", "after RESTORE");
+    c.cmd(&["DEBUG", "RELOAD"]).ok();
+    guarded(&mut c, "0", "k3", "after DEBUG RELOAD");
+    guarded(&mut c, "4", "k2", "the other after DEBUG RELOAD");
+    c.cmd(&["FLUSHALL"]).ok();
+    token(c.acquire("k4", "a", 60_000));
+    guarded(&mut c, "0", "k4", "a lock after FLUSHALL");
+    // A plain key's TTL is its own (a name no lock has).
+    c.cmd(&["SET", "plain4", "v"]).ok();
+    assert_eq!(c.cmd(&["PEXPIRE", "plain4", "100000"]).int(), 1);
+    assert!(c.pttl("plain4") > 60_000, "a plain key keeps its TTL");
+    assert_no_panic(&s);
+}
+
 #[test]
 fn restore_with_ttl_zero_gets_the_latest_deadline_as_its_ttl() {
     let s = Server::start();
