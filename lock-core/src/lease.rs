@@ -34,6 +34,8 @@ struct Follower<K> {
     /// Its own deadline: the last one its grant, repeat or RENEW set.
     own: u64,
     key: K,
+    /// Reported ended by [`Leases::end_due`] (its holder's end to come).
+    reported: bool,
 }
 
 #[derive(Debug, Default)]
@@ -69,6 +71,8 @@ struct Lease {
     gen: Option<u64>,
     /// Its open batch.
     open: u64,
+    /// How many followers it has (alive or not).
+    count: u64,
 }
 
 /// The connection leases of a server and the holders that follow them,
@@ -128,6 +132,12 @@ impl<K: Clone> Leases<K> {
         self.followers.contains_key(&x)
     }
 
+    /// How many followers lease `l` has, alive or not (those whose
+    /// deadline passed stay until they [`Leases::leave`]).
+    pub fn count(&self, l: u64) -> u64 {
+        self.leases.get(&l).map_or(0, |l| l.count)
+    }
+
     /// The lease follower `x` follows.
     pub fn lease_of(&self, x: u64) -> Option<u64> {
         self.followers.get(&x).map(|f| f.lease)
@@ -152,7 +162,14 @@ impl<K: Clone> Leases<K> {
         }
         let open = self.number();
         self.batches.insert(open, Batch::default());
-        self.leases.insert(l, Lease { gen: None, open });
+        self.leases.insert(
+            l,
+            Lease {
+                gen: None,
+                open,
+                count: 0,
+            },
+        );
         open
     }
 
@@ -162,6 +179,9 @@ impl<K: Clone> Leases<K> {
     pub fn set_own(&mut self, x: u64, l: u64, own: u64, key: K) {
         self.leave(x);
         let open = self.open_batch(l);
+        if let Some(lease) = self.leases.get_mut(&l) {
+            lease.count += 1;
+        }
         if let Some(b) = self.batches.get_mut(&open) {
             b.members.push(x);
             b.live += 1;
@@ -175,6 +195,7 @@ impl<K: Clone> Leases<K> {
                 batch: open,
                 own,
                 key,
+                reported: false,
             },
         );
     }
@@ -184,6 +205,9 @@ impl<K: Clone> Leases<K> {
     pub fn leave(&mut self, x: u64) -> Option<K> {
         let f = self.followers.remove(&x)?;
         self.own_due.remove(&(f.own, x));
+        if let Some(lease) = self.leases.get_mut(&f.lease) {
+            lease.count = lease.count.saturating_sub(1);
+        }
         let mut emptied = None;
         if let Some(b) = self.batches.get_mut(&f.batch) {
             b.live = b.live.saturating_sub(1);
@@ -324,6 +348,53 @@ impl<K: Clone> Leases<K> {
         }
     }
 
+    /// The key of follower `x`'s holder.
+    pub fn key_of(&self, x: u64) -> Option<K> {
+        self.followers.get(&x).map(|f| f.key.clone())
+    }
+
+    /// Follower `x`'s holder is on `key` now (its key loaded, or moved).
+    pub fn set_key(&mut self, x: u64, key: K) {
+        if let Some(f) = self.followers.get_mut(&x) {
+            f.key = key;
+        }
+    }
+
+    /// Keeps the followers whose key `keep` says (a flush: the others are
+    /// gone with their keys). Linear in the followers, as the flush is in
+    /// the keys.
+    pub fn retain_keys(&mut self, keep: impl Fn(&K) -> bool) {
+        let gone: Vec<u64> = self
+            .followers
+            .iter()
+            .filter(|(_, f)| !keep(&f.key))
+            .map(|(x, _)| *x)
+            .collect();
+        for x in gone {
+            self.leave(x);
+        }
+    }
+
+    /// Changes every follower's key in place (SWAPDB).
+    pub fn keys_mut(&mut self, mut change: impl FnMut(&mut K)) {
+        for f in self.followers.values_mut() {
+            change(&mut f.key);
+        }
+    }
+
+    /// Every follower as a file keeps it: `(x, lease, deadline)`, its
+    /// deadline as read now (loaded as its own, it is exact: the lease's
+    /// next KEEPALIVE covers it as it would have covered it here).
+    pub fn all(&self) -> Vec<(u64, u64, u64)> {
+        let mut all: Vec<(u64, u64, u64)> = self
+            .followers
+            .iter()
+            .filter_map(|(x, f)| Some((*x, f.lease, self.deadline(*x)?)))
+            .collect();
+        all.sort_unstable();
+        all
+    }
+
     /// Lease `l` ends (its connection closed): it is forgotten, its
     /// followers stay until they leave (the shell ends them with the
     /// connection's bindings), then end by their deadlines as they are.
@@ -331,11 +402,13 @@ impl<K: Clone> Leases<K> {
         self.leases.remove(&l);
     }
 
-    /// Up to `n` followers whose deadline has passed at `now`, ended (out
-    /// of the table): their keys, to visit. A follower is looked at at its
-    /// own deadline (skipped if covered and alive then), and every
-    /// follower of a generation at the generation's deadline.
-    pub fn end_due(&mut self, now: u64, n: usize) -> Vec<K> {
+    /// Up to `n` followers whose deadline has passed at `now`: their ids
+    /// and keys, to visit (each reported once; a follower stays in the
+    /// table, its deadline passed, until it [`Leases::leave`]s: the visit
+    /// ends its holder). A follower is looked at at its own deadline
+    /// (skipped if covered and alive then), and every follower of a
+    /// generation at the generation's deadline.
+    pub fn end_due(&mut self, now: u64, n: usize) -> Vec<(u64, K)> {
         let mut keys = Vec::new();
         // A page of given-up maps dropped.
         if let Some(mut it) = self.garbage.pop() {
@@ -377,10 +450,13 @@ impl<K: Clone> Leases<K> {
                 self.ending.pop_front();
                 continue;
             };
-            if self.followers.get(&x).is_some_and(|f| f.batch == b) {
-                if let Some(key) = self.leave(x) {
-                    keys.push(key);
-                }
+            if let Some(f) = self
+                .followers
+                .get_mut(&x)
+                .filter(|f| f.batch == b && !f.reported)
+            {
+                f.reported = true;
+                keys.push((x, f.key.clone()));
             }
         }
         while keys.len() < n {
@@ -392,8 +468,9 @@ impl<K: Clone> Leases<K> {
             }
             self.own_due.remove(&(at, x));
             if self.deadline(x).is_some_and(|d| d <= now) {
-                if let Some(key) = self.leave(x) {
-                    keys.push(key);
+                if let Some(f) = self.followers.get_mut(&x).filter(|f| !f.reported) {
+                    f.reported = true;
+                    keys.push((x, f.key.clone()));
                 }
             }
         }
@@ -473,10 +550,12 @@ mod tests {
                 }
                 Op::Tick(dt, n) => {
                     now += dt;
-                    let ended = t.end_due(now, n);
-                    for x in ended {
+                    // The shell's visit ends each holder reported.
+                    for (x, key) in t.end_due(now, n) {
+                        assert_eq!(x, key);
                         let (_, d) = naive.f.remove(&x).unwrap();
                         assert!(d <= now, "ended early: {ops:?}");
+                        t.leave(x);
                     }
                 }
             }
@@ -488,12 +567,18 @@ mod tests {
                 assert_eq!(t.lease_of(*x), Some(*l));
             }
             assert_eq!(t.len(), naive.f.len());
+            for l in 1..3 {
+                let n = naive.f.values().filter(|(lease, _)| *lease == l).count();
+                assert_eq!(t.count(l), n as u64);
+            }
         }
         // Everything ends, given time.
         now += 1_000_000;
         let mut guard = 0;
         while !t.is_empty() {
-            t.end_due(now, 3);
+            for (x, _) in t.end_due(now, 3) {
+                t.leave(x);
+            }
             guard += 1;
             assert!(guard < 100_000);
         }
@@ -529,15 +614,20 @@ mod tests {
         assert_eq!(t.deadline(42), Some(3000));
         assert_eq!(t.deadline(43), Some(9000));
         // The generation ends with all its followers, a page at a time.
-        assert_eq!(t.end_due(3000, 10), vec![42]);
-        assert_eq!(t.end_due(8999, 10), Vec::<u64>::new());
+        assert_eq!(t.end_due(3000, 10), vec![(42, 42)]);
+        t.leave(42);
+        assert_eq!(t.end_due(8999, 10), Vec::<(u64, u64)>::new());
         assert_eq!(t.end_due(9000, 10).len(), 10);
         assert_eq!(t.deadline(43), Some(9000));
-        let mut left = t.len();
+        let mut left = t.len() - 10;
         while left > 0 {
             let n = t.end_due(9000, 1000).len();
             assert!(n > 0);
             left -= n;
+        }
+        assert!(t.end_due(9000, 1000).is_empty());
+        for x in 0..100_000 {
+            t.leave(x);
         }
         assert!(t.is_empty());
         // A follower dead before a KEEPALIVE stays dead.

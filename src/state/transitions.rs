@@ -3,7 +3,6 @@
 
 use std::ffi::CStr;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::time::{Duration, Instant};
 
 use redis_module::{Context, RedisString};
 
@@ -15,7 +14,7 @@ use crate::state::bindings;
 use crate::state::keys::LockKey;
 use crate::state::sessions;
 use crate::state::stats;
-use crate::state::timers::{self, Keepalive};
+use crate::state::timers;
 use crate::state::txn::{Events, Txn};
 use crate::state::waiting;
 use crate::time::clock;
@@ -346,6 +345,9 @@ fn commit(ctx: &Context, name: Str<'_>, tokens: Option<(&Tokens, &Tokens)>, chan
             for held in changes.held() {
                 stats::HOLD_TIME.record(u64::from(held));
             }
+            if !changes.own().is_empty() {
+                set_own(ctx, name, changes.own());
+            }
             if !changes.is_empty() {
                 forget_bindings(ctx, name, changes);
                 if sessions::any() {
@@ -573,9 +575,18 @@ fn grant_each_ready(ctx: &Context) {
         let outcome = match outcome {
             Some(e) => Err(e),
             None => grant_each(ctx, &names, ask)
-                .map(|tokens| keys.iter().cloned().zip(tokens).collect()),
+                .map(|tokens| keys.iter().cloned().zip(tokens).collect::<Vec<_>>()),
+        };
+        let follows = match (claimed.bind(), &outcome) {
+            (Some(client), Ok(granted)) => Some((client, granted.clone())),
+            _ => None,
         };
         waiting::answer(claimed, outcome);
+        if let Some((client, granted)) = follows {
+            for ((_, token), name) in granted.iter().zip(&names) {
+                follow(ctx, *name, *token, client);
+            }
+        }
     }
 }
 
@@ -610,6 +621,32 @@ fn end_sessions(txn: &mut Txn) {
     let now = txn.now;
     let (lock, changes) = (&mut *txn.lock, &mut *txn.changes);
     sessions::with_deadlines(|deadline_of| lock.end_sessions(deadline_of, now, changes));
+}
+
+/// Own deadlines a repeat or a RENEW set on followers of a connection
+/// lease: into the lease table, each replicated as one effect with its
+/// absolute deadline.
+#[cold]
+#[inline(never)]
+fn set_own(ctx: &Context, name: Str<'_>, own: &[(u64, u64)]) {
+    let key = ffi::db_key(ctx, name.as_slice());
+    for &(token, deadline) in own {
+        if let Some(lease) = sessions::set_own(token, None, deadline, &key) {
+            replication::replicate_lease_own(ctx, token, lease, deadline);
+        }
+    }
+}
+
+/// The holder of grant `token` on `name` follows `client`'s lease from now
+/// on (a grant with `BIND`, once bound): `sessions::follow_in`.
+pub fn follow(ctx: &Context, name: Str<'_>, token: u64, client: bindings::ClientId) {
+    let Some(lease) = bindings::lease(client, sessions::draw_lease) else {
+        return;
+    };
+    let key = ffi::db_key(ctx, name.as_slice());
+    let _ = update(ctx, name, |txn| {
+        sessions::follow_in(ctx, txn, &key, token, lease);
+    });
 }
 
 /// The sessions' counts follow the holders that joined or left one here.
@@ -757,50 +794,4 @@ pub fn notify(ctx: &Context, event: &CStr, key: Str<'_>) {
         event.as_ptr(),
         key.raw()
     ));
-}
-
-/// The most event-loop time one share of a `LOCK.KEEPALIVE` takes: a
-/// tick's share of the turn.
-pub const KEEPALIVE_SHARE: Duration = crate::time::clock::TURN;
-
-/// One share of a `LOCK.KEEPALIVE`: renews the holders bound to the job's
-/// connection after the last one it renewed, a page at a time, until all
-/// are (true) or the `budget` is spent (false; `None`: no budget). A binding
-/// whose holder is gone (released, expired, deleted, another grant now) is
-/// dropped.
-pub fn keepalive_share(ctx: &Context, job: &mut Keepalive, budget: Option<Duration>) -> bool {
-    const PAGE: usize = 32;
-    let started = Instant::now();
-    ffi::keeping_db(ctx, || loop {
-        let page = bindings::page_of_client(job.client, job.after, PAGE);
-        let last = page.len() < PAGE;
-        for b in page {
-            if renew_bound(ctx, &b, job.ttl) {
-                job.renewed += 1;
-            }
-            job.after = Some(b.seq);
-        }
-        if last {
-            break true;
-        }
-        if budget.is_some_and(|b| started.elapsed() >= b) {
-            break false;
-        }
-    })
-}
-
-/// Renews one bound holder if it is still the grant it was bound with.
-fn renew_bound(ctx: &Context, b: &bindings::Bound, ttl: u64) -> bool {
-    if !ffi::select_db(ctx, b.key.db) {
-        return false;
-    }
-    let name = ffi::name(ctx, &b.key.name);
-    let renewed = update(ctx, Str::from(&name), |txn| {
-        renew_in(txn, &b.owner, ttl, Some(b.token))
-    });
-    if !matches!(renewed, Ok(true)) {
-        // Released, expired, deleted, or another grant now: stale.
-        bindings::forget(b.key.db, &b.key.name, [b.token]);
-    }
-    matches!(renewed, Ok(true))
 }
