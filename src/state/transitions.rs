@@ -635,6 +635,8 @@ fn set_own(ctx: &Context, name: Str<'_>, own: &[(u64, u64)]) {
             replication::replicate_lease_own(ctx, token, lease, deadline);
         }
     }
+    // The timer ends the followers at their deadlines.
+    timers::sessions_changed();
 }
 
 /// The holder of grant `token` on `name` follows `client`'s lease from now
@@ -647,6 +649,7 @@ pub fn follow(ctx: &Context, name: Str<'_>, token: u64, client: bindings::Client
     let _ = update(ctx, name, |txn| {
         sessions::follow_in(ctx, txn, &key, token, lease);
     });
+    timers::sessions_changed();
 }
 
 /// The sessions' counts follow the holders that joined or left one here.

@@ -557,6 +557,7 @@ fn answer_queued(ctx: &Context, name: Str<'_>, txn: &mut Txn) -> Pending {
                     );
                     if let Some(lease) = bindings::lease(client, sessions::draw_lease) {
                         sessions::follow_in(ctx, txn, key, token, lease);
+                        timers::sessions_changed();
                     }
                 }
             }

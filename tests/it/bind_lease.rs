@@ -116,6 +116,12 @@ fn each_bound_holder_keeps_its_own_lease_until_a_keepalive_covers_it() {
     // A repeat grant likewise.
     token(&a.cmd(&["LOCK.READ", "r", "o", "4000"]));
     assert!(ttl_of(&mut c, "r") <= 4_000);
+    // A waiter is granted at a bound holder's lease end (not at the end of
+    // its own WAIT): the lease table's end visits the key.
+    token(&a.cmd(&["LOCK.ACQUIRE", "w", "o", "300", "BIND"]));
+    let started = std::time::Instant::now();
+    token(&c.cmd(&["LOCK.ACQUIRE", "w", "waiter", "1000", "WAIT", "20000"]));
+    assert!(started.elapsed() < Duration::from_secs(15));
     // A KEEPALIVE may shorten every one of them.
     assert_eq!(a.cmd(&["LOCK.KEEPALIVE", "3000"]).int(), 2);
     assert!(ttl_of(&mut c, "long") <= 3_000);
