@@ -369,6 +369,14 @@ impl<K: Clone> Leases<K> {
         self.followers.get(&x).map(|f| f.key.clone())
     }
 
+    /// Whether follower `x`'s holder is on `key`.
+    pub fn is_at(&self, x: u64, key: &K) -> bool
+    where
+        K: PartialEq,
+    {
+        self.followers.get(&x).is_some_and(|f| &f.key == key)
+    }
+
     /// Follower `x`'s holder is on `key` now (its key loaded, or moved).
     pub fn set_key(&mut self, x: u64, key: K) {
         if let Some(f) = self.followers.get_mut(&x) {

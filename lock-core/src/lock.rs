@@ -1389,6 +1389,33 @@ impl Lock {
         Some(ended)
     }
 
+    /// [`Lock::release_sole`] for a holder that follows its connection's
+    /// lease ([`HolderRef::is_follower`]), live by the deadline
+    /// `deadline_of` gives its token: the lock's only holder, holding once.
+    /// The [`Ended`] names its token as its session.
+    pub fn release_sole_follower(
+        &mut self,
+        owner: &[u8],
+        token: Option<u64>,
+        now: u64,
+        deadline_of: impl Fn(u64) -> Option<u64>,
+    ) -> Option<Ended> {
+        if self.block.count() != 1 {
+            return None;
+        }
+        let (_, h) = self.grant_of(owner, token)?;
+        if !h.is_follower() || h.holds != 1 || !h.is_live_with(now, &deadline_of) {
+            return None;
+        }
+        let ended = Ended {
+            held: h.held_ms(now),
+            token: h.token,
+            session: h.token,
+        };
+        self.block = Block::default();
+        Some(ended)
+    }
+
     /// [`Lock::renew`] in its commonest case, in one step: the lock's only
     /// holder is `owner`, live at `now`. Its lease ends at `now + ttl`,
     /// returned (the lock's one deadline; `renew` touches only `owner` and
@@ -2112,6 +2139,39 @@ mod tests {
         assert!(lock.is_empty());
         assert_eq!(c.owners().count(), 1);
         assert!(!lock.release_all(b"a", 1, 1, &mut c));
+    }
+
+    #[test]
+    fn a_follower_names_its_token_reports_its_own_deadlines_and_releases_in_one_step() {
+        let mut lock = Lock::default();
+        let mut tokens = Tokens::starting_after(0);
+        acquire(&mut lock, &mut tokens, req(Kind::Acquire, "a", 100), 0);
+        let mut c = Changes::default();
+        // It follows its connection's lease: its entry names its token.
+        assert_eq!(lock.follow(1, &mut c), Some(100));
+        assert_eq!(lock.follow(1, &mut c), None, "a follower already");
+        let h = lock.holder(b"a").unwrap();
+        assert!(h.is_follower());
+        assert_eq!(h.session(), Some(1));
+        // A RENEW and a repeat report the own deadline they set; the entry
+        // stays.
+        let mut c = Changes::default();
+        assert!(lock.renew(b"a", 50, None, 10, &mut c));
+        assert_eq!(c.own(), &[(1, 60)]);
+        let mut c = Changes::default();
+        let r = req(Kind::Acquire, "a", 70);
+        let attempt = lock.try_acquire(&r, false, 20, &mut tokens, &mut c);
+        assert_eq!(attempt, Attempt::Granted(1));
+        assert_eq!(c.own(), &[(1, 90)]);
+        assert!(lock.holder(b"a").unwrap().is_follower());
+        // Its release in one step, live by its lease's deadline only.
+        assert_eq!(lock.release_sole(b"a", None, 30), None);
+        let dead = |_: u64| Some(30);
+        assert_eq!(lock.release_sole_follower(b"a", None, 30, dead), None);
+        let live = |_: u64| Some(95);
+        let ended = lock.release_sole_follower(b"a", Some(1), 30, live).unwrap();
+        assert_eq!((ended.token, ended.session), (1, 1));
+        assert!(lock.is_empty());
     }
 
     #[test]

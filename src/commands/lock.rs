@@ -242,7 +242,12 @@ fn grant(ctx: &Context, grant: args::Grant<'_>) -> RedisResult {
     let event = replies::event_of(grant.ask.kind);
     // Tokens above this one are issued by this grant: a new grant's.
     let issued = bind.map(|_| fencing::last());
-    let (attempt, next_expiry) = transitions::grant(ctx, grant.key, grant.ask, event)?;
+    // The connection's lease, which a bound holder follows (drawn now for
+    // a connection's first binding, kept with it once bound).
+    let lease = bind
+        .and_then(|c| bindings::lease_of(c).or_else(sessions::draw_lease))
+        .unwrap_or(0);
+    let (attempt, next_expiry) = transitions::grant(ctx, grant.key, grant.ask, event, lease)?;
     match (attempt, bind) {
         (Attempt::Granted(_), None) => replies::answer(attempt),
         (Attempt::Granted(token), Some(client)) => {
@@ -253,7 +258,7 @@ fn grant(ctx: &Context, grant: args::Grant<'_>) -> RedisResult {
                 // A repeat: its grant may be bound already.
                 false => bindings::bind(client, db, name, owner, token, mode),
             }
-            transitions::follow(ctx, grant.key, token, client);
+            bindings::set_lease(client, lease);
             replies::answer(attempt)
         }
         _ => answer_grant(ctx, &grant, attempt, next_expiry, bind),

@@ -226,6 +226,9 @@ pub fn replicate_session(ctx: &Context, id: u64, deadline: u64) {
 pub const LEASE_SYNC_COMMAND: &CStr = c"LOCK.LEASESYNC";
 
 fn replicate_lease(ctx: &Context, kind: &CStr, a: u64, b: u64, c: u64) {
+    if count_if_nobody_listens(ctx) {
+        return;
+    }
     let n = |v: u64| std::os::raw::c_longlong::try_from(v).unwrap_or(0);
     call!(RedisModule_Replicate(
         ctx.ctx,

@@ -969,6 +969,20 @@ pub fn live_of(client: ClientId) -> usize {
         .map_or(0, |c| c.live)
 }
 
+/// `client`'s bound holders follow `lease` (drawn before its first
+/// binding): kept with its list unless it has one already.
+pub fn set_lease(client: ClientId, lease: u64) {
+    let mut r = registry();
+    let Some(at) = r.clients.get(&client).copied() else {
+        return;
+    };
+    if let Some(c) = r.lists.get_mut(at as usize) {
+        if c.lease == 0 {
+            c.lease = lease;
+        }
+    }
+}
+
 /// The lease of `client`'s bound holders, if it has one.
 pub fn lease_of(client: ClientId) -> Option<u64> {
     if count() == 0 {

@@ -137,7 +137,7 @@ impl Table {
     fn let_go(&mut self) {
         for (x, key) in std::mem::take(&mut self.unlinked) {
             // Its binding is stale (its holder went with the key).
-            if self.leases.key_of(x).as_ref() == Some(&key) {
+            if self.leases.is_at(x, &key) {
                 self.leases.leave(x);
                 bindings::forget(key.db, &key.name, [x]);
             }
@@ -268,7 +268,7 @@ impl Table {
     fn leave(&mut self, id: u64, key: &DbKey) {
         // (A forged state may repeat a token on another key: that
         // holder is not this follower.)
-        if self.leases.key_of(id).as_ref() == Some(key) {
+        if self.leases.is_at(id, key) {
             self.leases.leave(id);
         }
         let Some(s) = self.live.get_mut(&id) else {

@@ -49,19 +49,23 @@ fn transact<R>(
 /// core's equivalent of the general transition there, property-tested to
 /// match it), stored, replicated and announced. Everything else is the
 /// general transition, on the same open key.
+///
+/// `lease` (0: none) is the lease of the connection a `BIND` binds the
+/// grant to: its holder follows it from the grant on (`sessions::follow_in`).
 pub fn grant(
     ctx: &Context,
     name: Str<'_>,
     ask: Ask<'_>,
     event: &'static CStr,
+    lease: u64,
 ) -> Result<(Attempt, Option<u64>), LockError> {
     let key = LockKey::open(ctx, name, true)?;
     // A key that exists is read once, by the general transition (which
     // also answers WRONGTYPE).
     if key.is_empty() && (!anything_pending() || key_is_quiet(ctx, name)) {
-        return first_grant(ctx, key, name, ask, event).map(|attempt| (attempt, None));
+        return first_grant(ctx, key, name, ask, event, lease).map(|attempt| (attempt, None));
     }
-    grant_general(ctx, key, name, ask, event)
+    grant_general(ctx, key, name, ask, event, lease)
 }
 
 /// [`grant`] through the general transition. Out of line: the instructions
@@ -74,17 +78,25 @@ fn grant_general(
     name: Str<'_>,
     ask: Ask<'_>,
     event: &'static CStr,
+    lease: u64,
 ) -> Result<(Attempt, Option<u64>), LockError> {
     let done = transact_open(ctx, key, name, true, |txn| {
         let queued = waiting::has_waiters(ctx, name);
         let attempt = txn
             .lock
             .try_acquire(ask, queued, txn.now, txn.tokens, txn.changes);
-        if matches!(attempt, Attempt::Granted(_)) {
+        if let Attempt::Granted(token) = attempt {
             txn.events.push(event);
+            if lease != 0 {
+                let key = ffi::db_key(ctx, name.as_slice());
+                sessions::follow_in(ctx, txn, &key, token, lease);
+            }
         }
         (attempt, txn.lock.earliest_deadline())
     })?;
+    if lease != 0 {
+        timers::sessions_changed();
+    }
     done.ok_or(LockError::Internal)
 }
 
@@ -111,10 +123,14 @@ pub fn release(
             None => return Ok(Release::NotHeld),
             // Dropped at the arm's end: an emptied lock leaves the key's
             // value null, as the general transition leaves it.
-            Some(mut lock) => (
-                lock.census(),
-                lock.release_sole(owner, token, clock::now_ms()),
-            ),
+            Some(mut lock) => {
+                let now = clock::now_ms();
+                let ended = match lock.release_sole(owner, token, now) {
+                    None if sessions::any() => release_follower(&mut lock, owner, token, now),
+                    ended => ended,
+                };
+                (lock.census(), ended)
+            }
         };
         if let Some(ended) = ended {
             commit(ctx, name, None, Change::Left { owner, ended });
@@ -124,6 +140,15 @@ pub fn release(
         }
     }
     release_general(ctx, key, name, owner, token, !quiet)
+}
+
+/// [`Lock::release_sole_follower`]: a bound holder's release in one step.
+#[cold]
+#[inline(never)]
+fn release_follower(lock: &mut Lock, owner: &[u8], token: Option<u64>, now: u64) -> Option<Ended> {
+    sessions::with_deadlines(|deadline_of| {
+        lock.release_sole_follower(owner, token, now, deadline_of)
+    })
 }
 
 /// [`release`] through the general transition (out of line, as
@@ -223,14 +248,18 @@ fn first_grant(
     name: Str<'_>,
     ask: Ask<'_>,
     event: &'static CStr,
+    lease: u64,
 ) -> Result<Attempt, LockError> {
     let now = clock::now_ms();
     let mut tokens = fencing::for_transaction(now);
     let start = tokens;
-    let (lock, token) = match Lock::first(ask, now, &mut tokens) {
+    let (mut lock, token) = match Lock::first(ask, now, &mut tokens) {
         Ok(granted) => granted,
         Err(refused) => return Ok(refused_first(ctx, key, name, refused)),
     };
+    if lease != 0 {
+        follow_first(ctx, name, &mut lock, token, lease);
+    }
     commit(ctx, name, Some((&start, &tokens)), Change::Sole(&lock));
     let (census, deadline) = (lock.census(), lock.latest_deadline());
     key.store(lock)?;
@@ -241,6 +270,21 @@ fn first_grant(
     drop(key);
     announce_quiet(ctx, name, event);
     Ok(Attempt::Granted(token))
+}
+
+/// [`first_grant`]'s holder, bound, follows `lease`: its entry names its
+/// token, its own deadline goes to the lease table, replicated as one effect
+/// before the holder's (`sessions::follow_in`, in one step).
+#[cold]
+#[inline(never)]
+fn follow_first(ctx: &Context, name: Str<'_>, lock: &mut Lock, token: u64, lease: u64) {
+    let mut changes = Changes::default();
+    if let Some(own) = lock.follow(token, &mut changes) {
+        let key = ffi::db_key(ctx, name.as_slice());
+        sessions::set_own(token, Some(lease), own, &key);
+        replication::replicate_lease_own(ctx, token, lease, own);
+        timers::sessions_changed();
+    }
 }
 
 /// A grant on a free key refused (no token left, a block past its size):
@@ -335,6 +379,9 @@ fn commit(ctx: &Context, name: Str<'_>, tokens: Option<(&Tokens, &Tokens)>, chan
             stats::HOLD_TIME.record(u64::from(ended.held));
             if bindings::count() != 0 {
                 forget_bound(ctx, name, [ended.token]);
+            }
+            if ended.session != 0 {
+                sessions::leave(ended.session, &ffi::db_key(ctx, name.as_slice()));
             }
             replication::replicate_dropped(ctx, name, owner);
         }
