@@ -124,12 +124,15 @@ pub fn release(
             // Dropped at the arm's end: an emptied lock leaves the key's
             // value null, as the general transition leaves it.
             Some(mut lock) => {
+                // (Its census before the release: what the key's removal
+                // takes from the gauges.)
+                let census = lock.census();
                 let now = clock::now_ms();
                 let ended = match lock.release_sole(owner, token, now) {
                     None if sessions::any() => release_follower(&mut lock, owner, token, now),
                     ended => ended,
                 };
-                (lock.census(), ended)
+                (census, ended)
             }
         };
         if let Some(ended) = ended {
