@@ -92,6 +92,7 @@ const COMMANDS: &[Spec] = &[
     session::CLOSE,
     session::INFO,
     session::SYNC,
+    session::LEASE_SYNC,
     // Internal: applies one replicated effect (replicas and AOF only).
     apply::SYNC,
 ];

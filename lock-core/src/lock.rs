@@ -171,6 +171,13 @@ impl<'a> HolderRef<'a> {
         session_of(self.deadline)
     }
 
+    /// Whether it follows a connection lease (`BIND`): its entry names its
+    /// own token as its session (no session id is ever a token), and the
+    /// shell's lease table has its deadline (`crate::lease`).
+    pub fn is_follower(&self) -> bool {
+        self.session() == Some(self.token)
+    }
+
     /// Its lease's end: its own deadline, or its session's
     /// (`deadline_of(id)`, `None` for an ended or unknown session: 0).
     pub fn deadline_with(&self, deadline_of: impl Fn(u64) -> Option<u64>) -> u64 {
@@ -349,6 +356,9 @@ pub struct Changes {
     /// repeat moving to it): `(from, to)`, 0 for no session. Ends are in
     /// `ended`.
     joined: Vec<(u64, u64)>,
+    /// Own deadlines set on followers of a connection lease (a repeat or a
+    /// RENEW of a bound holder): `(token, deadline)`.
+    own: Vec<(u64, u64)>,
     /// Where each listed owner is, by the hash of its bytes, once more
     /// than [`INDEXED_FROM`] are listed: a touch of a lock's every holder
     /// (a refresh, a purge of many) costs linear time, not quadratic.
@@ -406,6 +416,7 @@ impl Default for Changes {
             ended_first: None,
             ended_more: Vec::new(),
             joined: Vec::new(),
+            own: Vec::new(),
             index: None,
         }
     }
@@ -513,6 +524,14 @@ impl Changes {
     /// no session (a new holder comes from 0).
     pub fn joined(&self) -> impl Iterator<Item = (u64, u64)> + '_ {
         self.joined.iter().copied()
+    }
+
+    /// Own deadlines set here on holders that follow a connection lease
+    /// ([`HolderRef::is_follower`]): `(token, deadline)`. The holder's
+    /// entry does not change (it names its lease follower): the shell's
+    /// lease table keeps the deadline (`lease::Leases::set_own`).
+    pub fn own(&self) -> &[(u64, u64)] {
+        &self.own
     }
 
     /// How long each holder that ended here had held, ms (released: until
@@ -960,6 +979,24 @@ impl Lock {
         held.len()
     }
 
+    /// The holder of grant `token` follows its connection's lease from now
+    /// on (`BIND`): its entry names its token as its session, and its own
+    /// deadline (returned) goes to the shell's lease table. `None`, and
+    /// nothing changed, when no holder has that token or it follows a
+    /// session (a follower already: its own deadline is the table's).
+    pub fn follow(&mut self, token: u64, changes: &mut Changes) -> Option<u64> {
+        let (at, h) = self.block.entries().find(|(_, h)| h.token == token)?;
+        if h.session().is_some() {
+            return None;
+        }
+        let (holds, since, own) = (h.holds, h.since, h.deadline);
+        let owner: Owner = h.owner.into();
+        self.block
+            .set(at, holds, since, token, session_deadline(token));
+        changes.touch(&owner);
+        Some(own)
+    }
+
     /// [`Lock::materialize_sessions`] for the holders following one of
     /// `ids` only (the others keep their session).
     pub fn materialize_sessions_of(
@@ -1161,6 +1198,12 @@ impl Lock {
                     .unwrap_or(0);
                 let deadline = match (req.session, was) {
                     (0, 0) => lease_end(now, req.ttl),
+                    // A follower's repeat sets its own deadline in its
+                    // lease (its entry stays).
+                    (0, s) if s == token => {
+                        changes.own.push((token, lease_end(now, req.ttl)));
+                        session_deadline(s)
+                    }
                     (0, s) | (s, _) => session_deadline(s),
                 };
                 self.block.set(at, holds, since, token, deadline);
@@ -1298,6 +1341,11 @@ impl Lock {
     ) -> bool {
         self.purge(now, changes);
         match self.grant_of(owner, token).filter(|(_, h)| h.is_live(now)) {
+            // A follower's own deadline is in its lease table.
+            Some((_, h)) if h.is_follower() => {
+                changes.own.push((h.token, lease_end(now, ttl)));
+                true
+            }
             // The session is the one renewal: nothing changes.
             Some((_, h)) if h.session().is_some() => true,
             Some((at, h)) => {
@@ -1336,6 +1384,33 @@ impl Lock {
             held: h.held_ms(now),
             token: h.token,
             session: 0,
+        };
+        self.block = Block::default();
+        Some(ended)
+    }
+
+    /// [`Lock::release_sole`] for a holder that follows its connection's
+    /// lease ([`HolderRef::is_follower`]), live by the deadline
+    /// `deadline_of` gives its token: the lock's only holder, holding once.
+    /// The [`Ended`] names its token as its session.
+    pub fn release_sole_follower(
+        &mut self,
+        owner: &[u8],
+        token: Option<u64>,
+        now: u64,
+        deadline_of: impl Fn(u64) -> Option<u64>,
+    ) -> Option<Ended> {
+        if self.block.count() != 1 {
+            return None;
+        }
+        let (_, h) = self.grant_of(owner, token)?;
+        if !h.is_follower() || h.holds != 1 || !h.is_live_with(now, &deadline_of) {
+            return None;
+        }
+        let ended = Ended {
+            held: h.held_ms(now),
+            token: h.token,
+            session: h.token,
         };
         self.block = Block::default();
         Some(ended)
@@ -2064,6 +2139,39 @@ mod tests {
         assert!(lock.is_empty());
         assert_eq!(c.owners().count(), 1);
         assert!(!lock.release_all(b"a", 1, 1, &mut c));
+    }
+
+    #[test]
+    fn a_follower_names_its_token_reports_its_own_deadlines_and_releases_in_one_step() {
+        let mut lock = Lock::default();
+        let mut tokens = Tokens::starting_after(0);
+        acquire(&mut lock, &mut tokens, req(Kind::Acquire, "a", 100), 0);
+        let mut c = Changes::default();
+        // It follows its connection's lease: its entry names its token.
+        assert_eq!(lock.follow(1, &mut c), Some(100));
+        assert_eq!(lock.follow(1, &mut c), None, "a follower already");
+        let h = lock.holder(b"a").unwrap();
+        assert!(h.is_follower());
+        assert_eq!(h.session(), Some(1));
+        // A RENEW and a repeat report the own deadline they set; the entry
+        // stays.
+        let mut c = Changes::default();
+        assert!(lock.renew(b"a", 50, None, 10, &mut c));
+        assert_eq!(c.own(), &[(1, 60)]);
+        let mut c = Changes::default();
+        let r = req(Kind::Acquire, "a", 70);
+        let attempt = lock.try_acquire(&r, false, 20, &mut tokens, &mut c);
+        assert_eq!(attempt, Attempt::Granted(1));
+        assert_eq!(c.own(), &[(1, 90)]);
+        assert!(lock.holder(b"a").unwrap().is_follower());
+        // Its release in one step, live by its lease's deadline only.
+        assert_eq!(lock.release_sole(b"a", None, 30), None);
+        let dead = |_: u64| Some(30);
+        assert_eq!(lock.release_sole_follower(b"a", None, 30, dead), None);
+        let live = |_: u64| Some(95);
+        let ended = lock.release_sole_follower(b"a", Some(1), 30, live).unwrap();
+        assert_eq!((ended.token, ended.session), (1, 1));
+        assert!(lock.is_empty());
     }
 
     #[test]

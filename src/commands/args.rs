@@ -412,6 +412,25 @@ pub fn session_sync(argv: Argv<'_>) -> Result<(u64, u64), LockError> {
     Ok((id, deadline))
 }
 
+/// `LOCK.LEASESYNC OWN|KEEP a b deadline` (internal): whether a KEEP, and
+/// the three numbers.
+pub fn lease_sync(argv: Argv<'_>) -> Result<(bool, u64, u64, u64), LockError> {
+    let mut args = Args::new(argv);
+    let kind = args.next()?;
+    let keep = match kind.as_slice() {
+        k if k.eq_ignore_ascii_case(b"KEEP") => true,
+        k if k.eq_ignore_ascii_case(b"OWN") => false,
+        _ => return Err(LockError::Syntax),
+    };
+    let mut number = || -> Result<u64, LockError> {
+        let n = args.next()?.parse_integer().ok_or(LockError::Syntax)?;
+        u64::try_from(n).map_err(|_| LockError::Syntax)
+    };
+    let (a, b, deadline) = (number()?, number()?, number()?);
+    args.done()?;
+    Ok((keep, a, b, deadline))
+}
+
 /// `LOCK.INFO key [WAITERS]`: the key, and whether the waiters are listed.
 pub fn info(argv: Argv<'_>) -> Result<(Str<'_>, bool), LockError> {
     let mut args = Args::new(argv);

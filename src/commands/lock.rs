@@ -19,7 +19,7 @@ use crate::state::deadlocks::{self, Check};
 use crate::state::keys::LockKey;
 use crate::state::sessions;
 use crate::state::stats;
-use crate::state::timers::{self, Keepalive};
+use crate::state::timers;
 use crate::state::transitions;
 use crate::state::waiting;
 use crate::time::clock;
@@ -168,6 +168,7 @@ fn macquire(ctx: &Context, args: Argv<'_>) -> RedisResult {
                     *token,
                     ask.kind.mode(),
                 );
+                transitions::follow(ctx, *name, *token, client);
             }
         }
         let tokens = tokens.into_iter().map(|t| RedisValue::Integer(ffi::int(t)));
@@ -241,7 +242,12 @@ fn grant(ctx: &Context, grant: args::Grant<'_>) -> RedisResult {
     let event = replies::event_of(grant.ask.kind);
     // Tokens above this one are issued by this grant: a new grant's.
     let issued = bind.map(|_| fencing::last());
-    let (attempt, next_expiry) = transitions::grant(ctx, grant.key, grant.ask, event)?;
+    // The connection's lease, which a bound holder follows (drawn now for
+    // a connection's first binding, kept with it once bound).
+    let lease = bind
+        .and_then(|c| bindings::lease_of(c).or_else(sessions::draw_lease))
+        .unwrap_or(0);
+    let (attempt, next_expiry) = transitions::grant(ctx, grant.key, grant.ask, event, lease)?;
     match (attempt, bind) {
         (Attempt::Granted(_), None) => replies::answer(attempt),
         (Attempt::Granted(token), Some(client)) => {
@@ -252,6 +258,7 @@ fn grant(ctx: &Context, grant: args::Grant<'_>) -> RedisResult {
                 // A repeat: its grant may be bound already.
                 false => bindings::bind(client, db, name, owner, token, mode),
             }
+            bindings::set_lease(client, lease);
             replies::answer(attempt)
         }
         _ => answer_grant(ctx, &grant, attempt, next_expiry, bind),
@@ -337,8 +344,8 @@ fn bound_connection(ctx: &Context) -> Result<ClientId, LockError> {
 /// The last connection seen binding outside a script ([`bound_connection`]).
 static OUTSIDE_SCRIPTS: AtomicU64 = AtomicU64::new(0);
 
-// Not `fast`: it renews every holder bound to the connection, O(B)
-// (docs/design.md, "Bound locks").
+// Not `fast` (v3 contract: `write`), though O(1) now: its holders follow
+// the connection's lease (docs/design.md, "Bound locks").
 pub const KEEPALIVE: Spec = command! {
     name: c"lock.keepalive",
     handler: keepalive,
@@ -349,15 +356,15 @@ pub const KEEPALIVE: Spec = command! {
     arity: 2,
     since: c"0.2.0",
     summary: c"Renews every holder bound (BIND) to the calling connection to ttl milliseconds from now; returns how many.",
-    complexity: c"O(B), B the holders bound to this connection",
+    complexity: c"O(1): the holders bound to the connection follow its lease",
     args: &[TTL],
 };
 
 /// `LOCK.KEEPALIVE ttl`: renews every holder bound to the calling
-/// connection; the reply is how many. Past one share of work (a connection
-/// with thousands of bound holders), the caller waits while the rest is
-/// done a share per tick, so the server never stalls for long
-/// (`transitions::keepalive_share`); inside MULTI/EXEC or a script, all at once.
+/// connection; the reply is how many. The holders follow the connection's
+/// lease (`lock_core::lease`): one change, whatever their number, inside
+/// MULTI/EXEC and scripts as outside, replicated as one effect with the
+/// absolute deadline.
 fn keepalive(ctx: &Context, args: Argv<'_>) -> RedisResult {
     let ttl = args::keepalive(args)?;
     if bindings::count() == 0 {
@@ -376,24 +383,22 @@ fn keepalive(ctx: &Context, args: Argv<'_>) -> RedisResult {
     } else {
         api!(RedisModule_GetClientId(ctx.ctx))
     };
-    let Some(client) = client else {
+    let Some((client, lease)) = client.and_then(|c| Some((c, bindings::lease_of(c)?))) else {
         return Ok(RedisValue::Integer(0));
     };
-    let mut job = Keepalive {
-        client,
-        ttl,
-        after: None,
-        renewed: 0,
-        caller: 0,
-    };
-    let can_wait = waiting::can_block(ctx);
-    let budget = can_wait.then_some(transitions::KEEPALIVE_SHARE);
-    if transitions::keepalive_share(ctx, &mut job, budget) {
-        return Ok(RedisValue::Integer(job.renewed));
-    }
-    job.caller = waiting::block_for_count(ctx)?;
-    timers::keepalive_later(job);
-    Ok(RedisValue::NoReply)
+    let now = clock::now_ms();
+    let deadline = lock_core::lock::lease_end(now, ttl);
+    // Its bound holders that follow no lease (those that follow a
+    // session, whose session is their renewal) count as renewed, as their
+    // RENEW answers 1.
+    // (The lease first: it lets go of followers whose key went, and of
+    // their bindings.)
+    let followers = sessions::lease_count(lease) as usize;
+    let others = bindings::live_of(client).saturating_sub(followers);
+    let renewed = sessions::lease_keepalive(lease, now, deadline) + others as u64;
+    crate::redis::replication::replicate_lease_keep(ctx, lease, now, deadline);
+    timers::sessions_changed();
+    Ok(RedisValue::Integer(ffi::int(renewed)))
 }
 
 pub const RELEASE: Spec = command! {

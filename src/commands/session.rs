@@ -223,3 +223,69 @@ fn sync(ctx: &Context, args: Argv<'_>) -> RedisResult {
     ctx.replicate_verbatim();
     Ok(RedisValue::SimpleStringStatic("OK"))
 }
+
+pub const LEASE_SYNC: Spec = command! {
+    name: c"lock.leasesync",
+    handler: lease_sync,
+    access: Access::Internal,
+    fast: true,
+    blocking: false,
+    keys: Keys::None,
+    arity: 5,
+    since: c"0.4.0",
+    summary: c"Internal: applies one replicated change of a connection lease (OWN token lease deadline: a bound holder's own deadline; KEEP lease now deadline: a LOCK.KEEPALIVE). Accepted only from the master or the AOF.",
+    complexity: c"O(1)",
+    args: &[
+        Arg::new(c"kind", ArgKind::String),
+        Arg::new(c"a", ArgKind::Integer),
+        Arg::new(c"b", ArgKind::Integer),
+        Arg::new(c"deadline", ArgKind::Integer),
+    ],
+};
+
+/// `LOCK.LEASESYNC OWN token lease deadline` or `LOCK.LEASESYNC KEEP lease
+/// now deadline`: the master's (or the AOF's) change of a connection lease
+/// (`lock_core::lease`). Ids no server can have issued are refused; a
+/// deadline past what a lease may have is clamped at a load, and refused
+/// from a master, as a session's is.
+fn lease_sync(ctx: &Context, args: Argv<'_>) -> RedisResult {
+    let (keep, a, b, mut deadline) = args::lease_sync(args)?;
+    let now = clock::now_ms();
+    let loading = ctx.get_flags().contains(ContextFlags::LOADING);
+    let ids = match keep {
+        true => [a, a],
+        false => [a, b],
+    };
+    if ids.iter().any(|id| !Tokens::loadable(*id, now)) {
+        if loading {
+            stats::fixed_at_load(&log::AOF_SESSION_DROPPED, &format!("a lease's {a} {b}"));
+        }
+        return Err(LockError::BadState.into());
+    }
+    let (latest, limit) = config::deadline_bounds(now);
+    if deadline > limit {
+        if !loading {
+            return Err(LockError::BadState.into());
+        }
+        stats::fixed_at_load(
+            &log::AOF_SESSION_CLAMPED,
+            &format!("a lease's {deadline}, now ending at {latest}"),
+        );
+        deadline = latest;
+    }
+    for id in ids {
+        fencing::observe(id);
+    }
+    if ctx.get_flags().contains(ContextFlags::REPLICATED) {
+        fencing::received();
+    }
+    match keep {
+        true => {
+            sessions::lease_keepalive(a, b, deadline);
+        }
+        false => sessions::sync_own(a, b, deadline),
+    }
+    timers::sessions_changed();
+    ctx.replicate_verbatim();
+    Ok(RedisValue::SimpleStringStatic("OK"))
+}

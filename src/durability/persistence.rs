@@ -19,7 +19,13 @@
 //! MIGRATE) gives each the session's deadline at the dump as its own lease,
 //! and so does a load whose sessions lack that one (logged, counted).
 //! Aux data (before the keys): `last token issued`; from version 4 then
-//! `n` and `n` times `session id`, `deadline (unix ms)`.
+//! `n` and `n` times `session id`, `deadline (unix ms)`; from version 5
+//! then `m` and `m` times `token`, `lease`, `deadline (unix ms)`: the
+//! holders that follow a connection lease (`BIND`, `lock_core::lease`),
+//! each with its deadline as read at the save (loaded as its own: exact,
+//! the lease's next KEEPALIVE covers it as it would have). Version 5's keys
+//! are version 4's (a follower is listed among its lock's sessions, its id
+//! its token).
 //!
 //! A short or corrupt read returns an error (never a panic): Redis then
 //! refuses the file or the RESTORE payload.
@@ -46,7 +52,7 @@ use crate::time::fencing;
 use lock_core::{Holder, Kind, Loaded, Lock, Mode, Tokens};
 
 /// The encoding version this build writes; it reads every version up to it.
-pub const ENCODING_VERSION: i32 = 4;
+pub const ENCODING_VERSION: i32 = 5;
 
 /// The lock whose block Redis holds at `value`, read in place (never freed
 /// here).
@@ -253,11 +259,11 @@ fn load_lock(rdb: *mut raw::RedisModuleIO, encver: c_int) -> Option<Loaded> {
     let read = match encver {
         // A RESTORE past the holder limit is refused from the block's
         // count, before its holders are walked.
-        3 | 4 => {
+        3..=5 => {
             let block = load_block(rdb)?;
             // Read whatever the block holds: the stream goes on after it.
             let at_save = match encver {
-                4 => followed_at_save(rdb)?,
+                4 | 5 => followed_at_save(rdb)?,
                 _ => Vec::new(),
             };
             match loading {
@@ -427,6 +433,19 @@ unsafe extern "C" fn aof_rewrite(
                     n(deadline)
                 ));
             }
+            // The holders following connection leases, each with its
+            // deadline as read now (its key's effect follows).
+            for (token, lease, deadline) in sessions::saved_followers() {
+                api!(RedisModule_EmitAOF(
+                    aof,
+                    replication::LEASE_SYNC_COMMAND.as_ptr(),
+                    c"clll".as_ptr(),
+                    c"OWN".as_ptr(),
+                    n(token),
+                    n(lease),
+                    n(deadline)
+                ));
+            }
         }
         // SAFETY: as in rdb_save.
         let lock = unsafe { borrowed(value) };
@@ -546,6 +565,13 @@ unsafe extern "C" fn aux_save(rdb: *mut raw::RedisModuleIO, when: c_int) {
                 raw::save_unsigned(rdb, id);
                 raw::save_unsigned(rdb, deadline);
             }
+            let followers = sessions::saved_followers();
+            raw::save_unsigned(rdb, followers.len() as u64);
+            for (token, lease, deadline) in followers {
+                raw::save_unsigned(rdb, token);
+                raw::save_unsigned(rdb, lease);
+                raw::save_unsigned(rdb, deadline);
+            }
         }
     })
 }
@@ -583,11 +609,47 @@ unsafe extern "C" fn aux_load(rdb: *mut raw::RedisModuleIO, encver: c_int, when:
             };
             sessions::load(all);
         }
+        let followers = match encver >= 5 {
+            true => match load_followers(rdb, now) {
+                Some(all) => all,
+                None => return raw::REDISMODULE_ERR as c_int,
+            },
+            false => Vec::new(),
+        };
+        sessions::load_followers(followers);
         raw::REDISMODULE_OK as c_int
     })
 }
 
 /// A lock value is leaving its key, whatever removes it (`events::unlinked`).
+/// The aux data's followers of connection leases (version 5), within the
+/// bounds a lease has (ids no server can have issued dropped, a deadline
+/// past `lock.max-ttl` clamped: logged and counted). `None`: a short read.
+fn load_followers(rdb: *mut raw::RedisModuleIO, now: u64) -> Option<Vec<(u64, u64, u64)>> {
+    let n = raw::load_unsigned(rdb).ok()?;
+    let (latest, limit) = config::deadline_bounds(now);
+    let mut all = Vec::with_capacity(usize::try_from(n.min(1024)).ok()?);
+    for _ in 0..n {
+        let token = raw::load_unsigned(rdb).ok()?;
+        let lease = raw::load_unsigned(rdb).ok()?;
+        let mut deadline = raw::load_unsigned(rdb).ok()?;
+        if !Tokens::loadable(token, now) || !Tokens::loadable(lease, now) {
+            stats::fixed_at_load(&log::LOAD_SESSION_DROPPED, &format!("{token} {lease}"));
+            continue;
+        }
+        if deadline > limit {
+            stats::fixed_at_load(
+                &log::LOAD_CLAMPED,
+                &format!("a bound holder's {deadline}, now ending at {latest}"),
+            );
+            deadline = latest;
+        }
+        fencing::observe(lease);
+        all.push((token, lease, deadline));
+    }
+    Some(all)
+}
+
 /// The aux data's sessions (version 4): each within the bounds a lease
 /// has (an id no server can have issued dropped, a deadline past
 /// `lock.max-ttl` clamped: logged and counted). `None`: a short read.

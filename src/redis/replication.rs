@@ -217,3 +217,36 @@ pub fn replicate_session(ctx: &Context, id: u64, deadline: u64) {
         n(deadline)
     ));
 }
+
+/// The internal command that applies a connection lease's change on a
+/// replica or from the AOF (`lock_core::lease`): `LOCK.LEASESYNC OWN token
+/// lease deadline` (the holder of grant `token` follows `lease`, its own
+/// deadline absolute), or `LOCK.LEASESYNC KEEP lease now deadline` (a
+/// KEEPALIVE at `now`: every follower alive then lives until `deadline`).
+pub const LEASE_SYNC_COMMAND: &CStr = c"LOCK.LEASESYNC";
+
+fn replicate_lease(ctx: &Context, kind: &CStr, a: u64, b: u64, c: u64) {
+    if count_if_nobody_listens(ctx) {
+        return;
+    }
+    let n = |v: u64| std::os::raw::c_longlong::try_from(v).unwrap_or(0);
+    call!(RedisModule_Replicate(
+        ctx.ctx,
+        LEASE_SYNC_COMMAND.as_ptr(),
+        c"clll".as_ptr(),
+        kind.as_ptr(),
+        n(a),
+        n(b),
+        n(c)
+    ));
+}
+
+/// Replicates a follower's own deadline and lease.
+pub fn replicate_lease_own(ctx: &Context, token: u64, lease: u64, deadline: u64) {
+    replicate_lease(ctx, c"OWN", token, lease, deadline);
+}
+
+/// Replicates a lease's KEEPALIVE at `now`.
+pub fn replicate_lease_keep(ctx: &Context, lease: u64, now: u64, deadline: u64) {
+    replicate_lease(ctx, c"KEEP", lease, now, deadline);
+}

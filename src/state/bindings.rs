@@ -190,6 +190,9 @@ struct Client {
     closed: bool,
     /// This list's number: the registry's count of binds when it was made.
     gen: u64,
+    /// The connection's lease, which its bound holders follow
+    /// (`sessions::set_own`; 0: none drawn yet).
+    lease: u64,
 }
 
 /// Holes a connection's list keeps before it is compacted (and never more
@@ -981,9 +984,10 @@ pub fn memory_of(db: i32, name: &[u8], lock: &Lock) -> usize {
 }
 
 /// Up to `n` grants bound to `client`, in the order bound, after the one
-/// numbered `after` (from the first when `None`): a page of them, so that a
-/// connection with many is gone through a share at a time, each share
-/// copying only its own.
+/// numbered `after` (from the first when `None`): a page of them (the tests
+/// read a connection's list by it; `LOCK.KEEPALIVE` renews the connection's
+/// lease instead).
+#[cfg(test)]
 pub fn page_of_client(client: ClientId, after: Option<u64>, n: usize) -> Vec<Bound> {
     if count() == 0 {
         return Vec::new();
@@ -1005,6 +1009,54 @@ pub fn page_of_client(client: ClientId, after: Option<u64>, n: usize) -> Vec<Bou
         .take(n)
         .map(Binding::bound)
         .collect()
+}
+
+/// The lease of `client`'s bound holders (`LOCK.KEEPALIVE` renews it):
+/// drawn by `draw` the first time (`None`: it has no binding).
+pub fn lease(client: ClientId, draw: impl FnOnce() -> Option<u64>) -> Option<u64> {
+    let mut r = registry();
+    let at = *r.clients.get(&client)?;
+    let c = r.lists.get_mut(at as usize)?;
+    if c.lease == 0 {
+        c.lease = draw()?;
+    }
+    Some(c.lease)
+}
+
+/// How many bindings `client` has.
+pub fn live_of(client: ClientId) -> usize {
+    let r = registry();
+    r.clients
+        .get(&client)
+        .and_then(|at| r.lists.get(*at as usize))
+        .map_or(0, |c| c.live)
+}
+
+/// `client`'s bound holders follow `lease` (drawn before its first
+/// binding): kept with its list unless it has one already.
+pub fn set_lease(client: ClientId, lease: u64) {
+    let mut r = registry();
+    let Some(at) = r.clients.get(&client).copied() else {
+        return;
+    };
+    if let Some(c) = r.lists.get_mut(at as usize) {
+        if c.lease == 0 {
+            c.lease = lease;
+        }
+    }
+}
+
+/// The lease of `client`'s bound holders, if it has one.
+pub fn lease_of(client: ClientId) -> Option<u64> {
+    if count() == 0 {
+        return None;
+    }
+    let r = registry();
+    let at = *r.clients.get(&client)?;
+    r.lists
+        .get(at as usize)
+        .map(|c| c.lease)
+        .filter(|l| *l != 0)
 }
 
 /// The connection `client` closed: its holders hold nothing from now on,

@@ -23,9 +23,15 @@ use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{LazyLock, Mutex};
 
 use crate::redis::ffi::DbKey;
+use crate::redis::replication;
 use crate::redis::shared::{self, Locked};
+use crate::state::bindings;
 use crate::state::txn::Txn;
+use crate::time::clock;
+use crate::time::fencing;
+use lock_core::lease::Leases;
 use lock_core::{Attempt, Changes, Lock, Request};
+use redis_module::Context;
 
 /// A waiting request's id (`waiting::WaiterId`).
 pub type WaiterId = usize;
@@ -54,6 +60,19 @@ struct Table {
     live: HashMap<u64, Session>,
     by_deadline: BTreeSet<(u64, u64)>,
     ending: VecDeque<Ending>,
+    /// Connection leases (`BIND`) and the holders that follow them, by
+    /// their tokens (`lock_core::lease`): their deadlines are read here as
+    /// sessions' are.
+    leases: Leases<DbKey>,
+    /// Followers whose key was unlinked in this command: a RENAME or MOVE
+    /// brings them back under the new name ([`join`]); anything else that
+    /// looks at the table first lets them go.
+    unlinked: Vec<(u64, DbKey)>,
+}
+
+/// Where a follower's key is not known yet (a load: its key follows).
+fn nowhere() -> DbKey {
+    DbKey::new(-1, b"")
 }
 
 static TABLE: LazyLock<Mutex<Table>> = LazyLock::new(Mutex::default);
@@ -68,16 +87,27 @@ static LIVE: AtomicUsize = AtomicUsize::new(0);
 static NEXT_END: AtomicU64 = AtomicU64::new(u64::MAX);
 /// Whether ended sessions have cleaning up left.
 static ENDING: AtomicBool = AtomicBool::new(false);
+/// When the lease table has work next (`u64::MAX`: none).
+static NEXT_LEASE: AtomicU64 = AtomicU64::new(u64::MAX);
 
 fn table() -> Locked<Table> {
+    let mut t = table_as_is();
+    t.let_go();
+    t
+}
+
+/// [`table`], followers unlinked in this command kept for [`join`].
+fn table_as_is() -> Locked<Table> {
     shared::lock(&TABLE, |t| {
-        if !t.live.is_empty() {
+        if !t.live.is_empty() || !t.leases.is_empty() {
             ANY.store(true, Ordering::Relaxed);
         }
         LIVE.store(t.live.len(), Ordering::Relaxed);
         ENDING.store(!t.ending.is_empty(), Ordering::Relaxed);
         let next = t.by_deadline.first().map_or(u64::MAX, |(at, _)| *at);
         NEXT_END.store(next, Ordering::Relaxed);
+        let lease = t.leases.next_due().unwrap_or(u64::MAX);
+        NEXT_LEASE.store(lease, Ordering::Relaxed);
     })
 }
 
@@ -98,10 +128,24 @@ pub fn next_work() -> Option<u64> {
     if ENDING.load(Ordering::Relaxed) {
         return Some(0);
     }
-    Some(NEXT_END.load(Ordering::Relaxed)).filter(|&at| at != u64::MAX)
+    let next = NEXT_END
+        .load(Ordering::Relaxed)
+        .min(NEXT_LEASE.load(Ordering::Relaxed));
+    Some(next).filter(|&at| at != u64::MAX)
 }
 
 impl Table {
+    /// The followers unlinked by the last command and not moved: gone.
+    fn let_go(&mut self) {
+        for (x, key) in std::mem::take(&mut self.unlinked) {
+            // Its binding is stale (its holder went with the key).
+            if self.leases.is_at(x, &key) {
+                self.leases.leave(x);
+                bindings::forget(key.db, &key.name, [x]);
+            }
+        }
+    }
+
     fn set_deadline(&mut self, id: u64, deadline: u64) -> bool {
         let Some(s) = self.live.get_mut(&id) else {
             return false;
@@ -196,23 +240,42 @@ pub fn info(id: u64, now: u64) -> Option<(u64, u64)> {
 /// table locked once for all of its look-ups.
 pub fn with_deadlines<R>(f: impl FnOnce(&dyn Fn(u64) -> Option<u64>) -> R) -> R {
     let t = table();
-    let deadline_of = |id: u64| t.live.get(&id).map(|s| s.deadline);
+    let deadline_of = |id: u64| match t.live.get(&id) {
+        Some(s) => Some(s.deadline),
+        None => t.leases.deadline(id),
+    };
     f(&deadline_of)
 }
 
 /// A holder on `key` began to follow session `id`.
 pub fn join(id: u64, key: &DbKey) {
-    let mut t = table();
+    let mut t = table_as_is();
     if let Some(s) = t.live.get_mut(&id) {
         s.holders += 1;
         *s.keys.entry(key.clone()).or_insert(0) += 1;
+    } else if t.leases.follows(id) {
+        // A follower's key loaded, or moved (RENAME, MOVE).
+        t.unlinked.retain(|(x, _)| *x != id);
+        t.leases.set_key(id, key.clone());
     }
+    t.let_go();
 }
 
 /// A holder on `key` stopped following session `id`.
 pub fn leave(id: u64, key: &DbKey) {
-    let mut t = table();
-    if let Some(s) = t.live.get_mut(&id) {
+    table().leave(id, key);
+}
+
+impl Table {
+    fn leave(&mut self, id: u64, key: &DbKey) {
+        // (A forged state may repeat a token on another key: that
+        // holder is not this follower.)
+        if self.leases.is_at(id, key) {
+            self.leases.leave(id);
+        }
+        let Some(s) = self.live.get_mut(&id) else {
+            return;
+        };
         s.holders = s.holders.saturating_sub(1);
         if let Some(n) = s.keys.get_mut(key) {
             *n = n.saturating_sub(1);
@@ -226,8 +289,14 @@ pub fn leave(id: u64, key: &DbKey) {
 /// A lock with holders left key `key` (DEL, a write over it, the old name
 /// of RENAME and MOVE): those following a session leave it.
 pub fn unlinked(key: &DbKey, lock: &Lock) {
-    for id in lock.holders().filter_map(|h| h.session()) {
-        leave(id, key);
+    let mut t = table_as_is();
+    for h in lock.holders() {
+        match h.session() {
+            // A RENAME or MOVE may bring it back at once (`join`).
+            Some(x) if h.is_follower() => t.unlinked.push((x, key.clone())),
+            Some(id) => t.leave(id, key),
+            None => {}
+        }
     }
 }
 
@@ -265,12 +334,20 @@ pub fn drop_waiter(id: u64, waiter: WaiterId) {
 
 /// Up to `n` pieces of cleaning up of ended sessions: keys to visit and
 /// waiters to answer. Empty when none is left.
-pub fn take_work(n: usize) -> (Vec<DbKey>, Vec<WaiterId>) {
-    if !ENDING.load(Ordering::Relaxed) {
+pub fn take_work(n: usize, now: u64) -> (Vec<DbKey>, Vec<WaiterId>) {
+    if !ENDING.load(Ordering::Relaxed) && NEXT_LEASE.load(Ordering::Relaxed) > now {
         return (Vec::new(), Vec::new());
     }
     let mut t = table();
     let (mut keys, mut waiters) = (Vec::new(), Vec::new());
+    if NEXT_LEASE.load(Ordering::Relaxed) <= now {
+        keys = t
+            .leases
+            .end_due(now, n)
+            .into_iter()
+            .map(|(_, k)| k)
+            .collect();
+    }
     while keys.len() + waiters.len() < n {
         let Some(e) = t.ending.front_mut() else {
             break;
@@ -308,6 +385,93 @@ pub fn deadline_of(h: &lock_core::HolderRef<'_>) -> u64 {
     }
 }
 
+/// The holder of grant `token` on `key` follows lease `lease` (its
+/// connection's: a `BIND`; `None`: the one it follows), its own deadline
+/// `own` (a bound grant, a repeat, a RENEW). False: no such follower
+/// (`lease` `None` and it follows none).
+pub fn set_own(token: u64, lease: Option<u64>, own: u64, key: &DbKey) -> Option<u64> {
+    let mut t = table();
+    let lease = lease.or_else(|| t.leases.lease_of(token))?;
+    t.leases.set_own(token, lease, own, key.clone());
+    Some(lease)
+}
+
+/// A new lease's id, drawn like a session id (above every token and id
+/// issued or seen: never one an earlier run saved).
+pub fn draw_lease() -> Option<u64> {
+    let now = clock::now_ms();
+    let mut tokens = fencing::for_transaction(now);
+    let start = tokens;
+    let id = tokens.issue()?;
+    fencing::issued(&start, &tokens);
+    Some(id)
+}
+
+/// The holder of grant `token` on `key`, in the transaction `txn`, follows
+/// `lease` from now on (`BIND`): a plain holder becomes a follower (its own
+/// deadline kept in the lease table, its entry naming its token), a
+/// follower of another lease moves with its own deadline. Replicated as
+/// one effect with the absolute deadline (the entry's change goes with the
+/// transaction's). A session holder stays on its session.
+pub fn follow_in(ctx: &Context, txn: &mut Txn, key: &DbKey, token: u64, lease: u64) {
+    // A forged state repeating a token (a RESTORE of the lock elsewhere):
+    // the copy keeps its own lease, the follower stays the original's.
+    if table().leases.key_of(token).is_some_and(|k| &k != key) {
+        return;
+    }
+    let own = match txn.lock.follow(token, txn.changes) {
+        Some(own) => own,
+        None => match follower(token) {
+            Some((l, own)) if l != lease => own,
+            _ => return,
+        },
+    };
+    set_own(token, Some(lease), own, key);
+    replication::replicate_lease_own(ctx, token, lease, own);
+}
+
+/// A master's (or the AOF's) `LOCK.LEASESYNC OWN`: the holder of grant
+/// `token` follows `lease` with its own deadline (its key kept, or learned
+/// when its holder's effect comes: [`join`]).
+pub fn sync_own(token: u64, lease: u64, own: u64) {
+    let mut t = table();
+    let key = t.leases.key_of(token).unwrap_or_else(nowhere);
+    t.leases.set_own(token, lease, own, key);
+}
+
+/// `LOCK.KEEPALIVE` of lease `lease` at `now`: each of its followers alive
+/// at `now` lives until `deadline`. How many.
+pub fn lease_keepalive(lease: u64, now: u64, deadline: u64) -> u64 {
+    table().leases.keepalive(lease, now, deadline)
+}
+
+/// How many holders follow lease `lease`, alive or not.
+pub fn lease_count(lease: u64) -> u64 {
+    table().leases.count(lease)
+}
+
+/// The lease the holder of grant `token` follows, and its deadline.
+pub fn follower(token: u64) -> Option<(u64, u64)> {
+    let t = table();
+    Some((t.leases.lease_of(token)?, t.leases.deadline(token)?))
+}
+
+/// Every follower, as a file keeps it: `(token, lease, deadline)` (its
+/// deadline as read now: its own from the load on, which is what the
+/// lease's next KEEPALIVE would cover all the same).
+pub fn saved_followers() -> Vec<(u64, u64, u64)> {
+    table().leases.all()
+}
+
+/// A file's followers (their keys follow as they load: [`join`]).
+pub fn load_followers(all: impl IntoIterator<Item = (u64, u64, u64)>) {
+    let mut t = table();
+    t.leases = Leases::default();
+    for (x, lease, deadline) in all {
+        t.leases.set_own(x, lease, deadline, nowhere());
+    }
+}
+
 /// Every session, as a file keeps it: `(id, deadline)`.
 pub fn saved() -> Vec<(u64, u64)> {
     let t = table();
@@ -320,7 +484,11 @@ pub fn saved() -> Vec<(u64, u64)> {
 /// counted in as they load).
 pub fn load(sessions: impl IntoIterator<Item = (u64, u64)>) {
     let mut t = table();
-    *t = Table::default();
+    let leases = std::mem::take(&mut t.leases);
+    *t = Table {
+        leases,
+        ..Table::default()
+    };
     for (id, deadline) in sessions {
         t.live.insert(
             id,
@@ -339,6 +507,8 @@ pub fn flushed(db: i32) {
         return;
     }
     let mut t = table();
+    t.leases
+        .retain_keys(|k| db != -1 && k.db != db && k.db != -1);
     for s in t.live.values_mut() {
         let mut gone = 0u64;
         s.keys.retain(|k, n| {
@@ -363,6 +533,7 @@ pub fn swap_dbs(a: i32, b: i32) {
         d => d,
     };
     let mut t = table();
+    t.leases.keys_mut(|k| *k = DbKey::new(swap(k.db), &k.name));
     for s in t.live.values_mut() {
         s.keys = std::mem::take(&mut s.keys)
             .into_iter()
@@ -396,11 +567,11 @@ mod tests {
         assert_eq!(end_due(1999), Vec::<u64>::new());
         assert_eq!(end_due(2000), vec![7]);
         assert_eq!(end(7), None);
-        let (mut keys, waiters) = take_work(10);
+        let (mut keys, waiters) = take_work(10, 0);
         keys.sort_by(|a, b| a.name.cmp(&b.name));
         assert_eq!(keys, vec![DbKey::new(0, b"j"), k]);
         assert!(waiters.is_empty());
-        assert_eq!(take_work(10).0.len(), 0);
+        assert_eq!(take_work(10, 0).0.len(), 0);
         assert!(any());
     }
 }

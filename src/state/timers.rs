@@ -40,7 +40,7 @@ use crate::redis::catch;
 use crate::redis::ffi::{self, api, DbKey, DbKeyMap, KeyAt, KeyFilter, KeyRef};
 use crate::redis::replication;
 use crate::redis::shared::{self, Locked};
-use crate::state::bindings::{ClientId, Detached};
+use crate::state::bindings::Detached;
 use crate::state::sessions;
 use crate::time::clock;
 
@@ -57,8 +57,6 @@ struct Index {
     deferred: HashSet<DbKey>,
     /// Connections that closed with bound grants, to end at the next ticks.
     released: VecDeque<Detached>,
-    /// `LOCK.KEEPALIVE` calls with more left to renew than one share.
-    keepalives: Vec<Keepalive>,
     /// The armed Redis timer and when it fires.
     armed: Option<(raw::RedisModuleTimerID, u64)>,
 }
@@ -223,29 +221,6 @@ pub fn take_expired(db: i32) -> Vec<(Vec<u8>, usize)> {
     mine.into_iter().map(|(k, n)| (k.name, n)).collect()
 }
 
-/// A `LOCK.KEEPALIVE` under way: its caller waits (blocked) while the
-/// holders bound to its connection are renewed a share per tick, in the
-/// order of the connection's bindings, after `after`.
-#[derive(Debug)]
-pub struct Keepalive {
-    pub client: ClientId,
-    pub ttl: u64,
-    /// The number of the last binding renewed (`None`: none yet).
-    pub after: Option<u64>,
-    /// How many were renewed so far: the reply.
-    pub renewed: i64,
-    /// The blocked caller's handle (`RedisModuleBlockedClient`), to
-    /// unblock with the reply when the last share is done.
-    pub caller: usize,
-}
-
-/// Goes on with a `LOCK.KEEPALIVE` at the next tick.
-pub fn keepalive_later(job: Keepalive) {
-    let mut index = index();
-    index.keepalives.push(job);
-    arm(&mut index, 0);
-}
-
 /// Some work goes on at the next tick, as soon as Redis has served its
 /// clients once (the handler sees to it: a deadlock search under way).
 pub fn work_now() {
@@ -328,10 +303,8 @@ fn arm(index: &mut Index, not_before: u64) {
         (Some(a), Some(b)) => Some(a.min(b)),
         (a, b) => a.or(b),
     };
-    let now_too = !index.expired.is_empty()
-        || !index.released.is_empty()
-        || !index.keepalives.is_empty()
-        || WORK.load(Ordering::Relaxed);
+    let now_too =
+        !index.expired.is_empty() || !index.released.is_empty() || WORK.load(Ordering::Relaxed);
     let first = match (first, !now_too) {
         (first, true) => first,
         (Some(at), false) => Some(at.min(clock::now_ms())),
@@ -375,8 +348,6 @@ pub struct Due {
     /// Connections that closed with bound grants: as many of their grants
     /// as the tick's share of the turn allows are ended.
     pub released: Vec<Detached>,
-    /// `LOCK.KEEPALIVE` calls under way: one share each this tick.
-    pub keepalives: Vec<Keepalive>,
 }
 
 /// Does a tick's work (`visits::tick`, registered by `lib` at load): the
@@ -416,7 +387,6 @@ fn take_due(now: u64, replica: bool) -> Due {
         visits,
         expired: std::mem::take(&mut index.expired),
         released,
-        keepalives: std::mem::take(&mut index.keepalives),
     }
 }
 

@@ -3,7 +3,6 @@
 
 use std::ffi::CStr;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::time::{Duration, Instant};
 
 use redis_module::{Context, RedisString};
 
@@ -15,7 +14,7 @@ use crate::state::bindings;
 use crate::state::keys::LockKey;
 use crate::state::sessions;
 use crate::state::stats;
-use crate::state::timers::{self, Keepalive};
+use crate::state::timers;
 use crate::state::txn::{Events, Txn};
 use crate::state::waiting;
 use crate::time::clock;
@@ -50,19 +49,23 @@ fn transact<R>(
 /// core's equivalent of the general transition there, property-tested to
 /// match it), stored, replicated and announced. Everything else is the
 /// general transition, on the same open key.
+///
+/// `lease` (0: none) is the lease of the connection a `BIND` binds the
+/// grant to: its holder follows it from the grant on (`sessions::follow_in`).
 pub fn grant(
     ctx: &Context,
     name: Str<'_>,
     ask: Ask<'_>,
     event: &'static CStr,
+    lease: u64,
 ) -> Result<(Attempt, Option<u64>), LockError> {
     let key = LockKey::open(ctx, name, true)?;
     // A key that exists is read once, by the general transition (which
     // also answers WRONGTYPE).
     if key.is_empty() && (!anything_pending() || key_is_quiet(ctx, name)) {
-        return first_grant(ctx, key, name, ask, event).map(|attempt| (attempt, None));
+        return first_grant(ctx, key, name, ask, event, lease).map(|attempt| (attempt, None));
     }
-    grant_general(ctx, key, name, ask, event)
+    grant_general(ctx, key, name, ask, event, lease)
 }
 
 /// [`grant`] through the general transition. Out of line: the instructions
@@ -75,17 +78,25 @@ fn grant_general(
     name: Str<'_>,
     ask: Ask<'_>,
     event: &'static CStr,
+    lease: u64,
 ) -> Result<(Attempt, Option<u64>), LockError> {
     let done = transact_open(ctx, key, name, true, |txn| {
         let queued = waiting::has_waiters(ctx, name);
         let attempt = txn
             .lock
             .try_acquire(ask, queued, txn.now, txn.tokens, txn.changes);
-        if matches!(attempt, Attempt::Granted(_)) {
+        if let Attempt::Granted(token) = attempt {
             txn.events.push(event);
+            if lease != 0 {
+                let key = ffi::db_key(ctx, name.as_slice());
+                sessions::follow_in(ctx, txn, &key, token, lease);
+            }
         }
         (attempt, txn.lock.earliest_deadline())
     })?;
+    if lease != 0 {
+        timers::sessions_changed();
+    }
     done.ok_or(LockError::Internal)
 }
 
@@ -112,10 +123,17 @@ pub fn release(
             None => return Ok(Release::NotHeld),
             // Dropped at the arm's end: an emptied lock leaves the key's
             // value null, as the general transition leaves it.
-            Some(mut lock) => (
-                lock.census(),
-                lock.release_sole(owner, token, clock::now_ms()),
-            ),
+            Some(mut lock) => {
+                // (Its census before the release: what the key's removal
+                // takes from the gauges.)
+                let census = lock.census();
+                let now = clock::now_ms();
+                let ended = match lock.release_sole(owner, token, now) {
+                    None if sessions::any() => release_follower(&mut lock, owner, token, now),
+                    ended => ended,
+                };
+                (census, ended)
+            }
         };
         if let Some(ended) = ended {
             commit(ctx, name, None, Change::Left { owner, ended });
@@ -125,6 +143,15 @@ pub fn release(
         }
     }
     release_general(ctx, key, name, owner, token, !quiet)
+}
+
+/// [`Lock::release_sole_follower`]: a bound holder's release in one step.
+#[cold]
+#[inline(never)]
+fn release_follower(lock: &mut Lock, owner: &[u8], token: Option<u64>, now: u64) -> Option<Ended> {
+    sessions::with_deadlines(|deadline_of| {
+        lock.release_sole_follower(owner, token, now, deadline_of)
+    })
 }
 
 /// [`release`] through the general transition (out of line, as
@@ -226,14 +253,18 @@ fn first_grant(
     name: Str<'_>,
     ask: Ask<'_>,
     event: &'static CStr,
+    lease: u64,
 ) -> Result<Attempt, LockError> {
     let now = clock::now_ms();
     let mut tokens = fencing::for_transaction(now);
     let start = tokens;
-    let (lock, token) = match Lock::first(ask, now, &mut tokens) {
+    let (mut lock, token) = match Lock::first(ask, now, &mut tokens) {
         Ok(granted) => granted,
         Err(refused) => return Ok(refused_first(ctx, key, name, refused)),
     };
+    if lease != 0 {
+        follow_first(ctx, name, &mut lock, token, lease);
+    }
     commit(ctx, name, Some((&start, &tokens)), Change::Sole(&lock));
     let (census, deadline) = (lock.census(), lock.latest_deadline());
     key.store(lock, stats::lock_keys() == 0)?;
@@ -244,6 +275,21 @@ fn first_grant(
     drop(key);
     announce_quiet(ctx, name, event);
     Ok(Attempt::Granted(token))
+}
+
+/// [`first_grant`]'s holder, bound, follows `lease`: its entry names its
+/// token, its own deadline goes to the lease table, replicated as one effect
+/// before the holder's (`sessions::follow_in`, in one step).
+#[cold]
+#[inline(never)]
+fn follow_first(ctx: &Context, name: Str<'_>, lock: &mut Lock, token: u64, lease: u64) {
+    let mut changes = Changes::default();
+    if let Some(own) = lock.follow(token, &mut changes) {
+        let key = ffi::db_key(ctx, name.as_slice());
+        sessions::set_own(token, Some(lease), own, &key);
+        replication::replicate_lease_own(ctx, token, lease, own);
+        timers::sessions_changed();
+    }
 }
 
 /// A grant on a free key refused (no token left, a block past its size):
@@ -339,6 +385,9 @@ fn commit(ctx: &Context, name: Str<'_>, tokens: Option<(&Tokens, &Tokens)>, chan
             if bindings::count() != 0 && bindings::may_be_bound(ended.token) {
                 forget_bound(ctx, name, [ended.token]);
             }
+            if ended.session != 0 {
+                sessions::leave(ended.session, &ffi::db_key(ctx, name.as_slice()));
+            }
             replication::replicate_dropped(ctx, name, owner);
         }
         Change::Changes(lock, changes) => {
@@ -347,6 +396,9 @@ fn commit(ctx: &Context, name: Str<'_>, tokens: Option<(&Tokens, &Tokens)>, chan
             }
             for held in changes.held() {
                 stats::HOLD_TIME.record(u64::from(held));
+            }
+            if !changes.own().is_empty() {
+                set_own(ctx, name, changes.own());
             }
             if !changes.is_empty() {
                 forget_bindings(ctx, name, changes);
@@ -591,9 +643,18 @@ fn grant_each_ready(ctx: &Context) {
         let outcome = match outcome {
             Some(e) => Err(e),
             None => grant_each(ctx, &names, ask)
-                .map(|tokens| keys.iter().cloned().zip(tokens).collect()),
+                .map(|tokens| keys.iter().cloned().zip(tokens).collect::<Vec<_>>()),
+        };
+        let follows = match (claimed.bind(), &outcome) {
+            (Some(client), Ok(granted)) => Some((client, granted.clone())),
+            _ => None,
         };
         waiting::answer(claimed, outcome);
+        if let Some((client, granted)) = follows {
+            for ((_, token), name) in granted.iter().zip(&names) {
+                follow(ctx, *name, *token, client);
+            }
+        }
     }
 }
 
@@ -628,6 +689,35 @@ fn end_sessions(txn: &mut Txn) {
     let now = txn.now;
     let (lock, changes) = (&mut *txn.lock, &mut *txn.changes);
     sessions::with_deadlines(|deadline_of| lock.end_sessions(deadline_of, now, changes));
+}
+
+/// Own deadlines a repeat or a RENEW set on followers of a connection
+/// lease: into the lease table, each replicated as one effect with its
+/// absolute deadline.
+#[cold]
+#[inline(never)]
+fn set_own(ctx: &Context, name: Str<'_>, own: &[(u64, u64)]) {
+    let key = ffi::db_key(ctx, name.as_slice());
+    for &(token, deadline) in own {
+        if let Some(lease) = sessions::set_own(token, None, deadline, &key) {
+            replication::replicate_lease_own(ctx, token, lease, deadline);
+        }
+    }
+    // The timer ends the followers at their deadlines.
+    timers::sessions_changed();
+}
+
+/// The holder of grant `token` on `name` follows `client`'s lease from now
+/// on (a grant with `BIND`, once bound): `sessions::follow_in`.
+pub fn follow(ctx: &Context, name: Str<'_>, token: u64, client: bindings::ClientId) {
+    let Some(lease) = bindings::lease(client, sessions::draw_lease) else {
+        return;
+    };
+    let key = ffi::db_key(ctx, name.as_slice());
+    let _ = update(ctx, name, |txn| {
+        sessions::follow_in(ctx, txn, &key, token, lease);
+    });
+    timers::sessions_changed();
 }
 
 /// The sessions' counts follow the holders that joined or left one here.
@@ -777,50 +867,4 @@ pub fn notify(ctx: &Context, event: &CStr, key: Str<'_>) {
         event.as_ptr(),
         key.raw()
     ));
-}
-
-/// The most event-loop time one share of a `LOCK.KEEPALIVE` takes: a
-/// tick's share of the turn.
-pub const KEEPALIVE_SHARE: Duration = crate::time::clock::TURN;
-
-/// One share of a `LOCK.KEEPALIVE`: renews the holders bound to the job's
-/// connection after the last one it renewed, a page at a time, until all
-/// are (true) or the `budget` is spent (false; `None`: no budget). A binding
-/// whose holder is gone (released, expired, deleted, another grant now) is
-/// dropped.
-pub fn keepalive_share(ctx: &Context, job: &mut Keepalive, budget: Option<Duration>) -> bool {
-    const PAGE: usize = 32;
-    let started = Instant::now();
-    ffi::keeping_db(ctx, || loop {
-        let page = bindings::page_of_client(job.client, job.after, PAGE);
-        let last = page.len() < PAGE;
-        for b in page {
-            if renew_bound(ctx, &b, job.ttl) {
-                job.renewed += 1;
-            }
-            job.after = Some(b.seq);
-        }
-        if last {
-            break true;
-        }
-        if budget.is_some_and(|b| started.elapsed() >= b) {
-            break false;
-        }
-    })
-}
-
-/// Renews one bound holder if it is still the grant it was bound with.
-fn renew_bound(ctx: &Context, b: &bindings::Bound, ttl: u64) -> bool {
-    if !ffi::select_db(ctx, b.key.db) {
-        return false;
-    }
-    let name = ffi::name(ctx, &b.key.name);
-    let renewed = update(ctx, Str::from(&name), |txn| {
-        renew_in(txn, &b.owner, ttl, Some(b.token))
-    });
-    if !matches!(renewed, Ok(true)) {
-        // Released, expired, deleted, or another grant now: stale.
-        bindings::forget(b.key.db, &b.key.name, [b.token]);
-    }
-    matches!(renewed, Ok(true))
 }

@@ -64,18 +64,6 @@ fn tick_work(ctx: &Context, due: Due) {
             timers::release_bound(closed);
         }
     }
-    for mut job in due.keepalives {
-        catch::callback("a share of LOCK.KEEPALIVE", (), || {
-            // A replica does not write: what was renewed is the answer.
-            let done = replica
-                || transitions::keepalive_share(ctx, &mut job, Some(transitions::KEEPALIVE_SHARE));
-            if done {
-                waiting::answer_count(job.caller, job.renewed);
-            } else {
-                timers::keepalive_later(job);
-            }
-        });
-    }
     if !replica {
         catch::callback("ending sessions", (), || end_sessions(ctx));
     }
@@ -119,7 +107,7 @@ fn end_sessions(ctx: &Context) {
         replication::replicate_session(ctx, id, 0);
     }
     while !clock::turn_over() {
-        let (keys, waiters) = sessions::take_work(PER_LOOK);
+        let (keys, waiters) = sessions::take_work(PER_LOOK, clock::now_ms());
         if keys.is_empty() && waiters.is_empty() {
             break;
         }

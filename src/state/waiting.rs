@@ -574,6 +574,10 @@ fn answer_queued(ctx: &Context, name: Str<'_>, txn: &mut Txn) -> Pending {
                         token,
                         waiter.request.kind.mode(),
                     );
+                    if let Some(lease) = bindings::lease(client, sessions::draw_lease) {
+                        sessions::follow_in(ctx, txn, key, token, lease);
+                        timers::sessions_changed();
+                    }
                 }
             }
             unblock(waiter, Ok(attempt), Vec::new());
@@ -664,6 +668,13 @@ pub struct Claimed {
     waiter: Blocked,
     /// Keys where others wait: visited once it is answered.
     left: Vec<DbKey>,
+}
+
+impl Claimed {
+    /// The connection it binds to when granted (`BIND`).
+    pub fn bind(&self) -> Option<ClientId> {
+        self.waiter.bind
+    }
 }
 
 /// Claims a waiting multi-key request (`None` when it no longer waits).
@@ -1057,61 +1068,6 @@ fn leave(handle: *mut raw::RedisModuleBlockedClient) {
     for key in left {
         timers::schedule(key.db, &key.name, now);
     }
-}
-
-/// Blocks the calling client until [`answer_count`] gives it its integer
-/// reply (a command whose work goes on over several ticks: a long
-/// `LOCK.KEEPALIVE`); the handle to answer it with. A client that goes away
-/// meanwhile is answered all the same (the reply is then dropped).
-pub fn block_for_count(ctx: &Context) -> Result<usize, LockError> {
-    let handle = api!(RedisModule_BlockClient(
-        ctx.ctx,
-        Some(on_count_reply),
-        None,
-        Some(free_count),
-        0
-    ))
-    .filter(|h| !h.is_null())
-    .ok_or(LockError::Internal)?;
-    Ok(handle as usize)
-}
-
-/// Answers a client blocked by [`block_for_count`] with `n`: the handle's
-/// one `RM_UnblockClient`.
-pub fn answer_count(handle: usize, n: i64) {
-    let data = Box::into_raw(Box::new(n)).cast::<c_void>();
-    api!(RedisModule_UnblockClient(
-        handle as *mut raw::RedisModuleBlockedClient,
-        data
-    ));
-}
-
-extern "C" fn on_count_reply(
-    raw_ctx: *mut raw::RedisModuleCtx,
-    _argv: *mut *mut raw::RedisModuleString,
-    _argc: c_int,
-) -> c_int {
-    catch::callback("a count's reply", raw::REDISMODULE_OK as c_int, || {
-        let data =
-            api!(RedisModule_GetBlockedClientPrivateData(raw_ctx)).unwrap_or(std::ptr::null_mut());
-        // SAFETY: the private data is the `i64` boxed in `answer_count`.
-        let n = unsafe { data.cast::<i64>().as_ref() }.copied();
-        let reply = n.map_or_else(
-            || Err(LockError::Internal.into()),
-            |n| Ok(RedisValue::Integer(n)),
-        );
-        Context::new(raw_ctx).reply(reply);
-        raw::REDISMODULE_OK as c_int
-    })
-}
-
-extern "C" fn free_count(_raw_ctx: *mut raw::RedisModuleCtx, data: *mut c_void) {
-    catch::callback("a count's cleanup", (), || {
-        if !data.is_null() {
-            // SAFETY: the `i64` boxed in `answer_count`; Redis frees it once.
-            drop(unsafe { Box::from_raw(data.cast::<i64>()) });
-        }
-    })
 }
 
 extern "C" fn on_reply(

@@ -296,8 +296,9 @@ fn a_closed_connections_holder_closes_no_cycle_of_waits() {
 /// call (the reply counts them, each lease is moved), while another
 /// connection's PINGs are answered: the longest of them is printed, not
 /// asserted (a loaded machine moves it; the figure is the bench's,
-/// docs/benchmarks.md "Stalls"). It is O(bound holders), so not flagged
-/// `fast` (docs/design.md, "Bound locks").
+/// docs/benchmarks.md "Stalls"). It is one change to the connection's
+/// lease, but flagged `write` only, as the contract says (docs/design.md,
+/// "Bound locks").
 #[test]
 fn keepalive_with_100000_bound_locks_renews_them_all_and_the_longest_ping_is_reported() {
     let s = Server::start();
@@ -309,8 +310,7 @@ fn keepalive_with_100000_bound_locks_renews_them_all_and_the_longest_ping_is_rep
     let flags = c2.cmd(&["COMMAND", "INFO", "lock.keepalive"]);
     let flags = flags.array()[0].array()[2].show();
     assert!(!flags.contains("fast"), "KEEPALIVE is not fast: {flags}");
-    // The renewals go a share per event-loop turn (the caller waits for
-    // its reply). Three rounds, each moving every lease.
+    // Three rounds, each moving every lease.
     for ttl in ["900000", "950000", "1000000"] {
         let pinger = Pinger::start(&s);
         sleep_ms(50);
@@ -326,13 +326,13 @@ fn keepalive_with_100000_bound_locks_renews_them_all_and_the_longest_ping_is_rep
             assert!(left > ttl - 30_000 && left <= ttl, "{key}: {left}");
         }
     }
-    // Inside MULTI/EXEC the caller cannot wait: all at once, the same count.
+    // Inside MULTI/EXEC the same, in one change.
     c1.cmd(&["MULTI"]).ok();
     c1.cmd(&["LOCK.KEEPALIVE", "900000"]);
     let r = c1.cmd(&["EXEC"]);
     assert_eq!(r.array()[0].int(), 100_000);
-    // A caller that goes away while its renewals go on: the rest is done
-    // (or dropped with its bindings), nothing is answered, the server goes on.
+    // A caller that goes away right after its KEEPALIVE: its bindings go,
+    // the server goes on.
     c1.send(&["LOCK.KEEPALIVE", "900000"]).unwrap();
     sleep_ms(5);
     drop(c1);

@@ -9,6 +9,7 @@ mod common;
 
 mod bind;
 mod bind_closed;
+mod bind_lease;
 mod clients;
 mod cluster;
 mod commands;

@@ -1,0 +1,197 @@
+//! The connection lease that bound holders follow (issue 38 item 3,
+//! docs/design.md "Sessions", connection leases): `LOCK.KEEPALIVE` is one
+//! change whatever the bound holders, inside MULTI/EXEC and scripts too,
+//! replicated as one effect with the absolute deadline; each bound holder
+//! keeps its own lease until a KEEPALIVE covers it; restarts, reloads and
+//! AOF rewrites keep each one's deadline.
+
+use crate::common::*;
+use std::time::Duration;
+
+#[track_caller]
+fn token(r: &Reply) -> i64 {
+    let t = r.clone().int();
+    assert!(t > 0, "a token is a positive integer, got {r:?}");
+    t
+}
+
+/// `n` locks `b:<i>` bound to `c`, pipelined.
+fn bind_many(c: &mut Conn, n: usize, ttl: &str) {
+    const BATCH: usize = 5_000;
+    let mut done = 0;
+    while done < n {
+        let upto = (done + BATCH).min(n);
+        for i in done..upto {
+            let key = format!("b:{i}");
+            c.push(&[
+                b"LOCK.ACQUIRE",
+                key.as_bytes(),
+                b"o",
+                ttl.as_bytes(),
+                b"BIND",
+            ]);
+        }
+        c.flush().unwrap();
+        for _ in done..upto {
+            token(&c.read_reply().unwrap());
+        }
+        done = upto;
+    }
+}
+
+fn ttl_of(c: &mut Conn, key: &str) -> i64 {
+    c.lock_info(key).map_or(-1, |i| i.holders[0].ttl)
+}
+
+#[test]
+fn keepalive_inside_multi_renews_20000_bound_holders_as_one_effect_the_replica_applies() {
+    let master = Server::builder()
+        .config("repl-ping-replica-period 3600")
+        .start();
+    let replica = Server::start();
+    replica.replicaof(&master);
+    let mut a = master.conn();
+    a.set_timeout(Duration::from_secs(120));
+    bind_many(&mut a, 20_000, "60000");
+    wait_for_sync(&master, &replica);
+    let before = master.repl_offset();
+    a.cmd(&["MULTI"]).ok();
+    a.cmd(&["LOCK.KEEPALIVE", "900000"]);
+    let exec = a.cmd(&["EXEC"]);
+    assert_eq!(exec.array()[0].clone().int(), 20_000, "{exec:?}");
+    // One effect, not one per holder (each of those is tens of bytes).
+    let sent = master.repl_offset() - before;
+    assert!(sent < 2_000, "KEEPALIVE replicated {sent} bytes");
+    wait_for_sync(&master, &replica);
+    let mut m = master.conn();
+    let mut r = replica.conn();
+    for key in ["b:0", "b:9999", "b:19999"] {
+        let (on_master, on_replica) = (ttl_of(&mut m, key), ttl_of(&mut r, key));
+        assert!(on_master > 800_000, "{key}: {on_master}");
+        assert!(
+            (on_master - on_replica).abs() < 30_000,
+            "{key}: master {on_master}, replica {on_replica}"
+        );
+    }
+    // A script renews them the same way (Redis 7.2 and later name its
+    // caller to a module).
+    if server_version(&mut a) >= (7, 2) {
+        let script = "return redis.call('LOCK.KEEPALIVE', ARGV[1])";
+        assert_eq!(a.cmd(&["EVAL", script, "0", "1200000"]).int(), 20_000);
+        wait_for_sync(&master, &replica);
+        assert!(ttl_of(&mut r, "b:12345") > 1_100_000);
+    }
+    // A promoted replica keeps their deadlines and nothing else: its
+    // holders renew by RENEW, one by one, as any holder.
+    replica.promote();
+    let mut r = replica.conn();
+    assert!(ttl_of(&mut r, "b:7") > 800_000);
+    assert_eq!(r.cmd(&["LOCK.RENEW", "b:7", "o", "5000"]).int(), 1);
+    assert!(ttl_of(&mut r, "b:7") <= 5_000);
+    assert!(ttl_of(&mut r, "b:8") > 800_000);
+}
+
+#[test]
+fn each_bound_holder_keeps_its_own_lease_until_a_keepalive_covers_it() {
+    let s = Server::start();
+    let mut a = s.conn();
+    token(&a.cmd(&["LOCK.ACQUIRE", "short", "o", "100", "BIND"]));
+    token(&a.cmd(&["LOCK.ACQUIRE", "long", "o", "60000", "BIND"]));
+    token(&a.cmd(&["LOCK.READ", "r", "o", "60000", "BIND"]));
+    let mut c = s.conn();
+    assert!(ttl_of(&mut c, "long") <= 60_000);
+    // The short lease ends by itself, and a KEEPALIVE after its end never
+    // brings it back.
+    wait_until(Duration::from_secs(10), "the short lease to end", || {
+        c.lock_info("short").is_none()
+    });
+    assert_eq!(a.cmd(&["LOCK.KEEPALIVE", "600000"]).int(), 2);
+    assert!(c.lock_info("short").is_none());
+    assert!(ttl_of(&mut c, "long") > 500_000);
+    // A RENEW after it is the holder's own again (shorter too), the
+    // others keep the KEEPALIVE's.
+    assert_eq!(a.cmd(&["LOCK.RENEW", "long", "o", "5000"]).int(), 1);
+    assert!(ttl_of(&mut c, "long") <= 5_000);
+    assert!(ttl_of(&mut c, "r") > 500_000);
+    // A repeat grant likewise.
+    token(&a.cmd(&["LOCK.READ", "r", "o", "4000"]));
+    assert!(ttl_of(&mut c, "r") <= 4_000);
+    // A waiter is granted at a bound holder's lease end (not at the end of
+    // its own WAIT): the lease table's end visits the key.
+    token(&a.cmd(&["LOCK.ACQUIRE", "w", "o", "300", "BIND"]));
+    let started = std::time::Instant::now();
+    token(&c.cmd(&["LOCK.ACQUIRE", "w", "waiter", "1000", "WAIT", "20000"]));
+    assert!(started.elapsed() < Duration::from_secs(15));
+    // A KEEPALIVE may shorten every one of them.
+    assert_eq!(a.cmd(&["LOCK.KEEPALIVE", "3000"]).int(), 2);
+    assert!(ttl_of(&mut c, "long") <= 3_000);
+    assert!(ttl_of(&mut c, "r") <= 3_000);
+    // Another connection's KEEPALIVE renews none of them.
+    assert_eq!(c.cmd(&["LOCK.KEEPALIVE", "600000"]).int(), 0);
+    assert!(ttl_of(&mut c, "long") <= 3_000);
+    // A repeat with BIND from another connection moves the holder to
+    // that connection's lease.
+    let mut b = s.conn();
+    token(&b.cmd(&["LOCK.ACQUIRE", "long", "o", "2000", "BIND"]));
+    assert_eq!(a.cmd(&["LOCK.KEEPALIVE", "600000"]).int(), 1);
+    assert!(ttl_of(&mut c, "long") <= 2_000);
+    assert_eq!(b.cmd(&["LOCK.KEEPALIVE", "700000"]).int(), 1);
+    assert!(ttl_of(&mut c, "long") > 600_000);
+    // The lease's end ends every holder it covers, at once.
+    assert_eq!(a.cmd(&["LOCK.KEEPALIVE", "200"]).int(), 1);
+    wait_until(Duration::from_secs(10), "the covered holder to end", || {
+        c.lock_info("r").is_none()
+    });
+    assert_eq!(a.cmd(&["LOCK.KEEPALIVE", "600000"]).int(), 0);
+    assert!(c.lock_info("r").is_none());
+}
+
+#[test]
+fn restarts_reloads_and_aof_rewrites_keep_each_bound_holders_deadline() {
+    let mut s = Server::builder()
+        .config("appendonly yes")
+        .config("aof-use-rdb-preamble no")
+        .start();
+    let mut a = s.conn();
+    token(&a.cmd(&["LOCK.ACQUIRE", "covered", "o", "5000", "BIND"]));
+    assert_eq!(a.cmd(&["LOCK.KEEPALIVE", "600000"]).int(), 1);
+    token(&a.cmd(&["LOCK.ACQUIRE", "own", "o", "300000", "BIND"]));
+    // DEBUG RELOAD: the connection stays open, and so does its lease.
+    assert!(a.cmd(&["DEBUG", "RELOAD"]).is("OK"));
+    assert!(ttl_of(&mut a, "covered") > 500_000);
+    let own = ttl_of(&mut a, "own");
+    assert!(own > 200_000 && own <= 300_000, "{own}");
+    assert_eq!(a.cmd(&["LOCK.KEEPALIVE", "700000"]).int(), 2);
+    assert!(ttl_of(&mut a, "own") > 600_000);
+    // An AOF rewrite without the RDB preamble, then a restart: the holders
+    // keep their deadlines (and nothing else: nobody holds the lease).
+    a.cmd(&["BGREWRITEAOF"]);
+    wait_until(Duration::from_secs(10), "the rewrite", || {
+        a.info_field("persistence", "aof_rewrite_in_progress") == "0"
+            && a.info_field("persistence", "aof_rewrite_scheduled") == "0"
+    });
+    // (The connection stays open until the server stops: its close would
+    // free its holders. SHUTDOWN flushes the AOF: a kill could lose its
+    // last second.)
+    s.shutdown_save();
+    drop(a);
+    s.restart();
+    let mut c = s.conn();
+    assert!(ttl_of(&mut c, "covered") > 600_000);
+    assert!(ttl_of(&mut c, "own") > 600_000);
+    assert_eq!(c.cmd(&["LOCK.KEEPALIVE", "1000"]).int(), 0);
+    assert_eq!(c.cmd(&["LOCK.RENEW", "own", "o", "5000"]).int(), 1);
+    assert!(ttl_of(&mut c, "own") <= 5_000);
+    // A repeat with BIND binds it again, to this connection's lease.
+    token(&c.cmd(&["LOCK.ACQUIRE", "covered", "o", "4000", "BIND"]));
+    assert_eq!(c.cmd(&["LOCK.KEEPALIVE", "800000"]).int(), 1);
+    assert!(ttl_of(&mut c, "covered") > 700_000);
+    assert_eq!(info_field_of(&mut c, "loaded_state_fixed"), 0);
+}
+
+fn info_field_of(c: &mut Conn, field: &str) -> i64 {
+    let info = c.cmd(&["INFO", "lock"]).show();
+    info.lines()
+        .find_map(|l| l.strip_prefix(&format!("lock_{field}:")))
+        .map_or(0, |v| v.trim().parse().unwrap_or(0))
+}
