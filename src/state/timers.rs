@@ -437,10 +437,8 @@ fn tick(ctx: &Context) -> bool {
 /// storm of WAIT deadlines, keys a tick's share left unvisited) or work
 /// that goes on at once.
 fn due_now(index: &Index) -> bool {
-    let now_too = !index.expired.is_empty()
-        || !index.released.is_empty()
-        || !index.keepalives.is_empty()
-        || WORK.load(Ordering::Relaxed);
+    let now_too =
+        !index.expired.is_empty() || !index.released.is_empty() || WORK.load(Ordering::Relaxed);
     now_too
         || index
             .by_time

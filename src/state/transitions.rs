@@ -577,7 +577,9 @@ fn grant_each(ctx: &Context, names: &[Str<'_>], ask: Ask<'_>) -> Result<Vec<u64>
 fn grant_part(ctx: &Context, name: Str<'_>, ask: Ask<'_>) -> Result<(Attempt, bool), LockError> {
     let key = LockKey::open(ctx, name, true)?;
     if key.is_empty() && (!anything_pending() || key_is_quiet(ctx, name)) {
-        let attempt = first_grant(ctx, key, name, ask, replies::MULTI_EVENT)?;
+        // (A bound multi-key holder follows its lease after the grant:
+        // `follow`, by the command.)
+        let attempt = first_grant(ctx, key, name, ask, replies::MULTI_EVENT, 0)?;
         let new = matches!(attempt, Attempt::Granted(_));
         return Ok((attempt, new));
     }
