@@ -169,7 +169,7 @@ fn longest_ping_during(port: u16, act: impl FnOnce() -> io::Result<()>) -> io::R
 }
 
 /// Sends `n` requests (`make(i)`) on `c`, pipelined, and checks every reply.
-fn pipelined(
+pub fn pipelined(
     c: &mut Conn,
     n: usize,
     make: &dyn Fn(usize, &mut Vec<u8>),

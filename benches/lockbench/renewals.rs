@@ -77,26 +77,10 @@ fn int(r: &Reply, what: &str) -> io::Result<i64> {
         .ok_or_else(|| io::Error::other(format!("{what}: {}", r.show())))
 }
 
-/// Sends every request `make` writes on `c` (pipelined), then reads and
-/// checks as many replies.
+/// Sends every request `make` writes on `c` (pipelined), then reads as
+/// many replies, none an error (`bind::pipelined`).
 fn round_trip(c: &mut Conn, n: usize, make: &dyn Fn(usize, &mut Vec<u8>)) -> io::Result<()> {
-    const BATCH: usize = 1000;
-    let mut sent = 0;
-    while sent < n {
-        let m = BATCH.min(n - sent);
-        for i in sent..sent + m {
-            make(i, c.out());
-        }
-        c.flush()?;
-        for _ in 0..m {
-            let r = c.read_reply()?;
-            if let Reply::Error(e) = r {
-                return Err(io::Error::other(e));
-            }
-        }
-        sent += m;
-    }
-    Ok(())
+    crate::bind::pipelined(c, n, make, &|r| !matches!(r, Reply::Error(_)))
 }
 
 /// The server's counters: renewal calls, their µs, and its CPU µs.
