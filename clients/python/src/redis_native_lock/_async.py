@@ -631,8 +631,15 @@ class _Server:
             for h in bound:
                 if changed is None or any(_b(k) in changed for k in h.kind.keys):
                     await h.verify()
-            for h in self._session_holds(changed):
-                await h.verify()
+            await self._verify_session_holds(changed)
+
+    async def _verify_session_holds(self, changed: Any) -> None:
+        """Checks the session holds of the keys that `changed` (None: all).
+        (A method: the last hold checked is not left in the watcher's frame,
+        where it would keep its lock's Session alive while the watcher waits,
+        and a Session collected is closed by its keeper.)"""
+        for h in self._session_holds(changed):
+            await h.verify()
 
 
 class _Lease:
