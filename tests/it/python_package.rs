@@ -156,6 +156,44 @@ fn python_wheel_in_a_fresh_virtualenv_whole_suite_examples_and_docs() {
         "{where_from}"
     );
 
+    // The suite in three groups side by side, each on servers of its own
+    // (the groups never share a server: no test sees another's keys,
+    // kills or pauses), and the examples and RedLock beside them.
+    std::thread::scope(|scope| {
+        let groups: [&[&str]; 3] = [
+            // test_session counts its server's commands, kills its
+            // connections and pauses it.
+            &["test_session"],
+            &["test_sync", "test_async", "test_dropin", "test_guard"],
+            // test_safety and test_lifetime pause the stall servers;
+            // test_lifetime kills a server of its own with SIGKILL and
+            // starts it again; test_replicas pauses the replica (SIGSTOP).
+            &["test_safety", "test_replicas", "test_lifetime"],
+        ];
+        let runs: Vec<_> = groups
+            .into_iter()
+            .map(|modules| {
+                let (venv, tests) = (&venv, &tests);
+                scope.spawn(move || unittest_group(venv, tests, modules))
+            })
+            .collect();
+        let others = scope.spawn(|| examples_docs_and_redlock(&venv, &scratch, &tests));
+        for r in runs {
+            match r.join() {
+                Ok(out) => println!("{out}"),
+                Err(e) => std::panic::resume_unwind(e),
+            }
+        }
+        if let Err(e) = others.join() {
+            std::panic::resume_unwind(e);
+        }
+    });
+    let _ = std::fs::remove_dir_all(&scratch);
+}
+
+/// One group of the package's unittest modules, on servers of its own;
+/// every test ran, none skipped.
+fn unittest_group(venv: &Path, tests: &Path, modules: &[&str]) -> String {
     let server = Server::start();
     let cluster = Cluster::start();
     let stall: Vec<Server> = (0..3).map(|_| Server::start()).collect();
@@ -166,24 +204,12 @@ fn python_wheel_in_a_fresh_virtualenv_whole_suite_examples_and_docs() {
     replica.replicaof(&master);
     wait_for_sync(&master, &replica);
     let replica_pid = replica.pid().expect("the replica's pid");
-    // test_session counts this server's commands, kills its connections and pauses it.
     let sessions = Server::start();
     let out = run(
-        "the package's unittest suite",
-        python(&venv, &tests)
-            .args([
-                "-m",
-                "unittest",
-                "-v",
-                "test_sync",
-                "test_async",
-                "test_safety",
-                "test_dropin",
-                "test_guard",
-                "test_replicas",
-                "test_lifetime",
-                "test_session",
-            ])
+        &format!("the package's unittest suite: {modules:?}"),
+        python(venv, tests)
+            .args(["-m", "unittest", "-v"])
+            .args(modules)
             .env("REDIS_LOCK_PORT", server.port.to_string())
             .env("REDIS_LOCK_CLUSTER_PORT", cluster.nodes[0].port.to_string())
             .env("REDIS_LOCK_STALL_PORTS", stall_ports.join(","))
@@ -193,7 +219,6 @@ fn python_wheel_in_a_fresh_virtualenv_whole_suite_examples_and_docs() {
             // Issue 42's fault test in full: 1,000 locks, a kill every 100 ms for 10 s.
             .env("REDIS_LOCK_FAULT_LOCKS", "1000")
             .env("REDIS_LOCK_FAULT_SECONDS", "10")
-            // test_lifetime kills a server of its own with SIGKILL and starts it again.
             .env(
                 "REDIS_LOCK_SERVER_BIN",
                 std::env::var_os("REDIS_SERVER").unwrap_or_else(|| "redis-server".into()),
@@ -204,13 +229,20 @@ fn python_wheel_in_a_fresh_virtualenv_whole_suite_examples_and_docs() {
         !out.contains("skipped"),
         "every test ran, none skipped:\n{out}"
     );
-    println!("{out}");
+    out
+}
 
+/// The examples (a server and a cluster), the README's and docs/clients.md's
+/// Python examples as written, and RedLock over five servers with some
+/// stopped.
+fn examples_docs_and_redlock(venv: &Path, scratch: &Path, tests: &Path) {
+    let server = Server::start();
+    let cluster = Cluster::start();
     let examples = root().join("clients/python/examples");
     let cluster_port = cluster.nodes[0].port;
     for script in ["every_kind.py", "every_kind_async.py"] {
         for (port, extra) in [(server.port, None), (cluster_port, Some("cluster"))] {
-            let mut cmd = python(&venv, &scratch);
+            let mut cmd = python(venv, scratch);
             cmd.arg(examples.join(script)).arg(port.to_string());
             if let Some(e) = extra {
                 cmd.arg(e);
@@ -245,7 +277,7 @@ fn python_wheel_in_a_fresh_virtualenv_whole_suite_examples_and_docs() {
         std::fs::write(&file, block).expect("write the example");
         let out = run(
             &format!("example {i}:\n{block}"),
-            python(&venv, &scratch)
+            python(venv, scratch)
                 .arg(&file)
                 .env("REDIS_LOCK_PORT", server.port.to_string()),
         );
@@ -265,11 +297,10 @@ fn python_wheel_in_a_fresh_virtualenv_whole_suite_examples_and_docs() {
         }
         run(
             &format!("RedLock with {down} of 5 servers stopped"),
-            python(&venv, &tests)
+            python(venv, tests)
                 .args(["-m", "unittest", "-v", "test_redlock"])
                 .env("REDLOCK_PORTS", ports.join(","))
                 .env("REDLOCK_DOWN", down.to_string()),
         );
     }
-    let _ = std::fs::remove_dir_all(&scratch);
 }
