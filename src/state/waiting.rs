@@ -33,7 +33,7 @@ use crate::redis::catch;
 use crate::redis::config;
 use crate::redis::errors::LockError;
 use crate::redis::ffi::{self, api, Str};
-use crate::redis::ffi::{DbKey, DbKeyMap, KeyAt, KeyFilter, KeyRef};
+use crate::redis::ffi::{DbKey, DbKeyMap, KeyAt, KeyFilter, KeyHash, KeyRef};
 use crate::redis::replies;
 use crate::redis::shared::{self, Locked};
 use crate::state::bindings::{self, ClientId};
@@ -91,11 +91,11 @@ struct Decision {
 #[derive(Default)]
 struct Registry {
     queues: DbKeyMap<Queue<WaiterId>>,
-    waiters: HashMap<WaiterId, Blocked>,
+    waiters: HashMap<WaiterId, Blocked, KeyHash>,
     revocations: HashMap<DbKey, Vec<Revocation>>,
     /// Each owner's waiting requests (deadlock detection), in a stable
     /// order a search can page through across turns.
-    by_owner: HashMap<Owner, BTreeSet<WaiterId>>,
+    by_owner: HashMap<Owner, BTreeSet<WaiterId>, KeyHash>,
     /// Multi-key requests that head a queue whose lock would admit them.
     ready: Vec<WaiterId>,
     /// Each queue's WAIT deadlines, earliest first: the waiters a visit
