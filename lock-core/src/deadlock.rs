@@ -383,17 +383,6 @@ impl<K: Clone + Eq + Hash, S: BuildHasher + Default> Search<K, S> {
         self.fwd.tasks.push_back(Task::Start);
     }
 
-    /// Makes room for `n` owners and keys ahead (a search known to be
-    /// long: no growing as it goes).
-    pub fn reserve(&mut self, n: usize) {
-        self.owners.ids.reserve(n);
-        self.owners.names.reserve(n);
-        self.owners.fwd.reserve(n);
-        self.owners.back.reserve(n);
-        self.fwd.listed.reserve(n);
-        self.back.listed.reserve(n);
-    }
-
     /// The graph may have changed since the last slice: what the walk
     /// found from now on is checked before it is believed.
     pub fn stale(&mut self) {

@@ -101,15 +101,7 @@ struct Reads {
     reads: Vec<Option<Read>>,
 }
 
-/// The most owners and keys a search makes room for ahead.
-const ROOM: usize = 1 << 20;
-
 impl Reads {
-    fn reserve(&mut self, n: usize) {
-        self.ids.reserve(n);
-        self.keys.reserve(n);
-    }
-
     /// `key`'s number, given at its first meeting.
     fn id(&mut self, key: &DbKey) -> usize {
         if let Some(id) = self.ids.get(key) {
@@ -129,15 +121,7 @@ struct Waits<'a> {
     reads: &'a mut Reads,
     /// When this slice ends.
     until: Instant,
-    /// Steps since the clock was last read: it is read every
-    /// [`CLOCK_EVERY`] steps, and at the first step after a key's read.
-    steps: u32,
 }
-
-/// Steps between two reads of the clock (a step without a key's read lists
-/// at most a page, tens of microseconds: the slice runs over by a few
-/// steps at most).
-const CLOCK_EVERY: u32 = 4;
 
 impl Waits<'_> {
     /// `f` on key `id`'s lock, read at its first use in this search.
@@ -145,8 +129,6 @@ impl Waits<'_> {
         let reads = &mut *self.reads;
         if !matches!(reads.reads.get(id), Some(Some(_))) {
             if let Some(key) = reads.keys.get(id) {
-                // (A read may be long: the clock is looked at next.)
-                self.steps = CLOCK_EVERY;
                 let read = Read::new(read(self.ctx, key, self.now), self.now);
                 if reads.reads.len() <= id {
                     reads.reads.resize_with(id + 1, || None);
@@ -227,11 +209,6 @@ impl WaitGraph for Waits<'_> {
     }
 
     fn out_of_time(&mut self) -> bool {
-        self.steps += 1;
-        if self.steps < CLOCK_EVERY {
-            return false;
-        }
-        self.steps = 0;
         Instant::now() >= self.until
     }
 
@@ -293,7 +270,6 @@ fn slice(ctx: &Context, unfinished: &mut Unfinished, until: Instant) -> Option<V
         now: clock::now_ms(),
         reads,
         until,
-        steps: 0,
     };
     ffi::keeping_db(ctx, || search.run(&mut waits))
 }
@@ -305,12 +281,7 @@ type GoingOn = (WaiterId, Box<Unfinished>);
 static GOING_ON: LazyLock<Mutex<Vec<GoingOn>>> = LazyLock::new(Mutex::default);
 
 /// Goes on with `unfinished` at the next turns, for the waiter `id`.
-pub fn go_on_later(id: WaiterId, mut unfinished: Box<Unfinished>) {
-    // A search longer than a slice: room for as many owners and keys as
-    // requests wait, made once (no growing and rehashing as it goes).
-    let room = waiting::total().unwrap_or(0).min(ROOM);
-    unfinished.search.reserve(room);
-    unfinished.reads.reserve(room);
+pub fn go_on_later(id: WaiterId, unfinished: Box<Unfinished>) {
     shared::lock(&GOING_ON, |_| ()).push((id, unfinished));
     timers::work_now();
 }
