@@ -165,8 +165,8 @@ enum Task<K> {
     /// `after`).
     Requests { owner: Id, after: Option<u64> },
     /// Forward: who each of these requests of `owner` waits for (a page
-    /// of them, gone through one by one, the time looked at after each:
-    /// each may read a lock).
+    /// of them, one a step, the rest after what that one listed: each may
+    /// read a lock).
     Expand {
         owner: Id,
         items: VecDeque<(K, u64, Kind)>,
@@ -625,16 +625,18 @@ impl<K: Clone + Eq + Hash, S: BuildHasher + Default> Search<K, S> {
                 n
             }
             Task::Expand { owner, mut items } => {
-                let mut n = 0;
-                while let Some((key, place, kind)) = items.pop_front() {
-                    self.expand(graph, owner, &key, place, kind);
-                    n += 1;
-                    if !items.is_empty() && graph.out_of_time() {
-                        self.fwd.tasks.push_front(Task::Expand { owner, items });
-                        break;
-                    }
+                // One request a step, the rest after the listings it made:
+                // a key whose holders close the cycle is listed before the
+                // owner's other keys are read (a writer waiting on 100 keys
+                // of 1,000 readers each: one key read, not 100).
+                let Some((key, place, kind)) = items.pop_front() else {
+                    return 0;
+                };
+                self.expand(graph, owner, &key, place, kind);
+                if !items.is_empty() {
+                    self.fwd.tasks.push_back(Task::Expand { owner, items });
                 }
-                n
+                1
             }
             Task::Holders { key, owner } => {
                 let mut n = 0;
