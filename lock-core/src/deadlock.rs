@@ -37,7 +37,7 @@
 //! follows a change), and the search starts again when one is gone.
 
 use std::collections::hash_map::RandomState;
-use std::collections::{HashMap, HashSet, VecDeque};
+use std::collections::{HashMap, VecDeque};
 use std::hash::{BuildHasher, Hash};
 
 use crate::lock::{Kind, Lock, Owner, Request};
@@ -86,17 +86,19 @@ pub trait WaitGraph {
     /// Whether `key`'s lock admits a request of `kind` from someone not
     /// holding it (so its holders keep it waiting for nobody).
     fn admits(&mut self, key: &Self::Key, kind: Kind) -> bool;
-    /// The live holders of `key`.
-    fn holders(&mut self, key: &Self::Key) -> Vec<Owner>;
+    /// `each` live holder of `key` (its bytes lent: the search copies an
+    /// owner only at its first meeting).
+    fn holders(&mut self, key: &Self::Key, each: &mut dyn FnMut(&[u8]));
     /// The requests queued on `key` at places `from..to`, at most `limit`
-    /// of them: place, owner and kind.
+    /// of them, to `each`: place, owner and kind.
     fn queued(
         &mut self,
         key: &Self::Key,
         from: u64,
         to: u64,
         limit: usize,
-    ) -> Vec<(u64, Owner, Kind)>;
+        each: &mut dyn FnMut(u64, &[u8], Kind),
+    );
     /// Whether this slice's time is up (asked between steps).
     fn out_of_time(&mut self) -> bool {
         false
@@ -144,46 +146,57 @@ impl Listed {
     }
 }
 
+/// An owner as one search knows it: a number given at its first meeting
+/// (its bytes hashed and copied once a search; every later step, task and
+/// parent link is a number).
+type Id = u32;
+
+/// No owner: not reached (yet) on that side.
+const UNSEEN: Id = Id::MAX;
+
+/// The new request's own owner's number.
+const ME: Id = 0;
+
 /// One step of listing left to do.
 enum Task<K> {
     /// Forward: who the new request waits for, on each of its keys.
     Start,
     /// Forward: who `owner`'s requests wait for (its requests from
     /// `after`).
-    Requests { owner: Owner, after: Option<u64> },
+    Requests { owner: Id, after: Option<u64> },
     /// Forward: who each of these requests of `owner` waits for (a page
-    /// of them, gone through one by one, the time looked at after each:
-    /// each may read a lock).
+    /// of them, one a step, the rest after what that one listed: each may
+    /// read a lock).
     Expand {
-        owner: Owner,
+        owner: Id,
         items: VecDeque<(K, u64, Kind)>,
     },
     /// Forward: `key`'s holders keep `owner` waiting.
-    Holders { key: K, owner: Owner },
+    Holders { key: K, owner: Id },
     /// Forward: the requests on `key` at `from..to` that `owner`'s request
     /// of `kind` cannot pass.
     Queued {
         key: K,
-        owner: Owner,
+        owner: Id,
         kind: Kind,
         from: u64,
         to: u64,
     },
     /// Backward: the keys with a queue that `owner` holds, after `after`.
-    Keys { owner: Owner, after: Option<K> },
+    Keys { owner: Id, after: Option<K> },
     /// Backward: of these keys, those `owner` holds (a page of them, one by
     /// one, the time looked at after each: each may read a lock).
-    HeldOf { owner: Owner, keys: VecDeque<K> },
+    HeldOf { owner: Id, keys: VecDeque<K> },
     /// Backward: every request on `key`, from `from`, that `key` (held by
     /// `owner`) does not admit.
-    Held { key: K, owner: Owner, from: u64 },
+    Held { key: K, owner: Id, from: u64 },
     /// Backward: who waits behind `owner`'s requests (from `after`).
-    Behind { owner: Owner, after: Option<u64> },
+    Behind { owner: Id, after: Option<u64> },
     /// Backward: the requests on `key` at `from..to`, behind `owner`'s
     /// request of `kind` there, that cannot pass it.
     After {
         key: K,
-        owner: Owner,
+        owner: Id,
         kind: Kind,
         from: u64,
         to: u64,
@@ -191,11 +204,11 @@ enum Task<K> {
 }
 
 impl<K> Task<K> {
-    /// Whether this is a listing for `me`'s new request (forward).
-    fn of(&self, me: &[u8]) -> bool {
+    /// Whether this is a listing for the new request (forward).
+    fn of_me(&self) -> bool {
         match self {
             Task::Start => true,
-            Task::Holders { owner, .. } | Task::Queued { owner, .. } => **owner == *me,
+            Task::Holders { owner, .. } | Task::Queued { owner, .. } => *owner == ME,
             _ => false,
         }
     }
@@ -205,21 +218,70 @@ impl<K> Task<K> {
 enum Met {
     /// The forward side reached `at`, which the backward side had seen
     /// (or the new request's owner itself), from `by`.
-    Forward { by: Owner, at: Owner },
+    Forward { by: Id, at: Id },
     /// The backward side found `at`, which the forward side had seen,
     /// waiting for `of`.
-    Backward { at: Owner, of: Owner },
+    Backward { at: Id, of: Id },
+}
+
+/// The owners a search met, by number, and who reached each on each side.
+struct Owners<S> {
+    ids: HashMap<Owner, Id, S>,
+    names: Vec<Owner>,
+    /// Forward: the owner waiting for each ([`UNSEEN`]: not reached).
+    fwd: Vec<Id>,
+    /// Backward: the owner each waits for ([`ME`] for itself).
+    back: Vec<Id>,
+}
+
+impl<S: BuildHasher + Default> Owners<S> {
+    fn new(me: &[u8]) -> Owners<S> {
+        let mut owners = Owners {
+            ids: HashMap::default(),
+            names: Vec::new(),
+            fwd: Vec::new(),
+            back: Vec::new(),
+        };
+        owners.id(me);
+        // Who waits for `me` is found backward from it.
+        if let Some(b) = owners.back.get_mut(ME as usize) {
+            *b = ME;
+        }
+        owners
+    }
+
+    /// `owner`'s number (given, and its bytes copied, at its first meeting).
+    fn id(&mut self, owner: &[u8]) -> Id {
+        if let Some(id) = self.ids.get(owner) {
+            return *id;
+        }
+        let id = self.names.len() as Id;
+        let owner: Owner = owner.into();
+        self.names.push(owner.clone());
+        self.ids.insert(owner, id);
+        self.fwd.push(UNSEEN);
+        self.back.push(UNSEEN);
+        id
+    }
+
+    fn name(&self, id: Id) -> &[u8] {
+        self.names.get(id as usize).map_or(&[], |n| &n[..])
+    }
+
+    fn fwd(&self, id: Id) -> Id {
+        self.fwd.get(id as usize).copied().unwrap_or(UNSEEN)
+    }
+
+    fn back(&self, id: Id) -> Id {
+        self.back.get(id as usize).copied().unwrap_or(UNSEEN)
+    }
 }
 
 /// One direction's state.
 struct Side<K, S> {
-    seen: HashSet<Owner, S>,
-    next: VecDeque<Owner>,
+    next: VecDeque<Id>,
     listed: HashMap<K, Listed, S>,
     tasks: VecDeque<Task<K>>,
-    /// Who reached each owner: forward, the owner waiting for it;
-    /// backward, the owner it waits for.
-    parent: HashMap<Owner, Owner, S>,
     /// Steps taken (the walk goes on the side that took fewer).
     work: u64,
 }
@@ -227,11 +289,9 @@ struct Side<K, S> {
 impl<K, S: Default> Side<K, S> {
     fn new() -> Side<K, S> {
         Side {
-            seen: HashSet::default(),
             next: VecDeque::new(),
             listed: HashMap::default(),
             tasks: VecDeque::new(),
-            parent: HashMap::default(),
             work: 0,
         }
     }
@@ -261,8 +321,11 @@ pub struct Search<K, S = RandomState> {
     me: Owner,
     kind: Kind,
     keys: Vec<(K, u64)>,
+    owners: Owners<S>,
     fwd: Side<K, S>,
     back: Side<K, S>,
+    /// A page of requests listed, each owner by number (kept between pages).
+    page: Vec<(u64, Id, Kind)>,
     /// Where the two sides met.
     met: Option<Met>,
     phase: Phase,
@@ -287,8 +350,10 @@ impl<K: Clone + Eq + Hash, S: BuildHasher + Default> Search<K, S> {
             me: me.into(),
             kind,
             keys: keys.to_vec(),
+            owners: Owners::new(me),
             fwd: Side::new(),
             back: Side::new(),
+            page: Vec::new(),
             met: None,
             phase: Phase::Walking,
             stale: false,
@@ -299,21 +364,20 @@ impl<K: Clone + Eq + Hash, S: BuildHasher + Default> Search<K, S> {
     }
 
     fn start(&mut self) {
+        self.owners = Owners::new(&self.me);
         self.fwd = Side::new();
         self.back = Side::new();
         self.met = None;
         self.phase = Phase::Walking;
         self.stale = false;
-        let me = self.me.clone();
         // Who waits for `me` already: if nobody does, no wait can close a
         // cycle (the backward side runs out at once).
-        self.back.seen.insert(me.clone());
         self.back.tasks.push_back(Task::Keys {
-            owner: me.clone(),
+            owner: ME,
             after: None,
         });
         self.back.tasks.push_back(Task::Behind {
-            owner: me,
+            owner: ME,
             after: None,
         });
         self.fwd.tasks.push_back(Task::Start);
@@ -374,7 +438,7 @@ impl<K: Clone + Eq + Hash, S: BuildHasher + Default> Search<K, S> {
         // tasks), nothing further.
         let forward = match self.back.exhausted() {
             true => match self.fwd.tasks.front() {
-                Some(task) if task.of(&self.me) => true,
+                Some(task) if task.of_me() => true,
                 _ => {
                     self.phase = Phase::Done(Verdict::Clear);
                     return;
@@ -392,10 +456,7 @@ impl<K: Clone + Eq + Hash, S: BuildHasher + Default> Search<K, S> {
             None => match side.next.pop_front() {
                 Some(owner) if forward => Task::Requests { owner, after: None },
                 Some(owner) => {
-                    side.tasks.push_back(Task::Behind {
-                        owner: owner.clone(),
-                        after: None,
-                    });
+                    side.tasks.push_back(Task::Behind { owner, after: None });
                     Task::Keys { owner, after: None }
                 }
                 None => return,
@@ -418,7 +479,11 @@ impl<K: Clone + Eq + Hash, S: BuildHasher + Default> Search<K, S> {
         match self.stale {
             false => self.phase = Phase::Done(Verdict::Cycle),
             true => {
-                let path = self.path();
+                let path = self
+                    .path()
+                    .into_iter()
+                    .map(|id| Owner::from(self.owners.name(id)))
+                    .collect();
                 graph.forget();
                 self.phase = Phase::Checking { path, at: 0 };
             }
@@ -426,43 +491,43 @@ impl<K: Clone + Eq + Hash, S: BuildHasher + Default> Search<K, S> {
     }
 
     /// The cycle found: `me`, whom it waits for, ..., `me` again.
-    fn path(&self) -> Vec<Owner> {
+    fn path(&self) -> Vec<Id> {
         let (mut path, mut at) = match &self.met {
             Some(Met::Forward { by, at }) => {
-                let mut path = self.forward_chain(by);
-                path.push(at.clone());
-                (path, at.clone())
+                let mut path = self.forward_chain(*by);
+                path.push(*at);
+                (path, *at)
             }
             Some(Met::Backward { at, of }) => {
-                let mut path = self.forward_chain(at);
-                path.push(of.clone());
-                (path, of.clone())
+                let mut path = self.forward_chain(*at);
+                path.push(*of);
+                (path, *of)
             }
             None => return Vec::new(),
         };
-        while *at != *self.me && path.len() <= self.back.parent.len() + self.fwd.parent.len() + 2 {
-            match self.back.parent.get(&at) {
-                Some(p) => {
-                    path.push(p.clone());
-                    at = p.clone();
+        while at != ME && path.len() <= self.owners.names.len() + 2 {
+            match self.owners.back(at) {
+                UNSEEN => break,
+                p => {
+                    path.push(p);
+                    at = p;
                 }
-                None => break,
             }
         }
         path
     }
 
     /// `me`, ..., `to`: the forward side's way from the new request to `to`.
-    fn forward_chain(&self, to: &Owner) -> Vec<Owner> {
-        let mut chain = vec![to.clone()];
-        let mut at = to.clone();
-        while *at != *self.me && chain.len() <= self.fwd.parent.len() + 1 {
-            match self.fwd.parent.get(&at) {
-                Some(p) => {
-                    chain.push(p.clone());
-                    at = p.clone();
+    fn forward_chain(&self, to: Id) -> Vec<Id> {
+        let mut chain = vec![to];
+        let mut at = to;
+        while at != ME && chain.len() <= self.owners.names.len() + 1 {
+            match self.owners.fwd(at) {
+                UNSEEN => break,
+                p => {
+                    chain.push(p);
+                    at = p;
                 }
-                None => break,
             }
         }
         chain.reverse();
@@ -492,38 +557,46 @@ impl<K: Clone + Eq + Hash, S: BuildHasher + Default> Search<K, S> {
     }
 
     /// `owner` is waited for by the new request, through `by`.
-    fn reach(&mut self, owner: Owner, by: &Owner) {
+    fn reach(&mut self, owner: Id, by: Id) {
         if self.met.is_some() {
             return;
         }
-        if *owner == *self.me || self.back.seen.contains(&owner) {
-            self.met = Some(Met::Forward {
-                by: by.clone(),
-                at: owner,
-            });
-        } else if !self.fwd.seen.contains(&owner) {
-            // (Most owners are reached many times: no copy but the first.)
-            self.fwd.seen.insert(owner.clone());
-            self.fwd.parent.insert(owner.clone(), by.clone());
+        // (`me` is seen backward from the start: reaching it is a cycle.)
+        if self.owners.back(owner) != UNSEEN {
+            self.met = Some(Met::Forward { by, at: owner });
+        } else if self.owners.fwd(owner) == UNSEEN {
+            if let Some(p) = self.owners.fwd.get_mut(owner as usize) {
+                *p = by;
+            }
             self.fwd.next.push_back(owner);
         }
     }
 
     /// `owner` waits for `of`, who waits for the new request's owner.
-    fn reach_back(&mut self, owner: Owner, of: &Owner) {
+    fn reach_back(&mut self, owner: Id, of: Id) {
         if self.met.is_some() {
             return;
         }
-        if self.fwd.seen.contains(&owner) {
-            self.met = Some(Met::Backward {
-                at: owner,
-                of: of.clone(),
-            });
-        } else if !self.back.seen.contains(&owner) {
-            self.back.seen.insert(owner.clone());
-            self.back.parent.insert(owner.clone(), of.clone());
+        if self.owners.fwd(owner) != UNSEEN {
+            self.met = Some(Met::Backward { at: owner, of });
+        } else if self.owners.back(owner) == UNSEEN {
+            if let Some(p) = self.owners.back.get_mut(owner as usize) {
+                *p = of;
+            }
             self.back.next.push_back(owner);
         }
+    }
+
+    /// The requests on `key` at `from..to`, a page at most, each owner by
+    /// number, into `self.page` (its room kept from page to page).
+    fn list<G: WaitGraph<Key = K>>(&mut self, graph: &mut G, key: &K, from: u64, to: u64) {
+        let mut page = std::mem::take(&mut self.page);
+        page.clear();
+        let owners = &mut self.owners;
+        graph.queued(key, from, to, PAGE, &mut |place, owner, kind| {
+            page.push((place, owners.id(owner), kind));
+        });
+        self.page = page;
     }
 
     /// Does one task, a page at most; what is left of it goes back first
@@ -531,18 +604,17 @@ impl<K: Clone + Eq + Hash, S: BuildHasher + Default> Search<K, S> {
     fn task<G: WaitGraph<Key = K>>(&mut self, graph: &mut G, task: Task<K>) -> usize {
         match task {
             Task::Start => {
-                let me = self.me.clone();
                 for (key, end) in self.keys.clone() {
-                    self.expand(graph, &me, &key, end, self.kind);
+                    self.expand(graph, ME, &key, end, self.kind);
                 }
                 self.keys.len()
             }
             Task::Requests { owner, after } => {
-                let (requests, more) = graph.requests_of(&owner, after, PAGE);
+                let (requests, more) = graph.requests_of(self.owners.name(owner), after, PAGE);
                 let n = requests.len();
                 if let Some(after) = more {
                     self.fwd.tasks.push_front(Task::Requests {
-                        owner: owner.clone(),
+                        owner,
                         after: Some(after),
                     });
                 }
@@ -553,25 +625,34 @@ impl<K: Clone + Eq + Hash, S: BuildHasher + Default> Search<K, S> {
                 n
             }
             Task::Expand { owner, mut items } => {
-                let mut n = 0;
-                while let Some((key, place, kind)) = items.pop_front() {
-                    self.expand(graph, &owner, &key, place, kind);
-                    n += 1;
-                    if !items.is_empty() && graph.out_of_time() {
-                        self.fwd.tasks.push_front(Task::Expand { owner, items });
-                        break;
-                    }
+                // One request a step, the rest after the listings it made:
+                // a key whose holders close the cycle is listed before the
+                // owner's other keys are read (a writer waiting on 100 keys
+                // of 1,000 readers each: one key read, not 100).
+                let Some((key, place, kind)) = items.pop_front() else {
+                    return 0;
+                };
+                self.expand(graph, owner, &key, place, kind);
+                if !items.is_empty() {
+                    self.fwd.tasks.push_back(Task::Expand { owner, items });
                 }
-                n
+                1
             }
             Task::Holders { key, owner } => {
-                let holders = graph.holders(&key);
-                let n = holders.len();
-                for h in holders {
-                    if *h != *owner {
-                        self.reach(h, &owner);
+                let mut n = 0;
+                let mut found = std::mem::take(&mut self.page);
+                found.clear();
+                let owners = &mut self.owners;
+                graph.holders(&key, &mut |h| {
+                    n += 1;
+                    found.push((0, owners.id(h), Kind::Acquire));
+                });
+                for (_, h, _) in found.iter() {
+                    if *h != owner {
+                        self.reach(*h, owner);
                     }
                 }
+                self.page = found;
                 n
             }
             Task::Queued {
@@ -581,13 +662,16 @@ impl<K: Clone + Eq + Hash, S: BuildHasher + Default> Search<K, S> {
                 from,
                 to,
             } => {
-                let page = graph.queued(&key, from, to, PAGE);
-                let n = page.len();
-                let last = page.last().map(|(place, _, _)| *place);
-                for (_, o, k) in page {
+                self.list(graph, &key, from, to);
+                let n = self.page.len();
+                let last = self.page.last().map(|(place, _, _)| *place);
+                for i in 0..n {
+                    let Some((_, o, k)) = self.page.get(i).copied() else {
+                        break;
+                    };
                     let passes = kind == Kind::Read && k == Kind::Read;
-                    if !passes && *o != *owner {
-                        self.reach(o, &owner);
+                    if !passes && o != owner {
+                        self.reach(o, owner);
                     }
                 }
                 if let (true, Some(last)) = (n == PAGE, last) {
@@ -608,13 +692,16 @@ impl<K: Clone + Eq + Hash, S: BuildHasher + Default> Search<K, S> {
                 from,
                 to,
             } => {
-                let page = graph.queued(&key, from, to, PAGE);
-                let n = page.len();
-                let last = page.last().map(|(place, _, _)| *place);
-                for (_, o, k) in page {
+                self.list(graph, &key, from, to);
+                let n = self.page.len();
+                let last = self.page.last().map(|(place, _, _)| *place);
+                for i in 0..n {
+                    let Some((_, o, k)) = self.page.get(i).copied() else {
+                        break;
+                    };
                     let passes = kind == Kind::Read && k == Kind::Read;
-                    if !passes && *o != *owner && !graph.holds(&key, &o) {
-                        self.reach_back(o, &owner);
+                    if !passes && o != owner && !graph.holds(&key, self.owners.name(o)) {
+                        self.reach_back(o, owner);
                     }
                 }
                 if let (true, Some(last)) = (n == PAGE, last) {
@@ -629,12 +716,12 @@ impl<K: Clone + Eq + Hash, S: BuildHasher + Default> Search<K, S> {
                 n
             }
             Task::Keys { owner, after } => {
-                let keys = graph.waited_keys_held(&owner, after.as_ref(), PAGE);
+                let keys = graph.waited_keys_held(self.owners.name(owner), after.as_ref(), PAGE);
                 let n = keys.len();
                 if n == PAGE {
                     if let Some(last) = keys.last() {
                         self.back.tasks.push_front(Task::Keys {
-                            owner: owner.clone(),
+                            owner,
                             after: Some(last.clone()),
                         });
                     }
@@ -649,14 +736,14 @@ impl<K: Clone + Eq + Hash, S: BuildHasher + Default> Search<K, S> {
                 let mut n = 0;
                 while let Some(key) = keys.pop_front() {
                     n += 1;
-                    if graph.holds(&key, &owner) {
+                    if graph.holds(&key, self.owners.name(owner)) {
                         let first = listing(&mut self.back.listed, &key, Listed::backward, |l| {
                             !std::mem::replace(&mut l.holders, true)
                         });
                         if first {
                             self.back.tasks.push_back(Task::Held {
                                 key,
-                                owner: owner.clone(),
+                                owner,
                                 from: 0,
                             });
                         }
@@ -669,12 +756,15 @@ impl<K: Clone + Eq + Hash, S: BuildHasher + Default> Search<K, S> {
                 n
             }
             Task::Held { key, owner, from } => {
-                let page = graph.queued(&key, from, u64::MAX, PAGE);
-                let n = page.len();
-                let last = page.last().map(|(place, _, _)| *place);
-                for (_, o, k) in page {
-                    if !graph.admits(&key, k) && !graph.holds(&key, &o) {
-                        self.reach_back(o, &owner);
+                self.list(graph, &key, from, u64::MAX);
+                let n = self.page.len();
+                let last = self.page.last().map(|(place, _, _)| *place);
+                for i in 0..n {
+                    let Some((_, o, k)) = self.page.get(i).copied() else {
+                        break;
+                    };
+                    if !graph.admits(&key, k) && !graph.holds(&key, self.owners.name(o)) {
+                        self.reach_back(o, owner);
                     }
                 }
                 if let (true, Some(last)) = (n == PAGE, last) {
@@ -687,11 +777,11 @@ impl<K: Clone + Eq + Hash, S: BuildHasher + Default> Search<K, S> {
                 n
             }
             Task::Behind { owner, after } => {
-                let (requests, more) = graph.requests_of(&owner, after, PAGE);
+                let (requests, more) = graph.requests_of(self.owners.name(owner), after, PAGE);
                 let n = requests.len();
                 if let Some(after) = more {
                     self.back.tasks.push_front(Task::Behind {
-                        owner: owner.clone(),
+                        owner,
                         after: Some(after),
                     });
                 }
@@ -711,7 +801,7 @@ impl<K: Clone + Eq + Hash, S: BuildHasher + Default> Search<K, S> {
                     if from < to {
                         self.back.tasks.push_back(Task::After {
                             key,
-                            owner: owner.clone(),
+                            owner,
                             kind,
                             from,
                             to,
@@ -728,15 +818,14 @@ impl<K: Clone + Eq + Hash, S: BuildHasher + Default> Search<K, S> {
     fn expand<G: WaitGraph<Key = K>>(
         &mut self,
         graph: &mut G,
-        owner: &Owner,
+        owner: Id,
         key: &K,
         place: u64,
         kind: Kind,
     ) {
-        if self.met.is_some() || graph.holds(key, owner) {
+        if self.met.is_some() || graph.holds(key, self.owners.name(owner)) {
             return;
         }
-        let me = &self.me;
         let (holders, from, to) = listing(&mut self.fwd.listed, key, Listed::forward, |listed| {
             let holders = !listed.holders && !graph.admits(key, kind);
             let (from, to) = match kind {
@@ -747,7 +836,7 @@ impl<K: Clone + Eq + Hash, S: BuildHasher + Default> Search<K, S> {
             // queued ahead: it leaves the places listed as they were, so
             // that a later listing there reaches its owner through them (a
             // cycle).
-            if **owner != **me {
+            if owner != ME {
                 match kind {
                     Kind::Read => listed.writers = listed.writers.max(place),
                     _ => listed.all = listed.all.max(place),
@@ -759,13 +848,13 @@ impl<K: Clone + Eq + Hash, S: BuildHasher + Default> Search<K, S> {
         if holders {
             self.fwd.tasks.push_back(Task::Holders {
                 key: key.clone(),
-                owner: owner.clone(),
+                owner,
             });
         }
         if from < to {
             self.fwd.tasks.push_back(Task::Queued {
                 key: key.clone(),
-                owner: owner.clone(),
+                owner,
                 kind,
                 from,
                 to,
@@ -877,7 +966,7 @@ pub fn blockers(lock: &Lock, queued: Vec<Owner>, req: &Request, now: u64) -> Vec
 
 #[cfg(test)]
 mod tests {
-    use std::collections::BTreeSet;
+    use std::collections::{BTreeSet, HashSet};
 
     use proptest::prelude::*;
 
@@ -961,11 +1050,10 @@ mod tests {
         fn admits(&mut self, key: &usize, kind: Kind) -> bool {
             self.locks[*key].admits(kind, self.now)
         }
-        fn holders(&mut self, key: &usize) -> Vec<Owner> {
-            self.locks[*key]
-                .live(self.now)
-                .map(|h| Owner::from(h.owner))
-                .collect()
+        fn holders(&mut self, key: &usize, each: &mut dyn FnMut(&[u8])) {
+            for h in self.locks[*key].live(self.now) {
+                each(h.owner);
+            }
         }
         fn queued(
             &mut self,
@@ -973,12 +1061,11 @@ mod tests {
             from: u64,
             to: u64,
             limit: usize,
-        ) -> Vec<(u64, Owner, Kind)> {
-            self.queues[*key]
-                .between(from, to)
-                .take(limit)
-                .map(|(p, w)| (p, w.request.owner.clone(), w.request.kind))
-                .collect()
+            each: &mut dyn FnMut(u64, &[u8], Kind),
+        ) {
+            for (p, w) in self.queues[*key].between(from, to).take(limit) {
+                each(p, &w.request.owner, w.request.kind);
+            }
         }
         fn out_of_time(&mut self) -> bool {
             self.slices
@@ -1307,6 +1394,46 @@ mod tests {
             for wtr in 0..writers {
                 for _ in 0..per {
                     queued.push((next(keys as u64 + 1) as usize, 100 + wtr, kind_of(next(3) as u8)));
+                }
+            }
+            let mut st = State::new(keys + 1, &held, &queued);
+            let ask = [ask.min(keys)];
+            let want = st.naive(&o(me), Kind::Acquire, &ask);
+            prop_assert_eq!(st.search(&o(me), Kind::Acquire, &ask), want);
+        }
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(6))]
+        /// The same, wider: hundreds of readers on up to 24 keys, hundreds
+        /// of writers waiting on several keys each (each owner numbered once
+        /// a search, whatever its length).
+        #[test]
+        fn search_is_reachability_on_wider_fans(
+            readers in 40u32..300,
+            writers in 60u32..400,
+            keys in 6usize..24,
+            per in 1usize..6,
+            me in 0u32..1_400,
+            ask in 0usize..25,
+            seed in any::<u64>(),
+        ) {
+            let mut x = seed | 1;
+            let mut next = move |n: u64| {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                x % n
+            };
+            let mut held: Vec<_> = (0..keys)
+                .flat_map(|k| (0..readers).map(move |o| (k, o, Kind::Read)))
+                .collect();
+            // Key `keys` is held by a writer who may wait too.
+            held.push((keys, 1_000 + next(writers as u64) as u32, Kind::Acquire));
+            let mut queued = Vec::new();
+            for wtr in 0..writers {
+                for _ in 0..per {
+                    queued.push((next(keys as u64 + 1) as usize, 1_000 + wtr, kind_of(next(3) as u8)));
                 }
             }
             let mut st = State::new(keys + 1, &held, &queued);

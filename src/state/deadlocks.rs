@@ -17,10 +17,10 @@
 //! built: the command runs it for at most [`SLICE`]; a search that needs
 //! more lets the request wait (it is queued as any other) and goes on at
 //! each of the event loop's next turns ([`go_on`], at most [`SLICE`] a turn
-//! for all of them): the module hears the loop's before-sleep while a
-//! search goes on (and only then), and wakes the loop so that it does not
-//! sleep between two slices; Redis serves its clients between them. (A
-//! server without that event goes on in the timer's ticks instead.)
+//! for all of them), in the timer's ticks: a search left unfinished asks
+//! for the next turn (`timers::work_now`, the module's one "next turn"),
+//! so the event loop does not sleep between two slices, and nothing runs
+//! once no search is left; Redis serves its clients between them.
 //! When it finds a cycle then, the request leaves its queues and is
 //! answered `DEADLOCK`, state unchanged, as if it had been answered at
 //! once; a cycle found after the graph may have changed is checked edge by
@@ -28,16 +28,13 @@
 //! gone before its search ends needs no verdict: the search is dropped.
 
 use std::collections::HashSet;
-use std::os::raw::{c_int, c_void};
-use std::sync::atomic::{AtomicBool, AtomicPtr, Ordering};
 use std::sync::{LazyLock, Mutex};
 use std::time::{Duration, Instant};
 
-use redis_module::{raw, Context, ContextFlags};
+use redis_module::Context;
 
-use crate::redis::catch;
 use crate::redis::errors::LockError;
-use crate::redis::ffi::{self, api, DbKey, DbKeyMap, KeyHash, Str};
+use crate::redis::ffi::{self, DbKey, DbKeyMap, KeyHash, Str};
 use crate::redis::shared;
 use crate::state::bindings;
 use crate::state::keys::LockKey;
@@ -194,14 +191,20 @@ impl WaitGraph for Waits<'_> {
         self.read(*key, |read| read.admits(kind))
     }
 
-    fn holders(&mut self, key: &usize) -> Vec<Owner> {
-        self.read(*key, |read| read.live.clone())
+    fn holders(&mut self, key: &usize, each: &mut dyn FnMut(&[u8])) {
+        self.read(*key, |read| read.live.iter().for_each(|h| each(h)))
     }
 
-    fn queued(&mut self, key: &usize, from: u64, to: u64, limit: usize) -> Vec<(u64, Owner, Kind)> {
-        match self.reads.keys.get(*key) {
-            Some(key) => waiting::queued(key, from, to, limit),
-            None => Vec::new(),
+    fn queued(
+        &mut self,
+        key: &usize,
+        from: u64,
+        to: u64,
+        limit: usize,
+        each: &mut dyn FnMut(u64, &[u8], Kind),
+    ) {
+        if let Some(key) = self.reads.keys.get(*key) {
+            waiting::queued(key, from, to, limit, each);
         }
     }
 
@@ -254,7 +257,6 @@ pub fn check(ctx: &Context, keys: &[DbKey], request: &Request) -> Check {
         Some(Verdict::Clear) => Check::Clear,
         None => {
             stats::DEADLOCK_SEARCHES_SLICED.incr();
-            hear_turns(ctx);
             Check::Unfinished(unfinished)
         }
     }
@@ -281,9 +283,7 @@ static GOING_ON: LazyLock<Mutex<Vec<GoingOn>>> = LazyLock::new(Mutex::default);
 /// Goes on with `unfinished` at the next turns, for the waiter `id`.
 pub fn go_on_later(id: WaiterId, unfinished: Box<Unfinished>) {
     shared::lock(&GOING_ON, |_| ()).push((id, unfinished));
-    if !HEARING.load(Ordering::Relaxed) {
-        timers::work_now();
-    }
+    timers::work_now();
 }
 
 /// A turn's share of the searches going on (at most [`SLICE`] for all of
@@ -322,93 +322,6 @@ pub fn go_on(ctx: &Context) {
     left.extend(turn);
     if !left.is_empty() {
         shared::lock(&GOING_ON, |_| ()).extend(left);
-        if !HEARING.load(Ordering::Relaxed) {
-            timers::work_now();
-        }
+        timers::work_now();
     }
-}
-
-/// Whether the module hears the event loop's before-sleep: only while a
-/// search goes on ([`on_turn`]), so that no turn pays for it otherwise.
-static HEARING: AtomicBool = AtomicBool::new(false);
-/// The module's own context (detached), made at the first search that
-/// goes on: to stop hearing turns where Redis hands no context.
-static OWN_CTX: AtomicPtr<raw::RedisModuleCtx> = AtomicPtr::new(std::ptr::null_mut());
-
-const EVENT_LOOP: raw::RedisModuleEvent = raw::RedisModuleEvent {
-    id: raw::REDISMODULE_EVENT_EVENTLOOP,
-    dataver: 1,
-};
-
-/// A search goes on after its command: hear the event loop's turns from
-/// now on (a server without the event: the timer's ticks go on with it,
-/// [`go_on_later`]), and look after the next turn whether any still does.
-fn hear_turns(ctx: &Context) {
-    if HEARING.load(Ordering::Relaxed) {
-        return;
-    }
-    let mut own = OWN_CTX.load(Ordering::Relaxed);
-    if own.is_null() {
-        own = api!(RedisModule_GetDetachedThreadSafeContext(ctx.ctx)).unwrap_or_default();
-        OWN_CTX.store(own, Ordering::Relaxed);
-    }
-    if own.is_null() {
-        return;
-    }
-    let done = api!(RedisModule_SubscribeToServerEvent(
-        own,
-        EVENT_LOOP,
-        Some(on_turn)
-    ));
-    if done == Some(raw::REDISMODULE_OK as c_int) {
-        HEARING.store(true, Ordering::Relaxed);
-        wake();
-    }
-}
-
-/// The event loop is about to sleep: a slice of the searches going on,
-/// and, while any is left, no sleep (the loop wakes at once, serves its
-/// clients, and comes back here).
-extern "C" fn on_turn(
-    raw_ctx: *mut raw::RedisModuleCtx,
-    _event: raw::RedisModuleEvent,
-    subevent: u64,
-    _data: *mut c_void,
-) {
-    catch::callback("a deadlock search's slice", (), || {
-        if subevent != raw::REDISMODULE_SUBEVENT_EVENTLOOP_BEFORE_SLEEP {
-            return;
-        }
-        let ctx = Context::new(raw_ctx);
-        // Loading: the keys are not there yet; the next turn looks again.
-        if ctx.get_flags().contains(ContextFlags::LOADING) {
-            return;
-        }
-        go_on(&ctx);
-        wake();
-    })
-}
-
-/// Wakes the event loop at once (it does not sleep before its next turn):
-/// a one-shot callback, which stops hearing turns when no search is left.
-fn wake() {
-    let _ = api!(RedisModule_EventLoopAddOneShot(
-        Some(on_wake),
-        std::ptr::null_mut()
-    ));
-}
-
-/// The event loop woke (outside its walk of event listeners, where one
-/// must not unsubscribe): no search left, no turn is heard any more.
-extern "C" fn on_wake(_data: *mut c_void) {
-    catch::callback("the deadlock searches' look", (), || {
-        if !HEARING.load(Ordering::Relaxed) || !shared::lock(&GOING_ON, |_| ()).is_empty() {
-            return;
-        }
-        let own = OWN_CTX.load(Ordering::Relaxed);
-        let done = api!(RedisModule_SubscribeToServerEvent(own, EVENT_LOOP, None));
-        if done == Some(raw::REDISMODULE_OK as c_int) {
-            HEARING.store(false, Ordering::Relaxed);
-        }
-    })
 }

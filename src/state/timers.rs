@@ -72,7 +72,8 @@ static MODULE_CTX: AtomicPtr<raw::RedisModuleCtx> = AtomicPtr::new(std::ptr::nul
 /// both, and on a server without shared locks or waiters takes nothing.
 static INDEXED: AtomicBool = AtomicBool::new(false);
 static EXPIRED: AtomicBool = AtomicBool::new(false);
-/// Work a tick must go on with at once (a deadlock search under way).
+/// Work a tick must go on with at once ([`work_now`]: a deadlock search
+/// under way, unblocks left for the next turn).
 static WORK: AtomicBool = AtomicBool::new(false);
 
 /// The index, locked; `INDEXED` and `EXPIRED` follow it when the lock is
@@ -222,7 +223,12 @@ pub fn take_expired(db: i32) -> Vec<(Vec<u8>, usize)> {
 }
 
 /// Some work goes on at the next tick, as soon as Redis has served its
-/// clients once (the handler sees to it: a deadlock search under way).
+/// clients once (the handler sees to it: a deadlock search under way,
+/// unblocks left for the next turn). The module's one way to say "more
+/// work at the next turn of the event loop": the tick runs in this turn
+/// when called outside a tick, else at the next turn (a tick that leaves
+/// work due posts [`next_turn`]'s wake, so the loop does not sleep between
+/// two ticks); nothing is armed once no work is left (no timer at rest).
 pub fn work_now() {
     WORK.store(true, Ordering::Relaxed);
     arm(&mut index(), 0);

@@ -33,7 +33,7 @@ use crate::redis::catch;
 use crate::redis::config;
 use crate::redis::errors::LockError;
 use crate::redis::ffi::{self, api, Str};
-use crate::redis::ffi::{DbKey, DbKeyMap, KeyAt, KeyFilter, KeyRef};
+use crate::redis::ffi::{DbKey, DbKeyMap, KeyAt, KeyFilter, KeyHash, KeyRef};
 use crate::redis::replies;
 use crate::redis::shared::{self, Locked};
 use crate::state::bindings::{self, ClientId};
@@ -91,11 +91,11 @@ struct Decision {
 #[derive(Default)]
 struct Registry {
     queues: DbKeyMap<Queue<WaiterId>>,
-    waiters: HashMap<WaiterId, Blocked>,
+    waiters: HashMap<WaiterId, Blocked, KeyHash>,
     revocations: HashMap<DbKey, Vec<Revocation>>,
     /// Each owner's waiting requests (deadlock detection), in a stable
     /// order a search can page through across turns.
-    by_owner: HashMap<Owner, BTreeSet<WaiterId>>,
+    by_owner: HashMap<Owner, BTreeSet<WaiterId>, KeyHash>,
     /// Multi-key requests that head a queue whose lock would admit them.
     ready: Vec<WaiterId>,
     /// Each queue's WAIT deadlines, earliest first: the waiters a visit
@@ -767,16 +767,21 @@ pub fn waited_keys_held(owner: &[u8], after: Option<&DbKey>, limit: usize) -> Ve
         .collect()
 }
 
-/// The requests queued on `key` at places `from..to`, at most `limit`:
-/// place, owner and kind.
-pub fn queued(key: &DbKey, from: u64, to: u64, limit: usize) -> Vec<(u64, Owner, Kind)> {
+/// The requests queued on `key` at places `from..to`, at most `limit`, to
+/// `each`: place, owner (lent, not copied) and kind.
+pub fn queued(
+    key: &DbKey,
+    from: u64,
+    to: u64,
+    limit: usize,
+    each: &mut dyn FnMut(u64, &[u8], Kind),
+) {
     let registry = registry();
-    registry.queues.get(key).map_or_else(Vec::new, |q| {
-        q.between(from, to)
-            .take(limit)
-            .map(|(place, w)| (place, w.request.owner.clone(), w.request.kind))
-            .collect()
-    })
+    if let Some(q) = registry.queues.get(key) {
+        for (place, w) in q.between(from, to).take(limit) {
+            each(place, &w.request.owner, w.request.kind);
+        }
+    }
 }
 
 /// Whether the waiter `id` still waits (not granted, timed out, gone).
