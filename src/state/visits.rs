@@ -3,11 +3,13 @@
 //! expired. On a replica nothing is written: waiters of due keys are told to
 //! go to the master.
 
+use std::time::Instant;
+
 use redis_module::Context;
 
 use crate::redis::catch;
 use crate::redis::errors::LockError;
-use crate::redis::ffi::{self, DbKey, Str};
+use crate::redis::ffi::{self, api, DbKey, Str};
 use crate::redis::replication;
 use crate::state::bindings;
 use crate::state::deadlocks;
@@ -22,9 +24,20 @@ use crate::time::clock;
 const RELEASED_PER_LOOK: usize = 32;
 
 /// One tick's work, within its share of the turn (`clock::turn`): what
-/// is left goes on at the next tick.
+/// is left goes on at the next tick. A tick of a millisecond or more is
+/// a sample of the `lock-tick` event of Redis's latency monitor (`LATENCY
+/// LATEST`, with `latency-monitor-threshold` set): the module's own work
+/// in one turn, as `command` is a command's.
 pub fn tick(ctx: &Context, due: Due) {
+    let started = Instant::now();
     clock::turn(|| tick_work(ctx, due));
+    let ms = started.elapsed().as_millis();
+    if ms >= 1 {
+        api!(RedisModule_LatencyAddSample(
+            c"lock-tick".as_ptr(),
+            i64::try_from(ms).unwrap_or(i64::MAX)
+        ));
+    }
 }
 
 fn tick_work(ctx: &Context, due: Due) {

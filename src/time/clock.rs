@@ -120,7 +120,7 @@ pub const TURN: std::time::Duration = std::time::Duration::from_micros(800);
 static TURN_ENDS: AtomicU64 = AtomicU64::new(u64::MAX);
 
 /// Nanoseconds on the monotonic clock since the first call.
-fn monotonic() -> u64 {
+pub fn monotonic() -> u64 {
     static ORIGIN: OnceLock<Instant> = OnceLock::new();
     let origin = *ORIGIN.get_or_init(Instant::now);
     u64::try_from(origin.elapsed().as_nanos()).unwrap_or(u64::MAX)
