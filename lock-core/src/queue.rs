@@ -360,7 +360,7 @@ mod tests {
                     q.settle_next(&mut settling, &mut lock, 1, &mut tokens, &mut c, 100)
                 {
                     all.push(a);
-                    if all.len() % slice == 0 {
+                    if all.len().is_multiple_of(slice) {
                         more = true;
                         break;
                     }

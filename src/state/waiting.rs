@@ -34,7 +34,7 @@ use crate::redis::catch;
 use crate::redis::config;
 use crate::redis::errors::LockError;
 use crate::redis::ffi::{self, api, Str};
-use crate::redis::ffi::{DbKey, DbKeyMap, KeyAt, KeyFilter, KeyRef};
+use crate::redis::ffi::{DbKey, DbKeyMap, KeyAt, KeyFilter, KeyHash, KeyRef};
 use crate::redis::replies;
 use crate::redis::shared::{self, Locked};
 use crate::state::bindings::{self, ClientId};
@@ -44,7 +44,7 @@ use crate::state::stats;
 use crate::state::timers;
 use crate::state::txn::Txn;
 use lock_core::deadlock::Requests;
-use lock_core::{Attempt, Kind, Owner, Queue, Request, Settling};
+use lock_core::{Attempt, Changes, Kind, Lock, Owner, Queue, Request, Settling};
 
 /// A blocked client's handle, unique while it is blocked.
 pub type WaiterId = usize;
@@ -92,17 +92,17 @@ struct Decision {
 #[derive(Default)]
 struct Registry {
     queues: DbKeyMap<Queue<WaiterId>>,
-    waiters: HashMap<WaiterId, Blocked>,
-    revocations: HashMap<DbKey, Vec<Revocation>>,
+    waiters: HashMap<WaiterId, Blocked, KeyHash>,
+    revocations: DbKeyMap<Vec<Revocation>>,
     /// Each owner's waiting requests (deadlock detection), in a stable
     /// order a search can page through across turns.
-    by_owner: HashMap<Owner, BTreeSet<WaiterId>>,
+    by_owner: HashMap<Owner, BTreeSet<WaiterId>, KeyHash>,
     /// Multi-key requests that head a queue whose lock would admit them.
     ready: Vec<WaiterId>,
     /// Each queue's WAIT deadlines, earliest first: the waiters a visit
     /// must answer nil are a range, and the next visit its first entry
     /// (no walk of the queue in any transaction).
-    timeouts: HashMap<DbKey, BTreeSet<(u64, WaiterId)>>,
+    timeouts: DbKeyMap<BTreeSet<(u64, WaiterId)>>,
     /// The holders of every key with a queue, as its last transaction left
     /// them, and how many such keys each owner holds (deadlock detection:
     /// an owner that holds none and waits nowhere cannot be waited for).
@@ -110,8 +110,8 @@ struct Registry {
     /// on a key with a queue run its transaction ([`answer_waiters`]); a
     /// value put in place by other means (RESTORE, RENAME, MOVE, SWAPDB)
     /// makes its key `unsure` until its next transaction.
-    key_holders: HashMap<DbKey, Vec<Owner>>,
-    holds_waited: HashMap<Owner, BTreeSet<DbKey>>,
+    key_holders: DbKeyMap<HashSet<Owner, KeyHash>>,
+    holds_waited: HashMap<Owner, BTreeSet<DbKey>, KeyHash>,
     unsure: HashSet<DbKey>,
 }
 
@@ -194,18 +194,75 @@ impl Registry {
         self.unsure.remove(key);
         let old = match holders.is_empty() {
             true => self.key_holders.remove(key),
-            false => self.key_holders.insert(key.clone(), holders.clone()),
+            false => self
+                .key_holders
+                .insert(key.clone(), holders.iter().cloned().collect()),
         };
         for h in old.into_iter().flatten() {
-            if let Some(keys) = self.holds_waited.get_mut(&h) {
-                keys.remove(key);
-                if keys.is_empty() {
-                    self.holds_waited.remove(&h);
-                }
-            }
+            self.not_holding(&h, key);
         }
         for h in holders {
             self.holds_waited.entry(h).or_default().insert(key.clone());
+        }
+    }
+
+    /// `key`'s holders after a transaction on it, `lock` as it left it at
+    /// `now`: only the owners it changed are looked at (a slice of 10,000
+    /// readers' grants costs its own grants, not a pass over every
+    /// holder), unless the key's holders are not known yet.
+    fn follow_holders(&mut self, key: &DbKey, lock: &Lock, now: u64, changes: &Changes) {
+        if self.unsure.contains(key) || !self.key_holders.contains_key(key) {
+            let holders = lock.live(now).map(|h| Owner::from(h.owner)).collect();
+            self.set_holders(key, holders);
+            return;
+        }
+        let Some(known) = self.key_holders.get_mut(key) else {
+            return;
+        };
+        // An owner it did not hold before came by a grant: it is taken as
+        // a holder without a look (never fewer than the real holders); one
+        // it held may have left: looked up (a table of the holders only
+        // when many did).
+        let (mut added, mut held) = (Vec::new(), Vec::new());
+        for owner in changes.owners() {
+            match known.contains(owner) {
+                true => held.push(owner),
+                false => {
+                    known.insert(Owner::from(owner));
+                    added.push(owner);
+                }
+            }
+        }
+        let left: Vec<&[u8]> = match held.is_empty() {
+            true => Vec::new(),
+            false => lock
+                .look_up(held.iter().copied())
+                .into_iter()
+                .filter(|(_, h)| !h.is_some_and(|h| h.is_live(now)))
+                .map(|(o, _)| o)
+                .collect(),
+        };
+        for owner in added {
+            self.holds_waited
+                .entry(Owner::from(owner))
+                .or_default()
+                .insert(key.clone());
+        }
+        for owner in left {
+            if let Some(known) = self.key_holders.get_mut(key) {
+                known.remove(owner);
+            }
+            self.not_holding(owner, key);
+        }
+    }
+
+    /// `owner` no longer holds `key` (as far as the index knows).
+    fn not_holding(&mut self, owner: &[u8], key: &DbKey) {
+        if let Some(keys) = self.holds_waited.get_mut(owner) {
+            keys.remove(key);
+            if keys.is_empty() {
+                self.holds_waited.remove(owner);
+            }
         }
     }
 }
@@ -498,11 +555,20 @@ impl Budget {
         if self.most != 0 && answers >= self.most {
             return true;
         }
-        answers % ANSWERS_PER_LOOK == 0
-            && (self.started.elapsed() >= ANSWER_SHARE
-                || self.in_turn && crate::time::clock::turn_over())
+        if !answers.is_multiple_of(ANSWERS_PER_LOOK) {
+            return false;
+        }
+        let spent = self.started.elapsed();
+        spent >= ANSWER_SHARE
+            || self.in_turn && spent >= ANSWER_LEAST && crate::time::clock::turn_over()
     }
 }
+
+/// What a visit in a tick answers at least, even when the tick's share is
+/// spent: every slice of a long queue's head moves it on by as much, whatever
+/// else the tick did (a slice also costs a few passes over the key's
+/// holders: with 10,000 of them, as long as this).
+const ANSWER_LEAST: Duration = Duration::from_micros(100);
 
 impl Pending {
     /// Nobody waits on the key.
@@ -672,15 +738,10 @@ fn answer_queued(ctx: &Context, name: Str<'_>, txn: &mut Txn) -> Pending {
             .map(|(at, _)| *at),
     };
     let waiting = registry.queues.get(key).is_some_and(|q| !q.is_empty());
-    let holders = match waiting {
-        true => txn
-            .lock
-            .live(txn.now)
-            .map(|h| Owner::from(h.owner))
-            .collect(),
-        false => Vec::new(),
-    };
-    registry.set_holders(key, holders);
+    match waiting {
+        true => registry.follow_holders(key, txn.lock, txn.now, txn.changes),
+        false => registry.set_holders(key, Vec::new()),
+    }
     drop(registry);
     visit_now(left, key);
     Pending {
@@ -1119,7 +1180,7 @@ fn unblock_now() -> bool {
         UNBLOCKS_FROM.store(crate::time::clock::monotonic(), Ordering::Relaxed);
         return true;
     }
-    n % UNBLOCKS_PER_LOOK != 0
+    !n.is_multiple_of(UNBLOCKS_PER_LOOK)
         || crate::time::clock::monotonic().saturating_sub(UNBLOCKS_FROM.load(Ordering::Relaxed))
             < UNBLOCK_SHARE_NS
 }
