@@ -3,8 +3,6 @@
 //! expired. On a replica nothing is written: waiters of due keys are told to
 //! go to the master.
 
-use std::time::Instant;
-
 use redis_module::Context;
 
 use crate::redis::catch;
@@ -24,14 +22,16 @@ use crate::time::clock;
 const RELEASED_PER_LOOK: usize = 32;
 
 /// One tick's work, within its share of the turn (`clock::turn`): what
-/// is left goes on at the next tick. A tick of a millisecond or more is
-/// a sample of the `lock-tick` event of Redis's latency monitor (`LATENCY
-/// LATEST`, with `latency-monitor-threshold` set): the module's own work
-/// in one turn, as `command` is a command's.
+/// is left goes on at the next tick. A tick of a millisecond or more of
+/// the main thread's CPU is a sample of the `lock-tick` event of Redis's
+/// latency monitor (`LATENCY LATEST`, with `latency-monitor-threshold`
+/// set): the module's own work in one turn, as `command` is a command's
+/// (in CPU time: what the machine's load steals from the thread is not the
+/// module's work).
 pub fn tick(ctx: &Context, due: Due) {
-    let started = Instant::now();
+    let started = clock::thread_cpu_ns();
     clock::turn(|| tick_work(ctx, due));
-    let ms = started.elapsed().as_millis();
+    let ms = clock::thread_cpu_ns().saturating_sub(started) / 1_000_000;
     if ms >= 1 {
         api!(RedisModule_LatencyAddSample(
             c"lock-tick".as_ptr(),
