@@ -113,6 +113,39 @@ struct Registry {
     key_holders: DbKeyMap<HashSet<Owner, KeyHash>>,
     holds_waited: HashMap<Owner, BTreeSet<DbKey>, KeyHash>,
     unsure: HashSet<DbKey>,
+    /// The holders of keys whose queue emptied (or whose holders were set
+    /// anew), still in `holds_waited`: taken out a share of a tick at a
+    /// time ([`retire_some`]). Until then more keys are listed for them
+    /// than they hold (never fewer: the deadlock search checks each).
+    retired: Vec<(DbKey, Vec<Owner>)>,
+}
+
+/// Holders of one key taken out of the index at once; more wait for the
+/// ticks (10,000 readers' key emptying its queue: 5 ms in one go).
+const RETIRED_AT_ONCE: usize = 256;
+
+/// Whether `Registry::retired` may hold anything (no mutex).
+static RETIRING: AtomicBool = AtomicBool::new(false);
+
+/// How many retired holders between two looks at the clock.
+const RETIRED_PER_LOOK: usize = 64;
+
+/// At a tick: ends retired holders' index entries, within the tick's
+/// share of the turn; the rest at the next tick.
+pub fn retire_some() {
+    if !RETIRING.load(Ordering::Relaxed) {
+        return;
+    }
+    let mut registry = registry();
+    let mut more = true;
+    while more && !crate::time::clock::turn_over() {
+        more = registry.retire(RETIRED_PER_LOOK);
+    }
+    RETIRING.store(more, Ordering::Relaxed);
+    drop(registry);
+    if more {
+        timers::work_now();
+    }
 }
 
 impl Registry {
@@ -198,12 +231,46 @@ impl Registry {
                 .key_holders
                 .insert(key.clone(), holders.iter().cloned().collect()),
         };
-        for h in old.into_iter().flatten() {
-            self.not_holding(&h, key);
+        match old {
+            Some(old) if old.len() > RETIRED_AT_ONCE => {
+                self.retired.push((key.clone(), old.into_iter().collect()));
+                RETIRING.store(true, Ordering::Relaxed);
+            }
+            old => {
+                for h in old.into_iter().flatten() {
+                    self.not_holding(&h, key);
+                }
+            }
         }
         for h in holders {
             self.holds_waited.entry(h).or_default().insert(key.clone());
         }
+    }
+
+    /// Ends the index entries of retired holders, up to `most`; whether
+    /// some are left.
+    fn retire(&mut self, most: usize) -> bool {
+        let mut done = 0;
+        while let Some((key, owners)) = self.retired.last_mut() {
+            let Some(owner) = owners.pop() else {
+                self.retired.pop();
+                continue;
+            };
+            let key = key.clone();
+            // Its key may have a queue again, and this owner hold it.
+            if !self
+                .key_holders
+                .get(&key)
+                .is_some_and(|k| k.contains(&owner))
+            {
+                self.not_holding(&owner, &key);
+            }
+            done += 1;
+            if done >= most {
+                break;
+            }
+        }
+        !self.retired.is_empty()
     }
 
     /// `key`'s holders after a transaction on it, `lock` as it left it at
@@ -744,6 +811,9 @@ fn answer_queued(ctx: &Context, name: Str<'_>, txn: &mut Txn) -> Pending {
     }
     drop(registry);
     visit_now(left, key);
+    if RETIRING.load(Ordering::Relaxed) {
+        timers::work_now();
+    }
     Pending {
         waiting,
         next_timeout,
