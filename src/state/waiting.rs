@@ -235,6 +235,8 @@ impl Registry {
             Some(old) if old.len() > RETIRED_AT_ONCE => {
                 self.retired.push((key.clone(), old.into_iter().collect()));
                 RETIRING.store(true, Ordering::Relaxed);
+                // (As `unblock` does, with the registry held.)
+                timers::work_now();
             }
             old => {
                 for h in old.into_iter().flatten() {
@@ -811,9 +813,6 @@ fn answer_queued(ctx: &Context, name: Str<'_>, txn: &mut Txn) -> Pending {
     }
     drop(registry);
     visit_now(left, key);
-    if RETIRING.load(Ordering::Relaxed) {
-        timers::work_now();
-    }
     Pending {
         waiting,
         next_timeout,

@@ -1553,3 +1553,38 @@ fn the_testing_knob_of_grant_slices_is_hidden() {
     let one = c.cmd(&["CONFIG", "GET", "lock.debug-grants-per-slice"]);
     assert_eq!(one.pairs()[0].1.str(), "3");
 }
+
+/// The holders of a key whose queue empties leave the index of who holds a
+/// waited key over the next ticks (many of them: not all in one); a key
+/// that gets a queue again meanwhile is indexed afresh, and a cycle through
+/// one of its holders is still found: `DEADLOCK`, nothing changed.
+#[test]
+fn a_cycle_through_a_key_whose_queue_emptied_and_came_back_is_found() {
+    let s = Server::start();
+    let mut a = s.conn();
+    for i in 0..300 {
+        token(c_read(&mut a, "k", &format!("r{i}")));
+    }
+    // A writer waits on k, then gives up: k's queue empties, its 300
+    // readers leave the index over the next ticks.
+    let r = a.cmd(&["LOCK.ACQUIRE", "k", "w", "60000", "WAIT", "50"]);
+    assert!(r.is_nil(), "{r:?}");
+    // At once k has a queue again: x, holding l, waits for k.
+    token(a.acquire("l", "x", 60_000));
+    let mut x = s.conn();
+    send_wait(&mut x, "LOCK.ACQUIRE", "k", "x", 60_000, 0);
+    wait_for_waiters(&mut a, "k", 1);
+    sleep_ms(100);
+    // r0 (holding k) asking for l closes r0 -> x -> r0.
+    let r = a.cmd(&["LOCK.ACQUIRE", "l", "r0", "60000", "WAIT", "5000"]);
+    assert!(
+        matches!(&r, Reply::Error(e) if e.starts_with("DEADLOCK")),
+        "{r:?}"
+    );
+    assert_eq!(holders(&mut a, "l"), ["x"]);
+    assert_eq!(info(&mut a, "k").holders.len(), 300);
+}
+
+fn c_read(c: &mut Conn, key: &str, owner: &str) -> Reply {
+    c.cmd(&["LOCK.READ", key, owner, "60000"])
+}
