@@ -9,7 +9,11 @@
 //! The shapes: (1) readers x waiting writers x keys, a request by a reader
 //! on a key whose holder waits for nothing (and one closing a cycle); (2) a
 //! request joining a chain of waits in its middle, and one closing a cycle
-//! through the whole chain; (3) `WAIT`s with one deadline on one held key;
+//! through the whole chain; (3) `WAIT`s with one deadline on one held key
+//! (and over many keys), readers freed together (the holder limit raised,
+//! and at its default), waiters of one session's keys; the worst
+//! `LATENCY LATEST` event shows a `lock-tick`, a tick of the module that
+//! used a millisecond or more of the main thread's CPU;
 //! (4) `LOCK.KEEPALIVE` with many bound holders, alone and inside MULTI; (5)
 //! the close of a connection holding them; (6) keyspace commands on a key
 //! with 20,000 holders. Its own server (waiters connect over a Unix socket;
