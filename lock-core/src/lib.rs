@@ -37,5 +37,5 @@ pub use lock::{
     Loaded, Lock, Owner, Release, Request,
 };
 pub use mode::{Census, Mode, Row};
-pub use queue::Queue;
+pub use queue::{Queue, Settling};
 pub use tokens::Tokens;

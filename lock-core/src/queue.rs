@@ -151,24 +151,58 @@ impl<W: Eq + Hash + Copy> Queue<W> {
         max: usize,
     ) -> Vec<(W, Attempt)> {
         let mut answered = Vec::new();
-        lock.purge(now, changes);
-        let mut index = HolderIndex::default();
-        while let Some(head) = self.waiters.first_entry() {
-            let waiter = head.get();
-            if waiter.part {
-                break;
-            }
-            let ask = Ask::from(&waiter.request);
-            let attempt = lock.grant_in_turn(ask, now, tokens, changes, &mut index, max);
-            if attempt.waits() {
-                break;
-            }
-            let id = waiter.id;
-            answered.push((id, attempt));
-            head.remove();
-            self.seq_of.remove(&id);
+        let mut settling = Settling::start(lock, now, changes);
+        while let Some(a) = self.settle_next(&mut settling, lock, now, tokens, changes, max) {
+            answered.push(a);
         }
         answered
+    }
+
+    /// The next answer of a settle under way ([`Settling::start`]), at the
+    /// same `now`: the head granted (or answered the conflict), leaving the
+    /// queue, or `None` when the head must wait (or is a multi-key part, or
+    /// nobody waits). The shell answers a queue's head this way one request
+    /// at a time and may stop between two (its time budget): the rest is
+    /// the next turn's, and whatever queues meanwhile stays behind it.
+    pub fn settle_next(
+        &mut self,
+        settling: &mut Settling,
+        lock: &mut Lock,
+        now: u64,
+        tokens: &mut Tokens,
+        changes: &mut Changes,
+        max: usize,
+    ) -> Option<(W, Attempt)> {
+        let head = self.waiters.first_entry()?;
+        let waiter = head.get();
+        if waiter.part {
+            return None;
+        }
+        let ask = Ask::from(&waiter.request);
+        let attempt = lock.grant_in_turn(ask, now, tokens, changes, &mut settling.index, max);
+        if attempt.waits() {
+            return None;
+        }
+        let id = waiter.id;
+        head.remove();
+        self.seq_of.remove(&id);
+        Some((id, attempt))
+    }
+}
+
+/// A settle under way ([`Queue::settle_next`]): the lock was purged at its
+/// `now`, and the owners it granted are indexed (linear time in the grants
+/// and holders, not their product).
+#[derive(Default)]
+pub struct Settling {
+    index: HolderIndex,
+}
+
+impl Settling {
+    /// Starts a settle of `lock` at `now`: its expired holders dropped.
+    pub fn start(lock: &mut Lock, now: u64, changes: &mut Changes) -> Settling {
+        lock.purge(now, changes);
+        Settling::default()
     }
 }
 
@@ -302,5 +336,65 @@ mod tests {
             let answered = q.settle_within(&mut lock, 103, &mut tokens, &mut c, 3);
             assert_eq!(answered.iter().map(|(id, _)| *id).collect::<Vec<_>>(), [6]);
         }
+    }
+
+    /// A settle in slices grants what one settle grants, in the same
+    /// order, with the same tokens; a request queued between two slices
+    /// stays behind the rest (a reader too: first come, first served).
+    #[test]
+    fn a_settle_in_slices_grants_what_one_settle_grants_in_order() {
+        let run = |slice: usize| {
+            let (mut lock, mut tokens) = held_by_writer();
+            let mut c = Changes::default();
+            let mut q = Queue::default();
+            for i in 0..10 {
+                q.push(i, req(Kind::Read, &format!("r{i}")));
+            }
+            lock.release(b"w0", None, 1, &mut c);
+            let mut all: Vec<(i32, Attempt)> = Vec::new();
+            let mut slices = 0;
+            loop {
+                let mut settling = Settling::start(&mut lock, 1, &mut c);
+                let mut more = false;
+                while let Some(a) =
+                    q.settle_next(&mut settling, &mut lock, 1, &mut tokens, &mut c, 100)
+                {
+                    all.push(a);
+                    if all.len().is_multiple_of(slice) {
+                        more = true;
+                        break;
+                    }
+                }
+                slices += 1;
+                if slices == 2 {
+                    q.push(10, req(Kind::Read, "late"));
+                }
+                if !more {
+                    break;
+                }
+            }
+            assert!(q.is_empty());
+            (all, slices)
+        };
+        let (whole, one) = run(usize::MAX);
+        let (sliced, many) = run(3);
+        assert_eq!(
+            (one, many),
+            (1, 4),
+            "three a slice; the late one at the end"
+        );
+        assert_eq!(sliced.len(), 11);
+        assert_eq!(
+            sliced.iter().map(|(id, _)| *id).collect::<Vec<_>>(),
+            (0..=10).collect::<Vec<_>>()
+        );
+        assert!(sliced
+            .iter()
+            .zip(sliced.iter().skip(1))
+            .all(|((_, a), (_, b))| match (a, b) {
+                (Attempt::Granted(x), Attempt::Granted(y)) => x < y,
+                _ => false,
+            }));
+        assert_eq!(whole.len(), 10, "the late one came after the one settle");
     }
 }

@@ -49,7 +49,7 @@ extern "C" fn info(ctx: *mut raw::RedisModuleInfoCtx, for_crash_report: c_int) {
             add(mode.row().gauge, held.max(0));
         }
         let count = |n: usize| ffi::int(n);
-        let fields: [(&CStr, i64); 20] = [
+        let fields: [(&CStr, i64); 21] = [
             // Never blocks (INFO also runs while a crash report is written,
             // when a lock may be held): -1 when the count is not available.
             (c"waiters", waiting::total().map_or(-1, count)),
@@ -62,6 +62,7 @@ extern "C" fn info(ctx: *mut raw::RedisModuleInfoCtx, for_crash_report: c_int) {
             (c"refusals", ffi::int(stats::REFUSALS.get())),
             (c"waits", ffi::int(stats::WAITS.get())),
             (c"wait_timeouts", ffi::int(stats::WAIT_TIMEOUTS.get())),
+            (c"grants_sliced", ffi::int(stats::GRANTS_SLICED.get())),
             (c"expired_leases", ffi::int(stats::EXPIRED_LEASES.get())),
             (
                 c"releases_not_held",

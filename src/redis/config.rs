@@ -19,6 +19,9 @@ pub struct Setting {
     pub min: i64,
     pub max: i64,
     value: AtomicI64,
+    /// For the tests only: left out of `CONFIG GET lock.*` (read by its
+    /// full name) and of docs/commands.md's table.
+    hidden: bool,
 }
 
 impl Setting {
@@ -28,6 +31,15 @@ impl Setting {
             min,
             max,
             value: AtomicI64::new(default),
+            hidden: false,
+        }
+    }
+
+    /// A setting for the tests only ([`Setting::hidden`]).
+    const fn testing(name: &'static CStr, default: i64, min: i64, max: i64) -> Setting {
+        Setting {
+            hidden: true,
+            ..Setting::new(name, default, min, max)
         }
     }
 
@@ -63,12 +75,19 @@ pub static MAX_HOLDERS: Setting = Setting::new(
 /// holds at once; an OPEN past it is refused.
 pub static MAX_SESSIONS: Setting = Setting::new(c"max-sessions", 100_000, 0, 100_000_000);
 
-const SETTINGS: [&Setting; 5] = [
+/// `lock.debug-grants-per-slice`, for the tests only: a visit of a queue
+/// also ends its slice after this many answers (0: the time budget alone,
+/// `waiting`'s), so that slicing is seen at any speed.
+pub static DEBUG_GRANTS_PER_SLICE: Setting =
+    Setting::testing(c"debug-grants-per-slice", 0, 0, 1_000_000);
+
+const SETTINGS: [&Setting; 6] = [
     &MAX_TTL,
     &MAX_WAITERS,
     &CLOCK_SKEW,
     &MAX_HOLDERS,
     &MAX_SESSIONS,
+    &DEBUG_GRANTS_PER_SLICE,
 ];
 
 pub fn max_ttl_ms() -> i64 {
@@ -99,6 +118,11 @@ pub fn max_waiters() -> usize {
 /// change of the setting.
 pub fn max_sessions() -> usize {
     usize::try_from(MAX_SESSIONS.get()).unwrap_or(0)
+}
+
+/// [`DEBUG_GRANTS_PER_SLICE`]: 0 when off.
+pub fn debug_grants_per_slice() -> usize {
+    usize::try_from(DEBUG_GRANTS_PER_SLICE.get()).unwrap_or(0)
 }
 
 pub fn max_holders() -> usize {
@@ -182,7 +206,10 @@ pub fn register(ctx: &Context, args: &[RedisString]) -> Status {
             ctx.ctx,
             setting.name.as_ptr(),
             setting.get(),
-            raw::REDISMODULE_CONFIG_DEFAULT,
+            match setting.hidden {
+                true => raw::REDISMODULE_CONFIG_HIDDEN,
+                false => raw::REDISMODULE_CONFIG_DEFAULT,
+            },
             setting.min,
             setting.max,
             Some(get),

@@ -115,8 +115,9 @@ pub static WAIT_TIME: Histogram = Histogram::new();
 pub static HOLD_TIME: Histogram = Histogram::new();
 
 /// Every counter `CONFIG RESETSTAT` resets (the gauges are state, not stats).
-fn counters() -> [&'static Counter; 12] {
+fn counters() -> [&'static Counter; 13] {
     [
+        &GRANTS_SLICED,
         &LOADED_STATE_FIXED,
         &DEADLOCKS,
         &DEADLOCK_SEARCHES_CUT,
@@ -333,6 +334,9 @@ pub static DEADLOCK_SEARCHES_CUT: Counter = Counter::new();
 /// Deadlock searches that needed more than one slice: their request waited
 /// while they went on over the next ticks.
 pub static DEADLOCK_SEARCHES_SLICED: Counter = Counter::new();
+/// Visits of a queue whose answers went on at the next turn (10,000
+/// readers granted together: sliced on a time budget).
+pub static GRANTS_SLICED: Counter = Counter::new();
 /// RELEASE by an owner holding nothing (never held, expired, someone else's).
 pub static RELEASES_NOT_HELD: Counter = Counter::new();
 /// Lock state a load took in another form than the file's (a saved counter

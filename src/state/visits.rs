@@ -7,7 +7,7 @@ use redis_module::Context;
 
 use crate::redis::catch;
 use crate::redis::errors::LockError;
-use crate::redis::ffi::{self, DbKey, Str};
+use crate::redis::ffi::{self, api, DbKey, Str};
 use crate::redis::replication;
 use crate::state::bindings;
 use crate::state::deadlocks;
@@ -22,9 +22,22 @@ use crate::time::clock;
 const RELEASED_PER_LOOK: usize = 32;
 
 /// One tick's work, within its share of the turn (`clock::turn`): what
-/// is left goes on at the next tick.
+/// is left goes on at the next tick. A tick of a millisecond or more of
+/// the main thread's CPU is a sample of the `lock-tick` event of Redis's
+/// latency monitor (`LATENCY LATEST`, with `latency-monitor-threshold`
+/// set): the module's own work in one turn, as `command` is a command's
+/// (in CPU time: what the machine's load steals from the thread is not the
+/// module's work).
 pub fn tick(ctx: &Context, due: Due) {
+    let started = clock::thread_cpu_ns();
     clock::turn(|| tick_work(ctx, due));
+    let ms = clock::thread_cpu_ns().saturating_sub(started) / 1_000_000;
+    if ms >= 1 {
+        api!(RedisModule_LatencyAddSample(
+            c"lock-tick".as_ptr(),
+            i64::try_from(ms).unwrap_or(i64::MAX)
+        ));
+    }
 }
 
 fn tick_work(ctx: &Context, due: Due) {
@@ -34,6 +47,7 @@ fn tick_work(ctx: &Context, due: Due) {
         (),
         waiting::unblock_later,
     );
+    catch::callback("ending retired holders' entries", (), waiting::retire_some);
     catch::callback("a deadlock search's slice", (), || deadlocks::go_on(ctx));
     for (DbKey { db, name: key }, leases) in due.expired {
         catch::callback("announcing an expired lock", (), || {

@@ -24,8 +24,9 @@ use std::collections::{BTreeSet, HashMap, HashSet, VecDeque};
 use std::hash::BuildHasher;
 use std::ops::Bound;
 use std::os::raw::{c_int, c_void};
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{LazyLock, Mutex};
+use std::time::{Duration, Instant};
 
 use redis_module::{raw, Context, ContextFlags, RedisValue};
 
@@ -43,7 +44,7 @@ use crate::state::stats;
 use crate::state::timers;
 use crate::state::txn::Txn;
 use lock_core::deadlock::Requests;
-use lock_core::{Attempt, Kind, Owner, Queue, Request};
+use lock_core::{Attempt, Changes, Kind, Lock, Owner, Queue, Request, Settling};
 
 /// A blocked client's handle, unique while it is blocked.
 pub type WaiterId = usize;
@@ -92,7 +93,7 @@ struct Decision {
 struct Registry {
     queues: DbKeyMap<Queue<WaiterId>>,
     waiters: HashMap<WaiterId, Blocked, KeyHash>,
-    revocations: HashMap<DbKey, Vec<Revocation>>,
+    revocations: DbKeyMap<Vec<Revocation>>,
     /// Each owner's waiting requests (deadlock detection), in a stable
     /// order a search can page through across turns.
     by_owner: HashMap<Owner, BTreeSet<WaiterId>, KeyHash>,
@@ -101,7 +102,7 @@ struct Registry {
     /// Each queue's WAIT deadlines, earliest first: the waiters a visit
     /// must answer nil are a range, and the next visit its first entry
     /// (no walk of the queue in any transaction).
-    timeouts: HashMap<DbKey, BTreeSet<(u64, WaiterId)>>,
+    timeouts: DbKeyMap<BTreeSet<(u64, WaiterId)>>,
     /// The holders of every key with a queue, as its last transaction left
     /// them, and how many such keys each owner holds (deadlock detection:
     /// an owner that holds none and waits nowhere cannot be waited for).
@@ -109,9 +110,42 @@ struct Registry {
     /// on a key with a queue run its transaction ([`answer_waiters`]); a
     /// value put in place by other means (RESTORE, RENAME, MOVE, SWAPDB)
     /// makes its key `unsure` until its next transaction.
-    key_holders: HashMap<DbKey, Vec<Owner>>,
-    holds_waited: HashMap<Owner, BTreeSet<DbKey>>,
+    key_holders: DbKeyMap<HashSet<Owner, KeyHash>>,
+    holds_waited: HashMap<Owner, BTreeSet<DbKey>, KeyHash>,
     unsure: HashSet<DbKey>,
+    /// The holders of keys whose queue emptied (or whose holders were set
+    /// anew), still in `holds_waited`: taken out a share of a tick at a
+    /// time ([`retire_some`]). Until then more keys are listed for them
+    /// than they hold (never fewer: the deadlock search checks each).
+    retired: Vec<(DbKey, Vec<Owner>)>,
+}
+
+/// Holders of one key taken out of the index at once; more wait for the
+/// ticks (10,000 readers' key emptying its queue: 5 ms in one go).
+const RETIRED_AT_ONCE: usize = 256;
+
+/// Whether `Registry::retired` may hold anything (no mutex).
+static RETIRING: AtomicBool = AtomicBool::new(false);
+
+/// How many retired holders between two looks at the clock.
+const RETIRED_PER_LOOK: usize = 64;
+
+/// At a tick: ends retired holders' index entries, within the tick's
+/// share of the turn; the rest at the next tick.
+pub fn retire_some() {
+    if !RETIRING.load(Ordering::Relaxed) {
+        return;
+    }
+    let mut registry = registry();
+    let mut more = true;
+    while more && !crate::time::clock::turn_over() {
+        more = registry.retire(RETIRED_PER_LOOK);
+    }
+    RETIRING.store(more, Ordering::Relaxed);
+    drop(registry);
+    if more {
+        timers::work_now();
+    }
 }
 
 impl Registry {
@@ -193,18 +227,111 @@ impl Registry {
         self.unsure.remove(key);
         let old = match holders.is_empty() {
             true => self.key_holders.remove(key),
-            false => self.key_holders.insert(key.clone(), holders.clone()),
+            false => self
+                .key_holders
+                .insert(key.clone(), holders.iter().cloned().collect()),
         };
-        for h in old.into_iter().flatten() {
-            if let Some(keys) = self.holds_waited.get_mut(&h) {
-                keys.remove(key);
-                if keys.is_empty() {
-                    self.holds_waited.remove(&h);
+        match old {
+            Some(old) if old.len() > RETIRED_AT_ONCE => {
+                self.retired.push((key.clone(), old.into_iter().collect()));
+                RETIRING.store(true, Ordering::Relaxed);
+                // (As `unblock` does, with the registry held.)
+                timers::work_now();
+            }
+            old => {
+                for h in old.into_iter().flatten() {
+                    self.not_holding(&h, key);
                 }
             }
         }
         for h in holders {
             self.holds_waited.entry(h).or_default().insert(key.clone());
+        }
+    }
+
+    /// Ends the index entries of retired holders, up to `most`; whether
+    /// some are left.
+    fn retire(&mut self, most: usize) -> bool {
+        let mut done = 0;
+        while let Some((key, owners)) = self.retired.last_mut() {
+            let Some(owner) = owners.pop() else {
+                self.retired.pop();
+                continue;
+            };
+            let key = key.clone();
+            // Its key may have a queue again, and this owner hold it.
+            if !self
+                .key_holders
+                .get(&key)
+                .is_some_and(|k| k.contains(&owner))
+            {
+                self.not_holding(&owner, &key);
+            }
+            done += 1;
+            if done >= most {
+                break;
+            }
+        }
+        !self.retired.is_empty()
+    }
+
+    /// `key`'s holders after a transaction on it, `lock` as it left it at
+    /// `now`: only the owners it changed are looked at (a slice of 10,000
+    /// readers' grants costs its own grants, not a pass over every
+    /// holder), unless the key's holders are not known yet.
+    fn follow_holders(&mut self, key: &DbKey, lock: &Lock, now: u64, changes: &Changes) {
+        if self.unsure.contains(key) || !self.key_holders.contains_key(key) {
+            let holders = lock.live(now).map(|h| Owner::from(h.owner)).collect();
+            self.set_holders(key, holders);
+            return;
+        }
+        let Some(known) = self.key_holders.get_mut(key) else {
+            return;
+        };
+        // An owner it did not hold before came by a grant: it is taken as
+        // a holder without a look (never fewer than the real holders); one
+        // it held may have left: looked up (a table of the holders only
+        // when many did).
+        let (mut added, mut held) = (Vec::new(), Vec::new());
+        for owner in changes.owners() {
+            match known.contains(owner) {
+                true => held.push(owner),
+                false => {
+                    known.insert(Owner::from(owner));
+                    added.push(owner);
+                }
+            }
+        }
+        let left: Vec<&[u8]> = match held.is_empty() {
+            true => Vec::new(),
+            false => lock
+                .look_up(held.iter().copied())
+                .into_iter()
+                .filter(|(_, h)| !h.is_some_and(|h| h.is_live(now)))
+                .map(|(o, _)| o)
+                .collect(),
+        };
+        for owner in added {
+            self.holds_waited
+                .entry(Owner::from(owner))
+                .or_default()
+                .insert(key.clone());
+        }
+        for owner in left {
+            if let Some(known) = self.key_holders.get_mut(key) {
+                known.remove(owner);
+            }
+            self.not_holding(owner, key);
+        }
+    }
+
+    /// `owner` no longer holds `key` (as far as the index knows).
+    fn not_holding(&mut self, owner: &[u8], key: &DbKey) {
+        if let Some(keys) = self.holds_waited.get_mut(owner) {
+            keys.remove(key);
+            if keys.is_empty() {
+                self.holds_waited.remove(owner);
+            }
         }
     }
 }
@@ -458,9 +585,59 @@ fn forget_timeout(registry: &mut Registry, key: &DbKey, id: WaiterId) {
 pub struct Pending {
     /// Requests still wait: visit the key at the lock's next expiry.
     pub waiting: bool,
-    /// The earliest WAIT deadline among them: visit the key then too.
+    /// The earliest WAIT deadline among them: visit the key then too; or
+    /// now, when the visit's budget ran out before its head was answered
+    /// (the next tick goes on).
     pub next_timeout: Option<u64>,
 }
+
+/// How long one visit of a queue may answer its head in a command's
+/// transaction: the rest at the key's next visit, a tick at the next turn
+/// (where the tick's own share of the turn, `clock::turn_over`, bounds
+/// it). A grant costs more after the loop than in it (its replication, its
+/// event, its reply to unblock): the share is well under the turn's.
+const ANSWER_SHARE: Duration = Duration::from_micros(300);
+
+/// How many answers between two looks at the clock.
+const ANSWERS_PER_LOOK: usize = 16;
+
+/// The time budget of one visit's answers.
+struct Budget {
+    started: Instant,
+    /// In a tick: its share of the turn bounds the visit too.
+    in_turn: bool,
+    /// `lock.debug-grants-per-slice` (tests): at most this many (0: off).
+    most: usize,
+}
+
+impl Budget {
+    fn start(in_turn: bool) -> Budget {
+        Budget {
+            started: Instant::now(),
+            in_turn,
+            most: config::debug_grants_per_slice(),
+        }
+    }
+
+    /// Whether the visit stops after `answers` answers.
+    fn spent(&self, answers: usize) -> bool {
+        if self.most != 0 && answers >= self.most {
+            return true;
+        }
+        if !answers.is_multiple_of(ANSWERS_PER_LOOK) {
+            return false;
+        }
+        let spent = self.started.elapsed();
+        spent >= ANSWER_SHARE
+            || self.in_turn && spent >= ANSWER_LEAST && crate::time::clock::turn_over()
+    }
+}
+
+/// What a visit in a tick answers at least, even when the tick's share is
+/// spent: every slice of a long queue's head moves it on by as much, whatever
+/// else the tick did (a slice also costs a few passes over the key's
+/// holders: with 10,000 of them, as long as this).
+const ANSWER_LEAST: Duration = Duration::from_micros(100);
 
 impl Pending {
     /// Nobody waits on the key.
@@ -545,17 +722,39 @@ fn answer_queued(ctx: &Context, name: Str<'_>, txn: &mut Txn) -> Pending {
             None => forget_timeout(&mut registry, key, id),
         }
     }
-    let Registry { queues, .. } = &mut *registry;
-    let Some(queue) = queues.get_mut(key) else {
+    if !registry.queues.contains_key(key) {
         registry.set_holders(key, Vec::new());
         drop(registry);
         visit_now(left, key);
         return Pending::NONE;
-    };
-    // (Their tokens are counted as grants by the transaction's commit.)
-    let answered = queue.settle(txn.lock, txn.now, txn.tokens, txn.changes);
-    let part = queue.head_part();
-    for (id, attempt) in answered {
+    }
+    // The head answered one request at a time, on a time budget: the rest
+    // at the key's next visit, at the next turn (nothing queued meanwhile
+    // overtakes it). (Their tokens are counted as grants by the
+    // transaction's commit.)
+    let budget = Budget::start(in_turn);
+    let mut settling = Settling::start(txn.lock, txn.now, txn.changes);
+    let mut answers = 0;
+    let mut unfinished = false;
+    loop {
+        if answers > 0 && budget.spent(answers) {
+            unfinished = true;
+            break;
+        }
+        let Some(queue) = registry.queues.get_mut(key) else {
+            break;
+        };
+        let Some((id, attempt)) = queue.settle_next(
+            &mut settling,
+            txn.lock,
+            txn.now,
+            txn.tokens,
+            txn.changes,
+            lock_core::max_holders(),
+        ) else {
+            break;
+        };
+        answers += 1;
         if let Some(waiter) = registry.take(id, &mut left) {
             if sessions::ended_while_waiting(&waiter.request, attempt, txn) {
                 unblock(waiter, Err(LockError::NoSession), Vec::new());
@@ -583,8 +782,12 @@ fn answer_queued(ctx: &Context, name: Str<'_>, txn: &mut Txn) -> Pending {
             unblock(waiter, Ok(attempt), Vec::new());
         }
     }
+    if unfinished {
+        stats::GRANTS_SLICED.incr();
+    }
     // A multi-key request at the head: `transitions` tries it on all its keys
     // once this one is written back, if this lock would let it in.
+    let part = registry.queues.get(key).and_then(Queue::head_part);
     if let Some(id) = part {
         let admitted = registry
             .waiters
@@ -595,21 +798,19 @@ fn answer_queued(ctx: &Context, name: Str<'_>, txn: &mut Txn) -> Pending {
             ANY_READY.store(true, Ordering::Relaxed);
         }
     }
-    let next_timeout = registry
-        .timeouts
-        .get(key)
-        .and_then(|t| t.first())
-        .map(|(at, _)| *at);
-    let waiting = registry.queues.get(key).is_some_and(|q| !q.is_empty());
-    let holders = match waiting {
-        true => txn
-            .lock
-            .live(txn.now)
-            .map(|h| Owner::from(h.owner))
-            .collect(),
-        false => Vec::new(),
+    let next_timeout = match unfinished {
+        true => Some(txn.now),
+        false => registry
+            .timeouts
+            .get(key)
+            .and_then(|t| t.first())
+            .map(|(at, _)| *at),
     };
-    registry.set_holders(key, holders);
+    let waiting = registry.queues.get(key).is_some_and(|q| !q.is_empty());
+    match waiting {
+        true => registry.follow_holders(key, txn.lock, txn.now, txn.changes),
+        false => registry.set_holders(key, Vec::new()),
+    }
     drop(registry);
     visit_now(left, key);
     Pending {
@@ -979,32 +1180,45 @@ pub fn is_waited_on(key: &DbKey) -> bool {
 }
 
 fn unblock(waiter: Blocked, outcome: Result<Attempt, LockError>, granted: Vec<(DbKey, u64)>) {
-    let key = waiter.keys.into_iter().next().unwrap_or_default();
-    let decision = Box::new(Decision {
-        outcome,
-        granted,
-        multi: waiter.multi,
-        key,
-        owner: waiter.request.owner,
-        replied: false,
-    });
-    let data = Box::into_raw(decision).cast::<c_void>();
     // `waiter` was taken out of the registry: this is its handle's one
     // RM_UnblockClient (now or from `LATER`), and nothing uses the handle
     // after it.
-    let handle = waiter.handle as usize;
-    if ANY_LATER.load(Ordering::Relaxed)
-        || UNBLOCKED.fetch_add(1, Ordering::Relaxed) >= UNBLOCKS_PER_TURN
-    {
+    let handle = waiter.handle;
+    let data = match (&outcome, granted.is_empty()) {
+        // A nil (its WAIT ran out): nothing to allocate, nothing to free.
+        (Ok(Attempt::Busy), true) => nil_data(),
+        _ => {
+            let key = waiter.keys.into_iter().next().unwrap_or_default();
+            let decision = Box::new(Decision {
+                outcome,
+                granted,
+                multi: waiter.multi,
+                key,
+                owner: waiter.request.owner,
+                replied: false,
+            });
+            Box::into_raw(decision).cast::<c_void>()
+        }
+    };
+    if ANY_LATER.load(Ordering::Relaxed) || !unblock_now() {
         let mut later = shared::lock(&LATER, |_| {});
-        later.push_back((handle, data as usize));
+        later.push_back((handle as usize, data as usize));
         if !ANY_LATER.swap(true, Ordering::Relaxed) {
             drop(later);
             timers::work_now();
         }
         return;
     }
-    api!(RedisModule_UnblockClient(waiter.handle, data));
+    api!(RedisModule_UnblockClient(handle, data));
+}
+
+/// The private data of a nil: a blocked client told its WAIT ran out
+/// carries no `Decision` (the reply callback answers nil, the cleanup
+/// callback has nothing to do).
+static NIL: u8 = 0;
+
+fn nil_data() -> *mut c_void {
+    std::ptr::addr_of!(NIL).cast_mut().cast::<c_void>()
 }
 
 /// Clients the module unblocked since Redis last ran its reply callbacks
@@ -1012,33 +1226,56 @@ fn unblock(waiter: Blocked, outcome: Result<Attempt, LockError>, granted: Vec<(D
 /// loop's next sleep): each reply or cleanup callback sets it back to 0.
 static UNBLOCKED: AtomicUsize = AtomicUsize::new(0);
 
-/// The most clients unblocked before Redis has answered them: Redis's own
-/// work per unblocked client (its reply callback, unblocking, the write of
-/// the reply) is a few microseconds, so a turn that unblocked 10,000 at
-/// once (readers granted together) held the event loop for tens of
-/// milliseconds after the module's work. Past it, unblocks wait in
-/// [`LATER`], in order, for the next turns ([`unblock_later`]); the grant
-/// itself is made and replicated at once (a client that goes away meanwhile
-/// is revoked as before, by the cleanup callback).
-const UNBLOCKS_PER_TURN: usize = 1024;
+/// When the first of them was unblocked ([`clock::monotonic`] ns).
+static UNBLOCKS_FROM: AtomicU64 = AtomicU64::new(0);
+
+/// The module's time from the first unblock of a turn after which the
+/// turn's later unblocks wait in [`LATER`], in order, for the next turns
+/// ([`unblock_later`]). Redis's own work per unblocked client (its reply
+/// callback, unblocking, the write of the reply: about 3.2 µs, twice the
+/// module's work to decide it) comes after the module's, before the event
+/// loop's next sleep: a turn that unblocked 10,000 at once held the event
+/// loop for tens of milliseconds. The answers of a tick and of a visit's
+/// slice are bounded by their own time budgets, so this only catches what
+/// several of them add up to in one turn (a command's slice and a tick), or
+/// work without a budget of its own. The grant itself is made and
+/// replicated at once (a client that goes away meanwhile is revoked as
+/// before, by the cleanup callback).
+const UNBLOCK_SHARE_NS: u64 = 1_000_000;
+
+/// How many unblocks between two looks at the clock.
+const UNBLOCKS_PER_LOOK: usize = 16;
+
+/// Counts an unblock of this turn: whether it is made now (the turn's
+/// share not spent).
+fn unblock_now() -> bool {
+    let n = UNBLOCKED.fetch_add(1, Ordering::Relaxed);
+    if n == 0 {
+        UNBLOCKS_FROM.store(crate::time::clock::monotonic(), Ordering::Relaxed);
+        return true;
+    }
+    !n.is_multiple_of(UNBLOCKS_PER_LOOK)
+        || crate::time::clock::monotonic().saturating_sub(UNBLOCKS_FROM.load(Ordering::Relaxed))
+            < UNBLOCK_SHARE_NS
+}
 
 /// Unblocks deferred to the next turns: each blocked-client handle with its
-/// boxed `Decision`.
+/// boxed `Decision` (or [`nil_data`]).
 static LATER: LazyLock<Mutex<VecDeque<(usize, usize)>>> = LazyLock::new(Mutex::default);
 static ANY_LATER: AtomicBool = AtomicBool::new(false);
 
-/// At a tick: unblocks what [`unblock`] deferred, up to a turn's worth; the
-/// rest at the next tick, at once.
+/// At a tick: unblocks what [`unblock`] deferred, up to a turn's share;
+/// the rest at the next tick, at once.
 pub fn unblock_later() {
     if !ANY_LATER.load(Ordering::Relaxed) {
         return;
     }
     let mut later = shared::lock(&LATER, |_| {});
-    while UNBLOCKED.load(Ordering::Relaxed) < UNBLOCKS_PER_TURN {
-        let Some((handle, data)) = later.pop_front() else {
+    while let Some(&(handle, data)) = later.front() {
+        if !unblock_now() {
             break;
-        };
-        UNBLOCKED.fetch_add(1, Ordering::Relaxed);
+        }
+        later.pop_front();
         // Its one RM_UnblockClient (see `unblock`).
         api!(RedisModule_UnblockClient(
             handle as *mut raw::RedisModuleBlockedClient,
@@ -1085,6 +1322,10 @@ extern "C" fn on_reply(
         let ctx = Context::new(raw_ctx);
         let data =
             api!(RedisModule_GetBlockedClientPrivateData(raw_ctx)).unwrap_or(std::ptr::null_mut());
+        if data == nil_data() {
+            api!(RedisModule_ReplyWithNull(raw_ctx));
+            return raw::REDISMODULE_OK as c_int;
+        }
         // SAFETY: the private data is the `Decision` boxed in `unblock`.
         let reply = match unsafe { data.cast::<Decision>().as_mut() } {
             Some(decision) => {
@@ -1119,7 +1360,7 @@ extern "C" fn on_disconnect(
 extern "C" fn free_decision(_raw_ctx: *mut raw::RedisModuleCtx, data: *mut c_void) {
     UNBLOCKED.store(0, Ordering::Relaxed);
     catch::callback("the WAIT cleanup", (), || {
-        if data.is_null() {
+        if data.is_null() || data == nil_data() {
             return;
         }
         // SAFETY: the private data is the `Decision` boxed in `unblock`; Redis

@@ -120,10 +120,39 @@ pub const TURN: std::time::Duration = std::time::Duration::from_micros(800);
 static TURN_ENDS: AtomicU64 = AtomicU64::new(u64::MAX);
 
 /// Nanoseconds on the monotonic clock since the first call.
-fn monotonic() -> u64 {
+pub fn monotonic() -> u64 {
     static ORIGIN: OnceLock<Instant> = OnceLock::new();
     let origin = *ORIGIN.get_or_init(Instant::now);
     u64::try_from(origin.elapsed().as_nanos()).unwrap_or(u64::MAX)
+}
+
+/// The CPU time this thread has used, in nanoseconds (the main thread's:
+/// what the module's own work costs, whatever the machine's load steals
+/// from it in wall time); 0 where it cannot be read.
+pub fn thread_cpu_ns() -> u64 {
+    #[repr(C)]
+    struct Timespec {
+        sec: i64,
+        nsec: i64,
+    }
+    extern "C" {
+        fn clock_gettime(clock: std::os::raw::c_int, t: *mut Timespec) -> std::os::raw::c_int;
+    }
+    /// `CLOCK_THREAD_CPUTIME_ID` (Linux).
+    const THREAD_CPU: std::os::raw::c_int = 3;
+    if !cfg!(target_os = "linux") {
+        return 0;
+    }
+    let mut t = Timespec { sec: 0, nsec: 0 };
+    // SAFETY: `t` is a valid, writable timespec of the C layout (64-bit
+    // Linux); the call writes it and nothing else.
+    if unsafe { clock_gettime(THREAD_CPU, &mut t) } != 0 {
+        return 0;
+    }
+    u64::try_from(t.sec)
+        .unwrap_or(0)
+        .saturating_mul(1_000_000_000)
+        .saturating_add(u64::try_from(t.nsec).unwrap_or(0))
 }
 
 /// Runs a tick's work with its share of the turn ([`TURN`]); after it (a

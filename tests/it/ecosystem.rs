@@ -21,7 +21,7 @@ use crate::common::*;
 // INFO lock
 // ---------------------------------------------------------------------------
 
-const INFO_FIELDS: [&str; 38] = [
+const INFO_FIELDS: [&str; 39] = [
     "lock_keys",
     "lock_holders_exclusive",
     "lock_holders_shared",
@@ -33,6 +33,7 @@ const INFO_FIELDS: [&str; 38] = [
     "lock_refusals",
     "lock_waits",
     "lock_wait_timeouts",
+    "lock_grants_sliced",
     "lock_expired_leases",
     "lock_releases_not_held",
     "lock_last_token",
