@@ -542,7 +542,10 @@ pub fn unnamed(name: &[u8]) {
     }
     let n = ENTRIES.load(Ordering::Relaxed).saturating_sub(1);
     ENTRIES.store(n, Ordering::Relaxed);
-    if t.mask >= MIN_BUCKETS && n < (t.mask + 1) / 2 && NEXT.load(Ordering::Relaxed).is_null() {
+    if t.mask >= MIN_BUCKETS
+        && n.saturating_mul(2) <= t.mask
+        && NEXT.load(Ordering::Relaxed).is_null()
+    {
         // Under one entry in sixteen slots: a smaller table will do.
         rebuild::start();
     }
@@ -743,7 +746,7 @@ mod rebuild {
                     api!(RedisModule_ScanCursorRestart(cursor));
                 }
                 steps += 1;
-                if steps % 16 == 0 && started.elapsed() >= SLICE {
+                if steps.is_multiple_of(16) && started.elapsed() >= SLICE {
                     break;
                 }
             }
