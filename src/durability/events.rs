@@ -181,12 +181,29 @@ extern "C" fn on_generic(
     // hashed and looked up in two loads (`keys::quick_no`), before the
     // event's name is looked at; no call, no stack frame, the rest (and
     // names past 32 bytes) out of line.
-    if keys::ATTENTION.load(Ordering::Relaxed) == 0 {
+    let attention = keys::ATTENTION.load(Ordering::Relaxed);
+    if attention == 0 {
         // SAFETY: `key` is the live string Redis passed; with no
         // `NOT_IN_PLACE` bit, the layout was checked at load.
         if unsafe { ffi::in_place(key) }.is_some_and(keys::quick_no) {
             return raw::REDISMODULE_OK as c_int;
         }
+    } else if attention == keys::NOT_IN_PLACE {
+        return on_generic_read_by_call(raw_ctx, event, key);
+    }
+    on_generic_locks(raw_ctx, event, key)
+}
+
+/// [`on_generic`] on a server whose strings are not read in place: the
+/// name through `RM_StringPtrLen`, then answered as there.
+#[inline(never)]
+fn on_generic_read_by_call(
+    raw_ctx: *mut raw::RedisModuleCtx,
+    event: *const c_char,
+    key: *mut raw::RedisModuleString,
+) -> c_int {
+    if keys::quick_no(ffi::name_of(key)) {
+        return raw::REDISMODULE_OK as c_int;
     }
     on_generic_locks(raw_ctx, event, key)
 }

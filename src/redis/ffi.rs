@@ -447,9 +447,10 @@ pub fn in_place_ok() -> bool {
 }
 
 /// `s`'s bytes read from its object and its `sds` header, for the
-/// header every name of up to 255 bytes Redis makes from a request has
-/// (`sdshdr8`: len, alloc, kind); `None` for an encoding or header kind
-/// not read here (no call: the keyspace callback's fast path).
+/// headers a name of up to 255 bytes Redis makes from a request has
+/// (`sdshdr8`: len, alloc, kind; Redis 8: `sdshdr5` for the shortest);
+/// `None` for an encoding or header kind not read here (no call: the
+/// keyspace callback's fast path).
 ///
 /// # Safety
 ///
@@ -465,14 +466,17 @@ pub unsafe fn in_place<'a>(s: *const raw::RedisModuleString) -> Option<&'a [u8]>
     }
     let buf = unsafe { head.add(8).cast::<*const u8>().read_unaligned() };
     let kind = unsafe { *buf.sub(1) };
-    if kind & 7 != 1 {
-        return None;
-    }
-    Some(unsafe { std::slice::from_raw_parts(buf, usize::from(*buf.sub(3))) })
+    let len = match kind & 7 {
+        1 => unsafe { *buf.sub(3) },
+        // sdshdr5 (Redis 8's short strings): the length in the kind
+        // byte's upper five bits.
+        0 => kind >> 3,
+        _ => return None,
+    };
+    Some(unsafe { std::slice::from_raw_parts(buf, usize::from(len)) })
 }
 
-/// [`in_place`] for the other `sds` headers read in place (`sdshdr5`,
-/// `sdshdr16`).
+/// [`in_place`] for the other `sds` header read in place (`sdshdr16`).
 ///
 /// # Safety
 ///
@@ -486,8 +490,6 @@ unsafe fn in_place_other<'a>(s: *const raw::RedisModuleString) -> Option<&'a [u8
     let buf = unsafe { head.add(8).cast::<*const u8>().read_unaligned() };
     let kind = unsafe { *buf.sub(1) };
     let len = match kind & 7 {
-        // sdshdr5: the length in the kind byte's upper five bits.
-        0 => usize::from(kind >> 3),
         // sdshdr16: len, alloc (two bytes each), kind.
         2 => usize::from(unsafe { buf.sub(5).cast::<u16>().read_unaligned() }),
         _ => return None,
@@ -532,8 +534,9 @@ pub fn learn_string_layout(ctx: *mut raw::RedisModuleCtx) {
         ok &= match read {
             Some((q, m)) => q == p && m == n && n == len,
             // Only the long ones (an `sds` header of 32 or 64 bits, or a
-            // server that encodes them otherwise) go to `RM_StringPtrLen`.
-            None => len > 65_535,
+            // server that encodes them otherwise: Redis 8 gives 65,535
+            // bytes a 32-bit header) go to `RM_StringPtrLen`.
+            None => len > 255,
         };
         api!(RedisModule_FreeString(ctx, s));
     }
