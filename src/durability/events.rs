@@ -176,13 +176,20 @@ extern "C" fn on_generic(
         return raw::REDISMODULE_OK as c_int;
     }
     // While some lock exists, an event on a name no lock has is answered
-    // first, by the name alone: one byte says nothing else matters
+    // first, by the name alone (a `del` by its first byte): one byte says
+    // nothing else matters
     // (`keys::ATTENTION`), the name is read in place (`ffi::in_place`),
     // hashed and looked up in two loads (`keys::quick_no`), before the
     // event's name is looked at; no call, no stack frame, the rest (and
     // names past 32 bytes) out of line.
     let attention = keys::ATTENTION.load(Ordering::Relaxed);
     if attention == 0 {
+        // `del` matters only after a lock was unlinked (an attention bit):
+        // its first byte says so, before the name.
+        // SAFETY: Redis passes the event's name NUL-terminated.
+        if !event.is_null() && unsafe { *event } as u8 == b'd' {
+            return raw::REDISMODULE_OK as c_int;
+        }
         // SAFETY: `key` is the live string Redis passed; with no
         // `NOT_IN_PLACE` bit, the layout was checked at load.
         if unsafe { ffi::in_place(key) }.is_some_and(keys::quick_no) {
@@ -202,7 +209,8 @@ fn on_generic_read_by_call(
     event: *const c_char,
     key: *mut raw::RedisModuleString,
 ) -> c_int {
-    if keys::quick_no(ffi::name_of(key)) {
+    // SAFETY: as in `on_generic`.
+    if (!event.is_null() && unsafe { *event } as u8 == b'd') || keys::quick_no(ffi::name_of(key)) {
         return raw::REDISMODULE_OK as c_int;
     }
     on_generic_locks(raw_ctx, event, key)
