@@ -18,7 +18,11 @@
 //! a shared lock whose readers' leases run out apart (a visit planned), and
 //! a grant bound to an open connection; the measured keys in database 0
 //! (emptied with `FLUSHDB`, not `FLUSHALL`, between rows). With the full
-//! run, again with 10,000 clients waiting on 10,000 other keys.
+//! run, again with 10,000 clients waiting on 10,000 other keys; and other
+//! clients' writes on those servers beside the API's floor in the same
+//! shape (`floor_rows`: as many plain keys where the lock server holds
+//! locks, as many idle connections as it has waiters), with the module's
+//! own code a write.
 
 use std::fs;
 use std::io::{self, Read, Write};
