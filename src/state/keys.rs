@@ -793,9 +793,18 @@ mod rebuild {
         }
         let old = super::BUCKETS.swap(next, Ordering::Relaxed);
         let old_mask = super::MASK.swap(NEXT_MASK.load(Ordering::Relaxed), Ordering::Relaxed);
-        ENTRIES.store(NEXT_ENTRIES.load(Ordering::Relaxed), Ordering::Relaxed);
-        super::attend(super::UNSURE, NEXT_UNSURE.load(Ordering::Relaxed));
+        let entries = NEXT_ENTRIES.load(Ordering::Relaxed);
+        ENTRIES.store(entries, Ordering::Relaxed);
+        let unsure = NEXT_UNSURE.load(Ordering::Relaxed);
+        super::attend(super::UNSURE, unsure);
         Table::free(old, old_mask);
+        // Names counted meanwhile overfilled it (a load, a burst of
+        // grants): again, larger, if the lock keys now ask for more.
+        let mask = super::MASK.load(Ordering::Relaxed);
+        let names = usize::try_from(super::stats::lock_keys()).unwrap_or(0);
+        if (unsure || entries > (mask + 1) * 7) && super::buckets_for(names) > mask + 1 {
+            start();
+        }
     }
 }
 
