@@ -787,12 +787,27 @@ mod rebuild {
         if !cursor.is_null() {
             api!(RedisModule_ScanCursorDestroy(cursor));
         }
-        let next = NEXT.swap(std::ptr::null_mut(), Ordering::Relaxed);
+        let mut next = NEXT.swap(std::ptr::null_mut(), Ordering::Relaxed);
         if next.is_null() {
             return;
         }
+        let mut next_mask = NEXT_MASK.load(Ordering::Relaxed);
+        let initial = super::INITIAL.as_ptr().cast_mut();
+        if next_mask + 1 == super::MIN_BUCKETS {
+            // The smallest size: back into the static table, no heap.
+            let t = Table {
+                buckets: next,
+                mask: next_mask,
+            };
+            for (i, b) in super::INITIAL.iter().enumerate() {
+                b.store(t.get(i).load(Ordering::Relaxed), Ordering::Relaxed);
+            }
+            Table::free(next, next_mask);
+            next = initial;
+            next_mask = super::MIN_BUCKETS - 1;
+        }
         let old = super::BUCKETS.swap(next, Ordering::Relaxed);
-        let old_mask = super::MASK.swap(NEXT_MASK.load(Ordering::Relaxed), Ordering::Relaxed);
+        let old_mask = super::MASK.swap(next_mask, Ordering::Relaxed);
         let entries = NEXT_ENTRIES.load(Ordering::Relaxed);
         ENTRIES.store(entries, Ordering::Relaxed);
         let unsure = NEXT_UNSURE.load(Ordering::Relaxed);
