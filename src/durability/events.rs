@@ -38,7 +38,7 @@
 use std::cell::RefCell;
 use std::ffi::CStr;
 use std::os::raw::{c_char, c_int, c_void};
-use std::sync::atomic::{AtomicBool, AtomicPtr, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI64, AtomicPtr, Ordering};
 
 use lock_core::Lock;
 use redis_module::{raw, Context, ContextFlags, RedisString, RedisValue, Status};
@@ -324,7 +324,7 @@ fn on_generic_heard(
         // nothing is looked at and the key's name is not even copied.
         let locks = stats::lock_keys() > 0;
         match event {
-            b"restore" | b"expire" | b"persist" if locks && keys::is_lock(&ctx, key) => {
+            b"restore" | b"expire" | b"persist" if locks && looked_up(&ctx, key) => {
                 let id = ffi::db_key(&ctx, name);
                 if event == b"restore" {
                     waiting::holders_unsure(&id);
@@ -346,7 +346,7 @@ fn on_generic_heard(
                         sessions::join(session, &id);
                     }
                 }
-                if locks && keys::is_lock(&ctx, key) {
+                if locks && looked_up(&ctx, key) {
                     // Its new name counted (its old one was at its unlink).
                     keys::named(name, false);
                     waiting::holders_unsure(&id);
@@ -382,6 +382,9 @@ fn on_generic_heard(
     })
 }
 
+/// Lock keys when the flush under way started ([`on_flush`]).
+static KEYS_BEFORE_FLUSH: AtomicI64 = AtomicI64::new(0);
+
 extern "C" fn on_flush(
     _raw_ctx: *mut raw::RedisModuleCtx,
     _event: raw::RedisModuleEvent,
@@ -392,13 +395,19 @@ extern "C" fn on_flush(
         // SAFETY: for this event Redis passes a `RedisModuleFlushInfo`.
         let info = unsafe { data.cast::<raw::RedisModuleFlushInfo>().as_ref() };
         if subevent != raw::REDISMODULE_SUBEVENT_FLUSHDB_END {
-            keys::flushing();
+            KEYS_BEFORE_FLUSH.store(stats::lock_keys(), Ordering::Relaxed);
             return;
         }
         let db = info.map_or(-1, |i| i.dbnum);
         bindings::flushed(db);
-        // The flushed locks' names go (no unlink told them apart).
-        keys::flushed(db, info.is_some_and(|i| i.sync != 0));
+        // The flushed locks' names go (no unlink told them apart): a
+        // synchronous flush freed its values already, so the lock keys
+        // counted before and after tell whether it held any.
+        let sync = info.is_some_and(|i| i.sync != 0);
+        let left = stats::lock_keys();
+        let freed = !sync || left != KEYS_BEFORE_FLUSH.load(Ordering::Relaxed);
+        let left = usize::try_from(left).ok().filter(|_| sync);
+        keys::flushed(db == -1, freed, left);
         if db == -1 {
             // A flush of every database parks the bindings (a DEBUG RELOAD
             // loads the server's own data right after, in the same turn);
@@ -417,6 +426,12 @@ extern "C" fn on_flush(
         timers::flushed(db);
         wake(&[db]);
     })
+}
+
+/// Whether `key` holds a lock, opened to see (`lock_name_lookups`).
+fn looked_up(ctx: &Context, key: *mut raw::RedisModuleString) -> bool {
+    stats::NAME_LOOKUPS.incr();
+    keys::is_lock(ctx, key)
 }
 
 /// In a cluster, whether this key's slot is being migrated away from this

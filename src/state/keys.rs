@@ -6,15 +6,12 @@ use std::mem::ManuallyDrop;
 use std::ops::{Deref, DerefMut};
 use std::os::raw::{c_int, c_longlong, c_void};
 use std::ptr::NonNull;
-use std::sync::atomic::{
-    AtomicBool, AtomicI64, AtomicPtr, AtomicU64, AtomicU8, AtomicUsize, Ordering,
-};
+use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU64, AtomicU8, AtomicUsize, Ordering};
 
 use redis_module::{raw, Context};
 
 use crate::redis::errors::LockError;
 use crate::redis::ffi::{api, call, name_of, Str};
-use crate::state::stats;
 use lock_core::Lock;
 
 /// The lock data type, as Redis created it (set once at load, from `lib`).
@@ -516,7 +513,7 @@ pub fn named(name: &[u8], alone: bool) {
         NEXT_ENTRIES.store(NEXT_ENTRIES.load(Ordering::Relaxed) + 1, Ordering::Relaxed);
     } else if !room || n > (t.mask + 1) * 7 {
         // One that found no room, or more than seven entries a bucket.
-        rebuild::start();
+        rebuild::start(n);
     }
 }
 
@@ -526,7 +523,7 @@ pub fn named_unknown() {
     attend(UNSURE, true);
     ENTRIES.store(ENTRIES.load(Ordering::Relaxed) + 1, Ordering::Relaxed);
     if NEXT.load(Ordering::Relaxed).is_null() {
-        rebuild::start();
+        rebuild::start(ENTRIES.load(Ordering::Relaxed));
     } else {
         NEXT_UNSURE.store(true, Ordering::Relaxed);
     }
@@ -547,7 +544,7 @@ pub fn unnamed(name: &[u8]) {
         && NEXT.load(Ordering::Relaxed).is_null()
     {
         // Under one entry in sixteen slots: a smaller table will do.
-        rebuild::start();
+        rebuild::start(n);
     }
 }
 
@@ -585,27 +582,17 @@ fn clear() {
     attend(UNSURE, false);
 }
 
-/// Lock keys before the flush under way ([`flushed`]).
-static KEYS_BEFORE_FLUSH: AtomicI64 = AtomicI64::new(0);
-
-/// A flush starts: how many lock keys there are is noted.
-pub fn flushing() {
-    KEYS_BEFORE_FLUSH.store(stats::lock_keys(), Ordering::Relaxed);
-}
-
-/// A database was emptied (`-1`: all of them; `sync`: its values freed
-/// already) without an unlink of its locks: every name goes at once when
-/// all did or no lock is left, nothing changes when a flush freed no lock,
-/// else the table is rebuilt from the locks left.
-pub fn flushed(db: i32, sync: bool) {
-    let left = stats::lock_keys();
-    if db == -1 || (sync && left == 0) {
+/// A database was emptied without an unlink of its locks (`all`: every
+/// database; `freed`: it held locks, or may have, its values freed
+/// later; `left`: the lock keys left, `None` when not known yet): every
+/// name goes at once when all did or none is left, nothing changes when
+/// the flush freed no lock, else the table is rebuilt from the locks left.
+pub fn flushed(all: bool, freed: bool, left: Option<usize>) {
+    if all || left == Some(0) {
         clear();
-    } else if sync && left == KEYS_BEFORE_FLUSH.load(Ordering::Relaxed) {
-        // No lock was there.
-    } else if ENTRIES.load(Ordering::Relaxed) != 0 || unsure() {
+    } else if freed && (ENTRIES.load(Ordering::Relaxed) != 0 || unsure()) {
         rebuild::cancel();
-        rebuild::start();
+        rebuild::start(left.unwrap_or_else(|| ENTRIES.load(Ordering::Relaxed)));
     }
 }
 
@@ -614,7 +601,7 @@ pub fn flushed(db: i32, sync: bool) {
 pub fn swapped() {
     if !NEXT.load(Ordering::Relaxed).is_null() {
         rebuild::cancel();
-        rebuild::start();
+        rebuild::start(ENTRIES.load(Ordering::Relaxed));
     }
 }
 
@@ -668,14 +655,13 @@ mod rebuild {
         CTX.store(own, Ordering::Relaxed);
     }
 
-    /// Starts a rebuild (none is under way): a new table for the lock keys
-    /// there are now and the names counted since, filled by the scan.
-    pub fn start() {
+    /// Starts a rebuild (none is under way): a new table for about `names`
+    /// lock names, filled by the scan and with the names counted since.
+    pub fn start(names: usize) {
         let ctx = CTX.load(Ordering::Relaxed);
         if ctx.is_null() || !NEXT.load(Ordering::Relaxed).is_null() {
             return;
         }
-        let names = usize::try_from(super::stats::lock_keys()).unwrap_or(0);
         let Some(t) = Table::alloc(super::buckets_for(names)) else {
             return;
         };
@@ -816,9 +802,8 @@ mod rebuild {
         // Names counted meanwhile overfilled it (a load, a burst of
         // grants): again, larger, if the lock keys now ask for more.
         let mask = super::MASK.load(Ordering::Relaxed);
-        let names = usize::try_from(super::stats::lock_keys()).unwrap_or(0);
-        if (unsure || entries > (mask + 1) * 7) && super::buckets_for(names) > mask + 1 {
-            start();
+        if (unsure || entries > (mask + 1) * 7) && super::buckets_for(entries) > mask + 1 {
+            start(entries);
         }
     }
 }
@@ -832,7 +817,6 @@ pub fn start(ctx: *mut raw::RedisModuleCtx) {
 /// server allows (Redis 7.2+: no LRU touch, no hit counted, no lazy expiry;
 /// Redis 7.0 ignores the flags it does not know and counts a keyspace hit).
 pub fn is_lock(ctx: &Context, name: *mut raw::RedisModuleString) -> bool {
-    stats::NAME_LOOKUPS.incr();
     open_quietly(ctx, name)
         .and_then(|key| key.value().map(|v| v.is_some()))
         .unwrap_or(false)
@@ -1089,7 +1073,7 @@ mod tests {
         unnamed(b"fresh");
         // A flush of every database: nothing left.
         named(b"a", false);
-        flushed(-1, true);
+        flushed(true, true, None);
         assert!(!may_be_lock(b"a"));
     }
 }
