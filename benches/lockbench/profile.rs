@@ -260,6 +260,11 @@ impl Profiled {
         self.server.port
     }
 
+    /// Where its dumps are written.
+    pub fn dir(&self) -> &Path {
+        self.server.dir()
+    }
+
     /// [`Profiled::measure`] for a lock command (its keys prepared as the
     /// first table's rows are).
     pub fn measure_op(&mut self, name: &str, op: Op, requests: usize) -> io::Result<f64> {

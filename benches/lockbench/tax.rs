@@ -18,7 +18,11 @@
 //! a shared lock whose readers' leases run out apart (a visit planned), and
 //! a grant bound to an open connection; the measured keys in database 0
 //! (emptied with `FLUSHDB`, not `FLUSHALL`, between rows). With the full
-//! run, again with 10,000 clients waiting on 10,000 other keys.
+//! run, again with 10,000 clients waiting on 10,000 other keys; and other
+//! clients' writes on those servers beside the API's floor in the same
+//! shape (`floor_rows`: as many plain keys where the lock server holds
+//! locks, as many idle connections as it has waiters), with the module's
+//! own code a write.
 
 use std::fs;
 use std::io::{self, Read, Write};
@@ -337,8 +341,19 @@ fn writes(
     write_rows(&mut p, &format!("hz10-{}", side.name()), requests, rows)
 }
 
-/// The write rows on `p`'s server, as `<tag>:<write>`.
+/// The write rows on `p`'s server, as `<tag>:<write>`; with `own`, each
+/// write's instructions in the module's own code too (`<tag>-own:<write>`).
 fn write_rows(p: &mut Profiled, tag: &str, requests: usize, rows: &mut Vec<Row>) -> io::Result<()> {
+    write_rows_own(p, tag, requests, false, rows)
+}
+
+fn write_rows_own(
+    p: &mut Profiled,
+    tag: &str,
+    requests: usize,
+    own: bool,
+    rows: &mut Vec<Row>,
+) -> io::Result<()> {
     for w in OtherWrite::ALL {
         let name = format!("{tag}:{}", w.short());
         let prepare = move |p: &mut Profiled, offset: usize, n: usize| -> io::Result<()> {
@@ -360,6 +375,100 @@ fn write_rows(p: &mut Profiled, tag: &str, requests: usize, rows: &mut Vec<Row>)
             &|r| w.expected(r),
         )?;
         rows.push(Row { name, per_request });
+        if own {
+            let dump = newest_dump(p.dir())?;
+            rows.push(Row {
+                name: format!("{tag}-own:{}", w.short()),
+                per_request: own_code(&dump)? as f64 / requests as f64,
+            });
+        }
+    }
+    Ok(())
+}
+
+/// The busy shape of [`make_busy`] on the API's floor, which has no
+/// locks: in database 1 as many plain keys (with the same names and a
+/// lease's TTL) as the lock server holds locks, and as many open
+/// connections, idle, as it has waiting clients; so that what Redis does
+/// for a fuller database or more connections counts on both sides.
+fn make_plain_busy(port: u16, waiters: usize) -> io::Result<Vec<TcpStream>> {
+    let mut keep = Vec::new();
+    let mut holder = TcpStream::connect((Ipv4Addr::LOCALHOST, port))?;
+    let mut buf = Vec::new();
+    encode(&mut buf, &[Arg::B(b"SELECT"), Arg::B(b"1")]);
+    for i in 0..waiters {
+        encode(
+            &mut buf,
+            &[
+                Arg::B(b"SET"),
+                Arg::K(b"busy:held:", i),
+                Arg::B(b"holder"),
+                Arg::B(b"PX"),
+                Arg::B(b"3600000"),
+            ],
+        );
+    }
+    for k in [&b"busy:bound"[..], b"busy:shared"] {
+        encode(
+            &mut buf,
+            &[
+                Arg::B(b"SET"),
+                Arg::B(k),
+                Arg::B(b"holder"),
+                Arg::B(b"PX"),
+                Arg::B(b"3600000"),
+            ],
+        );
+    }
+    holder.write_all(&buf)?;
+    let want = 1 + waiters + 2;
+    let mut got = 0;
+    let mut chunk = [0u8; 65536];
+    holder.set_read_timeout(Some(Duration::from_secs(120)))?;
+    while got < want {
+        let n = holder.read(&mut chunk)?;
+        if n == 0 {
+            return Err(io::Error::other("the busy holder's connection closed"));
+        }
+        got += chunk[..n].iter().filter(|b| **b == b'\n').count();
+    }
+    keep.push(holder);
+    for _ in 0..waiters {
+        let mut s = TcpStream::connect((Ipv4Addr::LOCALHOST, port))?;
+        s.write_all(b"*2\r\n$6\r\nSELECT\r\n$1\r\n1\r\n")?;
+        let mut reply = [0u8; 5];
+        s.read_exact(&mut reply)?;
+        keep.push(s);
+    }
+    Ok(keep)
+}
+
+/// Other clients' writes on the API's floor, quiet and in the busy shape
+/// of the lock server beside it ([`make_plain_busy`]), at its `hz`: rows
+/// `floor-<tag>-writes:<write>`.
+fn floor_rows(dir: &Path, floor: &Path, requests: usize, rows: &mut Vec<Row>) -> io::Result<()> {
+    for waiters in [1, MANY_WAITERS] {
+        let tag = match waiters {
+            1 => "busy".to_string(),
+            n => format!("busy{}k", n / 1000),
+        };
+        let sub = dir.join(format!("tax-floor-{tag}"));
+        fs::create_dir_all(&sub)?;
+        let mut opts = profile::options(None, sub);
+        opts.extra.extend([
+            "--maxclients".into(),
+            "12000".into(),
+            "--loadmodule".into(),
+            format!("{} events-only", floor.display()),
+        ]);
+        let mut p = Profiled::start(&opts)?;
+        p.flush_db_only = true;
+        if waiters == 1 {
+            write_rows(&mut p, "floor-quiet-writes", requests, rows)?;
+        }
+        let keep = p.uninstrumented(|p| make_plain_busy(p.port(), waiters))?;
+        write_rows(&mut p, &format!("floor-{tag}-writes"), requests, rows)?;
+        drop(keep);
     }
     Ok(())
 }
@@ -498,7 +607,7 @@ fn busy_rows(
         // (Not with `make bench-check`, which gates the busy rows alone.)
         if waiters == 1 && all {
             lock_rows(&mut p, "quiet", requests, rows)?;
-            write_rows(&mut p, "quiet-writes", requests, rows)?;
+            write_rows_own(&mut p, "quiet-writes", requests, true, rows)?;
         }
         let keep = p.uninstrumented(|p| make_busy(p.port(), waiters))?;
         // Other clients' writes while locks are in use (not gated: a row
@@ -507,7 +616,7 @@ fn busy_rows(
         // `FLUSHDB`, which leaves their names counted while other locks
         // exist: design.md, "Lock names, counted").
         if all {
-            write_rows(&mut p, &format!("{tag}-writes"), requests, rows)?;
+            write_rows_own(&mut p, &format!("{tag}-writes"), requests, true, rows)?;
         }
         lock_rows(&mut p, &tag, requests, rows)?;
         drop(keep);
@@ -534,6 +643,9 @@ pub fn profile(dir: &Path, module: &Path, requests: usize, all: bool) -> io::Res
     if all {
         for (side, load) in &sides {
             writes(dir, *side, load, requests, &mut rows)?;
+        }
+        if let Some((_, floor)) = sides.iter().find(|(s, _)| *s == Side::Floor) {
+            floor_rows(dir, floor, requests, &mut rows)?;
         }
     }
     busy_rows(dir, module, requests, all, &mut rows)?;
@@ -638,18 +750,27 @@ pub fn callgrind_table(runs: &[Vec<Row>], requests: usize) -> String {
     line(&format!("another client's {}", set.label()), set.short());
     if !get("busy-writes:expire").is_nan() {
         s.push_str(&format!(
-            "\n#### Other clients' writes while locks are in use ({requests} requests each)\n\nOn keys that are not locks, database 0, the servers above (`hz 1`): quiet (no lock), busy (database 1 as above: three locks, one client waiting), and with 10,000 more locks, each waited for; the API's floor from the first table (`hz 10`).\n\n| | the API's floor | quiet | busy | busy - floor | 10,000 locks waited for | - floor |\n|---|---:|---:|---:|---:|---:|---:|\n"
+            "\n#### Other clients' writes while locks are in use ({requests} requests each)\n\nOn keys that are not locks, database 0, `hz 1`, each beside the API's floor in the same shape: quiet (no lock; the floor: nothing), busy (database 1 as above: three locks, one client waiting; the floor: three plain keys of the same names and TTLs, one idle connection more), and with 10,000 more locks, each waited for (the floor: 10,000 plain keys more, 10,000 idle connections more). The module's own code: `libredis_lock.so`'s instructions a write, from the same dumps.\n\n| | floor, quiet | quiet | - floor | floor, busy | busy | - floor | own code | floor, 10,000 keys | 10,000 locks waited for | - floor | own code |\n|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n"
         ));
         for w in OtherWrite::ALL {
-            let f = get(&format!("hz10-events-floor:{}", w.short()));
-            let q = get(&format!("quiet-writes:{}", w.short()));
-            let b = get(&format!("busy-writes:{}", w.short()));
-            let m = get(&format!("busy10k-writes:{}", w.short()));
+            let at = |tag: &str| get(&format!("{tag}:{}", w.short()));
+            let (fq, q) = (at("floor-quiet-writes"), at("quiet-writes"));
+            let (fb, b, ob) = (
+                at("floor-busy-writes"),
+                at("busy-writes"),
+                at("busy-writes-own"),
+            );
+            let (fm, m, om) = (
+                at("floor-busy10k-writes"),
+                at("busy10k-writes"),
+                at("busy10k-writes-own"),
+            );
             s.push_str(&format!(
-                "| {} | {f:.0} | {q:.0} | {b:.0} | {:+.0} | {m:.0} | {:+.0} |\n",
+                "| {} | {fq:.0} | {q:.0} | {:+.0} | {fb:.0} | {b:.0} | {:+.0} | {ob:.0} | {fm:.0} | {m:.0} | {:+.0} | {om:.0} |\n",
                 w.label(),
-                b - f,
-                m - f
+                q - fq,
+                b - fb,
+                m - fm
             ));
         }
     }

@@ -10,6 +10,7 @@ use crate::durability::events;
 use crate::redis::catch;
 use crate::redis::ffi::{self, api};
 use crate::state::bindings;
+use crate::state::keys;
 use crate::state::sessions;
 use crate::state::stats;
 use crate::state::timers;
@@ -49,7 +50,7 @@ extern "C" fn info(ctx: *mut raw::RedisModuleInfoCtx, for_crash_report: c_int) {
             add(mode.row().gauge, held.max(0));
         }
         let count = |n: usize| ffi::int(n);
-        let fields: [(&CStr, i64); 21] = [
+        let fields: [(&CStr, i64); 23] = [
             // Never blocks (INFO also runs while a crash report is written,
             // when a lock may be held): -1 when the count is not available.
             (c"waiters", waiting::total().map_or(-1, count)),
@@ -100,6 +101,8 @@ extern "C" fn info(ctx: *mut raw::RedisModuleInfoCtx, for_crash_report: c_int) {
                 c"loaded_state_fixed",
                 ffi::int(stats::LOADED_STATE_FIXED.get()),
             ),
+            (c"name_lookups", ffi::int(stats::NAME_LOOKUPS.get())),
+            (c"name_filter_memory", count(keys::filter_memory())),
         ];
         for (name, value) in fields {
             add(name, value);

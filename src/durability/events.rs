@@ -26,9 +26,11 @@
 //!   generic commands (DEL, EXPIRE, RENAME ...) and on writes that set a TTL
 //!   (`SET ... PX` fires `expire`); writes without a TTL (SET, INCR, HSET,
 //!   LPUSH, scripts) fire no generic event and pay nothing. While some lock
-//!   exists, an event on a name no lock has is told apart by a count of
-//!   the names locks have (`keys::may_be_lock`): a hash and a few loads,
-//!   the key never opened.
+//!   exists, an event on a name no lock has is told apart by its name
+//!   first, before the event's: read in place (`ffi::name_of`), hashed and
+//!   looked up in a filter of the names locks have (`keys::may_be_lock`),
+//!   two loads, the key never opened. A flush that freed locks has the
+//!   filter rebuilt (`keys::flushed`).
 //!
 //! Event callbacks must not write: every visit they ask for is made by the
 //! timer (`timers`), right after.
@@ -36,7 +38,7 @@
 use std::cell::RefCell;
 use std::ffi::CStr;
 use std::os::raw::{c_char, c_int, c_void};
-use std::sync::atomic::{AtomicBool, AtomicPtr, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI64, AtomicPtr, Ordering};
 
 use lock_core::Lock;
 use redis_module::{raw, Context, ContextFlags, RedisString, RedisValue, Status};
@@ -130,6 +132,11 @@ pub fn subscribe(ctx: &Context) -> Status {
 pub fn start(ctx: &Context) {
     let own = api!(RedisModule_GetDetachedThreadSafeContext(ctx.ctx)).unwrap_or_default();
     OWN_CTX.store(own, Ordering::Relaxed);
+    // Key names read in place, if this server's strings allow it; the
+    // name filter's rebuilds on a context of their own.
+    ffi::learn_string_layout(ctx.ctx);
+    keys::attend(keys::NOT_IN_PLACE, !ffi::in_place_ok());
+    keys::start(ctx.ctx);
     bindings::on_first_binding(watch_clients);
     api!(RedisModule_CreateTimer(
         ctx.ctx,
@@ -168,11 +175,49 @@ extern "C" fn on_generic(
     if stats::lock_keys() == 0 && !waiting::busy() {
         return raw::REDISMODULE_OK as c_int;
     }
+    // While some lock exists, an event on a name no lock has is answered
+    // first, by the name alone (a `del` by its first byte): one byte says
+    // nothing else matters
+    // (`keys::ATTENTION`), the name is read in place (`ffi::in_place`),
+    // hashed and looked up in two loads (`keys::quick_no`), before the
+    // event's name is looked at; no call, no stack frame, the rest (and
+    // names past 32 bytes) out of line.
+    let attention = keys::ATTENTION.load(Ordering::Relaxed);
+    if attention == 0 {
+        // `del` matters only after a lock was unlinked (an attention bit):
+        // its first byte says so, before the name.
+        // SAFETY: Redis passes the event's name NUL-terminated.
+        if !event.is_null() && unsafe { *event } as u8 == b'd' {
+            return raw::REDISMODULE_OK as c_int;
+        }
+        // SAFETY: `key` is the live string Redis passed; with no
+        // `NOT_IN_PLACE` bit, the layout was checked at load.
+        if unsafe { ffi::in_place(key) }.is_some_and(keys::quick_no) {
+            return raw::REDISMODULE_OK as c_int;
+        }
+    } else if attention == keys::NOT_IN_PLACE {
+        return on_generic_read_by_call(raw_ctx, event, key);
+    }
     on_generic_locks(raw_ctx, event, key)
 }
 
-/// [`on_generic`] while some lock exists: an event on a name no lock has
-/// is a hash and a few loads ([`may_concern_locks`]), the rest out of line.
+/// [`on_generic`] on a server whose strings are not read in place: the
+/// name through `RM_StringPtrLen`, then answered as there.
+#[inline(never)]
+fn on_generic_read_by_call(
+    raw_ctx: *mut raw::RedisModuleCtx,
+    event: *const c_char,
+    key: *mut raw::RedisModuleString,
+) -> c_int {
+    // SAFETY: as in `on_generic`.
+    if (!event.is_null() && unsafe { *event } as u8 == b'd') || keys::quick_no(ffi::name_of(key)) {
+        return raw::REDISMODULE_OK as c_int;
+    }
+    on_generic_locks(raw_ctx, event, key)
+}
+
+/// [`on_generic`] past the name's first answer (a name that may be a
+/// lock's, or [`keys::ATTENTION`] set).
 #[inline(never)]
 fn on_generic_locks(
     raw_ctx: *mut raw::RedisModuleCtx,
@@ -185,30 +230,37 @@ fn on_generic_locks(
     on_generic_heard(raw_ctx, event, key)
 }
 
+/// What the next events of a kind must be looked at for, whatever their
+/// key's name (bits of `keys::ATTENTION`):
+///
 /// Some lock value left its name (the type's unlink) since the last
 /// `rename_from` or `move_from` was looked at: the next one is (a lock
 /// being renamed or moved may have been unlinked from its old name first).
-static LEFT_A_NAME: AtomicBool = AtomicBool::new(false);
-
+const LEFT_A_NAME: u8 = 4;
 /// The last `rename_from` or `move_from` was looked at (`MOVED_FROM`): its
 /// `*_to` is too.
-static MOVING: AtomicBool = AtomicBool::new(false);
-
+const MOVING: u8 = 8;
 /// Some lock value left its name since the last `del` was looked at: the
 /// next one is (`MIGRATE` unlinks the lock it moved away before its `del`;
 /// a key that holds no lock has nothing to migrate).
-static DELETED_A_LOCK: AtomicBool = AtomicBool::new(false);
+const DELETED_A_LOCK: u8 = 16;
+
+fn pending(bit: u8) -> bool {
+    keys::ATTENTION.load(Ordering::Relaxed) & bit != 0
+}
+
+fn set_pending(bit: u8, on: bool) {
+    keys::attend(bit, on);
+}
 
 /// A lock value left its name (the type's unlink: `persistence`).
 pub fn moved_or_gone() {
-    LEFT_A_NAME.store(true, Ordering::Relaxed);
-    DELETED_A_LOCK.store(true, Ordering::Relaxed);
+    set_pending(LEFT_A_NAME | DELETED_A_LOCK, true);
 }
 
 /// Whether a generic event may be about a lock, or a key requests wait for
 /// (exactly: no when it is not; the event's name told apart by its first
-/// bytes, the key's name by `keys::may_be_lock`), so that another key's
-/// write costs a hash and a few loads, no call into Redis but the name's.
+/// bytes, the key's name by `keys::may_be_lock`).
 /// The events the module acts on: `expire`, `persist`, `restore` (of a
 /// lock), `rename_*` and `move_*` (of a lock: its old name was counted
 /// still, or it was unlinked from it first), `del` (of a lock requests
@@ -218,11 +270,21 @@ fn may_concern_locks(event: *const c_char, key: *mut raw::RedisModuleString) -> 
     // SAFETY: Redis passes the event's name NUL-terminated: a byte is read
     // only after every one before it was seen not to be NUL.
     let at = |i: usize| unsafe { *event.add(i) } as u8;
-    let name = || RedisString::string_as_slice(key);
+    let name = || ffi::name_of(key);
     let moved = |from: bool| match from {
-        true => LEFT_A_NAME.load(Ordering::Relaxed) || keys::may_be_lock(name()),
-        false => MOVING.load(Ordering::Relaxed),
+        true => pending(LEFT_A_NAME) || keys::may_be_lock(name()),
+        false => pending(MOVING),
     };
+    let renamed = at(0) == b'r' && at(1) == b'e' && at(2) == b'n';
+    let is_from = |i: usize| at(i) == b'_' && at(i + 1) == b'f';
+    let moved_from = (renamed && at(3) == b'a' && at(4) == b'm' && at(5) == b'e' && is_from(6))
+        || (at(0) == b'm' && at(1) == b'o' && at(2) == b'v' && at(3) == b'e' && is_from(4));
+    if !moved_from {
+        // A lock's old name matters only to the `*_from` its RENAME or
+        // MOVE fires next, in the same command: any other event ends it
+        // (the bit must not send every later event here).
+        set_pending(LEFT_A_NAME, false);
+    }
     match at(0) {
         b'e' | b'p' => keys::may_be_lock(name()),
         b'r' if at(1) == b'e' => match at(2) {
@@ -234,7 +296,15 @@ fn may_concern_locks(event: *const c_char, key: *mut raw::RedisModuleString) -> 
         b'm' if at(1) == b'o' && at(2) == b'v' && at(3) == b'e' && at(4) == b'_' => {
             moved(at(5) == b'f')
         }
-        b'd' => DELETED_A_LOCK.load(Ordering::Relaxed) && waiting::busy(),
+        b'd' => {
+            let look = pending(DELETED_A_LOCK) && waiting::busy();
+            if !look {
+                // Nobody waits: the `del` that followed the unlink needs
+                // no look (and the bit must not outlive it).
+                set_pending(DELETED_A_LOCK, false);
+            }
+            look
+        }
         _ => false,
     }
 }
@@ -254,7 +324,7 @@ fn on_generic_heard(
         // nothing is looked at and the key's name is not even copied.
         let locks = stats::lock_keys() > 0;
         match event {
-            b"restore" | b"expire" | b"persist" if locks && keys::is_lock(&ctx, key) => {
+            b"restore" | b"expire" | b"persist" if locks && looked_up(&ctx, key) => {
                 let id = ffi::db_key(&ctx, name);
                 if event == b"restore" {
                     waiting::holders_unsure(&id);
@@ -262,7 +332,7 @@ fn on_generic_heard(
                 timers::refresh(id.db, &id.name);
             }
             b"rename_to" | b"move_to" => {
-                MOVING.store(false, Ordering::Relaxed);
+                set_pending(MOVING, false);
                 let from = MOVED_FROM.with(|m| m.borrow_mut().take());
                 if from.is_none() && !locks {
                     return raw::REDISMODULE_OK as c_int;
@@ -276,7 +346,7 @@ fn on_generic_heard(
                         sessions::join(session, &id);
                     }
                 }
-                if locks && keys::is_lock(&ctx, key) {
+                if locks && looked_up(&ctx, key) {
                     // Its new name counted (its old one was at its unlink).
                     keys::named(name, false);
                     waiting::holders_unsure(&id);
@@ -284,7 +354,7 @@ fn on_generic_heard(
                 }
             }
             b"rename_from" | b"move_from" => {
-                LEFT_A_NAME.store(false, Ordering::Relaxed);
+                set_pending(LEFT_A_NAME, false);
                 if !locks {
                     MOVED_FROM.with(|m| *m.borrow_mut() = None);
                     return raw::REDISMODULE_OK as c_int;
@@ -292,10 +362,10 @@ fn on_generic_heard(
                 let id = ffi::db_key(&ctx, name);
                 timers::moved_away(id.db, &id.name);
                 MOVED_FROM.with(|m| *m.borrow_mut() = Some(id));
-                MOVING.store(true, Ordering::Relaxed);
+                set_pending(MOVING, true);
             }
             b"del" => {
-                DELETED_A_LOCK.store(false, Ordering::Relaxed);
+                set_pending(DELETED_A_LOCK, false);
                 if !waiting::anyone_waits() {
                     return raw::REDISMODULE_OK as c_int;
                 }
@@ -312,6 +382,9 @@ fn on_generic_heard(
     })
 }
 
+/// Lock keys when the flush under way started ([`on_flush`]).
+static KEYS_BEFORE_FLUSH: AtomicI64 = AtomicI64::new(0);
+
 extern "C" fn on_flush(
     _raw_ctx: *mut raw::RedisModuleCtx,
     _event: raw::RedisModuleEvent,
@@ -319,13 +392,22 @@ extern "C" fn on_flush(
     data: *mut c_void,
 ) {
     catch::callback("a flush event", (), || {
+        // SAFETY: for this event Redis passes a `RedisModuleFlushInfo`.
+        let info = unsafe { data.cast::<raw::RedisModuleFlushInfo>().as_ref() };
         if subevent != raw::REDISMODULE_SUBEVENT_FLUSHDB_END {
+            KEYS_BEFORE_FLUSH.store(stats::lock_keys(), Ordering::Relaxed);
             return;
         }
-        // SAFETY: for this event Redis passes a `RedisModuleFlushInfo`.
-        let db =
-            unsafe { data.cast::<raw::RedisModuleFlushInfo>().as_ref() }.map_or(-1, |i| i.dbnum);
+        let db = info.map_or(-1, |i| i.dbnum);
         bindings::flushed(db);
+        // The flushed locks' names go (no unlink told them apart): a
+        // synchronous flush freed its values already, so the lock keys
+        // counted before and after tell whether it held any.
+        let sync = info.is_some_and(|i| i.sync != 0);
+        let left = stats::lock_keys();
+        let freed = !sync || left != KEYS_BEFORE_FLUSH.load(Ordering::Relaxed);
+        let left = usize::try_from(left).ok().filter(|_| sync);
+        keys::flushed(db == -1, freed, left);
         if db == -1 {
             // A flush of every database parks the bindings (a DEBUG RELOAD
             // loads the server's own data right after, in the same turn);
@@ -344,6 +426,12 @@ extern "C" fn on_flush(
         timers::flushed(db);
         wake(&[db]);
     })
+}
+
+/// Whether `key` holds a lock, opened to see (`lock_name_lookups`).
+fn looked_up(ctx: &Context, key: *mut raw::RedisModuleString) -> bool {
+    stats::NAME_LOOKUPS.incr();
+    keys::is_lock(ctx, key)
 }
 
 /// In a cluster, whether this key's slot is being migrated away from this
@@ -388,6 +476,7 @@ extern "C" fn on_swapdb(
         let Some(info) = (unsafe { data.cast::<raw::RedisModuleSwapDbInfo>().as_ref() }) else {
             return;
         };
+        keys::swapped();
         timers::swap_dbs(info.dbnum_first, info.dbnum_second);
         bindings::swap_dbs(info.dbnum_first, info.dbnum_second);
         sessions::swap_dbs(info.dbnum_first, info.dbnum_second);

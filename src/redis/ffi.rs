@@ -416,6 +416,133 @@ impl<'a> Str<'a> {
     }
 }
 
+/// Whether [`name_of`] reads a name in place: set at load by
+/// [`learn_string_layout`] once strings the server made, of every length
+/// class, read so gave what `RM_StringPtrLen` gives.
+static IN_PLACE: AtomicBool = AtomicBool::new(false);
+
+/// The bytes of a key name Redis passed a callback, binary-safe: read in
+/// place when the server's strings were seen to be laid out as Redis 7.0
+/// to 8.x and Valkey lay them (a 4-bit type and 4-bit encoding, then the
+/// buffer's address at offset 8; an `sds` buffer whose header byte before
+/// it gives the length): a string, raw or embedded, of up to 65,535
+/// bytes; `RM_StringPtrLen` for any other (19 instructions of Redis's:
+/// the keyspace callback's price on every other key's write).
+#[inline(always)]
+pub fn name_of<'a>(s: *const raw::RedisModuleString) -> &'a [u8] {
+    if in_place_ok() {
+        // SAFETY: `s` is a live string Redis passed (`Str`'s contract); the
+        // layout read was checked at load (`learn_string_layout`).
+        if let Some(name) = unsafe { in_place(s) }.or_else(|| unsafe { in_place_other(s) }) {
+            return name;
+        }
+    }
+    // SAFETY: as above.
+    unsafe { Str::from_raw(s.cast_mut()) }.as_slice()
+}
+
+/// Whether [`in_place`] may read this server's strings.
+pub fn in_place_ok() -> bool {
+    IN_PLACE.load(Ordering::Relaxed)
+}
+
+/// `s`'s bytes read from its object and its `sds` header, for the
+/// headers a name of up to 255 bytes Redis makes from a request has
+/// (`sdshdr8`: len, alloc, kind; Redis 8: `sdshdr5` for the shortest);
+/// `None` for an encoding or header kind not read here (no call: the
+/// keyspace callback's fast path).
+///
+/// # Safety
+///
+/// `s` is a live string object of a server whose layout
+/// [`learn_string_layout`] accepted ([`in_place_ok`]).
+#[inline(always)]
+pub unsafe fn in_place<'a>(s: *const raw::RedisModuleString) -> Option<&'a [u8]> {
+    let head = s.cast::<u8>();
+    // Type 0 (a string) in the low nibble, encoding 0 (raw) or 8
+    // (embedded) in the high one.
+    if unsafe { *head } & 0x7f != 0 {
+        return None;
+    }
+    let buf = unsafe { head.add(8).cast::<*const u8>().read_unaligned() };
+    let kind = unsafe { *buf.sub(1) };
+    let len = match kind & 7 {
+        1 => unsafe { *buf.sub(3) },
+        // sdshdr5 (Redis 8's short strings): the length in the kind
+        // byte's upper five bits.
+        0 => kind >> 3,
+        _ => return None,
+    };
+    Some(unsafe { std::slice::from_raw_parts(buf, usize::from(len)) })
+}
+
+/// [`in_place`] for the other `sds` header read in place (`sdshdr16`).
+///
+/// # Safety
+///
+/// As [`in_place`]'s.
+#[inline(never)]
+unsafe fn in_place_other<'a>(s: *const raw::RedisModuleString) -> Option<&'a [u8]> {
+    let head = s.cast::<u8>();
+    if unsafe { *head } & 0x7f != 0 {
+        return None;
+    }
+    let buf = unsafe { head.add(8).cast::<*const u8>().read_unaligned() };
+    let kind = unsafe { *buf.sub(1) };
+    let len = match kind & 7 {
+        // sdshdr16: len, alloc (two bytes each), kind.
+        2 => usize::from(unsafe { buf.sub(5).cast::<u16>().read_unaligned() }),
+        _ => return None,
+    };
+    Some(unsafe { std::slice::from_raw_parts(buf, len) })
+}
+
+/// Reads strings the server makes, of every length class a name may have,
+/// both ways: [`name_of`] reads in place from now on only if every one
+/// read so matched `RM_StringPtrLen` (pointer and length) and the short
+/// ones could be. Nothing is read through an address before it was seen
+/// to be the one `RM_StringPtrLen` returns.
+pub fn learn_string_layout(ctx: *mut raw::RedisModuleCtx) {
+    let bytes: Vec<u8> = (0..70_000u32).map(|i| (i % 251) as u8).collect();
+    let mut ok = true;
+    for len in [
+        0usize, 1, 3, 7, 8, 9, 16, 31, 32, 33, 44, 45, 64, 255, 256, 300, 4096, 65_535, 65_536,
+        70_000,
+    ] {
+        let Some(part) = bytes.get(..len) else {
+            return;
+        };
+        let s = api!(RedisModule_CreateString(ctx, part.as_ptr().cast(), len))
+            .unwrap_or(std::ptr::null_mut());
+        if s.is_null() {
+            return;
+        }
+        let mut n = 0usize;
+        let p = call!(RedisModule_StringPtrLen(s, &mut n)).cast::<u8>();
+        let head = s.cast::<u8>().cast_const();
+        // SAFETY: a string object is at least its 8-byte header and the
+        // address after it; the address is dereferenced (by `in_place`)
+        // only once it is the buffer `RM_StringPtrLen` returned, whose
+        // `sds` header precedes it.
+        let same = unsafe { head.add(8).cast::<*const u8>().read_unaligned() } == p;
+        let read = match same {
+            true => unsafe { in_place(s) }
+                .or_else(|| unsafe { in_place_other(s) })
+                .map(|b| (b.as_ptr(), b.len())),
+            false => None,
+        };
+        ok &= match read {
+            Some((q, m)) => q == p && m == n && n == len,
+            // Only the long ones (an `sds` header of 32 or 64 bits, or a
+            // server that encodes them otherwise: Redis 8 gives 65,535
+            // bytes a 32-bit header) go to `RM_StringPtrLen`.
+            None => len > 255,
+        };
+        api!(RedisModule_FreeString(ctx, s));
+    }
+    IN_PLACE.store(ok, Ordering::Relaxed);
+}
+
 impl<'a> From<&'a RedisString> for Str<'a> {
     fn from(s: &'a RedisString) -> Str<'a> {
         // SAFETY: the RedisString holds a reference for as long as it is

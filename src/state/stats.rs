@@ -115,10 +115,11 @@ pub static WAIT_TIME: Histogram = Histogram::new();
 pub static HOLD_TIME: Histogram = Histogram::new();
 
 /// Every counter `CONFIG RESETSTAT` resets (the gauges are state, not stats).
-fn counters() -> [&'static Counter; 13] {
+fn counters() -> [&'static Counter; 14] {
     [
         &GRANTS_SLICED,
         &LOADED_STATE_FIXED,
+        &NAME_LOOKUPS,
         &DEADLOCKS,
         &DEADLOCK_SEARCHES_CUT,
         &DEADLOCK_SEARCHES_SLICED,
@@ -343,6 +344,9 @@ pub static RELEASES_NOT_HELD: Counter = Counter::new();
 /// or a deadline clamped, a key's lock no server can have made dropped):
 /// each is also logged.
 pub static LOADED_STATE_FIXED: Counter = Counter::new();
+/// Keys the keyspace callback opened to see whether they hold a lock (the
+/// name filter said "maybe": locks, and names it could not tell apart).
+pub static NAME_LOOKUPS: Counter = Counter::new();
 
 static KEYS: AtomicI64 = AtomicI64::new(0);
 /// Holders by mode (a semaphore's: its permits), at each mode's slot.

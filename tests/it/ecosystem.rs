@@ -21,7 +21,7 @@ use crate::common::*;
 // INFO lock
 // ---------------------------------------------------------------------------
 
-const INFO_FIELDS: [&str; 39] = [
+const INFO_FIELDS: [&str; 41] = [
     "lock_keys",
     "lock_holders_exclusive",
     "lock_holders_shared",
@@ -47,6 +47,8 @@ const INFO_FIELDS: [&str; 39] = [
     "lock_clock_steps_forward",
     "lock_clock_steps_back",
     "lock_loaded_state_fixed",
+    "lock_name_lookups",
+    "lock_name_filter_memory",
     "lock_wait_ms_count",
     "lock_wait_ms_sum",
     "lock_wait_ms_le_1",
@@ -325,6 +327,7 @@ fn config_resetstat_resets_the_counters_not_the_gauges() {
             "lock_bound_holders",
             "lock_bindings_memory",
             "lock_sessions",
+            "lock_name_filter_memory",
         ]
         .contains(&f);
         if gauge {

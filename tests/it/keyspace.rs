@@ -330,6 +330,246 @@ fn pexpire_is_undone_on_a_lock_under_every_name_it_gets() {
     assert_no_panic(&s);
 }
 
+/// Sends every command of `cmds`, a thousand at a time, and checks each
+/// reply with `ok`.
+fn pipelined(c: &mut Conn, cmds: &[Vec<Vec<u8>>], ok: impl Fn(&Reply) -> bool) {
+    for chunk in cmds.chunks(1000) {
+        for args in chunk {
+            c.send(args).expect("send");
+        }
+        for args in chunk {
+            let r = c.read_reply().expect("a reply");
+            assert!(ok(&r), "{:?}: {r:?}", args.first().map(|a| show(a)));
+        }
+    }
+}
+
+/// A lock's TTL write is undone whatever its name's shape (what the name
+/// filter hashes: empty, shorter than a half word, than a word, one to two
+/// words, longer, binary with NULs, names that differ only in the middle),
+/// among other keys of every shape, and with the same name held in
+/// several databases, one of them deleted (its entry and the others'
+/// agree on every bit: they stand for each other).
+#[test]
+fn ttl_writes_are_undone_on_locks_of_every_name_shape() {
+    let s = Server::start();
+    let mut c = s.conn();
+    let mut names: Vec<Vec<u8>> = (0..=20).map(|n| vec![b'n'; n]).collect();
+    names.extend((1..=20).map(|n| vec![0u8; n]));
+    names.extend((1..=20).map(|n| (0..n as u8).map(|b| b.wrapping_mul(37)).collect()));
+    names.push(b"a\0b".to_vec());
+    names.push(b"\0\xff\0\xfe\0".to_vec());
+    names.extend((0..40).map(|i| format!("tenant:acme:user:{i:08}:session:lock").into_bytes()));
+    // Other keys beside them, of the same shapes, with their own TTLs.
+    let others: Vec<Vec<u8>> = names
+        .iter()
+        .map(|n| [b"o".as_slice(), n].concat())
+        .collect();
+    let set: Vec<Vec<Vec<u8>>> = others
+        .iter()
+        .map(|k| vec![b"SET".to_vec(), k.clone(), b"v".to_vec()])
+        .collect();
+    pipelined(&mut c, &set, |r| r.is("OK"));
+    let acquire: Vec<Vec<Vec<u8>>> = names
+        .iter()
+        .map(|k| {
+            vec![
+                b"LOCK.ACQUIRE".to_vec(),
+                k.clone(),
+                b"o".to_vec(),
+                b"60000".to_vec(),
+            ]
+        })
+        .collect();
+    pipelined(&mut c, &acquire, |r| r.as_int().is_some());
+    for k in &names {
+        assert_eq!(
+            c.cmdv(&[b"PEXPIRE".to_vec(), k.clone(), b"100000".to_vec()])
+                .int(),
+            1
+        );
+        assert_eq!(c.cmdv(&[b"PERSIST".to_vec(), k.clone()]).int(), 1);
+    }
+    for k in &others {
+        assert_eq!(
+            c.cmdv(&[b"PEXPIRE".to_vec(), k.clone(), b"100000".to_vec()])
+                .int(),
+            1
+        );
+    }
+    wait_until(Duration::from_secs(5), "every lock's TTL back", || {
+        names.iter().all(|k| {
+            let p = c.pttl(k);
+            p > 0 && p <= 60_000
+        })
+    });
+    assert!(
+        others.iter().all(|k| c.pttl(k) > 60_000),
+        "other keys keep their TTL"
+    );
+    // One name in three databases; deleted in one, the others still undo.
+    for db in ["1", "2", "3"] {
+        c.cmd(&["SELECT", db]).ok();
+        token(c.acquire("dup", "o", 60_000));
+    }
+    c.cmd(&["SELECT", "2"]).ok();
+    assert_eq!(c.cmd(&["DEL", "dup"]).int(), 1);
+    for db in ["1", "3"] {
+        c.cmd(&["SELECT", db]).ok();
+        assert_eq!(c.cmd(&["PEXPIRE", "dup", "100000"]).int(), 1);
+        wait_until(Duration::from_secs(3), "the TTL of dup back", || {
+            let p = c.pttl("dup");
+            p > 0 && p <= 60_000
+        });
+    }
+    assert_no_panic(&s);
+}
+
+/// `FLUSHDB` of one database while locks exist in another: the flushed
+/// locks' names leave the name filter (a rebuild from the locks left), so
+/// TTL writes on keys that take those names afterwards open no key
+/// (`lock_name_lookups`); the lock left in the other database is still
+/// followed.
+#[test]
+fn a_flushdb_leaves_no_name_of_its_locks_behind() {
+    let s = Server::start();
+    let mut c = s.conn();
+    c.cmd(&["SELECT", "1"]).ok();
+    token(c.acquire("kept", "o", 60_000));
+    c.cmd(&["SELECT", "0"]).ok();
+    let names: Vec<Vec<u8>> = (0..500)
+        .map(|i| format!("flushed:{i}").into_bytes())
+        .collect();
+    let acquire: Vec<Vec<Vec<u8>>> = names
+        .iter()
+        .map(|k| {
+            vec![
+                b"LOCK.ACQUIRE".to_vec(),
+                k.clone(),
+                b"o".to_vec(),
+                b"60000".to_vec(),
+            ]
+        })
+        .collect();
+    pipelined(&mut c, &acquire, |r| r.as_int().is_some());
+    // While they are locks, each TTL write opens its key.
+    let before = stat(&mut c, "name_lookups");
+    c.cmd(&["PEXPIRE", "flushed:0", "100000"]).int();
+    assert!(stat(&mut c, "name_lookups") > before);
+    c.cmd(&["FLUSHDB"]).ok();
+    let expire: Vec<Vec<Vec<u8>>> = names
+        .iter()
+        .map(|k| {
+            vec![
+                b"SET".to_vec(),
+                k.clone(),
+                b"v".to_vec(),
+                b"EX".to_vec(),
+                b"100".to_vec(),
+            ]
+        })
+        .collect();
+    // The rebuild takes a few turns of the event loop.
+    wait_until(
+        Duration::from_secs(5),
+        "the flushed names to leave the filter",
+        || {
+            let before = stat(&mut c, "name_lookups");
+            pipelined(&mut c, &expire, |r| r.is("OK"));
+            stat(&mut c, "name_lookups") == before
+        },
+    );
+    // Rebuilt at the smallest size: in the static table, no heap.
+    assert_eq!(stat(&mut c, "name_filter_memory"), 0);
+    // The lock in database 1 is still followed.
+    c.cmd(&["SELECT", "1"]).ok();
+    assert_eq!(c.cmd(&["PEXPIRE", "kept", "100000"]).int(), 1);
+    wait_until(Duration::from_secs(3), "the TTL of kept back", || {
+        let p = c.pttl("kept");
+        p > 0 && p <= 60_000
+    });
+    assert_no_panic(&s);
+}
+
+/// Past the static table's room the filter grows (a rebuild from the lock
+/// keys, in slices), `lock_name_filter_memory` says by how much, every
+/// lock's TTL write is still undone, and other names still open no key
+/// but by chance (a few in a hundred at most).
+#[test]
+fn the_name_filter_grows_with_the_locks_and_still_tells_them_apart() {
+    let s = Server::start();
+    let mut c = s.conn();
+    assert_eq!(stat(&mut c, "name_filter_memory"), 0);
+    let locks = 120_000;
+    let acquire: Vec<Vec<Vec<u8>>> = (0..locks)
+        .map(|i| {
+            vec![
+                b"LOCK.ACQUIRE".to_vec(),
+                format!("grown:{i}").into_bytes(),
+                b"o".to_vec(),
+                b"600000".to_vec(),
+            ]
+        })
+        .collect();
+    pipelined(&mut c, &acquire, |r| r.as_int().is_some());
+    wait_until(Duration::from_secs(30), "the filter to grow", || {
+        stat(&mut c, "name_filter_memory") > 0
+    });
+    for i in (0..locks).step_by(997) {
+        let k = format!("grown:{i}");
+        assert_eq!(c.cmd(&["PEXPIRE", &k, "1000000"]).int(), 1);
+        wait_until(Duration::from_secs(3), "a lock's TTL back", || {
+            let p = c.pttl(&k);
+            p > 0 && p <= 600_000
+        });
+    }
+    let before = stat(&mut c, "name_lookups");
+    let others: Vec<Vec<Vec<u8>>> = (0..10_000)
+        .map(|i| {
+            vec![
+                b"SET".to_vec(),
+                format!("grown:{}", locks + i).into_bytes(),
+                b"v".to_vec(),
+                b"EX".to_vec(),
+                b"100".to_vec(),
+            ]
+        })
+        .collect();
+    // Once the rebuild is done (a look-up a name until then at worst).
+    let mut first = Some(before);
+    wait_until(Duration::from_secs(30), "few other names opened", || {
+        let before = first.take().unwrap_or_else(|| stat(&mut c, "name_lookups"));
+        pipelined(&mut c, &others, |r| r.is("OK"));
+        stat(&mut c, "name_lookups") - before < 500
+    });
+    // Loaded back (the filter emptied by the flush before the load, grown
+    // again while it loads, rebuilt once the event loop turns).
+    c.cmd(&["DEBUG", "RELOAD"]).ok();
+    wait_until(Duration::from_secs(30), "the filter to grow again", || {
+        stat(&mut c, "name_filter_memory") > 0
+    });
+    for i in (0..locks).step_by(1999) {
+        let k = format!("grown:{i}");
+        assert_eq!(c.cmd(&["PEXPIRE", &k, "1000000"]).int(), 1);
+        wait_until(Duration::from_secs(3), "a loaded lock's TTL back", || {
+            let p = c.pttl(&k);
+            p > 0 && p <= 600_000
+        });
+    }
+    // (The rebuild may still be under way: until it is done, a name may
+    // be looked up for nothing more often.)
+    wait_until(
+        Duration::from_secs(30),
+        "few other names opened after a reload",
+        || {
+            let before = stat(&mut c, "name_lookups");
+            pipelined(&mut c, &others, |r| r.is("OK"));
+            stat(&mut c, "name_lookups") - before < 500
+        },
+    );
+    assert_no_panic(&s);
+}
+
 #[test]
 fn restore_with_ttl_zero_gets_the_latest_deadline_as_its_ttl() {
     let s = Server::start();
