@@ -389,11 +389,17 @@ pub fn deadline_of(h: &lock_core::HolderRef<'_>) -> u64 {
 /// connection's: a `BIND`; `None`: the one it follows), its own deadline
 /// `own` (a bound grant, a repeat, a RENEW). False: no such follower
 /// (`lease` `None` and it follows none).
-pub fn set_own(token: u64, lease: Option<u64>, own: u64, key: &DbKey) -> Option<u64> {
+pub fn set_own(token: u64, lease: Option<u64>, own: u64, key: DbKey) -> Option<u64> {
     let mut t = table();
     let lease = lease.or_else(|| t.leases.lease_of(token))?;
-    t.leases.set_own(token, lease, own, key.clone());
+    t.leases.set_own(token, lease, own, key);
     Some(lease)
+}
+
+/// Whether the lease table has work due at or before `at` already (the
+/// timer is armed for it): a follower ending at `at` need not arm it.
+pub fn lease_work_by(at: u64) -> bool {
+    NEXT_LEASE.load(Ordering::Relaxed) <= at
 }
 
 /// A new lease's id, drawn like a session id (above every token and id
@@ -411,23 +417,28 @@ pub fn draw_lease() -> Option<u64> {
 /// `lease` from now on (`BIND`): a plain holder becomes a follower (its own
 /// deadline kept in the lease table, its entry naming its token), a
 /// follower of another lease moves with its own deadline. Replicated as
-/// one effect with the absolute deadline (the entry's change goes with the
-/// transaction's). A session holder stays on its session.
+/// one effect with the absolute deadline: the holder's own in the
+/// transaction's, which carries its lease (a plain holder's entry
+/// changes), or `LOCK.LEASESYNC OWN` (a move). A session holder stays on
+/// its session.
 pub fn follow_in(ctx: &Context, txn: &mut Txn, key: &DbKey, token: u64, lease: u64) {
     // A forged state repeating a token (a RESTORE of the lock elsewhere):
     // the copy keeps its own lease, the follower stays the original's.
     if table().leases.key_of(token).is_some_and(|k| &k != key) {
         return;
     }
-    let own = match txn.lock.follow(token, txn.changes) {
-        Some(own) => own,
-        None => match follower(token) {
-            Some((l, own)) if l != lease => own,
-            _ => return,
-        },
-    };
-    set_own(token, Some(lease), own, key);
-    replication::replicate_lease_own(ctx, token, lease, own);
+    // A plain holder's entry changes: its effect, in the transaction's,
+    // carries the lease and its own deadline (`replication::replicate`).
+    if let Some(own) = txn.lock.follow(token, txn.changes) {
+        set_own(token, Some(lease), own, key.clone());
+        return;
+    }
+    // A follower moves to this lease: its entry stays, so the move is its
+    // own effect.
+    if let Some((_, own)) = follower(token).filter(|(l, _)| *l != lease) {
+        set_own(token, Some(lease), own, key.clone());
+        replication::replicate_lease_own(ctx, token, lease, own);
+    }
 }
 
 /// A master's (or the AOF's) `LOCK.LEASESYNC OWN`: the holder of grant
