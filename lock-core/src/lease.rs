@@ -422,40 +422,69 @@ impl<K: Clone> Leases<K> {
     /// lives by it until the lease's next KEEPALIVE.
     pub fn set_own(&mut self, x: u64, l: u64, own: u64, key: K) {
         self.leave(x);
-        let open = self.open_batch(l);
-        if let Some(lease) = self.leases.get_mut(&l) {
-            lease.count += 1;
-        }
+        self.add(x, l, own, key);
+    }
+
+    /// [`Leases::set_own`] of an `x` that is no follower here (a bound
+    /// grant's new token, above every id the table was given): nothing to
+    /// leave first.
+    pub fn set_own_new(&mut self, x: u64, l: u64, own: u64, key: K) {
+        self.add(x, l, own, key);
+    }
+
+    fn add(&mut self, x: u64, l: u64, own: u64, key: K) {
+        let open = match self.leases.get_mut(&l) {
+            Some(lease) => {
+                lease.count += 1;
+                lease.open
+            }
+            None => {
+                let open = self.open_batch(l);
+                if let Some(lease) = self.leases.get_mut(&l) {
+                    lease.count += 1;
+                }
+                open
+            }
+        };
         if let Some(b) = self.batches.get_mut(&open) {
             b.members.push(x);
             b.live += 1;
             b.add_open(own);
         }
         let due = Some(self.own_due.add(x, own));
-        self.followers.insert(
-            x,
-            Follower {
-                lease: l,
-                batch: open,
-                own,
-                key,
-                reported: false,
-                due,
-            },
-        );
+        let follower = Follower {
+            lease: l,
+            batch: open,
+            own,
+            key,
+            reported: false,
+            due,
+        };
+        // (A follower `x` already, after all (a forged file's follower of
+        // no holder, its token never issued): it is replaced.)
+        if let Some(old) = self.followers.insert(x, follower) {
+            self.let_go(old);
+        }
     }
 
     /// Follower `x` is gone (its holder ended, or stopped following): its
     /// key, if it was one.
     pub fn leave(&mut self, x: u64) -> Option<K> {
         let f = self.followers.remove(&x)?;
+        Some(self.let_go(f))
+    }
+
+    /// What follower `x`, `f`, counted, taken off (it is out of
+    /// `followers` already, or replaced there): its key.
+    fn let_go(&mut self, f: Follower<K>) -> K {
         if let Some(at) = f.due {
             self.own_due.remove(at);
             // Two more entries of its slot looked at, those that left
             // dropped, as a batch's members are: no slot keeps more than
             // about twice its followers.
             let followers = &self.followers;
-            if let Some(slot) = self.own_due.slots.get_mut(at) {
+            let slot = self.own_due.slots.get_mut(at);
+            if let Some(slot) = slot.filter(|s| s.members.len() > 2 * s.live as usize + 8) {
                 for _ in 0..2 {
                     if slot.cursor >= slot.members.len() {
                         slot.cursor = 0;
@@ -492,10 +521,11 @@ impl<K: Clone> Leases<K> {
             }
             if b.live == 0 && b.gen.is_none() {
                 b.members.clear();
-            } else {
+            } else if b.members.len() > 2 * b.live as usize + 8 {
                 // Two more entries looked at, those that left dropped: each
                 // change leaves at most one, so the list stays within about
-                // twice its followers, and no change walks it whole.
+                // twice its followers, and no change walks it whole (nor
+                // looks at all while it is within that).
                 let (followers, batch) = (&self.followers, f.batch);
                 for _ in 0..2 {
                     if b.cursor >= b.members.len() {
@@ -530,7 +560,7 @@ impl<K: Clone> Leases<K> {
                 }
             }
         }
-        Some(f.key)
+        f.key
     }
 
     /// `LOCK.KEEPALIVE` at `now`: every follower of lease `l` alive at `now`
@@ -633,6 +663,12 @@ impl<K: Clone> Leases<K> {
         K: PartialEq,
     {
         self.followers.get(&x).is_some_and(|f| &f.key == key)
+    }
+
+    /// Whether follower `x`'s holder's key is one `is` says (compared in
+    /// place: nothing made to compare it with).
+    pub fn key_is(&self, x: u64, is: impl FnOnce(&K) -> bool) -> bool {
+        self.followers.get(&x).is_some_and(|f| is(&f.key))
     }
 
     /// Follower `x`'s holder is on `key` now (its key loaded, or moved).
@@ -934,7 +970,7 @@ mod tests {
             t.set_own(6, 8, 20_000 + i, 6);
         }
         let open = t.leases.get(&8).map(|l| l.open).unwrap();
-        assert!(t.batches.get(&open).unwrap().members.len() <= 8);
+        assert!(t.batches.get(&open).unwrap().members.len() <= 2 * 2 + 10);
         // Nor do binds and leaves in one slot of deadlines that a
         // follower keeps: a slot's list stays within about twice its own.
         t.set_own(1_000_000, 9, 50_000, 1_000_000);
@@ -943,12 +979,20 @@ mod tests {
             t.leave(i);
         }
         let slot = t.own_due.by_slot.get(&(50_000 / SLOT)).copied().unwrap();
-        assert!(t.own_due.slots[slot].members.len() <= 8);
+        assert!(t.own_due.slots[slot].members.len() <= 2 + 10);
         assert_eq!(
             t.end_due(50_000 + SLOT - 1, 10),
             vec![(1_000_000, 1_000_000)]
         );
         t.leave(1_000_000);
+        assert!(t.own_due.by_slot.is_empty());
+        // A new follower's id that is one after all (a forged file's)
+        // replaces it.
+        t.set_own(77, 9, 60_000, 77);
+        t.set_own_new(77, 9, 70_000, 77);
+        assert_eq!((t.count(9), t.deadline(77)), (1, Some(70_000)));
+        t.leave(77);
+        assert_eq!(t.count(9), 0);
         assert!(t.own_due.by_slot.is_empty());
         // A follower dead before a KEEPALIVE stays dead.
         t.set_own(1, 7, 9500, 1);

@@ -30,7 +30,7 @@ use crate::state::txn::Txn;
 use crate::time::clock;
 use crate::time::fencing;
 use lock_core::lease::Leases;
-use lock_core::{Attempt, Changes, Lock, Request};
+use lock_core::{Attempt, Changes, Ended, Lock, Request};
 use redis_module::Context;
 
 /// A waiting request's id (`waiting::WaiterId`).
@@ -68,7 +68,15 @@ struct Table {
     /// brings them back under the new name ([`join`]); anything else that
     /// looks at the table first lets them go.
     unlinked: Vec<(u64, DbKey)>,
+    /// Room for followers' key names, given back by those that left and
+    /// taken by those bound next ([`Table::key`]): a bound grant and its
+    /// release allocate nothing for the lease table's key.
+    spare: Vec<Vec<u8>>,
 }
+
+/// How many names [`Table::spare`] keeps, and the longest room it keeps.
+const SPARE: usize = 256;
+const SPARE_ROOM: usize = 64;
 
 /// Where a follower's key is not known yet (a load: its key follows).
 fn nowhere() -> DbKey {
@@ -135,6 +143,23 @@ pub fn next_work() -> Option<u64> {
 }
 
 impl Table {
+    /// A follower's key, in the room of one that left if any.
+    fn key(&mut self, db: i32, name: &[u8]) -> DbKey {
+        let mut room = self.spare.pop().unwrap_or_default();
+        room.clear();
+        room.extend_from_slice(name);
+        DbKey { db, name: room }
+    }
+
+    /// The key of a follower that left: its room kept for the next.
+    fn give_back(&mut self, key: Option<DbKey>) {
+        if let Some(key) = key {
+            if self.spare.len() < SPARE && key.name.capacity() <= SPARE_ROOM {
+                self.spare.push(key.name);
+            }
+        }
+    }
+
     /// The followers unlinked by the last command and not moved: gone.
     fn let_go(&mut self) {
         for (x, key) in std::mem::take(&mut self.unlinked) {
@@ -247,6 +272,35 @@ pub fn with_deadlines<R>(f: impl FnOnce(&dyn Fn(u64) -> Option<u64>) -> R) -> R 
     f(&deadline_of)
 }
 
+/// A bound holder's release in one step (`Lock::release_sole_follower`,
+/// `release` given the followers' deadlines): when it ends a follower of
+/// key `name` in database `db`, the follower leaves the lease table in the
+/// same look at it, and the holder's end is returned with no session to
+/// leave (nothing else to do for it: no key is made to compare with).
+pub fn release_follower(
+    db: i32,
+    name: &[u8],
+    release: impl FnOnce(&dyn Fn(u64) -> Option<u64>) -> Option<Ended>,
+) -> Option<Ended> {
+    let mut t = table();
+    let ended = {
+        let t = &*t;
+        let deadline_of = |id: u64| match t.live.get(&id) {
+            Some(s) => Some(s.deadline),
+            None => t.leases.deadline(id),
+        };
+        release(&deadline_of)
+    };
+    let mut ended = ended?;
+    let x = ended.session;
+    if x != 0 && t.leases.key_is(x, |k| k.db == db && k.name == name) {
+        let key = t.leases.leave(x);
+        t.give_back(key);
+        ended.session = 0;
+    }
+    Some(ended)
+}
+
 /// A holder on `key` began to follow session `id`.
 pub fn join(id: u64, key: &DbKey) {
     let mut t = table_as_is();
@@ -271,7 +325,8 @@ impl Table {
         // (A forged state may repeat a token on another key: that
         // holder is not this follower.)
         if self.leases.is_at(id, key) {
-            self.leases.leave(id);
+            let key = self.leases.leave(id);
+            self.give_back(key);
         }
         let Some(s) = self.live.get_mut(&id) else {
             return;
@@ -383,6 +438,15 @@ pub fn deadline_of(h: &lock_core::HolderRef<'_>) -> u64 {
         None => h.deadline,
         Some(_) => with_deadlines(|deadline_of| h.deadline_with(deadline_of)),
     }
+}
+
+/// [`set_own`] of a bound grant on a free key (`transitions::follow_first`:
+/// its token is new, so no follower has it yet): its key `name` in
+/// database `db`, made in the room of a follower that left.
+pub fn set_own_new(token: u64, lease: u64, own: u64, db: i32, name: &[u8]) {
+    let mut t = table();
+    let key = t.key(db, name);
+    t.leases.set_own_new(token, lease, own, key);
 }
 
 /// The holder of grant `token` on `key` follows lease `lease` (its

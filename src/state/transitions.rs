@@ -129,7 +129,9 @@ pub fn release(
                 let census = lock.census();
                 let now = clock::now_ms();
                 let ended = match lock.release_sole(owner, token, now) {
-                    None if sessions::any() => release_follower(&mut lock, owner, token, now),
+                    None if sessions::any() => {
+                        release_follower(ctx, name, &mut lock, owner, token, now)
+                    }
                     ended => ended,
                 };
                 (census, ended)
@@ -145,11 +147,20 @@ pub fn release(
     release_general(ctx, key, name, owner, token, !quiet)
 }
 
-/// [`Lock::release_sole_follower`]: a bound holder's release in one step.
+/// [`Lock::release_sole_follower`]: a bound holder's release in one step,
+/// its follower out of the lease table in the same look at it.
 #[cold]
 #[inline(never)]
-fn release_follower(lock: &mut Lock, owner: &[u8], token: Option<u64>, now: u64) -> Option<Ended> {
-    sessions::with_deadlines(|deadline_of| {
+fn release_follower(
+    ctx: &Context,
+    name: Str<'_>,
+    lock: &mut Lock,
+    owner: &[u8],
+    token: Option<u64>,
+    now: u64,
+) -> Option<Ended> {
+    let db = ffi::selected_db(ctx);
+    sessions::release_follower(db, name.as_slice(), |deadline_of| {
         lock.release_sole_follower(owner, token, now, deadline_of)
     })
 }
@@ -297,10 +308,9 @@ fn follow_first(
     lease: u64,
 ) -> Option<(u64, u64)> {
     let own = lock.follow_granted(token)?;
-    let key = ffi::db_key(ctx, name.as_slice());
     // (The timer is armed already when the table has work due before it.)
     let armed = sessions::lease_work_by(own);
-    sessions::set_own(token, Some(lease), own, key);
+    sessions::set_own_new(token, lease, own, ffi::selected_db(ctx), name.as_slice());
     if !armed {
         timers::sessions_changed();
     }
