@@ -117,17 +117,21 @@ struct Follower<K> {
 const SLOT: u64 = 4;
 
 /// Followers by own deadline, for [`Leases::end_due`]: a slot per [`SLOT`]
-/// ms of deadlines (a map from the slot's number to its place in a slab),
-/// each slot a list of its followers. The slot set last is remembered, so
-/// that a bind whose deadline falls in it (most do: leases of one ttl
-/// bound in a row) touches no map, and a follower knows its slot, so that
-/// leaving touches no map either, but for the removal of a slot its last
-/// follower left: a bound grant and release pay a map's look-up per slot,
-/// not per holder (a sorted set of every follower cost about 500
-/// instructions a bind and 300 a release).
+/// ms of deadlines (a hash map from the slot's number to its place in a
+/// slab, and the numbers in a heap, earliest first), each slot a list of
+/// its followers. The slot set last is remembered, so that a bind whose
+/// deadline falls in it (most do: leases of one ttl bound in a row)
+/// touches no map, and a follower knows its slot, so that leaving touches
+/// no map either, but for the removal of a slot its last follower left: a
+/// bound grant and release pay a map's change per slot, not per holder (a
+/// sorted set of every follower cost about 500 instructions a bind and 300
+/// a release; a sorted map of slots, one insert of 300 to 500 per slot).
+/// The heap keeps the number of a slot removed before its time until the
+/// slots before it are gone (8 bytes; at most one per slot made).
 #[derive(Debug, Default)]
 struct Due {
-    by_slot: BTreeMap<u64, usize>,
+    by_slot: HashMap<u64, usize, Keyed>,
+    order: std::collections::BinaryHeap<std::cmp::Reverse<u64>>,
     slots: Vec<Slot>,
     free: Vec<usize>,
     /// The slot set last: its number and place.
@@ -158,6 +162,7 @@ impl Due {
                     None => {
                         let at = self.alloc(number);
                         self.by_slot.insert(number, at);
+                        self.order.push(std::cmp::Reverse(number));
                         at
                     }
                 };
@@ -181,8 +186,10 @@ impl Due {
                 at
             }
             None => {
+                // (Room for a few at once: most slots hold several.)
                 self.slots.push(Slot {
                     number,
+                    members: Vec::with_capacity(8),
                     ..Slot::default()
                 });
                 self.slots.len() - 1
@@ -218,6 +225,13 @@ impl Due {
             };
         }
         self.by_slot.remove(&number);
+        // The heap's first is a slot that is (no wake-up for nothing).
+        while let Some(std::cmp::Reverse(n)) = self.order.peek() {
+            if self.by_slot.contains_key(n) {
+                break;
+            }
+            self.order.pop();
+        }
         self.free.push(at);
         if self.last.is_some_and(|(n, _)| n == number) {
             self.last = None;
@@ -226,9 +240,25 @@ impl Due {
 
     /// The first slot, when all of it has passed at `now`: its number and
     /// place.
-    fn first_passed(&self, now: u64) -> Option<(u64, usize)> {
-        let (&number, &at) = self.by_slot.first_key_value()?;
-        (Due::end_of(number) <= now).then_some((number, at))
+    fn first_passed(&mut self, now: u64) -> Option<(u64, usize)> {
+        loop {
+            let std::cmp::Reverse(number) = *self.order.peek()?;
+            if Due::end_of(number) > now {
+                return None;
+            }
+            match self.by_slot.get(&number) {
+                Some(&at) => return Some((number, at)),
+                // A slot removed before its time.
+                None => {
+                    self.order.pop();
+                }
+            }
+        }
+    }
+
+    /// When the earliest slot ends.
+    fn next(&self) -> Option<u64> {
+        self.order.peek().map(|n| Due::end_of(n.0))
     }
 
     /// The last millisecond of slot `number`.
@@ -713,6 +743,12 @@ impl<K: Clone> Leases<K> {
         all
     }
 
+    /// When the timer must look at a follower ending at `own` (the end of
+    /// its slot).
+    pub fn due_at(own: u64) -> u64 {
+        Due::end_of(own / SLOT)
+    }
+
     /// Lease `l` ends (its connection closed): it is forgotten, its
     /// followers stay until they leave (the shell ends them with the
     /// connection's bindings), then end by their deadlines as they are.
@@ -812,7 +848,7 @@ impl<K: Clone> Leases<K> {
         if !self.ending.is_empty() || !self.garbage.is_empty() {
             return Some(0);
         }
-        let own = self.own_due.by_slot.keys().next().map(|n| Due::end_of(*n));
+        let own = self.own_due.next();
         let gen = self.gen_due.first().map(|(at, _)| *at);
         match (own, gen) {
             (Some(a), Some(b)) => Some(a.min(b)),

@@ -145,7 +145,10 @@ pub fn next_work() -> Option<u64> {
 impl Table {
     /// A follower's key, in the room of one that left if any.
     fn key(&mut self, db: i32, name: &[u8]) -> DbKey {
-        let mut room = self.spare.pop().unwrap_or_default();
+        let mut room = self
+            .spare
+            .pop()
+            .unwrap_or_else(|| Vec::with_capacity(name.len().max(16)));
         room.clear();
         room.extend_from_slice(name);
         DbKey { db, name: room }
@@ -282,7 +285,11 @@ pub fn release_follower(
     name: &[u8],
     release: impl FnOnce(&dyn Fn(u64) -> Option<u64>) -> Option<Ended>,
 ) -> Option<Ended> {
-    let mut t = table();
+    // A follower leaving changes none of the flags that follow the table
+    // but when the lease table next has work, which can only come later
+    // (the timer then finds nothing and looks again): they are left as
+    // they are (every bound release does this).
+    let mut t = shared::lock(&TABLE, |_| {});
     let ended = {
         let t = &*t;
         let deadline_of = |id: u64| match t.live.get(&id) {
@@ -444,9 +451,14 @@ pub fn deadline_of(h: &lock_core::HolderRef<'_>) -> u64 {
 /// its token is new, so no follower has it yet): its key `name` in
 /// database `db`, made in the room of a follower that left.
 pub fn set_own_new(token: u64, lease: u64, own: u64, db: i32, name: &[u8]) {
-    let mut t = table();
+    // What a new follower changes of the flags that follow the table, set
+    // here rather than all looked at again when its lock is let go (every
+    // bound grant does this).
+    let mut t = shared::lock(&TABLE, |_| {});
     let key = t.key(db, name);
     t.leases.set_own_new(token, lease, own, key);
+    ANY.store(true, Ordering::Relaxed);
+    NEXT_LEASE.fetch_min(Leases::<DbKey>::due_at(own), Ordering::Relaxed);
 }
 
 /// The holder of grant `token` on `key` follows lease `lease` (its

@@ -286,7 +286,10 @@ fn first_grant(
     let (census, deadline) = (lock.census(), lock.latest_deadline());
     key.store(lock, stats::lock_keys() == 0)?;
     stats::value(1, census);
-    if let Some(deadline) = deadline {
+    // A key just made has no TTL (Redis's store of a value clears it): a
+    // follower's, which must have none, is left as it is.
+    let own = deadline.filter(|d| lock_core::lock::session_of(*d).is_none());
+    if let Some(deadline) = own {
         key.expire_at(deadline);
     }
     drop(key);
