@@ -72,7 +72,7 @@ pub const SYNC: Spec = command! {
     keys: Keys::First(UPDATE),
     arity: -4,
     since: c"0.1.0",
-    summary: c"Internal: applies one replicated lock effect (mode:holds:token:deadline[:limit][:Flease] owner, or DROP owner; the 0.2 form SET owner mode holds token deadline [limit] still applies). Accepted only from the master or the AOF.",
+    summary: c"Internal: applies one replicated lock effect (mode:holds:token:deadline[:limit] owner, a holder that follows its connection's lease with :Flease after its numbers, or DROP owner; the 0.2 form SET owner mode holds token deadline [limit] still applies). Accepted only from the master or the AOF.",
     complexity: c"O(R), R the holders",
     args: &[
         Arg::new(c"key", ArgKind::Key),
