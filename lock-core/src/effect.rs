@@ -6,8 +6,17 @@
 //! ```text
 //! LOCK.SYNC key exclusive|shared:holds:token:deadline-unix-ms owner
 //! LOCK.SYNC key semaphore:holds:token:deadline-unix-ms:limit owner
+//! LOCK.SYNC key exclusive|shared:holds:token:own-deadline-unix-ms:Flease owner
+//! LOCK.SYNC key semaphore:holds:token:own-deadline-unix-ms:limit:Flease owner
 //! LOCK.SYNC key DROP owner
 //! ```
+//!
+//! `:F<lease>` (0.4): the holder follows connection lease `lease` (`BIND`,
+//! `crate::lease`) and the deadline is its own: one effect sets the
+//! holder and its place in the lease table. Before it, the same was two
+//! effects, `LOCK.LEASESYNC OWN token lease deadline` then the holder with
+//! its entry's deadline naming its token ([`crate::lock::session_deadline`]),
+//! which replicas and AOF replays still apply.
 //!
 //! A holder's numbers travel as one argument (a UUID-owned grant's fits a
 //! string Redis keeps in one allocation): each argument of an effect costs
@@ -40,6 +49,10 @@ pub enum Effect<'a> {
     /// `owner` holds nothing.
     Drop { owner: &'a [u8] },
 }
+
+/// What starts a state's last part when its holder follows a connection
+/// lease (`:F<lease>`).
+const FOLLOWS: u8 = b'F';
 
 /// Why an effect was not read: its shape (`Syntax`) or its numbers and
 /// names (`BadState`).
@@ -88,6 +101,32 @@ impl<'a> Effect<'a> {
                 set(mode, limit, owner, [holds, token, deadline].map(decimal))
             }
             _ => Err(Malformed::Syntax),
+        }
+    }
+
+    /// [`Effect::decode`], and the connection lease the holder follows
+    /// when its state ends in `:F<lease>` (its `deadline` is then its own
+    /// deadline: a real one, never a session's).
+    pub fn decode_following(args: &[&'a [u8]]) -> Result<(Effect<'a>, Option<u64>), Malformed> {
+        let follows = match *args {
+            [state, owner] => state
+                .iter()
+                .rposition(|b| *b == b':')
+                .and_then(|at| Some((state.get(..at)?, state.get(at + 1..)?, owner))),
+            _ => None,
+        };
+        match follows {
+            Some((state, [FOLLOWS, lease @ ..], owner)) => {
+                let lease = decimal(lease)?;
+                match Effect::decode(&[state, owner])? {
+                    Effect::Set { deadline, .. } if crate::lock::session_of(deadline).is_some() => {
+                        Err(Malformed::BadState)
+                    }
+                    set @ Effect::Set { .. } => Ok((set, Some(lease))),
+                    Effect::Drop { .. } => Err(Malformed::Syntax),
+                }
+            }
+            _ => Ok((Effect::decode(args)?, None)),
         }
     }
 
@@ -208,8 +247,9 @@ pub struct Encoded {
 }
 
 /// The widest name, four numbers of at most 20 digits and their colons,
-/// and room for the last 8-byte store of the last number ([`Encoded::put8`]).
-const ENCODED_MAX: usize = WIDTH + 4 * 21 + 8;
+/// a follower's lease (`:F` and 20 digits), and room for the last 8-byte
+/// store of the last number ([`Encoded::put8`]).
+const ENCODED_MAX: usize = WIDTH + 4 * 21 + 22 + 8;
 
 impl Encoded {
     /// `h`'s state in `lock`: what the effect of a change to it carries.
@@ -217,6 +257,19 @@ impl Encoded {
     pub fn of(lock: &Lock, h: &HolderRef<'_>) -> Encoded {
         let mut e = Encoded::empty();
         e.spell(lock.mode(), lock.limit(), h.holds, h.token, h.deadline);
+        e
+    }
+
+    /// The state of `h`, a follower of connection lease `lease` whose own
+    /// deadline is `own` (its entry's names its token): `...:own:F<lease>`,
+    /// the holder and its place in the lease table in one effect.
+    #[inline(always)]
+    pub fn of_follower(lock: &Lock, h: &HolderRef<'_>, own: u64, lease: u64) -> Encoded {
+        let mut e = Encoded::empty();
+        e.spell(lock.mode(), lock.limit(), h.holds, h.token, own);
+        e.colon();
+        e.put(&[FOLLOWS]);
+        e.number(lease);
         e
     }
 
@@ -501,6 +554,67 @@ mod tests {
             )
             .as_bytes()
         );
+    }
+
+    proptest! {
+        #[test]
+        fn a_followers_effect_is_read_back_with_its_lease(
+            kind in kind(),
+            owner in proptest::collection::vec(any::<u8>(), 1..60),
+            token in 1..=u64::MAX,
+            own in 0..crate::lock::SESSION_BIT,
+            lease in any::<u64>(),
+        ) {
+            let holder = Effect::Set { kind, owner: &owner, holds: 1, token, deadline: own }
+                .holder(0)
+                .unwrap();
+            let lock = Lock::from_holders(kind, vec![holder]).unwrap();
+            let h = lock.holders().next().unwrap();
+            let state = Encoded::of_follower(&lock, &h, own, lease);
+            let set = Effect::Set { kind, owner: &owner, holds: 1, token, deadline: own };
+            prop_assert_eq!(
+                Effect::decode_following(&[state.as_bytes(), &owner]),
+                Ok((set, Some(lease)))
+            );
+            // Without the lease, the effect as before.
+            let (plain, _) = set.encode();
+            prop_assert_eq!(
+                Effect::decode_following(&[plain.as_bytes(), &owner]),
+                Ok((set, None))
+            );
+        }
+    }
+
+    #[test]
+    fn a_followers_effect_is_spelled_and_refused_as_the_contract_says() {
+        let lock = Lock::from_holders(
+            Kind::Semaphore(3),
+            vec![Effect::Set {
+                kind: Kind::Semaphore(3),
+                owner: b"o",
+                holds: 1,
+                token: 5,
+                deadline: 6,
+            }
+            .holder(0)
+            .unwrap()],
+        )
+        .unwrap();
+        let h = lock.holders().next().unwrap();
+        assert_eq!(
+            Encoded::of_follower(&lock, &h, 1000, 77).as_bytes(),
+            b"semaphore:1:5:1000:3:F77"
+        );
+        let read = |state: &str| {
+            Effect::decode_following(&[state.as_bytes(), b"o"]).map(|(_, lease)| lease)
+        };
+        assert_eq!(read("DROP:F7"), Err(Malformed::Syntax));
+        assert_eq!(read("exclusive:1:5:1000:F"), Err(Malformed::BadState));
+        assert_eq!(read("exclusive:1:5:1000:Fx"), Err(Malformed::BadState));
+        // A follower's deadline is its own, never a session's.
+        let marked = format!("exclusive:1:5:{}:F7", crate::lock::session_deadline(5));
+        assert_eq!(read(&marked), Err(Malformed::BadState));
+        assert_eq!(read("exclusive:1:5:1000:3:F7"), Err(Malformed::BadState));
     }
 
     #[test]

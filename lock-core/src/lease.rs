@@ -25,7 +25,77 @@
 //! and every follower of a generation at its deadline, a page at a time.
 //! It holds no clock: time is an argument, as everywhere in the core.
 
+use std::collections::hash_map::RandomState;
 use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
+use std::hash::{BuildHasher, Hasher};
+use std::sync::LazyLock;
+
+/// The hash of the table's maps, whose keys are numbers the server hands
+/// out (tokens, lease ids, internal numbers): one folded multiply, keyed at
+/// random per process (numbers forged into a file cannot be chosen to
+/// collide), a tenth of SipHash's instructions on every bound grant and
+/// release.
+#[derive(Clone, Copy, Debug)]
+pub struct Keyed {
+    k0: u64,
+    k1: u64,
+}
+
+static SEEDS: LazyLock<Keyed> = LazyLock::new(|| {
+    let s = RandomState::new();
+    Keyed {
+        k0: s.hash_one(0x1ea5e_u64),
+        k1: s.hash_one(0x1ea5e_u64 + 1) | 1,
+    }
+});
+
+impl Default for Keyed {
+    fn default() -> Keyed {
+        *SEEDS
+    }
+}
+
+/// [`Keyed`]'s hasher.
+#[derive(Debug)]
+pub struct KeyedHasher {
+    keys: Keyed,
+    h: u64,
+}
+
+fn folded_multiply(a: u64, b: u64) -> u64 {
+    let full = u128::from(a).wrapping_mul(u128::from(b));
+    (full as u64) ^ ((full >> 64) as u64)
+}
+
+impl Hasher for KeyedHasher {
+    fn write(&mut self, bytes: &[u8]) {
+        for chunk in bytes.chunks(8) {
+            let mut word = [0u8; 8];
+            if let Some(w) = word.get_mut(..chunk.len()) {
+                w.copy_from_slice(chunk);
+            }
+            self.write_u64(u64::from_le_bytes(word));
+        }
+    }
+
+    fn write_u64(&mut self, x: u64) {
+        self.h = folded_multiply(self.h ^ x ^ self.keys.k0, self.keys.k1);
+    }
+
+    fn finish(&self) -> u64 {
+        self.h
+    }
+}
+
+impl BuildHasher for Keyed {
+    type Hasher = KeyedHasher;
+    fn build_hasher(&self) -> KeyedHasher {
+        KeyedHasher { keys: *self, h: 0 }
+    }
+}
+
+/// A map by number, [`Keyed`].
+type Map<V> = HashMap<u64, V, Keyed>;
 
 #[derive(Debug, Clone)]
 struct Follower<K> {
@@ -36,6 +106,165 @@ struct Follower<K> {
     key: K,
     /// Reported ended by [`Leases::end_due`] (its holder's end to come).
     reported: bool,
+    /// Its slot in [`Due`] while its own deadline is indexed there.
+    due: Option<usize>,
+}
+
+/// How many milliseconds of own deadlines share a slot of [`Due`]: the
+/// timer looks at a slot when all of it has passed, so a follower is ended
+/// by the timer at most this much less one after its deadline (every
+/// command sees it ended at its deadline exactly: [`Leases::deadline`]).
+const SLOT: u64 = 4;
+
+/// Followers by own deadline, for [`Leases::end_due`]: a slot per [`SLOT`]
+/// ms of deadlines (a hash map from the slot's number to its place in a
+/// slab, and the numbers in a heap, earliest first), each slot a list of
+/// its followers. The slot set last is remembered, so that a bind whose
+/// deadline falls in it (most do: leases of one ttl bound in a row)
+/// touches no map, and a follower knows its slot, so that leaving touches
+/// no map either, but for the removal of a slot its last follower left: a
+/// bound grant and release pay a map's change per slot, not per holder (a
+/// sorted set of every follower cost about 500 instructions a bind and 300
+/// a release; a sorted map of slots, one insert of 300 to 500 per slot).
+/// The heap keeps the number of a slot removed before its time until the
+/// slots before it are gone (8 bytes; at most one per slot made).
+#[derive(Debug, Default)]
+struct Due {
+    by_slot: HashMap<u64, usize, Keyed>,
+    order: std::collections::BinaryHeap<std::cmp::Reverse<u64>>,
+    slots: Vec<Slot>,
+    free: Vec<usize>,
+    /// The slot set last: its number and place.
+    last: Option<(u64, usize)>,
+}
+
+#[derive(Debug, Default)]
+struct Slot {
+    number: u64,
+    /// Its followers, and ids that left it since (checked on use: a
+    /// follower is in it while its `due` names it).
+    members: Vec<u64>,
+    /// How many followers are in it.
+    live: u64,
+    /// Where the next look for ids that left `members` starts.
+    cursor: usize,
+}
+
+impl Due {
+    /// Follower `x`, of own deadline `own`, indexed: its slot's place.
+    fn add(&mut self, x: u64, own: u64) -> usize {
+        let number = own / SLOT;
+        let at = match self.last {
+            Some((n, at)) if n == number => at,
+            _ => {
+                let at = match self.by_slot.get(&number) {
+                    Some(&at) => at,
+                    None => {
+                        let at = self.alloc(number);
+                        self.by_slot.insert(number, at);
+                        self.order.push(std::cmp::Reverse(number));
+                        at
+                    }
+                };
+                self.last = Some((number, at));
+                at
+            }
+        };
+        if let Some(slot) = self.slots.get_mut(at) {
+            slot.members.push(x);
+            slot.live += 1;
+        }
+        at
+    }
+
+    fn alloc(&mut self, number: u64) -> usize {
+        match self.free.pop() {
+            Some(at) => {
+                if let Some(s) = self.slots.get_mut(at) {
+                    s.number = number;
+                }
+                at
+            }
+            None => {
+                // (Room for a few at once: most slots hold several.)
+                self.slots.push(Slot {
+                    number,
+                    members: Vec::with_capacity(8),
+                    ..Slot::default()
+                });
+                self.slots.len() - 1
+            }
+        }
+    }
+
+    /// A follower of slot `at` is no longer indexed: the slot goes with
+    /// its last.
+    fn remove(&mut self, at: usize) {
+        let Some(slot) = self.slots.get_mut(at) else {
+            return;
+        };
+        slot.live = slot.live.saturating_sub(1);
+        if slot.live == 0 {
+            let number = slot.number;
+            self.drop_slot(number, at);
+        }
+    }
+
+    fn drop_slot(&mut self, number: u64, at: usize) {
+        if let Some(slot) = self.slots.get_mut(at) {
+            // Its list's room is kept for the next slot (a small one: a
+            // slot set in a row grows it once, not at every slot).
+            let mut members = std::mem::take(&mut slot.members);
+            members.clear();
+            if members.capacity() > 1024 {
+                members = Vec::new();
+            }
+            *slot = Slot {
+                members,
+                ..Slot::default()
+            };
+        }
+        self.by_slot.remove(&number);
+        // The heap's first is a slot that is (no wake-up for nothing).
+        while let Some(std::cmp::Reverse(n)) = self.order.peek() {
+            if self.by_slot.contains_key(n) {
+                break;
+            }
+            self.order.pop();
+        }
+        self.free.push(at);
+        if self.last.is_some_and(|(n, _)| n == number) {
+            self.last = None;
+        }
+    }
+
+    /// The first slot, when all of it has passed at `now`: its number and
+    /// place.
+    fn first_passed(&mut self, now: u64) -> Option<(u64, usize)> {
+        loop {
+            let std::cmp::Reverse(number) = *self.order.peek()?;
+            if Due::end_of(number) > now {
+                return None;
+            }
+            match self.by_slot.get(&number) {
+                Some(&at) => return Some((number, at)),
+                // A slot removed before its time.
+                None => {
+                    self.order.pop();
+                }
+            }
+        }
+    }
+
+    /// When the earliest slot ends.
+    fn next(&self) -> Option<u64> {
+        self.order.peek().map(|n| Due::end_of(n.0))
+    }
+
+    /// The last millisecond of slot `number`.
+    fn end_of(number: u64) -> u64 {
+        number.saturating_mul(SLOT).saturating_add(SLOT - 1)
+    }
 }
 
 #[derive(Debug, Default)]
@@ -51,8 +280,51 @@ struct Batch {
     live: u64,
     /// Where the next look for ids that left `members` starts.
     cursor: usize,
-    /// While open: how many followers end at each own deadline.
+    /// While open: how many followers end at each own deadline (but for
+    /// those of `tail`).
     open: BTreeMap<u64, u64>,
+    /// While open: the own deadline set last and how many followers set
+    /// it since (counted here, not in `open`): followers bound in a row
+    /// mostly share their deadline's millisecond, so most binds and
+    /// leaves of an open batch touch no map.
+    tail: (u64, u64),
+}
+
+impl Batch {
+    /// One more follower of the open batch ends at `own`.
+    fn add_open(&mut self, own: u64) {
+        match self.tail {
+            (at, n) if at == own || n == 0 => self.tail = (own, n + 1),
+            (at, n) => {
+                *self.open.entry(at).or_insert(0) += n;
+                self.tail = (own, 1);
+            }
+        }
+    }
+
+    /// One follower of the open batch that ended at `own` left.
+    fn remove_open(&mut self, own: u64) {
+        match self.tail {
+            (at, n) if at == own && n > 0 => self.tail.1 = n - 1,
+            _ => {
+                if let Some(n) = self.open.get_mut(&own) {
+                    *n = n.saturating_sub(1);
+                    if *n == 0 {
+                        self.open.remove(&own);
+                    }
+                }
+            }
+        }
+    }
+
+    /// How many followers of the open batch end at or before `now`.
+    fn dead_at(&self, now: u64) -> u64 {
+        let tail = match self.tail {
+            (at, n) if at <= now => n,
+            _ => 0,
+        };
+        self.open.range(..=now).map(|(_, n)| *n).sum::<u64>() + tail
+    }
 }
 
 #[derive(Debug, Default)]
@@ -81,12 +353,12 @@ struct Lease {
 /// `K` what the shell keeps per follower (the holder's key).
 #[derive(Debug)]
 pub struct Leases<K> {
-    leases: HashMap<u64, Lease>,
-    followers: HashMap<u64, Follower<K>>,
-    batches: HashMap<u64, Batch>,
-    gens: HashMap<u64, Gen>,
+    leases: Map<Lease>,
+    followers: Map<Follower<K>>,
+    batches: Map<Batch>,
+    gens: Map<Gen>,
     /// Every follower at its own deadline.
-    own_due: BTreeSet<(u64, u64)>,
+    own_due: Due,
     /// Every generation at its deadline.
     gen_due: BTreeSet<(u64, u64)>,
     /// Batches of generations that ended, their followers still to end.
@@ -100,11 +372,11 @@ pub struct Leases<K> {
 impl<K> Default for Leases<K> {
     fn default() -> Self {
         Leases {
-            leases: HashMap::new(),
-            followers: HashMap::new(),
-            batches: HashMap::new(),
-            gens: HashMap::new(),
-            own_due: BTreeSet::new(),
+            leases: Map::default(),
+            followers: Map::default(),
+            batches: Map::default(),
+            gens: Map::default(),
+            own_due: Due::default(),
             gen_due: BTreeSet::new(),
             ending: VecDeque::new(),
             garbage: Vec::new(),
@@ -180,33 +452,84 @@ impl<K: Clone> Leases<K> {
     /// lives by it until the lease's next KEEPALIVE.
     pub fn set_own(&mut self, x: u64, l: u64, own: u64, key: K) {
         self.leave(x);
-        let open = self.open_batch(l);
-        if let Some(lease) = self.leases.get_mut(&l) {
-            lease.count += 1;
-        }
+        self.add(x, l, own, key);
+    }
+
+    /// [`Leases::set_own`] of an `x` that is no follower here (a bound
+    /// grant's new token, above every id the table was given): nothing to
+    /// leave first.
+    pub fn set_own_new(&mut self, x: u64, l: u64, own: u64, key: K) {
+        self.add(x, l, own, key);
+    }
+
+    fn add(&mut self, x: u64, l: u64, own: u64, key: K) {
+        let open = match self.leases.get_mut(&l) {
+            Some(lease) => {
+                lease.count += 1;
+                lease.open
+            }
+            None => {
+                let open = self.open_batch(l);
+                if let Some(lease) = self.leases.get_mut(&l) {
+                    lease.count += 1;
+                }
+                open
+            }
+        };
         if let Some(b) = self.batches.get_mut(&open) {
             b.members.push(x);
             b.live += 1;
-            *b.open.entry(own).or_insert(0) += 1;
+            b.add_open(own);
         }
-        self.own_due.insert((own, x));
-        self.followers.insert(
-            x,
-            Follower {
-                lease: l,
-                batch: open,
-                own,
-                key,
-                reported: false,
-            },
-        );
+        let due = Some(self.own_due.add(x, own));
+        let follower = Follower {
+            lease: l,
+            batch: open,
+            own,
+            key,
+            reported: false,
+            due,
+        };
+        // (A follower `x` already, after all (a forged file's follower of
+        // no holder, its token never issued): it is replaced.)
+        if let Some(old) = self.followers.insert(x, follower) {
+            self.let_go(old);
+        }
     }
 
     /// Follower `x` is gone (its holder ended, or stopped following): its
     /// key, if it was one.
     pub fn leave(&mut self, x: u64) -> Option<K> {
         let f = self.followers.remove(&x)?;
-        self.own_due.remove(&(f.own, x));
+        Some(self.let_go(f))
+    }
+
+    /// What follower `x`, `f`, counted, taken off (it is out of
+    /// `followers` already, or replaced there): its key.
+    fn let_go(&mut self, f: Follower<K>) -> K {
+        if let Some(at) = f.due {
+            self.own_due.remove(at);
+            // Two more entries of its slot looked at, those that left
+            // dropped, as a batch's members are: no slot keeps more than
+            // about twice its followers.
+            let followers = &self.followers;
+            let slot = self.own_due.slots.get_mut(at);
+            if let Some(slot) = slot.filter(|s| s.members.len() > 2 * s.live as usize + 8) {
+                for _ in 0..2 {
+                    if slot.cursor >= slot.members.len() {
+                        slot.cursor = 0;
+                    }
+                    let Some(&m) = slot.members.get(slot.cursor) else {
+                        break;
+                    };
+                    if followers.get(&m).is_some_and(|f| f.due == Some(at)) {
+                        slot.cursor += 1;
+                    } else {
+                        slot.members.swap_remove(slot.cursor);
+                    }
+                }
+            }
+        }
         if let Some(lease) = self.leases.get_mut(&f.lease) {
             lease.count = lease.count.saturating_sub(1);
         }
@@ -214,14 +537,7 @@ impl<K: Clone> Leases<K> {
         if let Some(b) = self.batches.get_mut(&f.batch) {
             b.live = b.live.saturating_sub(1);
             match b.gen {
-                None => {
-                    if let Some(n) = b.open.get_mut(&f.own) {
-                        *n = n.saturating_sub(1);
-                        if *n == 0 {
-                            b.open.remove(&f.own);
-                        }
-                    }
-                }
+                None => b.remove_open(f.own),
                 Some(g) => {
                     if f.own > b.cover {
                         if let Some(g) = self.gens.get_mut(&g) {
@@ -235,10 +551,11 @@ impl<K: Clone> Leases<K> {
             }
             if b.live == 0 && b.gen.is_none() {
                 b.members.clear();
-            } else {
+            } else if b.members.len() > 2 * b.live as usize + 8 {
                 // Two more entries looked at, those that left dropped: each
                 // change leaves at most one, so the list stays within about
-                // twice its followers, and no change walks it whole.
+                // twice its followers, and no change walks it whole (nor
+                // looks at all while it is within that).
                 let (followers, batch) = (&self.followers, f.batch);
                 for _ in 0..2 {
                     if b.cursor >= b.members.len() {
@@ -273,7 +590,7 @@ impl<K: Clone> Leases<K> {
                 }
             }
         }
-        Some(f.key)
+        f.key
     }
 
     /// `LOCK.KEEPALIVE` at `now`: every follower of lease `l` alive at `now`
@@ -328,9 +645,10 @@ impl<K: Clone> Leases<K> {
         }
         let mut alive = 0;
         if let Some(mut b) = self.batches.remove(&open) {
-            let dead: u64 = b.open.range(..=now).map(|(_, n)| *n).sum();
+            let dead = b.dead_at(now);
             alive = b.live.saturating_sub(dead);
             let map = std::mem::take(&mut b.open);
+            b.tail = (0, 0);
             if !map.is_empty() {
                 self.garbage.push(map.into_iter());
             }
@@ -377,6 +695,12 @@ impl<K: Clone> Leases<K> {
         self.followers.get(&x).is_some_and(|f| &f.key == key)
     }
 
+    /// Whether follower `x`'s holder's key is one `is` says (compared in
+    /// place: nothing made to compare it with).
+    pub fn key_is(&self, x: u64, is: impl FnOnce(&K) -> bool) -> bool {
+        self.followers.get(&x).is_some_and(|f| is(&f.key))
+    }
+
     /// Follower `x`'s holder is on `key` now (its key loaded, or moved).
     pub fn set_key(&mut self, x: u64, key: K) {
         if let Some(f) = self.followers.get_mut(&x) {
@@ -417,6 +741,12 @@ impl<K: Clone> Leases<K> {
             .collect();
         all.sort_unstable();
         all
+    }
+
+    /// When the timer must look at a follower ending at `own` (the end of
+    /// its slot).
+    pub fn due_at(own: u64) -> u64 {
+        Due::end_of(own / SLOT)
     }
 
     /// Lease `l` ends (its connection closed): it is forgotten, its
@@ -484,13 +814,25 @@ impl<K: Clone> Leases<K> {
             }
         }
         while keys.len() < n {
-            let Some(&(at, x)) = self.own_due.first() else {
+            let Some((number, at)) = self.own_due.first_passed(now) else {
                 break;
             };
-            if at > now {
-                break;
+            let member = self
+                .own_due
+                .slots
+                .get_mut(at)
+                .and_then(|slot| slot.members.pop());
+            let Some(x) = member else {
+                self.own_due.drop_slot(number, at);
+                continue;
+            };
+            // Out of the index (an id that left it is skipped; one set
+            // twice in a slot is taken once).
+            match self.followers.get_mut(&x) {
+                Some(f) if f.due == Some(at) => f.due = None,
+                _ => continue,
             }
-            self.own_due.remove(&(at, x));
+            self.own_due.remove(at);
             if self.deadline(x).is_some_and(|d| d <= now) {
                 if let Some(f) = self.followers.get_mut(&x).filter(|f| !f.reported) {
                     f.reported = true;
@@ -506,7 +848,7 @@ impl<K: Clone> Leases<K> {
         if !self.ending.is_empty() || !self.garbage.is_empty() {
             return Some(0);
         }
-        let own = self.own_due.first().map(|(at, _)| *at);
+        let own = self.own_due.next();
         let gen = self.gen_due.first().map(|(at, _)| *at);
         match (own, gen) {
             (Some(a), Some(b)) => Some(a.min(b)),
@@ -638,7 +980,10 @@ mod tests {
         assert_eq!(t.deadline(42), Some(3000));
         assert_eq!(t.deadline(43), Some(9000));
         // The generation ends with all its followers, a page at a time.
-        assert_eq!(t.end_due(3000, 10), vec![(42, 42)]);
+        // (The timer looks at own deadlines a slot of SLOT ms at a time.)
+        assert_eq!(t.end_due(3000, 10), Vec::<(u64, u64)>::new());
+        assert_eq!(t.deadline(42), Some(3000));
+        assert_eq!(t.end_due(3000 + SLOT - 1, 10), vec![(42, 42)]);
         t.leave(42);
         assert_eq!(t.end_due(8999, 10), Vec::<(u64, u64)>::new());
         assert_eq!(t.end_due(9000, 10).len(), 10);
@@ -661,7 +1006,30 @@ mod tests {
             t.set_own(6, 8, 20_000 + i, 6);
         }
         let open = t.leases.get(&8).map(|l| l.open).unwrap();
-        assert!(t.batches.get(&open).unwrap().members.len() <= 8);
+        assert!(t.batches.get(&open).unwrap().members.len() <= 2 * 2 + 10);
+        // Nor do binds and leaves in one slot of deadlines that a
+        // follower keeps: a slot's list stays within about twice its own.
+        t.set_own(1_000_000, 9, 50_000, 1_000_000);
+        for i in 0..10_000 {
+            t.set_own(i, 9, 50_000 + i % SLOT, i);
+            t.leave(i);
+        }
+        let slot = t.own_due.by_slot.get(&(50_000 / SLOT)).copied().unwrap();
+        assert!(t.own_due.slots[slot].members.len() <= 2 + 10);
+        assert_eq!(
+            t.end_due(50_000 + SLOT - 1, 10),
+            vec![(1_000_000, 1_000_000)]
+        );
+        t.leave(1_000_000);
+        assert!(t.own_due.by_slot.is_empty());
+        // A new follower's id that is one after all (a forged file's)
+        // replaces it.
+        t.set_own(77, 9, 60_000, 77);
+        t.set_own_new(77, 9, 70_000, 77);
+        assert_eq!((t.count(9), t.deadline(77)), (1, Some(70_000)));
+        t.leave(77);
+        assert_eq!(t.count(9), 0);
+        assert!(t.own_due.by_slot.is_empty());
         // A follower dead before a KEEPALIVE stays dead.
         t.set_own(1, 7, 9500, 1);
         assert_eq!(t.keepalive(7, 9600, 20_000), 0);

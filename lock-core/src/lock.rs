@@ -1129,15 +1129,25 @@ impl Lock {
     /// nothing changed, when no holder has that token or it follows a
     /// session (a follower already: its own deadline is the table's).
     pub fn follow(&mut self, token: u64, changes: &mut Changes) -> Option<u64> {
+        let own = self.follow_granted(token)?;
+        if let Some(h) = self.holders().find(|h| h.token == token) {
+            changes.touch(h.owner);
+        }
+        Some(own)
+    }
+
+    /// [`Lock::follow`] with no change recorded: for a grant whose holder
+    /// the caller replicates whole anyway (a first grant's one holder,
+    /// `Lock::first`), so that a bound grant on a free key allocates
+    /// nothing more than an unbound one.
+    pub fn follow_granted(&mut self, token: u64) -> Option<u64> {
         let (at, h) = self.block.entries().find(|(_, h)| h.token == token)?;
         if h.session().is_some() {
             return None;
         }
         let (holds, since, own) = (h.holds, h.since, h.deadline);
-        let owner: Owner = h.owner.into();
         self.block
             .set(at, holds, since, token, session_deadline(token));
-        changes.touch(&owner);
         Some(own)
     }
 

@@ -244,8 +244,9 @@ fn grant(ctx: &Context, grant: args::Grant<'_>) -> RedisResult {
     let issued = bind.map(|_| fencing::last());
     // The connection's lease, which a bound holder follows (drawn now for
     // a connection's first binding, kept with it once bound).
-    let lease = bind
-        .and_then(|c| bindings::lease_of(c).or_else(sessions::draw_lease))
+    let known = bind.and_then(bindings::lease_of);
+    let lease = known
+        .or_else(|| bind.and_then(|_| sessions::draw_lease()))
         .unwrap_or(0);
     let (attempt, next_expiry) = transitions::grant(ctx, grant.key, grant.ask, event, lease)?;
     match (attempt, bind) {
@@ -258,7 +259,9 @@ fn grant(ctx: &Context, grant: args::Grant<'_>) -> RedisResult {
                 // A repeat: its grant may be bound already.
                 false => bindings::bind(client, db, name, owner, token, mode),
             }
-            bindings::set_lease(client, lease);
+            if known.is_none() {
+                bindings::set_lease(client, lease);
+            }
             replies::answer(attempt)
         }
         _ => answer_grant(ctx, &grant, attempt, next_expiry, bind),

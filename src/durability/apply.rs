@@ -47,15 +47,16 @@ fn within_bounds(holder: &mut Holder, loading: bool) -> Result<(), LockError> {
     Ok(())
 }
 
-/// The key and the effect of `LOCK.SYNC key ...` (`lock_core::effect`).
-fn parse(argv: Argv<'_>) -> Result<(Str<'_>, Effect<'_>), LockError> {
+/// The key and the effect of `LOCK.SYNC key ...` (`lock_core::effect`),
+/// and the connection lease its holder follows (`:F<lease>`).
+fn parse(argv: Argv<'_>) -> Result<(Str<'_>, Effect<'_>, Option<u64>), LockError> {
     let key = argv.get(1).ok_or(LockError::Syntax)?;
     let rest: Vec<&[u8]> = (2..argv.len())
         .filter_map(|i| argv.get(i))
         .map(Str::as_slice)
         .collect();
-    match Effect::decode(&rest) {
-        Ok(effect) => Ok((key, effect)),
+    match Effect::decode_following(&rest) {
+        Ok((effect, lease)) => Ok((key, effect, lease)),
         Err(Malformed::Syntax) => Err(LockError::Syntax),
         Err(Malformed::BadState) => Err(LockError::BadState),
     }
@@ -71,7 +72,7 @@ pub const SYNC: Spec = command! {
     keys: Keys::First(UPDATE),
     arity: -4,
     since: c"0.1.0",
-    summary: c"Internal: applies one replicated lock effect (mode:holds:token:deadline[:limit] owner, or DROP owner; the 0.2 form SET owner mode holds token deadline [limit] still applies). Accepted only from the master or the AOF.",
+    summary: c"Internal: applies one replicated lock effect (mode:holds:token:deadline[:limit] owner, a holder that follows its connection's lease with :Flease after its numbers, or DROP owner; the 0.2 form SET owner mode holds token deadline [limit] still applies). Accepted only from the master or the AOF.",
     complexity: c"O(R), R the holders",
     args: &[
         Arg::new(c"key", ArgKind::Key),
@@ -86,7 +87,8 @@ pub const SYNC: Spec = command! {
 /// (`Access::Internal`: the master's stream and the AOF only.)
 fn sync(ctx: &Context, args: Argv<'_>) -> RedisResult {
     let flags = ctx.get_flags();
-    let (name, effect) = parse(args)?;
+    let loading = flags.contains(ContextFlags::LOADING);
+    let (name, effect, lease) = parse(args)?;
     // Not in the stream: a new grant counts from its arrival (`Lock::put`
     // keeps it for a changed one).
     let mut set = match effect {
@@ -96,8 +98,25 @@ fn sync(ctx: &Context, args: Argv<'_>) -> RedisResult {
         Effect::Drop { .. } => None,
     };
     if let Some((_, holder)) = &mut set {
-        within_bounds(holder, flags.contains(ContextFlags::LOADING))?;
+        within_bounds(holder, loading)?;
     }
+    // A follower (`:F<lease>`): its own deadline goes to the lease table,
+    // its entry names its token, as `LOCK.LEASESYNC OWN` and the holder's
+    // effect did in two.
+    let follows = match (lease, &mut set) {
+        (Some(lease), Some((_, holder))) => {
+            if !Tokens::loadable(lease, clock::now_ms()) {
+                if loading {
+                    stats::fixed_at_load(&log::AOF_SESSION_DROPPED, &format!("a lease's {lease}"));
+                }
+                return Err(LockError::BadState.into());
+            }
+            let own = holder.deadline;
+            holder.deadline = lock_core::lock::session_deadline(holder.token);
+            Some((holder.token, lease, own))
+        }
+        _ => None,
+    };
     if let Some((kind, holder)) = &set {
         // Checked before anything is replaced: a bad effect changes nothing.
         Lock::default()
@@ -107,6 +126,10 @@ fn sync(ctx: &Context, args: Argv<'_>) -> RedisResult {
         if matches!(key.lock(), Err(LockError::WrongType)) {
             key.delete();
         }
+    }
+    if let Some((token, lease, own)) = follows {
+        fencing::observe(lease);
+        sessions::sync_own(token, lease, own);
     }
     // The sessions the owner's holder followed before and after.
     let mut followed = (None, None);
@@ -147,6 +170,9 @@ fn sync(ctx: &Context, args: Argv<'_>) -> RedisResult {
     {
         let DbKey { db, name: key } = ffi::db_key(ctx, name.as_slice());
         timers::schedule(db, &key, sweep);
+    }
+    if follows.is_some() {
+        timers::sessions_changed();
     }
     // Our own replicas and AOF get the effect as it came.
     ctx.replicate_verbatim();

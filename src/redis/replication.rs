@@ -122,18 +122,25 @@ fn look_again(ctx: &Context) {
     check_listeners(ctx);
 }
 
+/// A follower's lease and own deadline (`(lease, own)`), by its token:
+/// what its effect carries with it (`Encoded::of_follower`).
+pub type Follows<'a> = &'a dyn Fn(u64) -> Option<(u64, u64)>;
+
 /// Sends the effect of one transition to replicas and the AOF, straight
 /// through `RedisModule_Replicate` (no argument strings are built here).
-pub fn replicate(ctx: &Context, key: Str<'_>, lock: &Lock, changes: &Changes) {
+/// A changed holder that follows a connection lease carries its lease and
+/// own deadline in its effect (`follows`).
+pub fn replicate(ctx: &Context, key: Str<'_>, lock: &Lock, changes: &Changes, follows: Follows) {
     if count_if_nobody_listens(ctx) {
         return;
     }
+    let lease = |h: &HolderRef<'_>| h.is_follower().then(|| follows(h.token)).flatten();
     let mut owners = changes.owners();
     // Most transitions change one holder: one look-up. With several, drops
     // go first.
     if let (Some(owner), None) = (owners.next(), owners.next()) {
         match lock.holder(owner) {
-            Some(holder) => replicate_set(ctx, key, lock, &holder),
+            Some(holder) => replicate_set(ctx, key, lock, &holder, lease(&holder)),
             None => replicate_drop(ctx, key, owner),
         }
         return;
@@ -148,20 +155,21 @@ pub fn replicate(ctx: &Context, key: Str<'_>, lock: &Lock, changes: &Changes) {
     }
     for (_, holder) in &found {
         if let Some(holder) = holder {
-            replicate_set(ctx, key, lock, holder);
+            replicate_set(ctx, key, lock, holder, lease(holder));
         }
     }
 }
 
 /// Sends the effect of a transition that leaves the lock one holder, the
 /// one it changed (a grant that made the lock, `Lock::first`; a renewal of
-/// its only holder, `Lock::renew_sole`): that holder's state.
-pub fn replicate_sole(ctx: &Context, key: Str<'_>, lock: &Lock) {
+/// its only holder, `Lock::renew_sole`): that holder's state, with the
+/// lease it follows and its own deadline (`(lease, own)`: a bound grant).
+pub fn replicate_sole(ctx: &Context, key: Str<'_>, lock: &Lock, follows: Option<(u64, u64)>) {
     if count_if_nobody_listens(ctx) {
         return;
     }
     if let Some(holder) = lock.holders().next() {
-        replicate_set(ctx, key, lock, &holder);
+        replicate_set(ctx, key, lock, &holder, follows);
     }
 }
 
@@ -186,8 +194,17 @@ fn replicate_drop(ctx: &Context, key: Str<'_>, owner: &[u8]) {
     ));
 }
 
-fn replicate_set(ctx: &Context, key: Str<'_>, lock: &Lock, holder: &HolderRef<'_>) {
-    let state = Encoded::of(lock, holder);
+fn replicate_set(
+    ctx: &Context,
+    key: Str<'_>,
+    lock: &Lock,
+    holder: &HolderRef<'_>,
+    follows: Option<(u64, u64)>,
+) {
+    let state = match follows {
+        None => Encoded::of(lock, holder),
+        Some((lease, own)) => Encoded::of_follower(lock, holder, own, lease),
+    };
     let state = state.as_bytes();
     call!(RedisModule_Replicate(
         ctx.ctx,
@@ -241,7 +258,9 @@ fn replicate_lease(ctx: &Context, kind: &CStr, a: u64, b: u64, c: u64) {
     ));
 }
 
-/// Replicates a follower's own deadline and lease.
+/// Replicates a follower's own deadline and lease (a RENEW of it, or its
+/// move to another connection's lease: changes of no holder's entry; a
+/// change of its entry carries them itself, `Encoded::of_follower`).
 pub fn replicate_lease_own(ctx: &Context, token: u64, lease: u64, deadline: u64) {
     replicate_lease(ctx, c"OWN", token, lease, deadline);
 }

@@ -1052,7 +1052,11 @@ pub fn lease_of(client: ClientId) -> Option<u64> {
         return None;
     }
     let r = registry();
-    let at = *r.clients.get(&client)?;
+    // (The connection that bound last, as a bind finds it: no look-up.)
+    let at = match r.last {
+        (last, at) if last == client => at,
+        _ => *r.clients.get(&client)?,
+    };
     r.lists
         .get(at as usize)
         .map(|c| c.lease)

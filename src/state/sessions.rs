@@ -30,7 +30,7 @@ use crate::state::txn::Txn;
 use crate::time::clock;
 use crate::time::fencing;
 use lock_core::lease::Leases;
-use lock_core::{Attempt, Changes, Lock, Request};
+use lock_core::{Attempt, Changes, Ended, Lock, Request};
 use redis_module::Context;
 
 /// A waiting request's id (`waiting::WaiterId`).
@@ -68,7 +68,15 @@ struct Table {
     /// brings them back under the new name ([`join`]); anything else that
     /// looks at the table first lets them go.
     unlinked: Vec<(u64, DbKey)>,
+    /// Room for followers' key names, given back by those that left and
+    /// taken by those bound next ([`Table::key`]): a bound grant and its
+    /// release allocate nothing for the lease table's key.
+    spare: Vec<Vec<u8>>,
 }
+
+/// How many names [`Table::spare`] keeps, and the longest room it keeps.
+const SPARE: usize = 256;
+const SPARE_ROOM: usize = 64;
 
 /// Where a follower's key is not known yet (a load: its key follows).
 fn nowhere() -> DbKey {
@@ -135,6 +143,26 @@ pub fn next_work() -> Option<u64> {
 }
 
 impl Table {
+    /// A follower's key, in the room of one that left if any.
+    fn key(&mut self, db: i32, name: &[u8]) -> DbKey {
+        let mut room = self
+            .spare
+            .pop()
+            .unwrap_or_else(|| Vec::with_capacity(name.len().max(16)));
+        room.clear();
+        room.extend_from_slice(name);
+        DbKey { db, name: room }
+    }
+
+    /// The key of a follower that left: its room kept for the next.
+    fn give_back(&mut self, key: Option<DbKey>) {
+        if let Some(key) = key {
+            if self.spare.len() < SPARE && key.name.capacity() <= SPARE_ROOM {
+                self.spare.push(key.name);
+            }
+        }
+    }
+
     /// The followers unlinked by the last command and not moved: gone.
     fn let_go(&mut self) {
         for (x, key) in std::mem::take(&mut self.unlinked) {
@@ -247,6 +275,39 @@ pub fn with_deadlines<R>(f: impl FnOnce(&dyn Fn(u64) -> Option<u64>) -> R) -> R 
     f(&deadline_of)
 }
 
+/// A bound holder's release in one step (`Lock::release_sole_follower`,
+/// `release` given the followers' deadlines): when it ends a follower of
+/// key `name` in database `db`, the follower leaves the lease table in the
+/// same look at it, and the holder's end is returned with no session to
+/// leave (nothing else to do for it: no key is made to compare with).
+pub fn release_follower(
+    db: i32,
+    name: &[u8],
+    release: impl FnOnce(&dyn Fn(u64) -> Option<u64>) -> Option<Ended>,
+) -> Option<Ended> {
+    // A follower leaving changes none of the flags that follow the table
+    // but when the lease table next has work, which can only come later
+    // (the timer then finds nothing and looks again): they are left as
+    // they are (every bound release does this).
+    let mut t = shared::lock(&TABLE, |_| {});
+    let ended = {
+        let t = &*t;
+        let deadline_of = |id: u64| match t.live.get(&id) {
+            Some(s) => Some(s.deadline),
+            None => t.leases.deadline(id),
+        };
+        release(&deadline_of)
+    };
+    let mut ended = ended?;
+    let x = ended.session;
+    if x != 0 && t.leases.key_is(x, |k| k.db == db && k.name == name) {
+        let key = t.leases.leave(x);
+        t.give_back(key);
+        ended.session = 0;
+    }
+    Some(ended)
+}
+
 /// A holder on `key` began to follow session `id`.
 pub fn join(id: u64, key: &DbKey) {
     let mut t = table_as_is();
@@ -271,7 +332,8 @@ impl Table {
         // (A forged state may repeat a token on another key: that
         // holder is not this follower.)
         if self.leases.is_at(id, key) {
-            self.leases.leave(id);
+            let key = self.leases.leave(id);
+            self.give_back(key);
         }
         let Some(s) = self.live.get_mut(&id) else {
             return;
@@ -385,15 +447,35 @@ pub fn deadline_of(h: &lock_core::HolderRef<'_>) -> u64 {
     }
 }
 
+/// [`set_own`] of a bound grant on a free key (`transitions::follow_first`:
+/// its token is new, so no follower has it yet): its key `name` in
+/// database `db`, made in the room of a follower that left.
+pub fn set_own_new(token: u64, lease: u64, own: u64, db: i32, name: &[u8]) {
+    // What a new follower changes of the flags that follow the table, set
+    // here rather than all looked at again when its lock is let go (every
+    // bound grant does this).
+    let mut t = shared::lock(&TABLE, |_| {});
+    let key = t.key(db, name);
+    t.leases.set_own_new(token, lease, own, key);
+    ANY.store(true, Ordering::Relaxed);
+    NEXT_LEASE.fetch_min(Leases::<DbKey>::due_at(own), Ordering::Relaxed);
+}
+
 /// The holder of grant `token` on `key` follows lease `lease` (its
 /// connection's: a `BIND`; `None`: the one it follows), its own deadline
 /// `own` (a bound grant, a repeat, a RENEW). False: no such follower
 /// (`lease` `None` and it follows none).
-pub fn set_own(token: u64, lease: Option<u64>, own: u64, key: &DbKey) -> Option<u64> {
+pub fn set_own(token: u64, lease: Option<u64>, own: u64, key: DbKey) -> Option<u64> {
     let mut t = table();
     let lease = lease.or_else(|| t.leases.lease_of(token))?;
-    t.leases.set_own(token, lease, own, key.clone());
+    t.leases.set_own(token, lease, own, key);
     Some(lease)
+}
+
+/// Whether the lease table has work due at or before `at` already (the
+/// timer is armed for it): a follower ending at `at` need not arm it.
+pub fn lease_work_by(at: u64) -> bool {
+    NEXT_LEASE.load(Ordering::Relaxed) <= at
 }
 
 /// A new lease's id, drawn like a session id (above every token and id
@@ -411,23 +493,28 @@ pub fn draw_lease() -> Option<u64> {
 /// `lease` from now on (`BIND`): a plain holder becomes a follower (its own
 /// deadline kept in the lease table, its entry naming its token), a
 /// follower of another lease moves with its own deadline. Replicated as
-/// one effect with the absolute deadline (the entry's change goes with the
-/// transaction's). A session holder stays on its session.
+/// one effect with the absolute deadline: the holder's own in the
+/// transaction's, which carries its lease (a plain holder's entry
+/// changes), or `LOCK.LEASESYNC OWN` (a move). A session holder stays on
+/// its session.
 pub fn follow_in(ctx: &Context, txn: &mut Txn, key: &DbKey, token: u64, lease: u64) {
     // A forged state repeating a token (a RESTORE of the lock elsewhere):
     // the copy keeps its own lease, the follower stays the original's.
     if table().leases.key_of(token).is_some_and(|k| &k != key) {
         return;
     }
-    let own = match txn.lock.follow(token, txn.changes) {
-        Some(own) => own,
-        None => match follower(token) {
-            Some((l, own)) if l != lease => own,
-            _ => return,
-        },
-    };
-    set_own(token, Some(lease), own, key);
-    replication::replicate_lease_own(ctx, token, lease, own);
+    // A plain holder's entry changes: its effect, in the transaction's,
+    // carries the lease and its own deadline (`replication::replicate`).
+    if let Some(own) = txn.lock.follow(token, txn.changes) {
+        set_own(token, Some(lease), own, key.clone());
+        return;
+    }
+    // A follower moves to this lease: its entry stays, so the move is its
+    // own effect.
+    if let Some((_, own)) = follower(token).filter(|(l, _)| *l != lease) {
+        set_own(token, Some(lease), own, key.clone());
+        replication::replicate_lease_own(ctx, token, lease, own);
+    }
 }
 
 /// A master's (or the AOF's) `LOCK.LEASESYNC OWN`: the holder of grant

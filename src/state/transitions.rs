@@ -129,7 +129,9 @@ pub fn release(
                 let census = lock.census();
                 let now = clock::now_ms();
                 let ended = match lock.release_sole(owner, token, now) {
-                    None if sessions::any() => release_follower(&mut lock, owner, token, now),
+                    None if sessions::any() => {
+                        release_follower(ctx, name, &mut lock, owner, token, now)
+                    }
                     ended => ended,
                 };
                 (census, ended)
@@ -145,11 +147,20 @@ pub fn release(
     release_general(ctx, key, name, owner, token, !quiet)
 }
 
-/// [`Lock::release_sole_follower`]: a bound holder's release in one step.
+/// [`Lock::release_sole_follower`]: a bound holder's release in one step,
+/// its follower out of the lease table in the same look at it.
 #[cold]
 #[inline(never)]
-fn release_follower(lock: &mut Lock, owner: &[u8], token: Option<u64>, now: u64) -> Option<Ended> {
-    sessions::with_deadlines(|deadline_of| {
+fn release_follower(
+    ctx: &Context,
+    name: Str<'_>,
+    lock: &mut Lock,
+    owner: &[u8],
+    token: Option<u64>,
+    now: u64,
+) -> Option<Ended> {
+    let db = ffi::selected_db(ctx);
+    sessions::release_follower(db, name.as_slice(), |deadline_of| {
         lock.release_sole_follower(owner, token, now, deadline_of)
     })
 }
@@ -198,7 +209,7 @@ pub fn renew(
             Some(mut lock) => {
                 let deadline = lock.renew_sole(owner, ttl, token, clock::now_ms());
                 if deadline.is_some() {
-                    commit(ctx, name, None, Change::Sole(&lock));
+                    commit(ctx, name, None, Change::Sole(&lock, None));
                 }
                 deadline
             }
@@ -262,14 +273,23 @@ fn first_grant(
         Ok(granted) => granted,
         Err(refused) => return Ok(refused_first(ctx, key, name, refused)),
     };
-    if lease != 0 {
-        follow_first(ctx, name, &mut lock, token, lease);
-    }
-    commit(ctx, name, Some((&start, &tokens)), Change::Sole(&lock));
+    let follows = match lease {
+        0 => None,
+        lease => follow_first(ctx, name, &mut lock, token, lease),
+    };
+    commit(
+        ctx,
+        name,
+        Some((&start, &tokens)),
+        Change::Sole(&lock, follows),
+    );
     let (census, deadline) = (lock.census(), lock.latest_deadline());
     key.store(lock, stats::lock_keys() == 0)?;
     stats::value(1, census);
-    if let Some(deadline) = deadline {
+    // A key just made has no TTL (Redis's store of a value clears it): a
+    // follower's, which must have none, is left as it is.
+    let own = deadline.filter(|d| lock_core::lock::session_of(*d).is_none());
+    if let Some(deadline) = own {
         key.expire_at(deadline);
     }
     drop(key);
@@ -278,18 +298,26 @@ fn first_grant(
 }
 
 /// [`first_grant`]'s holder, bound, follows `lease`: its entry names its
-/// token, its own deadline goes to the lease table, replicated as one effect
-/// before the holder's (`sessions::follow_in`, in one step).
+/// token, its own deadline goes to the lease table (`sessions::follow_in`,
+/// in one step). The lease and the own deadline (`(lease, own)`), which
+/// the holder's one effect carries.
 #[cold]
 #[inline(never)]
-fn follow_first(ctx: &Context, name: Str<'_>, lock: &mut Lock, token: u64, lease: u64) {
-    let mut changes = Changes::default();
-    if let Some(own) = lock.follow(token, &mut changes) {
-        let key = ffi::db_key(ctx, name.as_slice());
-        sessions::set_own(token, Some(lease), own, &key);
-        replication::replicate_lease_own(ctx, token, lease, own);
+fn follow_first(
+    ctx: &Context,
+    name: Str<'_>,
+    lock: &mut Lock,
+    token: u64,
+    lease: u64,
+) -> Option<(u64, u64)> {
+    let own = lock.follow_granted(token)?;
+    // (The timer is armed already when the table has work due before it.)
+    let armed = sessions::lease_work_by(own);
+    sessions::set_own_new(token, lease, own, ffi::selected_db(ctx), name.as_slice());
+    if !armed {
         timers::sessions_changed();
     }
+    Some((lease, own))
 }
 
 /// A grant on a free key refused (no token left, a block past its size):
@@ -350,8 +378,9 @@ fn transact_open<R>(
 
 /// What a transition changed in its lock, as [`commit`] takes it.
 enum Change<'a> {
-    /// Its one holder is new or renewed (a first grant, a sole renewal).
-    Sole(&'a Lock),
+    /// Its one holder is new or renewed (a first grant, a sole renewal),
+    /// and the lease it follows with its own deadline (a bound grant).
+    Sole(&'a Lock, Option<(u64, u64)>),
     /// Its one holder, `owner`, left (how long it held, its grant), and
     /// it is empty now (a sole release).
     Left { owner: &'a [u8], ended: Ended },
@@ -374,11 +403,13 @@ fn commit(ctx: &Context, name: Str<'_>, tokens: Option<(&Tokens, &Tokens)>, chan
         }
     }
     match change {
-        Change::Sole(lock) => {
-            if let Some(id) = lock.holders().next().and_then(|h| h.session()) {
+        Change::Sole(lock, follows) => {
+            // (A follower's key is in its lease table already: `follow_first`.)
+            let sole = lock.holders().next().filter(|h| !h.is_follower());
+            if let Some(id) = sole.and_then(|h| h.session()) {
                 sessions::join(id, &ffi::db_key(ctx, name.as_slice()));
             }
-            replication::replicate_sole(ctx, name, lock)
+            replication::replicate_sole(ctx, name, lock, follows)
         }
         Change::Left { owner, ended } => {
             stats::HOLD_TIME.record(u64::from(ended.held));
@@ -398,14 +429,14 @@ fn commit(ctx: &Context, name: Str<'_>, tokens: Option<(&Tokens, &Tokens)>, chan
                 stats::HOLD_TIME.record(u64::from(held));
             }
             if !changes.own().is_empty() {
-                set_own(ctx, name, changes.own());
+                set_own(ctx, name, lock, changes);
             }
             if !changes.is_empty() {
                 forget_bindings(ctx, name, changes);
                 if sessions::any() {
                     follow_sessions(ctx, name, changes);
                 }
-                replication::replicate(ctx, name, lock, changes);
+                replication::replicate(ctx, name, lock, changes, &sessions::follower);
             }
         }
     }
@@ -695,14 +726,22 @@ fn end_sessions(txn: &mut Txn) {
 
 /// Own deadlines a repeat or a RENEW set on followers of a connection
 /// lease: into the lease table, each replicated as one effect with its
-/// absolute deadline.
+/// absolute deadline (a holder whose entry changed too, a repeat's, by its
+/// own effect, which carries them: `replication::replicate`).
 #[cold]
 #[inline(never)]
-fn set_own(ctx: &Context, name: Str<'_>, own: &[(u64, u64)]) {
+fn set_own(ctx: &Context, name: Str<'_>, lock: &Lock, changes: &Changes) {
     let key = ffi::db_key(ctx, name.as_slice());
-    for &(token, deadline) in own {
-        if let Some(lease) = sessions::set_own(token, None, deadline, &key) {
-            replication::replicate_lease_own(ctx, token, lease, deadline);
+    let touched = |token: u64| {
+        changes
+            .owners()
+            .any(|o| lock.holder(o).is_some_and(|h| h.token == token))
+    };
+    for &(token, deadline) in changes.own() {
+        if let Some(lease) = sessions::set_own(token, None, deadline, key.clone()) {
+            if !touched(token) {
+                replication::replicate_lease_own(ctx, token, lease, deadline);
+            }
         }
     }
     // The timer ends the followers at their deadlines.

@@ -195,3 +195,185 @@ fn info_field_of(c: &mut Conn, field: &str) -> i64 {
         .find_map(|l| l.strip_prefix(&format!("lock_{field}:")))
         .map_or(0, |v| v.trim().parse().unwrap_or(0))
 }
+
+/// The incremental AOF's text (the effects as the master sent them).
+fn incr_aof(s: &Server) -> (std::path::PathBuf, String) {
+    let path = std::fs::read_dir(s.dir.join("appendonlydir"))
+        .expect("appendonlydir")
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .find(|p| p.to_string_lossy().ends_with(".incr.aof"))
+        .expect("the incremental AOF");
+    let text = String::from_utf8_lossy(&std::fs::read(&path).expect("read the AOF")).into_owned();
+    (path, text)
+}
+
+/// One command as the AOF spells it.
+fn resp(args: &[&str]) -> String {
+    let mut out = format!("*{}\r\n", args.len());
+    for a in args {
+        out.push_str(&format!("${}\r\n{a}\r\n", a.len()));
+    }
+    out
+}
+
+/// Issue 38.3's price: a bound grant is one effect (its holder's, which
+/// carries the lease it follows and its own deadline), whichever way it is
+/// granted; a replica and a replay of the AOF apply it to the master's
+/// state, and the lease's KEEPALIVE then renews it there too.
+#[test]
+fn a_bound_grant_is_one_effect_the_replica_and_the_aof_apply_as_the_master_holds_it() {
+    let mut master = Server::builder()
+        .config("appendonly yes")
+        .config("appendfsync always")
+        .config("aof-use-rdb-preamble no")
+        .start();
+    let replica = Server::start();
+    replica.replicaof(&master);
+    wait_for_sync(&master, &replica);
+    let mut a = master.conn();
+    let mut other = master.conn();
+    // On a free key (the one-step grant), beside another's hold (the
+    // general transition), several keys at once, and a waiter granted.
+    token(&a.cmd(&["LOCK.ACQUIRE", "free", "o", "60000", "BIND"]));
+    token(&other.cmd(&["LOCK.READ", "shared", "x", "60000"]));
+    token(&a.cmd(&["LOCK.READ", "shared", "o", "50000", "BIND"]));
+    let tokens = a.cmd(&["LOCK.MACQUIRE", "2", "m1", "m2", "o", "40000", "BIND"]);
+    assert_eq!(tokens.array().len(), 2, "{tokens:?}");
+    token(&other.cmd(&["LOCK.ACQUIRE", "queued", "x", "60000"]));
+    a.push(&[
+        b"LOCK.ACQUIRE",
+        b"queued",
+        b"o",
+        b"30000",
+        b"WAIT",
+        b"20000",
+        b"BIND",
+    ]);
+    a.flush().unwrap();
+    wait_until(Duration::from_secs(10), "the waiter to queue", || {
+        other.lock_info("queued").is_some_and(|i| i.waiters == 1)
+    });
+    assert_eq!(other.cmd(&["LOCK.RELEASE", "queued", "x"]).int(), 1);
+    token(&a.read_reply().unwrap());
+    let keys = ["free", "shared", "m1", "m2", "queued"];
+    // One effect each: no LOCK.LEASESYNC beside the holders' own.
+    let (_, aof) = incr_aof(&master);
+    assert!(!aof.contains("LOCK.LEASESYNC"), "{aof}");
+    assert_eq!(aof.matches(":F").count(), keys.len(), "{aof}");
+    wait_for_sync(&master, &replica);
+    let (mut m, mut r) = (master.conn(), replica.conn());
+    for key in keys {
+        let on_master = m.lock_info(key);
+        assert_same_lock(&on_master, &r.lock_info(key), 2_000, key);
+        // A follower's key has no TTL of its own, on both.
+        assert_eq!(m.cmd(&["PTTL", key]).int(), -1, "{key}");
+        assert_eq!(r.cmd(&["PTTL", key]).int(), -1, "{key}");
+    }
+    // The lease's KEEPALIVE renews every one of them, on the replica too.
+    assert_eq!(a.cmd(&["LOCK.KEEPALIVE", "900000"]).int(), 5);
+    wait_for_sync(&master, &replica);
+    for key in keys {
+        let ttl = ttl_of(&mut r, key);
+        assert!(ttl > 800_000, "{key} on the replica: {ttl}");
+        assert_same_lock(&m.lock_info(key), &r.lock_info(key), 2_000, key);
+    }
+    // A RENEW of one is its own effect again.
+    assert_eq!(a.cmd(&["LOCK.RENEW", "m1", "o", "20000"]).int(), 1);
+    wait_for_sync(&master, &replica);
+    assert!(ttl_of(&mut r, "m1") <= 20_000);
+    // The AOF replayed alone gives the same holders and deadlines (the
+    // connection is kept open until the server stops).
+    let before: Vec<_> = keys.iter().map(|k| m.lock_info(k)).collect();
+    master.shutdown_save();
+    drop(a);
+    master.restart();
+    let mut c = master.conn();
+    for (key, was) in keys.iter().zip(&before) {
+        assert_same_lock(was, &c.lock_info(key), 5_000, key);
+    }
+    assert_eq!(info_field_of(&mut c, "loaded_state_fixed"), 0);
+}
+
+/// What main's build wrote before the one effect (two: `LOCK.LEASESYNC OWN
+/// token lease deadline`, then the holder, its deadline naming its token)
+/// still loads, beside the one effect's form, and a KEEPALIVE of the
+/// lease as that build wrote it covers both.
+#[test]
+fn an_aof_of_the_two_effect_form_still_loads() {
+    let mut s = Server::builder()
+        .config("appendonly yes")
+        .config("appendfsync always")
+        .config("aof-use-rdb-preamble no")
+        .start();
+    let mut c = s.conn();
+    let t = token(&c.cmd(&["LOCK.ACQUIRE", "plain", "o", "600000"]));
+    s.shutdown_save();
+    let (path, mut text) = incr_aof(&s);
+    let now = now_ms();
+    let (old, new, lease) = (t + 1, t + 2, t + 3);
+    let marker = (1u64 << 63) | old as u64;
+    text.push_str(&resp(&[
+        "LOCK.LEASESYNC",
+        "OWN",
+        &old.to_string(),
+        &lease.to_string(),
+        &(now + 300_000).to_string(),
+    ]));
+    text.push_str(&resp(&[
+        "LOCK.SYNC",
+        "old",
+        &format!("exclusive:1:{old}:{marker}"),
+        "o",
+    ]));
+    text.push_str(&resp(&[
+        "LOCK.SYNC",
+        "new",
+        &format!("shared:2:{new}:{}:F{lease}", now + 200_000),
+        "o",
+    ]));
+    std::fs::write(&path, &text).expect("write the AOF");
+    s.restart();
+    let mut c = s.conn();
+    let ttl = |c: &mut Conn, key: &str| ttl_of(c, key);
+    let old_ttl = ttl(&mut c, "old");
+    assert!(old_ttl > 200_000 && old_ttl <= 300_000, "{old_ttl}");
+    let info = c.lock_info("new").expect("new");
+    assert_eq!((info.holders[0].holds, info.holders[0].token), (2, new));
+    assert!(info.holders[0].ttl > 100_000 && info.holders[0].ttl <= 200_000);
+    assert_eq!(c.cmd(&["PTTL", "old"]).int(), -1);
+    // The old form's KEEPALIVE of that lease covers both.
+    s.shutdown_save();
+    let (path, mut text) = incr_aof(&s);
+    let now = now_ms();
+    text.push_str(&resp(&[
+        "LOCK.LEASESYNC",
+        "KEEP",
+        &lease.to_string(),
+        &now.to_string(),
+        &(now + 900_000).to_string(),
+    ]));
+    std::fs::write(&path, &text).expect("write the AOF");
+    s.restart();
+    let mut c = s.conn();
+    for key in ["old", "new"] {
+        let ttl = ttl_of(&mut c, key);
+        assert!(ttl > 800_000, "{key}: {ttl}");
+    }
+    assert_eq!(c.lock_info("plain").expect("plain").holders[0].token, t);
+    assert_eq!(info_field_of(&mut c, "loaded_state_fixed"), 0);
+    // A follower's effect naming a lease no server can have drawn is
+    // refused, and the rest loads.
+    s.shutdown_save();
+    let (path, mut text) = incr_aof(&s);
+    text.push_str(&resp(&[
+        "LOCK.SYNC",
+        "forged",
+        &format!("exclusive:1:{}:{}:F{}", t + 4, now_ms() + 100_000, i64::MAX),
+        "o",
+    ]));
+    std::fs::write(&path, &text).expect("write the AOF");
+    s.restart();
+    let mut c = s.conn();
+    assert!(c.lock_info("forged").is_none());
+    assert!(ttl_of(&mut c, "old") > 700_000);
+}
