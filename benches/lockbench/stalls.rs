@@ -1031,7 +1031,11 @@ fn flushes(c: &mut Conn, port: u16, n: usize) -> io::Result<Vec<Row>> {
             vec![b"FLUSHDB".as_slice(), b"ASYNC"],
         ),
         ("flushall", "FLUSHALL", vec![b"FLUSHALL".as_slice()]),
-        ("swapdb", "SWAPDB 0 1", vec![b"SWAPDB".as_slice(), b"0", b"1"]),
+        (
+            "swapdb",
+            "SWAPDB 0 1",
+            vec![b"SWAPDB".as_slice(), b"0", b"1"],
+        ),
     ];
     for filled in [Filled::Plain, Filled::Bound, Filled::Session] {
         for (stat_of, label, args) in &acts {

@@ -384,26 +384,32 @@ impl<K: Clone> Leases<K> {
         }
     }
 
-    /// Keeps the followers whose key `keep` says (a flush: the others are
-    /// gone with their keys). Linear in the followers, as the flush is in
-    /// the keys.
-    pub fn retain_keys(&mut self, keep: impl Fn(&K) -> bool) {
-        let gone: Vec<u64> = self
-            .followers
-            .iter()
-            .filter(|(_, f)| !keep(&f.key))
-            .map(|(x, _)| *x)
-            .collect();
-        for x in gone {
-            self.leave(x);
-        }
-    }
-
-    /// Changes every follower's key in place (SWAPDB).
-    pub fn keys_mut(&mut self, mut change: impl FnMut(&mut K)) {
-        for f in self.followers.values_mut() {
-            change(&mut f.key);
-        }
+    /// The whole table, as pieces to drop one at a time (a follower, a
+    /// batch, a generation, an entry of the deadlines): the shell drops a
+    /// table of a million followers (a flush's) a slice of each event-loop
+    /// turn at a time.
+    pub fn into_pieces(self) -> impl Iterator<Item = ()> {
+        let Leases {
+            leases,
+            followers,
+            batches,
+            gens,
+            own_due,
+            gen_due,
+            ending,
+            garbage,
+            ..
+        } = self;
+        followers
+            .into_iter()
+            .map(drop)
+            .chain(batches.into_iter().map(drop))
+            .chain(gens.into_iter().map(drop))
+            .chain(own_due.into_iter().map(drop))
+            .chain(gen_due.into_iter().map(drop))
+            .chain(ending.into_iter().map(drop))
+            .chain(garbage.into_iter().flatten().map(drop))
+            .chain(leases.into_iter().map(drop))
     }
 
     /// Every follower as a file keeps it: `(x, lease, deadline)`, its

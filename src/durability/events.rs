@@ -325,7 +325,7 @@ extern "C" fn on_flush(
         // SAFETY: for this event Redis passes a `RedisModuleFlushInfo`.
         let db =
             unsafe { data.cast::<raw::RedisModuleFlushInfo>().as_ref() }.map_or(-1, |i| i.dbnum);
-        bindings::flushed(db);
+        let mut work = bindings::flushed(db);
         if db == -1 {
             // A flush of every database parks the bindings (a DEBUG RELOAD
             // loads the server's own data right after, in the same turn);
@@ -340,8 +340,12 @@ extern "C" fn on_flush(
                 ));
             }
         }
-        sessions::flushed(db);
+        work |= sessions::flushed(db);
         timers::flushed(db);
+        if work {
+            // What the flush left to drop goes a slice of a tick at a time.
+            timers::work_now();
+        }
         wake(&[db]);
     })
 }
@@ -416,6 +420,9 @@ extern "C" fn on_loaded(
             raw::REDISMODULE_SUBEVENT_LOADING_ENDED => {
                 if bindings::reloaded() {
                     waiting::connection_closed();
+                }
+                if bindings::dead() > 0 {
+                    timers::work_now();
                 }
             }
             raw::REDISMODULE_SUBEVENT_LOADING_RDB_START
