@@ -672,5 +672,9 @@ mod tests {
         t.set_own(1, 7, 9500, 1);
         assert_eq!(t.keepalive(7, 9600, 20_000), 0);
         assert_eq!(t.deadline(1), Some(9500));
+        // Handed over whole, it is dropped a piece at a time: each
+        // follower one.
+        let followers = t.len();
+        assert!(t.into_pieces().count() > followers);
     }
 }

@@ -1531,6 +1531,31 @@ mod tests {
         bind_at(5, &key(3, "y"), b"o", 2, ex);
         flushed(2);
         assert_eq!(page_of_client(5, None, usize::MAX).len(), 1);
+        // Counted out at once, taken out of the slab by the sweep.
+        assert_eq!((count(), live_of(5), dead()), (1, 1, 1));
+        assert_eq!(sweep_dead(10), 0);
+        assert_eq!(count(), 1);
+        // A closed connection's holders in a flushed database are no
+        // longer pending, nor handed to the timer to end.
+        bind_at(11, &key(6, "c1"), b"o", 31, ex);
+        bind_at(11, &key(6, "c2"), b"o", 32, Mode::Shared);
+        bind_at(11, &key(7, "c3"), b"o", 33, ex);
+        let closed = detach_client(11).unwrap();
+        assert_eq!(pending(), 3);
+        flushed(6);
+        assert_eq!(pending(), 1);
+        assert_eq!(counts(pending_census()), [1, 0, 0]);
+        swap_dbs(7, 8);
+        let (taken, more) = take_closed(&closed, 10);
+        assert!(!more);
+        assert_eq!(
+            taken
+                .iter()
+                .map(|b| (b.key.clone(), b.token))
+                .collect::<Vec<_>>(),
+            vec![(key(8, "c3"), 33)]
+        );
+        assert_eq!(pending(), 0);
         flushed(-1);
         assert_eq!(count(), 0);
 

@@ -17,6 +17,8 @@ use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Mutex;
 
+use crate::state::timers;
+
 /// A database's contents, as a table names them (see the module's text).
 pub type Home = i32;
 
@@ -122,11 +124,13 @@ fn garbage() -> std::sync::MutexGuard<'static, VecDeque<Pieces>> {
 }
 
 /// Hands `pieces` over to be dropped a slice at a time (each item it yields
-/// is one piece dropped); the caller asks the timer for a tick
+/// is one piece dropped), from the timer's next tick on
 /// (`timers::work_now`).
 pub fn throw(pieces: impl Iterator<Item = ()> + Send + 'static) {
     garbage().push_back(Box::new(pieces));
-    ANY.store(true, Ordering::Relaxed);
+    if !ANY.swap(true, Ordering::Relaxed) {
+        timers::work_now();
+    }
 }
 
 /// Whether anything thrown is left to drop.
@@ -202,7 +206,7 @@ mod tests {
             looks.set(looks.get() + 1);
             looks.get() == 3
         }));
-        assert!(drop_some(100, || false) == false);
+        assert!(!drop_some(100, || false));
         assert!(!any());
     }
 }

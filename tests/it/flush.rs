@@ -295,3 +295,55 @@ fn a_session_with_100000_holders_through_swapdb_flushdb_and_flushall() {
     assert_eq!(session_holders(&mut c, sid), Some(1));
     assert_eq!(c.cmd(&["LOCK.SESSION", "CLOSE", &session]).int(), 1);
 }
+
+#[test]
+fn the_timers_plans_follow_swapdb_and_go_with_flushdb_at_once() {
+    const N: usize = 2_000;
+    let server = Server::start();
+    let mut c = server.conn();
+    c.set_timeout(Duration::from_secs(60));
+    // Shared locks whose readers end apart: each planned for a visit.
+    for i in 0..N {
+        let key = format!("r:{i}");
+        c.push(&[b"LOCK.READ", key.as_bytes(), b"a", b"600000"]);
+        c.push(&[b"LOCK.READ", key.as_bytes(), b"b", b"500000"]);
+    }
+    c.flush().unwrap();
+    for _ in 0..2 * N {
+        token(&c.read_reply().unwrap());
+    }
+    token(&c.cmd(&["LOCK.READ", "short", "a", "600000"]));
+    token(&c.cmd(&["LOCK.READ", "short", "b", "300"]));
+    let planned = info_field(&mut c, "timer_keys");
+    assert_eq!(planned, N as i64 + 1);
+
+    // SWAPDB: the plans follow their keys; the short reader ends in
+    // database 1, where its key is now.
+    c.cmd(&["SWAPDB", "0", "1"]).ok();
+    assert_eq!(info_field(&mut c, "timer_keys"), planned);
+    c.cmd(&["SELECT", "1"]).ok();
+    let start = std::time::Instant::now();
+    while c.lock_info("short").map(|i| i.holders.len()) != Some(1)
+        && start.elapsed() < Duration::from_secs(30)
+    {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let short = c.lock_info("short").expect("short is in database 1");
+    assert_eq!(short.holders.len(), 1, "the reader of 300 ms ended");
+    assert_eq!(short.holders[0].owner, b"a");
+
+    // FLUSHDB of database 1: its plans are gone from the count at once.
+    c.cmd(&["FLUSHDB"]).ok();
+    assert_eq!(info_field(&mut c, "timer_keys"), 0);
+    // New plans on the same names count afresh.
+    token(&c.cmd(&["LOCK.READ", "r:0", "a", "600000"]));
+    token(&c.cmd(&["LOCK.READ", "r:0", "b", "300"]));
+    assert_eq!(info_field(&mut c, "timer_keys"), 1);
+    let start = std::time::Instant::now();
+    while c.lock_info("r:0").map(|i| i.holders.len()) != Some(1)
+        && start.elapsed() < Duration::from_secs(30)
+    {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert_eq!(c.lock_info("r:0").map(|i| i.holders.len()), Some(1));
+}
