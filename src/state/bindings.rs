@@ -48,7 +48,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{LazyLock, Mutex, MutexGuard, OnceLock};
 
 use crate::redis::ffi::DbKey;
-use crate::state::homes::{self, Home, Homes};
+use crate::redis::homes::{self, Home, Homes};
 use lock_core::{Census, Changes, Lock, Mode, Owner};
 
 /// A client id (`CLIENT ID`).

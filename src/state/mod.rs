@@ -5,7 +5,6 @@
 
 pub mod bindings;
 pub mod deadlocks;
-pub mod homes;
 pub mod keys;
 pub mod sessions;
 pub mod stats;

@@ -23,10 +23,10 @@ use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{LazyLock, Mutex};
 
 use crate::redis::ffi::DbKey;
+use crate::redis::homes::{self, Home, Homes, NOWHERE};
 use crate::redis::replication;
 use crate::redis::shared::{self, Locked};
 use crate::state::bindings;
-use crate::state::homes::{self, Home, Homes, NOWHERE};
 use crate::state::txn::Txn;
 use crate::time::clock;
 use crate::time::fencing;

@@ -38,10 +38,10 @@ use redis_module::{raw, Context, ContextFlags};
 
 use crate::redis::catch;
 use crate::redis::ffi::{self, api, DbKey, DbKeyMap, KeyAt, KeyFilter, KeyRef};
+use crate::redis::homes::{self, Home, Homes};
 use crate::redis::replication;
 use crate::redis::shared::{self, Locked};
 use crate::state::bindings::Detached;
-use crate::state::homes::{Home, Homes};
 use crate::state::sessions;
 use crate::time::clock;
 
@@ -99,6 +99,7 @@ fn index() -> Locked<Index> {
 
 /// Makes the module's own context; called once at load.
 pub fn init(ctx: &Context) -> bool {
+    homes::on_throw(work_now);
     let own = api!(RedisModule_GetDetachedThreadSafeContext(ctx.ctx)).unwrap_or_default();
     MODULE_CTX.store(own, Ordering::Relaxed);
     !own.is_null()

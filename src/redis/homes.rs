@@ -15,9 +15,7 @@
 
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Mutex;
-
-use crate::state::timers;
+use std::sync::{Mutex, OnceLock};
 
 /// A database's contents, as a table names them (see the module's text).
 pub type Home = i32;
@@ -123,13 +121,23 @@ fn garbage() -> std::sync::MutexGuard<'static, VecDeque<Pieces>> {
     GARBAGE.lock().unwrap_or_else(|p| p.into_inner())
 }
 
+/// What asks the timer for a tick (`timers::work_now`, registered at load:
+/// the timer is above the tables that throw).
+static WAKE: OnceLock<fn()> = OnceLock::new();
+
+/// Registers what asks for a tick when something is thrown (once, at load).
+pub fn on_throw(wake: fn()) {
+    let _ = WAKE.set(wake);
+}
+
 /// Hands `pieces` over to be dropped a slice at a time (each item it yields
-/// is one piece dropped), from the timer's next tick on
-/// (`timers::work_now`).
+/// is one piece dropped), from the timer's next tick on ([`on_throw`]).
 pub fn throw(pieces: impl Iterator<Item = ()> + Send + 'static) {
     garbage().push_back(Box::new(pieces));
     if !ANY.swap(true, Ordering::Relaxed) {
-        timers::work_now();
+        if let Some(wake) = WAKE.get() {
+            wake();
+        }
     }
 }
 
