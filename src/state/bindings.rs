@@ -243,6 +243,36 @@ struct Tally {
     closed: Census,
 }
 
+/// The tallies of the live homes: as many as databases with bindings (one,
+/// mostly), so a list looked through beats a hash on a bind's path.
+#[derive(Default)]
+struct Tallies(Vec<(Home, Tally)>);
+
+impl Tallies {
+    #[inline]
+    fn get_mut(&mut self, home: Home) -> Option<&mut Tally> {
+        self.0.iter_mut().find(|e| e.0 == home).map(|e| &mut e.1)
+    }
+
+    #[inline]
+    fn contains(&self, home: Home) -> bool {
+        self.0.iter().any(|e| e.0 == home)
+    }
+
+    /// `home`'s tally, made if need be.
+    #[inline]
+    fn entry(&mut self, home: Home) -> Option<&mut Tally> {
+        if !self.contains(home) {
+            self.0.push((home, Tally::default()));
+        }
+        self.get_mut(home)
+    }
+
+    fn remove(&mut self, home: Home) -> Option<Tally> {
+        let at = self.0.iter().position(|e| e.0 == home)?;
+        Some(self.0.swap_remove(at).1)
+    }
+}
 /// Holes a connection's list keeps before it is compacted (and never more
 /// than its live entries).
 const HOLES: usize = 32;
@@ -446,7 +476,7 @@ struct Registry {
     /// Its databases' homes (a binding keeps its home, not its database).
     homes: Homes,
     /// The counts of each live home.
-    tally: HashMap<Home, Tally>,
+    tally: Tallies,
     /// Bindings of flushed databases still in the slab (swept a slice at a
     /// time: [`sweep_dead`]), and where the sweep is.
     dead: usize,
@@ -717,7 +747,7 @@ impl Registry {
         let empty = c.live == 0;
         if closed {
             // (A flushed home's were taken off the counts at the flush.)
-            if let Some(t) = self.tally.get_mut(&home) {
+            if let Some(t) = self.tally.get_mut(home) {
                 t.pending = t.pending.saturating_sub(1);
                 t.closed.sub(mode, 1);
                 self.closed_census.sub(mode, 1);
@@ -754,12 +784,12 @@ impl Registry {
         let b = self.slab.slot(at)?.take()?;
         self.unindex(at, b.token, b.next);
         self.slab.free.push(at);
-        match self.tally.get_mut(&b.home) {
+        match self.tally.get_mut(b.home) {
             Some(t) => {
                 t.count = t.count.saturating_sub(1);
                 t.heap = t.heap.saturating_sub(b.bytes.heap());
                 if t.count == 0 {
-                    self.tally.remove(&b.home);
+                    self.tally.remove(b.home);
                 }
                 if b.bytes.heap() != 0 {
                     HEAP_BYTES.fetch_sub(b.bytes.heap(), Ordering::Relaxed);
@@ -806,7 +836,7 @@ impl Registry {
     /// The home of database `db` is dead (a flush): its counts go at
     /// once, its bindings when swept.
     fn kill(&mut self, home: Home) {
-        let Some(t) = self.tally.remove(&home) else {
+        let Some(t) = self.tally.remove(home) else {
             return;
         };
         COUNT.fetch_sub(t.count, Ordering::Relaxed);
@@ -831,9 +861,7 @@ impl Registry {
             self.sweep += 1;
             looked += 1;
             // (A live home's bindings are in its tally; a dead one has none.)
-            let dead = self
-                .get(at)
-                .is_some_and(|b| !self.tally.contains_key(&b.home));
+            let dead = self.get(at).is_some_and(|b| !self.tally.contains(b.home));
             if dead {
                 self.remove(at);
                 taken += 1;
@@ -1035,10 +1063,11 @@ fn add(
         }
     }
     BOUND_TOKENS.insert(token);
-    let t = r.tally.entry(home).or_default();
-    t.count += 1;
-    if b.bytes.heap() != 0 {
+    if let Some(t) = r.tally.entry(home) {
+        t.count += 1;
         t.heap += b.bytes.heap();
+    }
+    if b.bytes.heap() != 0 {
         HEAP_BYTES.fetch_add(b.bytes.heap(), Ordering::Relaxed);
     }
     r.slab.put(at, b);
@@ -1165,7 +1194,7 @@ pub fn live_of(client: ClientId) -> usize {
         .map_or(0, |c| {
             c.by_home
                 .iter()
-                .filter(|e| r.tally.contains_key(&e.0))
+                .filter(|e| r.tally.contains(e.0))
                 .map(|e| e.1)
                 .sum()
         })
@@ -1216,7 +1245,7 @@ pub fn detach_client(client: ClientId) -> Option<Detached> {
     let by_home = c.by_home.clone();
     for (home, n, census) in by_home {
         // (A flushed home's bindings hold nothing: not pending.)
-        if let Some(t) = r.tally.get_mut(&home) {
+        if let Some(t) = r.tally.get_mut(home) {
             t.pending += n;
             t.closed.add_all(census);
             r.closed_census.add_all(census);
@@ -1283,7 +1312,7 @@ pub fn moved(from: &DbKey, to: &DbKey, tokens: impl IntoIterator<Item = u64>) {
         HEAP_BYTES.fetch_sub(before, Ordering::Relaxed);
         HEAP_BYTES.fetch_add(after, Ordering::Relaxed);
         // Its counts move to its new home (MOVE: another database).
-        if let Some(t) = r.tally.get_mut(&from_home) {
+        if let Some(t) = r.tally.get_mut(from_home) {
             t.count = t.count.saturating_sub(1);
             t.heap = t.heap.saturating_sub(before);
             if closed {
@@ -1291,15 +1320,16 @@ pub fn moved(from: &DbKey, to: &DbKey, tokens: impl IntoIterator<Item = u64>) {
                 t.closed.sub(mode, 1);
             }
             if t.count == 0 {
-                r.tally.remove(&from_home);
+                r.tally.remove(from_home);
             }
         }
-        let t = r.tally.entry(to_home).or_default();
-        t.count += 1;
-        t.heap += after;
-        if closed {
-            t.pending += 1;
-            t.closed.add(mode, 1);
+        if let Some(t) = r.tally.entry(to_home) {
+            t.count += 1;
+            t.heap += after;
+            if closed {
+                t.pending += 1;
+                t.closed.add(mode, 1);
+            }
         }
         if let Some(c) = r.lists.get_mut(list as usize) {
             c.removed(from_home, mode);

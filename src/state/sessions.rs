@@ -142,16 +142,41 @@ fn nowhere() -> DbKey {
 #[derive(Default)]
 struct HomeLeases {
     homes: Homes,
-    tables: HashMap<Home, Leases<Vec<u8>>>,
+    /// As many as databases with followers (one, mostly): a list looked
+    /// through.
+    tables: Vec<(Home, Leases<Vec<u8>>)>,
 }
 
 impl HomeLeases {
+    fn values(&self) -> impl Iterator<Item = &Leases<Vec<u8>>> {
+        self.tables.iter().map(|(_, t)| t)
+    }
+
+    fn table(&self, home: Home) -> Option<&Leases<Vec<u8>>> {
+        self.tables.iter().find(|(h, _)| *h == home).map(|(_, t)| t)
+    }
+
+    fn table_mut(&mut self, home: Home) -> Option<&mut Leases<Vec<u8>>> {
+        self.tables
+            .iter_mut()
+            .find(|(h, _)| *h == home)
+            .map(|(_, t)| t)
+    }
+
+    /// `home`'s table, made if need be.
+    fn entry(&mut self, home: Home) -> Option<&mut Leases<Vec<u8>>> {
+        if self.table(home).is_none() {
+            self.tables.push((home, Leases::default()));
+        }
+        self.table_mut(home)
+    }
+
     fn is_empty(&self) -> bool {
-        self.tables.values().all(Leases::is_empty)
+        self.values().all(Leases::is_empty)
     }
 
     fn next_due(&self) -> Option<u64> {
-        self.tables.values().filter_map(Leases::next_due).min()
+        self.values().filter_map(Leases::next_due).min()
     }
 
     /// The home of the table follower `x` is in.
@@ -163,7 +188,7 @@ impl HomeLeases {
     }
 
     fn holding(&self, x: u64) -> Option<&Leases<Vec<u8>>> {
-        self.tables.values().find(|t| t.follows(x))
+        self.values().find(|t| t.follows(x))
     }
 
     fn follows(&self, x: u64) -> bool {
@@ -171,7 +196,7 @@ impl HomeLeases {
     }
 
     fn deadline(&self, x: u64) -> Option<u64> {
-        self.tables.values().find_map(|t| t.deadline(x))
+        self.values().find_map(|t| t.deadline(x))
     }
 
     fn lease_of(&self, x: u64) -> Option<u64> {
@@ -180,7 +205,7 @@ impl HomeLeases {
 
     fn key_of(&self, x: u64) -> Option<DbKey> {
         let home = self.home_of(x)?;
-        let name = self.tables.get(&home)?.key_of(x)?;
+        let name = self.table(home)?.key_of(x)?;
         Some(DbKey::new(self.homes.db_of(home)?, &name))
     }
 
@@ -188,14 +213,12 @@ impl HomeLeases {
         let Some(home) = self.homes.get(key.db) else {
             return false;
         };
-        self.tables
-            .get(&home)
-            .is_some_and(|t| t.is_at(x, &key.name))
+        self.table(home).is_some_and(|t| t.is_at(x, &key.name))
     }
 
     fn leave(&mut self, x: u64) {
         if let Some(home) = self.home_of(x) {
-            if let Some(t) = self.tables.get_mut(&home) {
+            if let Some(t) = self.table_mut(home) {
                 t.leave(x);
             }
         }
@@ -209,7 +232,7 @@ impl HomeLeases {
         let Some(from) = self.home_of(x) else {
             return;
         };
-        let Some(t) = self.tables.get_mut(&from) else {
+        let Some(t) = self.table_mut(from) else {
             return;
         };
         if from == to {
@@ -220,38 +243,36 @@ impl HomeLeases {
             return;
         };
         t.leave(x);
-        self.tables
-            .entry(to)
-            .or_default()
-            .set_own(x, lease, deadline, key.name.clone());
+        if let Some(t) = self.entry(to) {
+            t.set_own(x, lease, deadline, key.name.clone());
+        }
     }
 
     fn set_own(&mut self, x: u64, lease: u64, own: u64, key: &DbKey) {
         let to = self.homes.home(key.db);
         if let Some(from) = self.home_of(x).filter(|h| *h != to) {
-            if let Some(t) = self.tables.get_mut(&from) {
+            if let Some(t) = self.table_mut(from) {
                 t.leave(x);
             }
         }
-        self.tables
-            .entry(to)
-            .or_default()
-            .set_own(x, lease, own, key.name.clone());
+        if let Some(t) = self.entry(to) {
+            t.set_own(x, lease, own, key.name.clone());
+        }
     }
 
     fn keepalive(&mut self, lease: u64, now: u64, deadline: u64) -> u64 {
         self.tables
-            .values_mut()
-            .map(|t| t.keepalive(lease, now, deadline))
+            .iter_mut()
+            .map(|(_, t)| t.keepalive(lease, now, deadline))
             .sum()
     }
 
     fn count(&self, lease: u64) -> u64 {
-        self.tables.values().map(|t| t.count(lease)).sum()
+        self.values().map(|t| t.count(lease)).sum()
     }
 
     fn all(&self) -> Vec<(u64, u64, u64)> {
-        let mut all: Vec<_> = self.tables.values().flat_map(Leases::all).collect();
+        let mut all: Vec<_> = self.values().flat_map(Leases::all).collect();
         all.sort_unstable();
         all
     }
@@ -281,12 +302,13 @@ impl HomeLeases {
         if db == -1 {
             dead.push(NOWHERE);
         }
-        let mut any = false;
-        for home in dead {
-            if let Some(t) = self.tables.remove(&home) {
-                homes::throw(t.into_pieces());
-                any = true;
-            }
+        let (gone, kept): (Vec<_>, Vec<_>) = std::mem::take(&mut self.tables)
+            .into_iter()
+            .partition(|(h, _)| dead.contains(h));
+        self.tables = kept;
+        let any = !gone.is_empty();
+        for (_, t) in gone {
+            homes::throw(t.into_pieces());
         }
         any
     }
@@ -296,7 +318,7 @@ impl HomeLeases {
         for (_, old) in std::mem::take(&mut self.tables) {
             homes::throw(old.into_pieces());
         }
-        self.tables.insert(NOWHERE, t);
+        self.tables.push((NOWHERE, t));
     }
 }
 

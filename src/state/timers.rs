@@ -29,7 +29,7 @@
 //! A replica does not write: keys that come due there wait in `deferred`
 //! until it becomes a master, and are visited then.
 
-use std::collections::{BTreeSet, HashMap, HashSet, VecDeque};
+use std::collections::{BTreeSet, HashSet, VecDeque};
 use std::os::raw::{c_int, c_void};
 use std::sync::atomic::{AtomicBool, AtomicPtr, Ordering};
 use std::sync::{LazyLock, Mutex, OnceLock};
@@ -51,8 +51,9 @@ use crate::time::clock;
 #[derive(Default)]
 struct Index {
     homes: Homes,
-    /// How many keys of each live home are indexed (`len`).
-    counts: HashMap<Home, usize>,
+    /// How many keys of each live home are indexed (`len`): as many as
+    /// databases with planned keys, a list looked through.
+    counts: Vec<(Home, usize)>,
     by_time: BTreeSet<(u64, Home, Vec<u8>)>,
     by_key: DbKeyMap<u64>,
     /// Keys whose next visit also writes back and replicates their whole state.
@@ -108,7 +109,10 @@ pub fn init(ctx: &Context) -> bool {
 /// How many keys are indexed; `None` rather than wait for the index (INFO
 /// during a crash report).
 pub fn len() -> Option<usize> {
-    INDEX.try_lock().ok().map(|i| i.counts.values().sum())
+    INDEX
+        .try_lock()
+        .ok()
+        .map(|i| i.counts.iter().map(|c| c.1).sum())
 }
 
 impl Index {
@@ -125,13 +129,21 @@ impl Index {
 
     /// `key` (by home) joined `by_key`, or left it.
     fn counted(&mut self, key: &DbKey, joined: bool) {
-        if joined {
-            *self.counts.entry(key.db).or_insert(0) += 1;
-        } else if let Some(n) = self.counts.get_mut(&key.db) {
-            *n = n.saturating_sub(1);
-            if *n == 0 {
-                self.counts.remove(&key.db);
+        let at = self.counts.iter().position(|c| c.0 == key.db);
+        match (at, joined) {
+            (Some(at), _) => {
+                if let Some(c) = self.counts.get_mut(at) {
+                    c.1 = match joined {
+                        true => c.1 + 1,
+                        false => c.1.saturating_sub(1),
+                    };
+                    if c.1 == 0 {
+                        self.counts.swap_remove(at);
+                    }
+                }
             }
+            (None, true) => self.counts.push((key.db, 1)),
+            (None, false) => {}
         }
     }
 }
@@ -216,7 +228,7 @@ pub fn forget(db: i32, key: &[u8]) {
 pub fn flushed(db: i32) {
     let mut index = index();
     for home in index.homes.flushed(db) {
-        index.counts.remove(&home);
+        index.counts.retain(|c| c.0 != home);
     }
 }
 
@@ -311,7 +323,7 @@ pub fn swap_dbs(a: i32, b: i32) {
     let indexed = [a, b]
         .iter()
         .filter_map(|db| index.homes.get(*db))
-        .any(|home| index.counts.contains_key(&home));
+        .any(|home| index.counts.iter().any(|c| c.0 == home));
     index.homes.swap(a, b);
     if indexed {
         PLANNED.fill();
