@@ -187,12 +187,10 @@ impl HomeLeases {
             .map(|(h, _)| *h)
     }
 
-    fn holding(&self, x: u64) -> Option<&Leases<Vec<u8>>> {
-        self.values().find(|t| t.follows(x))
-    }
+    // (Each look-up below asks each table once: one table, mostly.)
 
     fn follows(&self, x: u64) -> bool {
-        self.holding(x).is_some()
+        self.values().any(|t| t.follows(x))
     }
 
     fn deadline(&self, x: u64) -> Option<u64> {
@@ -200,12 +198,14 @@ impl HomeLeases {
     }
 
     fn lease_of(&self, x: u64) -> Option<u64> {
-        self.holding(x)?.lease_of(x)
+        self.values().find_map(|t| t.lease_of(x))
     }
 
     fn key_of(&self, x: u64) -> Option<DbKey> {
-        let home = self.home_of(x)?;
-        let name = self.table(home)?.key_of(x)?;
+        let (home, name) = self
+            .tables
+            .iter()
+            .find_map(|(h, t)| Some((*h, t.key_of(x)?)))?;
         Some(DbKey::new(self.homes.db_of(home)?, &name))
     }
 
@@ -217,9 +217,9 @@ impl HomeLeases {
     }
 
     fn leave(&mut self, x: u64) {
-        if let Some(home) = self.home_of(x) {
-            if let Some(t) = self.table_mut(home) {
-                t.leave(x);
+        for (_, t) in self.tables.iter_mut() {
+            if t.leave(x).is_some() {
+                return;
             }
         }
     }
@@ -250,9 +250,10 @@ impl HomeLeases {
 
     fn set_own(&mut self, x: u64, lease: u64, own: u64, key: &DbKey) {
         let to = self.homes.home(key.db);
-        if let Some(from) = self.home_of(x).filter(|h| *h != to) {
-            if let Some(t) = self.table_mut(from) {
-                t.leave(x);
+        // (It leaves its table there itself.)
+        for (_, t) in self.tables.iter_mut().filter(|(h, _)| *h != to) {
+            if t.leave(x).is_some() {
+                break;
             }
         }
         if let Some(t) = self.entry(to) {
