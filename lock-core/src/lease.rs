@@ -377,10 +377,15 @@ impl<K: Clone> Leases<K> {
         self.followers.get(&x).is_some_and(|f| &f.key == key)
     }
 
-    /// Follower `x`'s holder is on `key` now (its key loaded, or moved).
-    pub fn set_key(&mut self, x: u64, key: K) {
-        if let Some(f) = self.followers.get_mut(&x) {
-            f.key = key;
+    /// Follower `x`'s holder is on `key` now (its key loaded, or moved):
+    /// whether `x` follows here.
+    pub fn set_key(&mut self, x: u64, key: K) -> bool {
+        match self.followers.get_mut(&x) {
+            Some(f) => {
+                f.key = key;
+                true
+            }
+            None => false,
         }
     }
 

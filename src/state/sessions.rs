@@ -229,16 +229,18 @@ impl HomeLeases {
     /// now (exact: the lease's next KEEPALIVE covers it as it would have).
     fn set_key(&mut self, x: u64, key: &DbKey) {
         let to = self.homes.home(key.db);
+        // Mostly it stays in its database: one look-up.
+        if let Some(t) = self.table_mut(to) {
+            if t.set_key(x, key.name.clone()) {
+                return;
+            }
+        }
         let Some(from) = self.home_of(x) else {
             return;
         };
         let Some(t) = self.table_mut(from) else {
             return;
         };
-        if from == to {
-            t.set_key(x, key.name.clone());
-            return;
-        }
         let (Some(lease), Some(deadline)) = (t.lease_of(x), t.deadline(x)) else {
             return;
         };
@@ -385,6 +387,9 @@ pub fn next_work() -> Option<u64> {
 impl Table {
     /// The followers unlinked by the last command and not moved: gone.
     fn let_go(&mut self) {
+        if self.unlinked.is_empty() && self.unbound.is_empty() {
+            return;
+        }
         for (x, key) in std::mem::take(&mut self.unlinked) {
             // Its binding is stale (its holder went with the key).
             if self.leases.is_at(x, &key) {
