@@ -20,7 +20,8 @@
 //!    instructions alone);
 //! 10. stalls: for each shape of state clients can build (wide wait-for
 //!     graphs, long chains, deadlines together, a million bound holders,
-//!     20,000 holders of one key), the longest PING on another connection
+//!     20,000 holders of one key, flushes and swaps of a million bound or
+//!     session holders), the longest PING on another connection
 //!     and the request's own server time (`stalls`; `--only 10` alone, on
 //!     a server of its own).
 //!

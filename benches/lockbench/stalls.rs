@@ -16,7 +16,9 @@
 //! used a millisecond or more of the main thread's CPU;
 //! (4) `LOCK.KEEPALIVE` with many bound holders, alone and inside MULTI; (5)
 //! the close of a connection holding them; (6) keyspace commands on a key
-//! with 20,000 holders. Its own server (waiters connect over a Unix socket;
+//! with 20,000 holders; (7) `FLUSHDB`, `FLUSHALL` and `SWAPDB` of a
+//! database with a million bound holders, or a session's million holders,
+//! beside the same of a million plain keys (Redis's own part). Its own server (waiters connect over a Unix socket;
 //! the open-file limit raised where the bench may, else a chain too long
 //! for it is built of `LOCK.MACQUIRE`s of ten keys, the same graph), never
 //! part of `make bench-check`: wall-clock figures on a shared machine.
@@ -49,6 +51,8 @@ pub struct Plan {
     pub bound: Vec<usize>,
     /// Holders of one key.
     pub holders: usize,
+    /// Bound holders, and a session's holders, a flush or swap finds.
+    pub flush: usize,
     /// `--shapes 1,3`: those shapes alone (all when `None`).
     pub shapes: Option<Vec<u32>>,
 }
@@ -63,6 +67,7 @@ impl Plan {
             deadlines: 10_000,
             bound: vec![100_000, 1_000_000],
             holders: 20_000,
+            flush: 1_000_000,
             shapes: None,
         }
     }
@@ -76,6 +81,7 @@ impl Plan {
             deadlines: 1000,
             bound: vec![10_000, 100_000],
             holders: 2000,
+            flush: 100_000,
             shapes: None,
         }
     }
@@ -1023,6 +1029,131 @@ fn holders(c: &mut Conn, port: u16, n: usize) -> io::Result<Vec<Row>> {
     Ok(rows)
 }
 
+/// What a flush or swap of (7) finds in database 0.
+#[derive(Clone, Copy)]
+enum Filled {
+    /// Plain keys (`SET`): Redis's own part.
+    Plain,
+    /// Locks bound to a connection that stays open.
+    Bound,
+    /// Locks held by one session.
+    Session,
+}
+
+/// (7) `FLUSHDB`, `FLUSHDB ASYNC`, `FLUSHALL` and `SWAPDB 0 1` of database 0
+/// holding `n` plain keys, `n` locks bound to one open connection, or `n`
+/// locks of one session: the longest PING and the command's server time
+/// (the module's part: a lock row less the plain row).
+fn flushes(c: &mut Conn, port: u16, n: usize) -> io::Result<Vec<Row>> {
+    let mut rows = Vec::new();
+    let acts: [(&str, &str, Vec<&[u8]>); 4] = [
+        ("flushdb", "FLUSHDB", vec![b"FLUSHDB".as_slice()]),
+        (
+            "flushdb",
+            "FLUSHDB ASYNC",
+            vec![b"FLUSHDB".as_slice(), b"ASYNC"],
+        ),
+        ("flushall", "FLUSHALL", vec![b"FLUSHALL".as_slice()]),
+        (
+            "swapdb",
+            "SWAPDB 0 1",
+            vec![b"SWAPDB".as_slice(), b"0", b"1"],
+        ),
+    ];
+    for filled in [Filled::Plain, Filled::Bound, Filled::Session] {
+        for (stat_of, label, args) in &acts {
+            c.ok(&[b"FLUSHALL"])?;
+            let mut h = server::connect(port)?;
+            let started = Instant::now();
+            let what = match filled {
+                Filled::Plain => {
+                    pipelined(
+                        &mut h,
+                        n,
+                        &|i| {
+                            vec![
+                                b"SET".to_vec(),
+                                format!("f:{i}").into_bytes(),
+                                b"v".to_vec(),
+                            ]
+                        },
+                        &|r| matches!(r, Reply::Status(_)),
+                    )?;
+                    format!("{n} plain keys")
+                }
+                Filled::Bound => {
+                    pipelined(
+                        &mut h,
+                        n,
+                        &|i| {
+                            vec![
+                                b"LOCK.ACQUIRE".to_vec(),
+                                format!("f:{i}").into_bytes(),
+                                b"O".to_vec(),
+                                TTL.to_vec(),
+                                b"BIND".to_vec(),
+                            ]
+                        },
+                        &is_token,
+                    )?;
+                    format!("{n} bound holders")
+                }
+                Filled::Session => {
+                    let id = h.call(&[b"LOCK.SESSION", b"OPEN", TTL])?;
+                    let id = id
+                        .as_int()
+                        .ok_or_else(|| {
+                            io::Error::other(format!("LOCK.SESSION OPEN: {}", id.show()))
+                        })?
+                        .to_string();
+                    pipelined(
+                        &mut h,
+                        n,
+                        &|i| {
+                            vec![
+                                b"LOCK.ACQUIRE".to_vec(),
+                                format!("f:{i}").into_bytes(),
+                                b"O".to_vec(),
+                                TTL.to_vec(),
+                                b"SESSION".to_vec(),
+                                id.clone().into_bytes(),
+                            ]
+                        },
+                        &is_token,
+                    )?;
+                    format!("a session's {n} holders")
+                }
+            };
+            eprintln!(
+                "   {label} of {what} ({:.1} s to make them)",
+                started.elapsed().as_secs_f64()
+            );
+            // The PINGs go on for a second after the reply: the module drops
+            // what the flush left over the next turns.
+            let m = measure(
+                c,
+                port,
+                Some(stat_of),
+                &mut |c| c.call(args).map(Some),
+                &mut |_| {
+                    thread::sleep(Duration::from_secs(1));
+                    Ok(true)
+                },
+            )?;
+            rows.push(
+                Row {
+                    took: None,
+                    ..Row::new(format!("(7) `{label}` of {what}"), m.clone_reply())
+                }
+                .note(format!("answered {}", show(&m.reply))),
+            );
+            drop(h);
+        }
+    }
+    c.ok(&[b"FLUSHALL"])?;
+    Ok(rows)
+}
+
 /// Nothing happening: what the machine costs a PING at rest.
 fn at_rest(c: &mut Conn, port: u16) -> io::Result<Row> {
     let m = measure(
@@ -1132,6 +1263,9 @@ pub fn run(module: &Path, plan: &Plan) -> io::Result<Vec<Row>> {
     }
     if wants(6) {
         rows.extend(holders(&mut c, port, plan.holders)?);
+    }
+    if wants(7) {
+        rows.extend(flushes(&mut c, port, plan.flush)?);
     }
     drop(c);
     drop(server);

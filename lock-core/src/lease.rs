@@ -701,33 +701,53 @@ impl<K: Clone> Leases<K> {
         self.followers.get(&x).is_some_and(|f| is(&f.key))
     }
 
-    /// Follower `x`'s holder is on `key` now (its key loaded, or moved).
-    pub fn set_key(&mut self, x: u64, key: K) {
-        if let Some(f) = self.followers.get_mut(&x) {
-            f.key = key;
+    /// Follower `x`'s holder is on `key` now (its key loaded, or moved):
+    /// whether `x` follows here.
+    pub fn set_key(&mut self, x: u64, key: K) -> bool {
+        match self.followers.get_mut(&x) {
+            Some(f) => {
+                f.key = key;
+                true
+            }
+            None => false,
         }
     }
 
-    /// Keeps the followers whose key `keep` says (a flush: the others are
-    /// gone with their keys). Linear in the followers, as the flush is in
-    /// the keys.
-    pub fn retain_keys(&mut self, keep: impl Fn(&K) -> bool) {
-        let gone: Vec<u64> = self
-            .followers
-            .iter()
-            .filter(|(_, f)| !keep(&f.key))
-            .map(|(x, _)| *x)
-            .collect();
-        for x in gone {
-            self.leave(x);
-        }
-    }
-
-    /// Changes every follower's key in place (SWAPDB).
-    pub fn keys_mut(&mut self, mut change: impl FnMut(&mut K)) {
-        for f in self.followers.values_mut() {
-            change(&mut f.key);
-        }
+    /// The whole table, as pieces to drop one at a time (a follower, a
+    /// batch, a generation, an entry of the deadlines): the shell drops a
+    /// table of a million followers (a flush's) a slice of each event-loop
+    /// turn at a time.
+    pub fn into_pieces(self) -> impl Iterator<Item = ()> {
+        let Leases {
+            leases,
+            followers,
+            batches,
+            gens,
+            own_due,
+            gen_due,
+            ending,
+            garbage,
+            ..
+        } = self;
+        // A slot owns its list; the maps of slots hold plain numbers.
+        let Due {
+            by_slot,
+            order,
+            slots,
+            free,
+            ..
+        } = own_due;
+        followers
+            .into_iter()
+            .map(drop)
+            .chain(batches.into_iter().map(drop))
+            .chain(gens.into_iter().map(drop))
+            .chain(slots.into_iter().map(drop))
+            .chain(std::iter::once(drop((by_slot, order, free))))
+            .chain(gen_due.into_iter().map(drop))
+            .chain(ending.into_iter().map(drop))
+            .chain(garbage.into_iter().flatten().map(drop))
+            .chain(leases.into_iter().map(drop))
     }
 
     /// Every follower as a file keeps it: `(x, lease, deadline)`, its
@@ -1034,5 +1054,9 @@ mod tests {
         t.set_own(1, 7, 9500, 1);
         assert_eq!(t.keepalive(7, 9600, 20_000), 0);
         assert_eq!(t.deadline(1), Some(9500));
+        // Handed over whole, it is dropped a piece at a time: each
+        // follower one.
+        let followers = t.len();
+        assert!(t.into_pieces().count() > followers);
     }
 }

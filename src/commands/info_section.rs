@@ -42,6 +42,10 @@ extern "C" fn info(ctx: *mut raw::RedisModuleInfoCtx, for_crash_report: c_int) {
                 value
             ));
         };
+        if for_crash_report == 0 {
+            // Bindings of holders a DEL or an expiry took go first.
+            sessions::settle();
+        }
         add(c"keys", stats::lock_keys());
         // Holders by mode (`holders_<mode>`); the holders of closed
         // connections not yet ended hold nothing.

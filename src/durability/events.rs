@@ -399,7 +399,7 @@ extern "C" fn on_flush(
             return;
         }
         let db = info.map_or(-1, |i| i.dbnum);
-        bindings::flushed(db);
+        let mut work = bindings::flushed(db);
         // The flushed locks' names go (no unlink told them apart): a
         // synchronous flush freed its values already, so the lock keys
         // counted before and after tell whether it held any.
@@ -422,8 +422,12 @@ extern "C" fn on_flush(
                 ));
             }
         }
-        sessions::flushed(db);
+        work |= sessions::flushed(db);
         timers::flushed(db);
+        if work {
+            // What the flush left to drop goes a slice of a tick at a time.
+            timers::work_now();
+        }
         wake(&[db]);
     })
 }
@@ -505,6 +509,9 @@ extern "C" fn on_loaded(
             raw::REDISMODULE_SUBEVENT_LOADING_ENDED => {
                 if bindings::reloaded() {
                     waiting::connection_closed();
+                }
+                if bindings::dead() > 0 {
+                    timers::work_now();
                 }
             }
             raw::REDISMODULE_SUBEVENT_LOADING_RDB_START

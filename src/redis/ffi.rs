@@ -287,6 +287,15 @@ impl KeyFilter {
             .is_some_and(|w| w.load(Ordering::Relaxed) & bit != 0)
     }
 
+    /// Every key may be in the set from now on (until [`KeyFilter::clear`]):
+    /// its keys moved in a way the bits cannot follow (`SWAPDB`).
+    pub fn fill(&self) {
+        for w in &self.bits {
+            w.store(u64::MAX, Ordering::Relaxed);
+        }
+        self.dirty.store(true, Ordering::Relaxed);
+    }
+
     /// The set is empty.
     pub fn clear(&self) {
         if self.dirty.swap(false, Ordering::Relaxed) {

@@ -48,6 +48,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{LazyLock, Mutex, MutexGuard, OnceLock};
 
 use crate::redis::ffi::DbKey;
+use crate::redis::homes::{self, Home, Homes};
 use lock_core::{Census, Changes, Lock, Mode, Owner};
 
 /// A client id (`CLIENT ID`).
@@ -124,7 +125,8 @@ struct Binding {
     /// The key's name, then the owner.
     bytes: Bytes,
     name_len: usize,
-    db: i32,
+    /// Its database's home (`homes`): a flush's bindings are dead at once.
+    home: Home,
     token: u64,
     client: ClientId,
     /// Its connection's list (while the connection is open).
@@ -157,13 +159,14 @@ impl Binding {
             .unwrap_or_default()
     }
 
-    fn is_at(&self, db: i32, name: &[u8]) -> bool {
-        self.db == db && self.name() == name
+    fn is_at(&self, home: Home, name: &[u8]) -> bool {
+        self.home == home && self.name() == name
     }
 
-    fn bound(&self) -> Bound {
+    /// Copied out, its home being database `db`.
+    fn bound(&self, db: i32) -> Bound {
         Bound {
-            key: DbKey::new(self.db, self.name()),
+            key: DbKey::new(db, self.name()),
             owner: self.owner().into(),
             token: self.token,
             seq: self.seq,
@@ -182,9 +185,10 @@ impl Binding {
 #[derive(Default)]
 struct Client {
     entries: Vec<(u64, u32)>,
+    /// Its bindings (those of a flushed database too, until swept).
     live: usize,
-    /// Its live bindings by mode.
-    census: Census,
+    /// Its bindings by home, and by mode: `(home, count, census)`.
+    by_home: Vec<(Home, usize, Census)>,
     /// The connection closed: its bindings hold nothing, and [`pending`]
     /// counts them until they are ended.
     closed: bool,
@@ -195,6 +199,80 @@ struct Client {
     lease: u64,
 }
 
+impl Client {
+    /// Its count and census in `home`, made if need be.
+    fn in_home(&mut self, home: Home) -> Option<&mut (Home, usize, Census)> {
+        let at = match self.by_home.iter().position(|e| e.0 == home) {
+            Some(at) => at,
+            None => {
+                self.by_home.push((home, 0, Census::ZERO));
+                self.by_home.len() - 1
+            }
+        };
+        self.by_home.get_mut(at)
+    }
+
+    fn added(&mut self, home: Home, mode: Mode) {
+        if let Some(e) = self.in_home(home) {
+            e.1 += 1;
+            e.2.add(mode, 1);
+        }
+    }
+
+    fn removed(&mut self, home: Home, mode: Mode) {
+        if let Some(at) = self.by_home.iter().position(|e| e.0 == home) {
+            if let Some(e) = self.by_home.get_mut(at) {
+                e.1 = e.1.saturating_sub(1);
+                e.2.sub(mode, 1);
+                if e.1 == 0 {
+                    self.by_home.swap_remove(at);
+                }
+            }
+        }
+    }
+}
+
+/// What the bindings of one home count (INFO's gauges, less a flushed
+/// home's at once).
+#[derive(Default, Clone, Copy)]
+struct Tally {
+    count: usize,
+    heap: usize,
+    /// Those of closed connections, and by mode.
+    pending: usize,
+    closed: Census,
+}
+
+/// The tallies of the live homes: as many as databases with bindings (one,
+/// mostly), so a list looked through beats a hash on a bind's path.
+#[derive(Default)]
+struct Tallies(Vec<(Home, Tally)>);
+
+impl Tallies {
+    #[inline]
+    fn get_mut(&mut self, home: Home) -> Option<&mut Tally> {
+        self.0.iter_mut().find(|e| e.0 == home).map(|e| &mut e.1)
+    }
+
+    #[inline]
+    fn contains(&self, home: Home) -> bool {
+        self.0.iter().any(|e| e.0 == home)
+    }
+
+    /// `home`'s tally, made if need be.
+    #[inline]
+    fn entry(&mut self, home: Home) -> Option<&mut Tally> {
+        if !self.contains(home) {
+            self.0.push((home, Tally::default()));
+        }
+        self.get_mut(home)
+    }
+
+    fn remove(&mut self, home: Home) -> Option<Tally> {
+        let at = self.0.iter().position(|e| e.0 == home)?;
+        Some(self.0.swap_remove(at).1)
+    }
+}
 /// Holes a connection's list keeps before it is compacted (and never more
 /// than its live entries).
 const HOLES: usize = 32;
@@ -313,15 +391,6 @@ impl Slab {
             *slot = Some(binding);
         }
     }
-
-    /// The slots in use, by number.
-    fn in_use(&self) -> impl Iterator<Item = (u32, &Binding)> {
-        self.chunks
-            .iter()
-            .flat_map(|c| c.iter())
-            .zip(0..)
-            .filter_map(|(b, at)| Some((at, b.as_ref()?)))
-    }
 }
 
 /// Old buckets moved per change of the index while it is resized, and
@@ -404,6 +473,14 @@ impl TokenIndex {
 
 #[derive(Default)]
 struct Registry {
+    /// Its databases' homes (a binding keeps its home, not its database).
+    homes: Homes,
+    /// The counts of each live home.
+    tally: Tallies,
+    /// Bindings of flushed databases still in the slab (swept a slice at a
+    /// time: [`sweep_dead`]), and where the sweep is.
+    dead: usize,
+    sweep: usize,
     slab: Slab,
     /// The slots by their grant's token.
     index: TokenIndex,
@@ -432,26 +509,27 @@ impl Registry {
 
     /// The slot of the binding of grant `token` on `name` in `db`.
     fn find(&self, db: i32, name: &[u8], token: u64) -> Option<u32> {
-        self.find_hashed(db, name, token, self.index.hash(token))
+        let home = self.homes.get(db)?;
+        self.find_hashed(home, name, token, self.index.hash(token))
     }
 
-    /// [`Registry::find`], with `token`'s hash `h`.
+    /// [`Registry::find`] in `home`, with `token`'s hash `h`.
     #[inline]
-    fn find_hashed(&self, db: i32, name: &[u8], token: u64, h: usize) -> Option<u32> {
+    fn find_hashed(&self, home: Home, name: &[u8], token: u64, h: usize) -> Option<u32> {
         let (old, new) = self.index.heads(h);
         if old != NONE {
-            if let Some(at) = self.find_in(old, db, name, token) {
+            if let Some(at) = self.find_in(old, home, name, token) {
                 return Some(at);
             }
         }
-        self.find_in(new, db, name, token)
+        self.find_in(new, home, name, token)
     }
 
     /// [`Registry::find`] along the chain from slot `at`.
     #[inline]
-    fn find_in(&self, mut at: u32, db: i32, name: &[u8], token: u64) -> Option<u32> {
+    fn find_in(&self, mut at: u32, home: Home, name: &[u8], token: u64) -> Option<u32> {
         while let Some(b) = self.get(at) {
-            if b.token == token && b.is_at(db, name) {
+            if b.token == token && b.is_at(home, name) {
                 return Some(at);
             }
             at = b.next;
@@ -621,7 +699,7 @@ impl Registry {
     /// list, the binding's number and its place there, for the binding to
     /// record.
     #[inline(always)]
-    fn enlist(&mut self, at: u32, client: ClientId, mode: Mode) -> (u32, u64, u32) {
+    fn enlist(&mut self, at: u32, client: ClientId, home: Home, mode: Mode) -> (u32, u64, u32) {
         self.seq += 1;
         let seq = self.seq;
         let list = self.list_of(client);
@@ -631,16 +709,16 @@ impl Registry {
         let pos = u32::try_from(c.entries.len()).unwrap_or(NONE);
         c.entries.push((seq, at));
         c.live += 1;
-        c.census.add(mode, 1);
+        c.added(home, mode);
         (list, seq, pos)
     }
 
     /// Lists the binding in slot `at` last in `client`'s order.
     fn list(&mut self, at: u32, client: ClientId) {
-        let Some(mode) = self.slab.get(at).map(|b| b.mode) else {
+        let Some((home, mode)) = self.slab.get(at).map(|b| (b.home, b.mode)) else {
             return;
         };
-        let (list, seq, pos) = self.enlist(at, client, mode);
+        let (list, seq, pos) = self.enlist(at, client, home, mode);
         if let Some(b) = self.slab.get_mut(at) {
             b.client = client;
             b.list = list;
@@ -656,7 +734,7 @@ impl Registry {
         let Some(b) = self.get(at) else {
             return;
         };
-        let (client, list, pos, mode) = (b.client, b.list, b.pos, b.mode);
+        let (client, list, pos, mode, home) = (b.client, b.list, b.pos, b.mode, b.home);
         let Some(c) = self.lists.get_mut(list as usize) else {
             return;
         };
@@ -664,12 +742,17 @@ impl Registry {
             e.1 = NONE;
         }
         c.live = c.live.saturating_sub(1);
-        c.census.sub(mode, 1);
+        c.removed(home, mode);
         let closed = c.closed;
         let empty = c.live == 0;
         if closed {
-            self.closed_census.sub(mode, 1);
-            PENDING.fetch_sub(1, Ordering::Relaxed);
+            // (A flushed home's were taken off the counts at the flush.)
+            if let Some(t) = self.tally.get_mut(home) {
+                t.pending = t.pending.saturating_sub(1);
+                t.closed.sub(mode, 1);
+                self.closed_census.sub(mode, 1);
+                PENDING.fetch_sub(1, Ordering::Relaxed);
+            }
         }
         if empty {
             if !closed {
@@ -701,17 +784,90 @@ impl Registry {
         let b = self.slab.slot(at)?.take()?;
         self.unindex(at, b.token, b.next);
         self.slab.free.push(at);
-        if b.bytes.heap() != 0 {
-            HEAP_BYTES.fetch_sub(b.bytes.heap(), Ordering::Relaxed);
+        match self.tally.get_mut(b.home) {
+            Some(t) => {
+                t.count = t.count.saturating_sub(1);
+                t.heap = t.heap.saturating_sub(b.bytes.heap());
+                if t.count == 0 {
+                    self.tally.remove(b.home);
+                }
+                if b.bytes.heap() != 0 {
+                    HEAP_BYTES.fetch_sub(b.bytes.heap(), Ordering::Relaxed);
+                }
+                COUNT.fetch_sub(1, Ordering::Relaxed);
+            }
+            // A flushed database's, swept.
+            None => self.dead = self.dead.saturating_sub(1),
         }
-        if COUNT.fetch_sub(1, Ordering::Relaxed) == 1 {
+        if count() == 0 {
             // The last one: what many bindings grew goes back.
-            *self = Registry {
-                seq: self.seq,
-                ..Registry::default()
-            };
+            self.renew();
         }
         Some(b)
+    }
+
+    /// A registry with no live binding starts again (its homes and count of
+    /// binds kept); what it held, the bindings of flushed databases among
+    /// it, is dropped a slice at a time (`homes::throw`) unless it is
+    /// small.
+    fn renew(&mut self) {
+        let fresh = Registry {
+            seq: self.seq,
+            homes: self.homes.clone(),
+            ..Registry::default()
+        };
+        let old = std::mem::replace(self, fresh);
+        if old.dead == 0 && old.slab.chunks.len() <= 16 {
+            return;
+        }
+        homes::throw(old.into_pieces());
+    }
+
+    /// What it holds, as pieces to drop one at a time (a chunk of slots,
+    /// a connection's list); the rest goes at once (a few allocations).
+    fn into_pieces(self) -> impl Iterator<Item = ()> + Send {
+        let Registry { slab, lists, .. } = self;
+        slab.chunks
+            .into_iter()
+            .map(drop)
+            .chain(lists.into_iter().map(drop))
+    }
+
+    /// The home of database `db` is dead (a flush): its counts go at
+    /// once, its bindings when swept.
+    fn kill(&mut self, home: Home) {
+        let Some(t) = self.tally.remove(home) else {
+            return;
+        };
+        COUNT.fetch_sub(t.count, Ordering::Relaxed);
+        HEAP_BYTES.fetch_sub(t.heap, Ordering::Relaxed);
+        PENDING.fetch_sub(t.pending, Ordering::Relaxed);
+        for (mode, n) in t.closed.iter() {
+            self.closed_census.sub(mode, n);
+        }
+        self.dead += t.count;
+        self.sweep = 0;
+    }
+
+    /// Up to `n` bindings of flushed databases taken out (about `4 n`
+    /// slots looked at); how many are left.
+    fn sweep(&mut self, n: usize) -> usize {
+        let (mut taken, mut looked) = (0, 0);
+        while self.dead > 0 && taken < n && looked < 4 * n {
+            if self.sweep >= self.slab.used {
+                self.sweep = 0;
+            }
+            let at = u32::try_from(self.sweep).unwrap_or(NONE);
+            self.sweep += 1;
+            looked += 1;
+            // (A live home's bindings are in its tally; a dead one has none.)
+            let dead = self.get(at).is_some_and(|b| !self.tally.contains(b.home));
+            if dead {
+                self.remove(at);
+                taken += 1;
+            }
+        }
+        self.dead
     }
 }
 
@@ -838,7 +994,8 @@ pub fn bind(client: ClientId, db: i32, name: &[u8], owner: &[u8], token: u64, mo
     let mut guard = registry();
     let r = &mut *guard;
     let h = r.index.hash(token);
-    if let Some(at) = r.find_hashed(db, name, token, h) {
+    let home = r.homes.home(db);
+    if let Some(at) = r.find_hashed(home, name, token, h) {
         let Some(b) = r.get(at) else {
             return;
         };
@@ -856,7 +1013,7 @@ pub fn bind(client: ClientId, db: i32, name: &[u8], owner: &[u8], token: u64, mo
         // grant being bound is the one that holds now.
         r.remove(at);
     }
-    insert(r, h, (client, db, name, owner, token, mode));
+    insert(r, h, (client, home, name, owner, token, mode));
 }
 
 /// [`bind`] for a grant just made: its token was issued after every token
@@ -866,12 +1023,13 @@ pub fn bind_new(client: ClientId, db: i32, name: &[u8], owner: &[u8], token: u64
     let mut guard = registry();
     let r = &mut *guard;
     let h = r.index.hash(token);
-    insert(r, h, (client, db, name, owner, token, mode));
+    let home = r.homes.home(db);
+    insert(r, h, (client, home, name, owner, token, mode));
 }
 
 /// A new binding, its token of hash `h`: in a free slot, indexed, listed.
 #[inline(always)]
-fn insert(r: &mut Registry, h: usize, what: (ClientId, i32, &[u8], &[u8], u64, Mode)) {
+fn insert(r: &mut Registry, h: usize, what: (ClientId, Home, &[u8], &[u8], u64, Mode)) {
     let at = r.slab.vacant();
     let next = r.index(at, h);
     add(r, at, what, next);
@@ -883,14 +1041,14 @@ fn insert(r: &mut Registry, h: usize, what: (ClientId, i32, &[u8], &[u8], u64, M
 fn add(
     r: &mut Registry,
     at: u32,
-    (client, db, name, owner, token, mode): (ClientId, i32, &[u8], &[u8], u64, Mode),
+    (client, home, name, owner, token, mode): (ClientId, Home, &[u8], &[u8], u64, Mode),
     next: u32,
 ) {
-    let (list, seq, pos) = r.enlist(at, client, mode);
+    let (list, seq, pos) = r.enlist(at, client, home, mode);
     let b = Binding {
         bytes: Bytes::new(name, owner),
         name_len: name.len(),
-        db,
+        home,
         token,
         client,
         list,
@@ -905,6 +1063,10 @@ fn add(
         }
     }
     BOUND_TOKENS.insert(token);
+    if let Some(t) = r.tally.entry(home) {
+        t.count += 1;
+        t.heap += b.bytes.heap();
+    }
     if b.bytes.heap() != 0 {
         HEAP_BYTES.fetch_add(b.bytes.heap(), Ordering::Relaxed);
     }
@@ -1006,8 +1168,8 @@ pub fn page_of_client(client: ClientId, after: Option<u64>, n: usize) -> Vec<Bou
         .unwrap_or_default()
         .iter()
         .filter_map(|e| r.get(e.1))
+        .filter_map(|b| Some(b.bound(r.homes.db_of(b.home)?)))
         .take(n)
-        .map(Binding::bound)
         .collect()
 }
 
@@ -1023,13 +1185,19 @@ pub fn lease(client: ClientId, draw: impl FnOnce() -> Option<u64>) -> Option<u64
     Some(c.lease)
 }
 
-/// How many bindings `client` has.
+/// How many bindings `client` has (those of flushed databases gone).
 pub fn live_of(client: ClientId) -> usize {
     let r = registry();
     r.clients
         .get(&client)
         .and_then(|at| r.lists.get(*at as usize))
-        .map_or(0, |c| c.live)
+        .map_or(0, |c| {
+            c.by_home
+                .iter()
+                .filter(|e| r.tally.contains(e.0))
+                .map(|e| e.1)
+                .sum()
+        })
 }
 
 /// `client`'s bound holders follow `lease` (drawn before its first
@@ -1077,9 +1245,17 @@ pub fn detach_client(client: ClientId) -> Option<Detached> {
     r.unlink_client(client);
     let c = r.lists.get_mut(list as usize)?;
     c.closed = true;
-    let (census, live, gen) = (c.census, c.live, c.gen);
-    r.closed_census.add_all(census);
-    PENDING.fetch_add(live, Ordering::Relaxed);
+    let gen = c.gen;
+    let by_home = c.by_home.clone();
+    for (home, n, census) in by_home {
+        // (A flushed home's bindings hold nothing: not pending.)
+        if let Some(t) = r.tally.get_mut(home) {
+            t.pending += n;
+            t.closed.add_all(census);
+            r.closed_census.add_all(census);
+            PENDING.fetch_add(n, Ordering::Relaxed);
+        }
+    }
     Some(Detached { list, gen })
 }
 
@@ -1098,10 +1274,14 @@ pub fn take_closed(d: &Detached, n: usize) -> (Vec<Bound>, bool) {
             .collect(),
         _ => return (Vec::new(), false),
     };
-    let taken: Vec<Bound> = slots
-        .into_iter()
-        .filter_map(|at| r.remove(at).map(|b| b.bound()))
-        .collect();
+    let mut taken = Vec::new();
+    for at in slots {
+        // A flushed database's goes unreported (its holder went with it).
+        let db = r.get(at).and_then(|b| r.homes.db_of(b.home));
+        if let (Some(b), Some(db)) = (r.remove(at), db) {
+            taken.push(b.bound(db));
+        }
+    }
     let more = r
         .lists
         .get(d.list as usize)
@@ -1116,41 +1296,55 @@ pub fn moved(from: &DbKey, to: &DbKey, tokens: impl IntoIterator<Item = u64>) {
     if count() == 0 {
         return;
     }
-    let mut r = registry();
+    let mut guard = registry();
+    let r = &mut *guard;
+    let to_home = r.homes.home(to.db);
     for token in tokens {
         let Some(at) = r.find(from.db, &from.name, token) else {
             continue;
         };
-        if let Some(b) = r.get_mut(at) {
-            let before = b.bytes.heap();
-            b.bytes = Bytes::new(&to.name, b.owner());
-            b.name_len = to.name.len();
-            b.db = to.db;
-            HEAP_BYTES.fetch_sub(before, Ordering::Relaxed);
-            HEAP_BYTES.fetch_add(b.bytes.heap(), Ordering::Relaxed);
+        let closed = r.get(at).is_some_and(|b| r.is_closed(b));
+        let Some(b) = r.slab.get_mut(at) else {
+            continue;
+        };
+        let (from_home, mode, list) = (b.home, b.mode, b.list);
+        let before = b.bytes.heap();
+        b.bytes = Bytes::new(&to.name, b.owner());
+        b.name_len = to.name.len();
+        b.home = to_home;
+        let after = b.bytes.heap();
+        HEAP_BYTES.fetch_sub(before, Ordering::Relaxed);
+        HEAP_BYTES.fetch_add(after, Ordering::Relaxed);
+        // Its counts move to its new home (MOVE: another database).
+        if let Some(t) = r.tally.get_mut(from_home) {
+            t.count = t.count.saturating_sub(1);
+            t.heap = t.heap.saturating_sub(before);
+            if closed {
+                t.pending = t.pending.saturating_sub(1);
+                t.closed.sub(mode, 1);
+            }
+            if t.count == 0 {
+                r.tally.remove(from_home);
+            }
+        }
+        if let Some(t) = r.tally.entry(to_home) {
+            t.count += 1;
+            t.heap += after;
+            if closed {
+                t.pending += 1;
+                t.closed.add(mode, 1);
+            }
+        }
+        if let Some(c) = r.lists.get_mut(list as usize) {
+            c.removed(from_home, mode);
+            c.added(to_home, mode);
         }
     }
 }
 
-/// SWAPDB: bindings follow their keys.
+/// SWAPDB: bindings follow their keys (the two databases' homes swap: O(1)).
 pub fn swap_dbs(a: i32, b: i32) {
-    if count() == 0 {
-        return;
-    }
-    let mut r = registry();
-    for binding in r
-        .slab
-        .chunks
-        .iter_mut()
-        .flat_map(|c| c.iter_mut())
-        .flatten()
-    {
-        if binding.db == a {
-            binding.db = b;
-        } else if binding.db == b {
-            binding.db = a;
-        }
-    }
+    registry().homes.swap(a, b);
 }
 
 /// FLUSHDB / FLUSHALL (`db` -1): the bindings of what was flushed go. A
@@ -1159,24 +1353,39 @@ pub fn swap_dbs(a: i32, b: i32) {
 /// connections stay open: the bindings are parked (the registry taken
 /// whole, nothing walked) for [`reloaded`] to put back, and dropped by
 /// [`drop_parked`] if no such load follows.
-pub fn flushed(db: i32) {
+///
+/// A flush of one database is O(1) whatever it held: its home dies, its
+/// counts go at once (every answer is exact right after it), and its
+/// bindings are dropped later, a slice of a tick at a time: all at once by
+/// [`homes::throw`] when no other database has any, else by
+/// [`sweep_dead`]. Whether work is left for the ticks.
+pub fn flushed(db: i32) -> bool {
     if db == -1 {
         park();
-        return;
-    }
-    if count() == 0 {
-        return;
+        return false;
     }
     let mut r = registry();
-    let gone: Vec<u32> = r
-        .slab
-        .in_use()
-        .filter(|(_, b)| db == -1 || b.db == db)
-        .map(|(at, _)| at)
-        .collect();
-    for at in gone {
-        r.remove(at);
+    for home in r.homes.flushed(db) {
+        r.kill(home);
     }
+    if r.dead == 0 {
+        return false;
+    }
+    if count() == 0 {
+        r.renew();
+    }
+    r.dead > 0 || homes::any()
+}
+
+/// Bindings of flushed databases left in the registry (swept by
+/// [`sweep_dead`]).
+pub fn dead() -> usize {
+    REGISTRY.try_lock().map_or(0, |r| r.dead)
+}
+
+/// Takes out up to `n` bindings of flushed databases; how many are left.
+pub fn sweep_dead(n: usize) -> usize {
+    registry().sweep(n)
 }
 
 /// The bindings a flush of every database took away, as they were, until
@@ -1216,7 +1425,15 @@ fn park() {
     };
     drop(r);
     let keep = p.count != 0;
-    *parked() = keep.then_some(p);
+    let (earlier, now) = match keep {
+        true => (parked().replace(p), None),
+        false => (parked().take(), Some(p)),
+    };
+    // Dropped a slice of a tick at a time (a million bindings take tens of
+    // milliseconds to free).
+    for gone in [earlier, now].into_iter().flatten() {
+        homes::throw(gone.registry.into_pieces());
+    }
     ANY_PARKED.store(keep, Ordering::Relaxed);
 }
 
@@ -1237,6 +1454,7 @@ pub fn reloaded() -> bool {
     let mut r = registry();
     if count() != 0 {
         // Bound since the flush: what was parked is not the current state.
+        homes::throw(p.registry.into_pieces());
         return false;
     }
     let seq = r.seq;
@@ -1252,7 +1470,10 @@ pub fn reloaded() -> bool {
 /// `FLUSHALL`, a replica's full sync): the parked bindings go.
 pub fn drop_parked() {
     if ANY_PARKED.swap(false, Ordering::Relaxed) {
-        drop(parked().take());
+        let gone = parked().take();
+        if let Some(p) = gone {
+            homes::throw(p.registry.into_pieces());
+        }
     }
 }
 
@@ -1344,6 +1565,31 @@ mod tests {
         bind_at(5, &key(3, "y"), b"o", 2, ex);
         flushed(2);
         assert_eq!(page_of_client(5, None, usize::MAX).len(), 1);
+        // Counted out at once, taken out of the slab by the sweep.
+        assert_eq!((count(), live_of(5), dead()), (1, 1, 1));
+        assert_eq!(sweep_dead(10), 0);
+        assert_eq!(count(), 1);
+        // A closed connection's holders in a flushed database are no
+        // longer pending, nor handed to the timer to end.
+        bind_at(11, &key(6, "c1"), b"o", 31, ex);
+        bind_at(11, &key(6, "c2"), b"o", 32, Mode::Shared);
+        bind_at(11, &key(7, "c3"), b"o", 33, ex);
+        let closed = detach_client(11).unwrap();
+        assert_eq!(pending(), 3);
+        flushed(6);
+        assert_eq!(pending(), 1);
+        assert_eq!(counts(pending_census()), [1, 0, 0]);
+        swap_dbs(7, 8);
+        let (taken, more) = take_closed(&closed, 10);
+        assert!(!more);
+        assert_eq!(
+            taken
+                .iter()
+                .map(|b| (b.key.clone(), b.token))
+                .collect::<Vec<_>>(),
+            vec![(key(8, "c3"), 33)]
+        );
+        assert_eq!(pending(), 0);
         flushed(-1);
         assert_eq!(count(), 0);
 

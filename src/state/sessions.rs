@@ -23,6 +23,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{LazyLock, Mutex};
 
 use crate::redis::ffi::DbKey;
+use crate::redis::homes::{self, Home, Homes, NOWHERE};
 use crate::redis::replication;
 use crate::redis::shared::{self, Locked};
 use crate::state::bindings;
@@ -39,31 +40,83 @@ pub type WaiterId = usize;
 #[derive(Default, Debug)]
 struct Session {
     deadline: u64,
-    holders: u64,
-    keys: HashMap<DbKey, u32>,
+    /// Its holders by database's home (`homes`: a flushed database's are
+    /// gone at once, whatever their number).
+    places: Vec<Place>,
     /// The requests waiting with it now (each leaves at its answer:
     /// [`drop_waiter`]; a waiter's id is used again after it).
     waiters: HashSet<WaiterId>,
 }
 
+/// A session's holders in one database's home: how many, and on which
+/// keys (a count per key: the keys its end must visit).
+#[derive(Default, Debug)]
+struct Place {
+    home: Home,
+    holders: u64,
+    keys: HashMap<Vec<u8>, u32>,
+}
+
+impl Session {
+    /// Its holders in live homes.
+    fn holders(&self, homes: &Homes) -> u64 {
+        self.places
+            .iter()
+            .filter(|p| homes.is_live(p.home))
+            .map(|p| p.holders)
+            .sum()
+    }
+
+    /// Its place in `home`, made if need be.
+    fn place(&mut self, home: Home) -> Option<&mut Place> {
+        let at = match self.places.iter().position(|p| p.home == home) {
+            Some(at) => at,
+            None => {
+                self.places.push(Place {
+                    home,
+                    ..Place::default()
+                });
+                self.places.len() - 1
+            }
+        };
+        self.places.get_mut(at)
+    }
+
+    /// Its places in flushed databases go (their maps dropped a slice of a
+    /// tick at a time): whether any did.
+    fn prune(&mut self, homes: &Homes) -> bool {
+        let before = self.places.len();
+        let (live, dead): (Vec<Place>, Vec<Place>) = std::mem::take(&mut self.places)
+            .into_iter()
+            .partition(|p| homes.is_live(p.home));
+        self.places = live;
+        for p in dead {
+            homes::throw(p.keys.into_iter().map(drop));
+        }
+        self.places.len() != before
+    }
+}
+
 /// A session that ended, its keys and waiters still to visit: its key
-/// map taken over whole (ending a session of a million keys moves no key),
+/// maps taken over whole (ending a session of a million keys moves no key),
 /// then read a page at a time.
 #[derive(Debug)]
 struct Ending {
-    keys: std::collections::hash_map::IntoIter<DbKey, u32>,
+    places: Vec<(Home, std::collections::hash_map::IntoIter<Vec<u8>, u32>)>,
     waiters: hash_set::IntoIter<WaiterId>,
 }
 
 #[derive(Default)]
 struct Table {
+    /// The databases' homes of the sessions' places.
+    homes: Homes,
     live: HashMap<u64, Session>,
     by_deadline: BTreeSet<(u64, u64)>,
     ending: VecDeque<Ending>,
     /// Connection leases (`BIND`) and the holders that follow them, by
     /// their tokens (`lock_core::lease`): their deadlines are read here as
     /// sessions' are.
-    leases: Leases<DbKey>,
+    leases: HomeLeases,
     /// Followers whose key was unlinked in this command: a RENAME or MOVE
     /// brings them back under the new name ([`join`]); anything else that
     /// looks at the table first lets them go.
@@ -72,6 +125,11 @@ struct Table {
     /// taken by those bound next ([`Table::key`]): a bound grant and its
     /// release allocate nothing for the lease table's key.
     spare: Vec<Vec<u8>>,
+    /// Bound session holders whose key was unlinked in this command, by
+    /// grant: their bindings go as the followers' do, unless a RENAME or
+    /// MOVE carried them along (`bindings::moved`, before anything else
+    /// looks at the table).
+    unbound: Vec<(u64, DbKey)>,
 }
 
 /// How many names [`Table::spare`] keeps, and the longest room it keeps.
@@ -81,6 +139,213 @@ const SPARE_ROOM: usize = 64;
 /// Where a follower's key is not known yet (a load: its key follows).
 fn nowhere() -> DbKey {
     DbKey::new(-1, b"")
+}
+
+/// The connection leases' followers, a table (`lock_core::lease::Leases`)
+/// per database's home (`homes`), and one for followers whose key is not
+/// known yet ([`NOWHERE`]): a flush drops a database's table whole, a
+/// slice of a tick at a time, and `SWAPDB` swaps two homes; each
+/// follower is in one table. A lease's count and `KEEPALIVE` are the sum
+/// over the tables (as many as databases with followers: one, mostly).
+#[derive(Default)]
+struct HomeLeases {
+    homes: Homes,
+    /// As many as databases with followers (one, mostly): a list looked
+    /// through.
+    tables: Vec<(Home, Leases<Vec<u8>>)>,
+}
+
+impl HomeLeases {
+    fn values(&self) -> impl Iterator<Item = &Leases<Vec<u8>>> {
+        self.tables.iter().map(|(_, t)| t)
+    }
+
+    fn table(&self, home: Home) -> Option<&Leases<Vec<u8>>> {
+        self.tables.iter().find(|(h, _)| *h == home).map(|(_, t)| t)
+    }
+
+    fn table_mut(&mut self, home: Home) -> Option<&mut Leases<Vec<u8>>> {
+        self.tables
+            .iter_mut()
+            .find(|(h, _)| *h == home)
+            .map(|(_, t)| t)
+    }
+
+    /// `home`'s table, made if need be.
+    fn entry(&mut self, home: Home) -> Option<&mut Leases<Vec<u8>>> {
+        if self.table(home).is_none() {
+            self.tables.push((home, Leases::default()));
+        }
+        self.table_mut(home)
+    }
+
+    fn is_empty(&self) -> bool {
+        self.values().all(Leases::is_empty)
+    }
+
+    fn next_due(&self) -> Option<u64> {
+        self.values().filter_map(Leases::next_due).min()
+    }
+
+    /// The home of the table follower `x` is in.
+    fn home_of(&self, x: u64) -> Option<Home> {
+        self.tables
+            .iter()
+            .find(|(_, t)| t.follows(x))
+            .map(|(h, _)| *h)
+    }
+
+    // (Each look-up below asks each table once: one table, mostly.)
+
+    fn follows(&self, x: u64) -> bool {
+        self.values().any(|t| t.follows(x))
+    }
+
+    fn deadline(&self, x: u64) -> Option<u64> {
+        self.values().find_map(|t| t.deadline(x))
+    }
+
+    fn lease_of(&self, x: u64) -> Option<u64> {
+        self.values().find_map(|t| t.lease_of(x))
+    }
+
+    fn key_of(&self, x: u64) -> Option<DbKey> {
+        let (home, name) = self
+            .tables
+            .iter()
+            .find_map(|(h, t)| Some((*h, t.key_of(x)?)))?;
+        Some(DbKey::new(self.homes.db_of(home)?, &name))
+    }
+
+    fn is_at(&self, x: u64, key: &DbKey) -> bool {
+        let Some(home) = self.homes.get(key.db) else {
+            return false;
+        };
+        self.table(home).is_some_and(|t| t.is_at(x, &key.name))
+    }
+
+    /// Follower `x` leaves: its key's name (its room, for the next).
+    fn leave(&mut self, x: u64) -> Option<Vec<u8>> {
+        self.tables.iter_mut().find_map(|(_, t)| t.leave(x))
+    }
+
+    /// Whether follower `x`'s holder is on `name` in database `db`
+    /// (compared in place: nothing made to compare it with).
+    fn is_at_name(&self, x: u64, db: i32, name: &[u8]) -> bool {
+        let Some(home) = self.homes.get(db) else {
+            return false;
+        };
+        self.table(home)
+            .is_some_and(|t| t.key_is(x, |k| k.as_slice() == name))
+    }
+
+    /// [`Leases::set_own_new`]: a follower no table has yet.
+    fn set_own_new(&mut self, x: u64, lease: u64, own: u64, key: DbKey) {
+        let to = self.homes.home(key.db);
+        if let Some(t) = self.entry(to) {
+            t.set_own_new(x, lease, own, key.name);
+        }
+    }
+
+    /// Follower `x`'s holder is on `key` now (loaded, or moved): in
+    /// another database, it moves to that table with its deadline as read
+    /// now (exact: the lease's next KEEPALIVE covers it as it would have).
+    fn set_key(&mut self, x: u64, key: &DbKey) {
+        let to = self.homes.home(key.db);
+        // Mostly it stays in its database: one look-up.
+        if let Some(t) = self.table_mut(to) {
+            if t.set_key(x, key.name.clone()) {
+                return;
+            }
+        }
+        let Some(from) = self.home_of(x) else {
+            return;
+        };
+        let Some(t) = self.table_mut(from) else {
+            return;
+        };
+        let (Some(lease), Some(deadline)) = (t.lease_of(x), t.deadline(x)) else {
+            return;
+        };
+        t.leave(x);
+        if let Some(t) = self.entry(to) {
+            t.set_own(x, lease, deadline, key.name.clone());
+        }
+    }
+
+    fn set_own(&mut self, x: u64, lease: u64, own: u64, key: &DbKey) {
+        let to = self.homes.home(key.db);
+        // (It leaves its table there itself.)
+        for (_, t) in self.tables.iter_mut().filter(|(h, _)| *h != to) {
+            if t.leave(x).is_some() {
+                break;
+            }
+        }
+        if let Some(t) = self.entry(to) {
+            t.set_own(x, lease, own, key.name.clone());
+        }
+    }
+
+    fn keepalive(&mut self, lease: u64, now: u64, deadline: u64) -> u64 {
+        self.tables
+            .iter_mut()
+            .map(|(_, t)| t.keepalive(lease, now, deadline))
+            .sum()
+    }
+
+    fn count(&self, lease: u64) -> u64 {
+        self.values().map(|t| t.count(lease)).sum()
+    }
+
+    fn all(&self) -> Vec<(u64, u64, u64)> {
+        let mut all: Vec<_> = self.values().flat_map(Leases::all).collect();
+        all.sort_unstable();
+        all
+    }
+
+    /// Up to `n` followers whose deadline passed at `now`: their keys.
+    fn end_due(&mut self, now: u64, n: usize) -> Vec<DbKey> {
+        let mut keys = Vec::new();
+        for (home, t) in self.tables.iter_mut() {
+            if keys.len() >= n {
+                break;
+            }
+            let db = self.homes.db_of(*home).unwrap_or(-1);
+            keys.extend(
+                t.end_due(now, n - keys.len())
+                    .into_iter()
+                    .map(|(_, name)| DbKey::new(db, &name)),
+            );
+        }
+        keys
+    }
+
+    /// FLUSHDB / FLUSHALL (`db` -1): the flushed databases' tables go
+    /// whole (and, for FLUSHALL, the followers whose key is not known),
+    /// dropped a slice of a tick at a time. Whether any went.
+    fn flushed(&mut self, db: i32) -> bool {
+        let mut dead = self.homes.flushed(db);
+        if db == -1 {
+            dead.push(NOWHERE);
+        }
+        let (gone, kept): (Vec<_>, Vec<_>) = std::mem::take(&mut self.tables)
+            .into_iter()
+            .partition(|(h, _)| dead.contains(h));
+        self.tables = kept;
+        let any = !gone.is_empty();
+        for (_, t) in gone {
+            homes::throw(t.into_pieces());
+        }
+        any
+    }
+
+    /// Every table replaced by `t` (a load's followers, their keys to come).
+    fn replace(&mut self, t: Leases<Vec<u8>>) {
+        for (_, old) in std::mem::take(&mut self.tables) {
+            homes::throw(old.into_pieces());
+        }
+        self.tables.push((NOWHERE, t));
+    }
 }
 
 static TABLE: LazyLock<Mutex<Table>> = LazyLock::new(Mutex::default);
@@ -155,22 +420,28 @@ impl Table {
     }
 
     /// The key of a follower that left: its room kept for the next.
-    fn give_back(&mut self, key: Option<DbKey>) {
-        if let Some(key) = key {
-            if self.spare.len() < SPARE && key.name.capacity() <= SPARE_ROOM {
-                self.spare.push(key.name);
+    fn give_back(&mut self, name: Option<Vec<u8>>) {
+        if let Some(name) = name {
+            if self.spare.len() < SPARE && name.capacity() <= SPARE_ROOM {
+                self.spare.push(name);
             }
         }
     }
 
     /// The followers unlinked by the last command and not moved: gone.
     fn let_go(&mut self) {
+        if self.unlinked.is_empty() && self.unbound.is_empty() {
+            return;
+        }
         for (x, key) in std::mem::take(&mut self.unlinked) {
             // Its binding is stale (its holder went with the key).
             if self.leases.is_at(x, &key) {
                 self.leases.leave(x);
                 bindings::forget(key.db, &key.name, [x]);
             }
+        }
+        for (token, key) in std::mem::take(&mut self.unbound) {
+            bindings::forget(key.db, &key.name, [token]);
         }
     }
 
@@ -187,15 +458,23 @@ impl Table {
     /// Ends `id`: out of the table, its keys and waiters queued for the
     /// cleaning up. Its holder count then.
     fn end(&mut self, id: u64) -> Option<u64> {
-        let s = self.live.remove(&id)?;
+        let mut s = self.live.remove(&id)?;
         self.by_deadline.remove(&(s.deadline, id));
-        if !s.keys.is_empty() || !s.waiters.is_empty() {
+        s.prune(&self.homes);
+        let holders = s.holders(&self.homes);
+        let places: Vec<_> = s
+            .places
+            .into_iter()
+            .filter(|p| !p.keys.is_empty())
+            .map(|p| (p.home, p.keys.into_iter()))
+            .collect();
+        if !places.is_empty() || !s.waiters.is_empty() {
             self.ending.push_back(Ending {
-                keys: s.keys.into_iter(),
+                places,
                 waiters: s.waiters.into_iter(),
             });
         }
-        Some(s.holders)
+        Some(holders)
     }
 }
 
@@ -227,9 +506,14 @@ pub fn live_deadline(id: u64, now: u64) -> Option<u64> {
 /// `LOCK.SESSION KEEPALIVE`: the session's deadline becomes `deadline`, if
 /// it is live at `now` (false: it ended, or never was).
 pub fn keep_alive(id: u64, deadline: u64, now: u64) -> bool {
-    let mut t = table();
-    match t.live.get(&id) {
-        Some(s) if now < s.deadline => t.set_deadline(id, deadline),
+    let mut guard = table();
+    let t = &mut *guard;
+    match t.live.get_mut(&id) {
+        Some(s) if now < s.deadline => {
+            // Its places in flushed databases go now (O(1) a place).
+            s.prune(&t.homes);
+            t.set_deadline(id, deadline)
+        }
         _ => false,
     }
 }
@@ -257,11 +541,11 @@ pub fn end_due(now: u64) -> Vec<u64> {
 /// `LOCK.SESSION INFO`: the deadline and holder count of a session live
 /// at `now`.
 pub fn info(id: u64, now: u64) -> Option<(u64, u64)> {
-    table()
-        .live
+    let t = table();
+    t.live
         .get(&id)
         .filter(|s| now < s.deadline)
-        .map(|s| (s.deadline, s.holders))
+        .map(|s| (s.deadline, s.holders(&t.homes)))
 }
 
 /// Runs `f` with the sessions' deadlines (`None`: ended or unknown), the
@@ -300,7 +584,7 @@ pub fn release_follower(
     };
     let mut ended = ended?;
     let x = ended.session;
-    if x != 0 && t.leases.key_is(x, |k| k.db == db && k.name == name) {
+    if x != 0 && t.leases.is_at_name(x, db, name) {
         let key = t.leases.leave(x);
         t.give_back(key);
         ended.session = 0;
@@ -310,14 +594,18 @@ pub fn release_follower(
 
 /// A holder on `key` began to follow session `id`.
 pub fn join(id: u64, key: &DbKey) {
-    let mut t = table_as_is();
+    let mut guard = table_as_is();
+    let t = &mut *guard;
+    let home = t.homes.home(key.db);
     if let Some(s) = t.live.get_mut(&id) {
-        s.holders += 1;
-        *s.keys.entry(key.clone()).or_insert(0) += 1;
+        if let Some(p) = s.place(home) {
+            p.holders += 1;
+            *p.keys.entry(key.name.clone()).or_insert(0) += 1;
+        }
     } else if t.leases.follows(id) {
         // A follower's key loaded, or moved (RENAME, MOVE).
         t.unlinked.retain(|(x, _)| *x != id);
-        t.leases.set_key(id, key.clone());
+        t.leases.set_key(id, key);
     }
     t.let_go();
 }
@@ -335,16 +623,31 @@ impl Table {
             let key = self.leases.leave(id);
             self.give_back(key);
         }
+        let Some(home) = self.homes.get(key.db) else {
+            return;
+        };
         let Some(s) = self.live.get_mut(&id) else {
             return;
         };
-        s.holders = s.holders.saturating_sub(1);
-        if let Some(n) = s.keys.get_mut(key) {
+        let Some(p) = s.places.iter_mut().find(|p| p.home == home) else {
+            return;
+        };
+        p.holders = p.holders.saturating_sub(1);
+        if let Some(n) = p.keys.get_mut(&key.name) {
             *n = n.saturating_sub(1);
             if *n == 0 {
-                s.keys.remove(key);
+                p.keys.remove(&key.name);
             }
         }
+    }
+}
+
+/// Lets go of what the last command unlinked and did not move (the
+/// followers and the bindings of holders whose key went): before a count
+/// is read outside a lock command (`INFO lock`).
+pub fn settle() {
+    if any() {
+        drop(table());
     }
 }
 
@@ -356,7 +659,12 @@ pub fn unlinked(key: &DbKey, lock: &Lock) {
         match h.session() {
             // A RENAME or MOVE may bring it back at once (`join`).
             Some(x) if h.is_follower() => t.unlinked.push((x, key.clone())),
-            Some(id) => t.leave(id, key),
+            Some(id) => {
+                t.leave(id, key);
+                if bindings::may_be_bound(h.token) {
+                    t.unbound.push((h.token, key.clone()));
+                }
+            }
             None => {}
         }
     }
@@ -400,15 +708,11 @@ pub fn take_work(n: usize, now: u64) -> (Vec<DbKey>, Vec<WaiterId>) {
     if !ENDING.load(Ordering::Relaxed) && NEXT_LEASE.load(Ordering::Relaxed) > now {
         return (Vec::new(), Vec::new());
     }
-    let mut t = table();
+    let mut guard = table();
+    let t = &mut *guard;
     let (mut keys, mut waiters) = (Vec::new(), Vec::new());
     if NEXT_LEASE.load(Ordering::Relaxed) <= now {
-        keys = t
-            .leases
-            .end_due(now, n)
-            .into_iter()
-            .map(|(_, k)| k)
-            .collect();
+        keys = t.leases.end_due(now, n);
     }
     while keys.len() + waiters.len() < n {
         let Some(e) = t.ending.front_mut() else {
@@ -416,10 +720,25 @@ pub fn take_work(n: usize, now: u64) -> (Vec<DbKey>, Vec<WaiterId>) {
         };
         if let Some(w) = e.waiters.next() {
             waiters.push(w);
-        } else if let Some((k, _)) = e.keys.next() {
-            keys.push(k);
-        } else {
+            continue;
+        }
+        let Some((home, place)) = e.places.last_mut() else {
             t.ending.pop_front();
+            continue;
+        };
+        match t.homes.db_of(*home) {
+            // A flushed database's keys: nothing to visit, dropped later.
+            None => {
+                if let Some((_, gone)) = e.places.pop() {
+                    homes::throw(gone.map(drop));
+                }
+            }
+            Some(db) => match place.next() {
+                Some((name, _)) => keys.push(DbKey { db, name }),
+                None => {
+                    e.places.pop();
+                }
+            },
         }
     }
     (keys, waiters)
@@ -468,7 +787,7 @@ pub fn set_own_new(token: u64, lease: u64, own: u64, db: i32, name: &[u8]) {
 pub fn set_own(token: u64, lease: Option<u64>, own: u64, key: DbKey) -> Option<u64> {
     let mut t = table();
     let lease = lease.or_else(|| t.leases.lease_of(token))?;
-    t.leases.set_own(token, lease, own, key);
+    t.leases.set_own(token, lease, own, &key);
     Some(lease)
 }
 
@@ -523,7 +842,7 @@ pub fn follow_in(ctx: &Context, txn: &mut Txn, key: &DbKey, token: u64, lease: u
 pub fn sync_own(token: u64, lease: u64, own: u64) {
     let mut t = table();
     let key = t.leases.key_of(token).unwrap_or_else(nowhere);
-    t.leases.set_own(token, lease, own, key);
+    t.leases.set_own(token, lease, own, &key);
 }
 
 /// `LOCK.KEEPALIVE` of lease `lease` at `now`: each of its followers alive
@@ -553,10 +872,11 @@ pub fn saved_followers() -> Vec<(u64, u64, u64)> {
 /// A file's followers (their keys follow as they load: [`join`]).
 pub fn load_followers(all: impl IntoIterator<Item = (u64, u64, u64)>) {
     let mut t = table();
-    t.leases = Leases::default();
+    let mut loaded = Leases::default();
     for (x, lease, deadline) in all {
-        t.leases.set_own(x, lease, deadline, nowhere());
+        loaded.set_own(x, lease, deadline, Vec::new());
     }
+    t.leases.replace(loaded);
 }
 
 /// Every session, as a file keeps it: `(id, deadline)`.
@@ -572,10 +892,23 @@ pub fn saved() -> Vec<(u64, u64)> {
 pub fn load(sessions: impl IntoIterator<Item = (u64, u64)>) {
     let mut t = table();
     let leases = std::mem::take(&mut t.leases);
-    *t = Table {
-        leases,
-        ..Table::default()
-    };
+    let homes = std::mem::take(&mut t.homes);
+    let old = std::mem::replace(
+        &mut *t,
+        Table {
+            leases,
+            homes,
+            ..Table::default()
+        },
+    );
+    // (Dropped a slice of a tick at a time: a load follows a flush of
+    // every database, whose keys' counts are gone already.)
+    homes::throw(
+        old.live
+            .into_values()
+            .flat_map(|s| s.places)
+            .map(|p| homes::throw(p.keys.into_iter().map(drop))),
+    );
     for (id, deadline) in sessions {
         t.live.insert(
             id,
@@ -588,51 +921,29 @@ pub fn load(sessions: impl IntoIterator<Item = (u64, u64)>) {
     }
 }
 
-/// FLUSHDB / FLUSHALL (`db` -1): the holders of the flushed keys are gone.
-pub fn flushed(db: i32) {
+/// FLUSHDB / FLUSHALL (`db` -1): the holders of the flushed keys are gone,
+/// in O(1) whatever their number: the flushed databases' homes die (each
+/// session's count there is left out from now on, its place dropped when
+/// next looked at), and their followers' tables go whole. What they held
+/// is dropped a slice of a tick at a time: whether any is left to.
+pub fn flushed(db: i32) -> bool {
     if !any() {
-        return;
+        return false;
     }
     let mut t = table();
-    t.leases
-        .retain_keys(|k| db != -1 && k.db != db && k.db != -1);
-    for s in t.live.values_mut() {
-        let mut gone = 0u64;
-        s.keys.retain(|k, n| {
-            let flushed = db == -1 || k.db == db;
-            if flushed {
-                gone += u64::from(*n);
-            }
-            !flushed
-        });
-        s.holders = s.holders.saturating_sub(gone);
-    }
+    t.homes.flushed(db);
+    t.leases.flushed(db) || homes::any()
 }
 
-/// SWAPDB: the keys of `a` are `b`'s and the other way round.
+/// SWAPDB: the keys of `a` are `b`'s and the other way round (two homes
+/// swapped, O(1)).
 pub fn swap_dbs(a: i32, b: i32) {
     if !any() {
         return;
     }
-    let swap = |db: i32| match db {
-        d if d == a => b,
-        d if d == b => a,
-        d => d,
-    };
     let mut t = table();
-    t.leases.keys_mut(|k| *k = DbKey::new(swap(k.db), &k.name));
-    for s in t.live.values_mut() {
-        s.keys = std::mem::take(&mut s.keys)
-            .into_iter()
-            .map(|(k, n)| (DbKey::new(swap(k.db), &k.name), n))
-            .collect();
-    }
-    for e in t.ending.iter_mut() {
-        let keys: HashMap<DbKey, u32> = std::mem::take(&mut e.keys)
-            .map(|(k, n)| (DbKey::new(swap(k.db), &k.name), n))
-            .collect();
-        e.keys = keys.into_iter();
-    }
+    t.homes.swap(a, b);
+    t.leases.homes.swap(a, b);
 }
 
 #[cfg(test)]

@@ -38,15 +38,23 @@ use redis_module::{raw, Context, ContextFlags};
 
 use crate::redis::catch;
 use crate::redis::ffi::{self, api, DbKey, DbKeyMap, KeyAt, KeyFilter, KeyRef};
+use crate::redis::homes::{self, Home, Homes};
 use crate::redis::replication;
 use crate::redis::shared::{self, Locked};
 use crate::state::bindings::Detached;
 use crate::state::sessions;
 use crate::time::clock;
 
+/// The entries of `by_time`, `by_key`, `refresh` and `deferred` name their
+/// key's database by its home (`homes`: a flush or a swap is O(1)); an
+/// entry of a flushed database is dropped when its time comes, unvisited.
 #[derive(Default)]
 struct Index {
-    by_time: BTreeSet<(u64, i32, Vec<u8>)>,
+    homes: Homes,
+    /// How many keys of each live home are indexed (`len`): as many as
+    /// databases with planned keys, a list looked through.
+    counts: Vec<(Home, usize)>,
+    by_time: BTreeSet<(u64, Home, Vec<u8>)>,
     by_key: DbKeyMap<u64>,
     /// Keys whose next visit also writes back and replicates their whole state.
     refresh: HashSet<DbKey>,
@@ -93,6 +101,7 @@ fn index() -> Locked<Index> {
 
 /// Makes the module's own context; called once at load.
 pub fn init(ctx: &Context) -> bool {
+    homes::on_throw(work_now);
     let own = api!(RedisModule_GetDetachedThreadSafeContext(ctx.ctx)).unwrap_or_default();
     MODULE_CTX.store(own, Ordering::Relaxed);
     !own.is_null()
@@ -101,7 +110,43 @@ pub fn init(ctx: &Context) -> bool {
 /// How many keys are indexed; `None` rather than wait for the index (INFO
 /// during a crash report).
 pub fn len() -> Option<usize> {
-    INDEX.try_lock().ok().map(|i| i.by_key.len())
+    INDEX
+        .try_lock()
+        .ok()
+        .map(|i| i.counts.iter().map(|c| c.1).sum())
+}
+
+impl Index {
+    /// Key `name` of database `db`, as the index keeps it (`None`: `db`
+    /// has nothing indexed since it was last flushed).
+    fn key(&self, db: i32, name: &[u8]) -> Option<DbKey> {
+        Some(DbKey::new(self.homes.get(db)?, name))
+    }
+
+    /// Key `name` of database `db`, as the index keeps it from now on.
+    fn key_made(&mut self, db: i32, name: &[u8]) -> DbKey {
+        DbKey::new(self.homes.home(db), name)
+    }
+
+    /// `key` (by home) joined `by_key`, or left it.
+    fn counted(&mut self, key: &DbKey, joined: bool) {
+        let at = self.counts.iter().position(|c| c.0 == key.db);
+        match (at, joined) {
+            (Some(at), _) => {
+                if let Some(c) = self.counts.get_mut(at) {
+                    c.1 = match joined {
+                        true => c.1 + 1,
+                        false => c.1.saturating_sub(1),
+                    };
+                    if c.1 == 0 {
+                        self.counts.swap_remove(at);
+                    }
+                }
+            }
+            (None, true) => self.counts.push((key.db, 1)),
+            (None, false) => {}
+        }
+    }
 }
 
 /// Whether any key is indexed (so a change may have to unindex one).
@@ -117,7 +162,11 @@ pub fn planned(key: &KeyAt<'_>) -> bool {
     #[cold]
     #[inline(never)]
     fn indexed(db: i32, name: &[u8]) -> bool {
-        index().by_key.contains_key(&(db, name) as &dyn KeyRef)
+        let index = index();
+        index
+            .homes
+            .get(db)
+            .is_some_and(|home| index.by_key.contains_key(&(home, name) as &dyn KeyRef))
     }
     INDEXED.load(Ordering::Relaxed) && PLANNED.may_contain(key) && indexed(key.db, key.name)
 }
@@ -125,22 +174,32 @@ pub fn planned(key: &KeyAt<'_>) -> bool {
 /// Visit `key` at `when` (unix ms), or never (`None`). Replaces any earlier plan.
 pub fn schedule(db: i32, key: &[u8], when: Option<u64>) {
     let mut index = index();
-    let id = DbKey::new(db, key);
+    let id = match when {
+        Some(_) => index.key_made(db, key),
+        None => match index.key(db, key) {
+            Some(id) => id,
+            None => return,
+        },
+    };
+    let home = id.db;
     let old = match when {
         Some(at) => {
             PLANNED.insert(db, key);
-            index.by_key.insert(id, at)
+            index.by_key.insert(id.clone(), at)
         }
         None => index.by_key.remove(&id),
     };
     if old == when {
         return;
     }
+    if old.is_none() || when.is_none() {
+        index.counted(&id, when.is_some());
+    }
     if let Some(old) = old {
-        index.by_time.remove(&(old, db, key.to_vec()));
+        index.by_time.remove(&(old, home, key.to_vec()));
     }
     if let Some(at) = when {
-        index.by_time.insert((at, db, key.to_vec()));
+        index.by_time.insert((at, home, key.to_vec()));
     }
     arm(&mut index, 0);
 }
@@ -152,24 +211,26 @@ pub fn forget(db: i32, key: &[u8]) {
         return;
     }
     let mut index = index();
-    let id = DbKey::new(db, key);
+    let Some(id) = index.key(db, key) else {
+        return;
+    };
     index.refresh.remove(&id);
     index.deferred.remove(&id);
     if let Some(at) = index.by_key.remove(&id) {
+        index.counted(&id, false);
         index.by_time.remove(&(at, id.db, id.name));
     }
 }
 
 /// FLUSHDB / FLUSHALL (`db` -1): no visit is planned for the keys flushed
-/// (the caller plans one again for every key that has waiters).
+/// (the caller plans one again for every key that has waiters). O(1): the
+/// flushed databases' homes die, their entries dropped when their time
+/// comes.
 pub fn flushed(db: i32) {
     let mut index = index();
-    let index = &mut *index;
-    let gone = |d: i32| db == -1 || d == db;
-    index.by_time.retain(|(_, d, _)| !gone(*d));
-    index.by_key.retain(|k, _| !gone(k.db));
-    index.refresh.retain(|k| !gone(k.db));
-    index.deferred.retain(|k| !gone(k.db));
+    for home in index.homes.flushed(db) {
+        index.counts.retain(|c| c.0 != home);
+    }
 }
 
 /// Visit `key` at `when` unless a visit is already planned before it.
@@ -177,7 +238,12 @@ pub fn schedule_earlier(db: i32, key: &[u8], when: Option<u64>) {
     let Some(when) = when else {
         return;
     };
-    let planned = index().by_key.get(&DbKey::new(db, key)).copied();
+    let planned = {
+        let index = index();
+        index
+            .key(db, key)
+            .and_then(|id| index.by_key.get(&id).copied())
+    };
     if planned.is_none_or(|at| when < at) {
         schedule(db, key, Some(when));
     }
@@ -186,7 +252,11 @@ pub fn schedule_earlier(db: i32, key: &[u8], when: Option<u64>) {
 /// Visit `key` at once and write its whole state back: something outside the
 /// module put the lock there or changed its Redis TTL.
 pub fn refresh(db: i32, key: &[u8]) {
-    index().refresh.insert(DbKey::new(db, key));
+    {
+        let mut index = index();
+        let id = index.key_made(db, key);
+        index.refresh.insert(id);
+    }
     schedule(db, key, Some(clock::now_ms()));
 }
 
@@ -250,31 +320,19 @@ pub fn moved_away(db: i32, key: &[u8]) {
         .retain(|(k, _)| !(k.db == db && k.name == key));
 }
 
-/// SWAPDB: the entries of two databases follow their keys.
+/// SWAPDB: the entries of two databases follow their keys (their homes
+/// swap: O(1)). The filter of planned keys hashes databases' numbers: while
+/// keys of either are indexed it says "maybe" for every key from now on
+/// (the fast paths ask the index itself) until the index empties.
 pub fn swap_dbs(a: i32, b: i32) {
-    let swap = |db: i32| match db {
-        d if d == a => b,
-        d if d == b => a,
-        d => d,
-    };
     let mut index = index();
-    let index = &mut *index;
-    index.by_time = std::mem::take(&mut index.by_time)
-        .into_iter()
-        .map(|(at, db, key)| (at, swap(db), key))
-        .collect();
-    index.by_key = std::mem::take(&mut index.by_key)
-        .into_iter()
-        .map(|(DbKey { db, name }, at)| (DbKey { db: swap(db), name }, at))
-        .collect();
-    for k in index.by_key.keys() {
-        PLANNED.insert(k.db, &k.name);
-    }
-    for set in [&mut index.refresh, &mut index.deferred] {
-        *set = std::mem::take(set)
-            .into_iter()
-            .map(|DbKey { db, name }| DbKey { db: swap(db), name })
-            .collect();
+    let indexed = [a, b]
+        .iter()
+        .filter_map(|db| index.homes.get(*db))
+        .any(|home| index.counts.iter().any(|c| c.0 == home));
+    index.homes.swap(a, b);
+    if indexed {
+        PLANNED.fill();
     }
 }
 
@@ -283,12 +341,21 @@ pub fn swap_dbs(a: i32, b: i32) {
 pub fn promoted() {
     let mut index = index();
     let now = clock::now_ms();
-    for DbKey { db, name: key } in std::mem::take(&mut index.deferred) {
+    for id in std::mem::take(&mut index.deferred) {
+        let (home, key) = (id.db, id.name);
+        // (A flushed database's: nothing to visit.)
+        let Some(db) = index.homes.db_of(home) else {
+            continue;
+        };
         PLANNED.insert(db, &key);
-        if let Some(old) = index.by_key.insert(DbKey::new(db, &key), now) {
-            index.by_time.remove(&(old, db, key.clone()));
+        let id = DbKey::new(home, &key);
+        match index.by_key.insert(id.clone(), now) {
+            Some(old) => {
+                index.by_time.remove(&(old, home, key.clone()));
+            }
+            None => index.counted(&id, true),
         }
-        index.by_time.insert((now, db, key));
+        index.by_time.insert((now, home, key));
     }
     arm(&mut index, 0);
 }
@@ -373,18 +440,23 @@ fn take_due(now: u64, replica: bool) -> Due {
     let mut index = index();
     let index = &mut *index;
     let mut visits = Vec::new();
-    while let Some((at, db, key)) = index.by_time.first().cloned() {
+    while let Some((at, home, key)) = index.by_time.first().cloned() {
         if at > now || visits.len() >= VISITS_PER_TICK {
             break;
         }
-        index.by_time.remove(&(at, db, key.clone()));
-        let id = DbKey { db, name: key };
+        index.by_time.remove(&(at, home, key.clone()));
+        let id = DbKey::new(home, &key);
         index.by_key.remove(&id);
         let refresh = index.refresh.remove(&id);
+        // A flushed database's entry goes unvisited.
+        let Some(db) = index.homes.db_of(home) else {
+            continue;
+        };
+        index.counted(&id, false);
         if replica {
             index.deferred.insert(id.clone());
         }
-        visits.push((id, refresh));
+        visits.push((DbKey { db, name: id.name }, refresh));
     }
     WORK.store(false, Ordering::Relaxed);
     let released = index.released.drain(..).collect();

@@ -8,6 +8,7 @@ use redis_module::Context;
 use crate::redis::catch;
 use crate::redis::errors::LockError;
 use crate::redis::ffi::{self, api, DbKey, Str};
+use crate::redis::homes;
 use crate::redis::replication;
 use crate::state::bindings;
 use crate::state::deadlocks;
@@ -81,6 +82,7 @@ fn tick_work(ctx: &Context, due: Due) {
     if !replica {
         catch::callback("ending sessions", (), || end_sessions(ctx));
     }
+    catch::callback("dropping what flushes left", (), drop_flushed);
     let mut visits = due.visits.into_iter();
     for (DbKey { db, name: key }, refresh) in visits.by_ref() {
         if replica {
@@ -105,6 +107,20 @@ fn tick_work(ctx: &Context, due: Due) {
             true => timers::refresh(db, &key),
             false => timers::schedule(db, &key, now),
         }
+    }
+}
+
+/// What FLUSHDB, FLUSHALL and SWAPDB left (`homes`): bindings of flushed
+/// databases swept, what the tables threw away dropped, until the tick's
+/// share of the turn is spent; the rest at the next turns.
+fn drop_flushed() {
+    const PER_LOOK: usize = 64;
+    while bindings::dead() > 0 && !clock::turn_over() {
+        bindings::sweep_dead(4 * PER_LOOK);
+    }
+    homes::drop_some(PER_LOOK, clock::turn_over);
+    if bindings::dead() > 0 || homes::any() {
+        timers::work_now();
     }
 }
 

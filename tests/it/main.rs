@@ -19,6 +19,7 @@ mod docs;
 mod ecosystem;
 mod faults;
 mod fencing;
+mod flush;
 mod forged;
 mod go_package;
 mod guard;
