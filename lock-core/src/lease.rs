@@ -743,7 +743,7 @@ impl<K: Clone> Leases<K> {
             .chain(batches.into_iter().map(drop))
             .chain(gens.into_iter().map(drop))
             .chain(slots.into_iter().map(drop))
-            .chain(std::iter::once(drop((by_slot, order, free))))
+            .chain(std::iter::once((by_slot, order, free)).map(drop))
             .chain(gen_due.into_iter().map(drop))
             .chain(ending.into_iter().map(drop))
             .chain(garbage.into_iter().flatten().map(drop))
