@@ -1120,15 +1120,18 @@ fn acl_categories_as_the_server_offers_them() {
     assert_noperm(&v.acquire("lock:x", "o", 1_000), "LOCK.ACQUIRE as viewer");
 
     if strings(&c.cmd(&["ACL", "CAT"])).contains(&"lock".to_string()) {
-        // The nine commands, LOCK.KEEPALIVE, and at most the internal
-        // LOCK.SYNC besides.
+        // The nine commands, LOCK.KEEPALIVE, LOCK.SESSION and its
+        // subcommands (the servers that list subcommands), and at most the
+        // internal LOCK.SYNC besides.
         let lock = cat(&mut c, "lock");
-        for cmd in all {
+        for cmd in all.iter().chain(&["lock.keepalive", "lock.session"]) {
             assert!(lock.contains(&cmd.to_string()), "{cmd} in @lock: {lock:?}");
         }
         for cmd in &lock {
             assert!(
-                all.contains(&cmd.as_str()) || cmd == "lock.keepalive" || cmd == "lock.sync",
+                all.contains(&cmd.as_str())
+                    || ["lock.keepalive", "lock.sync", "lock.session"].contains(&cmd.as_str())
+                    || cmd.starts_with("lock.session|"),
                 "{cmd} in @lock: {lock:?}"
             );
         }
