@@ -190,10 +190,10 @@ fn restarts_reloads_and_aof_rewrites_keep_each_bound_holders_deadline() {
 }
 
 fn info_field_of(c: &mut Conn, field: &str) -> i64 {
-    let info = c.cmd(&["INFO", "lock"]).show();
-    info.lines()
-        .find_map(|l| l.strip_prefix(&format!("lock_{field}:")))
-        .map_or(0, |v| v.trim().parse().unwrap_or(0))
+    let v = c.info_field("lock", &format!("lock_{field}"));
+    v.trim()
+        .parse()
+        .unwrap_or_else(|_| panic!("lock_{field} is a number: {v:?}"))
 }
 
 /// The incremental AOF's text (the effects as the master sent them).
