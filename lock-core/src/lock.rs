@@ -770,6 +770,14 @@ impl std::fmt::Debug for Lock {
     }
 }
 
+/// A lock's shape ([`Lock::shape`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Shape {
+    at: usize,
+    bytes: usize,
+    holders: usize,
+}
+
 /// A lock's holders by owner, for many look-ups in a row while holders are
 /// added or changed but none removed ([`Lock::grant_in_turn`]): each
 /// holder's entry offset by the hash of its owner (offsets stay put when
@@ -778,11 +786,11 @@ impl std::fmt::Debug for Lock {
 #[derive(Debug, Default)]
 pub struct HolderIndex {
     first_done: bool,
-    table: Option<HolderTable>,
+    pub(crate) table: Option<HolderTable>,
 }
 
 #[derive(Debug)]
-struct HolderTable {
+pub(crate) struct HolderTable {
     owners: OwnerIndex,
     /// The entry offset of each indexed holder, in the order indexed.
     offsets: Vec<usize>,
@@ -812,6 +820,23 @@ impl HolderTable {
             .positions(self.owners.hash(owner))
             .filter_map(|p| self.offsets.get(p).copied())
             .find(|at| lock.block.holder_at(*at).is_some_and(|h| h.owner == owner))
+    }
+}
+
+#[cfg(test)]
+impl HolderIndex {
+    /// Whether the index finds every holder of `lock` where a rebuild
+    /// finds it, and indexes no more holders than `lock` has (nothing built
+    /// yet agrees with anything).
+    pub(crate) fn agrees_with(&self, lock: &Lock) -> bool {
+        let Some(ix) = self.table.as_ref() else {
+            return true;
+        };
+        let rebuilt = HolderTable::of(lock);
+        ix.offsets.len() == lock.holder_count()
+            && lock
+                .holders()
+                .all(|h| ix.find(lock, h.owner) == rebuilt.find(lock, h.owner))
     }
 }
 
@@ -940,6 +965,18 @@ impl Lock {
 
     pub fn holder_count(&self) -> usize {
         self.block.count()
+    }
+
+    /// Where its block is and how many holders and bytes it has: a settle's
+    /// index kept across slices ([`crate::Settling::resume`]) is used only
+    /// on the same shape (holders added or removed change it).
+    pub(crate) fn shape(&self) -> Shape {
+        let bytes = self.block.as_bytes();
+        Shape {
+            at: bytes.as_ptr() as usize,
+            bytes: bytes.len(),
+            holders: self.block.count(),
+        }
     }
 
     pub fn is_empty(&self) -> bool {

@@ -118,6 +118,9 @@ struct Registry {
     /// time ([`retire_some`]). Until then more keys are listed for them
     /// than they hold (never fewer: the deadlock search checks each).
     retired: Vec<(DbKey, Vec<Owner>)>,
+    /// The settle of each key whose visit a slice ended (its owner index
+    /// kept for the next slice: `Settling::resume`).
+    settling: DbKeyMap<Settling>,
 }
 
 /// Holders of one key taken out of the index at once; more wait for the
@@ -733,7 +736,12 @@ fn answer_queued(ctx: &Context, name: Str<'_>, txn: &mut Txn) -> Pending {
     // overtakes it). (Their tokens are counted as grants by the
     // transaction's commit.)
     let budget = Budget::start(in_turn);
-    let mut settling = Settling::start(txn.lock, txn.now, txn.changes);
+    // A visit a slice ended goes on with its index, unless the key's value
+    // was put in place by other means since (its holders unsure).
+    let mut settling = match registry.settling.remove(key) {
+        Some(kept) if !registry.unsure.contains(key) => kept.resume(txn.lock, txn.now, txn.changes),
+        _ => Settling::start(txn.lock, txn.now, txn.changes),
+    };
     let mut answers = 0;
     let mut unfinished = false;
     loop {
@@ -784,6 +792,14 @@ fn answer_queued(ctx: &Context, name: Str<'_>, txn: &mut Txn) -> Pending {
     }
     if unfinished {
         stats::GRANTS_SLICED.incr();
+        // Kept for the next slice (keys whose queue went meanwhile let go).
+        let Registry {
+            settling: kept,
+            queues,
+            ..
+        } = &mut *registry;
+        kept.retain(|k, _| queues.contains_key(k));
+        kept.insert(key.clone(), settling.pause(txn.lock));
     }
     // A multi-key request at the head: `transitions` tries it on all its keys
     // once this one is written back, if this lock would let it in.
