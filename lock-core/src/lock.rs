@@ -363,6 +363,11 @@ pub struct Changes {
     /// than [`INDEXED_FROM`] are listed: a touch of a lock's every holder
     /// (a refresh, a purge of many) costs linear time, not quadratic.
     index: Option<Box<OwnerIndex>>,
+    /// The entries of the holders a settle added ([`Lock::grant_in_turn`]),
+    /// and the lock's shape after the last: [`Lock::look_up_changed`]
+    /// finds them there while the shape is still that one.
+    placed: Vec<usize>,
+    placed_shape: Option<Shape>,
 }
 
 /// Owners listed in [`Changes`] from which on a repeat is found by hash
@@ -535,6 +540,8 @@ impl Default for Changes {
             joined: Vec::new(),
             own: Vec::new(),
             index: None,
+            placed: Vec::new(),
+            placed_shape: None,
         }
     }
 }
@@ -1040,6 +1047,46 @@ impl Lock {
             .collect()
     }
 
+    /// [`Lock::look_up`] of the owners `changes` lists: the holders a
+    /// settle added ([`Lock::grant_in_turn`]) found at their entries while
+    /// the lock has the shape the last one left (each checked to be its
+    /// owner's), the others looked up; time linear in the changes, not in
+    /// the holders, for a slice of a queue's grants on a lock of many.
+    pub fn look_up_changed<'a, 'c>(
+        &'a self,
+        changes: &'c Changes,
+    ) -> Vec<(&'c [u8], Option<HolderRef<'a>>)> {
+        if changes.placed.is_empty() || changes.placed_shape != Some(self.shape()) {
+            return self.look_up(changes.owners());
+        }
+        let mut at: std::collections::HashMap<&[u8], HolderRef<'a>, OwnerHash> =
+            std::collections::HashMap::with_capacity_and_hasher(
+                changes.placed.len(),
+                OwnerHash::default(),
+            );
+        for h in changes
+            .placed
+            .iter()
+            .filter_map(|&p| self.block.holder_at(p))
+        {
+            at.insert(h.owner, h);
+        }
+        let rest = changes.owners().filter(|o| !at.contains_key(o));
+        let found = self.look_up(rest);
+        let mut found = found.into_iter().peekable();
+        let mut all = Vec::with_capacity(changes.len());
+        for o in changes.owners() {
+            match at.get(o) {
+                Some(h) if h.owner == o => all.push((o, Some(*h))),
+                _ => match found.next() {
+                    Some(f) => all.push(f),
+                    None => all.push((o, self.holder(o))),
+                },
+            }
+        }
+        all
+    }
+
     /// The owner's entry (offset and state), live or not.
     fn entry(&self, owner: &[u8]) -> Option<(usize, HolderRef<'_>)> {
         self.block.entries().find(|(_, h)| h.owner == owner)
@@ -1344,6 +1391,8 @@ impl Lock {
         let (attempt, added) = self.carry_out(req, verdict, now, tokens, changes);
         if let Some(at) = added {
             ix.add(req.owner, at);
+            changes.placed.push(at);
+            changes.placed_shape = Some(self.shape());
         }
         attempt
     }
@@ -2496,6 +2545,47 @@ mod tests {
             assert_eq!(h.map(|h| h.token), g.map(|g| g.token), "{o:?}");
         }
         assert_eq!(found.iter().filter(|(_, h)| h.is_some()).count(), 8);
+    }
+
+    /// The changes of a settle's grants are found at their entries while
+    /// the lock keeps the shape they left, else looked up: either way what
+    /// one `holder` look-up per owner gives.
+    #[test]
+    fn a_look_up_of_a_settles_changes_is_each_owners_holder() {
+        let mut tokens = Tokens::starting_after(1_000);
+        let holders = (0..300).map(|i| reader(i, i as u64 + 1, 100));
+        let mut lock = Lock::from_holders(Kind::Read, holders.collect()).unwrap();
+        for after in [None, Some("release"), Some("purge")] {
+            let mut c = Changes::default();
+            // r0 ends before the grants (listed, not placed).
+            lock.release(b"r0", None, 1, &mut c);
+            let mut index = HolderIndex::default();
+            for i in 0..40 {
+                let owner = format!("n{i}-{after:?}");
+                let r = req(Kind::Read, &owner, 100);
+                let a = lock.grant_in_turn(Ask::from(&r), 1, &mut tokens, &mut c, &mut index, 1000);
+                assert!(matches!(a, Attempt::Granted(_)));
+            }
+            match after {
+                Some("release") => {
+                    lock.release(b"r7", None, 1, &mut c);
+                }
+                Some("purge") => lock.purge(101, &mut c),
+                _ => {}
+            }
+            let found = lock.look_up_changed(&c);
+            let naive: Vec<_> = c.owners().map(|o| (o, lock.holder(o))).collect();
+            assert_eq!(found.len(), naive.len());
+            for ((o, h), (p, g)) in found.iter().zip(&naive) {
+                assert_eq!(o, p);
+                assert_eq!(h.map(|h| h.token), g.map(|g| g.token), "{o:?}");
+            }
+            lock = Lock::from_holders(
+                Kind::Read,
+                (0..300).map(|i| reader(i, i as u64 + 1, 100)).collect(),
+            )
+            .unwrap();
+        }
     }
 
     #[test]
