@@ -794,6 +794,10 @@ pub(crate) struct Shape {
 pub struct HolderIndex {
     first_done: bool,
     pub(crate) table: Option<HolderTable>,
+    /// No holder's deadline is earlier (0: not known): kept by the grants
+    /// through the index, set by [`crate::Settling::pause`]; a settle
+    /// resumed before it has nothing to purge.
+    pub(crate) earliest: u64,
 }
 
 #[derive(Debug)]
@@ -977,6 +981,12 @@ impl Lock {
     /// Where its block is and how many holders and bytes it has: a settle's
     /// index kept across slices ([`crate::Settling::resume`]) is used only
     /// on the same shape (holders added or removed change it).
+    /// The earliest deadline of any holder, session or not (`u64::MAX`
+    /// when none).
+    pub(crate) fn earliest_of_all(&self) -> u64 {
+        self.deadlines().map_or(u64::MAX, |(lo, _)| lo)
+    }
+
     pub(crate) fn shape(&self) -> Shape {
         let bytes = self.block.as_bytes();
         Shape {
@@ -1388,11 +1398,18 @@ impl Lock {
             .find(self, req.owner)
             .and_then(|at| Some((at, self.block.holder_at(at)?)));
         let verdict = self.verdict_of(req, mine, false, now, max);
+        let repeat = match verdict {
+            Verdict::Repeat { at, .. } => Some(at),
+            _ => None,
+        };
         let (attempt, added) = self.carry_out(req, verdict, now, tokens, changes);
         if let Some(at) = added {
             ix.add(req.owner, at);
             changes.placed.push(at);
             changes.placed_shape = Some(self.shape());
+        }
+        if let Some(h) = added.or(repeat).and_then(|at| self.block.holder_at(at)) {
+            index.earliest = index.earliest.min(h.deadline);
         }
         attempt
     }

@@ -214,6 +214,10 @@ impl Settling {
     /// one's [`Settling::resume`].
     pub fn pause(mut self, lock: &Lock) -> Settling {
         self.paused = Some(lock.shape());
+        if self.index.earliest == 0 {
+            // Once a visit; the grants keep it after.
+            self.index.earliest = lock.earliest_of_all();
+        }
         self
     }
 
@@ -228,7 +232,10 @@ impl Settling {
         if !changes.is_empty() || self.paused != Some(lock.shape()) {
             return Settling::start(lock, now, changes);
         }
-        lock.purge(now, changes);
+        // No pass over the holders when none can have expired.
+        if now >= self.index.earliest {
+            lock.purge(now, changes);
+        }
         if !changes.is_empty() {
             // Holders went: entries moved, the index is stale.
             return Settling::default();
@@ -466,6 +473,7 @@ mod tests {
                 Some(s) => s.resume(&mut lock, now, &mut c),
                 None => Settling::start(&mut lock, now, &mut c),
             };
+            assert!(lock.holders().all(|h| h.is_live(now)), "purged at {now}");
             if slice % 3 == 0 && slice > 0 {
                 assert!(settling.index.table.is_some(), "kept at slice {slice}");
             }
@@ -476,6 +484,7 @@ mod tests {
                     None => break,
                 }
                 assert!(settling.index.agrees_with(&lock), "slice {slice}");
+                assert!(settling.index.earliest <= lock.earliest_of_all());
                 more = !q.is_empty();
             }
             slice += 1;
