@@ -592,6 +592,9 @@ pub struct Pending {
     /// now, when the visit's budget ran out before its head was answered
     /// (the next tick goes on).
     pub next_timeout: Option<u64>,
+    /// The visit's budget ran out (`next_timeout` is its `now`, at which
+    /// the lock was purged: no holder's deadline comes before it).
+    pub sliced: bool,
 }
 
 /// How long one visit of a queue may answer its head in a command's
@@ -647,6 +650,7 @@ impl Pending {
     const NONE: Pending = Pending {
         waiting: false,
         next_timeout: None,
+        sliced: false,
     };
 }
 
@@ -832,6 +836,7 @@ fn answer_queued(ctx: &Context, name: Str<'_>, txn: &mut Txn) -> Pending {
     Pending {
         waiting,
         next_timeout,
+        sliced: unfinished,
     }
 }
 
