@@ -221,6 +221,13 @@ impl Settling {
         self
     }
 
+    /// Whether no holder of `lock` has expired at `now`, as this paused
+    /// settle knows without a pass over them: the lock has the shape the
+    /// slice left and `now` is before the earliest deadline it kept.
+    pub fn unexpired(&self, lock: &Lock, now: u64) -> bool {
+        self.paused == Some(lock.shape()) && now < self.index.earliest
+    }
+
     /// The next slice of a settle a slice ended ([`Settling::pause`]), at
     /// `now`: the index kept when nothing changed the lock since (the same
     /// block with the same holders, and `changes` of this transaction still
@@ -491,7 +498,15 @@ mod tests {
             if !more {
                 break;
             }
-            kept = Some(settling.pause(&lock));
+            let paused = settling.pause(&lock);
+            // What it knows without a pass is true.
+            for at in [now, 100, 101, 200] {
+                if paused.unexpired(&lock, at) {
+                    assert!(lock.holders().all(|h| h.is_live(at)), "at {at}");
+                }
+            }
+            assert!(paused.unexpired(&lock, now), "nothing expires at {now}");
+            kept = Some(paused);
         }
         assert!(q.is_empty());
         assert_eq!(answered.len(), 61);

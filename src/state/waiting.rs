@@ -202,6 +202,10 @@ impl Registry {
                 match queue.is_empty() {
                     true => {
                         self.queues.remove(key);
+                        // A kept settle lives no longer than its queue
+                        // (while it lives, every transaction of the key
+                        // takes it up: `answer_queued`).
+                        self.settling.remove(key);
                         self.set_holders(key, Vec::new());
                     }
                     // (A storm of timeouts on one key: the key once.)
@@ -840,6 +844,27 @@ fn answer_queued(ctx: &Context, name: Str<'_>, txn: &mut Txn) -> Pending {
     }
 }
 
+/// Whether a visit's purge of `lock` at `now` would drop nothing, known
+/// without a pass over its holders: a slice of its settle stopped and
+/// nothing changed it since (the kept settle's shape and earliest
+/// deadline, `Settling::unexpired`; `changes` still empty, the key not
+/// `unsure`). The settle's own resume purges when it must.
+pub fn nothing_to_purge(db: i32, name: &[u8], lock: &Lock, now: u64, changes: &Changes) -> bool {
+    if !changes.is_empty() {
+        return false;
+    }
+    let registry = registry();
+    if registry.settling.is_empty() {
+        return false;
+    }
+    let key = DbKey::new(db, name);
+    !registry.unsure.contains(&key)
+        && registry
+            .settling
+            .get(&key)
+            .is_some_and(|s| s.unexpired(lock, now))
+}
+
 /// Visits now the keys a waiter left (but not `this` one, being settled).
 fn visit_now(keys: Vec<DbKey>, this: &DbKey) {
     let now = Some(crate::time::clock::now_ms());
@@ -1093,6 +1118,7 @@ pub fn swap_dbs(a: i32, b: i32) {
     let mut registry = registry();
     let r = &mut *registry;
     moved(&mut r.queues, swap);
+    r.settling.clear();
     for k in r.queues.keys() {
         WAITED.insert(k.db, &k.name);
     }
