@@ -363,6 +363,11 @@ pub struct Changes {
     /// than [`INDEXED_FROM`] are listed: a touch of a lock's every holder
     /// (a refresh, a purge of many) costs linear time, not quadratic.
     index: Option<Box<OwnerIndex>>,
+    /// The entries of the holders a settle added ([`Lock::grant_in_turn`]),
+    /// and the lock's shape after the last: [`Lock::look_up_changed`]
+    /// finds them there while the shape is still that one.
+    placed: Vec<usize>,
+    placed_shape: Option<Shape>,
 }
 
 /// Owners listed in [`Changes`] from which on a repeat is found by hash
@@ -535,6 +540,8 @@ impl Default for Changes {
             joined: Vec::new(),
             own: Vec::new(),
             index: None,
+            placed: Vec::new(),
+            placed_shape: None,
         }
     }
 }
@@ -770,6 +777,14 @@ impl std::fmt::Debug for Lock {
     }
 }
 
+/// A lock's shape ([`Lock::shape`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Shape {
+    at: usize,
+    bytes: usize,
+    holders: usize,
+}
+
 /// A lock's holders by owner, for many look-ups in a row while holders are
 /// added or changed but none removed ([`Lock::grant_in_turn`]): each
 /// holder's entry offset by the hash of its owner (offsets stay put when
@@ -778,11 +793,15 @@ impl std::fmt::Debug for Lock {
 #[derive(Debug, Default)]
 pub struct HolderIndex {
     first_done: bool,
-    table: Option<HolderTable>,
+    pub(crate) table: Option<HolderTable>,
+    /// No holder's deadline is earlier (0: not known): kept by the grants
+    /// through the index, set by [`crate::Settling::pause`]; a settle
+    /// resumed before it has nothing to purge.
+    pub(crate) earliest: u64,
 }
 
 #[derive(Debug)]
-struct HolderTable {
+pub(crate) struct HolderTable {
     owners: OwnerIndex,
     /// The entry offset of each indexed holder, in the order indexed.
     offsets: Vec<usize>,
@@ -812,6 +831,23 @@ impl HolderTable {
             .positions(self.owners.hash(owner))
             .filter_map(|p| self.offsets.get(p).copied())
             .find(|at| lock.block.holder_at(*at).is_some_and(|h| h.owner == owner))
+    }
+}
+
+#[cfg(test)]
+impl HolderIndex {
+    /// Whether the index finds every holder of `lock` where a rebuild
+    /// finds it, and indexes no more holders than `lock` has (nothing built
+    /// yet agrees with anything).
+    pub(crate) fn agrees_with(&self, lock: &Lock) -> bool {
+        let Some(ix) = self.table.as_ref() else {
+            return true;
+        };
+        let rebuilt = HolderTable::of(lock);
+        ix.offsets.len() == lock.holder_count()
+            && lock
+                .holders()
+                .all(|h| ix.find(lock, h.owner) == rebuilt.find(lock, h.owner))
     }
 }
 
@@ -942,6 +978,24 @@ impl Lock {
         self.block.count()
     }
 
+    /// Where its block is and how many holders and bytes it has: a settle's
+    /// index kept across slices ([`crate::Settling::resume`]) is used only
+    /// on the same shape (holders added or removed change it).
+    /// The earliest deadline of any holder, session or not (`u64::MAX`
+    /// when none).
+    pub(crate) fn earliest_of_all(&self) -> u64 {
+        self.deadlines().map_or(u64::MAX, |(lo, _)| lo)
+    }
+
+    pub(crate) fn shape(&self) -> Shape {
+        let bytes = self.block.as_bytes();
+        Shape {
+            at: bytes.as_ptr() as usize,
+            bytes: bytes.len(),
+            holders: self.block.count(),
+        }
+    }
+
     pub fn is_empty(&self) -> bool {
         self.block.is_empty()
     }
@@ -1001,6 +1055,46 @@ impl Lock {
                 (*o, holder)
             })
             .collect()
+    }
+
+    /// [`Lock::look_up`] of the owners `changes` lists: the holders a
+    /// settle added ([`Lock::grant_in_turn`]) found at their entries while
+    /// the lock has the shape the last one left (each checked to be its
+    /// owner's), the others looked up; time linear in the changes, not in
+    /// the holders, for a slice of a queue's grants on a lock of many.
+    pub fn look_up_changed<'a, 'c>(
+        &'a self,
+        changes: &'c Changes,
+    ) -> Vec<(&'c [u8], Option<HolderRef<'a>>)> {
+        if changes.placed.is_empty() || changes.placed_shape != Some(self.shape()) {
+            return self.look_up(changes.owners());
+        }
+        let mut at: std::collections::HashMap<&[u8], HolderRef<'a>, OwnerHash> =
+            std::collections::HashMap::with_capacity_and_hasher(
+                changes.placed.len(),
+                OwnerHash::default(),
+            );
+        for h in changes
+            .placed
+            .iter()
+            .filter_map(|&p| self.block.holder_at(p))
+        {
+            at.insert(h.owner, h);
+        }
+        let rest = changes.owners().filter(|o| !at.contains_key(o));
+        let found = self.look_up(rest);
+        let mut found = found.into_iter().peekable();
+        let mut all = Vec::with_capacity(changes.len());
+        for o in changes.owners() {
+            match at.get(o) {
+                Some(h) if h.owner == o => all.push((o, Some(*h))),
+                _ => match found.next() {
+                    Some(f) => all.push(f),
+                    None => all.push((o, self.holder(o))),
+                },
+            }
+        }
+        all
     }
 
     /// The owner's entry (offset and state), live or not.
@@ -1314,9 +1408,18 @@ impl Lock {
             .find(self, req.owner)
             .and_then(|at| Some((at, self.block.holder_at(at)?)));
         let verdict = self.verdict_of(req, mine, false, now, max);
+        let repeat = match verdict {
+            Verdict::Repeat { at, .. } => Some(at),
+            _ => None,
+        };
         let (attempt, added) = self.carry_out(req, verdict, now, tokens, changes);
         if let Some(at) = added {
             ix.add(req.owner, at);
+            changes.placed.push(at);
+            changes.placed_shape = Some(self.shape());
+        }
+        if let Some(h) = added.or(repeat).and_then(|at| self.block.holder_at(at)) {
+            index.earliest = index.earliest.min(h.deadline);
         }
         attempt
     }
@@ -2469,6 +2572,47 @@ mod tests {
             assert_eq!(h.map(|h| h.token), g.map(|g| g.token), "{o:?}");
         }
         assert_eq!(found.iter().filter(|(_, h)| h.is_some()).count(), 8);
+    }
+
+    /// The changes of a settle's grants are found at their entries while
+    /// the lock keeps the shape they left, else looked up: either way what
+    /// one `holder` look-up per owner gives.
+    #[test]
+    fn a_look_up_of_a_settles_changes_is_each_owners_holder() {
+        let mut tokens = Tokens::starting_after(1_000);
+        let holders = (0..300).map(|i| reader(i, i as u64 + 1, 100));
+        let mut lock = Lock::from_holders(Kind::Read, holders.collect()).unwrap();
+        for after in [None, Some("release"), Some("purge")] {
+            let mut c = Changes::default();
+            // r0 ends before the grants (listed, not placed).
+            lock.release(b"r0", None, 1, &mut c);
+            let mut index = HolderIndex::default();
+            for i in 0..40 {
+                let owner = format!("n{i}-{after:?}");
+                let r = req(Kind::Read, &owner, 100);
+                let a = lock.grant_in_turn(Ask::from(&r), 1, &mut tokens, &mut c, &mut index, 1000);
+                assert!(matches!(a, Attempt::Granted(_)));
+            }
+            match after {
+                Some("release") => {
+                    lock.release(b"r7", None, 1, &mut c);
+                }
+                Some("purge") => lock.purge(101, &mut c),
+                _ => {}
+            }
+            let found = lock.look_up_changed(&c);
+            let naive: Vec<_> = c.owners().map(|o| (o, lock.holder(o))).collect();
+            assert_eq!(found.len(), naive.len());
+            for ((o, h), (p, g)) in found.iter().zip(&naive) {
+                assert_eq!(o, p);
+                assert_eq!(h.map(|h| h.token), g.map(|g| g.token), "{o:?}");
+            }
+            lock = Lock::from_holders(
+                Kind::Read,
+                (0..300).map(|i| reader(i, i as u64 + 1, 100)).collect(),
+            )
+            .unwrap();
+        }
     }
 
     #[test]

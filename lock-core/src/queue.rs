@@ -16,7 +16,7 @@
 use std::collections::{BTreeMap, HashMap};
 use std::hash::Hash;
 
-use crate::lock::{max_holders, Ask, Attempt, Changes, HolderIndex, Lock, Request};
+use crate::lock::{max_holders, Ask, Attempt, Changes, HolderIndex, Lock, Request, Shape};
 use crate::tokens::Tokens;
 
 /// A waiting request, identified by the shell's waiter id `W`.
@@ -192,10 +192,15 @@ impl<W: Eq + Hash + Copy> Queue<W> {
 
 /// A settle under way ([`Queue::settle_next`]): the lock was purged at its
 /// `now`, and the owners it granted are indexed (linear time in the grants
-/// and holders, not their product).
+/// and holders, not their product). A settle the shell ends between two
+/// answers (its time budget) is kept for the key's next slice
+/// ([`Settling::pause`], [`Settling::resume`]): its index is built once a
+/// visit, not once a slice.
 #[derive(Default)]
 pub struct Settling {
     index: HolderIndex,
+    /// The lock's shape when the last slice ended ([`Settling::pause`]).
+    paused: Option<Shape>,
 }
 
 impl Settling {
@@ -203,6 +208,49 @@ impl Settling {
     pub fn start(lock: &mut Lock, now: u64, changes: &mut Changes) -> Settling {
         lock.purge(now, changes);
         Settling::default()
+    }
+
+    /// Ends a slice: the lock's shape as the slice leaves it, for the next
+    /// one's [`Settling::resume`].
+    pub fn pause(mut self, lock: &Lock) -> Settling {
+        self.paused = Some(lock.shape());
+        if self.index.earliest == 0 {
+            // Once a visit; the grants keep it after.
+            self.index.earliest = lock.earliest_of_all();
+        }
+        self
+    }
+
+    /// Whether no holder of `lock` has expired at `now`, as this paused
+    /// settle knows without a pass over them: the lock has the shape the
+    /// slice left and `now` is before the earliest deadline it kept.
+    pub fn unexpired(&self, lock: &Lock, now: u64) -> bool {
+        self.paused == Some(lock.shape()) && now < self.index.earliest
+    }
+
+    /// The next slice of a settle a slice ended ([`Settling::pause`]), at
+    /// `now`: the index kept when nothing changed the lock since (the same
+    /// block with the same holders, and `changes` of this transaction still
+    /// empty) and the purge at `now` drops nothing, else a new start
+    /// ([`Settling::start`]). The caller knows of changes made outside its
+    /// transactions (a value put in place by RESTORE, RENAME, MOVE, SWAPDB)
+    /// and starts anew then.
+    pub fn resume(self, lock: &mut Lock, now: u64, changes: &mut Changes) -> Settling {
+        if !changes.is_empty() || self.paused != Some(lock.shape()) {
+            return Settling::start(lock, now, changes);
+        }
+        // No pass over the holders when none can have expired.
+        if now >= self.index.earliest {
+            lock.purge(now, changes);
+        }
+        if !changes.is_empty() {
+            // Holders went: entries moved, the index is stale.
+            return Settling::default();
+        }
+        Settling {
+            paused: None,
+            ..self
+        }
     }
 }
 
@@ -396,5 +444,79 @@ mod tests {
                 _ => false,
             }));
         assert_eq!(whole.len(), 10, "the late one came after the one settle");
+    }
+
+    /// A settle kept across slices ([`Settling::pause`], `resume`) finds
+    /// every holder where an index rebuilt at each slice finds it, whether
+    /// the lock stayed as the last slice left it (the index kept), or holders
+    /// came and went between two slices (a release, a lease's end: a new
+    /// start), and grants what a settle in one go grants.
+    #[test]
+    fn a_kept_index_agrees_with_a_rebuilt_one_after_every_slice() {
+        let (mut lock, mut tokens) = held_by_writer();
+        let mut q = Queue::default();
+        for i in 0..60 {
+            q.push(i, req(Kind::Read, &format!("r{i}")));
+        }
+        // A repeat of one already granted: found through the kept index.
+        q.push(60, req(Kind::Read, "r3"));
+        let mut c = Changes::default();
+        lock.release(b"w0", None, 1, &mut c);
+        let mut kept: Option<Settling> = None;
+        let (mut answered, mut slice, mut now) = (Vec::new(), 0, 1);
+        loop {
+            let mut c = Changes::default();
+            // Between slices, sometimes a change of the transaction's own
+            // (a release) or by time (leases ending) before the next one.
+            match slice % 3 {
+                1 => {
+                    let owner = format!("r{}", answered.len() / 2);
+                    lock.release(owner.as_bytes(), None, now, &mut c);
+                }
+                2 if slice == 5 => now = 101,
+                _ => {}
+            }
+            let mut settling = match kept.take() {
+                Some(s) => s.resume(&mut lock, now, &mut c),
+                None => Settling::start(&mut lock, now, &mut c),
+            };
+            assert!(lock.holders().all(|h| h.is_live(now)), "purged at {now}");
+            if slice % 3 == 0 && slice > 0 {
+                assert!(settling.index.table.is_some(), "kept at slice {slice}");
+            }
+            let mut more = false;
+            for _ in 0..7 {
+                match q.settle_next(&mut settling, &mut lock, now, &mut tokens, &mut c, 1000) {
+                    Some(a) => answered.push(a),
+                    None => break,
+                }
+                assert!(settling.index.agrees_with(&lock), "slice {slice}");
+                assert!(settling.index.earliest <= lock.earliest_of_all());
+                more = !q.is_empty();
+            }
+            slice += 1;
+            if !more {
+                break;
+            }
+            let paused = settling.pause(&lock);
+            // What it knows without a pass is true.
+            for at in [now, 100, 101, 200] {
+                if paused.unexpired(&lock, at) {
+                    assert!(lock.holders().all(|h| h.is_live(at)), "at {at}");
+                }
+            }
+            assert!(paused.unexpired(&lock, now), "nothing expires at {now}");
+            kept = Some(paused);
+        }
+        assert!(q.is_empty());
+        assert_eq!(answered.len(), 61);
+        assert!(answered
+            .iter()
+            .all(|(_, a)| matches!(a, Attempt::Granted(_))));
+        // The repeat got its holder's token, not a second holder.
+        let r3 = lock.holder(b"r3").map(|h| h.token);
+        assert_eq!(answered.last().map(|(_, a)| *a), r3.map(Attempt::Granted));
+        let owners: std::collections::HashSet<_> = lock.holders().map(|h| h.owner).collect();
+        assert_eq!(owners.len(), lock.holder_count(), "one holder per owner");
     }
 }

@@ -147,7 +147,7 @@ pub fn replicate(ctx: &Context, key: Str<'_>, lock: &Lock, changes: &Changes, fo
     }
     // Each changed owner found once (a refresh lists every holder: linear
     // time in them, not quadratic).
-    let found = lock.look_up(changes.owners());
+    let found = lock.look_up_changed(changes);
     for (owner, holder) in &found {
         if holder.is_none() {
             replicate_drop(ctx, key, owner);

@@ -802,6 +802,11 @@ fn forget_bound(ctx: &Context, name: Str<'_>, tokens: impl IntoIterator<Item = u
 /// reader expires before the key does; at the first WAIT deadline of its
 /// waiters. Otherwise Redis's own key expiry is all it needs.
 fn next_visit(lock: &Lock, pending: &waiting::Pending) -> Option<u64> {
+    // A visit that stopped goes on now: no look at the holders (none
+    // expires before it).
+    if pending.sliced {
+        return pending.next_timeout;
+    }
     let expiry = match pending.waiting {
         true => lock.earliest_deadline(),
         false => lock.sweep_at(),

@@ -156,7 +156,9 @@ fn visit(ctx: &Context, db: i32, key: &[u8], refresh: bool) {
     }
     let name = ffi::name(ctx, key);
     let result = transitions::update(ctx, Str::from(&name), |txn| {
-        txn.lock.purge(txn.now, txn.changes);
+        if !waiting::nothing_to_purge(db, key, txn.lock, txn.now, txn.changes) {
+            txn.lock.purge(txn.now, txn.changes);
+        }
         if refresh {
             txn.lock.touch_all(txn.changes);
         }

@@ -118,6 +118,9 @@ struct Registry {
     /// time ([`retire_some`]). Until then more keys are listed for them
     /// than they hold (never fewer: the deadlock search checks each).
     retired: Vec<(DbKey, Vec<Owner>)>,
+    /// The settle of each key whose visit a slice ended (its owner index
+    /// kept for the next slice: `Settling::resume`).
+    settling: DbKeyMap<Settling>,
 }
 
 /// Holders of one key taken out of the index at once; more wait for the
@@ -199,6 +202,10 @@ impl Registry {
                 match queue.is_empty() {
                     true => {
                         self.queues.remove(key);
+                        // A kept settle lives no longer than its queue
+                        // (while it lives, every transaction of the key
+                        // takes it up: `answer_queued`).
+                        self.settling.remove(key);
                         self.set_holders(key, Vec::new());
                     }
                     // (A storm of timeouts on one key: the key once.)
@@ -589,6 +596,9 @@ pub struct Pending {
     /// now, when the visit's budget ran out before its head was answered
     /// (the next tick goes on).
     pub next_timeout: Option<u64>,
+    /// The visit's budget ran out (`next_timeout` is its `now`, at which
+    /// the lock was purged: no holder's deadline comes before it).
+    pub sliced: bool,
 }
 
 /// How long one visit of a queue may answer its head in a command's
@@ -644,6 +654,7 @@ impl Pending {
     const NONE: Pending = Pending {
         waiting: false,
         next_timeout: None,
+        sliced: false,
     };
 }
 
@@ -733,7 +744,12 @@ fn answer_queued(ctx: &Context, name: Str<'_>, txn: &mut Txn) -> Pending {
     // overtakes it). (Their tokens are counted as grants by the
     // transaction's commit.)
     let budget = Budget::start(in_turn);
-    let mut settling = Settling::start(txn.lock, txn.now, txn.changes);
+    // A visit a slice ended goes on with its index, unless the key's value
+    // was put in place by other means since (its holders unsure).
+    let mut settling = match registry.settling.remove(key) {
+        Some(kept) if !registry.unsure.contains(key) => kept.resume(txn.lock, txn.now, txn.changes),
+        _ => Settling::start(txn.lock, txn.now, txn.changes),
+    };
     let mut answers = 0;
     let mut unfinished = false;
     loop {
@@ -784,6 +800,14 @@ fn answer_queued(ctx: &Context, name: Str<'_>, txn: &mut Txn) -> Pending {
     }
     if unfinished {
         stats::GRANTS_SLICED.incr();
+        // Kept for the next slice (keys whose queue went meanwhile let go).
+        let Registry {
+            settling: kept,
+            queues,
+            ..
+        } = &mut *registry;
+        kept.retain(|k, _| queues.contains_key(k));
+        kept.insert(key.clone(), settling.pause(txn.lock));
     }
     // A multi-key request at the head: `transitions` tries it on all its keys
     // once this one is written back, if this lock would let it in.
@@ -816,7 +840,29 @@ fn answer_queued(ctx: &Context, name: Str<'_>, txn: &mut Txn) -> Pending {
     Pending {
         waiting,
         next_timeout,
+        sliced: unfinished,
     }
+}
+
+/// Whether a visit's purge of `lock` at `now` would drop nothing, known
+/// without a pass over its holders: a slice of its settle stopped and
+/// nothing changed it since (the kept settle's shape and earliest
+/// deadline, `Settling::unexpired`; `changes` still empty, the key not
+/// `unsure`). The settle's own resume purges when it must.
+pub fn nothing_to_purge(db: i32, name: &[u8], lock: &Lock, now: u64, changes: &Changes) -> bool {
+    if !changes.is_empty() {
+        return false;
+    }
+    let registry = registry();
+    if registry.settling.is_empty() {
+        return false;
+    }
+    let key = DbKey::new(db, name);
+    !registry.unsure.contains(&key)
+        && registry
+            .settling
+            .get(&key)
+            .is_some_and(|s| s.unexpired(lock, now))
 }
 
 /// Visits now the keys a waiter left (but not `this` one, being settled).
@@ -1072,6 +1118,7 @@ pub fn swap_dbs(a: i32, b: i32) {
     let mut registry = registry();
     let r = &mut *registry;
     moved(&mut r.queues, swap);
+    r.settling.clear();
     for k in r.queues.keys() {
         WAITED.insert(k.db, &k.name);
     }
