@@ -90,8 +90,11 @@ fn applied(lock: &mut Lock, op: &Op) -> Result<Applied, Invalid> {
     }
 }
 
+/// A holder's every field: owner, holds, since, token, deadline.
+type Fields = (Vec<u8>, u32, u32, u64, u64);
+
 /// Every field, `since` included, in order.
-fn state(lock: &Lock) -> (Option<Kind>, Vec<(Vec<u8>, u32, u32, u64, u64)>) {
+fn state(lock: &Lock) -> (Option<Kind>, Vec<Fields>) {
     let kind = (!lock.is_empty()).then(|| lock.kind());
     let holders = lock
         .holders()
