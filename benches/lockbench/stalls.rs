@@ -18,7 +18,8 @@
 //! the close of a connection holding them; (6) keyspace commands on a key
 //! with 20,000 holders; (7) `FLUSHDB`, `FLUSHALL` and `SWAPDB` of a
 //! database with a million bound holders, or a session's million holders,
-//! beside the same of a million plain keys (Redis's own part). Its own server (waiters connect over a Unix socket;
+//! beside the same of a million plain keys (Redis's own part); (8) readers
+//! granted one by one on a master, applied by a replica. Its own server (waiters connect over a Unix socket;
 //! the open-file limit raised where the bench may, else a chain too long
 //! for it is built of `LOCK.MACQUIRE`s of ten keys, the same graph), never
 //! part of `make bench-check`: wall-clock figures on a shared machine.
@@ -1029,6 +1030,123 @@ fn holders(c: &mut Conn, port: u16, n: usize) -> io::Result<Vec<Row>> {
     Ok(rows)
 }
 
+/// (8) `n` readers granted one by one on a master (`LOCK.READ`, pipelined
+/// 500 at a time) with a replica attached: the replica applies each
+/// grant's `LOCK.SYNC` on a key of up to `n` holders. The replica's longest
+/// PING, its `LOCK.SYNC` server time per call (commandstats) and its
+/// longest one (`SLOWLOG`, all calls over 100 µs kept), until it caught up.
+fn replica_apply(module: &Path, c: &mut Conn, port: u16, n: usize) -> io::Result<Vec<Row>> {
+    eprintln!("   {n} readers granted on a master, applied by its replica");
+    c.ok(&[b"FLUSHALL"])?;
+    let raised = n.max(1000).to_string();
+    c.ok(&[b"CONFIG", b"SET", b"lock.max-holders", raised.as_bytes()])?;
+    let dir = TempDir::new()?;
+    let replica = Server::start(&Options {
+        module: Some(module.to_path_buf()),
+        dir: dir.0.clone(),
+        callgrind: false,
+        extra: [
+            "--lock.max-holders",
+            &raised,
+            "--latency-monitor-threshold",
+            "1",
+            "--slowlog-log-slower-than",
+            "100",
+            "--slowlog-max-len",
+            &(n + 10).to_string(),
+        ]
+        .iter()
+        .map(|s| s.to_string())
+        .collect(),
+    })?;
+    let mut r = replica.conn()?;
+    r.set_read_timeout(Duration::from_secs(600))?;
+    r.ok(&[b"REPLICAOF", b"127.0.0.1", port.to_string().as_bytes()])?;
+    let field = |c: &mut Conn, f: &str| -> io::Result<String> {
+        let text = c.ok(&[b"INFO", b"replication"])?.text();
+        Ok(text
+            .lines()
+            .find_map(|l| l.strip_prefix(f)?.strip_prefix(':'))
+            .unwrap_or("")
+            .trim()
+            .to_string())
+    };
+    let deadline = Instant::now() + Duration::from_secs(600);
+    while field(&mut r, "master_link_status")? != "up" {
+        if Instant::now() > deadline {
+            return Err(io::Error::other("the replica never linked"));
+        }
+        thread::sleep(Duration::from_millis(20));
+    }
+    c.ok(&[b"CONFIG", b"RESETSTAT"])?;
+    r.ok(&[b"CONFIG", b"RESETSTAT"])?;
+    r.ok(&[b"LATENCY", b"RESET"])?;
+    r.ok(&[b"SLOWLOG", b"RESET"])?;
+    let pinger = Pinger::start(replica.port)?;
+    thread::sleep(Duration::from_millis(50));
+    let t = Instant::now();
+    pipelined(
+        c,
+        n,
+        &|i| {
+            vec![
+                b"LOCK.READ".to_vec(),
+                b"big".to_vec(),
+                format!("reader-{i}").into_bytes(),
+                TTL.to_vec(),
+            ]
+        },
+        &is_token,
+    )?;
+    // Until the replica applied everything the master sent.
+    loop {
+        let sent: u64 = field(c, "master_repl_offset")?.parse().unwrap_or(u64::MAX);
+        let done: u64 = field(&mut r, "slave_repl_offset")?.parse().unwrap_or(0);
+        if done >= sent || Instant::now() > deadline {
+            break;
+        }
+        thread::sleep(Duration::from_millis(5));
+    }
+    let took = t.elapsed();
+    thread::sleep(Duration::from_millis(100));
+    let ping = pinger.stop();
+    let (calls, usec) = cmdstat(&mut r, "lock.sync")?;
+    let (reads, read_usec) = cmdstat(c, "lock.read")?;
+    let latency = latency_worst(&mut r)?;
+    let slow: Vec<i64> = match r.ok(&[b"SLOWLOG", b"GET", b"-1"])? {
+        Reply::Array(entries) => entries
+            .iter()
+            .filter_map(|e| match e {
+                Reply::Array(f) => f.get(2)?.as_int(),
+                _ => None,
+            })
+            .collect(),
+        _ => Vec::new(),
+    };
+    let longest = slow.iter().copied().max().unwrap_or(0);
+    let over_1ms = slow.iter().filter(|&&us| us >= 1000).count();
+    let row = Row {
+        shape: format!(
+            "(8) {n} readers granted on a master (`LOCK.READ`, 500 pipelined at a time): its replica applies each grant's `LOCK.SYNC`"
+        ),
+        ping,
+        server_us: (calls > 0.0).then(|| usec / calls),
+        took: Some(took),
+        late: None,
+        latency,
+        note: format!(
+            "replica: {calls} `LOCK.SYNC`, the longest {longest} µs, {over_1ms} of 1 ms or more (`SLOWLOG`); master: `LOCK.READ` {:.0} µs a call",
+            read_usec / reads.max(1.0)
+        ),
+    };
+    drop(r);
+    drop(replica);
+    drop(dir);
+    c.ok(&[b"FLUSHALL"])?;
+    c.ok(&[b"CONFIG", b"SET", b"lock.max-holders", b"1000"])?;
+    Ok(vec![row])
+}
+
 /// What a flush or swap of (7) finds in database 0.
 #[derive(Clone, Copy)]
 enum Filled {
@@ -1266,6 +1384,9 @@ pub fn run(module: &Path, plan: &Plan) -> io::Result<Vec<Row>> {
     }
     if wants(7) {
         rows.extend(flushes(&mut c, port, plan.flush)?);
+    }
+    if wants(8) {
+        rows.extend(replica_apply(module, &mut c, port, plan.holders / 2)?);
     }
     drop(c);
     drop(server);

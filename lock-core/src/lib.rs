@@ -33,8 +33,8 @@ pub mod tokens;
 
 pub use block::HolderRef;
 pub use lock::{
-    max_holders, set_max_holders, since, Ask, Attempt, Changes, Ended, Holder, Invalid, Kind,
-    Loaded, Lock, Owner, Release, Request,
+    max_holders, set_max_holders, since, Applied, Ask, Attempt, Changes, Ended, Holder, Invalid,
+    Kind, Loaded, Lock, Owner, Release, Request,
 };
 pub use mode::{Census, Mode, Row};
 pub use queue::{Queue, Settling};

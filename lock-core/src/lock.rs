@@ -738,6 +738,39 @@ impl Loaded {
     }
 }
 
+/// `a == b`, their last bytes compared first: owners of one key often share
+/// a prefix and a length (`reader-1234`), and a walk comparing one owner
+/// with each holder's calls `memcmp` only for the few that end alike.
+#[inline]
+fn same_owner(a: &[u8], b: &[u8]) -> bool {
+    a.len() == b.len() && a.last() == b.last() && a == b
+}
+
+/// What an apply ([`Lock::apply_set`], [`Lock::apply_drop`]) found on its
+/// one walk of the holders.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Applied {
+    /// The session the owner's holder followed before (`None`: it had no
+    /// holder, or one of its own lease).
+    pub followed: Option<u64>,
+    /// The earliest and the latest deadline of the holders after
+    /// (`None`: none is left).
+    pub deadlines: Option<(u64, u64)>,
+}
+
+impl Applied {
+    /// [`Lock::latest_deadline`] of the lock after.
+    pub fn latest_deadline(&self) -> Option<u64> {
+        self.deadlines.map(|(_, hi)| hi)
+    }
+
+    /// [`Lock::sweep_at`] of the lock after.
+    pub fn sweep_at(&self) -> Option<u64> {
+        let (earliest, latest) = self.deadlines?;
+        (earliest != latest && session_of(earliest).is_none()).then_some(earliest)
+    }
+}
+
 /// The state of one lock key. Empty means free (the key should not exist).
 #[derive(Default)]
 pub struct Lock {
@@ -1809,6 +1842,92 @@ impl Lock {
             }
         }
         self.put(kind, holder)
+    }
+
+    /// [`Lock::force`] as a replica applies it (`LOCK.SYNC`), in one walk of
+    /// the holders in the common case (the same shape, no other holder with
+    /// its token, a semaphore within its limit): the owner's entry set in
+    /// place or the holder appended, and what the apply needs after it (the
+    /// session the owner's holder followed before, the deadlines' extremes
+    /// after) from the same walk, where a `force`, a look-up, `sweep_at` and
+    /// `latest_deadline` walked the holders once each. Any other case goes
+    /// through `force` itself (state and result are `force`'s either way).
+    pub fn apply_set(&mut self, kind: Kind, holder: Holder) -> Result<Applied, Invalid> {
+        let limit = own_rules(kind, &holder.as_ref())?;
+        let same_shape =
+            !self.block.is_empty() && kind.mode() == self.mode() && limit == self.block.limit();
+        let mut mine: Option<(usize, u32, u64, u64)> = None;
+        let mut clash = false;
+        let mut others: Option<(u64, u64)> = None;
+        let mut count = 0usize;
+        for (at, h) in self.block.entries() {
+            if same_owner(h.owner, &holder.owner) {
+                mine = Some((at, h.since, h.token, h.deadline));
+                continue;
+            }
+            count += 1;
+            clash |= h.token == holder.token;
+            others = Some(match others {
+                None => (h.deadline, h.deadline),
+                Some((lo, hi)) => (lo.min(h.deadline), hi.max(h.deadline)),
+            });
+        }
+        let followed = mine.and_then(|(.., deadline)| session_of(deadline));
+        let fits = match kind {
+            Kind::Semaphore(limit) => count < limit as usize,
+            _ => kind.mode() != Mode::Exclusive || count == 0,
+        };
+        if clash || !fits || (count > 0 && !same_shape) || (mine.is_some() && !same_shape) {
+            self.force(kind, holder)?;
+            return Ok(Applied {
+                followed,
+                deadlines: self.deadlines(),
+            });
+        }
+        match mine {
+            Some((at, since, token, _)) => {
+                let since = if token == holder.token {
+                    since
+                } else {
+                    holder.since
+                };
+                self.block
+                    .set(at, holder.holds, since, holder.token, holder.deadline);
+            }
+            None => {
+                self.block.push(kind.mode().tag(), limit, holder.as_ref())?;
+            }
+        }
+        let d = holder.deadline;
+        let deadlines = Some(others.map_or((d, d), |(lo, hi)| (lo.min(d), hi.max(d))));
+        Ok(Applied {
+            followed,
+            deadlines,
+        })
+    }
+
+    /// [`Lock::remove`] as a replica applies it (`LOCK.SYNC ... DROP`), with
+    /// what [`Lock::apply_set`] reports, in one walk.
+    pub fn apply_drop(&mut self, owner: &[u8]) -> Applied {
+        let mut mine: Option<(usize, u64)> = None;
+        let mut others: Option<(u64, u64)> = None;
+        for (at, h) in self.block.entries() {
+            if mine.is_none() && same_owner(h.owner, owner) {
+                mine = Some((at, h.deadline));
+                continue;
+            }
+            others = Some(match others {
+                None => (h.deadline, h.deadline),
+                Some((lo, hi)) => (lo.min(h.deadline), hi.max(h.deadline)),
+            });
+        }
+        if let Some((at, _)) = mine {
+            self.block.remove(at);
+        }
+        Applied {
+            followed: mine.and_then(|(_, deadline)| session_of(deadline)),
+            deadlines: others,
+        }
     }
 
     /// Removes one holder whatever its holds (a replicated effect); false when absent.

@@ -73,7 +73,7 @@ pub const SYNC: Spec = command! {
     arity: -4,
     since: c"0.1.0",
     summary: c"Internal: applies one replicated lock effect (mode:holds:token:deadline[:limit] owner, a holder that follows its connection's lease with :Flease after its numbers, or DROP owner; the 0.2 form SET owner mode holds token deadline [limit] still applies). Accepted only from the master or the AOF.",
-    complexity: c"O(R), R the holders",
+    complexity: c"O(R), R the holders (one walk of them)",
     args: &[
         Arg::new(c"key", ArgKind::Key),
         Arg::new(c"effect", ArgKind::String).many(),
@@ -133,26 +133,28 @@ fn sync(ctx: &Context, args: Argv<'_>) -> RedisResult {
     }
     // The sessions the owner's holder followed before and after.
     let mut followed = (None, None);
-    let sweep = transitions::write_back(ctx, name, true, |lock| {
-        let owner = match (&set, &effect) {
-            (Some((_, holder)), _) => Some(&holder.owner[..]),
-            (None, Effect::Drop { owner }) => Some(*owner),
-            _ => None,
-        };
-        followed.0 = owner.and_then(|o| lock.holder(o)).and_then(|h| h.session());
+    // One walk of the key's holders (`Lock::apply_set`, `apply_drop`): the
+    // owner's holder found, set or appended, and the deadlines after.
+    let sweep = transitions::write_back_known(ctx, name, true, |lock| {
         followed.1 = set.as_ref().and_then(|(_, h)| h.as_ref().session());
-        if let Some((kind, holder)) = set {
+        let applied = if let Some((kind, holder)) = set {
             let token = holder.token;
-            lock.force(kind, holder).map_err(|_| LockError::BadState)?;
+            let applied = lock
+                .apply_set(kind, holder)
+                .map_err(|_| LockError::BadState)?;
             fencing::observe(token);
             if flags.contains(ContextFlags::REPLICATED) {
                 // A promotion owes a jump past the master's later grants.
                 fencing::received();
             }
+            applied
         } else if let Effect::Drop { owner } = effect {
-            lock.remove(owner);
-        }
-        Ok((lock.sweep_at(), true))
+            lock.apply_drop(owner)
+        } else {
+            return Ok((None, true, lock.latest_deadline()));
+        };
+        followed.0 = applied.followed;
+        Ok((applied.sweep_at(), true, applied.latest_deadline()))
     })?
     .flatten();
     if followed.0 != followed.1 {

@@ -820,21 +820,39 @@ fn next_visit(lock: &Lock, pending: &waiting::Pending) -> Option<u64> {
 /// Opens `name`, runs `op` on its lock (empty when the key does not exist,
 /// and then only if `on_missing`: else `None`) and, when `op` reports a
 /// change, stores, re-expires or deletes the key: an emptied lock is
-/// deleted, and the key expires with its last holder.
-pub fn write_back<R>(
+/// deleted, and the key expires with its last holder. `op` also says the
+/// lock's latest deadline after it (`lock_core::Applied`, found on the walk
+/// it made), so that the write-back walks the holders no more (a replica's
+/// `LOCK.SYNC`).
+pub fn write_back_known<R>(
     ctx: &Context,
     name: Str<'_>,
     on_missing: bool,
-    op: impl FnOnce(&mut Lock) -> Result<(R, bool), LockError>,
+    op: impl FnOnce(&mut Lock) -> Result<(R, bool, Option<u64>), LockError>,
 ) -> Result<Option<R>, LockError> {
-    write_back_key(LockKey::open(ctx, name, true)?, on_missing, op)
+    write_back_latest(LockKey::open(ctx, name, true)?, on_missing, |lock| {
+        op(lock).map(|(result, changed, latest)| (result, changed, Some(latest)))
+    })
 }
 
-/// [`write_back`] on a key already open for writing.
+/// [`write_back_known`] on a key already open for writing, the latest
+/// deadline found by a walk.
 fn write_back_key<R>(
-    mut key: LockKey,
+    key: LockKey,
     on_missing: bool,
     op: impl FnOnce(&mut Lock) -> Result<(R, bool), LockError>,
+) -> Result<Option<R>, LockError> {
+    write_back_latest(key, on_missing, |lock| {
+        op(lock).map(|(result, changed)| (result, changed, None))
+    })
+}
+
+/// [`write_back_key`], the latest deadline after `op` given by it (`Some`)
+/// or found by a walk (`None`).
+fn write_back_latest<R>(
+    mut key: LockKey,
+    on_missing: bool,
+    op: impl FnOnce(&mut Lock) -> Result<(R, bool, Option<Option<u64>>), LockError>,
 ) -> Result<Option<R>, LockError> {
     let mut stored = key.lock_mut()?;
     let existed = stored.is_some();
@@ -848,8 +866,12 @@ fn write_back_key<R>(
     };
     let before = lock.census();
     let outcome = op(lock);
-    let changed = matches!(outcome, Ok((_, true)));
-    let (census, latest) = (lock.census(), lock.latest_deadline());
+    let changed = matches!(outcome, Ok((_, true, _)));
+    let latest = match &outcome {
+        Ok((_, _, Some(latest))) => *latest,
+        _ => lock.latest_deadline(),
+    };
+    let census = lock.census();
     // The stored lock goes back to the key here: its value follows the
     // lock's block (null if it emptied).
     drop(stored);
@@ -859,9 +881,9 @@ fn write_back_key<R>(
         if existed && latest.is_none() {
             delete_emptied(key, before);
         }
-        return outcome.map(|(result, _)| Some(result));
+        return outcome.map(|(result, ..)| Some(result));
     }
-    let (result, _) = outcome?;
+    let (result, ..) = outcome?;
     match (existed, latest) {
         (true, None) => {
             delete_emptied(key, before);

@@ -990,3 +990,82 @@ fn a_lowered_max_ttl_clamps_a_loaded_lease_and_counts_it() {
         s.log_tail(50)
     );
 }
+
+/// Issue 38.1 on a load: an AOF of 10,000 readers' effects (one
+/// `LOCK.SYNC` each, as a master writes them: deadlines apart, each token
+/// above the ones before), one renewed and re-entered and one dropped after
+/// them, loads to exactly that state (each effect applied in one walk of
+/// the key's holders), nothing fixed on the way.
+#[test]
+fn an_aof_of_ten_thousand_readers_effects_loads_to_their_state() {
+    let n = 10_000u64;
+    let mut s = Server::builder()
+        .config("lock.max-holders 20000")
+        .config("appendonly yes")
+        .config("appendfsync always")
+        .config("aof-use-rdb-preamble no")
+        // The load applies 10,000 effects to one key: each walks its holders
+        // once, seconds in this debug build on a loaded machine.
+        .startup_deadline(Duration::from_secs(180))
+        .start();
+    let mut c = s.conn();
+    let t = token(c.cmd(&["LOCK.ACQUIRE", "plain", "o", "600000"])) as u64;
+    s.shutdown_save();
+    let path = std::fs::read_dir(s.dir.join("appendonlydir"))
+        .expect("appendonlydir")
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .find(|p| p.to_string_lossy().ends_with(".incr.aof"))
+        .expect("the incremental AOF");
+    let mut text = std::fs::read(&path).expect("read the AOF");
+    let now = now_ms() as u64;
+    // One command as the AOF spells it.
+    let line = |args: &[&str]| {
+        let mut out = format!("*{}\r\n", args.len());
+        for a in args {
+            out.push_str(&format!("${}\r\n{a}\r\n", a.len()));
+        }
+        out.into_bytes()
+    };
+    let effect = |owner: &str, holds: u64, token: u64, deadline: u64| {
+        let numbers = format!("shared:{holds}:{token}:{deadline}");
+        line(&["LOCK.SYNC", "big", &numbers, owner])
+    };
+    let deadline = |i: u64| now + 600_000 + (i * 7_919) % 1_000;
+    for i in 0..n {
+        text.extend(effect(&format!("reader-{i}"), 1, t + 1 + i, deadline(i)));
+    }
+    text.extend(effect("reader-5", 2, t + 6, now + 900_000));
+    text.extend(line(&["LOCK.SYNC", "big", "DROP", "reader-7"]));
+    std::fs::write(&path, &text).expect("write the AOF");
+    s.restart();
+    let mut c = s.conn();
+    let loaded_at = now_ms() as u64;
+    let info = c.lock_info("big").expect("big loaded");
+    assert_eq!(info.mode, "shared");
+    assert_eq!(info.holders.len() as u64, n - 1);
+    for i in (0..n).filter(|&i| i != 7) {
+        let h = info.holder(format!("reader-{i}"));
+        let (holds, end) = match i {
+            5 => (2, now + 900_000),
+            _ => (1, deadline(i)),
+        };
+        assert_eq!(
+            (h.holds, h.token),
+            (holds, (t + 1 + i) as i64),
+            "reader-{i}"
+        );
+        let ttl = end as i64 - loaded_at as i64;
+        assert!(
+            (h.ttl - ttl).abs() <= 5_000,
+            "reader-{i}: ttl {} for {ttl}",
+            h.ttl
+        );
+    }
+    let latest = (0..n).map(deadline).max().unwrap_or(0).max(now + 900_000);
+    let pttl = c.pttl("big");
+    assert!(
+        (pttl - (latest as i64 - loaded_at as i64)).abs() <= 5_000,
+        "PTTL {pttl}"
+    );
+    assert_eq!(c.info_field("lock", "lock_loaded_state_fixed").trim(), "0");
+}

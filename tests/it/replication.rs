@@ -489,3 +489,49 @@ fn an_aof_turned_on_at_run_time_gets_every_change() {
         assert_eq!(info, Some(t), "{k} after a kill -9");
     }
 }
+
+/// Issue 38.1 on a replica: readers granted one by one on a master (each
+/// grant one `LOCK.SYNC` of its holder, applied in one walk of the key's
+/// holders), one re-entered, one released: the replica holds the same
+/// readers, holds, tokens and deadlines. (2,000 here: the master's own
+/// grants walk its holders too, which in this debug build takes minutes
+/// for 10,000; the AOF test below and the bench's stalls section apply
+/// 10,000.)
+#[test]
+fn readers_granted_on_a_master_one_by_one_are_the_replicas() {
+    let n = 2_000;
+    let master = Server::builder()
+        .config("lock.max-holders 20000")
+        .config("repl-ping-replica-period 3600")
+        .start();
+    let replica = Server::builder().config("lock.max-holders 20000").start();
+    replica.replicaof(&master);
+    wait_for_sync(&master, &replica);
+    let mut m = master.conn();
+    // Deadlines apart (the replica's sweep and expiry follow them), pipelined.
+    for chunk in (0..n).collect::<Vec<_>>().chunks(500) {
+        for i in chunk {
+            let (owner, ttl) = (format!("reader-{i}"), (600_000 + i % 1_000).to_string());
+            m.push(&[b"LOCK.READ", b"big", owner.as_bytes(), ttl.as_bytes()]);
+        }
+        m.flush().expect("flush");
+        for i in chunk {
+            let r = m.read_reply().expect("reply");
+            assert!(matches!(r, Reply::Int(t) if t > 0), "grant {i}: {r:?}");
+        }
+    }
+    token(m.cmd(&["LOCK.READ", "big", "reader-5", "900000"]));
+    assert_eq!(m.cmd(&["LOCK.RELEASE", "big", "reader-7"]).int(), 1);
+    assert_replicated(&master, &replica, &[b"big"], "readers one by one");
+    let info = m.lock_info("big").expect("the master holds big");
+    assert_eq!(info.holders.len(), n - 1);
+    assert_eq!(info.holder("reader-5").holds, 2);
+    let stats = replica.conn().info("commandstats");
+    let applied = info_get(&stats, "cmdstat_lock.sync")
+        .and_then(|v| {
+            v.split(',')
+                .find_map(|f| f.strip_prefix("calls=")?.parse::<usize>().ok())
+        })
+        .expect("the replica counts LOCK.SYNC");
+    assert!(applied > n, "each grant applied as one effect: {applied}");
+}
