@@ -5,8 +5,8 @@
 //! command holds the event loop for milliseconds. A map whose size clients
 //! control (bound holders, waiters, sessions) is [`Sharded`] instead: a
 //! fixed number of std maps ([`SHARDS`]), an entry's shard chosen from its
-//! hash's bits 49 to 56, so a growth moves one shard's entries, a
-//! [`SHARDS`]th of the map (about 4,000 of a million). The bits are clear
+//! hash's bits 47 to 56, so a growth moves one shard's entries, a
+//! [`SHARDS`]th of the map (about 1,000 of a million). The bits are clear
 //! of those the std map uses within a shard (its bucket, the low bits; its
 //! tag, the top seven): entries of one shard spread over its buckets and
 //! tags as in a map of their own. A map of fewer than [`SMALL`] entries is
@@ -14,23 +14,23 @@
 //! small); the insert that reaches [`SMALL`] moves them into the shards.
 //! The cost of a sharded map: the key hashed twice (one folded multiply
 //! per eight bytes with the module's hashers), one index, and [`SHARDS`]
-//! std maps (48 bytes each, 12 KB).
+//! std maps (48 bytes each, 48 KiB).
 
 use std::borrow::Borrow;
 use std::collections::hash_map::{self, HashMap};
 use std::hash::{BuildHasher, Hash};
 
 /// How many std maps a [`Sharded`] map is made of.
-pub const SHARDS: usize = 256;
+pub const SHARDS: usize = 1024;
 
 /// How many entries a map holds in one std map before it is sharded (the
 /// insert that shards it moves them: as many as a std map's growth at
 /// that size moves).
 pub const SMALL: usize = 1024;
 
-/// The shard of a hash: its bits 49 to 56.
+/// The shard of a hash: its bits 47 to 56.
 fn shard_of(h: u64) -> usize {
-    ((h >> 49) as usize) & (SHARDS - 1)
+    ((h >> 47) as usize) & (SHARDS - 1)
 }
 
 /// A hash map of [`SHARDS`] std maps (see the module): the same calls as
@@ -259,18 +259,21 @@ impl<K: Eq + Hash, V, S: BuildHasher + Clone> Sharded<K, V, S> {
     }
 }
 
+/// One shard, given as is (how [`IntoIter`] flattens the shards).
+type AsIs<K, V, S> = fn(HashMap<K, V, S>) -> HashMap<K, V, S>;
+
 /// A [`Sharded`] map's entries taken over, in no order.
 pub type IntoIter<K, V, S> = std::iter::FlatMap<
     std::iter::Chain<std::vec::IntoIter<HashMap<K, V, S>>, std::iter::Once<HashMap<K, V, S>>>,
     HashMap<K, V, S>,
-    fn(HashMap<K, V, S>) -> HashMap<K, V, S>,
+    AsIs<K, V, S>,
 >;
 
 impl<K, V, S> IntoIterator for Sharded<K, V, S> {
     type Item = (K, V);
     type IntoIter = IntoIter<K, V, S>;
     fn into_iter(self) -> Self::IntoIter {
-        let id: fn(HashMap<K, V, S>) -> HashMap<K, V, S> = |m| m;
+        let id: AsIs<K, V, S> = |m| m;
         self.shards
             .into_vec()
             .into_iter()

@@ -32,7 +32,7 @@ use crate::state::txn::Txn;
 use crate::time::clock;
 use crate::time::fencing;
 use lock_core::lease::Leases;
-use lock_core::shards::{self, Sharded};
+use lock_core::shards::Sharded;
 use lock_core::{Attempt, Changes, Ended, Lock, Request};
 use redis_module::Context;
 
@@ -50,13 +50,16 @@ struct Session {
     waiters: HashSet<WaiterId>,
 }
 
+/// A place's keys: a count per key (sharded: a session may hold a million).
+type Keys = Sharded<Vec<u8>, u32, RandomState>;
+
 /// A session's holders in one database's home: how many, and on which
 /// keys (a count per key: the keys its end must visit).
 #[derive(Default, Debug)]
 struct Place {
     home: Home,
     holders: u64,
-    keys: Sharded<Vec<u8>, u32, RandomState>,
+    keys: Keys,
 }
 
 impl Session {
@@ -104,7 +107,7 @@ impl Session {
 /// then read a page at a time.
 #[derive(Debug)]
 struct Ending {
-    places: Vec<(Home, shards::IntoIter<Vec<u8>, u32, RandomState>)>,
+    places: Vec<(Home, <Keys as IntoIterator>::IntoIter)>,
     waiters: hash_set::IntoIter<WaiterId>,
 }
 
