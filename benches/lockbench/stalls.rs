@@ -19,7 +19,10 @@
 //! with 20,000 holders; (7) `FLUSHDB`, `FLUSHALL` and `SWAPDB` of a
 //! database with a million bound holders, or a session's million holders,
 //! beside the same of a million plain keys (Redis's own part); (8) readers
-//! granted one by one on a master, applied by a replica. Its own server (waiters connect over a Unix socket;
+//! granted one by one on a master, applied by a replica; (9) a million
+//! bound grants in a row, pipelined, each command's own time from
+//! `SLOWLOG` (the longest, and how many took over 1 ms: a map of the
+//! module's that grew all at once shows here). Its own server (waiters connect over a Unix socket;
 //! the open-file limit raised where the bench may, else a chain too long
 //! for it is built of `LOCK.MACQUIRE`s of ten keys, the same graph), never
 //! part of `make bench-check`: wall-clock figures on a shared machine.
@@ -54,6 +57,8 @@ pub struct Plan {
     pub holders: usize,
     /// Bound holders, and a session's holders, a flush or swap finds.
     pub flush: usize,
+    /// Bound grants in a row of shape (9).
+    pub grants: usize,
     /// `--shapes 1,3`: those shapes alone (all when `None`).
     pub shapes: Option<Vec<u32>>,
 }
@@ -69,6 +74,7 @@ impl Plan {
             bound: vec![100_000, 1_000_000],
             holders: 20_000,
             flush: 1_000_000,
+            grants: 1_000_000,
             shapes: None,
         }
     }
@@ -83,6 +89,7 @@ impl Plan {
             bound: vec![10_000, 100_000],
             holders: 2000,
             flush: 100_000,
+            grants: 100_000,
             shapes: None,
         }
     }
@@ -961,6 +968,146 @@ fn bound(c: &mut Conn, port: u16, n: usize) -> io::Result<Vec<Row>> {
     Ok(vec![alone, multi, close])
 }
 
+/// (9) `n` bound grants in a row on one connection, pipelined (as the bind
+/// rows build them): the longest command's own time and how many took over
+/// 1 ms, from `SLOWLOG` (every command of 0.5 ms or more logged).
+fn grants(c: &mut Conn, port: u16, n: usize) -> io::Result<Row> {
+    eprintln!("   {n} bound grants in a row");
+    c.ok(&[b"FLUSHALL"])?;
+    c.ok(&[b"CONFIG", b"SET", b"slowlog-log-slower-than", b"500"])?;
+    c.ok(&[b"CONFIG", b"SET", b"slowlog-max-len", b"100000"])?;
+    c.ok(&[b"SLOWLOG", b"RESET"])?;
+    c.ok(&[b"LATENCY", b"RESET"])?;
+    let mut h = server::connect(port)?;
+    let pinger = Pinger::start(port)?;
+    let started = Instant::now();
+    pipelined(
+        &mut h,
+        n,
+        &|i| {
+            vec![
+                b"LOCK.ACQUIRE".to_vec(),
+                format!("g:{i}").into_bytes(),
+                b"O".to_vec(),
+                TTL.to_vec(),
+                b"BIND".to_vec(),
+            ]
+        },
+        &is_token,
+    )?;
+    let took = started.elapsed();
+    let ping = pinger.stop();
+    let latency = latency_worst(c)?;
+    // Each entry: id, time, duration (µs), the command's arguments, ...
+    let slow: Vec<(i64, String)> = match c.ok(&[b"SLOWLOG", b"GET", b"-1"])? {
+        Reply::Array(entries) => entries
+            .iter()
+            .filter_map(|e| match e {
+                Reply::Array(f) => {
+                    let us = f.get(2)?.as_int()?;
+                    let what = match f.get(3)? {
+                        Reply::Array(a) => a.first().map(Reply::text).unwrap_or_default(),
+                        _ => String::new(),
+                    };
+                    Some((us, what))
+                }
+                _ => None,
+            })
+            .filter(|(_, what)| what.eq_ignore_ascii_case("lock.acquire"))
+            .collect(),
+        _ => Vec::new(),
+    };
+    c.ok(&[b"CONFIG", b"SET", b"slowlog-log-slower-than", b"10000"])?;
+    c.ok(&[b"CONFIG", b"SET", b"slowlog-max-len", b"128"])?;
+    let longest = slow.iter().map(|(us, _)| *us).max().unwrap_or(0);
+    let over_1ms = slow.iter().filter(|(us, _)| *us > 1000).count();
+    c.ok(&[b"FLUSHALL"])?;
+    drop(h);
+    Ok(Row {
+        shape: format!("(9) {n} bound grants in a row (pipelined, one connection)"),
+        ping,
+        server_us: Some(longest as f64),
+        took: Some(took),
+        late: None,
+        latency,
+        note: String::new(),
+    }
+    .note(format!(
+        "server time: the longest grant's (`SLOWLOG`, none logged: under 0.5 ms); {} over 0.5 ms, {over_1ms} over 1 ms",
+        slow.len()
+    )))
+}
+
+/// This thread's CPU time (`CLOCK_THREAD_CPUTIME_ID`: page faults count,
+/// time the thread was not running does not).
+fn thread_cpu() -> Duration {
+    #[repr(C)]
+    struct Timespec {
+        s: i64,
+        ns: i64,
+    }
+    extern "C" {
+        fn clock_gettime(clock: i32, ts: *mut Timespec) -> i32;
+    }
+    const CLOCK_THREAD_CPUTIME_ID: i32 = 3;
+    let mut t = Timespec { s: 0, ns: 0 };
+    // SAFETY: `t` is a valid timespec for the call to fill.
+    unsafe { clock_gettime(CLOCK_THREAD_CPUTIME_ID, &mut t) };
+    Duration::new(t.s.max(0) as u64, t.ns.clamp(0, 999_999_999) as u32)
+}
+
+/// (9), the map alone, in this process: `n` inserts in a row into a std
+/// `HashMap` and into the module's `lock_core::shards::Sharded`, keyed and
+/// hashed as the lease table's followers (values of 72 bytes): the longest
+/// insert's thread CPU time and how many used over 1 ms (a loaded
+/// machine's preemptions, which the server's `SLOWLOG` counts, do not
+/// count here).
+fn map_growth(n: usize) -> Vec<Row> {
+    use lock_core::lease::Keyed;
+    use lock_core::shards::Sharded;
+    use std::collections::HashMap;
+    fn run(n: usize, insert: &mut dyn FnMut(u64)) -> (Duration, usize, usize) {
+        let (mut worst, mut at, mut over) = (Duration::ZERO, 0, 0);
+        for i in 0..n {
+            let t = thread_cpu();
+            insert(i as u64 * 7919);
+            let d = thread_cpu().saturating_sub(t);
+            over += usize::from(d > Duration::from_millis(1));
+            if d > worst {
+                (worst, at) = (d, i);
+            }
+        }
+        (worst, at, over)
+    }
+    let mut std_map: HashMap<u64, [u64; 9], Keyed> = HashMap::default();
+    let std_row = run(n, &mut |k| {
+        std_map.insert(k, [k; 9]);
+    });
+    drop(std_map);
+    let mut sharded: Sharded<u64, [u64; 9], Keyed> = Sharded::default();
+    let sharded_row = run(n, &mut |k| {
+        sharded.insert(k, [k; 9]);
+    });
+    drop(sharded);
+    [
+        ("a std `HashMap`", std_row),
+        ("`lock_core::shards::Sharded` (the module's)", sharded_row),
+    ]
+    .into_iter()
+    .map(|(what, (worst, at, over))| Row {
+        shape: format!("(9) {n} inserts in a row into {what}, in process (no server)"),
+        ping: Duration::ZERO,
+        server_us: Some(worst.as_secs_f64() * 1e6),
+        took: None,
+        late: None,
+        latency: None,
+        note: format!(
+            "server time: the longest insert's thread CPU time (insert {at}); {over} over 1 ms"
+        ),
+    })
+    .collect()
+}
+
 /// (6) `n` readers of one key (`lock.max-holders` raised to fit), then
 /// PERSIST, PEXPIRE, RENAME, MOVE and RESTORE of that key.
 fn holders(c: &mut Conn, port: u16, n: usize) -> io::Result<Vec<Row>> {
@@ -1387,6 +1534,10 @@ pub fn run(module: &Path, plan: &Plan) -> io::Result<Vec<Row>> {
     }
     if wants(8) {
         rows.extend(replica_apply(module, &mut c, port, plan.holders / 2)?);
+    }
+    if wants(9) {
+        rows.push(grants(&mut c, port, plan.grants)?);
+        rows.extend(map_growth(plan.grants));
     }
     drop(c);
     drop(server);

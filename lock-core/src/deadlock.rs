@@ -36,8 +36,9 @@
 //! against the graph as it is now ([`Search::stale`] before a slice that
 //! follows a change), and the search starts again when one is gone.
 
+use crate::shards::Sharded;
 use std::collections::hash_map::RandomState;
-use std::collections::{HashMap, VecDeque};
+use std::collections::VecDeque;
 use std::hash::{BuildHasher, Hash};
 
 use crate::lock::{Kind, Lock, Owner, Request};
@@ -226,7 +227,7 @@ enum Met {
 
 /// The owners a search met, by number, and who reached each on each side.
 struct Owners<S> {
-    ids: HashMap<Owner, Id, S>,
+    ids: Sharded<Owner, Id, S>,
     names: Vec<Owner>,
     /// Forward: the owner waiting for each ([`UNSEEN`]: not reached).
     fwd: Vec<Id>,
@@ -234,10 +235,10 @@ struct Owners<S> {
     back: Vec<Id>,
 }
 
-impl<S: BuildHasher + Default> Owners<S> {
+impl<S: BuildHasher + Clone + Default> Owners<S> {
     fn new(me: &[u8]) -> Owners<S> {
         let mut owners = Owners {
-            ids: HashMap::default(),
+            ids: Sharded::default(),
             names: Vec::new(),
             fwd: Vec::new(),
             back: Vec::new(),
@@ -280,7 +281,7 @@ impl<S: BuildHasher + Default> Owners<S> {
 /// One direction's state.
 struct Side<K, S> {
     next: VecDeque<Id>,
-    listed: HashMap<K, Listed, S>,
+    listed: Sharded<K, Listed, S>,
     tasks: VecDeque<Task<K>>,
     /// Steps taken (the walk goes on the side that took fewer).
     work: u64,
@@ -290,7 +291,7 @@ impl<K, S: Default> Side<K, S> {
     fn new() -> Side<K, S> {
         Side {
             next: VecDeque::new(),
-            listed: HashMap::default(),
+            listed: Sharded::default(),
             tasks: VecDeque::new(),
             work: 0,
         }
@@ -343,7 +344,7 @@ impl<K: Clone + Eq + Hash> Search<K> {
     }
 }
 
-impl<K: Clone + Eq + Hash, S: BuildHasher + Default> Search<K, S> {
+impl<K: Clone + Eq + Hash, S: BuildHasher + Clone + Default> Search<K, S> {
     /// [`Search::new`], its sets and maps hashed with `S`.
     pub fn with_hasher(me: &[u8], kind: Kind, keys: &[(K, u64)]) -> Search<K, S> {
         let mut search = Search {
@@ -865,8 +866,8 @@ impl<K: Clone + Eq + Hash, S: BuildHasher + Default> Search<K, S> {
 
 /// `f` on how far a side listed around `key` (a copy of the key is made
 /// only at its first listing: most keys are listed many times).
-fn listing<K: Clone + Eq + Hash, S: BuildHasher, T>(
-    listed: &mut HashMap<K, Listed, S>,
+fn listing<K: Clone + Eq + Hash, S: BuildHasher + Clone, T>(
+    listed: &mut Sharded<K, Listed, S>,
     key: &K,
     new: fn() -> Listed,
     f: impl FnOnce(&mut Listed) -> T,
@@ -966,7 +967,7 @@ pub fn blockers(lock: &Lock, queued: Vec<Owner>, req: &Request, now: u64) -> Vec
 
 #[cfg(test)]
 mod tests {
-    use std::collections::{BTreeSet, HashSet};
+    use std::collections::{BTreeSet, HashMap, HashSet};
 
     use proptest::prelude::*;
 

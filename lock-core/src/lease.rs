@@ -26,7 +26,7 @@
 //! It holds no clock: time is an argument, as everywhere in the core.
 
 use std::collections::hash_map::RandomState;
-use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::hash::{BuildHasher, Hasher};
 use std::sync::LazyLock;
 
@@ -95,7 +95,7 @@ impl BuildHasher for Keyed {
 }
 
 /// A map by number, [`Keyed`].
-type Map<V> = HashMap<u64, V, Keyed>;
+type Map<V> = crate::shards::Sharded<u64, V, Keyed>;
 
 #[derive(Debug, Clone)]
 struct Follower<K> {
@@ -130,7 +130,7 @@ const SLOT: u64 = 4;
 /// slots before it are gone (8 bytes; at most one per slot made).
 #[derive(Debug, Default)]
 struct Due {
-    by_slot: HashMap<u64, usize, Keyed>,
+    by_slot: Map<usize>,
     order: std::collections::BinaryHeap<std::cmp::Reverse<u64>>,
     slots: Vec<Slot>,
     free: Vec<usize>,

@@ -29,6 +29,7 @@ pub mod lease;
 pub mod lock;
 mod mode;
 pub mod queue;
+pub mod shards;
 pub mod tokens;
 
 pub use block::HolderRef;

@@ -3,7 +3,6 @@
 
 use std::borrow::Borrow;
 use std::collections::hash_map::RandomState;
-use std::collections::HashMap;
 use std::hash::{BuildHasher, Hash, Hasher};
 use std::os::raw::c_int;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -166,7 +165,9 @@ impl Eq for dyn KeyRef + '_ {}
 /// with one folded multiply per eight bytes, keyed at random per process
 /// (clients choose key names: a fixed hash would let them choose
 /// collisions), about a fifth of `HashMap`'s default hash of a short key.
-pub type DbKeyMap<V> = HashMap<DbKey, V, KeyHash>;
+/// Sharded: clients make it as big as they like, and it grows a shard at a
+/// time ([`lock_core::shards`]).
+pub type DbKeyMap<V> = lock_core::shards::Sharded<DbKey, V, KeyHash>;
 
 /// [`DbKeyMap`]'s hash: its seeds.
 #[derive(Clone, Copy)]

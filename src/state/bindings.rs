@@ -41,8 +41,8 @@
 //! ([`take_closed`]). [`pending`] (one atomic) says whether any such holder
 //! is left, so a server with none pays nothing.
 
-use std::collections::hash_map::{Entry, RandomState};
-use std::collections::HashMap;
+use lock_core::shards::{Entry, Sharded};
+use std::collections::hash_map::RandomState;
 use std::hash::{BuildHasher, Hasher};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{LazyLock, Mutex, MutexGuard, OnceLock};
@@ -485,7 +485,7 @@ struct Registry {
     /// The slots by their grant's token.
     index: TokenIndex,
     /// Open connections with bindings: where each one's list is.
-    clients: HashMap<ClientId, u32, Keyed>,
+    clients: Sharded<ClientId, u32, Keyed>,
     /// Their lists (an empty one is free, its number in `free_lists`).
     lists: Vec<Client>,
     free_lists: Vec<u32>,

@@ -18,7 +18,8 @@
 //! and leave through ended holders (`lock_core::Ended::session`), the
 //! unlink of a key and flushes.
 
-use std::collections::{hash_set, BTreeSet, HashMap, HashSet, VecDeque};
+use std::collections::hash_map::RandomState;
+use std::collections::{hash_set, BTreeSet, HashSet, VecDeque};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{LazyLock, Mutex};
 
@@ -31,6 +32,7 @@ use crate::state::txn::Txn;
 use crate::time::clock;
 use crate::time::fencing;
 use lock_core::lease::Leases;
+use lock_core::shards::Sharded;
 use lock_core::{Attempt, Changes, Ended, Lock, Request};
 use redis_module::Context;
 
@@ -48,13 +50,16 @@ struct Session {
     waiters: HashSet<WaiterId>,
 }
 
+/// A place's keys: a count per key (sharded: a session may hold a million).
+type Keys = Sharded<Vec<u8>, u32, RandomState>;
+
 /// A session's holders in one database's home: how many, and on which
 /// keys (a count per key: the keys its end must visit).
 #[derive(Default, Debug)]
 struct Place {
     home: Home,
     holders: u64,
-    keys: HashMap<Vec<u8>, u32>,
+    keys: Keys,
 }
 
 impl Session {
@@ -102,7 +107,7 @@ impl Session {
 /// then read a page at a time.
 #[derive(Debug)]
 struct Ending {
-    places: Vec<(Home, std::collections::hash_map::IntoIter<Vec<u8>, u32>)>,
+    places: Vec<(Home, <Keys as IntoIterator>::IntoIter)>,
     waiters: hash_set::IntoIter<WaiterId>,
 }
 
@@ -110,7 +115,7 @@ struct Ending {
 struct Table {
     /// The databases' homes of the sessions' places.
     homes: Homes,
-    live: HashMap<u64, Session>,
+    live: Sharded<u64, Session, RandomState>,
     by_deadline: BTreeSet<(u64, u64)>,
     ending: VecDeque<Ending>,
     /// Connection leases (`BIND`) and the holders that follow them, by

@@ -29,7 +29,7 @@
 //! A replica does not write: keys that come due there wait in `deferred`
 //! until it becomes a master, and are visited then.
 
-use std::collections::{BTreeSet, HashSet, VecDeque};
+use std::collections::{BTreeSet, VecDeque};
 use std::os::raw::{c_int, c_void};
 use std::sync::atomic::{AtomicBool, AtomicPtr, Ordering};
 use std::sync::{LazyLock, Mutex, OnceLock};
@@ -57,12 +57,12 @@ struct Index {
     by_time: BTreeSet<(u64, Home, Vec<u8>)>,
     by_key: DbKeyMap<u64>,
     /// Keys whose next visit also writes back and replicates their whole state.
-    refresh: HashSet<DbKey>,
+    refresh: DbKeyMap<()>,
     /// Locks Redis removed after every lease in them ran out, with how many
     /// leases: counted and announced (`lock.expired`) at the next tick.
     expired: Vec<(DbKey, usize)>,
     /// Keys that came due while this server was a replica.
-    deferred: HashSet<DbKey>,
+    deferred: DbKeyMap<()>,
     /// Connections that closed with bound grants, to end at the next ticks.
     released: VecDeque<Detached>,
     /// The armed Redis timer and when it fires.
@@ -255,7 +255,7 @@ pub fn refresh(db: i32, key: &[u8]) {
     {
         let mut index = index();
         let id = index.key_made(db, key);
-        index.refresh.insert(id);
+        index.refresh.insert(id, ());
     }
     schedule(db, key, Some(clock::now_ms()));
 }
@@ -341,7 +341,7 @@ pub fn swap_dbs(a: i32, b: i32) {
 pub fn promoted() {
     let mut index = index();
     let now = clock::now_ms();
-    for id in std::mem::take(&mut index.deferred) {
+    for (id, ()) in std::mem::take(&mut index.deferred) {
         let (home, key) = (id.db, id.name);
         // (A flushed database's: nothing to visit.)
         let Some(db) = index.homes.db_of(home) else {
@@ -447,14 +447,14 @@ fn take_due(now: u64, replica: bool) -> Due {
         index.by_time.remove(&(at, home, key.clone()));
         let id = DbKey::new(home, &key);
         index.by_key.remove(&id);
-        let refresh = index.refresh.remove(&id);
+        let refresh = index.refresh.remove(&id).is_some();
         // A flushed database's entry goes unvisited.
         let Some(db) = index.homes.db_of(home) else {
             continue;
         };
         index.counted(&id, false);
         if replica {
-            index.deferred.insert(id.clone());
+            index.deferred.insert(id.clone(), ());
         }
         visits.push((DbKey { db, name: id.name }, refresh));
     }

@@ -20,7 +20,7 @@
 //! out or disconnected (then it is no longer in any queue, so it is never
 //! granted). A grant whose client vanished before its reply is revoked.
 
-use std::collections::{BTreeSet, HashMap, HashSet, VecDeque};
+use std::collections::{BTreeSet, HashSet, VecDeque};
 use std::hash::BuildHasher;
 use std::ops::Bound;
 use std::os::raw::{c_int, c_void};
@@ -44,6 +44,7 @@ use crate::state::stats;
 use crate::state::timers;
 use crate::state::txn::Txn;
 use lock_core::deadlock::Requests;
+use lock_core::shards::Sharded;
 use lock_core::{Attempt, Changes, Kind, Lock, Owner, Queue, Request, Settling};
 
 /// A blocked client's handle, unique while it is blocked.
@@ -92,11 +93,11 @@ struct Decision {
 #[derive(Default)]
 struct Registry {
     queues: DbKeyMap<Queue<WaiterId>>,
-    waiters: HashMap<WaiterId, Blocked, KeyHash>,
+    waiters: Sharded<WaiterId, Blocked, KeyHash>,
     revocations: DbKeyMap<Vec<Revocation>>,
     /// Each owner's waiting requests (deadlock detection), in a stable
     /// order a search can page through across turns.
-    by_owner: HashMap<Owner, BTreeSet<WaiterId>, KeyHash>,
+    by_owner: Sharded<Owner, BTreeSet<WaiterId>, KeyHash>,
     /// Multi-key requests that head a queue whose lock would admit them.
     ready: Vec<WaiterId>,
     /// Each queue's WAIT deadlines, earliest first: the waiters a visit
@@ -111,7 +112,7 @@ struct Registry {
     /// value put in place by other means (RESTORE, RENAME, MOVE, SWAPDB)
     /// makes its key `unsure` until its next transaction.
     key_holders: DbKeyMap<HashSet<Owner, KeyHash>>,
-    holds_waited: HashMap<Owner, BTreeSet<DbKey>, KeyHash>,
+    holds_waited: Sharded<Owner, BTreeSet<DbKey>, KeyHash>,
     unsure: HashSet<DbKey>,
     /// The holders of keys whose queue emptied (or whose holders were set
     /// anew), still in `holds_waited`: taken out a share of a tick at a
@@ -1106,8 +1107,8 @@ pub fn swap_dbs(a: i32, b: i32) {
             _ => key,
         }
     };
-    fn moved<V, S: BuildHasher + Default>(
-        map: &mut HashMap<DbKey, V, S>,
+    fn moved<V, S: BuildHasher + Clone + Default>(
+        map: &mut Sharded<DbKey, V, S>,
         swap: impl Fn(DbKey) -> DbKey,
     ) {
         *map = std::mem::take(map)
