@@ -329,7 +329,7 @@ impl<'a, K, V> Entry<'a, K, V> {
         self.or_insert_with(|| v)
     }
 
-    /// Its value, `make()` put in if it had none.
+    /// Its value, what `make` returns put in if it had none.
     pub fn or_insert_with(self, make: impl FnOnce() -> V) -> &'a mut V {
         match self {
             Entry::Occupied(o) => o.into_mut(),

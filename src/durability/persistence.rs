@@ -545,7 +545,8 @@ unsafe extern "C" fn digest(md: *mut raw::RedisModuleDigest, value: *mut c_void)
 
 unsafe extern "C" fn free(value: *mut c_void) {
     guard("free", (), || {
-        // Null: `transitions::write_back` emptied the lock and counted the key out.
+        // Null: a write-back (`transitions::write_back_known`,
+        // `write_back_key`) emptied the lock and counted the key out.
         if !value.is_null() {
             // SAFETY: a value of this type is a block from `Lock::into_raw`,
             // Redis's last reference to it: it is freed here.
