@@ -1274,7 +1274,7 @@ fn nil_data() -> *mut c_void {
 /// loop's next sleep): each reply or cleanup callback sets it back to 0.
 static UNBLOCKED: AtomicUsize = AtomicUsize::new(0);
 
-/// When the first of them was unblocked ([`clock::monotonic`] ns).
+/// When the first of them was unblocked ([`crate::time::clock::monotonic`] ns).
 static UNBLOCKS_FROM: AtomicU64 = AtomicU64::new(0);
 
 /// The module's time from the first unblock of a turn after which the
