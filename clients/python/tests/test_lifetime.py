@@ -144,6 +144,9 @@ class Sync(unittest.TestCase):
         self.assertEqual(len(ids), 1, self.r.client_list())
         self.r.execute_command("CLIENT", "KILL", "ID", ids[0])
         self.told(lock, "CLIENT KILL of the bound connection")
+        # The lock is marked lost before its callback runs (on the keeper's
+        # thread): the callback is waited for, then counted.
+        self.assertTrue(wait_until(lambda: seen, TOLD_WITHIN), "on_lost called")
         self.assertEqual(len(seen), 1)
         self.assertIn("closed", seen[0])
         with self.assertRaises(LeaseLost):

@@ -162,6 +162,11 @@ class Sync(unittest.TestCase):
         with self.assertRaises(LeaseLost):
             lock.release()
         self.assertTrue(lock.lost, "lost stays true after the release")
+        # The lock is marked lost before its callback runs (on the watcher's
+        # thread): the callback is waited for, then counted.
+        start = time.monotonic()
+        while not seen and time.monotonic() - start < 10:
+            time.sleep(0.002)
         self.assertEqual(len(seen), 1)
 
     def test_an_overwritten_lock_is_lease_lost_at_release(self):
