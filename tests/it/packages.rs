@@ -4,7 +4,8 @@
 //! (its `prepare` builds) and the tarball installed into fresh npm projects
 //! beside ioredis and node-redis, then TypeScript scripts
 //! (clients/node/test/test.ts, session.ts, stall.ts, durable.ts) compiled
-//! with tsc and run: every kind with both clients, single server and
+//! with tsc, once a client set (one project each, which the tests share:
+//! they only run its scripts), and run: every kind with both clients, single server and
 //! cluster, sessions, RedLock, and a SIGSTOPped server among three; the
 //! client sets of a test run at once, each against its own servers (issue
 //! 41: CI time); and the docs' Node examples compiled with
@@ -185,7 +186,15 @@ fn node_package_accepts_the_client_majors_it_is_tested_with() {
 /// tarball installed beside `clients` (ioredis and node-redis), TypeScript
 /// and @types/node (pinned), and a tsconfig.json from `tsc --init` as it comes.
 fn npm_project(module_type: &str, clients: &[&str; 2]) -> PathBuf {
-    let project = temp_dir(&format!("npm-{module_type}"));
+    npm_project_in(
+        temp_dir(&format!("npm-{module_type}")),
+        module_type,
+        clients,
+    )
+}
+
+/// [`npm_project`] in the fresh directory `project`.
+fn npm_project_in(project: PathBuf, module_type: &str, clients: &[&str; 2]) -> PathBuf {
     std::fs::write(
         project.join("package.json"),
         format!(
@@ -210,15 +219,18 @@ fn tsc(project: &Path, args: &[&str]) -> Command {
     c
 }
 
-/// clients/node/test/`name`.ts copied into `project` and compiled to
-/// CommonJS with tsc (strict, ES2022, `await using`'s disposables).
-fn compile_test_script(project: &Path, name: &str) {
-    let script = format!("{name}.ts");
-    let from = root().join("clients/node/test").join(&script);
-    std::fs::copy(&from, project.join(&script)).expect("copy the script");
+/// clients/node/test/`names`.ts copied into `project` and compiled to
+/// CommonJS with tsc (strict, ES2022, `await using`'s disposables), in one
+/// run of tsc.
+fn compile_test_scripts(project: &Path, names: &[&str]) {
+    let scripts: Vec<String> = names.iter().map(|n| format!("{n}.ts")).collect();
+    for script in &scripts {
+        let from = root().join("clients/node/test").join(script);
+        std::fs::copy(&from, project.join(script)).expect("copy the script");
+    }
     run(
-        &format!("tsc {script}"),
-        &mut tsc(
+        &format!("tsc {}", scripts.join(" ")),
+        tsc(
             project,
             &[
                 "--strict",
@@ -229,34 +241,69 @@ fn compile_test_script(project: &Path, name: &str) {
                 "ES2022,ESNext.Disposable",
                 "--module",
                 "commonjs",
-                &script,
             ],
-        ),
+        )
+        .args(&scripts),
     );
+}
+
+/// The CommonJS project of `CLIENTS[set]` with every script of
+/// clients/node/test compiled: made once for the tests of this file, which
+/// only run its scripts (each against servers of its own). Projects left by
+/// earlier runs of the tests (their process gone) are removed first.
+fn test_project(set: usize) -> PathBuf {
+    static PROJECTS: [std::sync::OnceLock<PathBuf>; 3] = [const { std::sync::OnceLock::new() }; 3];
+    PROJECTS[set]
+        .get_or_init(|| {
+            remove_stale_projects();
+            let project = npm_project_in(temp_dir("npm-shared"), "commonjs", &CLIENTS[set].1);
+            compile_test_scripts(&project, &["test", "session", "stall", "durable"]);
+            project
+        })
+        .clone()
+}
+
+/// Removes the shared projects of test processes that are gone (their
+/// directory names carry the process id: `temp_dir`).
+fn remove_stale_projects() {
+    let Ok(dirs) = std::fs::read_dir(std::env::temp_dir().join("redis-lock-tests")) else {
+        return;
+    };
+    for dir in dirs.flatten() {
+        let name = dir.file_name().to_string_lossy().to_string();
+        let Some(rest) = name.strip_prefix("npm-shared-") else {
+            continue;
+        };
+        let pid = rest.split('-').next().unwrap_or("");
+        if pid != std::process::id().to_string() && !Path::new("/proc").join(pid).exists() {
+            let _ = std::fs::remove_dir_all(dir.path());
+        }
+    }
 }
 
 #[test]
 fn node_package_installed_from_its_tarball_every_kind_from_typescript_single_and_cluster() {
-    every_kind_single_and_cluster(&CLIENTS[0]);
+    every_kind_single_and_cluster(0);
 }
 
 #[test]
 fn node_package_every_kind_with_node_redis_5() {
-    every_kind_single_and_cluster(&CLIENTS[1]);
+    every_kind_single_and_cluster(1);
 }
 
 #[test]
 fn node_package_every_kind_with_the_newest_majors_ioredis_6_node_redis_6() {
-    every_kind_single_and_cluster(&CLIENTS[2]);
+    every_kind_single_and_cluster(2);
 }
 
-/// `f` for each client set of CLIENTS, all at once (a thread each, each
-/// starting its own servers); a failure of any fails the test.
-fn each_client_set_at_once(f: impl Fn(&str, &[&str; 2]) + Sync) {
+/// `f` for each client set of CLIENTS (its label and `test_project`), all
+/// at once (a thread each, each starting its own servers); a failure of any
+/// fails the test.
+fn each_client_set_at_once(f: impl Fn(&str, PathBuf) + Sync) {
     std::thread::scope(|s| {
-        for (label, clients) in &CLIENTS {
+        for (set, (label, _)) in CLIENTS.iter().enumerate() {
             let f = &f;
-            s.spawn(move || f(label, clients));
+            s.spawn(move || f(label, test_project(set)));
         }
     });
 }
@@ -266,11 +313,10 @@ fn each_client_set_at_once(f: impl Fn(&str, &[&str; 2]) + Sync) {
 /// REDLOCK_PORTS) with none, two, then three stopped; and
 /// clients/node/test/session.ts (sessions) against the same server and
 /// cluster.
-fn every_kind_single_and_cluster((label, clients): &(&str, [&str; 2])) {
+fn every_kind_single_and_cluster(set: usize) {
+    let label = CLIENTS[set].0;
     println!("with {label}");
-    let project = npm_project("commonjs", clients);
-    compile_test_script(&project, "test");
-    compile_test_script(&project, "session");
+    let project = test_project(set);
     let server = Server::start();
     let cluster = Cluster::start();
     let out = run(
@@ -323,7 +369,6 @@ fn every_kind_single_and_cluster((label, clients): &(&str, [&str; 2])) {
         all_passed("node test.js (RedLock)", &out);
         assert!(out.contains("ok   RedLock"), "the RedLock test ran:\n{out}");
     }
-    let _ = std::fs::remove_dir_all(&project);
 }
 
 /// Three servers, the third SIGSTOPped by the script for three lease
@@ -333,10 +378,8 @@ fn every_kind_single_and_cluster((label, clients): &(&str, [&str; 2])) {
 /// script (SIGKILL) under bound locks, told within 100 ms.
 #[test]
 fn node_package_a_stalled_server_stalls_nothing_else() {
-    each_client_set_at_once(|label, clients| {
+    each_client_set_at_once(|label, project| {
         println!("with {label}");
-        let project = npm_project("commonjs", clients);
-        compile_test_script(&project, "stall");
         let mut servers: Vec<Server> = (0..3).map(|_| Server::start()).collect();
         let ports: Vec<String> = servers.iter().map(|s| s.port.to_string()).collect();
         let out = Command::new("node")
@@ -356,7 +399,6 @@ fn node_package_a_stalled_server_stalls_nothing_else() {
         for line in text.lines().filter(|l| l.contains(" told after ")) {
             println!("{label}: {}", line.trim());
         }
-        let _ = std::fs::remove_dir_all(&project);
     });
 }
 
@@ -368,10 +410,8 @@ fn node_package_a_stalled_server_stalls_nothing_else() {
 /// and a renewal told through `onNotDurable`.
 #[test]
 fn node_package_replicas_wait_after_grant_and_renewal() {
-    each_client_set_at_once(|label, clients| {
+    each_client_set_at_once(|label, project| {
         println!("with {label}");
-        let project = npm_project("commonjs", clients);
-        compile_test_script(&project, "durable");
         let master = Server::start();
         let replica = Server::start();
         replica.replicaof(&master);
@@ -391,7 +431,6 @@ fn node_package_replicas_wait_after_grant_and_renewal() {
         println!("{label}:\n{text}");
         assert!(out.status.success(), "node durable.js failed:\n{text}");
         all_passed("node durable.js", &text);
-        let _ = std::fs::remove_dir_all(&project);
     });
 }
 
@@ -412,74 +451,80 @@ fn node_docs_examples_compile_with_tsc_init_defaults_esm_and_commonjs_and_run() 
             && examples.iter().any(|(_, e)| !e.contains("require(")),
         "the docs have ESM and CommonJS examples"
     );
-    let server = Server::start();
-    let url = format!("redis://127.0.0.1:{}", server.port);
     // The examples use ioredis (and bad.ts node-redis's types): the sets with
-    // the two ioredis majors; node-redis 5's set would repeat the first.
-    for ((label, clients), module_type) in [&CLIENTS[0], &CLIENTS[2]]
-        .into_iter()
-        .flat_map(|c| ["module", "commonjs"].map(|m| (c, m)))
-    {
-        println!("{module_type} with {label}");
-        let project = npm_project(module_type, clients);
-        let mine: Vec<&(String, String)> = examples
-            .iter()
-            .filter(|(_, e)| e.contains("require(") == (module_type == "commonjs"))
-            .collect();
-        for (name, text) in &mine {
-            std::fs::write(project.join(format!("{name}.ts")), text).expect("write");
+    // the two ioredis majors; node-redis 5's set would repeat the first. The
+    // four projects at once, each against a server of its own.
+    std::thread::scope(|s| {
+        for ((label, clients), module_type) in [&CLIENTS[0], &CLIENTS[2]]
+            .into_iter()
+            .flat_map(|c| ["module", "commonjs"].map(|m| (c, m)))
+        {
+            let examples = &examples;
+            s.spawn(move || {
+                let server = Server::start();
+                let url = format!("redis://127.0.0.1:{}", server.port);
+                println!("{module_type} with {label}");
+                let project = npm_project(module_type, clients);
+                let mine: Vec<&(String, String)> = examples
+                    .iter()
+                    .filter(|(_, e)| e.contains("require(") == (module_type == "commonjs"))
+                    .collect();
+                for (name, text) in &mine {
+                    std::fs::write(project.join(format!("{name}.ts")), text).expect("write");
+                }
+                // tsc --init's defaults (target esnext) type-check `await using` ...
+                run(
+                    &format!("tsc -p . ({module_type}, tsc --init defaults)"),
+                    &mut tsc(&project, &["-p", "."]),
+                );
+                // ... and emit it as it is, which Node 20 cannot parse: es2022 rewrites it.
+                run(
+                    &format!("tsc -p . --target es2022 ({module_type})"),
+                    &mut tsc(&project, &["-p", ".", "--target", "es2022"]),
+                );
+                for (name, _) in &mine {
+                    let out = run(
+                        &format!("node {name}.js ({module_type})"),
+                        Command::new("node")
+                            .arg(format!("{name}.js"))
+                            .current_dir(&project)
+                            .env("REDIS_URL", &url),
+                    );
+                    assert!(out.contains("token"), "{name} printed its tokens:\n{out}");
+                }
+                // What tsc must refuse: a Lock is not disposable (hold() is), typos in
+                // options, and anything but a client where a client goes (lines 10-12).
+                std::fs::write(
+                    project.join("bad.ts"),
+                    "import { Redis } from \"ioredis\";\nimport { createClient } from \"redis\";\n\
+                     import { Lock, RedLock } from \"redis-native-lock\";\n\
+                     const redis = new Redis();\n\
+                     export async function f(): Promise<void> {\n  await using lock = Lock.exclusive(redis, \"k\");\n}\n\
+                     Lock.exclusive(redis, \"k\", { wiat: 5 });\n\
+                     const settings = { host: \"127.0.0.1\", port: 6379 };\n\
+                     Lock.exclusive(settings, \"k\");\n\
+                     Lock.reentrant(createClient().connect(), \"k\");\n\
+                     new RedLock([redis, settings]);\n",
+                )
+                .expect("bad.ts");
+                let bad = tsc(&project, &["-p", ".", "--noEmit"])
+                    .output()
+                    .expect("tsc");
+                let text = String::from_utf8_lossy(&bad.stdout);
+                assert!(
+                    !bad.status.success() && text.contains("TS2851") && text.contains("TS2353"),
+                    "tsc refuses `await using` of a Lock and a misspelt option:\n{text}"
+                );
+                for line in 10..=12 {
+                    assert!(
+                        text.lines()
+                            .any(|l| l.starts_with(&format!("bad.ts({line},"))
+                                && l.contains("'RedisClient'")),
+                        "tsc refuses what is not a client (bad.ts line {line}):\n{text}"
+                    );
+                }
+                let _ = std::fs::remove_dir_all(&project);
+            });
         }
-        // tsc --init's defaults (target esnext) type-check `await using` ...
-        run(
-            &format!("tsc -p . ({module_type}, tsc --init defaults)"),
-            &mut tsc(&project, &["-p", "."]),
-        );
-        // ... and emit it as it is, which Node 20 cannot parse: es2022 rewrites it.
-        run(
-            &format!("tsc -p . --target es2022 ({module_type})"),
-            &mut tsc(&project, &["-p", ".", "--target", "es2022"]),
-        );
-        for (name, _) in &mine {
-            let out = run(
-                &format!("node {name}.js ({module_type})"),
-                Command::new("node")
-                    .arg(format!("{name}.js"))
-                    .current_dir(&project)
-                    .env("REDIS_URL", &url),
-            );
-            assert!(out.contains("token"), "{name} printed its tokens:\n{out}");
-        }
-        // What tsc must refuse: a Lock is not disposable (hold() is), typos in
-        // options, and anything but a client where a client goes (lines 10-12).
-        std::fs::write(
-            project.join("bad.ts"),
-            "import { Redis } from \"ioredis\";\nimport { createClient } from \"redis\";\n\
-             import { Lock, RedLock } from \"redis-native-lock\";\n\
-             const redis = new Redis();\n\
-             export async function f(): Promise<void> {\n  await using lock = Lock.exclusive(redis, \"k\");\n}\n\
-             Lock.exclusive(redis, \"k\", { wiat: 5 });\n\
-             const settings = { host: \"127.0.0.1\", port: 6379 };\n\
-             Lock.exclusive(settings, \"k\");\n\
-             Lock.reentrant(createClient().connect(), \"k\");\n\
-             new RedLock([redis, settings]);\n",
-        )
-        .expect("bad.ts");
-        let bad = tsc(&project, &["-p", ".", "--noEmit"])
-            .output()
-            .expect("tsc");
-        let text = String::from_utf8_lossy(&bad.stdout);
-        assert!(
-            !bad.status.success() && text.contains("TS2851") && text.contains("TS2353"),
-            "tsc refuses `await using` of a Lock and a misspelt option:\n{text}"
-        );
-        for line in 10..=12 {
-            assert!(
-                text.lines()
-                    .any(|l| l.starts_with(&format!("bad.ts({line},"))
-                        && l.contains("'RedisClient'")),
-                "tsc refuses what is not a client (bad.ts line {line}):\n{text}"
-            );
-        }
-        let _ = std::fs::remove_dir_all(&project);
-    }
+    });
 }
