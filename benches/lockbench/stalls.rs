@@ -1063,7 +1063,7 @@ fn thread_cpu() -> Duration {
 /// machine's preemptions, which the server's `SLOWLOG` counts, do not
 /// count here).
 fn map_growth(n: usize) -> Vec<Row> {
-    use lock_core::lease::Keyed;
+    use lock_core::hash::Keyed;
     use lock_core::shards::Sharded;
     use std::collections::HashMap;
     fn run(n: usize, insert: &mut dyn FnMut(u64)) -> (Duration, usize, usize) {

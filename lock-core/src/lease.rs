@@ -25,76 +25,12 @@
 //! and every follower of a generation at its deadline, a page at a time.
 //! It holds no clock: time is an argument, as everywhere in the core.
 
-use std::collections::hash_map::RandomState;
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
-use std::hash::{BuildHasher, Hasher};
-use std::sync::LazyLock;
 
-/// The hash of the table's maps, whose keys are numbers the server hands
-/// out (tokens, lease ids, internal numbers): one folded multiply, keyed at
-/// random per process (numbers forged into a file cannot be chosen to
-/// collide), a tenth of SipHash's instructions on every bound grant and
-/// release.
-#[derive(Clone, Copy, Debug)]
-pub struct Keyed {
-    k0: u64,
-    k1: u64,
-}
+use crate::hash::Keyed;
 
-static SEEDS: LazyLock<Keyed> = LazyLock::new(|| {
-    let s = RandomState::new();
-    Keyed {
-        k0: s.hash_one(0x1ea5e_u64),
-        k1: s.hash_one(0x1ea5e_u64 + 1) | 1,
-    }
-});
-
-impl Default for Keyed {
-    fn default() -> Keyed {
-        *SEEDS
-    }
-}
-
-/// [`Keyed`]'s hasher.
-#[derive(Debug)]
-pub struct KeyedHasher {
-    keys: Keyed,
-    h: u64,
-}
-
-fn folded_multiply(a: u64, b: u64) -> u64 {
-    let full = u128::from(a).wrapping_mul(u128::from(b));
-    (full as u64) ^ ((full >> 64) as u64)
-}
-
-impl Hasher for KeyedHasher {
-    fn write(&mut self, bytes: &[u8]) {
-        for chunk in bytes.chunks(8) {
-            let mut word = [0u8; 8];
-            if let Some(w) = word.get_mut(..chunk.len()) {
-                w.copy_from_slice(chunk);
-            }
-            self.write_u64(u64::from_le_bytes(word));
-        }
-    }
-
-    fn write_u64(&mut self, x: u64) {
-        self.h = folded_multiply(self.h ^ x ^ self.keys.k0, self.keys.k1);
-    }
-
-    fn finish(&self) -> u64 {
-        self.h
-    }
-}
-
-impl BuildHasher for Keyed {
-    type Hasher = KeyedHasher;
-    fn build_hasher(&self) -> KeyedHasher {
-        KeyedHasher { keys: *self, h: 0 }
-    }
-}
-
-/// A map by number, [`Keyed`].
+/// A map by number (tokens, lease ids, internal numbers), hashed by
+/// [`Keyed`]: numbers forged into a file cannot be chosen to collide.
 type Map<V> = crate::shards::Sharded<u64, V, Keyed>;
 
 #[derive(Debug, Clone)]

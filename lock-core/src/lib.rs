@@ -25,6 +25,7 @@
 mod block;
 pub mod deadlock;
 pub mod effect;
+pub mod hash;
 pub mod lease;
 pub mod lock;
 mod mode;

@@ -14,6 +14,7 @@
 //! Redis stores for a key is that block, one allocation per lock.
 
 use crate::block::{self, Block, HolderRef, TooLarge};
+use crate::hash::Keyed;
 pub use crate::mode::{Census, Mode};
 use crate::tokens::Tokens;
 
@@ -380,7 +381,7 @@ const NO_POSITION: u32 = u32::MAX;
 /// The owners of a [`Changes`] list by hash: for each hash, the latest
 /// position with it, and for each position the previous one with the same
 /// hash (a chain, compared byte for byte: exact whatever collides). Owners
-/// are chosen by clients: the hash is keyed at random ([`OwnerHash`]); the
+/// are chosen by clients: the hash is keyed at random ([`Keyed`]); the
 /// table of hashes takes them as they are ([`AsIs`]).
 #[derive(Debug, Default)]
 struct OwnerIndex {
@@ -398,7 +399,7 @@ impl OwnerIndex {
     }
 
     fn hash(&self, owner: &[u8]) -> u64 {
-        std::hash::BuildHasher::hash_one(OwnerHash::get(), owner)
+        std::hash::BuildHasher::hash_one(&Keyed::default(), owner)
     }
 
     /// Records that the owner at the next position has this hash.
@@ -416,86 +417,6 @@ impl OwnerIndex {
         })
         .take_while(|p| *p != NO_POSITION)
         .map(|p| p as usize)
-    }
-}
-
-/// The hash of owners in the indexes of one transaction (a settle's holders,
-/// a replication's look-up, a `Changes` list): one folded multiply per
-/// eight bytes, keyed at random per process (clients choose owners: a fixed
-/// hash would let them choose collisions). A 10,000-holder lock's index is
-/// built in every slice of a settle: SipHash, and a second SipHash of its
-/// output in the table, cost about 700 instructions a holder.
-#[derive(Debug, Clone, Copy)]
-pub struct OwnerHash {
-    k0: u64,
-    k1: u64,
-}
-
-impl OwnerHash {
-    fn get() -> &'static OwnerHash {
-        static SEEDS: std::sync::OnceLock<OwnerHash> = std::sync::OnceLock::new();
-        SEEDS.get_or_init(|| {
-            let s = std::collections::hash_map::RandomState::new();
-            OwnerHash {
-                k0: std::hash::BuildHasher::hash_one(&s, 0x6f77_u64),
-                k1: std::hash::BuildHasher::hash_one(&s, 0x6f78_u64) | 1,
-            }
-        })
-    }
-}
-
-impl Default for OwnerHash {
-    fn default() -> OwnerHash {
-        *OwnerHash::get()
-    }
-}
-
-impl std::hash::BuildHasher for OwnerHash {
-    type Hasher = OwnerHasher;
-    fn build_hasher(&self) -> OwnerHasher {
-        OwnerHasher {
-            k1: self.k1,
-            h: self.k0,
-        }
-    }
-}
-
-pub struct OwnerHasher {
-    k1: u64,
-    h: u64,
-}
-
-impl std::hash::Hasher for OwnerHasher {
-    fn write(&mut self, bytes: &[u8]) {
-        let mut words = bytes.chunks_exact(8);
-        for w in &mut words {
-            let mut word = [0u8; 8];
-            word.copy_from_slice(w);
-            self.write_u64(u64::from_le_bytes(word));
-        }
-        let rest = words.remainder();
-        if !rest.is_empty() {
-            let mut word = [0u8; 8];
-            if let Some(w) = word.get_mut(..rest.len()) {
-                w.copy_from_slice(rest);
-            }
-            // A slice's length is hashed before it (`Hash for [u8]`): zeros
-            // added here are never confused with zeros in it.
-            self.write_u64(u64::from_le_bytes(word));
-        }
-    }
-
-    fn write_u64(&mut self, x: u64) {
-        let full = u128::from(self.h ^ x).wrapping_mul(u128::from(self.k1));
-        self.h = (full as u64) ^ ((full >> 64) as u64);
-    }
-
-    fn write_usize(&mut self, x: usize) {
-        self.write_u64(x as u64);
-    }
-
-    fn finish(&self) -> u64 {
-        self.h
     }
 }
 
@@ -1063,8 +984,8 @@ impl Lock {
         let listed: Vec<&'o [u8]> = owners.collect();
         // Each owner's first place in the list (an owner listed twice is
         // found once and given to both).
-        let mut first: std::collections::HashMap<&[u8], usize, OwnerHash> =
-            std::collections::HashMap::with_capacity_and_hasher(listed.len(), OwnerHash::default());
+        let mut first: std::collections::HashMap<&[u8], usize, Keyed> =
+            std::collections::HashMap::with_capacity_and_hasher(listed.len(), Keyed::default());
         for (i, o) in listed.iter().enumerate() {
             first.entry(*o).or_insert(i);
         }
@@ -1102,10 +1023,10 @@ impl Lock {
         if changes.placed.is_empty() || changes.placed_shape != Some(self.shape()) {
             return self.look_up(changes.owners());
         }
-        let mut at: std::collections::HashMap<&[u8], HolderRef<'a>, OwnerHash> =
+        let mut at: std::collections::HashMap<&[u8], HolderRef<'a>, Keyed> =
             std::collections::HashMap::with_capacity_and_hasher(
                 changes.placed.len(),
-                OwnerHash::default(),
+                Keyed::default(),
             );
         for h in changes
             .placed

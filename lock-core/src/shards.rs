@@ -13,7 +13,7 @@
 //! one std map (a session's keys, a connection's waiters: most maps are
 //! small); the insert that reaches [`SMALL`] moves them into the shards.
 //! The cost of a sharded map: the key hashed twice (one folded multiply
-//! per eight bytes with the module's hashers), one index, and [`SHARDS`]
+//! per eight bytes with the module's hash), one index, and [`SHARDS`]
 //! std maps (48 bytes each, 48 KiB).
 
 use std::borrow::Borrow;

@@ -2,11 +2,11 @@
 //! few conversions every layer needs. Imports nothing from the crate.
 
 use std::borrow::Borrow;
-use std::collections::hash_map::RandomState;
 use std::hash::{BuildHasher, Hash, Hasher};
 use std::os::raw::c_int;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::LazyLock;
+
+use lock_core::hash::Keyed;
 
 use redis_module::{raw, Context, RedisString};
 
@@ -162,89 +162,14 @@ impl Eq for dyn KeyRef + '_ {}
 
 /// A map by key that the fast paths ask on every lock command of a busy
 /// server (is anyone waiting for this key, is its visit planned): hashed
-/// with one folded multiply per eight bytes, keyed at random per process
-/// (clients choose key names: a fixed hash would let them choose
-/// collisions), about a fifth of `HashMap`'s default hash of a short key.
+/// by [`Keyed`] (clients choose key names; about a fifth of `HashMap`'s
+/// default hash of a short key).
 /// Sharded: clients make it as big as they like, and it grows a shard at a
 /// time ([`lock_core::shards`]).
-pub type DbKeyMap<V> = lock_core::shards::Sharded<DbKey, V, KeyHash>;
-
-/// [`DbKeyMap`]'s hash: its seeds.
-#[derive(Clone, Copy)]
-pub struct KeyHash {
-    k0: u64,
-    k1: u64,
-}
-
-static KEY_SEEDS: LazyLock<KeyHash> = LazyLock::new(|| {
-    let s = RandomState::new();
-    KeyHash {
-        k0: s.hash_one(0x6b65_u64),
-        k1: s.hash_one(0x6b66_u64) | 1,
-    }
-});
-
-impl Default for KeyHash {
-    fn default() -> KeyHash {
-        *KEY_SEEDS
-    }
-}
-
-impl BuildHasher for KeyHash {
-    type Hasher = KeyHasher;
-    fn build_hasher(&self) -> KeyHasher {
-        KeyHasher {
-            seeds: *self,
-            h: self.k0,
-        }
-    }
-}
-
-pub struct KeyHasher {
-    seeds: KeyHash,
-    h: u64,
-}
-
-impl Hasher for KeyHasher {
-    fn write(&mut self, bytes: &[u8]) {
-        let mut words = bytes.chunks_exact(8);
-        for w in &mut words {
-            let mut word = [0u8; 8];
-            word.copy_from_slice(w);
-            self.write_u64(u64::from_le_bytes(word));
-        }
-        let rest = words.remainder();
-        if !rest.is_empty() {
-            let mut word = [0u8; 8];
-            if let Some(w) = word.get_mut(..rest.len()) {
-                w.copy_from_slice(rest);
-            }
-            // A name's length is hashed before it: zeros added here are
-            // never confused with zeros in it.
-            self.write_u64(u64::from_le_bytes(word));
-        }
-    }
-
-    fn write_u64(&mut self, x: u64) {
-        let full = u128::from(self.h ^ x).wrapping_mul(u128::from(self.seeds.k1));
-        self.h = (full as u64) ^ ((full >> 64) as u64);
-    }
-
-    fn write_i32(&mut self, x: i32) {
-        self.write_u64(u64::from(x as u32));
-    }
-
-    fn write_usize(&mut self, x: usize) {
-        self.write_u64(x as u64);
-    }
-
-    fn finish(&self) -> u64 {
-        self.h
-    }
-}
+pub type DbKeyMap<V> = lock_core::shards::Sharded<DbKey, V, Keyed>;
 
 /// A key set's filter, readable without the set's lock: a bit per hash of a
-/// key's database and name ([`KeyAt`], keyed as [`KeyHash`]), set when a key joins the set,
+/// key's database and name ([`KeyAt`], keyed as [`Keyed`]), set when a key joins the set,
 /// all cleared when the set is emptied. No bit: the key is not in the set,
 /// for certain; a bit: it may be (the set itself then answers). The fast
 /// paths ask it before they lock the waiting registry or the timer's index.
@@ -318,27 +243,14 @@ pub struct KeyAt<'a> {
 
 impl<'a> KeyAt<'a> {
     pub fn new(db: i32, name: &'a [u8]) -> KeyAt<'a> {
-        let seeds = *KEY_SEEDS;
-        let mix = |h: u64, x: u64| {
-            let full = u128::from(h ^ x).wrapping_mul(u128::from(seeds.k1));
-            (full as u64) ^ ((full >> 64) as u64)
-        };
-        let mut h = mix(seeds.k0, u64::from(db as u32) ^ ((name.len() as u64) << 32));
-        let mut words = name.chunks_exact(8);
-        for w in &mut words {
-            let mut word = [0u8; 8];
-            word.copy_from_slice(w);
-            h = mix(h, u64::from_le_bytes(word));
+        let mut h = Keyed::default().build_hasher();
+        h.write_u64(u64::from(db as u32) ^ ((name.len() as u64) << 32));
+        h.write(name);
+        KeyAt {
+            db,
+            name,
+            hash: h.finish(),
         }
-        let rest = words.remainder();
-        if !rest.is_empty() {
-            let tail = rest
-                .iter()
-                .rev()
-                .fold(0u64, |acc, b| (acc << 8) | u64::from(*b));
-            h = mix(h, tail);
-        }
-        KeyAt { db, name, hash: h }
     }
 }
 

@@ -41,9 +41,9 @@
 //! ([`take_closed`]). [`pending`] (one atomic) says whether any such holder
 //! is left, so a server with none pays nothing.
 
+use lock_core::hash::Keyed;
 use lock_core::shards::{Entry, Sharded};
-use std::collections::hash_map::RandomState;
-use std::hash::{BuildHasher, Hasher};
+use std::hash::BuildHasher;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{LazyLock, Mutex, MutexGuard, OnceLock};
 
@@ -277,66 +277,6 @@ impl Tallies {
 /// than its live entries).
 const HOLES: usize = 32;
 
-/// A hash for numbers the server hands out (tokens, client ids): one
-/// folded multiply, keyed at random per process, so that numbers forged
-/// into a file cannot be chosen to collide.
-#[derive(Clone, Copy)]
-struct Keyed {
-    k0: u64,
-    k1: u64,
-}
-
-static SEEDS: LazyLock<Keyed> = LazyLock::new(|| {
-    let s = RandomState::new();
-    Keyed {
-        k0: s.hash_one(0x5eed_u64),
-        k1: s.hash_one(0x5eed_u64 + 1) | 1,
-    }
-});
-
-impl Default for Keyed {
-    fn default() -> Keyed {
-        *SEEDS
-    }
-}
-
-struct KeyedHasher {
-    keys: Keyed,
-    h: u64,
-}
-
-fn folded_multiply(a: u64, b: u64) -> u64 {
-    let full = u128::from(a).wrapping_mul(u128::from(b));
-    (full as u64) ^ ((full >> 64) as u64)
-}
-
-impl Hasher for KeyedHasher {
-    fn write(&mut self, bytes: &[u8]) {
-        for chunk in bytes.chunks(8) {
-            let mut word = [0u8; 8];
-            if let Some(w) = word.get_mut(..chunk.len()) {
-                w.copy_from_slice(chunk);
-            }
-            self.write_u64(u64::from_le_bytes(word));
-        }
-    }
-
-    fn write_u64(&mut self, x: u64) {
-        self.h = folded_multiply(self.h ^ x ^ self.keys.k0, self.keys.k1);
-    }
-
-    fn finish(&self) -> u64 {
-        self.h
-    }
-}
-
-impl BuildHasher for Keyed {
-    type Hasher = KeyedHasher;
-    fn build_hasher(&self) -> KeyedHasher {
-        KeyedHasher { keys: *self, h: 0 }
-    }
-}
-
 /// Slots come in chunks of this many: a slab that grows never copies what
 /// it holds.
 const CHUNK: usize = 1024;
@@ -410,6 +350,7 @@ const MIN_BUCKETS: usize = 16;
 /// binding; it only grows: all of it goes when the last binding does).
 #[derive(Default)]
 struct TokenIndex {
+    /// The tokens' hash: a forged file cannot choose colliding tokens.
     keys: Keyed,
     buckets: Vec<u32>,
     /// The buckets being emptied into `buckets`: those before `moved` are.
@@ -429,7 +370,7 @@ impl TokenIndex {
     /// `token`'s hash: its bucket among `n` (a power of two) is its low bits.
     #[inline]
     fn hash(&self, token: u64) -> usize {
-        folded_multiply(token ^ self.keys.k0, self.keys.k1) as usize
+        self.keys.hash_one(token) as usize
     }
 
     /// `token`'s bucket among `n` (a power of two).

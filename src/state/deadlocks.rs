@@ -34,7 +34,7 @@ use std::time::{Duration, Instant};
 use redis_module::Context;
 
 use crate::redis::errors::LockError;
-use crate::redis::ffi::{self, DbKey, DbKeyMap, KeyHash, Str};
+use crate::redis::ffi::{self, DbKey, DbKeyMap, Str};
 use crate::redis::shared;
 use crate::state::bindings;
 use crate::state::keys::LockKey;
@@ -44,6 +44,7 @@ use crate::state::timers;
 use crate::state::waiting::{self, WaiterId};
 use crate::time::clock;
 use lock_core::deadlock::{Requests, Search, Verdict, WaitGraph};
+use lock_core::hash::Keyed;
 use lock_core::{Kind, Lock, Owner, Request};
 
 /// The longest a search runs in one turn of the event loop: in the
@@ -57,7 +58,7 @@ pub const SLICE: Duration = Duration::from_micros(500);
 struct Read {
     lock: Lock,
     live: Vec<Owner>,
-    set: Option<HashSet<Owner, KeyHash>>,
+    set: Option<HashSet<Owner, Keyed>>,
     now: u64,
 }
 
@@ -220,7 +221,7 @@ impl WaitGraph for Waits<'_> {
 
 /// A search that goes on after its request started waiting.
 pub struct Unfinished {
-    search: Search<usize, KeyHash>,
+    search: Search<usize, Keyed>,
     reads: Reads,
 }
 

@@ -323,11 +323,19 @@ fn name_hash(name: &[u8]) -> u64 {
 
 const SEED: u64 = 0x6c6f_636b_0000_0000;
 
+/// One word mixed into [`name_hash`]: the module's folded multiply
+/// ([`lock_core::hash`]), by a constant rather than [`Keyed`]'s
+/// per-process keys. This hash runs on every other client's TTL write: a
+/// constant is an immediate operand where a key is a load after a check
+/// that the lazy seed is set, and the words are read by length class,
+/// without `Keyed`'s loop (a collision here costs a look at the key,
+/// never a wrong answer).
+///
+/// [`Keyed`]: lock_core::hash::Keyed
 #[inline(always)]
 fn mix(h: u64, w: u64) -> u64 {
     const K: u64 = 0x9E37_79B9_7F4A_7C15;
-    let full = u128::from(h ^ w).wrapping_mul(u128::from(K));
-    (full as u64) ^ ((full >> 64) as u64)
+    lock_core::hash::folded_multiply(h ^ w, K)
 }
 
 /// [`name_hash`] of a name of more than 32 bytes.

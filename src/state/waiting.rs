@@ -34,7 +34,7 @@ use crate::redis::catch;
 use crate::redis::config;
 use crate::redis::errors::LockError;
 use crate::redis::ffi::{self, api, Str};
-use crate::redis::ffi::{DbKey, DbKeyMap, KeyAt, KeyFilter, KeyHash, KeyRef};
+use crate::redis::ffi::{DbKey, DbKeyMap, KeyAt, KeyFilter, KeyRef};
 use crate::redis::replies;
 use crate::redis::shared::{self, Locked};
 use crate::state::bindings::{self, ClientId};
@@ -44,6 +44,7 @@ use crate::state::stats;
 use crate::state::timers;
 use crate::state::txn::Txn;
 use lock_core::deadlock::Requests;
+use lock_core::hash::Keyed;
 use lock_core::shards::Sharded;
 use lock_core::{Attempt, Changes, Kind, Lock, Owner, Queue, Request, Settling};
 
@@ -93,11 +94,11 @@ struct Decision {
 #[derive(Default)]
 struct Registry {
     queues: DbKeyMap<Queue<WaiterId>>,
-    waiters: Sharded<WaiterId, Blocked, KeyHash>,
+    waiters: Sharded<WaiterId, Blocked, Keyed>,
     revocations: DbKeyMap<Vec<Revocation>>,
     /// Each owner's waiting requests (deadlock detection), in a stable
     /// order a search can page through across turns.
-    by_owner: Sharded<Owner, BTreeSet<WaiterId>, KeyHash>,
+    by_owner: Sharded<Owner, BTreeSet<WaiterId>, Keyed>,
     /// Multi-key requests that head a queue whose lock would admit them.
     ready: Vec<WaiterId>,
     /// Each queue's WAIT deadlines, earliest first: the waiters a visit
@@ -111,8 +112,8 @@ struct Registry {
     /// on a key with a queue run its transaction ([`answer_waiters`]); a
     /// value put in place by other means (RESTORE, RENAME, MOVE, SWAPDB)
     /// makes its key `unsure` until its next transaction.
-    key_holders: DbKeyMap<HashSet<Owner, KeyHash>>,
-    holds_waited: Sharded<Owner, BTreeSet<DbKey>, KeyHash>,
+    key_holders: DbKeyMap<HashSet<Owner, Keyed>>,
+    holds_waited: Sharded<Owner, BTreeSet<DbKey>, Keyed>,
     unsure: HashSet<DbKey>,
     /// The holders of keys whose queue emptied (or whose holders were set
     /// anew), still in `holds_waited`: taken out a share of a tick at a
