@@ -308,67 +308,78 @@ fn each_client_set_at_once(f: impl Fn(&str, PathBuf) + Sync) {
     });
 }
 
-/// clients/node/test/test.ts with `clients`: against a server and a
-/// 3-master cluster, then RedLock over five servers (only that test, with
-/// REDLOCK_PORTS) with none, two, then three stopped; and
-/// clients/node/test/session.ts (sessions) against the same server and
-/// cluster.
+/// With `CLIENTS[set]`: clients/node/test/test.ts against a server and a
+/// 3-master cluster; clients/node/test/session.ts (sessions) against
+/// another server and cluster; and test.ts's RedLock test alone (with
+/// REDLOCK_PORTS) over five servers with none, two, then three stopped.
 fn every_kind_single_and_cluster(set: usize) {
     let label = CLIENTS[set].0;
     println!("with {label}");
     let project = test_project(set);
-    let server = Server::start();
-    let cluster = Cluster::start();
-    let out = run(
-        "the TypeScript script against a server and a cluster",
-        Command::new("node")
-            .arg("test.js")
-            .current_dir(&project)
-            .env("REDIS_LOCK_PORT", server.port.to_string())
-            .env("REDIS_LOCK_CLUSTER_PORT", cluster.nodes[0].port.to_string()),
-    );
-    all_passed("node test.js", &out);
-    // The notice latency of a lost lease, as the script measured it.
-    for line in out.lines().filter(|l| l.contains(" told after ")) {
-        println!("{}", line.trim());
-    }
-    let out = run(
-        "the sessions script against a server and a cluster",
-        Command::new("node")
-            .arg("session.js")
-            .current_dir(&project)
-            .env("REDIS_LOCK_PORT", server.port.to_string())
-            .env("REDIS_LOCK_CLUSTER_PORT", cluster.nodes[0].port.to_string()),
-    );
-    all_passed("node session.js", &out);
-    assert!(
-        out.contains("locks in a Session survive every connection of the holder killed"),
-        "the fault test ran:\n{out}"
-    );
-    for line in out.lines().filter(|l| l.contains(" killed in ")) {
-        println!("{label}: {}", line.trim());
-    }
-    drop(cluster);
-    let mut servers: Vec<Server> = (0..5).map(|_| Server::start()).collect();
-    let ports: Vec<String> = servers.iter().map(|s| s.port.to_string()).collect();
-    for down in [0, 2, 3] {
-        for s in servers.iter_mut().skip(5 - down) {
-            if s.is_running() {
-                s.kill9();
+    let project = &project;
+    // The three scripts at once, each against servers of its own (test.js
+    // kills every normal connection of its server, session.js pauses its
+    // server): they mostly wait, on the servers and on their leases.
+    std::thread::scope(|s| {
+        s.spawn(move || {
+            let server = Server::start();
+            let cluster = Cluster::start();
+            let out = run(
+                "the TypeScript script against a server and a cluster",
+                Command::new("node")
+                    .arg("test.js")
+                    .current_dir(project)
+                    .env("REDIS_LOCK_PORT", server.port.to_string())
+                    .env("REDIS_LOCK_CLUSTER_PORT", cluster.nodes[0].port.to_string()),
+            );
+            all_passed("node test.js", &out);
+            // The notice latency of a lost lease, as the script measured it.
+            for line in out.lines().filter(|l| l.contains(" told after ")) {
+                println!("{}", line.trim());
             }
-        }
-        let out = run(
-            &format!("RedLock with {down} of 5 servers stopped"),
-            Command::new("node")
-                .arg("test.js")
-                .current_dir(&project)
-                .env("REDIS_LOCK_PORT", server.port.to_string())
-                .env("REDLOCK_PORTS", ports.join(","))
-                .env("REDLOCK_DOWN", down.to_string()),
-        );
-        all_passed("node test.js (RedLock)", &out);
-        assert!(out.contains("ok   RedLock"), "the RedLock test ran:\n{out}");
-    }
+        });
+        s.spawn(move || {
+            let server = Server::start();
+            let cluster = Cluster::start();
+            let out = run(
+                "the sessions script against a server and a cluster",
+                Command::new("node")
+                    .arg("session.js")
+                    .current_dir(project)
+                    .env("REDIS_LOCK_PORT", server.port.to_string())
+                    .env("REDIS_LOCK_CLUSTER_PORT", cluster.nodes[0].port.to_string()),
+            );
+            all_passed("node session.js", &out);
+            assert!(
+                out.contains("locks in a Session survive every connection of the holder killed"),
+                "the fault test ran:\n{out}"
+            );
+            for line in out.lines().filter(|l| l.contains(" killed in ")) {
+                println!("{label}: {}", line.trim());
+            }
+        });
+        s.spawn(move || {
+            let mut servers: Vec<Server> = (0..5).map(|_| Server::start()).collect();
+            let ports: Vec<String> = servers.iter().map(|s| s.port.to_string()).collect();
+            for down in [0, 2, 3] {
+                for s in servers.iter_mut().skip(5 - down) {
+                    if s.is_running() {
+                        s.kill9();
+                    }
+                }
+                let out = run(
+                    &format!("RedLock with {down} of 5 servers stopped"),
+                    Command::new("node")
+                        .arg("test.js")
+                        .current_dir(project)
+                        .env("REDLOCK_PORTS", ports.join(","))
+                        .env("REDLOCK_DOWN", down.to_string()),
+                );
+                all_passed("node test.js (RedLock)", &out);
+                assert!(out.contains("ok   RedLock"), "the RedLock test ran:\n{out}");
+            }
+        });
+    });
 }
 
 /// Three servers, the third SIGSTOPped by the script for three lease
