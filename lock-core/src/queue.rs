@@ -16,6 +16,7 @@
 use std::collections::{BTreeMap, HashMap};
 use std::hash::Hash;
 
+use crate::hash::Keyed;
 use crate::lock::{max_holders, Ask, Attempt, Changes, HolderIndex, Lock, Request, Shape};
 use crate::tokens::Tokens;
 
@@ -36,7 +37,7 @@ pub struct Waiter<W> {
 #[derive(Debug)]
 pub struct Queue<W> {
     waiters: BTreeMap<u64, Waiter<W>>,
-    seq_of: HashMap<W, u64>,
+    seq_of: HashMap<W, u64, Keyed>,
     next: u64,
 }
 
@@ -44,7 +45,7 @@ impl<W> Default for Queue<W> {
     fn default() -> Self {
         Queue {
             waiters: BTreeMap::new(),
-            seq_of: HashMap::new(),
+            seq_of: HashMap::default(),
             next: 0,
         }
     }

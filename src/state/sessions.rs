@@ -18,7 +18,6 @@
 //! and leave through ended holders (`lock_core::Ended::session`), the
 //! unlink of a key and flushes.
 
-use std::collections::hash_map::RandomState;
 use std::collections::{hash_set, BTreeSet, HashSet, VecDeque};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{LazyLock, Mutex};
@@ -31,6 +30,7 @@ use crate::state::bindings;
 use crate::state::txn::Txn;
 use crate::time::clock;
 use crate::time::fencing;
+use lock_core::hash::Keyed;
 use lock_core::lease::Leases;
 use lock_core::shards::Sharded;
 use lock_core::{Attempt, Changes, Ended, Lock, Request};
@@ -47,11 +47,11 @@ struct Session {
     places: Vec<Place>,
     /// The requests waiting with it now (each leaves at its answer:
     /// [`drop_waiter`]; a waiter's id is used again after it).
-    waiters: HashSet<WaiterId>,
+    waiters: HashSet<WaiterId, Keyed>,
 }
 
 /// A place's keys: a count per key (sharded: a session may hold a million).
-type Keys = Sharded<Vec<u8>, u32, RandomState>;
+type Keys = Sharded<Vec<u8>, u32, Keyed>;
 
 /// A session's holders in one database's home: how many, and on which
 /// keys (a count per key: the keys its end must visit).
@@ -115,7 +115,7 @@ struct Ending {
 struct Table {
     /// The databases' homes of the sessions' places.
     homes: Homes,
-    live: Sharded<u64, Session, RandomState>,
+    live: Sharded<u64, Session, Keyed>,
     by_deadline: BTreeSet<(u64, u64)>,
     ending: VecDeque<Ending>,
     /// Connection leases (`BIND`) and the holders that follow them, by
