@@ -22,7 +22,8 @@
 //! granted one by one on a master, applied by a replica; (9) a million
 //! bound grants in a row, pipelined, each command's own time from
 //! `SLOWLOG` (the longest, and how many took over 1 ms: a map of the
-//! module's that grew all at once shows here). Its own server (waiters connect over a Unix socket;
+//! module's that grew all at once shows here); (10) `SWAPDB` while
+//! thousands of multi-key requests wait in both databases. Its own server (waiters connect over a Unix socket;
 //! the open-file limit raised where the bench may, else a chain too long
 //! for it is built of `LOCK.MACQUIRE`s of ten keys, the same graph), never
 //! part of `make bench-check`: wall-clock figures on a shared machine.
@@ -59,6 +60,9 @@ pub struct Plan {
     pub flush: usize,
     /// Bound grants in a row of shape (9).
     pub grants: usize,
+    /// Connections waiting, each a `LOCK.MACQUIRE` of ten keys, half in
+    /// each database, at the `SWAPDB` of shape (10).
+    pub swap_waiters: usize,
     /// `--shapes 1,3`: those shapes alone (all when `None`).
     pub shapes: Option<Vec<u32>>,
 }
@@ -75,6 +79,7 @@ impl Plan {
             holders: 20_000,
             flush: 1_000_000,
             grants: 1_000_000,
+            swap_waiters: 10_000,
             shapes: None,
         }
     }
@@ -90,6 +95,7 @@ impl Plan {
             holders: 2000,
             flush: 100_000,
             grants: 100_000,
+            swap_waiters: 1000,
             shapes: None,
         }
     }
@@ -99,7 +105,7 @@ impl Plan {
         self.chains
             .iter()
             .copied()
-            .chain([self.fan_writers + 1, self.deadlines])
+            .chain([self.fan_writers + 1, self.deadlines, self.swap_waiters])
             .max()
             .unwrap_or(0)
     }
@@ -1419,6 +1425,64 @@ fn flushes(c: &mut Conn, port: u16, n: usize) -> io::Result<Vec<Row>> {
     Ok(rows)
 }
 
+/// Shape (10): `SWAPDB 0 1` while `n` connections wait, half in each
+/// database, each a `LOCK.MACQUIRE` of ten held keys (`WAIT 0`): `n`
+/// waiting requests, `10 n` queued on `10 n` keys; the same names in both
+/// databases.
+fn swap_waiters(c: &mut Conn, port: u16, sock: &Path, n: usize) -> io::Result<Row> {
+    const PER: usize = 10;
+    c.ok(&[b"FLUSHALL"])?;
+    let half = n / 2;
+    let mut h = server::connect(port)?;
+    for db in [b"0".as_slice(), b"1"] {
+        h.ok(&[b"SELECT", db])?;
+        pipelined(
+            &mut h,
+            half * PER,
+            &|i| {
+                vec![
+                    b"LOCK.ACQUIRE".to_vec(),
+                    format!("s:{i}").into_bytes(),
+                    b"H".to_vec(),
+                    TTL.to_vec(),
+                ]
+            },
+            &is_token,
+        )?;
+    }
+    let mut waiters = Waiters::open(sock, half * 2)?;
+    waiters.write(c, 500, &mut |j| {
+        let (db, i) = (j / half, j % half);
+        let mut buf = cmd(&[b"SELECT", db.to_string().as_bytes()]);
+        let mut args: Vec<Vec<u8>> = vec![b"LOCK.MACQUIRE".to_vec(), PER.to_string().into_bytes()];
+        args.extend((0..PER).map(|k| format!("s:{}", i * PER + k).into_bytes()));
+        args.extend([
+            format!("w:{j}").into_bytes(),
+            TTL.to_vec(),
+            b"WAIT".to_vec(),
+            b"0".to_vec(),
+        ]);
+        let refs: Vec<&[u8]> = args.iter().map(Vec::as_slice).collect();
+        buf.extend(cmd(&refs));
+        buf
+    })?;
+    eprintln!("   SWAPDB 0 1 with {} waiting requests", half * 2);
+    let m = request(c, port, "swapdb", &[b"SWAPDB", b"0", b"1"])?;
+    let row = Row::new(
+        format!(
+            "(10) `SWAPDB 0 1` with {} waiting `LOCK.MACQUIRE`s of {PER} keys ({} queued, half in each database)",
+            half * 2,
+            half * 2 * PER
+        ),
+        m.clone_reply(),
+    )
+    .note(format!("answered {}", show(&m.reply)));
+    waiters.close(c)?;
+    c.ok(&[b"FLUSHALL"])?;
+    drop(h);
+    Ok(row)
+}
+
 /// Nothing happening: what the machine costs a PING at rest.
 fn at_rest(c: &mut Conn, port: u16) -> io::Result<Row> {
     let m = measure(
@@ -1538,6 +1602,15 @@ pub fn run(module: &Path, plan: &Plan) -> io::Result<Vec<Row>> {
     if wants(9) {
         rows.push(grants(&mut c, port, plan.grants)?);
         rows.extend(map_growth(plan.grants));
+    }
+    if wants(10) {
+        match fits(plan.swap_waiters) {
+            true => rows.push(swap_waiters(&mut c, port, &sock, plan.swap_waiters)?),
+            false => rows.push(skipped(
+                plan.swap_waiters,
+                "(10) SWAPDB with waiters".into(),
+            )),
+        }
     }
     drop(c);
     drop(server);

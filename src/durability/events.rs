@@ -467,8 +467,10 @@ fn contains(haystack: &[u8], needle: &[u8]) -> bool {
     haystack.windows(needle.len()).any(|w| w == needle)
 }
 
-/// After SWAPDB the timer's entries, the bindings and the waiting queues
-/// follow their keys; every waited key of both databases is visited.
+/// After SWAPDB the timer's entries, the bindings, the sessions' keys and
+/// the waiting queues follow their keys (each table swaps two homes: O(1)
+/// whatever they hold); nothing is visited: every key keeps its value, its
+/// queue and its planned visits, in the other database.
 extern "C" fn on_swapdb(
     _raw_ctx: *mut raw::RedisModuleCtx,
     _event: raw::RedisModuleEvent,
@@ -485,7 +487,6 @@ extern "C" fn on_swapdb(
         bindings::swap_dbs(info.dbnum_first, info.dbnum_second);
         sessions::swap_dbs(info.dbnum_first, info.dbnum_second);
         waiting::swap_dbs(info.dbnum_first, info.dbnum_second);
-        wake(&[info.dbnum_first, info.dbnum_second]);
     })
 }
 
