@@ -23,7 +23,8 @@
 //! bound grants in a row, pipelined, each command's own time from
 //! `SLOWLOG` (the longest, and how many took over 1 ms: a map of the
 //! module's that grew all at once shows here); (10) `SWAPDB` while
-//! thousands of multi-key requests wait in both databases. Its own server (waiters connect over a Unix socket;
+//! thousands of multi-key requests wait in both databases; (11) the
+//! promotion of a replica where many leases ran out. Its own server (waiters connect over a Unix socket;
 //! the open-file limit raised where the bench may, else a chain too long
 //! for it is built of `LOCK.MACQUIRE`s of ten keys, the same graph), never
 //! part of `make bench-check`: wall-clock figures on a shared machine.
@@ -63,6 +64,9 @@ pub struct Plan {
     /// Connections waiting, each a `LOCK.MACQUIRE` of ten keys, half in
     /// each database, at the `SWAPDB` of shape (10).
     pub swap_waiters: usize,
+    /// Keys of two readers whose first reader's lease runs out on a replica
+    /// before its promotion, shape (11).
+    pub promoted: usize,
     /// `--shapes 1,3`: those shapes alone (all when `None`).
     pub shapes: Option<Vec<u32>>,
 }
@@ -80,6 +84,7 @@ impl Plan {
             flush: 1_000_000,
             grants: 1_000_000,
             swap_waiters: 10_000,
+            promoted: 200_000,
             shapes: None,
         }
     }
@@ -96,6 +101,7 @@ impl Plan {
             flush: 100_000,
             grants: 100_000,
             swap_waiters: 1000,
+            promoted: 20_000,
             shapes: None,
         }
     }
@@ -1483,6 +1489,108 @@ fn swap_waiters(c: &mut Conn, port: u16, sock: &Path, n: usize) -> io::Result<Ro
     Ok(row)
 }
 
+/// Shape (11): `n` keys of two readers each on the section's server, a
+/// replica of its own attached; the master's writes paused (`CLIENT PAUSE
+/// WRITE`: it purges nothing), the first reader's lease runs out on the
+/// replica (its timer defers the `n` keys: a replica writes nothing), then
+/// `REPLICAOF NO ONE` on the replica: its server time, the replica's
+/// longest PING and worst `LATENCY LATEST` event (a `lock-tick` is a tick
+/// of a millisecond or more of CPU), until every dead reader is gone.
+fn promotion(module: &Path, c: &mut Conn, port: u16, n: usize) -> io::Result<Row> {
+    eprintln!("   a replica promoted with {n} keys' leases run out");
+    c.ok(&[b"FLUSHALL"])?;
+    let dir = TempDir::new()?;
+    let replica = Server::start(&Options {
+        module: Some(module.to_path_buf()),
+        dir: dir.0.clone(),
+        callgrind: false,
+        extra: ["--latency-monitor-threshold", "1"]
+            .iter()
+            .map(|s| s.to_string())
+            .collect(),
+    })?;
+    let mut r = replica.conn()?;
+    r.set_read_timeout(Duration::from_secs(600))?;
+    r.ok(&[b"REPLICAOF", b"127.0.0.1", port.to_string().as_bytes()])?;
+    let field = |c: &mut Conn, f: &str| -> io::Result<String> {
+        let text = c.ok(&[b"INFO", b"replication"])?.text();
+        Ok(text
+            .lines()
+            .find_map(|l| l.strip_prefix(f)?.strip_prefix(':'))
+            .unwrap_or("")
+            .trim()
+            .to_string())
+    };
+    let deadline = Instant::now() + Duration::from_secs(600);
+    while field(&mut r, "master_link_status")? != "up" {
+        if Instant::now() > deadline {
+            return Err(io::Error::other("the replica never linked"));
+        }
+        thread::sleep(Duration::from_millis(20));
+    }
+    let read = |i: usize, owner: &[u8], ttl: &[u8]| {
+        vec![
+            b"LOCK.READ".to_vec(),
+            format!("p:{i}").into_bytes(),
+            owner.to_vec(),
+            ttl.to_vec(),
+        ]
+    };
+    pipelined(c, n, &|i| read(i, b"r2", TTL), &is_token)?;
+    let t = Instant::now();
+    const SHORT_MS: u64 = 15_000;
+    let short = SHORT_MS.to_string();
+    pipelined(c, n, &|i| read(i, b"r1", short.as_bytes()), &is_token)?;
+    let ends = t + Duration::from_millis(SHORT_MS);
+    loop {
+        let sent: u64 = field(c, "master_repl_offset")?.parse().unwrap_or(u64::MAX);
+        let done: u64 = field(&mut r, "slave_repl_offset")?.parse().unwrap_or(0);
+        if done >= sent || Instant::now() > deadline {
+            break;
+        }
+        thread::sleep(Duration::from_millis(5));
+    }
+    c.ok(&[b"CLIENT", b"PAUSE", b"600000", b"WRITE"])?;
+    if Instant::now() > ends {
+        c.ok(&[b"CLIENT", b"UNPAUSE"])?;
+        return Err(io::Error::other(
+            "set-up too slow: the short leases ran out",
+        ));
+    }
+    thread::sleep(ends.saturating_duration_since(Instant::now()) + Duration::from_millis(200));
+    wait_stat(
+        &mut r,
+        "lock_timer_keys",
+        "the replica's timer to defer them",
+        |k| k == 0,
+    )?;
+    let holders = |r: &mut Conn| stat(r, "lock_holders_shared");
+    let before = holders(&mut r)?;
+    let m = measure(
+        &mut r,
+        replica.port,
+        Some("replicaof"),
+        &mut |r| r.call(&[b"REPLICAOF", b"NO", b"ONE"]).map(Some),
+        &mut |r| Ok(holders(r)? <= n as u64),
+    )?;
+    let after = holders(&mut r)?;
+    c.ok(&[b"CLIENT", b"UNPAUSE"])?;
+    drop(r);
+    drop(replica);
+    drop(dir);
+    c.ok(&[b"FLUSHALL"])?;
+    Ok(Row::new(
+        format!(
+            "(11) `REPLICAOF NO ONE` of a replica where {n} keys' first reader ran out (of two)"
+        ),
+        m.clone_reply(),
+    )
+    .note(format!(
+        "took: until every dead reader was gone (shared holders {before} to {after}); answered {}",
+        show(&m.reply)
+    )))
+}
+
 /// Nothing happening: what the machine costs a PING at rest.
 fn at_rest(c: &mut Conn, port: u16) -> io::Result<Row> {
     let m = measure(
@@ -1611,6 +1719,9 @@ pub fn run(module: &Path, plan: &Plan) -> io::Result<Vec<Row>> {
                 "(10) SWAPDB with waiters".into(),
             )),
         }
+    }
+    if wants(11) {
+        rows.push(promotion(module, &mut c, port, plan.promoted)?);
     }
     drop(c);
     drop(server);
