@@ -1101,20 +1101,37 @@ fn map_growth(n: usize) -> Vec<Row> {
         sharded.insert(k, [k; 9]);
     });
     drop(sharded);
+    // A connection's list of bindings: (number, slot) pushed in a row.
+    let mut vec: Vec<(u64, u32)> = Vec::new();
+    let vec_row = run(n, &mut |k| vec.push((k, k as u32)));
+    drop(vec);
+    let mut chunked: lock_core::chunked::Chunked<(u64, u32)> = Default::default();
+    let chunked_row = run(n, &mut |k| chunked.push((k, k as u32)));
+    drop(chunked);
     [
-        ("a std `HashMap`", std_row),
-        ("`lock_core::shards::Sharded` (the module's)", sharded_row),
+        ("inserts", "into a std `HashMap`", std_row),
+        (
+            "inserts",
+            "into `lock_core::shards::Sharded` (the module's)",
+            sharded_row,
+        ),
+        ("pushes", "onto a std `Vec` of `(u64, u32)`", vec_row),
+        (
+            "pushes",
+            "onto `lock_core::chunked::Chunked` (the module's)",
+            chunked_row,
+        ),
     ]
     .into_iter()
-    .map(|(what, (worst, at, over))| Row {
-        shape: format!("(9) {n} inserts in a row into {what}, in process (no server)"),
+    .map(|(act, what, (worst, at, over))| Row {
+        shape: format!("(9) {n} {act} in a row {what}, in process (no server)"),
         ping: Duration::ZERO,
         server_us: Some(worst.as_secs_f64() * 1e6),
         took: None,
         late: None,
         latency: None,
         note: format!(
-            "server time: the longest insert's thread CPU time (insert {at}); {over} over 1 ms"
+            "server time: the longest one's thread CPU time (number {at}); {over} over 1 ms"
         ),
     })
     .collect()
