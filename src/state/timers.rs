@@ -449,14 +449,12 @@ fn take_due(now: u64, replica: bool) -> Due {
             continue;
         };
         index.counted(&id, false);
-        if replica {
-            if !index.deferred.contains_key(&id) {
-                let n = index.deferred_next;
-                index.deferred_next = n.wrapping_add(1);
-                index.deferred.insert(id.clone(), n);
-                index.deferred_order.insert(n, id.clone());
-            }
-            // (Still planned: `planned` asks `deferred`, the filter keeps it.)
+        // (Still planned: `planned` asks `deferred`, the filter keeps it.)
+        if replica && !index.deferred.contains_key(&id) {
+            let n = index.deferred_next;
+            index.deferred_next = n.wrapping_add(1);
+            index.deferred.insert(id.clone(), n);
+            index.deferred_order.insert(n, id.clone());
         }
         visits.push((DbKey { db, name: id.name }, refresh));
     }

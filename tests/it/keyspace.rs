@@ -311,7 +311,7 @@ fn many_dead_readers_leave_after_a_promotion_and_their_waiters_are_granted() {
     for (i, w) in writers.iter_mut().enumerate() {
         let (reply, _) = reply_within(w, Duration::from_secs(10), &format!("w{i}'s grant"));
         token(reply);
-        let info = r.lock_info(&format!("k{i}")).expect("held");
+        let info = r.lock_info(format!("k{i}")).expect("held");
         assert_eq!(info.holders.len(), 1);
         assert_eq!(info.holders[0].owner, format!("w{i}").into_bytes());
     }
