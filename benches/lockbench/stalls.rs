@@ -1452,7 +1452,7 @@ fn flushes(c: &mut Conn, port: u16, n: usize) -> io::Result<Vec<Row>> {
 /// database, each a `LOCK.MACQUIRE` of ten held keys (`WAIT 0`): `n`
 /// waiting requests, `10 n` queued on `10 n` keys; the same names in both
 /// databases.
-fn swap_waiters(c: &mut Conn, port: u16, sock: &Path, n: usize) -> io::Result<Row> {
+fn swap_waiters(c: &mut Conn, port: u16, sock: &Path, n: usize) -> io::Result<Vec<Row>> {
     const PER: usize = 10;
     c.ok(&[b"FLUSHALL"])?;
     let half = n / 2;
@@ -1500,10 +1500,33 @@ fn swap_waiters(c: &mut Conn, port: u16, sock: &Path, n: usize) -> io::Result<Ro
         m.clone_reply(),
     )
     .note(format!("answered {}", show(&m.reply)));
+    // Then database 0's locks flushed: its waiters' keys are free, every
+    // one visited (and its waiter granted) over the next turns.
+    eprintln!("   FLUSHDB ASYNC of {half} waiting requests' keys");
+    c.ok(&[b"SELECT", b"0"])?;
+    let want = half as u64;
+    let flush = measure(
+        c,
+        port,
+        Some("flushdb"),
+        &mut |c| c.call(&[b"FLUSHDB", b"ASYNC"]).map(Some),
+        &mut |c| Ok(stat(c, "lock_waiters")? <= want),
+    )?;
+    let flushed = Row::new(
+        format!(
+            "(10) `FLUSHDB ASYNC` of the database where {half} of them wait ({} keys)",
+            half * PER
+        ),
+        flush.clone_reply(),
+    )
+    .note(format!(
+        "took: until they were all granted; answered {}",
+        show(&flush.reply)
+    ));
     waiters.close(c)?;
     c.ok(&[b"FLUSHALL"])?;
     drop(h);
-    Ok(row)
+    Ok(vec![row, flushed])
 }
 
 /// Shape (11): `n` keys of two readers each on the section's server, a
@@ -1730,7 +1753,7 @@ pub fn run(module: &Path, plan: &Plan) -> io::Result<Vec<Row>> {
     }
     if wants(10) {
         match fits(plan.swap_waiters) {
-            true => rows.push(swap_waiters(&mut c, port, &sock, plan.swap_waiters)?),
+            true => rows.extend(swap_waiters(&mut c, port, &sock, plan.swap_waiters)?),
             false => rows.push(skipped(
                 plan.swap_waiters,
                 "(10) SWAPDB with waiters".into(),

@@ -428,7 +428,8 @@ extern "C" fn on_flush(
             // What the flush left to drop goes a slice of a tick at a time.
             timers::work_now();
         }
-        wake(&[db]);
+        // Its waited keys are free: visited from the next ticks on.
+        waiting::flushed(db);
     })
 }
 
@@ -693,14 +694,4 @@ extern "C" fn on_client(
             timers::release_bound(closed);
         }
     })
-}
-
-/// Visits, at once, every key with waiters in these databases (-1: all).
-fn wake(dbs: &[i32]) {
-    let now = clock::now_ms();
-    for db in dbs {
-        for DbKey { db, name: key } in waiting::keys_with_waiters(*db) {
-            timers::schedule(db, &key, Some(now));
-        }
-    }
 }

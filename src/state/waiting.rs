@@ -130,6 +130,10 @@ struct Registry {
     /// The settle of each key whose visit a slice ended (its owner index
     /// kept for the next slice: `Settling::resume`).
     settling: DbKeyMap<Settling>,
+    /// Flushed databases whose waited keys are still to be visited: each
+    /// home (-1: every one) and the next piece of `queues` to look at
+    /// ([`wake_some`]).
+    woken: Vec<(i32, usize)>,
 }
 
 /// Holders of one key taken out of the index at once; more wait for the
@@ -138,6 +142,67 @@ const RETIRED_AT_ONCE: usize = 256;
 
 /// Whether `Registry::retired` may hold anything (no mutex).
 static RETIRING: AtomicBool = AtomicBool::new(false);
+
+/// Whether `Registry::woken` may hold anything (no mutex).
+static WAKING: AtomicBool = AtomicBool::new(false);
+
+/// FLUSHDB of `db` (-1: FLUSHALL): every key waited for there is free, its
+/// queue's head to be granted. Its visit is planned at the next ticks, a
+/// piece of the queues at a time ([`wake_some`]): O(1) here whatever
+/// waits (50,000 waited keys were 103 ms in the flush).
+pub fn flushed(db: i32) {
+    let mut registry = registry();
+    if registry.queues.is_empty() {
+        return;
+    }
+    let home = match db {
+        -1 => -1,
+        db => registry.homes.home(db),
+    };
+    registry.woken.push((home, 0));
+    WAKING.store(true, Ordering::Relaxed);
+    drop(registry);
+    timers::work_now();
+}
+
+/// At a tick: plans the visits of flushed databases' waited keys, a piece
+/// of the queues (a 1,024th of a large map) between two looks at the
+/// clock, within the tick's share of the turn; the rest at the next tick.
+pub fn wake_some() {
+    if !WAKING.load(Ordering::Relaxed) {
+        return;
+    }
+    let now = Some(crate::time::clock::now_ms());
+    loop {
+        let keys: Vec<DbKey> = {
+            let mut registry = registry();
+            let Some(&(home, at)) = registry.woken.last() else {
+                WAKING.store(false, Ordering::Relaxed);
+                return;
+            };
+            if at >= registry.queues.pieces() {
+                registry.woken.pop();
+                continue;
+            }
+            if let Some(w) = registry.woken.last_mut() {
+                w.1 = at + 1;
+            }
+            let r = &*registry;
+            r.queues
+                .piece_keys(at)
+                .filter(|k| home == -1 || k.db == home)
+                .map(|k| r.db_key(k.clone()))
+                .collect()
+        };
+        for key in keys {
+            timers::schedule(key.db, &key.name, now);
+        }
+        if crate::time::clock::turn_over() {
+            break;
+        }
+    }
+    timers::work_now();
+}
 
 /// How many retired holders between two looks at the clock.
 const RETIRED_PER_LOOK: usize = 64;
@@ -1244,18 +1309,6 @@ pub fn fail_all(db: i32, key: &[u8], error: LockError) {
         registry.to_visit(left, Some(&id))
     };
     visit_now(left);
-}
-
-/// Every key with waiters in database `db` (all databases when `db` is -1).
-pub fn keys_with_waiters(db: i32) -> Vec<DbKey> {
-    let registry = registry();
-    let home = registry.homes.home(db);
-    registry
-        .queues
-        .keys()
-        .filter(|k| db == -1 || k.db == home)
-        .map(|k| registry.db_key(k.clone()))
-        .collect()
 }
 
 /// The requests waiting for this key, in queue order: each one's owner and

@@ -722,6 +722,75 @@ fn swapdb_with_2000_waiters_in_both_databases_keeps_every_queue_with_its_lock() 
     }
 }
 
+/// Issue 38: a flush plans the visits of its waited keys over the next
+/// ticks, a piece of the queues at a time (the flush itself O(1)): 1,000
+/// waiters on 1,000 keys in each of two databases; FLUSHDB in database 0
+/// grants its 1,000 and none of database 1's, FLUSHALL then grants those.
+#[test]
+fn flushes_with_1000_waited_keys_in_each_of_two_databases_grant_each_its_own() {
+    const KEYS: usize = 1000;
+    let s = Server::start();
+    let mut obs = s.conn();
+    let mut holder = [s.conn(), s.conn()];
+    for (db, c) in holder.iter_mut().enumerate() {
+        c.cmd(&["SELECT", &db.to_string()]).ok();
+        for i in 0..KEYS {
+            token(c.acquire(&format!("k{i}"), "h", 60_000));
+        }
+    }
+    let mut waiters: Vec<Vec<Conn>> = (0..2)
+        .map(|db| {
+            (0..KEYS)
+                .map(|i| {
+                    let mut c = s.conn();
+                    c.cmd(&["SELECT", &db.to_string()]).ok();
+                    send_wait(
+                        &mut c,
+                        "LOCK.ACQUIRE",
+                        &format!("k{i}"),
+                        &format!("w-{db}-{i}"),
+                        60_000,
+                        60_000,
+                    );
+                    c
+                })
+                .collect()
+        })
+        .collect();
+    wait_until(Duration::from_secs(20), "2000 waiters queued", || {
+        obs.info_field("lock", "lock_waiters") == "2000"
+    });
+    holder[0].cmd(&["FLUSHDB"]).ok();
+    for (i, c) in waiters[0].iter_mut().enumerate() {
+        token(reply_within(
+            c,
+            Duration::from_secs(20),
+            &format!("w-0-{i}'s grant after FLUSHDB"),
+        ));
+    }
+    assert_eq!(obs.info_field("lock", "lock_waiters"), "1000");
+    assert_still_blocked(
+        &mut waiters[1][0],
+        200,
+        "database 1's waiter after FLUSHDB in 0",
+    );
+    holder[0].cmd(&["FLUSHALL"]).ok();
+    for (i, c) in waiters[1].iter_mut().enumerate() {
+        token(reply_within(
+            c,
+            Duration::from_secs(20),
+            &format!("w-1-{i}'s grant after FLUSHALL"),
+        ));
+    }
+    obs.cmd(&["SELECT", "1"]).ok();
+    for i in 0..KEYS {
+        assert_eq!(
+            holders(&mut obs, &format!("k{i}")),
+            vec![format!("w-1-{i}")]
+        );
+    }
+}
+
 #[test]
 fn set_over_the_key_answers_the_waiters_with_wrongtype() {
     let s = Server::start();
