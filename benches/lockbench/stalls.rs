@@ -22,7 +22,9 @@
 //! granted one by one on a master, applied by a replica; (9) a million
 //! bound grants in a row, pipelined, each command's own time from
 //! `SLOWLOG` (the longest, and how many took over 1 ms: a map of the
-//! module's that grew all at once shows here). Its own server (waiters connect over a Unix socket;
+//! module's that grew all at once shows here); (10) `SWAPDB` while
+//! thousands of multi-key requests wait in both databases; (11) the
+//! promotion of a replica where many leases ran out. Its own server (waiters connect over a Unix socket;
 //! the open-file limit raised where the bench may, else a chain too long
 //! for it is built of `LOCK.MACQUIRE`s of ten keys, the same graph), never
 //! part of `make bench-check`: wall-clock figures on a shared machine.
@@ -59,6 +61,12 @@ pub struct Plan {
     pub flush: usize,
     /// Bound grants in a row of shape (9).
     pub grants: usize,
+    /// Connections waiting, each a `LOCK.MACQUIRE` of ten keys, half in
+    /// each database, at the `SWAPDB` of shape (10).
+    pub swap_waiters: usize,
+    /// Keys of two readers whose first reader's lease runs out on a replica
+    /// before its promotion, shape (11).
+    pub promoted: usize,
     /// `--shapes 1,3`: those shapes alone (all when `None`).
     pub shapes: Option<Vec<u32>>,
 }
@@ -75,6 +83,8 @@ impl Plan {
             holders: 20_000,
             flush: 1_000_000,
             grants: 1_000_000,
+            swap_waiters: 10_000,
+            promoted: 200_000,
             shapes: None,
         }
     }
@@ -90,6 +100,8 @@ impl Plan {
             holders: 2000,
             flush: 100_000,
             grants: 100_000,
+            swap_waiters: 1000,
+            promoted: 20_000,
             shapes: None,
         }
     }
@@ -99,7 +111,7 @@ impl Plan {
         self.chains
             .iter()
             .copied()
-            .chain([self.fan_writers + 1, self.deadlines])
+            .chain([self.fan_writers + 1, self.deadlines, self.swap_waiters])
             .max()
             .unwrap_or(0)
     }
@@ -1089,20 +1101,37 @@ fn map_growth(n: usize) -> Vec<Row> {
         sharded.insert(k, [k; 9]);
     });
     drop(sharded);
+    // A connection's list of bindings: (number, slot) pushed in a row.
+    let mut vec: Vec<(u64, u32)> = Vec::new();
+    let vec_row = run(n, &mut |k| vec.push((k, k as u32)));
+    drop(vec);
+    let mut chunked: lock_core::chunked::Chunked<(u64, u32)> = Default::default();
+    let chunked_row = run(n, &mut |k| chunked.push((k, k as u32)));
+    drop(chunked);
     [
-        ("a std `HashMap`", std_row),
-        ("`lock_core::shards::Sharded` (the module's)", sharded_row),
+        ("inserts", "into a std `HashMap`", std_row),
+        (
+            "inserts",
+            "into `lock_core::shards::Sharded` (the module's)",
+            sharded_row,
+        ),
+        ("pushes", "onto a std `Vec` of `(u64, u32)`", vec_row),
+        (
+            "pushes",
+            "onto `lock_core::chunked::Chunked` (the module's)",
+            chunked_row,
+        ),
     ]
     .into_iter()
-    .map(|(what, (worst, at, over))| Row {
-        shape: format!("(9) {n} inserts in a row into {what}, in process (no server)"),
+    .map(|(act, what, (worst, at, over))| Row {
+        shape: format!("(9) {n} {act} in a row {what}, in process (no server)"),
         ping: Duration::ZERO,
         server_us: Some(worst.as_secs_f64() * 1e6),
         took: None,
         late: None,
         latency: None,
         note: format!(
-            "server time: the longest insert's thread CPU time (insert {at}); {over} over 1 ms"
+            "server time: the longest one's thread CPU time (number {at}); {over} over 1 ms"
         ),
     })
     .collect()
@@ -1419,6 +1448,189 @@ fn flushes(c: &mut Conn, port: u16, n: usize) -> io::Result<Vec<Row>> {
     Ok(rows)
 }
 
+/// Shape (10): `SWAPDB 0 1` while `n` connections wait, half in each
+/// database, each a `LOCK.MACQUIRE` of ten held keys (`WAIT 0`): `n`
+/// waiting requests, `10 n` queued on `10 n` keys; the same names in both
+/// databases.
+fn swap_waiters(c: &mut Conn, port: u16, sock: &Path, n: usize) -> io::Result<Vec<Row>> {
+    const PER: usize = 10;
+    c.ok(&[b"FLUSHALL"])?;
+    let half = n / 2;
+    let mut h = server::connect(port)?;
+    for db in [b"0".as_slice(), b"1"] {
+        h.ok(&[b"SELECT", db])?;
+        pipelined(
+            &mut h,
+            half * PER,
+            &|i| {
+                vec![
+                    b"LOCK.ACQUIRE".to_vec(),
+                    format!("s:{i}").into_bytes(),
+                    b"H".to_vec(),
+                    TTL.to_vec(),
+                ]
+            },
+            &is_token,
+        )?;
+    }
+    let mut waiters = Waiters::open(sock, half * 2)?;
+    waiters.write(c, 500, &mut |j| {
+        let (db, i) = (j / half, j % half);
+        let mut buf = cmd(&[b"SELECT", db.to_string().as_bytes()]);
+        let mut args: Vec<Vec<u8>> = vec![b"LOCK.MACQUIRE".to_vec(), PER.to_string().into_bytes()];
+        args.extend((0..PER).map(|k| format!("s:{}", i * PER + k).into_bytes()));
+        args.extend([
+            format!("w:{j}").into_bytes(),
+            TTL.to_vec(),
+            b"WAIT".to_vec(),
+            b"0".to_vec(),
+        ]);
+        let refs: Vec<&[u8]> = args.iter().map(Vec::as_slice).collect();
+        buf.extend(cmd(&refs));
+        buf
+    })?;
+    eprintln!("   SWAPDB 0 1 with {} waiting requests", half * 2);
+    let m = request(c, port, "swapdb", &[b"SWAPDB", b"0", b"1"])?;
+    let row = Row::new(
+        format!(
+            "(10) `SWAPDB 0 1` with {} waiting `LOCK.MACQUIRE`s of {PER} keys ({} queued, half in each database)",
+            half * 2,
+            half * 2 * PER
+        ),
+        m.clone_reply(),
+    )
+    .note(format!("answered {}", show(&m.reply)));
+    // Then database 0's locks flushed: its waiters' keys are free, every
+    // one visited (and its waiter granted) over the next turns.
+    eprintln!("   FLUSHDB ASYNC of {half} waiting requests' keys");
+    c.ok(&[b"SELECT", b"0"])?;
+    let want = half as u64;
+    let flush = measure(
+        c,
+        port,
+        Some("flushdb"),
+        &mut |c| c.call(&[b"FLUSHDB", b"ASYNC"]).map(Some),
+        &mut |c| Ok(stat(c, "lock_waiters")? <= want),
+    )?;
+    let flushed = Row::new(
+        format!(
+            "(10) `FLUSHDB ASYNC` of the database where {half} of them wait ({} keys)",
+            half * PER
+        ),
+        flush.clone_reply(),
+    )
+    .note(format!(
+        "took: until they were all granted; answered {}",
+        show(&flush.reply)
+    ));
+    waiters.close(c)?;
+    c.ok(&[b"FLUSHALL"])?;
+    drop(h);
+    Ok(vec![row, flushed])
+}
+
+/// Shape (11): `n` keys of two readers each on the section's server, a
+/// replica of its own attached; the master's writes paused (`CLIENT PAUSE
+/// WRITE`: it purges nothing), the first reader's lease runs out on the
+/// replica (its timer defers the `n` keys: a replica writes nothing), then
+/// `REPLICAOF NO ONE` on the replica: its server time, the replica's
+/// longest PING and worst `LATENCY LATEST` event (a `lock-tick` is a tick
+/// of a millisecond or more of CPU), until every dead reader is gone.
+fn promotion(module: &Path, c: &mut Conn, port: u16, n: usize) -> io::Result<Row> {
+    eprintln!("   a replica promoted with {n} keys' leases run out");
+    c.ok(&[b"FLUSHALL"])?;
+    let dir = TempDir::new()?;
+    let replica = Server::start(&Options {
+        module: Some(module.to_path_buf()),
+        dir: dir.0.clone(),
+        callgrind: false,
+        extra: ["--latency-monitor-threshold", "1"]
+            .iter()
+            .map(|s| s.to_string())
+            .collect(),
+    })?;
+    let mut r = replica.conn()?;
+    r.set_read_timeout(Duration::from_secs(600))?;
+    r.ok(&[b"REPLICAOF", b"127.0.0.1", port.to_string().as_bytes()])?;
+    let field = |c: &mut Conn, f: &str| -> io::Result<String> {
+        let text = c.ok(&[b"INFO", b"replication"])?.text();
+        Ok(text
+            .lines()
+            .find_map(|l| l.strip_prefix(f)?.strip_prefix(':'))
+            .unwrap_or("")
+            .trim()
+            .to_string())
+    };
+    let deadline = Instant::now() + Duration::from_secs(600);
+    while field(&mut r, "master_link_status")? != "up" {
+        if Instant::now() > deadline {
+            return Err(io::Error::other("the replica never linked"));
+        }
+        thread::sleep(Duration::from_millis(20));
+    }
+    let read = |i: usize, owner: &[u8], ttl: &[u8]| {
+        vec![
+            b"LOCK.READ".to_vec(),
+            format!("p:{i}").into_bytes(),
+            owner.to_vec(),
+            ttl.to_vec(),
+        ]
+    };
+    pipelined(c, n, &|i| read(i, b"r2", TTL), &is_token)?;
+    let t = Instant::now();
+    const SHORT_MS: u64 = 15_000;
+    let short = SHORT_MS.to_string();
+    pipelined(c, n, &|i| read(i, b"r1", short.as_bytes()), &is_token)?;
+    let ends = t + Duration::from_millis(SHORT_MS);
+    loop {
+        let sent: u64 = field(c, "master_repl_offset")?.parse().unwrap_or(u64::MAX);
+        let done: u64 = field(&mut r, "slave_repl_offset")?.parse().unwrap_or(0);
+        if done >= sent || Instant::now() > deadline {
+            break;
+        }
+        thread::sleep(Duration::from_millis(5));
+    }
+    c.ok(&[b"CLIENT", b"PAUSE", b"600000", b"WRITE"])?;
+    if Instant::now() > ends {
+        c.ok(&[b"CLIENT", b"UNPAUSE"])?;
+        return Err(io::Error::other(
+            "set-up too slow: the short leases ran out",
+        ));
+    }
+    thread::sleep(ends.saturating_duration_since(Instant::now()) + Duration::from_millis(200));
+    wait_stat(
+        &mut r,
+        "lock_timer_keys",
+        "the replica's timer to defer them",
+        |k| k == 0,
+    )?;
+    let holders = |r: &mut Conn| stat(r, "lock_holders_shared");
+    let before = holders(&mut r)?;
+    let m = measure(
+        &mut r,
+        replica.port,
+        Some("replicaof"),
+        &mut |r| r.call(&[b"REPLICAOF", b"NO", b"ONE"]).map(Some),
+        &mut |r| Ok(holders(r)? <= n as u64),
+    )?;
+    let after = holders(&mut r)?;
+    c.ok(&[b"CLIENT", b"UNPAUSE"])?;
+    drop(r);
+    drop(replica);
+    drop(dir);
+    c.ok(&[b"FLUSHALL"])?;
+    Ok(Row::new(
+        format!(
+            "(11) `REPLICAOF NO ONE` of a replica where {n} keys' first reader ran out (of two)"
+        ),
+        m.clone_reply(),
+    )
+    .note(format!(
+        "took: until every dead reader was gone (shared holders {before} to {after}); answered {}",
+        show(&m.reply)
+    )))
+}
+
 /// Nothing happening: what the machine costs a PING at rest.
 fn at_rest(c: &mut Conn, port: u16) -> io::Result<Row> {
     let m = measure(
@@ -1538,6 +1750,18 @@ pub fn run(module: &Path, plan: &Plan) -> io::Result<Vec<Row>> {
     if wants(9) {
         rows.push(grants(&mut c, port, plan.grants)?);
         rows.extend(map_growth(plan.grants));
+    }
+    if wants(10) {
+        match fits(plan.swap_waiters) {
+            true => rows.extend(swap_waiters(&mut c, port, &sock, plan.swap_waiters)?),
+            false => rows.push(skipped(
+                plan.swap_waiters,
+                "(10) SWAPDB with waiters".into(),
+            )),
+        }
+    }
+    if wants(11) {
+        rows.push(promotion(module, &mut c, port, plan.promoted)?);
     }
     drop(c);
     drop(server);

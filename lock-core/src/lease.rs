@@ -79,7 +79,7 @@ struct Slot {
     number: u64,
     /// Its followers, and ids that left it since (checked on use: a
     /// follower is in it while its `due` names it).
-    members: Vec<u64>,
+    members: crate::chunked::Chunked<u64>,
     /// How many followers are in it.
     live: u64,
     /// Where the next look for ids that left `members` starts.
@@ -125,7 +125,7 @@ impl Due {
                 // (Room for a few at once: most slots hold several.)
                 self.slots.push(Slot {
                     number,
-                    members: Vec::with_capacity(8),
+                    members: crate::chunked::Chunked::default(),
                     ..Slot::default()
                 });
                 self.slots.len() - 1
@@ -152,9 +152,6 @@ impl Due {
             // slot set in a row grows it once, not at every slot).
             let mut members = std::mem::take(&mut slot.members);
             members.clear();
-            if members.capacity() > 1024 {
-                members = Vec::new();
-            }
             *slot = Slot {
                 members,
                 ..Slot::default()
@@ -211,7 +208,7 @@ struct Batch {
     /// stays ended.
     cover: u64,
     /// Its followers, and ids that left it since (checked on use).
-    members: Vec<u64>,
+    members: crate::chunked::Chunked<u64>,
     /// How many followers it has.
     live: u64,
     /// Where the next look for ids that left `members` starts.
@@ -298,7 +295,7 @@ pub struct Leases<K> {
     /// Every generation at its deadline.
     gen_due: BTreeSet<(u64, u64)>,
     /// Batches of generations that ended, their followers still to end.
-    ending: VecDeque<(u64, Vec<u64>)>,
+    ending: VecDeque<(u64, crate::chunked::Chunked<u64>)>,
     /// Maps of deadlines given up, dropped a page at a time.
     garbage: Vec<std::collections::btree_map::IntoIter<u64, u64>>,
     /// The next batch or generation number (internal).

@@ -23,6 +23,7 @@
 )]
 
 mod block;
+pub mod chunked;
 pub mod deadlock;
 pub mod effect;
 pub mod hash;

@@ -92,6 +92,24 @@ impl<K, V, S> Sharded<K, V, S> {
             .flat_map(|m| m.iter_mut())
     }
 
+    /// How many pieces [`Sharded::piece_keys`] walks the map in: the
+    /// small map, then each shard (one while the map is small).
+    pub fn pieces(&self) -> usize {
+        1 + self.shards.len()
+    }
+
+    /// The keys of piece `i` (`0..pieces()`): a map walked a piece at a
+    /// time across calls, each a [`SHARDS`]th of a large map's keys (a key
+    /// stays in its piece while the map is sharded; a small map is one
+    /// piece of fewer than [`SMALL`]).
+    pub fn piece_keys(&self, i: usize) -> impl Iterator<Item = &K> + '_ {
+        let piece = match i.checked_sub(1) {
+            None => Some(&self.small),
+            Some(at) => self.shards.get(at),
+        };
+        piece.into_iter().flat_map(|m| m.keys())
+    }
+
     /// Every key.
     pub fn keys(&self) -> impl Iterator<Item = &K> + '_ {
         self.iter().map(|(k, _)| k)
@@ -380,6 +398,22 @@ impl<'a, K, V> VacantEntry<'a, K, V> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn pieces_hold_every_key_once() {
+        let mut m: Sharded<u64, (), std::collections::hash_map::RandomState> = Sharded::default();
+        for n in [10u64, 5000] {
+            while (m.len() as u64) < n {
+                m.insert(m.len() as u64, ());
+            }
+            let mut seen: Vec<u64> = (0..m.pieces())
+                .flat_map(|i| m.piece_keys(i).copied())
+                .collect();
+            seen.sort_unstable();
+            assert_eq!(seen, (0..n).collect::<Vec<_>>());
+        }
+        assert_eq!(m.piece_keys(m.pieces()).count(), 0);
+    }
     use proptest::prelude::*;
     use std::collections::hash_map::RandomState;
 

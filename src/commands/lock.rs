@@ -156,7 +156,14 @@ fn macquire(ctx: &Context, args: Argv<'_>) -> RedisResult {
     let ask = grant.ask;
     let free = transitions::check_all(ctx, &grant.keys, ask, |k| waiting::has_waiters(ctx, k))?;
     if free {
-        let tokens = transitions::grant_all(ctx, &grant.keys, ask)?;
+        // The connection's lease, which bound holders follow from their
+        // grants on, each replicated once with it (drawn now for a
+        // connection's first binding, as a single grant's).
+        let known = bind.and_then(bindings::lease_of);
+        let lease = known
+            .or_else(|| bind.and_then(|_| sessions::draw_lease()))
+            .unwrap_or(0);
+        let tokens = transitions::grant_all(ctx, &grant.keys, ask, lease)?;
         let db = ffi::selected_db(ctx);
         if let Some(client) = bind {
             for (name, token) in grant.keys.iter().zip(&tokens) {
@@ -168,7 +175,9 @@ fn macquire(ctx: &Context, args: Argv<'_>) -> RedisResult {
                     *token,
                     ask.kind.mode(),
                 );
-                transitions::follow(ctx, *name, *token, client);
+            }
+            if known.is_none() {
+                bindings::set_lease(client, lease);
             }
         }
         let tokens = tokens.into_iter().map(|t| RedisValue::Integer(ffi::int(t)));

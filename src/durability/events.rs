@@ -428,7 +428,8 @@ extern "C" fn on_flush(
             // What the flush left to drop goes a slice of a tick at a time.
             timers::work_now();
         }
-        wake(&[db]);
+        // Its waited keys are free: visited from the next ticks on.
+        waiting::flushed(db);
     })
 }
 
@@ -467,8 +468,10 @@ fn contains(haystack: &[u8], needle: &[u8]) -> bool {
     haystack.windows(needle.len()).any(|w| w == needle)
 }
 
-/// After SWAPDB the timer's entries, the bindings and the waiting queues
-/// follow their keys; every waited key of both databases is visited.
+/// After SWAPDB the timer's entries, the bindings, the sessions' keys and
+/// the waiting queues follow their keys (each table swaps two homes: O(1)
+/// whatever they hold); nothing is visited: every key keeps its value, its
+/// queue and its planned visits, in the other database.
 extern "C" fn on_swapdb(
     _raw_ctx: *mut raw::RedisModuleCtx,
     _event: raw::RedisModuleEvent,
@@ -485,7 +488,6 @@ extern "C" fn on_swapdb(
         bindings::swap_dbs(info.dbnum_first, info.dbnum_second);
         sessions::swap_dbs(info.dbnum_first, info.dbnum_second);
         waiting::swap_dbs(info.dbnum_first, info.dbnum_second);
-        wake(&[info.dbnum_first, info.dbnum_second]);
     })
 }
 
@@ -692,14 +694,4 @@ extern "C" fn on_client(
             timers::release_bound(closed);
         }
     })
-}
-
-/// Visits, at once, every key with waiters in these databases (-1: all).
-fn wake(dbs: &[i32]) {
-    let now = clock::now_ms();
-    for db in dbs {
-        for DbKey { db, name: key } in waiting::keys_with_waiters(*db) {
-            timers::schedule(db, &key, Some(now));
-        }
-    }
 }

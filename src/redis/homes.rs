@@ -110,6 +110,64 @@ impl Homes {
     }
 }
 
+/// The homes of a table whose entries outlive a flush (the waiting
+/// registry: a request waits for a name, and a flush only frees it): a
+/// permutation of the databases, each database its own home until a
+/// `SWAPDB` exchanges two. Both ways O(1).
+#[derive(Default, Clone, Debug)]
+pub struct Swapped {
+    /// Database `db`'s home at `db` (past the end: `db` itself).
+    home_of: Vec<Home>,
+    /// The database of home `h` at `h` (past the end: `h` itself).
+    db_of: Vec<i32>,
+}
+
+impl Swapped {
+    /// Database `db`'s home.
+    pub fn home(&self, db: i32) -> Home {
+        usize::try_from(db)
+            .ok()
+            .and_then(|at| self.home_of.get(at))
+            .copied()
+            .unwrap_or(db)
+    }
+
+    /// The database whose home `home` is.
+    pub fn db(&self, home: Home) -> i32 {
+        usize::try_from(home)
+            .ok()
+            .and_then(|at| self.db_of.get(at))
+            .copied()
+            .unwrap_or(home)
+    }
+
+    /// SWAPDB `a` `b`: each database's contents are the other's.
+    pub fn swap(&mut self, a: i32, b: i32) {
+        let (Ok(a), Ok(b)) = (usize::try_from(a), usize::try_from(b)) else {
+            return;
+        };
+        let len = a.max(b) + 1;
+        for table in [&mut self.home_of, &mut self.db_of] {
+            while table.len() < len {
+                table.push(i32::try_from(table.len()).unwrap_or(i32::MAX));
+            }
+        }
+        self.home_of.swap(a, b);
+        for db in [a, b] {
+            let home = self
+                .home_of
+                .get(db)
+                .copied()
+                .and_then(|h| usize::try_from(h).ok());
+            if let (Some(slot), Ok(db)) =
+                (home.and_then(|h| self.db_of.get_mut(h)), i32::try_from(db))
+            {
+                *slot = db;
+            }
+        }
+    }
+}
+
 /// What dead entries a table handed over whole: each step drops one piece.
 type Pieces = Box<dyn Iterator<Item = ()> + Send>;
 
@@ -203,6 +261,24 @@ mod tests {
         assert_eq!(h.flushed(-1), vec![a, c]);
         assert!(!h.is_live(a) && h.is_live(NOWHERE));
         assert_eq!(h.get(-1), Some(NOWHERE));
+    }
+
+    #[test]
+    fn swaps_permute_the_databases() {
+        let mut s = Swapped::default();
+        assert_eq!((s.home(3), s.db(3)), (3, 3));
+        s.swap(0, 5);
+        s.swap(5, 2);
+        // Database 0 holds what 5 held, 5 what 2 held, 2 what 0 held.
+        assert_eq!((s.home(0), s.home(5), s.home(2)), (5, 2, 0));
+        assert_eq!((s.db(5), s.db(2), s.db(0)), (0, 5, 2));
+        assert_eq!((s.home(9), s.db(9), s.home(-1)), (9, 9, -1));
+        s.swap(5, 2);
+        s.swap(0, 5);
+        assert_eq!(
+            (0..7).map(|d| s.home(d)).collect::<Vec<_>>(),
+            (0..7).collect::<Vec<_>>()
+        );
     }
 
     #[test]

@@ -181,10 +181,11 @@ impl Binding {
 }
 
 /// One connection's bindings in the order bound: `(number, slot)`, the
-/// slot [`NONE`] once that binding ended.
+/// slot [`NONE`] once that binding ended (in chunks, `lock_core::chunked`:
+/// a bind never copies the list, whatever its length).
 #[derive(Default)]
 struct Client {
-    entries: Vec<(u64, u32)>,
+    entries: lock_core::chunked::Chunked<(u64, u32)>,
     /// Its bindings (those of a flushed database too, until swept).
     live: usize,
     /// Its bindings by home, and by mode: `(home, count, census)`.
@@ -287,7 +288,7 @@ struct Slab {
     chunks: Vec<Box<[Option<Binding>]>>,
     /// Slots handed out so far (the ones after are in no use yet).
     used: usize,
-    free: Vec<u32>,
+    free: lock_core::chunked::Chunked<u32>,
 }
 
 impl Slab {
@@ -708,9 +709,6 @@ impl Registry {
         let holes = c.entries.len().saturating_sub(c.live);
         if holes > HOLES && holes > c.live {
             c.entries.retain(|e| e.1 != NONE);
-            if c.entries.capacity() > 4 * c.entries.len() {
-                c.entries.shrink_to(2 * c.entries.len());
-            }
             for (e, pos) in c.entries.iter().zip(0..) {
                 if let Some(b) = self.slab.get_mut(e.1) {
                     b.pos = pos;
@@ -1105,9 +1103,7 @@ pub fn page_of_client(client: ClientId, after: Option<u64>, n: usize) -> Vec<Bou
     };
     let from = after.map_or(0, |after| c.entries.partition_point(|e| e.0 <= after));
     c.entries
-        .get(from..)
-        .unwrap_or_default()
-        .iter()
+        .iter_from(from)
         .filter_map(|e| r.get(e.1))
         .filter_map(|b| Some(b.bound(r.homes.db_of(b.home)?)))
         .take(n)

@@ -146,8 +146,10 @@ impl Waits<'_> {
     }
 }
 
+/// `key` is filed (`waiting::filed`): read in its database now.
 fn read(ctx: &Context, key: &DbKey, now: u64) -> Lock {
-    if !ffi::select_db(ctx, key.db) {
+    let db = waiting::db_of(key.db);
+    if !ffi::select_db(ctx, db) {
         return Lock::default();
     }
     let name = ffi::name(ctx, &key.name);
@@ -156,7 +158,7 @@ fn read(ctx: &Context, key: &DbKey, now: u64) -> Lock {
     match read {
         // A closed connection's holders keep nobody waiting.
         Ok(Ok(Some(lock))) => {
-            let lock = bindings::without_closed(key.db, &key.name, &lock, now).unwrap_or(lock);
+            let lock = bindings::without_closed(db, &key.name, &lock, now).unwrap_or(lock);
             // Nor does an ended session's.
             sessions::without_ended(&lock, now).unwrap_or(lock)
         }
@@ -242,6 +244,9 @@ pub fn check(ctx: &Context, keys: &[DbKey], request: &Request) -> Check {
         return Check::Clear;
     }
     let mut reads = Reads::default();
+    // The registry's keys (by home): a search that goes on across a
+    // SWAPDB follows them.
+    let keys = waiting::filed(keys);
     let at: Vec<(usize, u64)> = keys
         .iter()
         .map(|k| (reads.id(k), waiting::end_of(k)))

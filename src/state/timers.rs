@@ -27,9 +27,10 @@
 //! own, made once at load.
 //!
 //! A replica does not write: keys that come due there wait in `deferred`
-//! until it becomes a master, and are visited then.
+//! until it becomes a master, and are visited then, a tick's share at a
+//! time (a million leases run out on a replica: no promotion stall).
 
-use std::collections::{BTreeSet, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::os::raw::{c_int, c_void};
 use std::sync::atomic::{AtomicBool, AtomicPtr, Ordering};
 use std::sync::{LazyLock, Mutex, OnceLock};
@@ -61,8 +62,13 @@ struct Index {
     /// Locks Redis removed after every lease in them ran out, with how many
     /// leases: counted and announced (`lock.expired`) at the next tick.
     expired: Vec<(DbKey, usize)>,
-    /// Keys that came due while this server was a replica.
-    deferred: DbKeyMap<()>,
+    /// Keys that came due while this server was a replica, each with its
+    /// number in the order they came (`deferred_order`, by number): a
+    /// master's ticks visit them from the first.
+    deferred: DbKeyMap<u64>,
+    deferred_order: BTreeMap<u64, DbKey>,
+    /// The next number of a deferred key.
+    deferred_next: u64,
     /// Connections that closed with bound grants, to end at the next ticks.
     released: VecDeque<Detached>,
     /// The armed Redis timer and when it fires.
@@ -91,10 +97,12 @@ static PLANNED: KeyFilter = KeyFilter::new();
 
 fn index() -> Locked<Index> {
     shared::lock(&INDEX, |index| {
-        if index.by_key.is_empty() {
+        // (A deferred key's visit is planned too: [`planned`].)
+        let planned = !index.by_key.is_empty() || !index.deferred.is_empty();
+        if !planned {
             PLANNED.clear();
         }
-        INDEXED.store(!index.by_key.is_empty(), Ordering::Relaxed);
+        INDEXED.store(planned, Ordering::Relaxed);
         EXPIRED.store(!index.expired.is_empty(), Ordering::Relaxed);
     })
 }
@@ -163,10 +171,11 @@ pub fn planned(key: &KeyAt<'_>) -> bool {
     #[inline(never)]
     fn indexed(db: i32, name: &[u8]) -> bool {
         let index = index();
-        index
-            .homes
-            .get(db)
-            .is_some_and(|home| index.by_key.contains_key(&(home, name) as &dyn KeyRef))
+        index.homes.get(db).is_some_and(|home| {
+            let key = &(home, name) as &dyn KeyRef;
+            index.by_key.contains_key(key)
+                || !index.deferred.is_empty() && index.deferred.contains_key(key)
+        })
     }
     INDEXED.load(Ordering::Relaxed) && PLANNED.may_contain(key) && indexed(key.db, key.name)
 }
@@ -215,7 +224,9 @@ pub fn forget(db: i32, key: &[u8]) {
         return;
     };
     index.refresh.remove(&id);
-    index.deferred.remove(&id);
+    if let Some(n) = index.deferred.remove(&id) {
+        index.deferred_order.remove(&n);
+    }
     if let Some(at) = index.by_key.remove(&id) {
         index.counted(&id, false);
         index.by_time.remove(&(at, id.db, id.name));
@@ -331,33 +342,18 @@ pub fn swap_dbs(a: i32, b: i32) {
         .filter_map(|db| index.homes.get(*db))
         .any(|home| index.counts.iter().any(|c| c.0 == home));
     index.homes.swap(a, b);
-    if indexed {
+    if indexed || !index.deferred.is_empty() {
         PLANNED.fill();
     }
 }
 
 /// This server became a master: every key that came due while it was a
-/// replica is visited now.
+/// replica is visited, from the next tick on, a tick's share at a time
+/// ([`take_due`]: O(1) here whatever came due).
 pub fn promoted() {
-    let mut index = index();
-    let now = clock::now_ms();
-    for (id, ()) in std::mem::take(&mut index.deferred) {
-        let (home, key) = (id.db, id.name);
-        // (A flushed database's: nothing to visit.)
-        let Some(db) = index.homes.db_of(home) else {
-            continue;
-        };
-        PLANNED.insert(db, &key);
-        let id = DbKey::new(home, &key);
-        match index.by_key.insert(id.clone(), now) {
-            Some(old) => {
-                index.by_time.remove(&(old, home, key.clone()));
-            }
-            None => index.counted(&id, true),
-        }
-        index.by_time.insert((now, home, key));
+    if !index().deferred.is_empty() {
+        work_now();
     }
-    arm(&mut index, 0);
 }
 
 /// Keeps exactly one Redis timer armed, for the earliest entry, no sooner
@@ -453,12 +449,31 @@ fn take_due(now: u64, replica: bool) -> Due {
             continue;
         };
         index.counted(&id, false);
-        if replica {
-            index.deferred.insert(id.clone(), ());
+        // (Still planned: `planned` asks `deferred`, the filter keeps it.)
+        if replica && !index.deferred.contains_key(&id) {
+            let n = index.deferred_next;
+            index.deferred_next = n.wrapping_add(1);
+            index.deferred.insert(id.clone(), n);
+            index.deferred_order.insert(n, id.clone());
         }
         visits.push((DbKey { db, name: id.name }, refresh));
     }
     WORK.store(false, Ordering::Relaxed);
+    // A master visits what came due while it was a replica, within the
+    // tick's count (the rest at the next ticks, at once).
+    while !replica && visits.len() < VISITS_PER_TICK {
+        let Some((_, id)) = index.deferred_order.pop_first() else {
+            break;
+        };
+        index.deferred.remove(&id);
+        // (A flushed database's: nothing to visit.)
+        if let Some(db) = index.homes.db_of(id.db) {
+            visits.push((DbKey { db, name: id.name }, false));
+        }
+    }
+    if !replica && !index.deferred.is_empty() {
+        WORK.store(true, Ordering::Relaxed);
+    }
     let released = index.released.drain(..).collect();
     Due {
         replica,

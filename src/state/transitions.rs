@@ -565,9 +565,14 @@ pub fn check_all(
 /// [`check_all`] said yes, in the same command or timer tick); returns the
 /// tokens in that order. Should a key refuse after all (no token left),
 /// the new grants made before it are undone and its refusal returned.
-pub fn grant_all(ctx: &Context, names: &[Str<'_>], ask: Ask<'_>) -> Result<Vec<u64>, LockError> {
+pub fn grant_all(
+    ctx: &Context,
+    names: &[Str<'_>],
+    ask: Ask<'_>,
+    lease: u64,
+) -> Result<Vec<u64>, LockError> {
     let outer = GRANTING.swap(true, Ordering::Relaxed);
-    let result = grant_each(ctx, names, ask);
+    let result = grant_each(ctx, names, ask, lease);
     if !outer {
         GRANTING.store(false, Ordering::Relaxed);
         grant_ready(ctx);
@@ -575,10 +580,18 @@ pub fn grant_all(ctx: &Context, names: &[Str<'_>], ask: Ask<'_>) -> Result<Vec<u
     result
 }
 
-fn grant_each(ctx: &Context, names: &[Str<'_>], ask: Ask<'_>) -> Result<Vec<u64>, LockError> {
+/// `lease` (0: none): the lease of the connection a `BIND` binds the
+/// grants to, which each holder follows from its grant on (its effect,
+/// replicated once, carries it).
+fn grant_each(
+    ctx: &Context,
+    names: &[Str<'_>],
+    ask: Ask<'_>,
+    lease: u64,
+) -> Result<Vec<u64>, LockError> {
     let mut tokens: Vec<(u64, bool)> = Vec::with_capacity(names.len());
     for name in names {
-        let attempt = grant_part(ctx, *name, ask);
+        let attempt = grant_part(ctx, *name, ask, lease);
         match attempt {
             Ok((Attempt::Granted(token), new)) => tokens.push((token, new)),
             refused => {
@@ -605,12 +618,15 @@ fn grant_each(ctx: &Context, names: &[Str<'_>], ask: Ask<'_>) -> Result<Vec<u64>
 /// waits for and whose visit is not planned, one step, as [`grant`]'s
 /// ([`first_grant`]: chosen by the key's own state, what waits elsewhere
 /// costs the look-ups of [`key_is_quiet`]); else the general transition.
-fn grant_part(ctx: &Context, name: Str<'_>, ask: Ask<'_>) -> Result<(Attempt, bool), LockError> {
+fn grant_part(
+    ctx: &Context,
+    name: Str<'_>,
+    ask: Ask<'_>,
+    lease: u64,
+) -> Result<(Attempt, bool), LockError> {
     let key = LockKey::open(ctx, name, true)?;
     if key.is_empty() && (!anything_pending() || key_is_quiet(ctx, name)) {
-        // (A bound multi-key holder follows its lease after the grant:
-        // `follow`, by the command.)
-        let attempt = first_grant(ctx, key, name, ask, replies::MULTI_EVENT, 0)?;
+        let attempt = first_grant(ctx, key, name, ask, replies::MULTI_EVENT, lease)?;
         let new = matches!(attempt, Attempt::Granted(_));
         return Ok((attempt, new));
     }
@@ -620,11 +636,18 @@ fn grant_part(ctx: &Context, name: Str<'_>, ask: Ask<'_>) -> Result<(Attempt, bo
             .lock
             .try_acquire(ask, false, txn.now, txn.tokens, txn.changes);
         let new = txn.tokens.last() != before;
-        if matches!(attempt, Attempt::Granted(_)) {
+        if let Attempt::Granted(token) = attempt {
             txn.events.push(replies::MULTI_EVENT);
+            if lease != 0 {
+                let key = ffi::db_key(ctx, name.as_slice());
+                sessions::follow_in(ctx, txn, &key, token, lease);
+            }
         }
         (attempt, new)
     })?;
+    if lease != 0 {
+        timers::sessions_changed();
+    }
     done.ok_or(LockError::Internal)
 }
 
@@ -673,20 +696,25 @@ fn grant_each_ready(ctx: &Context) {
         let Some(claimed) = waiting::claim(id) else {
             continue;
         };
+        // Bound: its holders follow the connection's lease from their
+        // grants on (drawn now for a connection's first binding).
+        let known = claimed.bind().and_then(bindings::lease_of);
+        let lease = known
+            .or_else(|| claimed.bind().and_then(|_| sessions::draw_lease()))
+            .unwrap_or(0);
         let outcome = match outcome {
             Some(e) => Err(e),
-            None => grant_each(ctx, &names, ask)
+            None => grant_each(ctx, &names, ask, lease)
                 .map(|tokens| keys.iter().cloned().zip(tokens).collect::<Vec<_>>()),
         };
-        let follows = match (claimed.bind(), &outcome) {
-            (Some(client), Ok(granted)) => Some((client, granted.clone())),
+        let drawn = match (claimed.bind(), &outcome) {
+            (Some(client), Ok(_)) if known.is_none() => Some(client),
             _ => None,
         };
+        // (It binds each grant.)
         waiting::answer(claimed, outcome);
-        if let Some((client, granted)) = follows {
-            for ((_, token), name) in granted.iter().zip(&names) {
-                follow(ctx, *name, *token, client);
-            }
+        if let Some(client) = drawn {
+            bindings::set_lease(client, lease);
         }
     }
 }
@@ -745,19 +773,6 @@ fn set_own(ctx: &Context, name: Str<'_>, lock: &Lock, changes: &Changes) {
         }
     }
     // The timer ends the followers at their deadlines.
-    timers::sessions_changed();
-}
-
-/// The holder of grant `token` on `name` follows `client`'s lease from now
-/// on (a grant with `BIND`, once bound): `sessions::follow_in`.
-pub fn follow(ctx: &Context, name: Str<'_>, token: u64, client: bindings::ClientId) {
-    let Some(lease) = bindings::lease(client, sessions::draw_lease) else {
-        return;
-    };
-    let key = ffi::db_key(ctx, name.as_slice());
-    let _ = update(ctx, name, |txn| {
-        sessions::follow_in(ctx, txn, &key, token, lease);
-    });
     timers::sessions_changed();
 }
 

@@ -49,6 +49,7 @@ fn tick_work(ctx: &Context, due: Due) {
         waiting::unblock_later,
     );
     catch::callback("ending retired holders' entries", (), waiting::retire_some);
+    catch::callback("waking flushed databases' waiters", (), waiting::wake_some);
     catch::callback("a deadlock search's slice", (), || deadlocks::go_on(ctx));
     for (DbKey { db, name: key }, leases) in due.expired {
         catch::callback("announcing an expired lock", (), || {

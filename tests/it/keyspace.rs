@@ -238,6 +238,85 @@ fn dead_readers_leave_after_a_promotion() {
     assert_dead_reader_dropped(&mut r, "0", "k", "after a promotion");
 }
 
+/// Issue 38: what came due on a replica is visited after its promotion a
+/// tick's share at a time (no pass over all of it in the promotion): 5,000
+/// keys of two readers whose first reader's lease ends while nobody is
+/// master; promoted, every dead reader goes (each counted once), and
+/// writers waiting on some of those keys are granted when the live reader
+/// releases.
+#[test]
+fn many_dead_readers_leave_after_a_promotion_and_their_waiters_are_granted() {
+    const KEYS: usize = 5000;
+    const WRITERS: usize = 100;
+    let mut master = Server::start();
+    let replica = Server::start();
+    replica.replicaof(&master);
+    let mut m = master.conn();
+    let start = Instant::now();
+    for i in 0..KEYS {
+        let key = format!("k{i}");
+        m.send(&["LOCK.READ", &key, "r1", "6000"]).expect("send");
+        m.send(&["LOCK.READ", &key, "r2", "60000"]).expect("send");
+    }
+    for _ in 0..2 * KEYS {
+        token(m.read_reply().expect("a grant"));
+    }
+    let granted = start.elapsed();
+    wait_for_sync(&master, &replica);
+    let mut r = replica.conn();
+    assert_eq!(stat(&mut r, "holders_shared"), 2 * KEYS as i64);
+    master.kill9();
+    assert!(
+        start.elapsed() < Duration::from_millis(5_500),
+        "set-up too slow"
+    );
+    // Every r1's lease ends while nobody is master, and the replica's
+    // timer has come to them.
+    let after = granted + Duration::from_millis(6_800);
+    std::thread::sleep(after.saturating_sub(start.elapsed()));
+    assert_eq!(
+        stat(&mut r, "holders_shared"),
+        2 * KEYS as i64,
+        "a replica writes nothing"
+    );
+    let expired = stat(&mut r, "expired_leases");
+    replica.promote();
+    let mut writers: Vec<Conn> = (0..WRITERS)
+        .map(|i| {
+            let mut w = replica.conn();
+            send_wait(
+                &mut w,
+                format!("k{i}").as_bytes(),
+                &format!("w{i}"),
+                10_000,
+                20_000,
+            );
+            w
+        })
+        .collect();
+    wait_until(Duration::from_secs(20), "every dead reader to go", || {
+        stat(&mut r, "holders_shared") == KEYS as i64
+    });
+    assert_eq!(
+        stat(&mut r, "expired_leases") - expired,
+        KEYS as i64,
+        "each counted once"
+    );
+    wait_until(Duration::from_secs(10), "the writers to wait", || {
+        stat(&mut r, "waiters") == WRITERS as i64
+    });
+    for i in 0..WRITERS {
+        assert_eq!(r.cmd(&["LOCK.RELEASE", &format!("k{i}"), "r2"]).int(), 1);
+    }
+    for (i, w) in writers.iter_mut().enumerate() {
+        let (reply, _) = reply_within(w, Duration::from_secs(10), &format!("w{i}'s grant"));
+        token(reply);
+        let info = r.lock_info(format!("k{i}")).expect("held");
+        assert_eq!(info.holders.len(), 1);
+        assert_eq!(info.holders[0].owner, format!("w{i}").into_bytes());
+    }
+}
+
 // ---------------------------------------------------------------------------
 // The key's Redis TTL is the latest deadline in it
 // ---------------------------------------------------------------------------

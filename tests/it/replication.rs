@@ -535,3 +535,80 @@ fn readers_granted_on_a_master_one_by_one_are_the_replicas() {
         .expect("the replica counts LOCK.SYNC");
     assert!(applied > n, "each grant applied as one effect: {applied}");
 }
+
+/// `calls` of `cmdstat_<name>` on `c` (0 when never called).
+fn calls(c: &mut Conn, name: &str) -> i64 {
+    let text = c.info("commandstats");
+    let prefix = format!("cmdstat_{name}:calls=");
+    text.lines()
+        .find_map(|l| l.strip_prefix(prefix.as_str()))
+        .and_then(|rest| rest.split(',').next())
+        .map_or(0, |n| n.parse().expect("a count of calls"))
+}
+
+/// Issue 38: a bound `LOCK.MACQUIRE`, granted at once or after waiting,
+/// replicates each holder once (its effect carries the connection's
+/// lease): once it took a step a key after its grants and replicated each
+/// holder twice. The replica's state is the master's, and the holders
+/// follow the connection's lease (KEEPALIVE renews them).
+#[test]
+fn a_bound_macquire_replicates_each_holder_once() {
+    let master = quiet_master();
+    let replica = Server::start();
+    replica.replicaof(&master);
+    let mut r = replica.conn();
+    let mut b = master.conn();
+    // At once: three keys, three effects.
+    r.cmd(&["CONFIG", "RESETSTAT"]).ok();
+    let got = b.cmd(&["LOCK.MACQUIRE", "3", "a", "b", "c", "O", "60000", "BIND"]);
+    assert!(matches!(&got, Reply::Array(t) if t.len() == 3), "{got:?}");
+    assert_replicated(&master, &replica, &[b"a", b"b", b"c"], "a bound MACQUIRE");
+    assert_eq!(
+        calls(&mut r, "lock.sync"),
+        3,
+        "one effect a holder\n{}",
+        r.info("commandstats")
+    );
+    // After waiting: the release that frees `z`, then three grants.
+    let mut h = master.conn();
+    token(h.acquire("z", "H", 60_000));
+    let mut w = master.conn();
+    w.send(&[
+        "LOCK.MACQUIRE",
+        "3",
+        "x",
+        "y",
+        "z",
+        "W",
+        "60000",
+        "WAIT",
+        "20000",
+        "BIND",
+    ])
+    .expect("send");
+    wait_until(Duration::from_secs(5), "the request to wait", || {
+        h.info_field("lock", "lock_waiters") == "1"
+    });
+    wait_for_sync(&master, &replica);
+    r.cmd(&["CONFIG", "RESETSTAT"]).ok();
+    assert_eq!(h.release("z", "H").int(), 1);
+    w.set_timeout(Duration::from_secs(10));
+    let got = w.read_reply().expect("the grant");
+    assert!(matches!(&got, Reply::Array(t) if t.len() == 3), "{got:?}");
+    assert_replicated(
+        &master,
+        &replica,
+        &[b"x", b"y", b"z"],
+        "a bound MACQUIRE after waiting",
+    );
+    assert_eq!(
+        calls(&mut r, "lock.sync"),
+        4,
+        "the release and one effect a holder\n{}",
+        r.info("commandstats")
+    );
+    // Both connections' holders follow their leases.
+    assert_eq!(b.cmd(&["LOCK.KEEPALIVE", "60000"]).int(), 3);
+    w.set_timeout(Duration::from_secs(5));
+    assert_eq!(w.cmd(&["LOCK.KEEPALIVE", "60000"]).int(), 3);
+}

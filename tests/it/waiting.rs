@@ -632,6 +632,165 @@ fn swapdb_carries_the_waiting_queue_with_its_key() {
     assert_eq!(info(&mut a, "k").holders[0].owner, b"b".to_vec());
 }
 
+/// Issue 38: SWAPDB with many waiters is O(1) for the module (the two
+/// databases' homes are exchanged, nothing rewritten or visited): 2,000
+/// waiters on the same 500 names in both databases, two a key (one to be
+/// granted, one whose WAIT runs out behind it), then the swap; every grant
+/// and every nil lands on its own lock, in the database SWAPDB moved it to.
+#[test]
+fn swapdb_with_2000_waiters_in_both_databases_keeps_every_queue_with_its_lock() {
+    const KEYS: usize = 500;
+    let s = Server::start();
+    let mut obs = s.conn();
+    let mut holder = [s.conn(), s.conn()];
+    for (db, c) in holder.iter_mut().enumerate() {
+        c.cmd(&["SELECT", &db.to_string()]).ok();
+        for i in 0..KEYS {
+            token(c.acquire(&format!("k{i}"), &format!("h{db}"), 60_000));
+        }
+    }
+    // Each key's queue: g (granted at the release), then t (WAIT 8 s: its
+    // nil comes while g holds).
+    let mut waiters: Vec<(usize, usize, char, Conn)> = Vec::new();
+    for who in ['g', 't'] {
+        for db in 0..2 {
+            for i in 0..KEYS {
+                let mut c = s.conn();
+                c.cmd(&["SELECT", &db.to_string()]).ok();
+                let wait = if who == 'g' { 60_000 } else { 8_000 };
+                send_wait(
+                    &mut c,
+                    "LOCK.ACQUIRE",
+                    &format!("k{i}"),
+                    &format!("{who}-{db}-{i}"),
+                    60_000,
+                    wait,
+                );
+                waiters.push((db, i, who, c));
+            }
+        }
+    }
+    wait_until(Duration::from_secs(20), "2000 waiters queued", || {
+        obs.info_field("lock", "lock_waiters") == "2000"
+    });
+    obs.cmd(&["SWAPDB", "0", "1"]).ok();
+    // Database 1 holds database 0's locks now (h0's, with their queues),
+    // and the other way round: each release is its holder's, and grants
+    // that lock's first waiter.
+    for (db, c) in holder.iter_mut().enumerate() {
+        for i in 0..KEYS {
+            let key = format!("k{i}");
+            let was = 1 - db;
+            assert_eq!(
+                c.release(&key, &format!("h{was}")).int(),
+                1,
+                "h{was} releases {key} in db {db}"
+            );
+        }
+    }
+    let mut granted = 0;
+    for (db, i, who, c) in waiters.iter_mut().filter(|w| w.2 == 'g') {
+        let r = reply_within(
+            c,
+            Duration::from_secs(10),
+            &format!("{who}-{db}-{i}'s grant"),
+        );
+        token(r);
+        granted += 1;
+    }
+    assert_eq!(granted, 2 * KEYS);
+    for (db, i, who, c) in waiters.iter_mut().filter(|w| w.2 == 't') {
+        let r = reply_within(c, Duration::from_secs(20), &format!("{who}-{db}-{i}'s nil"));
+        assert!(
+            r.is_nil(),
+            "{who}-{db}-{i}'s WAIT ran out behind the grant: {r:?}"
+        );
+    }
+    assert_eq!(obs.info_field("lock", "lock_waiters"), "0");
+    // Every lock is held by the waiter that asked for it, in the database
+    // its lock went to.
+    for db in 0..2 {
+        obs.cmd(&["SELECT", &(1 - db).to_string()]).ok();
+        for i in 0..KEYS {
+            assert_eq!(
+                holders(&mut obs, &format!("k{i}")),
+                vec![format!("g-{db}-{i}")],
+                "k{i} in db {}",
+                1 - db
+            );
+        }
+    }
+}
+
+/// Issue 38: a flush plans the visits of its waited keys over the next
+/// ticks, a piece of the queues at a time (the flush itself O(1)): 1,000
+/// waiters on 1,000 keys in each of two databases; FLUSHDB in database 0
+/// grants its 1,000 and none of database 1's, FLUSHALL then grants those.
+#[test]
+fn flushes_with_1000_waited_keys_in_each_of_two_databases_grant_each_its_own() {
+    const KEYS: usize = 1000;
+    let s = Server::start();
+    let mut obs = s.conn();
+    let mut holder = [s.conn(), s.conn()];
+    for (db, c) in holder.iter_mut().enumerate() {
+        c.cmd(&["SELECT", &db.to_string()]).ok();
+        for i in 0..KEYS {
+            token(c.acquire(&format!("k{i}"), "h", 60_000));
+        }
+    }
+    let mut waiters: Vec<Vec<Conn>> = (0..2)
+        .map(|db| {
+            (0..KEYS)
+                .map(|i| {
+                    let mut c = s.conn();
+                    c.cmd(&["SELECT", &db.to_string()]).ok();
+                    send_wait(
+                        &mut c,
+                        "LOCK.ACQUIRE",
+                        &format!("k{i}"),
+                        &format!("w-{db}-{i}"),
+                        60_000,
+                        60_000,
+                    );
+                    c
+                })
+                .collect()
+        })
+        .collect();
+    wait_until(Duration::from_secs(20), "2000 waiters queued", || {
+        obs.info_field("lock", "lock_waiters") == "2000"
+    });
+    holder[0].cmd(&["FLUSHDB"]).ok();
+    for (i, c) in waiters[0].iter_mut().enumerate() {
+        token(reply_within(
+            c,
+            Duration::from_secs(20),
+            &format!("w-0-{i}'s grant after FLUSHDB"),
+        ));
+    }
+    assert_eq!(obs.info_field("lock", "lock_waiters"), "1000");
+    assert_still_blocked(
+        &mut waiters[1][0],
+        200,
+        "database 1's waiter after FLUSHDB in 0",
+    );
+    holder[0].cmd(&["FLUSHALL"]).ok();
+    for (i, c) in waiters[1].iter_mut().enumerate() {
+        token(reply_within(
+            c,
+            Duration::from_secs(20),
+            &format!("w-1-{i}'s grant after FLUSHALL"),
+        ));
+    }
+    obs.cmd(&["SELECT", "1"]).ok();
+    for i in 0..KEYS {
+        assert_eq!(
+            holders(&mut obs, &format!("k{i}")),
+            vec![format!("w-1-{i}")]
+        );
+    }
+}
+
 #[test]
 fn set_over_the_key_answers_the_waiters_with_wrongtype() {
     let s = Server::start();
