@@ -1206,6 +1206,46 @@ fn holders(c: &mut Conn, port: u16, n: usize) -> io::Result<Vec<Row>> {
     Ok(rows)
 }
 
+/// A field of `INFO replication`.
+fn replication_field(c: &mut Conn, f: &str) -> io::Result<String> {
+    let text = c.ok(&[b"INFO", b"replication"])?.text();
+    Ok(text
+        .lines()
+        .find_map(|l| l.strip_prefix(f)?.strip_prefix(':'))
+        .unwrap_or("")
+        .trim()
+        .to_string())
+}
+
+/// Waits until replica `r`'s link to its master is up (an error past
+/// `deadline`).
+fn linked(r: &mut Conn, deadline: Instant) -> io::Result<()> {
+    while replication_field(r, "master_link_status")? != "up" {
+        if Instant::now() > deadline {
+            return Err(io::Error::other("the replica never linked"));
+        }
+        thread::sleep(Duration::from_millis(20));
+    }
+    Ok(())
+}
+
+/// Waits until replica `r` applied everything master `c` sent (or
+/// `deadline`).
+fn caught_up(c: &mut Conn, r: &mut Conn, deadline: Instant) -> io::Result<()> {
+    loop {
+        let sent: u64 = replication_field(c, "master_repl_offset")?
+            .parse()
+            .unwrap_or(u64::MAX);
+        let done: u64 = replication_field(r, "slave_repl_offset")?
+            .parse()
+            .unwrap_or(0);
+        if done >= sent || Instant::now() > deadline {
+            return Ok(());
+        }
+        thread::sleep(Duration::from_millis(5));
+    }
+}
+
 /// (8) `n` readers granted one by one on a master (`LOCK.READ`, pipelined
 /// 500 at a time) with a replica attached: the replica applies each
 /// grant's `LOCK.SYNC` on a key of up to `n` holders. The replica's longest
@@ -1238,22 +1278,8 @@ fn replica_apply(module: &Path, c: &mut Conn, port: u16, n: usize) -> io::Result
     let mut r = replica.conn()?;
     r.set_read_timeout(Duration::from_secs(600))?;
     r.ok(&[b"REPLICAOF", b"127.0.0.1", port.to_string().as_bytes()])?;
-    let field = |c: &mut Conn, f: &str| -> io::Result<String> {
-        let text = c.ok(&[b"INFO", b"replication"])?.text();
-        Ok(text
-            .lines()
-            .find_map(|l| l.strip_prefix(f)?.strip_prefix(':'))
-            .unwrap_or("")
-            .trim()
-            .to_string())
-    };
     let deadline = Instant::now() + Duration::from_secs(600);
-    while field(&mut r, "master_link_status")? != "up" {
-        if Instant::now() > deadline {
-            return Err(io::Error::other("the replica never linked"));
-        }
-        thread::sleep(Duration::from_millis(20));
-    }
+    linked(&mut r, deadline)?;
     c.ok(&[b"CONFIG", b"RESETSTAT"])?;
     r.ok(&[b"CONFIG", b"RESETSTAT"])?;
     r.ok(&[b"LATENCY", b"RESET"])?;
@@ -1275,14 +1301,7 @@ fn replica_apply(module: &Path, c: &mut Conn, port: u16, n: usize) -> io::Result
         &is_token,
     )?;
     // Until the replica applied everything the master sent.
-    loop {
-        let sent: u64 = field(c, "master_repl_offset")?.parse().unwrap_or(u64::MAX);
-        let done: u64 = field(&mut r, "slave_repl_offset")?.parse().unwrap_or(0);
-        if done >= sent || Instant::now() > deadline {
-            break;
-        }
-        thread::sleep(Duration::from_millis(5));
-    }
+    caught_up(c, &mut r, deadline)?;
     let took = t.elapsed();
     thread::sleep(Duration::from_millis(100));
     let ping = pinger.stop();
@@ -1552,22 +1571,8 @@ fn promotion(module: &Path, c: &mut Conn, port: u16, n: usize) -> io::Result<Row
     let mut r = replica.conn()?;
     r.set_read_timeout(Duration::from_secs(600))?;
     r.ok(&[b"REPLICAOF", b"127.0.0.1", port.to_string().as_bytes()])?;
-    let field = |c: &mut Conn, f: &str| -> io::Result<String> {
-        let text = c.ok(&[b"INFO", b"replication"])?.text();
-        Ok(text
-            .lines()
-            .find_map(|l| l.strip_prefix(f)?.strip_prefix(':'))
-            .unwrap_or("")
-            .trim()
-            .to_string())
-    };
     let deadline = Instant::now() + Duration::from_secs(600);
-    while field(&mut r, "master_link_status")? != "up" {
-        if Instant::now() > deadline {
-            return Err(io::Error::other("the replica never linked"));
-        }
-        thread::sleep(Duration::from_millis(20));
-    }
+    linked(&mut r, deadline)?;
     let read = |i: usize, owner: &[u8], ttl: &[u8]| {
         vec![
             b"LOCK.READ".to_vec(),
@@ -1582,14 +1587,7 @@ fn promotion(module: &Path, c: &mut Conn, port: u16, n: usize) -> io::Result<Row
     let short = SHORT_MS.to_string();
     pipelined(c, n, &|i| read(i, b"r1", short.as_bytes()), &is_token)?;
     let ends = t + Duration::from_millis(SHORT_MS);
-    loop {
-        let sent: u64 = field(c, "master_repl_offset")?.parse().unwrap_or(u64::MAX);
-        let done: u64 = field(&mut r, "slave_repl_offset")?.parse().unwrap_or(0);
-        if done >= sent || Instant::now() > deadline {
-            break;
-        }
-        thread::sleep(Duration::from_millis(5));
-    }
+    caught_up(c, &mut r, deadline)?;
     c.ok(&[b"CLIENT", b"PAUSE", b"600000", b"WRITE"])?;
     if Instant::now() > ends {
         c.ok(&[b"CLIENT", b"UNPAUSE"])?;

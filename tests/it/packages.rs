@@ -320,36 +320,38 @@ fn every_kind_single_and_cluster(set: usize) {
     // The three scripts at once, each against servers of its own (test.js
     // kills every normal connection of its server, session.js pauses its
     // server): they mostly wait, on the servers and on their leases.
+    // `script` against a server and a 3-master cluster of its own; its output.
+    let against_a_server_and_a_cluster = |script: &str, what: &str| -> String {
+        let server = Server::start();
+        let cluster = Cluster::start();
+        let out = run(
+            what,
+            Command::new("node")
+                .arg(script)
+                .current_dir(project)
+                .env("REDIS_LOCK_PORT", server.port.to_string())
+                .env("REDIS_LOCK_CLUSTER_PORT", cluster.nodes[0].port.to_string()),
+        );
+        all_passed(&format!("node {script}"), &out);
+        out
+    };
+    let script = &against_a_server_and_a_cluster;
     std::thread::scope(|s| {
         s.spawn(move || {
-            let server = Server::start();
-            let cluster = Cluster::start();
-            let out = run(
+            let out = script(
+                "test.js",
                 "the TypeScript script against a server and a cluster",
-                Command::new("node")
-                    .arg("test.js")
-                    .current_dir(project)
-                    .env("REDIS_LOCK_PORT", server.port.to_string())
-                    .env("REDIS_LOCK_CLUSTER_PORT", cluster.nodes[0].port.to_string()),
             );
-            all_passed("node test.js", &out);
             // The notice latency of a lost lease, as the script measured it.
             for line in out.lines().filter(|l| l.contains(" told after ")) {
                 println!("{}", line.trim());
             }
         });
         s.spawn(move || {
-            let server = Server::start();
-            let cluster = Cluster::start();
-            let out = run(
+            let out = script(
+                "session.js",
                 "the sessions script against a server and a cluster",
-                Command::new("node")
-                    .arg("session.js")
-                    .current_dir(project)
-                    .env("REDIS_LOCK_PORT", server.port.to_string())
-                    .env("REDIS_LOCK_CLUSTER_PORT", cluster.nodes[0].port.to_string()),
             );
-            all_passed("node session.js", &out);
             assert!(
                 out.contains("locks in a Session survive every connection of the holder killed"),
                 "the fault test ran:\n{out}"
