@@ -754,7 +754,7 @@ static int register_names(RedisModuleCtx *ctx) {
     static const char *names[] = {
         "lock.acquire", "lock.racquire", "lock.read",      "lock.semaphore",
         "lock.macquire", "lock.release", "lock.renew",     "lock.info",
-        "lock.keepalive", "lock.guard",  "lock.sync",
+        "lock.keepalive", "lock.guard",  "lock.session",   "lock.sync",
     };
     for (size_t i = 0; i < sizeof(names) / sizeof(names[0]); i++) {
         RedisModuleCmdFunc fn = stub_cmd;
