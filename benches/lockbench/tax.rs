@@ -21,8 +21,8 @@
 //! run, again with 10,000 clients waiting on 10,000 other keys; and other
 //! clients' writes on those servers beside the API's floor in the same
 //! shape (`floor_rows`: as many plain keys where the lock server holds
-//! locks, as many idle connections as it has waiters), with the module's
-//! own code a write.
+//! locks, as many connections blocked as it has waiters, a module timer
+//! where it plans a visit), with the module's own code a write.
 
 use std::fs;
 use std::io::{self, Read, Write};
@@ -240,9 +240,18 @@ fn window(
     dump_totals(&newest_dump(server.dir())?)
 }
 
-/// The instructions of `dump` in the module's own code (`libredis_lock`),
-/// from `callgrind_annotate`.
+/// The instructions of `dump` in the module's own code (the object
+/// loaded from `REDIS_LOCK_MODULE`'s file, `libredis_lock.so` unless it is
+/// named otherwise), from `callgrind_annotate`.
 fn own_code(dump: &Path) -> io::Result<u64> {
+    let module = crate::server::module_path()?;
+    let object = format!(
+        "{}]",
+        module
+            .file_name()
+            .and_then(|n| n.to_str())
+            .unwrap_or("libredis_lock.so")
+    );
     let out = Command::new("callgrind_annotate")
         .arg("--threshold=100")
         .arg(dump)
@@ -250,7 +259,7 @@ fn own_code(dump: &Path) -> io::Result<u64> {
     let text = String::from_utf8_lossy(&out.stdout);
     Ok(text
         .lines()
-        .filter(|l| l.contains("libredis_lock"))
+        .filter(|l| l.contains(&object))
         .filter_map(|l| {
             l.split_whitespace()
                 .next()?
@@ -793,7 +802,7 @@ pub fn callgrind_table(runs: &[Vec<Row>], requests: usize) -> String {
     line(&format!("another client's {}", set.label()), set.short());
     if !get("busy-writes:expire").is_nan() {
         s.push_str(&format!(
-            "\n#### Other clients' writes while locks are in use ({requests} requests each)\n\nOn keys that are not locks, database 0, `hz 1`, each beside the API's floor in the same shape: quiet (no lock; the floor: nothing), busy (database 1 as above: three locks, one client waiting; the floor: three plain keys of the same names and TTLs, one idle connection more), and with 10,000 more locks, each waited for (the floor: 10,000 plain keys more, 10,000 idle connections more). The module's own code: `libredis_lock.so`'s instructions a write, from the same dumps.\n\n| | floor, quiet | quiet | - floor | floor, busy | busy | - floor | own code | floor, 10,000 keys | 10,000 locks waited for | - floor | own code |\n|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n"
+            "\n#### Other clients' writes while locks are in use ({requests} requests each)\n\nOn keys that are not locks, database 0, `hz 1`, each beside the API's floor in the same shape: quiet (no lock; the floor: nothing), busy (database 1 as above: three locks, one client waiting; the floor: three plain keys of the same names and TTLs, one connection more blocked by the floor's `LOCK.ACQUIRE ... WAIT 0` as redis-lock blocks a waiter, and a module timer armed where redis-lock plans its visit), and with 10,000 more locks, each waited for (the floor: 10,000 plain keys more, 10,000 connections more blocked). The module's own code: `libredis_lock.so`'s instructions a write, from the same dumps.\n\n| | floor, quiet | quiet | - floor | floor, busy | busy | - floor | own code | floor, 10,000 keys | 10,000 locks waited for | - floor | own code |\n|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n"
         ));
         for w in OtherWrite::ALL {
             let at = |tag: &str| get(&format!("{tag}:{}", w.short()));

@@ -289,7 +289,7 @@ static NEXT_UNSURE: AtomicBool = AtomicBool::new(false);
 /// 255 when more (stuck there until the table is emptied or rebuilt). A
 /// slot at 0 holds no lock's name: most other names are answered there,
 /// in one load, while the lock names are few beside the slots (1 in 22 of
-/// them "maybe" with 3,000 lock names, about 1 in 7 with 10,000); the rest
+/// them "maybe" with 3,000 lock names, about 1 in 6 with 10,000); the rest
 /// go on to the table. It follows the table's events (a name counted, an
 /// unlink, a rebuild's scan into [`PROBE_NEXT`], copied over at its end,
 /// emptied with it), so a counted name's slot is never 0. Static: 64 KiB,
