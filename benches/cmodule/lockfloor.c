@@ -685,23 +685,86 @@ static int subscribe_empty(RedisModuleCtx *ctx) {
 /* The command names redis-lock registers, in its order (src/lib.rs's
  * COMMANDS), so that the server's command table holds the same names laid
  * out the same way: a lookup of another command walks what it walks beside
- * redis-lock. Each refuses every call. */
+ * redis-lock. Each refuses every call, but for two that give the floor the
+ * shape of a server where locks are in use (the bench's busy shape), so
+ * that what Redis itself does for it counts on both sides:
+ *
+ * - LOCK.ACQUIRE key owner ttl WAIT ms blocks its caller as redis-lock
+ *   blocks a waiter (src/state/waiting.rs): RedisModule_BlockClient with a
+ *   reply callback, a free callback, a disconnect callback and no timeout
+ *   of Redis's (redis-lock keeps its waiters' deadlines itself). Nothing
+ *   unblocks it but its connection's close.
+ * - LOCK.READ key owner ttl arms a module timer ttl ms away, as redis-lock
+ *   plans a visit of a shared lock whose readers' leases run out apart
+ *   (src/state/timers.rs: one module timer at the earliest visit). It
+ *   replies 1 and never fires in a bench's life. */
 static int stub_cmd(RedisModuleCtx *ctx, RedisModuleString **argv, int argc) {
     (void)argv;
     (void)argc;
     return RedisModule_ReplyWithError(ctx, "ERR events-only");
 }
 
+static int waiter_reply(RedisModuleCtx *ctx, RedisModuleString **argv, int argc) {
+    (void)argv;
+    (void)argc;
+    return RedisModule_ReplyWithNull(ctx);
+}
+
+static void waiter_free(RedisModuleCtx *ctx, void *privdata) {
+    (void)ctx;
+    (void)privdata;
+}
+
+static void waiter_gone(RedisModuleCtx *ctx, RedisModuleBlockedClient *bc) {
+    (void)ctx;
+    RedisModule_UnblockClient(bc, NULL);
+}
+
+static int arg_is(RedisModuleString *arg, const char *word) {
+    size_t len;
+    const char *s = RedisModule_StringPtrLen(arg, &len);
+    return len == strlen(word) && strncasecmp(s, word, len) == 0;
+}
+
+static int stub_acquire(RedisModuleCtx *ctx, RedisModuleString **argv, int argc) {
+    if (argc != 6 || !arg_is(argv[4], "wait"))
+        return stub_cmd(ctx, argv, argc);
+    RedisModuleBlockedClient *bc =
+        RedisModule_BlockClient(ctx, waiter_reply, NULL, waiter_free, 0);
+    if (!bc)
+        return RedisModule_ReplyWithError(ctx, "ERR could not block");
+    RedisModule_SetDisconnectCallback(bc, waiter_gone);
+    return REDISMODULE_OK;
+}
+
+static void visit_due(RedisModuleCtx *ctx, void *data) {
+    (void)ctx;
+    (void)data;
+}
+
+static int stub_read(RedisModuleCtx *ctx, RedisModuleString **argv, int argc) {
+    long long ttl;
+    if (argc != 4 || RedisModule_StringToLongLong(argv[3], &ttl) == REDISMODULE_ERR || ttl <= 0)
+        return stub_cmd(ctx, argv, argc);
+    RedisModule_CreateTimer(ctx, ttl, visit_due, NULL);
+    return RedisModule_ReplyWithLongLong(ctx, 1);
+}
+
 static int register_names(RedisModuleCtx *ctx) {
     static const char *names[] = {
         "lock.acquire", "lock.racquire", "lock.read",      "lock.semaphore",
         "lock.macquire", "lock.release", "lock.renew",     "lock.info",
-        "lock.keepalive", "lock.guard",  "lock.sync",
+        "lock.keepalive", "lock.guard",  "lock.session",   "lock.sync",
     };
-    for (size_t i = 0; i < sizeof(names) / sizeof(names[0]); i++)
-        if (RedisModule_CreateCommand(ctx, names[i], stub_cmd, "write", 0, 0, 0) ==
-            REDISMODULE_ERR)
+    for (size_t i = 0; i < sizeof(names) / sizeof(names[0]); i++) {
+        RedisModuleCmdFunc fn = stub_cmd;
+        if (strcmp(names[i], "lock.acquire") == 0)
+            fn = stub_acquire;
+        else if (strcmp(names[i], "lock.read") == 0)
+            fn = stub_read;
+        if (RedisModule_CreateCommand(ctx, names[i], fn, "write", 0, 0, 0) == REDISMODULE_ERR)
             return REDISMODULE_ERR;
+    }
     return REDISMODULE_OK;
 }
 

@@ -21,8 +21,8 @@
 //! run, again with 10,000 clients waiting on 10,000 other keys; and other
 //! clients' writes on those servers beside the API's floor in the same
 //! shape (`floor_rows`: as many plain keys where the lock server holds
-//! locks, as many idle connections as it has waiters), with the module's
-//! own code a write.
+//! locks, as many connections blocked as it has waiters, a module timer
+//! where it plans a visit), with the module's own code a write.
 
 use std::fs;
 use std::io::{self, Read, Write};
@@ -42,6 +42,14 @@ const REST_SECS: u64 = 3;
 const CONNS: usize = 1000;
 /// The busy server's waiters in the full run's second busy shape.
 const MANY_WAITERS: usize = 10_000;
+
+/// `LOCKBENCH_TAX_WRITES=1` (with `--callgrind --only 11`): the third
+/// table's busy columns alone, the API's floor and the module with one
+/// client waiting (their dumps in `tax-floor-busy/` and `tax-busy/`): a
+/// few minutes, for work on that path.
+fn writes_only() -> bool {
+    std::env::var("LOCKBENCH_TAX_WRITES").is_ok_and(|v| !v.is_empty() && v != "0")
+}
 
 /// The three servers of the tax table.
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -232,9 +240,18 @@ fn window(
     dump_totals(&newest_dump(server.dir())?)
 }
 
-/// The instructions of `dump` in the module's own code (`libredis_lock`),
-/// from `callgrind_annotate`.
+/// The instructions of `dump` in the module's own code (the object
+/// loaded from `REDIS_LOCK_MODULE`'s file, `libredis_lock.so` unless it is
+/// named otherwise), from `callgrind_annotate`.
 fn own_code(dump: &Path) -> io::Result<u64> {
+    let module = crate::server::module_path()?;
+    let object = format!(
+        "{}]",
+        module
+            .file_name()
+            .and_then(|n| n.to_str())
+            .unwrap_or("libredis_lock.so")
+    );
     let out = Command::new("callgrind_annotate")
         .arg("--threshold=100")
         .arg(dump)
@@ -242,7 +259,7 @@ fn own_code(dump: &Path) -> io::Result<u64> {
     let text = String::from_utf8_lossy(&out.stdout);
     Ok(text
         .lines()
-        .filter(|l| l.contains("libredis_lock"))
+        .filter(|l| l.contains(&object))
         .filter_map(|l| {
             l.split_whitespace()
                 .next()?
@@ -388,9 +405,12 @@ fn write_rows_own(
 
 /// The busy shape of [`make_busy`] on the API's floor, which has no
 /// locks: in database 1 as many plain keys (with the same names and a
-/// lease's TTL) as the lock server holds locks, and as many open
-/// connections, idle, as it has waiting clients; so that what Redis does
-/// for a fuller database or more connections counts on both sides.
+/// lease's TTL) as the lock server holds locks, and as many connections
+/// blocked as it has waiting clients (the floor's `LOCK.ACQUIRE ... WAIT
+/// 0` blocks its caller as redis-lock blocks a waiter), and a module timer
+/// armed where redis-lock plans the shared lock's visit (the floor's
+/// `LOCK.READ`); so that what Redis does for a fuller database, blocked
+/// clients and a timer counts on both sides.
 fn make_plain_busy(port: u16, waiters: usize) -> io::Result<Vec<TcpStream>> {
     let mut keep = Vec::new();
     let mut holder = TcpStream::connect((Ipv4Addr::LOCALHOST, port))?;
@@ -420,8 +440,18 @@ fn make_plain_busy(port: u16, waiters: usize) -> io::Result<Vec<TcpStream>> {
             ],
         );
     }
+    // The visit redis-lock plans at the second reader's deadline.
+    encode(
+        &mut buf,
+        &[
+            Arg::B(b"LOCK.READ"),
+            Arg::B(b"busy:shared"),
+            Arg::B(b"r2"),
+            Arg::B(b"3500000"),
+        ],
+    );
     holder.write_all(&buf)?;
-    let want = 1 + waiters + 2;
+    let want = 1 + waiters + 2 + 1;
     let mut got = 0;
     let mut chunk = [0u8; 65536];
     holder.set_read_timeout(Some(Duration::from_secs(120)))?;
@@ -433,21 +463,63 @@ fn make_plain_busy(port: u16, waiters: usize) -> io::Result<Vec<TcpStream>> {
         got += chunk[..n].iter().filter(|b| **b == b'\n').count();
     }
     keep.push(holder);
-    for _ in 0..waiters {
+    for i in 0..waiters {
         let mut s = TcpStream::connect((Ipv4Addr::LOCALHOST, port))?;
-        s.write_all(b"*2\r\n$6\r\nSELECT\r\n$1\r\n1\r\n")?;
-        let mut reply = [0u8; 5];
-        s.read_exact(&mut reply)?;
+        s.write_all(&waiter_request(i))?;
         keep.push(s);
     }
+    wait_for(port, "clients", "blocked_clients", waiters)?;
     Ok(keep)
+}
+
+/// A waiting client's request: `SELECT 1`, then `LOCK.ACQUIRE` of a held
+/// key with `WAIT 0` (no limit).
+fn waiter_request(i: usize) -> Vec<u8> {
+    let mut buf = Vec::new();
+    encode(&mut buf, &[Arg::B(b"SELECT"), Arg::B(b"1")]);
+    encode(
+        &mut buf,
+        &[
+            Arg::B(b"LOCK.ACQUIRE"),
+            Arg::K(b"busy:held:", i),
+            Arg::K(b"waiter:", i),
+            Arg::B(b"3600000"),
+            Arg::B(b"WAIT"),
+            Arg::B(b"0"),
+        ],
+    );
+    buf
+}
+
+/// Waits until `INFO <section>`'s `field` reads at least `n`.
+fn wait_for(port: u16, section: &str, field: &str, n: usize) -> io::Result<()> {
+    let mut c = crate::server::connect(port)?;
+    let start = Instant::now();
+    loop {
+        let got: usize = c.try_info_field(section, field)?.parse().unwrap_or(0);
+        if got >= n {
+            return Ok(());
+        }
+        if start.elapsed() > Duration::from_secs(600) {
+            return Err(io::Error::other(format!(
+                "{field}: {got} of {n} after 600 s"
+            )));
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
 }
 
 /// Other clients' writes on the API's floor, quiet and in the busy shape
 /// of the lock server beside it ([`make_plain_busy`]), at its `hz`: rows
 /// `floor-<tag>-writes:<write>`.
-fn floor_rows(dir: &Path, floor: &Path, requests: usize, rows: &mut Vec<Row>) -> io::Result<()> {
-    for waiters in [1, MANY_WAITERS] {
+fn floor_rows(
+    dir: &Path,
+    floor: &Path,
+    requests: usize,
+    shapes: &[usize],
+    rows: &mut Vec<Row>,
+) -> io::Result<()> {
+    for &waiters in shapes {
         let tag = match waiters {
             1 => "busy".to_string(),
             n => format!("busy{}k", n / 1000),
@@ -463,7 +535,7 @@ fn floor_rows(dir: &Path, floor: &Path, requests: usize, rows: &mut Vec<Row>) ->
         ]);
         let mut p = Profiled::start(&opts)?;
         p.flush_db_only = true;
-        if waiters == 1 {
+        if waiters == 1 && !writes_only() {
             write_rows(&mut p, "floor-quiet-writes", requests, rows)?;
         }
         let keep = p.uninstrumented(|p| make_plain_busy(p.port(), waiters))?;
@@ -524,39 +596,10 @@ fn make_busy(port: u16, waiters: usize) -> io::Result<Vec<TcpStream>> {
     keep.push(holder);
     for i in 0..waiters {
         let mut s = TcpStream::connect((Ipv4Addr::LOCALHOST, port))?;
-        let mut buf = Vec::new();
-        encode(&mut buf, &[Arg::B(b"SELECT"), Arg::B(b"1")]);
-        encode(
-            &mut buf,
-            &[
-                Arg::B(b"LOCK.ACQUIRE"),
-                Arg::K(b"busy:held:", i),
-                Arg::K(b"waiter:", i),
-                Arg::B(b"3600000"),
-                Arg::B(b"WAIT"),
-                Arg::B(b"0"),
-            ],
-        );
-        s.write_all(&buf)?;
+        s.write_all(&waiter_request(i))?;
         keep.push(s);
     }
-    let mut c = crate::server::connect(port)?;
-    let start = Instant::now();
-    loop {
-        let n: usize = c
-            .try_info_field("lock", "lock_waiters")?
-            .parse()
-            .unwrap_or(0);
-        if n >= waiters {
-            break;
-        }
-        if start.elapsed() > Duration::from_secs(600) {
-            return Err(io::Error::other(format!(
-                "{n} of {waiters} waiters after 600 s"
-            )));
-        }
-        std::thread::sleep(Duration::from_millis(100));
-    }
+    wait_for(port, "lock", "lock_waiters", waiters)?;
     Ok(keep)
 }
 
@@ -590,8 +633,9 @@ fn busy_rows(
     all: bool,
     rows: &mut Vec<Row>,
 ) -> io::Result<()> {
+    let writes_only = all && writes_only();
     for waiters in [1, MANY_WAITERS] {
-        if waiters != 1 && !all {
+        if waiters != 1 && (!all || writes_only) {
             continue;
         }
         let tag = match waiters {
@@ -605,7 +649,7 @@ fn busy_rows(
         let mut p = Profiled::start(&opts)?;
         p.flush_db_only = true;
         // (Not with `make bench-check`, which gates the busy rows alone.)
-        if waiters == 1 && all {
+        if waiters == 1 && all && !writes_only {
             lock_rows(&mut p, "quiet", requests, rows)?;
             write_rows_own(&mut p, "quiet-writes", requests, true, rows)?;
         }
@@ -618,7 +662,9 @@ fn busy_rows(
         if all {
             write_rows_own(&mut p, &format!("{tag}-writes"), requests, true, rows)?;
         }
-        lock_rows(&mut p, &tag, requests, rows)?;
+        if !writes_only {
+            lock_rows(&mut p, &tag, requests, rows)?;
+        }
         drop(keep);
     }
     Ok(())
@@ -629,6 +675,12 @@ fn busy_rows(
 pub fn profile(dir: &Path, module: &Path, requests: usize, all: bool) -> io::Result<Vec<Row>> {
     fs::create_dir_all(dir)?;
     let mut rows = Vec::new();
+    if all && writes_only() {
+        // The third table's busy columns alone (one waiter).
+        floor_rows(dir, &profile::build_floor(dir)?, requests, &[1], &mut rows)?;
+        busy_rows(dir, module, requests, all, &mut rows)?;
+        return Ok(rows);
+    }
     let sides: Vec<(Side, PathBuf)> = match all {
         true => vec![
             (Side::Plain, PathBuf::new()),
@@ -645,7 +697,7 @@ pub fn profile(dir: &Path, module: &Path, requests: usize, all: bool) -> io::Res
             writes(dir, *side, load, requests, &mut rows)?;
         }
         if let Some((_, floor)) = sides.iter().find(|(s, _)| *s == Side::Floor) {
-            floor_rows(dir, floor, requests, &mut rows)?;
+            floor_rows(dir, floor, requests, &[1, MANY_WAITERS], &mut rows)?;
         }
     }
     busy_rows(dir, module, requests, all, &mut rows)?;
@@ -750,7 +802,7 @@ pub fn callgrind_table(runs: &[Vec<Row>], requests: usize) -> String {
     line(&format!("another client's {}", set.label()), set.short());
     if !get("busy-writes:expire").is_nan() {
         s.push_str(&format!(
-            "\n#### Other clients' writes while locks are in use ({requests} requests each)\n\nOn keys that are not locks, database 0, `hz 1`, each beside the API's floor in the same shape: quiet (no lock; the floor: nothing), busy (database 1 as above: three locks, one client waiting; the floor: three plain keys of the same names and TTLs, one idle connection more), and with 10,000 more locks, each waited for (the floor: 10,000 plain keys more, 10,000 idle connections more). The module's own code: `libredis_lock.so`'s instructions a write, from the same dumps.\n\n| | floor, quiet | quiet | - floor | floor, busy | busy | - floor | own code | floor, 10,000 keys | 10,000 locks waited for | - floor | own code |\n|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n"
+            "\n#### Other clients' writes while locks are in use ({requests} requests each)\n\nOn keys that are not locks, database 0, `hz 1`, each beside the API's floor in the same shape: quiet (no lock; the floor: nothing), busy (database 1 as above: three locks, one client waiting; the floor: three plain keys of the same names and TTLs, one connection more blocked by the floor's `LOCK.ACQUIRE ... WAIT 0` as redis-lock blocks a waiter, and a module timer armed where redis-lock plans its visit), and with 10,000 more locks, each waited for (the floor: 10,000 plain keys more, 10,000 connections more blocked). The module's own code: `libredis_lock.so`'s instructions a write, from the same dumps.\n\n| | floor, quiet | quiet | - floor | floor, busy | busy | - floor | own code | floor, 10,000 keys | 10,000 locks waited for | - floor | own code |\n|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n"
         ));
         for w in OtherWrite::ALL {
             let at = |tag: &str| get(&format!("{tag}:{}", w.short()));

@@ -176,26 +176,79 @@ extern "C" fn on_generic(
         return raw::REDISMODULE_OK as c_int;
     }
     // While some lock exists, an event on a name no lock has is answered
-    // first, by the name alone (a `del` by its first byte): one byte says
-    // nothing else matters
+    // first, by the name alone (a `del` and a `rename_to` by their event:
+    // `no_by_event`): one byte says nothing else matters
     // (`keys::ATTENTION`), the name is read in place (`ffi::in_place`),
     // hashed and looked up in two loads (`keys::quick_no`), before the
-    // event's name is looked at; no call, no stack frame, the rest (and
-    // names past 32 bytes) out of line.
-    let attention = keys::ATTENTION.load(Ordering::Relaxed);
-    if attention == 0 {
-        // `del` matters only after a lock was unlinked (an attention bit):
-        // its first byte says so, before the name.
-        // SAFETY: Redis passes the event's name NUL-terminated.
-        if !event.is_null() && unsafe { *event } as u8 == b'd' {
-            return raw::REDISMODULE_OK as c_int;
+    // rest of the event's name is looked at; no call, the rest (and names
+    // past 32 bytes) out of line.
+    if keys::ATTENTION.load(Ordering::Relaxed) != 0 {
+        return on_generic_attended(raw_ctx, event, key);
+    }
+    // SAFETY: `key` is the live string Redis passed; with no
+    // `NOT_IN_PLACE` bit, the layout was checked at load.
+    if no_by_event(event) || unsafe { ffi::in_place(key) }.is_some_and(keys::probe_no) {
+        return raw::REDISMODULE_OK as c_int;
+    }
+    on_generic_maybe(raw_ctx, event, key)
+}
+
+/// [`on_generic`] past the name's probe (`keys::quick_no`'s first half):
+/// the filter's table, then the rest.
+#[inline(never)]
+extern "C" fn on_generic_maybe(
+    raw_ctx: *mut raw::RedisModuleCtx,
+    event: *const c_char,
+    key: *mut raw::RedisModuleString,
+) -> c_int {
+    // SAFETY: as in `on_generic`.
+    if unsafe { ffi::in_place(key) }.is_some_and(keys::table_no) {
+        return raw::REDISMODULE_OK as c_int;
+    }
+    on_generic_locks(raw_ctx, event, key)
+}
+
+/// With no bit of [`keys::ATTENTION`] set but `NOT_IN_PLACE`, whether the
+/// event alone says it is about no lock, before the key's name: a
+/// `del` (it matters only after a lock was unlinked, an attention bit),
+/// or a `rename_to` (its `rename_from` was answered no by the name: a lock
+/// renamed is unlinked from its old name first, and the look at its
+/// `rename_from` sets `MOVING`; so the value it names now is no lock).
+#[inline(always)]
+fn no_by_event(event: *const c_char) -> bool {
+    if event.is_null() {
+        return true;
+    }
+    // SAFETY: Redis passes the event's name NUL-terminated: a byte is
+    // read only after every one before it was seen not to be NUL.
+    let at = |i: usize| unsafe { *event.add(i) } as u8;
+    match at(0) {
+        b'd' => true,
+        b'r' => {
+            at(1) == b'e'
+                && at(2) == b'n'
+                && at(3) == b'a'
+                && at(4) == b'm'
+                && at(5) == b'e'
+                && at(6) == b'_'
+                && at(7) == b't'
         }
-        // SAFETY: `key` is the live string Redis passed; with no
-        // `NOT_IN_PLACE` bit, the layout was checked at load.
-        if unsafe { ffi::in_place(key) }.is_some_and(keys::quick_no) {
-            return raw::REDISMODULE_OK as c_int;
-        }
-    } else if attention == keys::NOT_IN_PLACE {
+        _ => false,
+    }
+}
+
+/// [`on_generic`] with [`keys::ATTENTION`] set: names not read in place
+/// on this server, or a reason to look past the name's answer. (This and
+/// the other parts out of line are `extern "C"`, which never unwind: so
+/// [`on_generic`] calls them without a landing pad, and its own path
+/// keeps no stack frame.)
+#[inline(never)]
+extern "C" fn on_generic_attended(
+    raw_ctx: *mut raw::RedisModuleCtx,
+    event: *const c_char,
+    key: *mut raw::RedisModuleString,
+) -> c_int {
+    if keys::ATTENTION.load(Ordering::Relaxed) == keys::NOT_IN_PLACE {
         return on_generic_read_by_call(raw_ctx, event, key);
     }
     on_generic_locks(raw_ctx, event, key)
@@ -204,13 +257,12 @@ extern "C" fn on_generic(
 /// [`on_generic`] on a server whose strings are not read in place: the
 /// name through `RM_StringPtrLen`, then answered as there.
 #[inline(never)]
-fn on_generic_read_by_call(
+extern "C" fn on_generic_read_by_call(
     raw_ctx: *mut raw::RedisModuleCtx,
     event: *const c_char,
     key: *mut raw::RedisModuleString,
 ) -> c_int {
-    // SAFETY: as in `on_generic`.
-    if (!event.is_null() && unsafe { *event } as u8 == b'd') || keys::quick_no(ffi::name_of(key)) {
+    if no_by_event(event) || keys::quick_no(ffi::name_of(key)) {
         return raw::REDISMODULE_OK as c_int;
     }
     on_generic_locks(raw_ctx, event, key)
@@ -219,7 +271,7 @@ fn on_generic_read_by_call(
 /// [`on_generic`] past the name's first answer (a name that may be a
 /// lock's, or [`keys::ATTENTION`] set).
 #[inline(never)]
-fn on_generic_locks(
+extern "C" fn on_generic_locks(
     raw_ctx: *mut raw::RedisModuleCtx,
     event: *const c_char,
     key: *mut raw::RedisModuleString,

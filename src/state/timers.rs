@@ -394,17 +394,30 @@ fn arm(index: &mut Index, not_before: u64) {
         api!(RedisModule_StopTimer(ctx, id, &mut data));
     }
     if let Some(at) = first {
-        let delay = at.saturating_sub(clock::now_ms());
-        let delay = ffi::int(delay);
+        let now = clock::now_ms();
+        let delay = at.saturating_sub(now).min(MAX_DELAY_MS);
         let id = api!(RedisModule_CreateTimer(
             ctx,
-            delay,
+            ffi::int(delay),
             Some(on_timer),
             std::ptr::null_mut()
         ));
-        index.armed = id.map(|id| (id, at));
+        // When it fires: `at`, or the step towards it.
+        let fires = at.min(now.saturating_add(MAX_DELAY_MS));
+        index.armed = id.map(|id| (id, fires));
     }
 }
+
+/// The farthest the timer is armed: a visit further away is reached in
+/// steps (a tick that finds nothing due arms it again). Redis 7.0 keeps a
+/// module timer's next firing as an `int` of microseconds (`ae.c`,
+/// `retval * 1000`, fixed in Redis 7.2 by redis/redis#12474; Redis 8's
+/// callback still returns an `int` of milliseconds, past 24.8 days): a
+/// module timer more than 35.8 minutes away, once any module timer has
+/// fired before it, overflows, and the event loop spins without sleeping
+/// (every turn fires the timer handler, which finds nothing due) until it
+/// is nearer; 30 minutes stays under both.
+const MAX_DELAY_MS: u64 = 30 * 60 * 1000;
 
 /// What a tick has to do; the handler registered at load does it.
 pub struct Due {
