@@ -21,7 +21,7 @@ use std::sync::atomic::{AtomicPtr, AtomicU64, Ordering};
 
 use redis_module::raw;
 
-use crate::redis::ffi::api;
+use crate::redis::ffi::{self, api};
 
 /// The registered filter, if any.
 static FILTER: AtomicPtr<raw::RedisModuleCommandFilter> = AtomicPtr::new(std::ptr::null_mut());
@@ -88,21 +88,19 @@ fn runs_scripts(name: &[u8]) -> bool {
 
 extern "C" fn on_command(fctx: *mut raw::RedisModuleCommandFilterCtx) {
     // No panic can happen here (no indexing, no unwrap); nothing to catch.
+    // Every command of every client comes here while some holder is bound:
+    // the name read in place where the server allows it (`ffi::name_of`),
+    // and most names told apart by their length and first byte.
     let Some(arg) = api!(RedisModule_CommandFilterArgGet(fctx, 0)) else {
         return;
     };
     if arg.is_null() {
         return;
     }
-    let mut len: usize = 0;
-    let Some(ptr) = api!(RedisModule_StringPtrLen(arg, &mut len)) else {
-        return;
-    };
-    if ptr.is_null() || !(4..=10).contains(&len) {
+    let name = ffi::name_of(arg);
+    if !(4..=10).contains(&name.len()) || !matches!(name.first(), Some(b'e' | b'E' | b'f' | b'F')) {
         return;
     }
-    // SAFETY: Redis's string, `len` bytes, alive for this callback.
-    let name = unsafe { std::slice::from_raw_parts(ptr.cast::<u8>(), len) };
     if runs_scripts(name) {
         if let Some(id) = api!(RedisModule_CommandFilterGetClientId(fctx)) {
             CALLER.store(id, Ordering::Relaxed);

@@ -175,7 +175,7 @@ fn a_semaphore_is_replicated_with_its_limit_and_keepalive_serves_its_holders() {
     let replica = Server::start();
     replica.replicaof(&master);
     let mut c = master.conn();
-    token(c.cmd(&["LOCK.SEMAPHORE", "s", "5", "a", "1000", "BIND"]));
+    token(c.cmd(&["LOCK.SEMAPHORE", "s", "5", "a", "5000", "BIND"]));
     token(sem(&mut c, "s", "5", "b", "60000"));
     assert_eq!(c.cmd(&["LOCK.KEEPALIVE", "60000"]).int(), 1);
     assert!(c.lock_info("s").unwrap().holder("a").ttl > 30_000);
