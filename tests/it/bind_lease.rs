@@ -377,3 +377,68 @@ fn an_aof_of_the_two_effect_form_still_loads() {
     assert!(c.lock_info("forged").is_none());
     assert!(ttl_of(&mut c, "old") > 700_000);
 }
+
+/// RENAME and MOVE of a key whose readers are bound to many connections:
+/// every holder goes along, each still follows its own connection's lease
+/// (its KEEPALIVE renews it, its close releases it and no other). Before,
+/// the first follower brought back let go of the key's others still to
+/// come: one RENAME dropped every bound reader but one.
+#[test]
+fn rename_and_move_carry_every_bound_reader_of_many_connections() {
+    const CONNS: usize = 10;
+    const EACH: usize = 300;
+    let s = Server::start();
+    let mut c = s.conn();
+    c.cmd(&["CONFIG", "SET", "lock.max-holders", "10000"]).ok();
+    let mut conns: Vec<Conn> = (0..CONNS).map(|_| s.conn()).collect();
+    for (n, conn) in conns.iter_mut().enumerate() {
+        for i in 0..EACH {
+            let owner = format!("c{n}-r{i}");
+            conn.push(&[
+                b"LOCK.READ".as_slice(),
+                b"k",
+                owner.as_bytes(),
+                b"60000",
+                b"BIND",
+            ]);
+        }
+        conn.flush().unwrap();
+        for _ in 0..EACH {
+            token(&conn.read_reply().unwrap());
+        }
+    }
+    let all = (CONNS * EACH) as i64;
+    let holders = |c: &mut Conn, key: &str| c.lock_info(key).map_or(0, |i| i.holders.len());
+    assert_eq!(holders(&mut c, "k"), CONNS * EACH);
+    c.cmd(&["RENAME", "k", "k2"]).ok();
+    assert_eq!(
+        holders(&mut c, "k2"),
+        CONNS * EACH,
+        "RENAME carried them all"
+    );
+    assert_eq!(info_field_of(&mut c, "bound_holders"), all);
+    c.cmd(&["MOVE", "k2", "3"]).int();
+    c.cmd(&["SELECT", "3"]).ok();
+    assert_eq!(holders(&mut c, "k2"), CONNS * EACH, "MOVE carried them all");
+    assert_eq!(info_field_of(&mut c, "bound_holders"), all);
+    // Each connection renews its own, and only those.
+    for conn in conns.iter_mut() {
+        assert_eq!(conn.cmd(&["LOCK.KEEPALIVE", "90000"]).int(), EACH as i64);
+    }
+    let info = c.lock_info("k2").unwrap();
+    assert!(info.holders.iter().all(|h| h.ttl > 60_000), "all renewed");
+    // A close releases its own readers, no other.
+    drop(conns.pop());
+    wait_until(
+        Duration::from_secs(30),
+        "the closed one's readers released",
+        || holders(&mut c, "k2") == (CONNS - 1) * EACH,
+    );
+    let info = c.lock_info("k2").unwrap();
+    let gone = format!("c{}-", CONNS - 1);
+    assert!(info
+        .holders
+        .iter()
+        .all(|h| !h.owner.starts_with(gone.as_bytes())));
+    assert_eq!(info_field_of(&mut c, "bound_holders"), all - EACH as i64);
+}
