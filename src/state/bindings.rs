@@ -1668,4 +1668,67 @@ mod tests {
         assert_eq!(count(), 0);
         assert_eq!(memory(), 0);
     }
+
+    /// This thread's CPU time (a loaded machine's preemptions not counted).
+    fn thread_cpu() -> std::time::Duration {
+        #[repr(C)]
+        struct Timespec {
+            s: i64,
+            ns: i64,
+        }
+        extern "C" {
+            fn clock_gettime(clock: i32, ts: *mut Timespec) -> i32;
+        }
+        let mut t = Timespec { s: 0, ns: 0 };
+        // SAFETY: `t` is a valid timespec for the call to fill.
+        unsafe { clock_gettime(3, &mut t) };
+        std::time::Duration::new(t.s.max(0) as u64, t.ns.clamp(0, 999_999_999) as u32)
+    }
+
+    /// The figure of benchmarks.md section 10's in-process row: a million
+    /// bindings on one connection, released every other one a round in
+    /// the order bound down to 1,000; the longest release's thread CPU
+    /// time. `cargo test --release --lib unbinds_in_halving_rounds --
+    /// --ignored --nocapture` (run alone: the registry is process-wide).
+    #[test]
+    #[ignore]
+    fn unbinds_in_halving_rounds() {
+        const N: u64 = 1_000_000;
+        let ex = Mode::Exclusive;
+        let names: Vec<String> = (0..N).map(|i| format!("g:{i}")).collect();
+        for (i, name) in names.iter().enumerate() {
+            bind_new(77, 0, name.as_bytes(), b"O", 1 + i as u64, ex);
+        }
+        let mut live: Vec<u64> = (0..N).collect();
+        let (mut longest, mut over_1ms, mut released) = (std::time::Duration::ZERO, 0, 0);
+        while live.len() > 1000 {
+            let gone: Vec<u64> = live.iter().copied().skip(1).step_by(2).collect();
+            live = live.iter().copied().step_by(2).collect();
+            for i in gone {
+                let t = thread_cpu();
+                forget(0, names[i as usize].as_bytes(), [1 + i]);
+                let took = thread_cpu() - t;
+                longest = longest.max(took);
+                over_1ms += usize::from(took > std::time::Duration::from_millis(1));
+                released += 1;
+            }
+        }
+        assert_eq!(count(), live.len());
+        println!(
+            "{N} bindings, {released} released in halving rounds: longest release {longest:?} of thread CPU, {over_1ms} over 1 ms"
+        );
+        let detached = detach_client(77).unwrap();
+        let (mut longest, mut pages) = (std::time::Duration::ZERO, 0);
+        loop {
+            let t = thread_cpu();
+            let (_, more) = take_closed(&detached, 100);
+            longest = longest.max(thread_cpu() - t);
+            pages += 1;
+            if !more {
+                break;
+            }
+        }
+        assert_eq!(count(), 0);
+        println!("the rest taken by the close: {pages} pages of 100, the longest {longest:?}");
+    }
 }
