@@ -1192,6 +1192,76 @@ fn map_growth(n: usize) -> Vec<Row> {
     .collect()
 }
 
+/// (9), a connection lease's table alone, in this process
+/// (`lock_core::lease::Leases`): `n` followers bound and renewed one at a
+/// time (a batch each in one generation), then every other one gone and
+/// 1,000 KEEPALIVEs (the gone batches pruned), then the generation's end
+/// read a page of 100 at a time (as the timer does): the longest call's
+/// thread CPU time of each.
+fn lease_batches(n: usize) -> Vec<Row> {
+    let mut t: lock_core::lease::Leases<u64> = Default::default();
+    let now = 1_000_000;
+    let worst = |d: &mut (Duration, usize), f: &mut dyn FnMut()| {
+        let s = thread_cpu();
+        f();
+        let took = thread_cpu().saturating_sub(s);
+        d.0 = d.0.max(took);
+        d.1 += usize::from(took > Duration::from_millis(1));
+    };
+    let mut bound = (Duration::ZERO, 0);
+    for i in 0..n as u64 {
+        t.set_own_new(i + 1, 1, now + 1000, i);
+        worst(&mut bound, &mut || {
+            t.keepalive(1, now, now + 600_000);
+        });
+    }
+    for i in (0..n as u64).skip(1).step_by(2) {
+        t.leave(i + 1);
+    }
+    let mut renewed = (Duration::ZERO, 0);
+    for _ in 0..1000 {
+        worst(&mut renewed, &mut || {
+            t.keepalive(1, now, now + 600_000);
+        });
+    }
+    let (mut ended, mut pages, mut keys) = ((Duration::ZERO, 0), 0, 0);
+    let end = now + 600_001;
+    while t.next_due().is_some_and(|at| at <= end) && pages < 10 * n {
+        worst(&mut ended, &mut || {
+            keys += t.end_due(end, 100).len();
+        });
+        pages += 1;
+    }
+    [
+        (
+            format!("{n} followers bound and renewed one at a time"),
+            bound,
+            String::new(),
+        ),
+        (
+            "then every other one gone, 1000 KEEPALIVEs".to_string(),
+            renewed,
+            String::new(),
+        ),
+        (
+            "then the generation's end, pages of 100".to_string(),
+            ended,
+            format!(" ({pages} pages, {keys} ended)"),
+        ),
+    ]
+    .into_iter()
+    .map(|(what, (longest, over), more)| Row {
+        shape: format!("(9) a connection lease's table: {what}, in process (no server)"),
+        ping: Duration::ZERO,
+        server_us: Some(longest.as_secs_f64() * 1e6),
+        took: None,
+        late: None,
+        latency: None,
+        note: format!("server time: the longest call's thread CPU time; {over} over 1 ms{more}"),
+    })
+    .collect()
+}
+
 /// (6) `n` readers of one key (`lock.max-holders` raised to fit), then
 /// PERSIST, PEXPIRE, RENAME, MOVE and RESTORE of that key.
 fn holders(c: &mut Conn, port: u16, n: usize) -> io::Result<Vec<Row>> {
@@ -1805,6 +1875,7 @@ pub fn run(module: &Path, plan: &Plan) -> io::Result<Vec<Row>> {
     if wants(9) {
         rows.extend(grants(&mut c, port, plan.grants)?);
         rows.extend(map_growth(plan.grants));
+        rows.extend(lease_batches(plan.grants));
     }
     if wants(10) {
         match fits(plan.swap_waiters) {

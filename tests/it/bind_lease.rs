@@ -442,3 +442,62 @@ fn rename_and_move_carry_every_bound_reader_of_many_connections() {
         .all(|h| !h.owner.starts_with(gone.as_bytes())));
     assert_eq!(info_field_of(&mut c, "bound_holders"), all - EACH as i64);
 }
+
+/// A connection that binds and renews one holder at a time leaves its
+/// lease's generation with as many batches as holders: a KEEPALIVE after
+/// most of them were released still renews exactly the rest (the batches
+/// gone are pruned a few at a time), and the generation's end ends every
+/// holder still following it.
+#[test]
+fn a_generation_of_20000_batches_renews_exactly_the_live_and_ends_them_all() {
+    const N: usize = 20_000;
+    let s = Server::start();
+    let mut c = s.conn();
+    c.set_timeout(Duration::from_secs(120));
+    let mut other = s.conn();
+    for i in 0..N {
+        let key = format!("g:{i}");
+        c.push(&[
+            b"LOCK.ACQUIRE".as_slice(),
+            key.as_bytes(),
+            b"O",
+            b"1000",
+            b"BIND",
+        ]);
+        c.push(&[b"LOCK.KEEPALIVE".as_slice(), b"600000"]);
+    }
+    c.flush().unwrap();
+    for i in 0..N {
+        token(&c.read_reply().unwrap());
+        assert_eq!(c.read_reply().unwrap().int(), i as i64 + 1);
+    }
+    // Every other one released: their batches are gone.
+    for i in (1..N).step_by(2) {
+        let key = format!("g:{i}");
+        c.push(&[b"LOCK.RELEASE".as_slice(), key.as_bytes(), b"O"]);
+    }
+    c.flush().unwrap();
+    for _ in (1..N).step_by(2) {
+        assert_eq!(c.read_reply().unwrap().int(), 1);
+    }
+    let live = (N / 2) as i64;
+    for _ in 0..2_000 {
+        c.push(&[b"LOCK.KEEPALIVE".as_slice(), b"600000"]);
+    }
+    c.flush().unwrap();
+    for _ in 0..2_000 {
+        assert_eq!(c.read_reply().unwrap().int(), live);
+    }
+    assert_eq!(info_field_of(&mut other, "bound_holders"), live);
+    // The generation's end (a short KEEPALIVE) ends them all.
+    assert_eq!(c.cmd(&["LOCK.KEEPALIVE", "1500"]).int(), live);
+    wait_until(
+        Duration::from_secs(60),
+        "the generation's holders ended",
+        || info_field_of(&mut other, "keys") == 0,
+    );
+    assert_eq!(info_field_of(&mut other, "holders_exclusive"), 0);
+    assert_eq!(info_field_of(&mut other, "bound_holders"), 0);
+    assert_eq!(info_field_of(&mut other, "expired_leases"), live);
+    assert_eq!(c.cmd(&["LOCK.KEEPALIVE", "600000"]).int(), 0);
+}
