@@ -417,13 +417,8 @@ fn bound_locks_released_in_halving_rounds_then_the_rest_by_the_close() {
     let mut ttl = 700_000;
     while live.len() > 1_000 {
         // Every other live one, in the order bound.
-        let (gone, kept): (Vec<(usize, usize)>, Vec<(usize, usize)>) = live
-            .iter()
-            .copied()
-            .enumerate()
-            .partition(|(i, _)| i % 2 == 1);
-        let gone: Vec<usize> = gone.into_iter().map(|(_, k)| k).collect();
-        live = kept.into_iter().map(|(_, k)| k).collect();
+        let gone: Vec<usize> = live.iter().copied().skip(1).step_by(2).collect();
+        live = live.iter().copied().step_by(2).collect();
         for batch in gone.chunks(10_000) {
             let cmds: Vec<Vec<String>> = batch
                 .iter()
