@@ -22,7 +22,8 @@
 //! granted one by one on a master, applied by a replica; (9) a million
 //! bound grants in a row, pipelined, each command's own time from
 //! `SLOWLOG` (the longest, and how many took over 1 ms: a map of the
-//! module's that grew all at once shows here); (10) `SWAPDB` while
+//! module's that grew all at once shows here), then their releases in
+//! rounds of every other one; (10) `SWAPDB` while
 //! thousands of multi-key requests wait in both databases; (11) the
 //! promotion of a replica where many leases ran out. Its own server (waiters connect over a Unix socket;
 //! the open-file limit raised where the bench may, else a chain too long
@@ -980,10 +981,35 @@ fn bound(c: &mut Conn, port: u16, n: usize) -> io::Result<Vec<Row>> {
     Ok(vec![alone, multi, close])
 }
 
+/// `SLOWLOG`'s entries of `command`: each one's time in µs.
+fn slowlog_of(c: &mut Conn, command: &str) -> io::Result<Vec<i64>> {
+    // Each entry: id, time, duration (µs), the command's arguments, ...
+    Ok(match c.ok(&[b"SLOWLOG", b"GET", b"-1"])? {
+        Reply::Array(entries) => entries
+            .iter()
+            .filter_map(|e| match e {
+                Reply::Array(f) => {
+                    let us = f.get(2)?.as_int()?;
+                    let what = match f.get(3)? {
+                        Reply::Array(a) => a.first().map(Reply::text).unwrap_or_default(),
+                        _ => String::new(),
+                    };
+                    what.eq_ignore_ascii_case(command).then_some(us)
+                }
+                _ => None,
+            })
+            .collect(),
+        _ => Vec::new(),
+    })
+}
+
 /// (9) `n` bound grants in a row on one connection, pipelined (as the bind
 /// rows build them): the longest command's own time and how many took over
-/// 1 ms, from `SLOWLOG` (every command of 0.5 ms or more logged).
-fn grants(c: &mut Conn, port: u16, n: usize) -> io::Result<Row> {
+/// 1 ms, from `SLOWLOG` (every command of 0.5 ms or more logged). Then
+/// their releases, in rounds of every other one still held in the order
+/// bound, down to 1,000 (each round made the connection's list compact
+/// itself in one pass before it was linked): the same figures.
+fn grants(c: &mut Conn, port: u16, n: usize) -> io::Result<Vec<Row>> {
     eprintln!("   {n} bound grants in a row");
     c.ok(&[b"FLUSHALL"])?;
     c.ok(&[b"CONFIG", b"SET", b"slowlog-log-slower-than", b"500"])?;
@@ -1010,32 +1036,10 @@ fn grants(c: &mut Conn, port: u16, n: usize) -> io::Result<Row> {
     let took = started.elapsed();
     let ping = pinger.stop();
     let latency = latency_worst(c)?;
-    // Each entry: id, time, duration (µs), the command's arguments, ...
-    let slow: Vec<(i64, String)> = match c.ok(&[b"SLOWLOG", b"GET", b"-1"])? {
-        Reply::Array(entries) => entries
-            .iter()
-            .filter_map(|e| match e {
-                Reply::Array(f) => {
-                    let us = f.get(2)?.as_int()?;
-                    let what = match f.get(3)? {
-                        Reply::Array(a) => a.first().map(Reply::text).unwrap_or_default(),
-                        _ => String::new(),
-                    };
-                    Some((us, what))
-                }
-                _ => None,
-            })
-            .filter(|(_, what)| what.eq_ignore_ascii_case("lock.acquire"))
-            .collect(),
-        _ => Vec::new(),
-    };
-    c.ok(&[b"CONFIG", b"SET", b"slowlog-log-slower-than", b"10000"])?;
-    c.ok(&[b"CONFIG", b"SET", b"slowlog-max-len", b"128"])?;
-    let longest = slow.iter().map(|(us, _)| *us).max().unwrap_or(0);
-    let over_1ms = slow.iter().filter(|(us, _)| *us > 1000).count();
-    c.ok(&[b"FLUSHALL"])?;
-    drop(h);
-    Ok(Row {
+    let slow = slowlog_of(c, "lock.acquire")?;
+    let longest = slow.iter().copied().max().unwrap_or(0);
+    let over_1ms = slow.iter().filter(|us| **us > 1000).count();
+    let granted = Row {
         shape: format!("(9) {n} bound grants in a row (pipelined, one connection)"),
         ping,
         server_us: Some(longest as f64),
@@ -1047,7 +1051,58 @@ fn grants(c: &mut Conn, port: u16, n: usize) -> io::Result<Row> {
     .note(format!(
         "server time: the longest grant's (`SLOWLOG`, none logged: under 0.5 ms); {} over 0.5 ms, {over_1ms} over 1 ms",
         slow.len()
-    )))
+    ));
+    eprintln!("   their releases, every other one a round");
+    c.ok(&[b"SLOWLOG", b"RESET"])?;
+    c.ok(&[b"LATENCY", b"RESET"])?;
+    let pinger = Pinger::start(port)?;
+    let started = Instant::now();
+    let mut live: Vec<usize> = (0..n).collect();
+    let mut released = 0;
+    while live.len() > 1000 {
+        let gone: Vec<usize> = live.iter().copied().skip(1).step_by(2).collect();
+        live = live.iter().copied().step_by(2).collect();
+        pipelined(
+            &mut h,
+            gone.len(),
+            &|i| {
+                vec![
+                    b"LOCK.RELEASE".to_vec(),
+                    format!("g:{}", gone.get(i).copied().unwrap_or(0)).into_bytes(),
+                    b"O".to_vec(),
+                ]
+            },
+            &|r: &Reply| r.as_int() == Some(1),
+        )?;
+        released += gone.len();
+    }
+    let took = started.elapsed();
+    let ping = pinger.stop();
+    let latency = latency_worst(c)?;
+    let slow = slowlog_of(c, "lock.release")?;
+    let longest = slow.iter().copied().max().unwrap_or(0);
+    let over_1ms = slow.iter().filter(|us| **us > 1000).count();
+    let releases = Row {
+        shape: format!(
+            "(9) their releases, every other one still bound a round in the order bound ({released}, {} left)",
+            live.len()
+        ),
+        ping,
+        server_us: Some(longest as f64),
+        took: Some(took),
+        late: None,
+        latency,
+        note: String::new(),
+    }
+    .note(format!(
+        "server time: the longest release's (`SLOWLOG`, none logged: under 0.5 ms); {} over 0.5 ms, {over_1ms} over 1 ms",
+        slow.len()
+    ));
+    c.ok(&[b"CONFIG", b"SET", b"slowlog-log-slower-than", b"10000"])?;
+    c.ok(&[b"CONFIG", b"SET", b"slowlog-max-len", b"128"])?;
+    c.ok(&[b"FLUSHALL"])?;
+    drop(h);
+    Ok(vec![granted, releases])
 }
 
 /// This thread's CPU time (`CLOCK_THREAD_CPUTIME_ID`: page faults count,
@@ -1133,6 +1188,76 @@ fn map_growth(n: usize) -> Vec<Row> {
         note: format!(
             "server time: the longest one's thread CPU time (number {at}); {over} over 1 ms"
         ),
+    })
+    .collect()
+}
+
+/// (9), a connection lease's table alone, in this process
+/// (`lock_core::lease::Leases`): `n` followers bound and renewed one at a
+/// time (a batch each in one generation), then every other one gone and
+/// 1,000 KEEPALIVEs (the gone batches pruned), then the generation's end
+/// read a page of 100 at a time (as the timer does): the longest call's
+/// thread CPU time of each.
+fn lease_batches(n: usize) -> Vec<Row> {
+    let mut t: lock_core::lease::Leases<u64> = Default::default();
+    let now = 1_000_000;
+    let worst = |d: &mut (Duration, usize), f: &mut dyn FnMut()| {
+        let s = thread_cpu();
+        f();
+        let took = thread_cpu().saturating_sub(s);
+        d.0 = d.0.max(took);
+        d.1 += usize::from(took > Duration::from_millis(1));
+    };
+    let mut bound = (Duration::ZERO, 0);
+    for i in 0..n as u64 {
+        t.set_own_new(i + 1, 1, now + 1000, i);
+        worst(&mut bound, &mut || {
+            t.keepalive(1, now, now + 600_000);
+        });
+    }
+    for i in (0..n as u64).skip(1).step_by(2) {
+        t.leave(i + 1);
+    }
+    let mut renewed = (Duration::ZERO, 0);
+    for _ in 0..1000 {
+        worst(&mut renewed, &mut || {
+            t.keepalive(1, now, now + 600_000);
+        });
+    }
+    let (mut ended, mut pages, mut keys) = ((Duration::ZERO, 0), 0, 0);
+    let end = now + 600_001;
+    while t.next_due().is_some_and(|at| at <= end) && pages < 10 * n {
+        worst(&mut ended, &mut || {
+            keys += t.end_due(end, 100).len();
+        });
+        pages += 1;
+    }
+    [
+        (
+            format!("{n} followers bound and renewed one at a time"),
+            bound,
+            String::new(),
+        ),
+        (
+            "then every other one gone, 1000 KEEPALIVEs".to_string(),
+            renewed,
+            String::new(),
+        ),
+        (
+            "then the generation's end, pages of 100".to_string(),
+            ended,
+            format!(" ({pages} pages, {keys} ended)"),
+        ),
+    ]
+    .into_iter()
+    .map(|(what, (longest, over), more)| Row {
+        shape: format!("(9) a connection lease's table: {what}, in process (no server)"),
+        ping: Duration::ZERO,
+        server_us: Some(longest.as_secs_f64() * 1e6),
+        took: None,
+        late: None,
+        latency: None,
+        note: format!("server time: the longest call's thread CPU time; {over} over 1 ms{more}"),
     })
     .collect()
 }
@@ -1746,8 +1871,9 @@ pub fn run(module: &Path, plan: &Plan) -> io::Result<Vec<Row>> {
         rows.extend(replica_apply(module, &mut c, port, plan.holders / 2)?);
     }
     if wants(9) {
-        rows.push(grants(&mut c, port, plan.grants)?);
+        rows.extend(grants(&mut c, port, plan.grants)?);
         rows.extend(map_growth(plan.grants));
+        rows.extend(lease_batches(plan.grants));
     }
     if wants(10) {
         match fits(plan.swap_waiters) {

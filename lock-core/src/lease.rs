@@ -264,8 +264,10 @@ impl Batch {
 struct Gen {
     lease: u64,
     deadline: u64,
-    /// Its batches (some may have gone since).
-    batches: Vec<u64>,
+    /// Its batches (some may have gone since: pruned a few at a time from
+    /// `cursor` on, so no KEEPALIVE walks the list whole).
+    batches: crate::chunked::Chunked<u64>,
+    cursor: usize,
     /// Batches that still have followers.
     batch_count: u64,
     /// Followers alive by it (covered while their own deadline was ahead).
@@ -296,6 +298,10 @@ pub struct Leases<K> {
     gen_due: BTreeSet<(u64, u64)>,
     /// Batches of generations that ended, their followers still to end.
     ending: VecDeque<(u64, crate::chunked::Chunked<u64>)>,
+    /// Batches of generations that ended, not yet looked at: each taken
+    /// into `ending` by a later page ([`Leases::end_due`]), so a
+    /// generation's end never walks its batches in one call.
+    ending_gens: VecDeque<crate::chunked::Chunked<u64>>,
     /// Maps of deadlines given up, dropped a page at a time.
     garbage: Vec<std::collections::btree_map::IntoIter<u64, u64>>,
     /// The next batch or generation number (internal).
@@ -312,6 +318,7 @@ impl<K> Default for Leases<K> {
             own_due: Due::default(),
             gen_due: BTreeSet::new(),
             ending: VecDeque::new(),
+            ending_gens: VecDeque::new(),
             garbage: Vec::new(),
             next: 1,
         }
@@ -563,9 +570,23 @@ impl<K: Clone> Leases<K> {
         self.gen_due.insert((deadline, g));
         if let Some(gen) = self.gens.get_mut(&g) {
             if gen.batches.len() > 2 * gen.batch_count as usize + 64 {
+                // Four more entries looked at, those gone dropped: each
+                // KEEPALIVE adds at most one, so the list stays within
+                // about twice its batches, and none walks it whole.
                 let batches = &self.batches;
-                gen.batches
-                    .retain(|b| batches.get(b).is_some_and(|b| b.gen == Some(g)));
+                for _ in 0..4 {
+                    if gen.cursor >= gen.batches.len() {
+                        gen.cursor = 0;
+                    }
+                    let Some(&b) = gen.batches.get(gen.cursor) else {
+                        break;
+                    };
+                    if batches.get(&b).is_some_and(|b| b.gen == Some(g)) {
+                        gen.cursor += 1;
+                    } else {
+                        gen.batches.swap_remove(gen.cursor);
+                    }
+                }
             }
         }
         // The open batch joins it: its followers whose own deadline is
@@ -659,6 +680,7 @@ impl<K: Clone> Leases<K> {
             own_due,
             gen_due,
             ending,
+            ending_gens,
             garbage,
             ..
         } = self;
@@ -679,6 +701,7 @@ impl<K: Clone> Leases<K> {
             .chain(std::iter::once((by_slot, order, free)).map(drop))
             .chain(gen_due.into_iter().map(drop))
             .chain(ending.into_iter().map(drop))
+            .chain(ending_gens.into_iter().map(drop))
             .chain(garbage.into_iter().flatten().map(drop))
             .chain(leases.into_iter().map(drop))
     }
@@ -731,14 +754,12 @@ impl<K: Clone> Leases<K> {
             let Some(gen) = self.gens.get_mut(&g) else {
                 continue;
             };
+            // Its batches looked at by the pages below (a million of them
+            // are not walked here).
+            gen.cursor = 0;
             let batches = std::mem::take(&mut gen.batches);
-            for b in batches {
-                let members = self
-                    .batches
-                    .get_mut(&b)
-                    .map(|b| std::mem::take(&mut b.members))
-                    .unwrap_or_default();
-                self.ending.push_back((b, members));
+            if !batches.is_empty() {
+                self.ending_gens.push_back(batches);
             }
             let is_current = self
                 .leases
@@ -748,9 +769,26 @@ impl<K: Clone> Leases<K> {
                 self.gens.remove(&g);
             }
         }
-        while keys.len() < n {
+        // Entries looked at (a batch, a member), whatever they give.
+        let mut budget = 4 * n + 64;
+        while keys.len() < n && budget > 0 {
+            budget -= 1;
             let Some((b, members)) = self.ending.front_mut() else {
-                break;
+                // The next batch of an ended generation, its members taken.
+                let Some(gen) = self.ending_gens.front_mut() else {
+                    break;
+                };
+                let Some(b) = gen.pop() else {
+                    self.ending_gens.pop_front();
+                    continue;
+                };
+                let members = self
+                    .batches
+                    .get_mut(&b)
+                    .map(|b| std::mem::take(&mut b.members))
+                    .unwrap_or_default();
+                self.ending.push_back((b, members));
+                continue;
             };
             let b = *b;
             let Some(x) = members.pop() else {
@@ -766,7 +804,8 @@ impl<K: Clone> Leases<K> {
                 keys.push((x, f.key.clone()));
             }
         }
-        while keys.len() < n {
+        while keys.len() < n && budget > 0 {
+            budget -= 1;
             let Some((number, at)) = self.own_due.first_passed(now) else {
                 break;
             };
@@ -798,7 +837,7 @@ impl<K: Clone> Leases<K> {
 
     /// When [`Leases::end_due`] has work next (`None`: never; 0: now).
     pub fn next_due(&self) -> Option<u64> {
-        if !self.ending.is_empty() || !self.garbage.is_empty() {
+        if !self.ending.is_empty() || !self.ending_gens.is_empty() || !self.garbage.is_empty() {
             return Some(0);
         }
         let own = self.own_due.next();

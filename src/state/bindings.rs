@@ -18,10 +18,10 @@
 //!   forged state that repeats one chains the bindings under it, so every
 //!   look-up stays exact.
 //! - a connection's bindings are a list in the order bound, each
-//!   numbered: a binding that ends leaves a hole, filled when holes
-//!   outnumber the rest; `LOCK.KEEPALIVE` pages through the list by number
-//!   across event-loop turns (holes and compaction move nothing it relies
-//!   on).
+//!   numbered, linked through their slots both ways: a binding that ends
+//!   is unlinked in O(1) and leaves no hole, so no release ever walks the
+//!   list, whatever its length; the timer takes a closed connection's
+//!   bindings from its head, a page per turn ([`take_closed`]).
 //! - each binding is one slot of a slab that grows in chunks, the key's
 //!   name and the owner inside the slot when they fit (no allocation).
 //!
@@ -135,8 +135,10 @@ struct Binding {
     /// connection's order, and what tells it from a later binding in the
     /// same slot.
     seq: u64,
-    /// Its entry in its connection's list (while the connection is open).
-    pos: u32,
+    /// The bindings before and after it in its connection's list ([`NONE`]:
+    /// it is the first, the last).
+    before: u32,
+    after: u32,
     /// The next binding under the same token (only a forged state repeats
     /// a token).
     next: u32,
@@ -173,19 +175,20 @@ impl Binding {
         }
     }
 
-    /// Approximate bytes: its slot, its bytes on the heap, its entries in
-    /// the token index and in its connection's list.
+    /// Approximate bytes: its slot (its links in its connection's list
+    /// among it), its bytes on the heap, its entries in the token index.
     fn cost(&self) -> usize {
         BASE_COST + self.bytes.heap()
     }
 }
 
-/// One connection's bindings in the order bound: `(number, slot)`, the
-/// slot [`NONE`] once that binding ended (in chunks, `lock_core::chunked`:
-/// a bind never copies the list, whatever its length).
-#[derive(Default)]
+/// One connection's bindings in the order bound: the slots of the first
+/// and the last, the others linked through `Binding::before` and `after`
+/// (a bind and an unbind are O(1), whatever its length; nothing to
+/// compact).
 struct Client {
-    entries: lock_core::chunked::Chunked<(u64, u32)>,
+    head: u32,
+    tail: u32,
     /// Its bindings (those of a flushed database too, until swept).
     live: usize,
     /// Its bindings by home, and by mode: `(home, count, census)`.
@@ -198,6 +201,20 @@ struct Client {
     /// The connection's lease, which its bound holders follow
     /// (`sessions::set_own`; 0: none drawn yet).
     lease: u64,
+}
+
+impl Default for Client {
+    fn default() -> Self {
+        Client {
+            head: NONE,
+            tail: NONE,
+            live: 0,
+            by_home: Vec::new(),
+            closed: false,
+            gen: 0,
+            lease: 0,
+        }
+    }
 }
 
 impl Client {
@@ -274,10 +291,6 @@ impl Tallies {
         Some(self.0.swap_remove(at).1)
     }
 }
-/// Holes a connection's list keeps before it is compacted (and never more
-/// than its live entries).
-const HOLES: usize = 32;
-
 /// Slots come in chunks of this many: a slab that grows never copies what
 /// it holds.
 const CHUNK: usize = 1024;
@@ -638,8 +651,8 @@ impl Registry {
     }
 
     /// Lists slot `at` (a lock of `mode`) last in `client`'s order: the
-    /// list, the binding's number and its place there, for the binding to
-    /// record.
+    /// list, the binding's number and the binding before it there, for the
+    /// binding to record.
     #[inline(always)]
     fn enlist(&mut self, at: u32, client: ClientId, home: Home, mode: Mode) -> (u32, u64, u32) {
         self.seq += 1;
@@ -648,11 +661,16 @@ impl Registry {
         let Some(c) = self.lists.get_mut(list as usize) else {
             return (NONE, seq, NONE);
         };
-        let pos = u32::try_from(c.entries.len()).unwrap_or(NONE);
-        c.entries.push((seq, at));
+        let before = std::mem::replace(&mut c.tail, at);
+        if before == NONE {
+            c.head = at;
+        }
         c.live += 1;
         c.added(home, mode);
-        (list, seq, pos)
+        if let Some(b) = self.slab.get_mut(before) {
+            b.after = at;
+        }
+        (list, seq, before)
     }
 
     /// Lists the binding in slot `at` last in `client`'s order.
@@ -660,12 +678,13 @@ impl Registry {
         let Some((home, mode)) = self.slab.get(at).map(|b| (b.home, b.mode)) else {
             return;
         };
-        let (list, seq, pos) = self.enlist(at, client, home, mode);
+        let (list, seq, before) = self.enlist(at, client, home, mode);
         if let Some(b) = self.slab.get_mut(at) {
             b.client = client;
             b.list = list;
             b.seq = seq;
-            b.pos = pos;
+            b.before = before;
+            b.after = NONE;
         }
     }
 
@@ -676,17 +695,30 @@ impl Registry {
         let Some(b) = self.get(at) else {
             return;
         };
-        let (client, list, pos, mode, home) = (b.client, b.list, b.pos, b.mode, b.home);
+        let (client, list, mode, home) = (b.client, b.list, b.mode, b.home);
+        let (before, after) = (b.before, b.after);
         let Some(c) = self.lists.get_mut(list as usize) else {
             return;
         };
-        if let Some(e) = c.entries.get_mut(pos as usize) {
-            e.1 = NONE;
+        if c.head == at {
+            c.head = after;
+        }
+        if c.tail == at {
+            c.tail = before;
         }
         c.live = c.live.saturating_sub(1);
         c.removed(home, mode);
         let closed = c.closed;
         let empty = c.live == 0;
+        if let Some(b) = self.slab.get_mut(before) {
+            b.after = after;
+        }
+        if let Some(b) = self.slab.get_mut(after) {
+            b.before = before;
+        }
+        if let Some(b) = self.slab.get_mut(at) {
+            (b.before, b.after) = (NONE, NONE);
+        }
         if closed {
             // (A flushed home's were taken off the counts at the flush.)
             if let Some(t) = self.tally.get_mut(home) {
@@ -701,19 +733,6 @@ impl Registry {
                 self.unlink_client(client);
             }
             self.free_list(list);
-            return;
-        }
-        let Some(c) = self.lists.get_mut(list as usize) else {
-            return;
-        };
-        let holes = c.entries.len().saturating_sub(c.live);
-        if holes > HOLES && holes > c.live {
-            c.entries.retain(|e| e.1 != NONE);
-            for (e, pos) in c.entries.iter().zip(0..) {
-                if let Some(b) = self.slab.get_mut(e.1) {
-                    b.pos = pos;
-                }
-            }
         }
     }
 
@@ -816,9 +835,10 @@ static COUNT: AtomicUsize = AtomicUsize::new(0);
 /// Bytes held by bindings, for INFO.
 /// Bytes bindings hold on the heap (key and owner too long for their slot).
 static HEAP_BYTES: AtomicUsize = AtomicUsize::new(0);
-/// What each binding takes besides: its slot, its entries in the token
-/// index (up to four buckets) and in its connection's list.
-const BASE_COST: usize = std::mem::size_of::<Option<Binding>>() + 16 + 16;
+/// What each binding takes besides: its slot (its links in its
+/// connection's list among it) and its entries in the token index (up to
+/// four buckets).
+const BASE_COST: usize = std::mem::size_of::<Option<Binding>>() + 16;
 /// How many bindings belong to closed connections and are not ended yet:
 /// the cheap check before a transaction looks for them.
 static PENDING: AtomicUsize = AtomicUsize::new(0);
@@ -983,7 +1003,7 @@ fn add(
     (client, home, name, owner, token, mode): (ClientId, Home, &[u8], &[u8], u64, Mode),
     next: u32,
 ) {
-    let (list, seq, pos) = r.enlist(at, client, home, mode);
+    let (list, seq, before) = r.enlist(at, client, home, mode);
     let b = Binding {
         bytes: Bytes::new(name, owner),
         name_len: name.len(),
@@ -992,7 +1012,8 @@ fn add(
         client,
         list,
         seq,
-        pos,
+        before,
+        after: NONE,
         next,
         mode,
     };
@@ -1101,13 +1122,21 @@ pub fn page_of_client(client: ClientId, after: Option<u64>, n: usize) -> Vec<Bou
     else {
         return Vec::new();
     };
-    let from = after.map_or(0, |after| c.entries.partition_point(|e| e.0 <= after));
-    c.entries
-        .iter_from(from)
-        .filter_map(|e| r.get(e.1))
-        .filter_map(|b| Some(b.bound(r.homes.db_of(b.home)?)))
-        .take(n)
-        .collect()
+    let mut page = Vec::new();
+    let mut at = c.head;
+    while let Some(b) = r.get(at) {
+        at = b.after;
+        if page.len() >= n {
+            break;
+        }
+        if after.is_some_and(|after| b.seq <= after) {
+            continue;
+        }
+        if let Some(db) = r.homes.db_of(b.home) {
+            page.push(b.bound(db));
+        }
+    }
+    page
 }
 
 /// The lease of `client`'s bound holders (`LOCK.KEEPALIVE` renews it):
@@ -1201,22 +1230,20 @@ pub fn detach_client(client: ClientId) -> Option<Detached> {
 /// more are left.
 pub fn take_closed(d: &Detached, n: usize) -> (Vec<Bound>, bool) {
     let mut r = registry();
-    let slots: Vec<u32> = match r.lists.get(d.list as usize) {
-        Some(c) if c.closed && c.gen == d.gen => c
-            .entries
-            .iter()
-            .filter(|e| e.1 != NONE)
-            .take(n)
-            .map(|e| e.1)
-            .collect(),
-        _ => return (Vec::new(), false),
-    };
     let mut taken = Vec::new();
-    for at in slots {
+    for _ in 0..n {
+        // Its first binding (a list freed since, or another's now: none).
+        let at = match r.lists.get(d.list as usize) {
+            Some(c) if c.closed && c.gen == d.gen && c.head != NONE => c.head,
+            _ => break,
+        };
         // A flushed database's goes unreported (its holder went with it).
         let db = r.get(at).and_then(|b| r.homes.db_of(b.home));
-        if let (Some(b), Some(db)) = (r.remove(at), db) {
-            taken.push(b.bound(db));
+        match (r.remove(at), db) {
+            (Some(b), Some(db)) => taken.push(b.bound(db)),
+            (Some(_), None) => {}
+            // (Never: a listed slot holds its binding.)
+            (None, _) => break,
         }
     }
     let more = r
@@ -1579,7 +1606,7 @@ mod tests {
         forget(0, b"f3", [77]);
         assert_eq!(count(), 0);
 
-        // Many bound and most ended: the list is compacted, and paging
+        // Many bound and most ended: the list is unlinked in place, and paging
         // by number still goes through the rest in order, once each.
         for t in 0..1000u64 {
             bind_at(4, &key(0, &format!("m{t}")), b"o", 1000 + t, ex);
@@ -1640,5 +1667,68 @@ mod tests {
         }
         assert_eq!(count(), 0);
         assert_eq!(memory(), 0);
+    }
+
+    /// This thread's CPU time (a loaded machine's preemptions not counted).
+    fn thread_cpu() -> std::time::Duration {
+        #[repr(C)]
+        struct Timespec {
+            s: i64,
+            ns: i64,
+        }
+        extern "C" {
+            fn clock_gettime(clock: i32, ts: *mut Timespec) -> i32;
+        }
+        let mut t = Timespec { s: 0, ns: 0 };
+        // SAFETY: `t` is a valid timespec for the call to fill.
+        unsafe { clock_gettime(3, &mut t) };
+        std::time::Duration::new(t.s.max(0) as u64, t.ns.clamp(0, 999_999_999) as u32)
+    }
+
+    /// The figure of benchmarks.md section 10's in-process row: a million
+    /// bindings on one connection, released every other one a round in
+    /// the order bound down to 1,000; the longest release's thread CPU
+    /// time. `cargo test --release --lib unbinds_in_halving_rounds --
+    /// --ignored --nocapture` (run alone: the registry is process-wide).
+    #[test]
+    #[ignore]
+    fn unbinds_in_halving_rounds() {
+        const N: u64 = 1_000_000;
+        let ex = Mode::Exclusive;
+        let names: Vec<String> = (0..N).map(|i| format!("g:{i}")).collect();
+        for (i, name) in names.iter().enumerate() {
+            bind_new(77, 0, name.as_bytes(), b"O", 1 + i as u64, ex);
+        }
+        let mut live: Vec<u64> = (0..N).collect();
+        let (mut longest, mut over_1ms, mut released) = (std::time::Duration::ZERO, 0, 0);
+        while live.len() > 1000 {
+            let gone: Vec<u64> = live.iter().copied().skip(1).step_by(2).collect();
+            live = live.iter().copied().step_by(2).collect();
+            for i in gone {
+                let t = thread_cpu();
+                forget(0, names[i as usize].as_bytes(), [1 + i]);
+                let took = thread_cpu() - t;
+                longest = longest.max(took);
+                over_1ms += usize::from(took > std::time::Duration::from_millis(1));
+                released += 1;
+            }
+        }
+        assert_eq!(count(), live.len());
+        println!(
+            "{N} bindings, {released} released in halving rounds: longest release {longest:?} of thread CPU, {over_1ms} over 1 ms"
+        );
+        let detached = detach_client(77).unwrap();
+        let (mut longest, mut pages) = (std::time::Duration::ZERO, 0);
+        loop {
+            let t = thread_cpu();
+            let (_, more) = take_closed(&detached, 100);
+            longest = longest.max(thread_cpu() - t);
+            pages += 1;
+            if !more {
+                break;
+            }
+        }
+        assert_eq!(count(), 0);
+        println!("the rest taken by the close: {pages} pages of 100, the longest {longest:?}");
     }
 }

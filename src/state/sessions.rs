@@ -126,6 +126,10 @@ struct Table {
     /// brings them back under the new name ([`join`]); anything else that
     /// looks at the table first lets them go.
     unlinked: Vec<(u64, DbKey)>,
+    /// The followers of [`Table::unlinked`] not brought back yet: a RENAME
+    /// brings back each of a key's followers in turn ([`join`]), each in
+    /// O(1), and none lets go of the others before they are.
+    unlinked_ids: HashSet<u64, Keyed>,
     /// Room for followers' key names, given back by those that left and
     /// taken by those bound next ([`Table::key`]): a bound grant and its
     /// release allocate nothing for the lease table's key.
@@ -438,9 +442,10 @@ impl Table {
         if self.unlinked.is_empty() && self.unbound.is_empty() {
             return;
         }
+        let waiting = std::mem::take(&mut self.unlinked_ids);
         for (x, key) in std::mem::take(&mut self.unlinked) {
             // Its binding is stale (its holder went with the key).
-            if self.leases.is_at(x, &key) {
+            if waiting.contains(&x) && self.leases.is_at(x, &key) {
                 self.leases.leave(x);
                 bindings::forget(key.db, &key.name, [x]);
             }
@@ -608,9 +613,13 @@ pub fn join(id: u64, key: &DbKey) {
             *p.keys.entry(key.name.clone()).or_insert(0) += 1;
         }
     } else if t.leases.follows(id) {
-        // A follower's key loaded, or moved (RENAME, MOVE).
-        t.unlinked.retain(|(x, _)| *x != id);
+        // A follower's key loaded, or moved (RENAME, MOVE): the key's other
+        // followers are still to come back (the same event brings them).
+        let back = t.unlinked_ids.remove(&id);
         t.leases.set_key(id, key);
+        if back {
+            return;
+        }
     }
     t.let_go();
 }
@@ -663,7 +672,10 @@ pub fn unlinked(key: &DbKey, lock: &Lock) {
     for h in lock.holders() {
         match h.session() {
             // A RENAME or MOVE may bring it back at once (`join`).
-            Some(x) if h.is_follower() => t.unlinked.push((x, key.clone())),
+            Some(x) if h.is_follower() => {
+                t.unlinked.push((x, key.clone()));
+                t.unlinked_ids.insert(x);
+            }
             Some(id) => {
                 t.leave(id, key);
                 if bindings::may_be_bound(h.token) {

@@ -398,3 +398,70 @@ fn a_bound_grant_is_freed_on_close_whenever_the_module_started_hearing_closes() 
     freed_on_close(&mut c, "again");
     assert_eq!(stat(&mut c, "releases_on_disconnect"), 4);
 }
+
+/// A connection's bindings list with 120,000 bound locks, released in
+/// rounds of half of what is left (each round, under the list's old
+/// compaction, ended in a pass over the whole list): after each round
+/// `INFO lock` counts exactly the live ones and `LOCK.KEEPALIVE` renews
+/// exactly them; the close then releases the rest, and nothing else.
+#[test]
+fn bound_locks_released_in_halving_rounds_then_the_rest_by_the_close() {
+    const N: usize = 120_000;
+    let s = Server::start();
+    let mut c1 = s.conn();
+    c1.set_timeout(Duration::from_secs(120));
+    bind_many(&mut c1, "O", N);
+    let mut c2 = s.conn();
+    let mut live: Vec<usize> = (0..N).collect();
+    let mut released: Vec<usize> = Vec::new();
+    let mut ttl = 700_000;
+    while live.len() > 1_000 {
+        // Every other live one, in the order bound.
+        let gone: Vec<usize> = live.iter().copied().skip(1).step_by(2).collect();
+        live = live.iter().copied().step_by(2).collect();
+        for batch in gone.chunks(10_000) {
+            let cmds: Vec<Vec<String>> = batch
+                .iter()
+                .map(|k| cmd(&["LOCK.RELEASE", &format!("fill:{k}"), "O"]))
+                .collect();
+            for r in pipeline(&mut c1, &cmds) {
+                assert_eq!(r.int(), 1, "each release gives back its hold");
+            }
+        }
+        released.extend(gone);
+        assert_eq!(stat(&mut c2, "bound_holders"), live.len() as i64);
+        assert_eq!(stat(&mut c2, "holders_exclusive"), live.len() as i64);
+        assert_eq!(stat(&mut c2, "keys"), live.len() as i64);
+        ttl += 10_000;
+        let renewed = c1.cmd(&["LOCK.KEEPALIVE", &ttl.to_string()]).int();
+        assert_eq!(renewed, live.len() as i64, "KEEPALIVE renews the live ones");
+        for k in [live[0], live[live.len() / 2], live[live.len() - 1]] {
+            let left = c2.lock_info(format!("fill:{k}")).unwrap().holders[0].ttl;
+            assert!(left > ttl - 30_000 && left <= ttl, "fill:{k}: {left}");
+        }
+        for k in released.iter().rev().take(3) {
+            assert!(c2.lock_info(format!("fill:{k}")).is_none(), "fill:{k}");
+        }
+    }
+    // Released ones taken again by another connection, bound there: the
+    // close of the first leaves them alone.
+    let mut c3 = s.conn();
+    for k in released.iter().take(5) {
+        let key = format!("fill:{k}");
+        token(&c3.cmd(&["LOCK.ACQUIRE", &key, "P", "600000", "BIND"]));
+    }
+    let on_close = stat(&mut c2, "releases_on_disconnect");
+    drop(c1);
+    wait_until(
+        Duration::from_secs(60),
+        "the rest released by the close",
+        || stat(&mut c2, "releases_on_disconnect") == on_close + live.len() as i64,
+    );
+    assert_eq!(stat(&mut c2, "bound_holders"), 5);
+    assert_eq!(stat(&mut c2, "holders_exclusive"), 5);
+    assert_eq!(stat(&mut c2, "keys"), 5);
+    for k in [live[0], live[live.len() / 2], live[live.len() - 1]] {
+        assert!(c2.lock_info(format!("fill:{k}")).is_none(), "fill:{k}");
+    }
+    assert_eq!(c3.cmd(&["LOCK.KEEPALIVE", "600000"]).int(), 5);
+}

@@ -377,3 +377,127 @@ fn an_aof_of_the_two_effect_form_still_loads() {
     assert!(c.lock_info("forged").is_none());
     assert!(ttl_of(&mut c, "old") > 700_000);
 }
+
+/// RENAME and MOVE of a key whose readers are bound to many connections:
+/// every holder goes along, each still follows its own connection's lease
+/// (its KEEPALIVE renews it, its close releases it and no other). Before,
+/// the first follower brought back let go of the key's others still to
+/// come: one RENAME dropped every bound reader but one.
+#[test]
+fn rename_and_move_carry_every_bound_reader_of_many_connections() {
+    const CONNS: usize = 10;
+    const EACH: usize = 300;
+    let s = Server::start();
+    let mut c = s.conn();
+    c.cmd(&["CONFIG", "SET", "lock.max-holders", "10000"]).ok();
+    let mut conns: Vec<Conn> = (0..CONNS).map(|_| s.conn()).collect();
+    for (n, conn) in conns.iter_mut().enumerate() {
+        for i in 0..EACH {
+            let owner = format!("c{n}-r{i}");
+            conn.push(&[
+                b"LOCK.READ".as_slice(),
+                b"k",
+                owner.as_bytes(),
+                b"60000",
+                b"BIND",
+            ]);
+        }
+        conn.flush().unwrap();
+        for _ in 0..EACH {
+            token(&conn.read_reply().unwrap());
+        }
+    }
+    let all = (CONNS * EACH) as i64;
+    let holders = |c: &mut Conn, key: &str| c.lock_info(key).map_or(0, |i| i.holders.len());
+    assert_eq!(holders(&mut c, "k"), CONNS * EACH);
+    c.cmd(&["RENAME", "k", "k2"]).ok();
+    assert_eq!(
+        holders(&mut c, "k2"),
+        CONNS * EACH,
+        "RENAME carried them all"
+    );
+    assert_eq!(info_field_of(&mut c, "bound_holders"), all);
+    c.cmd(&["MOVE", "k2", "3"]).int();
+    c.cmd(&["SELECT", "3"]).ok();
+    assert_eq!(holders(&mut c, "k2"), CONNS * EACH, "MOVE carried them all");
+    assert_eq!(info_field_of(&mut c, "bound_holders"), all);
+    // Each connection renews its own, and only those.
+    for conn in conns.iter_mut() {
+        assert_eq!(conn.cmd(&["LOCK.KEEPALIVE", "90000"]).int(), EACH as i64);
+    }
+    let info = c.lock_info("k2").unwrap();
+    assert!(info.holders.iter().all(|h| h.ttl > 60_000), "all renewed");
+    // A close releases its own readers, no other.
+    drop(conns.pop());
+    wait_until(
+        Duration::from_secs(30),
+        "the closed one's readers released",
+        || holders(&mut c, "k2") == (CONNS - 1) * EACH,
+    );
+    let info = c.lock_info("k2").unwrap();
+    let gone = format!("c{}-", CONNS - 1);
+    assert!(info
+        .holders
+        .iter()
+        .all(|h| !h.owner.starts_with(gone.as_bytes())));
+    assert_eq!(info_field_of(&mut c, "bound_holders"), all - EACH as i64);
+}
+
+/// A connection that binds and renews one holder at a time leaves its
+/// lease's generation with as many batches as holders: a KEEPALIVE after
+/// most of them were released still renews exactly the rest (the batches
+/// gone are pruned a few at a time), and the generation's end ends every
+/// holder still following it.
+#[test]
+fn a_generation_of_20000_batches_renews_exactly_the_live_and_ends_them_all() {
+    const N: usize = 20_000;
+    let s = Server::start();
+    let mut c = s.conn();
+    c.set_timeout(Duration::from_secs(120));
+    let mut other = s.conn();
+    for i in 0..N {
+        let key = format!("g:{i}");
+        c.push(&[
+            b"LOCK.ACQUIRE".as_slice(),
+            key.as_bytes(),
+            b"O",
+            b"1000",
+            b"BIND",
+        ]);
+        c.push(&[b"LOCK.KEEPALIVE".as_slice(), b"600000"]);
+    }
+    c.flush().unwrap();
+    for i in 0..N {
+        token(&c.read_reply().unwrap());
+        assert_eq!(c.read_reply().unwrap().int(), i as i64 + 1);
+    }
+    // Every other one released: their batches are gone.
+    for i in (1..N).step_by(2) {
+        let key = format!("g:{i}");
+        c.push(&[b"LOCK.RELEASE".as_slice(), key.as_bytes(), b"O"]);
+    }
+    c.flush().unwrap();
+    for _ in (1..N).step_by(2) {
+        assert_eq!(c.read_reply().unwrap().int(), 1);
+    }
+    let live = (N / 2) as i64;
+    for _ in 0..2_000 {
+        c.push(&[b"LOCK.KEEPALIVE".as_slice(), b"600000"]);
+    }
+    c.flush().unwrap();
+    for _ in 0..2_000 {
+        assert_eq!(c.read_reply().unwrap().int(), live);
+    }
+    assert_eq!(info_field_of(&mut other, "bound_holders"), live);
+    // The generation's end (a short KEEPALIVE) ends them all.
+    assert_eq!(c.cmd(&["LOCK.KEEPALIVE", "1500"]).int(), live);
+    wait_until(
+        Duration::from_secs(60),
+        "the generation's holders ended",
+        || info_field_of(&mut other, "keys") == 0,
+    );
+    assert_eq!(info_field_of(&mut other, "holders_exclusive"), 0);
+    assert_eq!(info_field_of(&mut other, "bound_holders"), 0);
+    assert_eq!(info_field_of(&mut other, "expired_leases"), live);
+    assert_eq!(c.cmd(&["LOCK.KEEPALIVE", "600000"]).int(), 0);
+}
