@@ -1342,6 +1342,29 @@ fn replication_field(c: &mut Conn, f: &str) -> io::Result<String> {
         .to_string())
 }
 
+/// A replica of the master on `port` (the module loaded, `extra`
+/// arguments), linked: its directory, its server, a connection to it
+/// (600 s read timeout) and the deadline (600 s) the shape's waits share.
+fn linked_replica(
+    module: &Path,
+    port: u16,
+    extra: &[&str],
+) -> io::Result<(TempDir, Server, Conn, Instant)> {
+    let dir = TempDir::new()?;
+    let replica = Server::start(&Options {
+        module: Some(module.to_path_buf()),
+        dir: dir.0.clone(),
+        callgrind: false,
+        extra: extra.iter().map(|s| s.to_string()).collect(),
+    })?;
+    let mut r = replica.conn()?;
+    r.set_read_timeout(Duration::from_secs(600))?;
+    r.ok(&[b"REPLICAOF", b"127.0.0.1", port.to_string().as_bytes()])?;
+    let deadline = Instant::now() + Duration::from_secs(600);
+    linked(&mut r, deadline)?;
+    Ok((dir, replica, r, deadline))
+}
+
 /// Waits until replica `r`'s link to its master is up (an error past
 /// `deadline`).
 fn linked(r: &mut Conn, deadline: Instant) -> io::Result<()> {
@@ -1381,12 +1404,10 @@ fn replica_apply(module: &Path, c: &mut Conn, port: u16, n: usize) -> io::Result
     c.ok(&[b"FLUSHALL"])?;
     let raised = n.max(1000).to_string();
     c.ok(&[b"CONFIG", b"SET", b"lock.max-holders", raised.as_bytes()])?;
-    let dir = TempDir::new()?;
-    let replica = Server::start(&Options {
-        module: Some(module.to_path_buf()),
-        dir: dir.0.clone(),
-        callgrind: false,
-        extra: [
+    let (dir, replica, mut r, deadline) = linked_replica(
+        module,
+        port,
+        &[
             "--lock.max-holders",
             &raised,
             "--latency-monitor-threshold",
@@ -1395,16 +1416,8 @@ fn replica_apply(module: &Path, c: &mut Conn, port: u16, n: usize) -> io::Result
             "100",
             "--slowlog-max-len",
             &(n + 10).to_string(),
-        ]
-        .iter()
-        .map(|s| s.to_string())
-        .collect(),
-    })?;
-    let mut r = replica.conn()?;
-    r.set_read_timeout(Duration::from_secs(600))?;
-    r.ok(&[b"REPLICAOF", b"127.0.0.1", port.to_string().as_bytes()])?;
-    let deadline = Instant::now() + Duration::from_secs(600);
-    linked(&mut r, deadline)?;
+        ],
+    )?;
     c.ok(&[b"CONFIG", b"RESETSTAT"])?;
     r.ok(&[b"CONFIG", b"RESETSTAT"])?;
     r.ok(&[b"LATENCY", b"RESET"])?;
@@ -1683,21 +1696,8 @@ fn swap_waiters(c: &mut Conn, port: u16, sock: &Path, n: usize) -> io::Result<Ve
 fn promotion(module: &Path, c: &mut Conn, port: u16, n: usize) -> io::Result<Row> {
     eprintln!("   a replica promoted with {n} keys' leases run out");
     c.ok(&[b"FLUSHALL"])?;
-    let dir = TempDir::new()?;
-    let replica = Server::start(&Options {
-        module: Some(module.to_path_buf()),
-        dir: dir.0.clone(),
-        callgrind: false,
-        extra: ["--latency-monitor-threshold", "1"]
-            .iter()
-            .map(|s| s.to_string())
-            .collect(),
-    })?;
-    let mut r = replica.conn()?;
-    r.set_read_timeout(Duration::from_secs(600))?;
-    r.ok(&[b"REPLICAOF", b"127.0.0.1", port.to_string().as_bytes()])?;
-    let deadline = Instant::now() + Duration::from_secs(600);
-    linked(&mut r, deadline)?;
+    let (dir, replica, mut r, deadline) =
+        linked_replica(module, port, &["--latency-monitor-threshold", "1"])?;
     let read = |i: usize, owner: &[u8], ttl: &[u8]| {
         vec![
             b"LOCK.READ".to_vec(),

@@ -305,26 +305,47 @@ const PROBE_SLOTS: usize = 1 << 16;
 #[inline(always)]
 fn probe_slot(name: &[u8]) -> usize {
     let n = name.len();
+    let x = if n >= 8 {
+        // SAFETY: `n >= 8`: both words are in the name.
+        unsafe { word_at(name, 0) ^ word_at(name, n - 8).rotate_left(29) }
+    } else {
+        short_word(name)
+    };
+    ((x ^ n as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 48) as usize
+}
+
+/// The little-endian word at byte `i` of `name`, without a bounds check
+/// (the two hashes of a name below read by length class).
+///
+/// # Safety
+///
+/// `i + 8 <= name.len()`.
+#[inline(always)]
+unsafe fn word_at(name: &[u8], i: usize) -> u64 {
+    u64::from_le(unsafe { name.as_ptr().add(i).cast::<u64>().read_unaligned() })
+}
+
+/// A name of up to 7 bytes as one word, without a bounds check: of 4 to
+/// 7 bytes its two overlapping halves, of 1 to 3 its first, middle and
+/// last byte, of none 0 (its length is mixed in beside it).
+#[inline(always)]
+fn short_word(name: &[u8]) -> u64 {
+    let n = name.len();
     let p = name.as_ptr();
-    // SAFETY: as in `name_hash`: every read is of bytes `0..n`, checked by
-    // the branch it is in.
-    let word = |i: usize| u64::from_le(unsafe { p.add(i).cast::<u64>().read_unaligned() });
+    // SAFETY: every read is of bytes `0..n`, checked by the branch it is in.
     let half = |i: usize| {
         u64::from(u32::from_le(unsafe {
             p.add(i).cast::<u32>().read_unaligned()
         }))
     };
     let byte = |i: usize| u64::from(unsafe { *p.add(i) });
-    let x = if n >= 8 {
-        word(0) ^ word(n - 8).rotate_left(29)
-    } else if n >= 4 {
+    if n >= 4 {
         half(0) << 32 | half(n - 4)
     } else if n > 0 {
         byte(0) << 16 | byte(n / 2) << 8 | byte(n - 1)
     } else {
         0
-    };
-    ((x ^ n as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 48) as usize
+    }
 }
 
 /// Counts `name` in `probe` (stuck at 255).
@@ -370,16 +391,9 @@ fn probe_clear(probe: &[AtomicU8; PROBE_SLOTS]) {
 #[inline(always)]
 fn name_hash(name: &[u8]) -> u64 {
     let n = name.len();
-    let p = name.as_ptr();
-    // SAFETY: every read below is of bytes `0..n`: at `i` with `i + 8 <= n`
-    // (or `i + 4 <= n`, `i < n`), checked by the branch it is in.
-    let word = |i: usize| u64::from_le(unsafe { p.add(i).cast::<u64>().read_unaligned() });
-    let half = |i: usize| {
-        u64::from(u32::from_le(unsafe {
-            p.add(i).cast::<u32>().read_unaligned()
-        }))
-    };
-    let byte = |i: usize| u64::from(unsafe { *p.add(i) });
+    // SAFETY: every word read is of bytes `0..n`: at `i` with `i + 8 <= n`,
+    // checked by the branch it is in.
+    let word = |i: usize| unsafe { word_at(name, i) };
     let seed = SEED ^ n as u64;
     if n > 32 {
         long_hash(name)
@@ -391,12 +405,8 @@ fn name_hash(name: &[u8]) -> u64 {
         )
     } else if n >= 8 {
         mix(mix(seed, word(0)), word(n - 8))
-    } else if n >= 4 {
-        mix(seed, half(0) << 32 | half(n - 4))
-    } else if n > 0 {
-        mix(seed, byte(0) << 16 | byte(n / 2) << 8 | byte(n - 1))
     } else {
-        mix(seed, 0)
+        mix(seed, short_word(name))
     }
 }
 
