@@ -184,7 +184,7 @@ fn main() {
 }
 
 fn root() -> &'static Path {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
+    common::repo()
 }
 
 fn first_line(path: &str, prefix: &str) -> Option<String> {

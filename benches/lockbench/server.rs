@@ -27,7 +27,7 @@ pub fn module_path() -> io::Result<PathBuf> {
         }
         return Ok(p);
     }
-    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let root = crate::root();
     let so = root.join("target/release/libredis_lock.so");
     let built = fs::metadata(&so).and_then(|m| m.modified()).ok();
     let newest_source = newest_mtime(&root.join("src"))

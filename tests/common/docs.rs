@@ -1,12 +1,9 @@
 //! The code blocks of the project's Markdown, for tests that run the docs'
 //! examples.
 
-use std::path::Path;
-
 /// The Markdown file at `path` under the repository.
 pub fn markdown(path: &str) -> String {
-    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
-    std::fs::read_to_string(root.join(path)).unwrap_or_else(|e| panic!("{path}: {e}"))
+    std::fs::read_to_string(super::repo().join(path)).unwrap_or_else(|e| panic!("{path}: {e}"))
 }
 
 /// The section of `markdown` that starts at the `## ` heading `heading`,

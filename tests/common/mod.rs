@@ -26,6 +26,8 @@
 
 #![allow(dead_code)]
 
+use std::path::{Path, PathBuf};
+use std::sync::OnceLock;
 use std::time::Duration;
 
 mod docs;
@@ -55,6 +57,20 @@ pub use resp::*;
 pub use server::*;
 #[allow(unused_imports)]
 pub use time::*;
+
+/// The repository's root: the directory of the workspace's `Cargo.lock`, at
+/// or above the package this harness is compiled into (the module's for the
+/// tests, benches/lockbench for the bench).
+pub fn repo() -> &'static Path {
+    static ROOT: OnceLock<PathBuf> = OnceLock::new();
+    ROOT.get_or_init(|| {
+        let here = Path::new(env!("CARGO_MANIFEST_DIR"));
+        here.ancestors()
+            .find(|p| p.join("Cargo.lock").is_file())
+            .unwrap_or(here)
+            .to_path_buf()
+    })
+}
 
 /// The module's error texts, compiled from the module's own source.
 #[path = "../../src/redis/errors.rs"]

@@ -16,7 +16,7 @@ pub fn module_path() -> PathBuf {
     if let Some(p) = std::env::var_os("REDIS_LOCK_MODULE") {
         return PathBuf::from(p);
     }
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("target/debug/libredis_lock.so")
+    super::repo().join("target/debug/libredis_lock.so")
 }
 
 /// `REDIS_SERVER`, else `redis-server` from `PATH`.
@@ -593,8 +593,7 @@ fn shim(name: &str) -> PathBuf {
     if let Some((_, path)) = built.iter().find(|(n, _)| n == name) {
         return path.clone();
     }
-    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
-    let src = root.join(format!("tests/shims/{name}.c"));
+    let src = super::repo().join(format!("tests/shims/{name}.c"));
     let out = fresh_dir().join(format!("lib{name}.so"));
     let status = Command::new("cc")
         .args(["-O2", "-shared", "-fPIC", "-o"])
