@@ -502,11 +502,13 @@ async function issueTests(client: RedisClient, label: string): Promise<void> {
       await m.release().catch((e) => (e3 = e));
       assert(e3 instanceof LeaseLostError, `release of a missing key: LeaseLostError, not ${e3}`);
       let why = "";
-      const n = Lock.exclusive(client, `${key}3`, { bind: false, ttl: 300, onLost: (w) => (why = w) });
+      // A lease a loaded machine keeps: the first renewal (a third of the
+      // way) must be the one that hears WRONGTYPE, before the lease runs out.
+      const n = Lock.exclusive(client, `${key}3`, { bind: false, ttl: 3000, onLost: (w) => (why = w) });
       assert(await n.acquire(), "held");
       await raw.del(`${key}3`);
       await raw.set(`${key}3`, "x");
-      for (let i = 0; i < 50 && why === ""; i++) await sleep(20);
+      for (let i = 0; i < 300 && why === ""; i++) await sleep(20);
       assert(/WRONGTYPE/.test(why), `the renewal's WRONGTYPE told as lost: ${why}`);
       await n.release().catch(() => {});
     }

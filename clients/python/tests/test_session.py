@@ -104,14 +104,14 @@ class SessionTest(unittest.TestCase):
         return any(h[0] == lock.owner and h[3] == lock.token for h in holders)
 
     def test_many_locks_renewed_by_one_keepalive_and_no_renew(self):
-        with Session(self.r, ttl=1) as s:
+        with Session(self.r, ttl=2) as s:
             locks = [Lock(self.r, fresh("many"), session=s) for _ in range(200)]
             for lock in locks:
                 self.assertTrue(lock.acquire())
                 self.assertFalse(lock.bound)  # SESSION id, no BIND
             self.assertEqual(len(s.ids), 1)
             self.admin.config_resetstat()
-            time.sleep(2.5)  # several ttls: only the session's keepalives keep them
+            time.sleep(4.5)  # past two ttls: only the session's keepalives keep them
             self.assertGreaterEqual(calls(self.admin, "lock.session|keepalive"), 3)
             self.assertEqual(calls(self.admin, "lock.renew"), 0)
             self.assertEqual(calls(self.admin, "lock.keepalive"), 0)
@@ -358,14 +358,14 @@ class AsyncSessionTest(unittest.IsolatedAsyncioTestCase):
             told.append(h)
 
         try:
-            s = aio.Session(r, ttl=1.5, on_lost=on_lost)
+            s = aio.Session(r, ttl=3, on_lost=on_lost)
             locks = [aio.Lock(r, fresh("a"), session=s) for _ in range(100)]
             for lock in locks:
                 self.assertTrue(await lock.acquire())
             await admin.config_resetstat()
             await asyncio.sleep(0.3)
             Killer(PORT, name).kill_once()  # every connection of the holder
-            await asyncio.sleep(2)  # past its ttl: its keepalives kept it
+            await asyncio.sleep(3.5)  # past its ttl: its keepalives kept it
             stats = await admin.info("commandstats")
             self.assertGreaterEqual(stats.get("cmdstat_lock.session|keepalive", {}).get("calls", 0), 2)
             self.assertNotIn("cmdstat_lock.renew", stats)
