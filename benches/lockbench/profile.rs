@@ -23,7 +23,9 @@
 //! `--repeat N` measures everything N times and shows each row's spread;
 //! `--write-baseline` stores the figures in benches/baseline.tsv and
 //! `--check` compares with it (`make bench-check`: fails when a row got more
-//! than 3% more expensive).
+//! than 3% more expensive). `LOCKBENCH_KEEP_DUMPS=<dir>` keeps each
+//! step's dump there as `<row>.out`, to compare two runs function by
+//! function.
 
 use std::fs;
 use std::io;
@@ -346,6 +348,9 @@ impl Profiled {
         control(&["-d", name, &self.pid])?;
         let dump = newest_dump(self.server.dir())
             .ok_or_else(|| io::Error::other("callgrind wrote no dump"))?;
+        if let Some(keep) = std::env::var_os("LOCKBENCH_KEEP_DUMPS") {
+            let _ = fs::copy(&dump, Path::new(&keep).join(format!("{name}.out")));
+        }
         let look = resetstat_look(&dump)?;
         let per_request = instructions(&dump)?.saturating_sub(look) as f64 / n as f64;
         eprintln!(
@@ -427,7 +432,7 @@ fn redismodule_h_dir() -> io::Result<PathBuf> {
 
 /// Builds the C reference module into `dir`.
 pub fn build_floor(dir: &Path) -> io::Result<PathBuf> {
-    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let root = crate::root();
     let src = root.join("benches/cmodule/lockfloor.c");
     let out = dir.join("lockfloor.so");
     let status = Command::new("cc")
