@@ -309,57 +309,72 @@ fn each_client_set_at_once(f: impl Fn(&str, PathBuf) + Sync) {
 }
 
 /// With `CLIENTS[set]`: clients/node/test/test.ts against a server and a
-/// 3-master cluster; clients/node/test/session.ts (sessions) against
-/// another server and cluster; and test.ts's RedLock test alone (with
-/// REDLOCK_PORTS) over five servers with none, two, then three stopped.
+/// 3-master cluster; clients/node/test/session.ts (sessions) with ioredis
+/// against another server and cluster, and with node-redis against a third
+/// server; and test.ts's RedLock test alone (with REDLOCK_PORTS) over five
+/// servers with none, two, then three stopped.
 fn every_kind_single_and_cluster(set: usize) {
     let label = CLIENTS[set].0;
     println!("with {label}");
     let project = test_project(set);
     let project = &project;
-    // The three scripts at once, each against servers of its own (test.js
-    // kills every normal connection of its server, session.js pauses its
-    // server): they mostly wait, on the servers and on their leases.
-    // `script` against a server and a 3-master cluster of its own; its output.
-    let against_a_server_and_a_cluster = |script: &str, what: &str| -> String {
-        let server = Server::start();
-        let cluster = Cluster::start();
-        let out = run(
-            what,
-            Command::new("node")
-                .arg(script)
+    // The scripts at once, each against servers of its own (test.js kills
+    // every normal connection of its server, session.js pauses its server):
+    // they mostly wait, on the servers and on their leases.
+    // `script` against a server and, when `cluster`, a 3-master cluster of
+    // its own, with `env`; its output.
+    let against_servers_of_its_own =
+        |script: &str, what: &str, env: &[(&str, &str)], cluster: bool| -> String {
+            let server = Server::start();
+            let cluster = cluster.then(Cluster::start);
+            let mut node = Command::new("node");
+            node.arg(script)
                 .current_dir(project)
                 .env("REDIS_LOCK_PORT", server.port.to_string())
-                .env("REDIS_LOCK_CLUSTER_PORT", cluster.nodes[0].port.to_string()),
-        );
-        all_passed(&format!("node {script}"), &out);
-        out
-    };
-    let script = &against_a_server_and_a_cluster;
+                .envs(env.iter().copied());
+            if let Some(cluster) = &cluster {
+                node.env("REDIS_LOCK_CLUSTER_PORT", cluster.nodes[0].port.to_string());
+            }
+            let out = run(what, &mut node);
+            all_passed(&format!("node {script}"), &out);
+            out
+        };
+    let script = &against_servers_of_its_own;
     std::thread::scope(|s| {
         s.spawn(move || {
             let out = script(
                 "test.js",
                 "the TypeScript script against a server and a cluster",
+                &[],
+                true,
             );
             // The notice latency of a lost lease, as the script measured it.
             for line in out.lines().filter(|l| l.contains(" told after ")) {
                 println!("{}", line.trim());
             }
         });
-        s.spawn(move || {
-            let out = script(
-                "session.js",
-                "the sessions script against a server and a cluster",
-            );
-            assert!(
-                out.contains("locks in a Session survive every connection of the holder killed"),
-                "the fault test ran:\n{out}"
-            );
-            for line in out.lines().filter(|l| l.contains(" killed in ")) {
-                println!("{label}: {}", line.trim());
-            }
-        });
+        // The sessions script once a client library (ONLY), each about 20 s
+        // of leases running out and connections killed; the cluster tests
+        // with the first.
+        for (only, cluster) in [("ioredis", true), ("node-redis", false)] {
+            s.spawn(move || {
+                let out = script(
+                    "session.js",
+                    &format!("the sessions script with {only}"),
+                    &[("ONLY", only)],
+                    cluster,
+                );
+                assert!(
+                    out.contains(
+                        "locks in a Session survive every connection of the holder killed"
+                    ),
+                    "the fault test ran:\n{out}"
+                );
+                for line in out.lines().filter(|l| l.contains(" killed in ")) {
+                    println!("{label}: {}", line.trim());
+                }
+            });
+        }
         s.spawn(move || {
             let mut servers: Vec<Server> = (0..5).map(|_| Server::start()).collect();
             let ports: Vec<String> = servers.iter().map(|s| s.port.to_string()).collect();

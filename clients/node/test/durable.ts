@@ -27,10 +27,11 @@ function assert(cond: unknown, what: string): void {
 }
 
 async function test(name: string, f: () => Promise<void>): Promise<void> {
+  const started = Date.now();
   try {
     await f();
     passed++;
-    console.log(`ok   ${name}`);
+    console.log(`ok   ${name} (${Date.now() - started} ms)`);
   } catch (e) {
     failed++;
     console.log(`FAIL ${name}: ${(e as Error)?.stack ?? e}`);

@@ -6,7 +6,8 @@
 // session ended from outside (CLOSE, or a server that does not answer past
 // the ttl); close() and the end of an `await using` scope. Prints one line
 // per test and "N passed, M failed". FAULT_LOCKS (default 1000) and
-// FAULT_MS (default 6000) size the fault test.
+// FAULT_MS (default 6000) size the fault test; ONLY (ioredis or node-redis)
+// runs one client library's single-server tests.
 import { Redis, Cluster } from "ioredis";
 import { createClient, createCluster } from "redis";
 import { LeaseLostError, Lock, LockError, RedisClient, Session } from "redis-native-lock";
@@ -24,10 +25,11 @@ function assert(cond: unknown, what: string): void {
 }
 
 async function test(name: string, f: () => Promise<void>): Promise<void> {
+  const started = Date.now();
   try {
     await f();
     passed++;
-    console.log(`ok   ${name}`);
+    console.log(`ok   ${name} (${Date.now() - started} ms)`);
   } catch (e) {
     failed++;
     console.log(`FAIL ${name}: ${(e as Error)?.stack ?? e}`);
@@ -262,11 +264,13 @@ async function clusterTests(): Promise<void> {
   const ioc = new Cluster([{ host: "127.0.0.1", port: clusterPort }]);
   const nrc = createCluster({ rootNodes: [{ url: `redis://127.0.0.1:${clusterPort}` }] });
   await nrc.connect();
-  for (const [c, label] of [
+  // Both clients at once: each waits past its session's ttl.
+  const clients = [
     [ioc, "ioredis Cluster"],
     [nrc, "node-redis cluster"],
-  ] as const) {
-    await test(`${label}: locks on keys of several nodes open one session per node, kept alive, closed on each`, async () => {
+  ] as const;
+  await Promise.all(clients.map(([c, label]) =>
+    test(`${label}: locks on keys of several nodes open one session per node, kept alive, closed on each`, async () => {
       const t = Math.random().toString(36).slice(2, 8);
       const session = new Session(c, { ttl: 3000 }); // kept through renewals on a loaded machine
       const locks = Array.from({ length: 12 }, (_, i) => Lock.exclusive(c, `{${t}${i}}k`, { session }));
@@ -286,8 +290,8 @@ async function clusterTests(): Promise<void> {
       await locks[0].release();
       assert((await session.close()) === 11, "close() ended the other 11 holders, on every node");
       assert(!(await Promise.all(locks.map((l) => l.locked()))).some(Boolean), "all free");
-    });
-  }
+    }),
+  ));
   ioc.disconnect();
   await nrc.disconnect();
 }
