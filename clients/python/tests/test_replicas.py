@@ -92,7 +92,11 @@ class Replicas(unittest.TestCase):
         lock = Lock(self.r, name, ttl=3, replicas=1, replicas_timeout=0.2, on_lost=lambda h, why: lost.append(why))
         self.assertTrue(lock.acquire())
         with Paused():
-            time.sleep(2.2)  # the renewal at 1 s waits 0.2 s for the paused replica
+            # The renewal at 1 s waits 0.2 s for the paused replica (later
+            # on a loaded machine, but before the lease's end at 3 s).
+            deadline = time.monotonic() + 2.8
+            while not lost and time.monotonic() < deadline:
+                time.sleep(0.02)
             self.assertTrue(lock.lost)
             self.assertIn("replicas", lost[0])
             self.assertIsNone(self.r.execute_command("LOCK.INFO", name))  # given up on the master
