@@ -48,6 +48,7 @@ fn tick_work(ctx: &Context, due: Due) {
         (),
         waiting::unblock_later,
     );
+    catch::callback("answering failed waiters", (), waiting::fail_some);
     catch::callback("ending retired holders' entries", (), waiting::retire_some);
     catch::callback("waking flushed databases' waiters", (), waiting::wake_some);
     catch::callback("a deadlock search's slice", (), || deadlocks::go_on(ctx));
