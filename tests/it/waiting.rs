@@ -1952,6 +1952,7 @@ fn waiters_of_a_server_made_a_replica_each_get_one_error() {
             other => panic!("waiter w{w}: {other:?}"),
         }
     }
+    eprintln!("{readonly} of {FAILED} answered READONLY by the module");
     assert!(
         readonly == 0 || readonly == FAILED && part_way,
         "the module answers all of them, over several turns ({readonly} READONLY)"
