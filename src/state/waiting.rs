@@ -933,14 +933,12 @@ fn answer_queued(ctx: &Context, name: Str<'_>, txn: &mut Txn) -> Pending {
     }
     if unfinished {
         stats::GRANTS_SLICED.incr();
-        // Kept for the next slice (keys whose queue went meanwhile let go).
-        let Registry {
-            settling: kept,
-            queues,
-            ..
-        } = &mut *registry;
-        kept.retain(|k, _| queues.contains_key(k));
-        kept.insert(key.clone(), settling.pause(txn.lock));
+        // Kept for the next slice (a kept settle goes with its queue:
+        // `Registry::take`, the one place a queue goes; no pass over the
+        // others here, which was O(1,024 shards + keys) a slice).
+        registry
+            .settling
+            .insert(key.clone(), settling.pause(txn.lock));
     }
     // A multi-key request at the head: `transitions` tries it on all its keys
     // once this one is written back, if this lock would let it in.
@@ -1391,8 +1389,14 @@ fn fail_slice(budget: &Budget) {
                 Some(waiter) => unblock(waiter, Err(error), Vec::new()),
                 // Not a waiter any more (never expected): out of the queue.
                 None => {
-                    if let Some(q) = registry.queues.get_mut(&key) {
+                    let emptied = registry.queues.get_mut(&key).is_some_and(|q| {
                         q.remove(id);
+                        q.is_empty()
+                    });
+                    if emptied {
+                        registry.queues.remove(&key);
+                        registry.settling.remove(&key);
+                        registry.set_holders(&key, Vec::new());
                     }
                 }
             }
