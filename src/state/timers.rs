@@ -66,7 +66,7 @@ struct Index {
     /// many entries as databases with some, none empty), in the order
     /// Redis removed them: a command takes its database's at once, and
     /// the RENAME that unlinked one takes it back from the end.
-    expired: Vec<(i32, VecDeque<(Vec<u8>, usize)>)>,
+    expired: Vec<(i32, VecDeque<Expired>)>,
     /// Keys that came due while this server was a replica, each with its
     /// number in the order they came (`deferred_order`, by number): a
     /// master's ticks visit them from the first.
@@ -79,6 +79,9 @@ struct Index {
     /// The armed Redis timer and when it fires.
     armed: Option<(raw::RedisModuleTimerID, u64)>,
 }
+
+/// An expired lock's name and how many leases it had.
+type Expired = (Vec<u8>, usize);
 
 static INDEX: LazyLock<Mutex<Index>> = LazyLock::new(Mutex::default);
 
