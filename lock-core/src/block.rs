@@ -281,7 +281,7 @@ impl Block {
         let Some(old) = u64_at(&self.buf, at + 8) else {
             return;
         };
-        if old != deadline {
+        if old != deadline && self.tag() != Some(EXCLUSIVE) {
             // (In before out: a holder at the latest that moves later
             // stays known.)
             self.kept_in(deadline);

@@ -1227,8 +1227,14 @@ impl Lock {
     /// `Lock::first`), so that a bound grant on a free key allocates
     /// nothing more than an unbound one.
     pub fn follow_granted(&mut self, token: u64) -> Option<u64> {
-        let (at, _) = self.block.entries().find(|(_, h)| h.token == token)?;
-        self.follow_at(at, token)
+        let (at, h) = self.block.entries().find(|(_, h)| h.token == token)?;
+        if h.session().is_some() {
+            return None;
+        }
+        let (holds, since, own) = (h.holds, h.since, h.deadline);
+        self.block
+            .set(at, holds, since, token, session_deadline(token));
+        Some(own)
     }
 
     /// [`Lock::materialize_sessions`] for the holders following one of
