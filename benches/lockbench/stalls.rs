@@ -25,7 +25,9 @@
 //! module's that grew all at once shows here), then their releases in
 //! rounds of every other one; (10) `SWAPDB` while
 //! thousands of multi-key requests wait in both databases; (11) the
-//! promotion of a replica where many leases ran out. Its own server (waiters connect over a Unix socket;
+//! promotion of a replica where many leases ran out; (12) thousands of
+//! waiters of one key answered an error together (a `SET` over the lock
+//! key). Its own server (waiters connect over a Unix socket;
 //! the open-file limit raised where the bench may, else a chain too long
 //! for it is built of `LOCK.MACQUIRE`s of ten keys, the same graph), never
 //! part of `make bench-check`: wall-clock figures on a shared machine.
@@ -1686,6 +1688,43 @@ fn swap_waiters(c: &mut Conn, port: u16, sock: &Path, n: usize) -> io::Result<Ve
     Ok(vec![row, flushed])
 }
 
+/// Shape (12): `n` connections wait (`WAIT 0`) for one held key, then a
+/// `SET` over it: the key's visit finds another type and answers every
+/// waiter `WRONGTYPE` (`waiting::fail_all`, a slice at a time): the
+/// longest PING until the last is answered, and the worst `LATENCY
+/// LATEST` event (a `lock-tick` of a millisecond or more of CPU).
+fn failed(c: &mut Conn, port: u16, sock: &Path, n: usize) -> io::Result<Row> {
+    eprintln!("   {n} waiters of one key answered WRONGTYPE");
+    c.ok(&[b"FLUSHALL"])?;
+    c.ok(&[b"LOCK.ACQUIRE", b"failed", b"H", TTL])?;
+    let mut waiters = Waiters::open(sock, n)?;
+    waiters.write(c, 500, &mut |j| {
+        cmd(&[
+            b"LOCK.ACQUIRE",
+            b"failed",
+            format!("w:{j}").as_bytes(),
+            TTL,
+            b"WAIT",
+            b"0",
+        ])
+    })?;
+    let m = measure(
+        c,
+        port,
+        Some("set"),
+        &mut |c| c.call(&[b"SET", b"failed", b"x"]).map(Some),
+        &mut |c| Ok(stat(c, "lock_waiters")? == 0),
+    )?;
+    let row = Row::new(
+        format!("(12) `SET` over a lock key {n} connections wait for: each answered `WRONGTYPE`"),
+        m.clone_reply(),
+    )
+    .note("took: until the last was answered");
+    waiters.close(c)?;
+    c.ok(&[b"FLUSHALL"])?;
+    Ok(row)
+}
+
 /// Shape (11): `n` keys of two readers each on the section's server, a
 /// replica of its own attached; the master's writes paused (`CLIENT PAUSE
 /// WRITE`: it purges nothing), the first reader's lease runs out on the
@@ -1886,6 +1925,12 @@ pub fn run(module: &Path, plan: &Plan) -> io::Result<Vec<Row>> {
     }
     if wants(11) {
         rows.push(promotion(module, &mut c, port, plan.promoted)?);
+    }
+    if wants(12) {
+        match fits(plan.deadlines) {
+            true => rows.push(failed(&mut c, port, &sock, plan.deadlines)?),
+            false => rows.push(skipped(plan.deadlines, "(12) waiters failed".into())),
+        }
     }
     drop(c);
     drop(server);

@@ -4,11 +4,19 @@
 //!
 //! ```text
 //! exclusive:  [0]                                        entry (exactly one)
-//! shared:     [1] count:u32 len:u32 cap:u32              entry...
-//! semaphore:  [2] count:u32 len:u32 cap:u32 limit:u32    entry...
+//! shared:     [1] count:u32 len:u32 cap:u32              kept entry...
+//! semaphore:  [2] count:u32 len:u32 cap:u32 limit:u32    kept entry...
+//! kept:       latest:u64 at-latest:u32
 //! entry:      token:u64 deadline:u64 holds:u32 since:u32 owner-length owner
 //! owner-length: one byte below 255, else 255 and a u32
 //! ```
+//!
+//! `kept` is the latest deadline of the holders and how many have it (0:
+//! not known, found by a walk when asked, [`Block::keep_latest`]), kept by
+//! every change below, so that a key's expiry is known without a walk of
+//! its holders. It is not saved: [`Block::saved`] leaves it out (the saved
+//! form is the block of RDB encoding 3 as it always was) and
+//! [`Block::from_saved`] puts it back from its walk.
 //!
 //! Numbers are little-endian and unaligned. An exclusive block is allocated
 //! to its exact length, so its length and capacity follow from its owner's
@@ -33,6 +41,8 @@ const FIXED: usize = 24;
 /// The header of shared and semaphore blocks (before `limit`).
 const COUNTED: usize = 13;
 const LIMIT_AT: usize = COUNTED;
+/// The kept latest deadline and how many holders have it (`kept`).
+const KEPT: usize = 12;
 /// Owner lengths from this one on take a byte and a u32.
 const LONG: u8 = 255;
 
@@ -65,6 +75,14 @@ impl Eq for HolderRef<'_> {}
 pub struct TooLarge;
 
 fn header_len(tag: u8) -> usize {
+    match tag {
+        EXCLUSIVE => 1,
+        _ => saved_header_len(tag) + KEPT,
+    }
+}
+
+/// The header as saved (`kept` left out), and where `kept` starts.
+fn saved_header_len(tag: u8) -> usize {
     match tag {
         EXCLUSIVE => 1,
         SEMAPHORE => COUNTED + 4,
@@ -183,6 +201,17 @@ impl Survey {
     }
 }
 
+/// The latest deadline and how many have it, `acc` and one more deadline
+/// `d` taken together.
+#[inline]
+fn at_latest(acc: Option<(u64, u32)>, d: u64) -> Option<(u64, u32)> {
+    match acc {
+        Some((latest, n)) if d < latest => Some((latest, n)),
+        Some((latest, n)) if d == latest => Some((latest, n.saturating_add(1))),
+        _ => Some((d, 1)),
+    }
+}
+
 /// The holders of one lock, packed (see the file's comment).
 #[derive(Default)]
 pub struct Block {
@@ -249,6 +278,15 @@ impl Block {
 
     /// Changes the numbers of the entry at `at` (the owner stays).
     pub fn set(&mut self, at: usize, holds: u32, since: u32, token: u64, deadline: u64) {
+        let Some(old) = u64_at(&self.buf, at + 8) else {
+            return;
+        };
+        if old != deadline && self.tag() != Some(EXCLUSIVE) {
+            // (In before out: a holder at the latest that moves later
+            // stays known.)
+            self.kept_in(deadline);
+            self.kept_out(old);
+        }
         put_u64(&mut self.buf, at, token);
         put_u64(&mut self.buf, at + 8, deadline);
         put_u32(&mut self.buf, at + 16, holds);
@@ -280,6 +318,9 @@ impl Block {
             }
             if tag == SEMAPHORE {
                 self.buf.extend_from_slice(&limit.to_le_bytes());
+            }
+            if tag != EXCLUSIVE {
+                self.buf.extend_from_slice(&[0; KEPT]);
             }
         } else if need > self.buf.capacity() {
             // Half as much again: a lock granted to many holders one by one
@@ -321,7 +362,81 @@ impl Block {
         self.buf.extend_from_slice(h.owner);
         let n = self.count() + 1;
         self.set_count(n);
+        match n {
+            1 => self.set_kept(h.deadline, 1),
+            _ => self.kept_in(h.deadline),
+        }
         Ok(at)
+    }
+
+    /// The kept latest deadline and how many holders have it (`None` for
+    /// an exclusive or empty block).
+    fn kept(&self) -> Option<(u64, u32)> {
+        let at = saved_header_len(self.tag().filter(|t| *t != EXCLUSIVE)?);
+        Some((u64_at(&self.buf, at)?, u32_at(&self.buf, at + 8)?))
+    }
+
+    fn set_kept(&mut self, latest: u64, n: u32) {
+        if let Some(tag) = self.tag().filter(|t| *t != EXCLUSIVE) {
+            let at = saved_header_len(tag);
+            put_u64(&mut self.buf, at, latest);
+            put_u32(&mut self.buf, at + 8, n);
+        }
+    }
+
+    /// A holder with deadline `d` came (or a holder's deadline became `d`).
+    fn kept_in(&mut self, d: u64) {
+        match self.kept() {
+            Some((latest, n)) if n > 0 && d > latest => self.set_kept(d, 1),
+            Some((latest, n)) if n > 0 && d == latest => self.set_kept(latest, n.saturating_add(1)),
+            _ => {}
+        }
+    }
+
+    /// A holder with deadline `d` left (or its deadline is no longer `d`):
+    /// when it was the last at the latest, the latest is not known until
+    /// it is asked for ([`Block::keep_latest`]).
+    fn kept_out(&mut self, d: u64) {
+        if let Some((latest, n)) = self.kept() {
+            if n > 0 && d == latest {
+                self.set_kept(latest, n - 1);
+            }
+        }
+    }
+
+    /// The latest deadline of the holders and how many have it, by a walk.
+    fn walk_latest(&self) -> Option<(u64, u32)> {
+        self.entries()
+            .fold(None, |acc, (_, h)| at_latest(acc, h.deadline))
+    }
+
+    /// The latest deadline of any holder (`None` when empty): an exclusive
+    /// block's one, else the kept one; a walk only when the last holder at
+    /// the latest left since it was last kept.
+    pub fn latest(&self) -> Option<u64> {
+        let latest = match self.kept() {
+            None => self.sole_deadline(),
+            Some((latest, n)) if n > 0 => Some(latest),
+            Some(_) => self.walk_latest().map(|(latest, _)| latest),
+        };
+        #[cfg(debug_assertions)]
+        {
+            let walked = self.walk_latest().map(|(latest, _)| latest);
+            debug_assert_eq!(latest, walked, "the kept latest deadline is the walked one");
+        }
+        latest
+    }
+
+    /// [`Block::latest`], kept when it took a walk (the next ask is O(1)).
+    pub fn keep_latest(&mut self) -> Option<u64> {
+        match self.kept() {
+            Some((_, 0)) => {
+                let (latest, n) = self.walk_latest()?;
+                self.set_kept(latest, n - 1);
+                Some(latest)
+            }
+            _ => self.latest(),
+        }
     }
 
     /// The holder whose entry starts at `at` (an offset [`Block::entries`]
@@ -332,9 +447,10 @@ impl Block {
 
     /// Removes the entry at `at` (the others keep their order).
     pub fn remove(&mut self, at: usize) {
-        let Some((_, end)) = entry_at(&self.buf, at) else {
+        let Some((h, end)) = entry_at(&self.buf, at) else {
             return;
         };
+        let deadline = h.deadline;
         let n = self.count().saturating_sub(1);
         if n == 0 {
             self.clear();
@@ -342,6 +458,7 @@ impl Block {
         }
         self.buf.drain(at..end);
         self.set_count(n);
+        self.kept_out(deadline);
     }
 
     /// Keeps the holders `keep` says yes to, in order.
@@ -352,11 +469,14 @@ impl Block {
         let mut read = header_len(tag);
         let mut write = read;
         let mut kept = 0;
+        // The kept latest found anew on the way (this walks them all).
+        let mut latest: Option<(u64, u32)> = None;
         for _ in 0..self.count() {
             let Some((h, end)) = entry_at(&self.buf, read) else {
                 break;
             };
             if keep(&h) {
+                latest = at_latest(latest, h.deadline);
                 if write != read {
                     self.buf.copy_within(read..end, write);
                 }
@@ -371,6 +491,9 @@ impl Block {
         }
         self.buf.truncate(write);
         self.set_count(kept);
+        if let Some((l, n)) = latest {
+            self.set_kept(l, n);
+        }
     }
 
     /// No holder left: the memory goes too.
@@ -394,9 +517,22 @@ impl Block {
         ManuallyDrop::new(self.buf).as_mut_ptr()
     }
 
-    /// The block's bytes (what RDB encoding 3 saves).
+    /// The block's bytes in memory (`kept` included).
     pub fn as_bytes(&self) -> &[u8] {
         &self.buf
+    }
+
+    /// The block as RDB encoding 3 saves it: its bytes without `kept`
+    /// (an exclusive block's as they are; the others copied).
+    pub fn saved(&self) -> std::borrow::Cow<'_, [u8]> {
+        let Some(tag) = self.tag().filter(|t| *t != EXCLUSIVE) else {
+            return std::borrow::Cow::Borrowed(&self.buf);
+        };
+        let at = saved_header_len(tag);
+        let mut saved = Vec::with_capacity(self.buf.len().saturating_sub(KEPT));
+        saved.extend_from_slice(self.buf.get(..at).unwrap_or(&[]));
+        saved.extend_from_slice(self.buf.get(at + KEPT..).unwrap_or(&[]));
+        std::borrow::Cow::Owned(saved)
     }
 
     /// A block saved by [`Block::as_bytes`], checked to be whole: its kind
@@ -404,10 +540,15 @@ impl Block {
     /// for an exclusive block. `since` is set for every holder; the rest of
     /// what a lock must be is [`crate::Lock::from_saved`]'s to check, from
     /// the [`Survey`] this walk takes on the way (a load walks a block once).
-    pub fn from_saved(buf: Vec<u8>, since: u32) -> Option<(Block, Survey)> {
+    pub fn from_saved(mut buf: Vec<u8>, since: u32) -> Option<(Block, Survey)> {
         let tag = *buf.first()?;
-        if Mode::from_tag(tag).is_none() || buf.len() < header_len(tag) {
+        if Mode::from_tag(tag).is_none() || buf.len() < saved_header_len(tag) {
             return None;
+        }
+        if tag != EXCLUSIVE {
+            // `kept` back in place (not saved), found on the walk below.
+            let at = saved_header_len(tag);
+            buf.splice(at..at, [0; KEPT]);
         }
         let mut block = Block { buf };
         let count = block.count();
@@ -415,15 +556,20 @@ impl Block {
         // a block refused later is dropped whole), exactly `count` of them
         // filling the block.
         let mut survey = Survey::EMPTY;
+        let mut latest: Option<(u64, u32)> = None;
         let mut at = header_len(tag);
         for _ in 0..count {
             let (h, next) = entry_at(&block.buf, at)?;
             survey.add(&h);
+            latest = at_latest(latest, h.deadline);
             put_u32(&mut block.buf, at + 20, since);
             at = next;
         }
         if at != block.buf.len() || count == 0 {
             return None;
+        }
+        if let Some((l, n)) = latest {
+            block.set_kept(l, n);
         }
         Some((block, survey))
     }

@@ -1068,9 +1068,20 @@ impl Lock {
         })
     }
 
-    /// The latest deadline of any holder: the key's Redis expiry.
+    /// The latest deadline of any holder: the key's Redis expiry. Kept in
+    /// the block by every change to a holder (no walk of the holders, but
+    /// after the last holder at the latest left: see [`Lock::keep_latest`]).
     pub fn latest_deadline(&self) -> Option<u64> {
-        self.deadlines().map(|(_, hi)| hi)
+        self.block.latest()
+    }
+
+    /// [`Lock::latest_deadline`], kept in the block when it took a walk
+    /// (the last holder at the latest left since it was last kept): the
+    /// write-back of a transaction asks once, so a transaction walks the
+    /// holders for it at most once, and only one that removed or shortened
+    /// the lease of the last holder at the latest.
+    pub fn keep_latest(&mut self) -> Option<u64> {
+        self.block.keep_latest()
     }
 
     /// The earliest deadline of any holder: when this lock next changes by
@@ -1176,11 +1187,38 @@ impl Lock {
     /// deadline (returned) goes to the shell's lease table. `None`, and
     /// nothing changed, when no holder has that token or it follows a
     /// session (a follower already: its own deadline is the table's).
+    ///
+    /// A holder a settle's grant just added ([`Lock::grant_in_turn`]) is
+    /// found at its entry, with no scan of the holders (a slice of bound
+    /// grants costs its grants, not a pass over the key's holders each).
     pub fn follow(&mut self, token: u64, changes: &mut Changes) -> Option<u64> {
-        let own = self.follow_granted(token)?;
-        if let Some(h) = self.holders().find(|h| h.token == token) {
+        let placed = changes
+            .placed
+            .last()
+            .copied()
+            .filter(|_| changes.placed_shape == Some(self.shape()))
+            .filter(|&at| self.block.holder_at(at).is_some_and(|h| h.token == token));
+        let at = match placed {
+            Some(at) => at,
+            None => self.block.entries().find(|(_, h)| h.token == token)?.0,
+        };
+        let own = self.follow_at(at, token)?;
+        if let Some(h) = self.block.holder_at(at) {
             changes.touch(h.owner);
         }
+        Some(own)
+    }
+
+    /// The holder at entry `at` (grant `token`) follows its connection's
+    /// lease ([`Lock::follow`]).
+    fn follow_at(&mut self, at: usize, token: u64) -> Option<u64> {
+        let h = self.block.holder_at(at)?;
+        if h.session().is_some() {
+            return None;
+        }
+        let (holds, since, own) = (h.holds, h.since, h.deadline);
+        self.block
+            .set(at, holds, since, token, session_deadline(token));
         Some(own)
     }
 
@@ -1863,13 +1901,14 @@ impl Lock {
     }
 
     /// The lock as RDB encoding 3 saves it: its block's bytes (holders'
-    /// `since` and the block's lengths are set anew on load).
-    pub fn saved(&self) -> &[u8] {
-        self.block.as_bytes()
+    /// `since` and the block's lengths are set anew on load), without the
+    /// kept latest deadline (a shared or semaphore block's, copied).
+    pub fn saved(&self) -> std::borrow::Cow<'_, [u8]> {
+        self.block.saved()
     }
 
-    /// A lock saved by [`Lock::saved`] (the buffer read back, taken over
-    /// without a copy), checked as [`Lock::from_holders`] checks holders;
+    /// A lock saved by [`Lock::saved`] (the buffer read back, taken over:
+    /// a shared or semaphore block's moved up for its kept latest), checked as [`Lock::from_holders`] checks holders;
     /// every holder's `since` is `now`. The block is walked once, and what
     /// that walk found comes back with the lock ([`Loaded`]).
     pub fn from_saved(buf: Vec<u8>, now: u64) -> Result<Loaded, Invalid> {
@@ -2837,5 +2876,216 @@ mod tests {
         // Replacing the only holder may change the mode.
         assert_eq!(lock.put(Kind::Racquire, h("a", 4)), Ok(()));
         assert_eq!(lock.mode(), Mode::Exclusive);
+    }
+
+    /// The latest deadline by a walk of the holders: what the kept one in
+    /// the block must always be.
+    fn walked_latest(lock: &Lock) -> Option<u64> {
+        lock.holders().map(|h| h.deadline).max()
+    }
+
+    /// A change to a shared lock or a semaphore's holders, as the shell
+    /// makes them (commands, a settle's grants, expiry, sessions, leases,
+    /// a replica's `LOCK.SYNC`, a load).
+    #[derive(Clone, Debug)]
+    enum KeptOp {
+        Grant { owner: u8, ttl: u64, session: u8 },
+        Settle(Vec<(u8, u64)>),
+        Release(u8),
+        ReleaseAll(u8),
+        ReleaseSole(u8),
+        Renew { owner: u8, ttl: u64 },
+        RenewSole { owner: u8, ttl: u64 },
+        Later(u64),
+        Purge,
+        Follow(u8),
+        EndSessions(u8),
+        Materialize(u8),
+        Clamp(u64),
+        ApplySet { owner: u8, ttl: u64 },
+        ApplyDrop(u8),
+        Remove(u8),
+        SaveLoad,
+        Clone,
+    }
+
+    fn kept_op() -> impl proptest::strategy::Strategy<Value = KeptOp> {
+        use proptest::prelude::*;
+        let owner = 0u8..10;
+        let ttl = 1u64..40;
+        prop_oneof![
+            4 => (owner.clone(), ttl.clone(), 0u8..8).prop_map(|(owner, ttl, session)| {
+                KeptOp::Grant { owner, ttl, session }
+            }),
+            2 => proptest::collection::vec((owner.clone(), ttl.clone()), 1..6).prop_map(KeptOp::Settle),
+            2 => owner.clone().prop_map(KeptOp::Release),
+            1 => owner.clone().prop_map(KeptOp::ReleaseAll),
+            1 => owner.clone().prop_map(KeptOp::ReleaseSole),
+            2 => (owner.clone(), ttl.clone()).prop_map(|(owner, ttl)| KeptOp::Renew { owner, ttl }),
+            1 => (owner.clone(), ttl.clone()).prop_map(|(owner, ttl)| KeptOp::RenewSole { owner, ttl }),
+            2 => (0u64..25).prop_map(KeptOp::Later),
+            1 => Just(KeptOp::Purge),
+            1 => owner.clone().prop_map(KeptOp::Follow),
+            1 => any::<u8>().prop_map(KeptOp::EndSessions),
+            1 => any::<u8>().prop_map(KeptOp::Materialize),
+            1 => (0u64..40).prop_map(KeptOp::Clamp),
+            1 => (owner.clone(), ttl).prop_map(|(owner, ttl)| KeptOp::ApplySet { owner, ttl }),
+            1 => owner.clone().prop_map(KeptOp::ApplyDrop),
+            1 => owner.prop_map(KeptOp::Remove),
+            1 => Just(KeptOp::SaveLoad),
+            1 => Just(KeptOp::Clone),
+        ]
+    }
+
+    /// Does `op` to `lock` at `*now`.
+    fn do_kept_op(lock: &mut Lock, kind: Kind, op: &KeptOp, now: &mut u64, tokens: &mut Tokens) {
+        let name = |o: u8| format!("o{o}").into_bytes();
+        let mut c = Changes::default();
+        let t = *now;
+        match op {
+            KeptOp::Grant {
+                owner,
+                ttl,
+                session,
+            } => {
+                // Sessions 1 and 2 (their holders' deadlines name them).
+                let session = match session {
+                    1 | 2 => u64::from(*session),
+                    _ => 0,
+                };
+                let owner = name(*owner);
+                let ask = Ask {
+                    kind,
+                    owner: &owner,
+                    ttl: *ttl,
+                    session,
+                };
+                lock.try_acquire_within(ask, false, t, tokens, &mut c, 100);
+            }
+            KeptOp::Settle(asks) => {
+                lock.purge(t, &mut c);
+                let mut index = HolderIndex::default();
+                for (i, (owner, ttl)) in asks.iter().enumerate() {
+                    let owner = name(*owner);
+                    let ask = Ask {
+                        kind,
+                        owner: &owner,
+                        ttl: *ttl,
+                        session: 0,
+                    };
+                    let granted = lock.grant_in_turn(ask, t, tokens, &mut c, &mut index, 100);
+                    // Some bound: they follow their connection's lease.
+                    if let (Attempt::Granted(token), true) = (granted, i % 2 == 1) {
+                        lock.follow(token, &mut c);
+                    }
+                }
+            }
+            KeptOp::Release(o) => {
+                lock.release(&name(*o), None, t, &mut c);
+            }
+            KeptOp::ReleaseAll(o) => {
+                let token = lock.holder(&name(*o)).map_or(0, |h| h.token);
+                lock.release_all(&name(*o), token, t, &mut c);
+            }
+            KeptOp::ReleaseSole(o) => {
+                lock.release_sole(&name(*o), None, t);
+            }
+            KeptOp::Renew { owner, ttl } => {
+                lock.renew(&name(*owner), *ttl, None, t, &mut c);
+            }
+            KeptOp::RenewSole { owner, ttl } => {
+                lock.renew_sole(&name(*owner), *ttl, None, t);
+            }
+            KeptOp::Later(ms) => *now += ms,
+            KeptOp::Purge => lock.purge(t, &mut c),
+            KeptOp::Follow(i) => {
+                let n = lock.holder_count().max(1);
+                let token = lock.holders().nth(usize::from(*i) % n).map(|h| h.token);
+                if let Some(token) = token {
+                    lock.follow(token, &mut c);
+                }
+            }
+            KeptOp::EndSessions(live) => {
+                let live = *live;
+                lock.end_sessions(
+                    |id| (live & (1 << (id % 8)) != 0).then_some(t + 50),
+                    t,
+                    &mut c,
+                );
+            }
+            KeptOp::Materialize(d) => {
+                let d = u64::from(*d);
+                lock.materialize_sessions(|id| (id % 3 != 0).then_some(t + d + id));
+            }
+            KeptOp::Clamp(d) => {
+                lock.clamp_deadlines(t + d);
+            }
+            KeptOp::ApplySet { owner, ttl } => {
+                if let Some(token) = tokens.issue() {
+                    let h = Holder {
+                        owner: name(*owner).into(),
+                        holds: 1,
+                        since: 0,
+                        token,
+                        deadline: t + ttl,
+                    };
+                    let _ = lock.apply_set(kind, h);
+                }
+            }
+            KeptOp::ApplyDrop(o) => {
+                lock.apply_drop(&name(*o));
+            }
+            KeptOp::Remove(o) => {
+                lock.remove(&name(*o));
+            }
+            KeptOp::SaveLoad => {
+                let saved = lock.saved().into_owned();
+                if !saved.is_empty() {
+                    let loaded = Lock::from_saved(saved, t).expect("a saved lock loads");
+                    *lock = loaded.lock;
+                }
+            }
+            KeptOp::Clone => *lock = lock.clone(),
+        }
+    }
+
+    proptest::proptest! {
+        /// The latest deadline kept in a shared or semaphore block (for the
+        /// key's expiry, without a walk of its holders) is, after every
+        /// change of any kind, the latest deadline a walk of its holders
+        /// finds; and when it took a walk, keeping it leaves it right.
+        #[test]
+        fn the_kept_latest_deadline_is_always_the_walked_one(
+            semaphore in proptest::bool::ANY,
+            ops in proptest::collection::vec(kept_op(), 1..120),
+        ) {
+            let kind = match semaphore {
+                true => Kind::Semaphore(6),
+                false => Kind::Read,
+            };
+            let mut lock = Lock::default();
+            let mut tokens = Tokens::starting_after(0);
+            let mut now = 1_000;
+            for op in &ops {
+                do_kept_op(&mut lock, kind, op, &mut now, &mut tokens);
+                let mut owners: Vec<&[u8]> = lock.holders().map(|h| h.owner).collect();
+                owners.sort();
+                let n = owners.len();
+                owners.dedup();
+                proptest::prop_assert_eq!(owners.len(), n, "dup after {:?}", op);
+                let walked = walked_latest(&lock);
+                proptest::prop_assert_eq!(lock.latest_deadline(), walked, "after {:?}", op);
+                proptest::prop_assert_eq!(lock.keep_latest(), walked);
+                proptest::prop_assert_eq!(lock.latest_deadline(), walked);
+                // What is saved is the block as RDB encoding 3 always had it.
+                let saved = lock.saved();
+                let bytes = lock.block.as_bytes();
+                match lock.mode() {
+                    _ if lock.is_empty() => proptest::prop_assert!(saved.is_empty()),
+                    Mode::Exclusive => proptest::prop_assert_eq!(&saved[..], bytes),
+                    _ => proptest::prop_assert_eq!(saved.len() + 12, bytes.len()),
+                }
+            }
+        }
     }
 }

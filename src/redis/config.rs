@@ -77,7 +77,8 @@ pub static MAX_SESSIONS: Setting = Setting::new(c"max-sessions", 100_000, 0, 100
 
 /// `lock.debug-grants-per-slice`, for the tests only: a visit of a queue
 /// also ends its slice after this many answers (0: the time budget alone,
-/// `waiting`'s), so that slicing is seen at any speed.
+/// `waiting`'s), and so does a slice of a key's waiters answered an error
+/// (`waiting::fail_all`), so that slicing is seen at any speed.
 pub static DEBUG_GRANTS_PER_SLICE: Setting =
     Setting::testing(c"debug-grants-per-slice", 0, 0, 1_000_000);
 

@@ -60,8 +60,13 @@ struct Index {
     /// Keys whose next visit also writes back and replicates their whole state.
     refresh: DbKeyMap<()>,
     /// Locks Redis removed after every lease in them ran out, with how many
-    /// leases: counted and announced (`lock.expired`) at the next tick.
-    expired: Vec<(DbKey, usize)>,
+    /// leases: counted and announced (`lock.expired`) at the next ticks, a
+    /// share of the turn at a time ([`take_expired_some`]), or by the next
+    /// command on their database first ([`take_expired`]). By database (as
+    /// many entries as databases with some, none empty), in the order
+    /// Redis removed them: a command takes its database's at once, and
+    /// the RENAME that unlinked one takes it back from the end.
+    expired: Vec<(i32, VecDeque<Expired>)>,
     /// Keys that came due while this server was a replica, each with its
     /// number in the order they came (`deferred_order`, by number): a
     /// master's ticks visit them from the first.
@@ -74,6 +79,9 @@ struct Index {
     /// The armed Redis timer and when it fires.
     armed: Option<(raw::RedisModuleTimerID, u64)>,
 }
+
+/// An expired lock's name and how many leases it had.
+type Expired = (Vec<u8>, usize);
 
 static INDEX: LazyLock<Mutex<Index>> = LazyLock::new(Mutex::default);
 
@@ -275,7 +283,11 @@ pub fn refresh(db: i32, key: &[u8]) {
 /// announce `lock.expired` at the next tick (a value's unlink may not notify).
 pub fn expired(db: i32, key: &[u8], leases: usize) {
     let mut index = index();
-    index.expired.push((DbKey::new(db, key), leases));
+    let entry = (key.to_vec(), leases);
+    match index.expired.iter_mut().find(|(d, _)| *d == db) {
+        Some((_, list)) => list.push_back(entry),
+        None => index.expired.push((db, VecDeque::from([entry]))),
+    }
     arm(&mut index, 0);
 }
 
@@ -293,14 +305,33 @@ pub fn take_expired(db: i32) -> Vec<(Vec<u8>, usize)> {
         return Vec::new();
     }
     let mut index = index();
-    if index.expired.is_empty() {
+    match index.expired.iter().position(|(d, _)| *d == db) {
+        Some(at) => index.expired.swap_remove(at).1.into(),
+        None => Vec::new(),
+    }
+}
+
+/// Takes out up to `most` expired locks to announce at a tick, first
+/// removed first (the rest at the next ticks, at once), each with its
+/// database.
+pub fn take_expired_some(most: usize) -> Vec<(DbKey, usize)> {
+    if !EXPIRED.load(Ordering::Relaxed) {
         return Vec::new();
     }
-    let (mine, others): (Vec<_>, Vec<_>) = std::mem::take(&mut index.expired)
-        .into_iter()
-        .partition(|(k, _)| k.db == db);
-    index.expired = others;
-    mine.into_iter().map(|(k, n)| (k.name, n)).collect()
+    let mut index = index();
+    let Some((db, list)) = index.expired.first_mut() else {
+        return Vec::new();
+    };
+    let db = *db;
+    let n = most.min(list.len());
+    let some = list
+        .drain(..n)
+        .map(|(name, leases)| (DbKey { db, name }, leases))
+        .collect();
+    if list.is_empty() {
+        index.expired.swap_remove(0);
+    }
+    some
 }
 
 /// Some work goes on at the next tick, as soon as Redis has served its
@@ -325,10 +356,23 @@ pub fn release_bound(closed: Detached) {
 }
 
 /// The lock left this name by RENAME or MOVE, with its holders: not an expiry.
+/// The unlink of the same RENAME or MOVE listed it last, if it listed it
+/// (its leases had all run out): O(1), whatever Redis expired since the
+/// last tick.
 pub fn moved_away(db: i32, key: &[u8]) {
-    index()
-        .expired
-        .retain(|(k, _)| !(k.db == db && k.name == key));
+    let mut index = index();
+    let Some(at) = index.expired.iter().position(|(d, _)| *d == db) else {
+        return;
+    };
+    let Some((_, list)) = index.expired.get_mut(at) else {
+        return;
+    };
+    if list.back().is_some_and(|(k, _)| k.as_slice() == key) {
+        list.pop_back();
+    }
+    if list.is_empty() {
+        index.expired.swap_remove(at);
+    }
 }
 
 /// SWAPDB: the entries of two databases follow their keys (their homes
@@ -425,8 +469,6 @@ pub struct Due {
     pub replica: bool,
     /// Keys to visit, and whether each is a refresh.
     pub visits: Vec<(DbKey, bool)>,
-    /// Locks Redis removed after all their leases ran out, with the count.
-    pub expired: Vec<(DbKey, usize)>,
     /// Connections that closed with bound grants: as many of their grants
     /// as the tick's share of the turn allows are ended.
     pub released: Vec<Detached>,
@@ -491,7 +533,6 @@ fn take_due(now: u64, replica: bool) -> Due {
     Due {
         replica,
         visits,
-        expired: std::mem::take(&mut index.expired),
         released,
     }
 }

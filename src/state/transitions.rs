@@ -884,7 +884,7 @@ fn write_back_latest<R>(
     let changed = matches!(outcome, Ok((_, true, _)));
     let latest = match &outcome {
         Ok((_, _, Some(latest))) => *latest,
-        _ => lock.latest_deadline(),
+        _ => lock.keep_latest(),
     };
     let census = lock.census();
     // The stored lock goes back to the key here: its value follows the

@@ -22,6 +22,9 @@ use crate::time::clock;
 /// the clock.
 const RELEASED_PER_LOOK: usize = 32;
 
+/// How many expired locks are announced between two looks at the clock.
+const EXPIRED_PER_LOOK: usize = 32;
+
 /// One tick's work, within its share of the turn (`clock::turn`): what
 /// is left goes on at the next tick. A tick of a millisecond or more of
 /// the main thread's CPU is a sample of the `lock-tick` event of Redis's
@@ -48,15 +51,27 @@ fn tick_work(ctx: &Context, due: Due) {
         (),
         waiting::unblock_later,
     );
+    catch::callback("answering failed waiters", (), waiting::fail_some);
     catch::callback("ending retired holders' entries", (), waiting::retire_some);
     catch::callback("waking flushed databases' waiters", (), waiting::wake_some);
     catch::callback("a deadlock search's slice", (), || deadlocks::go_on(ctx));
-    for (DbKey { db, name: key }, leases) in due.expired {
-        catch::callback("announcing an expired lock", (), || {
-            if ffi::select_db(ctx, db) {
-                transitions::announce_expired(ctx, &key, leases);
-            }
-        });
+    // Locks Redis expired since the last tick, within the tick's share of
+    // the turn (the rest at the next tick, at once).
+    loop {
+        let some = timers::take_expired_some(EXPIRED_PER_LOOK);
+        if some.is_empty() {
+            break;
+        }
+        for (DbKey { db, name: key }, leases) in some {
+            catch::callback("announcing an expired lock", (), || {
+                if ffi::select_db(ctx, db) {
+                    transitions::announce_expired(ctx, &key, leases);
+                }
+            });
+        }
+        if clock::turn_over() {
+            break;
+        }
     }
     for closed in due.released {
         let mut more = true;

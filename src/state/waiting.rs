@@ -135,6 +135,12 @@ struct Registry {
     /// home (-1: every one) and the next piece of `queues` to look at
     /// ([`wake_some`]).
     woken: Vec<(i32, usize)>,
+    /// Keys whose waiters are answered an error a slice at a time
+    /// ([`fail_all`], [`fail_some`]): the error and the end of the key's
+    /// queue when it was asked (the requests queued since are not failed:
+    /// they wait behind), first asked first (`failing_order`).
+    failing: DbKeyMap<(LockError, u64)>,
+    failing_order: VecDeque<DbKey>,
 }
 
 /// Holders of one key taken out of the index at once; more wait for the
@@ -146,6 +152,9 @@ static RETIRING: AtomicBool = AtomicBool::new(false);
 
 /// Whether `Registry::woken` may hold anything (no mutex).
 static WAKING: AtomicBool = AtomicBool::new(false);
+
+/// Whether `Registry::failing` may hold anything (no mutex).
+static FAILING: AtomicBool = AtomicBool::new(false);
 
 /// FLUSHDB of `db` (-1: FLUSHALL): every key waited for there is free, its
 /// queue's head to be granted. Its visit is planned at the next ticks, a
@@ -812,6 +821,16 @@ fn answer_queued(ctx: &Context, name: Str<'_>, txn: &mut Txn) -> Pending {
     if !registry.queues.contains_key(key) {
         return Pending::NONE;
     }
+    // Its waiters are being answered an error ([`fail_all`]): nobody is
+    // granted or timed out before each of them is answered, and a request
+    // arriving meanwhile finds them waiting (nil, or it queues behind).
+    if !registry.failing.is_empty() && registry.failing.contains_key(key) {
+        return Pending {
+            waiting: true,
+            next_timeout: None,
+            sliced: false,
+        };
+    }
     // In a command's transaction, at most a few; in a tick, as many as its
     // share of the turn allows (10,000 WAITs ending together are answered
     // over the next turns, each turn's share of work bounded, none late by
@@ -914,14 +933,12 @@ fn answer_queued(ctx: &Context, name: Str<'_>, txn: &mut Txn) -> Pending {
     }
     if unfinished {
         stats::GRANTS_SLICED.incr();
-        // Kept for the next slice (keys whose queue went meanwhile let go).
-        let Registry {
-            settling: kept,
-            queues,
-            ..
-        } = &mut *registry;
-        kept.retain(|k, _| queues.contains_key(k));
-        kept.insert(key.clone(), settling.pause(txn.lock));
+        // Kept for the next slice (a kept settle goes with its queue:
+        // `Registry::take`, the one place a queue goes; no pass over the
+        // others here, which was O(1,024 shards + keys) a slice).
+        registry
+            .settling
+            .insert(key.clone(), settling.pause(txn.lock));
     }
     // A multi-key request at the head: `transitions` tries it on all its keys
     // once this one is written back, if this lock would let it in.
@@ -1016,12 +1033,14 @@ pub fn heads_every_queue(id: WaiterId) -> bool {
     let Some(w) = registry.waiters.get(&id) else {
         return false;
     };
+    // (Not while a key's waiters are answered an error: `fail_all`.)
     w.keys.iter().all(|k| {
         registry
             .queues
             .get(k)
             .and_then(|q| q.iter().next())
             .is_some_and(|head| head.id == id)
+            && (registry.failing.is_empty() || !registry.failing.contains_key(k))
     })
 }
 
@@ -1292,24 +1311,107 @@ pub fn add_revocation(key: DbKey, owner: Owner, token: u64, disconnect: bool) {
         });
 }
 
-/// Answers every waiter of a key with an error (the key now holds another type).
+/// Answers every waiter of a key with `error`, in queue order: the key's
+/// lock moved to another node (`MIGRATE`), this server became a replica,
+/// or its visit failed (the key now holds another type). A queue may hold
+/// as many as `lock.max-waiters` (up to 10^9): they are answered a slice
+/// at a time, each within the budget of a visit's slice ([`Budget`]: in a
+/// tick, its share of the turn too), the first here, the rest at the next
+/// turns ([`fail_some`]). Until the last of them is answered nothing is
+/// granted on the key or timed out there ([`answer_waiters`] leaves it
+/// alone, a multi-key request waiting on it is not granted), and a request
+/// arriving meanwhile finds them waiting: nil without `WAIT`, else it
+/// queues behind them and is not failed (the key is visited once they are
+/// all answered).
 pub fn fail_all(db: i32, key: &[u8], error: LockError) {
-    let mut left = Vec::new();
-    let left = {
+    {
         let mut registry = registry();
         let id = DbKey::new(registry.homes.home(db), key);
-        let ids: Vec<WaiterId> = registry
-            .queues
-            .get(&id)
-            .map_or_else(Vec::new, |q| q.iter().map(|w| w.id).collect());
-        for w in ids {
-            if let Some(waiter) = registry.take(w, &mut left) {
-                unblock(waiter, Err(error), Vec::new());
+        let Some(end) = registry.queues.get(&id).map(Queue::end) else {
+            return;
+        };
+        match registry.failing.get_mut(&id) {
+            // Asked again: every request queued now is failed too.
+            Some(failing) => failing.1 = end,
+            None => {
+                registry.failing.insert(id.clone(), (error, end));
+                registry.failing_order.push_back(id);
             }
         }
-        registry.to_visit(left, Some(&id))
+        FAILING.store(true, Ordering::Relaxed);
+    }
+    fail_slice(&Budget::start(crate::time::clock::in_turn()));
+}
+
+/// At a tick: goes on answering the waiters [`fail_all`] fails, one
+/// slice's budget; the rest at the next tick, at once.
+pub fn fail_some() {
+    if !FAILING.load(Ordering::Relaxed) {
+        return;
+    }
+    fail_slice(&Budget::start(true));
+}
+
+/// Answers failing waiters from the head of the first failing key's queue
+/// on, in order, until `budget` is spent (at least one answer); a key
+/// whose failed requests are all answered is visited (the requests queued
+/// behind them are the key's as usual).
+fn fail_slice(budget: &Budget) {
+    let mut left = Vec::new();
+    let mut done = Vec::new();
+    let mut answers = 0;
+    let (more, left) = {
+        let mut registry = registry();
+        let more = loop {
+            let Some(key) = registry.failing_order.front().cloned() else {
+                break false;
+            };
+            let Some(&(error, end)) = registry.failing.get(&key) else {
+                registry.failing_order.pop_front();
+                continue;
+            };
+            if answers > 0 && budget.spent(answers) {
+                break true;
+            }
+            let head = registry
+                .queues
+                .get(&key)
+                .and_then(|q| q.between(0, end).next())
+                .map(|(_, w)| w.id);
+            let Some(id) = head else {
+                registry.failing.remove(&key);
+                registry.failing_order.pop_front();
+                done.push(registry.db_key(key));
+                continue;
+            };
+            answers += 1;
+            match registry.take(id, &mut left) {
+                Some(waiter) => unblock(waiter, Err(error), Vec::new()),
+                // Not a waiter any more (never expected): out of the queue.
+                None => {
+                    let emptied = registry.queues.get_mut(&key).is_some_and(|q| {
+                        q.remove(id);
+                        q.is_empty()
+                    });
+                    if emptied {
+                        registry.queues.remove(&key);
+                        registry.settling.remove(&key);
+                        registry.set_holders(&key, Vec::new());
+                    }
+                }
+            }
+        };
+        FAILING.store(more, Ordering::Relaxed);
+        // (The keys still failing are visited once they are done.)
+        let r = &*registry;
+        left.retain(|k| !r.failing.contains_key(k));
+        (more, r.to_visit(left, None))
     };
     visit_now(left);
+    visit_now(done);
+    if more {
+        timers::work_now();
+    }
 }
 
 /// The requests waiting for this key, in queue order: each one's owner and

@@ -1227,3 +1227,68 @@ fn lock_values_take_part_in_active_defragmentation() {
     }
     assert!(!s.log_tail(100).contains("panic"));
 }
+
+/// Leases Redis expires in bulk, in two databases (active expiry, and a
+/// `SCAN` that expires every key it finds), while lock commands run on one
+/// of them: every lock Redis removed is announced `lock.expired` exactly
+/// once, on its own database, and counted once (`lock_expired_leases`),
+/// whether a tick announced it (a share of the turn at a time) or the next
+/// command on its database did; a lock renamed while live is never
+/// announced.
+#[test]
+fn locks_redis_expired_in_bulk_are_each_announced_once() {
+    let n = 2_000;
+    let s = Server::start();
+    let mut c = s.conn();
+    c.cmd(&["CONFIG", "SET", "notify-keyspace-events", "KEdx"])
+        .ok();
+    let mut sub = psubscribe(&s, &["__keyevent@*__:lock.expired"]);
+    let before = stats(&mut c)["lock_expired_leases"];
+    for db in ["0", "1"] {
+        c.cmd(&["SELECT", db]).ok();
+        for i in 0..n {
+            c.acquire(&format!("e{i}"), "a", 200).int();
+        }
+        c.acquire("live", "a", 600_000).int();
+    }
+    sleep_ms(400);
+    // Database 1: a SCAN expires what it finds, then lock commands there
+    // (each announces its database's expired ones first), and a RENAME of
+    // a live lock.
+    c.cmd(&["SELECT", "1"]).ok();
+    let mut cursor = "0".to_string();
+    loop {
+        let r = c.cmd(&["SCAN", &cursor, "COUNT", "500"]);
+        cursor = r.array()[0].str();
+        c.acquire("other", "a", 600_000).int();
+        if cursor == "0" {
+            break;
+        }
+    }
+    c.cmd(&["RENAME", "live", "live2"]).ok();
+    let mut seen: HashMap<(String, String), usize> = HashMap::new();
+    while seen.len() < 2 * n {
+        sub.set_timeout(Duration::from_secs(30));
+        let (channel, key) = next_message(&mut sub);
+        *seen.entry((channel, key)).or_default() += 1;
+    }
+    for db in ["0", "1"] {
+        for i in 0..n {
+            let at = (format!("__keyevent@{db}__:lock.expired"), format!("e{i}"));
+            assert_eq!(seen.get(&at), Some(&1), "{at:?}");
+        }
+    }
+    // Nothing more (a live lock renamed is not announced): the next
+    // message is the one after this lease runs out.
+    c.cmd(&["SELECT", "0"]).ok();
+    c.acquire("last", "a", 50).int();
+    let (channel, key) = next_message(&mut sub);
+    assert_eq!(
+        (channel.as_str(), key.as_str()),
+        ("__keyevent@0__:lock.expired", "last")
+    );
+    assert_eq!(
+        stats(&mut c)["lock_expired_leases"] - before,
+        2 * n as i64 + 1
+    );
+}

@@ -1747,3 +1747,220 @@ fn a_cycle_through_a_key_whose_queue_emptied_and_came_back_is_found() {
 fn c_read(c: &mut Conn, key: &str, owner: &str) -> Reply {
     c.cmd(&["LOCK.READ", key, owner, "60000"])
 }
+
+// ---------------------------------------------------------------------------
+// Many answered an error at once
+// ---------------------------------------------------------------------------
+
+/// How many waiters wait in the tests below, and how many a slice answers
+/// (`lock.debug-grants-per-slice`: hundreds of turns, whatever the
+/// machine's speed).
+const FAILED: usize = 3_000;
+const FAILED_PER_SLICE: usize = 4;
+
+/// `FAILED` connections, each waiting (`WAIT 0`) for `key`, held by
+/// `holder`, and their owners in the queue's order.
+fn failing_waiters(s: &Server, a: &mut Conn, key: &str) -> (Vec<Conn>, Vec<usize>) {
+    token(a.acquire(key, "holder", 600_000));
+    let mut waiters = Vec::new();
+    for i in 0..FAILED {
+        let mut c = s.conn();
+        send_wait(&mut c, "LOCK.ACQUIRE", key, &format!("w{i}"), 600_000, 0);
+        waiters.push(c);
+        if i % 500 == 499 {
+            wait_for_waiters(a, key, i as i64 + 1);
+        }
+    }
+    wait_for_waiters(a, key, FAILED as i64);
+    let order = a
+        .cmd(&["LOCK.INFO", key, "WAITERS"])
+        .get("waiting")
+        .expect("the waiting list")
+        .array()
+        .iter()
+        .map(|w| {
+            w.array()[0].str()[1..]
+                .parse::<usize>()
+                .expect("a waiter's number")
+        })
+        .collect::<Vec<_>>();
+    assert_eq!(order.len(), FAILED);
+    (waiters, order)
+}
+
+/// Polls `lock_waiters` until it is below `FAILED`: whether a count part
+/// of the way (some answered, some not) was seen, the server answering
+/// this connection between the slices.
+fn seen_part_way(a: &mut Conn) -> bool {
+    let start = Instant::now();
+    loop {
+        let w: usize = a
+            .info_field("lock", "lock_waiters")
+            .parse()
+            .expect("lock_waiters");
+        if w < FAILED {
+            return w > 0;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(30),
+            "the waiters were never answered"
+        );
+        sleep_ms(1);
+    }
+}
+
+/// Every waiter's one reply, checked on the way to come in the queue's
+/// order (`order`, the waiters' numbers): scanning from the back of the
+/// queue, once a waiter is seen answered, every one queued before it (but
+/// the last two slices' worth, written in the same turns) is answered
+/// already.
+fn replies_in_queue_order(waiters: &mut [Conn], order: &[usize]) -> Vec<Reply> {
+    let mut replies: Vec<Option<Reply>> = (0..waiters.len()).map(|_| None).collect();
+    let mut answered_from: Option<usize> = None;
+    for place in (0..order.len()).rev() {
+        let w = order[place];
+        let c = &mut waiters[w];
+        let must = answered_from.is_some_and(|later| place + 2 * FAILED_PER_SLICE < later);
+        c.set_timeout(Duration::from_millis(if must { 1_000 } else { 1 }));
+        match c.read_reply() {
+            Ok(r) => {
+                replies[w] = Some(r);
+                answered_from.get_or_insert(place);
+            }
+            Err(e) => assert!(
+                !must,
+                "waiter w{w} (place {place}) not answered, a later one (place {answered_from:?}) was: {e}"
+            ),
+        }
+    }
+    replies
+        .into_iter()
+        .zip(waiters.iter_mut())
+        .enumerate()
+        .map(|(w, (r, c))| {
+            r.unwrap_or_else(|| reply_within(c, Duration::from_secs(60), &format!("waiter w{w}")))
+        })
+        .collect()
+}
+
+/// Many waiters answered an error together (a `SET` over the lock key: its
+/// visit finds another type): they are answered a slice at a time, over
+/// hundreds of turns, and yet every one gets `WRONGTYPE` exactly once, in
+/// the queue's order; the server answers other clients between the slices;
+/// a request arriving meanwhile on the key (the string deleted: the key is
+/// free) queues behind them and is granted once they are all answered,
+/// not failed.
+#[test]
+fn waiters_failed_together_are_answered_in_slices_in_order_exactly_once() {
+    let s = Server::builder()
+        .config(&format!("lock.debug-grants-per-slice {FAILED_PER_SLICE}"))
+        .start();
+    let mut a = s.conn();
+    let (mut waiters, order) = failing_waiters(&s, &mut a, "k");
+    a.cmd(&["SET", "k", "x"]).ok();
+    assert!(
+        seen_part_way(&mut a),
+        "other clients are answered between the slices"
+    );
+    // The key freed while they are answered: a newcomer waits behind them.
+    assert_eq!(a.cmd(&["DEL", "k"]), Reply::Int(1));
+    let mut late = s.conn();
+    send_wait(&mut late, "LOCK.ACQUIRE", "k", "newcomer", 600_000, 0);
+    let start = Instant::now();
+    let ahead = loop {
+        let queue = a.cmd(&["LOCK.INFO", "k", "WAITERS"]);
+        let queue: Vec<String> = queue
+            .get("waiting")
+            .map(|w| w.array().iter().map(|w| w.array()[0].str()).collect())
+            .unwrap_or_default();
+        if queue.last().map(String::as_str) == Some("newcomer") {
+            break queue.len() - 1;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(30),
+            "the newcomer never queued ({} waiting)",
+            queue.len()
+        );
+        sleep_ms(1);
+    };
+    assert!(
+        ahead > 0,
+        "the newcomer queues behind the waiters still to answer"
+    );
+    let wrongtype = Reply::Error(LockError::WrongType.message());
+    let replies = replies_in_queue_order(&mut waiters, &order);
+    for (w, r) in replies.iter().enumerate() {
+        assert_eq!(r, &wrongtype, "waiter w{w}");
+    }
+    // Exactly once: the next reply on each connection is its own PING's.
+    for (w, c) in waiters.iter_mut().enumerate() {
+        c.set_timeout(Duration::from_secs(10));
+        assert_eq!(
+            c.cmd(&["PING"]),
+            Reply::Status("PONG".into()),
+            "waiter w{w}"
+        );
+    }
+    let t = token(reply_within(
+        &mut late,
+        Duration::from_secs(60),
+        "the newcomer",
+    ));
+    assert_eq!(holders(&mut a, "k"), ["newcomer"], "granted its token {t}");
+    assert_eq!(info(&mut a, "k").waiters, 0);
+}
+
+/// The same when the server becomes a replica while clients wait: Redis
+/// 7.0 and 8.2 and Valkey 9.1 unblock them themselves (`UNBLOCKED`, and
+/// close them); a server that keeps them blocked would have the module
+/// answer each `READONLY`, a slice at a time, in the queue's order. Either
+/// way every waiter gets exactly one error, and nobody waits after.
+#[test]
+fn waiters_of_a_server_made_a_replica_each_get_one_error() {
+    let master = Server::start();
+    let s = Server::builder()
+        .config(&format!("lock.debug-grants-per-slice {FAILED_PER_SLICE}"))
+        .start();
+    let mut a = s.conn();
+    let (mut waiters, order) = failing_waiters(&s, &mut a, "k");
+    a.cmd(&["REPLICAOF", "127.0.0.1", &master.port.to_string()])
+        .ok();
+    let part_way = seen_part_way(&mut a);
+    let replies = replies_in_queue_order(&mut waiters, &order);
+    let readonly = replies
+        .iter()
+        .filter(|r| matches!(r, Reply::Error(e) if e.starts_with("READONLY")))
+        .count();
+    for (w, (r, c)) in replies.iter().zip(waiters.iter_mut()).enumerate() {
+        c.set_timeout(Duration::from_secs(10));
+        match r {
+            // Kept blocked across the change: the module's one answer.
+            Reply::Error(e) if e.starts_with("READONLY") => {
+                assert_eq!(
+                    c.cmd(&["PING"]),
+                    Reply::Status("PONG".into()),
+                    "waiter w{w}"
+                );
+            }
+            // Redis's own, after which it closes the connection.
+            Reply::Error(e) if e.starts_with("UNBLOCKED") => {
+                assert!(
+                    c.read_reply().is_err(),
+                    "waiter w{w}: nothing after UNBLOCKED"
+                );
+            }
+            other => panic!("waiter w{w}: {other:?}"),
+        }
+    }
+    eprintln!("{readonly} of {FAILED} answered READONLY by the module");
+    assert!(
+        readonly == 0 || readonly == FAILED && part_way,
+        "the module answers all of them, over several turns ({readonly} READONLY)"
+    );
+    assert_eq!(a.cmd(&["PING"]), Reply::Status("PONG".into()));
+    assert_eq!(
+        a.info_field("lock", "lock_waiters"),
+        "0",
+        "nobody waits on the replica"
+    );
+}
