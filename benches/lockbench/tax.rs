@@ -79,16 +79,20 @@ enum OtherWrite {
     Getex,
     Del,
     Rename,
+    Move,
+    Copy,
 }
 
 impl OtherWrite {
-    const ALL: [OtherWrite; 6] = [
+    const ALL: [OtherWrite; 8] = [
         OtherWrite::Set,
         OtherWrite::SetEx,
         OtherWrite::Expire,
         OtherWrite::Getex,
         OtherWrite::Del,
         OtherWrite::Rename,
+        OtherWrite::Move,
+        OtherWrite::Copy,
     ];
 
     fn short(self) -> &'static str {
@@ -99,6 +103,8 @@ impl OtherWrite {
             OtherWrite::Getex => "getex",
             OtherWrite::Del => "del",
             OtherWrite::Rename => "rename",
+            OtherWrite::Move => "move",
+            OtherWrite::Copy => "copy",
         }
     }
 
@@ -110,6 +116,8 @@ impl OtherWrite {
             OtherWrite::Getex => "`GETEX k EX 200` (`expire`)",
             OtherWrite::Del => "`DEL k` (`del`)",
             OtherWrite::Rename => "`RENAME k k2` (`rename_from`, `rename_to`)",
+            OtherWrite::Move => "`MOVE k 2` (`move_from`, `move_to`)",
+            OtherWrite::Copy => "`COPY k k2` (`copy_to`)",
         }
     }
 
@@ -127,13 +135,18 @@ impl OtherWrite {
             OtherWrite::Getex => encode(buf, &[b(b"GETEX"), k, b(b"EX"), b(b"200")]),
             OtherWrite::Del => encode(buf, &[b(b"DEL"), k]),
             OtherWrite::Rename => encode(buf, &[b(b"RENAME"), k, Arg::K(b"renamed:", i)]),
+            // Database 2: the busy shape's is 1; emptied after the row.
+            OtherWrite::Move => encode(buf, &[b(b"MOVE"), k, b(b"2")]),
+            OtherWrite::Copy => encode(buf, &[b(b"COPY"), k, Arg::K(b"copied:", i)]),
         }
     }
 
     fn expected(self, r: &Reply) -> bool {
         match self {
             OtherWrite::Set | OtherWrite::SetEx | OtherWrite::Rename => r.is("OK"),
-            OtherWrite::Expire | OtherWrite::Del => *r == Reply::Int(1),
+            OtherWrite::Expire | OtherWrite::Del | OtherWrite::Move | OtherWrite::Copy => {
+                *r == Reply::Int(1)
+            }
             OtherWrite::Getex => matches!(r, Reply::Bulk(_)),
         }
     }
@@ -392,6 +405,13 @@ fn write_rows_own(
             &|r| w.expected(r),
         )?;
         rows.push(Row { name, per_request });
+        if matches!(w, OtherWrite::Move) {
+            // The moved keys leave database 2 (the rows' `FLUSHDB` empties
+            // database 0 only).
+            p.c.ok(&[b"SELECT", b"2"])?;
+            p.c.ok(&[b"FLUSHDB", b"SYNC"])?;
+            p.c.ok(&[b"SELECT", b"0"])?;
+        }
         if own {
             let dump = newest_dump(p.dir())?;
             rows.push(Row {

@@ -398,6 +398,24 @@ pub unsafe fn in_place<'a>(s: *const raw::RedisModuleString) -> Option<&'a [u8]>
     Some(unsafe { std::slice::from_raw_parts(buf, usize::from(len)) })
 }
 
+/// The first byte of `s` read in place (an empty string's is its `sds`
+/// terminator, 0), without its length: `None` where [`in_place`] would
+/// not read it, or on a server whose strings are not read so.
+///
+/// # Safety
+///
+/// `s` is a live string object Redis passed.
+#[inline(always)]
+pub unsafe fn first_byte(s: *const raw::RedisModuleString) -> Option<u8> {
+    let head = s.cast::<u8>();
+    if !in_place_ok() || unsafe { *head } & 0x7f != 0 {
+        return None;
+    }
+    // SAFETY: as `in_place`: the buffer's address at offset 8, checked at
+    // load; an `sds` buffer always ends with a NUL.
+    Some(unsafe { *head.add(8).cast::<*const u8>().read_unaligned() })
+}
+
 /// [`in_place`] for the other `sds` header read in place (`sdshdr16`).
 ///
 /// # Safety

@@ -11,13 +11,19 @@
 //! the one running it.
 //!
 //! The filter costs every command a call, so it is registered only while
-//! some holder is bound ([`follow`]): a server without bound holders pays
-//! nothing. On Redis 7.0, which has no way to name a filtered command's
+//! some holder is bound ([`follow`]: from the first binding to the event
+//! loop's turn after the last one ended): a server without bound holders
+//! pays nothing. Its own work on a command that runs no script is a few
+//! loads: the arguments read from the filter context in place (its layout
+//! checked against `RM_CommandFilterArgsCount`/`ArgGet` at its first call,
+//! the calls used instead if they differ) and the name's first byte
+//! (`ffi::first_byte`); only a name that starts with `e` or `f` is read
+//! whole. On Redis 7.0, which has no way to name a filtered command's
 //! sender, [`caller`] is `None` and `LOCK.KEEPALIVE` in a script is an
 //! error reply rather than a silent 0.
 
 use std::os::raw::c_int;
-use std::sync::atomic::{AtomicPtr, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicPtr, AtomicU64, AtomicU8, Ordering};
 
 use redis_module::raw;
 
@@ -28,6 +34,26 @@ static FILTER: AtomicPtr<raw::RedisModuleCommandFilter> = AtomicPtr::new(std::pt
 
 /// The last connection seen sending a script call or an EXEC (0: none).
 static CALLER: AtomicU64 = AtomicU64::new(0);
+
+/// How the filter reads a command's arguments: not known yet (its first
+/// call looks), from the filter context in place ([`FilterArgs`]), or
+/// through `RM_CommandFilterArgGet`.
+static ARGS: AtomicU8 = AtomicU8::new(ARGS_UNKNOWN);
+const ARGS_UNKNOWN: u8 = 0;
+const ARGS_IN_PLACE: u8 = 1;
+const ARGS_BY_CALL: u8 = 2;
+
+/// The start of the filter context as Redis 7.2 to 8.x and Valkey lay it
+/// out (module.c, `RedisModuleCommandFilterCtx`: the arguments, their
+/// room, their count, then the sender): read in place only once its first
+/// call found the same arguments and count as the API's
+/// ([`learn_args`]).
+#[repr(C)]
+struct FilterArgs {
+    argv: *const *mut raw::RedisModuleString,
+    argv_len: c_int,
+    argc: c_int,
+}
 
 /// Whether this server can name a filtered command's sender.
 pub fn supported() -> bool {
@@ -72,7 +98,9 @@ pub fn caller() -> Option<u64> {
     }
 }
 
-/// Whether `name` starts a script or runs queued commands.
+/// Whether `name` starts a script that may write or runs queued commands
+/// (`EVAL_RO`, `EVALSHA_RO` and `FCALL_RO` cannot run `LOCK.KEEPALIVE`, a
+/// write command, and are still recognised: the caller stays exact).
 fn runs_scripts(name: &[u8]) -> bool {
     const NAMES: [&[u8]; 7] = [
         b"eval",
@@ -86,17 +114,87 @@ fn runs_scripts(name: &[u8]) -> bool {
     name.len() <= 10 && NAMES.iter().any(|n| n.eq_ignore_ascii_case(name))
 }
 
+/// The filter's first call: whether the context's fields read in place
+/// give what the API gives (the count, the first and the last argument).
+#[cold]
+fn learn_args(fctx: *mut raw::RedisModuleCommandFilterCtx) -> u8 {
+    let by_api = (
+        api!(RedisModule_CommandFilterArgsCount(fctx)),
+        api!(RedisModule_CommandFilterArgGet(fctx, 0)),
+    );
+    let (Some(argc), Some(first)) = by_api else {
+        return ARGS_BY_CALL;
+    };
+    if argc < 1 || first.is_null() {
+        // Nothing to compare: look again at the next command.
+        return ARGS_UNKNOWN;
+    }
+    let last = api!(RedisModule_CommandFilterArgGet(fctx, argc - 1)).unwrap_or_default();
+    // SAFETY: every server with `RM_CommandFilterGetClientId` (the only
+    // ones the filter is registered on) starts the context with the
+    // argument array's address and keeps the count at offset 12; the
+    // array is read only after the count read there was the API's.
+    let same = unsafe {
+        let f = fctx.cast::<FilterArgs>().cast_const();
+        (*f).argc == argc
+            && *(*f).argv == first
+            && usize::try_from(argc - 1).is_ok_and(|i| *(*f).argv.add(i) == last)
+    };
+    match same {
+        true => ARGS_IN_PLACE,
+        false => ARGS_BY_CALL,
+    }
+}
+
 extern "C" fn on_command(fctx: *mut raw::RedisModuleCommandFilterCtx) {
     // No panic can happen here (no indexing, no unwrap); nothing to catch.
     // Every command of every client comes here while some holder is bound:
-    // the name read in place where the server allows it (`ffi::name_of`),
-    // and most names told apart by their length and first byte.
+    // its name's first byte read in place, and only `e...` and `f...`
+    // looked at further.
+    if fctx.is_null() {
+        return;
+    }
+    let arg = match ARGS.load(Ordering::Relaxed) {
+        ARGS_IN_PLACE => {
+            // SAFETY: the layout was seen to be the API's (`learn_args`);
+            // the first argument is read only while there is one.
+            let f = fctx.cast::<FilterArgs>().cast_const();
+            match unsafe { (*f).argc } {
+                n if n < 1 => return,
+                _ => unsafe { *(*f).argv },
+            }
+        }
+        _ => return on_command_by_call(fctx),
+    };
+    // SAFETY: `arg` is the live string Redis is about to run.
+    if let Some(b) = unsafe { ffi::first_byte(arg) } {
+        if !matches!(b | 0x20, b'e' | b'f') {
+            return;
+        }
+    }
+    runs_script(fctx, arg);
+}
+
+/// [`on_command`] while the context is not read in place: its first call
+/// (which looks whether it can be), or a server laid out otherwise.
+#[inline(never)]
+extern "C" fn on_command_by_call(fctx: *mut raw::RedisModuleCommandFilterCtx) {
+    if ARGS.load(Ordering::Relaxed) == ARGS_UNKNOWN {
+        ARGS.store(learn_args(fctx), Ordering::Relaxed);
+    }
     let Some(arg) = api!(RedisModule_CommandFilterArgGet(fctx, 0)) else {
         return;
     };
     if arg.is_null() {
         return;
     }
+    runs_script(fctx, arg);
+}
+
+/// A command whose name may start a script: its sender remembered if it
+/// does.
+#[inline(never)]
+fn runs_script(fctx: *mut raw::RedisModuleCommandFilterCtx, arg: *mut raw::RedisModuleString) {
     let name = ffi::name_of(arg);
     if !(4..=10).contains(&name.len()) || !matches!(name.first(), Some(b'e' | b'E' | b'f' | b'F')) {
         return;
