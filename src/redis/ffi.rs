@@ -399,16 +399,17 @@ pub unsafe fn in_place<'a>(s: *const raw::RedisModuleString) -> Option<&'a [u8]>
 }
 
 /// The first byte of `s` read in place (an empty string's is its `sds`
-/// terminator, 0), without its length: `None` where [`in_place`] would
-/// not read it, or on a server whose strings are not read so.
+/// terminator, 0), without its length: `None` for an encoding
+/// [`in_place`] does not read.
 ///
 /// # Safety
 ///
-/// `s` is a live string object Redis passed.
+/// As [`in_place`]'s: `s` is a live string object of a server whose
+/// layout [`learn_string_layout`] accepted ([`in_place_ok`]).
 #[inline(always)]
 pub unsafe fn first_byte(s: *const raw::RedisModuleString) -> Option<u8> {
     let head = s.cast::<u8>();
-    if !in_place_ok() || unsafe { *head } & 0x7f != 0 {
+    if unsafe { *head } & 0x7f != 0 {
         return None;
     }
     // SAFETY: as `in_place`: the buffer's address at offset 8, checked at

@@ -36,12 +36,15 @@ static FILTER: AtomicPtr<raw::RedisModuleCommandFilter> = AtomicPtr::new(std::pt
 static CALLER: AtomicU64 = AtomicU64::new(0);
 
 /// How the filter reads a command's arguments: not known yet (its first
-/// call looks), from the filter context in place ([`FilterArgs`]), or
-/// through `RM_CommandFilterArgGet`.
+/// call looks), from the filter context in place ([`FilterArgs`]) and the
+/// name's first byte in place too (`ffi::first_byte`), the arguments in
+/// place and the name through `RM_StringPtrLen` (a server whose strings
+/// are not read in place: Valkey), or both through the API.
 static ARGS: AtomicU8 = AtomicU8::new(ARGS_UNKNOWN);
 const ARGS_UNKNOWN: u8 = 0;
 const ARGS_IN_PLACE: u8 = 1;
-const ARGS_BY_CALL: u8 = 2;
+const ARGS_ONLY_IN_PLACE: u8 = 2;
+const ARGS_BY_CALL: u8 = 3;
 
 /// The start of the filter context as Redis 7.2 to 8.x and Valkey lay it
 /// out (module.c, `RedisModuleCommandFilterCtx`: the arguments, their
@@ -140,9 +143,10 @@ fn learn_args(fctx: *mut raw::RedisModuleCommandFilterCtx) -> u8 {
             && *(*f).argv == first
             && usize::try_from(argc - 1).is_ok_and(|i| *(*f).argv.add(i) == last)
     };
-    match same {
-        true => ARGS_IN_PLACE,
-        false => ARGS_BY_CALL,
+    match (same, ffi::in_place_ok()) {
+        (true, true) => ARGS_IN_PLACE,
+        (true, false) => ARGS_ONLY_IN_PLACE,
+        (false, _) => ARGS_BY_CALL,
     }
 }
 
@@ -154,36 +158,43 @@ extern "C" fn on_command(fctx: *mut raw::RedisModuleCommandFilterCtx) {
     if fctx.is_null() {
         return;
     }
-    let arg = match ARGS.load(Ordering::Relaxed) {
-        ARGS_IN_PLACE => {
-            // SAFETY: the layout was seen to be the API's (`learn_args`);
-            // the first argument is read only while there is one.
-            let f = fctx.cast::<FilterArgs>().cast_const();
-            match unsafe { (*f).argc } {
-                n if n < 1 => return,
-                _ => unsafe { *(*f).argv },
-            }
-        }
-        _ => return on_command_by_call(fctx),
-    };
-    // SAFETY: `arg` is the live string Redis is about to run.
-    if let Some(b) = unsafe { ffi::first_byte(arg) } {
-        if !matches!(b | 0x20, b'e' | b'f') {
-            return;
-        }
+    if ARGS.load(Ordering::Relaxed) != ARGS_IN_PLACE {
+        return on_command_by_call(fctx);
     }
-    runs_script(fctx, arg);
+    // SAFETY: the layout was seen to be the API's (`learn_args`); the
+    // first argument is read only while there is one.
+    let f = fctx.cast::<FilterArgs>().cast_const();
+    if unsafe { (*f).argc } < 1 {
+        return;
+    }
+    let arg = unsafe { *(*f).argv };
+    // SAFETY: `arg` is the live string Redis is about to run, on a server
+    // whose strings are read in place (`ARGS_IN_PLACE`).
+    match unsafe { ffi::first_byte(arg) } {
+        Some(b) if !matches!(b | 0x20, b'e' | b'f') => {}
+        _ => runs_script(fctx, arg),
+    }
 }
 
 /// [`on_command`] while the context is not read in place: its first call
 /// (which looks whether it can be), or a server laid out otherwise.
 #[inline(never)]
 extern "C" fn on_command_by_call(fctx: *mut raw::RedisModuleCommandFilterCtx) {
-    if ARGS.load(Ordering::Relaxed) == ARGS_UNKNOWN {
-        ARGS.store(learn_args(fctx), Ordering::Relaxed);
+    let mut how = ARGS.load(Ordering::Relaxed);
+    if how == ARGS_UNKNOWN {
+        how = learn_args(fctx);
+        ARGS.store(how, Ordering::Relaxed);
     }
-    let Some(arg) = api!(RedisModule_CommandFilterArgGet(fctx, 0)) else {
-        return;
+    let arg = match how {
+        // SAFETY: as in `on_command`.
+        ARGS_ONLY_IN_PLACE => unsafe {
+            let f = fctx.cast::<FilterArgs>().cast_const();
+            if (*f).argc < 1 {
+                return;
+            }
+            *(*f).argv
+        },
+        _ => api!(RedisModule_CommandFilterArgGet(fctx, 0)).unwrap_or_default(),
     };
     if arg.is_null() {
         return;
