@@ -398,23 +398,24 @@ pub unsafe fn in_place<'a>(s: *const raw::RedisModuleString) -> Option<&'a [u8]>
     Some(unsafe { std::slice::from_raw_parts(buf, usize::from(len)) })
 }
 
-/// The first byte of `s` read in place (an empty string's is its `sds`
-/// terminator, 0), without its length: `None` for an encoding
-/// [`in_place`] does not read.
+/// The address of `s`'s bytes read in place, without its length (an
+/// `sds` buffer ends with a NUL: a byte may be read once every one before
+/// it was seen not to be 0): `None` for an encoding [`in_place`] does not
+/// read.
 ///
 /// # Safety
 ///
 /// As [`in_place`]'s: `s` is a live string object of a server whose
 /// layout [`learn_string_layout`] accepted ([`in_place_ok`]).
 #[inline(always)]
-pub unsafe fn first_byte(s: *const raw::RedisModuleString) -> Option<u8> {
+pub unsafe fn bytes_in_place(s: *const raw::RedisModuleString) -> Option<*const u8> {
     let head = s.cast::<u8>();
     if unsafe { *head } & 0x7f != 0 {
         return None;
     }
     // SAFETY: as `in_place`: the buffer's address at offset 8, checked at
-    // load; an `sds` buffer always ends with a NUL.
-    Some(unsafe { *head.add(8).cast::<*const u8>().read_unaligned() })
+    // load.
+    Some(unsafe { head.add(8).cast::<*const u8>().read_unaligned() })
 }
 
 /// [`in_place`] for the other `sds` header read in place (`sdshdr16`).

@@ -16,9 +16,9 @@
 //! pays nothing. Its own work on a command that runs no script is a few
 //! loads: the arguments read from the filter context in place (its layout
 //! checked against `RM_CommandFilterArgsCount`/`ArgGet` at its first call,
-//! the calls used instead if they differ) and the name's first byte
-//! (`ffi::first_byte`); only a name that starts with `e` or `f` is read
-//! whole. On Redis 7.0, which has no way to name a filtered command's
+//! the calls used instead if they differ) and the name's first bytes in
+//! place (`ffi::bytes_in_place`); only a name that starts with `ev`,
+//! `exe` or `fc` is read whole. On Redis 7.0, which has no way to name a filtered command's
 //! sender, [`caller`] is `None` and `LOCK.KEEPALIVE` in a script is an
 //! error reply rather than a silent 0.
 
@@ -37,7 +37,7 @@ static CALLER: AtomicU64 = AtomicU64::new(0);
 
 /// How the filter reads a command's arguments: not known yet (its first
 /// call looks), from the filter context in place ([`FilterArgs`]) and the
-/// name's first byte in place too (`ffi::first_byte`), the arguments in
+/// name's first bytes in place too (`ffi::bytes_in_place`), the arguments in
 /// place and the name through `RM_StringPtrLen` (a server whose strings
 /// are not read in place: Valkey), or both through the API.
 static ARGS: AtomicU8 = AtomicU8::new(ARGS_UNKNOWN);
@@ -170,9 +170,33 @@ extern "C" fn on_command(fctx: *mut raw::RedisModuleCommandFilterCtx) {
     let arg = unsafe { *(*f).argv };
     // SAFETY: `arg` is the live string Redis is about to run, on a server
     // whose strings are read in place (`ARGS_IN_PLACE`).
-    match unsafe { ffi::first_byte(arg) } {
-        Some(b) if !matches!(b | 0x20, b'e' | b'f') => {}
-        _ => runs_script(fctx, arg),
+    let Some(p) = (unsafe { ffi::bytes_in_place(arg) }) else {
+        return runs_script(fctx, arg);
+    };
+    // SAFETY: the name's `sds` buffer, NUL-terminated; `may_run_scripts`
+    // reads a byte only after the one before it was not NUL.
+    if may_run_scripts(|i| unsafe { *p.add(i) }) {
+        runs_script(fctx, arg);
+    }
+}
+
+/// Whether a command name whose bytes `at` gives (NUL-terminated) may
+/// start a script or run queued ones, by its first bytes: `ev...` (EVAL,
+/// EVALSHA and their `_RO`), `exe...` (EXEC; not EXPIRE, EXISTS), `fc...`
+/// (FCALL, FCALL_RO; not FLUSHDB, FUNCTION). Lower-cased, a NUL reads as
+/// a space: a byte is read only after the one before it matched a letter,
+/// so none past the name's end.
+#[inline(always)]
+fn may_run_scripts(at: impl Fn(usize) -> u8) -> bool {
+    let at = |i: usize| at(i) | 0x20;
+    match at(0) {
+        b'e' => match at(1) {
+            b'v' => true,
+            b'x' => at(2) == b'e',
+            _ => false,
+        },
+        b'f' => at(1) == b'c',
+        _ => false,
     }
 }
 
@@ -236,6 +260,30 @@ mod tests {
         }
         for name in ["GET", "EVALX", "MULTI", "", "lock.keepalive"] {
             assert!(!runs_scripts(name.as_bytes()), "{name}");
+        }
+    }
+
+    #[test]
+    fn the_first_bytes_let_through_every_script_call_and_few_others() {
+        let first = |name: &str| {
+            let bytes: Vec<u8> = name.bytes().chain([0]).collect();
+            may_run_scripts(|i| bytes.get(i).copied().unwrap_or(0xff))
+        };
+        for name in [
+            "EVAL",
+            "evalsha",
+            "Eval_Ro",
+            "EVALSHA_RO",
+            "fcall",
+            "FCALL_RO",
+            "exec",
+        ] {
+            assert!(first(name), "{name}");
+        }
+        for name in [
+            "SET", "EXPIRE", "EXISTS", "EXPIREAT", "FLUSHDB", "FUNCTION", "ECHO", "e", "f", "",
+        ] {
+            assert!(!first(name), "{name}");
         }
     }
 }
