@@ -427,10 +427,12 @@ fn write_rows_own(
 /// locks: in database 1 as many plain keys (with the same names and a
 /// lease's TTL) as the lock server holds locks, and as many connections
 /// blocked as it has waiting clients (the floor's `LOCK.ACQUIRE ... WAIT
-/// 0` blocks its caller as redis-lock blocks a waiter), and a module timer
+/// 0` blocks its caller as redis-lock blocks a waiter), a module timer
 /// armed where redis-lock plans the shared lock's visit (the floor's
-/// `LOCK.READ`); so that what Redis does for a fuller database, blocked
-/// clients and a timer counts on both sides.
+/// `LOCK.READ`), and what redis-lock hears while a grant is bound (the
+/// floor's `LOCK.KEEPALIVE`: `CLIENT_CHANGE`, and a command filter on
+/// Redis 7.2+ and Valkey); so that what Redis does for a fuller database,
+/// blocked clients, a timer and those listeners counts on both sides.
 fn make_plain_busy(port: u16, waiters: usize) -> io::Result<Vec<TcpStream>> {
     let mut keep = Vec::new();
     let mut holder = TcpStream::connect((Ipv4Addr::LOCALHOST, port))?;
@@ -470,8 +472,12 @@ fn make_plain_busy(port: u16, waiters: usize) -> io::Result<Vec<TcpStream>> {
             Arg::B(b"3500000"),
         ],
     );
+    // What redis-lock hears while a grant is bound (the floor's
+    // `LOCK.KEEPALIVE`): closed connections, and the command filter that
+    // names a script's caller where the server has one.
+    encode(&mut buf, &[Arg::B(b"LOCK.KEEPALIVE"), Arg::B(b"3600000")]);
     holder.write_all(&buf)?;
-    let want = 1 + waiters + 2 + 1;
+    let want = 1 + waiters + 2 + 1 + 1;
     let mut got = 0;
     let mut chunk = [0u8; 65536];
     holder.set_read_timeout(Some(Duration::from_secs(120)))?;
