@@ -223,17 +223,22 @@ extern "C" fn on_command_by_call(fctx: *mut raw::RedisModuleCommandFilterCtx) {
     if arg.is_null() {
         return;
     }
-    runs_script(fctx, arg);
+    // The name through `RM_StringPtrLen` where strings are not read in
+    // place; told apart by its length and first bytes here, inline.
+    let name = ffi::name_of(arg);
+    if (4..=10).contains(&name.len()) && may_run_scripts(|i| name.get(i).copied().unwrap_or(0)) {
+        remember_if_script(fctx, name);
+    }
 }
 
 /// A command whose name may start a script: its sender remembered if it
 /// does.
 #[inline(never)]
 fn runs_script(fctx: *mut raw::RedisModuleCommandFilterCtx, arg: *mut raw::RedisModuleString) {
-    let name = ffi::name_of(arg);
-    if !(4..=10).contains(&name.len()) || !matches!(name.first(), Some(b'e' | b'E' | b'f' | b'F')) {
-        return;
-    }
+    remember_if_script(fctx, ffi::name_of(arg));
+}
+
+fn remember_if_script(fctx: *mut raw::RedisModuleCommandFilterCtx, name: &[u8]) {
     if runs_scripts(name) {
         if let Some(id) = api!(RedisModule_CommandFilterGetClientId(fctx)) {
             CALLER.store(id, Ordering::Relaxed);
