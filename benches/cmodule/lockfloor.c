@@ -694,6 +694,8 @@ static int subscribe_empty(RedisModuleCtx *ctx) {
  *   reply callback, a free callback, a disconnect callback and no timeout
  *   of Redis's (redis-lock keeps its waiters' deadlines itself). Nothing
  *   unblocks it but its connection's close.
+ * - LOCK.KEEPALIVE ttl (below) hears what redis-lock hears while a grant
+ *   is bound.
  * - LOCK.READ key owner ttl arms a module timer ttl ms away, as redis-lock
  *   plans a visit of a shared lock whose readers' leases run out apart
  *   (src/state/timers.rs: one module timer at the earliest visit). It
@@ -750,6 +752,32 @@ static int stub_read(RedisModuleCtx *ctx, RedisModuleString **argv, int argc) {
     return RedisModule_ReplyWithLongLong(ctx, 1);
 }
 
+/* LOCK.KEEPALIVE ttl gives the floor what redis-lock hears while a holder
+ * is bound to a connection (src/durability/events.rs, watch_clients):
+ * closed connections (CLIENT_CHANGE), and on a server that names a
+ * filtered command's sender (Redis 7.2+, Valkey) a command filter
+ * registered with REDISMODULE_CMDFILTER_NOSELF
+ * (src/redis/script_caller.rs), each with an empty callback. Once; it
+ * replies 1. */
+static void empty_filter(RedisModuleCommandFilterCtx *fctx) {
+    (void)fctx;
+}
+
+static int bound_once = 0;
+
+static int stub_keepalive(RedisModuleCtx *ctx, RedisModuleString **argv, int argc) {
+    if (argc != 2)
+        return stub_cmd(ctx, argv, argc);
+    if (!bound_once) {
+        bound_once = 1;
+        RedisModule_SubscribeToServerEvent(ctx, RedisModuleEvent_ClientChange,
+                                           empty_server_event);
+        if (RedisModule_CommandFilterGetClientId)
+            RedisModule_RegisterCommandFilter(ctx, empty_filter, REDISMODULE_CMDFILTER_NOSELF);
+    }
+    return RedisModule_ReplyWithLongLong(ctx, 1);
+}
+
 static int register_names(RedisModuleCtx *ctx) {
     static const char *names[] = {
         "lock.acquire", "lock.racquire", "lock.read",      "lock.semaphore",
@@ -762,6 +790,8 @@ static int register_names(RedisModuleCtx *ctx) {
             fn = stub_acquire;
         else if (strcmp(names[i], "lock.read") == 0)
             fn = stub_read;
+        else if (strcmp(names[i], "lock.keepalive") == 0)
+            fn = stub_keepalive;
         if (RedisModule_CreateCommand(ctx, names[i], fn, "write", 0, 0, 0) == REDISMODULE_ERR)
             return REDISMODULE_ERR;
     }

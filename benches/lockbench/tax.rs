@@ -79,16 +79,20 @@ enum OtherWrite {
     Getex,
     Del,
     Rename,
+    Move,
+    Copy,
 }
 
 impl OtherWrite {
-    const ALL: [OtherWrite; 6] = [
+    const ALL: [OtherWrite; 8] = [
         OtherWrite::Set,
         OtherWrite::SetEx,
         OtherWrite::Expire,
         OtherWrite::Getex,
         OtherWrite::Del,
         OtherWrite::Rename,
+        OtherWrite::Move,
+        OtherWrite::Copy,
     ];
 
     fn short(self) -> &'static str {
@@ -99,6 +103,8 @@ impl OtherWrite {
             OtherWrite::Getex => "getex",
             OtherWrite::Del => "del",
             OtherWrite::Rename => "rename",
+            OtherWrite::Move => "move",
+            OtherWrite::Copy => "copy",
         }
     }
 
@@ -110,6 +116,8 @@ impl OtherWrite {
             OtherWrite::Getex => "`GETEX k EX 200` (`expire`)",
             OtherWrite::Del => "`DEL k` (`del`)",
             OtherWrite::Rename => "`RENAME k k2` (`rename_from`, `rename_to`)",
+            OtherWrite::Move => "`MOVE k 2` (`move_from`, `move_to`)",
+            OtherWrite::Copy => "`COPY k k2` (`copy_to`)",
         }
     }
 
@@ -127,13 +135,18 @@ impl OtherWrite {
             OtherWrite::Getex => encode(buf, &[b(b"GETEX"), k, b(b"EX"), b(b"200")]),
             OtherWrite::Del => encode(buf, &[b(b"DEL"), k]),
             OtherWrite::Rename => encode(buf, &[b(b"RENAME"), k, Arg::K(b"renamed:", i)]),
+            // Database 2: the busy shape's is 1; emptied after the row.
+            OtherWrite::Move => encode(buf, &[b(b"MOVE"), k, b(b"2")]),
+            OtherWrite::Copy => encode(buf, &[b(b"COPY"), k, Arg::K(b"copied:", i)]),
         }
     }
 
     fn expected(self, r: &Reply) -> bool {
         match self {
             OtherWrite::Set | OtherWrite::SetEx | OtherWrite::Rename => r.is("OK"),
-            OtherWrite::Expire | OtherWrite::Del => *r == Reply::Int(1),
+            OtherWrite::Expire | OtherWrite::Del | OtherWrite::Move | OtherWrite::Copy => {
+                *r == Reply::Int(1)
+            }
             OtherWrite::Getex => matches!(r, Reply::Bulk(_)),
         }
     }
@@ -392,6 +405,13 @@ fn write_rows_own(
             &|r| w.expected(r),
         )?;
         rows.push(Row { name, per_request });
+        if matches!(w, OtherWrite::Move) {
+            // The moved keys leave database 2 (the rows' `FLUSHDB` empties
+            // database 0 only).
+            p.c.ok(&[b"SELECT", b"2"])?;
+            p.c.ok(&[b"FLUSHDB", b"SYNC"])?;
+            p.c.ok(&[b"SELECT", b"0"])?;
+        }
         if own {
             let dump = newest_dump(p.dir())?;
             rows.push(Row {
@@ -407,10 +427,12 @@ fn write_rows_own(
 /// locks: in database 1 as many plain keys (with the same names and a
 /// lease's TTL) as the lock server holds locks, and as many connections
 /// blocked as it has waiting clients (the floor's `LOCK.ACQUIRE ... WAIT
-/// 0` blocks its caller as redis-lock blocks a waiter), and a module timer
+/// 0` blocks its caller as redis-lock blocks a waiter), a module timer
 /// armed where redis-lock plans the shared lock's visit (the floor's
-/// `LOCK.READ`); so that what Redis does for a fuller database, blocked
-/// clients and a timer counts on both sides.
+/// `LOCK.READ`), and what redis-lock hears while a grant is bound (the
+/// floor's `LOCK.KEEPALIVE`: `CLIENT_CHANGE`, and a command filter on
+/// Redis 7.2+ and Valkey); so that what Redis does for a fuller database,
+/// blocked clients, a timer and those listeners counts on both sides.
 fn make_plain_busy(port: u16, waiters: usize) -> io::Result<Vec<TcpStream>> {
     let mut keep = Vec::new();
     let mut holder = TcpStream::connect((Ipv4Addr::LOCALHOST, port))?;
@@ -450,8 +472,12 @@ fn make_plain_busy(port: u16, waiters: usize) -> io::Result<Vec<TcpStream>> {
             Arg::B(b"3500000"),
         ],
     );
+    // What redis-lock hears while a grant is bound (the floor's
+    // `LOCK.KEEPALIVE`): closed connections, and the command filter that
+    // names a script's caller where the server has one.
+    encode(&mut buf, &[Arg::B(b"LOCK.KEEPALIVE"), Arg::B(b"3600000")]);
     holder.write_all(&buf)?;
-    let want = 1 + waiters + 2 + 1;
+    let want = 1 + waiters + 2 + 1 + 1;
     let mut got = 0;
     let mut chunk = [0u8; 65536];
     holder.set_read_timeout(Some(Duration::from_secs(120)))?;
@@ -802,7 +828,7 @@ pub fn callgrind_table(runs: &[Vec<Row>], requests: usize) -> String {
     line(&format!("another client's {}", set.label()), set.short());
     if !get("busy-writes:expire").is_nan() {
         s.push_str(&format!(
-            "\n#### Other clients' writes while locks are in use ({requests} requests each)\n\nOn keys that are not locks, database 0, `hz 1`, each beside the API's floor in the same shape: quiet (no lock; the floor: nothing), busy (database 1 as above: three locks, one client waiting; the floor: three plain keys of the same names and TTLs, one connection more blocked by the floor's `LOCK.ACQUIRE ... WAIT 0` as redis-lock blocks a waiter, and a module timer armed where redis-lock plans its visit), and with 10,000 more locks, each waited for (the floor: 10,000 plain keys more, 10,000 connections more blocked). The module's own code: `libredis_lock.so`'s instructions a write, from the same dumps.\n\n| | floor, quiet | quiet | - floor | floor, busy | busy | - floor | own code | floor, 10,000 keys | 10,000 locks waited for | - floor | own code |\n|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n"
+            "\n#### Other clients' writes while locks are in use ({requests} requests each)\n\nOn keys that are not locks, database 0, `hz 1`, each beside the API's floor in the same shape: quiet (no lock; the floor: nothing), busy (database 1 as above: three locks, one client waiting; the floor: three plain keys of the same names and TTLs, one connection more blocked by the floor's `LOCK.ACQUIRE ... WAIT 0` as redis-lock blocks a waiter, a module timer armed where redis-lock plans its visit, and what redis-lock hears while a grant is bound: `CLIENT_CHANGE`, and a command filter where the server has one), and with 10,000 more locks, each waited for (the floor: 10,000 plain keys more, 10,000 connections more blocked). The module's own code: `libredis_lock.so`'s instructions a write, from the same dumps.\n\n| | floor, quiet | quiet | - floor | floor, busy | busy | - floor | own code | floor, 10,000 keys | 10,000 locks waited for | - floor | own code |\n|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n"
         ));
         for w in OtherWrite::ALL {
             let at = |tag: &str| get(&format!("{tag}:{}", w.short()));

@@ -138,6 +138,7 @@ pub fn start(ctx: &Context) {
     keys::attend(keys::NOT_IN_PLACE, !ffi::in_place_ok());
     keys::start(ctx.ctx);
     bindings::on_first_binding(watch_clients);
+    bindings::on_none_bound(unfollow_soon);
     api!(RedisModule_CreateTimer(
         ctx.ctx,
         0,
@@ -210,10 +211,13 @@ extern "C" fn on_generic_maybe(
 
 /// With no bit of [`keys::ATTENTION`] set but `NOT_IN_PLACE`, whether the
 /// event alone says it is about no lock, before the key's name: a
-/// `del` (it matters only after a lock was unlinked, an attention bit),
-/// or a `rename_to` (its `rename_from` was answered no by the name: a lock
-/// renamed is unlinked from its old name first, and the look at its
-/// `rename_from` sets `MOVING`; so the value it names now is no lock).
+/// `del` (it matters only after a lock was unlinked, an attention bit), a
+/// `copy_to` (the lock type has no copy callback: `COPY` of a lock is
+/// refused, so a copy is never a lock),
+/// or a `rename_to` or `move_to` (its `*_from` was answered no by the
+/// name: a lock renamed or moved is unlinked from its old place first,
+/// and the look at its `*_from` sets `MOVING`; so the value it names now
+/// is no lock).
 #[inline(always)]
 fn no_by_event(event: *const c_char) -> bool {
     if event.is_null() {
@@ -222,8 +226,17 @@ fn no_by_event(event: *const c_char) -> bool {
     // SAFETY: Redis passes the event's name NUL-terminated: a byte is
     // read only after every one before it was seen not to be NUL.
     let at = |i: usize| unsafe { *event.add(i) } as u8;
-    match at(0) {
-        b'd' => true,
+    let first = at(0);
+    if first == b'e' {
+        // `expire`, the most frequent: its name decides.
+        return false;
+    }
+    if first < b'm' {
+        // `del`, `copy_to` (never of a lock: the type copies none).
+        return true;
+    }
+    match first {
+        b'm' => at(1) == b'o' && at(2) == b'v' && at(3) == b'e' && at(4) == b'_' && at(5) == b't',
         b'r' => {
             at(1) == b'e'
                 && at(2) == b'n'
@@ -564,6 +577,11 @@ extern "C" fn on_loaded(
                 if bindings::reloaded() {
                     waiting::connection_closed();
                 }
+                if bindings::count() != 0 {
+                    // Bindings back from before the flush: heard and
+                    // followed again.
+                    watch_clients();
+                }
                 if bindings::dead() > 0 {
                     timers::work_now();
                 }
@@ -666,12 +684,13 @@ const CLIENT_CHANGE: raw::RedisModuleEvent = raw::RedisModuleEvent {
 /// connections closing are heard from now on, before the command that
 /// bound it returns.
 fn watch_clients() {
+    let ctx = OWN_CTX.load(Ordering::Relaxed);
+    // A script may renew its caller's bound holders from now on (a
+    // filter still registered is kept, and what it saw with it).
+    script_caller::follow(ctx, true);
     if WATCHING.swap(true, Ordering::Relaxed) {
         return;
     }
-    let ctx = OWN_CTX.load(Ordering::Relaxed);
-    // A script may renew its caller's bound holders from now on.
-    script_caller::follow(ctx, true);
     let done = api!(RedisModule_SubscribeToServerEvent(
         ctx,
         CLIENT_CHANGE,
@@ -683,6 +702,41 @@ fn watch_clients() {
             "lock: could not subscribe to closed connections: a bound grant ends with its lease",
         );
     }
+}
+
+/// Whether a look to stop following scripts' callers is planned
+/// ([`unfollow_soon`]).
+static UNFOLLOW_PLANNED: AtomicBool = AtomicBool::new(false);
+
+/// The last binding is gone: no script can renew a bound holder, so the
+/// command filter that names scripts' callers (`script_caller`, a call
+/// on every command of every client) goes at the event loop's next turn,
+/// if still none is bound; not at once, so that a transaction or a script
+/// that releases its connection's last holder and binds another keeps
+/// what the filter saw of its caller.
+fn unfollow_soon() {
+    let ctx = OWN_CTX.load(Ordering::Relaxed);
+    if ctx.is_null() || UNFOLLOW_PLANNED.swap(true, Ordering::Relaxed) {
+        return;
+    }
+    let planned = api!(RedisModule_CreateTimer(
+        ctx,
+        0,
+        Some(on_unfollow),
+        std::ptr::null_mut()
+    ));
+    if planned.is_none() {
+        UNFOLLOW_PLANNED.store(false, Ordering::Relaxed);
+    }
+}
+
+extern "C" fn on_unfollow(_raw_ctx: *mut raw::RedisModuleCtx, _data: *mut c_void) {
+    catch::callback("the script callers' look", (), || {
+        UNFOLLOW_PLANNED.store(false, Ordering::Relaxed);
+        if bindings::count() == 0 {
+            script_caller::follow(OWN_CTX.load(Ordering::Relaxed), false);
+        }
+    })
 }
 
 /// A connection closed while no grant is bound: stop hearing them, at the

@@ -358,6 +358,11 @@ pub fn name_of<'a>(s: *const raw::RedisModuleString) -> &'a [u8] {
         if let Some(name) = unsafe { in_place(s) }.or_else(|| unsafe { in_place_other(s) }) {
             return name;
         }
+    } else if VALKEY_IN_PLACE.load(Ordering::Relaxed) {
+        // SAFETY: as above, Valkey's layout checked at load.
+        if let Some(name) = unsafe { in_place_valkey(s) } {
+            return name;
+        }
     }
     // SAFETY: as above.
     unsafe { Str::from_raw(s.cast_mut()) }.as_slice()
@@ -398,6 +403,26 @@ pub unsafe fn in_place<'a>(s: *const raw::RedisModuleString) -> Option<&'a [u8]>
     Some(unsafe { std::slice::from_raw_parts(buf, usize::from(len)) })
 }
 
+/// The address of `s`'s bytes read in place, without its length (an
+/// `sds` buffer ends with a NUL: a byte may be read once every one before
+/// it was seen not to be 0): `None` for an encoding [`in_place`] does not
+/// read.
+///
+/// # Safety
+///
+/// As [`in_place`]'s: `s` is a live string object of a server whose
+/// layout [`learn_string_layout`] accepted ([`in_place_ok`]).
+#[inline(always)]
+pub unsafe fn bytes_in_place(s: *const raw::RedisModuleString) -> Option<*const u8> {
+    let head = s.cast::<u8>();
+    if unsafe { *head } & 0x7f != 0 {
+        return None;
+    }
+    // SAFETY: as `in_place`: the buffer's address at offset 8, checked at
+    // load.
+    Some(unsafe { head.add(8).cast::<*const u8>().read_unaligned() })
+}
+
 /// [`in_place`] for the other `sds` header read in place (`sdshdr16`).
 ///
 /// # Safety
@@ -413,6 +438,56 @@ unsafe fn in_place_other<'a>(s: *const raw::RedisModuleString) -> Option<&'a [u8
     let kind = unsafe { *buf.sub(1) };
     let len = match kind & 7 {
         // sdshdr16: len, alloc (two bytes each), kind.
+        2 => usize::from(unsafe { buf.sub(5).cast::<u16>().read_unaligned() }),
+        _ => return None,
+    };
+    Some(unsafe { std::slice::from_raw_parts(buf, len) })
+}
+
+/// Whether [`name_of`] reads a name in place from Valkey's string objects
+/// ([`in_place_valkey`]): set at load as [`IN_PLACE`] is, on a server
+/// whose strings [`in_place`] does not read.
+static VALKEY_IN_PLACE: AtomicBool = AtomicBool::new(false);
+
+/// `s`'s bytes read in place from a string object laid out as Valkey 8.1
+/// on lays it out (`objectGetVal`): a 64-bit header whose low byte holds
+/// the type and encoding as Redis's does, bit 32 `hasexpire`, bit 33
+/// `hasembkey`, bit 34 `hasembval`; then either the value's `sds` embedded
+/// after the header and the expiry's 8 bytes if there are (an `sdshdr8`:
+/// length, room, kind; Valkey 9.1 gives short strings the room for an
+/// expiry), or the buffer's address. `None` for anything else (a key
+/// embedded before the value, another header kind): `RM_StringPtrLen`
+/// reads those.
+///
+/// # Safety
+///
+/// `s` is a live string object of a server whose layout
+/// [`learn_string_layout`] accepted for this reader.
+#[inline(never)]
+unsafe fn in_place_valkey<'a>(s: *const raw::RedisModuleString) -> Option<&'a [u8]> {
+    let head = s.cast::<u8>();
+    let word = unsafe { head.cast::<u64>().read_unaligned() };
+    if word & 0x7f != 0 || (word >> 33) & 1 != 0 {
+        return None;
+    }
+    if (word >> 34) & 1 == 1 {
+        // SAFETY: an embedded value's `sdshdr8` starts after the header
+        // and the expiry if there is one, within the object (checked at
+        // load).
+        let hdr = unsafe { head.add(valkey_embedded_at(word)) };
+        if unsafe { *hdr.add(2) } & 7 != 1 {
+            return None;
+        }
+        let len = usize::from(unsafe { *hdr });
+        return Some(unsafe { std::slice::from_raw_parts(hdr.add(3), len) });
+    }
+    // SAFETY: the buffer's address at offset 8, its `sds` header before
+    // it (checked at load).
+    let buf = unsafe { head.add(8).cast::<*const u8>().read_unaligned() };
+    let kind = unsafe { *buf.sub(1) };
+    let len = match kind & 7 {
+        0 => usize::from(kind >> 3),
+        1 => usize::from(unsafe { *buf.sub(3) }),
         2 => usize::from(unsafe { buf.sub(5).cast::<u16>().read_unaligned() }),
         _ => return None,
     };
@@ -463,6 +538,67 @@ pub fn learn_string_layout(ctx: *mut raw::RedisModuleCtx) {
         api!(RedisModule_FreeString(ctx, s));
     }
     IN_PLACE.store(ok, Ordering::Relaxed);
+    if !ok {
+        VALKEY_IN_PLACE.store(learn_valkey_layout(ctx, &bytes), Ordering::Relaxed);
+    }
+}
+
+/// Where an embedded value's `sds` header starts in a Valkey object whose
+/// header word is `word`: after the header, and the expiry if bit 32 says
+/// there is one.
+#[inline(always)]
+fn valkey_embedded_at(word: u64) -> usize {
+    8 + 8 * ((word >> 32) & 1) as usize
+}
+
+/// [`learn_string_layout`] for Valkey's objects ([`in_place_valkey`]):
+/// whether every string read so matched `RM_StringPtrLen`, the short ones
+/// all read. An address is dereferenced only once it is the buffer
+/// `RM_StringPtrLen` returned.
+fn learn_valkey_layout(ctx: *mut raw::RedisModuleCtx, bytes: &[u8]) -> bool {
+    let mut ok = true;
+    for len in [
+        0usize, 1, 3, 7, 8, 9, 16, 31, 32, 33, 44, 45, 52, 53, 64, 255, 256, 300, 4096, 65_535,
+        65_536, 70_000,
+    ] {
+        let Some(part) = bytes.get(..len) else {
+            return false;
+        };
+        let s = api!(RedisModule_CreateString(ctx, part.as_ptr().cast(), len))
+            .unwrap_or(std::ptr::null_mut());
+        if s.is_null() {
+            return false;
+        }
+        let mut n = 0usize;
+        let p = call!(RedisModule_StringPtrLen(s, &mut n)).cast::<u8>();
+        let head = s.cast::<u8>().cast_const();
+        // SAFETY: a string object is at least its 8-byte header and 8
+        // bytes after it (an address, an expiry, or an embedded `sdshdr8`
+        // and at least its terminator); nothing is dereferenced through
+        // them.
+        let (word, at_8) = unsafe {
+            (
+                head.cast::<u64>().read_unaligned(),
+                head.add(8).cast::<*const u8>().read_unaligned(),
+            )
+        };
+        let expected = match (word >> 34) & 1 {
+            1 => head.wrapping_add(valkey_embedded_at(word) + 3),
+            _ => at_8,
+        };
+        let read = match expected == p {
+            // SAFETY: the layout `in_place_valkey` reads led to the
+            // buffer `RM_StringPtrLen` returned.
+            true => unsafe { in_place_valkey(s) }.map(|b| (b.as_ptr(), b.len())),
+            false => None,
+        };
+        ok &= match read {
+            Some((q, m)) => q == p && m == n && n == len,
+            None => len > 255,
+        };
+        api!(RedisModule_FreeString(ctx, s));
+    }
+    ok
 }
 
 impl<'a> From<&'a RedisString> for Str<'a> {

@@ -11,13 +11,19 @@
 //! the one running it.
 //!
 //! The filter costs every command a call, so it is registered only while
-//! some holder is bound ([`follow`]): a server without bound holders pays
-//! nothing. On Redis 7.0, which has no way to name a filtered command's
+//! some holder is bound ([`follow`]: from the first binding to the event
+//! loop's turn after the last one ended): a server without bound holders
+//! pays nothing. Its own work on a command that runs no script is a few
+//! loads: the arguments read from the filter context in place (its layout
+//! checked against `RM_CommandFilterArgsCount`/`ArgGet` at its first call,
+//! the calls used instead if they differ) and the name's first bytes in
+//! place (`ffi::bytes_in_place`); only a name that starts with `ev`,
+//! `exe` or `fc` is read whole. On Redis 7.0, which has no way to name a filtered command's
 //! sender, [`caller`] is `None` and `LOCK.KEEPALIVE` in a script is an
 //! error reply rather than a silent 0.
 
 use std::os::raw::c_int;
-use std::sync::atomic::{AtomicPtr, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicPtr, AtomicU64, AtomicU8, Ordering};
 
 use redis_module::raw;
 
@@ -28,6 +34,29 @@ static FILTER: AtomicPtr<raw::RedisModuleCommandFilter> = AtomicPtr::new(std::pt
 
 /// The last connection seen sending a script call or an EXEC (0: none).
 static CALLER: AtomicU64 = AtomicU64::new(0);
+
+/// How the filter reads a command's arguments: not known yet (its first
+/// call looks), from the filter context in place ([`FilterArgs`]) and the
+/// name's first bytes in place too (`ffi::bytes_in_place`), the arguments in
+/// place and the name through `RM_StringPtrLen` (a server whose strings
+/// are not read in place: Valkey), or both through the API.
+static ARGS: AtomicU8 = AtomicU8::new(ARGS_UNKNOWN);
+const ARGS_UNKNOWN: u8 = 0;
+const ARGS_IN_PLACE: u8 = 1;
+const ARGS_ONLY_IN_PLACE: u8 = 2;
+const ARGS_BY_CALL: u8 = 3;
+
+/// The start of the filter context as Redis 7.2 to 8.x and Valkey lay it
+/// out (module.c, `RedisModuleCommandFilterCtx`: the arguments, their
+/// room, their count, then the sender): read in place only once its first
+/// call found the same arguments and count as the API's
+/// ([`learn_args`]).
+#[repr(C)]
+struct FilterArgs {
+    argv: *const *mut raw::RedisModuleString,
+    argv_len: c_int,
+    argc: c_int,
+}
 
 /// Whether this server can name a filtered command's sender.
 pub fn supported() -> bool {
@@ -72,7 +101,9 @@ pub fn caller() -> Option<u64> {
     }
 }
 
-/// Whether `name` starts a script or runs queued commands.
+/// Whether `name` starts a script that may write or runs queued commands
+/// (`EVAL_RO`, `EVALSHA_RO` and `FCALL_RO` cannot run `LOCK.KEEPALIVE`, a
+/// write command, and are still recognised: the caller stays exact).
 fn runs_scripts(name: &[u8]) -> bool {
     const NAMES: [&[u8]; 7] = [
         b"eval",
@@ -86,21 +117,128 @@ fn runs_scripts(name: &[u8]) -> bool {
     name.len() <= 10 && NAMES.iter().any(|n| n.eq_ignore_ascii_case(name))
 }
 
+/// The filter's first call: whether the context's fields read in place
+/// give what the API gives (the count, the first and the last argument).
+#[cold]
+fn learn_args(fctx: *mut raw::RedisModuleCommandFilterCtx) -> u8 {
+    let by_api = (
+        api!(RedisModule_CommandFilterArgsCount(fctx)),
+        api!(RedisModule_CommandFilterArgGet(fctx, 0)),
+    );
+    let (Some(argc), Some(first)) = by_api else {
+        return ARGS_BY_CALL;
+    };
+    if argc < 1 || first.is_null() {
+        // Nothing to compare: look again at the next command.
+        return ARGS_UNKNOWN;
+    }
+    let last = api!(RedisModule_CommandFilterArgGet(fctx, argc - 1)).unwrap_or_default();
+    // SAFETY: every server with `RM_CommandFilterGetClientId` (the only
+    // ones the filter is registered on) starts the context with the
+    // argument array's address and keeps the count at offset 12; the
+    // array is read only after the count read there was the API's.
+    let same = unsafe {
+        let f = fctx.cast::<FilterArgs>().cast_const();
+        (*f).argc == argc
+            && *(*f).argv == first
+            && usize::try_from(argc - 1).is_ok_and(|i| *(*f).argv.add(i) == last)
+    };
+    match (same, ffi::in_place_ok()) {
+        (true, true) => ARGS_IN_PLACE,
+        (true, false) => ARGS_ONLY_IN_PLACE,
+        (false, _) => ARGS_BY_CALL,
+    }
+}
+
 extern "C" fn on_command(fctx: *mut raw::RedisModuleCommandFilterCtx) {
     // No panic can happen here (no indexing, no unwrap); nothing to catch.
     // Every command of every client comes here while some holder is bound:
-    // the name read in place where the server allows it (`ffi::name_of`),
-    // and most names told apart by their length and first byte.
-    let Some(arg) = api!(RedisModule_CommandFilterArgGet(fctx, 0)) else {
+    // its name's first byte read in place, and only `e...` and `f...`
+    // looked at further.
+    if fctx.is_null() {
         return;
+    }
+    if ARGS.load(Ordering::Relaxed) != ARGS_IN_PLACE {
+        return on_command_by_call(fctx);
+    }
+    // SAFETY: the layout was seen to be the API's (`learn_args`); the
+    // first argument is read only while there is one.
+    let f = fctx.cast::<FilterArgs>().cast_const();
+    if unsafe { (*f).argc } < 1 {
+        return;
+    }
+    let arg = unsafe { *(*f).argv };
+    // SAFETY: `arg` is the live string Redis is about to run, on a server
+    // whose strings are read in place (`ARGS_IN_PLACE`).
+    let Some(p) = (unsafe { ffi::bytes_in_place(arg) }) else {
+        return runs_script(fctx, arg);
+    };
+    // SAFETY: the name's `sds` buffer, NUL-terminated; `may_run_scripts`
+    // reads a byte only after the one before it was not NUL.
+    if may_run_scripts(|i| unsafe { *p.add(i) }) {
+        runs_script(fctx, arg);
+    }
+}
+
+/// Whether a command name whose bytes `at` gives (NUL-terminated) may
+/// start a script or run queued ones, by its first bytes: `ev...` (EVAL,
+/// EVALSHA and their `_RO`), `exe...` (EXEC; not EXPIRE, EXISTS), `fc...`
+/// (FCALL, FCALL_RO; not FLUSHDB, FUNCTION). Lower-cased, a NUL reads as
+/// a space: a byte is read only after the one before it matched a letter,
+/// so none past the name's end.
+#[inline(always)]
+fn may_run_scripts(at: impl Fn(usize) -> u8) -> bool {
+    let at = |i: usize| at(i) | 0x20;
+    match at(0) {
+        b'e' => match at(1) {
+            b'v' => true,
+            b'x' => at(2) == b'e',
+            _ => false,
+        },
+        b'f' => at(1) == b'c',
+        _ => false,
+    }
+}
+
+/// [`on_command`] while the context is not read in place: its first call
+/// (which looks whether it can be), or a server laid out otherwise.
+#[inline(never)]
+extern "C" fn on_command_by_call(fctx: *mut raw::RedisModuleCommandFilterCtx) {
+    let mut how = ARGS.load(Ordering::Relaxed);
+    if how == ARGS_UNKNOWN {
+        how = learn_args(fctx);
+        ARGS.store(how, Ordering::Relaxed);
+    }
+    let arg = match how {
+        // SAFETY: as in `on_command`.
+        ARGS_ONLY_IN_PLACE => unsafe {
+            let f = fctx.cast::<FilterArgs>().cast_const();
+            if (*f).argc < 1 {
+                return;
+            }
+            *(*f).argv
+        },
+        _ => api!(RedisModule_CommandFilterArgGet(fctx, 0)).unwrap_or_default(),
     };
     if arg.is_null() {
         return;
     }
+    // The name through `RM_StringPtrLen` where strings are not read in
+    // place; told apart by its length and first bytes here, inline.
     let name = ffi::name_of(arg);
-    if !(4..=10).contains(&name.len()) || !matches!(name.first(), Some(b'e' | b'E' | b'f' | b'F')) {
-        return;
+    if (4..=10).contains(&name.len()) && may_run_scripts(|i| name.get(i).copied().unwrap_or(0)) {
+        remember_if_script(fctx, name);
     }
+}
+
+/// A command whose name may start a script: its sender remembered if it
+/// does.
+#[inline(never)]
+fn runs_script(fctx: *mut raw::RedisModuleCommandFilterCtx, arg: *mut raw::RedisModuleString) {
+    remember_if_script(fctx, ffi::name_of(arg));
+}
+
+fn remember_if_script(fctx: *mut raw::RedisModuleCommandFilterCtx, name: &[u8]) {
     if runs_scripts(name) {
         if let Some(id) = api!(RedisModule_CommandFilterGetClientId(fctx)) {
             CALLER.store(id, Ordering::Relaxed);
@@ -127,6 +265,30 @@ mod tests {
         }
         for name in ["GET", "EVALX", "MULTI", "", "lock.keepalive"] {
             assert!(!runs_scripts(name.as_bytes()), "{name}");
+        }
+    }
+
+    #[test]
+    fn the_first_bytes_let_through_every_script_call_and_few_others() {
+        let first = |name: &str| {
+            let bytes: Vec<u8> = name.bytes().chain([0]).collect();
+            may_run_scripts(|i| bytes.get(i).copied().unwrap_or(0xff))
+        };
+        for name in [
+            "EVAL",
+            "evalsha",
+            "Eval_Ro",
+            "EVALSHA_RO",
+            "fcall",
+            "FCALL_RO",
+            "exec",
+        ] {
+            assert!(first(name), "{name}");
+        }
+        for name in [
+            "SET", "EXPIRE", "EXISTS", "EXPIREAT", "FLUSHDB", "FUNCTION", "ECHO", "e", "f", "",
+        ] {
+            assert!(!first(name), "{name}");
         }
     }
 }

@@ -391,6 +391,59 @@ fn keepalive_in_a_script_renews_the_callers_bound_holders() {
     assert!(left(&mut b) > 700_000);
 }
 
+/// Issue 39.3: the command filter that names a script's caller runs only
+/// while some holder is bound (from the first binding to the event loop's
+/// turn after the last one ended): a script's `LOCK.KEEPALIVE` stays exact
+/// across the last release and a new binding, apart or in one transaction,
+/// and a waiter bound by a grant inside another connection's script is
+/// not that script's caller's.
+#[test]
+fn keepalive_in_a_script_stays_exact_as_the_last_binding_goes_and_comes() {
+    let s = Server::start();
+    let mut a = s.conn();
+    let mut b = s.conn();
+    if server_version(&mut a) < (7, 2) {
+        return;
+    }
+    let script = "return redis.call('LOCK.KEEPALIVE', ARGV[1])";
+    for round in 0..3 {
+        assert!(a.cmd(&["LOCK.ACQUIRE", "k", "o", "5000", "BIND"]).int() > 0);
+        assert_eq!(b.cmd(&["EVAL", script, "0", "600000"]).int(), 0, "{round}");
+        assert_eq!(a.cmd(&["EVAL", script, "0", "600000"]).int(), 1, "{round}");
+        assert_eq!(a.release("k", "o").int(), 1);
+        assert_eq!(a.cmd(&["EVAL", script, "0", "600000"]).int(), 0, "{round}");
+        assert_eq!(b.cmd(&["PING"]), Reply::Status("PONG".into()));
+    }
+    // The last holder released and another bound in one transaction,
+    // then the script: the caller's new holder is renewed.
+    assert!(a.cmd(&["LOCK.ACQUIRE", "k", "o", "5000", "BIND"]).int() > 0);
+    a.cmd(&["MULTI"]).ok();
+    a.cmd(&["LOCK.RELEASE", "k", "o"]);
+    a.cmd(&["LOCK.ACQUIRE", "k2", "o", "5000", "BIND"]);
+    a.cmd(&["EVAL", script, "0", "600000"]);
+    let exec = a.cmd(&["EXEC"]);
+    assert_eq!(exec.array()[2].clone().int(), 1, "{exec:?}");
+    assert!(b.lock_info("k2").unwrap().holder("o").ttl > 500_000);
+    assert_eq!(a.release("k2", "o").int(), 1);
+    // Nothing bound; a waiter with BIND granted by a release inside b's
+    // script: b's KEEPALIVE renews nothing of the waiter's.
+    assert!(b.cmd(&["LOCK.ACQUIRE", "w", "b", "60000"]).int() > 0);
+    let mut d = s.conn();
+    d.push(&[b"LOCK.ACQUIRE", b"w", b"d", b"5000", b"WAIT", b"0", b"BIND"]);
+    d.flush().unwrap();
+    let mut c = s.conn();
+    while stat(&mut c, "waiters") < 1 {
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+    let release_then_keepalive = "redis.call('LOCK.RELEASE', KEYS[1], ARGV[1]); return redis.call('LOCK.KEEPALIVE', ARGV[2])";
+    let r = b.cmd(&["EVAL", release_then_keepalive, "1", "w", "b", "600000"]);
+    assert_eq!(r.int(), 0);
+    assert!(d.read_reply().unwrap().int() > 0);
+    assert!(c.lock_info("w").unwrap().holder("d").ttl <= 5_000);
+    assert_eq!(d.cmd(&["EVAL", script, "0", "600000"]).int(), 1);
+    assert!(c.lock_info("w").unwrap().holder("d").ttl > 500_000);
+}
+
 /// `DEBUG RELOAD` (and `DEBUG LOADAOF`) load the server's own data back
 /// while every connection stays open: the bindings stay too (KEEPALIVE
 /// renews them, the close frees them). A `FLUSHALL` drops them, even when a
