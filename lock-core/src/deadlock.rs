@@ -25,7 +25,9 @@
 //! once, and each queue is gone through at most twice a side (for everyone
 //! and for writers, remembering per key how far from which place requests
 //! were listed): a walk over every request of a queue of n requests is
-//! O(n).
+//! O(n). What the walk reads of a key (its holders, what its lock admits,
+//! its queue when shorter than a page) is read once a search and kept by
+//! the key's number (`KeyRead`), for both sides.
 //!
 //! The walk is resumable ([`Search::run`]): every listing is done a page of
 //! at most [`PAGE`] entries at a time, and the walk stops between pages

@@ -93,9 +93,9 @@ impl Read {
 }
 
 /// How much work (a step, an entry listed, a key read and each of its
-/// holders) a slice does between two looks at the clock: looked at every
-/// step, the clock was a tenth of a long search's time; 64 of these are a
-/// few microseconds.
+/// holders) a slice does between two looks at the clock (looked at every
+/// step, the clock was a visible share of a long search; 64 of these are a
+/// few microseconds).
 const CHECK_EVERY: usize = 64;
 
 /// What reading a key costs, in [`CHECK_EVERY`]'s units, besides its
@@ -221,7 +221,9 @@ impl WaitGraph for Waits<'_> {
     }
 
     fn holders(&mut self, key: &usize, each: &mut dyn FnMut(&[u8])) {
-        self.read(*key, |read| read.lock.live(read.now).for_each(|h| each(h.owner)))
+        self.read(*key, |read| {
+            read.lock.live(read.now).for_each(|h| each(h.owner))
+        })
     }
 
     fn queued(
