@@ -293,10 +293,12 @@ impl<S: BuildHasher + Clone + Default> Owners<S> {
 const KEYS_A_PAGE: usize = 1024;
 
 /// Something kept per key, by the key's number (the shell numbers keys
-/// from 0 up at their first meeting): pages of [`KEYS_A_PAGE`] entries
-/// made at first use, so that a look-up is two indexings, no hash, and
-/// growing never copies what was kept.
+/// from 0 up at their first meeting): the first [`KEYS_A_PAGE`] in an array
+/// grown as keys come (most searches meet a few keys), the next in pages of
+/// [`KEYS_A_PAGE`] made at first use, so that a look-up is an indexing or
+/// two, no hash, and growing never copies more than a page.
 struct ByKey<T> {
+    first: Vec<T>,
     pages: Vec<Box<[T]>>,
     /// A key not met yet.
     new: T,
@@ -308,6 +310,7 @@ struct ByKey<T> {
 impl<T: Clone> ByKey<T> {
     fn new(new: T) -> ByKey<T> {
         ByKey {
+            first: Vec::new(),
             pages: Vec::new(),
             none: new.clone(),
             new,
@@ -315,6 +318,16 @@ impl<T: Clone> ByKey<T> {
     }
 
     fn get(&mut self, key: usize) -> &mut T {
+        if key < KEYS_A_PAGE {
+            if self.first.len() <= key {
+                self.first.resize(key + 1, self.new.clone());
+            }
+            return match self.first.get_mut(key) {
+                Some(t) => t,
+                None => &mut self.none,
+            };
+        }
+        let key = key - KEYS_A_PAGE;
         let (page, at) = (key / KEYS_A_PAGE, key % KEYS_A_PAGE);
         while self.pages.len() <= page {
             self.pages
