@@ -25,7 +25,9 @@
 //! once, and each queue is gone through at most twice a side (for everyone
 //! and for writers, remembering per key how far from which place requests
 //! were listed): a walk over every request of a queue of n requests is
-//! O(n).
+//! O(n). What the walk reads of a key (its holders, what its lock admits,
+//! its queue when shorter than a page) is read once a search and kept by
+//! the key's number (`KeyRead`), for both sides.
 //!
 //! The walk is resumable ([`Search::run`]): every listing is done a page of
 //! at most [`PAGE`] entries at a time, and the walk stops between pages
@@ -38,15 +40,15 @@
 
 use crate::shards::Sharded;
 use std::collections::hash_map::RandomState;
-use std::collections::VecDeque;
+use std::collections::{HashSet, VecDeque};
 use std::hash::{BuildHasher, Hash};
+use std::sync::Arc;
 
 use crate::lock::{Kind, Lock, Owner, Request};
 
-/// A page of an owner's waiting requests (each one's key, its place in that
-/// key's queue, what it asks) and the cursor to go on from when more are
-/// left.
-pub type Requests<K> = (Vec<(K, u64, Kind)>, Option<u64>);
+/// An owner's waiting request as [`WaitGraph::requests_of`] lists it: its
+/// key, its place in that key's queue, what it asks.
+pub type Requested<K> = (K, u64, Kind);
 
 /// How many entries one step of a walk lists at most: the walk checks its
 /// time between steps.
@@ -58,13 +60,17 @@ pub const PAGE: usize = 256;
 pub const RESTARTS: u32 = 3;
 
 /// What the search asks of the shell, which keeps the waiting requests and
-/// reads the locks: keys are the shell's own (`K`), places are sequence
-/// numbers in a key's queue (`crate::Queue::place`). Every listing is
-/// paged: at most `limit` entries, and a way to go on after the last.
+/// reads the locks: keys are the shell's own (`K`), numbers it gives each
+/// key at its first meeting in a search, from 0 up (the search keeps what
+/// it listed around each key in an array by that number); places are
+/// sequence numbers in a key's queue (`crate::Queue::place`). Every
+/// listing is paged: at most `limit` entries, and a way to go on after the
+/// last.
 pub trait WaitGraph {
-    type Key: Clone + Eq + Hash;
+    type Key: Copy + Eq + Hash + Into<usize>;
     /// `owner`'s waiting requests, after the cursor `after` (`None`: from
-    /// the first), at most about `limit` of them: each one's key, its place
+    /// the first), at most about `limit` of them, into `out` (empty when
+    /// given, its room kept from page to page): each one's key, its place
     /// in that key's queue, what it asks; and the cursor to go on from
     /// when more are left.
     fn requests_of(
@@ -72,7 +78,8 @@ pub trait WaitGraph {
         owner: &[u8],
         after: Option<u64>,
         limit: usize,
-    ) -> Requests<Self::Key>;
+        out: &mut Vec<Requested<Self::Key>>,
+    ) -> Option<u64>;
     /// Keys with a queue that `owner` may hold, after `after`, at most
     /// `limit` of them, in a stable order (each is checked with
     /// [`WaitGraph::holds`]; none it holds may be missing).
@@ -119,6 +126,7 @@ pub enum Verdict {
 }
 
 /// How far one side of a search has listed around a key.
+#[derive(Clone, Copy)]
 struct Listed {
     /// Forward: its holders listed. Backward: its holders' dependents.
     holders: bool,
@@ -167,10 +175,12 @@ enum Task<K> {
     Requests { owner: Id, after: Option<u64> },
     /// Forward: who each of these requests of `owner` waits for (a page
     /// of them, one a step, the rest after what that one listed: each may
-    /// read a lock).
+    /// read a lock). `items[at..]` are left; the page's room goes back to
+    /// [`Search::spare`] when done.
     Expand {
         owner: Id,
-        items: VecDeque<(K, u64, Kind)>,
+        items: Vec<Requested<K>>,
+        at: usize,
     },
     /// Forward: `key`'s holders keep `owner` waiting.
     Holders { key: K, owner: Id },
@@ -226,9 +236,10 @@ enum Met {
 }
 
 /// The owners a search met, by number, and who reached each on each side.
+/// An owner's bytes are copied once (shared by the map and the names).
 struct Owners<S> {
-    ids: Sharded<Owner, Id, S>,
-    names: Vec<Owner>,
+    ids: Sharded<Arc<[u8]>, Id, S>,
+    names: Vec<Arc<[u8]>>,
     /// Forward: the owner waiting for each ([`UNSEEN`]: not reached).
     fwd: Vec<Id>,
     /// Backward: the owner each waits for ([`ME`] for itself).
@@ -257,7 +268,7 @@ impl<S: BuildHasher + Clone + Default> Owners<S> {
             return *id;
         }
         let id = self.names.len() as Id;
-        let owner: Owner = owner.into();
+        let owner: Arc<[u8]> = owner.into();
         self.names.push(owner.clone());
         self.ids.insert(owner, id);
         self.fwd.push(UNSEEN);
@@ -278,20 +289,106 @@ impl<S: BuildHasher + Clone + Default> Owners<S> {
     }
 }
 
+/// Keys per page of [`ByKey`].
+const KEYS_A_PAGE: usize = 1024;
+
+/// Something kept per key, by the key's number (the shell numbers keys
+/// from 0 up at their first meeting): the first [`KEYS_A_PAGE`] in an array
+/// grown as keys come (most searches meet a few keys), the next in pages of
+/// [`KEYS_A_PAGE`] made at first use, so that a look-up is an indexing or
+/// two, no hash, and growing never copies more than a page.
+struct ByKey<T> {
+    first: Vec<T>,
+    pages: Vec<Box<[T]>>,
+    /// A key not met yet.
+    new: T,
+    /// Where an index out of every page would go (never: pages are made up
+    /// to the index asked; but no panic may reach Redis).
+    none: T,
+}
+
+impl<T: Clone> ByKey<T> {
+    fn new(new: T) -> ByKey<T> {
+        ByKey {
+            first: Vec::new(),
+            pages: Vec::new(),
+            none: new.clone(),
+            new,
+        }
+    }
+
+    fn get(&mut self, key: usize) -> &mut T {
+        if key < KEYS_A_PAGE {
+            if self.first.len() <= key {
+                self.first.resize(key + 1, self.new.clone());
+            }
+            return match self.first.get_mut(key) {
+                Some(t) => t,
+                None => &mut self.none,
+            };
+        }
+        let key = key - KEYS_A_PAGE;
+        let (page, at) = (key / KEYS_A_PAGE, key % KEYS_A_PAGE);
+        while self.pages.len() <= page {
+            self.pages
+                .push(vec![self.new.clone(); KEYS_A_PAGE].into_boxed_slice());
+        }
+        match self.pages.get_mut(page).and_then(|p| p.get_mut(at)) {
+            Some(t) => t,
+            None => &mut self.none,
+        }
+    }
+}
+
+/// Up to this many holders, "does this owner hold the key" is a scan of
+/// their numbers; more are also put in a set.
+const SCANNED: usize = 8;
+
+/// What one search read of a key, read once (at the first question) and
+/// kept by number: the graph's calls and the owners' numbering are paid
+/// once a key, not once a request that waits on it.
+#[derive(Clone, Default)]
+struct KeyRead {
+    /// Its live holders, by number (`None`: not read yet).
+    holders: Option<Vec<Id>>,
+    /// The same as a set, when they are many.
+    set: Option<HashSet<Id>>,
+    /// Whether its lock admits a request of each kind from someone not
+    /// holding it: `Acquire`, `Racquire`, `Read` (a semaphore's is asked
+    /// each time).
+    admits: [Option<bool>; 3],
+    /// Its queue.
+    queue: Queued,
+}
+
+/// A key's queue as one search read it.
+#[derive(Clone, Default)]
+enum Queued {
+    /// Not listed yet.
+    #[default]
+    Unread,
+    /// Every request queued on it at its first listing, by number: it had
+    /// fewer than [`PAGE`] (most keys: a listing there is a search of this,
+    /// not a call to the graph).
+    Small(Vec<(u64, Id, Kind)>),
+    /// More: every listing is a page from the graph.
+    Big,
+}
+
 /// One direction's state.
-struct Side<K, S> {
+struct Side<K> {
     next: VecDeque<Id>,
-    listed: Sharded<K, Listed, S>,
+    listed: ByKey<Listed>,
     tasks: VecDeque<Task<K>>,
     /// Steps taken (the walk goes on the side that took fewer).
     work: u64,
 }
 
-impl<K, S: Default> Side<K, S> {
-    fn new() -> Side<K, S> {
+impl<K> Side<K> {
+    fn new(new: Listed) -> Side<K> {
         Side {
             next: VecDeque::new(),
-            listed: Sharded::default(),
+            listed: ByKey::new(new),
             tasks: VecDeque::new(),
             work: 0,
         }
@@ -323,10 +420,14 @@ pub struct Search<K, S = RandomState> {
     kind: Kind,
     keys: Vec<(K, u64)>,
     owners: Owners<S>,
-    fwd: Side<K, S>,
-    back: Side<K, S>,
+    fwd: Side<K>,
+    back: Side<K>,
     /// A page of requests listed, each owner by number (kept between pages).
     page: Vec<(u64, Id, Kind)>,
+    /// Room for pages of owners' requests, kept from page to page.
+    spare: Vec<Vec<Requested<K>>>,
+    /// What was read of each key (both sides share it).
+    keys_read: ByKey<KeyRead>,
     /// Where the two sides met.
     met: Option<Met>,
     phase: Phase,
@@ -336,7 +437,7 @@ pub struct Search<K, S = RandomState> {
     restarts: u32,
 }
 
-impl<K: Clone + Eq + Hash> Search<K> {
+impl<K: Copy + Eq + Hash + Into<usize>> Search<K> {
     /// A search for `me`, about to wait with a request of `kind` on each of
     /// `keys` (at the end of each queue, at the place given).
     pub fn new(me: &[u8], kind: Kind, keys: &[(K, u64)]) -> Search<K> {
@@ -344,7 +445,7 @@ impl<K: Clone + Eq + Hash> Search<K> {
     }
 }
 
-impl<K: Clone + Eq + Hash, S: BuildHasher + Clone + Default> Search<K, S> {
+impl<K: Copy + Eq + Hash + Into<usize>, S: BuildHasher + Clone + Default> Search<K, S> {
     /// [`Search::new`], its sets and maps hashed with `S`.
     pub fn with_hasher(me: &[u8], kind: Kind, keys: &[(K, u64)]) -> Search<K, S> {
         let mut search = Search {
@@ -352,9 +453,11 @@ impl<K: Clone + Eq + Hash, S: BuildHasher + Clone + Default> Search<K, S> {
             kind,
             keys: keys.to_vec(),
             owners: Owners::new(me),
-            fwd: Side::new(),
-            back: Side::new(),
+            fwd: Side::new(Listed::forward()),
+            back: Side::new(Listed::backward()),
             page: Vec::new(),
+            spare: Vec::new(),
+            keys_read: ByKey::new(KeyRead::default()),
             met: None,
             phase: Phase::Walking,
             stale: false,
@@ -366,8 +469,9 @@ impl<K: Clone + Eq + Hash, S: BuildHasher + Clone + Default> Search<K, S> {
 
     fn start(&mut self) {
         self.owners = Owners::new(&self.me);
-        self.fwd = Side::new();
-        self.back = Side::new();
+        self.fwd = Side::new(Listed::forward());
+        self.back = Side::new(Listed::backward());
+        self.keys_read = ByKey::new(KeyRead::default());
         self.met = None;
         self.phase = Phase::Walking;
         self.stale = false;
@@ -594,10 +698,74 @@ impl<K: Clone + Eq + Hash, S: BuildHasher + Clone + Default> Search<K, S> {
         let mut page = std::mem::take(&mut self.page);
         page.clear();
         let owners = &mut self.owners;
-        graph.queued(key, from, to, PAGE, &mut |place, owner, kind| {
-            page.push((place, owners.id(owner), kind));
-        });
+        let read = self.keys_read.get((*key).into());
+        if let Queued::Unread = read.queue {
+            // The whole queue when it is short: one call for every listing
+            // there, each owner numbered once.
+            let mut all = Vec::new();
+            graph.queued(key, 0, u64::MAX, PAGE, &mut |place, owner, kind| {
+                all.push((place, owners.id(owner), kind));
+            });
+            read.queue = match all.len() < PAGE {
+                true => Queued::Small(all),
+                false => Queued::Big,
+            };
+        }
+        match &read.queue {
+            Queued::Small(all) => {
+                let at = all.partition_point(|(place, _, _)| *place < from);
+                let tail = all.get(at..).unwrap_or_default();
+                page.extend(tail.iter().take_while(|(p, _, _)| *p < to).take(PAGE));
+            }
+            _ => graph.queued(key, from, to, PAGE, &mut |place, owner, kind| {
+                page.push((place, owners.id(owner), kind));
+            }),
+        }
         self.page = page;
+    }
+
+    /// Whether `owner` holds `key` now (its requests there wait for
+    /// nobody): the key's holders read once a search, by number.
+    fn holds<G: WaitGraph<Key = K>>(&mut self, graph: &mut G, key: K, owner: Id) -> bool {
+        let read = self.keys_read.get(key.into());
+        let holders = match &read.holders {
+            Some(h) => h,
+            None => {
+                let owners = &mut self.owners;
+                let mut found = Vec::new();
+                graph.holders(&key, &mut |h| found.push(owners.id(h)));
+                if found.len() > SCANNED {
+                    read.set = Some(found.iter().copied().collect());
+                }
+                read.holders.insert(found)
+            }
+        };
+        match &read.set {
+            Some(set) => set.contains(&owner),
+            None => holders.contains(&owner),
+        }
+    }
+
+    /// Whether `key`'s lock admits a request of `kind` from someone not
+    /// holding it (read once a search and kind).
+    fn admits<G: WaitGraph<Key = K>>(&mut self, graph: &mut G, key: K, kind: Kind) -> bool {
+        let slot = match kind {
+            Kind::Acquire => 0,
+            Kind::Racquire => 1,
+            Kind::Read => 2,
+            Kind::Semaphore(_) => return graph.admits(&key, kind),
+        };
+        let read = self.keys_read.get(key.into());
+        match read.admits.get(slot).copied().flatten() {
+            Some(admits) => admits,
+            None => {
+                let admits = graph.admits(&key, kind);
+                if let Some(a) = read.admits.get_mut(slot) {
+                    *a = Some(admits);
+                }
+                admits
+            }
+        }
     }
 
     /// Does one task, a page at most; what is left of it goes back first
@@ -611,7 +779,9 @@ impl<K: Clone + Eq + Hash, S: BuildHasher + Clone + Default> Search<K, S> {
                 self.keys.len()
             }
             Task::Requests { owner, after } => {
-                let (requests, more) = graph.requests_of(self.owners.name(owner), after, PAGE);
+                let mut requests = self.spare.pop().unwrap_or_default();
+                requests.clear();
+                let more = graph.requests_of(self.owners.name(owner), after, PAGE, &mut requests);
                 let n = requests.len();
                 if let Some(after) = more {
                     self.fwd.tasks.push_front(Task::Requests {
@@ -621,39 +791,43 @@ impl<K: Clone + Eq + Hash, S: BuildHasher + Clone + Default> Search<K, S> {
                 }
                 self.fwd.tasks.push_front(Task::Expand {
                     owner,
-                    items: requests.into(),
+                    items: requests,
+                    at: 0,
                 });
                 n
             }
-            Task::Expand { owner, mut items } => {
+            Task::Expand { owner, items, at } => {
                 // One request a step, the rest after the listings it made:
                 // a key whose holders close the cycle is listed before the
                 // owner's other keys are read (a writer waiting on 100 keys
                 // of 1,000 readers each: one key read, not 100).
-                let Some((key, place, kind)) = items.pop_front() else {
+                let Some((key, place, kind)) = items.get(at).copied() else {
+                    self.spare.push(items);
                     return 0;
                 };
                 self.expand(graph, owner, &key, place, kind);
-                if !items.is_empty() {
-                    self.fwd.tasks.push_back(Task::Expand { owner, items });
+                match at + 1 < items.len() {
+                    true => self.fwd.tasks.push_back(Task::Expand {
+                        owner,
+                        items,
+                        at: at + 1,
+                    }),
+                    false => self.spare.push(items),
                 }
                 1
             }
             Task::Holders { key, owner } => {
-                let mut n = 0;
-                let mut found = std::mem::take(&mut self.page);
-                found.clear();
-                let owners = &mut self.owners;
-                graph.holders(&key, &mut |h| {
-                    n += 1;
-                    found.push((0, owners.id(h), Kind::Acquire));
-                });
-                for (_, h, _) in found.iter() {
+                // (Read with the first question about the key.)
+                self.holds(graph, key, owner);
+                let read = self.keys_read.get(key.into());
+                let found = read.holders.take().unwrap_or_default();
+                for h in found.iter() {
                     if *h != owner {
                         self.reach(*h, owner);
                     }
                 }
-                self.page = found;
+                let n = found.len();
+                self.keys_read.get(key.into()).holders = Some(found);
                 n
             }
             Task::Queued {
@@ -701,7 +875,7 @@ impl<K: Clone + Eq + Hash, S: BuildHasher + Clone + Default> Search<K, S> {
                         break;
                     };
                     let passes = kind == Kind::Read && k == Kind::Read;
-                    if !passes && o != owner && !graph.holds(&key, self.owners.name(o)) {
+                    if !passes && o != owner && !self.holds(graph, key, o) {
                         self.reach_back(o, owner);
                     }
                 }
@@ -723,7 +897,7 @@ impl<K: Clone + Eq + Hash, S: BuildHasher + Clone + Default> Search<K, S> {
                     if let Some(last) = keys.last() {
                         self.back.tasks.push_front(Task::Keys {
                             owner,
-                            after: Some(last.clone()),
+                            after: Some(*last),
                         });
                     }
                 }
@@ -737,10 +911,9 @@ impl<K: Clone + Eq + Hash, S: BuildHasher + Clone + Default> Search<K, S> {
                 let mut n = 0;
                 while let Some(key) = keys.pop_front() {
                     n += 1;
-                    if graph.holds(&key, self.owners.name(owner)) {
-                        let first = listing(&mut self.back.listed, &key, Listed::backward, |l| {
-                            !std::mem::replace(&mut l.holders, true)
-                        });
+                    if self.holds(graph, key, owner) {
+                        let listed = self.back.listed.get(key.into());
+                        let first = !std::mem::replace(&mut listed.holders, true);
                         if first {
                             self.back.tasks.push_back(Task::Held {
                                 key,
@@ -764,7 +937,7 @@ impl<K: Clone + Eq + Hash, S: BuildHasher + Clone + Default> Search<K, S> {
                     let Some((_, o, k)) = self.page.get(i).copied() else {
                         break;
                     };
-                    if !graph.admits(&key, k) && !graph.holds(&key, self.owners.name(o)) {
+                    if !self.admits(graph, key, k) && !self.holds(graph, key, o) {
                         self.reach_back(o, owner);
                     }
                 }
@@ -778,7 +951,9 @@ impl<K: Clone + Eq + Hash, S: BuildHasher + Clone + Default> Search<K, S> {
                 n
             }
             Task::Behind { owner, after } => {
-                let (requests, more) = graph.requests_of(self.owners.name(owner), after, PAGE);
+                let mut requests = self.spare.pop().unwrap_or_default();
+                requests.clear();
+                let more = graph.requests_of(self.owners.name(owner), after, PAGE, &mut requests);
                 let n = requests.len();
                 if let Some(after) = more {
                     self.back.tasks.push_front(Task::Behind {
@@ -786,19 +961,17 @@ impl<K: Clone + Eq + Hash, S: BuildHasher + Clone + Default> Search<K, S> {
                         after: Some(after),
                     });
                 }
-                for (key, place, kind) in requests {
+                for (key, place, kind) in requests.drain(..) {
                     let from = place.saturating_add(1);
-                    let to = listing(&mut self.back.listed, &key, Listed::backward, |listed| {
-                        let to = match kind {
-                            Kind::Read => listed.writers.min(listed.all),
-                            _ => listed.all,
-                        };
-                        match kind {
-                            Kind::Read => listed.writers = listed.writers.min(from),
-                            _ => listed.all = listed.all.min(from),
-                        }
-                        to
-                    });
+                    let listed = self.back.listed.get(key.into());
+                    let to = match kind {
+                        Kind::Read => listed.writers.min(listed.all),
+                        _ => listed.all,
+                    };
+                    match kind {
+                        Kind::Read => listed.writers = listed.writers.min(from),
+                        _ => listed.all = listed.all.min(from),
+                    }
                     if from < to {
                         self.back.tasks.push_back(Task::After {
                             key,
@@ -809,6 +982,7 @@ impl<K: Clone + Eq + Hash, S: BuildHasher + Clone + Default> Search<K, S> {
                         });
                     }
                 }
+                self.spare.push(requests);
                 n
             }
         }
@@ -824,61 +998,40 @@ impl<K: Clone + Eq + Hash, S: BuildHasher + Clone + Default> Search<K, S> {
         place: u64,
         kind: Kind,
     ) {
-        if self.met.is_some() || graph.holds(key, self.owners.name(owner)) {
+        if self.met.is_some() || self.holds(graph, *key, owner) {
             return;
         }
-        let (holders, from, to) = listing(&mut self.fwd.listed, key, Listed::forward, |listed| {
-            let holders = !listed.holders && !graph.admits(key, kind);
-            let (from, to) = match kind {
-                Kind::Read => (listed.writers.max(listed.all), place),
-                _ => (listed.all, place),
-            };
-            // The new request's own listing skips its owner's requests
-            // queued ahead: it leaves the places listed as they were, so
-            // that a later listing there reaches its owner through them (a
-            // cycle).
-            if owner != ME {
-                match kind {
-                    Kind::Read => listed.writers = listed.writers.max(place),
-                    _ => listed.all = listed.all.max(place),
-                }
+        let admits = match self.fwd.listed.get((*key).into()).holders {
+            true => true,
+            false => self.admits(graph, *key, kind),
+        };
+        let listed = self.fwd.listed.get((*key).into());
+        let holders = !listed.holders && !admits;
+        let (from, to) = match kind {
+            Kind::Read => (listed.writers.max(listed.all), place),
+            _ => (listed.all, place),
+        };
+        // The new request's own listing skips its owner's requests queued
+        // ahead: it leaves the places listed as they were, so that a later
+        // listing there reaches its owner through them (a cycle).
+        if owner != ME {
+            match kind {
+                Kind::Read => listed.writers = listed.writers.max(place),
+                _ => listed.all = listed.all.max(place),
             }
-            listed.holders |= holders;
-            (holders, from, to)
-        });
+        }
+        listed.holders |= holders;
         if holders {
-            self.fwd.tasks.push_back(Task::Holders {
-                key: key.clone(),
-                owner,
-            });
+            self.fwd.tasks.push_back(Task::Holders { key: *key, owner });
         }
         if from < to {
             self.fwd.tasks.push_back(Task::Queued {
-                key: key.clone(),
+                key: *key,
                 owner,
                 kind,
                 from,
                 to,
             });
-        }
-    }
-}
-
-/// `f` on how far a side listed around `key` (a copy of the key is made
-/// only at its first listing: most keys are listed many times).
-fn listing<K: Clone + Eq + Hash, S: BuildHasher + Clone, T>(
-    listed: &mut Sharded<K, Listed, S>,
-    key: &K,
-    new: fn() -> Listed,
-    f: impl FnOnce(&mut Listed) -> T,
-) -> T {
-    match listed.get_mut(key) {
-        Some(l) => f(l),
-        None => {
-            let mut l = new();
-            let t = f(&mut l);
-            listed.insert(key.clone(), l);
-            t
         }
     }
 }
@@ -890,10 +1043,12 @@ fn listing<K: Clone + Eq + Hash, S: BuildHasher + Clone, T>(
 fn waits_for<G: WaitGraph>(graph: &mut G, x: &[u8], y: &[u8]) -> bool {
     let all = |graph: &mut G, owner: &[u8]| {
         let mut out = Vec::new();
+        let mut page = Vec::new();
         let mut after = None;
         loop {
-            let (page, more) = graph.requests_of(owner, after, PAGE);
-            out.extend(page);
+            page.clear();
+            let more = graph.requests_of(owner, after, PAGE, &mut page);
+            out.append(&mut page);
             match more {
                 Some(m) => after = Some(m),
                 None => return out,
@@ -990,7 +1145,7 @@ mod tests {
     }
 
     /// An owner's requests: key, place, kind.
-    type Requested = Vec<(usize, u64, Kind)>;
+    type OwnersRequests = Vec<(usize, u64, Kind)>;
 
     /// Locks and their queues, as the shell keeps them: the search's graph.
     struct State {
@@ -1004,7 +1159,7 @@ mod tests {
         /// what it read: the graph changing under a sliced search.
         change: Option<(usize, u32)>,
         /// Each owner's requests (key, place, kind), made at first use.
-        by_owner: Option<HashMap<Owner, Requested>>,
+        by_owner: Option<HashMap<Owner, OwnersRequests>>,
     }
 
     impl WaitGraph for State {
@@ -1014,9 +1169,10 @@ mod tests {
             owner: &[u8],
             after: Option<u64>,
             limit: usize,
-        ) -> Requests<usize> {
+            out: &mut Vec<Requested<usize>>,
+        ) -> Option<u64> {
             if self.by_owner.is_none() {
-                let mut index: HashMap<Owner, Requested> = HashMap::new();
+                let mut index: HashMap<Owner, OwnersRequests> = HashMap::new();
                 for (k, q) in self.queues.iter().enumerate() {
                     for w in q.iter() {
                         let at = (k, q.place(w.id).unwrap(), w.request.kind);
@@ -1028,9 +1184,9 @@ mod tests {
             let all = self.by_owner.as_ref().unwrap().get(owner);
             let all = all.map_or(&[][..], |v| &v[..]);
             let from = after.unwrap_or(0) as usize;
-            let page: Vec<_> = all.iter().skip(from).take(limit).cloned().collect();
-            let next = from + page.len();
-            (page, (next < all.len()).then_some(next as u64))
+            out.extend(all.iter().skip(from).take(limit).cloned());
+            let next = from + out.len();
+            (next < all.len()).then_some(next as u64)
         }
         fn holds(&mut self, key: &usize, owner: &[u8]) -> bool {
             self.locks[*key].live(self.now).any(|h| *h.owner == *owner)
@@ -1363,6 +1519,55 @@ mod tests {
         let (verdict, _) = steps(&mut st, &o(0), w, &[7]);
         assert_eq!(verdict, Verdict::Cycle);
         assert_eq!(verdict, st.naive(&o(0), w, &[7]));
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(512))]
+        /// A sliced search over a graph that changes between its slices (a
+        /// queued request leaves, as by a timeout, after the first slice):
+        /// what the search read before (a key's queue, its holders, kept
+        /// once a search) never makes it answer a cycle that is gone, and a
+        /// cycle whose every edge lasted is still found.
+        #[test]
+        fn a_sliced_search_over_a_changing_graph_is_sound_and_finds_cycles_that_last(
+            held in proptest::collection::vec((0usize..4, 0u32..6, any::<u8>()), 0..8),
+            queued in proptest::collection::vec((0usize..4, 0u32..6, any::<u8>()), 1..16),
+            me in 0u32..7,
+            kind in any::<u8>(),
+            keys in proptest::collection::btree_set(0usize..4, 1..3),
+            leaves in any::<prop::sample::Index>(),
+            after in 1u32..3,
+        ) {
+            let held: Vec<_> = held.into_iter().map(|(k, o, n)| (k, o, kind_of(n))).collect();
+            let queued: Vec<_> = queued.into_iter().map(|(k, o, n)| (k, o, kind_of(n))).collect();
+            let mut st = State::new(4, &held, &queued);
+            let keys: Vec<usize> = keys.into_iter().collect();
+            let (me, kind) = (o(me), kind_of(kind));
+            let at: Vec<(usize, u64)> = keys.iter().map(|k| (*k, st.queues[*k].end())).collect();
+            st.slices = true;
+            let mut search = Search::new(&me, kind, &at);
+            let mut steps = 0;
+            let verdict = loop {
+                if let Some(v) = search.run(&mut st) {
+                    break v;
+                }
+                steps += 1;
+                if steps == after {
+                    // Waiter `i` (queued `i`-th) leaves its key's queue.
+                    let i = leaves.index(queued.len());
+                    st.queues[queued[i].0].remove(i as u32);
+                    st.by_owner = None;
+                }
+                search.stale();
+            };
+            st.slices = false;
+            let now = st.naive(&me, kind, &keys);
+            if verdict == Verdict::Cycle {
+                prop_assert_eq!(now, Verdict::Cycle);
+            } else if !search.gave_up() {
+                prop_assert_eq!(now, Verdict::Clear);
+            }
+        }
     }
 
     proptest! {

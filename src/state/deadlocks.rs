@@ -43,7 +43,7 @@ use crate::state::stats;
 use crate::state::timers;
 use crate::state::waiting::{self, WaiterId};
 use crate::time::clock;
-use lock_core::deadlock::{Requests, Search, Verdict, WaitGraph};
+use lock_core::deadlock::{Requested, Search, Verdict, WaitGraph};
 use lock_core::hash::Keyed;
 use lock_core::{Kind, Lock, Owner, Request};
 
@@ -51,13 +51,14 @@ use lock_core::{Kind, Lock, Owner, Request};
 /// command, and in a turn for every search going on together.
 pub const SLICE: Duration = Duration::from_micros(500);
 
-/// A key's lock as one search read it, with its live holders listed once:
+/// A key's lock as one search read it, with its live holders counted once:
 /// a few are scanned, many are also put in a set at the first question
 /// about them (a key with 1,000 readers and 10,000 requests queued on it is
-/// asked about every one of them).
+/// asked about every one of them). The lock's copy is its one block: no
+/// holder's owner is copied unless the set is made.
 struct Read {
     lock: Lock,
-    live: Vec<Owner>,
+    live: usize,
     set: Option<HashSet<Owner, Keyed>>,
     now: u64,
 }
@@ -67,7 +68,7 @@ const SCANNED: usize = 8;
 
 impl Read {
     fn new(lock: Lock, now: u64) -> Read {
-        let live = lock.live(now).map(|h| Owner::from(h.owner)).collect();
+        let live = lock.live(now).count();
         Read {
             lock,
             live,
@@ -77,19 +78,29 @@ impl Read {
     }
 
     fn holds(&mut self, owner: &[u8]) -> bool {
-        if self.live.len() <= SCANNED {
-            return self.live.iter().any(|h| **h == *owner);
+        let (lock, now) = (&self.lock, self.now);
+        if self.live <= SCANNED {
+            return lock.live(now).any(|h| *h.owner == *owner);
         }
-        let live = &self.live;
         self.set
-            .get_or_insert_with(|| live.iter().cloned().collect())
+            .get_or_insert_with(|| lock.live(now).map(|h| Owner::from(h.owner)).collect())
             .contains(owner)
     }
 
     fn admits(&self, kind: Kind) -> bool {
-        self.live.is_empty() || self.lock.admits(kind, self.now)
+        self.live == 0 || self.lock.admits(kind, self.now)
     }
 }
+
+/// How much work (a step, an entry listed, a key read and each of its
+/// holders) a slice does between two looks at the clock (looked at every
+/// step, the clock was a visible share of a long search; 64 of these are a
+/// few microseconds).
+const CHECK_EVERY: usize = 64;
+
+/// What reading a key costs, in [`CHECK_EVERY`]'s units, besides its
+/// holders (opening it through the module API, copying its lock).
+const READ_COST: usize = 8;
 
 /// The keys one search met, each under a number of its own (the core's
 /// key: no copy of a key's name, no hash of it, past the first meeting),
@@ -122,6 +133,8 @@ struct Waits<'a> {
     reads: &'a mut Reads,
     /// When this slice ends.
     until: Instant,
+    /// Work done since the clock was last looked at ([`CHECK_EVERY`]).
+    work: usize,
 }
 
 impl Waits<'_> {
@@ -131,6 +144,7 @@ impl Waits<'_> {
         if !matches!(reads.reads.get(id), Some(Some(_))) {
             if let Some(key) = reads.keys.get(id) {
                 let read = Read::new(read(self.ctx, key, self.now), self.now);
+                self.work += READ_COST + read.live;
                 if reads.reads.len() <= id {
                     reads.reads.resize_with(id + 1, || None);
                 }
@@ -169,9 +183,17 @@ fn read(ctx: &Context, key: &DbKey, now: u64) -> Lock {
 impl WaitGraph for Waits<'_> {
     type Key = usize;
 
-    fn requests_of(&mut self, owner: &[u8], after: Option<u64>, limit: usize) -> Requests<usize> {
+    fn requests_of(
+        &mut self,
+        owner: &[u8],
+        after: Option<u64>,
+        limit: usize,
+        out: &mut Vec<Requested<usize>>,
+    ) -> Option<u64> {
         let reads = &mut *self.reads;
-        waiting::requests_of(owner, after, limit, |key| reads.id(key))
+        let more = waiting::requests_of(owner, after, limit, out, |key| reads.id(key));
+        self.work += out.len();
+        more
     }
 
     fn holds(&mut self, key: &usize, owner: &[u8]) -> bool {
@@ -185,9 +207,13 @@ impl WaitGraph for Waits<'_> {
         limit: usize,
     ) -> Vec<usize> {
         let reads = &mut *self.reads;
-        let after = after.and_then(|id| reads.keys.get(*id));
-        let keys = waiting::waited_keys_held(owner, after, limit);
-        keys.iter().map(|key| reads.id(key)).collect()
+        let after = after.and_then(|id| reads.keys.get(*id)).cloned();
+        let mut keys = Vec::new();
+        waiting::waited_keys_held(owner, after.as_ref(), limit, &mut |key| {
+            keys.push(reads.id(key))
+        });
+        self.work += keys.len();
+        keys
     }
 
     fn admits(&mut self, key: &usize, kind: Kind) -> bool {
@@ -195,7 +221,9 @@ impl WaitGraph for Waits<'_> {
     }
 
     fn holders(&mut self, key: &usize, each: &mut dyn FnMut(&[u8])) {
-        self.read(*key, |read| read.live.iter().for_each(|h| each(h)))
+        self.read(*key, |read| {
+            read.lock.live(read.now).for_each(|h| each(h.owner))
+        })
     }
 
     fn queued(
@@ -207,11 +235,21 @@ impl WaitGraph for Waits<'_> {
         each: &mut dyn FnMut(u64, &[u8], Kind),
     ) {
         if let Some(key) = self.reads.keys.get(*key) {
-            waiting::queued(key, from, to, limit, each);
+            let mut n = 0;
+            waiting::queued(key, from, to, limit, &mut |place, owner, kind| {
+                n += 1;
+                each(place, owner, kind)
+            });
+            self.work += n;
         }
     }
 
     fn out_of_time(&mut self) -> bool {
+        self.work += 1;
+        if self.work < CHECK_EVERY {
+            return false;
+        }
+        self.work = 0;
         Instant::now() >= self.until
     }
 
@@ -276,6 +314,7 @@ fn slice(ctx: &Context, unfinished: &mut Unfinished, until: Instant) -> Option<V
         now: clock::now_ms(),
         reads,
         until,
+        work: 0,
     };
     ffi::keeping_db(ctx, || search.run(&mut waits))
 }

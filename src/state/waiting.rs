@@ -44,7 +44,7 @@ use crate::state::sessions;
 use crate::state::stats;
 use crate::state::timers;
 use crate::state::txn::Txn;
-use lock_core::deadlock::Requests;
+use lock_core::deadlock::Requested;
 use lock_core::hash::Keyed;
 use lock_core::shards::Sharded;
 use lock_core::{Attempt, Changes, Kind, Lock, Owner, Queue, Request, Settling};
@@ -1106,27 +1106,26 @@ pub fn answer(claimed: Claimed, outcome: Result<Vec<(DbKey, u64)>, LockError>) {
 }
 
 /// `owner`'s waiting requests after the waiter `after` (deadlock
-/// detection, a page at a time): each one's key, its place in that key's
-/// queue, what it asks; at least `limit` entries when that many are left
-/// (whole waiters: a multi-key request's keys all at once), and the waiter
-/// to go on after when more are left. Each key is given as `key_of` makes
-/// it (the search's number for it: no copy), from its filed key (by home:
-/// the search's keys are filed, [`filed`], and read by [`db_of`]).
+/// detection, a page at a time), into `out`: each one's key, its place in
+/// that key's queue, what it asks; at least `limit` entries when that many
+/// are left (whole waiters: a multi-key request's keys all at once); and
+/// the waiter to go on after when more are left. Each key is given as
+/// `key_of` makes it (the search's number for it: no copy), from its filed
+/// key (by home: the search's keys are filed, [`filed`], and read by
+/// [`db_of`]).
 pub fn requests_of<K>(
     owner: &[u8],
     after: Option<u64>,
     limit: usize,
+    out: &mut Vec<Requested<K>>,
     mut key_of: impl FnMut(&DbKey) -> K,
-) -> Requests<K> {
+) -> Option<u64> {
     let registry = registry();
-    let Some(ids) = registry.by_owner.get(owner) else {
-        return (Vec::new(), None);
-    };
+    let ids = registry.by_owner.get(owner)?;
     let from = match after.and_then(|a| WaiterId::try_from(a).ok()) {
         Some(a) => Bound::Excluded(a),
         None => Bound::Unbounded,
     };
-    let mut out = Vec::new();
     let mut ids = ids.range((from, Bound::Unbounded)).peekable();
     while let Some(id) = ids.next() {
         if let Some(w) = registry.waiters.get(id) {
@@ -1137,25 +1136,29 @@ pub fn requests_of<K>(
             }
         }
         if out.len() >= limit && ids.peek().is_some() {
-            return (out, Some(*id as u64));
+            return Some(*id as u64);
         }
     }
-    (out, None)
+    None
 }
 
 /// The keys with a queue that `owner` held at their last transaction,
-/// after `after`, at most `limit` (deadlock detection checks each against
-/// the lock).
-pub fn waited_keys_held(owner: &[u8], after: Option<&DbKey>, limit: usize) -> Vec<DbKey> {
+/// after `after`, at most `limit`, each to `each` (lent: deadlock detection
+/// numbers it, and checks it against the lock).
+pub fn waited_keys_held(
+    owner: &[u8],
+    after: Option<&DbKey>,
+    limit: usize,
+    each: &mut dyn FnMut(&DbKey),
+) {
     let registry = registry();
     let Some(keys) = registry.holds_waited.get(owner) else {
-        return Vec::new();
+        return;
     };
     let from = after.map_or(Bound::Unbounded, Bound::Excluded);
     keys.range::<DbKey, _>((from, Bound::Unbounded))
         .take(limit)
-        .cloned()
-        .collect()
+        .for_each(each);
 }
 
 /// The requests queued on `key` at places `from..to`, at most `limit`, to
