@@ -4,7 +4,9 @@
 //! directory, the release module), measured in one run and printed as one
 //! report (Markdown) with the machine and the server version on top.
 //!
-//! 1. throughput, uncontended, unique keys (`throughput`);
+//! 1. throughput, uncontended, unique keys (`throughput`); with
+//!    `--callgrind --only 1`, a reader's `READ` and `RENEW` on a key of
+//!    1,000 readers alone (`wide:` rows, in every `--callgrind` run too);
 //! 2. contention on one key: WAIT vs polling vs back-off (`contention`);
 //! 3. latency of a hand-off and of a grant after an expiry (`latency`);
 //! 4. memory and 5. persistence of many held locks (`memory`);
@@ -666,9 +668,11 @@ fn run_callgrind(plan: &Plan, args: &[String]) -> io::Result<()> {
         .map(|a| a[1].as_str());
     let (guard_only, bind_only, tax_only) =
         (only == Some("9"), only == Some("6"), only == Some("11"));
-    if (guard_only || bind_only || tax_only) && (check || write_baseline) {
+    // `--only 1`: the `wide:` rows alone (a key with 1,000 readers).
+    let wide_only = only == Some("1");
+    if (guard_only || bind_only || tax_only || wide_only) && (check || write_baseline) {
         return Err(io::Error::other(
-            "--only 6, 9 or 11 measures that section's rows alone: not with --check or --write-baseline",
+            "--only 1, 6, 9 or 11 measures that section's rows alone: not with --check or --write-baseline",
         ));
     }
     let started = Instant::now();
@@ -686,22 +690,30 @@ fn run_callgrind(plan: &Plan, args: &[String]) -> io::Result<()> {
         let (run_dir, module) = (&run_dir, &module);
         let rows = std::thread::scope(|s| -> io::Result<Vec<profile::Row>> {
             let groups = [
-                s.spawn(move || match guard_only || bind_only || tax_only {
-                    true => Ok(Vec::new()),
-                    false => profile::run(run_dir, module, requests, scope),
-                }),
-                s.spawn(move || match bind_only || tax_only {
+                s.spawn(
+                    move || match guard_only || bind_only || tax_only || wide_only {
+                        true => Ok(Vec::new()),
+                        false => profile::run(run_dir, module, requests, scope),
+                    },
+                ),
+                s.spawn(move || match bind_only || tax_only || wide_only {
                     true => Ok(Vec::new()),
                     false => guard::profile(run_dir, module, requests, all),
                 }),
-                s.spawn(move || match guard_only || tax_only {
+                s.spawn(move || match guard_only || tax_only || wide_only {
                     true => Ok(Vec::new()),
                     false => bind::profile(run_dir, module, requests, all),
                 }),
-                s.spawn(move || match guard_only || bind_only {
+                s.spawn(move || match guard_only || bind_only || wide_only {
                     true => Ok(Vec::new()),
                     false => tax::profile(run_dir, module, requests, all),
                 }),
+                s.spawn(
+                    move || match (guard_only || bind_only || tax_only) || !all {
+                        true => Ok(Vec::new()),
+                        false => profile::wide(run_dir, module, requests),
+                    },
+                ),
             ];
             let mut rows = Vec::new();
             for g in groups {
@@ -731,9 +743,10 @@ fn run_callgrind(plan: &Plan, args: &[String]) -> io::Result<()> {
     };
     match scope {
         profile::Scope::All => {
-            if !guard_only && !bind_only && !tax_only {
+            if !guard_only && !bind_only && !tax_only && !wide_only {
                 report.push_str(&profile::table(&runs, plan.callgrind_requests));
             }
+            report.push_str(&profile::wide_table(&runs, plan.callgrind_requests));
             report.push_str(&bind::callgrind_table(&runs, plan.callgrind_requests));
             report.push_str(&guard::callgrind_table(&runs, plan.callgrind_requests));
             report.push_str(&tax::callgrind_table(&runs, plan.callgrind_requests));

@@ -560,6 +560,92 @@ pub fn run(dir: &Path, module: &Path, requests: usize, scope: Scope) -> io::Resu
     Ok(rows)
 }
 
+/// Readers of the one key of the `wide:` rows (the default
+/// `lock.max-holders`).
+const WIDE: usize = 1000;
+
+/// The `wide:` rows (`--callgrind --only 1`, and in a full `--callgrind`
+/// run; not gated): a reader's repeat `LOCK.READ` and a reader's
+/// `LOCK.RENEW` on one key with 1,000 readers, request i by reader i modulo
+/// 1,000: what a grant or a renewal costs on a key of many holders (the
+/// owner's look-up, and any pass over the holders per command).
+pub fn wide(dir: &Path, module: &Path, requests: usize) -> io::Result<Vec<Row>> {
+    let sub = dir.join("wide");
+    fs::create_dir_all(&sub)?;
+    let mut p = Profiled::start(&options(Some(module), sub))?;
+    // The readers once, before the measured requests (not the warm-up's).
+    let prepare = |p: &mut Profiled, offset: usize, _: usize| -> io::Result<()> {
+        if offset != 0 {
+            return Ok(());
+        }
+        p.run(
+            "prepare",
+            (WIDE, 0, 1),
+            &|_, i, b| {
+                encode(
+                    b,
+                    &[
+                        Arg::B(b"LOCK.READ"),
+                        Arg::B(b"wide"),
+                        Arg::K(b"reader-", i),
+                        Arg::B(TTL),
+                    ],
+                )
+            },
+            &|r| r.as_int().is_some_and(|t| t > 0),
+        )
+    };
+    let mut rows = Vec::new();
+    for (name, command, check) in [
+        (
+            "wide:read",
+            b"LOCK.READ".as_slice(),
+            (|t| t > 0) as fn(i64) -> bool,
+        ),
+        ("wide:renew", b"LOCK.RENEW".as_slice(), |t| t == 1),
+    ] {
+        let per_request = p.measure(
+            name,
+            (requests, 1),
+            &prepare,
+            &|_, i, b| {
+                encode(
+                    b,
+                    &[
+                        Arg::B(command),
+                        Arg::B(b"wide"),
+                        Arg::K(b"reader-", i % WIDE),
+                        Arg::B(TTL),
+                    ],
+                )
+            },
+            &|r| r.as_int().is_some_and(check),
+        )?;
+        rows.push(Row {
+            name: name.to_string(),
+            per_request,
+        });
+    }
+    Ok(rows)
+}
+
+/// The `wide:` rows' table (empty when they were not measured).
+pub fn wide_table(runs: &[Vec<Row>], requests: usize) -> String {
+    let Some(rows) = runs.last() else {
+        return String::new();
+    };
+    let (read, renew) = (get(rows, "wide:read"), get(rows, "wide:renew"));
+    if read.is_nan() {
+        return String::new();
+    }
+    format!(
+        "\n### 1b. A key with {WIDE} readers: instructions per request (callgrind, server side, {requests} requests each, one connection, request i by reader i modulo {WIDE})\n\n\
+         | command | instructions/request |\n|---|---:|\n\
+         | `LOCK.READ wide reader-i 3600000` (a repeat) | {read:.0} |\n\
+         | `LOCK.RENEW wide reader-i 3600000` | {renew:.0} |\n"
+    )
+}
+
 /// The lock commands the C reference module has, on a server loading
 /// `module` with a replica attached, as rows `<side>:<command>`.
 fn measure_sent(

@@ -27,7 +27,9 @@
 //! thousands of multi-key requests wait in both databases; (11) the
 //! promotion of a replica where many leases ran out; (12) thousands of
 //! waiters of one key answered an error together (a `SET` over the lock
-//! key). Its own server (waiters connect over a Unix socket;
+//! key); (13) grants, repeats, renewals and releases on one key with
+//! hundreds of thousands of readers (`lock.max-holders` raised). Its own
+//! server (waiters connect over a Unix socket;
 //! the open-file limit raised where the bench may, else a chain too long
 //! for it is built of `LOCK.MACQUIRE`s of ten keys, the same graph), never
 //! part of `make bench-check`: wall-clock figures on a shared machine.
@@ -70,6 +72,8 @@ pub struct Plan {
     /// Keys of two readers whose first reader's lease runs out on a replica
     /// before its promotion, shape (11).
     pub promoted: usize,
+    /// Readers of one key, shape (13).
+    pub wide: usize,
     /// `--shapes 1,3`: those shapes alone (all when `None`).
     pub shapes: Option<Vec<u32>>,
 }
@@ -88,6 +92,7 @@ impl Plan {
             grants: 1_000_000,
             swap_waiters: 10_000,
             promoted: 200_000,
+            wide: 200_000,
             shapes: None,
         }
     }
@@ -105,6 +110,7 @@ impl Plan {
             grants: 100_000,
             swap_waiters: 1000,
             promoted: 20_000,
+            wide: 20_000,
             shapes: None,
         }
     }
@@ -1333,6 +1339,77 @@ fn holders(c: &mut Conn, port: u16, n: usize) -> io::Result<Vec<Row>> {
     Ok(rows)
 }
 
+/// Shape (13): `n` readers of one key (`lock.max-holders` raised to let
+/// them), then one request of each kind on it: a new reader's grant, a
+/// reader's repeat, a renewal, a release. Each is a grant, release or
+/// renewal on a key of `n` holders: what it costs beyond the owner's look-up
+/// is what still walks the holders per command.
+fn wide_reads(c: &mut Conn, port: u16, n: usize) -> io::Result<Vec<Row>> {
+    eprintln!("   {n} readers of one key, then more requests on it");
+    c.ok(&[b"FLUSHALL"])?;
+    c.ok(&[
+        b"CONFIG",
+        b"SET",
+        b"lock.max-holders",
+        (n + 1000).to_string().as_bytes(),
+    ])?;
+    pipelined(
+        c,
+        n,
+        &|i| {
+            vec![
+                b"LOCK.READ".to_vec(),
+                b"wide".to_vec(),
+                format!("r{i}").into_bytes(),
+                TTL.to_vec(),
+            ]
+        },
+        &is_token,
+    )?;
+    let (first, last) = (b"r0".to_vec(), format!("r{}", n - 1).into_bytes());
+    let steps: [(&str, &str, Vec<&[u8]>); 5] = [
+        (
+            "lock.read",
+            "LOCK.READ wide new-reader 3600000",
+            vec![b"LOCK.READ".as_slice(), b"wide", b"new-reader", TTL],
+        ),
+        (
+            "lock.read",
+            "LOCK.READ wide <the last reader> 3600000 (a repeat)",
+            vec![b"LOCK.READ".as_slice(), b"wide", &last, TTL],
+        ),
+        (
+            "lock.renew",
+            "LOCK.RENEW wide <the first reader> 60000",
+            vec![b"LOCK.RENEW".as_slice(), b"wide", &first, b"60000"],
+        ),
+        (
+            "lock.release",
+            "LOCK.RELEASE wide <the first reader>",
+            vec![b"LOCK.RELEASE".as_slice(), b"wide", &first],
+        ),
+        (
+            "lock.release",
+            "LOCK.RELEASE wide new-reader",
+            vec![b"LOCK.RELEASE".as_slice(), b"wide", b"new-reader"],
+        ),
+    ];
+    let mut rows = Vec::new();
+    for (stat_of, label, args) in steps {
+        let m = request(c, port, stat_of, &args)?;
+        rows.push(
+            Row::new(
+                format!("(13) `{label}` on a key with {n} readers"),
+                m.clone_reply(),
+            )
+            .note(format!("answered {}", show(&m.reply))),
+        );
+    }
+    c.ok(&[b"FLUSHALL"])?;
+    c.ok(&[b"CONFIG", b"SET", b"lock.max-holders", b"1000"])?;
+    Ok(rows)
+}
+
 /// A field of `INFO replication`.
 fn replication_field(c: &mut Conn, f: &str) -> io::Result<String> {
     let text = c.ok(&[b"INFO", b"replication"])?.text();
@@ -1931,6 +2008,9 @@ pub fn run(module: &Path, plan: &Plan) -> io::Result<Vec<Row>> {
             true => rows.push(failed(&mut c, port, &sock, plan.deadlines)?),
             false => rows.push(skipped(plan.deadlines, "(12) waiters failed".into())),
         }
+    }
+    if wants(13) {
+        rows.extend(wide_reads(&mut c, port, plan.wide)?);
     }
     drop(c);
     drop(server);

@@ -6,7 +6,7 @@
 //! exclusive:  [0]                                        entry (exactly one)
 //! shared:     [1] count:u32 len:u32 cap:u32              kept entry...
 //! semaphore:  [2] count:u32 len:u32 cap:u32 limit:u32    kept entry...
-//! kept:       latest:u64 at-latest:u32
+//! kept:       latest:u64 at-latest:u32 low:u64
 //! entry:      token:u64 deadline:u64 holds:u32 since:u32 owner-length owner
 //! owner-length: one byte below 255, else 255 and a u32
 //! ```
@@ -17,6 +17,14 @@
 //! its holders. It is not saved: [`Block::saved`] leaves it out (the saved
 //! form is the block of RDB encoding 3 as it always was) and
 //! [`Block::from_saved`] puts it back from its walk.
+//!
+//! `low` is a lower bound on the earliest of the holders' own deadlines
+//! (those following a session aside; `u64::MAX`: none has one of its own),
+//! [`Block::low`]: lowered by every holder that comes or whose deadline
+//! changes, never raised but by a walk that finds it exactly (a
+//! [`Block::retain`], a load, [`Block::exact_low`]). The earliest cannot
+//! be kept exactly without a walk (holders leave in any order); a bound
+//! answers "has any holder expired?" without one while it is in the future.
 //!
 //! Numbers are little-endian and unaligned. An exclusive block is allocated
 //! to its exact length, so its length and capacity follow from its owner's
@@ -41,8 +49,11 @@ const FIXED: usize = 24;
 /// The header of shared and semaphore blocks (before `limit`).
 const COUNTED: usize = 13;
 const LIMIT_AT: usize = COUNTED;
-/// The kept latest deadline and how many holders have it (`kept`).
-const KEPT: usize = 12;
+/// The kept latest deadline and how many holders have it, and the bound
+/// on the earliest (`kept`).
+const KEPT: usize = 20;
+/// Where `low` is in `kept`.
+const LOW_AT: usize = 12;
 /// Owner lengths from this one on take a byte and a u32.
 const LONG: u8 = 255;
 
@@ -212,6 +223,16 @@ fn at_latest(acc: Option<(u64, u32)>, d: u64) -> Option<(u64, u32)> {
     }
 }
 
+/// A holder's own deadline for the bound on the earliest (`u64::MAX` for
+/// one following a session: it never expires by its own deadline).
+#[inline]
+pub(crate) fn own(d: u64) -> u64 {
+    match crate::lock::session_of(d) {
+        Some(_) => u64::MAX,
+        None => d,
+    }
+}
+
 /// The holders of one lock, packed (see the file's comment).
 #[derive(Default)]
 pub struct Block {
@@ -286,6 +307,11 @@ impl Block {
             // stays known.)
             self.kept_in(deadline);
             self.kept_out(old);
+            match self.count() {
+                // The only holder: the bound is its deadline, exactly.
+                1 => self.set_low(own(deadline)),
+                _ => self.lower(deadline),
+            }
         }
         put_u64(&mut self.buf, at, token);
         put_u64(&mut self.buf, at + 8, deadline);
@@ -363,8 +389,14 @@ impl Block {
         let n = self.count() + 1;
         self.set_count(n);
         match n {
-            1 => self.set_kept(h.deadline, 1),
-            _ => self.kept_in(h.deadline),
+            1 => {
+                self.set_kept(h.deadline, 1);
+                self.set_low(own(h.deadline));
+            }
+            _ => {
+                self.kept_in(h.deadline);
+                self.lower(h.deadline);
+            }
         }
         Ok(at)
     }
@@ -381,6 +413,60 @@ impl Block {
             let at = saved_header_len(tag);
             put_u64(&mut self.buf, at, latest);
             put_u32(&mut self.buf, at + 8, n);
+        }
+    }
+
+    /// The bound on the earliest of the holders' own deadlines: at most
+    /// that earliest, `u64::MAX` only when no holder has a deadline of its
+    /// own (none expires by itself). O(1): an exclusive block's holder read
+    /// in place, the others' kept `low`.
+    pub fn low(&self) -> u64 {
+        match self.tag() {
+            None => u64::MAX,
+            Some(EXCLUSIVE) => self.sole_deadline().map_or(u64::MAX, own),
+            Some(tag) => u64_at(&self.buf, saved_header_len(tag) + LOW_AT).unwrap_or(0),
+        }
+    }
+
+    /// Sets the bound on the earliest to `low`, the exact earliest of the
+    /// holders' own deadlines a walk found ([`own`] of each).
+    pub(crate) fn set_low(&mut self, low: u64) {
+        if let Some(tag) = self.tag().filter(|t| *t != EXCLUSIVE) {
+            put_u64(&mut self.buf, saved_header_len(tag) + LOW_AT, low);
+        }
+    }
+
+    /// A holder with deadline `d` came (or a holder's deadline became `d`):
+    /// the bound goes down to it.
+    fn lower(&mut self, d: u64) {
+        let d = own(d);
+        if d < self.low() {
+            self.set_low(d);
+        }
+    }
+
+    /// The earliest of the holders' own deadlines by a walk (`u64::MAX`:
+    /// none), kept as the bound: it is exact until the next change.
+    pub fn exact_low(&mut self) -> u64 {
+        let low = self
+            .entries()
+            .map(|(_, h)| own(h.deadline))
+            .min()
+            .unwrap_or(u64::MAX);
+        self.set_low(low);
+        low
+    }
+
+    /// The kept latest deadline when it is known without a walk (an
+    /// exclusive block's, or a kept one with holders at it).
+    pub fn latest_known(&self) -> Option<u64> {
+        if let Some(d) = self.sole_deadline() {
+            return Some(d);
+        }
+        match self.kept() {
+            None => self.sole_deadline(),
+            Some((latest, n)) if n > 0 => Some(latest),
+            Some(_) => None,
         }
     }
 
@@ -469,14 +555,17 @@ impl Block {
         let mut read = header_len(tag);
         let mut write = read;
         let mut kept = 0;
-        // The kept latest found anew on the way (this walks them all).
+        // The kept latest and the earliest found anew on the way (this
+        // walks them all).
         let mut latest: Option<(u64, u32)> = None;
+        let mut low = u64::MAX;
         for _ in 0..self.count() {
             let Some((h, end)) = entry_at(&self.buf, read) else {
                 break;
             };
             if keep(&h) {
                 latest = at_latest(latest, h.deadline);
+                low = low.min(own(h.deadline));
                 if write != read {
                     self.buf.copy_within(read..end, write);
                 }
@@ -494,6 +583,7 @@ impl Block {
         if let Some((l, n)) = latest {
             self.set_kept(l, n);
         }
+        self.set_low(low);
     }
 
     /// No holder left: the memory goes too.
@@ -571,6 +661,7 @@ impl Block {
         if let Some((l, n)) = latest {
             block.set_kept(l, n);
         }
+        block.set_low(survey.earliest_deadline);
         Some((block, survey))
     }
 

@@ -935,10 +935,12 @@ impl Lock {
     /// Where its block is and how many holders and bytes it has: a settle's
     /// index kept across slices ([`crate::Settling::resume`]) is used only
     /// on the same shape (holders added or removed change it).
-    /// The earliest deadline of any holder, session or not (`u64::MAX`
-    /// when none).
+    /// No later than the earliest deadline at which a holder can expire
+    /// by its own lease (`u64::MAX` when none can: those following a
+    /// session end with it): the bound [`Lock::earliest_deadline`] gives,
+    /// no walk.
     pub(crate) fn earliest_of_all(&self) -> u64 {
-        self.deadlines().map_or(u64::MAX, |(lo, _)| lo)
+        self.block.low()
     }
 
     pub(crate) fn shape(&self) -> Shape {
@@ -960,11 +962,24 @@ impl Lock {
     }
 
     pub fn is_held(&self, now: u64) -> bool {
+        // Before the bound on the earliest deadline, every holder is live.
+        if now < self.block.low() {
+            return !self.is_empty();
+        }
         self.live(now).next().is_some()
     }
 
+    /// How many holders are live at `now`: the stored count before the
+    /// bound on the earliest deadline (no walk), else by a walk.
+    fn live_count(&self, now: u64) -> usize {
+        if now < self.block.low() {
+            return self.block.count();
+        }
+        self.live(now).count()
+    }
+
     pub fn holder(&self, owner: &[u8]) -> Option<HolderRef<'_>> {
-        self.holders().find(|h| h.owner == owner)
+        self.holders().find(|h| same_owner(h.owner, owner))
     }
 
     /// Each of `owners` with its holder here (`None`: it holds nothing
@@ -1053,7 +1068,9 @@ impl Lock {
 
     /// The owner's entry (offset and state), live or not.
     fn entry(&self, owner: &[u8]) -> Option<(usize, HolderRef<'_>)> {
-        self.block.entries().find(|(_, h)| h.owner == owner)
+        self.block
+            .entries()
+            .find(|(_, h)| same_owner(h.owner, owner))
     }
 
     /// The earliest and the latest deadline of its holders, in one pass (an
@@ -1084,21 +1101,30 @@ impl Lock {
         self.block.keep_latest()
     }
 
-    /// The earliest deadline of any holder: when this lock next changes by
-    /// itself (holders following a session aside: their session's end
-    /// comes to the key from the session).
+    /// When this lock next changes by itself, or earlier: a bound on the
+    /// earliest deadline of its holders (holders following a session
+    /// aside: their session's end comes to the key from the session), kept
+    /// without a walk ([`Block::low`]). `None` only when no holder has a
+    /// lease of its own. A visit planned at it may come early, never late:
+    /// an early visit's purge finds nothing expired, and its one walk makes
+    /// the bound exact ([`Lock::purge`]), so the visit planned after it is
+    /// at the earliest itself.
     pub fn earliest_deadline(&self) -> Option<u64> {
-        self.deadlines()
-            .map(|(lo, _)| lo)
-            .filter(|&d| session_of(d).is_none())
+        Some(self.block.low()).filter(|&d| d != u64::MAX)
     }
 
     /// When this lock must be visited although nobody asks: the earliest
     /// deadline, when some holder's lease ends before the key expires (readers
     /// expiring apart). `None` when the key's own expiry is all it needs.
+    /// No walk: the bound of [`Lock::earliest_deadline`] (early, never
+    /// late), `None` when it is the latest deadline (then every holder's
+    /// lease ends together with the key).
     pub fn sweep_at(&self) -> Option<u64> {
-        let (earliest, latest) = self.deadlines()?;
-        (earliest != latest && session_of(earliest).is_none()).then_some(earliest)
+        let low = self.earliest_deadline()?;
+        match self.block.latest_known() {
+            Some(latest) if latest == low => None,
+            _ => Some(low),
+        }
     }
 
     /// Lists every holder as changed, so the whole state is written back and
@@ -1109,9 +1135,13 @@ impl Lock {
         }
     }
 
-    /// Drops every holder whose deadline has passed.
+    /// Drops every holder whose deadline has passed. No walk while `now` is
+    /// before the bound on the earliest deadline ([`Block::low`]); past it,
+    /// one walk when nothing expired (the bound made exact on the way), and
+    /// the drop's walks when something did (the bound made exact by its
+    /// [`Block::retain`]).
     pub fn purge(&mut self, now: u64, changes: &mut Changes) {
-        if !self.holders().any(|h| !h.is_live(now)) {
+        if now < self.block.low() || now < self.block.exact_low() {
             return;
         }
         for h in self.holders().filter(|h| !h.is_live(now)) {
@@ -1270,7 +1300,7 @@ impl Lock {
                 // The stored count first: below the limit, no walk.
                 let permits = self.block.limit() as usize;
                 limit == self.block.limit()
-                    && (self.block.count() < permits || self.live(now).count() < permits)
+                    && (self.block.count() < permits || self.live_count(now) < permits)
             }
             _ => false,
         }
@@ -1324,7 +1354,7 @@ impl Lock {
         }
         // The stored count first (expired holders included): below the
         // limit, no walk.
-        if self.block.count() >= max && self.live(now).count() >= max {
+        if self.block.count() >= max && self.live_count(now) >= max {
             return Verdict::Refused(Attempt::TooManyHolders(max));
         }
         Verdict::New
@@ -1818,6 +1848,7 @@ impl Lock {
         let mut mine: Option<(usize, u32, u64, u64)> = None;
         let mut clash = false;
         let mut others: Option<(u64, u64)> = None;
+        let mut low = u64::MAX;
         let mut count = 0usize;
         for (at, h) in self.block.entries() {
             if same_owner(h.owner, &holder.owner) {
@@ -1825,6 +1856,7 @@ impl Lock {
                 continue;
             }
             count += 1;
+            low = low.min(block::own(h.deadline));
             clash |= h.token == holder.token;
             others = Some(match others {
                 None => (h.deadline, h.deadline),
@@ -1858,6 +1890,8 @@ impl Lock {
             }
         }
         let d = holder.deadline;
+        // The bound on the earliest made exact from the same walk.
+        self.block.set_low(low.min(block::own(d)));
         let deadlines = Some(others.map_or((d, d), |(lo, hi)| (lo.min(d), hi.max(d))));
         Ok(Applied {
             followed,
@@ -1870,11 +1904,13 @@ impl Lock {
     pub fn apply_drop(&mut self, owner: &[u8]) -> Applied {
         let mut mine: Option<(usize, u64)> = None;
         let mut others: Option<(u64, u64)> = None;
+        let mut low = u64::MAX;
         for (at, h) in self.block.entries() {
             if mine.is_none() && same_owner(h.owner, owner) {
                 mine = Some((at, h.deadline));
                 continue;
             }
+            low = low.min(block::own(h.deadline));
             others = Some(match others {
                 None => (h.deadline, h.deadline),
                 Some((lo, hi)) => (lo.min(h.deadline), hi.max(h.deadline)),
@@ -1882,6 +1918,7 @@ impl Lock {
         }
         if let Some((at, _)) = mine {
             self.block.remove(at);
+            self.block.set_low(low);
         }
         Applied {
             followed: mine.and_then(|(_, deadline)| session_of(deadline)),
@@ -2878,6 +2915,15 @@ mod tests {
         assert_eq!(lock.mode(), Mode::Exclusive);
     }
 
+    /// The earliest of the holders' own deadlines by a walk (those
+    /// following a session aside): what the kept bound must never pass.
+    fn walked_earliest(lock: &Lock) -> Option<u64> {
+        lock.holders()
+            .filter(|h| h.session().is_none())
+            .map(|h| h.deadline)
+            .min()
+    }
+
     /// The latest deadline by a walk of the holders: what the kept one in
     /// the block must always be.
     fn walked_latest(lock: &Lock) -> Option<u64> {
@@ -3083,8 +3129,61 @@ mod tests {
                 match lock.mode() {
                     _ if lock.is_empty() => proptest::prop_assert!(saved.is_empty()),
                     Mode::Exclusive => proptest::prop_assert_eq!(&saved[..], bytes),
-                    _ => proptest::prop_assert_eq!(saved.len() + 12, bytes.len()),
+                    _ => proptest::prop_assert_eq!(saved.len() + 20, bytes.len()),
                 }
+            }
+        }
+
+        /// The bound on the earliest deadline kept in the block (no walk)
+        /// against the walked definition, after every change of any kind:
+        /// never above the earliest of the holders' own deadlines; `None`
+        /// only when no holder has one; every "nothing expired" or "held"
+        /// it answers without a walk true; a visit planned by it
+        /// (`earliest_deadline`, `sweep_at`) never late; and after a purge
+        /// at `now` the next planned visit is after `now` (an early visit
+        /// does not come again at once: its walk made the bound exact).
+        #[test]
+        fn the_kept_earliest_bound_is_never_above_the_walked_earliest(
+            semaphore in proptest::bool::ANY,
+            ops in proptest::collection::vec(kept_op(), 1..120),
+        ) {
+            let kind = match semaphore {
+                true => Kind::Semaphore(6),
+                false => Kind::Read,
+            };
+            let mut lock = Lock::default();
+            let mut tokens = Tokens::starting_after(0);
+            let mut now = 1_000;
+            for op in &ops {
+                do_kept_op(&mut lock, kind, op, &mut now, &mut tokens);
+                let walked = walked_earliest(&lock);
+                let bound = lock.earliest_deadline();
+                match (bound, walked) {
+                    (None, Some(e)) => proptest::prop_assert!(false, "none, {} walked, after {:?}", e, op),
+                    (Some(b), Some(e)) => proptest::prop_assert!(b <= e, "{} > {} after {:?}", b, e, op),
+                    _ => {}
+                }
+                proptest::prop_assert!(lock.earliest_of_all() <= walked.unwrap_or(u64::MAX));
+                // Never late: a sweep the walk asks for is planned no later.
+                let walked_sweep = walked.filter(|&e| Some(e) != walked_latest(&lock));
+                if let Some(e) = walked_sweep {
+                    proptest::prop_assert!(lock.sweep_at().is_some_and(|s| s <= e), "after {:?}", op);
+                }
+                // The answers taken from the bound are the walked ones.
+                for t in [now, now + 7, now + 30] {
+                    proptest::prop_assert_eq!(lock.is_held(t), lock.holders().any(|h| h.is_live(t)));
+                    proptest::prop_assert_eq!(lock.live_count(t), lock.holders().filter(|h| h.is_live(t)).count());
+                }
+                // A purge that finds nothing expired changes nothing; after
+                // any purge, nothing is expired and the next visit is later.
+                let mut after = lock.clone();
+                let mut c = Changes::default();
+                after.purge(now, &mut c);
+                proptest::prop_assert!(after.holders().all(|h| h.is_live(now)));
+                proptest::prop_assert_eq!(c.expired, lock.holders().filter(|h| !h.is_live(now)).count());
+                proptest::prop_assert!(after.earliest_deadline().is_none_or(|d| d > now));
+                proptest::prop_assert!(after.sweep_at().is_none_or(|d| d > now));
+                proptest::prop_assert_eq!(after.earliest_deadline(), walked_earliest(&after));
             }
         }
     }
