@@ -399,9 +399,11 @@ fn a_bound_grant_is_freed_on_close_whenever_the_module_started_hearing_closes() 
     // Each counted as a release on disconnect (the last perhaps at the
     // timer's share after LOCK.INFO saw it gone: a closed connection's
     // holders hold nothing from the close on).
-    wait_until(Duration::from_secs(5), "four releases on disconnect", || {
-        stat(&mut c, "releases_on_disconnect") == 4
-    });
+    wait_until(
+        Duration::from_secs(5),
+        "four releases on disconnect",
+        || stat(&mut c, "releases_on_disconnect") == 4,
+    );
     assert_eq!(stat(&mut c, "releases_on_disconnect"), 4);
 }
 
