@@ -223,11 +223,33 @@ fn at_latest(acc: Option<(u64, u32)>, d: u64) -> Option<(u64, u32)> {
     }
 }
 
+/// The bit of a holder's deadline that says it follows a session: the
+/// rest of the deadline is the session's id (a number drawn like a token,
+/// at most [`crate::tokens::MAX_TOKEN`]). Real deadlines (unix ms, bounded
+/// by `lock.max-ttl`) never reach it. A session holder's lease is its
+/// session's: the core is told the sessions' deadlines (the lock's `end_sessions`,
+/// [`HolderRef::deadline_with`]); it reads no table and no clock.
+pub const SESSION_BIT: u64 = 1 << 63;
+
+/// The deadline a holder following session `id` stores.
+pub const fn session_deadline(id: u64) -> u64 {
+    SESSION_BIT | id
+}
+
+/// The session a stored deadline names, if it names one.
+pub const fn session_of(deadline: u64) -> Option<u64> {
+    if deadline & SESSION_BIT != 0 {
+        Some(deadline & !SESSION_BIT)
+    } else {
+        None
+    }
+}
+
 /// A holder's own deadline for the bound on the earliest (`u64::MAX` for
 /// one following a session: it never expires by its own deadline).
 #[inline]
 pub(crate) fn own(d: u64) -> u64 {
-    match crate::lock::session_of(d) {
+    match session_of(d) {
         Some(_) => u64::MAX,
         None => d,
     }

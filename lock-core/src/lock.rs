@@ -111,13 +111,9 @@ impl Holder {
     }
 }
 
-/// The bit of a holder's deadline that says it follows a session: the
-/// rest of the deadline is the session's id (a number drawn like a token,
-/// at most [`crate::tokens::MAX_TOKEN`]). Real deadlines (unix ms, bounded
-/// by `lock.max-ttl`) never reach it. A session holder's lease is its
-/// session's: the core is told the sessions' deadlines ([`Lock::end_sessions`],
-/// [`HolderRef::deadline_with`]); it reads no table and no clock.
-pub const SESSION_BIT: u64 = 1 << 63;
+/// A holder's deadline that follows a session, in the packed block's
+/// encoding ([`crate::block`]).
+pub use crate::block::{session_deadline, session_of, SESSION_BIT};
 
 /// The latest deadline a holder's own lease can have: below
 /// [`SESSION_BIT`] (a lease `now + ttl` past it ends there).
@@ -126,20 +122,6 @@ pub const MAX_DEADLINE: u64 = SESSION_BIT - 1;
 /// The end of a lease of `ttl` ms granted at `now`.
 pub fn lease_end(now: u64, ttl: u64) -> u64 {
     now.saturating_add(ttl).min(MAX_DEADLINE)
-}
-
-/// The deadline a holder following session `id` stores.
-pub const fn session_deadline(id: u64) -> u64 {
-    SESSION_BIT | id
-}
-
-/// The session a stored deadline names, if it names one.
-pub const fn session_of(deadline: u64) -> Option<u64> {
-    if deadline & SESSION_BIT != 0 {
-        Some(deadline & !SESSION_BIT)
-    } else {
-        None
-    }
 }
 
 /// `now` (unix ms) as a holder's `since`.
