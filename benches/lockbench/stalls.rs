@@ -1296,7 +1296,6 @@ fn holders(c: &mut Conn, port: u16, n: usize) -> io::Result<Vec<Row>> {
     )?;
     let payload = c.ok(&[b"DUMP", b"big"])?;
     let payload = payload.bulk().to_vec();
-    let mut rows = Vec::new();
     let steps: [(&str, &str, Vec<&[u8]>); 5] = [
         (
             "persist",
@@ -1324,19 +1323,9 @@ fn holders(c: &mut Conn, port: u16, n: usize) -> io::Result<Vec<Row>> {
             vec![b"RESTORE".as_slice(), b"big3", b"0", &payload],
         ),
     ];
-    for (stat_of, label, args) in steps {
-        let m = request(c, port, stat_of, &args)?;
-        rows.push(
-            Row::new(
-                format!("(6) `{label}` of a key with {n} holders"),
-                m.clone_reply(),
-            )
-            .note(format!("answered {}", show(&m.reply))),
-        );
-    }
-    c.ok(&[b"FLUSHALL"])?;
-    c.ok(&[b"CONFIG", b"SET", b"lock.max-holders", b"1000"])?;
-    Ok(rows)
+    step_rows(c, port, &steps, |label| {
+        format!("(6) `{label}` of a key with {n} holders")
+    })
 }
 
 /// Shape (13): `n` readers of one key (`lock.max-holders` raised to let
@@ -1394,15 +1383,25 @@ fn wide_reads(c: &mut Conn, port: u16, n: usize) -> io::Result<Vec<Row>> {
             vec![b"LOCK.RELEASE".as_slice(), b"wide", b"new-reader"],
         ),
     ];
+    step_rows(c, port, &steps, |label| {
+        format!("(13) `{label}` on a key with {n} readers")
+    })
+}
+
+/// A row for each of `steps` (the command's stat, its label, its
+/// arguments), named by `name` from the label; then the server emptied and
+/// `lock.max-holders` back at its default.
+fn step_rows(
+    c: &mut Conn,
+    port: u16,
+    steps: &[(&str, &str, Vec<&[u8]>)],
+    name: impl Fn(&str) -> String,
+) -> io::Result<Vec<Row>> {
     let mut rows = Vec::new();
     for (stat_of, label, args) in steps {
-        let m = request(c, port, stat_of, &args)?;
+        let m = request(c, port, stat_of, args)?;
         rows.push(
-            Row::new(
-                format!("(13) `{label}` on a key with {n} readers"),
-                m.clone_reply(),
-            )
-            .note(format!("answered {}", show(&m.reply))),
+            Row::new(name(label), m.clone_reply()).note(format!("answered {}", show(&m.reply))),
         );
     }
     c.ok(&[b"FLUSHALL"])?;

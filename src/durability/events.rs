@@ -716,17 +716,29 @@ static UNFOLLOW_PLANNED: AtomicBool = AtomicBool::new(false);
 /// what the filter saw of its caller.
 fn unfollow_soon() {
     let ctx = OWN_CTX.load(Ordering::Relaxed);
-    if ctx.is_null() || UNFOLLOW_PLANNED.swap(true, Ordering::Relaxed) {
+    if !ctx.is_null() {
+        next_turn_once(ctx, &UNFOLLOW_PLANNED, on_unfollow);
+    }
+}
+
+/// `look` at the event loop's next turn (a timer of 0 ms) through `ctx`,
+/// unless one is planned already (`planned`, which `look` clears).
+fn next_turn_once(
+    ctx: *mut raw::RedisModuleCtx,
+    planned: &AtomicBool,
+    look: extern "C" fn(*mut raw::RedisModuleCtx, *mut c_void),
+) {
+    if planned.swap(true, Ordering::Relaxed) {
         return;
     }
-    let planned = api!(RedisModule_CreateTimer(
+    let timer = api!(RedisModule_CreateTimer(
         ctx,
         0,
-        Some(on_unfollow),
+        Some(look),
         std::ptr::null_mut()
     ));
-    if planned.is_none() {
-        UNFOLLOW_PLANNED.store(false, Ordering::Relaxed);
+    if timer.is_none() {
+        planned.store(false, Ordering::Relaxed);
     }
 }
 
@@ -743,18 +755,7 @@ extern "C" fn on_unfollow(_raw_ctx: *mut raw::RedisModuleCtx, _data: *mut c_void
 /// event loop's next turn (Redis is walking its listeners now, and frees
 /// one that unsubscribes inside its own call), if still none is bound.
 fn unwatch_soon(ctx: *mut raw::RedisModuleCtx) {
-    if UNWATCH_PLANNED.swap(true, Ordering::Relaxed) {
-        return;
-    }
-    let planned = api!(RedisModule_CreateTimer(
-        ctx,
-        0,
-        Some(on_unwatch),
-        std::ptr::null_mut()
-    ));
-    if planned.is_none() {
-        UNWATCH_PLANNED.store(false, Ordering::Relaxed);
-    }
+    next_turn_once(ctx, &UNWATCH_PLANNED, on_unwatch);
 }
 
 extern "C" fn on_unwatch(_raw_ctx: *mut raw::RedisModuleCtx, _data: *mut c_void) {
