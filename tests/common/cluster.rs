@@ -2,8 +2,8 @@
 //!
 //! [`Cluster::start`] starts six nodes (harness servers with the module, each in
 //! its own dir with its own `cluster-config-file`, on free ports of 127.0.0.1,
-//! with an explicit free `cluster-port` so a high data port never overflows
-//! the bus port), creates a 3-master, 3-replica cluster with
+//! with an explicit free `cluster-port`, drawn at each start attempt, so a
+//! high data port never overflows the bus port), creates a 3-master, 3-replica cluster with
 //! `redis-cli --cluster create ... --cluster-replicas 1 --cluster-yes`, and
 //! waits (with a deadline) until every node agrees on the slots, says
 //! `cluster_state:ok`, and every replica's link is up.
@@ -136,12 +136,10 @@ impl Cluster {
     pub fn start_with(lines: &[&str]) -> Cluster {
         let mut nodes = Vec::new();
         for _ in 0..6 {
-            let bus = free_port();
             let mut b = Server::builder()
-                .config("cluster-enabled yes")
+                .cluster_node()
                 .config("cluster-config-file nodes.conf")
-                .config("cluster-node-timeout 5000")
-                .config(&format!("cluster-port {bus}"));
+                .config("cluster-node-timeout 5000");
             for line in lines {
                 b = b.config(line);
             }

@@ -77,6 +77,9 @@ pub struct ServerBuilder {
     /// A command the server runs under (valgrind).
     wrapper: Vec<String>,
     startup: Option<Duration>,
+    /// A cluster node: its `cluster-port` is drawn afresh with the data port
+    /// at every start attempt (a bus port drawn once may be taken by then).
+    cluster_bus: bool,
 }
 
 impl ServerBuilder {
@@ -163,6 +166,14 @@ impl ServerBuilder {
         self
     }
 
+    /// A cluster node (`cluster-enabled yes`) whose bus port is a free port
+    /// of its own, drawn at each start attempt, so a high data port never
+    /// overflows the bus port and a bus port taken meanwhile is retried.
+    pub fn cluster_node(mut self) -> Self {
+        self.cluster_bus = true;
+        self.config("cluster-enabled yes")
+    }
+
     /// How long the server may take to answer PING (loading a big file).
     pub fn startup_deadline(mut self, d: Duration) -> Self {
         self.startup = Some(d);
@@ -213,7 +224,14 @@ impl ServerBuilder {
                 wrapper: self.wrapper.clone(),
                 startup: self.startup.unwrap_or_else(startup_deadline),
             };
-            server.write_conf(module.as_deref(), &self.lines, self.save_default);
+            let mut lines = self.lines.clone();
+            if self.cluster_bus {
+                let bus = std::iter::repeat_with(free_port)
+                    .find(|&p| p != port)
+                    .unwrap_or(0);
+                lines.push(format!("cluster-port {bus}"));
+            }
+            server.write_conf(module.as_deref(), &lines, self.save_default);
             match server.spawn_and_wait() {
                 Ok(()) => return server,
                 Err(e) => {
@@ -264,6 +282,7 @@ impl Server {
             dir: None,
             wrapper: Vec::new(),
             startup: None,
+            cluster_bus: false,
         }
     }
 
