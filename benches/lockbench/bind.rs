@@ -469,11 +469,13 @@ fn encode_grant(prefix: &'static [u8], i: usize, bind: bool, buf: &mut Vec<u8>) 
 /// connection holding only the measured locks, then on one holding
 /// [`FILL`] more, bound as the measured ones are (taken with callgrind's
 /// instrumentation off). Its dumps go below `dir`. Without `all`, only the
-/// rows `make bench-check` gates.
+/// rows `make bench-check` gates. The server's clocks stand still in each
+/// measured step ([`Profiled::start_frozen`]): a bound grant's lease slots
+/// then depend on the requests, not on how slowly callgrind ran them.
 pub fn profile(dir: &Path, module: &Path, requests: usize, all: bool) -> io::Result<Vec<Row>> {
     let sub = dir.join("bind-module");
     std::fs::create_dir_all(&sub)?;
-    let mut p = Profiled::start(&profile::options(Some(module), sub))?;
+    let mut p = Profiled::start_frozen(&profile::options(Some(module), sub))?;
     let mut rows = Vec::new();
     for filled in [false, true] {
         for cost in Cost::ALL {

@@ -81,8 +81,29 @@ fn instructions(dump: &Path) -> io::Result<u64> {
 /// busy `LOCK.ACQUIRE` step of a run on a loaded machine: +4.5% on a row
 /// that is otherwise the same in every run), and shown beside them.
 fn resetstat_look(dump: &Path) -> io::Result<u64> {
+    Ok(annotated(dump, true, "stats::follow_resetstat ")?
+        .max()
+        .unwrap_or(0))
+}
+
+/// The instructions of the clock shim (tests/shims/clockshim.c) in a dump:
+/// the bench's tool, not the server's work, left out of a row measured
+/// with the clock held still ([`Profiled::start_frozen`]). What is left of
+/// a clock read is then nothing where the C library's was its system
+/// call's few instructions (about 30 a request on Redis 7.0).
+fn clock_shim(dump: &Path) -> io::Result<u64> {
+    Ok(annotated(dump, false, "libclockshim.so]")?.sum())
+}
+
+/// The counts `callgrind_annotate` gives the functions of `dump` whose
+/// line contains `what`, inclusive or not.
+fn annotated(dump: &Path, inclusive: bool, what: &str) -> io::Result<impl Iterator<Item = u64>> {
     let out = Command::new("callgrind_annotate")
-        .args(["--inclusive=yes", "--threshold=100"])
+        .arg(format!(
+            "--inclusive={}",
+            if inclusive { "yes" } else { "no" }
+        ))
+        .arg("--threshold=100")
         .arg(dump)
         .output()?;
     if !out.status.success() {
@@ -92,9 +113,9 @@ fn resetstat_look(dump: &Path) -> io::Result<u64> {
             String::from_utf8_lossy(&out.stderr)
         )));
     }
-    Ok(String::from_utf8_lossy(&out.stdout)
+    let counts: Vec<u64> = String::from_utf8_lossy(&out.stdout)
         .lines()
-        .filter(|l| l.contains("stats::follow_resetstat "))
+        .filter(|l| l.contains(what))
         .filter_map(|l| {
             l.split_whitespace()
                 .next()?
@@ -102,8 +123,8 @@ fn resetstat_look(dump: &Path) -> io::Result<u64> {
                 .parse::<u64>()
                 .ok()
         })
-        .max()
-        .unwrap_or(0))
+        .collect();
+    Ok(counts.into_iter())
 }
 
 /// A command on keys that are not locks: what loading the module adds to it.
@@ -239,7 +260,20 @@ pub struct Profiled {
 
 impl Profiled {
     pub fn start(opts: &Options) -> io::Result<Profiled> {
-        let server = Server::start(opts)?;
+        Profiled::on(Server::start(opts)?)
+    }
+
+    /// [`Profiled::start`] on a server whose clocks each measured step holds
+    /// still: for rows whose work depends on how much wall time passed,
+    /// which under callgrind is many times what the requests take natively
+    /// (a bound grant files its lease's deadline in a 4 ms slot: at native
+    /// speed hundreds of grants share a slot; under callgrind a step of
+    /// 20,000 made 1,800 to 2,900 of them, and their count moved the row).
+    pub fn start_frozen(opts: &Options) -> io::Result<Profiled> {
+        Profiled::on(Server::start_with_clock(opts)?)
+    }
+
+    fn on(server: Server) -> io::Result<Profiled> {
         let pid = server.pid().to_string();
         control(&["-i", "on", &pid])?;
         let mut c = server.conn()?;
@@ -326,6 +360,23 @@ impl Profiled {
         out
     }
 
+    /// Steps 1 (after the flush) to 3 above.
+    fn prepare_and_count(
+        &mut self,
+        name: &str,
+        (n, replies): (usize, usize),
+        prepare: &dyn Fn(&mut Profiled, usize, usize) -> io::Result<()>,
+        encode: &dyn Fn(&Sha, usize, &mut Vec<u8>),
+        check: &dyn Fn(&Reply) -> bool,
+    ) -> io::Result<()> {
+        prepare(self, WARM_OFFSET, WARM)?;
+        prepare(self, 0, n)?;
+        self.run(name, (WARM, WARM_OFFSET, replies), encode, check)?;
+        control(&["-z", &self.pid])?;
+        self.run(name, (n, 0, replies), encode, check)?;
+        control(&["-d", name, &self.pid])
+    }
+
     /// Steps 1 to 3 above for one command; instructions per request.
     pub fn measure(
         &mut self,
@@ -340,19 +391,24 @@ impl Profiled {
             false => b"FLUSHALL",
         };
         self.c.ok(&[flush, b"SYNC"])?;
-        prepare(self, WARM_OFFSET, WARM)?;
-        prepare(self, 0, n)?;
-        self.run(name, (WARM, WARM_OFFSET, replies), encode, check)?;
-        control(&["-z", &self.pid])?;
-        self.run(name, (n, 0, replies), encode, check)?;
-        control(&["-d", name, &self.pid])?;
+        // Held still from the keys' preparation on (a server with a clock):
+        // a release's work then also depends on how many deadline slots the
+        // grants it ends were filed in, which the requests decide alone.
+        self.server.freeze_clock(true);
+        let measured = self.prepare_and_count(name, (n, replies), prepare, encode, check);
+        self.server.freeze_clock(false);
+        measured?;
         let dump = newest_dump(self.server.dir())
             .ok_or_else(|| io::Error::other("callgrind wrote no dump"))?;
         if let Some(keep) = std::env::var_os("LOCKBENCH_KEEP_DUMPS") {
             let _ = fs::copy(&dump, Path::new(&keep).join(format!("{name}.out")));
         }
         let look = resetstat_look(&dump)?;
-        let per_request = instructions(&dump)?.saturating_sub(look) as f64 / n as f64;
+        let shim = match self.server.has_clock() {
+            true => clock_shim(&dump)?,
+            false => 0,
+        };
+        let per_request = instructions(&dump)?.saturating_sub(look + shim) as f64 / n as f64;
         eprintln!(
             "  {name}: {per_request:.0} instructions/request (and the RESETSTAT look, {:.0} a request at this run's speed)",
             look as f64 / n as f64

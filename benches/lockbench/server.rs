@@ -117,20 +117,48 @@ pub fn connect(port: u16) -> io::Result<Conn> {
 pub struct Server {
     inner: common::Server,
     pub port: u16,
+    /// The clock its measured steps hold still, if started with one
+    /// ([`Server::start_with_clock`]).
+    clock: Option<common::ShiftedClock>,
 }
 
 impl Server {
     pub fn start(opts: &Options) -> io::Result<Server> {
-        Server::start_with(opts, false)
+        Server::start_with(opts, false, None)
     }
 
     /// [`Server::start`], under callgrind counting the whole process (its
     /// cron and event handlers too; `opts.callgrind` is taken as set).
     pub fn start_whole(opts: &Options) -> io::Result<Server> {
-        Server::start_with(opts, true)
+        Server::start_with(opts, true, None)
     }
 
-    fn start_with(opts: &Options, whole: bool) -> io::Result<Server> {
+    /// [`Server::start`] with a clock [`Server::freeze_clock`] can hold
+    /// still (tests/shims/clockshim.c, no offset).
+    pub fn start_with_clock(opts: &Options) -> io::Result<Server> {
+        Server::start_with(opts, false, Some(common::ShiftedClock::new(0)))
+    }
+
+    /// Whether it runs with a clock [`Server::freeze_clock`] holds.
+    pub fn has_clock(&self) -> bool {
+        self.clock.is_some()
+    }
+
+    /// Holds the server's clocks still (`true`) or lets them run; nothing
+    /// without a clock.
+    pub fn freeze_clock(&self, frozen: bool) {
+        match (&self.clock, frozen) {
+            (Some(c), true) => c.freeze(),
+            (Some(c), false) => c.thaw(),
+            (None, _) => {}
+        }
+    }
+
+    fn start_with(
+        opts: &Options,
+        whole: bool,
+        clock: Option<common::ShiftedClock>,
+    ) -> io::Result<Server> {
         let mut b = common::Server::builder()
             .dir(&opts.dir)
             .startup_deadline(STARTUP_DEADLINE)
@@ -149,9 +177,12 @@ impl Server {
             let value = pair.get(1).map_or("", String::as_str);
             b = b.config(&format!("{name} {value}"));
         }
+        if let Some(c) = &clock {
+            b = b.clock(c);
+        }
         let inner = b.start();
         let port = inner.port;
-        Ok(Server { inner, port })
+        Ok(Server { inner, port, clock })
     }
 
     pub fn dir(&self) -> &Path {

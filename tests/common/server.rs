@@ -95,8 +95,21 @@ impl ServerBuilder {
     /// Runs the server with its wall clock shifted by `clock` (which the test
     /// can step while the server runs).
     pub fn clock(mut self, clock: &ShiftedClock) -> Self {
-        self.env = clock.env();
+        self.preload("clockshim");
+        self.env.push((
+            "CLOCKSHIM_FILE".into(),
+            clock.file.to_string_lossy().into_owned(),
+        ));
         self
+    }
+
+    /// Adds the shim `tests/shims/<name>.c` to the server's `LD_PRELOAD`.
+    fn preload(&mut self, name: &str) {
+        let lib = shim(name).to_string_lossy().into_owned();
+        match self.env.iter_mut().find(|(k, _)| k == "LD_PRELOAD") {
+            Some((_, v)) => *v = format!("{v}:{lib}"),
+            None => self.env.push(("LD_PRELOAD".into(), lib)),
+        }
     }
 
     /// Start a plain redis-server, without the module (for comparisons).
@@ -127,10 +140,7 @@ impl ServerBuilder {
     /// gets the same hash seed (`tests/shims/seedshim.c`), so its hash tables
     /// lay keys and commands out alike in every run.
     pub fn callgrind(mut self, out_file: &Path) -> Self {
-        self.env = vec![(
-            "LD_PRELOAD".into(),
-            shim("seedshim").to_string_lossy().into_owned(),
-        )];
+        self.preload("seedshim");
         self.wrapper = [
             "valgrind",
             "--tool=callgrind",
@@ -560,39 +570,56 @@ impl Drop for Server {
 /// server runs: the LD_PRELOAD library `tests/shims/clockshim.c` (built
 /// here with `cc` on first use) reads the offset from a small file.
 /// libfaketime cannot be used: Debian's redis-server hangs under it.
+///
+/// It can also hold the servers' clocks still ([`ShiftedClock::freeze`]):
+/// the bench counts a step's instructions so, where the module's work
+/// depends on how much wall time passed (a lease's deadline slots), which
+/// under callgrind is many times what the same requests take natively.
 pub struct ShiftedClock {
     file: PathBuf,
+    /// The last freeze's number (the shim's second word).
+    freezes: std::sync::atomic::AtomicI64,
 }
 
 impl ShiftedClock {
     pub fn new(offset_ms: i64) -> ShiftedClock {
         let file = fresh_dir().join("clock-offset");
-        fs::write(&file, offset_ms.to_le_bytes()).expect("write the clock offset");
-        ShiftedClock { file }
+        let mut words = offset_ms.to_le_bytes().to_vec();
+        words.extend_from_slice(&0i64.to_le_bytes());
+        fs::write(&file, words).expect("write the clock offset");
+        ShiftedClock {
+            file,
+            freezes: std::sync::atomic::AtomicI64::new(0),
+        }
     }
 
-    /// Steps the clock of every server using it to `offset_ms` from now.
-    pub fn set(&self, offset_ms: i64) {
+    /// Writes the shim's word `at` (0: the offset, 1: the freeze).
+    fn write_word(&self, at: u64, value: i64) {
         use std::os::unix::fs::FileExt;
         let f = fs::OpenOptions::new()
             .write(true)
             .open(&self.file)
             .expect("open the clock offset");
-        f.write_all_at(&offset_ms.to_le_bytes(), 0)
+        f.write_all_at(&value.to_le_bytes(), at * 8)
             .expect("write the clock offset");
     }
 
-    fn env(&self) -> Vec<(String, String)> {
-        vec![
-            (
-                "LD_PRELOAD".into(),
-                shim("clockshim").to_string_lossy().into_owned(),
-            ),
-            (
-                "CLOCKSHIM_FILE".into(),
-                self.file.to_string_lossy().into_owned(),
-            ),
-        ]
+    /// Steps the clock of every server using it to `offset_ms` from now.
+    pub fn set(&self, offset_ms: i64) {
+        self.write_word(0, offset_ms);
+    }
+
+    /// Holds the wall and monotonic clocks of every server using it at what
+    /// each reads next, until [`ShiftedClock::thaw`].
+    pub fn freeze(&self) {
+        let number = self.freezes.fetch_add(1, Ordering::Relaxed) + 1;
+        self.write_word(1, number);
+    }
+
+    /// Lets the clocks run again: both jump to the real time (plus the
+    /// offset) together, so no server sees a clock step.
+    pub fn thaw(&self) {
+        self.write_word(1, 0);
     }
 }
 

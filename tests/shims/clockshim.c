@@ -5,7 +5,16 @@
  * the real time plus an offset in milliseconds read from the first 8 bytes
  * (little-endian int64) of the file named by CLOCKSHIM_FILE, mapped shared:
  * a test steps the clock of a running server by rewriting those 8 bytes.
- * Monotonic clocks are left alone.
+ * Monotonic clocks are left alone, unless the clock is frozen.
+ *
+ * Frozen: while the 8 bytes after the offset (a little-endian int64, the
+ * freeze's number) are not zero, the wall clocks and the monotonic clocks
+ * read what they read at the first look after that number was written: a
+ * bench holds a server's time still while it counts instructions, so work
+ * that depends on how much wall time a step took under valgrind (a lease's
+ * deadline slots) repeats. Thawed (zeroed), both clocks jump forward
+ * together, so the wall clock minus the monotonic one is unchanged and
+ * nothing sees a clock step.
  *
  * Why not libfaketime: Debian's redis-server hangs at start-up under it (the
  * system jemalloc reads the clock while libfaketime initialises inside that
@@ -22,27 +31,58 @@
 #include <time.h>
 #include <unistd.h>
 
-static const volatile int64_t *offset_ms;
-static const int64_t no_offset = 0;
+/* The file's words: the offset (ms), and the freeze's number (0: not frozen). */
+enum { OFFSET, FREEZE, WORDS };
 
-static int64_t offset(void) {
-    if (offset_ms == NULL) {
-        const volatile int64_t *p = &no_offset;
+static const volatile int64_t *words;
+static const int64_t no_words[WORDS] = {0};
+
+static const volatile int64_t *file_words(void) {
+    if (words == NULL) {
+        const volatile int64_t *p = no_words;
         const char *path = getenv("CLOCKSHIM_FILE");
         if (path != NULL) {
             int fd = open(path, O_RDONLY | O_CLOEXEC);
             if (fd >= 0) {
-                void *m = mmap(NULL, sizeof(int64_t), PROT_READ, MAP_SHARED, fd, 0);
+                void *m = mmap(NULL, WORDS * sizeof(int64_t), PROT_READ, MAP_SHARED, fd, 0);
                 close(fd);
                 if (m != MAP_FAILED) p = m;
             }
         }
-        offset_ms = p;
+        words = p;
     }
-    return *offset_ms;
+    return words;
+}
+
+static int64_t offset(void) { return file_words()[OFFSET]; }
+
+/* The clocks as the current freeze found them, and its number. */
+static struct timespec frozen_realtime, frozen_monotonic;
+static int64_t frozen_number;
+
+static int is_wall(clockid_t clk) { return clk == CLOCK_REALTIME || clk == CLOCK_REALTIME_COARSE; }
+
+static int is_monotonic(clockid_t clk) {
+    return clk == CLOCK_MONOTONIC || clk == CLOCK_MONOTONIC_COARSE || clk == CLOCK_MONOTONIC_RAW ||
+           clk == CLOCK_BOOTTIME;
+}
+
+/* The frozen (unshifted) reading of `clk`, if the clock is frozen and `clk`
+ * is one the freeze holds. */
+static int frozen(clockid_t clk, struct timespec *ts) {
+    int64_t number = file_words()[FREEZE];
+    if (number == 0 || !(is_wall(clk) || is_monotonic(clk))) return 0;
+    if (__atomic_load_n(&frozen_number, __ATOMIC_ACQUIRE) != number) {
+        syscall(SYS_clock_gettime, CLOCK_REALTIME, &frozen_realtime);
+        syscall(SYS_clock_gettime, CLOCK_MONOTONIC, &frozen_monotonic);
+        __atomic_store_n(&frozen_number, number, __ATOMIC_RELEASE);
+    }
+    *ts = is_wall(clk) ? frozen_realtime : frozen_monotonic;
+    return 1;
 }
 
 static void shift(struct timespec *ts) {
+    if (offset() == 0) return;
     int64_t ns = (int64_t)ts->tv_sec * 1000000000 + ts->tv_nsec + offset() * 1000000;
     ts->tv_sec = ns / 1000000000;
     ts->tv_nsec = ns % 1000000000;
@@ -53,6 +93,10 @@ static void shift(struct timespec *ts) {
 }
 
 int clock_gettime(clockid_t clk, struct timespec *ts) {
+    if (frozen(clk, ts)) {
+        if (is_wall(clk)) shift(ts);
+        return 0;
+    }
     int r = (int)syscall(SYS_clock_gettime, clk, ts);
     if (r == 0 && (clk == CLOCK_REALTIME || clk == CLOCK_REALTIME_COARSE)) shift(ts);
     return r;
