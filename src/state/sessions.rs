@@ -808,10 +808,12 @@ pub fn set_own(token: u64, lease: Option<u64>, own: u64, key: DbKey) -> Option<u
     Some(lease)
 }
 
-/// Whether the lease table has work due at or before `at` already (the
-/// timer is armed for it): a follower ending at `at` need not arm it.
-pub fn lease_work_by(at: u64) -> bool {
-    NEXT_LEASE.load(Ordering::Relaxed) <= at
+/// Whether the lease table has work due at or before a follower ending at
+/// `own` is (the end of its deadline's slot, [`Leases::due_at`]) already:
+/// the timer is armed for it, so that follower need not arm it. (Compared
+/// with `own` itself, every grant after the first in one slot re-armed.)
+pub fn lease_work_by(own: u64) -> bool {
+    NEXT_LEASE.load(Ordering::Relaxed) <= Leases::<DbKey>::due_at(own)
 }
 
 /// A new lease's id, drawn like a session id (above every token and id
