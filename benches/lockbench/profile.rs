@@ -360,21 +360,13 @@ impl Profiled {
         out
     }
 
-    /// Steps 1 (after the flush) to 3 above.
-    fn prepare_and_count(
-        &mut self,
-        name: &str,
-        (n, replies): (usize, usize),
-        prepare: &dyn Fn(&mut Profiled, usize, usize) -> io::Result<()>,
-        encode: &dyn Fn(&Sha, usize, &mut Vec<u8>),
-        check: &dyn Fn(&Reply) -> bool,
-    ) -> io::Result<()> {
-        prepare(self, WARM_OFFSET, WARM)?;
-        prepare(self, 0, n)?;
-        self.run(name, (WARM, WARM_OFFSET, replies), encode, check)?;
-        control(&["-z", &self.pid])?;
-        self.run(name, (n, 0, replies), encode, check)?;
-        control(&["-d", name, &self.pid])
+    /// Runs `f` with the server's clocks held still, if it has a clock
+    /// ([`Profiled::start_frozen`]).
+    fn frozen<T>(&mut self, f: impl FnOnce(&mut Profiled) -> io::Result<T>) -> io::Result<T> {
+        self.server.freeze_clock(true);
+        let out = f(self);
+        self.server.freeze_clock(false);
+        out
     }
 
     /// Steps 1 to 3 above for one command; instructions per request.
@@ -394,10 +386,14 @@ impl Profiled {
         // Held still from the keys' preparation on (a server with a clock):
         // a release's work then also depends on how many deadline slots the
         // grants it ends were filed in, which the requests decide alone.
-        self.server.freeze_clock(true);
-        let measured = self.prepare_and_count(name, (n, replies), prepare, encode, check);
-        self.server.freeze_clock(false);
-        measured?;
+        self.frozen(|p| {
+            prepare(p, WARM_OFFSET, WARM)?;
+            prepare(p, 0, n)?;
+            p.run(name, (WARM, WARM_OFFSET, replies), encode, check)?;
+            control(&["-z", &p.pid])?;
+            p.run(name, (n, 0, replies), encode, check)?;
+            control(&["-d", name, &p.pid])
+        })?;
         let dump = newest_dump(self.server.dir())
             .ok_or_else(|| io::Error::other("callgrind wrote no dump"))?;
         if let Some(keep) = std::env::var_os("LOCKBENCH_KEEP_DUMPS") {
