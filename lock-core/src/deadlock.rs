@@ -395,10 +395,11 @@ const SCANNED: usize = 8;
 /// once a key, not once a request that waits on it.
 #[derive(Clone, Default)]
 struct KeyRead {
-    /// Its live holders, by number (`None`: not read yet).
-    holders: Option<Vec<Id>>,
+    /// Its live holders, by number (`None`: not read yet): where they are
+    /// in [`Search::held`] (one array for every key).
+    holders: Option<(u32, u32)>,
     /// The same as a set, when they are many.
-    set: Option<HashSet<Id>>,
+    set: Option<Box<HashSet<Id>>>,
     /// Whether its lock admits a request of each kind from someone not
     /// holding it: `Acquire`, `Racquire`, `Read` (a semaphore's is asked
     /// each time).
@@ -417,7 +418,7 @@ enum Queued {
     /// fewer than [`PAGE`] (most keys: a listing there is a search of this,
     /// not a call to the graph): where they are in [`Search::small`] (one
     /// array for every key, not an allocation a key).
-    Small(usize, usize),
+    Small(u32, u32),
     /// More: every listing is a page from the graph.
     Big,
 }
@@ -477,6 +478,8 @@ pub struct Search<K, S = RandomState> {
     keys_read: ByKey<KeyRead>,
     /// The short queues read, one after the other ([`Queued::Small`]).
     small: Vec<(u64, Id, Kind)>,
+    /// The holders read, key after key ([`KeyRead::holders`]).
+    held: Vec<Id>,
     /// Where the two sides met.
     met: Option<Met>,
     phase: Phase,
@@ -508,6 +511,7 @@ impl<K: Copy + Eq + Hash + Into<usize>, S: BuildHasher + Clone + Default> Search
             spare: Vec::new(),
             keys_read: ByKey::new(KeyRead::default()),
             small: Vec::new(),
+            held: Vec::new(),
             met: None,
             phase: Phase::Walking,
             stale: false,
@@ -523,6 +527,7 @@ impl<K: Copy + Eq + Hash + Into<usize>, S: BuildHasher + Clone + Default> Search
         self.back = Side::new(Listed::backward());
         self.keys_read = ByKey::new(KeyRead::default());
         self.small.clear();
+        self.held.clear();
         self.met = None;
         self.phase = Phase::Walking;
         self.stale = false;
@@ -760,7 +765,7 @@ impl<K: Copy + Eq + Hash + Into<usize>, S: BuildHasher + Clone + Default> Search
             });
             let n = small.len() - start;
             read.queue = match n < PAGE {
-                true => Queued::Small(start, n),
+                true => Queued::Small(start as u32, n as u32),
                 false => {
                     small.truncate(start);
                     Queued::Big
@@ -769,7 +774,8 @@ impl<K: Copy + Eq + Hash + Into<usize>, S: BuildHasher + Clone + Default> Search
         }
         match &read.queue {
             Queued::Small(start, n) => {
-                let all = self.small.get(*start..start + n).unwrap_or_default();
+                let (start, n) = (*start as usize, *n as usize);
+                let all = self.small.get(start..start + n).unwrap_or_default();
                 let at = all.partition_point(|(place, _, _)| *place < from);
                 let tail = all.get(at..).unwrap_or_default();
                 page.extend(tail.iter().take_while(|(p, _, _)| *p < to).take(PAGE));
@@ -785,21 +791,27 @@ impl<K: Copy + Eq + Hash + Into<usize>, S: BuildHasher + Clone + Default> Search
     /// nobody): the key's holders read once a search, by number.
     fn holds<G: WaitGraph<Key = K>>(&mut self, graph: &mut G, key: K, owner: Id) -> bool {
         let read = self.keys_read.get(key.into());
-        let holders = match &read.holders {
-            Some(h) => h,
+        let (start, n) = match read.holders {
+            Some((start, n)) => (start as usize, n as usize),
             None => {
-                let owners = &mut self.owners;
-                let mut found = Vec::new();
-                graph.holders(&key, &mut |h| found.push(owners.id(h)));
+                let (owners, held) = (&mut self.owners, &mut self.held);
+                let start = held.len();
+                graph.holders(&key, &mut |h| held.push(owners.id(h)));
+                let found = held.get(start..).unwrap_or_default();
                 if found.len() > SCANNED {
-                    read.set = Some(found.iter().copied().collect());
+                    read.set = Some(Box::new(found.iter().copied().collect()));
                 }
-                read.holders.insert(found)
+                read.holders = Some((start as u32, found.len() as u32));
+                (start, found.len())
             }
         };
         match &read.set {
             Some(set) => set.contains(&owner),
-            None => holders.contains(&owner),
+            None => self
+                .held
+                .get(start..start + n)
+                .unwrap_or_default()
+                .contains(&owner),
         }
     }
 
@@ -878,15 +890,16 @@ impl<K: Copy + Eq + Hash + Into<usize>, S: BuildHasher + Clone + Default> Search
             Task::Holders { key, owner } => {
                 // (Read with the first question about the key.)
                 self.holds(graph, key, owner);
-                let read = self.keys_read.get(key.into());
-                let found = read.holders.take().unwrap_or_default();
-                for h in found.iter() {
-                    if *h != owner {
-                        self.reach(*h, owner);
+                let (start, n) = self.keys_read.get(key.into()).holders.unwrap_or((0, 0));
+                let (start, n) = (start as usize, n as usize);
+                for i in start..start + n {
+                    let Some(h) = self.held.get(i).copied() else {
+                        break;
+                    };
+                    if h != owner {
+                        self.reach(h, owner);
                     }
                 }
-                let n = found.len();
-                self.keys_read.get(key.into()).holders = Some(found);
                 n
             }
             Task::Queued {
