@@ -54,6 +54,10 @@ pub type Requested<K> = (K, u64, Kind);
 /// time between steps.
 pub const PAGE: usize = 256;
 
+/// What [`WaitGraph::queued`] calls for each request: place, owner, the
+/// owner's number ([`NO_NUMBER`]: none), kind.
+pub type EachQueued<'a> = dyn FnMut(u64, &[u8], u64, Kind) + 'a;
+
 /// No number: an owner the shell does not number (see [`WaitGraph`]).
 pub const NO_NUMBER: u64 = u64::MAX;
 
@@ -120,7 +124,7 @@ pub trait WaitGraph {
         from: u64,
         to: u64,
         limit: usize,
-        each: &mut dyn FnMut(u64, &[u8], u64, Kind),
+        each: &mut EachQueued<'_>,
     );
     /// Whether this slice's time is up (asked between steps).
     fn out_of_time(&mut self) -> bool {
@@ -399,7 +403,7 @@ struct KeyRead {
     /// in [`Search::held`] (one array for every key).
     holders: Option<(u32, u32)>,
     /// The same as a set, when they are many.
-    set: Option<Box<HashSet<Id>>>,
+    set: Option<HashSet<Id>>,
     /// Whether its lock admits a request of each kind from someone not
     /// holding it: `Acquire`, `Racquire`, `Read` (a semaphore's is asked
     /// each time).
@@ -799,7 +803,7 @@ impl<K: Copy + Eq + Hash + Into<usize>, S: BuildHasher + Clone + Default> Search
                 graph.holders(&key, &mut |h| held.push(owners.id(h)));
                 let found = held.get(start..).unwrap_or_default();
                 if found.len() > SCANNED {
-                    read.set = Some(Box::new(found.iter().copied().collect()));
+                    read.set = Some(found.iter().copied().collect());
                 }
                 read.holders = Some((start as u32, found.len() as u32));
                 (start, found.len())
@@ -1326,7 +1330,7 @@ mod tests {
             from: u64,
             to: u64,
             limit: usize,
-            each: &mut dyn FnMut(u64, &[u8], u64, Kind),
+            each: &mut EachQueued<'_>,
         ) {
             self.index();
             for (p, w) in self.queues[*key].between(from, to).take(limit) {

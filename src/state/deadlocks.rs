@@ -43,7 +43,7 @@ use crate::state::stats;
 use crate::state::timers;
 use crate::state::waiting::{self, WaiterId};
 use crate::time::clock;
-use lock_core::deadlock::{Requested, Search, Verdict, WaitGraph};
+use lock_core::deadlock::{EachQueued, Requested, Search, Verdict, WaitGraph};
 use lock_core::hash::Keyed;
 use lock_core::{Kind, Lock, Owner, Request};
 
@@ -117,9 +117,12 @@ struct Reads {
     /// known yet).
     numbers: Vec<u64>,
     /// By the slot of a registry's number: that number and the key's.
-    by_number: Vec<Option<Box<[(u64, usize)]>>>,
+    by_number: Vec<Option<Box<[Numbered]>>>,
     reads: Vec<Option<Read>>,
 }
+
+/// A registry's number and the search's number of the key it names.
+type Numbered = (u64, usize);
 
 /// Registry numbers' slots per page of [`Reads::by_number`].
 const SLOTS_A_PAGE: usize = 1024;
@@ -294,14 +297,7 @@ impl WaitGraph for Waits<'_> {
         })
     }
 
-    fn queued(
-        &mut self,
-        key: &usize,
-        from: u64,
-        to: u64,
-        limit: usize,
-        each: &mut dyn FnMut(u64, &[u8], u64, Kind),
-    ) {
+    fn queued(&mut self, key: &usize, from: u64, to: u64, limit: usize, each: &mut EachQueued<'_>) {
         let id = *key;
         let number = self
             .reads

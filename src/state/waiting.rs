@@ -44,7 +44,7 @@ use crate::state::sessions;
 use crate::state::stats;
 use crate::state::timers;
 use crate::state::txn::Txn;
-use lock_core::deadlock::Requested;
+use lock_core::deadlock::{EachQueued, Requested};
 use lock_core::hash::Keyed;
 use lock_core::shards::Sharded;
 use lock_core::{Attempt, Changes, Kind, Lock, Owner, Queue, Request, Settling};
@@ -1521,7 +1521,7 @@ pub fn queued(
     from: u64,
     to: u64,
     limit: usize,
-    each: &mut dyn FnMut(u64, &[u8], u64, Kind),
+    each: &mut EachQueued<'_>,
 ) -> u64 {
     let registry = registry();
     let numbers = &registry.numbers;
