@@ -664,6 +664,10 @@ impl Numbers {
             if let Some(q) = self.key_queue.get_mut(slot as usize) {
                 *q = Compact::default();
             }
+            // (Its name's room goes too; the slot keeps a few bytes.)
+            if let Some(name) = self.key_name.get_mut(slot as usize) {
+                name.name = Vec::new();
+            }
             self.free_keys.push(slot);
         }
     }
