@@ -54,6 +54,13 @@ pub type Requested<K> = (K, u64, Kind);
 /// time between steps.
 pub const PAGE: usize = 256;
 
+/// What [`WaitGraph::queued`] calls for each request: place, owner, the
+/// owner's number ([`NO_NUMBER`]: none), kind.
+pub type EachQueued<'a> = dyn FnMut(u64, &[u8], u64, Kind) + 'a;
+
+/// No number: an owner the shell does not number (see [`WaitGraph`]).
+pub const NO_NUMBER: u64 = u64::MAX;
+
 /// How many times a search starts again when a cycle it found was gone
 /// once checked (the graph changed under it); after that it answers
 /// [`Verdict::Clear`] (the request waits as any other).
@@ -66,16 +73,27 @@ pub const RESTARTS: u32 = 3;
 /// sequence numbers in a key's queue (`crate::Queue::place`). Every
 /// listing is paged: at most `limit` entries, and a way to go on after the
 /// last.
+///
+/// Owners come with a number the shell may keep for them (the waiting
+/// registry numbers each waiting owner while it waits, [`NO_NUMBER`] for
+/// the others): its low 32 bits a slot, its high 32 bits the slot's
+/// generation, so that a number names one owner for as long as the
+/// process lives (a slot given again comes with a new generation). The
+/// search finds an owner it met by number in an array (no hash of its
+/// bytes), and gives the number back when it asks for that owner's
+/// requests.
 pub trait WaitGraph {
     type Key: Copy + Eq + Hash + Into<usize>;
     /// `owner`'s waiting requests, after the cursor `after` (`None`: from
     /// the first), at most about `limit` of them, into `out` (empty when
     /// given, its room kept from page to page): each one's key, its place
     /// in that key's queue, what it asks; and the cursor to go on from
-    /// when more are left.
+    /// when more are left. `number`: the owner's number as the graph gave
+    /// it ([`NO_NUMBER`]: none known).
     fn requests_of(
         &mut self,
         owner: &[u8],
+        number: u64,
         after: Option<u64>,
         limit: usize,
         out: &mut Vec<Requested<Self::Key>>,
@@ -98,14 +116,15 @@ pub trait WaitGraph {
     /// owner only at its first meeting).
     fn holders(&mut self, key: &Self::Key, each: &mut dyn FnMut(&[u8]));
     /// The requests queued on `key` at places `from..to`, at most `limit`
-    /// of them, to `each`: place, owner and kind.
+    /// of them, to `each`: place, owner, the owner's number
+    /// ([`NO_NUMBER`]: none) and kind.
     fn queued(
         &mut self,
         key: &Self::Key,
         from: u64,
         to: u64,
         limit: usize,
-        each: &mut dyn FnMut(u64, &[u8], Kind),
+        each: &mut EachQueued<'_>,
     );
     /// Whether this slice's time is up (asked between steps).
     fn out_of_time(&mut self) -> bool {
@@ -244,6 +263,10 @@ struct Owners<S> {
     fwd: Vec<Id>,
     /// Backward: the owner each waits for ([`ME`] for itself).
     back: Vec<Id>,
+    /// Each owner's number as the graph gave it ([`NO_NUMBER`]: none).
+    numbers: Vec<u64>,
+    /// By the slot of a graph's number: that number and its owner.
+    by_number: ByKey<(u64, Id)>,
 }
 
 impl<S: BuildHasher + Clone + Default> Owners<S> {
@@ -253,6 +276,8 @@ impl<S: BuildHasher + Clone + Default> Owners<S> {
             names: Vec::new(),
             fwd: Vec::new(),
             back: Vec::new(),
+            numbers: Vec::new(),
+            by_number: ByKey::new((NO_NUMBER, UNSEEN)),
         };
         owners.id(me);
         // Who waits for `me` is found backward from it.
@@ -273,7 +298,32 @@ impl<S: BuildHasher + Clone + Default> Owners<S> {
         self.ids.insert(owner, id);
         self.fwd.push(UNSEEN);
         self.back.push(UNSEEN);
+        self.numbers.push(NO_NUMBER);
         id
+    }
+
+    /// `owner`'s number, found by the graph's `number` for it when given
+    /// (an indexing, no hash of its bytes past its first meeting).
+    fn id_numbered(&mut self, owner: &[u8], number: u64) -> Id {
+        if number == NO_NUMBER {
+            return self.id(owner);
+        }
+        let slot = (number & u64::from(u32::MAX)) as usize;
+        let (known, id) = *self.by_number.get(slot);
+        if known == number && id != UNSEEN {
+            return id;
+        }
+        let id = self.id(owner);
+        *self.by_number.get(slot) = (number, id);
+        if let Some(n) = self.numbers.get_mut(id as usize) {
+            *n = number;
+        }
+        id
+    }
+
+    /// The graph's number for `id` ([`NO_NUMBER`]: none known).
+    fn number(&self, id: Id) -> u64 {
+        self.numbers.get(id as usize).copied().unwrap_or(NO_NUMBER)
     }
 
     fn name(&self, id: Id) -> &[u8] {
@@ -349,8 +399,9 @@ const SCANNED: usize = 8;
 /// once a key, not once a request that waits on it.
 #[derive(Clone, Default)]
 struct KeyRead {
-    /// Its live holders, by number (`None`: not read yet).
-    holders: Option<Vec<Id>>,
+    /// Its live holders, by number (`None`: not read yet): where they are
+    /// in [`Search::held`] (one array for every key).
+    holders: Option<(u32, u32)>,
     /// The same as a set, when they are many.
     set: Option<HashSet<Id>>,
     /// Whether its lock admits a request of each kind from someone not
@@ -369,8 +420,9 @@ enum Queued {
     Unread,
     /// Every request queued on it at its first listing, by number: it had
     /// fewer than [`PAGE`] (most keys: a listing there is a search of this,
-    /// not a call to the graph).
-    Small(Vec<(u64, Id, Kind)>),
+    /// not a call to the graph): where they are in [`Search::small`] (one
+    /// array for every key, not an allocation a key).
+    Small(u32, u32),
     /// More: every listing is a page from the graph.
     Big,
 }
@@ -428,6 +480,10 @@ pub struct Search<K, S = RandomState> {
     spare: Vec<Vec<Requested<K>>>,
     /// What was read of each key (both sides share it).
     keys_read: ByKey<KeyRead>,
+    /// The short queues read, one after the other ([`Queued::Small`]).
+    small: Vec<(u64, Id, Kind)>,
+    /// The holders read, key after key ([`KeyRead::holders`]).
+    held: Vec<Id>,
     /// Where the two sides met.
     met: Option<Met>,
     phase: Phase,
@@ -458,6 +514,8 @@ impl<K: Copy + Eq + Hash + Into<usize>, S: BuildHasher + Clone + Default> Search
             page: Vec::new(),
             spare: Vec::new(),
             keys_read: ByKey::new(KeyRead::default()),
+            small: Vec::new(),
+            held: Vec::new(),
             met: None,
             phase: Phase::Walking,
             stale: false,
@@ -472,6 +530,8 @@ impl<K: Copy + Eq + Hash + Into<usize>, S: BuildHasher + Clone + Default> Search
         self.fwd = Side::new(Listed::forward());
         self.back = Side::new(Listed::backward());
         self.keys_read = ByKey::new(KeyRead::default());
+        self.small.clear();
+        self.held.clear();
         self.met = None;
         self.phase = Phase::Walking;
         self.stale = false;
@@ -702,23 +762,30 @@ impl<K: Copy + Eq + Hash + Into<usize>, S: BuildHasher + Clone + Default> Search
         if let Queued::Unread = read.queue {
             // The whole queue when it is short: one call for every listing
             // there, each owner numbered once.
-            let mut all = Vec::new();
-            graph.queued(key, 0, u64::MAX, PAGE, &mut |place, owner, kind| {
-                all.push((place, owners.id(owner), kind));
+            let start = self.small.len();
+            let small = &mut self.small;
+            graph.queued(key, 0, u64::MAX, PAGE, &mut |place, owner, n, kind| {
+                small.push((place, owners.id_numbered(owner, n), kind));
             });
-            read.queue = match all.len() < PAGE {
-                true => Queued::Small(all),
-                false => Queued::Big,
+            let n = small.len() - start;
+            read.queue = match n < PAGE {
+                true => Queued::Small(start as u32, n as u32),
+                false => {
+                    small.truncate(start);
+                    Queued::Big
+                }
             };
         }
         match &read.queue {
-            Queued::Small(all) => {
+            Queued::Small(start, n) => {
+                let (start, n) = (*start as usize, *n as usize);
+                let all = self.small.get(start..start + n).unwrap_or_default();
                 let at = all.partition_point(|(place, _, _)| *place < from);
                 let tail = all.get(at..).unwrap_or_default();
                 page.extend(tail.iter().take_while(|(p, _, _)| *p < to).take(PAGE));
             }
-            _ => graph.queued(key, from, to, PAGE, &mut |place, owner, kind| {
-                page.push((place, owners.id(owner), kind));
+            _ => graph.queued(key, from, to, PAGE, &mut |place, owner, n, kind| {
+                page.push((place, owners.id_numbered(owner, n), kind));
             }),
         }
         self.page = page;
@@ -728,21 +795,27 @@ impl<K: Copy + Eq + Hash + Into<usize>, S: BuildHasher + Clone + Default> Search
     /// nobody): the key's holders read once a search, by number.
     fn holds<G: WaitGraph<Key = K>>(&mut self, graph: &mut G, key: K, owner: Id) -> bool {
         let read = self.keys_read.get(key.into());
-        let holders = match &read.holders {
-            Some(h) => h,
+        let (start, n) = match read.holders {
+            Some((start, n)) => (start as usize, n as usize),
             None => {
-                let owners = &mut self.owners;
-                let mut found = Vec::new();
-                graph.holders(&key, &mut |h| found.push(owners.id(h)));
+                let (owners, held) = (&mut self.owners, &mut self.held);
+                let start = held.len();
+                graph.holders(&key, &mut |h| held.push(owners.id(h)));
+                let found = held.get(start..).unwrap_or_default();
                 if found.len() > SCANNED {
                     read.set = Some(found.iter().copied().collect());
                 }
-                read.holders.insert(found)
+                read.holders = Some((start as u32, found.len() as u32));
+                (start, found.len())
             }
         };
         match &read.set {
             Some(set) => set.contains(&owner),
-            None => holders.contains(&owner),
+            None => self
+                .held
+                .get(start..start + n)
+                .unwrap_or_default()
+                .contains(&owner),
         }
     }
 
@@ -781,7 +854,9 @@ impl<K: Copy + Eq + Hash + Into<usize>, S: BuildHasher + Clone + Default> Search
             Task::Requests { owner, after } => {
                 let mut requests = self.spare.pop().unwrap_or_default();
                 requests.clear();
-                let more = graph.requests_of(self.owners.name(owner), after, PAGE, &mut requests);
+                let number = self.owners.number(owner);
+                let more =
+                    graph.requests_of(self.owners.name(owner), number, after, PAGE, &mut requests);
                 let n = requests.len();
                 if let Some(after) = more {
                     self.fwd.tasks.push_front(Task::Requests {
@@ -819,15 +894,16 @@ impl<K: Copy + Eq + Hash + Into<usize>, S: BuildHasher + Clone + Default> Search
             Task::Holders { key, owner } => {
                 // (Read with the first question about the key.)
                 self.holds(graph, key, owner);
-                let read = self.keys_read.get(key.into());
-                let found = read.holders.take().unwrap_or_default();
-                for h in found.iter() {
-                    if *h != owner {
-                        self.reach(*h, owner);
+                let (start, n) = self.keys_read.get(key.into()).holders.unwrap_or((0, 0));
+                let (start, n) = (start as usize, n as usize);
+                for i in start..start + n {
+                    let Some(h) = self.held.get(i).copied() else {
+                        break;
+                    };
+                    if h != owner {
+                        self.reach(h, owner);
                     }
                 }
-                let n = found.len();
-                self.keys_read.get(key.into()).holders = Some(found);
                 n
             }
             Task::Queued {
@@ -953,7 +1029,9 @@ impl<K: Copy + Eq + Hash + Into<usize>, S: BuildHasher + Clone + Default> Search
             Task::Behind { owner, after } => {
                 let mut requests = self.spare.pop().unwrap_or_default();
                 requests.clear();
-                let more = graph.requests_of(self.owners.name(owner), after, PAGE, &mut requests);
+                let number = self.owners.number(owner);
+                let more =
+                    graph.requests_of(self.owners.name(owner), number, after, PAGE, &mut requests);
                 let n = requests.len();
                 if let Some(after) = more {
                     self.back.tasks.push_front(Task::Behind {
@@ -1047,7 +1125,7 @@ fn waits_for<G: WaitGraph>(graph: &mut G, x: &[u8], y: &[u8]) -> bool {
         let mut after = None;
         loop {
             page.clear();
-            let more = graph.requests_of(owner, after, PAGE, &mut page);
+            let more = graph.requests_of(owner, NO_NUMBER, after, PAGE, &mut page);
             out.append(&mut page);
             match more {
                 Some(m) => after = Some(m),
@@ -1160,6 +1238,41 @@ mod tests {
         change: Option<(usize, u32)>,
         /// Each owner's requests (key, place, kind), made at first use.
         by_owner: Option<HashMap<Owner, OwnersRequests>>,
+        /// Each waiting owner's number, as the shell's registry keeps them:
+        /// made with `by_owner`, a slot and a generation; every change
+        /// deals the slots out again (to other owners) with the next
+        /// generation, so a number kept by a search across a change names
+        /// nobody, and its slot somebody else.
+        numbers: HashMap<Owner, u64>,
+        named: HashMap<u64, Owner>,
+        generation: u64,
+    }
+
+    impl State {
+        fn index(&mut self) {
+            if self.by_owner.is_some() {
+                return;
+            }
+            let mut index: HashMap<Owner, OwnersRequests> = HashMap::new();
+            for (k, q) in self.queues.iter().enumerate() {
+                for w in q.iter() {
+                    let at = (k, q.place(w.id).unwrap(), w.request.kind);
+                    index.entry(w.request.owner.clone()).or_default().push(at);
+                }
+            }
+            let mut waiting: Vec<Owner> = index.keys().cloned().collect();
+            waiting.sort();
+            let n = waiting.len().max(1) as u64;
+            self.generation += 1;
+            self.numbers.clear();
+            self.named.clear();
+            for (i, owner) in waiting.into_iter().enumerate() {
+                let number = (self.generation << 32) | ((i as u64 + self.generation) % n);
+                self.numbers.insert(owner.clone(), number);
+                self.named.insert(number, owner);
+            }
+            self.by_owner = Some(index);
+        }
     }
 
     impl WaitGraph for State {
@@ -1167,21 +1280,20 @@ mod tests {
         fn requests_of(
             &mut self,
             owner: &[u8],
+            number: u64,
             after: Option<u64>,
             limit: usize,
             out: &mut Vec<Requested<usize>>,
         ) -> Option<u64> {
-            if self.by_owner.is_none() {
-                let mut index: HashMap<Owner, OwnersRequests> = HashMap::new();
-                for (k, q) in self.queues.iter().enumerate() {
-                    for w in q.iter() {
-                        let at = (k, q.place(w.id).unwrap(), w.request.kind);
-                        index.entry(w.request.owner.clone()).or_default().push(at);
-                    }
-                }
-                self.by_owner = Some(index);
-            }
-            let all = self.by_owner.as_ref().unwrap().get(owner);
+            self.index();
+            // As the shell does: a number still given is used alone (a
+            // number the search kept for the wrong owner lists another's
+            // requests), one that names nobody now falls back on the bytes.
+            let owner = match self.named.get(&number) {
+                Some(named) => named.clone(),
+                None => Owner::from(owner),
+            };
+            let all = self.by_owner.as_ref().unwrap().get(&owner);
             let all = all.map_or(&[][..], |v| &v[..]);
             let from = after.unwrap_or(0) as usize;
             out.extend(all.iter().skip(from).take(limit).cloned());
@@ -1218,10 +1330,17 @@ mod tests {
             from: u64,
             to: u64,
             limit: usize,
-            each: &mut dyn FnMut(u64, &[u8], Kind),
+            each: &mut EachQueued<'_>,
         ) {
+            self.index();
             for (p, w) in self.queues[*key].between(from, to).take(limit) {
-                each(p, &w.request.owner, w.request.kind);
+                let number = self.numbers.get(&w.request.owner).copied();
+                each(
+                    p,
+                    &w.request.owner,
+                    number.unwrap_or(NO_NUMBER),
+                    w.request.kind,
+                );
             }
         }
         fn out_of_time(&mut self) -> bool {
@@ -1257,6 +1376,9 @@ mod tests {
                 slices: false,
                 change: None,
                 by_owner: None,
+                numbers: HashMap::new(),
+                named: HashMap::new(),
+                generation: 0,
             }
         }
 
@@ -1472,6 +1594,48 @@ mod tests {
         let mut search = Search::new(&o(2), w, &at);
         search.stale();
         assert_eq!(search.run(&mut st), Some(Verdict::Cycle));
+    }
+
+    #[test]
+    fn numbers_dealt_again_after_a_request_leaves_alias_no_old_edge() {
+        let w = Kind::Acquire;
+        // k0 held by o1, k1 by o2, k2 by o3; o1 waits for k1, o2 for k2,
+        // o4 and o5 for k0: o3 asking for k0 closes o3 -> o1 -> o2 -> o3.
+        let held = [(0, 1, w), (1, 2, w), (2, 3, w)];
+        let queued = [(1, 1, w), (2, 2, w), (0, 4, w), (0, 5, w)];
+        let mut st = State::new(3, &held, &queued);
+        assert_eq!(st.search(&o(3), w, &[0]), Verdict::Cycle);
+        let slot = |st: &State, n: u32| st.numbers[&o(n)] & u64::from(u32::MAX);
+        let old = slot(&st, 2);
+        // Sliced a step a slice: after the first, o2's request (waiter 1)
+        // leaves, and the numbers are dealt again: o2's slot goes to o1
+        // (with the next generation), o2 has none.
+        let at = [(0, st.queues[0].end())];
+        st.slices = true;
+        let mut search = Search::new(&o(3), w, &at);
+        let mut changed = false;
+        let verdict = loop {
+            if let Some(v) = search.run(&mut st) {
+                break v;
+            }
+            if !changed {
+                changed = true;
+                st.queues[2].remove(1);
+                st.by_owner = None;
+                st.index();
+                assert_eq!(slot(&st, 1), old);
+                assert!(!st.numbers.contains_key(&o(2)));
+            }
+            search.stale();
+        };
+        st.slices = false;
+        assert!(changed);
+        assert_eq!(st.naive(&o(3), w, &[0]), Verdict::Clear);
+        assert_eq!(verdict, Verdict::Clear);
+        // o2 waiting again (a new number): the cycle is back, and found.
+        st.queues[2].push(9, req(w, &o(2)));
+        st.by_owner = None;
+        assert_eq!(st.search(&o(3), w, &[0]), Verdict::Cycle);
     }
 
     /// Steps a whole search takes when each step is its own slice.

@@ -43,7 +43,7 @@ use crate::state::stats;
 use crate::state::timers;
 use crate::state::waiting::{self, WaiterId};
 use crate::time::clock;
-use lock_core::deadlock::{Requested, Search, Verdict, WaitGraph};
+use lock_core::deadlock::{EachQueued, Requested, Search, Verdict, WaitGraph};
 use lock_core::hash::Keyed;
 use lock_core::{Kind, Lock, Owner, Request};
 
@@ -105,13 +105,27 @@ const READ_COST: usize = 8;
 /// The keys one search met, each under a number of its own (the core's
 /// key: no copy of a key's name, no hash of it, past the first meeting),
 /// and each key's lock as read once in the search (many requests wait on
-/// one key; empty when free or not a lock), by number.
+/// one key; empty when free or not a lock), by number. A key met by the
+/// registry's number for it (`waiting::requests_of`) is found by that
+/// number's slot in an array: its name is hashed once a search, at its
+/// first meeting.
 #[derive(Default)]
 struct Reads {
     ids: DbKeyMap<usize>,
     keys: Vec<DbKey>,
+    /// Each key's number in the registry ([`waiting::NO_NUMBER`]: not
+    /// known yet).
+    numbers: Vec<u64>,
+    /// By the slot of a registry's number: that number and the key's.
+    by_number: Vec<Option<Box<[Numbered]>>>,
     reads: Vec<Option<Read>>,
 }
+
+/// A registry's number and the search's number of the key it names.
+type Numbered = (u64, usize);
+
+/// Registry numbers' slots per page of [`Reads::by_number`].
+const SLOTS_A_PAGE: usize = 1024;
 
 impl Reads {
     /// `key`'s number, given at its first meeting.
@@ -121,8 +135,62 @@ impl Reads {
         }
         let id = self.keys.len();
         self.keys.push(key.clone());
+        self.numbers.push(waiting::NO_NUMBER);
         self.ids.insert(key.clone(), id);
         id
+    }
+
+    /// The entry of the registry's number `number` in `by_number`.
+    fn slot(&mut self, number: u64) -> Option<&mut (u64, usize)> {
+        let slot = (number & u64::from(u32::MAX)) as usize;
+        let (page, at) = (slot / SLOTS_A_PAGE, slot % SLOTS_A_PAGE);
+        if self.by_number.len() <= page {
+            self.by_number.resize_with(page + 1, || None);
+        }
+        self.by_number
+            .get_mut(page)?
+            .get_or_insert_with(|| vec![(waiting::NO_NUMBER, 0); SLOTS_A_PAGE].into())
+            .get_mut(at)
+    }
+
+    /// The key the registry numbers `number` (`key`, filed): its number.
+    /// A key met by number is found by number only (its name is not
+    /// hashed), unless keys were met without one (their queue gone, or
+    /// not made yet when the search began): a key whose queue came or went
+    /// between two slices may then be met twice under two numbers, which
+    /// costs a second listing, never a wrong answer.
+    fn id_numbered(&mut self, number: u64, key: &DbKey) -> usize {
+        if number == waiting::NO_NUMBER {
+            return self.id(key);
+        }
+        if let Some((known, id)) = self.slot(number) {
+            if *known == number {
+                return *id;
+            }
+        }
+        let id = match self.ids.is_empty() {
+            true => {
+                self.keys.push(key.clone());
+                self.numbers.push(number);
+                self.keys.len() - 1
+            }
+            false => self.id(key),
+        };
+        self.numbered(id, number);
+        id
+    }
+
+    /// Key `id` is the registry's `number`.
+    fn numbered(&mut self, id: usize, number: u64) {
+        if number == waiting::NO_NUMBER {
+            return;
+        }
+        if let Some(n) = self.numbers.get_mut(id) {
+            *n = number;
+        }
+        if let Some(entry) = self.slot(number) {
+            *entry = (number, id);
+        }
     }
 }
 
@@ -186,12 +254,15 @@ impl WaitGraph for Waits<'_> {
     fn requests_of(
         &mut self,
         owner: &[u8],
+        number: u64,
         after: Option<u64>,
         limit: usize,
         out: &mut Vec<Requested<usize>>,
     ) -> Option<u64> {
         let reads = &mut *self.reads;
-        let more = waiting::requests_of(owner, after, limit, out, |key| reads.id(key));
+        let more = waiting::requests_of(owner, number, after, limit, out, |n, key| {
+            reads.id_numbered(n, key)
+        });
         self.work += out.len();
         more
     }
@@ -209,8 +280,8 @@ impl WaitGraph for Waits<'_> {
         let reads = &mut *self.reads;
         let after = after.and_then(|id| reads.keys.get(*id)).cloned();
         let mut keys = Vec::new();
-        waiting::waited_keys_held(owner, after.as_ref(), limit, &mut |key| {
-            keys.push(reads.id(key))
+        waiting::waited_keys_held(owner, after.as_ref(), limit, &mut |key, n| {
+            keys.push(reads.id_numbered(n, key))
         });
         self.work += keys.len();
         keys
@@ -226,21 +297,31 @@ impl WaitGraph for Waits<'_> {
         })
     }
 
-    fn queued(
-        &mut self,
-        key: &usize,
-        from: u64,
-        to: u64,
-        limit: usize,
-        each: &mut dyn FnMut(u64, &[u8], Kind),
-    ) {
-        if let Some(key) = self.reads.keys.get(*key) {
+    fn queued(&mut self, key: &usize, from: u64, to: u64, limit: usize, each: &mut EachQueued<'_>) {
+        let id = *key;
+        let number = self
+            .reads
+            .numbers
+            .get(id)
+            .copied()
+            .unwrap_or(waiting::NO_NUMBER);
+        if let Some(key) = self.reads.keys.get(id) {
             let mut n = 0;
-            waiting::queued(key, from, to, limit, &mut |place, owner, kind| {
-                n += 1;
-                each(place, owner, kind)
-            });
+            let found = waiting::queued(
+                key,
+                number,
+                from,
+                to,
+                limit,
+                &mut |place, owner, o, kind| {
+                    n += 1;
+                    each(place, owner, o, kind)
+                },
+            );
             self.work += n;
+            if found != number {
+                self.reads.numbered(id, found);
+            }
         }
     }
 
@@ -287,7 +368,10 @@ pub fn check(ctx: &Context, keys: &[DbKey], request: &Request) -> Check {
     let keys = waiting::filed(keys);
     let at: Vec<(usize, u64)> = keys
         .iter()
-        .map(|k| (reads.id(k), waiting::end_of(k)))
+        .map(|k| {
+            let (number, end) = waiting::number_and_end(k);
+            (reads.id_numbered(number, k), end)
+        })
         .collect();
     let mut unfinished = Box::new(Unfinished {
         search: Search::with_hasher(&request.owner, request.kind, &at),

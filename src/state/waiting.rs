@@ -44,7 +44,7 @@ use crate::state::sessions;
 use crate::state::stats;
 use crate::state::timers;
 use crate::state::txn::Txn;
-use lock_core::deadlock::Requested;
+use lock_core::deadlock::{EachQueued, Requested};
 use lock_core::hash::Keyed;
 use lock_core::shards::Sharded;
 use lock_core::{Attempt, Changes, Kind, Lock, Owner, Queue, Request, Settling};
@@ -60,6 +60,12 @@ struct Blocked {
     /// place never changes while it waits): the deadlock search reads them
     /// without a look at each queue.
     places: Vec<u64>,
+    /// Each key's number, as `keys` ([`Numbers`]).
+    numbers: Vec<u64>,
+    /// Its owner's number, and the sequence number of its first request
+    /// among the owner's ([`Numbers`]).
+    owner_number: u64,
+    own_seq: u64,
     /// What it asks of each key.
     request: Request,
     multi: bool,
@@ -104,9 +110,10 @@ struct Registry {
     queues: DbKeyMap<Queue<WaiterId>>,
     waiters: Sharded<WaiterId, Blocked, Keyed>,
     revocations: DbKeyMap<Vec<Revocation>>,
-    /// Each owner's waiting requests (deadlock detection), in a stable
-    /// order a search can page through across turns.
-    by_owner: Sharded<Owner, BTreeSet<WaiterId>, Keyed>,
+    /// Each waiting owner's requests and each queue, by number (deadlock
+    /// detection), in a stable order a search can page through across
+    /// turns.
+    numbers: Numbers,
     /// Multi-key requests that head a queue whose lock would admit them.
     ready: Vec<WaiterId>,
     /// Each queue's WAIT deadlines, earliest first: the waiters a visit
@@ -288,10 +295,15 @@ impl Registry {
                     .unwrap_or(u64::MAX)
             })
             .collect();
-        self.by_owner
-            .entry(blocked.request.owner.clone())
-            .or_default()
-            .insert(id);
+        blocked.numbers = blocked.keys.iter().map(|k| self.numbers.key(k)).collect();
+        blocked.owner_number = self.numbers.owner_waits(&blocked.request.owner);
+        blocked.own_seq = self.numbers.queued(
+            id,
+            blocked.owner_number,
+            &blocked.numbers,
+            &blocked.places,
+            blocked.request.kind,
+        );
         self.waiters.insert(id, blocked);
     }
 
@@ -300,6 +312,7 @@ impl Registry {
     /// back the requests behind it).
     fn take(&mut self, id: WaiterId, left: &mut Vec<DbKey>) -> Option<Blocked> {
         let blocked = self.waiters.remove(&id)?;
+        self.numbers.left(id, &blocked);
         for key in &blocked.keys {
             if let (Some(at), Some(t)) = (blocked.deadline, self.timeouts.get_mut(key)) {
                 t.remove(&(at, id));
@@ -312,6 +325,7 @@ impl Registry {
                 match queue.is_empty() {
                     true => {
                         self.queues.remove(key);
+                        self.numbers.key_gone(key);
                         // A kept settle lives no longer than its queue
                         // (while it lives, every transaction of the key
                         // takes it up: `answer_queued`).
@@ -322,12 +336,6 @@ impl Registry {
                     false if left.last() != Some(key) => left.push(key.clone()),
                     false => {}
                 }
-            }
-        }
-        if let Some(ids) = self.by_owner.get_mut(&blocked.request.owner) {
-            ids.remove(&id);
-            if ids.is_empty() {
-                self.by_owner.remove(&blocked.request.owner);
             }
         }
         self.ready.retain(|w| *w != id);
@@ -448,6 +456,349 @@ impl Registry {
             keys.remove(key);
             if keys.is_empty() {
                 self.holds_waited.remove(owner);
+            }
+        }
+    }
+}
+
+/// No number (a dead entry's, or an owner or key the registry does not
+/// number).
+pub const NO_NUMBER: u64 = lock_core::deadlock::NO_NUMBER;
+
+/// A number the registry gives: a slot (low 32 bits) and the slot's
+/// generation (high 32 bits): a slot given again comes with the next
+/// generation, so a number names one key or owner for as long as the
+/// process lives, and a number kept across a change names nobody.
+fn number(slot: usize, generation: u32) -> u64 {
+    (u64::from(generation) << 32) | (slot as u64 & u64::from(u32::MAX))
+}
+
+fn slot_of(number: u64) -> usize {
+    (number & u64::from(u32::MAX)) as usize
+}
+
+/// An entry of a [`Compact`] list: ordered by its sequence number, dead
+/// once its request left.
+trait Entry {
+    fn seq(&self) -> u64;
+    fn dead(&self) -> bool;
+    fn kill(&mut self);
+}
+
+/// Entries in the order of their sequence numbers, in one array: a leaving
+/// request's entry is found by a binary search and marked dead, the dead
+/// ones dropped once they are half (O(1) amortised a request).
+struct Compact<T> {
+    all: Vec<T>,
+    dead: usize,
+}
+
+impl<T> Default for Compact<T> {
+    fn default() -> Self {
+        Compact {
+            all: Vec::new(),
+            dead: 0,
+        }
+    }
+}
+
+impl<T: Entry> Compact<T> {
+    fn push(&mut self, entry: T) {
+        self.all.push(entry);
+    }
+
+    /// Where the entries from sequence number `seq` on start.
+    fn from(&self, seq: u64) -> usize {
+        self.all.partition_point(|e| e.seq() < seq)
+    }
+
+    /// Marks the entries from `seq` on that `this` picks, while it picks
+    /// them, dead.
+    fn kill_from(&mut self, seq: u64, mut this: impl FnMut(&T) -> bool) {
+        let at = self.from(seq);
+        for e in self.all.iter_mut().skip(at) {
+            if e.dead() {
+                continue;
+            }
+            if !this(e) {
+                break;
+            }
+            e.kill();
+            self.dead += 1;
+        }
+        if self.dead * 2 > self.all.len() {
+            self.all.retain(|e| !e.dead());
+            self.dead = 0;
+        }
+    }
+
+    /// The live entries from sequence number `seq` on.
+    fn live_from(&self, seq: u64) -> impl Iterator<Item = &T> + '_ {
+        self.all
+            .get(self.from(seq)..)
+            .unwrap_or_default()
+            .iter()
+            .filter(|e| !e.dead())
+    }
+}
+
+/// A request in a key's queue as the search reads it: its place, its
+/// owner's number, what it asks.
+struct Queued {
+    place: u64,
+    owner: u64,
+    kind: Kind,
+}
+
+impl Entry for Queued {
+    fn seq(&self) -> u64 {
+        self.place
+    }
+    fn dead(&self) -> bool {
+        self.owner == NO_NUMBER
+    }
+    fn kill(&mut self) {
+        self.owner = NO_NUMBER;
+    }
+}
+
+/// One of an owner's waiting requests as the search reads it: its
+/// sequence number among the owner's, its waiter, its key's number, its
+/// place there, what it asks.
+struct Own {
+    seq: u64,
+    waiter: WaiterId,
+    key: u64,
+    place: u64,
+    kind: Kind,
+}
+
+impl Entry for Own {
+    fn seq(&self) -> u64 {
+        self.seq
+    }
+    fn dead(&self) -> bool {
+        self.key == NO_NUMBER
+    }
+    fn kill(&mut self) {
+        self.key = NO_NUMBER;
+    }
+}
+
+/// Numbers the registry keeps for the deadlock search (docs/design.md,
+/// "Deadlock detection"): each key with a queue and each waiting owner
+/// gets a number when it first queues and loses it when its last request
+/// leaves; by number, each key's queue (place, owner's number, kind) and
+/// each owner's requests (key's number, place, kind), in arrays, so that
+/// the search walks integers: no name hashed, no map or tree visited per
+/// request. Kept by [`Registry::insert`] and [`Registry::take`], the one
+/// way into a queue and the one way out (and a queue's end,
+/// [`Numbers::key_gone`]). Each is kept in arrays by slot, one array a
+/// field (the generations apart: the search checks a number against a
+/// dense array of 4 bytes a slot, and reads a name only at its first
+/// meeting).
+#[derive(Default)]
+struct Numbers {
+    key_of: DbKeyMap<u32>,
+    key_generation: Vec<u32>,
+    /// Filed.
+    key_name: Vec<DbKey>,
+    key_queue: Vec<Compact<Queued>>,
+    free_keys: Vec<u32>,
+    owner_of: Sharded<Owner, u32, Keyed>,
+    owner_generation: Vec<u32>,
+    owner_name: Vec<Owner>,
+    /// The next sequence number among each owner's requests.
+    owner_next: Vec<u64>,
+    owner_requests: Vec<Compact<Own>>,
+    /// Each owner's waiters.
+    owner_waiters: Vec<usize>,
+    free_owners: Vec<u32>,
+}
+
+/// Whether `number` is the number of slot `slot` of `generations` now.
+fn is_now(generations: &[u32], number: u64) -> bool {
+    generations
+        .get(slot_of(number))
+        .is_some_and(|g| (number >> 32) as u32 == *g)
+}
+
+impl Numbers {
+    /// `key`'s number (filed), given now if it has none.
+    fn key(&mut self, key: &DbKey) -> u64 {
+        if let Some(n) = self.key_number(key) {
+            return n;
+        }
+        let slot = match self.free_keys.pop() {
+            Some(slot) => slot as usize,
+            None => {
+                self.key_generation.push(0);
+                self.key_name.push(key.clone());
+                self.key_queue.push(Compact::default());
+                self.key_name.len() - 1
+            }
+        };
+        let (Some(g), Some(name)) = (self.key_generation.get(slot), self.key_name.get_mut(slot))
+        else {
+            return NO_NUMBER;
+        };
+        *name = key.clone();
+        self.key_of.insert(key.clone(), slot as u32);
+        number(slot, *g)
+    }
+
+    /// `key`'s number (filed), if it has one.
+    fn key_number(&self, key: &DbKey) -> Option<u64> {
+        let slot = *self.key_of.get(key)? as usize;
+        Some(number(slot, *self.key_generation.get(slot)?))
+    }
+
+    /// `key`'s queue is gone: its number too (its slot given again with
+    /// the next generation).
+    fn key_gone(&mut self, key: &DbKey) {
+        let Some(slot) = self.key_of.remove(key) else {
+            return;
+        };
+        if let Some(g) = self.key_generation.get_mut(slot as usize) {
+            *g = g.wrapping_add(1);
+            if let Some(q) = self.key_queue.get_mut(slot as usize) {
+                *q = Compact::default();
+            }
+            // (Its name's room goes too; the slot keeps a few bytes.)
+            if let Some(name) = self.key_name.get_mut(slot as usize) {
+                name.name = Vec::new();
+            }
+            self.free_keys.push(slot);
+        }
+    }
+
+    /// `owner`'s number, given now if it has none, with one more waiter.
+    fn owner_waits(&mut self, owner: &Owner) -> u64 {
+        if let Some(slot) = self.owner_of.get(owner) {
+            let slot = *slot as usize;
+            if let (Some(w), Some(g)) = (
+                self.owner_waiters.get_mut(slot),
+                self.owner_generation.get(slot),
+            ) {
+                *w += 1;
+                return number(slot, *g);
+            }
+            return NO_NUMBER;
+        }
+        let slot = match self.free_owners.pop() {
+            Some(slot) => slot as usize,
+            None => {
+                self.owner_generation.push(0);
+                self.owner_name.push(owner.clone());
+                self.owner_next.push(0);
+                self.owner_requests.push(Compact::default());
+                self.owner_waiters.push(0);
+                self.owner_name.len() - 1
+            }
+        };
+        let (Some(g), Some(name), Some(w)) = (
+            self.owner_generation.get(slot),
+            self.owner_name.get_mut(slot),
+            self.owner_waiters.get_mut(slot),
+        ) else {
+            return NO_NUMBER;
+        };
+        *name = owner.clone();
+        *w = 1;
+        self.owner_of.insert(owner.clone(), slot as u32);
+        number(slot, *g)
+    }
+
+    /// The slot of `owner` (its `number` when right, else its bytes).
+    fn owner_slot_by(&self, owner: &[u8], number: u64) -> Option<usize> {
+        match is_now(&self.owner_generation, number) {
+            true => Some(slot_of(number)),
+            false => self.owner_of.get(owner).map(|s| *s as usize),
+        }
+    }
+
+    /// The waiter `id` of owner `owner` (numbered) queued: at `places` on
+    /// the keys numbered `keys`. Returns the sequence number of its first
+    /// entry among the owner's requests.
+    fn queued(
+        &mut self,
+        id: WaiterId,
+        owner: u64,
+        keys: &[u64],
+        places: &[u64],
+        kind: Kind,
+    ) -> u64 {
+        for (key, place) in keys.iter().zip(places) {
+            if *place == u64::MAX || !is_now(&self.key_generation, *key) {
+                continue;
+            }
+            if let Some(q) = self.key_queue.get_mut(slot_of(*key)) {
+                // (A key given twice: its one place, once.)
+                if q.all.last().is_some_and(|q| q.place >= *place) {
+                    continue;
+                }
+                q.push(Queued {
+                    place: *place,
+                    owner,
+                    kind,
+                });
+            }
+        }
+        let slot = slot_of(owner);
+        let (true, Some(next), Some(requests)) = (
+            is_now(&self.owner_generation, owner),
+            self.owner_next.get_mut(slot),
+            self.owner_requests.get_mut(slot),
+        ) else {
+            return 0;
+        };
+        let first = *next;
+        for (key, place) in keys.iter().zip(places) {
+            if *place == u64::MAX {
+                continue;
+            }
+            requests.push(Own {
+                seq: *next,
+                waiter: id,
+                key: *key,
+                place: *place,
+                kind,
+            });
+            *next += 1;
+        }
+        first
+    }
+
+    /// The waiter `blocked` (`id`) left its queues; its owner loses its
+    /// number with its last waiter.
+    fn left(&mut self, id: WaiterId, blocked: &Blocked) {
+        for (key, place) in blocked.numbers.iter().zip(&blocked.places) {
+            if !is_now(&self.key_generation, *key) {
+                continue;
+            }
+            if let Some(q) = self.key_queue.get_mut(slot_of(*key)) {
+                q.kill_from(*place, |q| q.place == *place);
+            }
+        }
+        let owner = blocked.owner_number;
+        let slot = slot_of(owner);
+        let (true, Some(requests), Some(waiters)) = (
+            is_now(&self.owner_generation, owner),
+            self.owner_requests.get_mut(slot),
+            self.owner_waiters.get_mut(slot),
+        ) else {
+            return;
+        };
+        requests.kill_from(blocked.own_seq, |r| r.waiter == id);
+        *waiters = waiters.saturating_sub(1);
+        if *waiters == 0 {
+            *requests = Compact::default();
+            if let Some(g) = self.owner_generation.get_mut(slot) {
+                *g = g.wrapping_add(1);
+            }
+            let name = self.owner_name.get_mut(slot).map(std::mem::take);
+            if let Some(slot) = name.and_then(|n| self.owner_of.remove(&n)) {
+                self.free_owners.push(slot);
             }
         }
     }
@@ -667,6 +1018,9 @@ fn block_on(
             handle,
             keys: filed,
             places: Vec::new(),
+            numbers: Vec::new(),
+            owner_number: NO_NUMBER,
+            own_seq: 0,
             request,
             multi,
             deadline,
@@ -1105,77 +1459,98 @@ pub fn answer(claimed: Claimed, outcome: Result<Vec<(DbKey, u64)>, LockError>) {
     visit_now(left);
 }
 
-/// `owner`'s waiting requests after the waiter `after` (deadlock
+/// `owner`'s waiting requests after the cursor `after` (deadlock
 /// detection, a page at a time), into `out`: each one's key, its place in
-/// that key's queue, what it asks; at least `limit` entries when that many
-/// are left (whole waiters: a multi-key request's keys all at once); and
-/// the waiter to go on after when more are left. Each key is given as
-/// `key_of` makes it (the search's number for it: no copy), from its filed
-/// key (by home: the search's keys are filed, [`filed`], and read by
-/// [`db_of`]).
+/// that key's queue, what it asks; at most `limit` entries; and the cursor
+/// to go on after when more are left (a sequence number among the owner's
+/// requests: it stays right while requests leave). `number`: the owner's
+/// number if the search has it ([`NO_NUMBER`]: its bytes are looked up).
+/// Each key is given as `key_of` makes it from its number and its filed
+/// key (the search's number for it: no copy; the key is by home, the
+/// search's keys are filed, [`filed`], and read by [`db_of`]).
 pub fn requests_of<K>(
     owner: &[u8],
+    number: u64,
     after: Option<u64>,
     limit: usize,
     out: &mut Vec<Requested<K>>,
-    mut key_of: impl FnMut(&DbKey) -> K,
+    mut key_of: impl FnMut(u64, &DbKey) -> K,
 ) -> Option<u64> {
     let registry = registry();
-    let ids = registry.by_owner.get(owner)?;
-    let from = match after.and_then(|a| WaiterId::try_from(a).ok()) {
-        Some(a) => Bound::Excluded(a),
-        None => Bound::Unbounded,
-    };
-    let mut ids = ids.range((from, Bound::Unbounded)).peekable();
-    while let Some(id) = ids.next() {
-        if let Some(w) = registry.waiters.get(id) {
-            for (key, place) in w.keys.iter().zip(&w.places) {
-                if *place != u64::MAX {
-                    out.push((key_of(key), *place, w.request.kind));
-                }
+    let numbers = &registry.numbers;
+    let slot = numbers.owner_slot_by(owner, number)?;
+    let from = after.map_or(0, |a| a.saturating_add(1));
+    let mut mine = numbers.owner_requests.get(slot)?.live_from(from).peekable();
+    while let Some(r) = mine.next() {
+        if is_now(&numbers.key_generation, r.key) {
+            if let Some(key) = numbers.key_name.get(slot_of(r.key)) {
+                out.push((key_of(r.key, key), r.place, r.kind));
             }
         }
-        if out.len() >= limit && ids.peek().is_some() {
-            return Some(*id as u64);
+        if out.len() >= limit && mine.peek().is_some() {
+            return Some(r.seq);
         }
     }
     None
 }
 
 /// The keys with a queue that `owner` held at their last transaction,
-/// after `after`, at most `limit`, each to `each` (lent: deadlock detection
-/// numbers it, and checks it against the lock).
+/// after `after`, at most `limit`, each to `each` with its number
+/// ([`NO_NUMBER`]: its queue is gone) (lent: deadlock detection numbers
+/// it, and checks it against the lock).
 pub fn waited_keys_held(
     owner: &[u8],
     after: Option<&DbKey>,
     limit: usize,
-    each: &mut dyn FnMut(&DbKey),
+    each: &mut dyn FnMut(&DbKey, u64),
 ) {
     let registry = registry();
     let Some(keys) = registry.holds_waited.get(owner) else {
         return;
     };
+    let numbers = &registry.numbers;
     let from = after.map_or(Bound::Unbounded, Bound::Excluded);
-    keys.range::<DbKey, _>((from, Bound::Unbounded))
-        .take(limit)
-        .for_each(each);
+    for key in keys.range::<DbKey, _>((from, Bound::Unbounded)).take(limit) {
+        each(key, numbers.key_number(key).unwrap_or(NO_NUMBER));
+    }
 }
 
-/// The requests queued on `key` at places `from..to`, at most `limit`, to
-/// `each`: place, owner (lent, not copied) and kind.
+/// The requests queued on `key` (filed; `number`: its number if the
+/// search has it) at places `from..to`, at most `limit`, to `each`: place,
+/// owner (lent, not copied), the owner's number and kind. Returns the
+/// key's number ([`NO_NUMBER`]: it has no queue).
 pub fn queued(
     key: &DbKey,
+    number: u64,
     from: u64,
     to: u64,
     limit: usize,
-    each: &mut dyn FnMut(u64, &[u8], Kind),
-) {
+    each: &mut EachQueued<'_>,
+) -> u64 {
     let registry = registry();
-    if let Some(q) = registry.queues.get(key) {
-        for (place, w) in q.between(from, to).take(limit) {
-            each(place, &w.request.owner, w.request.kind);
-        }
+    let numbers = &registry.numbers;
+    let number = match is_now(&numbers.key_generation, number) {
+        true => number,
+        false => match numbers.key_number(key) {
+            Some(n) => n,
+            None => return NO_NUMBER,
+        },
+    };
+    let Some(queue) = numbers.key_queue.get(slot_of(number)) else {
+        return NO_NUMBER;
+    };
+    for q in queue
+        .live_from(from)
+        .take_while(|q| q.place < to)
+        .take(limit)
+    {
+        let owner = numbers
+            .owner_name
+            .get(slot_of(q.owner))
+            .map_or(&[][..], |o| &o[..]);
+        each(q.place, owner, q.owner, q.kind);
     }
+    number
 }
 
 /// `keys` (by database) as the registry files them (by home): the keys a
@@ -1229,9 +1604,12 @@ pub fn refuse_if_session_ended(id: WaiterId) -> bool {
     refuse(id, LockError::NoSession)
 }
 
-/// Where a request joining `key`'s queue (filed) now would stand.
-pub fn end_of(key: &DbKey) -> u64 {
-    registry().queues.get(key).map_or(0, Queue::end)
+/// `key`'s number ([`NO_NUMBER`]: it has no queue) and where a request
+/// joining its queue (filed) now would stand.
+pub fn number_and_end(key: &DbKey) -> (u64, u64) {
+    let registry = registry();
+    let number = registry.numbers.key_number(key).unwrap_or(NO_NUMBER);
+    (number, registry.queues.get(key).map_or(0, Queue::end))
 }
 
 /// Whether anybody's waiting request can depend on `owner`: it waits
@@ -1242,7 +1620,7 @@ pub fn end_of(key: &DbKey) -> u64 {
 pub fn may_be_waited_for(owner: &[u8]) -> bool {
     let registry = registry();
     !registry.unsure.is_empty()
-        || registry.by_owner.contains_key(owner)
+        || registry.numbers.owner_of.contains_key(owner)
         || registry.holds_waited.contains_key(owner)
 }
 
@@ -1398,6 +1776,7 @@ fn fail_slice(budget: &Budget) {
                     });
                     if emptied {
                         registry.queues.remove(&key);
+                        registry.numbers.key_gone(&key);
                         registry.settling.remove(&key);
                         registry.set_holders(&key, Vec::new());
                     }

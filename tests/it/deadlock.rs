@@ -325,3 +325,56 @@ fn readers_under_a_wide_fan_of_waiting_writers() {
     assert_eq!(c.lock_info(&keys[0]).unwrap().holders.len(), READERS);
     assert!(c.lock_info("y").unwrap().holder("writer-0").token > 0);
 }
+
+/// The waiting registry numbers each key with a queue and each waiting
+/// owner (docs/design.md, "Deadlock detection", numbers kept by the
+/// registry), and gives an owner's slot again once its last request is
+/// gone. Rounds of a request that leaves a queue that stays (its connection
+/// closes) and a new owner that takes its slot: the request that left is
+/// never seen again through the slot given anew (it would close a false
+/// cycle), and a cycle through the new owner is found.
+#[test]
+fn numbers_given_again_after_requests_leave_alias_no_old_edge() {
+    let s = Server::start();
+    let mut c = s.conn();
+    for round in 0..3 {
+        let [a, b, k] = ["a", "b", "k"].map(|n| format!("{n}{round}"));
+        let [x, y, z, w, q] = ["x", "y", "z", "w", "q"].map(|n| format!("{n}{round}"));
+        token(c.acquire(&a, &x, 60000));
+        token(c.acquire(&b, &w, 60000));
+        token(c.acquire(&k, &q, 60000));
+        // z, then y, wait for x (on a); y leaves (its connection closes):
+        // a's queue stays (z), y's number goes.
+        let mut zw = wait_on(&s, &mut c, &["LOCK.ACQUIRE", &a, &z, "60000", "WAIT", "0"]);
+        let yw = wait_on(&s, &mut c, &["LOCK.ACQUIRE", &a, &y, "60000", "WAIT", "0"]);
+        drop(yw);
+        wait_until(Duration::from_secs(5), "y's request to leave", || {
+            stat(&mut c, "waiters") == 1
+        });
+        // w starts waiting (for q, on k): it takes the slot y had.
+        let mut ww = wait_on(&s, &mut c, &["LOCK.ACQUIRE", &k, &w, "60000", "WAIT", "0"]);
+        // x asking for b (held by w, who waits for q, who waits for
+        // nobody): no cycle (y's request on a, behind x's hold, is gone),
+        // it waits, and its WAIT ends in nil.
+        let r = c.cmd(&["LOCK.ACQUIRE", &b, &x, "60000", "WAIT", "100"]);
+        assert!(r.is_nil(), "round {round}: x waited for b: {r:?}");
+        assert_eq!(stat(&mut c, "deadlocks"), round, "round {round}");
+        // x waiting for b now, q asking for a (held by x) closes q -> x ->
+        // w -> q.
+        let mut xw = wait_on(&s, &mut c, &["LOCK.ACQUIRE", &b, &x, "60000", "WAIT", "0"]);
+        let r = c.cmd(&["LOCK.ACQUIRE", &a, &q, "60000", "WAIT", "0"]);
+        assert!(is_deadlock(&r), "round {round}: q closing the cycle: {r:?}");
+        assert_eq!(stat(&mut c, "deadlocks"), round + 1, "round {round}");
+        // Everyone goes: w gives b to x, x gives a to z, q gives k to w.
+        assert_eq!(c.release(&b, &w).int(), 1);
+        token(xw.read_reply().unwrap());
+        assert_eq!(c.release(&a, &x).int(), 1);
+        token(zw.read_reply().unwrap());
+        assert_eq!(c.release(&k, &q).int(), 1);
+        token(ww.read_reply().unwrap());
+        for (key, owner) in [(&a, &z), (&b, &x), (&k, &w)] {
+            assert_eq!(c.release(key, owner).int(), 1);
+        }
+        assert_eq!(stat(&mut c, "waiters"), 0);
+    }
+}
