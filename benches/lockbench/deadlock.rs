@@ -204,7 +204,9 @@ pub fn table(r: &Results) -> String {
     ));
     let cut = match r.walk_cut {
         0 => "whole graph walked, no cycle".to_string(),
-        n => format!("search stopped at its limit in {n} of {SAMPLES} (waited as usual)"),
+        n => format!(
+            "search given up in {n} of {SAMPLES} (`lock_deadlock_searches_cut`: its cycles came apart as it ran; waited as usual)"
+        ),
     };
     s.push_str(&format!(
         "| blocking request at the top of the chain | {:.1} | {cut} |\n",
@@ -217,7 +219,7 @@ pub fn table(r: &Results) -> String {
         r.cycles_found
     ));
     let long = match r.long_found {
-        0 => "past the search limit: waited as usual (timed out)".to_string(),
+        0 => "not found before the request's `WAIT 1` ended: timed out (the search runs a slice a turn, so a loaded machine's turns decide)".to_string(),
         n if n as usize == SAMPLES => "found: answered `DEADLOCK`".to_string(),
         n => format!("found in {n} of {SAMPLES}"),
     };
