@@ -610,9 +610,11 @@ unsafe fn in_place_valkey<'a>(s: *const raw::RedisModuleString) -> Option<&'a [u
     if (word >> 34) & 1 == 1 {
         // SAFETY: an embedded value's `sdshdr8` starts after the header
         // and the expiry if there is one, within the object (checked at
-        // load).
+        // load). Its flags byte whole (the kind, no other bit: one compare
+        // with the byte in memory; a server that set others would fail the
+        // check at load and be read through `RM_StringPtrLen`).
         let hdr = unsafe { head.add(valkey_embedded_at(word)) };
-        if unsafe { *hdr.add(2) } & 7 != 1 {
+        if unsafe { *hdr.add(2) } != 1 {
             return None;
         }
         let len = usize::from(unsafe { *hdr });
