@@ -96,10 +96,18 @@ pub fn loaded(db: i32, key: &[u8], at: u64) {
 /// Nothing periodic: a server that no lock is used on runs none of the
 /// module's code.
 pub fn subscribe(ctx: &Context) -> Status {
+    // Key names read in place, if this server's strings allow it: the
+    // keyspace callback is the one built for their layout.
+    ffi::learn_string_layout(ctx.ctx);
+    let on_generic: raw::RedisModuleNotificationFunc = match ffi::strings() {
+        ffi::Layout::Redis => Some(on_generic::<ffi::RedisStrings>),
+        ffi::Layout::Valkey => Some(on_generic::<ffi::ValkeyStrings>),
+        ffi::Layout::ByCall => Some(on_generic::<ffi::StringsByCall>),
+    };
     let keyspace = api!(RedisModule_SubscribeToKeyspaceEvents(
         ctx.ctx,
         raw::REDISMODULE_NOTIFY_GENERIC,
-        Some(on_generic)
+        on_generic
     ));
     let server_event = |id, callback| {
         api!(RedisModule_SubscribeToServerEvent(
@@ -132,10 +140,7 @@ pub fn subscribe(ctx: &Context) -> Status {
 pub fn start(ctx: &Context) {
     let own = api!(RedisModule_GetDetachedThreadSafeContext(ctx.ctx)).unwrap_or_default();
     OWN_CTX.store(own, Ordering::Relaxed);
-    // Key names read in place, if this server's strings allow it; the
-    // name filter's rebuilds on a context of their own.
-    ffi::learn_string_layout(ctx.ctx);
-    keys::attend(keys::NOT_IN_PLACE, !ffi::in_place_ok());
+    // The name filter's rebuilds on a context of their own.
     keys::start(ctx.ctx);
     bindings::on_first_binding(watch_clients);
     bindings::on_none_bound(unfollow_soon);
@@ -163,7 +168,7 @@ thread_local! {
     static MOVED_FROM: RefCell<Option<DbKey>> = const { RefCell::new(None) };
 }
 
-extern "C" fn on_generic(
+extern "C" fn on_generic<S: ffi::Strings>(
     raw_ctx: *mut raw::RedisModuleCtx,
     _class: c_int,
     event: *const c_char,
@@ -177,108 +182,148 @@ extern "C" fn on_generic(
         return raw::REDISMODULE_OK as c_int;
     }
     // While some lock exists, an event on a name no lock has is answered
-    // first, by the name alone (a `del` and a `rename_to` by their event:
-    // `no_by_event`): one byte says nothing else matters
-    // (`keys::ATTENTION`), the name is read in place (`ffi::in_place`),
-    // hashed and looked up in two loads (`keys::quick_no`), before the
-    // rest of the event's name is looked at; no call, the rest (and names
-    // past 32 bytes) out of line.
+    // first, by the name alone (a `del`, a `copy_to`, a `rename_to` and a
+    // `move_to` by their event: `by_event`): one byte says nothing else
+    // matters (`keys::ATTENTION`), the name is read in place by the reader
+    // of this server's layout (`S`: `ffi::Strings`), and looked up in a
+    // probe of counts (`keys::probe_no`), before the rest of the event's
+    // name is looked at; no call, the rest (and names past 32 bytes) out
+    // of line.
     if keys::ATTENTION.load(Ordering::Relaxed) != 0 {
-        return on_generic_attended(raw_ctx, event, key);
+        return on_generic_locks(raw_ctx, event, key);
     }
-    // SAFETY: `key` is the live string Redis passed; with no
-    // `NOT_IN_PLACE` bit, the layout was checked at load.
-    if no_by_event(event) || unsafe { ffi::in_place(key) }.is_some_and(keys::probe_no) {
-        return raw::REDISMODULE_OK as c_int;
+    match by_event(event) {
+        ByEvent::No => raw::REDISMODULE_OK as c_int,
+        ByEvent::Name => on_generic_name::<S>(raw_ctx, event, key),
+        ByEvent::Learn => on_generic_learn::<S>(raw_ctx, event, key),
     }
-    on_generic_maybe(raw_ctx, event, key)
 }
 
-/// [`on_generic`] past the name's probe (`keys::quick_no`'s first half):
+/// [`on_generic`] past the event's answer: the name's probe, inline.
+#[inline(always)]
+fn on_generic_name<S: ffi::Strings>(
+    raw_ctx: *mut raw::RedisModuleCtx,
+    event: *const c_char,
+    key: *mut raw::RedisModuleString,
+) -> c_int {
+    // SAFETY: `key` is the live string Redis passed; `S` is the reader
+    // chosen at load for this server's strings.
+    if unsafe { S::name(key) }.is_some_and(keys::probe_no) {
+        return raw::REDISMODULE_OK as c_int;
+    }
+    on_generic_maybe::<S>(raw_ctx, event, key)
+}
+
+/// [`on_generic`] for an event starting `r` or `m` while its `*_to`'s
+/// address is not known yet ([`learn_to_event`]), out of line: the fast
+/// path keeps no register across a call.
+#[inline(never)]
+extern "C" fn on_generic_learn<S: ffi::Strings>(
+    raw_ctx: *mut raw::RedisModuleCtx,
+    event: *const c_char,
+    key: *mut raw::RedisModuleString,
+) -> c_int {
+    if learn_to_event(event) {
+        return raw::REDISMODULE_OK as c_int;
+    }
+    on_generic_name::<S>(raw_ctx, event, key)
+}
+
+/// [`on_generic`] past the name's probe (`keys::probe_no`):
 /// the filter's table, then the rest.
 #[inline(never)]
-extern "C" fn on_generic_maybe(
+extern "C" fn on_generic_maybe<S: ffi::Strings>(
     raw_ctx: *mut raw::RedisModuleCtx,
     event: *const c_char,
     key: *mut raw::RedisModuleString,
 ) -> c_int {
     // SAFETY: as in `on_generic`.
-    if unsafe { ffi::in_place(key) }.is_some_and(keys::table_no) {
+    if unsafe { S::name(key) }.is_some_and(keys::table_no) {
         return raw::REDISMODULE_OK as c_int;
     }
     on_generic_locks(raw_ctx, event, key)
 }
 
-/// With no bit of [`keys::ATTENTION`] set but `NOT_IN_PLACE`, whether the
-/// event alone says it is about no lock, before the key's name: a
-/// `del` (it matters only after a lock was unlinked, an attention bit), a
-/// `copy_to` (the lock type has no copy callback: `COPY` of a lock is
-/// refused, so a copy is never a lock),
-/// or a `rename_to` or `move_to` (its `*_from` was answered no by the
-/// name: a lock renamed or moved is unlinked from its old place first,
+/// What the event's name alone says ([`by_event`]).
+enum ByEvent {
+    /// About no lock.
+    No,
+    /// The key's name decides.
+    Name,
+    /// A `rename_*` or `move_*` while its `*_to`'s address is not known.
+    Learn,
+}
+
+/// With no bit of [`keys::ATTENTION`] set, whether the event alone says it
+/// is about no lock, before the key's name: a `del` (it matters only after
+/// a lock was unlinked, an attention bit), a `copy_to` (the lock type has
+/// no copy callback: `COPY` of a lock is refused, so a copy is never a
+/// lock), or a `rename_to` or `move_to` (its `*_from` was answered no by
+/// the name: a lock renamed or moved is unlinked from its old place first,
 /// and the look at its `*_from` sets `MOVING`; so the value it names now
-/// is no lock).
+/// is no lock). An `expire` goes to the name after one compare; a
+/// `rename_to` or a `move_to` is told by its address, the literal in the
+/// server's executable seen once to hold it ([`TO_EVENTS`]), so that its
+/// `*_from` goes to the name after one compare more, not after its
+/// name's bytes.
 #[inline(always)]
-fn no_by_event(event: *const c_char) -> bool {
+fn by_event(event: *const c_char) -> ByEvent {
     if event.is_null() {
-        return true;
+        return ByEvent::No;
     }
-    // SAFETY: Redis passes the event's name NUL-terminated: a byte is
-    // read only after every one before it was seen not to be NUL.
-    let at = |i: usize| unsafe { *event.add(i) } as u8;
-    let first = at(0);
+    // SAFETY: Redis passes the event's name NUL-terminated: its first byte
+    // is there.
+    let first = unsafe { *event } as u8;
     if first == b'e' {
         // `expire`, the most frequent: its name decides.
-        return false;
+        return ByEvent::Name;
     }
     if first < b'm' {
         // `del`, `copy_to` (never of a lock: the type copies none).
-        return true;
+        return ByEvent::No;
     }
-    match first {
-        b'm' => at(1) == b'o' && at(2) == b'v' && at(3) == b'e' && at(4) == b'_' && at(5) == b't',
-        b'r' => {
-            at(1) == b'e'
-                && at(2) == b'n'
-                && at(3) == b'a'
-                && at(4) == b'm'
-                && at(5) == b'e'
-                && at(6) == b'_'
-                && at(7) == b't'
-        }
-        _ => false,
+    // `rename_*`, `restore`, `move_*`, `persist`: only a `rename_to` and
+    // a `move_to` are answered here.
+    let to = match first {
+        b'r' => &TO_EVENTS[0],
+        b'm' => &TO_EVENTS[1],
+        _ => return ByEvent::Name,
+    };
+    let known = to.load(Ordering::Relaxed);
+    if event == known.cast_const() {
+        ByEvent::No
+    } else if known.is_null() {
+        ByEvent::Learn
+    } else {
+        ByEvent::Name
     }
 }
 
-/// [`on_generic`] with [`keys::ATTENTION`] set: names not read in place
-/// on this server, or a reason to look past the name's answer. (This and
-/// the other parts out of line are `extern "C"`, which never unwind: so
-/// [`on_generic`] calls them without a landing pad, and its own path
-/// keeps no stack frame.)
-#[inline(never)]
-extern "C" fn on_generic_attended(
-    raw_ctx: *mut raw::RedisModuleCtx,
-    event: *const c_char,
-    key: *mut raw::RedisModuleString,
-) -> c_int {
-    if keys::ATTENTION.load(Ordering::Relaxed) == keys::NOT_IN_PLACE {
-        return on_generic_read_by_call(raw_ctx, event, key);
-    }
-    on_generic_locks(raw_ctx, event, key)
-}
+/// The addresses of the server's `rename_to` and `move_to` event names
+/// ([`by_event`]), null until seen.
+static TO_EVENTS: [AtomicPtr<c_char>; 2] = [
+    AtomicPtr::new(std::ptr::null_mut()),
+    AtomicPtr::new(std::ptr::null_mut()),
+];
 
-/// [`on_generic`] on a server whose strings are not read in place: the
-/// name through `RM_StringPtrLen`, then answered as there.
+/// [`by_event`] for an event starting `r` or `m` while its `*_to`'s
+/// address is not known: whether it is `rename_to` or `move_to` (its
+/// bytes compared), and its address kept if it lies in the server's
+/// executable (`ffi::in_server_image`: a literal, never another module's
+/// buffer).
+#[cold]
 #[inline(never)]
-extern "C" fn on_generic_read_by_call(
-    raw_ctx: *mut raw::RedisModuleCtx,
-    event: *const c_char,
-    key: *mut raw::RedisModuleString,
-) -> c_int {
-    if no_by_event(event) || keys::quick_no(ffi::name_of(key)) {
-        return raw::REDISMODULE_OK as c_int;
+fn learn_to_event(event: *const c_char) -> bool {
+    // SAFETY: Redis passes the event's name NUL-terminated.
+    let slot = match unsafe { CStr::from_ptr(event) }.to_bytes() {
+        b"rename_to" => &TO_EVENTS[0],
+        b"move_to" => &TO_EVENTS[1],
+        _ => return false,
+    };
+    if ffi::in_server_image(event) {
+        slot.store(event.cast_mut(), Ordering::Relaxed);
     }
-    on_generic_locks(raw_ctx, event, key)
+    true
 }
 
 /// [`on_generic`] past the name's first answer (a name that may be a
@@ -289,10 +334,14 @@ extern "C" fn on_generic_locks(
     event: *const c_char,
     key: *mut raw::RedisModuleString,
 ) -> c_int {
-    if event.is_null() || !may_concern_locks(event, key) {
-        return raw::REDISMODULE_OK as c_int;
-    }
-    on_generic_heard(raw_ctx, event, key)
+    let done = match event.is_null() || !may_concern_locks(event, key) {
+        true => raw::REDISMODULE_OK as c_int,
+        false => on_generic_heard(raw_ctx, event, key),
+    };
+    // Always OK, but not known to be at compile time: so the callers out
+    // of line return what it returns, and [`on_generic`] jumps to them
+    // (a tail call) rather than calls them, and keeps no stack frame.
+    std::hint::black_box(done)
 }
 
 /// What the next events of a kind must be looked at for, whatever their
@@ -801,4 +850,50 @@ extern "C" fn on_client(
             timers::release_bound(closed);
         }
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::ffi::CString;
+
+    #[test]
+    fn an_event_is_answered_by_its_name_only_when_it_cannot_be_about_a_lock() {
+        let answer = |name: &str| {
+            let event = CString::new(name).unwrap_or_default();
+            let by = by_event(event.as_ptr());
+            // Outside a server no address is kept (`ffi::in_server_image`):
+            // a `rename_*` or `move_*` is learnt from its bytes each time.
+            let no = match by {
+                ByEvent::No => true,
+                ByEvent::Name => false,
+                ByEvent::Learn => learn_to_event(event.as_ptr()),
+            };
+            (matches!(by, ByEvent::Learn), no)
+        };
+        for name in ["del", "copy_to"] {
+            assert_eq!(answer(name), (false, true), "{name}");
+        }
+        for name in ["expire", "persist"] {
+            assert_eq!(answer(name), (false, false), "{name}");
+        }
+        for name in ["rename_to", "move_to"] {
+            assert_eq!(answer(name), (true, true), "{name}");
+        }
+        for name in [
+            "rename_from",
+            "move_from",
+            "restore",
+            "rename_t",
+            "move_tox",
+            "r",
+            "m",
+        ] {
+            assert_eq!(answer(name), (true, false), "{name}");
+        }
+        assert!(TO_EVENTS
+            .iter()
+            .all(|t| t.load(Ordering::Relaxed).is_null()));
+        assert!(matches!(by_event(std::ptr::null()), ByEvent::No));
+    }
 }

@@ -360,7 +360,7 @@ pub fn name_of<'a>(s: *const raw::RedisModuleString) -> &'a [u8] {
         }
     } else if VALKEY_IN_PLACE.load(Ordering::Relaxed) {
         // SAFETY: as above, Valkey's layout checked at load.
-        if let Some(name) = unsafe { in_place_valkey(s) } {
+        if let Some(name) = unsafe { in_place_valkey_out_of_line(s) } {
             return name;
         }
     }
@@ -371,6 +371,143 @@ pub fn name_of<'a>(s: *const raw::RedisModuleString) -> &'a [u8] {
 /// Whether [`in_place`] may read this server's strings.
 pub fn in_place_ok() -> bool {
     IN_PLACE.load(Ordering::Relaxed)
+}
+
+/// A way to read the strings Redis passes a callback, chosen once at load
+/// ([`strings`]) for the callbacks that run on every other key's write or
+/// command (the keyspace callback, the script callers' filter): each is
+/// registered as the one built for this server's layout, so its reads are
+/// inline with no test of the layout a call.
+pub trait Strings {
+    /// `s`'s bytes, or `None` for a string this reader leaves to
+    /// [`name_of`] (no call of Redis's when read in place).
+    ///
+    /// # Safety
+    ///
+    /// `s` is a live string object of a server [`strings`] chose this
+    /// reader for.
+    unsafe fn name<'a>(s: *const raw::RedisModuleString) -> Option<&'a [u8]>;
+
+    /// The address of `s`'s bytes, NUL-terminated (a byte may be read once
+    /// every one before it was seen not to be 0), or `None` as [`name`].
+    ///
+    /// # Safety
+    ///
+    /// As [`Strings::name`]'s.
+    ///
+    /// [`name`]: Strings::name
+    unsafe fn bytes(s: *const raw::RedisModuleString) -> Option<*const u8>;
+}
+
+/// Redis 7.0 to 8.x's strings ([`in_place`]).
+pub struct RedisStrings;
+
+/// Valkey 8.1 on's strings ([`in_place_valkey`]).
+pub struct ValkeyStrings;
+
+/// Strings not read in place: through `RM_StringPtrLen`.
+pub struct StringsByCall;
+
+impl Strings for RedisStrings {
+    #[inline(always)]
+    unsafe fn name<'a>(s: *const raw::RedisModuleString) -> Option<&'a [u8]> {
+        // SAFETY: the caller's.
+        unsafe { in_place(s) }
+    }
+
+    #[inline(always)]
+    unsafe fn bytes(s: *const raw::RedisModuleString) -> Option<*const u8> {
+        // SAFETY: the caller's.
+        unsafe { bytes_in_place(s) }
+    }
+}
+
+impl Strings for ValkeyStrings {
+    #[inline(always)]
+    unsafe fn name<'a>(s: *const raw::RedisModuleString) -> Option<&'a [u8]> {
+        // SAFETY: the caller's.
+        unsafe { in_place_valkey(s) }
+    }
+
+    #[inline(always)]
+    unsafe fn bytes(s: *const raw::RedisModuleString) -> Option<*const u8> {
+        // SAFETY: the caller's; an `sds` buffer ends with a NUL.
+        unsafe { in_place_valkey(s) }.map(<[u8]>::as_ptr)
+    }
+}
+
+impl Strings for StringsByCall {
+    #[inline(always)]
+    unsafe fn name<'a>(s: *const raw::RedisModuleString) -> Option<&'a [u8]> {
+        Some(name_of(s))
+    }
+
+    #[inline(always)]
+    unsafe fn bytes(_s: *const raw::RedisModuleString) -> Option<*const u8> {
+        None
+    }
+}
+
+/// Which [`Strings`] reader this server's strings take (known once
+/// [`learn_string_layout`] ran).
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub enum Layout {
+    Redis,
+    Valkey,
+    ByCall,
+}
+
+/// This server's [`Layout`].
+pub fn strings() -> Layout {
+    if in_place_ok() {
+        Layout::Redis
+    } else if VALKEY_IN_PLACE.load(Ordering::Relaxed) {
+        Layout::Valkey
+    } else {
+        Layout::ByCall
+    }
+}
+
+/// What `dladdr` tells of an address (glibc's `Dl_info`).
+#[repr(C)]
+struct DlInfo {
+    fname: *const std::os::raw::c_char,
+    fbase: *mut std::os::raw::c_void,
+    sname: *const std::os::raw::c_char,
+    saddr: *mut std::os::raw::c_void,
+}
+
+extern "C" {
+    fn dladdr(addr: *const std::os::raw::c_void, info: *mut DlInfo) -> c_int;
+}
+
+/// The base address of the object `p` lies in (the server's executable, a
+/// module, a library), if any: `None` for the heap or a stack.
+fn image_of(p: *const std::os::raw::c_void) -> Option<*mut std::os::raw::c_void> {
+    let mut info = DlInfo {
+        fname: std::ptr::null(),
+        fbase: std::ptr::null_mut(),
+        sname: std::ptr::null(),
+        saddr: std::ptr::null_mut(),
+    };
+    // SAFETY: `dladdr` reads no memory at `p` (it compares the address with
+    // the loaded objects' ranges) and writes `info` only.
+    let found = unsafe { dladdr(p, &mut info) } != 0;
+    (found && !info.fbase.is_null()).then_some(info.fbase)
+}
+
+/// Whether `p` lies in the server's own executable (where the module API's
+/// entries are): the event names Redis passes a keyspace callback are
+/// literals there, whose bytes never change, so one such address seen to
+/// hold a name holds it for as long as the server runs (another module's
+/// names, which may be built in memory that is freed and reused, are not).
+pub fn in_server_image(p: *const std::os::raw::c_char) -> bool {
+    // SAFETY: reading an entry RedisModule_Init filled (or left empty).
+    let Some(entry) = (unsafe { raw::RedisModule_StringPtrLen }) else {
+        return false;
+    };
+    let server = image_of(entry as *const std::os::raw::c_void);
+    server.is_some() && server == image_of(p.cast())
 }
 
 /// `s`'s bytes read from its object and its `sds` header, for the
@@ -463,7 +600,7 @@ static VALKEY_IN_PLACE: AtomicBool = AtomicBool::new(false);
 ///
 /// `s` is a live string object of a server whose layout
 /// [`learn_string_layout`] accepted for this reader.
-#[inline(never)]
+#[inline(always)]
 unsafe fn in_place_valkey<'a>(s: *const raw::RedisModuleString) -> Option<&'a [u8]> {
     let head = s.cast::<u8>();
     let word = unsafe { head.cast::<u64>().read_unaligned() };
@@ -473,9 +610,11 @@ unsafe fn in_place_valkey<'a>(s: *const raw::RedisModuleString) -> Option<&'a [u
     if (word >> 34) & 1 == 1 {
         // SAFETY: an embedded value's `sdshdr8` starts after the header
         // and the expiry if there is one, within the object (checked at
-        // load).
+        // load). Its flags byte whole (the kind, no other bit: one compare
+        // with the byte in memory; a server that set others would fail the
+        // check at load and be read through `RM_StringPtrLen`).
         let hdr = unsafe { head.add(valkey_embedded_at(word)) };
-        if unsafe { *hdr.add(2) } & 7 != 1 {
+        if unsafe { *hdr.add(2) } != 1 {
             return None;
         }
         let len = usize::from(unsafe { *hdr });
@@ -492,6 +631,17 @@ unsafe fn in_place_valkey<'a>(s: *const raw::RedisModuleString) -> Option<&'a [u
         _ => return None,
     };
     Some(unsafe { std::slice::from_raw_parts(buf, len) })
+}
+
+/// [`in_place_valkey`] for [`name_of`], which is inlined in many places.
+///
+/// # Safety
+///
+/// As [`in_place_valkey`]'s.
+#[inline(never)]
+unsafe fn in_place_valkey_out_of_line<'a>(s: *const raw::RedisModuleString) -> Option<&'a [u8]> {
+    // SAFETY: the caller's.
+    unsafe { in_place_valkey(s) }
 }
 
 /// Reads strings the server makes, of every length class a name may have,

@@ -17,7 +17,8 @@
 //! loads: the arguments read from the filter context in place (its layout
 //! checked against `RM_CommandFilterArgsCount`/`ArgGet` at its first call,
 //! the calls used instead if they differ) and the name's first bytes in
-//! place (`ffi::bytes_in_place`); only a name that starts with `ev`,
+//! place (`ffi::Strings::bytes`: the filter registered is the one built for
+//! this server's strings, Redis's or Valkey's, inline); only a name that starts with `ev`,
 //! `exe` or `fc` is read whole. On Redis 7.0, which has no way to name a filtered command's
 //! sender, [`caller`] is `None` and `LOCK.KEEPALIVE` in a script is an
 //! error reply rather than a silent 0.
@@ -36,15 +37,14 @@ static FILTER: AtomicPtr<raw::RedisModuleCommandFilter> = AtomicPtr::new(std::pt
 static CALLER: AtomicU64 = AtomicU64::new(0);
 
 /// How the filter reads a command's arguments: not known yet (its first
-/// call looks), from the filter context in place ([`FilterArgs`]) and the
-/// name's first bytes in place too (`ffi::bytes_in_place`), the arguments in
-/// place and the name through `RM_StringPtrLen` (a server whose strings
-/// are not read in place: Valkey), or both through the API.
+/// call looks), from the filter context in place ([`FilterArgs`]), or
+/// through the API. The name's first bytes are read by the reader of this
+/// server's strings (`ffi::Strings`: the filter registered is the one
+/// built for it).
 static ARGS: AtomicU8 = AtomicU8::new(ARGS_UNKNOWN);
 const ARGS_UNKNOWN: u8 = 0;
 const ARGS_IN_PLACE: u8 = 1;
-const ARGS_ONLY_IN_PLACE: u8 = 2;
-const ARGS_BY_CALL: u8 = 3;
+const ARGS_BY_CALL: u8 = 2;
 
 /// The start of the filter context as Redis 7.2 to 8.x and Valkey lay it
 /// out (module.c, `RedisModuleCommandFilterCtx`: the arguments, their
@@ -75,12 +75,13 @@ pub fn follow(ctx: *mut raw::RedisModuleCtx, on: bool) {
     match (on, current.is_null()) {
         (true, true) => {
             let flags = c_int::try_from(raw::REDISMODULE_CMDFILTER_NOSELF).unwrap_or(0);
-            let filter = api!(RedisModule_RegisterCommandFilter(
-                ctx,
-                Some(on_command),
-                flags
-            ))
-            .unwrap_or(std::ptr::null_mut());
+            let on_command: raw::RedisModuleCommandFilterFunc = match ffi::strings() {
+                ffi::Layout::Redis => Some(on_command::<ffi::RedisStrings>),
+                ffi::Layout::Valkey => Some(on_command::<ffi::ValkeyStrings>),
+                ffi::Layout::ByCall => Some(on_command::<ffi::StringsByCall>),
+            };
+            let filter = api!(RedisModule_RegisterCommandFilter(ctx, on_command, flags))
+                .unwrap_or(std::ptr::null_mut());
             FILTER.store(filter, Ordering::Relaxed);
         }
         (false, false) => {
@@ -143,14 +144,13 @@ fn learn_args(fctx: *mut raw::RedisModuleCommandFilterCtx) -> u8 {
             && *(*f).argv == first
             && usize::try_from(argc - 1).is_ok_and(|i| *(*f).argv.add(i) == last)
     };
-    match (same, ffi::in_place_ok()) {
-        (true, true) => ARGS_IN_PLACE,
-        (true, false) => ARGS_ONLY_IN_PLACE,
-        (false, _) => ARGS_BY_CALL,
+    match same {
+        true => ARGS_IN_PLACE,
+        false => ARGS_BY_CALL,
     }
 }
 
-extern "C" fn on_command(fctx: *mut raw::RedisModuleCommandFilterCtx) {
+extern "C" fn on_command<S: ffi::Strings>(fctx: *mut raw::RedisModuleCommandFilterCtx) {
     // No panic can happen here (no indexing, no unwrap); nothing to catch.
     // Every command of every client comes here while some holder is bound:
     // its name's first byte read in place, and only `e...` and `f...`
@@ -168,9 +168,9 @@ extern "C" fn on_command(fctx: *mut raw::RedisModuleCommandFilterCtx) {
         return;
     }
     let arg = unsafe { *(*f).argv };
-    // SAFETY: `arg` is the live string Redis is about to run, on a server
-    // whose strings are read in place (`ARGS_IN_PLACE`).
-    let Some(p) = (unsafe { ffi::bytes_in_place(arg) }) else {
+    // SAFETY: `arg` is the live string Redis is about to run; `S` is the
+    // reader chosen at load for this server's strings.
+    let Some(p) = (unsafe { S::bytes(arg) }) else {
         return runs_script(fctx, arg);
     };
     // SAFETY: the name's `sds` buffer, NUL-terminated; `may_run_scripts`
@@ -201,41 +201,29 @@ fn may_run_scripts(at: impl Fn(usize) -> u8) -> bool {
 }
 
 /// [`on_command`] while the context is not read in place: its first call
-/// (which looks whether it can be), or a server laid out otherwise.
+/// (which looks whether it can be), or a server laid out otherwise; the
+/// name through `ffi::name_of`.
 #[inline(never)]
 extern "C" fn on_command_by_call(fctx: *mut raw::RedisModuleCommandFilterCtx) {
-    let mut how = ARGS.load(Ordering::Relaxed);
-    if how == ARGS_UNKNOWN {
-        how = learn_args(fctx);
-        ARGS.store(how, Ordering::Relaxed);
+    if ARGS.load(Ordering::Relaxed) == ARGS_UNKNOWN {
+        ARGS.store(learn_args(fctx), Ordering::Relaxed);
     }
-    let arg = match how {
-        // SAFETY: as in `on_command`.
-        ARGS_ONLY_IN_PLACE => unsafe {
-            let f = fctx.cast::<FilterArgs>().cast_const();
-            if (*f).argc < 1 {
-                return;
-            }
-            *(*f).argv
-        },
-        _ => api!(RedisModule_CommandFilterArgGet(fctx, 0)).unwrap_or_default(),
-    };
-    if arg.is_null() {
-        return;
+    // (Learnt in place just now: the next calls read so.)
+    let arg = api!(RedisModule_CommandFilterArgGet(fctx, 0)).unwrap_or_default();
+    if !arg.is_null() {
+        runs_script(fctx, arg);
     }
-    // The name through `RM_StringPtrLen` where strings are not read in
-    // place; told apart by its length and first bytes here, inline.
+}
+
+/// A command whose name may start a script (or not read by the filter's
+/// first look): its sender remembered if it does. The name through
+/// `ffi::name_of`, told apart by its length and first bytes first.
+#[inline(never)]
+fn runs_script(fctx: *mut raw::RedisModuleCommandFilterCtx, arg: *mut raw::RedisModuleString) {
     let name = ffi::name_of(arg);
     if (4..=10).contains(&name.len()) && may_run_scripts(|i| name.get(i).copied().unwrap_or(0)) {
         remember_if_script(fctx, name);
     }
-}
-
-/// A command whose name may start a script: its sender remembered if it
-/// does.
-#[inline(never)]
-fn runs_script(fctx: *mut raw::RedisModuleCommandFilterCtx, arg: *mut raw::RedisModuleString) {
-    remember_if_script(fctx, ffi::name_of(arg));
 }
 
 fn remember_if_script(fctx: *mut raw::RedisModuleCommandFilterCtx, name: &[u8]) {

@@ -255,17 +255,14 @@ static MASK: AtomicUsize = AtomicUsize::new(MIN_BUCKETS - 1);
 static ENTRIES: AtomicUsize = AtomicUsize::new(0);
 /// Why the keyspace callback must look past a name's answer, one bit a
 /// reason, so that it reads one byte for all of them before the name:
-/// the filter is unsure ([`UNSURE`]), names cannot be read in place
-/// ([`NOT_IN_PLACE`]), or the callback's own reasons (`events`: a lock
-/// left a name, is being moved, or was deleted).
+/// the filter is unsure ([`UNSURE`]), or the callback's own reasons
+/// (`events`: a lock left a name, is being moved, or was deleted; bit 2,
+/// once names not read in place, is free).
 pub static ATTENTION: AtomicU8 = AtomicU8::new(0);
 /// [`ATTENTION`]'s bit: the table may miss a name (an entry found no
 /// room, an unlink found none): every name may be a lock's until it is
 /// rebuilt.
 pub const UNSURE: u8 = 1;
-/// [`ATTENTION`]'s bit: this server's strings are not read in place
-/// (`ffi::name_of`).
-pub const NOT_IN_PLACE: u8 = 2;
 
 /// Sets or clears `bits` of [`ATTENTION`] (main thread only).
 pub fn attend(bits: u8, on: bool) {
@@ -283,7 +280,7 @@ static NEXT_MASK: AtomicUsize = AtomicUsize::new(0);
 static NEXT_ENTRIES: AtomicUsize = AtomicUsize::new(0);
 static NEXT_UNSURE: AtomicBool = AtomicBool::new(false);
 
-/// The first probe of [`quick_no`], before the table: for each of 65,536
+/// The keyspace callback's first look ([`probe_no`]), before the table: for each of 65,536
 /// slots, how many names counted in the table have that slot
 /// ([`probe_slot`], from a name's length and its first and last words),
 /// 255 when more (stuck there until the table is emptied or rebuilt). A
@@ -367,8 +364,8 @@ fn probe_remove(name: &[u8]) {
     }
 }
 
-/// Whether [`PROBE`] says no lock has `name`: its slot at 0 ([`quick_no`]'s
-/// first half).
+/// Whether [`PROBE`] says no lock has `name`: its slot at 0 (the keyspace
+/// callback's first look; [`table_no`] its second).
 #[inline(always)]
 pub fn probe_no(name: &[u8]) -> bool {
     // The slot is under `PROBE_SLOTS` (16 bits).
@@ -387,7 +384,7 @@ fn probe_clear(probe: &[AtomicU8; PROBE_SLOTS]) {
 /// to 32 bytes is four overlapping words, of up to sixteen two, of four to
 /// eight two overlapping halves, of up to three its first, middle and last
 /// byte), each mixed in by one folded multiply. Names past 32 bytes out of
-/// line ([`quick_no`] leaves them to the slow path).
+/// line ([`table_no`] leaves them to the slow path).
 #[inline(always)]
 fn name_hash(name: &[u8]) -> u64 {
     let n = name.len();
@@ -660,13 +657,14 @@ pub fn may_be_lock(name: &[u8]) -> bool {
 /// lock's, by its slot in [`PROBE`] (any length), else (a name of at most
 /// 32 bytes) by the table; false for a name that may be a lock's
 /// ([`may_be_lock`] tells), or a longer one the probe does not answer,
-/// whatever [`ATTENTION`] says (its caller read it).
-#[inline(always)]
-pub fn quick_no(name: &[u8]) -> bool {
+/// whatever [`ATTENTION`] says (its caller read it). The callback makes
+/// the two looks itself, the second out of line (`events::on_generic`).
+#[cfg(test)]
+fn quick_no(name: &[u8]) -> bool {
     probe_no(name) || table_no(name)
 }
 
-/// [`quick_no`] past the probe, out of line (the keyspace callback's
+/// The keyspace callback's look past the probe, out of line (the keyspace callback's
 /// common path keeps no register of its own).
 #[inline(never)]
 pub fn table_no(name: &[u8]) -> bool {
