@@ -6,10 +6,18 @@
 //! exclusive:  [0]                                        entry (exactly one)
 //! shared:     [1] count:u32 len:u32 cap:u32              kept entry...
 //! semaphore:  [2] count:u32 len:u32 cap:u32 limit:u32    kept entry...
-//! kept:       latest:u64 at-latest:u32 low:u64
+//! kept:       latest:u64 at-latest:u32 low:u64 index:u64
 //! entry:      token:u64 deadline:u64 holds:u32 since:u32 owner-length owner
 //! owner-length: one byte below 255, else 255 and a u32
 //! ```
+//!
+//! `index` is the address of the block's [`Index`] while the block is
+//! Redis's (0: none), a lock of [`INDEX_FROM`] holders or more: its owners
+//! by hash and its deadlines in order, so a look-up, a removal and the
+//! earliest and latest deadlines cost no walk of the holders. An indexed
+//! block removes an entry by marking it (a tombstone: `holds` 0, skipped
+//! by every read), not by moving the entries after it; the marks are
+//! swept out when they outweigh the live entries ([`Block::remove`]).
 //!
 //! `kept` is the latest deadline of the holders and how many have it (0:
 //! not known, found by a walk when asked, [`Block::keep_latest`]), kept by
@@ -35,9 +43,12 @@
 //! Every read is bounds-checked and yields `None` past the end, never a
 //! panic; the block is only ever written by this file.
 
+use std::collections::BTreeMap;
 use std::mem::ManuallyDrop;
 
+use crate::hash::Keyed;
 use crate::mode::Mode;
+use crate::shards::Sharded;
 
 /// The tags of the modes' blocks, from the mode table.
 pub const EXCLUSIVE: u8 = Mode::Exclusive.tag();
@@ -49,11 +60,24 @@ const FIXED: usize = 24;
 /// The header of shared and semaphore blocks (before `limit`).
 const COUNTED: usize = 13;
 const LIMIT_AT: usize = COUNTED;
-/// The kept latest deadline and how many holders have it, and the bound
-/// on the earliest (`kept`).
-const KEPT: usize = 20;
+/// The kept latest deadline and how many holders have it, the bound on
+/// the earliest, and the index's address (`kept`).
+const KEPT: usize = 28;
 /// Where `low` is in `kept`.
 const LOW_AT: usize = 12;
+/// Where the index's address is in `kept`.
+const INDEX_AT: usize = 20;
+/// A shared or semaphore block is indexed from this many holders on
+/// ([`Index`]); below it a look-up walks at most this many entries.
+#[cfg(not(test))]
+pub(crate) const INDEX_FROM: usize = 1024;
+/// (A few in the core's own tests: every test of a lock of a few holders
+/// runs on an indexed block, property tests included.)
+#[cfg(test)]
+pub(crate) const INDEX_FROM: usize = 4;
+/// An indexed block that falls below this many holders drops its index
+/// (after its tombstones are swept out).
+const INDEX_UNTIL: usize = INDEX_FROM / 2;
 /// Owner lengths from this one on take a byte and a u32.
 const LONG: u8 = 255;
 
@@ -255,10 +279,174 @@ pub(crate) fn own(d: u64) -> u64 {
     }
 }
 
-/// The holders of one lock, packed (see the file's comment).
+/// A hash of an owner's bytes, keyed at random ([`Keyed`]): owners are
+/// chosen by clients.
+fn owner_hash(owner: &[u8]) -> u32 {
+    (std::hash::BuildHasher::hash_one(&Keyed::default(), owner) >> 32) as u32
+}
+
+/// The hasher of [`Index`]'s table: its keys are keyed hashes already,
+/// spread over 64 bits (the shard is chosen from the high ones).
+#[derive(Debug, Default, Clone, Copy)]
+struct Spread;
+
+impl std::hash::BuildHasher for Spread {
+    type Hasher = SpreadHasher;
+    fn build_hasher(&self) -> SpreadHasher {
+        SpreadHasher(0)
+    }
+}
+
+struct SpreadHasher(u64);
+
+impl std::hash::Hasher for SpreadHasher {
+    fn write(&mut self, bytes: &[u8]) {
+        for b in bytes {
+            self.0 = self.0.rotate_left(8) ^ u64::from(*b);
+        }
+        self.0 = self.0.wrapping_mul(0x9E37_79B9_7F4A_7C15);
+    }
+
+    fn write_u32(&mut self, x: u32) {
+        self.0 = u64::from(x).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+    }
+
+    fn finish(&self) -> u64 {
+        self.0
+    }
+}
+
+/// A large block's holders by owner and by deadline (see the file's
+/// comment): kept by every change to the block, never saved (a load
+/// builds it on its walk). Each owner's entry offset under the owner's
+/// hash, exact whatever collides (an owner whose hash another listed
+/// owner has is in `collided`, compared byte for byte); the table grows a
+/// shard at a time ([`Sharded`]). The deadlines, each with how many
+/// holders have it, in order: the earliest and the latest without a walk.
+#[derive(Debug, Default)]
+pub(crate) struct Index {
+    owners: Sharded<u32, u32, Spread>,
+    collided: Vec<(u32, u32)>,
+    deadlines: BTreeMap<u64, u32>,
+    /// Bytes of tombstones in the block.
+    dead: usize,
+}
+
+impl Index {
+    fn find(&self, buf: &[u8], owner: &[u8]) -> Option<usize> {
+        let h = owner_hash(owner);
+        let first = *self.owners.get(&h)? as usize;
+        if owner_at(buf, first) == Some(owner) {
+            return Some(first);
+        }
+        self.collided
+            .iter()
+            .filter(|(hh, _)| *hh == h)
+            .map(|(_, at)| *at as usize)
+            .find(|at| owner_at(buf, *at) == Some(owner))
+    }
+
+    fn add(&mut self, owner: &[u8], at: usize, deadline: u64) {
+        let h = owner_hash(owner);
+        let at = u32::try_from(at).unwrap_or(u32::MAX);
+        if self.owners.contains_key(&h) {
+            self.collided.push((h, at));
+        } else {
+            self.owners.insert(h, at);
+        }
+        self.add_deadline(deadline);
+    }
+
+    /// The entry of `owner` moved from `from` to `to` (`None`: it left).
+    fn moved(&mut self, owner: &[u8], from: usize, to: Option<usize>) {
+        let h = owner_hash(owner);
+        let (from, to) = (
+            u32::try_from(from).unwrap_or(u32::MAX),
+            to.map(|t| u32::try_from(t).unwrap_or(u32::MAX)),
+        );
+        if self.owners.get(&h) == Some(&from) {
+            match to {
+                Some(to) => {
+                    self.owners.insert(h, to);
+                }
+                None => {
+                    self.owners.remove(&h);
+                    if let Some(i) = self.collided.iter().position(|(hh, _)| *hh == h) {
+                        let (_, at) = self.collided.swap_remove(i);
+                        self.owners.insert(h, at);
+                    }
+                }
+            }
+            return;
+        }
+        if let Some(i) = self
+            .collided
+            .iter()
+            .position(|(hh, at)| *hh == h && *at == from)
+        {
+            match to {
+                Some(to) => {
+                    if let Some(c) = self.collided.get_mut(i) {
+                        c.1 = to;
+                    }
+                }
+                None => {
+                    self.collided.swap_remove(i);
+                }
+            }
+        }
+    }
+
+    fn add_deadline(&mut self, d: u64) {
+        *self.deadlines.entry(d).or_insert(0) += 1;
+    }
+
+    fn drop_deadline(&mut self, d: u64) {
+        if let Some(n) = self.deadlines.get_mut(&d) {
+            *n -= 1;
+            if *n == 0 {
+                self.deadlines.remove(&d);
+            }
+        }
+    }
+
+    /// The earliest of the holders' own deadlines ([`own`]; `u64::MAX`:
+    /// none has one).
+    fn earliest_own(&self) -> u64 {
+        self.deadlines
+            .first_key_value()
+            .map_or(u64::MAX, |(d, _)| own(*d))
+    }
+
+    fn latest(&self) -> Option<(u64, u32)> {
+        self.deadlines.last_key_value().map(|(d, n)| (*d, *n))
+    }
+
+    /// Bytes of heap it takes, about (its tables' entries).
+    fn bytes(&self) -> usize {
+        std::mem::size_of::<Index>()
+            + if self.owners.len() >= crate::shards::SMALL {
+                crate::shards::SHARDS * 48
+            } else {
+                0
+            }
+            + self.owners.len() * 12
+            + self.collided.capacity() * 8
+            + self.deadlines.len() * 18
+    }
+}
+
+/// The owner of the entry at `at`.
+fn owner_at(buf: &[u8], at: usize) -> Option<&[u8]> {
+    entry_at(buf, at).map(|(h, _)| h.owner)
+}
+
+/// The holders of one lock, packed (see the file's comment), and a large
+/// one's [`Index`].
 #[derive(Default)]
 pub struct Block {
     buf: Vec<u8>,
+    index: Option<Box<Index>>,
 }
 
 impl Block {
@@ -325,6 +513,10 @@ impl Block {
             return;
         };
         if old != deadline && self.tag() != Some(EXCLUSIVE) {
+            if let Some(index) = self.index.as_deref_mut() {
+                index.drop_deadline(old);
+                index.add_deadline(deadline);
+            }
             // (In before out: a holder at the latest that moves later
             // stays known.)
             self.kept_in(deadline);
@@ -420,7 +612,41 @@ impl Block {
                 self.lower(h.deadline);
             }
         }
+        match self.index.as_deref_mut() {
+            Some(index) => index.add(h.owner, at, h.deadline),
+            None if n >= INDEX_FROM && tag != EXCLUSIVE => self.build_index(),
+            None => {}
+        }
         Ok(at)
+    }
+
+    /// Indexes the block's holders (it has [`INDEX_FROM`] of them: a walk
+    /// of that many, once).
+    #[cold]
+    fn build_index(&mut self) {
+        let mut index = Index::default();
+        for (at, h) in self.entries() {
+            index.add(h.owner, at, h.deadline);
+        }
+        self.index = Some(Box::new(index));
+    }
+
+    /// Whether the block has an [`Index`].
+    pub fn is_indexed(&self) -> bool {
+        self.index.is_some()
+    }
+
+    /// The entry offset of `owner`'s holder through the index: `None` when
+    /// the block has none (then a walk finds it), `Some(None)` when the
+    /// owner has no holder here.
+    pub fn find(&self, owner: &[u8]) -> Option<Option<usize>> {
+        let index = self.index.as_deref()?;
+        Some(index.find(&self.buf, owner))
+    }
+
+    /// Bytes of heap the index takes, about (0 without one).
+    pub fn index_bytes(&self) -> usize {
+        self.index.as_deref().map_or(0, Index::bytes)
     }
 
     /// The kept latest deadline and how many holders have it (`None` for
@@ -470,11 +696,14 @@ impl Block {
     /// The earliest of the holders' own deadlines by a walk (`u64::MAX`:
     /// none), kept as the bound: it is exact until the next change.
     pub fn exact_low(&mut self) -> u64 {
-        let low = self
-            .entries()
-            .map(|(_, h)| own(h.deadline))
-            .min()
-            .unwrap_or(u64::MAX);
+        let low = match self.index.as_deref() {
+            Some(index) => index.earliest_own(),
+            None => self
+                .entries()
+                .map(|(_, h)| own(h.deadline))
+                .min()
+                .unwrap_or(u64::MAX),
+        };
         self.set_low(low);
         low
     }
@@ -514,6 +743,9 @@ impl Block {
 
     /// The latest deadline of the holders and how many have it, by a walk.
     fn walk_latest(&self) -> Option<(u64, u32)> {
+        if let Some(index) = self.index.as_deref() {
+            return index.latest();
+        }
         self.entries()
             .fold(None, |acc, (_, h)| at_latest(acc, h.deadline))
     }
@@ -550,23 +782,95 @@ impl Block {
     /// The holder whose entry starts at `at` (an offset [`Block::entries`]
     /// or [`Block::push`] gave), if the block has one there.
     pub fn holder_at(&self, at: usize) -> Option<HolderRef<'_>> {
-        entry_at(&self.buf, at).map(|(h, _)| h)
+        entry_at(&self.buf, at)
+            .map(|(h, _)| h)
+            .filter(|h| h.holds != 0)
     }
 
-    /// Removes the entry at `at` (the others keep their order).
+    /// Removes the entry at `at` (the others keep their order). An
+    /// indexed block marks it (no entry moves: constant time), or cuts it
+    /// off when it is the last; its marks are swept out when they
+    /// outweigh the live entries ([`Block::sweep_marks`]).
     pub fn remove(&mut self, at: usize) {
         let Some((h, end)) = entry_at(&self.buf, at) else {
             return;
         };
+        if h.holds == 0 {
+            return;
+        }
         let deadline = h.deadline;
         let n = self.count().saturating_sub(1);
         if n == 0 {
             self.clear();
             return;
         }
-        self.buf.drain(at..end);
+        match self.index.as_deref_mut() {
+            Some(index) => {
+                index.moved(h.owner, at, None);
+                index.drop_deadline(deadline);
+                if end == self.buf.len() {
+                    self.buf.truncate(at);
+                } else {
+                    index.dead += end - at;
+                    put_u32(&mut self.buf, at + 16, 0);
+                }
+            }
+            None => {
+                self.buf.drain(at..end);
+            }
+        }
         self.set_count(n);
         self.kept_out(deadline);
+        self.sweep_marks();
+    }
+
+    /// Sweeps an indexed block's tombstones out when they take more bytes
+    /// than its live entries, or when it has fewer than [`INDEX_UNTIL`]
+    /// holders left (its index dropped then): one pass moving the live
+    /// entries up, each moved one's offset set anew in the index. Every
+    /// sweep follows removals of at least as many bytes as it moves, so a
+    /// removal costs constant time amortised.
+    fn sweep_marks(&mut self) {
+        let Some(dead) = self.index.as_deref().map(|i| i.dead) else {
+            return;
+        };
+        let Some(tag) = self.tag() else {
+            return;
+        };
+        let count = self.count();
+        let live = self.buf.len().saturating_sub(header_len(tag) + dead);
+        let small = count < INDEX_UNTIL;
+        if dead <= live && !small {
+            return;
+        }
+        if dead > 0 {
+            let mut index = self.index.take();
+            let mut read = header_len(tag);
+            let mut write = read;
+            while read < self.buf.len() {
+                let Some((h, end)) = entry_at(&self.buf, read) else {
+                    break;
+                };
+                if h.holds != 0 {
+                    if write != read {
+                        if let Some(index) = index.as_deref_mut() {
+                            index.moved(h.owner, read, Some(write));
+                        }
+                        self.buf.copy_within(read..end, write);
+                    }
+                    write += end - read;
+                }
+                read = end;
+            }
+            self.buf.truncate(write);
+            if let Some(index) = index.as_deref_mut() {
+                index.dead = 0;
+            }
+            self.index = index;
+        }
+        if small {
+            self.index = None;
+        }
     }
 
     /// Keeps the holders `keep` says yes to, in order.
@@ -581,6 +885,9 @@ impl Block {
         // walks them all).
         let mut latest: Option<(u64, u32)> = None;
         let mut low = u64::MAX;
+        if self.index.is_some() {
+            return self.retain_indexed(keep);
+        }
         for _ in 0..self.count() {
             let Some((h, end)) = entry_at(&self.buf, read) else {
                 break;
@@ -608,9 +915,46 @@ impl Block {
         self.set_low(low);
     }
 
+    /// [`Block::retain`] of an indexed block: the holders not kept marked
+    /// and taken out of the index (nothing moves), then the marks swept
+    /// out if they outweigh the rest.
+    fn retain_indexed(&mut self, mut keep: impl FnMut(&HolderRef<'_>) -> bool) {
+        let gone: Vec<usize> = self
+            .entries()
+            .filter(|(_, h)| !keep(h))
+            .map(|(at, _)| at)
+            .collect();
+        let mut kept = self.count();
+        for at in gone {
+            let Some((h, end)) = entry_at(&self.buf, at) else {
+                continue;
+            };
+            let deadline = h.deadline;
+            if let Some(index) = self.index.as_deref_mut() {
+                index.moved(h.owner, at, None);
+                index.drop_deadline(deadline);
+                index.dead += end - at;
+            }
+            put_u32(&mut self.buf, at + 16, 0);
+            kept -= 1;
+        }
+        if kept == 0 {
+            self.clear();
+            return;
+        }
+        self.set_count(kept);
+        if let Some((l, n)) = self.index.as_deref().and_then(Index::latest) {
+            self.set_kept(l, n);
+        }
+        let low = self.index.as_deref().map_or(u64::MAX, Index::earliest_own);
+        self.set_low(low);
+        self.sweep_marks();
+    }
+
     /// No holder left: the memory goes too.
     pub fn clear(&mut self) {
         self.buf = Vec::new();
+        self.index = None;
     }
 
     /// The address Redis stores as the key's value (the block now belongs
@@ -620,13 +964,20 @@ impl Block {
         match self.tag() {
             None => return std::ptr::null_mut(),
             Some(EXCLUSIVE) => self.buf.shrink_to_fit(),
-            Some(_) => {
+            Some(tag) => {
                 let (len, cap) = (self.buf.len(), self.buf.capacity());
                 put_u32(&mut self.buf, 5, u32::try_from(len).unwrap_or(u32::MAX));
                 put_u32(&mut self.buf, 9, u32::try_from(cap).unwrap_or(u32::MAX));
+                // The index goes with the block: its address in `kept`.
+                let index = self.index.take().map_or(0, |i| Box::into_raw(i) as usize);
+                put_u64(
+                    &mut self.buf,
+                    saved_header_len(tag) + INDEX_AT,
+                    index as u64,
+                );
             }
         }
-        ManuallyDrop::new(self.buf).as_mut_ptr()
+        ManuallyDrop::new(std::mem::take(&mut self.buf)).as_mut_ptr()
     }
 
     /// The block's bytes in memory (`kept` included).
@@ -643,7 +994,19 @@ impl Block {
         let at = saved_header_len(tag);
         let mut saved = Vec::with_capacity(self.buf.len().saturating_sub(KEPT));
         saved.extend_from_slice(self.buf.get(..at).unwrap_or(&[]));
-        saved.extend_from_slice(self.buf.get(at + KEPT..).unwrap_or(&[]));
+        match self.index.as_deref() {
+            // Tombstones are not saved: the live entries, in order.
+            Some(index) if index.dead > 0 => {
+                let mut read = header_len(tag);
+                while let Some((h, end)) = entry_at(&self.buf, read) {
+                    if h.holds != 0 {
+                        saved.extend_from_slice(self.buf.get(read..end).unwrap_or(&[]));
+                    }
+                    read = end;
+                }
+            }
+            _ => saved.extend_from_slice(self.buf.get(at + KEPT..).unwrap_or(&[])),
+        }
         std::borrow::Cow::Owned(saved)
     }
 
@@ -662,7 +1025,7 @@ impl Block {
             let at = saved_header_len(tag);
             buf.splice(at..at, [0; KEPT]);
         }
-        let mut block = Block { buf };
+        let mut block = Block { buf, index: None };
         let count = block.count();
         // One walk: each entry complete (its `since` set as it is passed:
         // a block refused later is dropped whole), exactly `count` of them
@@ -684,6 +1047,9 @@ impl Block {
             block.set_kept(l, n);
         }
         block.set_low(survey.earliest_deadline);
+        if count >= INDEX_FROM && tag != EXCLUSIVE {
+            block.build_index();
+        }
         Some((block, survey))
     }
 
@@ -741,9 +1107,51 @@ impl Block {
         };
         // SAFETY: the allocation `into_raw` gave away, with the length and
         // capacity it had then.
-        Block {
-            buf: unsafe { Vec::from_raw_parts(ptr, len, cap) },
+        let buf = unsafe { Vec::from_raw_parts(ptr, len, cap) };
+        let index = match buf.first() {
+            Some(&tag) if tag != EXCLUSIVE => {
+                u64_at(&buf, saved_header_len(tag) + INDEX_AT).unwrap_or(0) as usize
+            }
+            _ => 0,
+        };
+        // SAFETY: a non-zero address there is the index `into_raw` gave
+        // away with this block (a block is only ever written by this file).
+        let index = (index != 0).then(|| unsafe { Box::from_raw(index as *mut Index) });
+        Block { buf, index }
+    }
+}
+
+#[cfg(test)]
+impl Block {
+    /// Whether an indexed block's index says what a walk of its entries
+    /// says: each holder found at its entry by its owner, as many indexed
+    /// as there are holders, the deadlines each with its walked count, the
+    /// tombstones' bytes; an unindexed block has no tombstone.
+    pub(crate) fn index_agrees(&self) -> bool {
+        let Some(tag) = self.tag() else {
+            return self.index.is_none();
+        };
+        let mut read = header_len(tag);
+        let mut dead = 0;
+        while let Some((h, end)) = entry_at(&self.buf, read) {
+            if h.holds == 0 {
+                dead += end - read;
+            }
+            read = end;
         }
+        let Some(index) = self.index.as_deref() else {
+            return dead == 0;
+        };
+        let mut deadlines = BTreeMap::new();
+        for (_, h) in self.entries() {
+            *deadlines.entry(h.deadline).or_insert(0u32) += 1;
+        }
+        index.dead == dead
+            && index.owners.len() + index.collided.len() == self.count()
+            && index.deadlines == deadlines
+            && self
+                .entries()
+                .all(|(at, h)| index.find(&self.buf, h.owner) == Some(at))
     }
 }
 
@@ -762,14 +1170,19 @@ impl<'a> Iterator for Entries<'a> {
         if self.left == 0 {
             return None;
         }
-        let at = self.at;
-        let Some((h, next)) = entry_at(self.buf, at) else {
-            self.left = 0;
-            return None;
-        };
-        self.left -= 1;
-        self.at = next;
-        Some((at, h))
+        loop {
+            let at = self.at;
+            let Some((h, next)) = entry_at(self.buf, at) else {
+                self.left = 0;
+                return None;
+            };
+            self.at = next;
+            // A tombstone (an indexed block's removed entry) is no holder.
+            if h.holds != 0 {
+                self.left -= 1;
+                return Some((at, h));
+            }
+        }
     }
 
     fn size_hint(&self) -> (usize, Option<usize>) {
