@@ -330,6 +330,69 @@ pub(crate) struct Index {
     deadlines: BTreeMap<u64, u32>,
     /// Bytes of tombstones in the block.
     dead: usize,
+    /// How long each holder will have held at its deadline, summed up.
+    held: Held,
+}
+
+/// The bounds of the hold-time statistics' buckets, ms: a holder's hold
+/// time is in the first bucket whose bound it does not pass, or in the
+/// last, past them all.
+pub const HELD_BOUNDS_MS: [u64; 5] = [1, 10, 100, 1_000, 10_000];
+
+/// How long a set of holders will have held at their deadlines
+/// ([`HolderRef::held_ms`] of each at its own deadline), summed up: how
+/// many, the sum, and how many in each bucket of [`HELD_BOUNDS_MS`] (the
+/// last: past them all). What the statistics record when a lock's every
+/// lease ran out, without a walk of its holders.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct Held {
+    pub count: u64,
+    pub sum_ms: u64,
+    pub buckets: [u64; 6],
+}
+
+impl Held {
+    /// The bucket of a hold time of `ms`.
+    pub fn bucket(ms: u64) -> usize {
+        HELD_BOUNDS_MS
+            .iter()
+            .position(|b| ms <= *b)
+            .unwrap_or(HELD_BOUNDS_MS.len())
+    }
+
+    fn add(&mut self, since: u32, deadline: u64) {
+        self.record(u64::from(held_ms(since, deadline)));
+    }
+
+    /// One hold time of `ms` more.
+    pub fn record(&mut self, ms: u64) {
+        self.count += 1;
+        self.sum_ms = self.sum_ms.wrapping_add(ms);
+        if let Some(b) = self.buckets.get_mut(Held::bucket(ms)) {
+            *b += 1;
+        }
+    }
+
+    fn take(&mut self, since: u32, deadline: u64) {
+        let ms = u64::from(held_ms(since, deadline));
+        self.count = self.count.saturating_sub(1);
+        self.sum_ms = self.sum_ms.wrapping_sub(ms);
+        if let Some(b) = self.buckets.get_mut(Held::bucket(ms)) {
+            *b = b.saturating_sub(1);
+        }
+    }
+}
+
+/// How long a holder granted at `since` has held at `end` (unix ms),
+/// right for holds under 24 days (`since` wraps at 49): an `end` before
+/// `since` is 0, never a wrap ([`HolderRef::held_ms`]).
+pub fn held_ms(since: u32, end: u64) -> u32 {
+    let held = ((end & u64::from(u32::MAX)) as u32).wrapping_sub(since);
+    if held > i32::MAX as u32 {
+        0
+    } else {
+        held
+    }
 }
 
 impl Index {
@@ -346,7 +409,8 @@ impl Index {
             .find(|at| owner_at(buf, *at) == Some(owner))
     }
 
-    fn add(&mut self, owner: &[u8], at: usize, deadline: u64) {
+    fn add(&mut self, owner: &[u8], at: usize, since: u32, deadline: u64) {
+        self.held.add(since, deadline);
         let h = owner_hash(owner);
         let at = u32::try_from(at).unwrap_or(u32::MAX);
         if self.owners.contains_key(&h) {
@@ -355,6 +419,13 @@ impl Index {
             self.owners.insert(h, at);
         }
         self.add_deadline(deadline);
+    }
+
+    /// The holder `h` at `at` left.
+    fn gone(&mut self, h: &HolderRef<'_>, at: usize) {
+        self.moved(h.owner, at, None);
+        self.drop_deadline(h.deadline);
+        self.held.take(h.since, h.deadline);
     }
 
     /// The entry of `owner` moved from `from` to `to` (`None`: it left).
@@ -512,11 +583,15 @@ impl Block {
         let Some(old) = u64_at(&self.buf, at + 8) else {
             return;
         };
+        if let (Some(index), Some(old_since)) =
+            (self.index.as_deref_mut(), u32_at(&self.buf, at + 20))
+        {
+            index.drop_deadline(old);
+            index.add_deadline(deadline);
+            index.held.take(old_since, old);
+            index.held.add(since, deadline);
+        }
         if old != deadline && self.tag() != Some(EXCLUSIVE) {
-            if let Some(index) = self.index.as_deref_mut() {
-                index.drop_deadline(old);
-                index.add_deadline(deadline);
-            }
             // (In before out: a holder at the latest that moves later
             // stays known.)
             self.kept_in(deadline);
@@ -613,7 +688,7 @@ impl Block {
             }
         }
         match self.index.as_deref_mut() {
-            Some(index) => index.add(h.owner, at, h.deadline),
+            Some(index) => index.add(h.owner, at, h.since, h.deadline),
             None if n >= INDEX_FROM && tag != EXCLUSIVE => self.build_index(),
             None => {}
         }
@@ -626,7 +701,7 @@ impl Block {
     fn build_index(&mut self) {
         let mut index = Index::default();
         for (at, h) in self.entries() {
-            index.add(h.owner, at, h.deadline);
+            index.add(h.owner, at, h.since, h.deadline);
         }
         self.index = Some(Box::new(index));
     }
@@ -642,6 +717,25 @@ impl Block {
     pub fn find(&self, owner: &[u8]) -> Option<Option<usize>> {
         let index = self.index.as_deref()?;
         Some(index.find(&self.buf, owner))
+    }
+
+    /// How long each holder will have held at its own deadline, summed
+    /// up, when the block keeps it (an indexed block: no walk); `None`:
+    /// walk the holders.
+    pub fn held(&self) -> Option<Held> {
+        self.index.as_deref().map(|i| i.held)
+    }
+
+    /// The earliest and the latest deadline of the holders (`None`: no
+    /// holder), when the block keeps them in order (an indexed block);
+    /// `None`: walk the holders.
+    pub fn extremes(&self) -> Option<Option<(u64, u64)>> {
+        let d = &self.index.as_deref()?.deadlines;
+        Some(
+            d.first_key_value()
+                .zip(d.last_key_value())
+                .map(|((lo, _), (hi, _))| (*lo, *hi)),
+        )
     }
 
     /// Bytes of heap the index takes, about (0 without one).
@@ -806,8 +900,7 @@ impl Block {
         }
         match self.index.as_deref_mut() {
             Some(index) => {
-                index.moved(h.owner, at, None);
-                index.drop_deadline(deadline);
+                index.gone(&h, at);
                 if end == self.buf.len() {
                     self.buf.truncate(at);
                 } else {
@@ -929,10 +1022,8 @@ impl Block {
             let Some((h, end)) = entry_at(&self.buf, at) else {
                 continue;
             };
-            let deadline = h.deadline;
             if let Some(index) = self.index.as_deref_mut() {
-                index.moved(h.owner, at, None);
-                index.drop_deadline(deadline);
+                index.gone(&h, at);
                 index.dead += end - at;
             }
             put_u32(&mut self.buf, at + 16, 0);
@@ -1143,10 +1234,13 @@ impl Block {
             return dead == 0;
         };
         let mut deadlines = BTreeMap::new();
+        let mut held = Held::default();
         for (_, h) in self.entries() {
             *deadlines.entry(h.deadline).or_insert(0u32) += 1;
+            held.add(h.since, h.deadline);
         }
         index.dead == dead
+            && index.held == held
             && index.owners.len() + index.collided.len() == self.count()
             && index.deadlines == deadlines
             && self

@@ -114,6 +114,8 @@ impl Holder {
 /// A holder's deadline that follows a session, in the packed block's
 /// encoding ([`crate::block`]).
 pub use crate::block::{session_deadline, session_of, SESSION_BIT};
+/// A lock's hold times summed up ([`Lock::held_at_deadlines`]).
+pub use crate::block::{Held, HELD_BOUNDS_MS};
 
 /// The latest deadline a holder's own lease can have: below
 /// [`SESSION_BIT`] (a lease `now + ttl` past it ends there).
@@ -134,12 +136,7 @@ impl<'a> HolderRef<'a> {
     /// 24 days (`since` wraps at 49). An `end` before `since` (a lease that
     /// had ended before it was loaded or received) is 0, never a wrap.
     pub fn held_ms(&self, end: u64) -> u32 {
-        let held = since(end).wrapping_sub(self.since);
-        if held > i32::MAX as u32 {
-            0
-        } else {
-            held
-        }
+        block::held_ms(self.since, end)
     }
 
     /// Live by its own deadline (a session holder always is: whether its
@@ -944,11 +941,32 @@ impl Lock {
     }
 
     pub fn is_held(&self, now: u64) -> bool {
-        // Before the bound on the earliest deadline, every holder is live.
+        // Before the bound on the earliest deadline, every holder is live;
+        // after it, some is while the latest deadline (kept, or an indexed
+        // block's) is to come (a session's holder's is: it has the
+        // session's bit).
         if now < self.block.low() {
             return !self.is_empty();
         }
+        if self.block.is_indexed() {
+            return self.block.latest().is_some_and(|d| now < d);
+        }
         self.live(now).next().is_some()
+    }
+
+    /// How long each holder will have held at its own deadline, summed up
+    /// ([`Held`]): what the statistics record of a lock whose every
+    /// lease ran out. An indexed lock keeps it (no walk), the others walk
+    /// their holders (fewer than [`block::INDEX_FROM`]).
+    pub fn held_at_deadlines(&self) -> Held {
+        if let Some(held) = self.block.held() {
+            return held;
+        }
+        let mut held = Held::default();
+        for h in self.holders() {
+            held.record(u64::from(h.held_ms(h.deadline)));
+        }
+        held
     }
 
     /// How many holders are live at `now`: the stored count before the
@@ -1891,6 +1909,19 @@ impl Lock {
     /// [`Lock::remove`] as a replica applies it (`LOCK.SYNC ... DROP`), with
     /// what [`Lock::apply_set`] reports, in one walk.
     pub fn apply_drop(&mut self, owner: &[u8]) -> Applied {
+        if self.block.is_indexed() {
+            // The owner found and the deadlines' extremes read through the
+            // block's index: no walk.
+            let mine = self.entry(owner).map(|(at, h)| (at, h.deadline));
+            if let Some((at, _)) = mine {
+                self.block.remove(at);
+                self.block.exact_low();
+            }
+            return Applied {
+                followed: mine.and_then(|(_, deadline)| session_of(deadline)),
+                deadlines: self.block.extremes().flatten().or_else(|| self.deadlines()),
+            };
+        }
         let mut mine: Option<(usize, u64)> = None;
         let mut others: Option<(u64, u64)> = None;
         let mut low = u64::MAX;
@@ -3178,6 +3209,11 @@ mod tests {
                 proptest::prop_assert_eq!(owners.len(), n, "dup after {:?}", op);
                 let walked = walked_latest(&lock);
                 proptest::prop_assert_eq!(lock.latest_deadline(), walked, "after {:?}", op);
+                let mut held = Held::default();
+                for h in lock.holders() {
+                    held.record(u64::from(h.held_ms(h.deadline)));
+                }
+                proptest::prop_assert_eq!(lock.held_at_deadlines(), held);
                 // The owners' index finds exactly what a walk finds.
                 proptest::prop_assert!(lock.block.index_agrees(), "index after {:?}", op);
                 for o in 0u8..12 {
