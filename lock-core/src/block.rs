@@ -493,17 +493,16 @@ impl Index {
         self.deadlines.last_key_value().map(|(d, n)| (*d, *n))
     }
 
-    /// Bytes of heap it takes, about (its tables' entries).
+    /// Bytes of heap it takes, about: its maps' room (an entry and a
+    /// control byte each, and the maps themselves: [`Sharded`]'s 48 bytes
+    /// a shard), the side list's, and the deadlines' tree (12 bytes an
+    /// entry in nodes of 11, about two thirds full).
     fn bytes(&self) -> usize {
         std::mem::size_of::<Index>()
-            + if self.owners.len() >= crate::shards::SMALL {
-                crate::shards::SHARDS * 48
-            } else {
-                0
-            }
-            + self.owners.len() * 12
+            + self.owners.pieces() * 48
+            + self.owners.capacity() * 9
             + self.collided.capacity() * 8
-            + self.deadlines.len() * 18
+            + self.deadlines.len() * 20
     }
 }
 

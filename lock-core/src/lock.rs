@@ -1234,9 +1234,20 @@ impl Lock {
             .copied()
             .filter(|_| changes.placed_shape == Some(self.shape()))
             .filter(|&at| self.block.holder_at(at).is_some_and(|h| h.token == token));
+        // Else the grant's owner is among those it changed: an indexed
+        // lock finds it through them (no walk of its holders).
+        let changed = || {
+            changes
+                .owners()
+                .filter_map(|o| self.entry(o))
+                .find(|(_, h)| h.token == token)
+        };
         let at = match placed {
             Some(at) => at,
-            None => self.block.entries().find(|(_, h)| h.token == token)?.0,
+            None => match self.block.is_indexed().then(changed).flatten() {
+                Some((at, _)) => at,
+                None => self.block.entries().find(|(_, h)| h.token == token)?.0,
+            },
         };
         let own = self.follow_at(at, token)?;
         if let Some(h) = self.block.holder_at(at) {

@@ -92,6 +92,12 @@ impl<K, V, S> Sharded<K, V, S> {
             .flat_map(|m| m.iter_mut())
     }
 
+    /// How many entries its maps have room for, together (the memory it
+    /// takes: this many of `(K, V)` and a byte each, and the maps).
+    pub fn capacity(&self) -> usize {
+        self.small.capacity() + self.shards.iter().map(HashMap::capacity).sum::<usize>()
+    }
+
     /// How many pieces [`Sharded::piece_keys`] walks the map in: the
     /// small map, then each shard (one while the map is small).
     pub fn pieces(&self) -> usize {
