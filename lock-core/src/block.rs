@@ -328,11 +328,28 @@ pub(crate) struct Index {
     owners: Sharded<u32, u32, Spread>,
     collided: Vec<(u32, u32)>,
     deadlines: BTreeMap<u64, u32>,
-    /// Bytes of tombstones in the block.
+    /// Bytes of tombstones in the block, and of a sweep's gap.
     dead: usize,
+    /// A sweep under way ([`Block::sweep_marks`]).
+    sweep: Option<Sweep>,
     /// How long each holder will have held at its deadline, summed up.
     held: Held,
 }
+
+/// A sweep of an indexed block's tombstones under way: the live entries
+/// before `write` are swept up, the bytes from `write` to `read` are a gap
+/// every read skips, the entries from `read` on are still to sweep.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Sweep {
+    write: usize,
+    read: usize,
+}
+
+/// Entries a removal moves at most while a sweep is under way.
+#[cfg(not(test))]
+const SWEEP_STEP: usize = 1024;
+#[cfg(test)]
+const SWEEP_STEP: usize = 2;
 
 /// The bounds of the hold-time statistics' buckets, ms: a holder's hold
 /// time is in the first bucket whose bound it does not pass, or in the
@@ -565,10 +582,15 @@ impl Block {
     /// The holders in grant order, each with its entry's offset.
     pub fn entries(&self) -> Entries<'_> {
         let at = self.tag().map_or(0, header_len);
+        let gap = match self.index.as_deref().and_then(|i| i.sweep) {
+            Some(sw) => (sw.write, sw.read),
+            None => (usize::MAX, usize::MAX),
+        };
         Entries {
             buf: &self.buf,
             at,
             left: self.count(),
+            gap,
         }
     }
 
@@ -875,6 +897,11 @@ impl Block {
     /// The holder whose entry starts at `at` (an offset [`Block::entries`]
     /// or [`Block::push`] gave), if the block has one there.
     pub fn holder_at(&self, at: usize) -> Option<HolderRef<'_>> {
+        if let Some(sw) = self.index.as_deref().and_then(|i| i.sweep) {
+            if (sw.write..sw.read).contains(&at) {
+                return None;
+            }
+        }
         entry_at(&self.buf, at)
             .map(|(h, _)| h)
             .filter(|h| h.holds != 0)
@@ -902,6 +929,12 @@ impl Block {
                 index.gone(&h, at);
                 if end == self.buf.len() {
                     self.buf.truncate(at);
+                    // Cut back to a sweep's gap: the sweep is over.
+                    if let Some(sw) = index.sweep.filter(|sw| sw.read == at) {
+                        index.dead = index.dead.saturating_sub(at - sw.write);
+                        self.buf.truncate(sw.write);
+                        index.sweep = None;
+                    }
                 } else {
                     index.dead += end - at;
                     put_u32(&mut self.buf, at + 16, 0);
@@ -916,53 +949,89 @@ impl Block {
         self.sweep_marks();
     }
 
-    /// Sweeps an indexed block's tombstones out when they take more bytes
-    /// than its live entries, or when it has fewer than [`INDEX_UNTIL`]
-    /// holders left (its index dropped then): one pass moving the live
-    /// entries up, each moved one's offset set anew in the index. Every
-    /// sweep follows removals of at least as many bytes as it moves, so a
-    /// removal costs constant time amortised.
+    /// Sweeps an indexed block's tombstones out, a slice at a time: a
+    /// sweep starts when they take more bytes than its live entries, and
+    /// each removal after it moves [`SWEEP_STEP`] entries up over the
+    /// swept space (a gap that reads skip: [`Sweep`]), each moved one's
+    /// offset set anew in the index; the sweep ends when its gap reaches
+    /// the block's end (cut off). A sweep starts after removals of at least
+    /// as many bytes as it moves, and no removal moves more than a slice:
+    /// constant time a removal. A block falling below [`INDEX_UNTIL`]
+    /// holders finishes its sweep at once (a few hundred entries and the
+    /// marks left) and drops its index.
     fn sweep_marks(&mut self) {
-        let Some(dead) = self.index.as_deref().map(|i| i.dead) else {
-            return;
-        };
         let Some(tag) = self.tag() else {
             return;
         };
-        let count = self.count();
-        let live = self.buf.len().saturating_sub(header_len(tag) + dead);
-        let small = count < INDEX_UNTIL;
-        if dead <= live && !small {
+        let small = self.count() < INDEX_UNTIL;
+        let header = header_len(tag);
+        let Block { buf, index } = self;
+        let Some(ix) = index.as_deref_mut() else {
             return;
-        }
-        if dead > 0 {
-            let mut index = self.index.take();
-            let mut read = header_len(tag);
-            let mut write = read;
-            while read < self.buf.len() {
-                let Some((h, end)) = entry_at(&self.buf, read) else {
+        };
+        // (A block dropping its index sweeps until no mark is left: those
+        // made behind a sweep under way take a second one.)
+        for _ in 0..if small { 2 } else { 1 } {
+            let len = buf.len();
+            if ix.sweep.is_none()
+                && ix.dead > 0
+                && (small || 2 * ix.dead > len.saturating_sub(header))
+            {
+                ix.sweep = Some(Sweep {
+                    write: header,
+                    read: header,
+                });
+            }
+            let Some(mut sw) = ix.sweep else {
+                continue;
+            };
+            let mut left = if small { usize::MAX } else { SWEEP_STEP };
+            while left > 0 && sw.read < buf.len() {
+                let Some((h, end)) = entry_at(buf, sw.read) else {
                     break;
                 };
                 if h.holds != 0 {
-                    if write != read {
-                        if let Some(index) = index.as_deref_mut() {
-                            index.moved(h.owner, read, Some(write));
-                        }
-                        self.buf.copy_within(read..end, write);
+                    if sw.write != sw.read {
+                        ix.moved(h.owner, sw.read, Some(sw.write));
+                        buf.copy_within(sw.read..end, sw.write);
                     }
-                    write += end - read;
+                    sw.write += end - sw.read;
                 }
-                read = end;
+                sw.read = end;
+                left -= 1;
             }
-            self.buf.truncate(write);
-            if let Some(index) = index.as_deref_mut() {
-                index.dead = 0;
+            ix.sweep = Some(sw);
+            if sw.read >= buf.len() {
+                ix.dead = ix.dead.saturating_sub(buf.len() - sw.write);
+                buf.truncate(sw.write);
+                ix.sweep = None;
             }
-            self.index = index;
         }
         if small {
-            self.index = None;
+            *index = None;
         }
+    }
+
+    /// Where the entry after the one ending at `end` starts: past a
+    /// sweep's gap when it starts there.
+    fn after(&self, end: usize) -> usize {
+        match self.index.as_deref().and_then(|i| i.sweep) {
+            Some(sw) if sw.write == end => sw.read,
+            _ => end,
+        }
+    }
+
+    /// Every entry, tombstones included, with where it ends (a sweep's gap
+    /// skipped).
+    fn slots(&self) -> impl Iterator<Item = (usize, HolderRef<'_>, usize)> + '_ {
+        let first = self.tag().map_or(0, |t| self.after(header_len(t)));
+        let mut at = Some(first);
+        std::iter::from_fn(move || {
+            let (h, end) = entry_at(&self.buf, at?)?;
+            let this = at?;
+            at = Some(self.after(end));
+            Some((this, h, end))
+        })
     }
 
     /// Keeps the holders `keep` says yes to, in order.
@@ -1087,12 +1156,10 @@ impl Block {
         match self.index.as_deref() {
             // Tombstones are not saved: the live entries, in order.
             Some(index) if index.dead > 0 => {
-                let mut read = header_len(tag);
-                while let Some((h, end)) = entry_at(&self.buf, read) {
+                for (at, h, end) in self.slots() {
                     if h.holds != 0 {
-                        saved.extend_from_slice(self.buf.get(read..end).unwrap_or(&[]));
+                        saved.extend_from_slice(self.buf.get(at..end).unwrap_or(&[]));
                     }
-                    read = end;
                 }
             }
             _ => saved.extend_from_slice(self.buf.get(at + KEPT..).unwrap_or(&[])),
@@ -1221,17 +1288,26 @@ impl Block {
         let Some(tag) = self.tag() else {
             return self.index.is_none();
         };
-        let mut read = header_len(tag);
         let mut dead = 0;
-        while let Some((h, end)) = entry_at(&self.buf, read) {
+        let mut last = header_len(tag);
+        for (at, h, end) in self.slots() {
             if h.holds == 0 {
-                dead += end - read;
+                dead += end - at;
             }
-            read = end;
+            last = end;
         }
         let Some(index) = self.index.as_deref() else {
-            return dead == 0;
+            return dead == 0 && last == self.buf.len();
         };
+        if let Some(sw) = index.sweep {
+            dead += sw.read - sw.write;
+            if !(header_len(tag) <= sw.write && sw.write <= sw.read && sw.read < self.buf.len()) {
+                return false;
+            }
+        }
+        if last != self.buf.len() {
+            return false;
+        }
         let mut deadlines = BTreeMap::new();
         let mut held = Held::default();
         for (_, h) in self.entries() {
@@ -1254,6 +1330,8 @@ pub struct Entries<'a> {
     buf: &'a [u8],
     at: usize,
     left: usize,
+    /// A sweep's gap, skipped (`usize::MAX` twice: none).
+    gap: (usize, usize),
 }
 
 impl<'a> Iterator for Entries<'a> {
@@ -1264,6 +1342,9 @@ impl<'a> Iterator for Entries<'a> {
             return None;
         }
         loop {
+            if self.at == self.gap.0 {
+                self.at = self.gap.1;
+            }
             let at = self.at;
             let Some((h, next)) = entry_at(self.buf, at) else {
                 self.left = 0;
