@@ -463,6 +463,7 @@ impl Index {
                         let (_, at) = self.collided.swap_remove(i);
                         self.owners.insert(h, at);
                     }
+                    self.owners.shrink_piece_of(&h);
                 }
             }
             return;
@@ -522,6 +523,23 @@ impl Index {
             + self.deadlines.len() * 20
     }
 }
+
+/// Gives back a large block's room when it is at most half full (down to
+/// half again what it holds, at most 4 MiB at a time): a lock that empties
+/// one removal at a time frees its memory as it goes, not all at its last
+/// release.
+fn give_back(buf: &mut Vec<u8>) {
+    let cap = buf.capacity();
+    if cap > GIVE_BACK_FROM && buf.len() < cap / 2 {
+        buf.shrink_to((buf.len() + buf.len() / 2).max(cap.saturating_sub(GIVE_BACK_STEP)));
+    }
+}
+
+/// The most a block gives back at once ([`give_back`]).
+const GIVE_BACK_STEP: usize = 4 << 20;
+
+/// Blocks larger than this give back room ([`give_back`]).
+const GIVE_BACK_FROM: usize = 1 << 16;
 
 /// The owner of the entry at `at`.
 fn owner_at(buf: &[u8], at: usize) -> Option<&[u8]> {
@@ -1005,6 +1023,7 @@ impl Block {
                 ix.dead = ix.dead.saturating_sub(buf.len() - sw.write);
                 buf.truncate(sw.write);
                 ix.sweep = None;
+                give_back(buf);
             }
         }
         if small {

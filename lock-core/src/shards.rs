@@ -223,6 +223,17 @@ impl<K: Eq + Hash, V, S: BuildHasher + Clone> Sharded<K, V, S> {
         self.shard(k).get(k)
     }
 
+    /// Gives back the room of `k`'s piece when it is at most an eighth
+    /// full (a piece of a map that shrank, resized to what it holds: a
+    /// piece's worth of work, so that a map emptied one removal at a time
+    /// frees its room as it goes, not all at its drop).
+    pub fn shrink_piece_of<Q: ?Sized + Hash>(&mut self, k: &Q) {
+        let m = self.shard_mut(k);
+        if m.capacity() > 64 && m.len() * 8 < m.capacity() {
+            m.shrink_to_fit();
+        }
+    }
+
     /// The value of `k`, writable.
     pub fn get_mut<Q: ?Sized + Hash + Eq>(&mut self, k: &Q) -> Option<&mut V>
     where
