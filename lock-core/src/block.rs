@@ -758,6 +758,33 @@ impl Block {
         Some(index.find(&self.buf, owner))
     }
 
+    /// The entry offset of `owner`'s holder by a walk of an unindexed
+    /// block (which has no tombstone and no gap): each entry's owner
+    /// length and last byte compared first, the rest of the entry not read.
+    pub fn scan(&self, owner: &[u8]) -> Option<usize> {
+        let tag = self.tag()?;
+        let mut at = header_len(tag);
+        for _ in 0..self.count() {
+            let first = *self.buf.get(at + FIXED)?;
+            let (len, start) = if first < LONG {
+                (usize::from(first), at + FIXED + 1)
+            } else {
+                (
+                    usize::try_from(u32_at(&self.buf, at + FIXED + 1)?).ok()?,
+                    at + FIXED + 5,
+                )
+            };
+            if len == owner.len() {
+                let o = self.buf.get(start..start + len)?;
+                if o.last() == owner.last() && o == owner {
+                    return Some(at);
+                }
+            }
+            at = start + len;
+        }
+        None
+    }
+
     /// How long each holder will have held at its own deadline, summed
     /// up, when the block keeps it (an indexed block: no walk); `None`:
     /// walk the holders.

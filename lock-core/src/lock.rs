@@ -1070,13 +1070,11 @@ impl Lock {
     /// block's index when it has one (constant time), else by a walk (of
     /// fewer than [`block::INDEX_FROM`] holders).
     fn entry(&self, owner: &[u8]) -> Option<(usize, HolderRef<'_>)> {
-        if let Some(found) = self.block.find(owner) {
-            let at = found?;
-            return Some((at, self.block.holder_at(at)?));
-        }
-        self.block
-            .entries()
-            .find(|(_, h)| same_owner(h.owner, owner))
+        let at = match self.block.find(owner) {
+            Some(found) => found?,
+            None => self.block.scan(owner)?,
+        };
+        Some((at, self.block.holder_at(at)?))
     }
 
     /// The earliest and the latest deadline of its holders, in one pass (an
