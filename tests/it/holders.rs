@@ -311,10 +311,10 @@ fn two_hundred_thousand_readers_are_each_found_and_released_exactly_once() {
     assert!(renewed.iter().all(|r| r.int() == 1));
     // Released: every third reader, then the readers from the end down to
     // the middle (every one of them once).
-    let gone = |i: usize| i % 3 == 0 || i >= n / 2;
+    let gone = |i: usize| i.is_multiple_of(3) || i >= n / 2;
     let order: Vec<usize> = (0..n)
-        .filter(|i| i % 3 == 0)
-        .chain((n / 2..n).rev().filter(|i| i % 3 != 0))
+        .filter(|i| i.is_multiple_of(3))
+        .chain((n / 2..n).rev().filter(|i| !i.is_multiple_of(3)))
         .collect();
     let released = pipelined(&mut c, order.len(), |k| {
         vec!["LOCK.RELEASE".into(), "wide".into(), owner(order[k])]
