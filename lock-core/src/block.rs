@@ -551,7 +551,72 @@ fn owner_at(buf: &[u8], at: usize) -> Option<&[u8]> {
 #[derive(Default)]
 pub struct Block {
     buf: Vec<u8>,
-    index: Option<Box<Index>>,
+    index: IndexBox,
+}
+
+/// A block's [`Index`], owned: its address (0: none). An
+/// `Option<Box<Index>>` whose drop is one inlined check on the paths of
+/// every lock (the index freed out of line), and which is no bigger.
+#[derive(Default)]
+struct IndexBox(usize);
+
+impl IndexBox {
+    fn new(index: Index) -> IndexBox {
+        IndexBox(Box::into_raw(Box::new(index)) as usize)
+    }
+
+    #[inline]
+    fn is_some(&self) -> bool {
+        self.0 != 0
+    }
+
+    #[cfg(test)]
+    fn is_none(&self) -> bool {
+        self.0 == 0
+    }
+
+    #[inline]
+    fn as_deref(&self) -> Option<&Index> {
+        // SAFETY: a non-zero address is a live index this box owns.
+        (self.0 != 0).then(|| unsafe { &*(self.0 as *const Index) })
+    }
+
+    #[inline]
+    fn as_deref_mut(&mut self) -> Option<&mut Index> {
+        // SAFETY: as in `as_deref`, borrowed mutably with the box.
+        (self.0 != 0).then(|| unsafe { &mut *(self.0 as *mut Index) })
+    }
+
+    /// The index's address, given away (0: none); the box is empty after.
+    fn give_away(&mut self) -> usize {
+        std::mem::take(&mut self.0)
+    }
+
+    /// The index at `address` (0: none), taken over.
+    ///
+    /// # Safety
+    ///
+    /// `address` is 0 or came from [`IndexBox::give_away`] and is
+    /// owned by no other box.
+    unsafe fn from_address(address: usize) -> IndexBox {
+        IndexBox(address)
+    }
+
+    #[cold]
+    fn free(&mut self) {
+        // SAFETY: a non-zero address is an index this box owns, from
+        // `Box::into_raw`; it is zeroed so it is freed once.
+        drop(unsafe { Box::from_raw(std::mem::take(&mut self.0) as *mut Index) });
+    }
+}
+
+impl Drop for IndexBox {
+    #[inline]
+    fn drop(&mut self) {
+        if self.0 != 0 {
+            self.free();
+        }
+    }
 }
 
 impl Block {
@@ -622,9 +687,8 @@ impl Block {
         let Some(old) = u64_at(&self.buf, at + 8) else {
             return;
         };
-        if let (Some(index), Some(old_since)) =
-            (self.index.as_deref_mut(), u32_at(&self.buf, at + 20))
-        {
+        if let Some(index) = self.index.as_deref_mut() {
+            let old_since = u32_at(&self.buf, at + 20).unwrap_or(since);
             index.drop_deadline(old);
             index.add_deadline(deadline);
             index.held.take(old_since, old);
@@ -742,7 +806,7 @@ impl Block {
         for (at, h) in self.entries() {
             index.add(h.owner, at, h.since, h.deadline);
         }
-        self.index = Some(Box::new(index));
+        self.index = IndexBox::new(index);
     }
 
     /// Whether the block has an [`Index`].
@@ -761,8 +825,16 @@ impl Block {
     /// The entry offset of `owner`'s holder by a walk of an unindexed
     /// block (which has no tombstone and no gap): each entry's owner
     /// length and last byte compared first, the rest of the entry not read.
-    pub fn scan(&self, owner: &[u8]) -> Option<usize> {
+    pub fn scan(&self, owner: &[u8]) -> Option<(usize, HolderRef<'_>)> {
         let tag = self.tag()?;
+        if tag == EXCLUSIVE {
+            // Its one entry, read whole.
+            let (h, _) = entry_at(&self.buf, 1)?;
+            return (h.owner.len() == owner.len()
+                && h.owner.last() == owner.last()
+                && h.owner == owner)
+                .then_some((1, h));
+        }
         let mut at = header_len(tag);
         for _ in 0..self.count() {
             let first = *self.buf.get(at + FIXED)?;
@@ -777,7 +849,7 @@ impl Block {
             if len == owner.len() {
                 let o = self.buf.get(start..start + len)?;
                 if o.last() == owner.last() && o == owner {
-                    return Some(at);
+                    return Some((at, entry_at(&self.buf, at)?.0));
                 }
             }
             at = start + len;
@@ -1054,7 +1126,7 @@ impl Block {
             }
         }
         if small {
-            *index = None;
+            index.free();
         }
     }
 
@@ -1159,7 +1231,7 @@ impl Block {
     /// No holder left: the memory goes too.
     pub fn clear(&mut self) {
         self.buf = Vec::new();
-        self.index = None;
+        self.index = IndexBox::default();
     }
 
     /// The address Redis stores as the key's value (the block now belongs
@@ -1174,7 +1246,7 @@ impl Block {
                 put_u32(&mut self.buf, 5, u32::try_from(len).unwrap_or(u32::MAX));
                 put_u32(&mut self.buf, 9, u32::try_from(cap).unwrap_or(u32::MAX));
                 // The index goes with the block: its address in `kept`.
-                let index = self.index.take().map_or(0, |i| Box::into_raw(i) as usize);
+                let index = self.index.give_away();
                 put_u64(
                     &mut self.buf,
                     saved_header_len(tag) + INDEX_AT,
@@ -1228,7 +1300,10 @@ impl Block {
             let at = saved_header_len(tag);
             buf.splice(at..at, [0; KEPT]);
         }
-        let mut block = Block { buf, index: None };
+        let mut block = Block {
+            buf,
+            index: IndexBox::default(),
+        };
         let count = block.count();
         // One walk: each entry complete (its `since` set as it is passed:
         // a block refused later is dropped whole), exactly `count` of them
@@ -1319,7 +1394,7 @@ impl Block {
         };
         // SAFETY: a non-zero address there is the index `into_raw` gave
         // away with this block (a block is only ever written by this file).
-        let index = (index != 0).then(|| unsafe { Box::from_raw(index as *mut Index) });
+        let index = unsafe { IndexBox::from_address(index) };
         Block { buf, index }
     }
 }

@@ -1070,11 +1070,13 @@ impl Lock {
     /// block's index when it has one (constant time), else by a walk (of
     /// fewer than [`block::INDEX_FROM`] holders).
     fn entry(&self, owner: &[u8]) -> Option<(usize, HolderRef<'_>)> {
-        let at = match self.block.find(owner) {
-            Some(found) => found?,
-            None => self.block.scan(owner)?,
-        };
-        Some((at, self.block.holder_at(at)?))
+        match self.block.find(owner) {
+            Some(found) => {
+                let at = found?;
+                Some((at, self.block.holder_at(at)?))
+            }
+            None => self.block.scan(owner),
+        }
     }
 
     /// The earliest and the latest deadline of its holders, in one pass (an
