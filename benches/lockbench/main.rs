@@ -30,7 +30,8 @@
 //! Options: `--quick` (or `BENCH_QUICK=1`): a ~40 s smoke run with small
 //! counts. `--only 1,3`: some sections only. `--storms` (with `--only 8`):
 //! section 8's storms alone. `--shapes 1,3` (with `--only 10`): some of
-//! section 10's shapes. `--callgrind`: instructions per
+//! section 10's shapes; `--wide 200000` (with shape 13): its reader
+//! counts (200,000 and 1,000,000 else). `--callgrind`: instructions per
 //! request of each command under `valgrind --tool=callgrind` instead (slow,
 //! repeatable). Environment: `REDIS_LOCK_MODULE` (the module to load; else
 //! target/release/libredis_lock.so, built when missing or stale).
@@ -174,6 +175,17 @@ fn main() {
         .position(|a| a == "--shapes")
         .and_then(|i| args.get(i + 1))
         .map(|v| v.split(',').filter_map(|s| s.trim().parse().ok()).collect());
+    // `--wide 200000` (with `--only 10 --shapes 13`): those reader counts.
+    if let Some(wide) = args
+        .iter()
+        .position(|a| a == "--wide")
+        .and_then(|i| args.get(i + 1))
+    {
+        plan.stalls.wide = wide
+            .split(',')
+            .filter_map(|s| s.trim().parse().ok())
+            .collect();
+    }
     let result = if callgrind {
         run_callgrind(&plan, &args)
     } else {

@@ -72,8 +72,8 @@ pub struct Plan {
     /// Keys of two readers whose first reader's lease runs out on a replica
     /// before its promotion, shape (11).
     pub promoted: usize,
-    /// Readers of one key, shape (13).
-    pub wide: usize,
+    /// Readers of one key, shape (13): a run for each count.
+    pub wide: Vec<usize>,
     /// `--shapes 1,3`: those shapes alone (all when `None`).
     pub shapes: Option<Vec<u32>>,
 }
@@ -92,7 +92,7 @@ impl Plan {
             grants: 1_000_000,
             swap_waiters: 10_000,
             promoted: 200_000,
-            wide: 200_000,
+            wide: vec![200_000, 1_000_000],
             shapes: None,
         }
     }
@@ -110,7 +110,7 @@ impl Plan {
             grants: 100_000,
             swap_waiters: 1000,
             promoted: 20_000,
-            wide: 20_000,
+            wide: vec![20_000],
             shapes: None,
         }
     }
@@ -1334,13 +1334,16 @@ fn holders(c: &mut Conn, port: u16, n: usize) -> io::Result<Vec<Row>> {
 /// renewal on a key of `n` holders: what it costs beyond the owner's look-up
 /// is what still walks the holders per command.
 fn wide_reads(c: &mut Conn, port: u16, n: usize) -> io::Result<Vec<Row>> {
+    // At most the setting's maximum, one place left for the new reader.
+    let limit = (n + 1000).min(1_000_000);
+    let n = n.min(limit - 1);
     eprintln!("   {n} readers of one key, then more requests on it");
     c.ok(&[b"FLUSHALL"])?;
     c.ok(&[
         b"CONFIG",
         b"SET",
         b"lock.max-holders",
-        (n + 1000).to_string().as_bytes(),
+        limit.to_string().as_bytes(),
     ])?;
     pipelined(
         c,
@@ -2009,7 +2012,9 @@ pub fn run(module: &Path, plan: &Plan) -> io::Result<Vec<Row>> {
         }
     }
     if wants(13) {
-        rows.extend(wide_reads(&mut c, port, plan.wide)?);
+        for &n in &plan.wide {
+            rows.extend(wide_reads(&mut c, port, n)?);
+        }
     }
     drop(c);
     drop(server);

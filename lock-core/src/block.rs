@@ -6,10 +6,18 @@
 //! exclusive:  [0]                                        entry (exactly one)
 //! shared:     [1] count:u32 len:u32 cap:u32              kept entry...
 //! semaphore:  [2] count:u32 len:u32 cap:u32 limit:u32    kept entry...
-//! kept:       latest:u64 at-latest:u32 low:u64
+//! kept:       latest:u64 at-latest:u32 low:u64 index:u64
 //! entry:      token:u64 deadline:u64 holds:u32 since:u32 owner-length owner
 //! owner-length: one byte below 255, else 255 and a u32
 //! ```
+//!
+//! `index` is the address of the block's [`Index`] while the block is
+//! Redis's (0: none), a lock of [`INDEX_FROM`] holders or more: its owners
+//! by hash and its deadlines in order, so a look-up, a removal and the
+//! earliest and latest deadlines cost no walk of the holders. An indexed
+//! block removes an entry by marking it (a tombstone: `holds` 0, skipped
+//! by every read), not by moving the entries after it; the marks are
+//! swept out when they outweigh the live entries ([`Block::remove`]).
 //!
 //! `kept` is the latest deadline of the holders and how many have it (0:
 //! not known, found by a walk when asked, [`Block::keep_latest`]), kept by
@@ -35,9 +43,12 @@
 //! Every read is bounds-checked and yields `None` past the end, never a
 //! panic; the block is only ever written by this file.
 
+use std::collections::BTreeMap;
 use std::mem::ManuallyDrop;
 
+use crate::hash::Keyed;
 use crate::mode::Mode;
+use crate::shards::Sharded;
 
 /// The tags of the modes' blocks, from the mode table.
 pub const EXCLUSIVE: u8 = Mode::Exclusive.tag();
@@ -49,11 +60,24 @@ const FIXED: usize = 24;
 /// The header of shared and semaphore blocks (before `limit`).
 const COUNTED: usize = 13;
 const LIMIT_AT: usize = COUNTED;
-/// The kept latest deadline and how many holders have it, and the bound
-/// on the earliest (`kept`).
-const KEPT: usize = 20;
+/// The kept latest deadline and how many holders have it, the bound on
+/// the earliest, and the index's address (`kept`).
+const KEPT: usize = 28;
 /// Where `low` is in `kept`.
 const LOW_AT: usize = 12;
+/// Where the index's address is in `kept`.
+const INDEX_AT: usize = 20;
+/// A shared or semaphore block is indexed from this many holders on
+/// ([`Index`]); below it a look-up walks at most this many entries.
+#[cfg(not(test))]
+pub(crate) const INDEX_FROM: usize = 1024;
+/// (A few in the core's own tests: every test of a lock of a few holders
+/// runs on an indexed block, property tests included.)
+#[cfg(test)]
+pub(crate) const INDEX_FROM: usize = 4;
+/// An indexed block that falls below this many holders drops its index
+/// (after its tombstones are swept out).
+const INDEX_UNTIL: usize = INDEX_FROM / 2;
 /// Owner lengths from this one on take a byte and a u32.
 const LONG: u8 = 255;
 
@@ -255,10 +279,344 @@ pub(crate) fn own(d: u64) -> u64 {
     }
 }
 
-/// The holders of one lock, packed (see the file's comment).
+/// A hash of an owner's bytes, keyed at random ([`Keyed`]): owners are
+/// chosen by clients.
+fn owner_hash(owner: &[u8]) -> u32 {
+    (std::hash::BuildHasher::hash_one(&Keyed::default(), owner) >> 32) as u32
+}
+
+/// The hasher of [`Index`]'s table: its keys are keyed hashes already,
+/// spread over 64 bits (the shard is chosen from the high ones).
+#[derive(Debug, Default, Clone, Copy)]
+struct Spread;
+
+impl std::hash::BuildHasher for Spread {
+    type Hasher = SpreadHasher;
+    fn build_hasher(&self) -> SpreadHasher {
+        SpreadHasher(0)
+    }
+}
+
+struct SpreadHasher(u64);
+
+impl std::hash::Hasher for SpreadHasher {
+    fn write(&mut self, bytes: &[u8]) {
+        for b in bytes {
+            self.0 = self.0.rotate_left(8) ^ u64::from(*b);
+        }
+        self.0 = self.0.wrapping_mul(0x9E37_79B9_7F4A_7C15);
+    }
+
+    fn write_u32(&mut self, x: u32) {
+        self.0 = u64::from(x).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+    }
+
+    fn finish(&self) -> u64 {
+        self.0
+    }
+}
+
+/// A large block's holders by owner and by deadline (see the file's
+/// comment): kept by every change to the block, never saved (a load
+/// builds it on its walk). Each owner's entry offset under the owner's
+/// hash, exact whatever collides (an owner whose hash another listed
+/// owner has is in `collided`, compared byte for byte); the table grows a
+/// shard at a time ([`Sharded`]). The deadlines, each with how many
+/// holders have it, in order: the earliest and the latest without a walk.
+#[derive(Debug, Default)]
+pub(crate) struct Index {
+    owners: Sharded<u32, u32, Spread>,
+    collided: Vec<(u32, u32)>,
+    deadlines: BTreeMap<u64, u32>,
+    /// Bytes of tombstones in the block, and of a sweep's gap.
+    dead: usize,
+    /// A sweep under way ([`Block::sweep_marks`]).
+    sweep: Option<Sweep>,
+    /// How long each holder will have held at its deadline, summed up.
+    held: Held,
+}
+
+/// A sweep of an indexed block's tombstones under way: the live entries
+/// before `write` are swept up, the bytes from `write` to `read` are a gap
+/// every read skips, the entries from `read` on are still to sweep.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Sweep {
+    write: usize,
+    read: usize,
+}
+
+/// Entries a removal moves at most while a sweep is under way.
+#[cfg(not(test))]
+const SWEEP_STEP: usize = 1024;
+#[cfg(test)]
+const SWEEP_STEP: usize = 2;
+
+/// The bounds of the hold-time statistics' buckets, ms: a holder's hold
+/// time is in the first bucket whose bound it does not pass, or in the
+/// last, past them all.
+pub const HELD_BOUNDS_MS: [u64; 5] = [1, 10, 100, 1_000, 10_000];
+
+/// How long a set of holders will have held at their deadlines
+/// ([`HolderRef::held_ms`] of each at its own deadline), summed up: how
+/// many, the sum, and how many in each bucket of [`HELD_BOUNDS_MS`] (the
+/// last: past them all). What the statistics record when a lock's every
+/// lease ran out, without a walk of its holders.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct Held {
+    pub count: u64,
+    pub sum_ms: u64,
+    pub buckets: [u64; 6],
+}
+
+impl Held {
+    /// The bucket of a hold time of `ms`.
+    pub fn bucket(ms: u64) -> usize {
+        HELD_BOUNDS_MS
+            .iter()
+            .position(|b| ms <= *b)
+            .unwrap_or(HELD_BOUNDS_MS.len())
+    }
+
+    fn add(&mut self, since: u32, deadline: u64) {
+        self.record(u64::from(held_ms(since, deadline)));
+    }
+
+    /// One hold time of `ms` more.
+    pub fn record(&mut self, ms: u64) {
+        self.count += 1;
+        self.sum_ms = self.sum_ms.wrapping_add(ms);
+        if let Some(b) = self.buckets.get_mut(Held::bucket(ms)) {
+            *b += 1;
+        }
+    }
+
+    fn take(&mut self, since: u32, deadline: u64) {
+        let ms = u64::from(held_ms(since, deadline));
+        self.count = self.count.saturating_sub(1);
+        self.sum_ms = self.sum_ms.wrapping_sub(ms);
+        if let Some(b) = self.buckets.get_mut(Held::bucket(ms)) {
+            *b = b.saturating_sub(1);
+        }
+    }
+}
+
+/// How long a holder granted at `since` has held at `end` (unix ms),
+/// right for holds under 24 days (`since` wraps at 49): an `end` before
+/// `since` is 0, never a wrap ([`HolderRef::held_ms`]).
+pub fn held_ms(since: u32, end: u64) -> u32 {
+    let held = ((end & u64::from(u32::MAX)) as u32).wrapping_sub(since);
+    if held > i32::MAX as u32 {
+        0
+    } else {
+        held
+    }
+}
+
+impl Index {
+    fn find(&self, buf: &[u8], owner: &[u8]) -> Option<usize> {
+        let h = owner_hash(owner);
+        let first = *self.owners.get(&h)? as usize;
+        if owner_at(buf, first) == Some(owner) {
+            return Some(first);
+        }
+        self.collided
+            .iter()
+            .filter(|(hh, _)| *hh == h)
+            .map(|(_, at)| *at as usize)
+            .find(|at| owner_at(buf, *at) == Some(owner))
+    }
+
+    fn add(&mut self, owner: &[u8], at: usize, since: u32, deadline: u64) {
+        self.held.add(since, deadline);
+        let h = owner_hash(owner);
+        let at = u32::try_from(at).unwrap_or(u32::MAX);
+        if self.owners.contains_key(&h) {
+            self.collided.push((h, at));
+        } else {
+            self.owners.insert(h, at);
+        }
+        self.add_deadline(deadline);
+    }
+
+    /// The holder `h` at `at` left.
+    fn gone(&mut self, h: &HolderRef<'_>, at: usize) {
+        self.moved(h.owner, at, None);
+        self.drop_deadline(h.deadline);
+        self.held.take(h.since, h.deadline);
+    }
+
+    /// The entry of `owner` moved from `from` to `to` (`None`: it left).
+    fn moved(&mut self, owner: &[u8], from: usize, to: Option<usize>) {
+        let h = owner_hash(owner);
+        let (from, to) = (
+            u32::try_from(from).unwrap_or(u32::MAX),
+            to.map(|t| u32::try_from(t).unwrap_or(u32::MAX)),
+        );
+        if self.owners.get(&h) == Some(&from) {
+            match to {
+                Some(to) => {
+                    self.owners.insert(h, to);
+                }
+                None => {
+                    self.owners.remove(&h);
+                    if let Some(i) = self.collided.iter().position(|(hh, _)| *hh == h) {
+                        let (_, at) = self.collided.swap_remove(i);
+                        self.owners.insert(h, at);
+                    }
+                    self.owners.shrink_piece_of(&h);
+                }
+            }
+            return;
+        }
+        if let Some(i) = self
+            .collided
+            .iter()
+            .position(|(hh, at)| *hh == h && *at == from)
+        {
+            match to {
+                Some(to) => {
+                    if let Some(c) = self.collided.get_mut(i) {
+                        c.1 = to;
+                    }
+                }
+                None => {
+                    self.collided.swap_remove(i);
+                }
+            }
+        }
+    }
+
+    fn add_deadline(&mut self, d: u64) {
+        *self.deadlines.entry(d).or_insert(0) += 1;
+    }
+
+    fn drop_deadline(&mut self, d: u64) {
+        if let Some(n) = self.deadlines.get_mut(&d) {
+            *n -= 1;
+            if *n == 0 {
+                self.deadlines.remove(&d);
+            }
+        }
+    }
+
+    /// The earliest of the holders' own deadlines ([`own`]; `u64::MAX`:
+    /// none has one).
+    fn earliest_own(&self) -> u64 {
+        self.deadlines
+            .first_key_value()
+            .map_or(u64::MAX, |(d, _)| own(*d))
+    }
+
+    fn latest(&self) -> Option<(u64, u32)> {
+        self.deadlines.last_key_value().map(|(d, n)| (*d, *n))
+    }
+
+    /// Bytes of heap it takes, about: its maps' room (an entry and a
+    /// control byte each, and the maps themselves: [`Sharded`]'s 48 bytes
+    /// a shard), the side list's, and the deadlines' tree (12 bytes an
+    /// entry in nodes of 11, about two thirds full).
+    fn bytes(&self) -> usize {
+        std::mem::size_of::<Index>()
+            + self.owners.pieces() * 48
+            + self.owners.capacity() * 9
+            + self.collided.capacity() * 8
+            + self.deadlines.len() * 20
+    }
+}
+
+/// Gives back a large block's room when it is at most half full (down to
+/// half again what it holds, at most 4 MiB at a time): a lock that empties
+/// one removal at a time frees its memory as it goes, not all at its last
+/// release.
+fn give_back(buf: &mut Vec<u8>) {
+    let cap = buf.capacity();
+    if cap > GIVE_BACK_FROM && buf.len() < cap / 2 {
+        buf.shrink_to((buf.len() + buf.len() / 2).max(cap.saturating_sub(GIVE_BACK_STEP)));
+    }
+}
+
+/// The most a block gives back at once ([`give_back`]).
+const GIVE_BACK_STEP: usize = 4 << 20;
+
+/// Blocks larger than this give back room ([`give_back`]).
+const GIVE_BACK_FROM: usize = 1 << 16;
+
+/// The owner of the entry at `at`.
+fn owner_at(buf: &[u8], at: usize) -> Option<&[u8]> {
+    entry_at(buf, at).map(|(h, _)| h.owner)
+}
+
+/// The holders of one lock, packed (see the file's comment), and a large
+/// one's [`Index`].
 #[derive(Default)]
 pub struct Block {
     buf: Vec<u8>,
+    index: IndexBox,
+}
+
+/// A block's [`Index`], owned: its address (0: none). An
+/// `Option<Box<Index>>` whose drop is one inlined check on the paths of
+/// every lock (the index freed out of line), and which is no bigger.
+#[derive(Default)]
+struct IndexBox(usize);
+
+impl IndexBox {
+    fn new(index: Index) -> IndexBox {
+        IndexBox(Box::into_raw(Box::new(index)) as usize)
+    }
+
+    #[inline]
+    fn is_some(&self) -> bool {
+        self.0 != 0
+    }
+
+    #[cfg(test)]
+    fn is_none(&self) -> bool {
+        self.0 == 0
+    }
+
+    #[inline]
+    fn as_deref(&self) -> Option<&Index> {
+        // SAFETY: a non-zero address is a live index this box owns.
+        (self.0 != 0).then(|| unsafe { &*(self.0 as *const Index) })
+    }
+
+    #[inline]
+    fn as_deref_mut(&mut self) -> Option<&mut Index> {
+        // SAFETY: as in `as_deref`, borrowed mutably with the box.
+        (self.0 != 0).then(|| unsafe { &mut *(self.0 as *mut Index) })
+    }
+
+    /// The index's address, given away (0: none); the box is empty after.
+    fn give_away(&mut self) -> usize {
+        std::mem::take(&mut self.0)
+    }
+
+    /// The index at `address` (0: none), taken over.
+    ///
+    /// # Safety
+    ///
+    /// `address` is 0 or came from [`IndexBox::give_away`] and is
+    /// owned by no other box.
+    unsafe fn from_address(address: usize) -> IndexBox {
+        IndexBox(address)
+    }
+
+    #[cold]
+    fn free(&mut self) {
+        // SAFETY: a non-zero address is an index this box owns, from
+        // `Box::into_raw`; it is zeroed so it is freed once.
+        drop(unsafe { Box::from_raw(std::mem::take(&mut self.0) as *mut Index) });
+    }
+}
+
+impl Drop for IndexBox {
+    #[inline]
+    fn drop(&mut self) {
+        if self.0 != 0 {
+            self.free();
+        }
+    }
 }
 
 impl Block {
@@ -307,10 +665,15 @@ impl Block {
     /// The holders in grant order, each with its entry's offset.
     pub fn entries(&self) -> Entries<'_> {
         let at = self.tag().map_or(0, header_len);
+        let gap = match self.index.as_deref().and_then(|i| i.sweep) {
+            Some(sw) => (sw.write, sw.read),
+            None => (usize::MAX, usize::MAX),
+        };
         Entries {
             buf: &self.buf,
             at,
             left: self.count(),
+            gap,
         }
     }
 
@@ -324,6 +687,13 @@ impl Block {
         let Some(old) = u64_at(&self.buf, at + 8) else {
             return;
         };
+        if let Some(index) = self.index.as_deref_mut() {
+            let old_since = u32_at(&self.buf, at + 20).unwrap_or(since);
+            index.drop_deadline(old);
+            index.add_deadline(deadline);
+            index.held.take(old_since, old);
+            index.held.add(since, deadline);
+        }
         if old != deadline && self.tag() != Some(EXCLUSIVE) {
             // (In before out: a holder at the latest that moves later
             // stays known.)
@@ -420,7 +790,95 @@ impl Block {
                 self.lower(h.deadline);
             }
         }
+        match self.index.as_deref_mut() {
+            Some(index) => index.add(h.owner, at, h.since, h.deadline),
+            None if n >= INDEX_FROM && tag != EXCLUSIVE => self.build_index(),
+            None => {}
+        }
         Ok(at)
+    }
+
+    /// Indexes the block's holders (it has [`INDEX_FROM`] of them: a walk
+    /// of that many, once).
+    #[cold]
+    fn build_index(&mut self) {
+        let mut index = Index::default();
+        for (at, h) in self.entries() {
+            index.add(h.owner, at, h.since, h.deadline);
+        }
+        self.index = IndexBox::new(index);
+    }
+
+    /// Whether the block has an [`Index`].
+    pub fn is_indexed(&self) -> bool {
+        self.index.is_some()
+    }
+
+    /// The entry offset of `owner`'s holder through the index: `None` when
+    /// the block has none (then a walk finds it), `Some(None)` when the
+    /// owner has no holder here.
+    pub fn find(&self, owner: &[u8]) -> Option<Option<usize>> {
+        let index = self.index.as_deref()?;
+        Some(index.find(&self.buf, owner))
+    }
+
+    /// The entry offset of `owner`'s holder by a walk of an unindexed
+    /// block (which has no tombstone and no gap): each entry's owner
+    /// length and last byte compared first, the rest of the entry not read.
+    pub fn scan(&self, owner: &[u8]) -> Option<(usize, HolderRef<'_>)> {
+        let tag = self.tag()?;
+        if tag == EXCLUSIVE {
+            // Its one entry, read whole.
+            let (h, _) = entry_at(&self.buf, 1)?;
+            return (h.owner.len() == owner.len()
+                && h.owner.last() == owner.last()
+                && h.owner == owner)
+                .then_some((1, h));
+        }
+        let mut at = header_len(tag);
+        for _ in 0..self.count() {
+            let first = *self.buf.get(at + FIXED)?;
+            let (len, start) = if first < LONG {
+                (usize::from(first), at + FIXED + 1)
+            } else {
+                (
+                    usize::try_from(u32_at(&self.buf, at + FIXED + 1)?).ok()?,
+                    at + FIXED + 5,
+                )
+            };
+            if len == owner.len() {
+                let o = self.buf.get(start..start + len)?;
+                if o.last() == owner.last() && o == owner {
+                    return Some((at, entry_at(&self.buf, at)?.0));
+                }
+            }
+            at = start + len;
+        }
+        None
+    }
+
+    /// How long each holder will have held at its own deadline, summed
+    /// up, when the block keeps it (an indexed block: no walk); `None`:
+    /// walk the holders.
+    pub fn held(&self) -> Option<Held> {
+        self.index.as_deref().map(|i| i.held)
+    }
+
+    /// The earliest and the latest deadline of the holders (`None`: no
+    /// holder), when the block keeps them in order (an indexed block);
+    /// `None`: walk the holders.
+    pub fn extremes(&self) -> Option<Option<(u64, u64)>> {
+        let d = &self.index.as_deref()?.deadlines;
+        Some(
+            d.first_key_value()
+                .zip(d.last_key_value())
+                .map(|((lo, _), (hi, _))| (*lo, *hi)),
+        )
+    }
+
+    /// Bytes of heap the index takes, about (0 without one).
+    pub fn index_bytes(&self) -> usize {
+        self.index.as_deref().map_or(0, Index::bytes)
     }
 
     /// The kept latest deadline and how many holders have it (`None` for
@@ -470,11 +928,14 @@ impl Block {
     /// The earliest of the holders' own deadlines by a walk (`u64::MAX`:
     /// none), kept as the bound: it is exact until the next change.
     pub fn exact_low(&mut self) -> u64 {
-        let low = self
-            .entries()
-            .map(|(_, h)| own(h.deadline))
-            .min()
-            .unwrap_or(u64::MAX);
+        let low = match self.index.as_deref() {
+            Some(index) => index.earliest_own(),
+            None => self
+                .entries()
+                .map(|(_, h)| own(h.deadline))
+                .min()
+                .unwrap_or(u64::MAX),
+        };
         self.set_low(low);
         low
     }
@@ -514,6 +975,9 @@ impl Block {
 
     /// The latest deadline of the holders and how many have it, by a walk.
     fn walk_latest(&self) -> Option<(u64, u32)> {
+        if let Some(index) = self.index.as_deref() {
+            return index.latest();
+        }
         self.entries()
             .fold(None, |acc, (_, h)| at_latest(acc, h.deadline))
     }
@@ -550,23 +1014,142 @@ impl Block {
     /// The holder whose entry starts at `at` (an offset [`Block::entries`]
     /// or [`Block::push`] gave), if the block has one there.
     pub fn holder_at(&self, at: usize) -> Option<HolderRef<'_>> {
-        entry_at(&self.buf, at).map(|(h, _)| h)
+        if let Some(sw) = self.index.as_deref().and_then(|i| i.sweep) {
+            if (sw.write..sw.read).contains(&at) {
+                return None;
+            }
+        }
+        entry_at(&self.buf, at)
+            .map(|(h, _)| h)
+            .filter(|h| h.holds != 0)
     }
 
-    /// Removes the entry at `at` (the others keep their order).
+    /// Removes the entry at `at` (the others keep their order). An
+    /// indexed block marks it (no entry moves: constant time), or cuts it
+    /// off when it is the last; its marks are swept out when they
+    /// outweigh the live entries ([`Block::sweep_marks`]).
     pub fn remove(&mut self, at: usize) {
         let Some((h, end)) = entry_at(&self.buf, at) else {
             return;
         };
+        if h.holds == 0 {
+            return;
+        }
         let deadline = h.deadline;
         let n = self.count().saturating_sub(1);
         if n == 0 {
             self.clear();
             return;
         }
-        self.buf.drain(at..end);
+        match self.index.as_deref_mut() {
+            Some(index) => {
+                index.gone(&h, at);
+                if end == self.buf.len() {
+                    self.buf.truncate(at);
+                    // Cut back to a sweep's gap: the sweep is over.
+                    if let Some(sw) = index.sweep.filter(|sw| sw.read == at) {
+                        index.dead = index.dead.saturating_sub(at - sw.write);
+                        self.buf.truncate(sw.write);
+                        index.sweep = None;
+                    }
+                } else {
+                    index.dead += end - at;
+                    put_u32(&mut self.buf, at + 16, 0);
+                }
+            }
+            None => {
+                self.buf.drain(at..end);
+            }
+        }
         self.set_count(n);
         self.kept_out(deadline);
+        self.sweep_marks();
+    }
+
+    /// Sweeps an indexed block's tombstones out, a slice at a time: a
+    /// sweep starts when they take more bytes than its live entries, and
+    /// each removal after it moves [`SWEEP_STEP`] entries up over the
+    /// swept space (a gap that reads skip: [`Sweep`]), each moved one's
+    /// offset set anew in the index; the sweep ends when its gap reaches
+    /// the block's end (cut off). A sweep starts after removals of at least
+    /// as many bytes as it moves, and no removal moves more than a slice:
+    /// constant time a removal. A block falling below [`INDEX_UNTIL`]
+    /// holders finishes its sweep at once (a few hundred entries and the
+    /// marks left) and drops its index.
+    fn sweep_marks(&mut self) {
+        let Some(tag) = self.tag() else {
+            return;
+        };
+        let small = self.count() < INDEX_UNTIL;
+        let header = header_len(tag);
+        let Block { buf, index } = self;
+        let Some(ix) = index.as_deref_mut() else {
+            return;
+        };
+        // (A block dropping its index sweeps until no mark is left: those
+        // made behind a sweep under way take a second one.)
+        for _ in 0..if small { 2 } else { 1 } {
+            let len = buf.len();
+            if ix.sweep.is_none()
+                && ix.dead > 0
+                && (small || 2 * ix.dead > len.saturating_sub(header))
+            {
+                ix.sweep = Some(Sweep {
+                    write: header,
+                    read: header,
+                });
+            }
+            let Some(mut sw) = ix.sweep else {
+                continue;
+            };
+            let mut left = if small { usize::MAX } else { SWEEP_STEP };
+            while left > 0 && sw.read < buf.len() {
+                let Some((h, end)) = entry_at(buf, sw.read) else {
+                    break;
+                };
+                if h.holds != 0 {
+                    if sw.write != sw.read {
+                        ix.moved(h.owner, sw.read, Some(sw.write));
+                        buf.copy_within(sw.read..end, sw.write);
+                    }
+                    sw.write += end - sw.read;
+                }
+                sw.read = end;
+                left -= 1;
+            }
+            ix.sweep = Some(sw);
+            if sw.read >= buf.len() {
+                ix.dead = ix.dead.saturating_sub(buf.len() - sw.write);
+                buf.truncate(sw.write);
+                ix.sweep = None;
+                give_back(buf);
+            }
+        }
+        if small {
+            index.free();
+        }
+    }
+
+    /// Where the entry after the one ending at `end` starts: past a
+    /// sweep's gap when it starts there.
+    fn after(&self, end: usize) -> usize {
+        match self.index.as_deref().and_then(|i| i.sweep) {
+            Some(sw) if sw.write == end => sw.read,
+            _ => end,
+        }
+    }
+
+    /// Every entry, tombstones included, with where it ends (a sweep's gap
+    /// skipped).
+    fn slots(&self) -> impl Iterator<Item = (usize, HolderRef<'_>, usize)> + '_ {
+        let first = self.tag().map_or(0, |t| self.after(header_len(t)));
+        let mut at = Some(first);
+        std::iter::from_fn(move || {
+            let (h, end) = entry_at(&self.buf, at?)?;
+            let this = at?;
+            at = Some(self.after(end));
+            Some((this, h, end))
+        })
     }
 
     /// Keeps the holders `keep` says yes to, in order.
@@ -581,6 +1164,9 @@ impl Block {
         // walks them all).
         let mut latest: Option<(u64, u32)> = None;
         let mut low = u64::MAX;
+        if self.index.is_some() {
+            return self.retain_indexed(keep);
+        }
         for _ in 0..self.count() {
             let Some((h, end)) = entry_at(&self.buf, read) else {
                 break;
@@ -608,9 +1194,44 @@ impl Block {
         self.set_low(low);
     }
 
+    /// [`Block::retain`] of an indexed block: the holders not kept marked
+    /// and taken out of the index (nothing moves), then the marks swept
+    /// out if they outweigh the rest.
+    fn retain_indexed(&mut self, mut keep: impl FnMut(&HolderRef<'_>) -> bool) {
+        let gone: Vec<usize> = self
+            .entries()
+            .filter(|(_, h)| !keep(h))
+            .map(|(at, _)| at)
+            .collect();
+        let mut kept = self.count();
+        for at in gone {
+            let Some((h, end)) = entry_at(&self.buf, at) else {
+                continue;
+            };
+            if let Some(index) = self.index.as_deref_mut() {
+                index.gone(&h, at);
+                index.dead += end - at;
+            }
+            put_u32(&mut self.buf, at + 16, 0);
+            kept -= 1;
+        }
+        if kept == 0 {
+            self.clear();
+            return;
+        }
+        self.set_count(kept);
+        if let Some((l, n)) = self.index.as_deref().and_then(Index::latest) {
+            self.set_kept(l, n);
+        }
+        let low = self.index.as_deref().map_or(u64::MAX, Index::earliest_own);
+        self.set_low(low);
+        self.sweep_marks();
+    }
+
     /// No holder left: the memory goes too.
     pub fn clear(&mut self) {
         self.buf = Vec::new();
+        self.index = IndexBox::default();
     }
 
     /// The address Redis stores as the key's value (the block now belongs
@@ -620,13 +1241,20 @@ impl Block {
         match self.tag() {
             None => return std::ptr::null_mut(),
             Some(EXCLUSIVE) => self.buf.shrink_to_fit(),
-            Some(_) => {
+            Some(tag) => {
                 let (len, cap) = (self.buf.len(), self.buf.capacity());
                 put_u32(&mut self.buf, 5, u32::try_from(len).unwrap_or(u32::MAX));
                 put_u32(&mut self.buf, 9, u32::try_from(cap).unwrap_or(u32::MAX));
+                // The index goes with the block: its address in `kept`.
+                let index = self.index.give_away();
+                put_u64(
+                    &mut self.buf,
+                    saved_header_len(tag) + INDEX_AT,
+                    index as u64,
+                );
             }
         }
-        ManuallyDrop::new(self.buf).as_mut_ptr()
+        ManuallyDrop::new(std::mem::take(&mut self.buf)).as_mut_ptr()
     }
 
     /// The block's bytes in memory (`kept` included).
@@ -643,7 +1271,17 @@ impl Block {
         let at = saved_header_len(tag);
         let mut saved = Vec::with_capacity(self.buf.len().saturating_sub(KEPT));
         saved.extend_from_slice(self.buf.get(..at).unwrap_or(&[]));
-        saved.extend_from_slice(self.buf.get(at + KEPT..).unwrap_or(&[]));
+        match self.index.as_deref() {
+            // Tombstones are not saved: the live entries, in order.
+            Some(index) if index.dead > 0 => {
+                for (at, h, end) in self.slots() {
+                    if h.holds != 0 {
+                        saved.extend_from_slice(self.buf.get(at..end).unwrap_or(&[]));
+                    }
+                }
+            }
+            _ => saved.extend_from_slice(self.buf.get(at + KEPT..).unwrap_or(&[])),
+        }
         std::borrow::Cow::Owned(saved)
     }
 
@@ -662,7 +1300,10 @@ impl Block {
             let at = saved_header_len(tag);
             buf.splice(at..at, [0; KEPT]);
         }
-        let mut block = Block { buf };
+        let mut block = Block {
+            buf,
+            index: IndexBox::default(),
+        };
         let count = block.count();
         // One walk: each entry complete (its `since` set as it is passed:
         // a block refused later is dropped whole), exactly `count` of them
@@ -684,6 +1325,9 @@ impl Block {
             block.set_kept(l, n);
         }
         block.set_low(survey.earliest_deadline);
+        if count >= INDEX_FROM && tag != EXCLUSIVE {
+            block.build_index();
+        }
         Some((block, survey))
     }
 
@@ -741,9 +1385,63 @@ impl Block {
         };
         // SAFETY: the allocation `into_raw` gave away, with the length and
         // capacity it had then.
-        Block {
-            buf: unsafe { Vec::from_raw_parts(ptr, len, cap) },
+        let buf = unsafe { Vec::from_raw_parts(ptr, len, cap) };
+        let index = match buf.first() {
+            Some(&tag) if tag != EXCLUSIVE => {
+                u64_at(&buf, saved_header_len(tag) + INDEX_AT).unwrap_or(0) as usize
+            }
+            _ => 0,
+        };
+        // SAFETY: a non-zero address there is the index `into_raw` gave
+        // away with this block (a block is only ever written by this file).
+        let index = unsafe { IndexBox::from_address(index) };
+        Block { buf, index }
+    }
+}
+
+#[cfg(test)]
+impl Block {
+    /// Whether an indexed block's index says what a walk of its entries
+    /// says: each holder found at its entry by its owner, as many indexed
+    /// as there are holders, the deadlines each with its walked count, the
+    /// tombstones' bytes; an unindexed block has no tombstone.
+    pub(crate) fn index_agrees(&self) -> bool {
+        let Some(tag) = self.tag() else {
+            return self.index.is_none();
+        };
+        let mut dead = 0;
+        let mut last = header_len(tag);
+        for (at, h, end) in self.slots() {
+            if h.holds == 0 {
+                dead += end - at;
+            }
+            last = end;
         }
+        let Some(index) = self.index.as_deref() else {
+            return dead == 0 && last == self.buf.len();
+        };
+        if let Some(sw) = index.sweep {
+            dead += sw.read - sw.write;
+            if !(header_len(tag) <= sw.write && sw.write <= sw.read && sw.read < self.buf.len()) {
+                return false;
+            }
+        }
+        if last != self.buf.len() {
+            return false;
+        }
+        let mut deadlines = BTreeMap::new();
+        let mut held = Held::default();
+        for (_, h) in self.entries() {
+            *deadlines.entry(h.deadline).or_insert(0u32) += 1;
+            held.add(h.since, h.deadline);
+        }
+        index.dead == dead
+            && index.held == held
+            && index.owners.len() + index.collided.len() == self.count()
+            && index.deadlines == deadlines
+            && self
+                .entries()
+                .all(|(at, h)| index.find(&self.buf, h.owner) == Some(at))
     }
 }
 
@@ -753,6 +1451,8 @@ pub struct Entries<'a> {
     buf: &'a [u8],
     at: usize,
     left: usize,
+    /// A sweep's gap, skipped (`usize::MAX` twice: none).
+    gap: (usize, usize),
 }
 
 impl<'a> Iterator for Entries<'a> {
@@ -762,14 +1462,22 @@ impl<'a> Iterator for Entries<'a> {
         if self.left == 0 {
             return None;
         }
-        let at = self.at;
-        let Some((h, next)) = entry_at(self.buf, at) else {
-            self.left = 0;
-            return None;
-        };
-        self.left -= 1;
-        self.at = next;
-        Some((at, h))
+        loop {
+            if self.at == self.gap.0 {
+                self.at = self.gap.1;
+            }
+            let at = self.at;
+            let Some((h, next)) = entry_at(self.buf, at) else {
+                self.left = 0;
+                return None;
+            };
+            self.at = next;
+            // A tombstone (an indexed block's removed entry) is no holder.
+            if h.holds != 0 {
+                self.left -= 1;
+                return Some((at, h));
+            }
+        }
     }
 
     fn size_hint(&self) -> (usize, Option<usize>) {

@@ -92,6 +92,12 @@ impl<K, V, S> Sharded<K, V, S> {
             .flat_map(|m| m.iter_mut())
     }
 
+    /// How many entries its maps have room for, together (the memory it
+    /// takes: this many of `(K, V)` and a byte each, and the maps).
+    pub fn capacity(&self) -> usize {
+        self.small.capacity() + self.shards.iter().map(HashMap::capacity).sum::<usize>()
+    }
+
     /// How many pieces [`Sharded::piece_keys`] walks the map in: the
     /// small map, then each shard (one while the map is small).
     pub fn pieces(&self) -> usize {
@@ -215,6 +221,17 @@ impl<K: Eq + Hash, V, S: BuildHasher + Clone> Sharded<K, V, S> {
         K: Borrow<Q>,
     {
         self.shard(k).get(k)
+    }
+
+    /// Gives back the room of `k`'s piece when it is at most an eighth
+    /// full (a piece of a map that shrank, resized to what it holds: a
+    /// piece's worth of work, so that a map emptied one removal at a time
+    /// frees its room as it goes, not all at its drop).
+    pub fn shrink_piece_of<Q: ?Sized + Hash>(&mut self, k: &Q) {
+        let m = self.shard_mut(k);
+        if m.capacity() > 64 && m.len() * 8 < m.capacity() {
+            m.shrink_to_fit();
+        }
     }
 
     /// The value of `k`, writable.

@@ -57,8 +57,9 @@ pub struct Histogram {
     buckets: [Counter; 6],
 }
 
-/// The bucket bounds, ms.
-pub const BUCKETS_MS: [u64; 5] = [1, 10, 100, 1_000, 10_000];
+/// The bucket bounds, ms (the core's: a lock's hold times summed up,
+/// `lock_core::lock::Held`, are in these buckets).
+pub const BUCKETS_MS: [u64; 5] = lock_core::lock::HELD_BOUNDS_MS;
 
 impl Histogram {
     const fn new() -> Histogram {
@@ -85,6 +86,18 @@ impl Histogram {
             .unwrap_or(BUCKETS_MS.len());
         if let Some(b) = self.buckets.get(i) {
             b.incr();
+        }
+    }
+
+    /// Many durations at once, summed up by the core (a lock whose every
+    /// lease ran out: no walk of its holders when it keeps them so).
+    pub fn record_all(&self, held: &lock_core::lock::Held) {
+        self.count
+            .add(usize::try_from(held.count).unwrap_or(usize::MAX));
+        self.sum_ms
+            .add(usize::try_from(held.sum_ms).unwrap_or(usize::MAX));
+        for (b, n) in self.buckets.iter().zip(held.buckets) {
+            b.add(usize::try_from(n).unwrap_or(usize::MAX));
         }
     }
 

@@ -248,3 +248,108 @@ fn now_ms() -> u64 {
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_millis() as u64)
 }
+
+/// `commands(i)` for each `i` below `n`, pipelined in chunks: the replies
+/// in order.
+fn pipelined(c: &mut Conn, n: usize, command: impl Fn(usize) -> Vec<String>) -> Vec<Reply> {
+    let mut replies = Vec::with_capacity(n);
+    for chunk in (0..n).collect::<Vec<_>>().chunks(1000) {
+        for &i in chunk {
+            let args = command(i);
+            let args: Vec<&[u8]> = args.iter().map(|a| a.as_bytes()).collect();
+            c.push(&args);
+        }
+        c.flush().expect("flush");
+        for _ in chunk {
+            replies.push(c.read_reply().expect("reply"));
+        }
+    }
+    replies
+}
+
+/// 200,000 readers of one key (`lock.max-holders` raised to them): each
+/// one found by its owner (a renewal with its own token answers 1), each
+/// released exactly once (a second release answers nil), in an order that
+/// leaves gaps between the live readers (a large lock's removals mark
+/// entries rather than move the rest: docs/design.md, "How many holders a
+/// key may have"), and `LOCK.INFO` lists exactly the readers left, with
+/// their tokens, before and after a save and load. What it cost is the
+/// bench's (section 10, shape (13)), never asserted here.
+#[test]
+fn two_hundred_thousand_readers_are_each_found_and_released_exactly_once() {
+    let n = 200_000;
+    let s = Server::start();
+    let mut c = s.conn();
+    c.cmd(&["CONFIG", "SET", "lock.max-holders", &n.to_string()])
+        .ok();
+    let owner = |i: usize| format!("reader-{i}");
+    let granted = pipelined(&mut c, n, |i| {
+        vec![
+            "LOCK.READ".into(),
+            "wide".into(),
+            owner(i),
+            "3600000".into(),
+        ]
+    });
+    let tokens: Vec<i64> = granted.iter().map(|r| r.int()).collect();
+    let distinct: std::collections::HashSet<i64> = tokens.iter().copied().collect();
+    assert_eq!(distinct.len(), n, "every reader its own token");
+    // At the limit: a new reader is refused, a repeat is not.
+    let refused = c.cmd(&["LOCK.READ", "wide", "one-more", "3600000"]);
+    assert!(refused.err().contains("lock.max-holders"), "{refused:?}");
+    // Every reader found by its owner and token.
+    let renewed = pipelined(&mut c, n, |i| {
+        vec![
+            "LOCK.RENEW".into(),
+            "wide".into(),
+            owner(i),
+            "3600000".into(),
+            "TOKEN".into(),
+            tokens[i].to_string(),
+        ]
+    });
+    assert!(renewed.iter().all(|r| r.int() == 1));
+    // Released: every third reader, then the readers from the end down to
+    // the middle (every one of them once).
+    let gone = |i: usize| i.is_multiple_of(3) || i >= n / 2;
+    let order: Vec<usize> = (0..n)
+        .filter(|i| i.is_multiple_of(3))
+        .chain((n / 2..n).rev().filter(|i| !i.is_multiple_of(3)))
+        .collect();
+    let released = pipelined(&mut c, order.len(), |k| {
+        vec!["LOCK.RELEASE".into(), "wide".into(), owner(order[k])]
+    });
+    assert!(released.iter().all(|r| r.int() == 1), "each released once");
+    let again = pipelined(&mut c, order.len(), |k| {
+        vec!["LOCK.RELEASE".into(), "wide".into(), owner(order[k])]
+    });
+    assert!(
+        again.iter().all(|r| r.is_nil()),
+        "a second release holds nothing"
+    );
+    let left: Vec<(Vec<u8>, i64)> = {
+        let mut left: Vec<(Vec<u8>, i64)> = (0..n)
+            .filter(|&i| !gone(i))
+            .map(|i| (owner(i).into_bytes(), tokens[i]))
+            .collect();
+        left.sort();
+        left
+    };
+    let listed = |c: &mut Conn| -> Vec<(Vec<u8>, i64)> {
+        let info = c.lock_info("wide").expect("still held");
+        info.holders
+            .iter()
+            .map(|h| (h.owner.clone(), h.token))
+            .collect()
+    };
+    assert_eq!(listed(&mut c), left);
+    c.cmd(&["DEBUG", "RELOAD"]).ok();
+    assert_eq!(listed(&mut c), left);
+    // The rest, each found after the load too; then the key is gone.
+    let rest: Vec<usize> = (0..n).filter(|&i| !gone(i)).collect();
+    let released = pipelined(&mut c, rest.len(), |k| {
+        vec!["LOCK.RELEASE".into(), "wide".into(), owner(rest[k])]
+    });
+    assert!(released.iter().all(|r| r.int() == 1));
+    assert_eq!(c.cmd(&["EXISTS", "wide"]).int(), 0);
+}
