@@ -517,9 +517,14 @@ impl<T: Entry> Compact<T> {
         self.all.push(entry);
     }
 
-    /// Where the entries from sequence number `seq` on start.
+    /// Where the entries from sequence number `seq` on start (from the
+    /// first, the usual listing, without a binary search: its probes are
+    /// misses to memory one after the other on a cold array).
     fn from(&self, seq: u64) -> usize {
-        self.all.partition_point(|e| e.seq() < seq)
+        match self.all.first() {
+            Some(first) if first.seq() < seq => self.all.partition_point(|e| e.seq() < seq),
+            _ => 0,
+        }
     }
 
     /// Marks the entries from `seq` on that `this` picks, while it picks
