@@ -1812,4 +1812,58 @@ mod tests {
             prop_assert_eq!(st.search(&o(me), Kind::Acquire, &ask), want);
         }
     }
+
+    #[test]
+    fn a_slot_dealt_to_another_owner_between_slices_is_not_its_old_owner() {
+        let (r, w) = (Kind::Read, Kind::Acquire);
+        // k0 held by o7, who waits for nothing; on k1 o5 then o1 read, on
+        // k0 o1 then o5 wait to write. o1 asking to write k1 waits for o5
+        // (queued ahead on k1), who waits for o1 (queued ahead on k0): a
+        // cycle, which o1's read on k1 leaving keeps.
+        let held = [(0, 7, w)];
+        let queued = [(1, 5, r), (1, 1, r), (0, 1, w), (0, 5, w)];
+        let slot = |st: &State, n: u32| st.numbers[&o(n)] & u64::from(u32::MAX);
+        // The read leaves after each of the first slices in turn (a step a
+        // slice), and the numbers are dealt again: o5 gets the slot o1's
+        // number had (the next generation), o1 the one o5's had. A number
+        // the search kept names nobody now, its slot another owner: taken
+        // for its old owner, o5 met on k0 after the change would be o1
+        // (no edge to itself) and o1 would be o5, and the cycle missed.
+        let mut changed = 0;
+        for after in 1..=6 {
+            let mut st = State::new(2, &held, &queued);
+            let at = [(1, st.queues[1].end())];
+            // Queued while its search goes on, as the server does (so the
+            // check of a cycle found after a change sees its edge).
+            st.queues[1].push(10, req(w, &o(1)));
+            st.slices = true;
+            let mut search = Search::new(&o(1), w, &at);
+            let mut steps = 0;
+            let verdict = loop {
+                if let Some(v) = search.run(&mut st) {
+                    break v;
+                }
+                steps += 1;
+                if steps == after {
+                    st.index();
+                    let (one, five) = (slot(&st, 1), slot(&st, 5));
+                    st.queues[1].remove(1);
+                    st.by_owner = None;
+                    st.index();
+                    assert_eq!((slot(&st, 1), slot(&st, 5)), (five, one));
+                    changed += 1;
+                }
+                search.stale();
+            };
+            st.slices = false;
+            assert_eq!(st.naive(&o(1), w, &[1]), Verdict::Cycle);
+            assert_eq!(
+                verdict,
+                Verdict::Cycle,
+                "the read left after {after} slices"
+            );
+            assert!(!search.gave_up());
+        }
+        assert!(changed >= 2, "{changed}");
+    }
 }

@@ -168,14 +168,12 @@ impl Reads {
                 return *id;
             }
         }
-        let id = match self.ids.is_empty() {
-            true => {
-                self.keys.push(key.clone());
-                self.numbers.push(number);
-                self.keys.len() - 1
-            }
-            false => self.id(key),
-        };
+        // (Not looked up among the keys met without a number: such a key
+        // met by number too, before its number was known, is a second
+        // one, a second listing, never a wrong answer.)
+        self.keys.push(key.clone());
+        self.numbers.push(number);
+        let id = self.keys.len() - 1;
         self.numbered(id, number);
         id
     }

@@ -21,7 +21,7 @@
 //! granted). A grant whose client vanished before its reply is revoked.
 
 use std::borrow::Cow;
-use std::collections::{BTreeSet, HashSet, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, HashSet, VecDeque};
 use std::ops::Bound;
 use std::os::raw::{c_int, c_void};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
@@ -128,7 +128,9 @@ struct Registry {
     /// value put in place by other means (RESTORE, RENAME, MOVE, SWAPDB)
     /// makes its key `unsure` until its next transaction.
     key_holders: DbKeyMap<HashSet<Owner, Keyed>>,
-    holds_waited: Sharded<Owner, BTreeSet<DbKey>, Keyed>,
+    /// Each key's number as it was when its holder was indexed (checked
+    /// by its generation when read: a number gone is looked up again).
+    holds_waited: Sharded<Owner, BTreeMap<DbKey, u64>, Keyed>,
     unsure: HashSet<DbKey>,
     /// The holders of keys whose queue emptied (or whose holders were set
     /// anew), still in `holds_waited`: taken out a share of a tick at a
@@ -369,8 +371,12 @@ impl Registry {
                 }
             }
         }
+        let number = self.numbers.key_number(key).unwrap_or(NO_NUMBER);
         for h in holders {
-            self.holds_waited.entry(h).or_default().insert(key.clone());
+            self.holds_waited
+                .entry(h)
+                .or_default()
+                .insert(key.clone(), number);
         }
     }
 
@@ -436,11 +442,15 @@ impl Registry {
                 .map(|(o, _)| o)
                 .collect(),
         };
+        let number = match added.is_empty() {
+            true => NO_NUMBER,
+            false => self.numbers.key_number(key).unwrap_or(NO_NUMBER),
+        };
         for owner in added {
             self.holds_waited
                 .entry(Owner::from(owner))
                 .or_default()
-                .insert(key.clone());
+                .insert(key.clone(), number);
         }
         for owner in left {
             if let Some(known) = self.key_holders.get_mut(key) {
@@ -507,9 +517,14 @@ impl<T: Entry> Compact<T> {
         self.all.push(entry);
     }
 
-    /// Where the entries from sequence number `seq` on start.
+    /// Where the entries from sequence number `seq` on start (from the
+    /// first, the usual listing, without a binary search: its probes are
+    /// misses to memory one after the other on a cold array).
     fn from(&self, seq: u64) -> usize {
-        self.all.partition_point(|e| e.seq() < seq)
+        match self.all.first() {
+            Some(first) if first.seq() < seq => self.all.partition_point(|e| e.seq() < seq),
+            _ => 0,
+        }
     }
 
     /// Marks the entries from `seq` on that `this` picks, while it picks
@@ -1510,8 +1525,14 @@ pub fn waited_keys_held(
     };
     let numbers = &registry.numbers;
     let from = after.map_or(Bound::Unbounded, Bound::Excluded);
-    for key in keys.range::<DbKey, _>((from, Bound::Unbounded)).take(limit) {
-        each(key, numbers.key_number(key).unwrap_or(NO_NUMBER));
+    for (key, kept) in keys.range::<DbKey, _>((from, Bound::Unbounded)).take(limit) {
+        // The number kept with the entry while its generation stands (no
+        // hash of the key's name), else the key's number now.
+        let number = match is_now(&numbers.key_generation, *kept) {
+            true => *kept,
+            false => numbers.key_number(key).unwrap_or(NO_NUMBER),
+        };
+        each(key, number);
     }
 }
 
