@@ -982,7 +982,10 @@ fn block_on(
         }
     }
     let now = crate::time::clock::now_ms();
-    let deadline = (ms > 0).then(|| now.saturating_add(ms));
+    // The clock reads whole milliseconds, so the request arrived up to a
+    // millisecond after `now`: the deadline is rounded up by one, and the
+    // nil never comes before `ms` have passed since the request arrived.
+    let deadline = (ms > 0).then(|| now.saturating_add(ms).saturating_add(1));
     // No timeout callback: Redis's block timeout is not used (see above),
     // and with one, a `CLIENT UNBLOCK id TIMEOUT` arriving after the module
     // unblocked the client with a grant, but before Redis handled that
