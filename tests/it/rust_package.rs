@@ -2012,7 +2012,7 @@ fn many_locks_in_a_session_share_one_keepalive_blocking() {
     let c = client(&s);
     let mut admin = s.conn();
     let (told, on_lost) = recorder();
-    let session = Session::new(&c).ttl(ms(1_500)).on_lost(on_lost);
+    let session = Session::new(&c).ttl(ms(3_000)).on_lost(on_lost);
     assert!(session.ids().is_empty(), "opened lazily");
     let n = 200;
     let keys: Vec<String> = (0..n).map(|i| format!("sess:{i}")).collect();
@@ -2035,10 +2035,20 @@ fn many_locks_in_a_session_share_one_keepalive_blocking() {
         calls(&mut admin, "lock.renew"),
         calls(&mut admin, "lock.keepalive"),
     );
-    thread::sleep(ms(3_200)); // several of the session's keepalives (every 500 ms), past 2 ttls
-    let session_keepalives = calls(&mut admin, "lock.session|keepalive");
-    println!("{n} locks held 3.2 s: {session_keepalives} LOCK.SESSION KEEPALIVE");
-    assert!(session_keepalives >= 2, "renewed by the session");
+    // Several of the session's keepalives (one a third of the ttl), past
+    // two ttls: waited for rather than slept, so a loaded machine's late
+    // keeper cannot fail the test, only slow it.
+    let before = calls(&mut admin, "lock.session|keepalive");
+    let t = Instant::now();
+    wait_until(Duration::from_secs(60), "the session's keepalives", || {
+        calls(&mut admin, "lock.session|keepalive") >= before + 6
+    });
+    let session_keepalives = calls(&mut admin, "lock.session|keepalive") - before;
+    println!(
+        "{n} locks held {:?}: {session_keepalives} LOCK.SESSION KEEPALIVE",
+        t.elapsed()
+    );
+    assert!(session_keepalives >= 6, "renewed by the session");
     assert_eq!(calls(&mut admin, "lock.renew"), renews, "no LOCK.RENEW");
     assert_eq!(calls(&mut admin, "lock.keepalive"), keepalives);
     for (k, g) in keys.iter().zip(&guards) {
@@ -2318,7 +2328,7 @@ async fn a_session_in_tokio() {
     let c = client(&s);
     let mut admin = s.conn();
     let (told, on_lost) = recorder();
-    let session = aio::Session::new(&c).ttl(ms(1_200)).on_lost(on_lost);
+    let session = aio::Session::new(&c).ttl(ms(3_000)).on_lost(on_lost);
     let n = 100;
     let keys: Vec<String> = (0..n).map(|i| format!("tokio:{i}")).collect();
     let mut locks: Vec<aio::Lock> = keys
@@ -2331,8 +2341,14 @@ async fn a_session_in_tokio() {
     }
     let id = session.ids()[0].1;
     let renews = calls(&mut admin, "lock.renew");
-    tokio::time::sleep(ms(2_500)).await; // past two ttls
-    assert!(calls(&mut admin, "lock.session|keepalive") >= 2);
+    // Past two ttls of keepalives (one a third of the ttl), waited for
+    // rather than slept: a loaded machine's keeper may run late.
+    let keepalives = calls(&mut admin, "lock.session|keepalive");
+    let start = Instant::now();
+    while calls(&mut admin, "lock.session|keepalive") < keepalives + 6 {
+        assert!(start.elapsed() < Duration::from_secs(60), "no keepalives");
+        tokio::time::sleep(ms(50)).await;
+    }
     assert_eq!(calls(&mut admin, "lock.renew"), renews);
     assert_eq!(session_holders(&mut admin, id), Some(n as i64));
     assert!(guards
@@ -2377,7 +2393,7 @@ fn a_session_in_a_cluster_opens_one_per_node() {
     use redis_native_lock::Session;
     let cluster = Cluster::start();
     let cc = cluster_client(&cluster);
-    let session = Session::new(&cc).ttl(ms(1_500));
+    let session = Session::new(&cc).ttl(ms(3_000));
     // Two keys whose slots two different primaries serve.
     let mut keys: Vec<(String, usize)> = Vec::new();
     for i in 0.. {
@@ -2400,7 +2416,15 @@ fn a_session_in_a_cluster_opens_one_per_node() {
         .collect();
     let ids = session.ids();
     assert_eq!(ids.len(), 2, "one session per node: {ids:?}");
-    thread::sleep(ms(3_200)); // renewed on each node past two ttls
+    // Renewed on each node past two ttls (a keepalive a third of the ttl),
+    // waited for rather than slept.
+    for (_, owner) in &keys {
+        let mut node = cluster.nodes[*owner].conn();
+        let before = calls(&mut node, "lock.session|keepalive");
+        wait_until(Duration::from_secs(60), "keepalives on each node", || {
+            calls(&mut node, "lock.session|keepalive") >= before + 6
+        });
+    }
     for ((k, owner), g) in keys.iter().zip(&guards) {
         let mut node = cluster.nodes[*owner].conn();
         let id = g.session_id().unwrap();

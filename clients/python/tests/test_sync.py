@@ -159,9 +159,9 @@ class Base:
     def test_the_keeper_renews_bound_and_unbound_leases(self):
         for bind in (True, False):
             key = fresh("k")
-            with Lock(self.r, key, ttl=2, bind=bind) as lock:
+            with Lock(self.r, key, ttl=4, bind=bind) as lock:
                 self.assertEqual(lock.bound, bind)
-                time.sleep(2.5)
+                time.sleep(5)  # past its ttl: renewed by the keeper
                 self.assertFalse(lock.lost)
                 self.assertTrue(lock.owned())
 
@@ -206,7 +206,15 @@ class Base:
 
         t = threading.Thread(target=a_wait)
         t.start()
-        time.sleep(0.3)
+        # A queued on k2 (LOCK.INFO's waiters), however slow the machine,
+        # before B's request closes the cycle.
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            info = self.r.execute_command("LOCK.INFO", k2)
+            fields = dict(zip(info[::2], info[1::2])) if isinstance(info, list) else dict(info or {})
+            if int(fields.get(b"waiters", fields.get("waiters", 0))) >= 1:
+                break
+            time.sleep(0.01)
         with self.assertRaises(DeadlockError):
             Lock(self.r, k1, ttl=10, owner="B").acquire(wait=3)
         b2.release()
