@@ -186,7 +186,16 @@ class Base:
         self.assertTrue(await b2.acquire())
         a_waits = Lock(self.r, k2, ttl=10, owner="A")
         task = asyncio.create_task(a_waits.acquire(wait=3))
-        await asyncio.sleep(0.3)
+        # A queued on k2 (LOCK.INFO's waiters), however slow the machine,
+        # before B's request closes the cycle.
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + 30
+        while loop.time() < deadline:
+            info = await self.r.execute_command("LOCK.INFO", k2)
+            fields = dict(zip(info[::2], info[1::2])) if isinstance(info, list) else dict(info or {})
+            if int(fields.get(b"waiters", fields.get("waiters", 0))) >= 1:
+                break
+            await asyncio.sleep(0.01)
         with self.assertRaises(DeadlockError):
             await Lock(self.r, k1, ttl=10, owner="B").acquire(wait=3)
         await b2.release()
