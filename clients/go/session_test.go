@@ -32,8 +32,21 @@ func (l *lostCounter) onLost(h *Held, err error) {
 }
 
 // onceEach: every one of hs was called back exactly once, and no other.
+// The callbacks run on goroutines of their own after a lock is marked lost,
+// so they are waited for (a loaded machine may run them late), then counted.
 func (l *lostCounter) onceEach(t *testing.T, hs []*Held) {
 	t.Helper()
+	for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(5 * time.Millisecond) {
+		l.mu.Lock()
+		all := true
+		for _, h := range hs {
+			all = all && l.n[h] >= 1
+		}
+		l.mu.Unlock()
+		if all {
+			break
+		}
+	}
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	for _, h := range hs {
