@@ -708,8 +708,19 @@ impl<K: Copy + Eq + Hash + Into<usize>, S: BuildHasher + Clone + Default> Search
             self.phase = Phase::Done(Verdict::Cycle);
             return;
         };
+        // The first edge is the new request's own: the request waits for
+        // `y` on one of its keys, not merely some other request of its
+        // owner (that owner may be in a cycle the request is not part of).
+        let edge = match *at {
+            0 => {
+                let kind = self.kind;
+                let mine = self.keys.iter().map(|(k, p)| (*k, *p, kind)).collect();
+                kept_out_by(graph, &x, mine, &y)
+            }
+            _ => waits_for(graph, &x, &y),
+        };
         *at += 1;
-        if !waits_for(graph, &x, &y) {
+        if !edge {
             self.restarts += 1;
             match self.restarts > RESTARTS {
                 true => self.phase = Phase::Done(Verdict::Clear),
@@ -1119,22 +1130,36 @@ impl<K: Copy + Eq + Hash + Into<usize>, S: BuildHasher + Clone + Default> Search
 /// `y` queued ahead of it that it cannot pass. Reads every request of
 /// both (a check of one edge of a cycle found).
 fn waits_for<G: WaitGraph>(graph: &mut G, x: &[u8], y: &[u8]) -> bool {
-    let all = |graph: &mut G, owner: &[u8]| {
-        let mut out = Vec::new();
-        let mut page = Vec::new();
-        let mut after = None;
-        loop {
-            page.clear();
-            let more = graph.requests_of(owner, NO_NUMBER, after, PAGE, &mut page);
-            out.append(&mut page);
-            match more {
-                Some(m) => after = Some(m),
-                None => return out,
-            }
+    let mine = requests_of(graph, x);
+    kept_out_by(graph, x, mine, y)
+}
+
+/// Every request of `owner` now: key, place, kind.
+fn requests_of<G: WaitGraph>(graph: &mut G, owner: &[u8]) -> Vec<Requested<G::Key>> {
+    let mut out = Vec::new();
+    let mut page = Vec::new();
+    let mut after = None;
+    loop {
+        page.clear();
+        let more = graph.requests_of(owner, NO_NUMBER, after, PAGE, &mut page);
+        out.append(&mut page);
+        match more {
+            Some(m) => after = Some(m),
+            None => return out,
         }
-    };
-    let mine = all(graph, x);
-    let theirs = all(graph, y);
+    }
+}
+
+/// Whether one of `mine` (requests of `x`), on a key `x` does not hold, is
+/// kept out by `y` holding the key or by a request of `y` queued ahead of
+/// it that it cannot pass.
+fn kept_out_by<G: WaitGraph>(
+    graph: &mut G,
+    x: &[u8],
+    mine: Vec<Requested<G::Key>>,
+    y: &[u8],
+) -> bool {
+    let theirs = requests_of(graph, y);
     mine.into_iter().any(|(key, place, kind)| {
         if graph.holds(&key, x) {
             return false;
@@ -1811,6 +1836,42 @@ mod tests {
             let want = st.naive(&o(me), Kind::Acquire, &ask);
             prop_assert_eq!(st.search(&o(me), Kind::Acquire, &ask), want);
         }
+    }
+
+    #[test]
+    fn a_cycle_through_another_request_of_the_owner_is_not_the_new_requests() {
+        // o1 holds k2 and waits to write k1, held by o2; o2 waits to write
+        // k2: o1 is in a cycle already (through that request). o1's new
+        // request writes k0, held by o2 when the search walks (a cycle
+        // through it too), by o3, who waits for nothing, when the cycle
+        // found is checked: the new request waits for o3 alone, so it
+        // closes no cycle, though its owner is in one.
+        let w = Kind::Acquire;
+        let queued = [(1, 1, w), (2, 2, w)];
+        let make = |k0: u32| {
+            let mut st = State::new(3, &[(0, k0, w), (1, 2, w), (2, 1, w)], &queued);
+            let at = [(0, st.queues[0].end())];
+            // Queued while its search goes on, as the server does.
+            st.queues[0].push(10, req(w, &o(1)));
+            st.slices = true;
+            (st, at)
+        };
+        let (mut st, at) = make(2);
+        let mut search = Search::new(&o(1), w, &at);
+        let mut changed = false;
+        let verdict = loop {
+            if let Some(v) = search.run(&mut st) {
+                break v;
+            }
+            if !changed && matches!(search.phase, Phase::Checking { at: 0, .. }) {
+                st = make(3).0;
+                changed = true;
+            }
+            search.stale();
+        };
+        assert!(changed, "the cycle through o2 was found and checked");
+        assert_eq!(st.naive(&o(1), w, &[0]), Verdict::Clear);
+        assert_eq!(verdict, Verdict::Clear);
     }
 
     #[test]
