@@ -66,6 +66,11 @@ pub const NO_NUMBER: u64 = u64::MAX;
 /// [`Verdict::Clear`] (the request waits as any other).
 pub const RESTARTS: u32 = 3;
 
+/// The most requests a check of a cycle may have read, over turns, to be
+/// read again in one go at its end (each edge then holds at one instant):
+/// at most about a quarter of a millisecond in the shell.
+pub const RECHECK: usize = 512;
+
 /// What the search asks of the shell, which keeps the waiting requests and
 /// reads the locks: keys are the shell's own (`K`), numbers it gives each
 /// key at its first meeting in a search, from 0 up (the search keeps what
@@ -459,6 +464,10 @@ enum Phase {
     Checking {
         path: Vec<Owner>,
         at: usize,
+        /// The requests the check read so far.
+        read: usize,
+        /// Whether the graph may have changed since its first edge.
+        spanned: bool,
     },
     Done(Verdict),
 }
@@ -552,6 +561,9 @@ impl<K: Copy + Eq + Hash + Into<usize>, S: BuildHasher + Clone + Default> Search
     /// found from now on is checked before it is believed.
     pub fn stale(&mut self) {
         self.stale = true;
+        if let Phase::Checking { at, spanned, .. } = &mut self.phase {
+            *spanned |= *at > 0;
+        }
     }
 
     /// Whether the search gave up: every cycle it found was gone once
@@ -650,7 +662,12 @@ impl<K: Copy + Eq + Hash + Into<usize>, S: BuildHasher + Clone + Default> Search
                     .map(|id| Owner::from(self.owners.name(id)))
                     .collect();
                 graph.forget();
-                self.phase = Phase::Checking { path, at: 0 };
+                self.phase = Phase::Checking {
+                    path,
+                    at: 0,
+                    read: 0,
+                    spanned: false,
+                };
             }
         }
     }
@@ -700,27 +717,45 @@ impl<K: Copy + Eq + Hash + Into<usize>, S: BuildHasher + Clone + Default> Search
     }
 
     /// Checks one edge of the cycle found against the graph as it is now.
+    /// A check that went on over turns saw each edge at its own turn: at
+    /// its end, when it read at most [`RECHECK`] requests, every edge is
+    /// read again in one go, so that they hold at one instant.
     fn check_step<G: WaitGraph<Key = K>>(&mut self, graph: &mut G) {
-        let Phase::Checking { path, at } = &mut self.phase else {
+        let Phase::Checking {
+            path,
+            at,
+            read,
+            spanned,
+        } = &mut self.phase
+        else {
             return;
         };
-        let (Some(x), Some(y)) = (path.get(*at).cloned(), path.get(*at + 1).cloned()) else {
-            self.phase = Phase::Done(Verdict::Cycle);
-            return;
-        };
-        // The first edge is the new request's own: the request waits for
-        // `y` on one of its keys, not merely some other request of its
-        // owner (that owner may be in a cycle the request is not part of).
-        let edge = match *at {
-            0 => {
-                let kind = self.kind;
-                let mine = self.keys.iter().map(|(k, p)| (*k, *p, kind)).collect();
-                kept_out_by(graph, &x, mine, &y)
+        let holds = match (path.get(*at).cloned(), path.get(*at + 1).cloned()) {
+            (Some(x), Some(y)) => {
+                let edge = edge(&self.keys, self.kind, graph, *at, &x, &y, read);
+                *at += 1;
+                edge
             }
-            _ => waits_for(graph, &x, &y),
+            _ if *spanned && *read <= RECHECK => {
+                let path = std::mem::take(path);
+                graph.forget();
+                let mut again = 0;
+                let whole = path
+                    .iter()
+                    .zip(path.iter().skip(1))
+                    .enumerate()
+                    .all(|(i, (x, y))| edge(&self.keys, self.kind, graph, i, x, y, &mut again));
+                if whole {
+                    self.phase = Phase::Done(Verdict::Cycle);
+                }
+                whole
+            }
+            _ => {
+                self.phase = Phase::Done(Verdict::Cycle);
+                true
+            }
         };
-        *at += 1;
-        if !edge {
+        if !holds {
             self.restarts += 1;
             match self.restarts > RESTARTS {
                 true => self.phase = Phase::Done(Verdict::Clear),
@@ -1125,13 +1160,24 @@ impl<K: Copy + Eq + Hash + Into<usize>, S: BuildHasher + Clone + Default> Search
     }
 }
 
-/// Whether `x` waits for `y` now: some waiting request of `x`, on a key
-/// `x` does not hold, is kept out by `y` holding the key or by a request of
-/// `y` queued ahead of it that it cannot pass. Reads every request of
-/// both (a check of one edge of a cycle found).
-fn waits_for<G: WaitGraph>(graph: &mut G, x: &[u8], y: &[u8]) -> bool {
-    let mine = requests_of(graph, x);
-    kept_out_by(graph, x, mine, y)
+/// Whether the edge `x -> y`, the `at`-th of a cycle found by a search for
+/// a request of `kind` on `keys`, holds now. The first is the request's
+/// own: it waits for `y` on one of its keys, not merely some other request
+/// of its owner (that owner may be in a cycle the request is not part of).
+fn edge<G: WaitGraph>(
+    keys: &[(G::Key, u64)],
+    kind: Kind,
+    graph: &mut G,
+    at: usize,
+    x: &[u8],
+    y: &[u8],
+    read: &mut usize,
+) -> bool {
+    let mine = match at {
+        0 => keys.iter().map(|(k, p)| (*k, *p, kind)).collect(),
+        _ => requests_of(graph, x),
+    };
+    kept_out_by(graph, x, mine, y, read)
 }
 
 /// Every request of `owner` now: key, place, kind.
@@ -1152,14 +1198,17 @@ fn requests_of<G: WaitGraph>(graph: &mut G, owner: &[u8]) -> Vec<Requested<G::Ke
 
 /// Whether one of `mine` (requests of `x`), on a key `x` does not hold, is
 /// kept out by `y` holding the key or by a request of `y` queued ahead of
-/// it that it cannot pass.
+/// it that it cannot pass. Reads every request of `y` (a check of one edge
+/// of a cycle found), counted in `read` with `mine`.
 fn kept_out_by<G: WaitGraph>(
     graph: &mut G,
     x: &[u8],
     mine: Vec<Requested<G::Key>>,
     y: &[u8],
+    read: &mut usize,
 ) -> bool {
     let theirs = requests_of(graph, y);
+    *read += mine.len() + theirs.len();
     mine.into_iter().any(|(key, place, kind)| {
         if graph.holds(&key, x) {
             return false;
@@ -1725,7 +1774,7 @@ mod tests {
             kind in any::<u8>(),
             keys in proptest::collection::btree_set(0usize..4, 1..3),
             leaves in any::<prop::sample::Index>(),
-            after in 1u32..3,
+            after in 1u32..9,
         ) {
             let held: Vec<_> = held.into_iter().map(|(k, o, n)| (k, o, kind_of(n))).collect();
             let queued: Vec<_> = queued.into_iter().map(|(k, o, n)| (k, o, kind_of(n))).collect();
