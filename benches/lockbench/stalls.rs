@@ -242,6 +242,13 @@ fn latency_worst(c: &mut Conn) -> io::Result<Option<(String, i64)>> {
         .max_by_key(|(_, ms)| *ms))
 }
 
+/// The server's clients blocked now (`INFO clients`).
+fn blocked_clients(c: &mut Conn) -> io::Result<u64> {
+    c.try_info_field("clients", "blocked_clients")?
+        .parse()
+        .map_err(|_| io::Error::other("blocked_clients is not a number"))
+}
+
 fn stat(c: &mut Conn, field: &str) -> io::Result<u64> {
     c.try_info_field("lock", field)?
         .parse()
@@ -249,9 +256,19 @@ fn stat(c: &mut Conn, field: &str) -> io::Result<u64> {
 }
 
 fn wait_stat(c: &mut Conn, field: &str, what: &str, want: impl Fn(u64) -> bool) -> io::Result<()> {
+    wait_for(c, |c| stat(c, field), what, want)
+}
+
+/// Waits until `want(read(c))`, ten minutes at most.
+fn wait_for(
+    c: &mut Conn,
+    read: impl Fn(&mut Conn) -> io::Result<u64>,
+    what: &str,
+    want: impl Fn(u64) -> bool,
+) -> io::Result<()> {
     let deadline = Instant::now() + Duration::from_secs(600);
     loop {
-        if want(stat(c, field)?) {
+        if want(read(c)?) {
             return Ok(());
         }
         if Instant::now() > deadline {
@@ -361,28 +378,39 @@ fn main_thread_cpu(c: &mut Conn) -> io::Result<f64> {
 /// Connections that wait: each written one request and left blocked.
 struct Waiters {
     socks: Vec<UnixStream>,
+    /// How many of them wait in the server now (`lock_waiters`).
+    waiting: fn(&mut Conn) -> io::Result<u64>,
 }
 
 impl Waiters {
     fn open(sock: &Path, n: usize) -> io::Result<Waiters> {
+        Waiters::counted(sock, n, |c| stat(c, "lock_waiters"))
+    }
+
+    /// `n` connections whose requests waiting are counted by `waiting`.
+    fn counted(
+        sock: &Path,
+        n: usize,
+        waiting: fn(&mut Conn) -> io::Result<u64>,
+    ) -> io::Result<Waiters> {
         let mut socks = Vec::with_capacity(n);
         for _ in 0..n {
             socks.push(UnixStream::connect(sock)?);
         }
-        Ok(Waiters { socks })
+        Ok(Waiters { socks, waiting })
     }
 
     /// Writes `make(i)`'s request to connection `i`, in batches of
-    /// `batch`, each waited for (`lock_waiters` reaching `before` plus the
-    /// requests written) so that every request is in the server when the
-    /// next batch is written.
+    /// `batch`, each waited for (the requests waiting reaching `before`
+    /// plus the requests written) so that every request is in the server
+    /// when the next batch is written.
     fn write(
         &mut self,
         c: &mut Conn,
         batch: usize,
         make: &mut dyn FnMut(usize) -> Vec<u8>,
     ) -> io::Result<()> {
-        let before = stat(c, "lock_waiters")?;
+        let before = (self.waiting)(c)?;
         let n = self.socks.len();
         let mut i = 0;
         while i < n {
@@ -392,7 +420,7 @@ impl Waiters {
             }
             i = end;
             let want = before + i as u64;
-            wait_stat(c, "lock_waiters", "the waiters to queue", |w| w >= want)?;
+            wait_for(c, self.waiting, "the waiters to queue", |w| w >= want)?;
         }
         Ok(())
     }
@@ -400,7 +428,7 @@ impl Waiters {
     /// Closes them all and waits until no request waits.
     fn close(self, c: &mut Conn) -> io::Result<()> {
         drop(self.socks);
-        wait_stat(c, "lock_waiters", "the waiters to leave", |w| w == 0)
+        wait_for(c, self.waiting, "the waiters to leave", |w| w == 0)
     }
 }
 
@@ -728,6 +756,10 @@ enum Together {
     /// `n` waiters on `n` keys held by one session that ends at the
     /// deadline: each granted its key.
     Session,
+    /// Redis alone, the floor beside the nils: `n` clients in `BLPOP` on
+    /// one empty list with one deadline, answered nil by Redis's own
+    /// timeouts (no module code runs).
+    Blpop,
 }
 
 /// (3) `n` requests answered together at one common moment: `WAIT`s with
@@ -760,6 +792,9 @@ fn together(c: &mut Conn, port: u16, sock: &Path, n: usize, what: Together) -> i
         }
         Together::Session => {
             format!("(3) {n} waiters on {n} keys held by one session that ends, each granted")
+        }
+        Together::Blpop => {
+            format!("(3) Redis alone: {n} `BLPOP`s on one empty list with one deadline")
         }
     };
     eprintln!("   {shape}");
@@ -806,8 +841,12 @@ fn together(c: &mut Conn, port: u16, sock: &Path, n: usize, what: Together) -> i
                 &is_token,
             )?;
         }
+        Together::Blpop => {}
     }
-    let mut w = Waiters::open(sock, n)?;
+    let mut w = match what {
+        Together::Blpop => Waiters::counted(sock, n, blocked_clients)?,
+        _ => Waiters::open(sock, n)?,
+    };
     let mut too_late = false;
     w.write(c, 100, &mut |i| {
         let left = left_ms();
@@ -833,6 +872,12 @@ fn together(c: &mut Conn, port: u16, sock: &Path, n: usize, what: Together) -> i
                 b"WAIT",
                 b"0",
             ]),
+            // BLPOP's timeout is in seconds, to the millisecond.
+            Together::Blpop => {
+                let ms: u64 = left.parse().unwrap_or(1);
+                let secs = format!("{}.{:03}", ms / 1000, ms % 1000);
+                cmd(&[b"BLPOP", b"empty", secs.as_bytes()])
+            }
         }
     })?;
     if too_late {
@@ -859,6 +904,7 @@ fn together(c: &mut Conn, port: u16, sock: &Path, n: usize, what: Together) -> i
     while last.is_none() && Instant::now() < limit {
         let done = match what {
             Together::Readers { raised: false } => stat(c, "lock_grants_after_wait")?,
+            Together::Blpop => (n as u64).saturating_sub(blocked_clients(c)?),
             _ => (n as u64).saturating_sub(stat(c, "lock_waiters")?),
         };
         let at = Instant::now();
@@ -875,7 +921,7 @@ fn together(c: &mut Conn, port: u16, sock: &Path, n: usize, what: Together) -> i
         |at: Option<Instant>| at.map_or(Duration::MAX, |t| t.saturating_duration_since(target));
     // Every reply as expected: a nil, or a token.
     let (mut good, want) = match what {
-        Together::Nils { .. } => (0, "answered nil"),
+        Together::Nils { .. } | Together::Blpop => (0, "answered nil"),
         _ => (0, "granted"),
     };
     for s in w.socks.iter_mut().take(answered) {
@@ -883,6 +929,8 @@ fn together(c: &mut Conn, port: u16, sock: &Path, n: usize, what: Together) -> i
         let mut buf = [0u8; 5];
         let ok = match what {
             Together::Nils { .. } => s.read_exact(&mut buf).is_ok() && buf.starts_with(b"$-1"),
+            // RESP2's nil array.
+            Together::Blpop => s.read_exact(&mut buf).is_ok() && buf.starts_with(b"*-1"),
             _ => s.read(&mut buf).is_ok_and(|got| got > 1 && buf[0] == b':'),
         };
         good += usize::from(ok);
@@ -1966,6 +2014,7 @@ pub fn run(module: &Path, plan: &Plan) -> io::Result<Vec<Row>> {
         true => {
             for what in [
                 Together::Nils { keys: 1 },
+                Together::Blpop,
                 Together::Nils { keys: n },
                 Together::Readers { raised: true },
                 Together::Readers { raised: false },
