@@ -355,7 +355,8 @@ fn two_hundred_thousand_readers_are_each_found_and_released_exactly_once() {
 }
 
 /// 200,000 readers of one key (`lock.max-holders` raised to them), a
-/// replica attached: `PERSIST`, `PEXPIRE`, `RENAME`, `MOVE` and `RESTORE`
+/// replica attached, 5,000 more readers granted and 5,000 renewed (each
+/// applied by the replica through the lock's index): `PERSIST`, `PEXPIRE`, `RENAME`, `MOVE` and `RESTORE`
 /// of the key each leave every reader as it was, on the master and on the
 /// replica, and the key's TTL its latest lease's again on both (the
 /// refresh sends the replica one absolute `PEXPIREAT`, not every holder:
@@ -371,8 +372,9 @@ fn two_hundred_thousand_holders_keep_their_state_through_keyspace_commands_and_a
     let replica = Server::start();
     let mut c = master.conn();
     let mut r = replica.conn();
+    let late = 5_000;
     for conn in [&mut c, &mut r] {
-        conn.cmd(&["CONFIG", "SET", "lock.max-holders", &n.to_string()])
+        conn.cmd(&["CONFIG", "SET", "lock.max-holders", &(n + late).to_string()])
             .ok();
     }
     let granted = pipelined(&mut c, n, |i| {
@@ -387,8 +389,34 @@ fn two_hundred_thousand_holders_keep_their_state_through_keyspace_commands_and_a
     // Attached after the grants: the replica loads them in one full sync.
     replica.replicaof(&master);
     wait_for_sync(&master, &replica);
+    // Grants and renewals the replica applies one by one (`LOCK.SYNC` on
+    // a lock of 200,000: through its index).
+    let more = pipelined(&mut c, late, |i| {
+        vec![
+            "LOCK.READ".into(),
+            "big".into(),
+            format!("late-{i}"),
+            "3600000".into(),
+        ]
+    });
+    assert!(more.iter().all(|g| matches!(g, Reply::Int(_))));
+    let renewed = pipelined(&mut c, late, |i| {
+        vec![
+            "LOCK.RENEW".into(),
+            "big".into(),
+            format!("reader-{}", i * 7),
+            "3500000".into(),
+        ]
+    });
+    assert!(renewed.iter().all(|g| g.int() == 1));
+    let n = n + late;
     let whole = c.lock_info("big").expect("the lock").stable();
     assert_eq!(whole.1.len(), n);
+    wait_for_sync(&master, &replica);
+    assert!(
+        r.lock_info("big").expect("the replica's lock").stable() == whole,
+        "the replica applied every grant and renewal"
+    );
     // The key `key` of database `db` holds `whole` on both servers, and
     // its TTL is its leases' (over 3,000 s of the hour) on both, once the
     // refresh visit ran and reached the replica.
