@@ -1404,7 +1404,7 @@ fn expiring(c: &mut Conn, port: u16, n: usize, like: &[u8]) -> io::Result<Row> {
         ),
         m,
     )
-    .note("took: from the deadline until every lease was counted expired"))
+    .note("took: from before the deadline (the wait for it included) until every lease was counted expired"))
 }
 
 /// Shape (13): `n` readers of one key (`lock.max-holders` raised to let
