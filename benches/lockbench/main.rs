@@ -31,7 +31,8 @@
 //! counts. `--only 1,3`: some sections only. `--storms` (with `--only 8`):
 //! section 8's storms alone. `--shapes 1,3` (with `--only 10`): some of
 //! section 10's shapes; `--wide 200000` (with shape 13): its reader
-//! counts (200,000 and 1,000,000 else). `--callgrind`: instructions per
+//! counts (200,000 and 1,000,000 else); `--holders 1000000` (with shape
+//! 6): its holder count (20,000 else). `--callgrind`: instructions per
 //! request of each command under `valgrind --tool=callgrind` instead (slow,
 //! repeatable). Environment: `REDIS_LOCK_MODULE` (the module to load; else
 //! target/release/libredis_lock.so, built when missing or stale).
@@ -185,6 +186,16 @@ fn main() {
             .split(',')
             .filter_map(|s| s.trim().parse().ok())
             .collect();
+    }
+    // `--holders 1000000` (with `--only 10 --shapes 6`): shape (6)'s
+    // holder count (`lock.max-holders` raised to it).
+    if let Some(n) = args
+        .iter()
+        .position(|a| a == "--holders")
+        .and_then(|i| args.get(i + 1))
+        .and_then(|v| v.parse().ok())
+    {
+        plan.stalls.holders = n;
     }
     let result = if callgrind {
         run_callgrind(&plan, &args)

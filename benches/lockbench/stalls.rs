@@ -1371,9 +1371,88 @@ fn holders(c: &mut Conn, port: u16, n: usize) -> io::Result<Vec<Row>> {
             vec![b"RESTORE".as_slice(), b"big3", b"0", &payload],
         ),
     ];
-    step_rows(c, port, &steps, |label| {
-        format!("(6) `{label}` of a key with {n} holders")
-    })
+    let mut rows = Vec::new();
+    for (stat_of, label, args) in &steps {
+        let m = request(c, port, stat_of, args)?;
+        rows.push(
+            Row::new(
+                format!("(6) `{label}` of a key with {n} holders"),
+                m.clone_reply(),
+            )
+            .note(format!("answered {}", show(&m.reply))),
+        );
+    }
+    rows.push(expiring(c, port, n, &payload)?);
+    c.ok(&[b"FLUSHALL"])?;
+    c.ok(&[b"CONFIG", b"SET", b"lock.max-holders", b"1000"])?;
+    Ok(rows)
+}
+
+/// Shape (6)'s purge: `n` readers of one key, all but one of whose leases
+/// end at one deadline (restored with it: grants would spread theirs), the
+/// last one's going on (the key stays: the module's visit drops them, not
+/// Redis's expiry), measured from before the deadline until every lease
+/// is counted expired. `like` is a DUMP of any lock (its header).
+fn expiring(c: &mut Conn, port: u16, n: usize, like: &[u8]) -> io::Result<Row> {
+    use crate::common::{dump_parts, dump_with_footer, old_lock_body, OldHolder};
+    let (head, version) = dump_parts(like);
+    let token = |c: &mut Conn| -> io::Result<u64> {
+        let r = c.call(&[b"LOCK.READ", b"exp-token", b"t", b"1000"])?;
+        Ok(r.as_int().and_then(|t| u64::try_from(t).ok()).unwrap_or(0))
+    };
+    let first = token(c)?;
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64);
+    // Far enough for the RESTORE of `n` holders to land before it.
+    let deadline = now + 3000 + (n as u64) / 500;
+    let n = n.max(2);
+    let holders: Vec<OldHolder> = (0..n)
+        .map(|i| OldHolder {
+            owner: format!("r{i}").into_bytes(),
+            holds: 1,
+            token: first + 1 + i as u64,
+            deadline: if i == n - 1 {
+                now + 3_600_000
+            } else {
+                deadline
+            },
+        })
+        .collect();
+    let body = old_lock_body(head, 2, 1, None, &holders);
+    let payload = dump_with_footer(&body, version);
+    drop(holders);
+    c.ok(&[
+        b"CONFIG",
+        b"SET",
+        b"lock.max-holders",
+        n.max(1000).to_string().as_bytes(),
+    ])?;
+    c.ok(&[b"RESTORE", b"exp", b"0", &payload])?;
+    eprintln!("   {} leases ending together", n - 1);
+    let m = measure(
+        c,
+        port,
+        None,
+        &mut |_| {
+            let left = deadline.saturating_sub(
+                std::time::SystemTime::now()
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .map_or(0, |d| d.as_millis() as u64),
+            );
+            thread::sleep(Duration::from_millis(left));
+            Ok(None)
+        },
+        &mut |c| Ok(stat(c, "lock_expired_leases")? >= n as u64 - 1),
+    )?;
+    Ok(Row::new(
+        format!(
+            "(6) {} leases of a key's {n} ending together (one goes on)",
+            n - 1
+        ),
+        m,
+    )
+    .note("took: from before the deadline (the wait for it included) until every lease was counted expired"))
 }
 
 /// Shape (13): `n` readers of one key (`lock.max-holders` raised to let

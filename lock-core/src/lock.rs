@@ -1917,6 +1917,58 @@ impl Lock {
         })
     }
 
+    /// [`Lock::apply_set`] with no walk of an indexed lock's holders when
+    /// no other holder can carry the holder's token: `fresh` (the caller
+    /// knows the token newer than every token it has seen: a new grant's),
+    /// or the owner's own holder carries it (a renewal). The owner found
+    /// through the index, the deadlines' extremes read from it; the state
+    /// and the result are [`Lock::apply_set`]'s, which any other case
+    /// (a lock without an index, a change of shape, a semaphore full, a
+    /// token that may clash) goes through.
+    pub fn apply_set_new(
+        &mut self,
+        kind: Kind,
+        holder: Holder,
+        fresh: bool,
+    ) -> Result<Applied, Invalid> {
+        if !self.block.is_indexed() {
+            return self.apply_set(kind, holder);
+        }
+        let limit = own_rules(kind, &holder.as_ref())?;
+        let same_shape = kind.mode() == self.mode() && limit == self.block.limit();
+        let mine = self
+            .entry(&holder.owner)
+            .map(|(at, h)| (at, h.since, h.token, h.deadline));
+        let fresh = fresh || mine.is_some_and(|(_, _, token, _)| token == holder.token);
+        let count = self.block.count() - usize::from(mine.is_some());
+        let fits = match kind {
+            Kind::Semaphore(limit) => count < limit as usize,
+            _ => kind.mode() != Mode::Exclusive || count == 0,
+        };
+        if !fresh || !fits || !same_shape {
+            return self.apply_set(kind, holder);
+        }
+        match mine {
+            Some((at, since, token, _)) => {
+                let since = if token == holder.token {
+                    since
+                } else {
+                    holder.since
+                };
+                self.block
+                    .set(at, holder.holds, since, holder.token, holder.deadline);
+            }
+            None => {
+                self.block.push(kind.mode().tag(), limit, holder.as_ref())?;
+            }
+        }
+        self.block.exact_low();
+        Ok(Applied {
+            followed: mine.and_then(|(.., deadline)| session_of(deadline)),
+            deadlines: self.block.extremes().flatten().or_else(|| self.deadlines()),
+        })
+    }
+
     /// [`Lock::remove`] as a replica applies it (`LOCK.SYNC ... DROP`), with
     /// what [`Lock::apply_set`] reports, in one walk.
     pub fn apply_drop(&mut self, owner: &[u8]) -> Applied {
@@ -3299,6 +3351,48 @@ mod tests {
                 proptest::prop_assert!(after.earliest_deadline().is_none_or(|d| d > now));
                 proptest::prop_assert!(after.sweep_at().is_none_or(|d| d > now));
                 proptest::prop_assert_eq!(after.earliest_deadline(), walked_earliest(&after));
+            }
+        }
+    }
+
+    proptest::proptest! {
+        /// [`Lock::apply_set_new`] (an indexed lock's owner found through
+        /// its index, no walk) leaves the state and answers what
+        /// [`Lock::apply_set`] does, for any effect a replica may be sent
+        /// (owners, tokens and modes clashing), `fresh` as `LOCK.SYNC`
+        /// tells it: the token above every token applied so far.
+        #[test]
+        fn an_apply_through_the_index_is_the_walked_apply(
+            ops in proptest::collection::vec(
+                (0u8..6, 0u8..12, 1u32..3, 1u64..40, 0u64..3, proptest::bool::weighted(0.15)),
+                1..100,
+            ),
+        ) {
+            let fields = |l: &Lock| -> Vec<(Vec<u8>, u32, u32, u64, u64)> {
+                l.holders()
+                    .map(|h| (h.owner.to_vec(), h.holds, h.since, h.token, h.deadline))
+                    .collect()
+            };
+            let (mut walked, mut indexed) = (Lock::default(), Lock::default());
+            let mut seen = 0u64;
+            for (k, owner, holds, token, d, drop) in ops {
+                let owner = format!("o{owner}").into_bytes();
+                if drop {
+                    proptest::prop_assert_eq!(indexed.apply_drop(&owner), walked.apply_drop(&owner));
+                    continue;
+                }
+                let kind = match k {
+                    0 => Kind::Acquire,
+                    1 => Kind::Semaphore(8),
+                    _ => Kind::Read,
+                };
+                let h = Holder { owner: owner.into(), holds, since: 0, token, deadline: 1_000 + d };
+                let want = walked.apply_set(kind, h.clone());
+                let got = indexed.apply_set_new(kind, h, token > seen);
+                seen = seen.max(token);
+                proptest::prop_assert_eq!(got, want);
+                proptest::prop_assert_eq!(fields(&indexed), fields(&walked));
+                proptest::prop_assert_eq!(indexed.latest_deadline(), walked.latest_deadline());
             }
         }
     }

@@ -73,7 +73,7 @@ pub const SYNC: Spec = command! {
     arity: -4,
     since: c"0.1.0",
     summary: c"Internal: applies one replicated lock effect (mode:holds:token:deadline[:limit] owner, a holder that follows its connection's lease with :Flease after its numbers, or DROP owner; the 0.2 form SET owner mode holds token deadline [limit] still applies). Accepted only from the master or the AOF.",
-    complexity: c"O(R), R the holders (one walk of them)",
+    complexity: c"O(log R) for a lock of 1,024 holders or more (its index), else O(R), R the holders (one walk of them)",
     args: &[
         Arg::new(c"key", ArgKind::Key),
         Arg::new(c"effect", ArgKind::String).many(),
@@ -133,14 +133,20 @@ fn sync(ctx: &Context, args: Argv<'_>) -> RedisResult {
     }
     // The sessions the owner's holder followed before and after.
     let mut followed = (None, None);
-    // One walk of the key's holders (`Lock::apply_set`, `apply_drop`): the
-    // owner's holder found, set or appended, and the deadlines after.
+    // The owner's holder found, set or appended, and the deadlines after:
+    // through the index of a lock of 1,024 holders or more
+    // (`Lock::apply_set_new`, `apply_drop`), else one walk of its holders.
     let sweep = transitions::write_back_known(ctx, name, true, |lock| {
         followed.1 = set.as_ref().and_then(|(_, h)| h.as_ref().session());
         let applied = if let Some((kind, holder)) = set {
             let token = holder.token;
+            // Newer than every token this server has seen (each holder's
+            // was seen as it came: a grant, an effect, a load, a RESTORE):
+            // no other holder carries it, and an indexed lock's holders
+            // are not walked for it.
+            let fresh = token > fencing::last();
             let applied = lock
-                .apply_set(kind, holder)
+                .apply_set_new(kind, holder, fresh)
                 .map_err(|_| LockError::BadState)?;
             fencing::observe(token);
             if flags.contains(ContextFlags::REPLICATED) {

@@ -218,6 +218,33 @@ fn replicate_set(
     ));
 }
 
+/// Sends a lock key's Redis expiry, set again after something outside the
+/// module re-timed or moved the key (`PERSIST`, `PEXPIRE`, `RENAME`,
+/// `MOVE`, `RESTORE`: a refresh visit): `PEXPIREAT key deadline`, absolute
+/// as every effect, or `PERSIST key` for a key whose latest holder follows
+/// a session or its connection's lease (`expiry` `None`). The holders
+/// themselves did not change: the replica has them as the master does.
+pub fn replicate_expiry(ctx: &Context, key: Str<'_>, expiry: Option<u64>) {
+    if count_if_nobody_listens(ctx) {
+        return;
+    }
+    match expiry {
+        Some(at) => call!(RedisModule_Replicate(
+            ctx.ctx,
+            c"PEXPIREAT".as_ptr(),
+            c"sl".as_ptr(),
+            key.raw(),
+            std::os::raw::c_longlong::try_from(at).unwrap_or(std::os::raw::c_longlong::MAX)
+        )),
+        None => call!(RedisModule_Replicate(
+            ctx.ctx,
+            c"PERSIST".as_ptr(),
+            c"s".as_ptr(),
+            key.raw()
+        )),
+    };
+}
+
 /// The internal command that applies a session's state on a replica or
 /// from the AOF: `LOCK.SESSIONSYNC id deadline-unix-ms` (0: it ended).
 pub const SESSION_SYNC_COMMAND: &CStr = c"LOCK.SESSIONSYNC";

@@ -646,6 +646,40 @@ impl Registry {
     }
 
     /// Whether `b`'s connection closed.
+    /// Of `bindings`, those of a holder of `lock` at `name` in `db`: the
+    /// lock's holder of the binding's owner carries the binding's token
+    /// (one look-up in the lock each).
+    fn on_key<'a>(
+        &'a self,
+        db: i32,
+        name: &'a [u8],
+        lock: &'a Lock,
+        bindings: impl Iterator<Item = &'a Binding> + 'a,
+    ) -> impl Iterator<Item = &'a Binding> + 'a {
+        let home = self.homes.get(db);
+        bindings.filter(move |b| {
+            Some(b.home) == home
+                && b.name() == name
+                && lock.holder(b.owner()).is_some_and(|h| h.token == b.token)
+        })
+    }
+
+    /// [`closed_of`] by the closed connections' bindings: the lists
+    /// looked through for the closed ones, and each of their bindings.
+    fn closed_on(&self, db: i32, name: &[u8], lock: &Lock) -> Vec<(Owner, u64)> {
+        let closed = self.lists.iter().filter(|c| c.closed).flat_map(|c| {
+            let mut at = c.head;
+            std::iter::from_fn(move || {
+                let b = self.get(at)?;
+                at = b.after;
+                Some(b)
+            })
+        });
+        self.on_key(db, name, lock, closed)
+            .map(|b| (b.owner().into(), b.token))
+            .collect()
+    }
+
     fn is_closed(&self, b: &Binding) -> bool {
         self.lists.get(b.list as usize).is_some_and(|c| c.closed)
     }
@@ -1068,12 +1102,19 @@ pub fn forget(db: i32, name: &[u8], tokens: impl IntoIterator<Item = u64>) {
 }
 
 /// The holders of `lock` (at `name` in `db`) bound to a connection that
-/// closed: owner and grant.
+/// closed: owner and grant. The smaller side is walked: the lock's holders
+/// (each one's binding looked up by its token), or the closed
+/// connections' bindings (each one's holder looked up by its owner:
+/// [`Registry::closed_on`]), so a lock of a million holders costs
+/// nothing more while a few bindings elsewhere wait to be ended.
 pub fn closed_of(db: i32, name: &[u8], lock: &Lock) -> Vec<(Owner, u64)> {
     if pending() == 0 {
         return Vec::new();
     }
     let r = registry();
+    if r.lists.len().saturating_add(pending()) < lock.holder_count() {
+        return r.closed_on(db, name, lock);
+    }
     lock.holders()
         .filter(|h| {
             r.find(db, name, h.token)
@@ -1113,12 +1154,26 @@ pub fn without_closed(db: i32, name: &[u8], lock: &Lock, now: u64) -> Option<Loc
     Some(copy)
 }
 
-/// Bytes the bindings of `lock`'s holders (at `name` in `db`) take.
+/// Bytes the bindings of `lock`'s holders (at `name` in `db`) take. The
+/// smaller side is walked, as [`closed_of`] does: the lock's holders, or
+/// the bindings' slots (each binding of this key counted when the lock's
+/// holder of its owner carries its token).
 pub fn memory_of(db: i32, name: &[u8], lock: &Lock) -> usize {
     if count() == 0 {
         return 0;
     }
     let r = registry();
+    if r.slab.used < lock.holder_count() {
+        return r
+            .on_key(
+                db,
+                name,
+                lock,
+                r.slab.chunks.iter().flat_map(|c| c.iter().flatten()),
+            )
+            .map(Binding::cost)
+            .sum();
+    }
     lock.holders()
         .filter_map(|h| r.find(db, name, h.token).and_then(|at| r.get(at)))
         .map(Binding::cost)

@@ -12,6 +12,7 @@ use crate::redis::homes;
 use crate::redis::replication;
 use crate::state::bindings;
 use crate::state::deadlocks;
+use crate::state::keys::LockKey;
 use crate::state::sessions;
 use crate::state::timers::{self, Due};
 use crate::state::transitions;
@@ -141,7 +142,7 @@ fn drop_flushed() {
 }
 
 /// Looks at one key: drops expired holders, grants waiters, re-indexes it;
-/// on a refresh, writes its whole state back.
+/// on a refresh, sets its TTL again ([`retime`]).
 /// Sessions whose deadline passed end (replicated as one effect each);
 /// then ended sessions are cleaned up a share of the turn at a time: their
 /// waiters answered `NOSESSION`, their keys visited (the holders that
@@ -175,11 +176,36 @@ fn visit(ctx: &Context, db: i32, key: &[u8], refresh: bool) {
         if !waiting::nothing_to_purge(db, key, txn.lock, txn.now, txn.changes) {
             txn.lock.purge(txn.now, txn.changes);
         }
-        if refresh {
-            txn.lock.touch_all(txn.changes);
-        }
     });
-    if let Err(e) = result {
-        waiting::fail_all(db, key, e);
+    match result {
+        Err(e) => waiting::fail_all(db, key, e),
+        Ok(()) if refresh => retime(ctx, Str::from(&name)),
+        Ok(()) => {}
     }
+}
+
+/// A refresh: the key's Redis TTL set again to its latest deadline (none
+/// when that holder follows a session or its connection's lease), and
+/// the same sent to replicas and the AOF as one absolute `PEXPIREAT` (or
+/// `PERSIST`). O(1) at any holder count: the visit's write-back kept the
+/// latest deadline in the block. The holders are not sent again: what
+/// moved or re-timed the key (`PERSIST`, `PEXPIRE`, `RENAME`, `MOVE`,
+/// `RESTORE`) reached the replicas as Redis's own command, and changed
+/// no holder.
+fn retime(ctx: &Context, name: Str<'_>) {
+    let Ok(key) = LockKey::open(ctx, name, true) else {
+        return;
+    };
+    let latest = match key.lock() {
+        Ok(Some(lock)) => lock.latest_deadline(),
+        _ => None,
+    };
+    let Some(latest) = latest else {
+        return;
+    };
+    key.expire_at(latest);
+    let expiry = lock_core::lock::session_of(latest)
+        .is_none()
+        .then_some(latest);
+    replication::replicate_expiry(ctx, name, expiry);
 }

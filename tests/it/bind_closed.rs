@@ -473,3 +473,69 @@ fn bound_locks_released_in_halving_rounds_then_the_rest_by_the_close() {
     }
     assert_eq!(c3.cmd(&["LOCK.KEEPALIVE", "600000"]).int(), 5);
 }
+
+/// A lock of more holders than there are bindings (2,000 readers of a
+/// session, one reader bound to its connection): its closed holder and its
+/// binding's bytes are found through the bindings rather than by a walk of
+/// its holders (`bindings::closed_of`, `memory_of`: docs/design.md, "How
+/// many holders a key may have"), with the same answers. Checked in the
+/// write of the `CLIENT KILL`, before any tick.
+#[test]
+fn a_wide_lock_finds_its_one_bound_holder_through_the_bindings() {
+    let n = 2000;
+    let s = Server::start();
+    let mut c = s.conn();
+    c.cmd(&["CONFIG", "SET", "lock.max-holders", "10000"]).ok();
+    let session = c.cmd(&["LOCK.SESSION", "OPEN", "600000"]).int().to_string();
+    let readers: Vec<Vec<String>> = (0..n)
+        .map(|i| {
+            let owner = format!("r{i}");
+            cmd(&["LOCK.READ", "wide", &owner, "600000", "SESSION", &session])
+        })
+        .collect();
+    assert!(pipeline(&mut c, &readers).iter().all(|r| token(r) > 0));
+    let mut a = s.conn();
+    let id = a.cmd(&["CLIENT", "ID"]).int().to_string();
+    token(&a.cmd(&["LOCK.READ", "wide", "B", "600000", "BIND"]));
+    let per_binding = stat(&mut c, "bindings_memory");
+    assert!(per_binding > 0);
+    let bound = c.cmd(&["MEMORY", "USAGE", "wide"]).int();
+    // With more bindings than the lock has holders (3,000 more, on other
+    // keys), its holders are walked instead: the same bytes.
+    let mut d = s.conn();
+    bind_many(&mut d, "F", 3000);
+    let walked = c.cmd(&["MEMORY", "USAGE", "wide"]).int();
+    assert_eq!(bound, walked, "MEMORY USAGE: the same by either side");
+    assert!(c.cmd(&["MEMORY", "USAGE", "fill:0"]).int() > 0);
+    d.cmd(&["QUIT"]);
+    wait_until(Duration::from_secs(10), "the 3,000 bindings ended", || {
+        stat(&mut c, "bindings_memory") == per_binding
+    });
+    let replies = pipeline(
+        &mut c,
+        &[
+            cmd(&["CLIENT", "KILL", "ID", &id]),
+            cmd(&["LOCK.INFO", "wide"]),
+            cmd(&["LOCK.RELEASE", "wide", "B"]),
+            cmd(&["LOCK.READ", "wide", "X", "600000", "SESSION", &session]),
+            cmd(&["LOCK.INFO", "wide"]),
+        ],
+    );
+    assert_eq!(replies[0].int(), 1, "killed");
+    let owners = |r: &Reply| -> Vec<Vec<u8>> {
+        LockInfo::parse(r)
+            .expect("the readers' lock")
+            .holders
+            .into_iter()
+            .map(|h| h.owner)
+            .collect()
+    };
+    let listed = owners(&replies[1]);
+    assert_eq!(listed.len(), n, "B's holder is not listed");
+    assert!(!listed.contains(&b"B".to_vec()));
+    assert!(replies[2].is_nil(), "B holds nothing: {:?}", replies[2]);
+    token(&replies[3]);
+    let listed = owners(&replies[4]);
+    assert_eq!(listed.len(), n + 1);
+    assert!(listed.contains(&b"X".to_vec()) && !listed.contains(&b"B".to_vec()));
+}

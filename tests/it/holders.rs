@@ -353,3 +353,162 @@ fn two_hundred_thousand_readers_are_each_found_and_released_exactly_once() {
     assert!(released.iter().all(|r| r.int() == 1));
     assert_eq!(c.cmd(&["EXISTS", "wide"]).int(), 0);
 }
+
+/// 200,000 readers of one key (`lock.max-holders` raised to them), a
+/// replica attached, 5,000 more readers granted and 5,000 renewed (each
+/// applied by the replica through the lock's index): `PERSIST`, `PEXPIRE`, `RENAME`, `MOVE` and `RESTORE`
+/// of the key each leave every reader as it was, on the master and on the
+/// replica, and the key's TTL its latest lease's again on both (the
+/// refresh sends the replica one absolute `PEXPIREAT`, not every holder:
+/// docs/design.md, "How many holders a key may have"); then all but one
+/// of the readers of a restored key whose leases end together are dropped
+/// by the visit at their deadline, on both, the last one left with its
+/// TTL. What it cost is the bench's (section 10, shape (6) with
+/// `--holders`), never asserted here.
+#[test]
+fn two_hundred_thousand_holders_keep_their_state_through_keyspace_commands_and_a_mass_expiry() {
+    let n = 200_000;
+    let master = Server::start();
+    let replica = Server::start();
+    let mut c = master.conn();
+    let mut r = replica.conn();
+    let late = 5_000;
+    for conn in [&mut c, &mut r] {
+        conn.cmd(&["CONFIG", "SET", "lock.max-holders", &(n + late).to_string()])
+            .ok();
+    }
+    let granted = pipelined(&mut c, n, |i| {
+        vec![
+            "LOCK.READ".into(),
+            "big".into(),
+            format!("reader-{i}"),
+            "3600000".into(),
+        ]
+    });
+    assert!(granted.iter().all(|g| matches!(g, Reply::Int(_))));
+    // Attached after the grants: the replica loads them in one full sync.
+    replica.replicaof(&master);
+    wait_for_sync(&master, &replica);
+    // Grants and renewals the replica applies one by one (`LOCK.SYNC` on
+    // a lock of 200,000: through its index).
+    let more = pipelined(&mut c, late, |i| {
+        vec![
+            "LOCK.READ".into(),
+            "big".into(),
+            format!("late-{i}"),
+            "3600000".into(),
+        ]
+    });
+    assert!(more.iter().all(|g| matches!(g, Reply::Int(_))));
+    let renewed = pipelined(&mut c, late, |i| {
+        vec![
+            "LOCK.RENEW".into(),
+            "big".into(),
+            format!("reader-{}", i * 7),
+            "3500000".into(),
+        ]
+    });
+    assert!(renewed.iter().all(|g| g.int() == 1));
+    let n = n + late;
+    let whole = c.lock_info("big").expect("the lock").stable();
+    assert_eq!(whole.1.len(), n);
+    wait_for_sync(&master, &replica);
+    assert!(
+        r.lock_info("big").expect("the replica's lock").stable() == whole,
+        "the replica applied every grant and renewal"
+    );
+    // The key `key` of database `db` holds `whole` on both servers, and
+    // its TTL is its leases' (over 3,000 s of the hour) on both, once the
+    // refresh visit ran and reached the replica.
+    let same_on_both = |c: &mut Conn, r: &mut Conn, db: &str, key: &str, what: &str| {
+        c.cmd(&["SELECT", db]).ok();
+        r.cmd(&["SELECT", db]).ok();
+        wait_until(Duration::from_secs(30), what, || c.pttl(key) > 3_000_000);
+        wait_for_sync(&master, &replica);
+        for (conn, side) in [(&mut *c, "master"), (&mut *r, "replica")] {
+            let info = conn.lock_info(key).expect("the lock");
+            assert!(
+                info.stable() == whole,
+                "{what}: the {side} has {} holders, not the {n} it had",
+                info.holders.len()
+            );
+            let ttl = conn.pttl(key);
+            assert!(ttl > 3_000_000, "{what}: the {side}'s TTL is {ttl}");
+        }
+        c.cmd(&["SELECT", "0"]).ok();
+        r.cmd(&["SELECT", "0"]).ok();
+    };
+    assert_eq!(c.cmd(&["PERSIST", "big"]).int(), 1);
+    same_on_both(&mut c, &mut r, "0", "big", "after PERSIST");
+    assert_eq!(c.cmd(&["PEXPIRE", "big", "5000"]).int(), 1);
+    same_on_both(&mut c, &mut r, "0", "big", "after PEXPIRE");
+    c.cmd(&["RENAME", "big", "big2"]).ok();
+    assert!(c.lock_info("big").is_none(), "renamed away");
+    same_on_both(&mut c, &mut r, "0", "big2", "after RENAME");
+    assert_eq!(c.cmd(&["MOVE", "big2", "1"]).int(), 1);
+    assert!(c.lock_info("big2").is_none(), "moved away");
+    same_on_both(&mut c, &mut r, "1", "big2", "after MOVE");
+    c.cmd(&["SELECT", "1"]).ok();
+    let payload = c.cmd(&["DUMP", "big2"]).bulk().to_vec();
+    c.cmd(&["SELECT", "0"]).ok();
+    c.cmdv(&[
+        b"RESTORE".to_vec(),
+        b"big3".to_vec(),
+        b"0".to_vec(),
+        payload.clone(),
+    ])
+    .ok();
+    same_on_both(&mut c, &mut r, "0", "big3", "after RESTORE");
+
+    // All but the last reader's leases end together: restored with one
+    // deadline (grants would spread theirs).
+    let (head, version) = dump_parts(&payload);
+    let first_token = c.read("t", "t", 3_600_000).int() as u64;
+    let deadline = now_ms() + 5_000;
+    let holders: Vec<OldHolder> = (0..n)
+        .map(|i| OldHolder {
+            owner: format!("reader-{i}").into_bytes(),
+            holds: 1,
+            token: first_token + i as u64 + 1,
+            deadline: if i == n - 1 {
+                now_ms() + 3_600_000
+            } else {
+                deadline
+            },
+        })
+        .collect();
+    let body = old_lock_body(head, 2, 1, None, &holders);
+    c.cmdv(&[
+        b"RESTORE".to_vec(),
+        b"expiring".to_vec(),
+        b"0".to_vec(),
+        dump_with_footer(&body, version),
+    ])
+    .ok();
+    assert_eq!(holders_of(&mut c, "expiring"), n);
+    wait_until(Duration::from_secs(60), "every ended lease dropped", || {
+        holders_of(&mut c, "expiring") == 1
+    });
+    assert!(now_ms() >= deadline, "none dropped before its deadline");
+    wait_for_sync(&master, &replica);
+    let last = format!("reader-{}", n - 1).into_bytes();
+    for (conn, side) in [(&mut c, "master"), (&mut r, "replica")] {
+        let info = conn.lock_info("expiring").expect("the last reader's lock");
+        let owners: Vec<&[u8]> = info.holders.iter().map(|h| h.owner.as_slice()).collect();
+        assert_eq!(
+            owners,
+            [last.as_slice()],
+            "the {side} keeps the last reader"
+        );
+        let ttl = conn.pttl("expiring");
+        assert!(
+            ttl > 3_000_000,
+            "the {side}'s TTL is the last lease's: {ttl}"
+        );
+    }
+    assert_eq!(
+        c.info_field("lock", "lock_expired_leases"),
+        (n - 1).to_string(),
+        "each ended lease counted once"
+    );
+}
