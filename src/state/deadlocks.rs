@@ -43,7 +43,7 @@ use crate::state::stats;
 use crate::state::timers;
 use crate::state::waiting::{self, WaiterId};
 use crate::time::clock;
-use lock_core::deadlock::{EachQueued, Requested, Search, Verdict, WaitGraph};
+use lock_core::deadlock::{EachQueued, Requested, Search, Slots, Verdict, WaitGraph, SLOTS_A_PAGE};
 use lock_core::hash::Keyed;
 use lock_core::{Kind, Lock, Owner, Request};
 
@@ -116,18 +116,22 @@ struct Reads {
     /// Each key's number in the registry ([`waiting::NO_NUMBER`]: not
     /// known yet).
     numbers: Vec<u64>,
-    /// By the slot of a registry's number: that number and the key's.
-    by_number: Vec<Option<Box<[Numbered]>>>,
+    /// By the slot of a registry's number: the key's number in this
+    /// search (pages kept from search to search: [`SPARE`]).
+    by_number: Slots,
     reads: Vec<Option<Read>>,
 }
 
-/// A registry's number and the search's number of the key it names.
-type Numbered = (u64, usize);
-
-/// Registry numbers' slots per page of [`Reads::by_number`].
-const SLOTS_A_PAGE: usize = 1024;
-
 impl Reads {
+    /// For a new search, in the pages of `by_number` (an earlier search's).
+    fn with_slots(mut by_number: Slots) -> Reads {
+        by_number.renew();
+        Reads {
+            by_number,
+            ..Reads::default()
+        }
+    }
+
     /// `key`'s number, given at its first meeting.
     fn id(&mut self, key: &DbKey) -> usize {
         if let Some(id) = self.ids.get(key) {
@@ -140,19 +144,6 @@ impl Reads {
         id
     }
 
-    /// The entry of the registry's number `number` in `by_number`.
-    fn slot(&mut self, number: u64) -> Option<&mut (u64, usize)> {
-        let slot = (number & u64::from(u32::MAX)) as usize;
-        let (page, at) = (slot / SLOTS_A_PAGE, slot % SLOTS_A_PAGE);
-        if self.by_number.len() <= page {
-            self.by_number.resize_with(page + 1, || None);
-        }
-        self.by_number
-            .get_mut(page)?
-            .get_or_insert_with(|| vec![(waiting::NO_NUMBER, 0); SLOTS_A_PAGE].into())
-            .get_mut(at)
-    }
-
     /// The key the registry numbers `number` (`key`, filed): its number.
     /// A key met by number is found by number only (its name is not
     /// hashed), unless keys were met without one (their queue gone, or
@@ -163,10 +154,8 @@ impl Reads {
         if number == waiting::NO_NUMBER {
             return self.id(key);
         }
-        if let Some((known, id)) = self.slot(number) {
-            if *known == number {
-                return *id;
-            }
+        if let Some(id) = self.by_number.get(number) {
+            return id as usize;
         }
         // (Not looked up among the keys met without a number: such a key
         // met by number too, before its number was known, is a second
@@ -186,8 +175,10 @@ impl Reads {
         if let Some(n) = self.numbers.get_mut(id) {
             *n = number;
         }
-        if let Some(entry) = self.slot(number) {
-            *entry = (number, id);
+        // (A search meets fewer than 2^32 keys; one past that is not
+        // found by number: met again, a second listing.)
+        if let Ok(id) = u32::try_from(id) {
+            self.by_number.set(number, id);
         }
     }
 }
@@ -360,7 +351,8 @@ pub fn check(ctx: &Context, keys: &[DbKey], request: &Request) -> Check {
     if !waiting::may_be_waited_for(&request.owner) {
         return Check::Clear;
     }
-    let mut reads = Reads::default();
+    let (owners, keys_by_number) = shared::lock(&SPARE, |_| ()).take().unwrap_or_default();
+    let mut reads = Reads::with_slots(keys_by_number);
     // The registry's keys (by home): a search that goes on across a
     // SWAPDB follows them.
     let keys = waiting::filed(keys);
@@ -372,19 +364,43 @@ pub fn check(ctx: &Context, keys: &[DbKey], request: &Request) -> Check {
         })
         .collect();
     let mut unfinished = Box::new(Unfinished {
-        search: Search::with_hasher(&request.owner, request.kind, &at),
+        search: Search::with_slots(&request.owner, request.kind, &at, owners),
         reads,
     });
     match slice(ctx, &mut unfinished, Instant::now() + SLICE) {
         Some(Verdict::Cycle) => {
             stats::DEADLOCKS.incr();
+            give_back(&mut unfinished);
             Check::Cycle
         }
-        Some(Verdict::Clear) => Check::Clear,
+        Some(Verdict::Clear) => {
+            give_back(&mut unfinished);
+            Check::Clear
+        }
         None => {
             stats::DEADLOCK_SEARCHES_SLICED.incr();
             Check::Unfinished(unfinished)
         }
+    }
+}
+
+/// The pages of the tables by registry number of the last search that
+/// ended (its owners', the core's, and its keys'), for the next: a page
+/// is made and zeroed once, not once a search (each search's entries
+/// stand by its epoch, `Slots`). Kept while the registry still numbers
+/// about as many (a page a 1,024 keys or owners, and one more); else
+/// given back to the allocator.
+static SPARE: Mutex<Option<(Slots, Slots)>> = Mutex::new(None);
+
+/// A search ended: its pages go to [`SPARE`] for the next one, or back to
+/// the allocator when the registry numbers fewer than they hold.
+fn give_back(unfinished: &mut Unfinished) {
+    let owners = unfinished.search.take_slots();
+    let keys = std::mem::take(&mut unfinished.reads.by_number);
+    let (live_keys, live_owners) = waiting::numbered();
+    let fits = |slots: &Slots, live: usize| slots.pages() <= live / SLOTS_A_PAGE + 1;
+    if fits(&owners, live_owners) && fits(&keys, live_keys) {
+        *shared::lock(&SPARE, |_| ()) = Some((owners, keys));
     }
 }
 
@@ -425,17 +441,20 @@ pub fn go_on(ctx: &Context) {
     let mut turn = going.drain(..);
     for (id, mut unfinished) in turn.by_ref() {
         if !waiting::still_waits(id) {
+            give_back(&mut unfinished);
             continue;
         }
         // The graph may have changed since its last slice.
         unfinished.search.stale();
         match slice(ctx, &mut unfinished, until) {
             Some(Verdict::Cycle) => {
+                give_back(&mut unfinished);
                 if waiting::refuse(id, LockError::Deadlock) {
                     stats::DEADLOCKS.incr();
                 }
             }
             Some(Verdict::Clear) => {
+                give_back(&mut unfinished);
                 if unfinished.search.gave_up() {
                     stats::DEADLOCK_SEARCHES_CUT.incr();
                 }
