@@ -271,8 +271,7 @@ struct Owners<S> {
 }
 
 impl<S: BuildHasher + Clone + Default> Owners<S> {
-    fn new(me: &[u8], mut by_number: Slots) -> Owners<S> {
-        by_number.renew();
+    fn new(me: &[u8], by_number: Slots) -> Owners<S> {
         let mut owners = Owners {
             ids: Sharded::default(),
             names: Vec::new(),
@@ -281,12 +280,24 @@ impl<S: BuildHasher + Clone + Default> Owners<S> {
             numbers: Vec::new(),
             by_number,
         };
-        owners.id(me);
+        owners.reset(me);
+        owners
+    }
+
+    /// None met but `me` (the arrays keep their room, the table by
+    /// number its pages).
+    fn reset(&mut self, me: &[u8]) {
+        self.ids.clear();
+        self.names.clear();
+        self.fwd.clear();
+        self.back.clear();
+        self.numbers.clear();
+        self.by_number.renew();
+        self.id(me);
         // Who waits for `me` is found backward from it.
-        if let Some(b) = owners.back.get_mut(ME as usize) {
+        if let Some(b) = self.back.get_mut(ME as usize) {
             *b = ME;
         }
-        owners
     }
 
     /// `owner`'s number (given, and its bytes copied, at its first meeting).
@@ -437,7 +448,10 @@ impl Slots {
 /// two, no hash, and growing never copies more than a page.
 struct ByKey<T> {
     first: Vec<T>,
+    /// Pages made; the first `used` are this search's (the others are
+    /// kept for the next, filled with `new` again when taken).
     pages: Vec<Box<[T]>>,
+    used: usize,
     /// A key not met yet.
     new: T,
     /// Where an index out of every page would go (never: pages are made up
@@ -450,9 +464,16 @@ impl<T: Clone> ByKey<T> {
         ByKey {
             first: Vec::new(),
             pages: Vec::new(),
+            used: 0,
             none: new.clone(),
             new,
         }
+    }
+
+    /// No key met (the room and the pages kept).
+    fn clear(&mut self) {
+        self.first.clear();
+        self.used = 0;
     }
 
     fn get(&mut self, key: usize) -> &mut T {
@@ -467,9 +488,14 @@ impl<T: Clone> ByKey<T> {
         }
         let key = key - KEYS_A_PAGE;
         let (page, at) = (key / KEYS_A_PAGE, key % KEYS_A_PAGE);
-        while self.pages.len() <= page {
-            self.pages
-                .push(vec![self.new.clone(); KEYS_A_PAGE].into_boxed_slice());
+        while self.used <= page {
+            match self.pages.get_mut(self.used) {
+                Some(kept) => kept.fill(self.new.clone()),
+                None => self
+                    .pages
+                    .push(vec![self.new.clone(); KEYS_A_PAGE].into_boxed_slice()),
+            }
+            self.used += 1;
         }
         match self.pages.get_mut(page).and_then(|p| p.get_mut(at)) {
             Some(t) => t,
@@ -537,6 +563,14 @@ impl<K> Side<K> {
     fn exhausted(&self) -> bool {
         self.tasks.is_empty() && self.next.is_empty()
     }
+
+    /// Nothing listed, nothing to do (the room kept).
+    fn reset(&mut self) {
+        self.next.clear();
+        self.listed.clear();
+        self.tasks.clear();
+        self.work = 0;
+    }
 }
 
 /// Where a search stands.
@@ -589,29 +623,14 @@ impl<K: Copy + Eq + Hash + Into<usize>> Search<K> {
     }
 }
 
-impl<K, S> Search<K, S> {
-    /// The pages of its table of owners by number, for the next search
-    /// ([`Search::with_slots`]); this one keeps none.
-    pub fn take_slots(&mut self) -> Slots {
-        std::mem::take(&mut self.owners.by_number)
-    }
-}
-
 impl<K: Copy + Eq + Hash + Into<usize>, S: BuildHasher + Clone + Default> Search<K, S> {
     /// [`Search::new`], its sets and maps hashed with `S`.
     pub fn with_hasher(me: &[u8], kind: Kind, keys: &[(K, u64)]) -> Search<K, S> {
-        Search::with_slots(me, kind, keys, Slots::default())
-    }
-
-    /// [`Search::with_hasher`], its table of owners by number in the pages
-    /// of an earlier search (`slots`, from [`Search::take_slots`]): no page
-    /// made again.
-    pub fn with_slots(me: &[u8], kind: Kind, keys: &[(K, u64)], slots: Slots) -> Search<K, S> {
         let mut search = Search {
             me: me.into(),
             kind,
             keys: keys.to_vec(),
-            owners: Owners::new(me, slots),
+            owners: Owners::new(me, Slots::default()),
             fwd: Side::new(Listed::forward()),
             back: Side::new(Listed::backward()),
             page: Vec::new(),
@@ -628,12 +647,34 @@ impl<K: Copy + Eq + Hash + Into<usize>, S: BuildHasher + Clone + Default> Search
         search
     }
 
+    /// The same search for another request (`me`, `kind`, `keys`, as
+    /// [`Search::new`]'s): what this one made (its arrays, its pages) is
+    /// kept for it, nothing of what it found. A search after another costs
+    /// no growth of its arrays up to the size of the one before.
+    pub fn again(&mut self, me: &[u8], kind: Kind, keys: &[(K, u64)]) {
+        self.me = me.into();
+        self.kind = kind;
+        self.keys.clear();
+        self.keys.extend_from_slice(keys);
+        self.restarts = 0;
+        self.start();
+    }
+
+    /// Its table of owners by the graph's numbers.
+    pub fn slots(&self) -> &Slots {
+        &self.owners.by_number
+    }
+
+    /// How many owners and keys it met (what its room is about).
+    pub fn met(&self) -> usize {
+        self.owners.names.len() + self.keys_read.first.len() + self.keys_read.used * KEYS_A_PAGE
+    }
+
     fn start(&mut self) {
-        let slots = std::mem::take(&mut self.owners.by_number);
-        self.owners = Owners::new(&self.me, slots);
-        self.fwd = Side::new(Listed::forward());
-        self.back = Side::new(Listed::backward());
-        self.keys_read = ByKey::new(KeyRead::default());
+        self.owners.reset(&self.me);
+        self.fwd.reset();
+        self.back.reset();
+        self.keys_read.clear();
         self.small.clear();
         self.held.clear();
         self.met = None;
@@ -1949,14 +1990,29 @@ mod tests {
     }
 
     #[test]
+    fn pages_of_keys_kept_for_the_next_search_start_as_new() {
+        let mut by_key = ByKey::new(0u32);
+        *by_key.get(3) = 1;
+        *by_key.get(3000) = 2;
+        assert_eq!((*by_key.get(3), *by_key.get(3000)), (1, 2));
+        by_key.clear();
+        assert_eq!(by_key.pages.len(), 2);
+        assert_eq!(
+            (*by_key.get(3), *by_key.get(3000), *by_key.get(1500)),
+            (0, 0, 0)
+        );
+        assert_eq!(by_key.pages.len(), 2);
+    }
+
+    #[test]
     fn a_search_in_an_earlier_searchs_pages_reaches_the_definitions_verdicts() {
         // Searches one after the other on the same graph (the same numbers,
         // each owner numbered differently by each search), each in the
-        // pages the one before left: an entry of an earlier search taken
+        // arrays and pages the one before left (`Search::again`): an entry of an earlier search taken
         // for this one's would name another owner here. Every verdict is
         // the definition's.
         let (r, w) = (Kind::Read, Kind::Acquire);
-        let mut slots = Slots::default();
+        let mut search: Search<usize> = Search::new(&o(0), w, &[]);
         let mut searches = 0;
         for seed in 0..40u32 {
             let keys = 6;
@@ -1981,8 +2037,7 @@ mod tests {
                 for key in 0..keys {
                     for kind in [r, w] {
                         let at = [(key, st.queues[key].end())];
-                        let mut search: Search<usize> =
-                            Search::with_slots(&o(me), kind, &at, slots);
+                        search.again(&o(me), kind, &at);
                         let v = loop {
                             if let Some(v) = search.run(&mut st) {
                                 break v;
@@ -1993,7 +2048,6 @@ mod tests {
                             st.naive(&o(me), kind, &[key]),
                             "seed {seed}, o{me} on k{key}, {kind:?}"
                         );
-                        slots = search.take_slots();
                         searches += 1;
                     }
                 }

@@ -123,13 +123,13 @@ struct Reads {
 }
 
 impl Reads {
-    /// For a new search, in the pages of `by_number` (an earlier search's).
-    fn with_slots(mut by_number: Slots) -> Reads {
-        by_number.renew();
-        Reads {
-            by_number,
-            ..Reads::default()
-        }
+    /// For a new search: no key met (the room and the pages kept).
+    fn reset(&mut self) {
+        self.ids.clear();
+        self.keys.clear();
+        self.numbers.clear();
+        self.by_number.renew();
+        self.reads.clear();
     }
 
     /// `key`'s number, given at its first meeting.
@@ -351,8 +351,15 @@ pub fn check(ctx: &Context, keys: &[DbKey], request: &Request) -> Check {
     if !waiting::may_be_waited_for(&request.owner) {
         return Check::Clear;
     }
-    let (owners, keys_by_number) = shared::lock(&SPARE, |_| ()).take().unwrap_or_default();
-    let mut reads = Reads::with_slots(keys_by_number);
+    let spare = shared::lock(&SPARE, |_| ()).take();
+    let mut unfinished = spare.unwrap_or_else(|| {
+        Box::new(Unfinished {
+            search: Search::with_hasher(&request.owner, request.kind, &[]),
+            reads: Reads::default(),
+        })
+    });
+    let reads = &mut unfinished.reads;
+    reads.reset();
     // The registry's keys (by home): a search that goes on across a
     // SWAPDB follows them.
     let keys = waiting::filed(keys);
@@ -363,18 +370,15 @@ pub fn check(ctx: &Context, keys: &[DbKey], request: &Request) -> Check {
             (reads.id_numbered(number, k), end)
         })
         .collect();
-    let mut unfinished = Box::new(Unfinished {
-        search: Search::with_slots(&request.owner, request.kind, &at, owners),
-        reads,
-    });
+    unfinished.search.again(&request.owner, request.kind, &at);
     match slice(ctx, &mut unfinished, Instant::now() + SLICE) {
         Some(Verdict::Cycle) => {
             stats::DEADLOCKS.incr();
-            give_back(&mut unfinished);
+            give_back(unfinished);
             Check::Cycle
         }
         Some(Verdict::Clear) => {
-            give_back(&mut unfinished);
+            give_back(unfinished);
             Check::Clear
         }
         None => {
@@ -384,23 +388,37 @@ pub fn check(ctx: &Context, keys: &[DbKey], request: &Request) -> Check {
     }
 }
 
-/// The pages of the tables by registry number of the last search that
-/// ended (its owners', the core's, and its keys'), for the next: a page
-/// is made and zeroed once, not once a search (each search's entries
-/// stand by its epoch, `Slots`). Kept while the registry still numbers
-/// about as many (a page a 1,024 keys or owners, and one more); else
-/// given back to the allocator.
-static SPARE: Mutex<Option<(Slots, Slots)>> = Mutex::new(None);
+/// A search that ended, kept for the next (`Search::again`, `Reads::reset`):
+/// its arrays keep their room and its tables by registry number (the
+/// core's owners, the shell's keys) their pages, so the next search grows
+/// and zeroes nothing up to that size (each search's entries in the
+/// tables stand by its epoch, `Slots`). One is kept; given back to the
+/// allocator when the registry numbers fewer keys and owners than it met
+/// and holds pages for (about a quarter, and a page).
+static SPARE: Mutex<Option<Box<Unfinished>>> = Mutex::new(None);
 
-/// A search ended: its pages go to [`SPARE`] for the next one, or back to
-/// the allocator when the registry numbers fewer than they hold.
-fn give_back(unfinished: &mut Unfinished) {
-    let owners = unfinished.search.take_slots();
-    let keys = std::mem::take(&mut unfinished.reads.by_number);
+/// A search ended: kept in [`SPARE`] for the next one (the larger of two),
+/// or given back to the allocator when the registry numbers fewer than it
+/// is made for.
+fn give_back(mut unfinished: Box<Unfinished>) {
+    // (What it read goes now: the keys' names and their locks' copies.)
+    unfinished.reads.reset();
     let (live_keys, live_owners) = waiting::numbered();
+    let live = live_keys + live_owners;
     let fits = |slots: &Slots, live: usize| slots.pages() <= live / SLOTS_A_PAGE + 1;
-    if fits(&owners, live_owners) && fits(&keys, live_keys) {
-        *shared::lock(&SPARE, |_| ()) = Some((owners, keys));
+    let met = unfinished.search.met() + unfinished.reads.keys.len();
+    if met > 4 * live + SLOTS_A_PAGE
+        || !fits(&unfinished.reads.by_number, live_keys)
+        || !fits(unfinished.search.slots(), live_owners)
+    {
+        return;
+    }
+    let mut spare = shared::lock(&SPARE, |_| ());
+    if spare
+        .as_ref()
+        .is_none_or(|s| s.search.met() <= unfinished.search.met())
+    {
+        *spare = Some(unfinished);
     }
 }
 
@@ -441,23 +459,23 @@ pub fn go_on(ctx: &Context) {
     let mut turn = going.drain(..);
     for (id, mut unfinished) in turn.by_ref() {
         if !waiting::still_waits(id) {
-            give_back(&mut unfinished);
+            give_back(unfinished);
             continue;
         }
         // The graph may have changed since its last slice.
         unfinished.search.stale();
         match slice(ctx, &mut unfinished, until) {
             Some(Verdict::Cycle) => {
-                give_back(&mut unfinished);
+                give_back(unfinished);
                 if waiting::refuse(id, LockError::Deadlock) {
                     stats::DEADLOCKS.incr();
                 }
             }
             Some(Verdict::Clear) => {
-                give_back(&mut unfinished);
                 if unfinished.search.gave_up() {
                     stats::DEADLOCK_SEARCHES_CUT.incr();
                 }
+                give_back(unfinished);
             }
             None => left.push((id, unfinished)),
         }
