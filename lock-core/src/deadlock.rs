@@ -270,26 +270,39 @@ struct Owners<S> {
     back: Vec<Id>,
     /// Each owner's number as the graph gave it ([`NO_NUMBER`]: none).
     numbers: Vec<u64>,
-    /// By the slot of a graph's number: that number and its owner.
-    by_number: ByKey<(u64, Id)>,
+    /// By the slot of a graph's number: that number and its owner (its
+    /// pages kept from search to search: [`Search::take_slots`]).
+    by_number: Slots,
 }
 
 impl<S: BuildHasher + Clone + Default> Owners<S> {
-    fn new(me: &[u8]) -> Owners<S> {
+    fn new(me: &[u8], by_number: Slots) -> Owners<S> {
         let mut owners = Owners {
             ids: Sharded::default(),
             names: Vec::new(),
             fwd: Vec::new(),
             back: Vec::new(),
             numbers: Vec::new(),
-            by_number: ByKey::new((NO_NUMBER, UNSEEN)),
+            by_number,
         };
-        owners.id(me);
+        owners.reset(me);
+        owners
+    }
+
+    /// None met but `me` (the arrays keep their room, the table by
+    /// number its pages).
+    fn reset(&mut self, me: &[u8]) {
+        self.ids.clear();
+        self.names.clear();
+        self.fwd.clear();
+        self.back.clear();
+        self.numbers.clear();
+        self.by_number.renew();
+        self.id(me);
         // Who waits for `me` is found backward from it.
-        if let Some(b) = owners.back.get_mut(ME as usize) {
+        if let Some(b) = self.back.get_mut(ME as usize) {
             *b = ME;
         }
-        owners
     }
 
     /// `owner`'s number (given, and its bytes copied, at its first meeting).
@@ -313,13 +326,11 @@ impl<S: BuildHasher + Clone + Default> Owners<S> {
         if number == NO_NUMBER {
             return self.id(owner);
         }
-        let slot = (number & u64::from(u32::MAX)) as usize;
-        let (known, id) = *self.by_number.get(slot);
-        if known == number && id != UNSEEN {
+        if let Some(id) = self.by_number.get(number) {
             return id;
         }
         let id = self.id(owner);
-        *self.by_number.get(slot) = (number, id);
+        self.by_number.set(number, id);
         if let Some(n) = self.numbers.get_mut(id as usize) {
             *n = number;
         }
@@ -347,6 +358,94 @@ impl<S: BuildHasher + Clone + Default> Owners<S> {
 /// Keys per page of [`ByKey`].
 const KEYS_A_PAGE: usize = 1024;
 
+/// Slots per page of [`Slots`].
+pub const SLOTS_A_PAGE: usize = 1024;
+
+/// A search's numbers for what a graph numbers (owners in the core, keys
+/// in the shell), by the slot of the graph's number (its low 32 bits):
+/// pages of [`SLOTS_A_PAGE`] made at first use, only those a slot met
+/// needs (the slots go up to the most the graph ever numbered), and kept
+/// from one search to the next, so that a page is made (and zeroed) once,
+/// not once a search. An entry stands only for the search that wrote it:
+/// each search takes the pages with an epoch of its own ([`Slots::renew`]),
+/// and an entry of another epoch is no entry. The epochs go round after
+/// 2^32 searches: the pages are then dropped, so an entry left by a search
+/// never stands for another.
+pub struct Slots {
+    pages: Vec<Option<Box<[SlotEntry]>>>,
+    epoch: u32,
+}
+
+/// An entry of [`Slots`]: the graph's number, the search's, and the
+/// epoch of the search that wrote it.
+#[derive(Clone, Copy)]
+struct SlotEntry {
+    number: u64,
+    id: u32,
+    epoch: u32,
+}
+
+/// No search's entry (a page just made).
+const NO_ENTRY: SlotEntry = SlotEntry {
+    number: NO_NUMBER,
+    id: u32::MAX,
+    epoch: 0,
+};
+
+impl Default for Slots {
+    fn default() -> Slots {
+        Slots {
+            pages: Vec::new(),
+            epoch: 1,
+        }
+    }
+}
+
+impl Slots {
+    /// For a new search: every entry written so far stands no more.
+    pub fn renew(&mut self) {
+        self.epoch = self.epoch.wrapping_add(1);
+        if self.epoch == 0 {
+            self.pages.clear();
+            self.epoch = 1;
+        }
+    }
+
+    /// The search's number for the graph's `number`, if this search
+    /// gave it one.
+    pub fn get(&self, number: u64) -> Option<u32> {
+        let slot = (number & u64::from(u32::MAX)) as usize;
+        let page = self.pages.get(slot / SLOTS_A_PAGE)?.as_ref()?;
+        let e = page.get(slot % SLOTS_A_PAGE)?;
+        (e.epoch == self.epoch && e.number == number).then_some(e.id)
+    }
+
+    /// The graph's `number` is the search's `id`.
+    pub fn set(&mut self, number: u64, id: u32) {
+        if number == NO_NUMBER {
+            return;
+        }
+        let slot = (number & u64::from(u32::MAX)) as usize;
+        let (page, at) = (slot / SLOTS_A_PAGE, slot % SLOTS_A_PAGE);
+        if self.pages.len() <= page {
+            self.pages.resize_with(page + 1, || None);
+        }
+        let epoch = self.epoch;
+        let entry = self.pages.get_mut(page).and_then(|p| {
+            p.get_or_insert_with(|| vec![NO_ENTRY; SLOTS_A_PAGE].into_boxed_slice())
+                .get_mut(at)
+        });
+        if let Some(e) = entry {
+            *e = SlotEntry { number, id, epoch };
+        }
+    }
+
+    /// How many pages it keeps (each [`SLOTS_A_PAGE`] entries of 16 bytes).
+    pub fn pages(&self) -> usize {
+        self.pages.iter().filter(|p| p.is_some()).count()
+    }
+}
+
 /// Something kept per key, by the key's number (the shell numbers keys
 /// from 0 up at their first meeting): the first [`KEYS_A_PAGE`] in an array
 /// grown as keys come (most searches meet a few keys), the next in pages of
@@ -354,7 +453,10 @@ const KEYS_A_PAGE: usize = 1024;
 /// two, no hash, and growing never copies more than a page.
 struct ByKey<T> {
     first: Vec<T>,
+    /// Pages made; the first `used` are this search's (the others are
+    /// kept for the next, filled with `new` again when taken).
     pages: Vec<Box<[T]>>,
+    used: usize,
     /// A key not met yet.
     new: T,
     /// Where an index out of every page would go (never: pages are made up
@@ -367,9 +469,16 @@ impl<T: Clone> ByKey<T> {
         ByKey {
             first: Vec::new(),
             pages: Vec::new(),
+            used: 0,
             none: new.clone(),
             new,
         }
+    }
+
+    /// No key met (the room and the pages kept).
+    fn clear(&mut self) {
+        self.first.clear();
+        self.used = 0;
     }
 
     fn get(&mut self, key: usize) -> &mut T {
@@ -384,9 +493,14 @@ impl<T: Clone> ByKey<T> {
         }
         let key = key - KEYS_A_PAGE;
         let (page, at) = (key / KEYS_A_PAGE, key % KEYS_A_PAGE);
-        while self.pages.len() <= page {
-            self.pages
-                .push(vec![self.new.clone(); KEYS_A_PAGE].into_boxed_slice());
+        while self.used <= page {
+            match self.pages.get_mut(self.used) {
+                Some(kept) => kept.fill(self.new.clone()),
+                None => self
+                    .pages
+                    .push(vec![self.new.clone(); KEYS_A_PAGE].into_boxed_slice()),
+            }
+            self.used += 1;
         }
         match self.pages.get_mut(page).and_then(|p| p.get_mut(at)) {
             Some(t) => t,
@@ -454,6 +568,14 @@ impl<K> Side<K> {
     fn exhausted(&self) -> bool {
         self.tasks.is_empty() && self.next.is_empty()
     }
+
+    /// Nothing listed, nothing to do (the room kept).
+    fn reset(&mut self) {
+        self.next.clear();
+        self.listed.clear();
+        self.tasks.clear();
+        self.work = 0;
+    }
 }
 
 /// Where a search stands.
@@ -517,7 +639,7 @@ impl<K: Copy + Eq + Hash + Into<usize>, S: BuildHasher + Clone + Default> Search
             me: me.into(),
             kind,
             keys: keys.to_vec(),
-            owners: Owners::new(me),
+            owners: Owners::new(me, Slots::default()),
             fwd: Side::new(Listed::forward()),
             back: Side::new(Listed::backward()),
             page: Vec::new(),
@@ -534,11 +656,34 @@ impl<K: Copy + Eq + Hash + Into<usize>, S: BuildHasher + Clone + Default> Search
         search
     }
 
+    /// The same search for another request (`me`, `kind`, `keys`, as
+    /// [`Search::new`]'s): what this one made (its arrays, its pages) is
+    /// kept for it, nothing of what it found. A search after another costs
+    /// no growth of its arrays up to the size of the one before.
+    pub fn again(&mut self, me: &[u8], kind: Kind, keys: &[(K, u64)]) {
+        self.me = me.into();
+        self.kind = kind;
+        self.keys.clear();
+        self.keys.extend_from_slice(keys);
+        self.restarts = 0;
+        self.start();
+    }
+
+    /// Its table of owners by the graph's numbers.
+    pub fn slots(&self) -> &Slots {
+        &self.owners.by_number
+    }
+
+    /// How many owners and keys it met (what its room is about).
+    pub fn met(&self) -> usize {
+        self.owners.names.len() + self.keys_read.first.len() + self.keys_read.used * KEYS_A_PAGE
+    }
+
     fn start(&mut self) {
-        self.owners = Owners::new(&self.me);
-        self.fwd = Side::new(Listed::forward());
-        self.back = Side::new(Listed::backward());
-        self.keys_read = ByKey::new(KeyRead::default());
+        self.owners.reset(&self.me);
+        self.fwd.reset();
+        self.back.reset();
+        self.keys_read.clear();
         self.small.clear();
         self.held.clear();
         self.met = None;
@@ -1921,6 +2066,104 @@ mod tests {
         assert!(changed, "the cycle through o2 was found and checked");
         assert_eq!(st.naive(&o(1), w, &[0]), Verdict::Clear);
         assert_eq!(verdict, Verdict::Clear);
+    }
+
+    #[test]
+    fn slots_kept_across_searches_stand_only_for_the_search_that_wrote_them() {
+        let n = |slot: u64, generation: u64| (generation << 32) | slot;
+        let mut slots = Slots::default();
+        slots.renew();
+        slots.set(n(5, 1), 7);
+        slots.set(n(3000, 1), 8);
+        assert_eq!(slots.get(n(5, 1)), Some(7));
+        assert_eq!(slots.get(n(3000, 1)), Some(8));
+        // Another generation of the slot is another owner.
+        assert_eq!(slots.get(n(5, 2)), None);
+        // Only the pages met are made: 0 and 2.
+        assert_eq!(slots.pages(), 2);
+        // The next search sees none of it, in the same pages.
+        slots.renew();
+        assert_eq!(slots.get(n(5, 1)), None);
+        assert_eq!(slots.get(n(3000, 1)), None);
+        assert_eq!(slots.pages(), 2);
+        slots.set(n(5, 1), 1);
+        assert_eq!(slots.get(n(5, 1)), Some(1));
+        // The epochs going round drop the pages: an entry of 2^32 searches
+        // ago is not taken for this search's.
+        slots.epoch = u32::MAX;
+        slots.set(n(6, 1), 9);
+        slots.renew();
+        assert_eq!(slots.pages(), 0);
+        assert_eq!(slots.get(n(6, 1)), None);
+        slots.set(n(6, 1), 2);
+        assert_eq!(slots.get(n(6, 1)), Some(2));
+    }
+
+    #[test]
+    fn pages_of_keys_kept_for_the_next_search_start_as_new() {
+        let mut by_key = ByKey::new(0u32);
+        *by_key.get(3) = 1;
+        *by_key.get(3000) = 2;
+        assert_eq!((*by_key.get(3), *by_key.get(3000)), (1, 2));
+        by_key.clear();
+        assert_eq!(by_key.pages.len(), 2);
+        assert_eq!(
+            (*by_key.get(3), *by_key.get(3000), *by_key.get(1500)),
+            (0, 0, 0)
+        );
+        assert_eq!(by_key.pages.len(), 2);
+    }
+
+    #[test]
+    fn a_search_in_an_earlier_searchs_pages_reaches_the_definitions_verdicts() {
+        // Searches one after the other on the same graph (the same numbers,
+        // each owner numbered differently by each search), each in the
+        // arrays and pages the one before left (`Search::again`): an entry of an earlier search taken
+        // for this one's would name another owner here. Every verdict is
+        // the definition's.
+        let (r, w) = (Kind::Read, Kind::Acquire);
+        let mut search: Search<usize> = Search::new(&o(0), w, &[]);
+        let mut searches = 0;
+        for seed in 0..40u32 {
+            let keys = 6;
+            let pick = |i: u32, m: u32| (seed.wrapping_mul(2654435761) ^ i.wrapping_mul(40503)) % m;
+            let held: Vec<(usize, u32, Kind)> = (0..keys as u32)
+                .map(|k| {
+                    (
+                        k as usize,
+                        pick(k, 8),
+                        if pick(k + 50, 3) == 0 { r } else { w },
+                    )
+                })
+                .collect();
+            let queued: Vec<(usize, u32, Kind)> = (0..12u32)
+                .map(|i| {
+                    let kind = if pick(i + 100, 4) == 0 { r } else { w };
+                    (pick(i + 200, keys as u32) as usize, pick(i + 300, 8), kind)
+                })
+                .collect();
+            let mut st = State::new(keys, &held, &queued);
+            for me in 0..8 {
+                for key in 0..keys {
+                    for kind in [r, w] {
+                        let at = [(key, st.queues[key].end())];
+                        search.again(&o(me), kind, &at);
+                        let v = loop {
+                            if let Some(v) = search.run(&mut st) {
+                                break v;
+                            }
+                        };
+                        assert_eq!(
+                            v,
+                            st.naive(&o(me), kind, &[key]),
+                            "seed {seed}, o{me} on k{key}, {kind:?}"
+                        );
+                        searches += 1;
+                    }
+                }
+            }
+        }
+        assert_eq!(searches, 40 * 8 * 6 * 2);
     }
 
     #[test]

@@ -43,7 +43,7 @@ use crate::state::stats;
 use crate::state::timers;
 use crate::state::waiting::{self, WaiterId};
 use crate::time::clock;
-use lock_core::deadlock::{EachQueued, Requested, Search, Verdict, WaitGraph};
+use lock_core::deadlock::{EachQueued, Requested, Search, Slots, Verdict, WaitGraph, SLOTS_A_PAGE};
 use lock_core::hash::Keyed;
 use lock_core::{Kind, Lock, Owner, Request};
 
@@ -116,18 +116,22 @@ struct Reads {
     /// Each key's number in the registry ([`waiting::NO_NUMBER`]: not
     /// known yet).
     numbers: Vec<u64>,
-    /// By the slot of a registry's number: that number and the key's.
-    by_number: Vec<Option<Box<[Numbered]>>>,
+    /// By the slot of a registry's number: the key's number in this
+    /// search (pages kept from search to search: [`SPARE`]).
+    by_number: Slots,
     reads: Vec<Option<Read>>,
 }
 
-/// A registry's number and the search's number of the key it names.
-type Numbered = (u64, usize);
-
-/// Registry numbers' slots per page of [`Reads::by_number`].
-const SLOTS_A_PAGE: usize = 1024;
-
 impl Reads {
+    /// For a new search: no key met (the room and the pages kept).
+    fn reset(&mut self) {
+        self.ids.clear();
+        self.keys.clear();
+        self.numbers.clear();
+        self.by_number.renew();
+        self.reads.clear();
+    }
+
     /// `key`'s number, given at its first meeting.
     fn id(&mut self, key: &DbKey) -> usize {
         if let Some(id) = self.ids.get(key) {
@@ -140,19 +144,6 @@ impl Reads {
         id
     }
 
-    /// The entry of the registry's number `number` in `by_number`.
-    fn slot(&mut self, number: u64) -> Option<&mut (u64, usize)> {
-        let slot = (number & u64::from(u32::MAX)) as usize;
-        let (page, at) = (slot / SLOTS_A_PAGE, slot % SLOTS_A_PAGE);
-        if self.by_number.len() <= page {
-            self.by_number.resize_with(page + 1, || None);
-        }
-        self.by_number
-            .get_mut(page)?
-            .get_or_insert_with(|| vec![(waiting::NO_NUMBER, 0); SLOTS_A_PAGE].into())
-            .get_mut(at)
-    }
-
     /// The key the registry numbers `number` (`key`, filed): its number.
     /// A key met by number is found by number only (its name is not
     /// hashed), unless keys were met without one (their queue gone, or
@@ -163,10 +154,8 @@ impl Reads {
         if number == waiting::NO_NUMBER {
             return self.id(key);
         }
-        if let Some((known, id)) = self.slot(number) {
-            if *known == number {
-                return *id;
-            }
+        if let Some(id) = self.by_number.get(number) {
+            return id as usize;
         }
         // (Not looked up among the keys met without a number: such a key
         // met by number too, before its number was known, is a second
@@ -186,8 +175,10 @@ impl Reads {
         if let Some(n) = self.numbers.get_mut(id) {
             *n = number;
         }
-        if let Some(entry) = self.slot(number) {
-            *entry = (number, id);
+        // (A search meets fewer than 2^32 keys; one past that is not
+        // found by number: met again, a second listing.)
+        if let Ok(id) = u32::try_from(id) {
+            self.by_number.set(number, id);
         }
     }
 }
@@ -360,7 +351,15 @@ pub fn check(ctx: &Context, keys: &[DbKey], request: &Request) -> Check {
     if !waiting::may_be_waited_for(&request.owner) {
         return Check::Clear;
     }
-    let mut reads = Reads::default();
+    let spare = shared::lock(&SPARE, |_| ()).take();
+    let mut unfinished = spare.unwrap_or_else(|| {
+        Box::new(Unfinished {
+            search: Search::with_hasher(&request.owner, request.kind, &[]),
+            reads: Reads::default(),
+        })
+    });
+    let reads = &mut unfinished.reads;
+    reads.reset();
     // The registry's keys (by home): a search that goes on across a
     // SWAPDB follows them.
     let keys = waiting::filed(keys);
@@ -371,20 +370,55 @@ pub fn check(ctx: &Context, keys: &[DbKey], request: &Request) -> Check {
             (reads.id_numbered(number, k), end)
         })
         .collect();
-    let mut unfinished = Box::new(Unfinished {
-        search: Search::with_hasher(&request.owner, request.kind, &at),
-        reads,
-    });
+    unfinished.search.again(&request.owner, request.kind, &at);
     match slice(ctx, &mut unfinished, Instant::now() + SLICE) {
         Some(Verdict::Cycle) => {
             stats::DEADLOCKS.incr();
+            give_back(unfinished);
             Check::Cycle
         }
-        Some(Verdict::Clear) => Check::Clear,
+        Some(Verdict::Clear) => {
+            give_back(unfinished);
+            Check::Clear
+        }
         None => {
             stats::DEADLOCK_SEARCHES_SLICED.incr();
             Check::Unfinished(unfinished)
         }
+    }
+}
+
+/// A search that ended, kept for the next (`Search::again`, `Reads::reset`):
+/// its arrays keep their room and its tables by registry number (the
+/// core's owners, the shell's keys) their pages, so the next search grows
+/// and zeroes nothing up to that size (each search's entries in the
+/// tables stand by its epoch, `Slots`). One is kept; given back to the
+/// allocator when the registry numbers fewer keys and owners than it met
+/// and holds pages for (about a quarter, and a page).
+static SPARE: Mutex<Option<Box<Unfinished>>> = Mutex::new(None);
+
+/// A search ended: kept in [`SPARE`] for the next one (the larger of two),
+/// or given back to the allocator when the registry numbers fewer than it
+/// is made for.
+fn give_back(mut unfinished: Box<Unfinished>) {
+    // (What it read goes now: the keys' names and their locks' copies.)
+    unfinished.reads.reset();
+    let (live_keys, live_owners) = waiting::numbered();
+    let live = live_keys + live_owners;
+    let fits = |slots: &Slots, live: usize| slots.pages() <= live / SLOTS_A_PAGE + 1;
+    let met = unfinished.search.met() + unfinished.reads.keys.len();
+    if met > 4 * live + SLOTS_A_PAGE
+        || !fits(&unfinished.reads.by_number, live_keys)
+        || !fits(unfinished.search.slots(), live_owners)
+    {
+        return;
+    }
+    let mut spare = shared::lock(&SPARE, |_| ());
+    if spare
+        .as_ref()
+        .is_none_or(|s| s.search.met() <= unfinished.search.met())
+    {
+        *spare = Some(unfinished);
     }
 }
 
@@ -425,12 +459,14 @@ pub fn go_on(ctx: &Context) {
     let mut turn = going.drain(..);
     for (id, mut unfinished) in turn.by_ref() {
         if !waiting::still_waits(id) {
+            give_back(unfinished);
             continue;
         }
         // The graph may have changed since its last slice.
         unfinished.search.stale();
         match slice(ctx, &mut unfinished, until) {
             Some(Verdict::Cycle) => {
+                give_back(unfinished);
                 if waiting::refuse(id, LockError::Deadlock) {
                     stats::DEADLOCKS.incr();
                 }
@@ -439,6 +475,7 @@ pub fn go_on(ctx: &Context) {
                 if unfinished.search.gave_up() {
                     stats::DEADLOCK_SEARCHES_CUT.incr();
                 }
+                give_back(unfinished);
             }
             None => left.push((id, unfinished)),
         }

@@ -1024,6 +1024,10 @@ fn block_on(
     let mut locked = registry();
     for (k, holders) in fresh {
         let k = locked.filed(&k).into_owned();
+        // Its number first (its queue is made below, under the same
+        // lock): the holders' index keeps it, so the backward side of a
+        // search finds the key by number, not by its name's hash.
+        locked.numbers.key(&k);
         locked.set_holders(&k, holders);
     }
     let filed = keys
@@ -1634,6 +1638,16 @@ pub fn number_and_end(key: &DbKey) -> (u64, u64) {
     let registry = registry();
     let number = registry.numbers.key_number(key).unwrap_or(NO_NUMBER);
     (number, registry.queues.get(key).map_or(0, Queue::end))
+}
+
+/// How many keys and owners the registry numbers now (each key with a
+/// queue, each owner with a request waiting).
+pub fn numbered() -> (usize, usize) {
+    let registry = registry();
+    (
+        registry.numbers.key_of.len(),
+        registry.numbers.owner_of.len(),
+    )
 }
 
 /// Whether anybody's waiting request can depend on `owner`: it waits
