@@ -168,7 +168,7 @@ pub fn replicate_sole(ctx: &Context, key: Str<'_>, lock: &Lock, follows: Option<
     if count_if_nobody_listens(ctx) {
         return;
     }
-    if let Some(holder) = lock.holders().next() {
+    if let Some(holder) = lock.first_holder() {
         replicate_set(ctx, key, lock, &holder, follows);
     }
 }
