@@ -12,7 +12,9 @@
 //! ```
 //!
 //! `index` is the address of the block's [`Index`] while the block is
-//! Redis's (0: none), a lock of [`INDEX_FROM`] holders or more: its owners
+//! Redis's (0: none; written and read only in a block of [`INDEXED_LEN`]
+//! bytes or more, which every indexed block is: a smaller lock's paths
+//! never touch it), a lock of [`INDEX_FROM`] holders or more: its owners
 //! by hash and its deadlines in order, so a look-up, a removal and the
 //! earliest and latest deadlines cost no walk of the holders. An indexed
 //! block removes an entry by marking it (a tombstone: `holds` 0, skipped
