@@ -170,12 +170,15 @@ fn put_u64(buf: &mut [u8], at: usize, v: u64) {
 }
 
 /// The entry at `at` and where the next one starts.
+#[inline]
 fn entry_at(buf: &[u8], at: usize) -> Option<(HolderRef<'_>, usize)> {
-    let token = u64_at(buf, at)?;
-    let deadline = u64_at(buf, at + 8)?;
-    let holds = u32_at(buf, at + 16)?;
-    let since = u32_at(buf, at + 20)?;
-    let first = *buf.get(at + FIXED)?;
+    // The fixed part and the owner's length's first byte checked at once.
+    let fixed: &[u8; FIXED + 1] = buf.get(at..at + FIXED + 1)?.try_into().ok()?;
+    let token = u64_at(fixed, 0)?;
+    let deadline = u64_at(fixed, 8)?;
+    let holds = u32_at(fixed, 16)?;
+    let since = u32_at(fixed, 20)?;
+    let first = *fixed.get(FIXED)?;
     let (len, start) = if first < LONG {
         (usize::from(first), at + FIXED + 1)
     } else {
