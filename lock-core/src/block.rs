@@ -12,7 +12,9 @@
 //! ```
 //!
 //! `index` is the address of the block's [`Index`] while the block is
-//! Redis's (0: none), a lock of [`INDEX_FROM`] holders or more: its owners
+//! Redis's (0: none; written and read only in a block of [`INDEXED_LEN`]
+//! bytes or more, which every indexed block is: a smaller lock's paths
+//! never touch it), a lock of [`INDEX_FROM`] holders or more: its owners
 //! by hash and its deadlines in order, so a look-up, a removal and the
 //! earliest and latest deadlines cost no walk of the holders. An indexed
 //! block removes an entry by marking it (a tombstone: `holds` 0, skipped
@@ -80,6 +82,11 @@ pub(crate) const INDEX_FROM: usize = 4;
 const INDEX_UNTIL: usize = INDEX_FROM / 2;
 /// Owner lengths from this one on take a byte and a u32.
 const LONG: u8 = 255;
+/// A block shorter than this has no index: an indexed block has at least
+/// [`INDEX_UNTIL`] holders of at least `FIXED + 1` bytes each. Its index
+/// word is neither written by [`Block::into_raw`] nor read by
+/// [`Block::from_raw`] (the paths of nearly every lock never touch it).
+const INDEXED_LEN: usize = INDEX_UNTIL * (FIXED + 1);
 
 /// One holder as the block stores it, borrowed. Equality is of the state:
 /// `since` (a statistic) aside.
@@ -163,12 +170,15 @@ fn put_u64(buf: &mut [u8], at: usize, v: u64) {
 }
 
 /// The entry at `at` and where the next one starts.
+#[inline]
 fn entry_at(buf: &[u8], at: usize) -> Option<(HolderRef<'_>, usize)> {
-    let token = u64_at(buf, at)?;
-    let deadline = u64_at(buf, at + 8)?;
-    let holds = u32_at(buf, at + 16)?;
-    let since = u32_at(buf, at + 20)?;
-    let first = *buf.get(at + FIXED)?;
+    // The fixed part and the owner's length's first byte checked at once.
+    let fixed: &[u8; FIXED + 1] = buf.get(at..at + FIXED + 1)?.try_into().ok()?;
+    let token = u64_at(fixed, 0)?;
+    let deadline = u64_at(fixed, 8)?;
+    let holds = u32_at(fixed, 16)?;
+    let since = u32_at(fixed, 20)?;
+    let first = *fixed.get(FIXED)?;
     let (len, start) = if first < LONG {
         (usize::from(first), at + FIXED + 1)
     } else {
@@ -663,6 +673,7 @@ impl Block {
     }
 
     /// The holders in grant order, each with its entry's offset.
+    #[inline]
     pub fn entries(&self) -> Entries<'_> {
         let at = self.tag().map_or(0, header_len);
         let gap = match self.index.as_deref().and_then(|i| i.sweep) {
@@ -677,6 +688,26 @@ impl Block {
         }
     }
 
+    /// The first holder in grant order (a lock of one holder's only one):
+    /// an unindexed block's first entry read in place, which is live (only
+    /// an indexed block has tombstones or a gap); an indexed block's by
+    /// [`Block::entries`].
+    #[inline]
+    pub fn first_holder(&self) -> Option<HolderRef<'_>> {
+        if self.index.is_some() {
+            return self.first_indexed();
+        }
+        let tag = self.tag()?;
+        entry_at(&self.buf, header_len(tag)).map(|(h, _)| h)
+    }
+
+    /// [`Block::first_holder`] of an indexed block (out of line).
+    #[cold]
+    #[inline(never)]
+    fn first_indexed(&self) -> Option<HolderRef<'_>> {
+        self.entries().next().map(|(_, h)| h)
+    }
+
     /// Bytes of heap this block holds.
     pub fn capacity(&self) -> usize {
         self.buf.capacity()
@@ -687,12 +718,8 @@ impl Block {
         let Some(old) = u64_at(&self.buf, at + 8) else {
             return;
         };
-        if let Some(index) = self.index.as_deref_mut() {
-            let old_since = u32_at(&self.buf, at + 20).unwrap_or(since);
-            index.drop_deadline(old);
-            index.add_deadline(deadline);
-            index.held.take(old_since, old);
-            index.held.add(since, deadline);
+        if self.index.is_some() {
+            self.set_indexed(at, since, old, deadline);
         }
         if old != deadline && self.tag() != Some(EXCLUSIVE) {
             // (In before out: a holder at the latest that moves later
@@ -711,36 +738,33 @@ impl Block {
         put_u32(&mut self.buf, at + 20, since);
     }
 
+    /// [`Block::set`]'s change to the index (out of the unindexed path).
+    #[cold]
+    fn set_indexed(&mut self, at: usize, since: u32, old: u64, deadline: u64) {
+        let old_since = u32_at(&self.buf, at + 20).unwrap_or(since);
+        if let Some(index) = self.index.as_deref_mut() {
+            index.drop_deadline(old);
+            index.add_deadline(deadline);
+            index.held.take(old_since, old);
+            index.held.add(since, deadline);
+        }
+    }
+
     /// Appends a holder. The first one sets the block's kind (`tag`, and a
     /// semaphore's `limit`); later ones must come to a shared or semaphore
     /// block (an exclusive block holds exactly one).
     /// The entry's offset comes back.
     pub fn push(&mut self, tag: u8, limit: u32, h: HolderRef<'_>) -> Result<usize, TooLarge> {
-        let header = if self.buf.is_empty() {
-            header_len(tag)
-        } else {
-            0
-        };
+        if self.buf.is_empty() {
+            return self.push_first(tag, limit, h);
+        }
         let need = self
             .buf
             .len()
-            .checked_add(header + entry_len(h.owner.len()))
+            .checked_add(entry_len(h.owner.len()))
             .filter(|n| u32::try_from(*n).is_ok())
             .ok_or(TooLarge)?;
-        if self.buf.is_empty() {
-            // Exactly what it needs: most locks have one holder.
-            self.buf = Vec::with_capacity(need);
-            self.buf.push(tag);
-            if tag != EXCLUSIVE {
-                self.buf.extend_from_slice(&[0; COUNTED - 1]);
-            }
-            if tag == SEMAPHORE {
-                self.buf.extend_from_slice(&limit.to_le_bytes());
-            }
-            if tag != EXCLUSIVE {
-                self.buf.extend_from_slice(&[0; KEPT]);
-            }
-        } else if need > self.buf.capacity() {
+        if need > self.buf.capacity() {
             // Half as much again: a lock granted to many holders one by one
             // is copied a bounded number of times per holder (linear in
             // all, not quadratic), and carries at most a third spare.
@@ -748,7 +772,68 @@ impl Block {
             let grown = need.max(cap.saturating_add(cap / 2)).min(u32::MAX as usize);
             self.buf.reserve_exact(grown - self.buf.len());
         }
-        // The fixed part and the owner's length in one copy, then the owner.
+        let at = self.put_entry(h);
+        if self.buf.first() == Some(&EXCLUSIVE) {
+            // (An exclusive block holds one: nothing is kept of it.)
+            return Ok(at);
+        }
+        let n = self.count() + 1;
+        self.set_count(n);
+        match n {
+            1 => {
+                self.set_kept(h.deadline, 1);
+                self.set_low(own(h.deadline));
+            }
+            _ => {
+                self.kept_in(h.deadline);
+                self.lower(h.deadline);
+            }
+        }
+        match self.index.as_deref_mut() {
+            Some(index) => index.add(h.owner, at, h.since, h.deadline),
+            None if n >= INDEX_FROM => self.build_index(),
+            None => {}
+        }
+        Ok(at)
+    }
+
+    /// [`Block::push`] to an empty block, exactly what it needs (most
+    /// locks have one holder): the header in one copy, its count, kept
+    /// latest and bound those of its one holder (no index: it has one
+    /// holder), then the entry.
+    fn push_first(&mut self, tag: u8, limit: u32, h: HolderRef<'_>) -> Result<usize, TooLarge> {
+        let header = header_len(tag);
+        let need = header
+            .checked_add(entry_len(h.owner.len()))
+            .filter(|n| u32::try_from(*n).is_ok())
+            .ok_or(TooLarge)?;
+        self.buf = Vec::with_capacity(need);
+        if tag == EXCLUSIVE {
+            self.buf.push(tag);
+        } else {
+            let mut head = [0u8; COUNTED + 4 + KEPT];
+            if let Some(t) = head.first_mut() {
+                *t = tag;
+            }
+            put_u32(&mut head, 1, 1);
+            if tag == SEMAPHORE {
+                put_u32(&mut head, LIMIT_AT, limit);
+            }
+            let kept = saved_header_len(tag);
+            put_u64(&mut head, kept, h.deadline);
+            put_u32(&mut head, kept + 8, 1);
+            put_u64(&mut head, kept + LOW_AT, own(h.deadline));
+            self.buf
+                .extend_from_slice(head.get(..header).unwrap_or(&[]));
+        }
+        Ok(self.put_entry(h))
+    }
+
+    /// Appends `h`'s entry (room made for it, its length checked by the
+    /// caller); its offset comes back. The fixed part and the owner's
+    /// length in one copy, then the owner.
+    #[inline]
+    fn put_entry(&mut self, h: HolderRef<'_>) -> usize {
         let owner_len = h.owner.len();
         let mut fixed = [0u8; FIXED + 5];
         put_u64(&mut fixed, 0, h.token);
@@ -766,10 +851,11 @@ impl Block {
                 if let Some(slot) = fixed.get_mut(FIXED) {
                     *slot = LONG;
                 }
+                // (The block's length fits a u32: the owner's does.)
                 put_u32(
                     &mut fixed,
                     FIXED + 1,
-                    u32::try_from(owner_len).map_err(|_| TooLarge)?,
+                    u32::try_from(owner_len).unwrap_or(u32::MAX),
                 );
                 FIXED + 5
             }
@@ -778,24 +864,7 @@ impl Block {
         self.buf
             .extend_from_slice(fixed.get(..fixed_len).unwrap_or(&[]));
         self.buf.extend_from_slice(h.owner);
-        let n = self.count() + 1;
-        self.set_count(n);
-        match n {
-            1 => {
-                self.set_kept(h.deadline, 1);
-                self.set_low(own(h.deadline));
-            }
-            _ => {
-                self.kept_in(h.deadline);
-                self.lower(h.deadline);
-            }
-        }
-        match self.index.as_deref_mut() {
-            Some(index) => index.add(h.owner, at, h.since, h.deadline),
-            None if n >= INDEX_FROM && tag != EXCLUSIVE => self.build_index(),
-            None => {}
-        }
-        Ok(at)
+        at
     }
 
     /// Indexes the block's holders (it has [`INDEX_FROM`] of them: a walk
@@ -1237,24 +1306,34 @@ impl Block {
     /// The address Redis stores as the key's value (the block now belongs
     /// to it); null when there is no holder. Take it back with
     /// [`Block::from_raw`].
-    pub fn into_raw(mut self) -> *mut u8 {
-        match self.tag() {
-            None => return std::ptr::null_mut(),
-            Some(EXCLUSIVE) => self.buf.shrink_to_fit(),
-            Some(tag) => {
-                let (len, cap) = (self.buf.len(), self.buf.capacity());
-                put_u32(&mut self.buf, 5, u32::try_from(len).unwrap_or(u32::MAX));
-                put_u32(&mut self.buf, 9, u32::try_from(cap).unwrap_or(u32::MAX));
-                // The index goes with the block: its address in `kept`.
-                let index = self.index.give_away();
-                put_u64(
-                    &mut self.buf,
-                    saved_header_len(tag) + INDEX_AT,
-                    index as u64,
-                );
-            }
+    #[inline]
+    pub fn into_raw(self) -> *mut u8 {
+        if self.is_empty() {
+            return std::ptr::null_mut();
         }
-        ManuallyDrop::new(std::mem::take(&mut self.buf)).as_mut_ptr()
+        // Nothing of it is dropped: the block and its index are Redis's.
+        let mut this = ManuallyDrop::new(self);
+        match this.tag() {
+            Some(EXCLUSIVE) => this.buf.shrink_to_fit(),
+            Some(tag) => {
+                let (len, cap) = (this.buf.len(), this.buf.capacity());
+                put_u32(&mut this.buf, 5, u32::try_from(len).unwrap_or(u32::MAX));
+                put_u32(&mut this.buf, 9, u32::try_from(cap).unwrap_or(u32::MAX));
+                // The index goes with the block: its address in `kept`
+                // (of a block long enough to have one, [`INDEXED_LEN`]).
+                debug_assert!(len >= INDEXED_LEN || !this.index.is_some());
+                if len >= INDEXED_LEN {
+                    let index = this.index.give_away();
+                    put_u64(
+                        &mut this.buf,
+                        saved_header_len(tag) + INDEX_AT,
+                        index as u64,
+                    );
+                }
+            }
+            None => {}
+        }
+        this.buf.as_mut_ptr()
     }
 
     /// The block's bytes in memory (`kept` included).
@@ -1358,6 +1437,7 @@ impl Block {
     /// back since (or was moved whole by a defragmenter to a block of the
     /// same size class); the block is then this `Block`'s until it goes back
     /// through `into_raw`.
+    #[inline]
     pub unsafe fn from_raw(ptr: *mut u8) -> Block {
         if ptr.is_null() {
             return Block::default();
@@ -1386,8 +1466,9 @@ impl Block {
         // SAFETY: the allocation `into_raw` gave away, with the length and
         // capacity it had then.
         let buf = unsafe { Vec::from_raw_parts(ptr, len, cap) };
+        // (Only a block long enough to have an index has its word written.)
         let index = match buf.first() {
-            Some(&tag) if tag != EXCLUSIVE => {
+            Some(&tag) if tag != EXCLUSIVE && len >= INDEXED_LEN => {
                 u64_at(&buf, saved_header_len(tag) + INDEX_AT).unwrap_or(0) as usize
             }
             _ => 0,

@@ -903,8 +903,16 @@ impl Lock {
 
     /// Every stored holder in grant order, expired ones included (they go
     /// at the next purge).
+    #[inline]
     pub fn holders(&self) -> impl Iterator<Item = HolderRef<'_>> + Clone {
         self.block.entries().map(|(_, h)| h)
+    }
+
+    /// The first stored holder in grant order (a lock of one holder's
+    /// only one): `holders().next()`, read in place.
+    #[inline]
+    pub fn first_holder(&self) -> Option<HolderRef<'_>> {
+        self.block.first_holder()
     }
 
     pub fn holder_count(&self) -> usize {
@@ -1561,6 +1569,7 @@ impl Lock {
     /// verdict or change list: the owner is the one change. A shell's fast
     /// path for the most common grant; refusals are those of an empty lock
     /// (no token left, a block past its size).
+    #[inline]
     pub fn first<'r>(
         req: impl Into<Ask<'r>>,
         now: u64,
@@ -2109,6 +2118,7 @@ impl Lock {
 
     /// The address Redis keeps as the key's value: the lock's one block
     /// (null when empty, which no key stores). Back with [`Lock::from_raw`].
+    #[inline]
     pub fn into_raw(self) -> *mut u8 {
         self.block.into_raw()
     }
@@ -2120,6 +2130,7 @@ impl Lock {
     /// `ptr` is null or came from [`Lock::into_raw`] and is not owned by
     /// another `Lock` now; the returned lock owns the block until it goes
     /// back through `into_raw` (dropping it frees the block).
+    #[inline]
     pub unsafe fn from_raw(ptr: *mut u8) -> Lock {
         // SAFETY: the caller's promise.
         Lock {
@@ -3086,24 +3097,39 @@ mod tests {
     /// a replica's `LOCK.SYNC`, a load).
     #[derive(Clone, Debug)]
     enum KeptOp {
-        Grant { owner: u8, ttl: u64, session: u8 },
+        Grant {
+            owner: u8,
+            ttl: u64,
+            session: u8,
+        },
         Settle(Vec<(u8, u64)>),
         Release(u8),
         ReleaseAll(u8),
         ReleaseSole(u8),
-        Renew { owner: u8, ttl: u64 },
-        RenewSole { owner: u8, ttl: u64 },
+        Renew {
+            owner: u8,
+            ttl: u64,
+        },
+        RenewSole {
+            owner: u8,
+            ttl: u64,
+        },
         Later(u64),
         Purge,
         Follow(u8),
         EndSessions(u8),
         Materialize(u8),
         Clamp(u64),
-        ApplySet { owner: u8, ttl: u64 },
+        ApplySet {
+            owner: u8,
+            ttl: u64,
+        },
         ApplyDrop(u8),
         Remove(u8),
         SaveLoad,
         Clone,
+        /// Redis's value and back (`into_raw`, `from_raw`).
+        Raw,
     }
 
     fn kept_op() -> impl proptest::strategy::Strategy<Value = KeptOp> {
@@ -3131,6 +3157,7 @@ mod tests {
             1 => owner.prop_map(KeptOp::Remove),
             1 => Just(KeptOp::SaveLoad),
             1 => Just(KeptOp::Clone),
+            1 => Just(KeptOp::Raw),
         ]
     }
 
@@ -3243,6 +3270,8 @@ mod tests {
                 }
             }
             KeptOp::Clone => *lock = lock.clone(),
+            // SAFETY: the block `into_raw` gave, taken back once.
+            KeptOp::Raw => *lock = unsafe { Lock::from_raw(std::mem::take(lock).into_raw()) },
         }
     }
 
@@ -3265,6 +3294,7 @@ mod tests {
             let mut now = 1_000;
             for op in &ops {
                 do_kept_op(&mut lock, kind, op, &mut now, &mut tokens);
+                proptest::prop_assert_eq!(lock.first_holder(), lock.holders().next());
                 let mut owners: Vec<&[u8]> = lock.holders().map(|h| h.owner).collect();
                 owners.sort();
                 let n = owners.len();

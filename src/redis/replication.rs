@@ -164,11 +164,12 @@ pub fn replicate(ctx: &Context, key: Str<'_>, lock: &Lock, changes: &Changes, fo
 /// one it changed (a grant that made the lock, `Lock::first`; a renewal of
 /// its only holder, `Lock::renew_sole`): that holder's state, with the
 /// lease it follows and its own deadline (`(lease, own)`: a bound grant).
+#[inline]
 pub fn replicate_sole(ctx: &Context, key: Str<'_>, lock: &Lock, follows: Option<(u64, u64)>) {
     if count_if_nobody_listens(ctx) {
         return;
     }
-    if let Some(holder) = lock.holders().next() {
+    if let Some(holder) = lock.first_holder() {
         replicate_set(ctx, key, lock, &holder, follows);
     }
 }

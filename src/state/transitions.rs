@@ -405,7 +405,7 @@ fn commit(ctx: &Context, name: Str<'_>, tokens: Option<(&Tokens, &Tokens)>, chan
     match change {
         Change::Sole(lock, follows) => {
             // (A follower's key is in its lease table already: `follow_first`.)
-            let sole = lock.holders().next().filter(|h| !h.is_follower());
+            let sole = lock.first_holder().filter(|h| !h.is_follower());
             if let Some(id) = sole.and_then(|h| h.session()) {
                 sessions::join(id, &ffi::db_key(ctx, name.as_slice()));
             }
