@@ -271,7 +271,7 @@ struct Owners<S> {
     /// Each owner's number as the graph gave it ([`NO_NUMBER`]: none).
     numbers: Vec<u64>,
     /// By the slot of a graph's number: that number and its owner (its
-    /// pages kept from search to search: [`Search::take_slots`]).
+    /// pages kept from search to search: [`Search::again`]).
     by_number: Slots,
 }
 
