@@ -334,6 +334,10 @@ pub(crate) struct Index {
     sweep: Option<Sweep>,
     /// How long each holder will have held at its deadline, summed up.
     held: Held,
+    /// A purge under way ([`Block::purge_some`]): where its walk goes on
+    /// (an entry's offset, or the block's end). No sweep moves an entry
+    /// while it is under way.
+    purging: Option<usize>,
 }
 
 /// A sweep of an indexed block's tombstones under way: the live entries
@@ -1052,6 +1056,10 @@ impl Block {
                         self.buf.truncate(sw.write);
                         index.sweep = None;
                     }
+                    // A purge's walk past the new end goes on from it.
+                    if let Some(p) = index.purging.as_mut() {
+                        *p = (*p).min(self.buf.len());
+                    }
                 } else {
                     index.dead += end - at;
                     put_u32(&mut self.buf, at + 16, 0);
@@ -1086,6 +1094,11 @@ impl Block {
         let Some(ix) = index.as_deref_mut() else {
             return;
         };
+        // A purge under way walks the entries where they are (a block
+        // dropping its index sweeps: the rest of its purge goes in one go).
+        if ix.purging.is_some() && !small {
+            return;
+        }
         // (A block dropping its index sweeps until no mark is left: those
         // made behind a sweep under way take a second one.)
         for _ in 0..if small { 2 } else { 1 } {
@@ -1203,8 +1216,70 @@ impl Block {
             .filter(|(_, h)| !keep(h))
             .map(|(at, _)| at)
             .collect();
+        self.mark_gone(&gone);
+    }
+
+    /// Drops the holders `ends` says yes to (asked once of each, in
+    /// order), a slice at a time on an indexed block: from where the last
+    /// slice stopped, at most `most` of them and looking at `look` entries
+    /// at most (tombstones included), each marked as [`Block::remove`]
+    /// marks one; no sweep moves an entry until the walk reaches the end.
+    /// Whether the walk goes on (it stopped before the end: the next call
+    /// takes it from there). A block without an index drops them all at
+    /// once ([`Block::retain`]).
+    pub fn purge_some(
+        &mut self,
+        most: usize,
+        look: usize,
+        mut ends: impl FnMut(&HolderRef<'_>) -> bool,
+    ) -> bool {
+        let Some(tag) = self.tag() else {
+            return false;
+        };
+        let Some(from) = self.index.as_deref().map(|i| i.purging) else {
+            self.retain(|h| !ends(h));
+            return false;
+        };
+        let mut at = from.unwrap_or_else(|| self.after(header_len(tag)));
+        let mut gone = Vec::new();
+        let mut looked = 0;
+        while gone.len() < most && looked < look {
+            let Some((h, end)) = entry_at(&self.buf, at) else {
+                break;
+            };
+            if h.holds != 0 && ends(&h) {
+                gone.push(at);
+            }
+            looked += 1;
+            at = self.after(end);
+        }
+        let more = at < self.buf.len();
+        if let Some(index) = self.index.as_deref_mut() {
+            index.purging = more.then_some(at);
+        }
+        self.mark_gone(&gone);
+        more && self.is_indexed()
+    }
+
+    /// A purge under way ([`Block::purge_some`]) ends where it is: nothing
+    /// it was to drop is left.
+    pub fn purge_over(&mut self) {
+        if self
+            .index
+            .as_deref_mut()
+            .and_then(|i| i.purging.take())
+            .is_some()
+        {
+            self.sweep_marks();
+        }
+    }
+
+    /// The holders at `gone` marked (tombstones) and taken out of the
+    /// index; the kept latest and the bound on the earliest set from the
+    /// index; the marks swept out if they outweigh the rest.
+    fn mark_gone(&mut self, gone: &[usize]) {
         let mut kept = self.count();
-        for at in gone {
+        for &at in gone {
             let Some((h, end)) = entry_at(&self.buf, at) else {
                 continue;
             };
