@@ -1261,6 +1261,14 @@ impl Block {
         more && self.is_indexed()
     }
 
+    /// Whether an indexed block has holders whose own deadline passed at
+    /// `now` (false without an index).
+    pub fn expired_left(&self, now: u64) -> bool {
+        self.index
+            .as_deref()
+            .is_some_and(|i| now >= i.earliest_own())
+    }
+
     /// A purge under way ([`Block::purge_some`]) ends where it is: nothing
     /// it was to drop is left.
     pub fn purge_over(&mut self) {

@@ -1433,7 +1433,10 @@ impl Lock {
                 token: holder.token,
             };
         }
-        if queued_ahead || !self.admits(req.kind, now) || self.holds_expired_of(req.kind) {
+        if queued_ahead
+            || !self.admits(req.kind, now)
+            || self.expired_in_the_way(req.kind, now, max)
+        {
             return Verdict::Refused(Attempt::Busy);
         }
         // The stored count first (expired holders included): below the
@@ -1444,17 +1447,25 @@ impl Lock {
         Verdict::New
     }
 
-    /// Whether the lock still has holders (none live: past
-    /// [`Lock::admits`]) of another kind than `kind`'s, expired ones a
-    /// purge in slices has not dropped yet ([`Lock::purge`]): a request
-    /// that needs them gone waits for the purge's end. (Rare: the key
-    /// expires with its latest deadline, so it is seen only when the last
-    /// live holders left during the purge.)
-    fn holds_expired_of(&self, kind: Kind) -> bool {
-        self.block.is_indexed()
-            && !self.block.is_empty()
-            && (self.mode() != kind.mode()
-                || matches!(kind, Kind::Semaphore(limit) if limit != self.block.limit()))
+    /// Whether expired holders a purge in slices has not dropped yet
+    /// ([`Lock::purge`]) stand in the way of a new holder of `kind`: they
+    /// are of another kind (none is live: past [`Lock::admits`]), or they
+    /// fill the block to `max` holders or the semaphore's permits (the
+    /// stored count never passes them). The request waits for the purge to
+    /// go on ([`Lock::try_acquire`] runs two more slices first). Rare: the
+    /// key expires with its latest deadline, and a slice drops thousands.
+    fn expired_in_the_way(&self, kind: Kind, now: u64, max: usize) -> bool {
+        if !self.block.is_indexed() || !self.block.expired_left(now) {
+            return false;
+        }
+        let n = self.block.count();
+        match (self.mode(), kind) {
+            (Mode::Shared, Kind::Read) => n >= max,
+            (Mode::Semaphore, Kind::Semaphore(limit)) => {
+                limit != self.block.limit() || n >= max || n >= self.block.limit() as usize
+            }
+            _ => true,
+        }
     }
 
     /// What [`Lock::try_acquire`] would answer, without changing anything:
@@ -1497,6 +1508,12 @@ impl Lock {
         let req = req.into();
         if self.purge(now, changes) {
             self.expire_own(req.owner, now, changes);
+            // Room for a new holder: two slices more at most.
+            for _ in 0..2 {
+                if !self.expired_in_the_way(req.kind, now, max) || !self.purge(now, changes) {
+                    break;
+                }
+            }
         }
         let verdict = self.verdict(req, queued_ahead, now, max);
         self.carry_out(req, verdict, now, tokens, changes).0
