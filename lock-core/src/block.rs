@@ -349,6 +349,10 @@ struct Sweep {
     read: usize,
 }
 
+/// Bytes of marks from which a block dropping its index copies its live
+/// entries out ([`Block::compact`]) rather than sweeping the marks.
+const COMPACT_FROM: usize = 64 * 1024;
+
 /// Entries a removal moves at most while a sweep is under way.
 #[cfg(not(test))]
 const SWEEP_STEP: usize = 1024;
@@ -1090,6 +1094,9 @@ impl Block {
         };
         let small = self.count() < INDEX_UNTIL;
         let header = header_len(tag);
+        if small && self.index.as_deref().is_some_and(|i| i.dead > COMPACT_FROM) {
+            return self.compact(header);
+        }
         let Block { buf, index } = self;
         let Some(ix) = index.as_deref_mut() else {
             return;
@@ -1141,6 +1148,35 @@ impl Block {
         if small {
             index.free();
         }
+    }
+
+    /// A block falling below [`INDEX_UNTIL`] holders with many marks (a
+    /// purge of many expired holders leaves them all): its few live
+    /// entries copied, in order, to a block of their own, found through
+    /// the index (no walk over the marks), and the index dropped.
+    #[cold]
+    fn compact(&mut self, header: usize) {
+        let Some(ix) = self.index.as_deref() else {
+            return;
+        };
+        let mut live: Vec<usize> = ix
+            .owners
+            .values()
+            .chain(ix.collided.iter().map(|(_, at)| at))
+            .map(|at| *at as usize)
+            .collect();
+        live.sort_unstable();
+        let mut buf = Vec::with_capacity(header + live.len() * entry_len(16));
+        buf.extend_from_slice(self.buf.get(..header).unwrap_or_default());
+        for at in live {
+            if let Some((h, end)) = entry_at(&self.buf, at) {
+                if h.holds != 0 {
+                    buf.extend_from_slice(self.buf.get(at..end).unwrap_or_default());
+                }
+            }
+        }
+        self.buf = buf;
+        self.index.free();
     }
 
     /// Where the entry after the one ending at `end` starts: past a

@@ -276,9 +276,9 @@ pub const DEFAULT_MAX_HOLDERS: usize = 1000;
 /// The most expired holders one [`Lock::purge`] of an indexed lock drops
 /// (a slice: well under a millisecond), and the most entries it looks at.
 #[cfg(not(test))]
-pub const PURGE_MOST: usize = 2048;
+pub const PURGE_MOST: usize = 1024;
 #[cfg(not(test))]
-pub const PURGE_LOOK: usize = 32 * 1024;
+pub const PURGE_LOOK: usize = 16 * 1024;
 /// (A few in the core's own tests: every purge of an indexed lock of a few
 /// holders goes in slices.)
 #[cfg(test)]
