@@ -3621,7 +3621,7 @@ mod tests {
             proptest::prop_assert_eq!(sliced.live_count(now), whole.live_count(now));
             let owner = format!("r{who}");
             let (mut ta, mut tb) = (Tokens::starting_after(1000), Tokens::starting_after(1000));
-            let mut one = |lock: &mut Lock, tokens: &mut Tokens, c: &mut Changes| -> String {
+            let one = |lock: &mut Lock, tokens: &mut Tokens, c: &mut Changes| -> String {
                 let o = owner.as_bytes();
                 match op {
                     0 => format!("{:?}", lock.try_acquire(&req(Kind::Read, &owner, 10), false, now, tokens, c)),
