@@ -1452,7 +1452,7 @@ impl Lock {
     /// are of another kind (none is live: past [`Lock::admits`]), or they
     /// fill the block to `max` holders or the semaphore's permits (the
     /// stored count never passes them). The request waits for the purge to
-    /// go on ([`Lock::try_acquire`] runs two more slices first). Rare: the
+    /// go on ([`Lock::try_acquire`] runs one more slice first). Rare: the
     /// key expires with its latest deadline, and a slice drops thousands.
     fn expired_in_the_way(&self, kind: Kind, now: u64, max: usize) -> bool {
         if !self.block.is_indexed() || !self.block.expired_left(now) {
@@ -1506,13 +1506,30 @@ impl Lock {
         max: usize,
     ) -> Attempt {
         let req = req.into();
-        if self.purge(now, changes) {
+        let left = self.purge(now, changes);
+        self.acquire_purged(req, left, queued_ahead, now, tokens, changes, max)
+    }
+
+    /// [`Lock::try_acquire_within`] on a lock purged at `now`, which left
+    /// expired holders (`left`): the owner's own ended first; a new holder
+    /// they stand in the way of (nothing live refuses it) gets one slice
+    /// more of the purge.
+    #[inline]
+    #[allow(clippy::too_many_arguments)]
+    fn acquire_purged(
+        &mut self,
+        req: Ask<'_>,
+        left: bool,
+        queued_ahead: bool,
+        now: u64,
+        tokens: &mut Tokens,
+        changes: &mut Changes,
+        max: usize,
+    ) -> Attempt {
+        if left {
             self.expire_own(req.owner, now, changes);
-            // Room for a new holder: two slices more at most.
-            for _ in 0..2 {
-                if !self.expired_in_the_way(req.kind, now, max) || !self.purge(now, changes) {
-                    break;
-                }
+            if self.admits(req.kind, now) && self.expired_in_the_way(req.kind, now, max) {
+                self.purge(now, changes);
             }
         }
         let verdict = self.verdict(req, queued_ahead, now, max);
@@ -1538,7 +1555,9 @@ impl Lock {
         if !index.first_done {
             // Most settles grant one request: no index for it.
             index.first_done = true;
-            return self.try_acquire_within(req, false, now, tokens, changes, max);
+            // The settle purged the lock at `now` already: no slice more.
+            let left = self.block.is_indexed() && now >= self.block.low();
+            return self.acquire_purged(req, left, false, now, tokens, changes, max);
         }
         if self.block.is_indexed() && now >= self.block.low() {
             // A purge in slices left expired holders: the owner's own ends
