@@ -1181,10 +1181,17 @@ impl Lock {
     /// read treats them as absent (they are not live), a request of their
     /// owner ends its own first ([`Lock::expire_own`]), and a request
     /// that needs the lock empty of them waits ([`Lock::verdict`]).
+    #[inline]
     pub fn purge(&mut self, now: u64, changes: &mut Changes) -> bool {
         if now < self.block.low() {
             return false;
         }
+        self.purge_past_low(now, changes)
+    }
+
+    /// [`Lock::purge`] past the bound on the earliest deadline.
+    #[inline(never)]
+    fn purge_past_low(&mut self, now: u64, changes: &mut Changes) -> bool {
         if now < self.block.exact_low() {
             // Nothing expired: a purge under way whose last expired holders
             // left by their owners' requests is over.
@@ -1214,6 +1221,8 @@ impl Lock {
     /// After a [`Lock::purge`] that left expired holders: the owner's
     /// holder, when it is one of them, ended as the purge ends it (so its
     /// request finds it gone, as after a whole purge). Whether it was.
+    #[cold]
+    #[inline(never)]
     fn expire_own(&mut self, owner: &[u8], now: u64, changes: &mut Changes) -> bool {
         let Some((at, h)) = self.entry(owner).filter(|(_, h)| !h.is_live(now)) else {
             return false;
