@@ -344,6 +344,10 @@ pub(crate) struct Index {
     sweep: Option<Sweep>,
     /// How long each holder will have held at its deadline, summed up.
     held: Held,
+    /// A purge under way ([`Block::purge_some`]): where its walk goes on
+    /// (an entry's offset, or the block's end). No sweep moves an entry
+    /// while it is under way.
+    purging: Option<usize>,
 }
 
 /// A sweep of an indexed block's tombstones under way: the live entries
@@ -354,6 +358,10 @@ struct Sweep {
     write: usize,
     read: usize,
 }
+
+/// Bytes of marks from which a block dropping its index copies its live
+/// entries out ([`Block::compact`]) rather than sweeping the marks.
+const COMPACT_FROM: usize = 64 * 1024;
 
 /// Entries a removal moves at most while a sweep is under way.
 #[cfg(not(test))]
@@ -1121,6 +1129,10 @@ impl Block {
                         self.buf.truncate(sw.write);
                         index.sweep = None;
                     }
+                    // A purge's walk past the new end goes on from it.
+                    if let Some(p) = index.purging.as_mut() {
+                        *p = (*p).min(self.buf.len());
+                    }
                 } else {
                     index.dead += end - at;
                     put_u32(&mut self.buf, at + 16, 0);
@@ -1151,10 +1163,18 @@ impl Block {
         };
         let small = self.count() < INDEX_UNTIL;
         let header = header_len(tag);
+        if small && self.index.as_deref().is_some_and(|i| i.dead > COMPACT_FROM) {
+            return self.compact(header);
+        }
         let Block { buf, index } = self;
         let Some(ix) = index.as_deref_mut() else {
             return;
         };
+        // A purge under way walks the entries where they are (a block
+        // dropping its index sweeps: the rest of its purge goes in one go).
+        if ix.purging.is_some() && !small {
+            return;
+        }
         // (A block dropping its index sweeps until no mark is left: those
         // made behind a sweep under way take a second one.)
         for _ in 0..if small { 2 } else { 1 } {
@@ -1197,6 +1217,35 @@ impl Block {
         if small {
             index.free();
         }
+    }
+
+    /// A block falling below [`INDEX_UNTIL`] holders with many marks (a
+    /// purge of many expired holders leaves them all): its few live
+    /// entries copied, in order, to a block of their own, found through
+    /// the index (no walk over the marks), and the index dropped.
+    #[cold]
+    fn compact(&mut self, header: usize) {
+        let Some(ix) = self.index.as_deref() else {
+            return;
+        };
+        let mut live: Vec<usize> = ix
+            .owners
+            .values()
+            .chain(ix.collided.iter().map(|(_, at)| at))
+            .map(|at| *at as usize)
+            .collect();
+        live.sort_unstable();
+        let mut buf = Vec::with_capacity(header + live.len() * entry_len(16));
+        buf.extend_from_slice(self.buf.get(..header).unwrap_or_default());
+        for at in live {
+            if let Some((h, end)) = entry_at(&self.buf, at) {
+                if h.holds != 0 {
+                    buf.extend_from_slice(self.buf.get(at..end).unwrap_or_default());
+                }
+            }
+        }
+        self.buf = buf;
+        self.index.free();
     }
 
     /// Where the entry after the one ending at `end` starts: past a
@@ -1272,8 +1321,78 @@ impl Block {
             .filter(|(_, h)| !keep(h))
             .map(|(at, _)| at)
             .collect();
+        self.mark_gone(&gone);
+    }
+
+    /// Drops the holders `ends` says yes to (asked once of each, in
+    /// order), a slice at a time on an indexed block: from where the last
+    /// slice stopped, at most `most` of them and looking at `look` entries
+    /// at most (tombstones included), each marked as [`Block::remove`]
+    /// marks one; no sweep moves an entry until the walk reaches the end.
+    /// Whether the walk goes on (it stopped before the end: the next call
+    /// takes it from there). A block without an index drops them all at
+    /// once ([`Block::retain`]).
+    pub fn purge_some(
+        &mut self,
+        most: usize,
+        look: usize,
+        mut ends: impl FnMut(&HolderRef<'_>) -> bool,
+    ) -> bool {
+        let Some(tag) = self.tag() else {
+            return false;
+        };
+        let Some(from) = self.index.as_deref().map(|i| i.purging) else {
+            self.retain(|h| !ends(h));
+            return false;
+        };
+        let mut at = from.unwrap_or_else(|| self.after(header_len(tag)));
+        let mut gone = Vec::new();
+        let mut looked = 0;
+        while gone.len() < most && looked < look {
+            let Some((h, end)) = entry_at(&self.buf, at) else {
+                break;
+            };
+            if h.holds != 0 && ends(&h) {
+                gone.push(at);
+            }
+            looked += 1;
+            at = self.after(end);
+        }
+        let more = at < self.buf.len();
+        if let Some(index) = self.index.as_deref_mut() {
+            index.purging = more.then_some(at);
+        }
+        self.mark_gone(&gone);
+        more && self.is_indexed()
+    }
+
+    /// Whether an indexed block has holders whose own deadline passed at
+    /// `now` (false without an index).
+    pub fn expired_left(&self, now: u64) -> bool {
+        self.index
+            .as_deref()
+            .is_some_and(|i| now >= i.earliest_own())
+    }
+
+    /// A purge under way ([`Block::purge_some`]) ends where it is: nothing
+    /// it was to drop is left.
+    pub fn purge_over(&mut self) {
+        if self
+            .index
+            .as_deref_mut()
+            .and_then(|i| i.purging.take())
+            .is_some()
+        {
+            self.sweep_marks();
+        }
+    }
+
+    /// The holders at `gone` marked (tombstones) and taken out of the
+    /// index; the kept latest and the bound on the earliest set from the
+    /// index; the marks swept out if they outweigh the rest.
+    fn mark_gone(&mut self, gone: &[usize]) {
         let mut kept = self.count();
-        for at in gone {
+        for &at in gone {
             let Some((h, end)) = entry_at(&self.buf, at) else {
                 continue;
             };

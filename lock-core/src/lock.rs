@@ -273,6 +273,19 @@ impl Attempt {
 /// The default of [`max_holders`].
 pub const DEFAULT_MAX_HOLDERS: usize = 1000;
 
+/// The most expired holders one [`Lock::purge`] of an indexed lock drops
+/// (a slice: well under a millisecond), and the most entries it looks at.
+#[cfg(not(test))]
+pub const PURGE_MOST: usize = 1024;
+#[cfg(not(test))]
+pub const PURGE_LOOK: usize = 16 * 1024;
+/// (A few in the core's own tests: every purge of an indexed lock of a few
+/// holders goes in slices.)
+#[cfg(test)]
+pub const PURGE_MOST: usize = 2;
+#[cfg(test)]
+pub const PURGE_LOOK: usize = 5;
+
 /// The most holders one lock may have: a grant that would add one past it
 /// is refused ([`Attempt::TooManyHolders`]). The one setting the core reads
 /// (the shell sets it from `lock.max-holders`): every operation on a key is
@@ -768,6 +781,20 @@ impl HolderTable {
 }
 
 #[cfg(test)]
+impl Lock {
+    /// [`Lock::purge`] called until no expired holder is left.
+    pub(crate) fn purge_all(&mut self, now: u64, changes: &mut Changes) {
+        while self.purge(now, changes) {}
+    }
+
+    /// Whether a [`Lock::purge`] at `now` left expired holders for the
+    /// next one (an indexed lock's, in slices).
+    pub(crate) fn purge_left(&self, now: u64) -> bool {
+        self.block.is_indexed() && now >= self.block.low()
+    }
+}
+
+#[cfg(test)]
 impl HolderIndex {
     /// Whether the index finds every holder of `lock` where a rebuild
     /// finds it, and indexes no more holders than `lock` has (nothing built
@@ -1154,16 +1181,65 @@ impl Lock {
     /// one walk when nothing expired (the bound made exact on the way), and
     /// the drop's walks when something did (the bound made exact by its
     /// [`Block::retain`]).
-    pub fn purge(&mut self, now: u64, changes: &mut Changes) {
-        if now < self.block.low() || now < self.block.exact_low() {
-            return;
+    ///
+    /// A lock of [`block::INDEX_FROM`] holders or more drops them a slice
+    /// at a time ([`Block::purge_some`]: at most [`PURGE_MOST`] a call,
+    /// [`PURGE_LOOK`] entries looked at): true when expired holders are
+    /// left for the next call (the visit's next turn). Until then every
+    /// read treats them as absent (they are not live), a request of their
+    /// owner ends its own first ([`Lock::expire_own`]), and a request
+    /// that needs the lock empty of them waits ([`Lock::verdict`]).
+    #[inline]
+    pub fn purge(&mut self, now: u64, changes: &mut Changes) -> bool {
+        if now < self.block.low() {
+            return false;
         }
-        for h in self.holders().filter(|h| !h.is_live(now)) {
+        self.purge_past_low(now, changes)
+    }
+
+    /// [`Lock::purge`] past the bound on the earliest deadline.
+    #[inline(never)]
+    fn purge_past_low(&mut self, now: u64, changes: &mut Changes) -> bool {
+        if now < self.block.exact_low() {
+            // Nothing expired: a purge under way whose last expired holders
+            // left by their owners' requests is over.
+            self.block.purge_over();
+            return false;
+        }
+        let mut ends = |h: &HolderRef<'_>| {
+            if h.is_live(now) {
+                return false;
+            }
             changes.touch(h.owner);
             changes.expired += 1;
-            changes.end(&h, h.deadline);
+            changes.end(h, h.deadline);
+            true
+        };
+        if !self.block.purge_some(PURGE_MOST, PURGE_LOOK, &mut ends)
+            && !self.block.is_indexed()
+            && now >= self.block.low()
+        {
+            // The index went as the lock fell below its size: the rest in
+            // one go (a few hundred holders at most).
+            self.block.purge_some(PURGE_MOST, PURGE_LOOK, &mut ends);
         }
-        self.block.retain(|h| h.is_live(now));
+        now >= self.block.low()
+    }
+
+    /// After a [`Lock::purge`] that left expired holders: the owner's
+    /// holder, when it is one of them, ended as the purge ends it (so its
+    /// request finds it gone, as after a whole purge). Whether it was.
+    #[cold]
+    #[inline(never)]
+    fn expire_own(&mut self, owner: &[u8], now: u64, changes: &mut Changes) -> bool {
+        let Some((at, h)) = self.entry(owner).filter(|(_, h)| !h.is_live(now)) else {
+            return false;
+        };
+        changes.touch(h.owner);
+        changes.expired += 1;
+        changes.end(&h, h.deadline);
+        self.block.remove(at);
+        true
     }
 
     /// Does any holder follow a session?
@@ -1374,7 +1450,10 @@ impl Lock {
                 token: holder.token,
             };
         }
-        if queued_ahead || !self.admits(req.kind, now) {
+        if queued_ahead
+            || !self.admits(req.kind, now)
+            || self.expired_in_the_way(req.kind, now, max)
+        {
             return Verdict::Refused(Attempt::Busy);
         }
         // The stored count first (expired holders included): below the
@@ -1383,6 +1462,27 @@ impl Lock {
             return Verdict::Refused(Attempt::TooManyHolders(max));
         }
         Verdict::New
+    }
+
+    /// Whether expired holders a purge in slices has not dropped yet
+    /// ([`Lock::purge`]) stand in the way of a new holder of `kind`: they
+    /// are of another kind (none is live: past [`Lock::admits`]), or they
+    /// fill the block to `max` holders or the semaphore's permits (the
+    /// stored count never passes them). The request waits for the purge to
+    /// go on ([`Lock::try_acquire`] runs one more slice first). Rare: the
+    /// key expires with its latest deadline, and a slice drops thousands.
+    fn expired_in_the_way(&self, kind: Kind, now: u64, max: usize) -> bool {
+        if !self.block.is_indexed() || !self.block.expired_left(now) {
+            return false;
+        }
+        let n = self.block.count();
+        match (self.mode(), kind) {
+            (Mode::Shared, Kind::Read) => n >= max,
+            (Mode::Semaphore, Kind::Semaphore(limit)) => {
+                limit != self.block.limit() || n >= max || n >= self.block.limit() as usize
+            }
+            _ => true,
+        }
     }
 
     /// What [`Lock::try_acquire`] would answer, without changing anything:
@@ -1423,7 +1523,32 @@ impl Lock {
         max: usize,
     ) -> Attempt {
         let req = req.into();
-        self.purge(now, changes);
+        let left = self.purge(now, changes);
+        self.acquire_purged(req, left, queued_ahead, now, tokens, changes, max)
+    }
+
+    /// [`Lock::try_acquire_within`] on a lock purged at `now`, which left
+    /// expired holders (`left`): the owner's own ended first; a new holder
+    /// they stand in the way of (nothing live refuses it) gets one slice
+    /// more of the purge.
+    #[inline]
+    #[allow(clippy::too_many_arguments)]
+    fn acquire_purged(
+        &mut self,
+        req: Ask<'_>,
+        left: bool,
+        queued_ahead: bool,
+        now: u64,
+        tokens: &mut Tokens,
+        changes: &mut Changes,
+        max: usize,
+    ) -> Attempt {
+        if left {
+            self.expire_own(req.owner, now, changes);
+            if self.admits(req.kind, now) && self.expired_in_the_way(req.kind, now, max) {
+                self.purge(now, changes);
+            }
+        }
         let verdict = self.verdict(req, queued_ahead, now, max);
         self.carry_out(req, verdict, now, tokens, changes).0
     }
@@ -1447,7 +1572,23 @@ impl Lock {
         if !index.first_done {
             // Most settles grant one request: no index for it.
             index.first_done = true;
-            return self.try_acquire_within(req, false, now, tokens, changes, max);
+            // The settle purged the lock at `now` already: no slice more.
+            let left = self.block.is_indexed() && now >= self.block.low();
+            return self.acquire_purged(req, left, false, now, tokens, changes, max);
+        }
+        if self.block.is_indexed() && now >= self.block.low() {
+            // A purge in slices left expired holders: the owner's own ends
+            // first (entries may move: the table is built anew after).
+            if self.expire_own(req.owner, now, changes) {
+                index.table = None;
+            }
+            let verdict = self.verdict(req, false, now, max);
+            let (attempt, added) = self.carry_out(req, verdict, now, tokens, changes);
+            if let Some(h) = added.and_then(|at| self.block.holder_at(at)) {
+                index.earliest = index.earliest.min(h.deadline);
+            }
+            index.table = None;
+            return attempt;
         }
         let ix = index.table.get_or_insert_with(|| HolderTable::of(self));
         // Nothing expires twice at one `now`: the lock was purged at it.
@@ -1599,7 +1740,9 @@ impl Lock {
         now: u64,
         changes: &mut Changes,
     ) -> Release {
-        self.purge(now, changes);
+        if self.purge(now, changes) {
+            self.expire_own(owner, now, changes);
+        }
         let Some((at, h)) = self.grant_of(owner, token) else {
             return Release::NotHeld;
         };
@@ -1624,7 +1767,9 @@ impl Lock {
         now: u64,
         changes: &mut Changes,
     ) -> bool {
-        self.purge(now, changes);
+        if self.purge(now, changes) {
+            self.expire_own(owner, now, changes);
+        }
         let Some((at, h)) = self.grant_of(owner, Some(token)) else {
             return false;
         };
@@ -1644,7 +1789,9 @@ impl Lock {
         now: u64,
         changes: &mut Changes,
     ) -> bool {
-        self.purge(now, changes);
+        if self.purge(now, changes) {
+            self.expire_own(owner, now, changes);
+        }
         match self.grant_of(owner, token).filter(|(_, h)| h.is_live(now)) {
             // A follower's own deadline is in its lease table.
             Some((_, h)) if h.is_follower() => {
@@ -2752,7 +2899,7 @@ mod tests {
         assert_eq!(c.owners().map(|o| o.to_vec()).collect::<Vec<_>>(), want);
         let mut purged = lock.clone();
         let mut c = Changes::default();
-        purged.purge(10, &mut c);
+        purged.purge_all(10, &mut c);
         assert_eq!(
             (c.expired(), c.len(), purged.holder_count()),
             (n / 2, n / 2, n / 2)
@@ -2807,7 +2954,7 @@ mod tests {
                 Some("release") => {
                     lock.release(b"r7", None, 1, &mut c);
                 }
-                Some("purge") => lock.purge(101, &mut c),
+                Some("purge") => lock.purge_all(101, &mut c),
                 _ => {}
             }
             let found = lock.look_up_changed(&c);
@@ -3221,7 +3368,9 @@ mod tests {
                 lock.renew_sole(&name(*owner), *ttl, None, t);
             }
             KeptOp::Later(ms) => *now += ms,
-            KeptOp::Purge => lock.purge(t, &mut c),
+            KeptOp::Purge => {
+                lock.purge(t, &mut c);
+            }
             KeptOp::Follow(i) => {
                 let n = lock.holder_count().max(1);
                 let token = lock.holders().nth(usize::from(*i) % n).map(|h| h.token);
@@ -3375,7 +3524,7 @@ mod tests {
                 // any purge, nothing is expired and the next visit is later.
                 let mut after = lock.clone();
                 let mut c = Changes::default();
-                after.purge(now, &mut c);
+                after.purge_all(now, &mut c);
                 proptest::prop_assert!(after.holders().all(|h| h.is_live(now)));
                 proptest::prop_assert_eq!(c.expired, lock.holders().filter(|h| !h.is_live(now)).count());
                 proptest::prop_assert!(after.earliest_deadline().is_none_or(|d| d > now));
@@ -3423,6 +3572,153 @@ mod tests {
                 proptest::prop_assert_eq!(got, want);
                 proptest::prop_assert_eq!(fields(&indexed), fields(&walked));
                 proptest::prop_assert_eq!(indexed.latest_deadline(), walked.latest_deadline());
+            }
+        }
+    }
+
+    /// The purge before slices: every expired holder ended, then dropped,
+    /// in one go (the reference of the sliced one).
+    fn purge_in_one_go(lock: &mut Lock, now: u64, changes: &mut Changes) {
+        for h in lock.holders().filter(|h| !h.is_live(now)) {
+            changes.touch(h.owner);
+            changes.expired += 1;
+            changes.end(&h, h.deadline);
+        }
+        lock.block.retain(|h| h.is_live(now));
+    }
+
+    type Seen = Vec<(Vec<u8>, u32, u64, u64)>;
+
+    fn seen(lock: &Lock, now: u64) -> Seen {
+        lock.live(now)
+            .map(|h| (h.owner.to_vec(), h.holds, h.token, h.deadline))
+            .collect()
+    }
+
+    /// An indexed lock of `n` readers with these deadlines, some released
+    /// (tombstones, a sweep perhaps under way).
+    fn indexed_readers(deadlines: &[u64], released: &[usize]) -> Lock {
+        let holders = deadlines
+            .iter()
+            .enumerate()
+            .map(|(i, d)| reader(i, i as u64 + 1, *d));
+        let mut lock = Lock::from_holders(Kind::Read, holders.collect()).unwrap();
+        for r in released {
+            lock.release(format!("r{r}").as_bytes(), None, 0, &mut Changes::default());
+        }
+        lock
+    }
+
+    proptest::proptest! {
+        /// A purge in slices, called until it says none is left, leaves
+        /// what the purge in one go leaves (holders, in order) and lists
+        /// the same changes (owners, expiries, ends).
+        #[test]
+        fn a_purge_in_slices_equals_the_purge_in_one_go(
+            deadlines in proptest::collection::vec(1u64..40, 4..80),
+            released in proptest::collection::vec(0usize..80, 0..20),
+            now in 0u64..45,
+        ) {
+            let mut sliced = indexed_readers(&deadlines, &released);
+            proptest::prop_assume!(sliced.block.is_indexed());
+            let mut whole = sliced.clone();
+            let (mut a, mut b) = (Changes::default(), Changes::default());
+            let mut calls = 0;
+            while sliced.purge(now, &mut a) {
+                calls += 1;
+                proptest::prop_assert!(calls <= deadlines.len());
+            }
+            purge_in_one_go(&mut whole, now, &mut b);
+            let all = |l: &Lock| -> Seen {
+                l.holders().map(|h| (h.owner.to_vec(), h.holds, h.token, h.deadline)).collect()
+            };
+            proptest::prop_assert_eq!(all(&sliced), all(&whole));
+            proptest::prop_assert_eq!(a.expired(), b.expired());
+            proptest::prop_assert_eq!(a.owners().collect::<Vec<_>>(), b.owners().collect::<Vec<_>>());
+            proptest::prop_assert_eq!(a.ended().collect::<Vec<_>>(), b.ended().collect::<Vec<_>>());
+            proptest::prop_assert!(sliced.holders().all(|h| h.is_live(now)));
+            // (The earliest is a bound, made exact by a purge that finds
+            // something: never above the walked one.)
+            proptest::prop_assert!(sliced.earliest_deadline() <= walked_earliest(&sliced));
+            proptest::prop_assert_eq!(sliced.latest_deadline(), whole.latest_deadline());
+            proptest::prop_assert_eq!(sliced.held_at_deadlines(), whole.held_at_deadlines());
+            proptest::prop_assert!(sliced.block.is_empty() || !sliced.block.is_indexed() || sliced.block.index_agrees());
+            // More than a slice's worth expired: it took more than one call.
+            let expired = a.expired();
+            if sliced.block.is_indexed() && expired > PURGE_MOST {
+                proptest::prop_assert!(calls >= 1);
+            }
+        }
+
+        /// Between two slices of a purge, a request on the lock is
+        /// answered as on the lock purged whole, and leaves it the same
+        /// once the purge is done: a new reader, a repeat, a renewal, a
+        /// release (its owner's holder expired or live), a writer, a
+        /// semaphore; what reads see (held, live holders) too.
+        #[test]
+        fn requests_between_slices_see_the_lock_purged_whole(
+            deadlines in proptest::collection::vec(1u64..40, 4..60),
+            released in proptest::collection::vec(0usize..60, 0..10),
+            now in 1u64..45,
+            op in 0usize..7,
+            who in 0usize..70,
+            last_live in proptest::bool::ANY,
+        ) {
+            let mut deadlines = deadlines;
+            if last_live {
+                // One reader goes on past `now`.
+                deadlines.push(100);
+            }
+            let mut sliced = indexed_readers(&deadlines, &released);
+            let mut whole = sliced.clone();
+            let (mut a, mut b) = (Changes::default(), Changes::default());
+            sliced.purge(now, &mut a);
+            whole.purge_all(now, &mut b);
+            proptest::prop_assert_eq!(sliced.is_held(now), whole.is_held(now));
+            proptest::prop_assert_eq!(seen(&sliced, now), seen(&whole, now));
+            proptest::prop_assert_eq!(sliced.live_count(now), whole.live_count(now));
+            let owner = format!("r{who}");
+            let (mut ta, mut tb) = (Tokens::starting_after(1000), Tokens::starting_after(1000));
+            let one = |lock: &mut Lock, tokens: &mut Tokens, c: &mut Changes| -> String {
+                let o = owner.as_bytes();
+                match op {
+                    0 => format!("{:?}", lock.try_acquire(&req(Kind::Read, &owner, 10), false, now, tokens, c)),
+                    1 => format!("{:?}", lock.try_acquire(&req(Kind::Acquire, &owner, 10), false, now, tokens, c)),
+                    2 => format!("{:?}", lock.try_acquire(&req(Kind::Semaphore(3), &owner, 10), false, now, tokens, c)),
+                    3 => format!("{:?}", lock.release(o, None, now, c)),
+                    4 => format!("{:?}", lock.renew(o, 20, None, now, c)),
+                    5 => format!("{:?}", lock.release_all(o, (who + 1) as u64, now, c)),
+                    _ => format!("{:?}", lock.check(&req(Kind::Read, &owner, 10), false, now)),
+                }
+            };
+            let got = one(&mut sliced, &mut ta, &mut a);
+            let want = one(&mut whole, &mut tb, &mut b);
+            // A writer or a semaphore on a lock left with expired readers
+            // only waits for the purge's end (the one difference).
+            let waits = got == "Busy" && want.starts_with("Granted") && (op == 1 || op == 2)
+                && sliced.live_count(now) == 0 && sliced.holders().next().is_some();
+            if waits {
+                // Granted once the purge is done, as on the lock purged whole.
+                sliced.purge_all(now, &mut a);
+                let got = one(&mut sliced, &mut ta, &mut a);
+                proptest::prop_assert_eq!(&got, &want);
+            } else {
+                proptest::prop_assert_eq!(&got, &want);
+            }
+            proptest::prop_assert_eq!(seen(&sliced, now), seen(&whole, now));
+            sliced.purge_all(now, &mut a);
+            whole.purge_all(now, &mut b);
+            {
+                let all = |l: &Lock| -> Seen {
+                    l.holders().map(|h| (h.owner.to_vec(), h.holds, h.token, h.deadline)).collect()
+                };
+                proptest::prop_assert_eq!(all(&sliced), all(&whole));
+                proptest::prop_assert_eq!(a.expired(), b.expired());
+                let mut ea: Vec<_> = a.ended().collect();
+                let mut eb: Vec<_> = b.ended().collect();
+                ea.sort_by_key(|e| e.token);
+                eb.sort_by_key(|e| e.token);
+                proptest::prop_assert_eq!(ea, eb);
             }
         }
     }

@@ -512,3 +512,108 @@ fn two_hundred_thousand_holders_keep_their_state_through_keyspace_commands_and_a
         "each ended lease counted once"
     );
 }
+
+/// 200,000 readers of one key whose leases all end together but the last
+/// one's, a writer waiting for the key: the purge of a lock that large
+/// goes in slices over turns (docs/design.md, "How many holders a key may
+/// have"), and what anyone sees is the lock purged at the deadline. The
+/// writer is granted only once the last reader left (it releases right
+/// at the deadline, while the purge may still go on), and then holds the
+/// key alone; every ended lease is counted once, `INFO`'s holder counts
+/// and the replica's lock are exact.
+#[test]
+fn a_mass_expiry_of_two_hundred_thousand_readers_grants_the_waiting_writer_after_the_last() {
+    let n = 200_000;
+    let master = Server::start();
+    let replica = Server::start();
+    let mut c = master.conn();
+    let mut r = replica.conn();
+    for conn in [&mut c, &mut r] {
+        conn.cmd(&["CONFIG", "SET", "lock.max-holders", &n.to_string()])
+            .ok();
+    }
+    replica.replicaof(&master);
+    wait_for_sync(&master, &replica);
+    // Restored with one deadline for all but the last (grants would
+    // spread theirs); the payload's header from any lock's DUMP.
+    let first_token = c.read("t", "t", 3_600_000).int() as u64;
+    let like = c.cmd(&["DUMP", "t"]).bulk().to_vec();
+    let (head, version) = dump_parts(&like);
+    let deadline = now_ms() + 5_000;
+    let holders: Vec<OldHolder> = (0..n)
+        .map(|i| OldHolder {
+            owner: format!("reader-{i}").into_bytes(),
+            holds: 1,
+            token: first_token + i as u64 + 1,
+            deadline: if i == n - 1 {
+                now_ms() + 3_600_000
+            } else {
+                deadline
+            },
+        })
+        .collect();
+    let body = old_lock_body(head, 2, 1, None, &holders);
+    c.cmdv(&[
+        b"RESTORE".to_vec(),
+        b"mass".to_vec(),
+        b"0".to_vec(),
+        dump_with_footer(&body, version),
+    ])
+    .ok();
+    assert_eq!(holders_of(&mut c, "mass"), n);
+    let expired_before: usize = c
+        .info_field("lock", "lock_expired_leases")
+        .parse()
+        .unwrap_or(0);
+    // The writer waits (a minute at most) from before the deadline.
+    let mut w = master.conn();
+    w.send(&["LOCK.ACQUIRE", "mass", "writer", "600000", "WAIT", "60000"])
+        .expect("send");
+    wait_until(Duration::from_secs(10), "the writer waits", || {
+        c.info_field("clients", "blocked_clients") == "1"
+    });
+    // The last reader leaves at the deadline: the others' leases ended
+    // with it, whether or not the purge has dropped them all yet.
+    let left = deadline.saturating_sub(now_ms());
+    thread::sleep(Duration::from_millis(left + 1));
+    let last = format!("reader-{}", n - 1);
+    assert_eq!(
+        c.cmd(&["LOCK.RELEASE", "mass", &last]).int(),
+        1,
+        "the last reader held until it left"
+    );
+    let granted = w.read_reply().expect("the writer's reply");
+    assert!(matches!(granted, Reply::Int(_)), "{granted:?}");
+    // Nothing of the readers is left: the writer holds the key alone.
+    for (conn, side) in [(&mut c, "master"), (&mut r, "replica")] {
+        if side == "replica" {
+            wait_for_sync(&master, &replica);
+        }
+        let info = conn.lock_info("mass").expect("the writer's lock");
+        let owners: Vec<&[u8]> = info.holders.iter().map(|h| h.owner.as_slice()).collect();
+        assert_eq!(
+            owners,
+            [b"writer".as_slice()],
+            "the {side} has the writer alone"
+        );
+    }
+    assert_eq!(c.info_field("lock", "lock_holders_shared"), "1", "reader t");
+    assert_eq!(
+        c.info_field("lock", "lock_holders_exclusive"),
+        "1",
+        "the writer"
+    );
+    let expired: usize = c
+        .info_field("lock", "lock_expired_leases")
+        .parse()
+        .unwrap_or(0);
+    assert_eq!(
+        expired - expired_before,
+        n - 1,
+        "each ended lease counted once"
+    );
+    // No reader's entry came back: a release of one holds nothing.
+    assert_eq!(c.cmd(&["LOCK.RELEASE", "mass", "reader-7"]), Reply::Nil);
+    assert_eq!(c.cmd(&["LOCK.RELEASE", "mass", "writer"]).int(), 1);
+    assert!(c.lock_info("mass").is_none(), "released: the key is gone");
+}
