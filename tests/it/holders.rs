@@ -464,7 +464,8 @@ fn two_hundred_thousand_holders_keep_their_state_through_keyspace_commands_and_a
     // deadline (grants would spread theirs).
     let (head, version) = dump_parts(&payload);
     let first_token = c.read("t", "t", 3_600_000).int() as u64;
-    let deadline = now_ms() + 5_000;
+    // Far enough for a loaded machine to build and send the payload first.
+    let deadline = now_ms() + 10_000;
     let holders: Vec<OldHolder> = (0..n)
         .map(|i| OldHolder {
             owner: format!("reader-{i}").into_bytes(),
@@ -485,7 +486,12 @@ fn two_hundred_thousand_holders_keep_their_state_through_keyspace_commands_and_a
         dump_with_footer(&body, version),
     ])
     .ok();
-    assert_eq!(holders_of(&mut c, "expiring"), n);
+    // Every holder restored (read before the deadline: after it, the
+    // ended leases are absent already).
+    let restored = holders_of(&mut c, "expiring");
+    if now_ms() < deadline {
+        assert_eq!(restored, n);
+    }
     wait_until(Duration::from_secs(60), "every ended lease dropped", || {
         holders_of(&mut c, "expiring") == 1
     });
@@ -539,7 +545,8 @@ fn a_mass_expiry_of_two_hundred_thousand_readers_grants_the_waiting_writer_after
     let first_token = c.read("t", "t", 3_600_000).int() as u64;
     let like = c.cmd(&["DUMP", "t"]).bulk().to_vec();
     let (head, version) = dump_parts(&like);
-    let deadline = now_ms() + 5_000;
+    // Far enough for a loaded machine to build and send the payload first.
+    let deadline = now_ms() + 10_000;
     let holders: Vec<OldHolder> = (0..n)
         .map(|i| OldHolder {
             owner: format!("reader-{i}").into_bytes(),
@@ -560,7 +567,12 @@ fn a_mass_expiry_of_two_hundred_thousand_readers_grants_the_waiting_writer_after
         dump_with_footer(&body, version),
     ])
     .ok();
-    assert_eq!(holders_of(&mut c, "mass"), n);
+    // Every holder restored (read before the deadline: after it, the
+    // ended leases are absent already).
+    let restored = holders_of(&mut c, "mass");
+    if now_ms() < deadline {
+        assert_eq!(restored, n);
+    }
     let expired_before: usize = c
         .info_field("lock", "lock_expired_leases")
         .parse()
