@@ -814,8 +814,7 @@ fn together(c: &mut Conn, port: u16, sock: &Path, n: usize, what: Together) -> i
         )?,
         Together::Readers { raised } => {
             if raised {
-                let max = (n + 1000).to_string();
-                c.ok(&[b"CONFIG", b"SET", b"lock.max-holders", max.as_bytes()])?;
+                set_max_holders(c, n + DEFAULT_HOLDERS)?;
             }
             c.ok(&[b"LOCK.ACQUIRE", b"hot0", b"writer", left_ms().as_bytes()])?;
         }
@@ -939,8 +938,7 @@ fn together(c: &mut Conn, port: u16, sock: &Path, n: usize, what: Together) -> i
     w.close(c)?;
     c.ok(&[b"FLUSHALL"])?;
     if let Together::Readers { raised: true } = what {
-        let max = DEFAULT_HOLDERS.to_string();
-        c.ok(&[b"CONFIG", b"SET", b"lock.max-holders", max.as_bytes()])?;
+        set_max_holders(c, DEFAULT_HOLDERS)?;
     }
     Ok(Row {
         shape,
@@ -955,6 +953,17 @@ fn together(c: &mut Conn, port: u16, sock: &Path, n: usize, what: Together) -> i
 
 /// `lock.max-holders` by default.
 const DEFAULT_HOLDERS: usize = 1000;
+
+/// Sets `lock.max-holders` to `n`.
+fn set_max_holders(c: &mut Conn, n: usize) -> io::Result<()> {
+    c.ok(&[
+        b"CONFIG",
+        b"SET",
+        b"lock.max-holders",
+        n.to_string().as_bytes(),
+    ])?;
+    Ok(())
+}
 
 /// (4) and (5): one connection holding `n` bound locks renews them with
 /// `LOCK.KEEPALIVE`, alone and inside MULTI/EXEC, then closes.
@@ -1323,12 +1332,7 @@ fn lease_batches(n: usize) -> Vec<Row> {
 fn holders(c: &mut Conn, port: u16, n: usize) -> io::Result<Vec<Row>> {
     eprintln!("   {n} holders on one key");
     c.ok(&[b"FLUSHALL"])?;
-    c.ok(&[
-        b"CONFIG",
-        b"SET",
-        b"lock.max-holders",
-        n.max(1000).to_string().as_bytes(),
-    ])?;
+    set_max_holders(c, n.max(DEFAULT_HOLDERS))?;
     pipelined(
         c,
         n,
@@ -1384,7 +1388,7 @@ fn holders(c: &mut Conn, port: u16, n: usize) -> io::Result<Vec<Row>> {
     }
     rows.push(expiring(c, port, n, &payload)?);
     c.ok(&[b"FLUSHALL"])?;
-    c.ok(&[b"CONFIG", b"SET", b"lock.max-holders", b"1000"])?;
+    set_max_holders(c, DEFAULT_HOLDERS)?;
     Ok(rows)
 }
 
@@ -1422,12 +1426,7 @@ fn expiring(c: &mut Conn, port: u16, n: usize, like: &[u8]) -> io::Result<Row> {
     let body = old_lock_body(head, 2, 1, None, &holders);
     let payload = dump_with_footer(&body, version);
     drop(holders);
-    c.ok(&[
-        b"CONFIG",
-        b"SET",
-        b"lock.max-holders",
-        n.max(1000).to_string().as_bytes(),
-    ])?;
+    set_max_holders(c, n.max(DEFAULT_HOLDERS))?;
     c.ok(&[b"RESTORE", b"exp", b"0", &payload])?;
     eprintln!("   {} leases ending together", n - 1);
     let m = measure(
@@ -1466,12 +1465,7 @@ fn wide_reads(c: &mut Conn, port: u16, n: usize) -> io::Result<Vec<Row>> {
     let n = n.min(limit - 1);
     eprintln!("   {n} readers of one key, then more requests on it");
     c.ok(&[b"FLUSHALL"])?;
-    c.ok(&[
-        b"CONFIG",
-        b"SET",
-        b"lock.max-holders",
-        limit.to_string().as_bytes(),
-    ])?;
+    set_max_holders(c, limit)?;
     pipelined(
         c,
         n,
@@ -1535,7 +1529,7 @@ fn step_rows(
         );
     }
     c.ok(&[b"FLUSHALL"])?;
-    c.ok(&[b"CONFIG", b"SET", b"lock.max-holders", b"1000"])?;
+    set_max_holders(c, DEFAULT_HOLDERS)?;
     Ok(rows)
 }
 
@@ -1610,8 +1604,9 @@ fn caught_up(c: &mut Conn, r: &mut Conn, deadline: Instant) -> io::Result<()> {
 fn replica_apply(module: &Path, c: &mut Conn, port: u16, n: usize) -> io::Result<Vec<Row>> {
     eprintln!("   {n} readers granted on a master, applied by its replica");
     c.ok(&[b"FLUSHALL"])?;
-    let raised = n.max(1000).to_string();
-    c.ok(&[b"CONFIG", b"SET", b"lock.max-holders", raised.as_bytes()])?;
+    let raised = n.max(DEFAULT_HOLDERS);
+    set_max_holders(c, raised)?;
+    let raised = raised.to_string();
     let (dir, replica, mut r, deadline) = linked_replica(
         module,
         port,
@@ -1684,7 +1679,7 @@ fn replica_apply(module: &Path, c: &mut Conn, port: u16, n: usize) -> io::Result
     drop(replica);
     drop(dir);
     c.ok(&[b"FLUSHALL"])?;
-    c.ok(&[b"CONFIG", b"SET", b"lock.max-holders", b"1000"])?;
+    set_max_holders(c, DEFAULT_HOLDERS)?;
     Ok(vec![row])
 }
 

@@ -2049,6 +2049,27 @@ impl Lock {
                 deadlines: self.deadlines(),
             });
         }
+        self.put_applied(mine, kind, limit, &holder)?;
+        let d = holder.deadline;
+        // The bound on the earliest made exact from the same walk.
+        self.block.set_low(low.min(block::own(d)));
+        let deadlines = Some(others.map_or((d, d), |(lo, hi)| (lo.min(d), hi.max(d))));
+        Ok(Applied {
+            followed,
+            deadlines,
+        })
+    }
+
+    /// An applied holder put in place: over the owner's own entry (`mine`:
+    /// where, since, token, deadline; its since kept for the same token),
+    /// else pushed.
+    fn put_applied(
+        &mut self,
+        mine: Option<(usize, u32, u64, u64)>,
+        kind: Kind,
+        limit: u32,
+        holder: &Holder,
+    ) -> Result<(), Invalid> {
         match mine {
             Some((at, since, token, _)) => {
                 let since = if token == holder.token {
@@ -2063,14 +2084,7 @@ impl Lock {
                 self.block.push(kind.mode().tag(), limit, holder.as_ref())?;
             }
         }
-        let d = holder.deadline;
-        // The bound on the earliest made exact from the same walk.
-        self.block.set_low(low.min(block::own(d)));
-        let deadlines = Some(others.map_or((d, d), |(lo, hi)| (lo.min(d), hi.max(d))));
-        Ok(Applied {
-            followed,
-            deadlines,
-        })
+        Ok(())
     }
 
     /// [`Lock::apply_set`] with no walk of an indexed lock's holders when
@@ -2104,20 +2118,7 @@ impl Lock {
         if !fresh || !fits || !same_shape {
             return self.apply_set(kind, holder);
         }
-        match mine {
-            Some((at, since, token, _)) => {
-                let since = if token == holder.token {
-                    since
-                } else {
-                    holder.since
-                };
-                self.block
-                    .set(at, holder.holds, since, holder.token, holder.deadline);
-            }
-            None => {
-                self.block.push(kind.mode().tag(), limit, holder.as_ref())?;
-            }
-        }
+        self.put_applied(mine, kind, limit, &holder)?;
         self.block.exact_low();
         Ok(Applied {
             followed: mine.and_then(|(.., deadline)| session_of(deadline)),

@@ -71,6 +71,48 @@ fn report_stall(what: &str, mut attempt: impl FnMut(usize) -> Duration) {
     eprintln!("{what}: longest PING per attempt {stalls:?}");
 }
 
+/// Restores `key` with `n` readers (tokens after `first_token`, the
+/// payload's header from `dump`, any lock's `DUMP`) whose leases all end
+/// together 10 s from now (far enough for a loaded machine to build and
+/// send the payload first) but the last reader's, an hour out; every
+/// holder restored, when read before that deadline (after it the ended
+/// leases are absent already). Returns the common deadline.
+fn restore_ending_together(
+    c: &mut Conn,
+    key: &str,
+    n: usize,
+    dump: &[u8],
+    first_token: u64,
+) -> u64 {
+    let (head, version) = dump_parts(dump);
+    let deadline = now_ms() + 10_000;
+    let holders: Vec<OldHolder> = (0..n)
+        .map(|i| OldHolder {
+            owner: format!("reader-{i}").into_bytes(),
+            holds: 1,
+            token: first_token + i as u64 + 1,
+            deadline: if i == n - 1 {
+                now_ms() + 3_600_000
+            } else {
+                deadline
+            },
+        })
+        .collect();
+    let body = old_lock_body(head, 2, 1, None, &holders);
+    c.cmdv(&[
+        b"RESTORE".to_vec(),
+        key.as_bytes().to_vec(),
+        b"0".to_vec(),
+        dump_with_footer(&body, version),
+    ])
+    .ok();
+    let restored = holders_of(c, key);
+    if now_ms() < deadline {
+        assert_eq!(restored, n);
+    }
+    deadline
+}
+
 fn holders_of(c: &mut Conn, key: &str) -> usize {
     c.lock_info(key).map_or(0, |i| i.holders.len())
 }
@@ -462,36 +504,8 @@ fn two_hundred_thousand_holders_keep_their_state_through_keyspace_commands_and_a
 
     // All but the last reader's leases end together: restored with one
     // deadline (grants would spread theirs).
-    let (head, version) = dump_parts(&payload);
     let first_token = c.read("t", "t", 3_600_000).int() as u64;
-    // Far enough for a loaded machine to build and send the payload first.
-    let deadline = now_ms() + 10_000;
-    let holders: Vec<OldHolder> = (0..n)
-        .map(|i| OldHolder {
-            owner: format!("reader-{i}").into_bytes(),
-            holds: 1,
-            token: first_token + i as u64 + 1,
-            deadline: if i == n - 1 {
-                now_ms() + 3_600_000
-            } else {
-                deadline
-            },
-        })
-        .collect();
-    let body = old_lock_body(head, 2, 1, None, &holders);
-    c.cmdv(&[
-        b"RESTORE".to_vec(),
-        b"expiring".to_vec(),
-        b"0".to_vec(),
-        dump_with_footer(&body, version),
-    ])
-    .ok();
-    // Every holder restored (read before the deadline: after it, the
-    // ended leases are absent already).
-    let restored = holders_of(&mut c, "expiring");
-    if now_ms() < deadline {
-        assert_eq!(restored, n);
-    }
+    let deadline = restore_ending_together(&mut c, "expiring", n, &payload, first_token);
     wait_until(Duration::from_secs(60), "every ended lease dropped", || {
         holders_of(&mut c, "expiring") == 1
     });
@@ -544,35 +558,7 @@ fn a_mass_expiry_of_two_hundred_thousand_readers_grants_the_waiting_writer_after
     // spread theirs); the payload's header from any lock's DUMP.
     let first_token = c.read("t", "t", 3_600_000).int() as u64;
     let like = c.cmd(&["DUMP", "t"]).bulk().to_vec();
-    let (head, version) = dump_parts(&like);
-    // Far enough for a loaded machine to build and send the payload first.
-    let deadline = now_ms() + 10_000;
-    let holders: Vec<OldHolder> = (0..n)
-        .map(|i| OldHolder {
-            owner: format!("reader-{i}").into_bytes(),
-            holds: 1,
-            token: first_token + i as u64 + 1,
-            deadline: if i == n - 1 {
-                now_ms() + 3_600_000
-            } else {
-                deadline
-            },
-        })
-        .collect();
-    let body = old_lock_body(head, 2, 1, None, &holders);
-    c.cmdv(&[
-        b"RESTORE".to_vec(),
-        b"mass".to_vec(),
-        b"0".to_vec(),
-        dump_with_footer(&body, version),
-    ])
-    .ok();
-    // Every holder restored (read before the deadline: after it, the
-    // ended leases are absent already).
-    let restored = holders_of(&mut c, "mass");
-    if now_ms() < deadline {
-        assert_eq!(restored, n);
-    }
+    let deadline = restore_ending_together(&mut c, "mass", n, &like, first_token);
     let expired_before: usize = c
         .info_field("lock", "lock_expired_leases")
         .parse()
