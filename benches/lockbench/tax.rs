@@ -51,6 +51,13 @@ fn writes_only() -> bool {
     std::env::var("LOCKBENCH_TAX_WRITES").is_ok_and(|v| !v.is_empty() && v != "0")
 }
 
+/// `LOCKBENCH_TAX_LOCKS=1` (with `--callgrind --only 11`): the second
+/// table alone, the lock commands quiet, busy and with 10,000 waiting
+/// (their dumps in `tax-busy/` and `tax-busy10k/`), for work on those rows.
+fn locks_only() -> bool {
+    std::env::var("LOCKBENCH_TAX_LOCKS").is_ok_and(|v| !v.is_empty() && v != "0")
+}
+
 /// The three servers of the tax table.
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum Side {
@@ -677,7 +684,9 @@ fn busy_rows(
         // (Not with `make bench-check`, which gates the busy rows alone.)
         if waiters == 1 && all && !writes_only {
             lock_rows(&mut p, "quiet", requests, rows)?;
-            write_rows_own(&mut p, "quiet-writes", requests, true, rows)?;
+            if !locks_only() {
+                write_rows_own(&mut p, "quiet-writes", requests, true, rows)?;
+            }
         }
         let keep = p.uninstrumented(|p| make_busy(p.port(), waiters))?;
         // Other clients' writes while locks are in use (not gated: a row
@@ -685,7 +694,7 @@ fn busy_rows(
         // never locks (the lock rows' locks in database 0 go with a
         // `FLUSHDB`, which leaves their names counted while other locks
         // exist: design.md, "Lock names, counted").
-        if all {
+        if all && !locks_only() {
             write_rows_own(&mut p, &format!("{tag}-writes"), requests, true, rows)?;
         }
         if !writes_only {
@@ -704,6 +713,10 @@ pub fn profile(dir: &Path, module: &Path, requests: usize, all: bool) -> io::Res
     if all && writes_only() {
         // The third table's busy columns alone (one waiter).
         floor_rows(dir, &profile::build_floor(dir)?, requests, &[1], &mut rows)?;
+        busy_rows(dir, module, requests, all, &mut rows)?;
+        return Ok(rows);
+    }
+    if all && locks_only() {
         busy_rows(dir, module, requests, all, &mut rows)?;
         return Ok(rows);
     }
