@@ -256,6 +256,15 @@ pub struct Profiled {
     /// Empty only the selected database between rows (`FLUSHDB`), keeping
     /// what other databases hold (section 11's busy server).
     pub flush_db_only: bool,
+    /// With `flush_db_only` on a server with a clock: after the flush, wait
+    /// (clocks running) until `INFO lock`'s `lock_name_filter_memory` reads
+    /// this again. A `FLUSHDB` that leaves locks in other databases starts
+    /// the name filter's rebuild (design.md, "Lock names, counted"), a
+    /// module timer's slices, which make no progress while the clocks stand
+    /// still: without the wait, whether a step ran with the rebuild under
+    /// way (every new name counted in two tables) depended on how far it
+    /// got before the freeze.
+    pub filter_at_rest: Option<u64>,
 }
 
 impl Profiled {
@@ -289,6 +298,7 @@ impl Profiled {
             pool,
             sha,
             flush_db_only: false,
+            filter_at_rest: None,
         })
     }
 
@@ -369,6 +379,30 @@ impl Profiled {
         out
     }
 
+    /// `INFO lock`'s `lock_name_filter_memory`.
+    pub fn filter_memory(&mut self) -> io::Result<u64> {
+        let got = self.c.try_info_field("lock", "lock_name_filter_memory")?;
+        got.parse()
+            .map_err(|_| io::Error::other(format!("lock_name_filter_memory: {got}")))
+    }
+
+    /// Waits until [`Profiled::filter_memory`] reads `want` ([`Profiled::filter_at_rest`]).
+    fn filter_settled(&mut self, want: u64) -> io::Result<()> {
+        let start = std::time::Instant::now();
+        loop {
+            let got = self.filter_memory()?;
+            if got == want {
+                return Ok(());
+            }
+            if start.elapsed() > std::time::Duration::from_secs(120) {
+                return Err(io::Error::other(format!(
+                    "the name filter's rebuild: lock_name_filter_memory {got}, not {want}, after 120 s"
+                )));
+            }
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+    }
+
     /// Steps 1 to 3 above for one command; instructions per request.
     pub fn measure(
         &mut self,
@@ -383,6 +417,9 @@ impl Profiled {
             false => b"FLUSHALL",
         };
         self.c.ok(&[flush, b"SYNC"])?;
+        if let Some(want) = self.filter_at_rest.filter(|_| self.server.has_clock()) {
+            self.filter_settled(want)?;
+        }
         // Held still from the keys' preparation on (a server with a clock):
         // a release's work then also depends on how many deadline slots the
         // grants it ends were filed in, which the requests decide alone.

@@ -17,7 +17,10 @@
 //! (`profile`'s rows): in database 1, one client waiting for a held lock,
 //! a shared lock whose readers' leases run out apart (a visit planned), and
 //! a grant bound to an open connection; the measured keys in database 0
-//! (emptied with `FLUSHDB`, not `FLUSHALL`, between rows). With the full
+//! (emptied with `FLUSHDB`, not `FLUSHALL`, between rows); the server's
+//! clocks held still in each measured step (`Profiled::start_frozen`: no
+//! time-driven work inside a step, whose wall time under valgrind follows
+//! the machine's load; periodic work is the at-rest rows'). With the full
 //! run, again with 10,000 clients waiting on 10,000 other keys; and other
 //! clients' writes on those servers beside the API's floor in the same
 //! shape (`floor_rows`: as many plain keys where the lock server holds
@@ -566,7 +569,9 @@ fn floor_rows(
             "--loadmodule".into(),
             format!("{} events-only", floor.display()),
         ]);
-        let mut p = Profiled::start(&opts)?;
+        // Its clocks held still in each measured step, as the lock
+        // server's beside it ([`busy_rows`]).
+        let mut p = Profiled::start_frozen(&opts)?;
         p.flush_db_only = true;
         if waiters == 1 && !writes_only() {
             write_rows(&mut p, "floor-quiet-writes", requests, rows)?;
@@ -679,8 +684,16 @@ fn busy_rows(
         fs::create_dir_all(&sub)?;
         let mut opts = profile::options(Some(module), sub);
         opts.extra.extend(["--maxclients".into(), "12000".into()]);
-        let mut p = Profiled::start(&opts)?;
+        // The server's clocks held still in each measured step
+        // ([`Profiled::start_frozen`]), quiet and busy alike: the shape's
+        // state is what it was (a reader's lease running, clients
+        // waiting), but nothing that depends on the step's wall time,
+        // which under valgrind follows the machine's load, changes within
+        // it (a hold time's histogram bucket, the allocator's decay, the
+        // module's timers and Redis's cron, which only run between steps).
+        let mut p = Profiled::start_frozen(&opts)?;
         p.flush_db_only = true;
+        p.filter_at_rest = Some(p.filter_memory()?);
         // (Not with `make bench-check`, which gates the busy rows alone.)
         if waiters == 1 && all && !writes_only {
             lock_rows(&mut p, "quiet", requests, rows)?;
@@ -689,6 +702,7 @@ fn busy_rows(
             }
         }
         let keep = p.uninstrumented(|p| make_busy(p.port(), waiters))?;
+        p.filter_at_rest = Some(p.filter_memory()?);
         // Other clients' writes while locks are in use (not gated: a row
         // of `make bench-check` is `busy:`), first: on names that were
         // never locks (the lock rows' locks in database 0 go with a
@@ -806,7 +820,7 @@ pub fn callgrind_table(runs: &[Vec<Row>], requests: usize) -> String {
         }
     }
     s.push_str(&format!(
-        "\n#### Lock commands on a quiet server and on a busy one ({requests} requests each, `hz 1`)\n\nBoth on one server, the measured keys in database 0 (`FLUSHDB` between rows): quiet first, then busy, with in database 1 one client waiting for a held lock, a shared lock whose two readers' leases run out apart (its visit planned), a grant bound to an open connection. The 10,000 waiters (on 10,000 keys) on a second server.\n\n"
+        "\n#### Lock commands on a quiet server and on a busy one ({requests} requests each, `hz 1`, the clocks held still in each step)\n\nBoth on one server, the measured keys in database 0 (`FLUSHDB` between rows): quiet first, then busy, with in database 1 one client waiting for a held lock, a shared lock whose two readers' leases run out apart (its visit planned), a grant bound to an open connection. The 10,000 waiters (on 10,000 keys) on a second server.\n\n"
     ));
     let many = !get(&format!("busy10k:{}", Op::Acquire.short())).is_nan();
     s.push_str("| command | quiet | busy | ratio |");
