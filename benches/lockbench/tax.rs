@@ -573,6 +573,7 @@ fn floor_rows(
         // server's beside it ([`busy_rows`]).
         let mut p = Profiled::start_frozen(&opts)?;
         p.flush_db_only = true;
+        p.settle = true;
         if waiters == 1 && !writes_only() {
             write_rows(&mut p, "floor-quiet-writes", requests, rows)?;
         }
@@ -693,6 +694,7 @@ fn busy_rows(
         // module's timers and Redis's cron, which only run between steps).
         let mut p = Profiled::start_frozen(&opts)?;
         p.flush_db_only = true;
+        p.settle = true;
         p.filter_at_rest = Some(p.filter_memory()?);
         // (Not with `make bench-check`, which gates the busy rows alone.)
         if waiters == 1 && all && !writes_only {
