@@ -417,6 +417,20 @@ impl Profiled {
             std::thread::sleep(std::time::Duration::from_millis(20));
         }
         std::thread::sleep(CRON_PASS);
+        // The pages the allocator would return to the system over the
+        // next seconds (its decay, by elapsed time), returned now.
+        self.c.ok(&[b"MEMORY", b"PURGE"])?;
+        Ok(())
+    }
+
+    /// After a shape is built beside the measured keys (connections opened,
+    /// clients waiting), with the clocks running: its clients idle for longer
+    /// than Redis's 2 s and a cron pass over them (their query buffers freed,
+    /// their reply buffers shrunk, 16 KiB each), so that the first rows
+    /// after it do not start from what the cron does to 10,000 new clients.
+    pub fn settle_shape(&mut self) -> io::Result<()> {
+        std::thread::sleep(std::time::Duration::from_secs(2) + 2 * CRON_PASS);
+        self.c.ok(&[b"MEMORY", b"PURGE"])?;
         Ok(())
     }
 

@@ -578,6 +578,7 @@ fn floor_rows(
             write_rows(&mut p, "floor-quiet-writes", requests, rows)?;
         }
         let keep = p.uninstrumented(|p| make_plain_busy(p.port(), waiters))?;
+        p.settle_shape()?;
         write_rows(&mut p, &format!("floor-{tag}-writes"), requests, rows)?;
         drop(keep);
     }
@@ -704,6 +705,7 @@ fn busy_rows(
             }
         }
         let keep = p.uninstrumented(|p| make_busy(p.port(), waiters))?;
+        p.settle_shape()?;
         p.filter_at_rest = Some(p.filter_memory()?);
         // Other clients' writes while locks are in use (not gated: a row
         // of `make bench-check` is `busy:`), first: on names that were
