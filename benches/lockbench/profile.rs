@@ -256,7 +256,23 @@ pub struct Profiled {
     /// Empty only the selected database between rows (`FLUSHDB`), keeping
     /// what other databases hold (section 11's busy server).
     pub flush_db_only: bool,
+    /// On a server with a clock, before each step's freeze: let the
+    /// clocks run until the server's time-driven work is done, as between
+    /// a native run's rows ([`Profiled::settle`]). Section 11's servers.
+    pub settle: bool,
+    /// With `settle`: `INFO lock`'s `lock_name_filter_memory` at rest, which
+    /// it must read again. A `FLUSHDB` that leaves locks in other databases
+    /// starts the name filter's rebuild (design.md, "Lock names, counted"),
+    /// a module timer's slices, which make no progress while the clocks
+    /// stand still: without the wait, whether a step ran with the rebuild
+    /// under way (every new name counted in two tables) depended on how far
+    /// it got before the freeze.
+    pub filter_at_rest: Option<u64>,
 }
+
+/// [`Profiled::settle`]'s wait with the clocks running: more than one cron
+/// period at [`extra_config`]'s `hz 1`.
+const CRON_PASS: std::time::Duration = std::time::Duration::from_millis(1500);
 
 impl Profiled {
     pub fn start(opts: &Options) -> io::Result<Profiled> {
@@ -289,6 +305,8 @@ impl Profiled {
             pool,
             sha,
             flush_db_only: false,
+            settle: false,
+            filter_at_rest: None,
         })
     }
 
@@ -369,6 +387,53 @@ impl Profiled {
         out
     }
 
+    /// `INFO lock`'s `lock_name_filter_memory`.
+    pub fn filter_memory(&mut self) -> io::Result<u64> {
+        let got = self.c.try_info_field("lock", "lock_name_filter_memory")?;
+        got.parse()
+            .map_err(|_| io::Error::other(format!("lock_name_filter_memory: {got}")))
+    }
+
+    /// With the clocks running, waits until the name filter's rebuild is
+    /// done ([`Profiled::filter_at_rest`]), then for a pass of the cron
+    /// ([`CRON_PASS`]): the cron's pass over every client (all of them once
+    /// a second at `hz 1`) resizes their buffers, and the allocator's
+    /// caches a step starts from depended on how long ago it ran (with
+    /// 10,000 clients waiting, +0.3% to +3% on the grants between runs
+    /// without it: jemalloc refilling its thread cache 8,000 to 12,000
+    /// times a step where 2,200 did with the clocks running).
+    fn settle(&mut self) -> io::Result<()> {
+        let start = std::time::Instant::now();
+        while let Some(want) = self.filter_at_rest {
+            let got = self.filter_memory()?;
+            if got == want {
+                break;
+            }
+            if start.elapsed() > std::time::Duration::from_secs(120) {
+                return Err(io::Error::other(format!(
+                    "the name filter's rebuild: lock_name_filter_memory {got}, not {want}, after 120 s"
+                )));
+            }
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+        std::thread::sleep(CRON_PASS);
+        // The pages the allocator would return to the system over the
+        // next seconds (its decay, by elapsed time), returned now.
+        self.c.ok(&[b"MEMORY", b"PURGE"])?;
+        Ok(())
+    }
+
+    /// After a shape is built beside the measured keys (connections opened,
+    /// clients waiting), with the clocks running: its clients idle for longer
+    /// than Redis's 2 s and a cron pass over them (their query buffers freed,
+    /// their reply buffers shrunk, 16 KiB each), so that the first rows
+    /// after it do not start from what the cron does to 10,000 new clients.
+    pub fn settle_shape(&mut self) -> io::Result<()> {
+        std::thread::sleep(std::time::Duration::from_secs(2) + 2 * CRON_PASS);
+        self.c.ok(&[b"MEMORY", b"PURGE"])?;
+        Ok(())
+    }
+
     /// Steps 1 to 3 above for one command; instructions per request.
     pub fn measure(
         &mut self,
@@ -383,6 +448,9 @@ impl Profiled {
             false => b"FLUSHALL",
         };
         self.c.ok(&[flush, b"SYNC"])?;
+        if self.settle && self.server.has_clock() {
+            self.settle()?;
+        }
         // Held still from the keys' preparation on (a server with a clock):
         // a release's work then also depends on how many deadline slots the
         // grants it ends were filed in, which the requests decide alone.

@@ -17,7 +17,10 @@
 //! (`profile`'s rows): in database 1, one client waiting for a held lock,
 //! a shared lock whose readers' leases run out apart (a visit planned), and
 //! a grant bound to an open connection; the measured keys in database 0
-//! (emptied with `FLUSHDB`, not `FLUSHALL`, between rows). With the full
+//! (emptied with `FLUSHDB`, not `FLUSHALL`, between rows); the server's
+//! clocks held still in each measured step (`Profiled::start_frozen`: no
+//! time-driven work inside a step, whose wall time under valgrind follows
+//! the machine's load; periodic work is the at-rest rows'). With the full
 //! run, again with 10,000 clients waiting on 10,000 other keys; and other
 //! clients' writes on those servers beside the API's floor in the same
 //! shape (`floor_rows`: as many plain keys where the lock server holds
@@ -49,6 +52,13 @@ const MANY_WAITERS: usize = 10_000;
 /// few minutes, for work on that path.
 fn writes_only() -> bool {
     std::env::var("LOCKBENCH_TAX_WRITES").is_ok_and(|v| !v.is_empty() && v != "0")
+}
+
+/// `LOCKBENCH_TAX_LOCKS=1` (with `--callgrind --only 11`): the second
+/// table alone, the lock commands quiet, busy and with 10,000 waiting
+/// (their dumps in `tax-busy/` and `tax-busy10k/`), for work on those rows.
+fn locks_only() -> bool {
+    std::env::var("LOCKBENCH_TAX_LOCKS").is_ok_and(|v| !v.is_empty() && v != "0")
 }
 
 /// The three servers of the tax table.
@@ -559,12 +569,16 @@ fn floor_rows(
             "--loadmodule".into(),
             format!("{} events-only", floor.display()),
         ]);
-        let mut p = Profiled::start(&opts)?;
+        // Its clocks held still in each measured step, as the lock
+        // server's beside it ([`busy_rows`]).
+        let mut p = Profiled::start_frozen(&opts)?;
         p.flush_db_only = true;
+        p.settle = true;
         if waiters == 1 && !writes_only() {
             write_rows(&mut p, "floor-quiet-writes", requests, rows)?;
         }
         let keep = p.uninstrumented(|p| make_plain_busy(p.port(), waiters))?;
+        p.settle_shape()?;
         write_rows(&mut p, &format!("floor-{tag}-writes"), requests, rows)?;
         drop(keep);
     }
@@ -672,20 +686,33 @@ fn busy_rows(
         fs::create_dir_all(&sub)?;
         let mut opts = profile::options(Some(module), sub);
         opts.extra.extend(["--maxclients".into(), "12000".into()]);
-        let mut p = Profiled::start(&opts)?;
+        // The server's clocks held still in each measured step
+        // ([`Profiled::start_frozen`]), quiet and busy alike: the shape's
+        // state is what it was (a reader's lease running, clients
+        // waiting), but nothing that depends on the step's wall time,
+        // which under valgrind follows the machine's load, changes within
+        // it (a hold time's histogram bucket, the allocator's decay, the
+        // module's timers and Redis's cron, which only run between steps).
+        let mut p = Profiled::start_frozen(&opts)?;
         p.flush_db_only = true;
+        p.settle = true;
+        p.filter_at_rest = Some(p.filter_memory()?);
         // (Not with `make bench-check`, which gates the busy rows alone.)
         if waiters == 1 && all && !writes_only {
             lock_rows(&mut p, "quiet", requests, rows)?;
-            write_rows_own(&mut p, "quiet-writes", requests, true, rows)?;
+            if !locks_only() {
+                write_rows_own(&mut p, "quiet-writes", requests, true, rows)?;
+            }
         }
         let keep = p.uninstrumented(|p| make_busy(p.port(), waiters))?;
+        p.settle_shape()?;
+        p.filter_at_rest = Some(p.filter_memory()?);
         // Other clients' writes while locks are in use (not gated: a row
         // of `make bench-check` is `busy:`), first: on names that were
         // never locks (the lock rows' locks in database 0 go with a
         // `FLUSHDB`, which leaves their names counted while other locks
         // exist: design.md, "Lock names, counted").
-        if all {
+        if all && !locks_only() {
             write_rows_own(&mut p, &format!("{tag}-writes"), requests, true, rows)?;
         }
         if !writes_only {
@@ -704,6 +731,10 @@ pub fn profile(dir: &Path, module: &Path, requests: usize, all: bool) -> io::Res
     if all && writes_only() {
         // The third table's busy columns alone (one waiter).
         floor_rows(dir, &profile::build_floor(dir)?, requests, &[1], &mut rows)?;
+        busy_rows(dir, module, requests, all, &mut rows)?;
+        return Ok(rows);
+    }
+    if all && locks_only() {
         busy_rows(dir, module, requests, all, &mut rows)?;
         return Ok(rows);
     }
@@ -793,7 +824,7 @@ pub fn callgrind_table(runs: &[Vec<Row>], requests: usize) -> String {
         }
     }
     s.push_str(&format!(
-        "\n#### Lock commands on a quiet server and on a busy one ({requests} requests each, `hz 1`)\n\nBoth on one server, the measured keys in database 0 (`FLUSHDB` between rows): quiet first, then busy, with in database 1 one client waiting for a held lock, a shared lock whose two readers' leases run out apart (its visit planned), a grant bound to an open connection. The 10,000 waiters (on 10,000 keys) on a second server.\n\n"
+        "\n#### Lock commands on a quiet server and on a busy one ({requests} requests each, `hz 1`, the clocks held still in each step)\n\nBoth on one server, the measured keys in database 0 (`FLUSHDB` between rows): quiet first, then busy, with in database 1 one client waiting for a held lock, a shared lock whose two readers' leases run out apart (its visit planned), a grant bound to an open connection. The 10,000 waiters (on 10,000 keys) on a second server.\n\n"
     ));
     let many = !get(&format!("busy10k:{}", Op::Acquire.short())).is_nan();
     s.push_str("| command | quiet | busy | ratio |");
