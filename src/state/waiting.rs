@@ -724,7 +724,15 @@ struct Numbers {
     key_name: Vec<DbKey>,
     key_queue: Vec<Compact<Queued>>,
     free_keys: Vec<u32>,
-    owner_of: Sharded<Owner, u32, Keyed>,
+    /// Each waiting owner's slot by its name's hash ([`owner_hash`]): the
+    /// name itself kept once, in `owner_name` (an owner that waits is not
+    /// copied twice, nor freed twice when it leaves); the slots of names
+    /// of one hash chained through `owner_same`.
+    owner_of: Sharded<u64, u32, Keyed>,
+    /// The next slot whose name has the same hash ([`NO_SLOT`]: none).
+    owner_same: Vec<u32>,
+    /// How many owners have a number.
+    owners: usize,
     owner_generation: Vec<u32>,
     owner_name: Vec<Owner>,
     /// The next sequence number among each owner's requests.
@@ -733,6 +741,15 @@ struct Numbers {
     /// Each owner's waiters.
     owner_waiters: Vec<usize>,
     free_owners: Vec<u32>,
+}
+
+/// The end of a chain of [`Numbers::owner_same`].
+const NO_SLOT: u32 = u32::MAX;
+
+/// The hash [`Numbers::owner_of`] files an owner's name under.
+fn owner_hash(owner: &[u8]) -> u64 {
+    use std::hash::BuildHasher;
+    Keyed::default().hash_one(owner)
 }
 
 /// Whether `number` is the number of slot `slot` of `generations` now.
@@ -791,10 +808,58 @@ impl Numbers {
         }
     }
 
+    /// The slot of `owner`, if it has a number.
+    fn owner_slot(&self, owner: &[u8]) -> Option<usize> {
+        self.slot_filed(owner, owner_hash(owner))
+    }
+
+    /// The slot of `owner`, filed under `hash`.
+    fn slot_filed(&self, owner: &[u8], hash: u64) -> Option<usize> {
+        let mut slot = *self.owner_of.get(&hash)? as usize;
+        loop {
+            if self.owner_name.get(slot).is_some_and(|n| **n == *owner) {
+                return Some(slot);
+            }
+            slot = *self.owner_same.get(slot)? as usize;
+        }
+    }
+
+    /// Files slot `slot` under `hash` (at the head of its chain).
+    fn file_owner(&mut self, slot: usize, hash: u64) {
+        let head = self.owner_of.insert(hash, slot as u32).unwrap_or(NO_SLOT);
+        if let Some(same) = self.owner_same.get_mut(slot) {
+            *same = head;
+        }
+    }
+
+    /// Takes slot `slot` out of `hash`'s chain.
+    fn unfile_owner(&mut self, slot: usize, hash: u64) {
+        let next = self.owner_same.get(slot).copied().unwrap_or(NO_SLOT);
+        let Some(&head) = self.owner_of.get(&hash) else {
+            return;
+        };
+        if head as usize == slot {
+            match next {
+                NO_SLOT => self.owner_of.remove(&hash),
+                next => self.owner_of.insert(hash, next),
+            };
+        } else {
+            let mut at = head as usize;
+            while let Some(&after) = self.owner_same.get(at) {
+                if after as usize == slot {
+                    if let Some(a) = self.owner_same.get_mut(at) {
+                        *a = next;
+                    }
+                    break;
+                }
+                at = after as usize;
+            }
+        }
+    }
+
     /// `owner`'s number, given now if it has none, with one more waiter.
     fn owner_waits(&mut self, owner: &Owner) -> u64 {
-        if let Some(slot) = self.owner_of.get(owner) {
-            let slot = *slot as usize;
+        if let Some(slot) = self.owner_slot(owner) {
             if let (Some(w), Some(g)) = (
                 self.owner_waiters.get_mut(slot),
                 self.owner_generation.get(slot),
@@ -808,14 +873,16 @@ impl Numbers {
             Some(slot) => slot as usize,
             None => {
                 self.owner_generation.push(0);
-                self.owner_name.push(owner.clone());
+                // (Named below: an empty name allocates nothing.)
+                self.owner_name.push(Owner::default());
+                self.owner_same.push(NO_SLOT);
                 self.owner_next.push(0);
                 self.owner_requests.push(Compact::default());
                 self.owner_waiters.push(0);
                 self.owner_name.len() - 1
             }
         };
-        let (Some(g), Some(name), Some(w)) = (
+        let (Some(&g), Some(name), Some(w)) = (
             self.owner_generation.get(slot),
             self.owner_name.get_mut(slot),
             self.owner_waiters.get_mut(slot),
@@ -824,15 +891,16 @@ impl Numbers {
         };
         *name = owner.clone();
         *w = 1;
-        self.owner_of.insert(owner.clone(), slot as u32);
-        number(slot, *g)
+        self.file_owner(slot, owner_hash(owner));
+        self.owners += 1;
+        number(slot, g)
     }
 
     /// The slot of `owner` (its `number` when right, else its bytes).
     fn owner_slot_by(&self, owner: &[u8], number: u64) -> Option<usize> {
         match is_now(&self.owner_generation, number) {
             true => Some(slot_of(number)),
-            false => self.owner_of.get(owner).map(|s| *s as usize),
+            false => self.owner_slot(owner),
         }
     }
 
@@ -915,9 +983,10 @@ impl Numbers {
             if let Some(g) = self.owner_generation.get_mut(slot) {
                 *g = g.wrapping_add(1);
             }
-            let name = self.owner_name.get_mut(slot).map(std::mem::take);
-            if let Some(slot) = name.and_then(|n| self.owner_of.remove(&n)) {
-                self.free_owners.push(slot);
+            if let Some(name) = self.owner_name.get_mut(slot).map(std::mem::take) {
+                self.unfile_owner(slot, owner_hash(&name));
+                self.owners = self.owners.saturating_sub(1);
+                self.free_owners.push(slot as u32);
             }
         }
     }
@@ -1736,10 +1805,7 @@ pub fn number_and_end(key: &DbKey) -> (u64, u64) {
 /// queue, each owner with a request waiting).
 pub fn numbered() -> (usize, usize) {
     let registry = registry();
-    (
-        registry.numbers.key_of.len(),
-        registry.numbers.owner_of.len(),
-    )
+    (registry.numbers.key_of.len(), registry.numbers.owners)
 }
 
 /// Whether anybody's waiting request can depend on `owner`: it waits
@@ -1750,7 +1816,7 @@ pub fn numbered() -> (usize, usize) {
 pub fn may_be_waited_for(owner: &[u8]) -> bool {
     let registry = registry();
     !registry.unsure.is_empty()
-        || registry.numbers.owner_of.contains_key(owner)
+        || registry.numbers.owner_slot(owner).is_some()
         || registry.holds_waited.contains_key(owner)
 }
 
@@ -2167,5 +2233,44 @@ mod tests {
         drop(held);
         assert_eq!(answer, Ok(None), "answered at once, without the count");
         assert_eq!(total(), Some(0));
+    }
+
+    /// Owners whose names share a hash are each found by name, and each
+    /// taken out of the chain leaves the others found, whatever its place
+    /// in it (head, middle, last).
+    #[test]
+    fn owners_of_one_hash_are_each_found_and_unfiled() {
+        let mut numbers = Numbers::default();
+        let names: Vec<Owner> = (0..4)
+            .map(|i| format!("o{i}").into_bytes().into())
+            .collect();
+        let slots: Vec<usize> = names
+            .iter()
+            .map(|n| slot_of(numbers.owner_waits(n)))
+            .collect();
+        assert_eq!(numbers.owners, 4);
+        // All filed again under one hash: one chain.
+        const ONE: u64 = 7;
+        for (n, s) in names.iter().zip(&slots) {
+            assert_eq!(numbers.owner_slot(n), Some(*s));
+            numbers.unfile_owner(*s, owner_hash(n));
+            assert_eq!(numbers.owner_slot(n), None);
+            numbers.file_owner(*s, ONE);
+        }
+        let found = |numbers: &Numbers| -> Vec<Option<usize>> {
+            names.iter().map(|n| numbers.slot_filed(n, ONE)).collect()
+        };
+        let all: Vec<Option<usize>> = slots.iter().map(|s| Some(*s)).collect();
+        assert_eq!(found(&numbers), all);
+        assert_eq!(numbers.slot_filed(b"o9", ONE), None);
+        // The chain is o3, o2, o1, o0: out go a middle one, the last, the head.
+        let mut left = all.clone();
+        for i in [2, 0, 3] {
+            numbers.unfile_owner(slots[i], ONE);
+            left[i] = None;
+            assert_eq!(found(&numbers), left, "after unfiling o{i}");
+        }
+        numbers.unfile_owner(slots[1], ONE);
+        assert!(numbers.owner_of.is_empty());
     }
 }
