@@ -55,13 +55,13 @@ pub type WaiterId = usize;
 struct Blocked {
     handle: *mut raw::RedisModuleBlockedClient,
     /// Its key, or a multi-key request's keys in the order given (filed).
-    keys: Vec<DbKey>,
+    keys: Few<DbKey>,
     /// Its place in each key's queue, as `keys` (set when it queues; a
     /// place never changes while it waits): the deadlock search reads them
     /// without a look at each queue.
-    places: Vec<u64>,
+    places: Few<u64>,
     /// Each key's number, as `keys` ([`Numbers`]).
-    numbers: Vec<u64>,
+    numbers: Few<u64>,
     /// Its owner's number, and the sequence number of its first request
     /// among the owner's ([`Numbers`]).
     owner_number: u64,
@@ -75,6 +75,58 @@ struct Blocked {
     bind: Option<ClientId>,
     /// When it started waiting (unix ms).
     since: u64,
+}
+
+/// One value, or a multi-key request's several: a single-key waiter's key,
+/// place and number kept in place, not each in an array of its own (three
+/// allocations made at its `WAIT` and freed at its answer, about 140
+/// instructions each to free).
+enum Few<T> {
+    One(T),
+    Many(Vec<T>),
+}
+
+impl<T> std::ops::Deref for Few<T> {
+    type Target = [T];
+    fn deref(&self) -> &[T] {
+        match self {
+            Few::One(one) => std::slice::from_ref(one),
+            Few::Many(many) => many,
+        }
+    }
+}
+
+impl<'a, T> IntoIterator for &'a Few<T> {
+    type Item = &'a T;
+    type IntoIter = std::slice::Iter<'a, T>;
+    fn into_iter(self) -> Self::IntoIter {
+        self.iter()
+    }
+}
+
+impl<T> FromIterator<T> for Few<T> {
+    fn from_iter<I: IntoIterator<Item = T>>(iter: I) -> Few<T> {
+        let mut iter = iter.into_iter();
+        let Some(first) = iter.next() else {
+            return Few::Many(Vec::new());
+        };
+        let Some(second) = iter.next() else {
+            return Few::One(first);
+        };
+        let mut many = vec![first, second];
+        many.extend(iter);
+        Few::Many(many)
+    }
+}
+
+impl<T> Few<T> {
+    /// The first value, if any.
+    fn into_first(self) -> Option<T> {
+        match self {
+            Few::One(one) => Some(one),
+            Few::Many(many) => many.into_iter().next(),
+        }
+    }
 }
 
 /// A grant to end at the key's next visit, all its holds at once: its
@@ -313,13 +365,26 @@ impl Registry {
     /// not alone are returned in `left`, to be visited (it may have held
     /// back the requests behind it).
     fn take(&mut self, id: WaiterId, left: &mut Vec<DbKey>) -> Option<Blocked> {
+        self.take_but(id, left, None)
+    }
+
+    /// [`Registry::take`], the waiter's timeout entry on key `popped`
+    /// already taken out ([`Registry::pop_due`]).
+    fn take_but(
+        &mut self,
+        id: WaiterId,
+        left: &mut Vec<DbKey>,
+        popped: Option<&DbKey>,
+    ) -> Option<Blocked> {
         let blocked = self.waiters.remove(&id)?;
         self.numbers.left(id, &blocked);
         for key in &blocked.keys {
-            if let (Some(at), Some(t)) = (blocked.deadline, self.timeouts.get_mut(key)) {
-                t.remove(&(at, id));
-                if t.is_empty() {
-                    self.timeouts.remove(key);
+            if let (Some(at), false) = (blocked.deadline, popped == Some(key)) {
+                if let Some(t) = self.timeouts.get_mut(key) {
+                    t.remove(&(at, id));
+                    if t.is_empty() {
+                        self.timeouts.remove(key);
+                    }
                 }
             }
             if let Some(queue) = self.queues.get_mut(key) {
@@ -345,6 +410,32 @@ impl Registry {
             sessions::drop_waiter(blocked.request.session, id);
         }
         Some(blocked)
+    }
+
+    /// Takes out of `key`'s timeouts the first entries due at `now`, at
+    /// most `most` (and `due`'s length), into `due` (earliest first, as
+    /// they were): how many. One look-up of the key for them all, each the
+    /// first of its set.
+    fn pop_due(&mut self, key: &DbKey, now: u64, most: usize, due: &mut [WaiterId]) -> usize {
+        let Some(t) = self.timeouts.get_mut(key) else {
+            return 0;
+        };
+        let mut n = 0;
+        for slot in due.iter_mut().take(most) {
+            match t.first() {
+                Some(&(at, _)) if at <= now => {}
+                _ => break,
+            }
+            let Some((_, id)) = t.pop_first() else {
+                break;
+            };
+            *slot = id;
+            n += 1;
+        }
+        if t.is_empty() {
+            self.timeouts.remove(key);
+        }
+        n
     }
 }
 
@@ -547,6 +638,16 @@ impl<T: Entry> Compact<T> {
         }
     }
 
+    /// Drops every entry; a small array is kept for the slot's next use
+    /// (an owner that waited once: no free now, no allocation then).
+    fn empty(&mut self) {
+        match self.all.capacity() <= KEPT_ENTRIES {
+            true => self.all.clear(),
+            false => self.all = Vec::new(),
+        }
+        self.dead = 0;
+    }
+
     /// The live entries from sequence number `seq` on.
     fn live_from(&self, seq: u64) -> impl Iterator<Item = &T> + '_ {
         self.all
@@ -556,6 +657,9 @@ impl<T: Entry> Compact<T> {
             .filter(|e| !e.dead())
     }
 }
+
+/// The most entries a [`Compact`] emptied keeps room for.
+const KEPT_ENTRIES: usize = 4;
 
 /// A request in a key's queue as the search reads it: its place, its
 /// owner's number, what it asks.
@@ -620,7 +724,15 @@ struct Numbers {
     key_name: Vec<DbKey>,
     key_queue: Vec<Compact<Queued>>,
     free_keys: Vec<u32>,
-    owner_of: Sharded<Owner, u32, Keyed>,
+    /// Each waiting owner's slot by its name's hash ([`owner_hash`]): the
+    /// name itself kept once, in `owner_name` (an owner that waits is not
+    /// copied twice, nor freed twice when it leaves); the slots of names
+    /// of one hash chained through `owner_same`.
+    owner_of: Sharded<u64, u32, Keyed>,
+    /// The next slot whose name has the same hash ([`NO_SLOT`]: none).
+    owner_same: Vec<u32>,
+    /// How many owners have a number.
+    owners: usize,
     owner_generation: Vec<u32>,
     owner_name: Vec<Owner>,
     /// The next sequence number among each owner's requests.
@@ -629,6 +741,15 @@ struct Numbers {
     /// Each owner's waiters.
     owner_waiters: Vec<usize>,
     free_owners: Vec<u32>,
+}
+
+/// The end of a chain of [`Numbers::owner_same`].
+const NO_SLOT: u32 = u32::MAX;
+
+/// The hash [`Numbers::owner_of`] files an owner's name under.
+fn owner_hash(owner: &[u8]) -> u64 {
+    use std::hash::BuildHasher;
+    Keyed::default().hash_one(owner)
 }
 
 /// Whether `number` is the number of slot `slot` of `generations` now.
@@ -687,10 +808,58 @@ impl Numbers {
         }
     }
 
+    /// The slot of `owner`, if it has a number.
+    fn owner_slot(&self, owner: &[u8]) -> Option<usize> {
+        self.slot_filed(owner, owner_hash(owner))
+    }
+
+    /// The slot of `owner`, filed under `hash`.
+    fn slot_filed(&self, owner: &[u8], hash: u64) -> Option<usize> {
+        let mut slot = *self.owner_of.get(&hash)? as usize;
+        loop {
+            if self.owner_name.get(slot).is_some_and(|n| **n == *owner) {
+                return Some(slot);
+            }
+            slot = *self.owner_same.get(slot)? as usize;
+        }
+    }
+
+    /// Files slot `slot` under `hash` (at the head of its chain).
+    fn file_owner(&mut self, slot: usize, hash: u64) {
+        let head = self.owner_of.insert(hash, slot as u32).unwrap_or(NO_SLOT);
+        if let Some(same) = self.owner_same.get_mut(slot) {
+            *same = head;
+        }
+    }
+
+    /// Takes slot `slot` out of `hash`'s chain.
+    fn unfile_owner(&mut self, slot: usize, hash: u64) {
+        let next = self.owner_same.get(slot).copied().unwrap_or(NO_SLOT);
+        let Some(&head) = self.owner_of.get(&hash) else {
+            return;
+        };
+        if head as usize == slot {
+            match next {
+                NO_SLOT => self.owner_of.remove(&hash),
+                next => self.owner_of.insert(hash, next),
+            };
+        } else {
+            let mut at = head as usize;
+            while let Some(&after) = self.owner_same.get(at) {
+                if after as usize == slot {
+                    if let Some(a) = self.owner_same.get_mut(at) {
+                        *a = next;
+                    }
+                    break;
+                }
+                at = after as usize;
+            }
+        }
+    }
+
     /// `owner`'s number, given now if it has none, with one more waiter.
     fn owner_waits(&mut self, owner: &Owner) -> u64 {
-        if let Some(slot) = self.owner_of.get(owner) {
-            let slot = *slot as usize;
+        if let Some(slot) = self.owner_slot(owner) {
             if let (Some(w), Some(g)) = (
                 self.owner_waiters.get_mut(slot),
                 self.owner_generation.get(slot),
@@ -704,14 +873,16 @@ impl Numbers {
             Some(slot) => slot as usize,
             None => {
                 self.owner_generation.push(0);
-                self.owner_name.push(owner.clone());
+                // (Named below: an empty name allocates nothing.)
+                self.owner_name.push(Owner::default());
+                self.owner_same.push(NO_SLOT);
                 self.owner_next.push(0);
                 self.owner_requests.push(Compact::default());
                 self.owner_waiters.push(0);
                 self.owner_name.len() - 1
             }
         };
-        let (Some(g), Some(name), Some(w)) = (
+        let (Some(&g), Some(name), Some(w)) = (
             self.owner_generation.get(slot),
             self.owner_name.get_mut(slot),
             self.owner_waiters.get_mut(slot),
@@ -720,15 +891,16 @@ impl Numbers {
         };
         *name = owner.clone();
         *w = 1;
-        self.owner_of.insert(owner.clone(), slot as u32);
-        number(slot, *g)
+        self.file_owner(slot, owner_hash(owner));
+        self.owners += 1;
+        number(slot, g)
     }
 
     /// The slot of `owner` (its `number` when right, else its bytes).
     fn owner_slot_by(&self, owner: &[u8], number: u64) -> Option<usize> {
         match is_now(&self.owner_generation, number) {
             true => Some(slot_of(number)),
-            false => self.owner_of.get(owner).map(|s| *s as usize),
+            false => self.owner_slot(owner),
         }
     }
 
@@ -807,13 +979,14 @@ impl Numbers {
         requests.kill_from(blocked.own_seq, |r| r.waiter == id);
         *waiters = waiters.saturating_sub(1);
         if *waiters == 0 {
-            *requests = Compact::default();
+            requests.empty();
             if let Some(g) = self.owner_generation.get_mut(slot) {
                 *g = g.wrapping_add(1);
             }
-            let name = self.owner_name.get_mut(slot).map(std::mem::take);
-            if let Some(slot) = name.and_then(|n| self.owner_of.remove(&n)) {
-                self.free_owners.push(slot);
+            if let Some(name) = self.owner_name.get_mut(slot).map(std::mem::take) {
+                self.unfile_owner(slot, owner_hash(&name));
+                self.owners = self.owners.saturating_sub(1);
+                self.free_owners.push(slot as u32);
             }
         }
     }
@@ -1039,8 +1212,8 @@ fn block_on(
         Blocked {
             handle,
             keys: filed,
-            places: Vec::new(),
-            numbers: Vec::new(),
+            places: Few::Many(Vec::new()),
+            numbers: Few::Many(Vec::new()),
             owner_number: NO_NUMBER,
             own_seq: 0,
             request,
@@ -1073,17 +1246,6 @@ const TIMEOUTS_PER_VISIT: usize = 32;
 /// How many timeouts are answered between two looks at the clock in a
 /// tick.
 const TIMEOUTS_PER_LOOK: usize = 16;
-
-/// Drops a timeout entry whose waiter is gone (never expected: `take`
-/// removes both together).
-fn forget_timeout(registry: &mut Registry, key: &DbKey, id: WaiterId) {
-    if let Some(t) = registry.timeouts.get_mut(key) {
-        t.retain(|(_, w)| *w != id);
-        if t.is_empty() {
-            registry.timeouts.remove(key);
-        }
-    }
-}
 
 /// What a key's queue needs after [`answer_waiters`].
 pub struct Pending {
@@ -1215,29 +1377,28 @@ fn answer_queued(ctx: &Context, name: Str<'_>, txn: &mut Txn) -> Pending {
     let in_turn = crate::time::clock::in_turn();
     let mut left = Vec::new();
     let mut answered = 0;
+    // Taken out of the key's timeouts a look's worth at a time (one
+    // look-up of the key), each then out of the registry and answered.
+    let mut due = [0; TIMEOUTS_PER_LOOK];
     loop {
-        if answered % TIMEOUTS_PER_LOOK == 0 && answered > 0 && crate::time::clock::turn_over() {
+        if answered > 0 && crate::time::clock::turn_over() {
             break;
         }
-        if !in_turn && answered >= TIMEOUTS_PER_VISIT {
-            break;
-        }
-        let Some(id) = registry
-            .timeouts
-            .get(key)
-            .and_then(|t| t.range(..=(txn.now, WaiterId::MAX)).next())
-            .map(|(_, id)| *id)
-        else {
-            break;
+        let most = match in_turn {
+            true => TIMEOUTS_PER_LOOK,
+            false => TIMEOUTS_PER_VISIT.saturating_sub(answered),
         };
-        answered += 1;
-        match registry.take(id, &mut left) {
-            Some(waiter) => {
+        let n = registry.pop_due(key, txn.now, most, &mut due);
+        if n == 0 {
+            break;
+        }
+        answered += n;
+        for &id in due.iter().take(n) {
+            // (Not a waiter any more: its entry went all the same.)
+            if let Some(waiter) = registry.take_but(id, &mut left, Some(key)) {
                 stats::WAIT_TIMEOUTS.incr();
                 unblock(waiter, Ok(Attempt::Busy), Vec::new());
             }
-            // Not a waiter any more: its entry goes all the same.
-            None => forget_timeout(&mut registry, key, id),
         }
     }
     if !registry.queues.contains_key(key) {
@@ -1644,10 +1805,7 @@ pub fn number_and_end(key: &DbKey) -> (u64, u64) {
 /// queue, each owner with a request waiting).
 pub fn numbered() -> (usize, usize) {
     let registry = registry();
-    (
-        registry.numbers.key_of.len(),
-        registry.numbers.owner_of.len(),
-    )
+    (registry.numbers.key_of.len(), registry.numbers.owners)
 }
 
 /// Whether anybody's waiting request can depend on `owner`: it waits
@@ -1658,7 +1816,7 @@ pub fn numbered() -> (usize, usize) {
 pub fn may_be_waited_for(owner: &[u8]) -> bool {
     let registry = registry();
     !registry.unsure.is_empty()
-        || registry.numbers.owner_of.contains_key(owner)
+        || registry.numbers.owner_slot(owner).is_some()
         || registry.holds_waited.contains_key(owner)
 }
 
@@ -1865,7 +2023,7 @@ fn unblock(waiter: Blocked, outcome: Result<Attempt, LockError>, granted: Vec<(D
         // A nil (its WAIT ran out): nothing to allocate, nothing to free.
         (Ok(Attempt::Busy), true) => nil_data(),
         _ => {
-            let key = waiter.keys.into_iter().next().unwrap_or_default();
+            let key = waiter.keys.into_first().unwrap_or_default();
             let decision = Box::new(Decision {
                 outcome,
                 granted,
@@ -2075,5 +2233,44 @@ mod tests {
         drop(held);
         assert_eq!(answer, Ok(None), "answered at once, without the count");
         assert_eq!(total(), Some(0));
+    }
+
+    /// Owners whose names share a hash are each found by name, and each
+    /// taken out of the chain leaves the others found, whatever its place
+    /// in it (head, middle, last).
+    #[test]
+    fn owners_of_one_hash_are_each_found_and_unfiled() {
+        let mut numbers = Numbers::default();
+        let names: Vec<Owner> = (0..4)
+            .map(|i| format!("o{i}").into_bytes().into())
+            .collect();
+        let slots: Vec<usize> = names
+            .iter()
+            .map(|n| slot_of(numbers.owner_waits(n)))
+            .collect();
+        assert_eq!(numbers.owners, 4);
+        // All filed again under one hash: one chain.
+        const ONE: u64 = 7;
+        for (n, s) in names.iter().zip(&slots) {
+            assert_eq!(numbers.owner_slot(n), Some(*s));
+            numbers.unfile_owner(*s, owner_hash(n));
+            assert_eq!(numbers.owner_slot(n), None);
+            numbers.file_owner(*s, ONE);
+        }
+        let found = |numbers: &Numbers| -> Vec<Option<usize>> {
+            names.iter().map(|n| numbers.slot_filed(n, ONE)).collect()
+        };
+        let all: Vec<Option<usize>> = slots.iter().map(|s| Some(*s)).collect();
+        assert_eq!(found(&numbers), all);
+        assert_eq!(numbers.slot_filed(b"o9", ONE), None);
+        // The chain is o3, o2, o1, o0: out go a middle one, the last, the head.
+        let mut left = all.clone();
+        for i in [2, 0, 3] {
+            numbers.unfile_owner(slots[i], ONE);
+            left[i] = None;
+            assert_eq!(found(&numbers), left, "after unfiling o{i}");
+        }
+        numbers.unfile_owner(slots[1], ONE);
+        assert!(numbers.owner_of.is_empty());
     }
 }

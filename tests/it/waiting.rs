@@ -1075,6 +1075,78 @@ fn a_writer_timing_out_at_the_head_lets_the_readers_behind_it_through() {
     assert!(!i.holders.iter().any(|h| h.owner == b"w"));
 }
 
+/// WAITs ending together on one key, more than a turn's share, of
+/// single-key writers and of `LOCK.MACQUIRE`s over it and another key,
+/// behind a reader's hold, with a reader queued behind them all (`WAIT
+/// 0`): every one of them is answered nil (none granted), the reader
+/// behind them is granted once the last of them is gone, both queues
+/// empty, and `INFO lock` counts each timeout once. (A visit takes its
+/// key's due timeouts a batch at a time; a multi-key waiter's entry on
+/// its other key goes with it.)
+#[test]
+fn timeouts_together_of_single_and_multi_key_writers_let_the_reader_behind_them_in() {
+    let s = Server::start();
+    let mut a = s.conn();
+    let t0 = token(a.read("mix", "r0", 60_000));
+    token(a.acquire("other", "o", 60_000));
+    let timeouts = |c: &mut Conn| -> i64 {
+        c.info_field("lock", "lock_wait_timeouts")
+            .parse()
+            .unwrap_or(-1)
+    };
+    let before = timeouts(&mut a);
+    let n = 1200_usize;
+    // Seconds: all must be queued, and the reader behind them, first.
+    let common = Instant::now() + Duration::from_secs(10);
+    let mut waiters = Vec::new();
+    for i in 0..n {
+        let mut c = s.conn();
+        let left = common.saturating_duration_since(Instant::now()).as_millis();
+        let wait = i64::try_from(left).unwrap_or(1).max(1);
+        let owner = format!("w{i}");
+        match i % 4 {
+            0 => c
+                .send(&[
+                    "LOCK.MACQUIRE",
+                    "2",
+                    "mix",
+                    "other",
+                    &owner,
+                    &WAITER_TTL.to_string(),
+                    "WAIT",
+                    &wait.to_string(),
+                ])
+                .unwrap_or_else(|e| panic!("send LOCK.MACQUIRE {owner}: {e}")),
+            _ => {
+                send_wait(&mut c, "LOCK.ACQUIRE", "mix", &owner, WAITER_TTL, wait);
+            }
+        }
+        waiters.push(c);
+    }
+    wait_for_waiters(&mut a, "mix", n as i64);
+    let (mut late, _) = waiter(&s, &mut a, "LOCK.READ", "mix", "late", 0, n as i64 + 1);
+    for (i, c) in waiters.iter_mut().enumerate() {
+        let r = reply_within(c, Duration::from_secs(30), "a WAIT ending with the others");
+        assert!(r.is_nil(), "waiter {i}: expected nil, got {r:?}");
+    }
+    let t = token(reply_within(
+        &mut late,
+        Duration::from_secs(30),
+        "the reader behind the timed-out writers",
+    ));
+    assert!(t > t0, "the reader's token {t} after r0's {t0}");
+    let i = info(&mut a, "mix");
+    assert_eq!(i.waiters, 0, "{i:?}");
+    assert_eq!(i.mode, "shared", "{i:?}");
+    let mut held = holders(&mut a, "mix");
+    held.sort();
+    assert_eq!(held, vec!["late".to_string(), "r0".to_string()]);
+    assert_eq!(info(&mut a, "other").waiters, 0);
+    assert_eq!(holders(&mut a, "other"), vec!["o".to_string()]);
+    assert_eq!(timeouts(&mut a) - before, n as i64, "timeouts counted");
+    assert_eq!(a.info_field("lock", "lock_waiters"), "0");
+}
+
 #[test]
 fn a_writer_disconnecting_at_the_head_lets_the_readers_behind_it_through() {
     let s = Server::start();
