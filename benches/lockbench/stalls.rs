@@ -390,6 +390,9 @@ struct Waiters {
     socks: Vec<UnixStream>,
     /// How many of them wait in the server now (`lock_waiters`).
     waiting: fn(&mut Conn) -> io::Result<u64>,
+    /// When their requests time out together, if they do
+    /// ([`Waiters::timing_out_at`]).
+    until: Option<Instant>,
 }
 
 impl Waiters {
@@ -407,7 +410,19 @@ impl Waiters {
         for _ in 0..n {
             socks.push(UnixStream::connect(sock)?);
         }
-        Ok(Waiters { socks, waiting })
+        Ok(Waiters {
+            socks,
+            waiting,
+            until: None,
+        })
+    }
+
+    /// Their requests all time out at `at`: writing them stops with an
+    /// error once it is past (on a loaded machine the first ones could
+    /// time out before the last are queued, and the count waited for
+    /// would never come).
+    fn timing_out_at(&mut self, at: Instant) {
+        self.until = Some(at);
     }
 
     /// Writes `make(i)`'s request to connection `i`, in batches of
@@ -430,7 +445,16 @@ impl Waiters {
             }
             i = end;
             let want = before + i as u64;
-            wait_for(c, self.waiting, "the waiters to queue", |w| w >= want)?;
+            let until = self.until;
+            let late = || until.is_some_and(|u| Instant::now() >= u);
+            wait_for(c, self.waiting, "the waiters to queue", |w| {
+                w >= want || late()
+            })?;
+            if late() {
+                return Err(io::Error::other(
+                    "the requests were written too slowly for their common deadline",
+                ));
+            }
         }
         Ok(())
     }
@@ -856,6 +880,7 @@ fn together(c: &mut Conn, port: u16, sock: &Path, n: usize, what: Together) -> i
         Together::Blpop => Waiters::counted(sock, n, blocked_clients)?,
         _ => Waiters::open(sock, n)?,
     };
+    w.timing_out_at(target);
     let mut too_late = false;
     w.write(c, 100, &mut |i| {
         let left = left_ms();
