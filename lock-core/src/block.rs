@@ -531,7 +531,7 @@ impl Index {
     }
 
     /// How many holders have a deadline at or before `now` (expired, as
-    /// [`crate::lock::HolderRef::is_live`] says; a session's holder never
+    /// [`HolderRef::is_live`] says; a session's holder never
     /// is): the count kept at the last `now` asked, moved over the
     /// deadlines in order between the two (each distinct deadline passed
     /// once as time goes on: a few a millisecond at most, however many

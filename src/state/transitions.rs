@@ -389,7 +389,10 @@ fn transact_open<R>(
 /// they held, each ended a slice a turn by the key's visits
 /// ([`end_aside`]) as a purge ends them: counted, their bindings
 /// forgotten, their drops replicated.
-static ASIDE: std::sync::Mutex<Vec<(i32, Vec<u8>, Box<Aside>)>> = std::sync::Mutex::new(Vec::new());
+static ASIDE: std::sync::Mutex<Vec<SetAside>> = std::sync::Mutex::new(Vec::new());
+
+/// Holders set aside from a key: its database, its name, them.
+type SetAside = (i32, Vec<u8>, Box<Aside>);
 
 /// Whether [`ASIDE`] has any (no mutex on a visit without).
 static ANY_ASIDE: AtomicBool = AtomicBool::new(false);
