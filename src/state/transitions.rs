@@ -438,6 +438,24 @@ pub fn end_aside(db: i32, key: &[u8], changes: &mut Changes) -> bool {
     more || all_of(db, key)
 }
 
+/// The holders set aside from `key` in `db` let go of, uncounted: its
+/// visit failed (the key holds another type now: no drop of theirs can
+/// be replicated to it).
+#[cold]
+pub fn drop_aside(db: i32, key: &[u8]) {
+    if !ANY_ASIDE.load(Ordering::Relaxed) {
+        return;
+    }
+    let mut all = ASIDE.lock().unwrap_or_else(|p| p.into_inner());
+    let mut gone = Vec::new();
+    while let Some(i) = all.iter().position(|(d, k, _)| *d == db && k == key) {
+        gone.push(all.swap_remove(i));
+    }
+    ANY_ASIDE.store(!all.is_empty(), Ordering::Relaxed);
+    drop(all);
+    drop(gone);
+}
+
 /// Whether more holders set aside from `key` wait (a second set aside
 /// before the first was done).
 fn all_of(db: i32, key: &[u8]) -> bool {

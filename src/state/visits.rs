@@ -187,7 +187,10 @@ fn visit(ctx: &Context, db: i32, key: &[u8], refresh: bool) {
         timers::schedule_earlier(db, key, Some(clock::now_ms()));
     }
     match result {
-        Err(e) => waiting::fail_all(db, key, e),
+        Err(e) => {
+            transitions::drop_aside(db, key);
+            waiting::fail_all(db, key, e)
+        }
         Ok(()) if refresh => retime(ctx, Str::from(&name)),
         Ok(()) => {}
     }
