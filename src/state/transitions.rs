@@ -362,6 +362,10 @@ fn transact_open<R>(
         let events = txn.events;
         let expired = changes.expired() > 0;
         let aside = changes.take_aside();
+        if aside.is_some() {
+            // (Before the new holder's effect: the replica drops the rest.)
+            replication::replicate_unlink(ctx, name);
+        }
         commit(
             ctx,
             name,
