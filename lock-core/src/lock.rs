@@ -1007,6 +1007,13 @@ impl Lock {
         self.block.is_empty()
     }
 
+    /// The lock let go of (its key's value freed: a `DEL`, Redis's expiry
+    /// of it): a large block's memory freed where
+    /// [`crate::set_free_elsewhere`] says, not here.
+    pub fn let_go(mut self) {
+        self.block.clear();
+    }
+
     /// The holders that still hold at `now`.
     pub fn live(&self, now: u64) -> impl Iterator<Item = HolderRef<'_>> + Clone {
         self.holders().filter(move |h| h.is_live(now))

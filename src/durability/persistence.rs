@@ -554,6 +554,9 @@ unsafe extern "C" fn free(value: *mut c_void) {
             // Redis's last reference to it: it is freed here.
             let lock = unsafe { Lock::from_raw(value.cast()) };
             stats::value(-1, lock.census());
+            // (A large one's memory freed off the event loop: a million
+            // holders' lock expired by Redis, deleted.)
+            lock.let_go();
         }
     })
 }
