@@ -65,6 +65,8 @@ fn register(ctx: *mut raw::RedisModuleCtx, commands: &[Spec]) -> Option<()> {
         return None;
     }
     LOCK_TYPE.create_data_type(ctx).ok()?;
+    // A large block's memory let go of is freed off the event loop.
+    lock_core::set_free_elsewhere(crate::redis::alloc::free_elsewhere);
     for c in commands {
         let flags = CString::new(c.flags()).ok()?;
         let (first, last, step) = c.keys.positions();

@@ -348,6 +348,11 @@ pub(crate) struct Index {
     /// (an entry's offset, or the block's end). No sweep moves an entry
     /// while it is under way.
     purging: Option<usize>,
+    /// `(at, n)`: `n` holders have a deadline at or before `at` (kept by
+    /// every deadline added or dropped; moved to the `now` asked by
+    /// [`Index::past`], over the deadlines in between): how many holders
+    /// have expired, without a walk of the holders.
+    past: std::cell::Cell<(u64, usize)>,
 }
 
 /// A sweep of an indexed block's tombstones under way: the live entries
@@ -506,6 +511,10 @@ impl Index {
 
     fn add_deadline(&mut self, d: u64) {
         *self.deadlines.entry(d).or_insert(0) += 1;
+        let (at, n) = self.past.get();
+        if d <= at {
+            self.past.set((at, n + 1));
+        }
     }
 
     fn drop_deadline(&mut self, d: u64) {
@@ -514,7 +523,35 @@ impl Index {
             if *n == 0 {
                 self.deadlines.remove(&d);
             }
+            let (at, past) = self.past.get();
+            if d <= at {
+                self.past.set((at, past.saturating_sub(1)));
+            }
         }
+    }
+
+    /// How many holders have a deadline at or before `now` (expired, as
+    /// [`HolderRef::is_live`] says; a session's holder never
+    /// is): the count kept at the last `now` asked, moved over the
+    /// deadlines in order between the two (each distinct deadline passed
+    /// once as time goes on: a few a millisecond at most, however many
+    /// holders share them), no walk of the holders.
+    fn past(&self, now: u64) -> usize {
+        use std::ops::Bound::{Excluded, Included};
+        let (at, n) = self.past.get();
+        let sum = |lo: u64, hi: u64| -> usize {
+            self.deadlines
+                .range((Excluded(lo), Included(hi)))
+                .map(|(_, c)| *c as usize)
+                .sum()
+        };
+        let n = match now.cmp(&at) {
+            std::cmp::Ordering::Equal => return n,
+            std::cmp::Ordering::Greater => n + sum(at, now),
+            std::cmp::Ordering::Less => n.saturating_sub(sum(now, at)),
+        };
+        self.past.set((now, n));
+        n
     }
 
     /// The earliest of the holders' own deadlines ([`own`]; `u64::MAX`:
@@ -559,6 +596,60 @@ const GIVE_BACK_STEP: usize = 4 << 20;
 /// Blocks larger than this give back room ([`give_back`]).
 const GIVE_BACK_FROM: usize = 1 << 16;
 
+/// Where memory a block lets go of is freed when it is large
+/// ([`set_free_elsewhere`]); unset, where it is let go of.
+static FREE_ELSEWHERE: std::sync::OnceLock<fn(Garbage)> = std::sync::OnceLock::new();
+
+/// Memory from which a block's room or index let go of is freed by the
+/// hook of [`set_free_elsewhere`] (tens of megabytes at a million
+/// holders: milliseconds to give back to the system).
+const FREE_ELSEWHERE_FROM: usize = 1 << 20;
+
+/// Memory a block let go of (its entries' room, its index): freed when
+/// dropped, wherever that is.
+pub struct Garbage {
+    _buf: Vec<u8>,
+    _index: IndexBox,
+}
+
+impl Garbage {
+    /// Bytes it holds, about.
+    pub fn bytes(&self) -> usize {
+        self._buf.capacity() + self._index.as_deref().map_or(0, Index::bytes)
+    }
+}
+
+/// Sets where a block's large memory is freed once let go of (a purge's
+/// last slice, a block compacted or emptied): `free` is handed each
+/// [`Garbage`] of [`FREE_ELSEWHERE_FROM`] bytes or more (the shell drops
+/// it on a thread of its own: the event loop does not wait for the
+/// system to take the pages back). Set once; later calls change nothing.
+pub fn set_free_elsewhere(free: fn(Garbage)) {
+    let _ = FREE_ELSEWHERE.set(free);
+}
+
+/// `buf` and `index`, let go of: handed to the hook of
+/// [`set_free_elsewhere`] when large, else freed here.
+#[inline]
+fn let_go(buf: Vec<u8>, index: IndexBox) {
+    if buf.capacity() < FREE_ELSEWHERE_FROM && index.is_none() {
+        return;
+    }
+    let_go_large(Garbage {
+        _buf: buf,
+        _index: index,
+    });
+}
+
+#[cold]
+#[inline(never)]
+fn let_go_large(garbage: Garbage) {
+    match FREE_ELSEWHERE.get() {
+        Some(free) if garbage.bytes() >= FREE_ELSEWHERE_FROM => free(garbage),
+        _ => drop(garbage),
+    }
+}
+
 /// The owner of the entry at `at`.
 fn owner_at(buf: &[u8], at: usize) -> Option<&[u8]> {
     entry_at(buf, at).map(|(h, _)| h.owner)
@@ -588,7 +679,7 @@ impl IndexBox {
         self.0 != 0
     }
 
-    #[cfg(test)]
+    #[inline]
     fn is_none(&self) -> bool {
         self.0 == 0
     }
@@ -880,6 +971,11 @@ impl Block {
     #[cold]
     fn build_index(&mut self) {
         let mut index = Index::default();
+        // Counted from just before the earliest deadline (none past it):
+        // the first count walks only the deadlines that passed since.
+        if let Some(first) = self.entries().map(|(_, h)| h.deadline).min() {
+            index.past.set((first.saturating_sub(1), 0));
+        }
         for (at, h) in self.entries() {
             index.add(h.owner, at, h.since, h.deadline);
         }
@@ -1215,7 +1311,7 @@ impl Block {
             }
         }
         if small {
-            index.free();
+            let_go(Vec::new(), std::mem::take(index));
         }
     }
 
@@ -1244,8 +1340,10 @@ impl Block {
                 }
             }
         }
-        self.buf = buf;
-        self.index.free();
+        let_go(
+            std::mem::replace(&mut self.buf, buf),
+            std::mem::take(&mut self.index),
+        );
     }
 
     /// Where the entry after the one ending at `end` starts: past a
@@ -1366,12 +1464,11 @@ impl Block {
         more && self.is_indexed()
     }
 
-    /// Whether an indexed block has holders whose own deadline passed at
-    /// `now` (false without an index).
-    pub fn expired_left(&self, now: u64) -> bool {
-        self.index
-            .as_deref()
-            .is_some_and(|i| now >= i.earliest_own())
+    /// How many holders have expired at `now` (their own deadline at or
+    /// before it), when the block keeps its deadlines in order (an
+    /// indexed block: no walk of the holders); `None`: walk them.
+    pub fn expired_count(&self, now: u64) -> Option<usize> {
+        self.index.as_deref().map(|i| i.past(now))
     }
 
     /// A purge under way ([`Block::purge_some`]) ends where it is: nothing
@@ -1416,10 +1513,13 @@ impl Block {
         self.sweep_marks();
     }
 
-    /// No holder left: the memory goes too.
+    /// No holder left: the memory goes too (a large block's where
+    /// [`set_free_elsewhere`] says).
     pub fn clear(&mut self) {
-        self.buf = Vec::new();
-        self.index = IndexBox::default();
+        let_go(
+            std::mem::take(&mut self.buf),
+            std::mem::take(&mut self.index),
+        );
     }
 
     /// The address Redis stores as the key's value (the block now belongs

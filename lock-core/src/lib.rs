@@ -34,10 +34,10 @@ pub mod queue;
 pub mod shards;
 pub mod tokens;
 
-pub use block::HolderRef;
+pub use block::{set_free_elsewhere, Garbage, HolderRef};
 pub use lock::{
-    max_holders, set_max_holders, since, Applied, Ask, Attempt, Changes, Ended, Holder, Invalid,
-    Kind, Loaded, Lock, Owner, Release, Request,
+    max_holders, set_max_holders, since, Applied, Aside, Ask, Attempt, Changes, Ended, Holder,
+    Invalid, Kind, Loaded, Lock, Owner, Release, Request,
 };
 pub use mode::{Census, Mode, Row};
 pub use queue::{Queue, Settling};

@@ -201,7 +201,9 @@ fn out_of_bounds(loaded: &mut Loaded, now: u64, loading: bool) -> Option<String>
         ));
     }
     let (holders, max) = (loaded.lock.holder_count(), config::max_holders());
-    if holders > max {
+    // (Past it only by holders expired at `now`, saved between two slices
+    // of a purge: they go at its first visit. A walk, as the load's.)
+    if holders > max && loaded.lock.live(now).count() > max {
         if !loading {
             return Some(format!("{holders} holders, past lock.max-holders ({max})"));
         }
@@ -552,6 +554,9 @@ unsafe extern "C" fn free(value: *mut c_void) {
             // Redis's last reference to it: it is freed here.
             let lock = unsafe { Lock::from_raw(value.cast()) };
             stats::value(-1, lock.census());
+            // (A large one's memory freed off the event loop: a million
+            // holders' lock expired by Redis, deleted.)
+            lock.let_go();
         }
     })
 }

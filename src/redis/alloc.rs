@@ -57,3 +57,34 @@ unsafe impl GlobalAlloc for RedisHeap {
         }
     }
 }
+
+/// The thread large freed memory goes to ([`free_elsewhere`]), started on
+/// first use: its end of the channel.
+static FREER: std::sync::Mutex<Option<std::sync::mpsc::Sender<lock_core::Garbage>>> =
+    std::sync::Mutex::new(None);
+
+/// Frees a block's large memory let go of (a purge's last slice at a
+/// million holders: tens of megabytes, milliseconds of `munmap`) on a
+/// thread of the module's own, as Redis frees a large value in the
+/// background (lazyfree): the event loop does not wait for it. Redis's
+/// allocator is thread-safe; `used_memory` drops when the thread is done.
+/// Without the thread (it could not be started) it is freed here.
+pub fn free_elsewhere(garbage: lock_core::Garbage) {
+    let mut freer = FREER.lock().unwrap_or_else(|p| p.into_inner());
+    if freer.is_none() {
+        let (tx, rx) = std::sync::mpsc::channel::<lock_core::Garbage>();
+        let started = std::thread::Builder::new()
+            .name("lock-free".into())
+            .spawn(move || rx.into_iter().for_each(drop));
+        if started.is_ok() {
+            *freer = Some(tx);
+        }
+    }
+    let left = match freer.as_ref() {
+        Some(tx) => tx.send(garbage).err().map(|e| e.0),
+        None => Some(garbage),
+    };
+    drop(freer);
+    // (No thread: freed here, after the lock is let go.)
+    drop(left);
+}

@@ -160,6 +160,24 @@ pub fn replicate(ctx: &Context, key: Str<'_>, lock: &Lock, changes: &Changes, fo
     }
 }
 
+/// Sends `UNLINK key` ahead of a transition's effects, where a grant set
+/// the key's expired holders aside whole (`Lock::set_aside_for`): a
+/// replica (and the AOF) drops them at once too, with no walk of them in
+/// the apply of the new holder's set; the drops of their ends that follow
+/// find nothing. With nobody listening, nothing (the transition's own
+/// command goes verbatim, as every effect then).
+pub fn replicate_unlink(ctx: &Context, key: Str<'_>) {
+    if QUIET.load(Ordering::Relaxed) {
+        return;
+    }
+    call!(RedisModule_Replicate(
+        ctx.ctx,
+        c"UNLINK".as_ptr(),
+        c"s".as_ptr(),
+        key.raw()
+    ));
+}
+
 /// Sends the effect of a transition that leaves the lock one holder, the
 /// one it changed (a grant that made the lock, `Lock::first`; a renewal of
 /// its only holder, `Lock::renew_sole`): that holder's state, with the

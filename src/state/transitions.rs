@@ -19,7 +19,7 @@ use crate::state::txn::{Events, Txn};
 use crate::state::waiting;
 use crate::time::clock;
 use crate::time::fencing;
-use lock_core::{Ask, Attempt, Census, Changes, Ended, Lock, Release, Tokens};
+use lock_core::{Aside, Ask, Attempt, Census, Changes, Ended, Lock, Release, Tokens};
 
 /// Runs a core transition on the lock at `name`, replicates its effect and
 /// writes the key back. A key of another type is `WRONGTYPE` and runs nothing.
@@ -361,19 +361,113 @@ fn transact_open<R>(
         let visit = next_visit(txn.lock, &pending);
         let events = txn.events;
         let expired = changes.expired() > 0;
+        let aside = changes.take_aside();
+        if aside.is_some() {
+            // (Before the new holder's effect: the replica drops the rest.)
+            replication::replicate_unlink(ctx, name);
+        }
         commit(
             ctx,
             name,
             Some((&start, &tokens)),
             Change::Changes(lock, &changes),
         );
-        Ok(((result, visit, events, expired), !changes.is_empty()))
+        Ok(((result, visit, events, expired, aside), !changes.is_empty()))
     })?;
-    let Some((result, visit, events, expired)) = done else {
+    let Some((result, visit, events, expired, aside)) = done else {
         return Ok(None);
     };
     announce(ctx, name, events.iter(), expired, visit);
+    // (After the visit `announce` planned: the holders set aside from
+    // the key keep their visit at the next turn.)
+    if let Some(aside) = aside {
+        keep_aside(ctx, name, aside);
+    } else if ANY_ASIDE.load(Ordering::Relaxed) {
+        visit_aside(ctx, name);
+    }
     Ok(Some(result))
+}
+
+/// Expired holders a grant set aside whole (`Lock::set_aside_for`: a
+/// writer on a lock left with only expired readers mid-purge), by the key
+/// they held, each ended a slice a turn by the key's visits
+/// ([`end_aside`]) as a purge ends them: counted, their bindings
+/// forgotten, their drops replicated.
+static ASIDE: std::sync::Mutex<Vec<SetAside>> = std::sync::Mutex::new(Vec::new());
+
+/// Holders set aside from a key: its database, its name, them.
+type SetAside = (i32, Vec<u8>, Box<Aside>);
+
+/// Whether [`ASIDE`] has any (no mutex on a visit without).
+static ANY_ASIDE: AtomicBool = AtomicBool::new(false);
+
+/// Keeps `aside` for `name`'s visits, the first one at once.
+#[cold]
+fn keep_aside(ctx: &Context, name: Str<'_>, aside: Box<Aside>) {
+    let DbKey { db, name: key } = ffi::db_key(ctx, name.as_slice());
+    timers::schedule_earlier(db, &key, Some(clock::now_ms()));
+    let mut all = ASIDE.lock().unwrap_or_else(|p| p.into_inner());
+    all.push((db, key, aside));
+    ANY_ASIDE.store(true, Ordering::Relaxed);
+}
+
+/// The key's visit at the next turn when holders set aside from it are
+/// left to end (a transaction's own plan, from its lock, knows nothing
+/// of them).
+#[cold]
+fn visit_aside(ctx: &Context, name: Str<'_>) {
+    let DbKey { db, name: key } = ffi::db_key(ctx, name.as_slice());
+    if all_of(db, &key) {
+        timers::schedule_earlier(db, &key, Some(clock::now_ms()));
+    }
+}
+
+/// A slice of the holders set aside from `key` in `db` ended into
+/// `changes` ([`Aside::end_some`]): whether some are left for the next
+/// turn.
+pub fn end_aside(db: i32, key: &[u8], changes: &mut Changes) -> bool {
+    if !ANY_ASIDE.load(Ordering::Relaxed) {
+        return false;
+    }
+    let mut all = ASIDE.lock().unwrap_or_else(|p| p.into_inner());
+    let Some(i) = all.iter().position(|(d, k, _)| *d == db && k == key) else {
+        return false;
+    };
+    let more = all.get_mut(i).is_some_and(|(_, _, a)| a.end_some(changes));
+    let done = (!more).then(|| all.swap_remove(i));
+    ANY_ASIDE.store(!all.is_empty(), Ordering::Relaxed);
+    drop(all);
+    // (The last of them freed out of the mutex.)
+    drop(done);
+    more || all_of(db, key)
+}
+
+/// The holders set aside from `key` in `db` let go of, uncounted: its
+/// visit failed (the key holds another type now: no drop of theirs can
+/// be replicated to it).
+#[cold]
+pub fn drop_aside(db: i32, key: &[u8]) {
+    if !ANY_ASIDE.load(Ordering::Relaxed) {
+        return;
+    }
+    let mut all = ASIDE.lock().unwrap_or_else(|p| p.into_inner());
+    let mut gone = Vec::new();
+    while let Some(i) = all.iter().position(|(d, k, _)| *d == db && k == key) {
+        gone.push(all.swap_remove(i));
+    }
+    ANY_ASIDE.store(!all.is_empty(), Ordering::Relaxed);
+    drop(all);
+    drop(gone);
+}
+
+/// Whether more holders set aside from `key` wait (a second set aside
+/// before the first was done).
+fn all_of(db: i32, key: &[u8]) -> bool {
+    ASIDE
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .iter()
+        .any(|(d, k, _)| *d == db && k == key)
 }
 
 /// What a transition changed in its lock, as [`commit`] takes it.

@@ -174,17 +174,23 @@ fn visit(ctx: &Context, db: i32, key: &[u8], refresh: bool) {
     let name = ffi::name(ctx, key);
     let mut left = false;
     let result = transitions::update(ctx, Str::from(&name), |txn| {
+        // Holders a grant set aside: a slice of them ended.
+        let aside = transitions::end_aside(db, key, txn.changes);
         if !waiting::nothing_to_purge(db, key, txn.lock, txn.now, txn.changes) {
             left = txn.lock.purge(txn.now, txn.changes);
         }
+        left |= aside;
     });
-    // A purge in slices (a lock of many holders, many expired): the next
-    // slice at the next turn, until none is left.
+    // A purge in slices (a lock of many holders, many expired), holders set
+    // aside: the next slice at the next turn, until none is left.
     if left {
         timers::schedule_earlier(db, key, Some(clock::now_ms()));
     }
     match result {
-        Err(e) => waiting::fail_all(db, key, e),
+        Err(e) => {
+            transitions::drop_aside(db, key);
+            waiting::fail_all(db, key, e)
+        }
         Ok(()) if refresh => retime(ctx, Str::from(&name)),
         Ok(()) => {}
     }

@@ -113,6 +113,13 @@ fn restore_ending_together(
     deadline
 }
 
+/// `INFO lock`'s count of leases that ended.
+fn expired_leases(c: &mut Conn) -> usize {
+    c.info_field("lock", "lock_expired_leases")
+        .parse()
+        .unwrap_or(0)
+}
+
 fn holders_of(c: &mut Conn, key: &str) -> usize {
     c.lock_info(key).map_or(0, |i| i.holders.len())
 }
@@ -526,6 +533,13 @@ fn two_hundred_thousand_holders_keep_their_state_through_keyspace_commands_and_a
             "the {side}'s TTL is the last lease's: {ttl}"
         );
     }
+    // (`LOCK.INFO` takes expired holders as absent at once: the purge's
+    // slices may still be counting them.)
+    wait_until(
+        Duration::from_secs(120),
+        "every ended lease counted",
+        || expired_leases(&mut c) >= n - 1,
+    );
     assert_eq!(
         c.info_field("lock", "lock_expired_leases"),
         (n - 1).to_string(),
@@ -582,6 +596,19 @@ fn a_mass_expiry_of_two_hundred_thousand_readers_grants_the_waiting_writer_after
     );
     let granted = w.read_reply().expect("the writer's reply");
     assert!(matches!(granted, Reply::Int(_)), "{granted:?}");
+    // Each ended lease counted once (the writer's grant may set the last
+    // slices' readers aside: their ends are counted as they are ended;
+    // the replica is compared once every drop was sent).
+    wait_until(
+        Duration::from_secs(120),
+        "every ended lease counted",
+        || expired_leases(&mut c) - expired_before >= n - 1,
+    );
+    assert_eq!(
+        expired_leases(&mut c) - expired_before,
+        n - 1,
+        "each ended lease counted once"
+    );
     // Nothing of the readers is left: the writer holds the key alone.
     for (conn, side) in [(&mut c, "master"), (&mut r, "replica")] {
         if side == "replica" {
@@ -601,17 +628,127 @@ fn a_mass_expiry_of_two_hundred_thousand_readers_grants_the_waiting_writer_after
         "1",
         "the writer"
     );
-    let expired: usize = c
+    // No reader's entry came back: a release of one holds nothing.
+    assert_eq!(c.cmd(&["LOCK.RELEASE", "mass", "reader-7"]), Reply::Nil);
+    assert_eq!(c.cmd(&["LOCK.RELEASE", "mass", "writer"]).int(), 1);
+    assert!(c.lock_info("mass").is_none(), "released: the key is gone");
+}
+
+/// 200,000 readers of one key, `lock.max-holders` then lowered to 2, all
+/// but one ending together: right after their deadline (the purge in
+/// slices under way: a pipeline read in one go, its sleep past the
+/// deadline) a newcomer's `READ` without `WAIT` is granted (one live
+/// holder: the limit counts the live ones, whatever the purge has dropped
+/// yet) and a third's gets the limit's error (two live); once the last
+/// live reader and the newcomer leave, a writer's `ACQUIRE` without
+/// `WAIT` is granted too, not answered nil: every reply is the one on the
+/// lock purged whole. After: the writer holds the key alone on the
+/// master (`LOCK.INFO`) and the replica, `INFO lock`'s holder counts are
+/// exact at once, and each ended lease is counted once.
+#[test]
+fn after_a_mass_expiry_a_newcomer_at_the_limit_and_a_writer_without_wait_are_granted_at_once() {
+    let n = 200_000;
+    let master = Server::start();
+    let replica = Server::start();
+    let mut c = master.conn();
+    let mut r = replica.conn();
+    for conn in [&mut c, &mut r] {
+        conn.cmd(&["CONFIG", "SET", "lock.max-holders", &n.to_string()])
+            .ok();
+    }
+    replica.replicaof(&master);
+    wait_for_sync(&master, &replica);
+    let first_token = c.read("t", "t", 3_600_000).int() as u64;
+    let like = c.cmd(&["DUMP", "t"]).bulk().to_vec();
+    let deadline = restore_ending_together(&mut c, "mass", n, &like, first_token);
+    let expired_before: usize = c
         .info_field("lock", "lock_expired_leases")
         .parse()
         .unwrap_or(0);
+    // The master's limit lowered to 2 (a lowered setting keeps the
+    // holders): past it by the stored count, a newcomer before the
+    // deadline gets the limit's error.
+    c.cmd(&["CONFIG", "SET", "lock.max-holders", "2"]).ok();
+    if now_ms() + 1_000 < deadline {
+        let refused = c.cmd(&["LOCK.READ", "mass", "early", "60000"]);
+        assert!(
+            matches!(&refused, Reply::Error(e) if e.starts_with("ERR")),
+            "{refused:?}"
+        );
+    }
+    // Pipelined, read by the server in one go: a sleep past the deadline
+    // (no visit, no slice of the purge meanwhile), then in the same turn,
+    // before the purge's next slices: the newcomer (one live reader: room
+    // for it), one more (two live: the limit's error), the last live
+    // reader and the newcomer leaving, the writer.
+    let sleep = deadline.saturating_sub(now_ms()) + 50;
+    let last = format!("reader-{}", n - 1);
+    let replies = pipelined(&mut c, 6, |i| {
+        let secs = format!("{:.3}", sleep as f64 / 1000.0);
+        let args: &[&str] = match i {
+            0 => &["DEBUG", "SLEEP", &secs],
+            1 => &["LOCK.READ", "mass", "newcomer", "60000"],
+            2 => &["LOCK.READ", "mass", "third", "60000"],
+            3 => &["LOCK.RELEASE", "mass", &last],
+            4 => &["LOCK.RELEASE", "mass", "newcomer"],
+            _ => &["LOCK.ACQUIRE", "mass", "writer", "600000"],
+        };
+        args.iter().map(|a| a.to_string()).collect()
+    });
+    assert!(now_ms() > deadline);
+    assert!(
+        matches!(replies[1], Reply::Int(_)),
+        "newcomer: {:?}",
+        replies[1]
+    );
+    assert!(
+        matches!(&replies[2], Reply::Error(e) if e.contains("lock.max-holders is 2")),
+        "a third at the limit: {:?}",
+        replies[2]
+    );
     assert_eq!(
-        expired - expired_before,
+        replies[3],
+        Reply::Int(1),
+        "the last reader held until it left"
+    );
+    assert_eq!(replies[4], Reply::Int(1), "the newcomer held until it left");
+    assert!(
+        matches!(replies[5], Reply::Int(_)),
+        "writer: {:?}",
+        replies[5]
+    );
+    // At once: the writer alone, and the counts say so.
+    let info = c.lock_info("mass").expect("the writer's lock");
+    let owners: Vec<&[u8]> = info.holders.iter().map(|h| h.owner.as_slice()).collect();
+    assert_eq!(owners, [b"writer".as_slice()], "the writer alone");
+    assert_eq!(c.info_field("lock", "lock_holders_shared"), "1", "reader t");
+    assert_eq!(c.info_field("lock", "lock_holders_exclusive"), "1");
+    // A reader now waits for the writer, as on any held key.
+    assert_eq!(c.cmd(&["LOCK.READ", "mass", "late", "60000"]), Reply::Nil);
+    wait_until(
+        Duration::from_secs(120),
+        "every ended lease counted",
+        || expired_leases(&mut c) - expired_before >= n - 1,
+    );
+    assert_eq!(
+        expired_leases(&mut c) - expired_before,
         n - 1,
         "each ended lease counted once"
     );
-    // No reader's entry came back: a release of one holds nothing.
-    assert_eq!(c.cmd(&["LOCK.RELEASE", "mass", "reader-7"]), Reply::Nil);
+    wait_for_sync(&master, &replica);
+    let info = r.lock_info("mass").expect("the replica's lock");
+    let owners: Vec<&[u8]> = info.holders.iter().map(|h| h.owner.as_slice()).collect();
+    assert_eq!(
+        owners,
+        [b"writer".as_slice()],
+        "the replica has the writer alone"
+    );
+    assert_eq!(
+        r.info_field("lock", "lock_holders_shared"),
+        "1",
+        "replica: reader t"
+    );
+    assert_eq!(r.info_field("lock", "lock_holders_exclusive"), "1");
     assert_eq!(c.cmd(&["LOCK.RELEASE", "mass", "writer"]).int(), 1);
     assert!(c.lock_info("mass").is_none(), "released: the key is gone");
 }
