@@ -378,53 +378,57 @@ fn transact_open<R>(
         return Ok(None);
     };
     announce(ctx, name, events.iter(), expired, visit);
-    // (After the visit `announce` planned: the holders set aside from
-    // the key keep their visit at the next turn.)
     if let Some(aside) = aside {
         keep_aside(ctx, name, aside);
-    } else if ANY_ASIDE.load(Ordering::Relaxed) {
-        visit_aside(ctx, name);
     }
     Ok(Some(result))
 }
 
 /// Expired holders a grant set aside whole (`Lock::set_aside_for`: a
 /// writer on a lock left with only expired readers mid-purge), by the key
-/// they held, each ended a slice a turn by the key's visits
-/// ([`end_aside`]) as a purge ends them: counted, their bindings
-/// forgotten, their drops replicated.
+/// they held, each ended a slice a turn ([`end_aside`], from the tick:
+/// `visits::end_set_aside`) as a purge ends them: counted, their bindings
+/// forgotten, their drops replicated. The list itself drives them, not the
+/// key's visits: a `RENAME`, `MOVE` or flush of the key forgets its
+/// visits, never them. No transaction looks at it.
 static ASIDE: std::sync::Mutex<Vec<SetAside>> = std::sync::Mutex::new(Vec::new());
 
 /// Holders set aside from a key: its database, its name, them.
 type SetAside = (i32, Vec<u8>, Box<Aside>);
 
-/// Whether [`ASIDE`] has any (no mutex on a visit without).
+/// Whether [`ASIDE`] has any (no mutex on a tick without).
 static ANY_ASIDE: AtomicBool = AtomicBool::new(false);
 
-/// Keeps `aside` for `name`'s visits, the first one at once.
+/// Keeps `aside` for the next ticks, the first at the next turn.
 #[cold]
 fn keep_aside(ctx: &Context, name: Str<'_>, aside: Box<Aside>) {
     let DbKey { db, name: key } = ffi::db_key(ctx, name.as_slice());
-    timers::schedule_earlier(db, &key, Some(clock::now_ms()));
     let mut all = ASIDE.lock().unwrap_or_else(|p| p.into_inner());
     all.push((db, key, aside));
     ANY_ASIDE.store(true, Ordering::Relaxed);
+    drop(all);
+    timers::work_now();
 }
 
-/// The key's visit at the next turn when holders set aside from it are
-/// left to end (a transaction's own plan, from its lock, knows nothing
-/// of them).
-#[cold]
-fn visit_aside(ctx: &Context, name: Str<'_>) {
-    let DbKey { db, name: key } = ffi::db_key(ctx, name.as_slice());
-    if all_of(db, &key) {
-        timers::schedule_earlier(db, &key, Some(clock::now_ms()));
+/// The keys holders were set aside from, each once, while any are left
+/// (none: no mutex).
+pub fn set_aside_keys() -> Vec<DbKey> {
+    if !ANY_ASIDE.load(Ordering::Relaxed) {
+        return Vec::new();
     }
+    let all = ASIDE.lock().unwrap_or_else(|p| p.into_inner());
+    let mut keys: Vec<DbKey> = Vec::with_capacity(all.len());
+    for (db, key, _) in all.iter() {
+        if !keys.iter().any(|k| k.db == *db && k.name == *key) {
+            keys.push(DbKey::new(*db, key));
+        }
+    }
+    keys
 }
 
 /// A slice of the holders set aside from `key` in `db` ended into
 /// `changes` ([`Aside::end_some`]): whether some are left for the next
-/// turn.
+/// turn (of these, or of a second set aside from the key).
 pub fn end_aside(db: i32, key: &[u8], changes: &mut Changes) -> bool {
     if !ANY_ASIDE.load(Ordering::Relaxed) {
         return false;
@@ -436,15 +440,16 @@ pub fn end_aside(db: i32, key: &[u8], changes: &mut Changes) -> bool {
     let more = all.get_mut(i).is_some_and(|(_, _, a)| a.end_some(changes));
     let done = (!more).then(|| all.swap_remove(i));
     ANY_ASIDE.store(!all.is_empty(), Ordering::Relaxed);
+    let again = more || all.iter().any(|(d, k, _)| *d == db && k == key);
     drop(all);
     // (The last of them freed out of the mutex.)
     drop(done);
-    more || all_of(db, key)
+    again
 }
 
-/// The holders set aside from `key` in `db` let go of, uncounted: its
-/// visit failed (the key holds another type now: no drop of theirs can
-/// be replicated to it).
+/// The holders set aside from `key` in `db` let go of, uncounted: no
+/// transaction can end them there (the key holds another type now, or
+/// the server is a replica now: no drop of theirs can be replicated).
 #[cold]
 pub fn drop_aside(db: i32, key: &[u8]) {
     if !ANY_ASIDE.load(Ordering::Relaxed) {
@@ -458,16 +463,6 @@ pub fn drop_aside(db: i32, key: &[u8]) {
     ANY_ASIDE.store(!all.is_empty(), Ordering::Relaxed);
     drop(all);
     drop(gone);
-}
-
-/// Whether more holders set aside from `key` wait (a second set aside
-/// before the first was done).
-fn all_of(db: i32, key: &[u8]) -> bool {
-    ASIDE
-        .lock()
-        .unwrap_or_else(|p| p.into_inner())
-        .iter()
-        .any(|(d, k, _)| *d == db && k == key)
 }
 
 /// What a transition changed in its lock, as [`commit`] takes it.

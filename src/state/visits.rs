@@ -100,6 +100,9 @@ fn tick_work(ctx: &Context, due: Due) {
         catch::callback("ending sessions", (), || end_sessions(ctx));
     }
     catch::callback("dropping what flushes left", (), drop_flushed);
+    catch::callback("ending holders set aside", (), || {
+        end_set_aside(ctx, replica)
+    });
     let mut visits = due.visits.into_iter();
     for (DbKey { db, name: key }, refresh) in visits.by_ref() {
         if replica {
@@ -141,6 +144,33 @@ fn drop_flushed() {
     }
 }
 
+/// Holders a grant set aside from a key (`transitions::end_aside`): a
+/// slice of each key's ended in a transaction on it, within the tick's
+/// share of the turn; the rest at the next turns. A key that holds another
+/// type now, or a server that is a replica now (it must not write; the
+/// grant replicated `UNLINK` of them), lets them go uncounted.
+fn end_set_aside(ctx: &Context, replica: bool) {
+    let mut more = false;
+    for DbKey { db, name: key } in transitions::set_aside_keys() {
+        if clock::turn_over() {
+            more = true;
+            break;
+        }
+        let ended = !replica
+            && ffi::select_db(ctx, db)
+            && transitions::update(ctx, Str::from(&ffi::name(ctx, &key)), |txn| {
+                more |= transitions::end_aside(db, &key, txn.changes);
+            })
+            .is_ok();
+        if !ended {
+            transitions::drop_aside(db, &key);
+        }
+    }
+    if more {
+        timers::work_now();
+    }
+}
+
 /// Looks at one key: drops expired holders, grants waiters, re-indexes it;
 /// on a refresh, sets its TTL again ([`retime`]).
 /// Sessions whose deadline passed end (replicated as one effect each);
@@ -174,23 +204,17 @@ fn visit(ctx: &Context, db: i32, key: &[u8], refresh: bool) {
     let name = ffi::name(ctx, key);
     let mut left = false;
     let result = transitions::update(ctx, Str::from(&name), |txn| {
-        // Holders a grant set aside: a slice of them ended.
-        let aside = transitions::end_aside(db, key, txn.changes);
         if !waiting::nothing_to_purge(db, key, txn.lock, txn.now, txn.changes) {
             left = txn.lock.purge(txn.now, txn.changes);
         }
-        left |= aside;
     });
-    // A purge in slices (a lock of many holders, many expired), holders set
-    // aside: the next slice at the next turn, until none is left.
+    // A purge in slices (a lock of many holders, many expired): the next
+    // slice at the next turn, until none is left.
     if left {
         timers::schedule_earlier(db, key, Some(clock::now_ms()));
     }
     match result {
-        Err(e) => {
-            transitions::drop_aside(db, key);
-            waiting::fail_all(db, key, e)
-        }
+        Err(e) => waiting::fail_all(db, key, e),
         Ok(()) if refresh => retime(ctx, Str::from(&name)),
         Ok(()) => {}
     }
