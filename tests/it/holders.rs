@@ -113,6 +113,64 @@ fn restore_ending_together(
     deadline
 }
 
+/// A master and its replica, both at `lock.max-holders` `n`, the master's
+/// key `mass` restored with `n` readers whose leases end together at
+/// `deadline` but the last one's ([`restore_ending_together`]; reader `t`
+/// of key `t` lent its DUMP's header), and the master's count of ended
+/// leases before the restore (read first: on a loaded machine the leases
+/// may end, and be counted, before the restore returns).
+struct MassExpiry {
+    master: Server,
+    replica: Server,
+    c: Conn,
+    r: Conn,
+    deadline: u64,
+    expired_before: usize,
+}
+
+fn mass_expiry(n: usize) -> MassExpiry {
+    let master = Server::start();
+    let replica = Server::start();
+    let mut c = master.conn();
+    let mut r = replica.conn();
+    for conn in [&mut c, &mut r] {
+        conn.cmd(&["CONFIG", "SET", "lock.max-holders", &n.to_string()])
+            .ok();
+    }
+    replica.replicaof(&master);
+    wait_for_sync(&master, &replica);
+    // Restored with one deadline for all but the last (grants would
+    // spread theirs); the payload's header from any lock's DUMP.
+    let first_token = c.read("t", "t", 3_600_000).int() as u64;
+    let like = c.cmd(&["DUMP", "t"]).bulk().to_vec();
+    let expired_before = expired_leases(&mut c);
+    let deadline = restore_ending_together(&mut c, "mass", n, &like, first_token);
+    MassExpiry {
+        master,
+        replica,
+        c,
+        r,
+        deadline,
+        expired_before,
+    }
+}
+
+/// Waits (two minutes at most) until `ended` more leases than
+/// `expired_before` are counted ended, and asserts none is counted twice
+/// (a purge in slices counts its ends as it drops them).
+fn each_ended_lease_counted_once(c: &mut Conn, expired_before: usize, ended: usize) {
+    wait_until(
+        Duration::from_secs(120),
+        "every ended lease counted",
+        || expired_leases(c) - expired_before >= ended,
+    );
+    assert_eq!(
+        expired_leases(c) - expired_before,
+        ended,
+        "each ended lease counted once"
+    );
+}
+
 /// `INFO lock`'s count of leases that ended.
 fn expired_leases(c: &mut Conn) -> usize {
     c.info_field("lock", "lock_expired_leases")
@@ -560,27 +618,14 @@ fn two_hundred_thousand_holders_keep_their_state_through_keyspace_commands_and_a
 #[test]
 fn a_mass_expiry_of_two_hundred_thousand_readers_grants_the_waiting_writer_after_the_last() {
     let n = 200_000;
-    let master = Server::start();
-    let replica = Server::start();
-    let mut c = master.conn();
-    let mut r = replica.conn();
-    for conn in [&mut c, &mut r] {
-        conn.cmd(&["CONFIG", "SET", "lock.max-holders", &n.to_string()])
-            .ok();
-    }
-    replica.replicaof(&master);
-    wait_for_sync(&master, &replica);
-    // Restored with one deadline for all but the last (grants would
-    // spread theirs); the payload's header from any lock's DUMP.
-    let first_token = c.read("t", "t", 3_600_000).int() as u64;
-    let like = c.cmd(&["DUMP", "t"]).bulk().to_vec();
-    // Counted before the restore: on a loaded machine its leases may end
-    // (and be counted) before it returns.
-    let expired_before: usize = c
-        .info_field("lock", "lock_expired_leases")
-        .parse()
-        .unwrap_or(0);
-    let deadline = restore_ending_together(&mut c, "mass", n, &like, first_token);
+    let MassExpiry {
+        master,
+        replica,
+        mut c,
+        mut r,
+        deadline,
+        expired_before,
+    } = mass_expiry(n);
     // The writer waits (a minute at most) from before the deadline.
     let mut w = master.conn();
     w.send(&["LOCK.ACQUIRE", "mass", "writer", "600000", "WAIT", "60000"])
@@ -611,16 +656,7 @@ fn a_mass_expiry_of_two_hundred_thousand_readers_grants_the_waiting_writer_after
     // Each ended lease counted once (the writer's grant may set the last
     // slices' readers aside: their ends are counted as they are ended;
     // the replica is compared once every drop was sent).
-    wait_until(
-        Duration::from_secs(120),
-        "every ended lease counted",
-        || expired_leases(&mut c) - expired_before >= n - 1,
-    );
-    assert_eq!(
-        expired_leases(&mut c) - expired_before,
-        n - 1,
-        "each ended lease counted once"
-    );
+    each_ended_lease_counted_once(&mut c, expired_before, n - 1);
     // Nothing of the readers is left: the writer holds the key alone.
     for (conn, side) in [(&mut c, "master"), (&mut r, "replica")] {
         if side == "replica" {
@@ -660,25 +696,14 @@ fn a_mass_expiry_of_two_hundred_thousand_readers_grants_the_waiting_writer_after
 #[test]
 fn after_a_mass_expiry_a_newcomer_at_the_limit_and_a_writer_without_wait_are_granted_at_once() {
     let n = 200_000;
-    let master = Server::start();
-    let replica = Server::start();
-    let mut c = master.conn();
-    let mut r = replica.conn();
-    for conn in [&mut c, &mut r] {
-        conn.cmd(&["CONFIG", "SET", "lock.max-holders", &n.to_string()])
-            .ok();
-    }
-    replica.replicaof(&master);
-    wait_for_sync(&master, &replica);
-    let first_token = c.read("t", "t", 3_600_000).int() as u64;
-    let like = c.cmd(&["DUMP", "t"]).bulk().to_vec();
-    // Counted before the restore: on a loaded machine its leases may end
-    // (and be counted) before it returns.
-    let expired_before: usize = c
-        .info_field("lock", "lock_expired_leases")
-        .parse()
-        .unwrap_or(0);
-    let deadline = restore_ending_together(&mut c, "mass", n, &like, first_token);
+    let MassExpiry {
+        master,
+        replica,
+        mut c,
+        mut r,
+        deadline,
+        expired_before,
+    } = mass_expiry(n);
     // The master's limit lowered to 2 (a lowered setting keeps the
     // holders): past it by the stored count, a newcomer before the
     // deadline gets the limit's error.
@@ -739,16 +764,7 @@ fn after_a_mass_expiry_a_newcomer_at_the_limit_and_a_writer_without_wait_are_gra
     assert_eq!(c.info_field("lock", "lock_holders_exclusive"), "1");
     // A reader now waits for the writer, as on any held key.
     assert_eq!(c.cmd(&["LOCK.READ", "mass", "late", "60000"]), Reply::Nil);
-    wait_until(
-        Duration::from_secs(120),
-        "every ended lease counted",
-        || expired_leases(&mut c) - expired_before >= n - 1,
-    );
-    assert_eq!(
-        expired_leases(&mut c) - expired_before,
-        n - 1,
-        "each ended lease counted once"
-    );
+    each_ended_lease_counted_once(&mut c, expired_before, n - 1);
     wait_for_sync(&master, &replica);
     let info = r.lock_info("mass").expect("the replica's lock");
     let owners: Vec<&[u8]> = info.holders.iter().map(|h| h.owner.as_slice()).collect();
