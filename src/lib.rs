@@ -59,6 +59,7 @@ use crate::redis::catch;
 use crate::redis::config;
 use crate::redis::log;
 use crate::redis::replication;
+use crate::redis::shared;
 use crate::redis::spec::Spec;
 use crate::state::keys;
 use crate::state::stats;
@@ -109,6 +110,7 @@ pub extern "C" fn RedisModule_OnLoad(
 
 fn on_load(ctx: &Context, args: &[RedisString]) -> Status {
     catch::callback("loading the module", Status::Err, || {
+        shared::main_thread_is_this();
         ctx.set_module_options(ModuleOptions::HANDLE_IO_ERRORS);
         replication::set_replica(ctx.get_flags().contains(ContextFlags::SLAVE));
         keys::set_type(*LOCK_TYPE.raw_type.borrow());

@@ -26,11 +26,12 @@
 //!   generic commands (DEL, EXPIRE, RENAME ...) and on writes that set a TTL
 //!   (`SET ... PX` fires `expire`); writes without a TTL (SET, INCR, HSET,
 //!   LPUSH, scripts) fire no generic event and pay nothing. While some lock
-//!   exists, an event on a name no lock has is told apart by its name
-//!   first, before the event's: read in place (`ffi::name_of`), hashed and
-//!   looked up in a filter of the names locks have (`keys::may_be_lock`),
-//!   two loads, the key never opened. A flush that freed locks has the
-//!   filter rebuilt (`keys::flushed`).
+//!   exists and none was just unlinked, the event is told by its address
+//!   (a `del`, `rename_*`, `move_*` or `copy_to` is about no lock then),
+//!   and an `expire`'s key by its name: read in place (`ffi::Strings`),
+//!   looked up in a probe of counts and then a filter of the names locks
+//!   have (`keys::probe_no_at`, `keys::may_be_lock`), the key never opened.
+//!   A flush that freed locks has the filter rebuilt (`keys::flushed`).
 //!
 //! Event callbacks must not write: every visit they ask for is made by the
 //! timer (`timers`), right after.
@@ -50,6 +51,7 @@ use crate::redis::ffi::DbKey;
 use crate::redis::ffi::{self, api};
 use crate::redis::replication;
 use crate::redis::script_caller;
+use crate::redis::shared::MainCell;
 use crate::state::bindings;
 use crate::state::keys;
 use crate::state::sessions;
@@ -174,29 +176,62 @@ extern "C" fn on_generic<S: ffi::Strings>(
     event: *const c_char,
     key: *mut raw::RedisModuleString,
 ) -> c_int {
-    // Most of these are not about locks: while no lock exists and nobody
-    // waits, two atomic loads and nothing else, not even a stack frame for
-    // the rest (a lock being renamed or moved exists all along:
-    // `MOVED_FROM` is never left behind).
-    if stats::lock_keys() == 0 && !waiting::busy() {
-        return raw::REDISMODULE_OK as c_int;
+    // Most of these are not about locks. Whether anything needs more than
+    // the quick answers is one byte (`keys::ATTENTION`: no lock at all,
+    // the filter unsure, a lock unlinked, moved or deleted just before);
+    // while it is 0, the event is told by its address, no call and no
+    // stack frame: an `expire` first, by one compare that also says the
+    // byte is 0 (`keys::QUICK_EVENT`), goes to its key's name, read in
+    // place by the reader of this server's layout (`S`: `ffi::Strings`)
+    // and looked up in a probe of counts (`keys::probe_no_at`); a `del`, a
+    // `rename_*`, a `move_*` or a `copy_to` is about no lock ([`Known`]).
+    // The rest out of line.
+    if event == keys::QUICK_EVENT.get() {
+        return on_generic_name::<S>(raw_ctx, event, key);
     }
-    // While some lock exists, an event on a name no lock has is answered
-    // first, by the name alone (a `del`, a `copy_to`, a `rename_to` and a
-    // `move_to` by their event: `by_event`): one byte says nothing else
-    // matters (`keys::ATTENTION`), the name is read in place by the reader
-    // of this server's layout (`S`: `ffi::Strings`), and looked up in a
-    // probe of counts (`keys::probe_no`), before the rest of the event's
-    // name is looked at; no call, the rest (and names past 32 bytes) out
-    // of line.
-    if keys::ATTENTION.load(Ordering::Relaxed) != 0 {
-        return on_generic_locks(raw_ctx, event, key);
+    let attention = keys::ATTENTION.get();
+    if attention != 0 {
+        if attention == keys::NO_LOCKS && !waiting::busy() {
+            // No lock and nobody waits: nothing to look at.
+            return raw::REDISMODULE_OK as c_int;
+        }
+        return on_generic_attend::<S>(raw_ctx, event, key);
     }
-    match by_event(event) {
-        ByEvent::No => raw::REDISMODULE_OK as c_int,
-        ByEvent::Name => on_generic_name::<S>(raw_ctx, event, key),
-        ByEvent::Learn => on_generic_learn::<S>(raw_ctx, event, key),
+    on_generic_quick::<S>(raw_ctx, event, key)
+}
+
+/// [`on_generic`] while nothing needs attention: the event by its address.
+#[inline(always)]
+fn on_generic_quick<S: ffi::Strings>(
+    raw_ctx: *mut raw::RedisModuleCtx,
+    event: *const c_char,
+    key: *mut raw::RedisModuleString,
+) -> c_int {
+    let known = |k: Known| k.at().get();
+    // (An `expire` whose address is known was answered by
+    // `keys::QUICK_EVENT`.) One compare each (not a loop, which the
+    // compiler turns into vector compares of them all), in the order of
+    // how often a cache server sees them, `*_from` before its `*_to`.
+    let ok = raw::REDISMODULE_OK as c_int;
+    if event == known(Known::Del) {
+        return ok;
     }
+    if event == known(Known::RenameFrom) {
+        return ok;
+    }
+    if event == known(Known::RenameTo) {
+        return ok;
+    }
+    if event == known(Known::MoveFrom) {
+        return ok;
+    }
+    if event == known(Known::MoveTo) {
+        return ok;
+    }
+    if event == known(Known::CopyTo) {
+        return ok;
+    }
+    on_generic_event::<S>(raw_ctx, event, key)
 }
 
 /// [`on_generic`] past the event's answer: the name's probe, inline.
@@ -207,26 +242,54 @@ fn on_generic_name<S: ffi::Strings>(
     key: *mut raw::RedisModuleString,
 ) -> c_int {
     // SAFETY: `key` is the live string Redis passed; `S` is the reader
-    // chosen at load for this server's strings.
-    if unsafe { S::name(key) }.is_some_and(keys::probe_no) {
+    // chosen at load for this server's strings; `probe_no_at` reads the
+    // bytes it is given.
+    if unsafe {
+        S::with_name(
+            key,
+            #[inline(always)]
+            |p, n| keys::probe_no_at(p, n),
+        )
+    } == Some(true)
+    {
         return raw::REDISMODULE_OK as c_int;
     }
     on_generic_maybe::<S>(raw_ctx, event, key)
 }
 
-/// [`on_generic`] for an event starting `r` or `m` while its `*_to`'s
-/// address is not known yet ([`learn_to_event`]), out of line: the fast
-/// path keeps no register across a call.
+/// [`on_generic`] with some bit of `keys::ATTENTION` set, out of line:
+/// nothing to look at while no lock exists and nobody waits; the quick
+/// answers while only [`keys::NO_LOCKS`] is set (someone waits for a key
+/// that holds no lock); else every event goes to [`on_generic_locks`].
 #[inline(never)]
-extern "C" fn on_generic_learn<S: ffi::Strings>(
+extern "C" fn on_generic_attend<S: ffi::Strings>(
     raw_ctx: *mut raw::RedisModuleCtx,
     event: *const c_char,
     key: *mut raw::RedisModuleString,
 ) -> c_int {
-    if learn_to_event(event) {
+    let locks = stats::lock_keys() != 0;
+    if !locks && !waiting::busy() {
         return raw::REDISMODULE_OK as c_int;
     }
-    on_generic_name::<S>(raw_ctx, event, key)
+    if keys::ATTENTION.get() & !keys::NO_LOCKS == 0 {
+        return on_generic_quick::<S>(raw_ctx, event, key);
+    }
+    on_generic_locks(raw_ctx, event, key)
+}
+
+/// [`on_generic`] for an event whose address is not known (not seen yet,
+/// or not one [`Known`] keeps), out of line: its bytes, and its address
+/// kept if it is one of them.
+#[inline(never)]
+extern "C" fn on_generic_event<S: ffi::Strings>(
+    raw_ctx: *mut raw::RedisModuleCtx,
+    event: *const c_char,
+    key: *mut raw::RedisModuleString,
+) -> c_int {
+    if by_event(event) {
+        return on_generic_name::<S>(raw_ctx, event, key);
+    }
+    raw::REDISMODULE_OK as c_int
 }
 
 /// [`on_generic`] past the name's probe (`keys::probe_no`):
@@ -244,86 +307,86 @@ extern "C" fn on_generic_maybe<S: ffi::Strings>(
     on_generic_locks(raw_ctx, event, key)
 }
 
-/// What the event's name alone says ([`by_event`]).
-enum ByEvent {
-    /// About no lock.
-    No,
-    /// The key's name decides.
-    Name,
-    /// A `rename_*` or `move_*` while its `*_to`'s address is not known.
-    Learn,
+/// The event names [`on_generic`] tells by their address
+/// ([`Known::at`]).
+#[derive(Clone, Copy)]
+enum Known {
+    Expire,
+    Del,
+    RenameFrom,
+    RenameTo,
+    MoveFrom,
+    MoveTo,
+    CopyTo,
 }
 
-/// With no bit of [`keys::ATTENTION`] set, whether the event alone says it
-/// is about no lock, before the key's name: a `del` (it matters only after
-/// a lock was unlinked, an attention bit), a `copy_to` (the lock type has
-/// no copy callback: `COPY` of a lock is refused, so a copy is never a
-/// lock), or a `rename_to` or `move_to` (its `*_from` was answered no by
-/// the name: a lock renamed or moved is unlinked from its old place first,
-/// and the look at its `*_from` sets `MOVING`; so the value it names now
-/// is no lock). An `expire` goes to the name after one compare; a
-/// `rename_to` or a `move_to` is told by its address, the literal in the
-/// server's executable seen once to hold it ([`TO_EVENTS`]), so that its
-/// `*_from` goes to the name after one compare more, not after its
-/// name's bytes.
-#[inline(always)]
-fn by_event(event: *const c_char) -> ByEvent {
-    if event.is_null() {
-        return ByEvent::No;
+impl Known {
+    /// Where its address is kept, once known.
+    #[inline(always)]
+    fn at(self) -> &'static MainCell<*const c_char> {
+        match self {
+            Known::Expire => &keys::QUICK_EVENT_LEARNT,
+            Known::Del => &KNOWN_DEL,
+            Known::RenameFrom => &KNOWN_RENAME_FROM,
+            Known::RenameTo => &KNOWN_RENAME_TO,
+            Known::MoveFrom => &KNOWN_MOVE_FROM,
+            Known::MoveTo => &KNOWN_MOVE_TO,
+            Known::CopyTo => &KNOWN_COPY_TO,
+        }
     }
-    // SAFETY: Redis passes the event's name NUL-terminated: its first byte
-    // is there.
-    let first = unsafe { *event } as u8;
-    if first == b'e' {
-        // `expire`, the most frequent: its name decides.
-        return ByEvent::Name;
-    }
-    if first < b'm' {
-        // `del`, `copy_to` (never of a lock: the type copies none).
-        return ByEvent::No;
-    }
-    // `rename_*`, `restore`, `move_*`, `persist`: only a `rename_to` and
-    // a `move_to` are answered here.
-    let to = match first {
-        b'r' => &TO_EVENTS[0],
-        b'm' => &TO_EVENTS[1],
-        _ => return ByEvent::Name,
-    };
-    let known = to.load(Ordering::Relaxed);
-    if event == known.cast_const() {
-        ByEvent::No
-    } else if known.is_null() {
-        ByEvent::Learn
-    } else {
-        ByEvent::Name
-    }
+
+    const ALL: [(Known, &'static [u8]); 7] = [
+        (Known::Expire, b"expire"),
+        (Known::Del, b"del"),
+        (Known::RenameFrom, b"rename_from"),
+        (Known::RenameTo, b"rename_to"),
+        (Known::MoveFrom, b"move_from"),
+        (Known::MoveTo, b"move_to"),
+        (Known::CopyTo, b"copy_to"),
+    ];
 }
 
-/// The addresses of the server's `rename_to` and `move_to` event names
-/// ([`by_event`]), null until seen.
-static TO_EVENTS: [AtomicPtr<c_char>; 2] = [
-    AtomicPtr::new(std::ptr::null_mut()),
-    AtomicPtr::new(std::ptr::null_mut()),
-];
+/// The addresses of the server's literals for [`Known`]'s event names
+/// (`expire`'s: `keys::QUICK_EVENT_LEARNT`), null until seen
+/// ([`by_event`]). Main thread only (plain loads: each compare one
+/// instruction). One static each: the compiler turns loads from one
+/// array into vector compares of all of them.
+static KNOWN_DEL: MainCell<*const c_char> = MainCell::new(std::ptr::null());
+static KNOWN_RENAME_FROM: MainCell<*const c_char> = MainCell::new(std::ptr::null());
+static KNOWN_RENAME_TO: MainCell<*const c_char> = MainCell::new(std::ptr::null());
+static KNOWN_MOVE_FROM: MainCell<*const c_char> = MainCell::new(std::ptr::null());
+static KNOWN_MOVE_TO: MainCell<*const c_char> = MainCell::new(std::ptr::null());
+static KNOWN_COPY_TO: MainCell<*const c_char> = MainCell::new(std::ptr::null());
 
-/// [`by_event`] for an event starting `r` or `m` while its `*_to`'s
-/// address is not known: whether it is `rename_to` or `move_to` (its
-/// bytes compared), and its address kept if it lies in the server's
-/// executable (`ffi::in_server_image`: a literal, never another module's
-/// buffer).
+/// With no bit of [`keys::ATTENTION`] set, whether an event whose address
+/// is not known needs its key's name looked at: an `expire`, a `persist`
+/// or a `restore` does. The others are about no lock: a `del` (it matters
+/// only after a lock was unlinked, an attention bit), a `copy_to` (the
+/// lock type has no copy callback: `COPY` of a lock is refused, so a copy
+/// is never a lock), a `rename_*` or a `move_*` (a lock renamed or moved
+/// is unlinked from its old name first, which sets an attention bit until
+/// its `*_from` and `*_to` are looked at), and any other module's event. A
+/// [`Known`] name's address is kept if it lies in the server's executable
+/// (`ffi::in_server_image`: a literal, never another module's buffer), so
+/// that the next one is told by one compare.
 #[cold]
 #[inline(never)]
-fn learn_to_event(event: *const c_char) -> bool {
-    // SAFETY: Redis passes the event's name NUL-terminated.
-    let slot = match unsafe { CStr::from_ptr(event) }.to_bytes() {
-        b"rename_to" => &TO_EVENTS[0],
-        b"move_to" => &TO_EVENTS[1],
-        _ => return false,
-    };
-    if ffi::in_server_image(event) {
-        slot.store(event.cast_mut(), Ordering::Relaxed);
+fn by_event(event: *const c_char) -> bool {
+    if event.is_null() {
+        return false;
     }
-    true
+    // SAFETY: Redis passes the event's name NUL-terminated.
+    let name = unsafe { CStr::from_ptr(event) }.to_bytes();
+    if let Some((known, _)) = Known::ALL.iter().find(|(_, n)| *n == name) {
+        if ffi::in_server_image(event) {
+            match known {
+                Known::Expire => keys::learn_quick_event(event),
+                _ => known.at().set(event),
+            }
+        }
+        return matches!(known, Known::Expire);
+    }
+    matches!(name, b"persist" | b"restore")
 }
 
 /// [`on_generic`] past the name's first answer (a name that may be a
@@ -360,7 +423,7 @@ const MOVING: u8 = 8;
 const DELETED_A_LOCK: u8 = 16;
 
 fn pending(bit: u8) -> bool {
-    keys::ATTENTION.load(Ordering::Relaxed) & bit != 0
+    keys::ATTENTION.get() & bit != 0
 }
 
 fn set_pending(bit: u8, on: bool) {
@@ -398,6 +461,12 @@ fn may_concern_locks(event: *const c_char, key: *mut raw::RedisModuleString) -> 
         // MOVE fires next, in the same command: any other event ends it
         // (the bit must not send every later event here).
         set_pending(LEFT_A_NAME, false);
+    }
+    if at(0) != b'd' {
+        // So does an unlinked lock to the `del` of the `MIGRATE` that
+        // unlinked it, fired next (a lock that expired, or was deleted
+        // by any other command, leaves the bit to the next event).
+        set_pending(DELETED_A_LOCK, false);
     }
     match at(0) {
         b'e' | b'p' => keys::may_be_lock(name()),
@@ -859,41 +928,32 @@ mod tests {
 
     #[test]
     fn an_event_is_answered_by_its_name_only_when_it_cannot_be_about_a_lock() {
-        let answer = |name: &str| {
+        // Whether the key's name is looked at.
+        let named = |name: &str| {
             let event = CString::new(name).unwrap_or_default();
-            let by = by_event(event.as_ptr());
-            // Outside a server no address is kept (`ffi::in_server_image`):
-            // a `rename_*` or `move_*` is learnt from its bytes each time.
-            let no = match by {
-                ByEvent::No => true,
-                ByEvent::Name => false,
-                ByEvent::Learn => learn_to_event(event.as_ptr()),
-            };
-            (matches!(by, ByEvent::Learn), no)
+            by_event(event.as_ptr())
         };
-        for name in ["del", "copy_to"] {
-            assert_eq!(answer(name), (false, true), "{name}");
-        }
-        for name in ["expire", "persist"] {
-            assert_eq!(answer(name), (false, false), "{name}");
-        }
-        for name in ["rename_to", "move_to"] {
-            assert_eq!(answer(name), (true, true), "{name}");
+        for name in ["expire", "persist", "restore"] {
+            assert!(named(name), "{name}");
         }
         for name in [
+            "del",
+            "copy_to",
             "rename_from",
+            "rename_to",
             "move_from",
-            "restore",
+            "move_to",
             "rename_t",
             "move_tox",
+            "expired",
+            "expir",
             "r",
-            "m",
+            "",
         ] {
-            assert_eq!(answer(name), (true, false), "{name}");
+            assert!(!named(name), "{name}");
         }
-        assert!(TO_EVENTS
-            .iter()
-            .all(|t| t.load(Ordering::Relaxed).is_null()));
-        assert!(matches!(by_event(std::ptr::null()), ByEvent::No));
+        // Outside a server no address is kept (`ffi::in_server_image`).
+        assert!(Known::ALL.iter().all(|(k, _)| k.at().get().is_null()));
+        assert!(!by_event(std::ptr::null()));
     }
 }

@@ -397,6 +397,24 @@ pub trait Strings {
     ///
     /// [`name`]: Strings::name
     unsafe fn bytes(s: *const raw::RedisModuleString) -> Option<*const u8>;
+
+    /// `f` of `s`'s bytes (their address and length), or `None` as
+    /// [`name`]: for a look inline in each of the reader's branches (no
+    /// length carried from one to the next).
+    ///
+    /// # Safety
+    ///
+    /// As [`Strings::name`]'s.
+    ///
+    /// [`name`]: Strings::name
+    #[inline(always)]
+    unsafe fn with_name<R>(
+        s: *const raw::RedisModuleString,
+        f: impl FnOnce(*const u8, usize) -> R,
+    ) -> Option<R> {
+        // SAFETY: the caller's.
+        unsafe { Self::name(s) }.map(|n| f(n.as_ptr(), n.len()))
+    }
 }
 
 /// Redis 7.0 to 8.x's strings ([`in_place`]).
@@ -420,6 +438,29 @@ impl Strings for RedisStrings {
         // SAFETY: the caller's.
         unsafe { bytes_in_place(s) }
     }
+
+    #[inline(always)]
+    unsafe fn with_name<R>(
+        s: *const raw::RedisModuleString,
+        f: impl FnOnce(*const u8, usize) -> R,
+    ) -> Option<R> {
+        // SAFETY: as `in_place`, whose reads these are, `f` in each branch.
+        unsafe {
+            let head = s.cast::<u8>();
+            if *head & 0x7f != 0 {
+                return None;
+            }
+            let buf = head.add(8).cast::<*const u8>().read_unaligned();
+            let kind = *buf.sub(1);
+            if kind == 1 {
+                Some(f(buf, usize::from(*buf.sub(3))))
+            } else if kind & 7 == 0 {
+                Some(f(buf, usize::from(kind >> 3)))
+            } else {
+                None
+            }
+        }
+    }
 }
 
 impl Strings for ValkeyStrings {
@@ -433,6 +474,27 @@ impl Strings for ValkeyStrings {
     unsafe fn bytes(s: *const raw::RedisModuleString) -> Option<*const u8> {
         // SAFETY: the caller's; an `sds` buffer ends with a NUL.
         unsafe { in_place_valkey(s) }.map(<[u8]>::as_ptr)
+    }
+
+    #[inline(always)]
+    unsafe fn with_name<R>(
+        s: *const raw::RedisModuleString,
+        f: impl FnOnce(*const u8, usize) -> R,
+    ) -> Option<R> {
+        // SAFETY: as `in_place_valkey`, whose reads these are: an embedded
+        // name (a request's) with `f` in its own branch, the rest read so.
+        unsafe {
+            let head = s.cast::<u8>();
+            let word = head.cast::<u64>().read_unaligned();
+            if word & 0x7f == 0 && (word >> 33) & 1 == 0 && (word >> 34) & 1 == 1 {
+                let hdr = head.add(valkey_embedded_at(word));
+                if *hdr.add(2) != 1 {
+                    return None;
+                }
+                return Some(f(hdr.add(3), usize::from(*hdr)));
+            }
+            in_place_valkey(s).map(|n| f(n.as_ptr(), n.len()))
+        }
     }
 }
 
@@ -530,12 +592,16 @@ pub unsafe fn in_place<'a>(s: *const raw::RedisModuleString) -> Option<&'a [u8]>
     }
     let buf = unsafe { head.add(8).cast::<*const u8>().read_unaligned() };
     let kind = unsafe { *buf.sub(1) };
-    let len = match kind & 7 {
-        1 => unsafe { *buf.sub(3) },
+    // sdshdr8 (Redis 7's names, its flags' upper bits unused) first: one
+    // compare.
+    let len = if kind == 1 {
+        unsafe { *buf.sub(3) }
+    } else if kind & 7 == 0 {
         // sdshdr5 (Redis 8's short strings): the length in the kind
         // byte's upper five bits.
-        0 => kind >> 3,
-        _ => return None,
+        kind >> 3
+    } else {
+        return None;
     };
     Some(unsafe { std::slice::from_raw_parts(buf, usize::from(len)) })
 }

@@ -4,14 +4,15 @@
 
 use std::mem::ManuallyDrop;
 use std::ops::{Deref, DerefMut};
-use std::os::raw::{c_int, c_longlong, c_void};
+use std::os::raw::{c_char, c_int, c_longlong, c_void};
 use std::ptr::NonNull;
-use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU64, AtomicU8, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU64, AtomicUsize, Ordering};
 
 use redis_module::{raw, Context};
 
 use crate::redis::errors::LockError;
 use crate::redis::ffi::{api, call, name_of, Str};
+use crate::redis::shared::MainCell;
 use lock_core::Lock;
 
 /// The lock data type, as Redis created it (set once at load, from `lib`).
@@ -253,25 +254,58 @@ static BUCKETS: AtomicPtr<AtomicU64> = AtomicPtr::new(INITIAL.as_ptr().cast_mut(
 static MASK: AtomicUsize = AtomicUsize::new(MIN_BUCKETS - 1);
 /// Entries in it (names counted and not yet uncounted).
 static ENTRIES: AtomicUsize = AtomicUsize::new(0);
-/// Why the keyspace callback must look past a name's answer, one bit a
-/// reason, so that it reads one byte for all of them before the name:
+/// Why the keyspace callback must look past its quick answers (an event
+/// by its address, a name by its probe), one bit a reason, so that it
+/// reads one byte for all of them first: no lock exists ([`NO_LOCKS`]),
 /// the filter is unsure ([`UNSURE`]), or the callback's own reasons
-/// (`events`: a lock left a name, is being moved, or was deleted; bit 2,
-/// once names not read in place, is free).
-pub static ATTENTION: AtomicU8 = AtomicU8::new(0);
+/// (`events`: a lock left a name, is being moved, or was deleted). Main
+/// thread only (a plain load: its compare is one instruction).
+pub static ATTENTION: MainCell<u8> = MainCell::new(NO_LOCKS);
 /// [`ATTENTION`]'s bit: the table may miss a name (an entry found no
 /// room, an unlink found none): every name may be a lock's until it is
 /// rebuilt.
 pub const UNSURE: u8 = 1;
+/// [`ATTENTION`]'s bit: no lock value exists (the count of lock keys,
+/// `stats`, fell to 0 on the main thread; cleared when it leaves 0).
+/// Never set while a lock exists; it may be clear while none does (the
+/// last ones freed on the thread that frees a flushed database's
+/// values), which only sends events through the name's probe, empty then.
+pub const NO_LOCKS: u8 = 2;
 
-/// Sets or clears `bits` of [`ATTENTION`] (main thread only).
+/// Sets or clears `bits` of [`ATTENTION`] (main thread only), and
+/// [`QUICK_EVENT`] with it.
 pub fn attend(bits: u8, on: bool) {
-    let a = ATTENTION.load(Ordering::Relaxed);
-    ATTENTION.store(if on { a | bits } else { a & !bits }, Ordering::Relaxed);
+    let a = ATTENTION.get();
+    let a = if on { a | bits } else { a & !bits };
+    ATTENTION.set(a);
+    QUICK_EVENT.set(match a {
+        0 => QUICK_EVENT_LEARNT.get(),
+        _ => std::ptr::null(),
+    });
+}
+
+/// The keyspace event the callback tests for first, by its name's
+/// address (`events`: the server's `expire` literal, once seen), while
+/// [`ATTENTION`] is 0; null otherwise: one compare says both that nothing
+/// needs attention and that the event is this one. Main thread only.
+pub static QUICK_EVENT: MainCell<*const c_char> = MainCell::new(std::ptr::null());
+/// [`QUICK_EVENT`]'s address, whatever [`ATTENTION`] says.
+pub static QUICK_EVENT_LEARNT: MainCell<*const c_char> = MainCell::new(std::ptr::null());
+
+/// Keeps `event` as [`QUICK_EVENT`]'s address (main thread only).
+pub fn learn_quick_event(event: *const c_char) {
+    QUICK_EVENT_LEARNT.set(event);
+    attend(0, false);
+}
+
+/// Whether some lock value exists now (`stats`' count left 0, or fell to
+/// it on the main thread), for [`NO_LOCKS`].
+pub fn locks_exist(some: bool) {
+    attend(NO_LOCKS, !some);
 }
 
 fn unsure() -> bool {
-    ATTENTION.load(Ordering::Relaxed) & UNSURE != 0
+    ATTENTION.get() & UNSURE != 0
 }
 
 /// The table a rebuild fills (null: none under way), as the three above.
@@ -280,7 +314,7 @@ static NEXT_MASK: AtomicUsize = AtomicUsize::new(0);
 static NEXT_ENTRIES: AtomicUsize = AtomicUsize::new(0);
 static NEXT_UNSURE: AtomicBool = AtomicBool::new(false);
 
-/// The keyspace callback's first look ([`probe_no`]), before the table: for each of 65,536
+/// The keyspace callback's first look ([`probe_no_at`]), before the table: for each of 65,536
 /// slots, how many names counted in the table have that slot
 /// ([`probe_slot`], from a name's length and its first and last words),
 /// 255 when more (stuck there until the table is emptied or rebuilt). A
@@ -291,44 +325,61 @@ static NEXT_UNSURE: AtomicBool = AtomicBool::new(false);
 /// unlink, a rebuild's scan into [`PROBE_NEXT`], copied over at its end,
 /// emptied with it), so a counted name's slot is never 0. Static: 64 KiB,
 /// and as much for a rebuild, whatever the number of locks.
-static PROBE: [AtomicU8; PROBE_SLOTS] = [const { AtomicU8::new(0) }; PROBE_SLOTS];
+static PROBE: Probe = [const { MainCell::new(0) }; PROBE_SLOTS];
 /// The probe a rebuild fills, beside [`NEXT`].
-static PROBE_NEXT: [AtomicU8; PROBE_SLOTS] = [const { AtomicU8::new(0) }; PROBE_SLOTS];
+static PROBE_NEXT: Probe = [const { MainCell::new(0) }; PROBE_SLOTS];
 const PROBE_SLOTS: usize = 1 << 16;
+/// A probe's counts (main thread only: plain loads, the callback's
+/// compare one instruction).
+type Probe = [MainCell<u8>; PROBE_SLOTS];
 
 /// A name's slot in [`PROBE`]: its length, first and last words (or
 /// halves, or first, middle and last bytes), one multiply. Names that
 /// differ only between those share a slot (the table tells them apart).
 #[inline(always)]
 fn probe_slot(name: &[u8]) -> usize {
-    let n = name.len();
+    // SAFETY: the name's own bytes.
+    unsafe { probe_slot_at(name.as_ptr(), name.len()) }
+}
+
+/// [`probe_slot`] of the `n` bytes at `p`.
+///
+/// # Safety
+///
+/// `p` is valid for reads of `n` bytes.
+#[inline(always)]
+unsafe fn probe_slot_at(p: *const u8, n: usize) -> usize {
     let x = if n >= 8 {
         // SAFETY: `n >= 8`: both words are in the name.
-        unsafe { word_at(name, 0) ^ word_at(name, n - 8).rotate_left(29) }
+        unsafe { word_at(p, 0) ^ word_at(p, n - 8).rotate_left(29) }
     } else {
-        short_word(name)
+        // (Out of the common path's straight line.)
+        std::hint::cold_path();
+        // SAFETY: the caller's.
+        unsafe { short_word(p, n) }
     };
     ((x ^ n as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 48) as usize
 }
 
-/// The little-endian word at byte `i` of `name`, without a bounds check
-/// (the two hashes of a name below read by length class).
+/// The little-endian word at byte `i` of `p`.
 ///
 /// # Safety
 ///
-/// `i + 8 <= name.len()`.
+/// `p` is valid for reads of `i + 8` bytes.
 #[inline(always)]
-unsafe fn word_at(name: &[u8], i: usize) -> u64 {
-    u64::from_le(unsafe { name.as_ptr().add(i).cast::<u64>().read_unaligned() })
+unsafe fn word_at(p: *const u8, i: usize) -> u64 {
+    u64::from_le(unsafe { p.add(i).cast::<u64>().read_unaligned() })
 }
 
-/// A name of up to 7 bytes as one word, without a bounds check: of 4 to
-/// 7 bytes its two overlapping halves, of 1 to 3 its first, middle and
-/// last byte, of none 0 (its length is mixed in beside it).
+/// A name of up to 7 bytes (`n`, at `p`) as one word: of 4 to 7 bytes
+/// its two overlapping halves, of 1 to 3 its first, middle and last
+/// byte, of none 0 (its length is mixed in beside it).
+///
+/// # Safety
+///
+/// `p` is valid for reads of `n` bytes.
 #[inline(always)]
-fn short_word(name: &[u8]) -> u64 {
-    let n = name.len();
-    let p = name.as_ptr();
+unsafe fn short_word(p: *const u8, n: usize) -> u64 {
     // SAFETY: every read is of bytes `0..n`, checked by the branch it is in.
     let half = |i: usize| {
         u64::from(u32::from_le(unsafe {
@@ -346,10 +397,9 @@ fn short_word(name: &[u8]) -> u64 {
 }
 
 /// Counts `name` in `probe` (stuck at 255).
-fn probe_add(probe: &[AtomicU8; PROBE_SLOTS], name: &[u8]) {
+fn probe_add(probe: &Probe, name: &[u8]) {
     if let Some(c) = probe.get(probe_slot(name)) {
-        let n = c.load(Ordering::Relaxed);
-        c.store(n.saturating_add(1), Ordering::Relaxed);
+        c.set(c.get().saturating_add(1));
     }
 }
 
@@ -357,26 +407,38 @@ fn probe_add(probe: &[AtomicU8; PROBE_SLOTS], name: &[u8]) {
 /// never counted: the table turns unsure for it).
 fn probe_remove(name: &[u8]) {
     if let Some(c) = PROBE.get(probe_slot(name)) {
-        let n = c.load(Ordering::Relaxed);
+        let n = c.get();
         if n != 0 && n != u8::MAX {
-            c.store(n - 1, Ordering::Relaxed);
+            c.set(n - 1);
         }
     }
 }
 
-/// Whether [`PROBE`] says no lock has `name`: its slot at 0 (the keyspace
-/// callback's first look; [`table_no`] its second).
-#[inline(always)]
-pub fn probe_no(name: &[u8]) -> bool {
-    // The slot is under `PROBE_SLOTS` (16 bits).
-    PROBE
-        .get(probe_slot(name))
-        .is_none_or(|c| c.load(Ordering::Relaxed) == 0)
+/// [`probe_no_at`] of `name`.
+#[cfg(test)]
+fn probe_no(name: &[u8]) -> bool {
+    // SAFETY: the name's own bytes.
+    unsafe { probe_no_at(name.as_ptr(), name.len()) }
 }
 
-fn probe_clear(probe: &[AtomicU8; PROBE_SLOTS]) {
+/// Whether [`PROBE`] says no lock has the name of `n` bytes at `p` (read
+/// in place): its slot at 0 (the keyspace callback's first look;
+/// [`table_no`] its second).
+///
+/// # Safety
+///
+/// `p` is valid for reads of `n` bytes.
+#[inline(always)]
+pub unsafe fn probe_no_at(p: *const u8, n: usize) -> bool {
+    // The slot is under `PROBE_SLOTS` (16 bits).
+    PROBE
+        .get(unsafe { probe_slot_at(p, n) })
+        .is_none_or(|c| c.get() == 0)
+}
+
+fn probe_clear(probe: &Probe) {
     for c in probe {
-        c.store(0, Ordering::Relaxed);
+        c.set(0);
     }
 }
 
@@ -390,7 +452,7 @@ fn name_hash(name: &[u8]) -> u64 {
     let n = name.len();
     // SAFETY: every word read is of bytes `0..n`: at `i` with `i + 8 <= n`,
     // checked by the branch it is in.
-    let word = |i: usize| unsafe { word_at(name, i) };
+    let word = |i: usize| unsafe { word_at(name.as_ptr(), i) };
     let seed = SEED ^ n as u64;
     if n > 32 {
         long_hash(name)
@@ -403,7 +465,8 @@ fn name_hash(name: &[u8]) -> u64 {
     } else if n >= 8 {
         mix(mix(seed, word(0)), word(n - 8))
     } else {
-        mix(seed, short_word(name))
+        // SAFETY: the name's own bytes.
+        mix(seed, unsafe { short_word(name.as_ptr(), n) })
     }
 }
 
@@ -903,7 +966,7 @@ mod rebuild {
             next_mask = super::MIN_BUCKETS - 1;
         }
         for (live, next) in super::PROBE.iter().zip(&super::PROBE_NEXT) {
-            live.store(next.load(Ordering::Relaxed), Ordering::Relaxed);
+            live.set(next.get());
         }
         let old = super::BUCKETS.swap(next, Ordering::Relaxed);
         let old_mask = super::MASK.swap(next_mask, Ordering::Relaxed);
@@ -1141,13 +1204,12 @@ mod tests {
     #[test]
     fn the_probe_answers_most_other_names() {
         for locks in [3_000usize, 10_000] {
-            let probe: Vec<AtomicU8> = (0..PROBE_SLOTS).map(|_| AtomicU8::new(0)).collect();
-            let probe: &[AtomicU8; PROBE_SLOTS] = probe.as_slice().try_into().expect("slots");
+            let probe: Vec<MainCell<u8>> = (0..PROBE_SLOTS).map(|_| MainCell::new(0)).collect();
+            let probe: &Probe = probe.as_slice().try_into().expect("slots");
             for i in 0..locks {
                 probe_add(probe, format!("lock:order:{i}").as_bytes());
             }
-            let maybe =
-                |name: String| probe[probe_slot(name.as_bytes())].load(Ordering::Relaxed) != 0;
+            let maybe = |name: String| probe[probe_slot(name.as_bytes())].get() != 0;
             let others = 100_000;
             let same = (0..others)
                 .filter(|i| maybe(format!("lock:order:{}", locks + i)))

@@ -17,6 +17,8 @@ use lock_core::{Census, Mode};
 use crate::redis::catch;
 use crate::redis::ffi::api;
 use crate::redis::log;
+use crate::redis::shared;
+use crate::state::keys;
 use crate::time::clock;
 
 pub struct Counter(AtomicU64);
@@ -376,7 +378,12 @@ pub fn lock_keys() -> i64 {
 
 /// A lock value appeared (`+1`) or went (`-1`) with these holders.
 pub fn value(sign: i64, census: Census) {
-    KEYS.fetch_add(sign, Ordering::Relaxed);
+    let before = KEYS.fetch_add(sign, Ordering::Relaxed);
+    if (before == 0 || before + sign == 0) && shared::on_main_thread() {
+        // (A count may fall to 0 on the thread that frees a flushed
+        // database's values: `keys::NO_LOCKS` allows for it.)
+        keys::locks_exist(before + sign > 0);
+    }
     holders(sign, census);
 }
 
