@@ -189,10 +189,11 @@ extern "C" fn on_generic<S: ffi::Strings>(
     if event == keys::QUICK_EVENT.get() {
         return on_generic_name::<S>(raw_ctx, event, key);
     }
-    let attention = keys::ATTENTION.get();
-    if attention != 0 {
-        if attention == keys::NO_LOCKS && !waiting::busy() {
-            // No lock and nobody waits: nothing to look at.
+    if keys::ATTENTION.get() != 0 {
+        if stats::lock_keys() == 0 && !waiting::busy() {
+            // No lock and nobody waits: nothing to look at (the count
+            // itself, not `keys::NO_LOCKS`, which only makes the byte
+            // say so: exact whatever thread counted).
             return raw::REDISMODULE_OK as c_int;
         }
         return on_generic_attend::<S>(raw_ctx, event, key);
@@ -257,20 +258,16 @@ fn on_generic_name<S: ffi::Strings>(
     on_generic_maybe::<S>(raw_ctx, event, key)
 }
 
-/// [`on_generic`] with some bit of `keys::ATTENTION` set, out of line:
-/// nothing to look at while no lock exists and nobody waits; the quick
-/// answers while only [`keys::NO_LOCKS`] is set (someone waits for a key
-/// that holds no lock); else every event goes to [`on_generic_locks`].
+/// [`on_generic`] with some bit of `keys::ATTENTION` set, while some lock
+/// exists or someone waits, out of line: the quick answers while only
+/// [`keys::NO_LOCKS`] is set (someone waits for a key that holds no lock);
+/// else every event goes to [`on_generic_locks`].
 #[inline(never)]
 extern "C" fn on_generic_attend<S: ffi::Strings>(
     raw_ctx: *mut raw::RedisModuleCtx,
     event: *const c_char,
     key: *mut raw::RedisModuleString,
 ) -> c_int {
-    let locks = stats::lock_keys() != 0;
-    if !locks && !waiting::busy() {
-        return raw::REDISMODULE_OK as c_int;
-    }
     if keys::ATTENTION.get() & !keys::NO_LOCKS == 0 {
         return on_generic_quick::<S>(raw_ctx, event, key);
     }

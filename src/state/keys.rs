@@ -266,10 +266,12 @@ pub static ATTENTION: MainCell<u8> = MainCell::new(NO_LOCKS);
 /// rebuilt.
 pub const UNSURE: u8 = 1;
 /// [`ATTENTION`]'s bit: no lock value exists (the count of lock keys,
-/// `stats`, fell to 0 on the main thread; cleared when it leaves 0).
-/// Never set while a lock exists; it may be clear while none does (the
-/// last ones freed on the thread that frees a flushed database's
-/// values), which only sends events through the name's probe, empty then.
+/// `stats`, fell to 0 on the main thread; cleared when it leaves 0 there),
+/// so that the callback's first compare sends its events to the count.
+/// It may be clear while none does (the last ones freed on the thread
+/// that frees a flushed database's values), which only sends events
+/// through the name's probe, empty then; the callback answers by the
+/// count itself, never by this bit.
 pub const NO_LOCKS: u8 = 2;
 
 /// Sets or clears `bits` of [`ATTENTION`] (main thread only), and
