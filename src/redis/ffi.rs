@@ -374,8 +374,8 @@ pub fn in_place_ok() -> bool {
 }
 
 /// A way to read the strings Redis passes a callback, chosen once at load
-/// ([`strings`]) for the callbacks that run on every other key's write
-/// (the keyspace callback): each is
+/// ([`strings`]) for the callbacks that run on every other key's write or
+/// command (the keyspace callback, the script callers' filter): each is
 /// registered as the one built for this server's layout, so its reads are
 /// inline with no test of the layout a call.
 pub trait Strings {
@@ -396,7 +396,6 @@ pub trait Strings {
     /// As [`Strings::name`]'s.
     ///
     /// [`name`]: Strings::name
-    #[allow(dead_code)] // (none reads so since the script callers' filter stopped reading names)
     unsafe fn bytes(s: *const raw::RedisModuleString) -> Option<*const u8>;
 }
 
@@ -551,7 +550,6 @@ pub unsafe fn in_place<'a>(s: *const raw::RedisModuleString) -> Option<&'a [u8]>
 /// As [`in_place`]'s: `s` is a live string object of a server whose
 /// layout [`learn_string_layout`] accepted ([`in_place_ok`]).
 #[inline(always)]
-#[allow(dead_code)] // (as `Strings::bytes`)
 pub unsafe fn bytes_in_place(s: *const raw::RedisModuleString) -> Option<*const u8> {
     let head = s.cast::<u8>();
     if unsafe { *head } & 0x7f != 0 {

@@ -444,14 +444,17 @@ fn keepalive_in_a_script_stays_exact_as_the_last_binding_goes_and_comes() {
     assert!(c.lock_info("w").unwrap().holder("d").ttl > 500_000);
 }
 
-/// Issue 39.3: the filter remembers the last connection that sent a
-/// command, whatever the command: a script's `LOCK.KEEPALIVE` names its
-/// caller when other connections (bound or not) sent commands between the
-/// caller's `MULTI` and `EXEC`, when the script ran other commands first
-/// (its own client has no connection), inside a function, and from a
-/// caller with nothing bound while others have. While a script past
-/// `busy-reply-threshold` runs, other connections' commands (answered
-/// `BUSY`) are filtered too, and do not become its caller.
+/// Issue 39.3: a script's `LOCK.KEEPALIVE` names its caller whatever
+/// other connections (bound or not) sent meanwhile: between the caller's
+/// `MULTI` and `EXEC`, the script's own commands first, in a function, a
+/// caller with nothing bound right after bound connections' commands; a
+/// script call postponed by `CLIENT PAUSE` (it passed the command filter
+/// when it came, and runs after another connection's read and the
+/// `UNPAUSE`, which passed it since); and a script past
+/// `busy-reply-threshold`, while other connections' commands (answered
+/// `BUSY`) pass the filter. The last two are why the filter reads names
+/// (script_caller.rs): remembering the last connection that sent any
+/// command would name the `UNPAUSE`'s sender and the `PING`'s.
 #[test]
 fn keepalive_in_a_script_names_its_caller_whatever_others_sent_meanwhile() {
     let s = Server::start();
@@ -489,6 +492,16 @@ fn keepalive_in_a_script_names_its_caller_whatever_others_sent_meanwhile() {
     assert_eq!(b.cmd(&["FCALL", "ka2", "0", "600000"]).int(), 2);
     assert_eq!(a.cmd(&["FCALL", "ka2", "0", "600000"]).int(), 1);
     assert_eq!(c.cmd(&["FCALL", "ka2", "0", "600000"]).int(), 0);
+    // A script call postponed by CLIENT PAUSE.
+    c.cmd(&["CLIENT", "PAUSE", "20000", "WRITE"]).ok();
+    a.push(&[b"EVAL", script.as_bytes(), b"0", b"600000"]);
+    a.flush().unwrap();
+    wait_until(Duration::from_secs(10), "a's EVAL to be postponed", || {
+        c.info_field("clients", "blocked_clients") == "1"
+    });
+    b.cmd(&["GET", "x"]);
+    c.cmd(&["CLIENT", "UNPAUSE"]).ok();
+    assert_eq!(a.read_reply().unwrap().int(), 1);
     // A script past busy-reply-threshold: b's PINGs, answered BUSY while
     // it runs, are filtered in the middle of it.
     c.cmd(&["CONFIG", "SET", "busy-reply-threshold", "50"]).ok();
