@@ -61,17 +61,18 @@ const ARGS_UNKNOWN: u8 = 1;
 const ARGS_BY_CALL: u8 = 2;
 
 /// A value only the server's main thread reads and writes (filters and
-/// commands run there, one at a time): a plain load, which the compiler
-/// folds into the compare that tests it.
+/// commands run there, one at a time, or in a thread that holds the
+/// server's lock: another module's `RM_Call` from a thread-safe context):
+/// a plain load, which the compiler folds into the compare that tests it.
 struct MainCell<T>(UnsafeCell<T>);
 
-// SAFETY: used from the server's main thread only (see above).
+// SAFETY: used under the server's lock only (see above).
 unsafe impl<T> Sync for MainCell<T> {}
 
 impl<T: Copy> MainCell<T> {
     #[inline(always)]
     fn get(&self) -> T {
-        // SAFETY: no write runs at the same time (one thread).
+        // SAFETY: no write runs at the same time (the server's lock).
         unsafe { *self.0.get() }
     }
 
