@@ -10,25 +10,39 @@
 //! each right after its filter call, so inside a script that connection is
 //! the one running it.
 //!
+//! Why by name, and not simply the last connection that sent any command
+//! (which would spare reading the name: the scripts' own `redis.call`s and
+//! other modules' `RM_Call`s pass the filter too, but from clients without
+//! a connection): a command postponed (`CLIENT PAUSE`, `FAILOVER`, a
+//! module's yield that holds clients back) passes the filter when it
+//! arrives and runs later without passing it again, so any other
+//! connection's command meanwhile (a read during `CLIENT PAUSE WRITE`, the
+//! `CLIENT UNPAUSE` itself) would become the script's caller; by name,
+//! only another script call or `EXEC` does. Likewise while a script past
+//! `busy-reply-threshold` runs: other connections' commands pass the
+//! filter (then get `BUSY`).
+//!
 //! The filter costs every command a call, so it is registered only while
 //! some holder is bound ([`follow`]: from the first binding to the event
 //! loop's turn after the last one ended): a server without bound holders
 //! pays nothing. Its own work on a command that runs no script is a few
 //! loads: the arguments read from the filter context in place (its layout
 //! checked against `RM_CommandFilterArgsCount`/`ArgGet` at its first call,
-//! the calls used instead if they differ) and the name's first bytes in
+//! the calls used instead if they differ) and the name's first byte in
 //! place (`ffi::Strings::bytes`: the filter registered is the one built for
-//! this server's strings, Redis's or Valkey's, inline); only a name that starts with `ev`,
-//! `exe` or `fc` is read whole. On Redis 7.0, which has no way to name a filtered command's
+//! this server's strings, Redis's or Valkey's, inline), `e` or `f` told in
+//! one compare; only those read further ([`on_e_or_f`]), and only a name
+//! that starts with `ev`, `exe` or `fc` read whole. On Redis 7.0, which has no way to name a filtered command's
 //! sender, [`caller`] is `None` and `LOCK.KEEPALIVE` in a script is an
 //! error reply rather than a silent 0.
 
 use std::os::raw::c_int;
-use std::sync::atomic::{AtomicPtr, AtomicU64, AtomicU8, Ordering};
+use std::sync::atomic::{AtomicPtr, AtomicU64, Ordering};
 
 use redis_module::raw;
 
 use crate::redis::ffi::{self, api};
+use crate::redis::shared::MainCell;
 
 /// The registered filter, if any.
 static FILTER: AtomicPtr<raw::RedisModuleCommandFilter> = AtomicPtr::new(std::ptr::null_mut());
@@ -41,9 +55,11 @@ static CALLER: AtomicU64 = AtomicU64::new(0);
 /// through the API. The name's first bytes are read by the reader of this
 /// server's strings (`ffi::Strings`: the filter registered is the one
 /// built for it).
-static ARGS: AtomicU8 = AtomicU8::new(ARGS_UNKNOWN);
-const ARGS_UNKNOWN: u8 = 0;
-const ARGS_IN_PLACE: u8 = 1;
+/// Main thread only (filters run there, or in a thread that holds the
+/// server's lock: another module's `RM_Call` from a thread-safe context).
+static ARGS: MainCell<u8> = MainCell::new(ARGS_UNKNOWN);
+const ARGS_IN_PLACE: u8 = 0;
+const ARGS_UNKNOWN: u8 = 1;
 const ARGS_BY_CALL: u8 = 2;
 
 /// The start of the filter context as Redis 7.2 to 8.x and Valkey lay it
@@ -154,11 +170,9 @@ extern "C" fn on_command<S: ffi::Strings>(fctx: *mut raw::RedisModuleCommandFilt
     // No panic can happen here (no indexing, no unwrap); nothing to catch.
     // Every command of every client comes here while some holder is bound:
     // its name's first byte read in place, and only `e...` and `f...`
-    // looked at further.
-    if fctx.is_null() {
-        return;
-    }
-    if ARGS.load(Ordering::Relaxed) != ARGS_IN_PLACE {
+    // looked at further ([`on_e_or_f`]). (The server passes the context
+    // it built on its stack, never null: `moduleCallCommandFilters`.)
+    if ARGS.get() != ARGS_IN_PLACE {
         return on_command_by_call(fctx);
     }
     // SAFETY: the layout was seen to be the API's (`learn_args`); the
@@ -173,10 +187,41 @@ extern "C" fn on_command<S: ffi::Strings>(fctx: *mut raw::RedisModuleCommandFilt
     let Some(p) = (unsafe { S::bytes(arg) }) else {
         return runs_script(fctx, arg);
     };
-    // SAFETY: the name's `sds` buffer, NUL-terminated; `may_run_scripts`
-    // reads a byte only after the one before it was not NUL.
-    if may_run_scripts(|i| unsafe { *p.add(i) }) {
+    // `e` or `f`, whatever the case, in one compare. SAFETY: the name's
+    // `sds` buffer, NUL-terminated: its first byte is there.
+    let first = unsafe { *p } | 0x20;
+    if first.wrapping_sub(b'e') <= 1 {
+        on_e_or_f(fctx, arg, p, first);
+    }
+}
+
+/// [`on_command`] for a name that starts with `e` or `f` (`first`,
+/// lower-cased): its next bytes, as [`may_run_scripts`] reads them.
+#[cold]
+#[inline(never)]
+fn on_e_or_f(
+    fctx: *mut raw::RedisModuleCommandFilterCtx,
+    arg: *mut raw::RedisModuleString,
+    p: *const u8,
+    first: u8,
+) {
+    // SAFETY: the name's `sds` buffer, NUL-terminated: a byte is read only
+    // after the one before it was a letter.
+    if e_or_f_may_run_scripts(first, |i| unsafe { *p.add(i) }) {
         runs_script(fctx, arg);
+    }
+}
+
+/// [`may_run_scripts`] for a name whose first byte, lower-cased, is
+/// `first` (`e` or `f`): its next bytes from `at`, read one after the
+/// other as there.
+#[inline(always)]
+fn e_or_f_may_run_scripts(first: u8, at: impl Fn(usize) -> u8) -> bool {
+    let at = |i: usize| at(i) | 0x20;
+    let second = at(1);
+    match first {
+        b'f' => second == b'c',
+        _ => second == b'v' || (second == b'x' && at(2) == b'e'),
     }
 }
 
@@ -205,8 +250,8 @@ fn may_run_scripts(at: impl Fn(usize) -> u8) -> bool {
 /// name through `ffi::name_of`.
 #[inline(never)]
 extern "C" fn on_command_by_call(fctx: *mut raw::RedisModuleCommandFilterCtx) {
-    if ARGS.load(Ordering::Relaxed) == ARGS_UNKNOWN {
-        ARGS.store(learn_args(fctx), Ordering::Relaxed);
+    if ARGS.get() == ARGS_UNKNOWN {
+        ARGS.set(learn_args(fctx));
     }
     // (Learnt in place just now: the next calls read so.)
     let arg = api!(RedisModule_CommandFilterArgGet(fctx, 0)).unwrap_or_default();
@@ -277,6 +322,48 @@ mod tests {
             "SET", "EXPIRE", "EXISTS", "EXPIREAT", "FLUSHDB", "FUNCTION", "ECHO", "e", "f", "",
         ] {
             assert!(!first(name), "{name}");
+        }
+    }
+
+    #[test]
+    fn the_filters_split_look_answers_as_the_whole_one() {
+        // The first byte in one compare, then the next ones: the same
+        // answer as `may_run_scripts` for every name.
+        for name in [
+            "EVAL",
+            "evalsha",
+            "Eval_Ro",
+            "EVALSHA_RO",
+            "fcall",
+            "FCALL_RO",
+            "exec",
+            "SET",
+            "EXPIRE",
+            "EXISTS",
+            "EXPIREAT",
+            "FLUSHDB",
+            "FUNCTION",
+            "ECHO",
+            "GETEX",
+            "DEL",
+            "e",
+            "f",
+            "E",
+            "F",
+            "ex",
+            "fc",
+            "ev",
+            "d",
+            "g",
+            "",
+            "\x05",
+            "\x06",
+        ] {
+            let bytes: Vec<u8> = name.bytes().chain([0]).collect();
+            let at = |i: usize| bytes.get(i).copied().unwrap_or(0xff);
+            let first = at(0) | 0x20;
+            let split = first.wrapping_sub(b'e') <= 1 && e_or_f_may_run_scripts(first, at);
+            assert_eq!(split, may_run_scripts(at), "{name}");
         }
     }
 }

@@ -444,6 +444,88 @@ fn keepalive_in_a_script_stays_exact_as_the_last_binding_goes_and_comes() {
     assert!(c.lock_info("w").unwrap().holder("d").ttl > 500_000);
 }
 
+/// Issue 39.3: a script's `LOCK.KEEPALIVE` names its caller whatever
+/// other connections (bound or not) sent meanwhile: between the caller's
+/// `MULTI` and `EXEC`, the script's own commands first, in a function, a
+/// caller with nothing bound right after bound connections' commands; a
+/// script call postponed by `CLIENT PAUSE` (it passed the command filter
+/// when it came, and runs after another connection's read and the
+/// `UNPAUSE`, which passed it since); and a script past
+/// `busy-reply-threshold`, while other connections' commands (answered
+/// `BUSY`) pass the filter. The last two are why the filter reads names
+/// (script_caller.rs): remembering the last connection that sent any
+/// command would name the `UNPAUSE`'s sender and the `PING`'s.
+#[test]
+fn keepalive_in_a_script_names_its_caller_whatever_others_sent_meanwhile() {
+    let s = Server::start();
+    let mut a = s.conn();
+    let mut b = s.conn();
+    let mut c = s.conn();
+    if server_version(&mut a) < (7, 2) {
+        return;
+    }
+    token(a.cmd(&["LOCK.ACQUIRE", "a1", "o", "5000", "BIND"]));
+    token(b.cmd(&["LOCK.ACQUIRE", "b1", "o", "5000", "BIND"]));
+    token(b.cmd(&["LOCK.READ", "b2", "o", "5000", "BIND"]));
+    let script = "return redis.call('LOCK.KEEPALIVE', ARGV[1])";
+    // Others' commands between MULTI and EXEC.
+    a.cmd(&["MULTI"]).ok();
+    a.cmd(&["EVAL", script, "0", "600000"]);
+    assert_eq!(b.cmd(&["PING"]), Reply::Status("PONG".into()));
+    c.cmd(&["SET", "x", "1"]).ok();
+    b.cmd(&["GET", "x"]);
+    let exec = a.cmd(&["EXEC"]);
+    assert_eq!(exec.array()[0].clone().int(), 1, "{exec:?}");
+    // The script's own commands first.
+    let busy = "redis.call('SET', KEYS[1], 'v'); redis.call('GET', KEYS[1]); redis.call('PING'); return redis.call('LOCK.KEEPALIVE', ARGV[1])";
+    assert_eq!(a.cmd(&["EVAL", busy, "1", "y", "600000"]).int(), 1);
+    assert_eq!(b.cmd(&["EVAL", busy, "1", "y", "600000"]).int(), 2);
+    // A caller with nothing bound, right after bound connections' commands.
+    a.cmd(&["GET", "x"]);
+    b.cmd(&["GET", "x"]);
+    assert_eq!(c.cmd(&["EVAL", busy, "1", "y", "600000"]).int(), 0);
+    assert_eq!(c.cmd(&["EVAL", script, "0", "600000"]).int(), 0);
+    // A function.
+    let lib = "#!lua name=ka2\nredis.register_function('ka2', function(keys, args) redis.call('PING'); return redis.call('LOCK.KEEPALIVE', args[1]) end)";
+    c.cmd(&["FUNCTION", "LOAD", lib]);
+    a.cmd(&["PING"]);
+    assert_eq!(b.cmd(&["FCALL", "ka2", "0", "600000"]).int(), 2);
+    assert_eq!(a.cmd(&["FCALL", "ka2", "0", "600000"]).int(), 1);
+    assert_eq!(c.cmd(&["FCALL", "ka2", "0", "600000"]).int(), 0);
+    // A script call postponed by CLIENT PAUSE.
+    c.cmd(&["CLIENT", "PAUSE", "20000", "WRITE"]).ok();
+    a.push(&[b"EVAL", script.as_bytes(), b"0", b"600000"]);
+    a.flush().unwrap();
+    wait_until(Duration::from_secs(10), "a's EVAL to be postponed", || {
+        c.info_field("clients", "blocked_clients") == "1"
+    });
+    b.cmd(&["GET", "x"]);
+    c.cmd(&["CLIENT", "UNPAUSE"]).ok();
+    assert_eq!(a.read_reply().unwrap().int(), 1);
+    // A script past busy-reply-threshold: b's PINGs, answered BUSY while
+    // it runs, are filtered in the middle of it.
+    c.cmd(&["CONFIG", "SET", "busy-reply-threshold", "50"]).ok();
+    let slow = "local t = redis.call('TIME'); local start = t[1] * 1000000 + t[2]; \
+        while true do local n = redis.call('TIME'); \
+        if n[1] * 1000000 + n[2] - start > tonumber(ARGV[2]) then break end end; \
+        return redis.call('LOCK.KEEPALIVE', ARGV[1])";
+    a.set_timeout(Duration::from_secs(60));
+    a.push(&[b"EVAL", slow.as_bytes(), b"0", b"600000", b"3000000"]);
+    a.flush().unwrap();
+    let mut busy_seen = false;
+    for _ in 0..2_000 {
+        match b.cmd(&["PING"]) {
+            Reply::Error(e) if e.starts_with("BUSY") => {
+                busy_seen = true;
+                break;
+            }
+            _ => std::thread::sleep(Duration::from_millis(1)),
+        }
+    }
+    assert_eq!(a.read_reply().unwrap().int(), 1);
+    assert!(busy_seen, "b's PING never met the busy script");
+}
+
 /// `DEBUG RELOAD` (and `DEBUG LOADAOF`) load the server's own data back
 /// while every connection stays open: the bindings stay too (KEEPALIVE
 /// renews them, the close frees them). A `FLUSHALL` drops them, even when a
