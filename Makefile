@@ -28,7 +28,9 @@ build: deps ## Build the debug module (target/debug/libredis_lock.so)
 # The module's package alone: the whole workspace would also build the Rust
 # client's dependencies (tokio, the redis crate) with fat LTO, which nothing
 # here loads, and resolve the module's dependencies' features otherwise than
-# `cargo bench --bench lockbench` does (which then built them again).
+# the bench does (which then built them again). The bench targets name their
+# package (`-p lockbench`) for the same reason: with both, the bench's
+# dependencies are the module's, built once.
 release: deps ## Build the release module (target/release/libredis_lock.so)
 	$(CARGO) build --release -p redis-lock
 
@@ -60,16 +62,16 @@ test-matrix: deps client-deps ## Integration tests on Redis 7.0 (Debian), Redis 
 		REDIS_SERVER=$$valkey REDIS_LOCK_MODULE=$(CURDIR)/$(DEBUG_SO) $(CARGO) test --tests
 
 bench: release ## Benchmarks vs SET NX PX, Lua lock scripts and a C module doing the same work, and the stalls of section 10 (~7 min); writes docs/bench/contention.svg
-	REDIS_LOCK_MODULE=$(CURDIR)/$(RELEASE_SO) $(CARGO) bench --bench lockbench
+	REDIS_LOCK_MODULE=$(CURDIR)/$(RELEASE_SO) $(CARGO) bench -p lockbench --bench lockbench
 
 bench-profile: release ## Instructions per request under callgrind, 3 runs with each row's spread (~15 min)
-	REDIS_LOCK_MODULE=$(CURDIR)/$(RELEASE_SO) $(CARGO) bench --bench lockbench -- --callgrind --repeat 3
+	REDIS_LOCK_MODULE=$(CURDIR)/$(RELEASE_SO) $(CARGO) bench -p lockbench --bench lockbench -- --callgrind --repeat 3
 
 bench-icache: release ## Instruction-cache misses per request under pipelined load, callgrind's cache simulation (~2 min)
 	REDIS_LOCK_MODULE=$(CURDIR)/$(RELEASE_SO) ./benches/icache.sh
 
 bench-check: release ## Fail when a command of the module costs >3% more instructions than benches/baseline.tsv (~2 min; CI runs it)
-	REDIS_LOCK_MODULE=$(CURDIR)/$(RELEASE_SO) $(CARGO) bench --bench lockbench -- --callgrind --check
+	REDIS_LOCK_MODULE=$(CURDIR)/$(RELEASE_SO) $(CARGO) bench -p lockbench --bench lockbench -- --callgrind --check
 
 fuzz: build ## Long fuzz: cargo-fuzz on the core (FUZZ_SECS), then the live-server fuzz (LIVE_FUZZ_COMMANDS)
 	@command -v cargo-fuzz >/dev/null || $(CARGO) install cargo-fuzz
