@@ -117,8 +117,8 @@ impl Plan {
             mem_keys: 1_000_000,
             shared_grants: 100_000,
             callgrind_requests: 20_000,
-            // Half, for CI's time: each gated row within 0.6% of its figure
-            // at 20,000, no closer than two runs at 20,000 agree
+            // Half, for CI's time: each gated row within 0.83% of its figure
+            // at 20,000 (two checks at 20,000 differed by up to 0.94%)
             // (docs/benchmarks.md, "Reproduce").
             check_requests: 10_000,
             bind_samples: 100,
@@ -695,7 +695,7 @@ fn run_callgrind(plan: &Plan, args: &[String]) -> io::Result<()> {
     // Section 6's rows at the baseline's count in a check too: after its
     // 100,000 bound grants, a bound grant's figure depends on how many
     // follow (`lock-bind:acquire-bind-100k` at 10,000: 5.4% under its
-    // figure at 20,000, which the other rows match within 0.6%).
+    // figure at 20,000, which the other rows match within 0.83%).
     let bind_requests = asked.unwrap_or(plan.callgrind_requests);
     let module = server::module_path()?;
     let dir = out_dir()?.join("callgrind");
