@@ -366,6 +366,17 @@ impl Profiled {
         Ok(())
     }
 
+    /// Writes `n` plain strings (`SET`), keys from `offset` on: what a row
+    /// on keys that are not locks acts on.
+    pub fn set_strings(&mut self, what: &str, n: usize, offset: usize) -> io::Result<()> {
+        self.run(
+            what,
+            (n, offset, 1),
+            &|s, i, b| Plain::Set.encode(s, i, b),
+            &|r| r.is("OK"),
+        )
+    }
+
     /// Runs `f` with callgrind's instrumentation off (several times faster):
     /// state a measurement needs around it, not measured.
     pub fn uninstrumented<T>(
@@ -513,12 +524,7 @@ fn prepare_plain(op: Plain) -> impl Fn(&mut Profiled, usize, usize) -> io::Resul
         if !op.needs_strings() {
             return Ok(());
         }
-        p.run(
-            "prepare",
-            (n, offset, 1),
-            &|s, i, b| Plain::Set.encode(s, i, b),
-            &|r| r.is("OK"),
-        )
+        p.set_strings("prepare", n, offset)
     }
 }
 

@@ -422,22 +422,12 @@ fn write_rows_own(
         for layout in 0..layouts.max(1) {
             let prepare = move |p: &mut Profiled, offset: usize, n: usize| -> io::Result<()> {
                 if offset == 0 && layout > 0 {
-                    p.run(
-                        "layout",
-                        (3 * layout, LAYOUT_OFFSET, 1),
-                        &|s, i, b| Plain::Set.encode(s, i, b),
-                        &|r| r.is("OK"),
-                    )?;
+                    p.set_strings("layout", 3 * layout, LAYOUT_OFFSET)?;
                 }
                 if !w.needs_strings() {
                     return Ok(());
                 }
-                p.run(
-                    "prepare",
-                    (n, offset, 1),
-                    &|s, i, b| Plain::Set.encode(s, i, b),
-                    &|r| r.is("OK"),
-                )
+                p.set_strings("prepare", n, offset)
             };
             let part_name = match layouts {
                 1 => name.clone(),
