@@ -754,15 +754,9 @@ static int stub_read(RedisModuleCtx *ctx, RedisModuleString **argv, int argc) {
 
 /* LOCK.KEEPALIVE ttl gives the floor what redis-lock hears while a holder
  * is bound to a connection (src/durability/events.rs, watch_clients):
- * closed connections (CLIENT_CHANGE), and on a server that names a
- * filtered command's sender (Redis 7.2+, Valkey) a command filter
- * registered with REDISMODULE_CMDFILTER_NOSELF
- * (src/redis/script_caller.rs), each with an empty callback. Once; it
- * replies 1. */
-static void empty_filter(RedisModuleCommandFilterCtx *fctx) {
-    (void)fctx;
-}
-
+ * closed connections (CLIENT_CHANGE), with an empty callback. (No command
+ * filter: redis-lock reads a script's caller from the server's current
+ * client, src/redis/script_caller.rs.) Once; it replies 1. */
 static int bound_once = 0;
 
 static int stub_keepalive(RedisModuleCtx *ctx, RedisModuleString **argv, int argc) {
@@ -772,8 +766,6 @@ static int stub_keepalive(RedisModuleCtx *ctx, RedisModuleString **argv, int arg
         bound_once = 1;
         RedisModule_SubscribeToServerEvent(ctx, RedisModuleEvent_ClientChange,
                                            empty_server_event);
-        if (RedisModule_CommandFilterGetClientId)
-            RedisModule_RegisterCommandFilter(ctx, empty_filter, REDISMODULE_CMDFILTER_NOSELF);
     }
     return RedisModule_ReplyWithLongLong(ctx, 1);
 }

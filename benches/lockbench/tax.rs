@@ -474,8 +474,7 @@ fn write_rows_own(
 /// 0` blocks its caller as redis-lock blocks a waiter), a module timer
 /// armed where redis-lock plans the shared lock's visit (the floor's
 /// `LOCK.READ`), and what redis-lock hears while a grant is bound (the
-/// floor's `LOCK.KEEPALIVE`: `CLIENT_CHANGE`, and a command filter on
-/// Redis 7.2+ and Valkey); so that what Redis does for a fuller database,
+/// floor's `LOCK.KEEPALIVE`: `CLIENT_CHANGE`); so that what Redis does for a fuller database,
 /// blocked clients, a timer and those listeners counts on both sides.
 fn make_plain_busy(port: u16, waiters: usize) -> io::Result<Vec<TcpStream>> {
     let mut keep = Vec::new();
@@ -517,8 +516,7 @@ fn make_plain_busy(port: u16, waiters: usize) -> io::Result<Vec<TcpStream>> {
         ],
     );
     // What redis-lock hears while a grant is bound (the floor's
-    // `LOCK.KEEPALIVE`): closed connections, and the command filter that
-    // names a script's caller where the server has one.
+    // `LOCK.KEEPALIVE`): closed connections.
     encode(&mut buf, &[Arg::B(b"LOCK.KEEPALIVE"), Arg::B(b"3600000")]);
     holder.write_all(&buf)?;
     let want = 1 + waiters + 2 + 1 + 1;
@@ -911,7 +909,7 @@ pub fn callgrind_table(runs: &[Vec<Row>], requests: usize) -> String {
     line(&format!("another client's {}", set.label()), set.short());
     if !get("busy-writes:expire").is_nan() {
         s.push_str(&format!(
-            "\n#### Other clients' writes while locks are in use ({requests} requests each, in {LAYOUTS} parts)\n\nOn keys that are not locks, database 0, `hz 1`, each row the median of {LAYOUTS} parts, the allocator moved between them by a few small keys kept (Redis's own string compares cost more for a string near a page's end, which a run of one repeated request meets at every request or never), each beside the API's floor in the same shape: quiet (no lock; the floor: nothing), busy (database 1 as above: three locks, one client waiting; the floor: three plain keys of the same names and TTLs, one connection more blocked by the floor's `LOCK.ACQUIRE ... WAIT 0` as redis-lock blocks a waiter, a module timer armed where redis-lock plans its visit, and what redis-lock hears while a grant is bound: `CLIENT_CHANGE`, and a command filter where the server has one), and with 10,000 more locks, each waited for (the floor: 10,000 plain keys more, 10,000 connections more blocked). The module's own code: `libredis_lock.so`'s instructions a write, from the last part's dump.\n\n| | floor, quiet | quiet | - floor | floor, busy | busy | - floor | own code | floor, 10,000 keys | 10,000 locks waited for | - floor | own code |\n|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n"
+            "\n#### Other clients' writes while locks are in use ({requests} requests each, in {LAYOUTS} parts)\n\nOn keys that are not locks, database 0, `hz 1`, each row the median of {LAYOUTS} parts, the allocator moved between them by a few small keys kept (Redis's own string compares cost more for a string near a page's end, which a run of one repeated request meets at every request or never), each beside the API's floor in the same shape: quiet (no lock; the floor: nothing), busy (database 1 as above: three locks, one client waiting; the floor: three plain keys of the same names and TTLs, one connection more blocked by the floor's `LOCK.ACQUIRE ... WAIT 0` as redis-lock blocks a waiter, a module timer armed where redis-lock plans its visit, and what redis-lock hears while a grant is bound: `CLIENT_CHANGE`), and with 10,000 more locks, each waited for (the floor: 10,000 plain keys more, 10,000 connections more blocked). The module's own code: `libredis_lock.so`'s instructions a write, from the last part's dump.\n\n| | floor, quiet | quiet | - floor | floor, busy | busy | - floor | own code | floor, 10,000 keys | 10,000 locks waited for | - floor | own code |\n|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n"
         ));
         for w in OtherWrite::ALL {
             let at = |tag: &str| get(&format!("{tag}:{}", w.short()));

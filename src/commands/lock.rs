@@ -335,7 +335,10 @@ fn bound_connection(ctx: &Context) -> Result<ClientId, LockError> {
     // Inside LOCK.GUARD: the guard's sender (the command's own client is a
     // temporary one).
     if spec::guarding() {
-        return spec::guard_caller().ok_or(LockError::BindInScript);
+        let caller = spec::guard_caller().ok_or(LockError::BindInScript)?;
+        // (The guard's own context: its sender's command.)
+        script_caller::learn(spec::guard_context());
+        return Ok(caller);
     }
     let id = match api!(RedisModule_GetClientId(ctx.ctx)) {
         Some(id) if id != 0 => id,
@@ -349,6 +352,9 @@ fn bound_connection(ctx: &Context) -> Result<ClientId, LockError> {
             return Err(LockError::BindInScript);
         }
         OUTSIDE_SCRIPTS.store(id, Ordering::Relaxed);
+        // Before the first binding: where the server keeps the connection
+        // a script runs for, learnt from a connection's own command.
+        script_caller::learn(ctx.ctx);
     }
     Ok(id)
 }
@@ -388,10 +394,7 @@ fn keepalive(ctx: &Context, args: Argv<'_>) -> RedisResult {
     let client = if spec::guarding() {
         spec::guard_caller()
     } else if ctx.get_flags().contains(ContextFlags::LUA) {
-        if !script_caller::supported() {
-            return Err(LockError::KeepaliveInScript.into());
-        }
-        script_caller::caller()
+        script_caller::caller(ctx.ctx).map_err(|_| LockError::KeepaliveInScript)?
     } else {
         api!(RedisModule_GetClientId(ctx.ctx))
     };

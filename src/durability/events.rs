@@ -50,7 +50,6 @@ use crate::redis::errors::LockError;
 use crate::redis::ffi::DbKey;
 use crate::redis::ffi::{self, api};
 use crate::redis::replication;
-use crate::redis::script_caller;
 use crate::redis::shared::MainCell;
 use crate::state::bindings;
 use crate::state::keys;
@@ -145,7 +144,6 @@ pub fn start(ctx: &Context) {
     // The name filter's rebuilds on a context of their own.
     keys::start(ctx.ctx);
     bindings::on_first_binding(watch_clients);
-    bindings::on_none_bound(unfollow_soon);
     api!(RedisModule_CreateTimer(
         ctx.ctx,
         0,
@@ -800,9 +798,6 @@ const CLIENT_CHANGE: raw::RedisModuleEvent = raw::RedisModuleEvent {
 /// bound it returns.
 fn watch_clients() {
     let ctx = OWN_CTX.load(Ordering::Relaxed);
-    // A script may renew its caller's bound holders from now on (a
-    // filter still registered is kept, and what it saw with it).
-    script_caller::follow(ctx, true);
     if WATCHING.swap(true, Ordering::Relaxed) {
         return;
     }
@@ -816,23 +811,6 @@ fn watch_clients() {
         crate::redis::log::warning(
             "lock: could not subscribe to closed connections: a bound grant ends with its lease",
         );
-    }
-}
-
-/// Whether a look to stop following scripts' callers is planned
-/// ([`unfollow_soon`]).
-static UNFOLLOW_PLANNED: AtomicBool = AtomicBool::new(false);
-
-/// The last binding is gone: no script can renew a bound holder, so the
-/// command filter that names scripts' callers (`script_caller`, a call
-/// on every command of every client) goes at the event loop's next turn,
-/// if still none is bound; not at once, so that a transaction or a script
-/// that releases its connection's last holder and binds another keeps
-/// what the filter saw of its caller.
-fn unfollow_soon() {
-    let ctx = OWN_CTX.load(Ordering::Relaxed);
-    if !ctx.is_null() {
-        next_turn_once(ctx, &UNFOLLOW_PLANNED, on_unfollow);
     }
 }
 
@@ -857,15 +835,6 @@ fn next_turn_once(
     }
 }
 
-extern "C" fn on_unfollow(_raw_ctx: *mut raw::RedisModuleCtx, _data: *mut c_void) {
-    catch::callback("the script callers' look", (), || {
-        UNFOLLOW_PLANNED.store(false, Ordering::Relaxed);
-        if bindings::count() == 0 {
-            script_caller::follow(OWN_CTX.load(Ordering::Relaxed), false);
-        }
-    })
-}
-
 /// A connection closed while no grant is bound: stop hearing them, at the
 /// event loop's next turn (Redis is walking its listeners now, and frees
 /// one that unsubscribes inside its own call), if still none is bound.
@@ -883,7 +852,6 @@ extern "C" fn on_unwatch(_raw_ctx: *mut raw::RedisModuleCtx, _data: *mut c_void)
         let done = api!(RedisModule_SubscribeToServerEvent(ctx, CLIENT_CHANGE, None));
         if done == Some(raw::REDISMODULE_OK as c_int) {
             WATCHING.store(false, Ordering::Relaxed);
-            script_caller::follow(ctx, false);
         }
     })
 }

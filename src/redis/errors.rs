@@ -41,8 +41,9 @@ pub enum LockError {
     TooManyHolders(usize),
     /// `BIND` where no connection of the caller's own can hold it.
     BindInScript,
-    /// `LOCK.KEEPALIVE` in a script on a server that cannot name the
-    /// connection running the script (Redis 7.0).
+    /// `LOCK.KEEPALIVE` in a script on a server that does not tell the
+    /// module which connection runs the script (`script_caller`: none of
+    /// those supported).
     KeepaliveInScript,
     /// This server became a replica while the client waited.
     Replica,
@@ -134,7 +135,7 @@ impl LockError {
                     .into()
             }
             LockError::KeepaliveInScript => {
-                "ERR LOCK.KEEPALIVE in a script or function needs Redis 7.2 or later (this server cannot name the connection running the script): call it outside the script"
+                "ERR LOCK.KEEPALIVE in a script or function: this server does not tell the module which connection runs the script (see the log); call it outside the script"
                     .into()
             }
             LockError::Replica => "READONLY You can't write against a read only replica.".into(),

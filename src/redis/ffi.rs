@@ -374,10 +374,10 @@ pub fn in_place_ok() -> bool {
 }
 
 /// A way to read the strings Redis passes a callback, chosen once at load
-/// ([`strings`]) for the callbacks that run on every other key's write or
-/// command (the keyspace callback, the script callers' filter): each is
-/// registered as the one built for this server's layout, so its reads are
-/// inline with no test of the layout a call.
+/// ([`strings`]) for the callback that runs on every other key's write
+/// (the keyspace callback): it is registered as the one built for this
+/// server's layout, so its reads are inline with no test of the layout a
+/// call.
 pub trait Strings {
     /// `s`'s bytes, or `None` for a string this reader leaves to
     /// [`name_of`] (no call of Redis's when read in place).
@@ -387,16 +387,6 @@ pub trait Strings {
     /// `s` is a live string object of a server [`strings`] chose this
     /// reader for.
     unsafe fn name<'a>(s: *const raw::RedisModuleString) -> Option<&'a [u8]>;
-
-    /// The address of `s`'s bytes, NUL-terminated (a byte may be read once
-    /// every one before it was seen not to be 0), or `None` as [`name`].
-    ///
-    /// # Safety
-    ///
-    /// As [`Strings::name`]'s.
-    ///
-    /// [`name`]: Strings::name
-    unsafe fn bytes(s: *const raw::RedisModuleString) -> Option<*const u8>;
 
     /// `f` of `s`'s bytes (their address and length), or `None` as
     /// [`name`]: for a look inline in each of the reader's branches (no
@@ -434,12 +424,6 @@ impl Strings for RedisStrings {
     }
 
     #[inline(always)]
-    unsafe fn bytes(s: *const raw::RedisModuleString) -> Option<*const u8> {
-        // SAFETY: the caller's.
-        unsafe { bytes_in_place(s) }
-    }
-
-    #[inline(always)]
     unsafe fn with_name<R>(
         s: *const raw::RedisModuleString,
         f: impl FnOnce(*const u8, usize) -> R,
@@ -471,12 +455,6 @@ impl Strings for ValkeyStrings {
     }
 
     #[inline(always)]
-    unsafe fn bytes(s: *const raw::RedisModuleString) -> Option<*const u8> {
-        // SAFETY: the caller's; an `sds` buffer ends with a NUL.
-        unsafe { in_place_valkey(s) }.map(<[u8]>::as_ptr)
-    }
-
-    #[inline(always)]
     unsafe fn with_name<R>(
         s: *const raw::RedisModuleString,
         f: impl FnOnce(*const u8, usize) -> R,
@@ -502,11 +480,6 @@ impl Strings for StringsByCall {
     #[inline(always)]
     unsafe fn name<'a>(s: *const raw::RedisModuleString) -> Option<&'a [u8]> {
         Some(name_of(s))
-    }
-
-    #[inline(always)]
-    unsafe fn bytes(_s: *const raw::RedisModuleString) -> Option<*const u8> {
-        None
     }
 }
 
@@ -539,8 +512,33 @@ struct DlInfo {
     saddr: *mut std::os::raw::c_void,
 }
 
+/// The start of glibc's `Elf64_Sym`, as `dladdr1` gives it: the symbol's
+/// value and size.
+#[repr(C)]
+struct ElfSym {
+    name: u32,
+    info: u8,
+    other: u8,
+    shndx: u16,
+    value: u64,
+    size: u64,
+}
+
+/// `dladdr1`'s flag for the symbol's table entry (glibc's `RTLD_DL_SYMENT`).
+const RTLD_DL_SYMENT: c_int = 1;
+
 extern "C" {
     fn dladdr(addr: *const std::os::raw::c_void, info: *mut DlInfo) -> c_int;
+    fn dladdr1(
+        addr: *const std::os::raw::c_void,
+        info: *mut DlInfo,
+        extra: *mut *const ElfSym,
+        flags: c_int,
+    ) -> c_int;
+    fn dlsym(
+        handle: *mut std::os::raw::c_void,
+        name: *const std::os::raw::c_char,
+    ) -> *mut std::os::raw::c_void;
 }
 
 /// The base address of the object `p` lies in (the server's executable, a
@@ -570,6 +568,49 @@ pub fn in_server_image(p: *const std::os::raw::c_char) -> bool {
     };
     let server = image_of(entry as *const std::os::raw::c_void);
     server.is_some() && server == image_of(p.cast())
+}
+
+/// The server's global state (`struct redisServer server`, Valkey's
+/// `struct valkeyServer server`), as its words: its address and how many
+/// there are, when the server's executable exports it (Redis and Valkey
+/// link with `-rdynamic`) with its size; `None` otherwise, or when the
+/// symbol found lies outside the server's executable.
+pub fn server_global() -> Option<(*const u64, usize)> {
+    // SAFETY: `dlsym` with glibc's RTLD_DEFAULT (null) looks the name up in
+    // the process's global scope, the executable first; it reads no memory
+    // of the object.
+    let found = unsafe { dlsym(std::ptr::null_mut(), c"server".as_ptr()) };
+    if found.is_null() || !in_server_image(found.cast()) {
+        return None;
+    }
+    let mut info = DlInfo {
+        fname: std::ptr::null(),
+        fbase: std::ptr::null_mut(),
+        sname: std::ptr::null(),
+        saddr: std::ptr::null_mut(),
+    };
+    let mut sym: *const ElfSym = std::ptr::null();
+    // SAFETY: `dladdr1` writes `info` and `sym` only; `sym` then points at
+    // the symbol table entry in the executable's mapped image.
+    let done = unsafe { dladdr1(found, &mut info, &mut sym, RTLD_DL_SYMENT) } != 0;
+    if !done || sym.is_null() || info.saddr != found {
+        return None;
+    }
+    let size = usize::try_from(unsafe { (*sym).size }).ok()?;
+    (found.align_offset(8) == 0 && size >= 8).then_some((found.cast_const().cast(), size / 8))
+}
+
+/// The server's client behind a command's context (`RedisModuleCtx`'s
+/// third field, `client`, after the API table's entry and the module, in
+/// every server since Redis 4 and in Valkey): an address only, never read
+/// here.
+pub fn ctx_client(ctx: *mut raw::RedisModuleCtx) -> *const u64 {
+    if ctx.is_null() {
+        return std::ptr::null();
+    }
+    // SAFETY: a live context the server built, whose first three fields
+    // are pointers.
+    unsafe { ctx.cast::<*const u64>().add(2).read() }
 }
 
 /// `s`'s bytes read from its object and its `sds` header, for the
@@ -604,26 +645,6 @@ pub unsafe fn in_place<'a>(s: *const raw::RedisModuleString) -> Option<&'a [u8]>
         return None;
     };
     Some(unsafe { std::slice::from_raw_parts(buf, usize::from(len)) })
-}
-
-/// The address of `s`'s bytes read in place, without its length (an
-/// `sds` buffer ends with a NUL: a byte may be read once every one before
-/// it was seen not to be 0): `None` for an encoding [`in_place`] does not
-/// read.
-///
-/// # Safety
-///
-/// As [`in_place`]'s: `s` is a live string object of a server whose
-/// layout [`learn_string_layout`] accepted ([`in_place_ok`]).
-#[inline(always)]
-pub unsafe fn bytes_in_place(s: *const raw::RedisModuleString) -> Option<*const u8> {
-    let head = s.cast::<u8>();
-    if unsafe { *head } & 0x7f != 0 {
-        return None;
-    }
-    // SAFETY: as `in_place`: the buffer's address at offset 8, checked at
-    // load.
-    Some(unsafe { head.add(8).cast::<*const u8>().read_unaligned() })
 }
 
 /// [`in_place`] for the other `sds` header read in place (`sdshdr16`).

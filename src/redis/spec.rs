@@ -144,6 +144,11 @@ pub fn guard_caller() -> Option<u64> {
     api!(RedisModule_GetClientId(ctx)).filter(|id| *id != 0)
 }
 
+/// The context of the LOCK.GUARD running now (null: none).
+pub fn guard_context() -> *mut raw::RedisModuleCtx {
+    GUARD_CTX.load(Ordering::Relaxed)
+}
+
 /// Runs `call` as the command of the LOCK.GUARD running in `ctx`:
 /// [`guarding`] is true meanwhile.
 pub fn as_guarded<T>(ctx: *mut raw::RedisModuleCtx, call: impl FnOnce() -> T) -> T {

@@ -786,9 +786,7 @@ impl Registry {
                 if b.bytes.heap() != 0 {
                     HEAP_BYTES.fetch_sub(b.bytes.heap(), Ordering::Relaxed);
                 }
-                if COUNT.fetch_sub(1, Ordering::Relaxed) == 1 {
-                    none_bound();
-                }
+                COUNT.fetch_sub(1, Ordering::Relaxed);
             }
             // A flushed database's, swept.
             None => self.dead = self.dead.saturating_sub(1),
@@ -833,9 +831,7 @@ impl Registry {
         let Some(t) = self.tally.remove(home) else {
             return;
         };
-        if COUNT.fetch_sub(t.count, Ordering::Relaxed) == t.count && t.count != 0 {
-            none_bound();
-        }
+        COUNT.fetch_sub(t.count, Ordering::Relaxed);
         HEAP_BYTES.fetch_sub(t.heap, Ordering::Relaxed);
         PENDING.fetch_sub(t.pending, Ordering::Relaxed);
         for (mode, n) in t.closed.iter() {
@@ -888,22 +884,6 @@ static FIRST_BOUND: OnceLock<fn()> = OnceLock::new();
 /// Registers what runs when the first binding appears (once, at load).
 pub fn on_first_binding(f: fn()) {
     let _ = FIRST_BOUND.set(f);
-}
-
-/// Called when the last binding is gone (ended, or its database flushed):
-/// `events` stops following scripts' callers soon after, if none appeared
-/// meanwhile.
-static NONE_BOUND: OnceLock<fn()> = OnceLock::new();
-
-/// Registers what runs when the last binding is gone (once, at load).
-pub fn on_none_bound(f: fn()) {
-    let _ = NONE_BOUND.set(f);
-}
-
-fn none_bound() {
-    if let Some(f) = NONE_BOUND.get() {
-        f();
-    }
 }
 
 fn registry() -> MutexGuard<'static, Registry> {
@@ -1464,9 +1444,6 @@ fn park() {
     };
     drop(r);
     let keep = p.count != 0;
-    if keep {
-        none_bound();
-    }
     let (earlier, now) = match keep {
         true => (parked().replace(p), None),
         false => (parked().take(), Some(p)),

@@ -367,15 +367,6 @@ fn keepalive_in_a_script_renews_the_callers_bound_holders() {
     assert_eq!(b.cmd(&["EVAL", script, "0", "1000"]).int(), 0);
     assert!(a.cmd(&["LOCK.ACQUIRE", "s", "o", "5000", "BIND"]).int() > 0);
     let left = |b: &mut Conn| b.lock_info("s").unwrap().holder("o").ttl;
-    if server_version(&mut a) < (7, 2) {
-        let r = a.cmd(&["EVAL", script, "0", "600000"]);
-        assert!(
-            matches!(&r, Reply::Error(e) if e.starts_with("ERR LOCK.KEEPALIVE in a script")),
-            "{r:?}"
-        );
-        assert!(left(&mut b) <= 5_000);
-        return;
-    }
     assert_eq!(a.cmd(&["EVAL", script, "0", "600000"]).int(), 1);
     assert!(left(&mut b) > 500_000);
     assert_eq!(b.cmd(&["EVAL", script, "0", "900000"]).int(), 0);
@@ -391,20 +382,76 @@ fn keepalive_in_a_script_renews_the_callers_bound_holders() {
     assert!(left(&mut b) > 700_000);
 }
 
-/// Issue 39.3: the command filter that names a script's caller runs only
-/// while some holder is bound (from the first binding to the event loop's
-/// turn after the last one ended): a script's `LOCK.KEEPALIVE` stays exact
-/// across the last release and a new binding, apart or in one transaction,
-/// and a waiter bound by a grant inside another connection's script is
-/// not that script's caller's.
+/// Issue 39.3: the server keeps the connection a script runs for; the
+/// module learns where from a connection's own binding command, whichever
+/// comes first on a new server: one inside MULTI/EXEC, one through
+/// `LOCK.GUARD` (whose called command runs as a temporary client), or one
+/// sent directly. After each, a script renews its caller's holders and
+/// only those, in a function and inside MULTI too.
+#[test]
+fn keepalive_in_a_script_knows_its_caller_whatever_bound_first() {
+    let script = "return redis.call('LOCK.KEEPALIVE', ARGV[1])";
+    for first in ["multi", "guard", "direct"] {
+        let s = Server::start();
+        let mut a = s.conn();
+        let mut b = s.conn();
+        let mut c = s.conn();
+        match first {
+            "multi" => {
+                a.cmd(&["MULTI"]).ok();
+                a.cmd(&["LOCK.ACQUIRE", "k", "o", "5000", "BIND"]);
+                let exec = a.cmd(&["EXEC"]);
+                token(exec.array()[0].clone());
+            }
+            "guard" => {
+                token(c.acquire("g", "x", 60_000));
+                token(a.cmd(&[
+                    "LOCK.GUARD",
+                    "g",
+                    "x",
+                    "CALL",
+                    "LOCK.ACQUIRE",
+                    "k",
+                    "o",
+                    "5000",
+                    "BIND",
+                ]));
+            }
+            _ => {
+                token(a.cmd(&["LOCK.ACQUIRE", "k", "o", "5000", "BIND"]));
+            }
+        }
+        let left = |c: &mut Conn| c.lock_info("k").unwrap().holder("o").ttl;
+        assert_eq!(b.cmd(&["EVAL", script, "0", "600000"]).int(), 0, "{first}");
+        assert!(left(&mut c) <= 5_000, "{first}");
+        assert_eq!(a.cmd(&["EVAL", script, "0", "600000"]).int(), 1, "{first}");
+        assert!(left(&mut c) > 500_000, "{first}");
+        token(b.cmd(&["LOCK.ACQUIRE", "kb", "o", "5000", "BIND"]));
+        b.cmd(&["MULTI"]).ok();
+        b.cmd(&["EVAL", script, "0", "700000"]);
+        let exec = b.cmd(&["EXEC"]);
+        assert_eq!(exec.array()[0].clone().int(), 1, "{first}: {exec:?}");
+        assert!(
+            c.lock_info("kb").unwrap().holder("o").ttl > 600_000,
+            "{first}"
+        );
+        assert!(
+            left(&mut c) <= 600_000,
+            "{first}: b's script renewed a's holder"
+        );
+    }
+}
+
+/// Issue 39.3: a script's `LOCK.KEEPALIVE` stays exact across the last
+/// release and a new binding, apart or in one transaction (until issue
+/// 39.3's end a command filter named the caller, there only while some
+/// holder was bound), and a waiter bound by a grant inside another
+/// connection's script is not that script's caller's.
 #[test]
 fn keepalive_in_a_script_stays_exact_as_the_last_binding_goes_and_comes() {
     let s = Server::start();
     let mut a = s.conn();
     let mut b = s.conn();
-    if server_version(&mut a) < (7, 2) {
-        return;
-    }
     let script = "return redis.call('LOCK.KEEPALIVE', ARGV[1])";
     for round in 0..3 {
         assert!(a.cmd(&["LOCK.ACQUIRE", "k", "o", "5000", "BIND"]).int() > 0);
@@ -448,22 +495,19 @@ fn keepalive_in_a_script_stays_exact_as_the_last_binding_goes_and_comes() {
 /// other connections (bound or not) sent meanwhile: between the caller's
 /// `MULTI` and `EXEC`, the script's own commands first, in a function, a
 /// caller with nothing bound right after bound connections' commands; a
-/// script call postponed by `CLIENT PAUSE` (it passed the command filter
-/// when it came, and runs after another connection's read and the
-/// `UNPAUSE`, which passed it since); and a script past
-/// `busy-reply-threshold`, while other connections' commands (answered
-/// `BUSY`) pass the filter. The last two are why the filter reads names
-/// (script_caller.rs): remembering the last connection that sent any
-/// command would name the `UNPAUSE`'s sender and the `PING`'s.
+/// script call postponed by `CLIENT PAUSE` (it runs after another
+/// connection's read and the `UNPAUSE`); and a script past
+/// `busy-reply-threshold`, while other connections' commands are answered
+/// `BUSY`. The last two are where a guess from the commands the server
+/// received (a command filter's: the last sender of a script call, or of
+/// any command) goes wrong; the server's current client, which the module
+/// reads (script_caller.rs), is set when the script's call runs.
 #[test]
 fn keepalive_in_a_script_names_its_caller_whatever_others_sent_meanwhile() {
     let s = Server::start();
     let mut a = s.conn();
     let mut b = s.conn();
     let mut c = s.conn();
-    if server_version(&mut a) < (7, 2) {
-        return;
-    }
     token(a.cmd(&["LOCK.ACQUIRE", "a1", "o", "5000", "BIND"]));
     token(b.cmd(&["LOCK.ACQUIRE", "b1", "o", "5000", "BIND"]));
     token(b.cmd(&["LOCK.READ", "b2", "o", "5000", "BIND"]));
