@@ -30,7 +30,7 @@
 //!   (a `del`, `rename_*`, `move_*` or `copy_to` is about no lock then),
 //!   and an `expire`'s key by its name: read in place (`ffi::Strings`),
 //!   looked up in a probe of counts and then a filter of the names locks
-//!   have (`keys::probe_no_at`, `keys::may_be_lock`), the key never opened.
+//!   have (`keys::probe_no_inside`, `keys::may_be_lock`), the key never opened.
 //!   A flush that freed locks has the filter rebuilt (`keys::flushed`).
 //!
 //! Event callbacks must not write: every visit they ask for is made by the
@@ -181,7 +181,7 @@ extern "C" fn on_generic<S: ffi::Strings>(
     // stack frame: an `expire` first, by one compare that also says the
     // byte is 0 (`keys::QUICK_EVENT`), goes to its key's name, read in
     // place by the reader of this server's layout (`S`: `ffi::Strings`)
-    // and looked up in a probe of counts (`keys::probe_no_at`); a `del`, a
+    // and looked up in a probe of counts (`keys::probe_no_inside`); a `del`, a
     // `rename_*`, a `move_*` or a `copy_to` is about no lock ([`Known`]).
     // The rest out of line.
     if event == keys::QUICK_EVENT.get() {
@@ -241,13 +241,14 @@ fn on_generic_name<S: ffi::Strings>(
     key: *mut raw::RedisModuleString,
 ) -> c_int {
     // SAFETY: `key` is the live string Redis passed; `S` is the reader
-    // chosen at load for this server's strings; `probe_no_at` reads the
-    // bytes it is given.
+    // chosen at load for this server's strings; `probe_no_inside` reads the
+    // bytes it is given, and the 8 before their end only when the reader
+    // says they are inside the string object.
     if unsafe {
         S::with_name(
             key,
             #[inline(always)]
-            |p, n| keys::probe_no_at(p, n),
+            |p, n, inside| keys::probe_no_inside(p, n, inside),
         )
     } == Some(true)
     {

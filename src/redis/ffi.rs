@@ -388,7 +388,9 @@ pub trait Strings {
     /// reader for.
     unsafe fn name<'a>(s: *const raw::RedisModuleString) -> Option<&'a [u8]>;
 
-    /// `f` of `s`'s bytes (their address and length), or `None` as
+    /// `f` of `s`'s bytes (their address and length, and whether they lie
+    /// inside the string object after at least 8 bytes of it, an embedded
+    /// string's: the 8 bytes before their end may be read), or `None` as
     /// [`name`]: for a look inline in each of the reader's branches (no
     /// length carried from one to the next).
     ///
@@ -400,10 +402,10 @@ pub trait Strings {
     #[inline(always)]
     unsafe fn with_name<R>(
         s: *const raw::RedisModuleString,
-        f: impl FnOnce(*const u8, usize) -> R,
+        f: impl FnOnce(*const u8, usize, bool) -> R,
     ) -> Option<R> {
         // SAFETY: the caller's.
-        unsafe { Self::name(s) }.map(|n| f(n.as_ptr(), n.len()))
+        unsafe { Self::name(s) }.map(|n| f(n.as_ptr(), n.len(), false))
     }
 }
 
@@ -426,20 +428,24 @@ impl Strings for RedisStrings {
     #[inline(always)]
     unsafe fn with_name<R>(
         s: *const raw::RedisModuleString,
-        f: impl FnOnce(*const u8, usize) -> R,
+        f: impl FnOnce(*const u8, usize, bool) -> R,
     ) -> Option<R> {
         // SAFETY: as `in_place`, whose reads these are, `f` in each branch.
+        // An embedded string (encoding 8: the low byte 0x80) has its bytes
+        // after the object's 16 bytes and its `sds` header.
         unsafe {
             let head = s.cast::<u8>();
-            if *head & 0x7f != 0 {
+            let low = *head;
+            if low & 0x7f != 0 {
                 return None;
             }
+            let inside = low == 0x80;
             let buf = head.add(8).cast::<*const u8>().read_unaligned();
             let kind = *buf.sub(1);
             if kind == 1 {
-                Some(f(buf, usize::from(*buf.sub(3))))
+                Some(f(buf, usize::from(*buf.sub(3)), inside))
             } else if kind & 7 == 0 {
-                Some(f(buf, usize::from(kind >> 3)))
+                Some(f(buf, usize::from(kind >> 3), inside))
             } else {
                 None
             }
@@ -457,21 +463,29 @@ impl Strings for ValkeyStrings {
     #[inline(always)]
     unsafe fn with_name<R>(
         s: *const raw::RedisModuleString,
-        f: impl FnOnce(*const u8, usize) -> R,
+        f: impl FnOnce(*const u8, usize, bool) -> R,
     ) -> Option<R> {
         // SAFETY: as `in_place_valkey`, whose reads these are: an embedded
         // name (a request's) with `f` in its own branch, the rest read so.
+        // The header's bits 32 to 34 alone tell an embedded value (only a
+        // string embeds one: the type is not looked at), after the header
+        // (4) or after the expiry's room (5: Valkey 9.1 gives it to a name
+        // whose allocation has the room), each a compare with one byte.
         unsafe {
             let head = s.cast::<u8>();
-            let word = head.cast::<u64>().read_unaligned();
-            if word & 0x7f == 0 && (word >> 33) & 1 == 0 && (word >> 34) & 1 == 1 {
-                let hdr = head.add(valkey_embedded_at(word));
-                if *hdr.add(2) != 1 {
-                    return None;
-                }
-                return Some(f(hdr.add(3), usize::from(*hdr)));
+            let bits = *head.add(4) & 7;
+            let hdr = if bits == 4 {
+                head.add(8)
+            } else if bits == 5 {
+                head.add(16)
+            } else {
+                return in_place_valkey(s).map(|n| f(n.as_ptr(), n.len(), false));
+            };
+            if *hdr.add(2) != 1 {
+                return None;
             }
-            in_place_valkey(s).map(|n| f(n.as_ptr(), n.len()))
+            // (Its bytes after the 8-byte header and the `sds` header.)
+            Some(f(hdr.add(3), usize::from(*hdr), true))
         }
     }
 }

@@ -316,7 +316,7 @@ static NEXT_MASK: AtomicUsize = AtomicUsize::new(0);
 static NEXT_ENTRIES: AtomicUsize = AtomicUsize::new(0);
 static NEXT_UNSURE: AtomicBool = AtomicBool::new(false);
 
-/// The keyspace callback's first look ([`probe_no_at`]), before the table: for each of 65,536
+/// The keyspace callback's first look ([`probe_no_inside`]), before the table: for each of 65,536
 /// slots, how many names counted in the table have that slot
 /// ([`probe_slot`], from a name's length and its first and last words),
 /// 255 when more (stuck there until the table is emptied or rebuilt). A
@@ -335,9 +335,10 @@ const PROBE_SLOTS: usize = 1 << 16;
 /// compare one instruction).
 type Probe = [MainCell<u8>; PROBE_SLOTS];
 
-/// A name's slot in [`PROBE`]: its length, first and last words (or
-/// halves, or first, middle and last bytes), one multiply. Names that
-/// differ only between those share a slot (the table tells them apart).
+/// A name's slot in [`PROBE`]: its length, first and last words (a name
+/// of up to 7 bytes: its bytes as one big-endian word), one multiply.
+/// Names that differ only between those share a slot (the table tells
+/// them apart).
 #[inline(always)]
 fn probe_slot(name: &[u8]) -> usize {
     // SAFETY: the name's own bytes.
@@ -353,13 +354,84 @@ fn probe_slot(name: &[u8]) -> usize {
 unsafe fn probe_slot_at(p: *const u8, n: usize) -> usize {
     let x = if n >= 8 {
         // SAFETY: `n >= 8`: both words are in the name.
-        unsafe { word_at(p, 0) ^ word_at(p, n - 8).rotate_left(29) }
+        unsafe { long_probe_word(p, n) }
     } else {
-        // (Out of the common path's straight line.)
-        std::hint::cold_path();
-        // SAFETY: the caller's.
-        unsafe { short_word(p, n) }
+        let mut x = 0u64;
+        for i in 0..n {
+            // SAFETY: `i < n`.
+            x = x << 8 | u64::from(unsafe { *p.add(i) });
+        }
+        x
     };
+    probe_slot_of(x, n)
+}
+
+/// [`probe_slot`] of the `n` bytes at `p`, a name inside its string
+/// object.
+///
+/// # Safety
+///
+/// As [`short_probe_word_inside`]'s for a name under 8 bytes.
+#[cfg(test)]
+unsafe fn probe_slot_inside(p: *const u8, n: usize) -> usize {
+    let x = match n >= 8 {
+        // SAFETY: `n >= 8`: both words are in the name.
+        true => unsafe { long_probe_word(p, n) },
+        // SAFETY: the caller's.
+        false => unsafe { short_probe_word_inside(p, n) },
+    };
+    probe_slot_of(x, n)
+}
+
+/// The probe's word of a name of `n < 8` bytes at `p` inside its string
+/// object, in one load: the word that ends with it, byte-swapped, the
+/// bytes before the name masked off (its bytes as one big-endian word, as
+/// [`probe_slot`] makes it).
+///
+/// # Safety
+///
+/// `p` is valid for reads of `n` bytes, and so are the 8 bytes before
+/// `p + n` (the name is in its string object, after at least 8 bytes of
+/// it).
+#[inline(always)]
+unsafe fn short_probe_word_inside(p: *const u8, n: usize) -> u64 {
+    /// The low `8 * n` bits, for a name of `n` bytes under 8.
+    static LOW_BYTES: [u64; 8] = [
+        0,
+        0xff,
+        0xffff,
+        0xff_ffff,
+        0xffff_ffff,
+        0xff_ffff_ffff,
+        0xffff_ffff_ffff,
+        0xff_ffff_ffff_ffff,
+    ];
+    // SAFETY: the caller's; the bytes before the name's are masked off
+    // (`n < 8`: in the table).
+    let w = unsafe {
+        p.wrapping_add(n)
+            .wrapping_sub(8)
+            .cast::<u64>()
+            .read_unaligned()
+    };
+    u64::from_be(w) & LOW_BYTES.get(n).copied().unwrap_or(0)
+}
+
+/// The probe's word of a name of `n >= 8` bytes at `p`: its first and
+/// last words.
+///
+/// # Safety
+///
+/// `p` is valid for reads of `n >= 8` bytes.
+#[inline(always)]
+unsafe fn long_probe_word(p: *const u8, n: usize) -> u64 {
+    // SAFETY: the caller's.
+    unsafe { word_at(p, 0) ^ word_at(p, n - 8).rotate_left(29) }
+}
+
+/// A slot from a name's word `x` and its length `n`: one multiply.
+#[inline(always)]
+fn probe_slot_of(x: u64, n: usize) -> usize {
     ((x ^ n as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 48) as usize
 }
 
@@ -416,26 +488,38 @@ fn probe_remove(name: &[u8]) {
     }
 }
 
-/// [`probe_no_at`] of `name`.
+/// Whether [`PROBE`] says no lock has `name`: its slot at 0.
 #[cfg(test)]
 fn probe_no(name: &[u8]) -> bool {
-    // SAFETY: the name's own bytes.
-    unsafe { probe_no_at(name.as_ptr(), name.len()) }
+    PROBE.get(probe_slot(name)).is_none_or(|c| c.get() == 0)
 }
 
-/// Whether [`PROBE`] says no lock has the name of `n` bytes at `p` (read
-/// in place): its slot at 0 (the keyspace callback's first look;
-/// [`table_no`] its second).
+/// Whether [`PROBE`] says no lock has the name of `n` bytes at `p`, read
+/// in place: its slot at 0 (the keyspace callback's first look;
+/// [`table_no`] its second). `inside`: the name is in its string object
+/// after at least 8 bytes of it (an embedded string's: a short name read
+/// in one load, [`short_probe_word_inside`]); a short name elsewhere (not a
+/// request's: those are embedded) is left to the table (`false`: no call,
+/// no loop on the callback's straight line).
 ///
 /// # Safety
 ///
-/// `p` is valid for reads of `n` bytes.
+/// `p` is valid for reads of `n` bytes, and with `inside` of the 8 bytes
+/// before `p + n`.
 #[inline(always)]
-pub unsafe fn probe_no_at(p: *const u8, n: usize) -> bool {
-    // The slot is under `PROBE_SLOTS` (16 bits).
-    PROBE
-        .get(unsafe { probe_slot_at(p, n) })
-        .is_none_or(|c| c.get() == 0)
+pub unsafe fn probe_no_inside(p: *const u8, n: usize, inside: bool) -> bool {
+    let x = if n < 8 {
+        if !inside {
+            std::hint::cold_path();
+            return false;
+        }
+        // SAFETY: the 8 bytes before `p + n`, the caller's.
+        unsafe { short_probe_word_inside(p, n) }
+    } else {
+        // SAFETY: `n >= 8`: both words are in the name.
+        unsafe { long_probe_word(p, n) }
+    };
+    PROBE.get(probe_slot_of(x, n)).is_none_or(|c| c.get() == 0)
 }
 
 fn probe_clear(probe: &Probe) {
@@ -1228,6 +1312,36 @@ mod tests {
             );
             assert!(rate(same) < expect * 1.3, "{locks}: {same}");
             assert!(rate(other) < expect * 1.3, "{locks}: {other}");
+        }
+    }
+
+    /// A name read inside its string object (one load that ends with it,
+    /// the bytes before it masked off) falls in the slot its bytes alone
+    /// give, whatever precedes it, at every length; and short names of
+    /// one shape spread over the slots (the probe's word of a name under 8
+    /// bytes is its bytes, big-endian: its last bytes reach every bit of
+    /// the multiply).
+    #[test]
+    fn a_name_read_inside_its_object_has_its_own_slot() {
+        for n in 0..=40usize {
+            let name: Vec<u8> = (0..n).map(|i| b'a' + (i * 7 % 26) as u8).collect();
+            for before in [[0u8; 8], [0xff; 8], *b"\x01\x02\x03\x04\x05\x06\x07\x08"] {
+                let mut object = before.to_vec();
+                object.extend_from_slice(&name);
+                // SAFETY: 8 bytes precede the name in `object`.
+                let inside = unsafe { probe_slot_inside(object.as_ptr().add(8), n) };
+                assert_eq!(inside, probe_slot(&name), "{n} bytes after {before:?}");
+            }
+        }
+        for (shape, count) in [("k:{}", 10_000usize), ("{}", 10_000), ("ab{}", 1_000)] {
+            let slots: std::collections::HashSet<usize> = (0..count)
+                .map(|i| probe_slot(shape.replace("{}", &i.to_string()).as_bytes()))
+                .collect();
+            assert!(
+                slots.len() > count * 9 / 10,
+                "{shape}: {} slots",
+                slots.len()
+            );
         }
     }
 
