@@ -389,7 +389,32 @@ fn write_rows(p: &mut Profiled, tag: &str, requests: usize, rows: &mut Vec<Row>)
 
 /// How many places in the allocator each write row beside the API's floor
 /// is measured at ([`write_rows_own`]).
-const LAYOUTS: usize = 4;
+const LAYOUTS: usize = 8;
+
+/// The first arguments' lengths of the commands left unfinished by the
+/// connections that move a request's strings between a row's parts
+/// ([`hold_strings`]): string objects of 24 to 64 bytes, the sizes a
+/// request's own strings take.
+const HELD_LENGTHS: [usize; 5] = [2, 7, 12, 19, 27];
+
+/// Connections to `port` that each leave a command unfinished, its first
+/// argument sent (of `HELD_LENGTHS`' lengths in turn from `from`): the
+/// server keeps that argument's string object until the rest comes, so
+/// each holds one object of a request's sizes (and its arguments' array)
+/// for as long as it stays open.
+fn hold_strings(port: u16, from: usize, n: usize) -> io::Result<Vec<TcpStream>> {
+    let mut held = Vec::with_capacity(n);
+    for i in from..from + n {
+        let len = HELD_LENGTHS[i % HELD_LENGTHS.len()];
+        let mut c = TcpStream::connect((Ipv4Addr::LOCALHOST, port))?;
+        let mut head = format!("*3\r\n${len}\r\n").into_bytes();
+        head.extend(std::iter::repeat_n(b'h', len));
+        head.extend_from_slice(b"\r\n");
+        c.write_all(&head)?;
+        held.push(c);
+    }
+    Ok(held)
+}
 
 /// Where the keys that move the allocator between a row's parts start
 /// (far from the measured keys).
@@ -399,15 +424,18 @@ const LAYOUT_OFFSET: usize = 50_000_000;
 /// write's instructions in the module's own code too (`<tag>-own:<write>`).
 /// With `layouts` above 1, each row's requests are split in as many
 /// parts, each after a few more small keys kept (3 a part more than the
-/// part before: their allocations move where the next requests' strings
-/// are put), and the row is its parts' median: Redis's own string compares
-/// (`strcasecmp` in the command's look-up, `memcmp`) cost more for a
-/// string that lies near a page's end, which a whole run of one request
-/// repeated meets at every request or never, by where the allocator put
-/// its strings (up to 40 instructions a write either way between two
-/// servers, or two runs); a part that meets it, on either server, is
-/// left out of the median. The module's own code from the last part's
-/// dump (the same in every part).
+/// part before) and a few more connections that each hold a string object
+/// of a request's sizes ([`hold_strings`], 5 a part more): their
+/// allocations move where the next requests' strings are put, and the row
+/// is its parts' median. Redis's own string work (`strcasecmp` in the
+/// command's look-up and its options', `memcmp`, `memset`) costs more or
+/// less by where those strings lie (a page's end, a vector's alignment),
+/// which a whole run of one request repeated meets at every request or
+/// never: up to 50 instructions a write either way between two servers or
+/// two runs, with the same calls. Keys alone moved them on Redis 7.0's
+/// floor but not on Redis 8.2's, whose keys embed their names (issue 39.3's
+/// fifth pass: the floor's parts all alike, the module's not). The
+/// module's own code from the last part's dump (the same in every part).
 fn write_rows_own(
     p: &mut Profiled,
     tag: &str,
@@ -419,7 +447,13 @@ fn write_rows_own(
     for w in OtherWrite::ALL {
         let name = format!("{tag}:{}", w.short());
         let mut parts: Vec<f64> = Vec::new();
+        let mut held: Vec<TcpStream> = Vec::new();
         for layout in 0..layouts.max(1) {
+            if layout > 0 {
+                let port = p.port();
+                let more = p.uninstrumented(|_| hold_strings(port, held.len(), 5))?;
+                held.extend(more);
+            }
             let prepare = move |p: &mut Profiled, offset: usize, n: usize| -> io::Result<()> {
                 if offset == 0 && layout > 0 {
                     p.set_strings("layout", 3 * layout, LAYOUT_OFFSET)?;
@@ -909,7 +943,7 @@ pub fn callgrind_table(runs: &[Vec<Row>], requests: usize) -> String {
     line(&format!("another client's {}", set.label()), set.short());
     if !get("busy-writes:expire").is_nan() {
         s.push_str(&format!(
-            "\n#### Other clients' writes while locks are in use ({requests} requests each, in {LAYOUTS} parts)\n\nOn keys that are not locks, database 0, `hz 1`, each row the median of {LAYOUTS} parts, the allocator moved between them by a few small keys kept (Redis's own string compares cost more for a string near a page's end, which a run of one repeated request meets at every request or never), each beside the API's floor in the same shape: quiet (no lock; the floor: nothing), busy (database 1 as above: three locks, one client waiting; the floor: three plain keys of the same names and TTLs, one connection more blocked by the floor's `LOCK.ACQUIRE ... WAIT 0` as redis-lock blocks a waiter, a module timer armed where redis-lock plans its visit, and what redis-lock hears while a grant is bound: `CLIENT_CHANGE`), and with 10,000 more locks, each waited for (the floor: 10,000 plain keys more, 10,000 connections more blocked). The module's own code: `libredis_lock.so`'s instructions a write, from the last part's dump.\n\n| | floor, quiet | quiet | - floor | floor, busy | busy | - floor | own code | floor, 10,000 keys | 10,000 locks waited for | - floor | own code |\n|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n"
+            "\n#### Other clients' writes while locks are in use ({requests} requests each, in {LAYOUTS} parts)\n\nOn keys that are not locks, database 0, `hz 1`, each row the median of {LAYOUTS} parts, the allocator moved between them by a few small keys and a few string objects of a request's sizes kept (Redis's own string work costs more or less by where its strings lie, which a run of one repeated request meets at every request or never), each beside the API's floor in the same shape: quiet (no lock; the floor: nothing), busy (database 1 as above: three locks, one client waiting; the floor: three plain keys of the same names and TTLs, one connection more blocked by the floor's `LOCK.ACQUIRE ... WAIT 0` as redis-lock blocks a waiter, a module timer armed where redis-lock plans its visit, and what redis-lock hears while a grant is bound: `CLIENT_CHANGE`), and with 10,000 more locks, each waited for (the floor: 10,000 plain keys more, 10,000 connections more blocked). The module's own code: `libredis_lock.so`'s instructions a write, from the last part's dump.\n\n| | floor, quiet | quiet | - floor | floor, busy | busy | - floor | own code | floor, 10,000 keys | 10,000 locks waited for | - floor | own code |\n|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n"
         ));
         for w in OtherWrite::ALL {
             let at = |tag: &str| get(&format!("{tag}:{}", w.short()));

@@ -468,19 +468,17 @@ impl Strings for ValkeyStrings {
         // SAFETY: as `in_place_valkey`, whose reads these are: an embedded
         // name (a request's) with `f` in its own branch, the rest read so.
         // The header's bits 32 to 34 alone tell an embedded value (only a
-        // string embeds one: the type is not looked at), after the header
-        // (4) or after the expiry's room (5: Valkey 9.1 gives it to a name
-        // whose allocation has the room), each a compare with one byte.
+        // string embeds one: the type is not looked at): `hasembval` set and
+        // `hasembkey` clear, after the header, and after the expiry's room
+        // when `hasexpire` is set (Valkey 9.1 gives it to a name whose
+        // allocation has the room): one byte read, its bits as an offset.
         unsafe {
             let head = s.cast::<u8>();
-            let bits = *head.add(4) & 7;
-            let hdr = if bits == 4 {
-                head.add(8)
-            } else if bits == 5 {
-                head.add(16)
-            } else {
+            let bits = *head.add(4);
+            if bits & 6 != 4 {
                 return in_place_valkey(s).map(|n| f(n.as_ptr(), n.len(), false));
-            };
+            }
+            let hdr = head.add(8 + 8 * usize::from(bits & 1));
             if *hdr.add(2) != 1 {
                 return None;
             }

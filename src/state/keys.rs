@@ -318,7 +318,8 @@ static NEXT_UNSURE: AtomicBool = AtomicBool::new(false);
 
 /// The keyspace callback's first look ([`probe_no_inside`]), before the table: for each of 65,536
 /// slots, how many names counted in the table have that slot
-/// ([`probe_slot`], from a name's length and its first and last words),
+/// ([`probe_slot`], from a name's length and its first and last words, or
+/// a short name's bytes),
 /// 255 when more (stuck there until the table is emptied or rebuilt). A
 /// slot at 0 holds no lock's name: most other names are answered there,
 /// in one load, while the lock names are few beside the slots (1 in 22 of
