@@ -1155,6 +1155,23 @@ async fn a_deleted_or_overwritten_bound_lock_is_told_within_100_ms_tokio() {
     }
 }
 
+/// The bound on waiting for a durable grant's event (a renewal and its
+/// WAIT): generous, for a loaded machine; on time they take seconds.
+const DURABLE_EVENT: Duration = Duration::from_secs(60);
+
+/// Polls `f` (every 10 ms, without blocking the runtime) until it holds;
+/// panics after [`DURABLE_EVENT`].
+async fn until_async(what: &str, mut f: impl FnMut() -> bool) {
+    let deadline = Instant::now() + DURABLE_EVENT;
+    while !f() {
+        assert!(
+            Instant::now() < deadline,
+            "timed out after {DURABLE_EVENT:?} waiting for: {what}"
+        );
+        tokio::time::sleep(ms(10)).await;
+    }
+}
+
 /// Durable grants (`.replicas(1, ..)`), blocking, bound and not: with a
 /// real replica up, a grant and its renewals are acknowledged; with it
 /// SIGSTOPped, a grant is released with `Error::NotDurable`, or kept and
@@ -1229,17 +1246,24 @@ fn replicas_wait_after_grant_and_renewal_blocking() {
         assert!(kept_owned);
         kept.release().unwrap();
 
-        // A renewal not acknowledged.
+        // A renewal not acknowledged. The grant's WAIT has the replica up,
+        // and a loaded machine may run its acknowledgement late: a timeout
+        // it keeps (2 s, as above), which each renewal's WAIT then runs
+        // with the replica paused; renewals every third of the ttl keep
+        // the lease meanwhile.
         let (told, on_nd) = recorder();
         let mut l = Lock::exclusive(&c, format!("durable-renew-{bind}"))
             .bind(bind)
-            .ttl(ms(3000))
-            .replicas(1, ms(100))
+            .ttl(ms(6000))
+            .replicas(1, ms(2000))
             .on_not_durable(on_nd);
         let g = l.acquire().unwrap().unwrap();
         assert_eq!(g.durable(), Some(true));
         replica.pause();
-        thread::sleep(ms(2200)); // renewals at 1000 and 2000 ms
+        // A renewal (every 2 s) after the pause, its WAIT run out: told.
+        wait_until(DURABLE_EVENT, "a renewal's WAIT told", || {
+            !told.lock().unwrap().is_empty()
+        });
         let flag = g.durable();
         let owned = g.owned().unwrap();
         replica.resume();
@@ -1251,8 +1275,10 @@ fn replicas_wait_after_grant_and_renewal_blocking() {
             "told: {first:?}"
         );
         assert!(flag == Some(false) && owned && !g.is_lost());
-        thread::sleep(ms(2200));
-        assert_eq!(g.durable(), Some(true), "acknowledged again");
+        wait_until(DURABLE_EVENT, "a renewal acknowledged again", || {
+            g.durable() == Some(true)
+        });
+        assert!(!g.is_lost() && g.owned().unwrap());
         g.release().unwrap();
     }
     // No WAIT without the option.
@@ -1317,16 +1343,19 @@ async fn replicas_wait_after_grant_and_renewal_tokio() {
         assert_eq!(kept_flag, Some(false));
         kept.release().await.unwrap();
 
+        // As the blocking test's: the WAIT's timeout one a loaded machine keeps.
         let (told, on_nd) = recorder();
         let mut l = aio::Lock::exclusive(&c, format!("durable-renew-{bind}"))
             .bind(bind)
-            .ttl(ms(3000))
-            .replicas(1, ms(100))
+            .ttl(ms(6000))
+            .replicas(1, ms(2000))
             .on_not_durable(on_nd);
         let g = l.acquire().await.unwrap().unwrap();
+        assert_eq!(g.durable(), Some(true));
         replica.pause();
-        tokio::time::sleep(ms(2200)).await;
+        until_async("a renewal's WAIT told", || !told.lock().unwrap().is_empty()).await;
         let flag = g.durable();
+        let owned = g.owned().await.unwrap();
         replica.resume();
         let first = told.lock().unwrap().first().map(|(_, e)| e.clone());
         assert!(
@@ -1335,9 +1364,9 @@ async fn replicas_wait_after_grant_and_renewal_tokio() {
                 .is_some_and(|e| e.contains("0 of 1 replicas")),
             "told: {first:?}"
         );
-        assert!(flag == Some(false) && !g.is_lost());
-        tokio::time::sleep(ms(2200)).await;
-        assert_eq!(g.durable(), Some(true), "acknowledged again");
+        assert!(flag == Some(false) && owned && !g.is_lost());
+        until_async("a renewal acknowledged again", || g.durable() == Some(true)).await;
+        assert!(!g.is_lost() && g.owned().await.unwrap());
         g.release().await.unwrap();
     }
 }
