@@ -1298,8 +1298,9 @@ fn replicas_wait_after_grant_and_renewal_blocking() {
         replica.pause();
         // A renewal (every 2 s) after the pause, its WAIT run out: told.
         wait_until(DURABLE_EVENT, "a renewal's WAIT told", || {
-            !told.lock().unwrap().is_empty()
+            !told.lock().unwrap().is_empty() || g.is_lost()
         });
+        assert!(!g.is_lost(), "the lease kept while the replica is paused");
         let flag = g.durable();
         let owned = g.owned().unwrap();
         replica.resume();
@@ -1389,7 +1390,11 @@ async fn replicas_wait_after_grant_and_renewal_tokio() {
         let g = durable_grant!(l.acquire().await);
         assert_eq!(g.durable(), Some(true));
         replica.pause();
-        until_async("a renewal's WAIT told", || !told.lock().unwrap().is_empty()).await;
+        until_async("a renewal's WAIT told", || {
+            !told.lock().unwrap().is_empty() || g.is_lost()
+        })
+        .await;
+        assert!(!g.is_lost(), "the lease kept while the replica is paused");
         let flag = g.durable();
         let owned = g.owned().await.unwrap();
         replica.resume();
