@@ -75,11 +75,20 @@ export function keySlot(key: Bytes): number {
   return crc % 16384;
 }
 
-/** Rejects with LockTimeoutError after `ms` (Infinity: never). */
+/**
+ * Rejects with LockTimeoutError after `ms` (Infinity: never). A reply that
+ * came in time is taken, however late the process reads it: when the
+ * timer fires, the timeout waits for the event loop's next look at the
+ * sockets (a process stopped or starved past `ms` runs its expired timers
+ * before it reads a reply that arrived meanwhile: a renewal that had
+ * succeeded was taken for failed, and its lock for lost).
+ */
 export function timed<T>(p: Promise<T>, ms: number, what: string): Promise<T> {
   if (!Number.isFinite(ms)) return p;
   return new Promise<T>((resolve, reject) => {
-    const t = setTimeout(() => reject(new LockTimeoutError(`${what}: no reply within ${Math.round(ms)} ms`)), Math.max(0, ms));
+    const late = () => reject(new LockTimeoutError(`${what}: no reply within ${Math.round(ms)} ms`));
+    // setImmediate runs after this turn's poll for I/O, which reads what arrived.
+    const t = setTimeout(() => setImmediate(late), Math.max(0, ms));
     p.then(
       (v) => {
         clearTimeout(t);

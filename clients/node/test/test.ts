@@ -682,12 +682,15 @@ async function main(): Promise<void> {
     for (const bind of [true, false]) {
       const key = `${tag()}k`;
       let why = "";
-      const l = Lock.exclusive(io, key, { ttl: 2000, bind, onLost: (w) => (why = w) });
+      // Past the ttl, held: renewed (every 1333 ms: a lease a loaded machine
+      // keeps; at 2000 ms a stall of the process of 1.4 s let it run out).
+      const l = Lock.exclusive(io, key, { ttl: 4000, bind, onLost: (w) => (why = w) });
       assert(await l.acquire(), "held");
-      await sleep(2500);
+      await sleep(4500);
       assert(!l.lost && (await l.owned()), "renewed");
       await io.del(key);
-      for (let i = 0; i < 60 && !l.lost; i++) await sleep(50);
+      // Told by the watcher (bound) or at the next renewal (not bound), waited for.
+      for (let i = 0; i < 600 && !l.lost; i++) await sleep(50);
       assert(l.lost && l.signal.aborted && why !== "", "lost, signalled");
       let threw = false;
       await l.release().catch((e) => (threw = e instanceof LeaseLostError));

@@ -415,6 +415,8 @@ impl Lock {
         let Some(tokens) = commands::tokens(reply)? else {
             return Ok(None);
         };
+        // The renewals count from the grant, not from after its `WAIT`.
+        let granted = Instant::now();
         let mut durable = None;
         if opts.replicas > 0 {
             // On the grant's connection: WAIT covers it.
@@ -465,7 +467,7 @@ impl Lock {
             st.tokens = tokens;
             st.lost = None;
             st.valid_until = sent + opts.ttl;
-            st.next_renewal = Instant::now() + tick(opts.ttl);
+            st.next_renewal = granted + tick(opts.ttl);
             st.wake = Arc::new(Notify::new());
             // The watchdog's first work: tracking, and a read of the keys.
             st.verify = bound;

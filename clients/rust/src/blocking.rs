@@ -245,6 +245,8 @@ impl Lock {
         let Some(tokens) = commands::tokens(reply)? else {
             return Ok(None);
         };
+        // The renewals count from the grant, not from after its `WAIT`.
+        let granted = Instant::now();
         let mut durable = None;
         if opts.replicas > 0 {
             // On the grant's connection: WAIT covers it.
@@ -292,7 +294,7 @@ impl Lock {
             st.tokens = tokens;
             st.lost = None;
             st.valid_until = sent + opts.ttl;
-            st.next_renewal = Instant::now() + tick(opts.ttl);
+            st.next_renewal = granted + tick(opts.ttl);
             // The watchdog's first work: the watcher, and a read of the keys.
             st.verify = bound;
             st.replicas = opts.replicas;

@@ -234,7 +234,11 @@ impl Holding {
             Ok(None) if !renew => {}
             Ok(None) => {
                 self.valid_until = sent + self.ttl;
-                self.next_renewal = Instant::now() + tick(self.ttl);
+                // From the send, not from now: a `WAIT` for replicas that
+                // ran its timeout (a replica down) does not push the next
+                // renewal back (a timeout above two thirds of the ttl lost
+                // the lease).
+                self.next_renewal = sent + tick(self.ttl);
                 after.notice = acks.and_then(|a| self.renewed(kind, a));
             }
             Ok(Some(why)) => after.news = self.set_lost(kind, why),
@@ -273,7 +277,7 @@ impl Holding {
                 after.notice = acks.and_then(|a| self.renewed(kind, a));
                 self.ttl = ttl;
                 self.valid_until = sent + ttl;
-                self.next_renewal = Instant::now() + tick(ttl);
+                self.next_renewal = sent + tick(ttl); // (as after a renewal)
                 after.wake = true;
                 return (after, Ok(()));
             }
@@ -348,5 +352,48 @@ impl Holding {
 pub(crate) fn tell(news: Option<(OnLost, Error)>) {
     if let Some((f, err)) = news {
         f(&err);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::Options;
+
+    /// A renewal sent 2.5 s ago whose `WAIT` for a replica (down) ran a
+    /// 2.5 s timeout, on a 3 s lease: the next renewal is due now (a third
+    /// of the ttl after the send), before the lease ends; counted from the
+    /// `WAIT`'s end, it came after the lease had ended.
+    #[test]
+    fn a_long_wait_for_replicas_does_not_push_the_next_renewal_back() {
+        let ttl = Duration::from_millis(3000);
+        let opts = Options {
+            ttl,
+            replicas: 1,
+            replicas_timeout: Duration::from_millis(2500),
+            ..Options::default()
+        };
+        let mut h = Holding::new(&opts);
+        h.holds = 1;
+        h.tokens = vec![7];
+        h.replicas = 1;
+        h.replicas_timeout = opts.replicas_timeout;
+        h.durable = Some(true);
+        let kind = Kind::Exclusive(b"k".to_vec());
+        let sent = Instant::now()
+            .checked_sub(Duration::from_millis(2500))
+            .expect("the monotonic clock is past 2.5 s");
+        let after = h.after_pass(&kind, Ok(None), true, sent, Some(Ok(0)));
+        assert!(after.news.is_none() && h.lost.is_none(), "not lost");
+        assert_eq!(h.durable, Some(false), "not acknowledged");
+        assert_eq!(h.valid_until, sent + ttl);
+        assert_eq!(h.next_renewal, sent + tick(ttl));
+        assert!(h.next_renewal <= Instant::now(), "due at once");
+        assert!(h.next_renewal < h.valid_until);
+        // An extend's the same way.
+        let (after, r) = h.after_extend(&kind, Ok(None), ttl, sent, Some(Ok(1)));
+        assert!(r.is_ok() && after.news.is_none());
+        assert_eq!(h.durable, Some(true));
+        assert_eq!(h.next_renewal, sent + tick(ttl));
     }
 }
