@@ -103,6 +103,28 @@ class Replicas(unittest.TestCase):
         with self.assertRaises(Exception):
             lock.release()
 
+    def test_a_long_wait_for_replicas_does_not_push_the_next_renewal_back(self):
+        # With on_fewer_replicas="warn" each renewal's WAIT runs its 4.5 s
+        # timeout while the replica is paused, on a 6 s lease: the next
+        # renewal is due a third of the ttl after the last was sent (at
+        # once, when its WAIT ends), so the lease is kept. Counted from the
+        # WAIT's end, the first renewal's successor came at 8.5 s, past the
+        # lease's end at 8 s.
+        name = key("longwait")
+        lost = []
+        lock = Lock(
+            self.r, name, ttl=6, replicas=1, replicas_timeout=4.5,
+            on_fewer_replicas="warn", on_lost=lambda h, why: lost.append(why),
+        )
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", FewerReplicas)
+            self.assertTrue(lock.acquire())
+            with Paused():
+                time.sleep(10)
+                self.assertEqual(lost, [])
+                self.assertTrue(lock.owned())
+            lock.release()
+
     def test_extend_not_acknowledged(self):
         name = key("extend")
         lock = Lock(self.r, name, ttl=10, replicas=1, replicas_timeout=0.2)

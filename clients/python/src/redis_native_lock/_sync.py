@@ -301,7 +301,11 @@ class _Hold:
                 self.lose(why)
                 return None
             self.valid_until = sent + self.ttl_ms / 1000
-            return time.monotonic() + self.ttl_ms / 3000
+            # A third of the ttl after the renewal was sent, not after its
+            # WAIT for replicas: one that ran its timeout (a replica down,
+            # on_fewer_replicas="warn") would push the next renewal back by
+            # it, past the lease's end for a timeout above two thirds of it.
+            return sent + self.ttl_ms / 3000
 
     def verify(self) -> None:
         """The watcher heard that a held key changed: is it still ours?
