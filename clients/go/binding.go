@@ -146,12 +146,20 @@ func (s *binding) loop() {
 			continue
 		case <-t.C:
 		}
+		// The next renewal a third of the ttl after this one was sent, not
+		// after its WAIT for replicas: one that ran its timeout (a replica
+		// down) would push it back by as much, past the lease's end for a
+		// timeout above two thirds of the ttl.
+		sent := time.Now()
 		s.mu.Lock()
 		if !s.closed {
 			s.renewLocked()
 		}
-		p := s.period()
+		p := s.period() - time.Since(sent)
 		s.mu.Unlock()
+		if p < 0 {
+			p = 0
+		}
 		t.Reset(p)
 	}
 }

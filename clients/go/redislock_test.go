@@ -764,6 +764,26 @@ func TestDurableGrants(t *testing.T) {
 			t.Fatalf("bind %v: acknowledged again after the replica resumed", bind)
 		}
 		must(t, h.Release(ctx))
+
+		// Renewals whose WAIT runs its 4.5 s timeout (the replica paused)
+		// on a 6 s lease: each next one is due a third of the ttl after the
+		// last was sent (at once when its WAIT ends), so the lease is kept;
+		// counted from the WAIT's end, the first one's successor came at
+		// 8.5 s, past the lease's end at 8 s.
+		long := fmt.Sprintf("durable-long-%v", bind)
+		h = acquired(t, c.Exclusive(long, WithBind(bind), WithTTL(6000*time.Millisecond),
+			WithReplicas(1, 4500*time.Millisecond), WithOnNotDurable(func(error) {})))
+		pause()
+		time.Sleep(10 * time.Second)
+		lostErr = h.Err()
+		resume()
+		if lostErr != nil {
+			t.Fatalf("bind %v: a 6 s lease lost under 4.5 s WAITs: %v", bind, lostErr)
+		}
+		if locked, err := c.Exclusive(long).Locked(ctx); err != nil || !locked {
+			t.Fatalf("bind %v: still held on the server: %v, %v", bind, locked, err)
+		}
+		must(t, h.Release(ctx))
 	}
 }
 

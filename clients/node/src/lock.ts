@@ -580,6 +580,12 @@ export class Lock {
     } finally {
       this.renewing = false;
     }
+    // A renewal whose WAIT for replicas ran past the next tick (a replica
+    // down: each WAIT runs its timeout) is followed by the next one at once,
+    // a third of the ttl after it was sent, as the interval's would have
+    // been: the ticks meanwhile found it running and did nothing, and the
+    // next one could come after the lease's end.
+    if (this.holds !== 0 && this.lostWhy === null && this.timer !== null && Date.now() - sent >= Math.floor(this.ttl / 3)) void this.renew();
   }
 
   private lose(why: string): void {

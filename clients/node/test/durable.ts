@@ -124,6 +124,34 @@ async function kinds(client: RedisClient, label: string): Promise<void> {
   }
 }
 
+/** Renewals whose WAIT runs its 4.5 s timeout (the replica paused) on a 6 s
+ * lease: each next one follows at once when its WAIT ends (it is due a third
+ * of the ttl after the last was sent), so the lease is kept; waiting for the
+ * next tick instead, the first one's successor came at 8 s, the lease's end. */
+async function longWaits(client: RedisClient, label: string): Promise<void> {
+  for (const bind of [true, false]) {
+    await test(`${label}, ${bind ? "bound" : "through the client"}: renewals whose WAIT runs past the next tick keep the lease`, async () => {
+      const lock = Lock.exclusive(client, tag(), { ttl: 6000, bind, replicas: 1, replicasTimeout: 4500, onNotDurable: () => {} });
+      assert(await lock.acquire(), "granted");
+      pause();
+      try {
+        await sleep(10_000);
+        let why = "";
+        try {
+          lock.check();
+        } catch (e) {
+          why = (e as Error).message;
+        }
+        assert(!lock.lost, `a 6 s lease lost under 4.5 s WAITs: ${why}`);
+      } finally {
+        resume();
+      }
+      assert(await lock.owned(), "still held on the server");
+      await lock.release();
+    });
+  }
+}
+
 async function main(): Promise<void> {
   const io = new Redis(port, "127.0.0.1");
   const nr = createClient({ url: `redis://127.0.0.1:${port}` });
@@ -131,6 +159,7 @@ async function main(): Promise<void> {
   try {
     await kinds(io, "ioredis");
     await kinds(nr, "node-redis");
+    await longWaits(io, "ioredis");
     await test("a semaphore, a reentrant re-entry: the refused grant gives back its own hold only", async () => {
       const key = tag();
       const r = Lock.reentrant(io, key, { replicas: 1, replicasTimeout: 200 });
