@@ -764,26 +764,34 @@ func TestDurableGrants(t *testing.T) {
 			t.Fatalf("bind %v: acknowledged again after the replica resumed", bind)
 		}
 		must(t, h.Release(ctx))
+	}
 
-		// Renewals whose WAIT runs its 4.5 s timeout (the replica paused)
-		// on a 6 s lease: each next one is due a third of the ttl after the
-		// last was sent (at once when its WAIT ends), so the lease is kept;
-		// counted from the WAIT's end, the first one's successor came at
-		// 8.5 s, past the lease's end at 8 s.
-		long := fmt.Sprintf("durable-long-%v", bind)
-		h = acquired(t, c.Exclusive(long, WithBind(bind), WithTTL(6000*time.Millisecond),
-			WithReplicas(1, 4500*time.Millisecond), WithOnNotDurable(func(error) {})))
-		pause()
-		time.Sleep(10 * time.Second)
-		lostErr = h.Err()
-		resume()
-		if lostErr != nil {
-			t.Fatalf("bind %v: a 6 s lease lost under 4.5 s WAITs: %v", bind, lostErr)
+	// Renewals whose WAIT runs its 4.5 s timeout (the replica paused) on a
+	// 6 s lease, bound and not (at once, under one pause): each next one is
+	// due a third of the ttl after the last was sent (at once when its WAIT
+	// ends), so the lease is kept; counted from the WAIT's end, the first
+	// one's successor came at 8.5 s, past the lease's end at 8 s.
+	binds := []bool{true, false}
+	longs := make([]*Held, len(binds))
+	for i, bind := range binds {
+		longs[i] = acquired(t, c.Exclusive(fmt.Sprintf("durable-long-%v", bind), WithBind(bind),
+			WithTTL(6000*time.Millisecond), WithReplicas(1, 4500*time.Millisecond), WithOnNotDurable(func(error) {})))
+	}
+	pause()
+	time.Sleep(10 * time.Second)
+	errs := make([]error, len(binds))
+	for i, h := range longs {
+		errs[i] = h.Err()
+	}
+	resume()
+	for i, bind := range binds {
+		if errs[i] != nil {
+			t.Fatalf("bind %v: a 6 s lease lost under 4.5 s WAITs: %v", bind, errs[i])
 		}
-		if locked, err := c.Exclusive(long).Locked(ctx); err != nil || !locked {
+		if locked, err := c.Exclusive(fmt.Sprintf("durable-long-%v", bind)).Locked(ctx); err != nil || !locked {
 			t.Fatalf("bind %v: still held on the server: %v, %v", bind, locked, err)
 		}
-		must(t, h.Release(ctx))
+		must(t, longs[i].Release(ctx))
 	}
 }
 
