@@ -367,21 +367,27 @@ unsafe fn probe_slot_at(p: *const u8, n: usize) -> usize {
     probe_slot_of(x, n)
 }
 
-/// [`probe_slot`] of the `n` bytes at `p`, a name inside its string
-/// object.
+/// The probe's word of the name of `n` bytes at `p`, read in place:
+/// `None` for a short name not `inside` its string object (read in one
+/// load only when it is: [`short_probe_word_inside`]).
 ///
 /// # Safety
 ///
-/// As [`short_probe_word_inside`]'s for a name under 8 bytes.
-#[cfg(test)]
-unsafe fn probe_slot_inside(p: *const u8, n: usize) -> usize {
-    let x = match n >= 8 {
+/// `p` is valid for reads of `n` bytes, and with `inside` of the 8 bytes
+/// before `p + n`.
+#[inline(always)]
+unsafe fn probe_word_in_place(p: *const u8, n: usize, inside: bool) -> Option<u64> {
+    if n < 8 {
+        if !inside {
+            std::hint::cold_path();
+            return None;
+        }
+        // SAFETY: the 8 bytes before `p + n`, the caller's.
+        Some(unsafe { short_probe_word_inside(p, n) })
+    } else {
         // SAFETY: `n >= 8`: both words are in the name.
-        true => unsafe { long_probe_word(p, n) },
-        // SAFETY: the caller's.
-        false => unsafe { short_probe_word_inside(p, n) },
-    };
-    probe_slot_of(x, n)
+        Some(unsafe { long_probe_word(p, n) })
+    }
 }
 
 /// The probe's word of a name of `n < 8` bytes at `p` inside its string
@@ -499,7 +505,7 @@ fn probe_no(name: &[u8]) -> bool {
 /// in place: its slot at 0 (the keyspace callback's first look;
 /// [`table_no`] its second). `inside`: the name is in its string object
 /// after at least 8 bytes of it (an embedded string's: a short name read
-/// in one load, [`short_probe_word_inside`]); a short name elsewhere (not a
+/// in one load, [`probe_word_in_place`]); a short name elsewhere (not a
 /// request's: those are embedded) is left to the table (`false`: no call,
 /// no loop on the callback's straight line).
 ///
@@ -509,16 +515,9 @@ fn probe_no(name: &[u8]) -> bool {
 /// before `p + n`.
 #[inline(always)]
 pub unsafe fn probe_no_inside(p: *const u8, n: usize, inside: bool) -> bool {
-    let x = if n < 8 {
-        if !inside {
-            std::hint::cold_path();
-            return false;
-        }
-        // SAFETY: the 8 bytes before `p + n`, the caller's.
-        unsafe { short_probe_word_inside(p, n) }
-    } else {
-        // SAFETY: `n >= 8`: both words are in the name.
-        unsafe { long_probe_word(p, n) }
+    // SAFETY: the caller's.
+    let Some(x) = (unsafe { probe_word_in_place(p, n, inside) }) else {
+        return false;
     };
     PROBE.get(probe_slot_of(x, n)).is_none_or(|c| c.get() == 0)
 }
@@ -1330,7 +1329,8 @@ mod tests {
                 let mut object = before.to_vec();
                 object.extend_from_slice(&name);
                 // SAFETY: 8 bytes precede the name in `object`.
-                let inside = unsafe { probe_slot_inside(object.as_ptr().add(8), n) };
+                let word = unsafe { probe_word_in_place(object.as_ptr().add(8), n, true) };
+                let inside = probe_slot_of(word.expect("read inside"), n);
                 assert_eq!(inside, probe_slot(&name), "{n} bytes after {before:?}");
             }
         }
